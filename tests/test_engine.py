@@ -1,0 +1,181 @@
+"""The engine adapter against real vLLM on the tiny models."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import numpy as np
+import pytest
+from transformers import AutoProcessor
+
+from vidchat.engine import AUDIO_RATE, Engine, EngineError, Turn
+
+from conftest import TEST_MAX_IMAGES, tiny_options
+
+
+def frames(n: int, h: int = 480, w: int = 640, seed: int = 0) -> list[np.ndarray]:
+    rng = np.random.default_rng(seed)
+    base = np.linspace(0, 255, w, dtype=np.float32)[None, :, None].repeat(h, 0).repeat(3, 2)
+    return [np.clip(base + rng.normal(0, 20, base.shape), 0, 255).astype(np.uint8) for _ in range(n)]
+
+
+def tone(seconds: float) -> np.ndarray:
+    t = np.arange(int(seconds * AUDIO_RATE)) / AUDIO_RATE
+    return (0.3 * np.sin(2 * np.pi * 440 * t)).astype(np.float32)
+
+
+async def collect(reply) -> list[str]:
+    return [delta async for delta in reply]
+
+
+CASES = {
+    "text": dict(),
+    "1 image": dict(frames=frames(1)),
+    "8 images": dict(frames=frames(8)),
+    "video": dict(frames=frames(8), frames_as="video"),
+    "audio": dict(audio=tone(2.0)),
+    "audio + frames": dict(frames=frames(4), audio=tone(3.0)),
+}
+
+
+@pytest.mark.parametrize("case", CASES)
+async def test_streams_deltas_that_join_to_the_text(omni_engine: Engine, case: str):
+    kw = CASES[case]
+    reply = omni_engine.ask("What do you see and hear?", max_tokens=24, temperature=0.0, ignore_eos=True, **kw)
+    deltas = await collect(reply)
+    assert len(deltas) >= 2, "the reply must stream in several deltas"
+    assert all(isinstance(d, str) and d for d in deltas)
+    assert "".join(deltas) == reply.text
+    s = reply.stats
+    assert s.completion_tokens == 24
+    assert s.frames == len(kw.get("frames", []))
+    assert s.audio_seconds == pytest.approx(len(kw.get("audio", [])) / AUDIO_RATE)
+    assert s.prompt_tokens > 10
+    assert s.ttft_s is not None and 0 < s.ttft_s < s.total_s
+    assert s.tokens_per_s and s.tokens_per_s > 0
+    assert not s.cancelled and s.finish_reason == "length"
+    assert omni_engine.running_requests == 0
+
+
+async def test_more_frames_cost_more_prompt_tokens(omni_engine: Engine):
+    counts = []
+    for n in (1, 2, 4):
+        reply = omni_engine.ask("Describe.", frames=frames(n), max_tokens=1)
+        await collect(reply)
+        counts.append(reply.stats.prompt_tokens)
+    per_frame = counts[1] - counts[0]
+    assert per_frame > 20
+    assert counts[2] - counts[1] == 2 * per_frame
+
+
+@pytest.mark.parametrize("case", ["1 image", "8 images", "video", "audio + frames"])
+async def test_prompt_tokens_match_the_transformers_processor(omni_engine: Engine, tiny_omni_path, case: str):
+    kw = CASES[case]
+    fr, audio, as_ = kw.get("frames", []), kw.get("audio"), kw.get("frames_as", "images")
+    reply = omni_engine.ask("How many people?", max_tokens=1, system_prompt="Be brief.", **kw)
+    await collect(reply)
+
+    processor = AutoProcessor.from_pretrained(tiny_omni_path)
+    prompt = omni_engine.build_prompt(
+        "How many people?", n_frames=len(fr), frames_as=as_, with_audio=audio is not None, system_prompt="Be brief."
+    )
+    inputs = {"text": [prompt], "return_tensors": "np", **omni_engine._mm_kwargs}
+    if fr:
+        inputs["videos" if as_ == "video" else "images"] = [np.stack(fr)] if as_ == "video" else fr
+    if audio is not None:
+        inputs["audio"] = [audio]
+    expected = processor(**inputs)["input_ids"].shape[1]
+    assert reply.stats.prompt_tokens == expected
+
+
+async def test_history_is_part_of_the_prompt(omni_engine: Engine):
+    history = [Turn("user", "What colour is the cup?"), Turn("assistant", "It is red.")]
+    prompt = omni_engine.build_prompt("And the table?", n_frames=2, history=history)
+    assert prompt.index("What colour is the cup?") < prompt.index("It is red.") < prompt.index("And the table?")
+    assert prompt.count("<|IMAGE|>") == 2
+    a = omni_engine.ask("And the table?", frames=frames(2), max_tokens=1)
+    b = omni_engine.ask("And the table?", frames=frames(2), history=history, max_tokens=1)
+    await collect(a), await collect(b)
+    assert b.stats.prompt_tokens > a.stats.prompt_tokens
+
+
+async def test_cancel_mid_stream_aborts_the_request(omni_engine: Engine):
+    reply = omni_engine.ask("Talk.", frames=frames(2), max_tokens=2000, ignore_eos=True)
+    got = 0
+    async for _ in reply:
+        got += 1
+        if got == 3:
+            assert omni_engine.running_requests == 1
+            break
+    await reply.cancel()
+    deadline = time.monotonic() + 1.0
+    while omni_engine.running_requests and time.monotonic() < deadline:
+        await asyncio.sleep(0.02)
+    assert omni_engine.running_requests == 0
+    assert reply.stats.cancelled and reply.stats.completion_tokens < 2000
+
+
+async def test_cancelling_the_consumer_task_aborts_the_request(omni_engine: Engine):
+    reply = omni_engine.ask("Talk.", max_tokens=2000, ignore_eos=True)
+    first = asyncio.Event()
+
+    async def consume():
+        async for _ in reply:
+            first.set()
+
+    task = asyncio.create_task(consume())
+    await asyncio.wait_for(first.wait(), 30)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    deadline = time.monotonic() + 1.0
+    while omni_engine.running_requests and time.monotonic() < deadline:
+        await asyncio.sleep(0.02)
+    assert omni_engine.running_requests == 0
+
+
+async def test_three_concurrent_questions_all_complete(omni_engine: Engine):
+    replies = [
+        omni_engine.ask(f"Question {i}?", frames=frames(2, seed=i), max_tokens=16, ignore_eos=True) for i in range(3)
+    ]
+    results = await asyncio.gather(*(collect(r) for r in replies))
+    assert [r.stats.completion_tokens for r in replies] == [16, 16, 16]
+    assert all("".join(d) == r.text for d, r in zip(results, replies))
+    assert len({r.request_id for r in replies}) == 3
+    assert omni_engine.running_requests == 0
+
+
+async def test_too_many_images_is_a_clear_error_and_engine_keeps_serving(omni_engine: Engine):
+    with pytest.raises(EngineError, match=rf"at most {TEST_MAX_IMAGES} images.*--max-images"):
+        omni_engine.ask("Hi?", frames=frames(TEST_MAX_IMAGES + 1, h=64, w=64))
+    reply = omni_engine.ask("Hi?", frames=frames(1), max_tokens=4, ignore_eos=True)
+    assert len(await collect(reply)) >= 1
+
+
+async def test_over_long_context_is_a_clear_error_and_engine_keeps_serving(omni_engine: Engine):
+    long_question = "describe the room " * 3000
+    reply = omni_engine.ask(long_question, max_tokens=4)
+    with pytest.raises(EngineError, match=r"too long for the model \(limit 4096 tokens\).*--max-model-len"):
+        await collect(reply)
+    assert omni_engine.running_requests == 0
+    reply = omni_engine.ask("Hi?", frames=frames(1), max_tokens=4, ignore_eos=True)
+    assert len(await collect(reply)) >= 1
+
+
+async def test_empty_question_is_refused(omni_engine: Engine):
+    with pytest.raises(EngineError, match="empty"):
+        omni_engine.ask("   ")
+
+
+async def test_vision_only_model_answers_images_and_video_and_ignores_audio(tiny_vl_path):
+    engine = Engine.start(tiny_options(tiny_vl_path))
+    try:
+        assert not engine.accepts_audio and engine.accepts_video
+        for kw in (dict(frames=frames(3)), dict(frames=frames(4), frames_as="video")):
+            reply = engine.ask("What is it?", audio=tone(1.0), max_tokens=8, ignore_eos=True, **kw)
+            deltas = await collect(reply)
+            assert "".join(deltas) == reply.text and reply.stats.completion_tokens == 8
+            assert reply.stats.audio_seconds == 0.0
+    finally:
+        engine.shutdown()

@@ -1,0 +1,430 @@
+"""The vLLM adapter: one in-process `AsyncLLM`, questions in, text deltas out.
+
+Both front doors (the page and the WebSocket protocol) call `Engine.ask`, so
+prompt building, limits, cancellation and error wording live only here.
+Frames reach vLLM as arrays/PIL images, never through base64 or JSON.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import os
+import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, AsyncIterator, Sequence
+
+import numpy as np
+from PIL import Image
+
+log = logging.getLogger(__name__)
+
+AUDIO_RATE = 16_000
+FRAMES_AS = ("images", "video")
+
+
+class EngineError(RuntimeError):
+    """A question could not be answered; the message tells the user what to change."""
+
+
+class EngineDead(EngineError):
+    """The engine process is gone; the server must be restarted."""
+
+
+@dataclass
+class EngineOptions:
+    model: str
+    dtype: str = "auto"
+    max_model_len: int = 8192
+    kv_cache_gb: float = 1.0
+    gpu_memory_utilization: float = 0.85
+    max_images: int = 32
+    max_videos: int = 1
+    max_audios: int = 1
+    # 0 keeps the model's own processor setting.
+    max_image_pixels: int = 0
+    min_image_pixels: int = 0
+    enforce_eager: bool = True
+    seed: int = 0
+
+
+@dataclass
+class Turn:
+    role: str  # "user" | "assistant"
+    text: str
+
+
+@dataclass
+class ReplyStats:
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    frames: int = 0
+    audio_seconds: float = 0.0
+    ttft_s: float | None = None
+    tokens_per_s: float | None = None
+    total_s: float = 0.0
+    finish_reason: str | None = None
+    cancelled: bool = False
+
+    def as_dict(self) -> dict[str, Any]:
+        return dict(self.__dict__)
+
+
+def on_gpu() -> bool:
+    try:
+        import torch
+
+        return bool(torch.cuda.is_available())
+    except Exception:  # a CPU-only torch may not even have the CUDA module
+        return False
+
+
+def _to_pil(frame: np.ndarray | Image.Image) -> Image.Image:
+    if isinstance(frame, Image.Image):
+        return frame.convert("RGB") if frame.mode != "RGB" else frame
+    return Image.fromarray(np.ascontiguousarray(frame), "RGB")
+
+
+def _as_video(frames: Sequence[np.ndarray | Image.Image]) -> np.ndarray:
+    """Stack frames into a (T, H, W, 3) video; a resolution change mid-buffer
+    (browsers drop resolution under load) is resized to the newest frame's size."""
+    arrays = [np.asarray(f.convert("RGB")) if isinstance(f, Image.Image) else f for f in frames]
+    h, w = arrays[-1].shape[:2]
+    same = [
+        a if a.shape[:2] == (h, w) else np.asarray(Image.fromarray(a).resize((w, h), Image.BILINEAR)) for a in arrays
+    ]
+    return np.stack(same)
+
+
+class Reply:
+    """One streamed answer. Iterate for text deltas; `stats` is final after the
+    stream ends. Leaving the stream early (break, `aclose`, `cancel`, or the
+    task being cancelled) aborts the request inside vLLM."""
+
+    def __init__(self, engine: "Engine", request_id: str, prompt: dict, params: Any, stats: ReplyStats):
+        self.engine = engine
+        self.request_id = request_id
+        self.stats = stats
+        self.text = ""
+        self._prompt = prompt
+        self._params = params
+        self._gen: AsyncIterator | None = None
+        self._done = False
+        self._started = time.perf_counter()
+
+    def __aiter__(self) -> "Reply":
+        return self
+
+    async def __anext__(self) -> str:
+        if self._done:
+            raise StopAsyncIteration
+        if self._gen is None:
+            self._gen = self.engine._llm.generate(self._prompt, self._params, self.request_id)
+        try:
+            while True:
+                out = await self._gen.__anext__()
+                completion = out.outputs[0]
+                delta = completion.text[len(self.text) :]
+                if out.prompt_token_ids is not None:
+                    self.stats.prompt_tokens = len(out.prompt_token_ids)
+                self.stats.completion_tokens = len(completion.token_ids)
+                if out.finished:
+                    self.stats.finish_reason = completion.finish_reason
+                if delta:
+                    if self.stats.ttft_s is None:
+                        self.stats.ttft_s = time.perf_counter() - self._started
+                    self.text = completion.text
+                    return delta
+                if out.finished:
+                    raise StopAsyncIteration
+        except StopAsyncIteration:
+            self._finish()
+            raise
+        except (asyncio.CancelledError, GeneratorExit):
+            self.stats.cancelled = True
+            self._finish()
+            raise
+        except Exception as exc:
+            self._finish()
+            raise self.engine._translate(exc, self) from exc
+
+    def _finish(self) -> None:
+        if self._done:
+            return
+        self._done = True
+        now = time.perf_counter()
+        self.stats.total_s = now - self._started
+        if self.stats.ttft_s is not None and self.stats.completion_tokens > 1:
+            gen_time = self.stats.total_s - self.stats.ttft_s
+            if gen_time > 0:
+                self.stats.tokens_per_s = (self.stats.completion_tokens - 1) / gen_time
+
+    async def aclose(self) -> None:
+        """Stop the answer; the vLLM request is aborted if still running."""
+        if not self._done:
+            self.stats.cancelled = True
+            self._finish()
+        if self._gen is not None:
+            gen, self._gen = self._gen, None
+            await gen.aclose()  # vLLM aborts the request on GeneratorExit
+        await self.engine._llm.abort(self.request_id)  # no-op if already finished
+
+    cancel = aclose
+
+    async def __aenter__(self) -> "Reply":
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+
+class Engine:
+    """Wraps one `AsyncLLM`. Create once per process with `Engine.start`."""
+
+    def __init__(self, options: EngineOptions, llm: Any, processor: Any, model_path: str, start_s: float):
+        self.options = options
+        self.model_path = model_path
+        self.start_s = start_s
+        self._llm = llm
+        self._processor = processor
+        self._ids = itertools.count(1)
+        self.accepts_audio = getattr(processor, "feature_extractor", None) is not None
+        self.accepts_video = getattr(processor, "video_processor", None) is not None
+        self._mm_kwargs = _pixel_kwargs(options)
+
+    # ---- lifecycle ---------------------------------------------------
+    @classmethod
+    def start(cls, options: EngineOptions) -> "Engine":
+        """Load the model and start vLLM (blocking; seconds on the tiny model)."""
+        # One engine-core child process, with the model worker inside it: the
+        # fastest start, and nothing more to clean up at exit.
+        os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+        from transformers import AutoProcessor
+        from vllm.engine.arg_utils import AsyncEngineArgs
+        from vllm.v1.engine.async_llm import AsyncLLM
+
+        t0 = time.perf_counter()
+        gpu = on_gpu()
+        limits = {"image": options.max_images, "video": options.max_videos, "audio": options.max_audios}
+        kwargs: dict[str, Any] = dict(
+            model=options.model,
+            dtype=options.dtype,
+            max_model_len=options.max_model_len,
+            limit_mm_per_prompt=limits,
+            enforce_eager=options.enforce_eager,
+            disable_log_stats=True,
+            seed=options.seed,
+        )
+        pixel_kwargs = _pixel_kwargs(options)
+        if pixel_kwargs:
+            kwargs["mm_processor_kwargs"] = pixel_kwargs
+        if gpu:
+            kwargs["gpu_memory_utilization"] = options.gpu_memory_utilization
+        else:
+            # Unset, vLLM on CPU reserves most of the RAM and starts slowly.
+            kwargs["kv_cache_memory_bytes"] = int(options.kv_cache_gb * (1 << 30))
+            kwargs["distributed_executor_backend"] = "uni"
+        processor = AutoProcessor.from_pretrained(options.model)
+        try:
+            llm = AsyncLLM.from_engine_args(AsyncEngineArgs(**kwargs))
+        except Exception as exc:
+            raise EngineError(f"vLLM could not start model {options.model!r}: {exc}") from exc
+        start_s = time.perf_counter() - t0
+        log.info("engine ready: %s on %s in %.1f s", options.model, "GPU" if gpu else "CPU", start_s)
+        return cls(options, llm, processor, options.model, start_s)
+
+    def shutdown(self) -> None:
+        llm, self._llm = self._llm, None
+        if llm is not None:
+            llm.shutdown()
+            log.info("engine shut down")
+
+    # ---- state ---------------------------------------------------------
+    @property
+    def running_requests(self) -> int:
+        """Requests vLLM still holds (0 after every answer ends or is aborted)."""
+        return self._llm.get_num_unfinished_requests()
+
+    @property
+    def is_dead(self) -> bool:
+        return self._llm is None or bool(self._llm.errored)
+
+    # ---- questions -------------------------------------------------------
+    def build_prompt(
+        self,
+        question: str,
+        *,
+        n_frames: int = 0,
+        frames_as: str = "images",
+        with_audio: bool = False,
+        history: Sequence[Turn] = (),
+        system_prompt: str | None = None,
+    ) -> str:
+        """The prompt text from the model's own chat template."""
+        parts: list[dict[str, Any]] = []
+        if with_audio:
+            parts.append({"type": "audio"})
+        if n_frames:
+            if frames_as == "video":
+                parts.append({"type": "video"})
+            else:
+                parts.extend({"type": "image"} for _ in range(n_frames))
+        parts.append({"type": "text", "text": question})
+        messages: list[dict[str, Any]] = []
+        if system_prompt:
+            messages.append({"role": "system", "content": [{"type": "text", "text": system_prompt}]})
+        for turn in history:
+            messages.append({"role": turn.role, "content": [{"type": "text", "text": turn.text}]})
+        messages.append({"role": "user", "content": parts})
+        return self._processor.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+
+    def ask(
+        self,
+        question: str,
+        frames: Sequence[np.ndarray | Image.Image] = (),
+        audio: np.ndarray | None = None,
+        *,
+        history: Sequence[Turn] = (),
+        system_prompt: str | None = None,
+        frames_as: str = "images",
+        max_tokens: int = 256,
+        temperature: float = 0.7,
+        seed: int | None = None,
+        ignore_eos: bool = False,
+        request_id: str | None = None,
+    ) -> Reply:
+        """Start answering; iterate the returned `Reply` for text deltas.
+
+        Raises `EngineError` at once for input the engine would refuse, so the
+        caller can tell the user before anything streams."""
+        from vllm import SamplingParams
+
+        if self.is_dead:
+            raise EngineDead("The model engine has stopped; restart vidchat (see the server log for the cause).")
+        if not question or not question.strip():
+            raise EngineError("The question is empty.")
+        if frames_as not in FRAMES_AS:
+            raise EngineError(f"frames_as must be one of {FRAMES_AS}, not {frames_as!r}.")
+        if frames_as == "video" and not self.accepts_video:
+            raise EngineError("This model does not take video; send frames as images.")
+        if frames_as == "images" and len(frames) > self.options.max_images:
+            raise EngineError(
+                f"This question carries {len(frames)} frames but the engine takes at most "
+                f"{self.options.max_images} images per prompt: lower 'frames per question' "
+                f"or restart with --max-images {len(frames)}."
+            )
+        if audio is not None and audio.size and not self.accepts_audio:
+            audio = None  # vision-only model: the question still gets its frames
+        with_audio = audio is not None and audio.size > 0
+
+        prompt_text = self.build_prompt(
+            question,
+            n_frames=len(frames),
+            frames_as=frames_as,
+            with_audio=with_audio,
+            history=history,
+            system_prompt=system_prompt,
+        )
+        mm: dict[str, Any] = {}
+        if frames:
+            if frames_as == "video":
+                mm["video"] = _as_video(frames)
+            else:
+                mm["image"] = [_to_pil(f) for f in frames]
+        audio_s = 0.0
+        if with_audio:
+            samples = np.ascontiguousarray(audio, dtype=np.float32).reshape(-1)
+            mm["audio"] = [(samples, AUDIO_RATE)]
+            audio_s = samples.size / AUDIO_RATE
+        prompt: dict[str, Any] = {"prompt": prompt_text}
+        if mm:
+            prompt["multi_modal_data"] = mm
+        params = SamplingParams(
+            max_tokens=max_tokens,
+            temperature=temperature,
+            seed=seed,
+            ignore_eos=ignore_eos,  # benchmarks and tests need replies of a known length
+        )
+        rid = request_id or f"vidchat-{next(self._ids)}-{uuid.uuid4().hex[:8]}"
+        stats = ReplyStats(frames=len(frames), audio_seconds=audio_s)
+        return Reply(self, rid, prompt, params, stats)
+
+    def _translate(self, exc: BaseException, reply: Reply) -> EngineError:
+        """vLLM's exceptions, reworded so a user knows what to change."""
+        from vllm.v1.engine.exceptions import EngineDeadError, EngineGenerateError
+
+        cause = exc.__cause__ if isinstance(exc, EngineGenerateError) and exc.__cause__ else exc
+        text = str(cause)
+        if isinstance(exc, EngineDeadError) or self.is_dead:
+            return EngineDead("The model engine has stopped; restart vidchat (see the server log for the cause).")
+        if "longer than the maximum model length" in text or "maximum context length" in text:
+            return EngineError(
+                f"The question with its frames and chat history is too long for the model "
+                f"(limit {self.options.max_model_len} tokens): send fewer frames, clear the "
+                f"chat, or restart with a larger --max-model-len. ({text.splitlines()[0]})"
+            )
+        if "may be provided in one prompt" in text:
+            return EngineError(f"{text.splitlines()[0]} Lower 'frames per question' or raise --max-images.")
+        log.exception("request %s failed", reply.request_id, exc_info=exc)
+        return EngineError(f"The model failed to answer: {text.splitlines()[0] if text else type(cause).__name__}")
+
+
+def _pixel_kwargs(options: EngineOptions) -> dict[str, Any]:
+    if not options.max_image_pixels:
+        return {}
+    low = options.min_image_pixels or min(56 * 56, options.max_image_pixels)
+    # One `size` covers both the image and the video processor (the Omni
+    # processor otherwise forces a large minimum size on video frames).
+    return {"size": {"shortest_edge": low, "longest_edge": options.max_image_pixels}}
+
+
+def resolve_model(name: str, cache_dir: str) -> tuple[str, str | None]:
+    """Map the --model option to a local folder or hub id.
+
+    Returns (model, banner): banner is a warning to show users, or None."""
+    from vidchat import tinymodel
+
+    if name in ("tiny", "tiny-omni"):
+        return str(tinymodel.ensure(cache_dir, "omni")), TINY_BANNER
+    if name == "tiny-vl":
+        return str(tinymodel.ensure(cache_dir, "vl")), TINY_BANNER
+    if name == "auto":
+        default = DEFAULT_GPU_MODEL if on_gpu() else DEFAULT_CPU_MODEL
+        if _hub_model_available(default):
+            return default, None
+        log.warning("default model %s cannot be loaded (offline, not cached): using the tiny test model", default)
+        return str(tinymodel.ensure(cache_dir, "omni")), TINY_BANNER + f" ({default} could not be downloaded.)"
+    path = Path(name).expanduser()
+    if path.exists() or name.startswith((".", "/", "~")):
+        if not (path / "config.json").is_file():
+            raise EngineError(f"--model {name}: no such model folder (expected a config.json in it)")
+        return str(path), None
+    return name, None  # a hub id: vLLM downloads it (or fails with its own message)
+
+
+DEFAULT_GPU_MODEL = "Qwen/Qwen2.5-Omni-3B"
+DEFAULT_CPU_MODEL = "HuggingFaceTB/SmolVLM2-256M-Video-Instruct"
+TINY_BANNER = (
+    "Replies come from a tiny model with RANDOM weights (gibberish, for testing the pipeline). "
+    "Start with --model <hub id or folder> for real answers, e.g. --model " + DEFAULT_GPU_MODEL + "."
+)
+
+
+def _hub_model_available(repo: str) -> bool:
+    try:
+        from huggingface_hub import snapshot_download
+
+        snapshot_download(repo, local_files_only=True)
+        return True
+    except Exception:
+        pass
+    try:
+        from huggingface_hub import HfApi
+
+        HfApi().model_info(repo, timeout=5)
+        return True
+    except Exception:
+        return False

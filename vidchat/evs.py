@@ -1,0 +1,349 @@
+"""EVS: drop webcam frames that show nothing new.
+
+How a frame is judged
+---------------------
+Every frame is reduced to a 24×32 grid of cells; each cell holds the mean
+brightness (luma, 0..255) of a few pixels sampled evenly inside it. The grid
+of a new frame is compared with the grid of the last *kept* frame:
+
+1. A global brightness change (auto-exposure, flickering light) is taken out
+   first: the new grid is fitted as ``gain × old + offset`` over the cells
+   that did not change, with the gain limited to 0.75..1.33 so that a real
+   change such as a covered lens is not explained away as "lighting".
+2. A cell has *changed noticeably* when it still differs from that fit by more
+   than ``noise_floor`` grey levels (default 8; sensor noise of σ≈3 moves a
+   cell mean by about 1.4, so noise alone almost never crosses it).
+3. ``similarity = 1 − (share of cells that changed noticeably)``.
+
+A frame is **kept when its similarity is below the threshold**, i.e. with the
+default threshold 0.95: *a frame is kept when more than 5 % of the picture
+changed noticeably since the last kept frame*. A hand moving in front of the
+camera changes 5–20 % of the picture per frame and is kept; a still room with
+noise and flicker changes ~0 % and is dropped; a scene cut changes most of it.
+
+Relation to the seed's setting
+------------------------------
+The seed (vllm-omni's ``FrameSimilarityFilter``) also takes a similarity in
+[0, 1] with default 0.95 and also drops a frame when ``similarity >=
+threshold``, but its similarity is ``1 − MSE/255²`` of a 64×64 thumbnail, so
+0.95 only keeps frames whose RMS difference exceeds 57 grey levels — it drops
+ordinary motion. vidchat reads the same ``evs_threshold`` field with the
+meaning above: ``1 − threshold`` is the share of the picture that must change.
+Clients that send the seed's 0.95 therefore get vidchat's default behaviour;
+0.9 keeps fewer frames (10 % must change), 0.99 keeps more (1 %), 1.0 keeps
+every frame with any noticeable change, 0.0 keeps only the first frame (and
+keep-alive frames).
+
+Other behaviour
+---------------
+* The first frame, and the first after :meth:`FrameFilter.reset`, is always kept.
+* ``keepalive_s`` (off by default) keeps a frame whenever the last kept one is
+  at least that many seconds older (by the timestamps passed in).
+* Frames may be H×W×3 uint8 RGB arrays of any size (the size may change
+  mid-stream: the grid is relative to the picture), PIL images, or encoded
+  image bytes. JPEG bytes are decoded at 1/8 scale in greyscale (libjpeg's DCT
+  scaling), which skips most of the decoding work.
+* A frame that is not a usable image raises :class:`FrameError` and leaves the
+  filter's state and statistics unchanged.
+
+The filter itself is not thread-safe; the session serialises calls.
+"""
+
+from __future__ import annotations
+
+import io
+import logging
+import math
+import time
+from functools import lru_cache
+
+import numpy as np
+from PIL import Image
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_THRESHOLD = 0.95
+DEFAULT_NOISE_FLOOR = 8.0
+
+GRID_ROWS = 24
+GRID_COLS = 32
+_SAMPLES = 2  # samples per cell along each axis: 4 pixels per cell
+_GAIN_MIN, _GAIN_MAX = 0.75, 1.33
+_LUMA = np.array([0.299, 0.587, 0.114], dtype=np.float32)  # same weights as JPEG's Y
+# Per-cell weights over its S×S×3 samples (luma, averaged).
+_CELL_WEIGHTS_RGB = (np.tile(_LUMA, _SAMPLES * _SAMPLES) / (_SAMPLES * _SAMPLES)).astype(np.float32)
+_CELL_WEIGHTS_GRAY = np.full(_SAMPLES * _SAMPLES, 1.0 / (_SAMPLES * _SAMPLES), dtype=np.float32)
+
+
+class FrameError(ValueError):
+    """A frame that is not a usable image (wrong type, shape, dtype, empty, undecodable)."""
+
+
+# ---------------------------------------------------------------------------
+# Frame validation and decoding
+# ---------------------------------------------------------------------------
+
+def as_rgb_array(frame: np.ndarray | Image.Image) -> np.ndarray:
+    """Return ``frame`` as an H×W×3 uint8 array (no copy for valid arrays)."""
+    if isinstance(frame, Image.Image):
+        if frame.width == 0 or frame.height == 0:
+            raise FrameError("empty image (0 pixels)")
+        try:
+            return np.asarray(frame if frame.mode == "RGB" else frame.convert("RGB"))
+        except (OSError, ValueError) as exc:
+            raise FrameError(f"image could not be read: {exc}") from exc
+    if not isinstance(frame, np.ndarray):
+        raise FrameError(f"frame must be an H×W×3 uint8 array, a PIL image or image bytes, "
+                         f"got {type(frame).__name__}")
+    if frame.ndim != 3 or frame.shape[2] != 3:
+        raise FrameError(f"frame must have shape H×W×3 (RGB), got {frame.shape}")
+    if frame.dtype != np.uint8:
+        raise FrameError(f"frame must be uint8, got {frame.dtype}")
+    if frame.shape[0] == 0 or frame.shape[1] == 0:
+        raise FrameError(f"empty frame {frame.shape}")
+    return frame
+
+
+def open_image(data: bytes | bytearray | memoryview) -> Image.Image:
+    """Open encoded image bytes lazily (header only); raise FrameError if not an image."""
+    if not isinstance(data, (bytes, bytearray, memoryview)):
+        raise FrameError(f"image data must be bytes, got {type(data).__name__}")
+    if len(data) == 0:
+        raise FrameError("empty image data")
+    try:
+        img = Image.open(io.BytesIO(bytes(data)))
+    except (OSError, ValueError, Image.DecompressionBombError) as exc:
+        raise FrameError(f"not a decodable image: {exc}") from exc
+    if img.width == 0 or img.height == 0:
+        raise FrameError("empty image (0 pixels)")
+    return img
+
+
+def load_image(img: Image.Image) -> None:
+    """Decode ``img`` now, turning truncated/corrupt data into FrameError."""
+    try:
+        img.load()
+    except (OSError, ValueError, SyntaxError, Image.DecompressionBombError) as exc:
+        raise FrameError(f"image could not be decoded: {exc}") from exc
+
+
+# ---------------------------------------------------------------------------
+# Thumbnails: GRID_ROWS × GRID_COLS float32 cell means of luma
+# ---------------------------------------------------------------------------
+
+def _positions(n: int, count: int) -> np.ndarray:
+    # Evenly spread sample positions, centred in their slots.
+    return ((np.arange(count) + 0.5) * (n / count)).astype(np.intp)
+
+
+@lru_cache(maxsize=16)
+def _sample_index(height: int, width: int, channels: int) -> np.ndarray:
+    """Flat indices into a C-contiguous H×W(×C) image, shaped (cells, S·S·C).
+
+    Ordering samples cell by cell makes each cell's mean one dot product.
+    """
+    s = _SAMPLES
+    rows = _positions(height, GRID_ROWS * s).reshape(GRID_ROWS, 1, s, 1, 1)
+    cols = _positions(width, GRID_COLS * s).reshape(1, GRID_COLS, 1, s, 1)
+    chans = np.arange(channels).reshape(1, 1, 1, 1, channels)
+    flat = ((rows * width + cols) * channels + chans).reshape(GRID_ROWS * GRID_COLS, s * s * channels)
+    flat = flat.copy()  # own, compact buffer rather than a view
+    flat.setflags(write=False)
+    return flat
+
+
+def thumbnail_from_array(frame: np.ndarray) -> np.ndarray:
+    """Grid of cell luma means of a valid H×W×3 (or H×W grey) uint8 array."""
+    h, w = frame.shape[:2]
+    channels = frame.shape[2] if frame.ndim == 3 else 1
+    index = _sample_index(h, w, channels)
+    # take() on the flat buffer reads only the ~3 k sampled bytes. A strided
+    # (non-contiguous) frame would be copied whole by reshape(), so it is
+    # indexed per axis instead.
+    if frame.flags.c_contiguous:
+        samples = frame.reshape(-1).take(index)
+    else:
+        samples = frame[np.unravel_index(index, frame.shape)]
+    samples = samples.astype(np.float32)
+    weights = _CELL_WEIGHTS_RGB if channels == 3 else _CELL_WEIGHTS_GRAY
+    return (samples @ weights).reshape(GRID_ROWS, GRID_COLS)
+
+
+def thumbnail_from_image(img: Image.Image) -> np.ndarray:
+    """Grid of cell luma means of a PIL image; JPEGs are decoded at reduced size."""
+    if img.format == "JPEG" and getattr(img, "tile", None):
+        # Not yet decoded: let libjpeg scale down by up to 8 while decoding,
+        # and return luma only (no colour conversion).
+        img.draft("L", (GRID_COLS * _SAMPLES, GRID_ROWS * _SAMPLES))
+        load_image(img)
+    else:
+        load_image(img)
+    if img.mode not in ("L", "RGB"):
+        img = img.convert("RGB")
+    arr = np.asarray(img)
+    if arr.size == 0:
+        raise FrameError("empty image (0 pixels)")
+    return thumbnail_from_array(arr)
+
+
+def thumbnail(frame: np.ndarray | Image.Image | bytes | bytearray | memoryview) -> np.ndarray:
+    """Grid of cell luma means for any accepted frame type; FrameError if unusable."""
+    if isinstance(frame, np.ndarray):
+        return thumbnail_from_array(as_rgb_array(frame))
+    if isinstance(frame, (bytes, bytearray, memoryview)):
+        return thumbnail_from_image(open_image(frame))
+    if isinstance(frame, Image.Image):
+        if frame.width == 0 or frame.height == 0:
+            raise FrameError("empty image (0 pixels)")
+        return thumbnail_from_image(frame)
+    return thumbnail_from_array(as_rgb_array(frame))  # raises FrameError with the type
+
+
+# ---------------------------------------------------------------------------
+# Comparison
+# ---------------------------------------------------------------------------
+
+class _Reference:
+    """The last kept grid, with what the lighting fit needs precomputed once.
+
+    Each comparison then costs a handful of vector operations on 768 cells.
+    """
+
+    __slots__ = ("cells", "centred", "moments", "sxx")
+
+    def __init__(self, grid: np.ndarray) -> None:
+        n = grid.size
+        # Rows: (x, x², 1) for the weighted refit; (centred x, 1/n) for the plain fit.
+        m = np.empty((5, n), dtype=np.float32)
+        m[0] = grid.reshape(-1)
+        np.multiply(m[0], m[0], out=m[1])
+        m[2] = 1.0
+        np.subtract(m[0], float(m[0].sum()) / n, out=m[3])
+        m[4] = 1.0 / n
+        self.moments = m
+        self.cells = m[0]
+        self.centred = m[3]
+        self.sxx = float(m[3] @ m[3])
+
+
+def _clamp_gain(gain: float) -> float:
+    return min(max(gain, _GAIN_MIN), _GAIN_MAX)
+
+
+def changed_share(ref: _Reference, grid: np.ndarray, noise_floor: float) -> float:
+    """Share of cells that changed by more than ``noise_floor`` after the lighting fit."""
+    cur = grid.reshape(-1)
+    sxy, mean_y = ref.moments[3:] @ cur
+    gain = _clamp_gain(float(sxy) / ref.sxx) if ref.sxx > 1e-3 else 1.0
+    resid = np.abs(cur - gain * ref.centred - mean_y)
+    n_out = int(np.count_nonzero(resid > 2.0 * noise_floor))
+    if 0 < n_out < cur.size // 2:
+        # Something moved: refit the lighting on the cells that did not change,
+        # so the moving object does not bias gain and offset.
+        w = (resid <= 2.0 * noise_floor).astype(np.float32)
+        sx, sxx, sw = ref.moments[:3] @ w
+        wy = w * cur
+        swxy, sy = ref.moments[0] @ wy, float(wy.sum())
+        var = sxx - sx * sx / sw
+        gain = _clamp_gain(float((swxy - sx * sy / sw) / var)) if var > 1e-3 else 1.0
+        offset = (sy - gain * sx) / sw
+        resid = np.abs(cur - gain * ref.cells - offset)
+    return int(np.count_nonzero(resid > noise_floor)) / cur.size
+
+
+# ---------------------------------------------------------------------------
+# The filter
+# ---------------------------------------------------------------------------
+
+class FrameFilter:
+    """Keep/drop decisions against the last kept frame, with seed-compatible stats."""
+
+    def __init__(self, threshold: float = DEFAULT_THRESHOLD, *, noise_floor: float = DEFAULT_NOISE_FLOOR,
+                 keepalive_s: float | None = None) -> None:
+        self.threshold = threshold
+        self.keepalive_s = keepalive_s
+        if not (math.isfinite(noise_floor) and noise_floor > 0):
+            raise ValueError(f"noise_floor must be a positive number of grey levels, got {noise_floor!r}")
+        self.noise_floor = float(noise_floor)
+        self._ref: _Reference | None = None
+        self._ref_time: float | None = None
+        self._retained = 0
+        self._dropped = 0
+        self.last_similarity: float | None = None  # of the latest compared frame, for diagnostics
+
+    @property
+    def threshold(self) -> float:
+        return self._threshold
+
+    @threshold.setter
+    def threshold(self, value: float) -> None:
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0.0 <= value <= 1.0:
+            raise ValueError(f"EVS threshold must be a similarity in [0, 1], got {value!r}")
+        self._threshold = float(value)
+
+    @property
+    def keepalive_s(self) -> float | None:
+        return self._keepalive_s
+
+    @keepalive_s.setter
+    def keepalive_s(self, value: float | None) -> None:
+        if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))
+                                  or not math.isfinite(value) or value <= 0):
+            raise ValueError(f"keepalive_s must be None or a positive number of seconds, got {value!r}")
+        self._keepalive_s = None if value is None else float(value)
+
+    def check(self, frame: np.ndarray | Image.Image | bytes, t: float | None = None) -> bool:
+        """Decide whether ``frame`` (captured at ``t``, default now) is kept."""
+        return self.check_thumbnail(thumbnail(frame), t)
+
+    should_retain = check  # the seed's name
+
+    def check_thumbnail(self, grid: np.ndarray, t: float | None = None) -> bool:
+        """Decide from a grid made by :func:`thumbnail` and record the decision."""
+        if t is None:
+            t = time.monotonic()
+        keep = self.decide(grid, t)
+        self.record(grid, t, keep)
+        return keep
+
+    def decide(self, grid: np.ndarray, t: float) -> bool:
+        """Whether a frame with this grid, captured at ``t``, would be kept (no state change).
+
+        Together with :meth:`record` this lets a caller do work between the
+        decision and committing it (e.g. decode the kept frame, which may fail).
+        """
+        if self._ref is None:
+            self.last_similarity = None
+            return True
+        self.last_similarity = 1.0 - changed_share(self._ref, grid, self.noise_floor)
+        if self.last_similarity < self._threshold:
+            return True
+        return (self._keepalive_s is not None and self._ref_time is not None
+                and t - self._ref_time >= self._keepalive_s)
+
+    def record(self, grid: np.ndarray, t: float, keep: bool) -> None:
+        """Commit a decision: a kept grid becomes the new reference."""
+        if keep:
+            self._ref = _Reference(grid)
+            self._ref_time = t
+            self._retained += 1
+        else:
+            self._dropped += 1
+
+    def reset(self) -> None:
+        """Forget the reference and the statistics; the next frame is kept."""
+        self._ref = None
+        self._ref_time = None
+        self._retained = 0
+        self._dropped = 0
+        self.last_similarity = None
+
+    @property
+    def stats(self) -> dict[str, int | float]:
+        total = self._retained + self._dropped
+        return {
+            "retained_count": self._retained,
+            "dropped_count": self._dropped,
+            "total_count": total,
+            "drop_rate": self._dropped / total if total else 0.0,
+        }

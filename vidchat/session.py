@@ -1,0 +1,535 @@
+"""One viewer's state: the EVS filter, a ring of kept frames, an audio window.
+
+Frames come in from the WebRTC peer (arrays) or the seed WebSocket protocol
+(JPEG bytes); a question takes a :class:`Sample` of frames (and the audio that
+goes with them) out of the ring.
+
+Storage. Kept frames are stored as read-only RGB uint8 arrays, box-downscaled
+by a whole factor until they fit ``store_max_pixels`` (default 320×240, about
+what a VLM's processor keeps of a webcam frame anyway). Measured on 640×480
+input (bench/evs.py): 64 frames take ~14.7 MB, and building a question's 16
+frames costs microseconds because the arrays are handed out as they are —
+no JPEG decode, no base64. Storing JPEG instead would save memory but make
+every question decode again (the seed's cost); storing full-size arrays would
+need ~59 MB per session. ``store_max_pixels=None`` keeps full size.
+
+Clocks. Timestamps are seconds on ``time.monotonic()`` unless the caller
+passes its own (frames and audio must then use the same clock).
+
+Threads. Frames may arrive from an asyncio task and a worker thread while a
+question is being answered. One lock serialises ingestion (filter decision,
+downscale, append) so the ring stays in arrival order; a second, short-held
+lock guards the ring and counters, so ``sample()`` never waits for a decode.
+A Sample holds references to read-only arrays and its own audio copy: frames
+that arrive later go to the next question and never change this one's input.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import math
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any, NamedTuple
+
+import numpy as np
+from PIL import Image
+
+from vidchat import evs
+from vidchat.evs import FrameError
+
+logger = logging.getLogger(__name__)
+
+AUDIO_RATE = 16_000
+DEFAULT_STORE_MAX_PIXELS = 320 * 240
+MAX_FRAME_BYTES = 10 * 1024 * 1024  # same cap as the seed protocol
+MAX_FRAMES_LIMIT = 1024
+MAX_AUDIO_SECONDS = 600.0
+SAMPLING_STRATEGIES = ("uniform", "latest_frames", "latest_seconds")
+AUDIO_MODES = ("frames", "last")
+
+# Audio chunk timing: gaps longer than this are filled with silence so audio
+# stays aligned with frame times; a jump back further than the reset limit
+# means a new clock/stream and restarts the window.
+_AUDIO_GAP_S = 0.05
+_AUDIO_RESET_S = 1.0
+
+__all__ = ["FrameError", "Session", "SessionSettings", "Sample", "AUDIO_RATE", "DEFAULT_STORE_MAX_PIXELS"]
+
+
+# ---------------------------------------------------------------------------
+# Settings
+# ---------------------------------------------------------------------------
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+@dataclass
+class SessionSettings:
+    """Per-session options; may be changed between questions."""
+
+    max_frames: int = 64
+    num_sample_frames: int = 16
+    sampling: str = "uniform"  # "uniform" | "latest_frames" | "latest_seconds"
+    sample_seconds: float = 10.0  # window for "latest_seconds"
+    evs_enabled: bool = True
+    evs_threshold: float = evs.DEFAULT_THRESHOLD  # keep a frame when > (1 - x) of the picture changed
+    keepalive_s: float | None = None  # keep >= 1 frame every N seconds even if nothing changes
+    audio_seconds: float = 30.0  # audio window cap
+    audio_mode: str = "frames"  # "frames": from the first sampled frame on; "last": last audio_last_seconds
+    audio_last_seconds: float = 10.0
+
+    def validate(self) -> None:
+        """Raise ValueError naming the first bad field."""
+        if not _is_int(self.max_frames) or not 1 <= self.max_frames <= MAX_FRAMES_LIMIT:
+            raise ValueError(f"max_frames must be an integer in 1..{MAX_FRAMES_LIMIT}, got {self.max_frames!r}")
+        if not _is_int(self.num_sample_frames) or not 1 <= self.num_sample_frames <= MAX_FRAMES_LIMIT:
+            raise ValueError(f"num_sample_frames must be an integer in 1..{MAX_FRAMES_LIMIT}, "
+                             f"got {self.num_sample_frames!r}")
+        if self.sampling not in SAMPLING_STRATEGIES:
+            raise ValueError(f"sampling must be one of {', '.join(SAMPLING_STRATEGIES)}, got {self.sampling!r}")
+        if not _is_number(self.sample_seconds) or self.sample_seconds <= 0:
+            raise ValueError(f"sample_seconds must be a positive number, got {self.sample_seconds!r}")
+        if not isinstance(self.evs_enabled, bool):
+            raise ValueError(f"evs_enabled must be true or false, got {self.evs_enabled!r}")
+        if not _is_number(self.evs_threshold) or not 0.0 <= self.evs_threshold <= 1.0:
+            raise ValueError(f"evs_threshold must be a number in [0, 1], got {self.evs_threshold!r}")
+        if self.keepalive_s is not None and (not _is_number(self.keepalive_s) or self.keepalive_s <= 0):
+            raise ValueError(f"keepalive_s must be null or a positive number of seconds, got {self.keepalive_s!r}")
+        if not _is_number(self.audio_seconds) or not 0 < self.audio_seconds <= MAX_AUDIO_SECONDS:
+            raise ValueError(f"audio_seconds must be a number in (0, {MAX_AUDIO_SECONDS:g}], "
+                             f"got {self.audio_seconds!r}")
+        if self.audio_mode not in AUDIO_MODES:
+            raise ValueError(f"audio_mode must be one of {', '.join(AUDIO_MODES)}, got {self.audio_mode!r}")
+        if not _is_number(self.audio_last_seconds) or self.audio_last_seconds <= 0:
+            raise ValueError(f"audio_last_seconds must be a positive number, got {self.audio_last_seconds!r}")
+
+
+@dataclass
+class Sample:
+    """What one question sends to the model."""
+
+    frames: list[np.ndarray] = field(default_factory=list)  # RGB uint8 H×W×3 (read-only), oldest first
+    timestamps: list[float] = field(default_factory=list)  # capture time per frame
+    indices: list[int] = field(default_factory=list)  # indices into the ring at sampling time
+    audio: np.ndarray | None = None  # float32 mono 16 kHz
+    audio_start: float | None = None
+    audio_end: float | None = None
+
+    def images(self) -> list[Image.Image]:
+        """The frames as PIL images (copies)."""
+        return [Image.fromarray(f) for f in self.frames]
+
+
+class _Frame(NamedTuple):
+    t: float
+    pixels: np.ndarray  # read-only
+
+
+# ---------------------------------------------------------------------------
+# Frame sampling and storage helpers
+# ---------------------------------------------------------------------------
+
+def uniform_indices(n: int, k: int) -> list[int]:
+    """The seed's uniform pick of k out of n (k=1: the newest; k >= n: all)."""
+    if n <= 0 or k <= 0:
+        return []
+    if k == 1:
+        return [n - 1]
+    if k >= n:
+        return list(range(n))
+    return [int(i * (n - 1) / (k - 1)) for i in range(k)]
+
+
+def _reduce_factor(width: int, height: int, max_pixels: int | None) -> int:
+    """Smallest whole factor that brings the frame within max_pixels."""
+    if max_pixels is None or width * height <= max_pixels:
+        return 1
+    k = max(2, math.ceil(math.sqrt(width * height / max_pixels)))
+    while math.ceil(width / k) * math.ceil(height / k) > max_pixels:
+        k += 1
+    return k
+
+
+def _freeze(arr: np.ndarray) -> np.ndarray:
+    arr.setflags(write=False)
+    return arr
+
+
+def store_array(frame: np.ndarray, max_pixels: int | None) -> np.ndarray:
+    """A read-only copy of a valid RGB frame, box-downscaled to fit max_pixels."""
+    h, w = frame.shape[:2]
+    k = _reduce_factor(w, h, max_pixels)
+    if k == 1:
+        return _freeze(np.array(frame, dtype=np.uint8, order="C", copy=True))
+    # PIL's reduce() is a box filter over k×k blocks: antialiased and ~4x cheaper than resize().
+    return _freeze(np.asarray(Image.fromarray(np.ascontiguousarray(frame)).reduce(k)))
+
+
+def store_image(img: Image.Image, max_pixels: int | None) -> np.ndarray:
+    """Decode (lazily opened) image into a stored array; JPEGs decode at reduced scale."""
+    w, h = img.size
+    k = _reduce_factor(w, h, max_pixels)
+    target = (math.ceil(w / k), math.ceil(h / k))
+    if k > 1 and img.format == "JPEG" and getattr(img, "tile", None):
+        img.draft("RGB", target)  # libjpeg scales by 1/2, 1/4 or 1/8 while decoding
+    evs.load_image(img)
+    if img.mode != "RGB":
+        img = img.convert("RGB")
+    if img.size != target:
+        r = img.width // target[0]
+        if r >= 2 and (math.ceil(img.width / r), math.ceil(img.height / r)) == target:
+            img = img.reduce(r)
+        else:
+            img = img.resize(target, Image.Resampling.BILINEAR)
+    return _freeze(np.asarray(img))
+
+
+# ---------------------------------------------------------------------------
+# Audio window
+# ---------------------------------------------------------------------------
+
+class _AudioWindow:
+    """Int16 mono 16 kHz samples on a timeline; the newest ``cap_s`` seconds are kept.
+
+    Chunks are stored as they come (no copy of the whole window per chunk);
+    the end time of the newest sample anchors the timeline.
+    """
+
+    def __init__(self, cap_s: float) -> None:
+        self.cap_samples = int(round(cap_s * AUDIO_RATE))
+        self.chunks: deque[np.ndarray] = deque()
+        self.length = 0
+        self.end: float | None = None
+
+    @property
+    def start(self) -> float | None:
+        return None if self.end is None else self.end - self.length / AUDIO_RATE
+
+    @property
+    def nbytes(self) -> int:
+        return self.length * 2
+
+    def clear(self) -> None:
+        self.chunks.clear()
+        self.length = 0
+        self.end = None
+
+    def set_cap(self, cap_s: float) -> None:
+        self.cap_samples = int(round(cap_s * AUDIO_RATE))
+        self._trim()
+
+    def add(self, pcm: np.ndarray, t: float | None, now: float) -> None:
+        n = pcm.size
+        if n == 0:
+            return
+        duration = n / AUDIO_RATE
+        if t is None:
+            # Uncounted chunks just arrived: they continue the previous one
+            # unless the stream paused, then they end now.
+            t = now - duration
+            if self.end is not None and abs(self.end - t) <= _AUDIO_RESET_S:
+                t = self.end
+        if self.end is not None:
+            gap = t - self.end
+            if gap < -_AUDIO_RESET_S or gap * AUDIO_RATE >= self.cap_samples:
+                self.clear()
+            elif gap > _AUDIO_GAP_S:
+                self._append(np.zeros(int(round(gap * AUDIO_RATE)), dtype=np.int16))
+            else:
+                t = self.end  # jitter: keep the stream contiguous
+        if self.end is None:
+            self.end = t
+        self._append(pcm)
+
+    def _append(self, pcm: np.ndarray) -> None:
+        self.chunks.append(pcm)
+        self.length += pcm.size
+        self.end += pcm.size / AUDIO_RATE
+        self._trim()
+
+    def _trim(self) -> None:
+        excess = self.length - self.cap_samples
+        while excess > 0 and self.chunks:
+            first = self.chunks[0]
+            if first.size <= excess:
+                self.chunks.popleft()
+                self.length -= first.size
+                excess -= first.size
+            else:
+                self.chunks[0] = first[excess:].copy()  # copy so the dropped part is freed
+                self.length -= excess
+                excess = 0
+        if self.length == 0:
+            self.chunks.clear()
+
+    def window(self, start: float) -> tuple[np.ndarray, float, float] | None:
+        """Float32 samples from ``start`` (clamped to what is kept) to the end."""
+        if self.end is None or self.length == 0:
+            return None
+        skip = max(0, int(round((start - self.start) * AUDIO_RATE)))
+        want = self.length - skip
+        if want <= 0:
+            return None
+        parts, have = [], 0
+        for chunk in reversed(self.chunks):  # only the chunks the window needs
+            parts.append(chunk)
+            have += chunk.size
+            if have >= want:
+                break
+        pcm = np.concatenate(parts[::-1])[-want:]
+        audio = pcm.astype(np.float32) * (1.0 / 32768.0)
+        return audio, self.end - want / AUDIO_RATE, self.end
+
+
+def _to_int16(samples: np.ndarray) -> np.ndarray:
+    samples = np.asarray(samples)
+    if samples.ndim == 2 and 1 in samples.shape:
+        samples = samples.reshape(-1)
+    if samples.ndim != 1:
+        raise ValueError(f"audio must be mono (1-D), got shape {samples.shape}")
+    if samples.dtype == np.int16:
+        return samples.copy()
+    if not np.issubdtype(samples.dtype, np.floating):
+        raise ValueError(f"audio must be float (-1..1) or int16 samples, got {samples.dtype}")
+    clean = np.nan_to_num(samples.astype(np.float32), nan=0.0, posinf=1.0, neginf=-1.0)
+    return (np.clip(clean, -1.0, 1.0) * 32767.0).astype(np.int16)
+
+
+# ---------------------------------------------------------------------------
+# The session
+# ---------------------------------------------------------------------------
+
+class Session:
+    """Frames and audio of one viewer, filtered, bounded and sampled for questions."""
+
+    def __init__(self, session_id: str, settings: SessionSettings | None = None, *,
+                 store_max_pixels: int | None = DEFAULT_STORE_MAX_PIXELS) -> None:
+        settings = dataclasses.replace(settings) if settings is not None else SessionSettings()
+        settings.validate()
+        if store_max_pixels is not None and (not _is_int(store_max_pixels) or store_max_pixels < 1):
+            raise ValueError(f"store_max_pixels must be None or a positive integer, got {store_max_pixels!r}")
+        self.id = session_id
+        self.settings = settings
+        self.store_max_pixels = store_max_pixels
+        self.created_at = time.monotonic()
+        self.last_activity = self.created_at
+        self._ingest_lock = threading.Lock()  # order: _ingest_lock, then _lock
+        self._lock = threading.Lock()
+        self._frames: deque[_Frame] = deque(maxlen=settings.max_frames)
+        self._audio = _AudioWindow(settings.audio_seconds)
+        self._filter = self._make_filter(settings)
+        self._received = 0
+        self._kept = 0
+        self._newest_received_t: float | None = None
+        self._newest_arrival: float | None = None
+
+    @staticmethod
+    def _make_filter(settings: SessionSettings) -> evs.FrameFilter | None:
+        if not settings.evs_enabled:
+            return None
+        return evs.FrameFilter(settings.evs_threshold, keepalive_s=settings.keepalive_s)
+
+    # -- frames ------------------------------------------------------------
+
+    def add_frame(self, frame: np.ndarray | Image.Image, t: float | None = None) -> bool:
+        """Offer a frame captured at ``t`` (default: now); True if it was kept.
+
+        Raises FrameError for an unusable frame; the session is unchanged.
+        """
+        if isinstance(frame, (bytes, bytearray, memoryview)):
+            return self.add_jpeg(frame, t)
+        arr = evs.as_rgb_array(frame)
+        return self._ingest(lambda: evs.thumbnail_from_array(arr),
+                            lambda: store_array(arr, self.store_max_pixels), t)
+
+    def add_jpeg(self, data: bytes | bytearray | memoryview, t: float | None = None) -> bool:
+        """Offer an encoded frame (JPEG, or any image PIL reads); decoded in full only if kept."""
+        if isinstance(data, (bytes, bytearray, memoryview)) and len(data) > MAX_FRAME_BYTES:
+            raise FrameError(f"frame too large: {len(data)} bytes (limit {MAX_FRAME_BYTES})")
+        # draft() only works before decoding, so the thumbnail and the stored
+        # copy each open their own lazy image.
+        return self._ingest(lambda: evs.thumbnail_from_image(evs.open_image(data)),
+                            lambda: store_image(evs.open_image(data), self.store_max_pixels), t)
+
+    def _ingest(self, make_thumb, make_stored, t: float | None) -> bool:
+        # Anything that can raise FrameError (thumbnail, decode) runs before the
+        # decision is recorded, so a bad frame leaves filter and ring unchanged.
+        now = time.monotonic()
+        if t is None:
+            t = now
+        with self._ingest_lock:
+            filt = self._filter
+            grid = make_thumb() if filt is not None else None
+            keep = filt.decide(grid, t) if filt is not None else True
+            stored = make_stored() if keep else None
+            with self._lock:
+                if filt is not None:
+                    filt.record(grid, t, keep)
+                self._received += 1
+                if keep:
+                    self._frames.append(_Frame(t, stored))
+                    self._kept += 1
+                self._newest_received_t = t
+                self._newest_arrival = now
+                self.last_activity = now
+        return keep
+
+    # -- audio -------------------------------------------------------------
+
+    def add_audio(self, samples: np.ndarray, t: float | None = None) -> None:
+        """Append mono 16 kHz samples (float -1..1 or int16); ``t`` = capture time of the first."""
+        pcm = _to_int16(samples)
+        now = time.monotonic()
+        with self._lock:
+            self._audio.add(pcm, t, now)
+            self.last_activity = now
+
+    def add_pcm16(self, data: bytes | bytearray | memoryview, t: float | None = None) -> None:
+        """Append PCM16 little-endian mono 16 kHz bytes."""
+        if len(data) % 2:
+            raise ValueError(f"PCM16 data must have an even number of bytes, got {len(data)}")
+        self.add_audio(np.frombuffer(data, dtype="<i2").astype(np.int16), t)
+
+    # -- questions ---------------------------------------------------------
+
+    def sample(self, k: int | None = None, strategy: str | None = None) -> Sample:
+        """Frames (and audio) for one question; defaults come from the settings.
+
+        * ``uniform``: k frames spread over the whole ring (the seed's indices).
+        * ``latest_frames``: the k newest frames.
+        * ``latest_seconds``: k frames spread over the last ``sample_seconds``
+          before the newest *received* frame, plus the kept frame that was on
+          screen when that window began (EVS drops its repeats), so a static
+          scene still yields its picture.
+
+        Audio: ``audio_mode="frames"`` sends the audio from the first sampled
+        frame's time to the end of the audio received; ``"last"`` (and
+        "frames" with no frames) the last ``audio_last_seconds``.
+        """
+        with self._lock:
+            s = self.settings
+            k = s.num_sample_frames if k is None else k
+            strategy = s.sampling if strategy is None else strategy
+            if not _is_int(k) or k < 1:
+                raise ValueError(f"k must be a positive integer, got {k!r}")
+            if strategy not in SAMPLING_STRATEGIES:
+                raise ValueError(f"strategy must be one of {', '.join(SAMPLING_STRATEGIES)}, got {strategy!r}")
+            frames = list(self._frames)
+            candidates = self._candidates(frames, strategy, s)
+            if strategy == "latest_frames":
+                picked = candidates[-k:]
+            else:
+                picked = [candidates[i] for i in uniform_indices(len(candidates), k)]
+            if s.audio_mode == "frames" and picked:
+                audio = self._audio.window(frames[picked[0]].t)
+            elif self._audio.end is not None:
+                audio = self._audio.window(self._audio.end - s.audio_last_seconds)
+            else:
+                audio = None
+            self.last_activity = time.monotonic()
+        return Sample(
+            frames=[frames[i].pixels for i in picked],
+            timestamps=[frames[i].t for i in picked],
+            indices=picked,
+            audio=audio[0] if audio else None,
+            audio_start=audio[1] if audio else None,
+            audio_end=audio[2] if audio else None,
+        )
+
+    def _candidates(self, frames: list[_Frame], strategy: str, s: SessionSettings) -> list[int]:
+        n = len(frames)
+        if strategy != "latest_seconds" or n == 0:
+            return list(range(n))
+        newest = self._newest_received_t if self._newest_received_t is not None else frames[-1].t
+        since = newest - s.sample_seconds
+        first = n  # first frame captured inside the window
+        while first > 0 and frames[first - 1].t >= since:
+            first -= 1
+        if first == n or frames[first].t > since:
+            # The frame kept before the window was still on screen when it began.
+            first = max(first - 1, 0)
+        return list(range(first, n))
+
+    # -- settings and lifecycle --------------------------------------------
+
+    def update_settings(self, **changes: Any) -> None:
+        """Change settings (validated as a whole); the ring keeps its newest frames."""
+        unknown = sorted(set(changes) - {f.name for f in dataclasses.fields(SessionSettings)})
+        if unknown:
+            raise ValueError(f"unknown setting(s): {', '.join(unknown)}")
+        with self._ingest_lock, self._lock:
+            new = dataclasses.replace(self.settings, **changes)
+            new.validate()
+            old = self.settings
+            if new.max_frames != old.max_frames:
+                self._frames = deque(self._frames, maxlen=new.max_frames)  # keeps the newest
+            if new.evs_enabled != old.evs_enabled:
+                self._filter = self._make_filter(new)
+            elif self._filter is not None:
+                self._filter.threshold = new.evs_threshold
+                self._filter.keepalive_s = new.keepalive_s
+            if new.audio_seconds != old.audio_seconds:
+                self._audio.set_cap(new.audio_seconds)
+            self.settings = new
+
+    def reset(self) -> None:
+        """Drop all frames, audio and counts; settings stay."""
+        with self._ingest_lock, self._lock:
+            self._frames.clear()
+            self._audio.clear()
+            if self._filter is not None:
+                self._filter.reset()
+            self._received = self._kept = 0
+            self._newest_received_t = None
+            self._newest_arrival = None
+            self.last_activity = time.monotonic()
+
+    # -- introspection -----------------------------------------------------
+
+    @property
+    def frame_count(self) -> int:
+        return len(self._frames)
+
+    @property
+    def newest_frame_time(self) -> float | None:
+        """Capture time of the newest frame received (kept or dropped): shows the stream is alive."""
+        return self._newest_received_t
+
+    @property
+    def newest_kept_time(self) -> float | None:
+        with self._lock:
+            return self._frames[-1].t if self._frames else None
+
+    @property
+    def memory_bytes(self) -> int:
+        """Bytes held by stored frames and audio."""
+        with self._lock:
+            return sum(f.pixels.nbytes for f in self._frames) + self._audio.nbytes
+
+    @property
+    def stats(self) -> dict[str, Any]:
+        with self._lock:
+            received, kept = self._received, self._kept
+            dropped = received - kept
+            return {
+                "frames_received": received,
+                "frames_kept": kept,
+                "frames_dropped": dropped,
+                "frames_in_buffer": len(self._frames),
+                "max_frames": self.settings.max_frames,
+                "audio_seconds": self._audio.length / AUDIO_RATE,
+                "drop_rate": dropped / received if received else 0.0,
+                "evs": self._filter.stats if self._filter is not None else None,
+                # By arrival on this process's clock, so it works whatever clock t uses.
+                "newest_frame_age_s": (time.monotonic() - self._newest_arrival
+                                       if self._newest_arrival is not None else None),
+            }

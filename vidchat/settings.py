@@ -1,0 +1,119 @@
+"""Every server option in one place.
+
+Each option is a dataclass field carrying its help text; the command-line flag
+is the field name with dashes, and the environment variable is ``VIDCHAT_`` +
+the field name upper-cased. Precedence: flag > environment > default.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+ENV_PREFIX = "VIDCHAT_"
+
+
+def _opt(default: Any, help: str, **extra: Any) -> Any:
+    return field(default=default, metadata={"help": help, **extra})
+
+
+@dataclass
+class Settings:
+    # --- model / engine -------------------------------------------------
+    model: str = _opt(
+        "auto",
+        "Model folder or Hugging Face id. 'tiny' builds a random-weight test model "
+        "(replies are gibberish); 'tiny-vl' the vision-only one; 'auto' picks a real "
+        "default (an omni model on GPU, a small vision model on CPU) and falls back "
+        "to 'tiny' when it cannot be loaded.",
+    )
+    dtype: str = _opt("auto", "Weights/activation dtype passed to vLLM (auto, bfloat16, float16, float32).")
+    max_model_len: int = _opt(8192, "Longest prompt + reply in tokens.")
+    kv_cache_gb: float = _opt(
+        1.0, "KV-cache size in GiB on CPU (set explicitly: vLLM otherwise reserves most of the RAM)."
+    )
+    gpu_memory_utilization: float = _opt(0.85, "Fraction of GPU memory vLLM may use (GPU only).")
+    max_images: int = _opt(32, "Most images one prompt may carry (vLLM limit_mm_per_prompt).")
+    max_videos: int = _opt(1, "Most videos one prompt may carry.")
+    max_audios: int = _opt(1, "Most audio clips one prompt may carry (omni models only).")
+    max_image_pixels: int = _opt(
+        0,
+        "Cap on pixels per frame given to the model's processor (0: the model's own "
+        "setting; 'tiny' uses 224x224).",
+    )
+    cache_dir: str = _opt(
+        os.path.join(os.path.expanduser("~"), ".cache", "vidchat"),
+        "Where the tiny test model is built on first use.",
+    )
+    # --- answers ----------------------------------------------------------
+    frames_as: str = _opt("images", "Send sampled frames as separate 'images' or as one 'video'.", choices=("images", "video"))
+    max_tokens: int = _opt(256, "Longest reply in tokens.")
+    temperature: float = _opt(0.7, "Sampling temperature (0 = greedy).")
+    system_prompt: str = _opt(
+        "You are a helpful assistant watching a live video. Answer about what you see and hear.",
+        "System prompt put before every conversation.",
+    )
+    # --- server -------------------------------------------------------
+    host: str = _opt("127.0.0.1", "Address to bind. Use 0.0.0.0 only when you mean to expose the app.")
+    port: int = _opt(7860, "TCP port for the page, the WebRTC offer endpoint and the WebSocket protocol.")
+    log_level: str = _opt("info", "Logging level (debug, info, warning, error).")
+    # --- sessions -------------------------------------------------------
+    max_sessions: int = _opt(16, "Most concurrent sessions (browser tabs + WebSocket clients).")
+    session_idle_timeout: float = _opt(
+        30.0, "End a WebRTC session whose newest frame or audio is older than this (seconds)."
+    )
+    # --- seed WebSocket protocol --------------------------------------
+    ws_idle_timeout: float = _opt(60.0, "WebSocket protocol: close a session after this many seconds without a message.")
+    ws_config_timeout: float = _opt(10.0, "WebSocket protocol: seconds a client has to send session.config.")
+    ws_max_frame_bytes: int = _opt(10 * 1024 * 1024, "WebSocket protocol: largest accepted JPEG frame in bytes.")
+    ws_max_audio_seconds: float = _opt(30.0, "WebSocket protocol: most seconds of audio kept per session.")
+    # --- WebRTC -------------------------------------------------------
+    ice_servers: str = _opt(
+        "",
+        "JSON list of RTCIceServer dicts given to browsers and the server peer "
+        '(e.g. [{"urls": "turn:turn.example:3478", "username": "u", "credential": "p"}]). '
+        "Empty on localhost.",
+    )
+
+    @classmethod
+    def option_names(cls) -> list[str]:
+        return [f.name for f in dataclasses.fields(cls)]
+
+
+def _coerce(kind: type, raw: str) -> Any:
+    if kind is bool:
+        return raw.strip().lower() in ("1", "true", "yes", "on")
+    return kind(raw)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="app.py",
+        description="vidchat: live video chat with a vision-language model.",
+        epilog=f"Every option can also be set by an environment variable {ENV_PREFIX}<OPTION> "
+        f"(e.g. {ENV_PREFIX}PORT=8000); a flag wins over the variable.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    hints = {f.name: f for f in dataclasses.fields(Settings)}
+    for name, f in hints.items():
+        kind = type(f.default)
+        env_name = ENV_PREFIX + name.upper()
+        default = f.default
+        if env_name in os.environ:
+            try:
+                default = _coerce(kind, os.environ[env_name])
+            except ValueError:
+                parser.error(f"{env_name}={os.environ[env_name]!r} is not a valid {kind.__name__}")
+        kwargs: dict[str, Any] = {"default": default, "help": f.metadata["help"] + f" [env {env_name}]"}
+        if "choices" in f.metadata:
+            kwargs["choices"] = f.metadata["choices"]
+        parser.add_argument("--" + name.replace("_", "-"), type=kind, **kwargs)
+    return parser
+
+
+def parse_settings(argv: Sequence[str] | None = None) -> Settings:
+    args = build_parser().parse_args(argv)
+    return Settings(**vars(args))

@@ -1,0 +1,174 @@
+"""Labelled synthetic webcam clips for tests and benchmarks.
+
+The EVS filter is judged on what a webcam really sends: a mostly static room
+(smooth lighting gradients, furniture-like shapes, fine texture), sensor noise
+on every frame, lighting that drifts and flickers, a hand moving in front of
+the camera, and the occasional scene change. Pure random noise would make any
+filter look good or bad at will, so the scenes here are built from those
+ingredients, deterministically from a seed. Nothing is written to disk.
+
+Each clip carries its labels: which frames start a new scene (must be kept)
+and whether the clip contains real motion.
+"""
+
+from __future__ import annotations
+
+import io
+from dataclasses import dataclass, field
+
+import numpy as np
+from PIL import Image
+
+FPS = 30.0
+
+
+@dataclass
+class Clip:
+    """A labelled run of frames as a camera would deliver them."""
+
+    name: str
+    frames: list[np.ndarray]  # H×W×3 uint8 RGB
+    times: list[float]  # capture time in seconds
+    cuts: list[int] = field(default_factory=list)  # frame indices starting a new scene
+    moving: bool = False  # True when (almost) every frame shows real motion
+
+    def __len__(self) -> int:
+        return len(self.frames)
+
+    def jpegs(self, quality: int = 85) -> list[bytes]:
+        return [encode_jpeg(f, quality) for f in self.frames]
+
+
+def encode_jpeg(frame: np.ndarray, quality: int = 85) -> bytes:
+    buf = io.BytesIO()
+    Image.fromarray(frame).save(buf, format="JPEG", quality=quality)
+    return buf.getvalue()
+
+
+def make_scene(height: int, width: int, seed: int = 0) -> np.ndarray:
+    """A static room-like picture as float32 H×W×3 in grey levels (0..255)."""
+    rng = np.random.default_rng(seed)
+    y = np.linspace(0.0, 1.0, height, dtype=np.float32)[:, None, None]
+    x = np.linspace(0.0, 1.0, width, dtype=np.float32)[None, :, None]
+
+    # Lighting: a smooth colour gradient across the room.
+    base = rng.uniform(50, 170, 3).astype(np.float32)
+    gx = rng.uniform(-60, 60, 3).astype(np.float32)
+    gy = rng.uniform(-60, 60, 3).astype(np.float32)
+    img = base + gx * x + gy * y
+
+    # Soft light pools / shadows.
+    for _ in range(3):
+        cy, cx = rng.uniform(0, 1, 2)
+        r = rng.uniform(0.15, 0.4)
+        amp = rng.uniform(-40, 40, 3).astype(np.float32)
+        img = img + amp * np.exp(-(((x - cx) ** 2 + (y - cy) ** 2) / (2 * r * r)))
+
+    # Furniture and objects: flat-coloured, lightly shaded rectangles and ellipses.
+    for _ in range(int(rng.integers(6, 11))):
+        cy, cx = rng.uniform(0.05, 0.95, 2)
+        hh, hw = rng.uniform(0.04, 0.22, 2)
+        colour = rng.uniform(20, 235, 3).astype(np.float32)
+        shade = rng.uniform(-25, 25)
+        if rng.random() < 0.5:
+            mask = (np.abs(y - cy) < hh) & (np.abs(x - cx) < hw)
+        else:
+            mask = ((y - cy) / hh) ** 2 + ((x - cx) / hw) ** 2 < 1.0
+        img = np.where(mask, colour + shade * (y - cy) / hh, img)
+
+    # Fine surface texture (wall paint, fabric): fixed per scene, not per frame.
+    texture = rng.standard_normal((height, width, 1), dtype=np.float32)
+    texture = (texture + np.roll(texture, 1, 0) + np.roll(texture, 1, 1)) * 3.0
+    return np.clip(img + texture, 0, 255).astype(np.float32)
+
+
+def _render(scene: np.ndarray, rng: np.random.Generator, noise_sigma: float,
+            gain: float = 1.0, offset: float = 0.0) -> np.ndarray:
+    noisy = scene * gain + offset
+    if noise_sigma > 0:
+        noisy = noisy + rng.standard_normal(scene.shape, dtype=np.float32) * noise_sigma
+    return np.clip(noisy, 0, 255).astype(np.uint8)
+
+
+def static_clip(height: int = 480, width: int = 640, n: int = 60, *, noise_sigma: float = 3.0,
+                flicker: float = 0.04, seed: int = 1) -> Clip:
+    """A static scene with sensor noise and slow lighting flicker.
+
+    Brightness follows a slow sine (``flicker`` relative gain, 2 s period), plus
+    a small offset drift and per-frame auto-exposure jitter of about 1 %.
+    """
+    rng = np.random.default_rng(seed + 1000)
+    scene = make_scene(height, width, seed)
+    frames, times = [], []
+    for i in range(n):
+        t = i / FPS
+        gain = 1.0 + flicker * np.sin(2 * np.pi * t / 2.0) + rng.normal(0, 0.01)
+        offset = 3.0 * np.sin(2 * np.pi * t / 3.0)
+        frames.append(_render(scene, rng, noise_sigma, gain, offset))
+        times.append(t)
+    return Clip("static", frames, times, cuts=[0], moving=False)
+
+
+def _hand(height: int, width: int, area: float, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+    """A skin-coloured, shaded, textured ellipse covering ``area`` of the frame.
+
+    Returns (colour patch float32 h×w×3, mask bool h×w) for the bounding box.
+    """
+    # Ellipse with height/width ratio 1.3: area = pi * a * 1.3a.
+    a = np.sqrt(area * height * width / (1.3 * np.pi))
+    b = 1.3 * a
+    hh, hw = int(np.ceil(b)), int(np.ceil(a))
+    yy = np.arange(-hh, hh, dtype=np.float32)[:, None]
+    xx = np.arange(-hw, hw, dtype=np.float32)[None, :]
+    mask = (yy / b) ** 2 + (xx / a) ** 2 < 1.0
+    skin = np.array([205, 150, 120], dtype=np.float32)
+    shading = 1.0 - 0.25 * (xx / a) - 0.15 * (yy / b)
+    patch = skin * shading[..., None]
+    patch = patch + rng.standard_normal(patch.shape[:2] + (1,), dtype=np.float32) * 6.0
+    return np.clip(patch, 0, 255), mask
+
+
+def motion_clip(height: int = 480, width: int = 640, n: int = 40, *, area: float = 0.15,
+                step: float = 0.10, noise_sigma: float = 3.0, seed: int = 2) -> Clip:
+    """A hand-sized object (``area`` of the frame) moving ``step`` × width per frame.
+
+    The object sweeps left and right across a noisy static background,
+    bouncing at the edges, with a small vertical wobble.
+    """
+    rng = np.random.default_rng(seed + 1000)
+    scene = make_scene(height, width, seed)
+    patch, mask = _hand(height, width, area, rng)
+    ph, pw = mask.shape
+    lo, hi = 0, width - pw
+    x, direction = lo + (hi - lo) * 0.1, 1
+    frames, times = [], []
+    for i in range(n):
+        y0 = int((height - ph) / 2 + 0.05 * height * np.sin(i / 3.0))
+        y0 = min(max(y0, 0), height - ph)
+        x0 = int(round(x))
+        img = scene.copy()
+        region = img[y0:y0 + ph, x0:x0 + pw]
+        region[mask] = patch[mask]
+        frames.append(_render(img, rng, noise_sigma))
+        times.append(i / FPS)
+        x += direction * step * width
+        if x > hi or x < lo:
+            direction = -direction
+            x = min(max(x, lo), hi)
+    return Clip("motion", frames, times, cuts=[0], moving=True)
+
+
+def cuts_clip(height: int = 480, width: int = 640, cuts: int = 12, hold: int = 5, *,
+              noise_sigma: float = 3.0, flicker: float = 0.02, seed: int = 3) -> Clip:
+    """``cuts`` different scenes, each held still for ``hold`` noisy frames."""
+    rng = np.random.default_rng(seed + 1000)
+    frames, times, starts = [], [], []
+    for c in range(cuts):
+        scene = make_scene(height, width, seed * 100 + c)
+        starts.append(len(frames))
+        for _ in range(hold):
+            i = len(frames)
+            gain = 1.0 + flicker * np.sin(2 * np.pi * i / (2.0 * FPS)) + rng.normal(0, 0.005)
+            frames.append(_render(scene, rng, noise_sigma, gain))
+            times.append(i / FPS)
+    return Clip("cuts", frames, times, cuts=starts, moving=False)
