@@ -53,3 +53,90 @@ def omni_engine(tiny_omni_path):
 def artifacts_dir() -> Path:
     ARTIFACTS.mkdir(exist_ok=True)
     return ARTIFACTS
+
+
+# ---- the app, served by uvicorn in a subprocess exactly as users run it ----
+
+import socket
+import subprocess
+import sys
+import time as _time
+import urllib.request
+
+ROOT = Path(__file__).resolve().parent.parent
+# Short protocol timeouts so the idle/config timeout tests run in seconds.
+SERVER_ARGS = ["--ws-idle-timeout", "4", "--ws-config-timeout", "2", "--session-idle-timeout", "8"]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Server:
+    def __init__(self, proc: subprocess.Popen, port: int, log_path: Path):
+        self.proc, self.port, self.log_path = proc, port, log_path
+        self.url = f"http://127.0.0.1:{port}"
+        self.ws_url = f"ws://127.0.0.1:{port}/v1/video/chat/stream"
+
+    def get_json(self, path: str) -> dict:
+        import json
+
+        try:
+            with urllib.request.urlopen(self.url + path, timeout=5) as r:
+                return json.loads(r.read())
+        except urllib.error.HTTPError as e:
+            return json.loads(e.read())
+
+    def running_requests(self) -> int:
+        return self.get_json("/api/health")["running_requests"]
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+
+def start_server(args: list[str], log_path: Path, timeout: float = 180) -> Server:
+    port = free_port()
+    env = dict(os.environ, VIDCHAT_CACHE_DIR=str(CACHE_DIR))
+    log_file = open(log_path, "w")
+    proc = subprocess.Popen(
+        [sys.executable, str(ROOT / "app.py"), "--port", str(port), "--cache-dir", str(CACHE_DIR), *args],
+        cwd=ROOT,
+        stdout=log_file,
+        stderr=subprocess.STDOUT,
+        env=env,
+    )
+    server = Server(proc, port, log_path)
+    deadline = _time.monotonic() + timeout
+    while _time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"server exited with {proc.returncode}:\n{server.log()[-3000:]}")
+        try:
+            if server.get_json("/api/health").get("ok"):
+                return server
+        except OSError:
+            pass
+        _time.sleep(0.5)
+    proc.kill()
+    raise RuntimeError(f"server not ready in {timeout} s:\n{server.log()[-3000:]}")
+
+
+def stop_server(server: Server) -> int:
+    server.proc.send_signal(2)  # Ctrl-C
+    try:
+        return server.proc.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        server.proc.kill()
+        return -9
+
+
+@pytest.fixture(scope="session")
+def server(tiny_omni_path, artifacts_dir) -> Server:
+    srv = start_server(
+        ["--model", "tiny", "--max-images", str(TEST_MAX_IMAGES), "--max-model-len", str(TEST_MAX_MODEL_LEN),
+         "--kv-cache-gb", "0.25", *SERVER_ARGS],
+        artifacts_dir / "server.log",
+    )
+    yield srv
+    stop_server(srv)

@@ -240,6 +240,9 @@ class Engine:
         llm, self._llm = self._llm, None
         if llm is not None:
             llm.shutdown()
+            # AsyncLLM.__del__ calls shutdown() again, which fails noisily when
+            # it runs during interpreter teardown; once is enough.
+            llm.shutdown = lambda *args, **kwargs: None
             log.info("engine shut down")
 
     # ---- state ---------------------------------------------------------

@@ -7,9 +7,10 @@ brightness (luma, 0..255) of a few pixels sampled evenly inside it. The grid
 of a new frame is compared with the grid of the last *kept* frame:
 
 1. A global brightness change (auto-exposure, flickering light) is taken out
-   first: the new grid is fitted as ``gain × old + offset`` over the cells
-   that did not change, with the gain limited to 0.75..1.33 so that a real
-   change such as a covered lens is not explained away as "lighting".
+   first: the new grid is fitted as ``gain × old + shift`` over the cells
+   that did not change, with the gain limited to 0.75..1.33 and the shift to
+   ±40 grey levels, so that a real change such as a covered lens or the
+   lights going off is not explained away as "lighting".
 2. A cell has *changed noticeably* when it still differs from that fit by more
    than ``noise_floor`` grey levels (default 8; sensor noise of σ≈3 moves a
    cell mean by about 1.4, so noise alone almost never crosses it).
@@ -69,6 +70,7 @@ GRID_ROWS = 24
 GRID_COLS = 32
 _SAMPLES = 2  # samples per cell along each axis: 4 pixels per cell
 _GAIN_MIN, _GAIN_MAX = 0.75, 1.33
+_MAX_SHIFT = 40.0  # grey levels of global brightness shift still treated as lighting
 _LUMA = np.array([0.299, 0.587, 0.114], dtype=np.float32)  # same weights as JPEG's Y
 # Per-cell weights over its S×S×3 samples (luma, averaged).
 _CELL_WEIGHTS_RGB = (np.tile(_LUMA, _SAMPLES * _SAMPLES) / (_SAMPLES * _SAMPLES)).astype(np.float32)
@@ -209,7 +211,7 @@ class _Reference:
     Each comparison then costs a handful of vector operations on 768 cells.
     """
 
-    __slots__ = ("cells", "centred", "moments", "sxx")
+    __slots__ = ("cells", "centred", "mean", "moments", "sxx")
 
     def __init__(self, grid: np.ndarray) -> None:
         n = grid.size
@@ -218,7 +220,8 @@ class _Reference:
         m[0] = grid.reshape(-1)
         np.multiply(m[0], m[0], out=m[1])
         m[2] = 1.0
-        np.subtract(m[0], float(m[0].sum()) / n, out=m[3])
+        self.mean = float(m[0].sum()) / n
+        np.subtract(m[0], self.mean, out=m[3])
         m[4] = 1.0 / n
         self.moments = m
         self.cells = m[0]
@@ -230,24 +233,33 @@ def _clamp_gain(gain: float) -> float:
     return min(max(gain, _GAIN_MIN), _GAIN_MAX)
 
 
+def _clamp_shift(shift: float) -> float:
+    return min(max(shift, -_MAX_SHIFT), _MAX_SHIFT)
+
+
 def changed_share(ref: _Reference, grid: np.ndarray, noise_floor: float) -> float:
-    """Share of cells that changed by more than ``noise_floor`` after the lighting fit."""
+    """Share of cells that changed by more than ``noise_floor`` after the lighting fit.
+
+    Lighting model: ``new ≈ gain × old + shift`` with gain in 0.75..1.33 and
+    shift within ±40 grey levels; what it cannot explain is change.
+    """
     cur = grid.reshape(-1)
     sxy, mean_y = ref.moments[3:] @ cur
     gain = _clamp_gain(float(sxy) / ref.sxx) if ref.sxx > 1e-3 else 1.0
-    resid = np.abs(cur - gain * ref.centred - mean_y)
+    shift = _clamp_shift(float(mean_y) - gain * ref.mean)
+    resid = np.abs(cur - gain * ref.cells - shift)
     n_out = int(np.count_nonzero(resid > 2.0 * noise_floor))
     if 0 < n_out < cur.size // 2:
         # Something moved: refit the lighting on the cells that did not change,
-        # so the moving object does not bias gain and offset.
+        # so the moving object does not bias gain and shift.
         w = (resid <= 2.0 * noise_floor).astype(np.float32)
         sx, sxx, sw = ref.moments[:3] @ w
         wy = w * cur
         swxy, sy = ref.moments[0] @ wy, float(wy.sum())
         var = sxx - sx * sx / sw
         gain = _clamp_gain(float((swxy - sx * sy / sw) / var)) if var > 1e-3 else 1.0
-        offset = (sy - gain * sx) / sw
-        resid = np.abs(cur - gain * ref.cells - offset)
+        shift = _clamp_shift(float((sy - gain * sx) / sw))
+        resid = np.abs(cur - gain * ref.cells - shift)
     return int(np.count_nonzero(resid > noise_floor)) / cur.size
 
 

@@ -57,12 +57,12 @@ def make_scene(height: int, width: int, seed: int = 0) -> np.ndarray:
     gy = rng.uniform(-60, 60, 3).astype(np.float32)
     img = base + gx * x + gy * y
 
-    # Soft light pools / shadows.
+    # Soft light pools / shadows (Gaussians are separable: outer product of 1-D profiles).
     for _ in range(3):
         cy, cx = rng.uniform(0, 1, 2)
         r = rng.uniform(0.15, 0.4)
         amp = rng.uniform(-40, 40, 3).astype(np.float32)
-        img = img + amp * np.exp(-(((x - cx) ** 2 + (y - cy) ** 2) / (2 * r * r)))
+        img += amp * (np.exp(-((y - cy) ** 2) / (2 * r * r)) * np.exp(-((x - cx) ** 2) / (2 * r * r)))
 
     # Furniture and objects: flat-coloured, lightly shaded rectangles and ellipses.
     for _ in range(int(rng.integers(6, 11))):
@@ -70,24 +70,55 @@ def make_scene(height: int, width: int, seed: int = 0) -> np.ndarray:
         hh, hw = rng.uniform(0.04, 0.22, 2)
         colour = rng.uniform(20, 235, 3).astype(np.float32)
         shade = rng.uniform(-25, 25)
-        if rng.random() < 0.5:
-            mask = (np.abs(y - cy) < hh) & (np.abs(x - cx) < hw)
+        ellipse = rng.random() < 0.5
+        r0, r1 = max(int((cy - hh) * height), 0), min(int((cy + hh) * height) + 1, height)
+        c0, c1 = max(int((cx - hw) * width), 0), min(int((cx + hw) * width) + 1, width)
+        ys, xs = y[r0:r1], x[:, c0:c1]
+        if ellipse:
+            mask = ((ys - cy) / hh) ** 2 + ((xs - cx) / hw) ** 2 < 1.0
         else:
-            mask = ((y - cy) / hh) ** 2 + ((x - cx) / hw) ** 2 < 1.0
-        img = np.where(mask, colour + shade * (y - cy) / hh, img)
+            mask = (np.abs(ys - cy) < hh) & (np.abs(xs - cx) < hw)
+        region = img[r0:r1, c0:c1]
+        np.copyto(region, colour + shade * (ys - cy) / hh, where=mask)
 
     # Fine surface texture (wall paint, fabric): fixed per scene, not per frame.
     texture = rng.standard_normal((height, width, 1), dtype=np.float32)
     texture = (texture + np.roll(texture, 1, 0) + np.roll(texture, 1, 1)) * 3.0
-    return np.clip(img + texture, 0, 255).astype(np.float32)
+    img += texture
+    return np.clip(img, 0, 255, out=img)
 
 
-def _render(scene: np.ndarray, rng: np.random.Generator, noise_sigma: float,
-            gain: float = 1.0, offset: float = 0.0) -> np.ndarray:
-    noisy = scene * gain + offset
-    if noise_sigma > 0:
-        noisy = noisy + rng.standard_normal(scene.shape, dtype=np.float32) * noise_sigma
-    return np.clip(noisy, 0, 255).astype(np.uint8)
+class _Noise:
+    """Per-frame sensor noise: windows at random offsets into one larger i.i.d. field.
+
+    Each pixel gets a different draw in every frame (the window moves), at a
+    fraction of the cost of drawing a fresh field per frame.
+    """
+
+    PAD = 64
+
+    def __init__(self, height: int, width: int, sigma: float, rng: np.random.Generator) -> None:
+        self.rng = rng
+        self.height, self.width = height, width
+        self.field = rng.standard_normal((height + self.PAD, width + self.PAD, 3), dtype=np.float32) * sigma
+
+    def next(self) -> np.ndarray:
+        dy, dx = self.rng.integers(0, self.PAD, 2)
+        return self.field[dy:dy + self.height, dx:dx + self.width]
+
+
+def _render(scene: np.ndarray, noise: _Noise | None, gain: float = 1.0, offset: float = 0.0) -> np.ndarray:
+    out = scene * np.float32(gain)
+    if offset:
+        out += np.float32(offset)
+    if noise is not None:
+        out += noise.next()
+    np.clip(out, 0, 255, out=out)
+    return out.astype(np.uint8)
+
+
+def _noise(height: int, width: int, sigma: float, rng: np.random.Generator) -> _Noise | None:
+    return _Noise(height, width, sigma, rng) if sigma > 0 else None
 
 
 def static_clip(height: int = 480, width: int = 640, n: int = 60, *, noise_sigma: float = 3.0,
@@ -99,12 +130,13 @@ def static_clip(height: int = 480, width: int = 640, n: int = 60, *, noise_sigma
     """
     rng = np.random.default_rng(seed + 1000)
     scene = make_scene(height, width, seed)
+    noise = _noise(height, width, noise_sigma, rng)
     frames, times = [], []
     for i in range(n):
         t = i / FPS
         gain = 1.0 + flicker * np.sin(2 * np.pi * t / 2.0) + rng.normal(0, 0.01)
         offset = 3.0 * np.sin(2 * np.pi * t / 3.0)
-        frames.append(_render(scene, rng, noise_sigma, gain, offset))
+        frames.append(_render(scene, noise, gain, offset))
         times.append(t)
     return Clip("static", frames, times, cuts=[0], moving=False)
 
@@ -138,6 +170,7 @@ def motion_clip(height: int = 480, width: int = 640, n: int = 40, *, area: float
     rng = np.random.default_rng(seed + 1000)
     scene = make_scene(height, width, seed)
     patch, mask = _hand(height, width, area, rng)
+    noise = _noise(height, width, noise_sigma, rng)
     ph, pw = mask.shape
     lo, hi = 0, width - pw
     x, direction = lo + (hi - lo) * 0.1, 1
@@ -149,7 +182,7 @@ def motion_clip(height: int = 480, width: int = 640, n: int = 40, *, area: float
         img = scene.copy()
         region = img[y0:y0 + ph, x0:x0 + pw]
         region[mask] = patch[mask]
-        frames.append(_render(img, rng, noise_sigma))
+        frames.append(_render(img, noise))
         times.append(i / FPS)
         x += direction * step * width
         if x > hi or x < lo:
@@ -162,6 +195,7 @@ def cuts_clip(height: int = 480, width: int = 640, cuts: int = 12, hold: int = 5
               noise_sigma: float = 3.0, flicker: float = 0.02, seed: int = 3) -> Clip:
     """``cuts`` different scenes, each held still for ``hold`` noisy frames."""
     rng = np.random.default_rng(seed + 1000)
+    noise = _noise(height, width, noise_sigma, rng)
     frames, times, starts = [], [], []
     for c in range(cuts):
         scene = make_scene(height, width, seed * 100 + c)
@@ -169,6 +203,6 @@ def cuts_clip(height: int = 480, width: int = 640, cuts: int = 12, hold: int = 5
         for _ in range(hold):
             i = len(frames)
             gain = 1.0 + flicker * np.sin(2 * np.pi * i / (2.0 * FPS)) + rng.normal(0, 0.005)
-            frames.append(_render(scene, rng, noise_sigma, gain))
+            frames.append(_render(scene, noise, gain))
             times.append(i / FPS)
     return Clip("cuts", frames, times, cuts=starts, moving=False)

@@ -1,0 +1,47 @@
+"""vidchat entry point: `python app.py --help` lists every option."""
+
+from __future__ import annotations
+
+import logging
+import sys
+
+
+def main(argv: list[str] | None = None) -> int:
+    from vidchat.settings import parse_settings
+
+    settings = parse_settings(argv)
+    logging.basicConfig(
+        level=settings.log_level.upper(),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        datefmt="%H:%M:%S",
+    )
+    log = logging.getLogger("vidchat")
+
+    from vidchat.engine import EngineError, resolve_model
+    from vidchat.server import AppState, create_app, default_session_settings, parse_ice_servers
+    from vidchat.sessions import SessionRegistry
+
+    try:
+        model_path, banner = resolve_model(settings.model, settings.cache_dir)
+        ice_servers = parse_ice_servers(settings.ice_servers)
+    except (EngineError, ValueError) as exc:
+        print(f"vidchat: {exc}", file=sys.stderr)
+        return 2
+
+    import uvicorn
+
+    state = AppState(
+        settings=settings,
+        model_path=model_path,
+        banner=banner,
+        registry=SessionRegistry(settings.max_sessions, lambda: default_session_settings(settings)),
+        ice_servers=ice_servers,
+    )
+    app = create_app(state)
+    log.info("starting vidchat with model %s", model_path)
+    uvicorn.run(app, host=settings.host, port=settings.port, log_level=settings.log_level.lower())
+    return 0 if state.engine is not None else 1
+
+
+if __name__ == "__main__":  # the guard also keeps vLLM's spawned engine process from re-running main
+    sys.exit(main())

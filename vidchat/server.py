@@ -1,0 +1,143 @@
+"""The FastAPI app: engine lifecycle, routes, and the Gradio page mounted last."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, AsyncIterator
+
+from fastapi import FastAPI, WebSocket
+from fastapi.responses import JSONResponse
+from fastapi.staticfiles import StaticFiles
+
+from vidchat import tinymodel
+from vidchat.chat import AnswerOptions
+from vidchat.engine import Engine, EngineOptions
+from vidchat.session import SessionSettings
+from vidchat.sessions import SessionRegistry
+from vidchat.settings import Settings
+
+log = logging.getLogger(__name__)
+
+STATIC_DIR = Path(__file__).resolve().parent.parent / "static"
+
+
+@dataclass
+class AppState:
+    settings: Settings
+    model_path: str
+    banner: str | None = None
+    engine: Engine | None = None
+    registry: SessionRegistry = field(default_factory=SessionRegistry)
+    ice_servers: list[dict[str, Any]] = field(default_factory=list)
+
+    def answer_defaults(self) -> AnswerOptions:
+        s = self.settings
+        return AnswerOptions(
+            frames_as=s.frames_as,
+            max_tokens=s.max_tokens,
+            temperature=s.temperature,
+            system_prompt=s.system_prompt or None,
+        )
+
+    def store_max_pixels(self) -> int | None:
+        """Frames are kept at no more pixels than the model will look at."""
+        return self.settings.max_image_pixels or None
+
+
+def engine_options(settings: Settings, model_path: str, tiny: bool) -> EngineOptions:
+    return EngineOptions(
+        model=model_path,
+        dtype="float32" if tiny and settings.dtype == "auto" else settings.dtype,
+        max_model_len=settings.max_model_len,
+        kv_cache_gb=settings.kv_cache_gb,
+        gpu_memory_utilization=settings.gpu_memory_utilization,
+        max_images=settings.max_images,
+        max_videos=settings.max_videos,
+        max_audios=settings.max_audios,
+        max_image_pixels=settings.max_image_pixels or (tinymodel.MAX_PIXELS if tiny else 0),
+    )
+
+
+def parse_ice_servers(raw: str) -> list[dict[str, Any]]:
+    if not raw.strip():
+        return []
+    servers = json.loads(raw)
+    if not isinstance(servers, list) or not all(isinstance(s, dict) and "urls" in s for s in servers):
+        raise ValueError("--ice-servers must be a JSON list of objects with a 'urls' key")
+    return servers
+
+
+def create_app(state: AppState) -> FastAPI:
+    from vidchat import protocol, ui, webrtc
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        if state.engine is None:
+            tiny = state.banner is not None and "RANDOM weights" in state.banner
+            state.engine = Engine.start(engine_options(state.settings, state.model_path, tiny))
+            owns_engine = True
+        else:
+            owns_engine = False
+        if state.banner:
+            log.warning(state.banner)
+        reaper = asyncio.create_task(_reap_idle_sessions(state))
+        log.info("vidchat ready on http://%s:%d", state.settings.host, state.settings.port)
+        try:
+            yield
+        finally:
+            reaper.cancel()
+            await state.registry.close_all()
+            if owns_engine:
+                state.engine.shutdown()
+
+    app = FastAPI(title="vidchat", lifespan=lifespan, docs_url=None, redoc_url=None)
+    app.state.vidchat = state
+
+    @app.get("/api/health")
+    async def health() -> JSONResponse:
+        engine = state.engine
+        ok = engine is not None and not engine.is_dead
+        body = {
+            "ok": ok,
+            "model": state.model_path,
+            "banner": state.banner,
+            "sessions": len(state.registry),
+            "running_requests": engine.running_requests if ok else None,
+        }
+        return JSONResponse(body, status_code=200 if ok else 503)
+
+    @app.get("/api/config")
+    async def client_config() -> dict[str, Any]:
+        # Fetched when the user presses Start, so short-lived TURN credentials
+        # are fresh rather than baked into the page.
+        return {"iceServers": state.ice_servers, "banner": state.banner}
+
+    app.include_router(webrtc.router(state))
+
+    @app.websocket("/v1/video/chat/stream")
+    async def video_chat_stream(websocket: WebSocket) -> None:
+        await protocol.serve(state, websocket)
+
+    # StaticFiles refuses paths that resolve outside its directory.
+    app.mount("/static", StaticFiles(directory=STATIC_DIR), name="static")
+    return ui.mount(app, state)
+
+
+async def _reap_idle_sessions(state: AppState) -> None:
+    """End WebRTC sessions whose media stopped: a stopped track on a live
+    connection sends nothing, and a killed browser is noticed late by ICE."""
+    while True:
+        await asyncio.sleep(2.0)
+        try:
+            await state.registry.expire(state.settings.session_idle_timeout, kind="webrtc")
+        except Exception:
+            log.exception("session expiry failed")
+
+
+def default_session_settings(settings: Settings) -> SessionSettings:
+    return SessionSettings(audio_seconds=settings.ws_max_audio_seconds)

@@ -1,0 +1,100 @@
+"""The session registry: create, find, limit, expire and close sessions.
+
+Both doors register their sessions here, so the session limit and the
+"which session is this frame/question for" rule are the same for a browser
+tab and a WebSocket client. Session ids are unguessable tokens: knowing one
+is what entitles a caller to that session's frames.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import secrets
+import time
+from dataclasses import dataclass, field
+from typing import Any, Awaitable, Callable
+
+from vidchat.session import Session, SessionSettings
+
+log = logging.getLogger(__name__)
+
+Closer = Callable[[], Awaitable[None]]
+
+
+class TooManySessions(RuntimeError):
+    pass
+
+
+@dataclass
+class Entry:
+    session: Session
+    kind: str  # "webrtc" | "ws"
+    created: float = field(default_factory=time.monotonic)
+    # Whatever owns the session's transport (a peer connection, a socket)
+    # registers how to end it, so expiry and shutdown can close it.
+    closers: list[Closer] = field(default_factory=list)
+    # The answer being generated for this session, so a new question or a
+    # disconnect can cancel it.
+    answer_task: asyncio.Task | None = None
+    info: dict[str, Any] = field(default_factory=dict)
+
+
+class SessionRegistry:
+    def __init__(self, max_sessions: int = 16, default_settings: Callable[[], SessionSettings] | None = None):
+        self.max_sessions = max_sessions
+        self._default_settings = default_settings or SessionSettings
+        self._entries: dict[str, Entry] = {}
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def create(self, kind: str, settings: SessionSettings | None = None, **session_kwargs: Any) -> Entry:
+        if len(self._entries) >= self.max_sessions:
+            raise TooManySessions(
+                f"The server already has {self.max_sessions} sessions open (its --max-sessions); try again later."
+            )
+        sid = secrets.token_urlsafe(16)
+        entry = Entry(Session(sid, settings or self._default_settings(), **session_kwargs), kind)
+        self._entries[sid] = entry
+        log.info("session %s… opened (%s), %d open", sid[:6], kind, len(self._entries))
+        return entry
+
+    def get(self, sid: str | None) -> Entry | None:
+        if not sid:
+            return None
+        return self._entries.get(sid)
+
+    def entries(self) -> list[Entry]:
+        return list(self._entries.values())
+
+    async def close(self, sid: str, reason: str = "closed") -> bool:
+        entry = self._entries.pop(sid, None)
+        if entry is None:
+            return False
+        task = entry.answer_task
+        if task is not None and not task.done():
+            task.cancel()  # nobody is left to read it: abort the generation
+        for closer in entry.closers:
+            try:
+                await closer()
+            except Exception:
+                log.debug("closer of session %s failed", sid[:6], exc_info=True)
+        log.info("session %s… %s, %d open", sid[:6], reason, len(self._entries))
+        return True
+
+    async def expire(self, max_idle_s: float, kind: str | None = None) -> list[str]:
+        """Close sessions (of `kind`) with no frame, audio or question for `max_idle_s`."""
+        now = time.monotonic()
+        stale = [
+            sid
+            for sid, e in self._entries.items()
+            if (kind is None or e.kind == kind) and now - e.session.last_activity > max_idle_s
+        ]
+        for sid in stale:
+            await self.close(sid, f"expired after {max_idle_s:.0f} s without input")
+        return stale
+
+    async def close_all(self) -> None:
+        for sid in list(self._entries):
+            await self.close(sid, "closed at shutdown")

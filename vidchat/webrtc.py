@@ -1,0 +1,8 @@
+"""WebRTC door (placeholder until the live-page work lands)."""
+from __future__ import annotations
+
+from fastapi import APIRouter
+
+
+def router(state) -> APIRouter:
+    return APIRouter()
