@@ -83,6 +83,18 @@ def test_threshold_meaning_extremes():
         assert f.last_similarity == pytest.approx(1.0 - share, abs=0.03)
 
 
+@pytest.mark.parametrize("delta,expect", [(4, False), (20, True)])
+def test_noticeable_means_beyond_the_noise_floor(delta, expect):
+    # A sixth of the picture gets brighter by `delta` grey levels while the rest
+    # stays: 4 levels is within sensor noise, 20 is a visible local change.
+    a = frame(3)
+    b = a.astype(np.int16)
+    b[:40, :80] += delta
+    f = FrameFilter()
+    f.check(a, 0.0)
+    assert f.check(np.clip(b, 0, 255).astype(np.uint8), 0.1) is expect
+
+
 @pytest.mark.parametrize("bad", [-0.1, 1.5, "0.9", True, float("nan")])
 def test_bad_threshold(bad):
     with pytest.raises(ValueError):

@@ -1,0 +1,101 @@
+"""Engine benchmark: start time, time to first token and tokens/s on the tiny
+model, through vidchat's adapter and, as the in-run baseline, through vLLM's
+AsyncLLM.generate directly with the same prompt and frames.
+
+    .venv/bin/python bench/engine.py [--questions 20] [--frames 16] [--model tiny]
+
+Last line: `engine: ttft_ms=… tok_s=… start_s=… raw_ttft_ms=… ttft_ratio=…`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from vidchat import tinymodel  # noqa: E402
+from vidchat.engine import Engine, EngineOptions  # noqa: E402
+from vidchat.settings import Settings  # noqa: E402
+
+
+def test_frames(n: int, seed: int) -> list[np.ndarray]:
+    rng = np.random.default_rng(seed)
+    return [rng.integers(0, 255, (480, 640, 3), dtype=np.uint8) for _ in range(n)]
+
+
+def pct(values: list[float], q: float) -> float:
+    values = sorted(values)
+    return values[min(len(values) - 1, int(round(q * (len(values) - 1))))]
+
+
+async def run(args: argparse.Namespace) -> None:
+    from vllm import SamplingParams
+
+    family = "vl" if args.model == "tiny-vl" else "omni"
+    path = tinymodel.ensure(Settings().cache_dir, family) if args.model.startswith("tiny") else args.model
+    t0 = time.perf_counter()
+    engine = Engine.start(
+        EngineOptions(model=str(path), dtype="float32", max_model_len=8192, kv_cache_gb=0.5,
+                      max_images=max(16, args.frames), max_image_pixels=tinymodel.MAX_PIXELS)
+    )
+    start_s = time.perf_counter() - t0
+    ours, raw, rates, prompt_tokens = [], [], [], []
+    try:
+        for i in range(args.questions + 1):  # the first of each is warm-up
+            frames = test_frames(args.frames, i)
+            reply = engine.ask("What is happening?", frames=frames, max_tokens=args.tokens,
+                               temperature=0.0, ignore_eos=True)
+            async for _ in reply:
+                pass
+            if i:
+                ours.append(reply.stats.ttft_s * 1000)
+                rates.append(reply.stats.tokens_per_s)
+                prompt_tokens.append(reply.stats.prompt_tokens)
+
+            # Baseline: the same request handed to vLLM with no adapter at all.
+            frames = test_frames(args.frames, 10_000 + i)
+            from PIL import Image
+
+            prompt = {"prompt": engine.build_prompt("What is happening?", n_frames=len(frames)),
+                      "multi_modal_data": {"image": [Image.fromarray(f) for f in frames]}}
+            params = SamplingParams(max_tokens=args.tokens, temperature=0.0, ignore_eos=True)
+            t = time.perf_counter()
+            first = None
+            async for out in engine._llm.generate(prompt, params, f"raw-{i}"):
+                if first is None and out.outputs[0].text:
+                    first = time.perf_counter() - t
+            if i:
+                raw.append(first * 1000)
+    finally:
+        engine.shutdown()
+
+    print(f"{'':24}{'median':>10}{'p95':>10}")
+    print(f"{'ttft vidchat (ms)':24}{statistics.median(ours):10.1f}{pct(ours, .95):10.1f}")
+    print(f"{'ttft raw vLLM (ms)':24}{statistics.median(raw):10.1f}{pct(raw, .95):10.1f}")
+    print(f"{'tokens/s vidchat':24}{statistics.median(rates):10.1f}{pct(rates, .05):10.1f} (p5)")
+    print(f"prompt tokens per question: {prompt_tokens[0]} ({args.frames} frames 640x480)")
+    print(f"engine start: {start_s:.1f} s")
+    ratio = statistics.median(ours) / statistics.median(raw)
+    print(f"engine: ttft_ms={statistics.median(ours):.1f} tok_s={statistics.median(rates):.1f} "
+          f"start_s={start_s:.1f} raw_ttft_ms={statistics.median(raw):.1f} ttft_ratio={ratio:.2f} "
+          f"frames={args.frames} prompt_tokens={prompt_tokens[0]}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--questions", type=int, default=20)
+    parser.add_argument("--frames", type=int, default=16)
+    parser.add_argument("--tokens", type=int, default=32)
+    parser.add_argument("--model", default="tiny")
+    asyncio.run(run(parser.parse_args()))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,78 @@
+"""`python app.py` as users run it: start, serve, refuse bad input, stop cleanly."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import urllib.request
+
+import psutil
+import pytest
+
+from conftest import ROOT, start_server, stop_server
+
+
+def fetch(url: str) -> tuple[int, str]:
+    try:
+        with urllib.request.urlopen(url, timeout=10) as r:
+            return r.status, r.read().decode(errors="replace")
+    except urllib.error.HTTPError as e:
+        return e.code, e.read().decode(errors="replace")
+
+
+def test_serves_page_health_and_banner(server):
+    health = server.get_json("/api/health")
+    assert health["ok"] and health["running_requests"] == 0
+    assert "RANDOM weights" in health["banner"] and "--model" in health["banner"]
+    status, page = fetch(server.url + "/")
+    assert status == 200 and "<html" in page.lower()
+    assert "RANDOM weights" in server.log()
+
+
+def test_static_files_only_from_static_dir(server):
+    assert fetch(server.url + "/static/vidchat.css")[0] == 200
+    for path in ("/static/../app.py", "/static/%2e%2e/app.py", "/static/..%2fpyproject.toml"):
+        status, body = fetch(server.url + path)
+        assert status == 404 and "ws_idle_timeout" not in body and "[project]" not in body
+
+
+def test_missing_model_folder_is_a_one_line_error():
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "app.py"), "--model", "/no/such/dir"],
+        capture_output=True, text=True, timeout=120, cwd=ROOT,
+    )
+    assert proc.returncode != 0
+    lines = [l for l in proc.stderr.splitlines() if l.strip()]
+    assert len(lines) == 1, proc.stderr
+    assert "/no/such/dir" in lines[0] and "Traceback" not in proc.stderr
+
+
+def test_help_lists_every_option_with_its_env_var():
+    from vidchat.settings import Settings
+
+    out = subprocess.run(
+        [sys.executable, str(ROOT / "app.py"), "--help"], capture_output=True, text=True, timeout=60, cwd=ROOT
+    ).stdout
+    for name in Settings.option_names():
+        assert "--" + name.replace("_", "-") in out
+        assert "VIDCHAT_" + name.upper() in out
+
+
+def test_env_var_sets_an_option_and_flag_wins(monkeypatch):
+    from vidchat.settings import parse_settings
+
+    monkeypatch.setenv("VIDCHAT_WS_IDLE_TIMEOUT", "12.5")
+    monkeypatch.setenv("VIDCHAT_PORT", "9000")
+    s = parse_settings(["--port", "9100"])
+    assert s.ws_idle_timeout == 12.5 and s.port == 9100 and s.host == "127.0.0.1"
+
+
+def test_ctrl_c_shuts_down_engine_and_leaves_no_process(artifacts_dir, tiny_vl_path):
+    srv = start_server(["--model", "tiny-vl", "--kv-cache-gb", "0.25", "--max-model-len", "2048"],
+                       artifacts_dir / "server-shutdown.log")
+    children = psutil.Process(srv.proc.pid).children(recursive=True)
+    assert children, "vLLM's engine core runs in a child process"
+    assert stop_server(srv) == 0
+    gone, alive = psutil.wait_procs(children, timeout=10)
+    assert not alive, f"stray processes after Ctrl-C: {alive}"
+    assert "engine shut down" in srv.log()

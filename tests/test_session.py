@@ -1,0 +1,374 @@
+"""Session buffer: ring, sampling, audio window, settings, errors, threads."""
+
+from __future__ import annotations
+
+import threading
+from functools import lru_cache
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from vidchat import synthetic
+from vidchat.evs import FrameError
+from vidchat.session import AUDIO_RATE, Session, SessionSettings, uniform_indices
+
+
+@lru_cache(maxsize=None)
+def scene(seed: int, height: int = 120, width: int = 160) -> np.ndarray:
+    img = synthetic.make_scene(height, width, seed).astype(np.uint8)
+    img.setflags(write=False)
+    return img
+
+
+def marked(i: int, size: int = 16) -> np.ndarray:
+    """A small frame whose pixel values encode i (for identity checks)."""
+    return np.full((size, size, 3), i % 256, np.uint8)
+
+
+def no_evs(**kw) -> Session:
+    return Session("s", SessionSettings(evs_enabled=False, **kw))
+
+
+def fill(session: Session, n: int, start: int = 0) -> None:
+    for i in range(start, start + n):
+        session.add_frame(marked(i), t=float(i))
+
+
+# -- seed behaviours -------------------------------------------------------------
+
+def test_first_kept_identical_dropped_different_kept():
+    s = Session("s")
+    assert s.add_frame(scene(1), t=0.0) is True
+    assert s.add_frame(scene(1), t=0.1) is False
+    assert s.add_frame(scene(2), t=0.2) is True
+    st = s.stats
+    assert (st["frames_received"], st["frames_kept"], st["frames_dropped"], st["frames_in_buffer"]) == (3, 2, 1, 2)
+    assert st["drop_rate"] == pytest.approx(1 / 3)
+    assert st["evs"] == {"retained_count": 2, "dropped_count": 1, "total_count": 3, "drop_rate": pytest.approx(1 / 3)}
+    assert s.newest_frame_time == 0.2
+
+
+def test_evs_off_keeps_everything():
+    s = no_evs()
+    assert all(s.add_frame(scene(1), t=float(i)) for i in range(5))
+    assert s.frame_count == 5
+    assert s.stats["evs"] is None
+
+
+def test_ring_keeps_newest_max_frames():
+    s = no_evs(max_frames=4)
+    fill(s, 10)
+    sample = s.sample(k=16)
+    assert sample.timestamps == [6.0, 7.0, 8.0, 9.0]
+    assert [int(f[0, 0, 0]) for f in sample.frames] == [6, 7, 8, 9]
+
+
+def test_uniform_sampling_seed_indices():
+    s = no_evs()
+    fill(s, 10)
+    sample = s.sample(k=4)
+    assert sample.indices == [0, 3, 6, 9]
+    assert sample.timestamps == [0.0, 3.0, 6.0, 9.0]
+    assert [int(f[0, 0, 0]) for f in sample.frames] == [0, 3, 6, 9]
+    assert s.sample(k=1).indices == [9]
+    assert s.sample(k=10).indices == list(range(10))
+    assert s.sample(k=50).indices == list(range(10))
+    assert uniform_indices(64, 16) == [int(i * 63 / 15) for i in range(16)]
+
+
+def test_default_k_is_num_sample_frames():
+    s = no_evs(num_sample_frames=3)
+    fill(s, 7)
+    assert s.sample().indices == [0, 3, 6]
+
+
+def test_empty_buffer():
+    s = Session("s")
+    sample = s.sample()
+    assert sample.frames == [] and sample.timestamps == [] and sample.indices == []
+    assert sample.audio is None and sample.audio_start is None
+    assert s.stats["drop_rate"] == 0.0 and s.stats["newest_frame_age_s"] is None
+
+
+def test_latest_frames():
+    s = no_evs()
+    fill(s, 10)
+    assert s.sample(k=4, strategy="latest_frames").indices == [6, 7, 8, 9]
+    assert s.sample(k=20, strategy="latest_frames").indices == list(range(10))
+
+
+def test_latest_seconds_window():
+    s = no_evs(sampling="latest_seconds", sample_seconds=3.5)
+    fill(s, 10)  # t = 0..9
+    # Window 5.5..9 holds 6..9; frame 5 was on screen at 5.5.
+    assert s.sample(k=16).indices == [5, 6, 7, 8, 9]
+    assert s.sample(k=3).indices == [5, 7, 9]
+    s.update_settings(sample_seconds=3.0)  # window starts exactly at frame 6
+    assert s.sample(k=16).indices == [6, 7, 8, 9]
+
+
+def test_latest_seconds_static_scene_still_has_its_picture():
+    s = Session("s", SessionSettings(sampling="latest_seconds", sample_seconds=5.0))
+    for i in range(30):
+        s.add_frame(scene(1), t=float(i))
+    assert s.frame_count == 1
+    sample = s.sample()
+    assert sample.indices == [0] and sample.timestamps == [0.0]
+
+
+# -- storage ---------------------------------------------------------------------
+
+@pytest.mark.parametrize("size,stored", [((480, 640), (240, 320)), ((720, 1280), (180, 320)),
+                                         ((120, 160), (120, 160))])
+def test_frames_stored_downscaled_read_only(size, stored):
+    s = Session("s")
+    src = synthetic.make_scene(*size, 7).astype(np.uint8)
+    assert s.add_frame(src, t=0.0)
+    out = s.sample().frames[0]
+    assert out.shape == stored + (3,)
+    assert out.dtype == np.uint8 and not out.flags.writeable
+    assert abs(float(out.mean()) - float(src.mean())) < 2.0
+    src[:] = 0  # the caller reuses its buffer
+    assert s.sample().frames[0].mean() > 10
+
+
+def test_full_size_storage_option():
+    s = Session("s", store_max_pixels=None)
+    s.add_frame(synthetic.make_scene(480, 640, 1).astype(np.uint8), t=0.0)
+    assert s.sample().frames[0].shape == (480, 640, 3)
+
+
+def test_jpeg_path_stores_decoded_frames():
+    c = synthetic.cuts_clip(480, 640, cuts=4, hold=3)
+    s = Session("s")
+    keeps = [s.add_jpeg(j, t) for j, t in zip(c.jpegs(), c.times)]
+    assert [i for i, k in enumerate(keeps) if k] == c.cuts
+    sample = s.sample()
+    assert [f.shape for f in sample.frames] == [(240, 320, 3)] * 4
+    expect = np.asarray(Image.fromarray(c.frames[3]).reduce(2), np.float32)
+    assert np.mean(np.abs(sample.frames[1].astype(np.float32) - expect)) < 6.0
+
+
+def test_pil_frames_accepted():
+    s = no_evs()
+    assert s.add_frame(Image.fromarray(scene(1)), t=0.0)
+    assert s.sample().frames[0].shape == (120, 160, 3)
+
+
+def test_memory_bound_at_64_frames_640x480():
+    s = no_evs()
+    src = scene(1, 480, 640)
+    for i in range(80):
+        s.add_frame(src, t=float(i))
+    s.add_audio(np.zeros(40 * AUDIO_RATE, np.float32), t=0.0)
+    assert s.frame_count == 64
+    assert s.memory_bytes == 64 * 240 * 320 * 3 + 30 * AUDIO_RATE * 2
+    assert s.memory_bytes <= 16_000_000
+
+
+def test_sample_is_not_changed_by_later_frames():
+    s = no_evs(max_frames=3)
+    fill(s, 3)
+    sample = s.sample()
+    fill(s, 5, start=3)
+    assert sample.timestamps == [0.0, 1.0, 2.0]
+    assert [int(f[0, 0, 0]) for f in sample.frames] == [0, 1, 2]
+    with pytest.raises(ValueError):
+        sample.frames[0][0, 0, 0] = 9
+
+
+# -- errors ----------------------------------------------------------------------
+
+@pytest.mark.parametrize("bad", [b"\x00garbage", np.zeros((0, 0, 3), np.uint8), np.zeros((10, 10), np.uint8),
+                                 np.zeros((10, 10, 3), np.int16)])
+@pytest.mark.parametrize("evs_on", [True, False])
+def test_invalid_frame_raises_and_session_continues(bad, evs_on):
+    s = Session("s", SessionSettings(evs_enabled=evs_on))
+    assert s.add_frame(scene(1), t=0.0)
+    before = s.stats
+    with pytest.raises(FrameError):
+        if isinstance(bad, bytes):
+            s.add_jpeg(bad, t=1.0)
+        else:
+            s.add_frame(bad, t=1.0)
+    after = s.stats
+    assert {k: v for k, v in after.items() if k != "newest_frame_age_s"} == \
+           {k: v for k, v in before.items() if k != "newest_frame_age_s"}
+    assert s.add_frame(scene(2), t=2.0) is True
+    assert s.sample().timestamps == [0.0, 2.0]
+
+
+def test_oversized_jpeg_rejected():
+    s = Session("s")
+    with pytest.raises(FrameError, match="too large"):
+        s.add_jpeg(b"\xff" * (10 * 1024 * 1024 + 1))
+    assert s.stats["frames_received"] == 0
+
+
+# -- audio -----------------------------------------------------------------------
+
+def ramp_second(i: int) -> np.ndarray:
+    """One second of audio whose value encodes its second (i / 100)."""
+    return np.full(AUDIO_RATE, i / 100, np.float32)
+
+
+def test_audio_follows_sampled_frames():
+    s = no_evs()
+    for i in range(5, 20):
+        s.add_audio(ramp_second(i), t=float(i))
+    for i in range(10, 20):
+        s.add_frame(marked(i), t=float(i))
+    sample = s.sample(k=4)
+    assert sample.timestamps[0] == 10.0
+    assert sample.audio_start == pytest.approx(10.0) and sample.audio_end == pytest.approx(20.0)
+    assert sample.audio.dtype == np.float32 and sample.audio.size == 10 * AUDIO_RATE
+    assert sample.audio[0] == pytest.approx(0.10, abs=1e-4)
+    assert sample.audio[-1] == pytest.approx(0.19, abs=1e-4)
+    # The window follows the frames actually sampled.
+    assert s.sample(k=2, strategy="latest_frames").audio_start == pytest.approx(18.0)
+
+
+def test_audio_last_mode_and_cap():
+    s = no_evs(audio_seconds=5.0, audio_mode="last", audio_last_seconds=2.0)
+    for i in range(12):
+        s.add_audio(ramp_second(i), t=float(i))
+    assert s.stats["audio_seconds"] == pytest.approx(5.0)
+    fill(s, 3)
+    sample = s.sample()
+    assert (sample.audio_start, sample.audio_end) == (pytest.approx(10.0), pytest.approx(12.0))
+    assert sample.audio.size == 2 * AUDIO_RATE and sample.audio[0] == pytest.approx(0.10, abs=1e-4)
+    s.update_settings(audio_mode="frames")
+    # Frames at t=0..2 are older than the 5 s kept: all the audio that is left.
+    assert s.sample().audio_start == pytest.approx(7.0)
+    s.update_settings(audio_seconds=1.0)
+    assert s.stats["audio_seconds"] == pytest.approx(1.0)
+
+
+def test_audio_gap_filled_with_silence_and_continuation():
+    s = no_evs(audio_mode="last", audio_last_seconds=60.0)
+    s.add_audio(ramp_second(50), t=0.0)
+    s.add_audio(ramp_second(60), t=3.0)
+    a = s.sample().audio
+    assert a.size == 4 * AUDIO_RATE
+    assert a[AUDIO_RATE + 10] == 0.0 and a[-1] == pytest.approx(0.6, abs=1e-4)
+    # Chunks without a time continue the previous one.
+    s2 = no_evs(audio_mode="last", audio_last_seconds=60.0)
+    for _ in range(5):
+        s2.add_audio(np.zeros(320, np.float32))
+    assert s2.stats["audio_seconds"] == pytest.approx(5 * 320 / AUDIO_RATE)
+
+
+def test_pcm16_conversion():
+    s = no_evs(audio_mode="last")
+    s.add_pcm16(np.array([0, 16384, -32768, 32767], "<i2").tobytes(), t=0.0)
+    np.testing.assert_allclose(s.sample().audio, [0.0, 0.5, -1.0, 32767 / 32768], atol=1e-6)
+    with pytest.raises(ValueError):
+        s.add_pcm16(b"\x00\x01\x02")
+
+
+def test_audio_rejects_stereo_and_clips_float():
+    s = no_evs(audio_mode="last")
+    with pytest.raises(ValueError):
+        s.add_audio(np.zeros((2, 100), np.float32))
+    s.add_audio(np.array([2.0, -2.0, np.nan], np.float32), t=0.0)
+    np.testing.assert_allclose(s.sample().audio, [32767 / 32768, -32767 / 32768, 0.0], atol=1e-6)
+
+
+# -- settings --------------------------------------------------------------------
+
+@pytest.mark.parametrize("change", [
+    {"max_frames": 0}, {"max_frames": 2.5}, {"max_frames": True}, {"max_frames": 100_000},
+    {"num_sample_frames": 0}, {"sampling": "random"}, {"sample_seconds": 0}, {"sample_seconds": float("inf")},
+    {"evs_enabled": "yes"}, {"evs_threshold": 1.2}, {"evs_threshold": "0.9"}, {"keepalive_s": 0},
+    {"keepalive_s": -1.0}, {"audio_seconds": 0}, {"audio_mode": "all"}, {"audio_last_seconds": -1},
+])
+def test_settings_validation(change):
+    with pytest.raises(ValueError):
+        SessionSettings(**change).validate()
+    with pytest.raises(ValueError):
+        Session("s", SessionSettings(**change))
+    s = Session("s")
+    with pytest.raises(ValueError):
+        s.update_settings(**change)
+    assert s.settings == SessionSettings()
+
+
+def test_update_settings_unknown_key():
+    with pytest.raises(ValueError, match="unknown"):
+        Session("s").update_settings(colour="red")
+
+
+def test_update_settings_resize_keeps_newest():
+    s = no_evs(max_frames=10)
+    fill(s, 10)
+    s.update_settings(max_frames=4)
+    assert s.sample(k=16).timestamps == [6.0, 7.0, 8.0, 9.0]
+    s.update_settings(max_frames=8)
+    fill(s, 6, start=10)
+    assert s.sample(k=16).timestamps == [float(i) for i in range(8, 16)]
+    assert s.stats["max_frames"] == 8
+
+
+def test_update_threshold_keeps_buffer_and_toggle_evs():
+    s = Session("s")
+    s.add_frame(scene(1), t=0.0)
+    s.add_frame(scene(2), t=1.0)
+    s.update_settings(evs_threshold=0.5)
+    assert s.frame_count == 2
+    assert s.add_frame(scene(2), t=2.0) is False  # reference kept across the change
+    s.update_settings(evs_enabled=False)
+    assert s.add_frame(scene(2), t=3.0) is True
+    assert s.stats["evs"] is None
+    s.update_settings(evs_enabled=True, keepalive_s=1.0)
+    assert s.add_frame(scene(2), t=4.0) is True  # fresh filter: first frame kept
+    assert s.add_frame(scene(2), t=4.5) is False
+    assert s.add_frame(scene(2), t=5.0) is True  # keep-alive
+
+
+def test_reset():
+    s = Session("s")
+    s.add_frame(scene(1), t=0.0)
+    s.add_audio(np.zeros(1600, np.float32), t=0.0)
+    s.reset()
+    assert s.frame_count == 0 and s.memory_bytes == 0
+    assert s.stats["frames_received"] == 0 and s.stats["evs"]["total_count"] == 0
+    assert s.add_frame(scene(1), t=1.0) is True
+
+
+def test_settings_object_is_not_shared():
+    shared = SessionSettings()
+    s = Session("s", shared)
+    s.update_settings(max_frames=8)
+    assert shared.max_frames == 64
+
+
+# -- threads ---------------------------------------------------------------------
+
+def test_frames_added_from_a_thread_while_sampling():
+    s = no_evs(max_frames=32)
+    n = 2000
+    errors: list[str] = []
+
+    def produce():
+        for i in range(n):
+            s.add_frame(marked(i, 8), t=float(i))
+
+    thread = threading.Thread(target=produce)
+    thread.start()
+    samples = 0
+    while thread.is_alive() or samples == 0:
+        sample = s.sample(k=8)
+        samples += 1
+        if not (len(sample.frames) == len(sample.timestamps) == len(sample.indices)):
+            errors.append("length mismatch")
+        if sample.timestamps != sorted(sample.timestamps):
+            errors.append(f"out of order {sample.timestamps}")
+        for f, t in zip(sample.frames, sample.timestamps):
+            if int(f[0, 0, 0]) != int(t) % 256:
+                errors.append(f"frame/time mismatch at {t}")
+    thread.join()
+    assert not errors, errors[:5]
+    assert samples > 1
+    assert s.stats["frames_received"] == n and s.frame_count == 32
+    assert s.sample(k=32).timestamps == [float(i) for i in range(n - 32, n)]
