@@ -259,6 +259,27 @@ def test_audio_gap_filled_with_silence_and_continuation():
     assert s2.stats["audio_seconds"] == pytest.approx(5 * 320 / AUDIO_RATE)
 
 
+def test_untimed_audio_burst_and_pause(monkeypatch):
+    import vidchat.session as session_mod
+
+    clock = [100.0]
+    monkeypatch.setattr(session_mod.time, "monotonic", lambda: clock[0])
+    s = no_evs(audio_mode="last", audio_last_seconds=60.0)
+    chunk = np.full(AUDIO_RATE // 10, 0.25, np.float32)  # 0.1 s
+    for _ in range(50):  # 5 s arriving at once after a stall: kept, contiguous
+        s.add_audio(chunk)
+    assert s.stats["audio_seconds"] == pytest.approx(5.0)
+    end = s.sample().audio_end
+    assert end == pytest.approx(100.0 - 0.1 + 5.0)
+    clock[0] = end + 3.0  # the microphone paused for ~3 s
+    s.add_audio(chunk)
+    sample = s.sample()
+    assert sample.audio_end == pytest.approx(clock[0])
+    assert sample.audio.size == pytest.approx(8.0 * AUDIO_RATE, abs=2)
+    gap = sample.audio[int(5.5 * AUDIO_RATE):int(7.5 * AUDIO_RATE)]
+    assert not gap.any() and sample.audio[-1] == pytest.approx(0.25, abs=1e-4)
+
+
 def test_pcm16_conversion():
     s = no_evs(audio_mode="last")
     s.add_pcm16(np.array([0, 16384, -32768, 32767], "<i2").tobytes(), t=0.0)

@@ -113,6 +113,7 @@ class Reply:
         self._params = params
         self._gen: AsyncIterator | None = None
         self._done = False
+        self._busy = False
         self._started = time.perf_counter()
 
     def __aiter__(self) -> "Reply":
@@ -123,6 +124,7 @@ class Reply:
             raise StopAsyncIteration
         if self._gen is None:
             self._gen = self.engine._llm.generate(self._prompt, self._params, self.request_id)
+        self._busy = True
         try:
             while True:
                 out = await self._gen.__anext__()
@@ -133,6 +135,8 @@ class Reply:
                 self.stats.completion_tokens = len(completion.token_ids)
                 if out.finished:
                     self.stats.finish_reason = completion.finish_reason
+                    if completion.finish_reason == "abort":
+                        self.stats.cancelled = True
                 if delta:
                     if self.stats.ttft_s is None:
                         self.stats.ttft_s = time.perf_counter() - self._started
@@ -150,6 +154,8 @@ class Reply:
         except Exception as exc:
             self._finish()
             raise self.engine._translate(exc, self) from exc
+        finally:
+            self._busy = False
 
     def _finish(self) -> None:
         if self._done:
@@ -163,14 +169,16 @@ class Reply:
                 self.stats.tokens_per_s = (self.stats.completion_tokens - 1) / gen_time
 
     async def aclose(self) -> None:
-        """Stop the answer; the vLLM request is aborted if still running."""
+        """Stop the answer and abort its vLLM request. Safe from any task: when
+        another task is iterating, the abort ends its stream (no more deltas)."""
         if not self._done:
             self.stats.cancelled = True
-            self._finish()
-        if self._gen is not None:
-            gen, self._gen = self._gen, None
-            await gen.aclose()  # vLLM aborts the request on GeneratorExit
         await self.engine._llm.abort(self.request_id)  # no-op if already finished
+        if not self._busy:
+            self._finish()
+            if self._gen is not None:
+                gen, self._gen = self._gen, None
+                await gen.aclose()
 
     cancel = aclose
 

@@ -1,6 +1,584 @@
-"""Seed WebSocket protocol (placeholder)."""
+"""The seed WebSocket protocol at ``/v1/video/chat/stream``.
+
+A client written for vllm-omni's streaming video endpoint works here
+unchanged. This module only translates the wire format; frames, audio,
+filtering and sampling live in :mod:`vidchat.session`, questions in
+:mod:`vidchat.chat`.
+
+Client → server (JSON text messages, one object each)::
+
+    session.config  first, within --ws-config-timeout seconds:
+                    model, modalities, max_frames (64), num_sample_frames (16),
+                    evs_enabled (true), evs_threshold (0.95); upstream aliases
+                    num_frames, enable_frame_filter, frame_filter_threshold,
+                    system_prompt; vidchat extras sampling, sample_seconds,
+                    keepalive_s, audio_mode, audio_last_seconds, frames_as,
+                    max_tokens, temperature, include_audio, seed.
+                    Unknown keys are ignored; a wrong type or value ends the session.
+    session.update  the same keys (except model/modalities) between questions;
+                    answered by session.updated, or an error (the session goes on)
+    video.frame     data: base64 JPEG (any image PIL reads)
+    audio.chunk     data: base64 PCM16 little-endian mono 16 kHz
+    video.query     text: the question (a new one cancels the one being answered)
+    video.done      → response.evs_stats (EVS on), session.done, then the socket closes
+    ping            → pong
+
+Server → client::
+
+    response.start, response.text.delta {delta}*, response.text.done {text, stats}
+    response.evs_stats {retained_count, dropped_count, total_count, drop_rate}
+    session.done, session.updated {settings}, pong, error {message}
+
+Guarantees: every ``response.start`` is followed by exactly one
+``response.text.done`` (also on errors and cancellation, then preceded by an
+``error``); a new question's ``response.start`` comes after the previous
+answer's ``response.text.done``. One lock serialises all sends.
+
+Differences from the seed, on purpose: a frame that is not an image, bad
+base64 or an oversize frame is reported and the session goes on; the answer
+runs as a task, so frames keep arriving while it streams (they count for the
+next question); a disconnect, a new question or the session's end aborts the
+running generation in vLLM; the idle timer does not run out while an answer
+is streaming; audio reaches the model as float samples, aligned with the
+sampled frames (not cleared after each question).
+"""
+
 from __future__ import annotations
 
+import asyncio
+import base64
+import binascii
+import dataclasses
+import json
+import logging
+import math
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
-async def serve(state, websocket) -> None:
-    await websocket.close()
+from vidchat.chat import AnswerOptions, NoFrames, cancel_task, start_answer
+from vidchat.engine import EngineError
+from vidchat.evs import FrameError
+from vidchat.session import AUDIO_MODES, MAX_AUDIO_SECONDS, SAMPLING_STRATEGIES, SessionSettings
+from vidchat.sessions import Entry, TooManySessions
+
+if TYPE_CHECKING:
+    from fastapi import WebSocket
+
+    from vidchat.chat import Answer
+    from vidchat.server import AppState
+
+log = logging.getLogger(__name__)
+
+NO_FRAMES = "No frames available. Send video.frame before video.query."
+FRAMES_AS = ("images", "video")
+# Frames larger than this are decoded in a worker thread (a 1080p JPEG takes
+# ~17 ms to filter and store, a 4K one ~60 ms; 640×480 takes ~4 ms).
+INLINE_DECODE_BYTES = 128 * 1024
+
+# Close codes: normal end, a protocol violation, server busy, server error.
+CLOSE_NORMAL, CLOSE_POLICY, CLOSE_TRY_LATER, CLOSE_ERROR = 1000, 1008, 1013, 1011
+
+
+# ---------------------------------------------------------------------------
+# session.config / session.update fields
+# ---------------------------------------------------------------------------
+
+NUMBER = (int, float)
+
+
+@dataclass(frozen=True)
+class _Field:
+    kinds: tuple[type, ...]
+    target: str  # "session" (SessionSettings), "answer" (AnswerOptions) or "info"
+    attr: str
+    nullable: bool = False
+    choices: tuple[str, ...] = ()
+
+
+FIELDS: dict[str, _Field] = {
+    # the seed's fields
+    "model": _Field((str,), "info", "model"),
+    "modalities": _Field((list,), "info", "modalities"),
+    "max_frames": _Field((int,), "session", "max_frames"),
+    "num_sample_frames": _Field((int,), "session", "num_sample_frames"),
+    "evs_enabled": _Field((bool,), "session", "evs_enabled"),
+    "evs_threshold": _Field(NUMBER, "session", "evs_threshold"),
+    # upstream's later additions
+    "system_prompt": _Field((str,), "answer", "system_prompt", nullable=True),
+    # vidchat's extras
+    "sampling": _Field((str,), "session", "sampling", choices=SAMPLING_STRATEGIES),
+    "sample_seconds": _Field(NUMBER, "session", "sample_seconds"),
+    "keepalive_s": _Field(NUMBER, "session", "keepalive_s", nullable=True),
+    "audio_mode": _Field((str,), "session", "audio_mode", choices=AUDIO_MODES),
+    "audio_last_seconds": _Field(NUMBER, "session", "audio_last_seconds"),
+    "frames_as": _Field((str,), "answer", "frames_as", choices=FRAMES_AS),
+    "max_tokens": _Field((int,), "answer", "max_tokens"),
+    "temperature": _Field(NUMBER, "answer", "temperature"),
+    "include_audio": _Field((bool,), "answer", "include_audio"),
+    "seed": _Field((int,), "answer", "seed", nullable=True),
+}
+# Upstream's later names for the seed's fields.
+ALIASES = {
+    "num_frames": "num_sample_frames",
+    "enable_frame_filter": "evs_enabled",
+    "frame_filter_threshold": "evs_threshold",
+}
+
+
+class ConfigError(ValueError):
+    pass
+
+
+def _type_name(kinds: tuple[type, ...], nullable: bool) -> str:
+    return "/".join([k.__name__ for k in kinds] + (["null"] if nullable else []))
+
+
+def _check_type(key: str, value: Any, spec: _Field) -> None:
+    if value is None and spec.nullable:
+        return
+    # JSON true/false are Python bools, which isinstance() also counts as ints.
+    ok = isinstance(value, spec.kinds) and (bool in spec.kinds or not isinstance(value, bool))
+    if not ok:
+        raise ConfigError(f"Invalid type for '{key}': expected {_type_name(spec.kinds, spec.nullable)}, "
+                          f"got {type(value).__name__}")
+    if spec.choices and value not in spec.choices:
+        raise ConfigError(f"Invalid value for '{key}': expected one of {', '.join(spec.choices)}, got {value!r}")
+
+
+@dataclass
+class ConfigChanges:
+    session: dict[str, Any] = dataclasses.field(default_factory=dict)
+    answer: dict[str, Any] = dataclasses.field(default_factory=dict)
+    info: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+
+def parse_config(msg: dict[str, Any], *, max_model_len: int | None = None) -> ConfigChanges:
+    """Type-check the known keys of a session.config/session.update message.
+
+    Aliases map to the seed's names; unknown keys are ignored. Raises
+    ConfigError with a message for the client.
+    """
+    values: dict[str, Any] = {}
+    for key, value in msg.items():
+        name = ALIASES.get(key, key)
+        spec = FIELDS.get(name)
+        if spec is None:
+            continue  # "type" and anything this server does not know
+        _check_type(key, value, spec)
+        if name in values and values[name] != value:
+            other = name if key != name else next(a for a, n in ALIASES.items() if n == name and a in msg)
+            raise ConfigError(f"'{key}' and '{other}' are the same setting but have different values; send one")
+        values[name] = value
+
+    changes = ConfigChanges()
+    for name, value in values.items():
+        spec = FIELDS[name]
+        getattr(changes, spec.target)[spec.attr] = value
+    answer = changes.answer
+    if "max_tokens" in answer:
+        limit = max_model_len or 1 << 20
+        if not 1 <= answer["max_tokens"] <= limit:
+            raise ConfigError(f"Invalid value for 'max_tokens': expected 1..{limit}, got {answer['max_tokens']}")
+    if "temperature" in answer:
+        t = answer["temperature"]
+        if not (math.isfinite(t) and 0 <= t <= 100):
+            raise ConfigError(f"Invalid value for 'temperature': expected a number >= 0, got {t}")
+    if "system_prompt" in answer:
+        answer["system_prompt"] = answer["system_prompt"] or None  # "" = no system prompt
+    return changes
+
+
+# ---------------------------------------------------------------------------
+# One connection
+# ---------------------------------------------------------------------------
+
+class _Disconnected(Exception):
+    pass
+
+
+class _Timeout:
+    pass
+
+
+_TIMEOUT = _Timeout()
+
+
+class Connection:
+    """Drives one WebSocket client: a reader loop plus at most one answer task."""
+
+    def __init__(self, state: "AppState", websocket: "WebSocket") -> None:
+        self.state = state
+        self.ws = websocket
+        self.settings = state.settings
+        self.entry: Entry | None = None
+        self.options: AnswerOptions = state.answer_defaults()
+        self.peer = f"{websocket.client.host}:{websocket.client.port}" if websocket.client else "?"
+        self._send_lock = asyncio.Lock()
+        self._closed = False  # the socket is closed or broken: nothing more is sent
+        self._recv: asyncio.Future | None = None
+        self._last_input = time.monotonic()
+
+    # -- transport -----------------------------------------------------------
+
+    async def send(self, msg: dict[str, Any]) -> bool:
+        """Send one message; False if the client is gone.
+
+        Shielded, so a message whose sending began is sent whole even if the
+        caller is cancelled meanwhile."""
+        return await asyncio.shield(self._send(msg))
+
+    async def _send(self, msg: dict[str, Any]) -> bool:
+        async with self._send_lock:
+            if self._closed:
+                return False
+            try:
+                await self.ws.send_text(json.dumps(msg, ensure_ascii=False))
+                return True
+            except Exception as exc:  # the client went away mid-send
+                log.debug("ws %s: send failed: %r", self.peer, exc)
+                self._closed = True
+                return False
+
+    async def error(self, message: str) -> bool:
+        log.info("ws %s: error sent: %s", self.peer, message)
+        return await self.send({"type": "error", "message": message})
+
+    async def close(self, code: int = CLOSE_NORMAL, reason: str = "") -> None:
+        async with self._send_lock:
+            if self._closed:
+                return
+            self._closed = True
+            try:
+                await self.ws.close(code=code, reason=reason[:120])
+            except Exception:
+                pass
+
+    async def receive(self, timeout: float) -> str | _Timeout:
+        """The next text message, or _TIMEOUT. A pending receive is kept across timeouts."""
+        if self._recv is None:
+            self._recv = asyncio.ensure_future(self.ws.receive())
+        done, _ = await asyncio.wait({self._recv}, timeout=max(timeout, 0.0))
+        if not done:
+            return _TIMEOUT
+        recv, self._recv = self._recv, None
+        message = recv.result()
+        if message["type"] == "websocket.disconnect":
+            self._closed = True
+            raise _Disconnected(message.get("code"))
+        if message.get("text") is not None:
+            return message["text"]
+        data = message.get("bytes") or b""
+        try:
+            return data.decode("utf-8")  # tolerate JSON sent as a binary message
+        except UnicodeDecodeError:
+            return "\x00"  # not JSON: reported as such by the caller
+
+    # -- lifecycle -----------------------------------------------------------
+
+    async def run(self) -> None:
+        await self.ws.accept()
+        reason = "ended"
+        try:
+            if not await self._configure():
+                reason = "refused at configuration"
+                return
+            reason = await self._loop()
+        except _Disconnected:
+            reason = "client disconnected"
+        except asyncio.CancelledError:
+            reason = "server shutting down"
+            raise
+        except Exception:
+            log.exception("ws %s: session failed", self.peer)
+            reason = "internal error"
+            await self.error("Internal server error")
+            await self.close(CLOSE_ERROR, "internal error")
+        finally:
+            await self._shutdown(reason)
+
+    async def _shutdown(self, reason: str) -> None:
+        if self._recv is not None:
+            self._recv.cancel()
+        entry, self.entry = self.entry, None
+        if entry is not None:
+            task = entry.answer_task
+            # Cancels the answer (its vLLM request is aborted) and runs the closers.
+            await self.state.registry.close(entry.session.id, reason)
+            await cancel_task(task)
+        await self.close(CLOSE_NORMAL, reason)
+
+    async def _configure(self) -> bool:
+        """Wait for session.config and open the session; False if the session must end."""
+        raw = await self.receive(self.settings.ws_config_timeout)
+        if raw is _TIMEOUT:
+            await self.error(f"Timeout waiting for session.config "
+                             f"(send it within {self.settings.ws_config_timeout:g} s of connecting)")
+            await self.close(CLOSE_POLICY, "no session.config")
+            return False
+        try:
+            msg = json.loads(raw)
+        except ValueError:
+            await self.error("Invalid JSON in session.config")
+            await self.close(CLOSE_POLICY, "invalid session.config")
+            return False
+        if not isinstance(msg, dict) or msg.get("type") != "session.config":
+            got = msg.get("type") if isinstance(msg, dict) else type(msg).__name__
+            await self.error(f"Expected session.config, got: {got}")
+            await self.close(CLOSE_POLICY, "expected session.config")
+            return False
+        try:
+            changes = parse_config(msg, max_model_len=self.settings.max_model_len)
+            settings = self._session_settings(changes.session)
+            options = self._answer_options(changes.answer)
+        except (ConfigError, ValueError) as exc:
+            await self.error(str(exc))
+            await self.close(CLOSE_POLICY, "invalid session.config")
+            return False
+        if self.state.engine is None or self.state.engine.is_dead:
+            await self.error("The model engine is not running; try again later.")
+            await self.close(CLOSE_TRY_LATER, "engine not running")
+            return False
+        try:
+            self.entry = self.state.registry.create(
+                kind="ws", settings=settings, store_max_pixels=self.state.store_max_pixels()
+            )
+        except TooManySessions as exc:
+            await self.error(str(exc))
+            await self.close(CLOSE_TRY_LATER, "too many sessions")
+            return False
+        self.options = options
+        self.entry.info.update(peer=self.peer, **changes.info)
+        self.entry.closers.append(lambda: self.close(1001, "session closed by the server"))
+        log.info("ws %s: session %s… started: model=%r max_frames=%d sample=%d(%s) evs=%s/%.2f frames_as=%s",
+                 self.peer, self.entry.session.id[:6], changes.info.get("model", ""), settings.max_frames,
+                 settings.num_sample_frames, settings.sampling, settings.evs_enabled, settings.evs_threshold,
+                 options.frames_as)
+        return True
+
+    def _session_settings(self, changes: dict[str, Any]) -> SessionSettings:
+        cap = min(self.settings.ws_max_audio_seconds, MAX_AUDIO_SECONDS)
+        settings = dataclasses.replace(SessionSettings(audio_seconds=cap), **changes)
+        settings.validate()
+        return settings
+
+    def _answer_options(self, changes: dict[str, Any]) -> AnswerOptions:
+        options = self.options.updated(**changes)
+        engine = self.state.engine
+        if options.frames_as == "video" and engine is not None and not engine.accepts_video:
+            raise ConfigError("This model does not take video: use frames_as 'images'")
+        return options
+
+    # -- the message loop ------------------------------------------------------
+
+    @property
+    def _answering(self) -> bool:
+        task = self.entry.answer_task if self.entry else None
+        return task is not None and not task.done()
+
+    async def _loop(self) -> str:
+        idle_timeout = self.settings.ws_idle_timeout
+        self._last_input = time.monotonic()
+        while not self._closed:
+            # The idle timer counts from the last message or the end of the last answer.
+            wait = idle_timeout if self._answering else idle_timeout - (time.monotonic() - self._last_input)
+            raw = await self.receive(wait)
+            if raw is _TIMEOUT:
+                if self._answering or time.monotonic() - self._last_input < idle_timeout:
+                    continue
+                await self.error(f"Idle timeout: no message received for {idle_timeout:g} s")
+                await self.close(CLOSE_NORMAL, "idle timeout")
+                return "idle timeout"
+            self._last_input = time.monotonic()
+            try:
+                msg = json.loads(raw)
+            except ValueError:
+                await self.error("Invalid JSON")
+                continue
+            if not isinstance(msg, dict):
+                await self.error("Messages must be JSON objects")
+                continue
+            kind = msg.get("type")
+            try:
+                if kind == "video.done":
+                    await self._on_done()
+                    return "finished (video.done)"
+                handler = self._handlers.get(kind) if isinstance(kind, str) else None
+                if handler is None:
+                    await self.error(f"Unknown message type: {kind}")
+                    continue
+                await handler(self, msg)
+            except (_Disconnected, asyncio.CancelledError):
+                raise
+            except Exception as exc:  # one bad message never ends the session
+                log.exception("ws %s: handling %s failed", self.peer, kind)
+                await self.error(f"Internal error while handling {kind}: {type(exc).__name__}")
+        return "client gone"
+
+    async def _on_frame(self, msg: dict[str, Any]) -> None:
+        limit = self.settings.ws_max_frame_bytes
+        data = await self._b64(msg, "video.frame", limit)
+        if data is None:
+            return
+        session = self.entry.session
+        try:
+            if len(data) > INLINE_DECODE_BYTES:
+                await asyncio.to_thread(session.add_jpeg, data)
+            else:
+                session.add_jpeg(data)
+        except FrameError as exc:
+            await self.error(f"Invalid image in video.frame: {exc}")
+
+    async def _on_audio(self, msg: dict[str, Any]) -> None:
+        data = await self._b64(msg, "audio.chunk", None)
+        if data is None:
+            return
+        try:
+            self.entry.session.add_pcm16(data)
+        except ValueError as exc:
+            await self.error(f"Invalid audio in audio.chunk: {exc}")
+
+    async def _b64(self, msg: dict[str, Any], kind: str, limit: int | None) -> bytes | None:
+        """Decode msg['data'] (base64, optionally a data: URL); errors are sent and give None."""
+        text = msg.get("data", "")
+        if not isinstance(text, str):
+            await self.error(f"{kind} requires 'data' as a base64 string, got {type(text).__name__}")
+            return None
+        if text.startswith("data:") and "," in text[:200]:
+            text = text.split(",", 1)[1]
+        if not text:
+            await self.error(f"{kind} has no data")
+            return None
+        if limit is not None and len(text) > (limit + 2) // 3 * 4 + 64:  # too large even before decoding
+            estimate = len(text) * 3 // 4
+            await self.error(f"Frame too large: about {estimate} bytes (limit {limit})")
+            return None
+        try:
+            try:
+                data = base64.b64decode(text, validate=True)
+            except binascii.Error:  # allow line breaks and other whitespace
+                data = base64.b64decode("".join(text.split()), validate=True)
+        except (binascii.Error, ValueError):
+            await self.error(f"Invalid base64 in {kind}")
+            return None
+        if limit is not None and len(data) > limit:
+            await self.error(f"Frame too large: {len(data)} bytes (limit {limit})")
+            return None
+        return data
+
+    async def _on_query(self, msg: dict[str, Any]) -> None:
+        text = msg.get("text", "")
+        if not isinstance(text, str) or not text.strip():
+            await self.error("video.query requires a non-empty 'text' field")
+            return
+        entry = self.entry
+        # A new question replaces the one being answered; that one still ends
+        # with its response.text.done before this one's response.start.
+        await cancel_task(entry.answer_task)
+        entry.answer_task = None
+        if entry.session.frame_count == 0:
+            await self.error(NO_FRAMES)
+            return
+        try:
+            # Samples the buffer now: frames arriving from here on count for the next question.
+            answer = start_answer(self.state.engine, entry.session, text, self.options)
+        except NoFrames:
+            await self.error(NO_FRAMES)
+            return
+        except EngineError as exc:
+            await self.error(str(exc))
+            return
+        entry.answer_task = asyncio.create_task(self._answer(answer), name=f"answer-{entry.session.id[:6]}")
+
+    async def _answer(self, answer: "Answer") -> None:
+        reply = answer.reply
+        parts: list[str] = []
+        error: str | None = None
+        try:
+            await self.send({"type": "response.start"})
+            async for delta in reply:
+                parts.append(delta)
+                if not await self.send({"type": "response.text.delta", "delta": delta}):
+                    break  # the client is gone: stop generating
+        except asyncio.CancelledError:
+            pass  # a new question, a disconnect or the session's end: still close the response
+        except EngineError as exc:
+            error = str(exc)
+        except Exception:
+            log.exception("ws %s: answer failed", self.peer)
+            error = "Query processing failed"
+        finally:
+            try:
+                await asyncio.shield(reply.aclose())  # aborts the vLLM request if still running
+            except Exception:
+                log.debug("aborting the reply failed", exc_info=True)
+        if error:
+            await self.error(error)
+        stats = answer.summary()
+        await self.send({"type": "response.text.done", "text": "".join(parts), "stats": stats})
+        self._last_input = time.monotonic()
+        log.info("ws %s: answered: %d tokens, %d frames, %.1f s audio%s", self.peer,
+                 stats.get("completion_tokens", 0), stats.get("frames", 0), stats.get("audio_seconds", 0.0),
+                 " (cancelled)" if stats.get("cancelled") else "")
+
+    async def _on_done(self) -> None:
+        # Like the seed, an answer still streaming is finished before the stats.
+        task = self.entry.answer_task
+        if task is not None:
+            try:
+                await asyncio.shield(task)
+            except Exception:  # already logged by the task
+                pass
+        evs_stats = self.entry.session.stats.get("evs")
+        if evs_stats is not None:
+            keys = ("retained_count", "dropped_count", "total_count", "drop_rate")
+            await self.send({"type": "response.evs_stats", **{k: evs_stats[k] for k in keys}})
+        await self.send({"type": "session.done"})
+        await self.close(CLOSE_NORMAL, "session done")
+
+    async def _on_ping(self, msg: dict[str, Any]) -> None:
+        await self.send({"type": "pong"})
+
+    async def _on_update(self, msg: dict[str, Any]) -> None:
+        try:
+            changes = parse_config(msg, max_model_len=self.settings.max_model_len)
+            if changes.info:
+                raise ConfigError(f"{', '.join(sorted(changes.info))} can only be set in session.config")
+            options = self._answer_options(changes.answer)
+            if changes.session:
+                self.entry.session.update_settings(**changes.session)
+        except ValueError as exc:  # ConfigError or SessionSettings.validate(): nothing was changed
+            await self.error(f"session.update rejected: {exc}")
+            return
+        self.options = options
+        await self.send({"type": "session.updated", "settings": self.describe()})
+
+    async def _on_second_config(self, msg: dict[str, Any]) -> None:
+        await self.error("session.config was already received; send session.update to change settings")
+
+    def describe(self) -> dict[str, Any]:
+        settings = dataclasses.asdict(self.entry.session.settings)
+        options = self.options
+        settings.update(frames_as=options.frames_as, max_tokens=options.max_tokens,
+                        temperature=options.temperature, include_audio=options.include_audio,
+                        system_prompt=options.system_prompt, seed=options.seed)
+        return settings
+
+    _handlers = {
+        "video.frame": _on_frame,
+        "audio.chunk": _on_audio,
+        "video.query": _on_query,
+        "ping": _on_ping,
+        "session.update": _on_update,
+        "session.config": _on_second_config,
+    }
+
+
+async def serve(state: "AppState", websocket: "WebSocket") -> None:
+    """Serve one client of the seed protocol until it ends, fails or times out."""
+    try:
+        await Connection(state, websocket).run()
+    except asyncio.CancelledError:
+        raise
+    except Exception:  # never let one client take the server down
+        log.exception("ws session crashed")

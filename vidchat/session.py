@@ -33,7 +33,7 @@ import threading
 import time
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple
+from typing import Any, Callable, NamedTuple
 
 import numpy as np
 from PIL import Image
@@ -233,11 +233,12 @@ class _AudioWindow:
             return
         duration = n / AUDIO_RATE
         if t is None:
-            # Uncounted chunks just arrived: they continue the previous one
-            # unless the stream paused, then they end now.
-            t = now - duration
-            if self.end is not None and abs(self.end - t) <= _AUDIO_RESET_S:
+            # An untimed chunk continues the previous one (also when chunks come
+            # in a burst after a network stall); after a pause it ends now.
+            if self.end is not None and self.end >= now - duration - _AUDIO_RESET_S:
                 t = self.end
+            else:
+                t = now - duration
         if self.end is not None:
             gap = t - self.end
             if gap < -_AUDIO_RESET_S or gap * AUDIO_RATE >= self.cap_samples:
@@ -309,7 +310,10 @@ def _to_int16(samples: np.ndarray) -> np.ndarray:
 # ---------------------------------------------------------------------------
 
 class Session:
-    """Frames and audio of one viewer, filtered, bounded and sampled for questions."""
+    """Frames and audio of one viewer, filtered, bounded and sampled for questions.
+
+    ``settings`` is read-only from outside: change it with :meth:`update_settings`.
+    """
 
     def __init__(self, session_id: str, settings: SessionSettings | None = None, *,
                  store_max_pixels: int | None = DEFAULT_STORE_MAX_PIXELS) -> None:
@@ -357,10 +361,11 @@ class Session:
             raise FrameError(f"frame too large: {len(data)} bytes (limit {MAX_FRAME_BYTES})")
         # draft() only works before decoding, so the thumbnail and the stored
         # copy each open their own lazy image.
-        return self._ingest(lambda: evs.thumbnail_from_image(evs.open_image(data)),
+        return self._ingest(lambda: evs.thumbnail_from_bytes(data),
                             lambda: store_image(evs.open_image(data), self.store_max_pixels), t)
 
-    def _ingest(self, make_thumb, make_stored, t: float | None) -> bool:
+    def _ingest(self, make_thumb: Callable[[], np.ndarray], make_stored: Callable[[], np.ndarray],
+                t: float | None) -> bool:
         # Anything that can raise FrameError (thumbnail, decode) runs before the
         # decision is recorded, so a bad frame leaves filter and ring unchanged.
         now = time.monotonic()
@@ -480,6 +485,7 @@ class Session:
             if new.audio_seconds != old.audio_seconds:
                 self._audio.set_cap(new.audio_seconds)
             self.settings = new
+        logger.debug("session %s: settings changed %s", self.id, changes)
 
     def reset(self) -> None:
         """Drop all frames, audio and counts; settings stay."""

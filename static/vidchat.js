@@ -1,0 +1,260 @@
+// vidchat's browser client: camera + microphone -> RTCPeerConnection -> server.
+// The page's markup comes from vidchat/ui.py; this file only adds behaviour.
+// The session id the server returns is written into a hidden Gradio textbox,
+// so every chat question carries its own tab's session.
+(() => {
+  "use strict";
+
+  const state = {
+    pc: null,
+    stream: null,
+    sessionId: "",
+    statsTimer: null,
+    wantRunning: false,
+    retries: 0,
+  };
+
+  const $ = (sel) => document.querySelector(sel);
+
+  function setStatus(text, tone) {
+    const el = $("#vc-conn");
+    if (!el) return;
+    el.textContent = text;
+    el.dataset.tone = tone || "idle";
+  }
+
+  function setNote(text) {
+    const el = $("#vc-note");
+    if (el) el.textContent = text || "";
+  }
+
+  // Gradio listens to `input` events; a plain `.value =` would not reach the server.
+  function publishSessionId(id) {
+    state.sessionId = id;
+    const box = document.querySelector("#vidchat-session-id textarea, #vidchat-session-id input");
+    if (!box) return;
+    const proto = box.tagName === "TEXTAREA" ? HTMLTextAreaElement.prototype : HTMLInputElement.prototype;
+    Object.getOwnPropertyDescriptor(proto, "value").set.call(box, id);
+    box.dispatchEvent(new Event("input", { bubbles: true }));
+  }
+
+  function selectedConstraints() {
+    const [w, h] = ($("#vc-res")?.value || "640x480").split("x").map(Number);
+    const fps = Number($("#vc-fps")?.value || 15);
+    const cam = $("#vc-camera")?.value;
+    const mic = $("#vc-mic")?.value;
+    return {
+      video: { width: { ideal: w }, height: { ideal: h }, frameRate: { ideal: fps, max: fps },
+               ...(cam ? { deviceId: { exact: cam } } : {}) },
+      audio: { channelCount: 1, echoCancellation: true, noiseSuppression: true,
+               ...(mic ? { deviceId: { exact: mic } } : {}) },
+    };
+  }
+
+  // Ask for both; if one is refused or missing, run with what was granted.
+  async function openMedia() {
+    const c = selectedConstraints();
+    try {
+      return { stream: await navigator.mediaDevices.getUserMedia(c), note: "" };
+    } catch (both) {
+      const tries = [
+        [{ video: c.video }, "Microphone unavailable: the model gets frames only."],
+        [{ audio: c.audio }, "Camera unavailable: the model gets audio only, so questions will be refused until frames arrive."],
+      ];
+      for (const [constraints, note] of tries) {
+        try {
+          return { stream: await navigator.mediaDevices.getUserMedia(constraints), note };
+        } catch (_) { /* try the next */ }
+      }
+      throw new Error(`Camera and microphone were refused or are missing (${both.name}). ` +
+                      "Allow access in the browser's site settings and press Start again.");
+    }
+  }
+
+  async function fillDeviceLists() {
+    if (!navigator.mediaDevices?.enumerateDevices) return;
+    const devices = await navigator.mediaDevices.enumerateDevices();
+    for (const [kind, sel] of [["videoinput", "#vc-camera"], ["audioinput", "#vc-mic"]]) {
+      const el = $(sel);
+      if (!el) continue;
+      const current = el.value;
+      const list = devices.filter((d) => d.kind === kind);
+      el.innerHTML = '<option value="">Default</option>' +
+        list.map((d, i) => `<option value="${d.deviceId}">${(d.label || `${kind} ${i + 1}`).replace(/</g, "&lt;")}</option>`).join("");
+      el.value = list.some((d) => d.deviceId === current) ? current : "";
+    }
+  }
+
+  async function iceConfig() {
+    const r = await fetch("/api/config", { cache: "no-store" });
+    if (!r.ok) throw new Error(`server config unavailable (${r.status})`);
+    return r.json();
+  }
+
+  async function connect() {
+    const cfg = await iceConfig();
+    const pc = new RTCPeerConnection({ iceServers: cfg.iceServers || [] });
+    state.pc = pc;
+    for (const track of state.stream.getTracks()) pc.addTrack(track, state.stream);
+    pc.addEventListener("connectionstatechange", () => onConnectionState(pc));
+    await pc.setLocalDescription(await pc.createOffer());
+    await waitForIce(pc);
+    const r = await fetch("/webrtc/offer", {
+      method: "POST",
+      headers: { "Content-Type": "application/json" },
+      body: JSON.stringify({ sdp: pc.localDescription.sdp, type: "offer", session_id: state.sessionId }),
+    });
+    if (!r.ok) {
+      const detail = await r.json().catch(() => ({}));
+      throw new Error(detail.detail || `the server refused the connection (${r.status})`);
+    }
+    const answer = await r.json();
+    publishSessionId(answer.session_id);
+    await pc.setRemoteDescription({ type: answer.type, sdp: answer.sdp });
+  }
+
+  // Without trickle ICE the offer must carry the candidates; wait (briefly) for them.
+  function waitForIce(pc) {
+    if (pc.iceGatheringState === "complete") return Promise.resolve();
+    return new Promise((resolve) => {
+      const done = () => { if (pc.iceGatheringState === "complete") { pc.removeEventListener("icegatheringstatechange", done); resolve(); } };
+      pc.addEventListener("icegatheringstatechange", done);
+      setTimeout(resolve, 3000);
+    });
+  }
+
+  function onConnectionState(pc) {
+    if (pc !== state.pc) return;
+    const s = pc.connectionState;
+    if (s === "connected") {
+      state.retries = 0;
+      setStatus("Live", "live");
+    } else if (s === "connecting" || s === "new") {
+      setStatus("Connecting…", "busy");
+    } else if (s === "disconnected") {
+      setStatus("Connection interrupted, waiting…", "busy");
+    } else if (s === "failed" && state.wantRunning) {
+      reconnect();
+    }
+  }
+
+  async function reconnect() {
+    if (state.retries >= 3) {
+      setStatus("Connection failed", "error");
+      setNote("Could not reach the server over WebRTC. On a hosted server this usually needs a TURN server (--ice-servers). Press Start to try again.");
+      await stop();
+      return;
+    }
+    state.retries += 1;
+    setStatus(`Reconnecting (try ${state.retries} of 3)…`, "busy");
+    try { state.pc?.close(); } catch (_) {}
+    await new Promise((r) => setTimeout(r, 1000 * state.retries));
+    try { await connect(); } catch (err) { reconnect(); }
+  }
+
+  async function start() {
+    if (state.wantRunning) return;
+    if (!navigator.mediaDevices?.getUserMedia) {
+      setStatus("Unavailable", "error");
+      setNote("This browser cannot capture media here. Use a current browser, on https:// or http://localhost.");
+      return;
+    }
+    state.wantRunning = true;
+    toggleButtons(true);
+    setStatus("Starting camera…", "busy");
+    setNote("");
+    try {
+      const { stream, note } = await openMedia();
+      state.stream = stream;
+      const video = $("#vc-preview");
+      if (video) { video.srcObject = stream; video.play().catch(() => {}); }
+      setNote(note);
+      fillDeviceLists().catch(() => {});
+      setStatus("Connecting…", "busy");
+      await connect();
+      startStatsPolling();
+    } catch (err) {
+      setStatus("Not running", "error");
+      setNote(err.message || String(err));
+      await stop(true);
+    }
+  }
+
+  async function stop(keepNote) {
+    state.wantRunning = false;
+    stopStatsPolling();
+    const sid = state.sessionId;
+    try { state.pc?.close(); } catch (_) {}
+    state.pc = null;
+    state.stream?.getTracks().forEach((t) => t.stop());
+    state.stream = null;
+    const video = $("#vc-preview");
+    if (video) video.srcObject = null;
+    if (sid) {
+      fetch("/webrtc/close", { method: "POST", headers: { "Content-Type": "application/json" },
+                               body: JSON.stringify({ session_id: sid }) }).catch(() => {});
+    }
+    publishSessionId("");
+    toggleButtons(false);
+    if (!keepNote) { setStatus("Stopped", "idle"); setNote(""); }
+    renderStats(null);
+  }
+
+  function toggleButtons(running) {
+    const startBtn = $("#vc-start"), stopBtn = $("#vc-stop");
+    if (startBtn) startBtn.disabled = running;
+    if (stopBtn) stopBtn.disabled = !running;
+    for (const sel of ["#vc-res", "#vc-fps", "#vc-camera", "#vc-mic"]) {
+      const el = $(sel);
+      if (el) el.disabled = running;
+    }
+  }
+
+  function startStatsPolling() {
+    stopStatsPolling();
+    state.statsTimer = setInterval(async () => {
+      if (!state.sessionId) return;
+      try {
+        const r = await fetch(`/webrtc/stats?session_id=${encodeURIComponent(state.sessionId)}`, { cache: "no-store" });
+        if (r.status === 404 && state.wantRunning) {
+          setStatus("Session ended by the server", "error");
+          setNote("The server closed this session (idle or restarted). Press Start again.");
+          await stop(true);
+          return;
+        }
+        if (r.ok) renderStats(await r.json());
+      } catch (_) { /* transient: next tick */ }
+    }, 1000);
+  }
+
+  function stopStatsPolling() {
+    if (state.statsTimer) clearInterval(state.statsTimer);
+    state.statsTimer = null;
+  }
+
+  function renderStats(s) {
+    const el = $("#vc-stats");
+    if (!el) return;
+    if (!s) { el.textContent = "No session"; return; }
+    const m = s.media || {};
+    const parts = [
+      `${m.video_frames_seen ?? s.frames_received} frames received`,
+      `${s.frames_kept} kept by the filter`,
+      `buffer ${s.frames_in_buffer}/${s.max_frames}`,
+      `${(s.audio_seconds || 0).toFixed(1)} s audio`,
+    ];
+    if (m.lag_ms_p95 != null) parts.push(`lag p95 ${Math.round(m.lag_ms_p95)} ms`);
+    el.textContent = parts.join(" · ");
+  }
+
+  document.addEventListener("click", (e) => {
+    if (e.target.closest("#vc-start")) start();
+    else if (e.target.closest("#vc-stop")) stop();
+  });
+  // Closing the tab ends the server's peer at once instead of after ICE times out.
+  window.addEventListener("pagehide", () => {
+    if (state.sessionId) navigator.sendBeacon("/webrtc/close", JSON.stringify({ session_id: state.sessionId }));
+  });
+
+  window.vidchat = { start, stop, get sessionId() { return state.sessionId; } };
+})();
