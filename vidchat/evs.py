@@ -12,8 +12,9 @@ of a new frame is compared with the grid of the last *kept* frame:
    ±40 grey levels, so that a real change such as a covered lens or the
    lights going off is not explained away as "lighting".
 2. A cell has *changed noticeably* when it still differs from that fit by more
-   than ``noise_floor`` grey levels (default 8; sensor noise of σ≈3 moves a
-   cell mean by about 1.4, so noise alone almost never crosses it).
+   than ``noise_floor`` grey levels (default 8; between two frames, sensor
+   noise of σ≈3 moves a cell's mean by about 1.4 (σ), so noise alone almost
+   never crosses it).
 3. ``similarity = 1 − (share of cells that changed noticeably)``.
 
 A frame is **kept when its similarity is below the threshold**, i.e. with the
@@ -44,7 +45,7 @@ Other behaviour
 * Frames may be H×W×3 uint8 RGB arrays of any size (the size may change
   mid-stream: the grid is relative to the picture), PIL images, or encoded
   image bytes. JPEG bytes are decoded at 1/8 scale in greyscale (libjpeg's DCT
-  scaling): about 4× cheaper than the seed's full decode and resize, though
+  scaling): about 3× cheaper than the seed's full decode and resize, though
   entropy decoding still has to read the whole file. From arrays only ~3 k
   sampled bytes are read (≈0.05–0.1 ms per frame at any resolution).
 * A frame that is not a usable image raises :class:`FrameError` and leaves the
@@ -198,6 +199,11 @@ def thumbnail(frame: np.ndarray | Image.Image | bytes | bytearray | memoryview) 
 # Comparison
 # ---------------------------------------------------------------------------
 
+_MOMENTS_TEMPLATE = np.zeros((5, GRID_ROWS * GRID_COLS), dtype=np.float32)
+_MOMENTS_TEMPLATE[2] = 1.0
+_MOMENTS_TEMPLATE[4] = 1.0 / (GRID_ROWS * GRID_COLS)
+
+
 class _Reference:
     """The last kept grid, with what the lighting fit needs precomputed once.
 
@@ -207,15 +213,12 @@ class _Reference:
     __slots__ = ("cells", "centred", "mean", "moments", "sxx")
 
     def __init__(self, grid: np.ndarray) -> None:
-        n = grid.size
         # Rows: (x, x², 1) for the weighted refit; (centred x, 1/n) for the plain fit.
-        m = np.empty((5, n), dtype=np.float32)
+        m = _MOMENTS_TEMPLATE.copy()
         m[0] = grid.reshape(-1)
         np.multiply(m[0], m[0], out=m[1])
-        m[2] = 1.0
-        self.mean = float(m[0].sum()) / n
+        self.mean = float(m[0].sum()) / m.shape[1]
         np.subtract(m[0], self.mean, out=m[3])
-        m[4] = 1.0 / n
         self.moments = m
         self.cells = m[0]
         self.centred = m[3]

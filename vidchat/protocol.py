@@ -241,6 +241,8 @@ class Connection:
                 return False
 
     async def error(self, message: str) -> bool:
+        if len(message) > 500:  # e.g. an engine error quoting its whole input
+            message = message[:497] + "..."
         log.info("ws %s: error sent: %s", self.peer, message)
         return await self.send({"type": "error", "message": message})
 

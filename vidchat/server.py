@@ -17,7 +17,7 @@ from fastapi.staticfiles import StaticFiles
 from vidchat import tinymodel
 from vidchat.chat import AnswerOptions
 from vidchat.engine import Engine, EngineOptions
-from vidchat.session import SessionSettings
+from vidchat.session import DEFAULT_STORE_MAX_PIXELS, SessionSettings
 from vidchat.sessions import SessionRegistry
 from vidchat.settings import Settings
 
@@ -44,9 +44,12 @@ class AppState:
             system_prompt=s.system_prompt or None,
         )
 
-    def store_max_pixels(self) -> int | None:
-        """Frames are kept at no more pixels than the model will look at."""
-        return self.settings.max_image_pixels or None
+    def store_max_pixels(self) -> int:
+        """Frames are kept at no more pixels than the model will look at (and
+        at most 320x240 unless --max-image-pixels asks for more), which bounds
+        a session's memory and the cost of preparing a question."""
+        engine_cap = self.engine.options.max_image_pixels if self.engine else 0
+        return self.settings.max_image_pixels or engine_cap or DEFAULT_STORE_MAX_PIXELS
 
 
 def engine_options(settings: Settings, model_path: str, tiny: bool) -> EngineOptions:

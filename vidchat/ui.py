@@ -12,6 +12,7 @@ import base64
 import html
 import io
 import logging
+import time
 from typing import Any, AsyncIterator
 
 import gradio as gr
@@ -160,6 +161,7 @@ def mount(app, state):
             message: str, history: list[dict], sid: str,
             k_, sampling_, seconds_, evs_on_, threshold_, max_frames_, frames_as_, audio_on_, max_tokens_, temp_,
         ) -> AsyncIterator[tuple]:
+            event_start = time.perf_counter()
             text = (message or "").strip()
             history = list(history or [])
             if not text:
@@ -199,10 +201,12 @@ def mount(app, state):
                 history.append({"role": "assistant", "content": f"⚠ {exc}"})
                 yield history, "", gr.skip(), gr.skip()
                 return
+            # vidchat's own share of the latency: chat event -> engine call.
+            answer.prep_ms = (time.perf_counter() - event_start) * 1000
             reply = answer.reply
             entry.info["reply"] = reply
             history.append({"role": "assistant", "content": ""})
-            yield history, "", frames_html(answer), answer.summary()
+            yield history, "", gr.skip(), gr.skip()
             try:
                 async for delta in reply:
                     history[-1]["content"] += delta
@@ -215,7 +219,8 @@ def mount(app, state):
                 await reply.cancel()  # no-op when finished; aborts if the page went away
             if reply.stats.cancelled and not history[-1]["content"]:
                 history[-1]["content"] = "(stopped)"
-            yield history, "", gr.skip(), answer.summary()
+            # Thumbnails are encoded after the answer, so they never delay its first token.
+            yield history, "", frames_html(answer), answer.summary()
 
         async def stop_answer(sid: str) -> None:
             entry = state.registry.get(sid)

@@ -163,6 +163,8 @@ def router(state) -> APIRouter:
         body = await _read_json(request)
         if body.get("type") != "offer" or not isinstance(body.get("sdp"), str):
             raise HTTPException(400, "expected {type: 'offer', sdp: '...'}")
+        if "\nm=video" not in body["sdp"] and "\nm=audio" not in body["sdp"]:
+            raise HTTPException(400, "the offer carries no audio or video track")
         # A tab that restarts its camera replaces its old peer and session.
         old = body.get("session_id")
         if isinstance(old, str) and state.registry.get(old):

@@ -1,0 +1,474 @@
+"""The seed WebSocket protocol (/v1/video/chat/stream) against the real server
+(uvicorn subprocess, real vLLM on the tiny random model), plus the
+`python -m vidchat.client` command. Replies are gibberish: these tests check
+message shapes, order, counts and timing, never the words."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import websockets
+
+from vidchat import synthetic
+
+from conftest import ROOT, free_port
+
+NO_FRAMES = "No frames available. Send video.frame before video.query."
+EVS_KEYS = {"retained_count", "dropped_count", "total_count", "drop_rate"}
+STATIC_JPEG = base64.b64encode(synthetic.encode_jpeg(synthetic.static_clip(120, 160, n=1).frames[0])).decode()
+# Small, all different: the filter keeps every one of them.
+MOVING = [base64.b64encode(j).decode() for j in synthetic.cuts_clip(120, 160, cuts=8, hold=1).jpegs()]
+
+
+# ---- helpers --------------------------------------------------------------
+
+async def send(ws, msg) -> None:
+    await ws.send(msg if isinstance(msg, (str, bytes)) else json.dumps(msg))
+
+
+async def recv(ws, timeout: float = 15.0) -> dict:
+    return json.loads(await asyncio.wait_for(ws.recv(), timeout))
+
+
+async def connect(server, **config) -> websockets.ClientConnection:
+    ws = await websockets.connect(server.ws_url, max_size=None)
+    await send(ws, {"type": "session.config", **config})
+    return ws
+
+
+async def frames(ws, jpegs=MOVING, n: int | None = None) -> None:
+    for data in jpegs[:n]:
+        await send(ws, {"type": "video.frame", "data": data})
+
+
+async def until(ws, kind: str, timeout: float = 30.0) -> list[dict]:
+    """Messages up to and including the first of type `kind`."""
+    out: list[dict] = []
+    deadline = time.monotonic() + timeout
+    while not out or out[-1]["type"] != kind:
+        out.append(await recv(ws, max(deadline - time.monotonic(), 0.01)))
+    return out
+
+
+async def answer(ws, text: str = "What is happening?") -> list[dict]:
+    await send(ws, {"type": "video.query", "text": text})
+    return await until(ws, "response.text.done")
+
+
+def check_answer(msgs: list[dict]) -> dict:
+    """One well-formed answer: start, deltas, done whose text is the joined deltas."""
+    types = [m["type"] for m in msgs]
+    assert types[0] == "response.start" and types[-1] == "response.text.done", types
+    assert set(types[1:-1]) <= {"response.text.delta"}, types
+    deltas = [m["delta"] for m in msgs[1:-1]]
+    assert all(isinstance(d, str) and d for d in deltas)
+    done = msgs[-1]
+    assert done["text"] == "".join(deltas)
+    return done
+
+
+async def expect_error(ws, fragment: str) -> str:
+    msg = await recv(ws)
+    assert msg["type"] == "error", msg
+    assert fragment in msg["message"], msg["message"]
+    return msg["message"]
+
+
+async def expect_closed(ws, timeout: float = 5.0) -> None:
+    """The server closes the socket and sends nothing more."""
+    with pytest.raises(websockets.ConnectionClosed):
+        msg = await asyncio.wait_for(ws.recv(), timeout)
+        pytest.fail(f"unexpected message before close: {msg}")
+
+
+async def still_alive(ws) -> None:
+    await send(ws, {"type": "ping"})
+    assert await recv(ws) == {"type": "pong"}
+
+
+async def no_sessions_left(server, timeout: float = 3.0) -> None:
+    deadline = time.monotonic() + timeout
+    while True:
+        health = server.get_json("/api/health")
+        if health["sessions"] == 0 and health["running_requests"] == 0:
+            return
+        assert time.monotonic() < deadline, f"left behind: {health}"
+        await asyncio.sleep(0.05)
+
+
+SHORT = dict(max_tokens=6, temperature=0.0)
+# Greedy decoding of the random model runs on without an end token: a long answer.
+LONG = dict(max_tokens=3500, temperature=0.0)
+
+
+# ---- happy path and order ------------------------------------------------
+
+async def test_config_frames_query_done(server):
+    ws = await connect(server, model="whatever", modalities=["text"], **SHORT)
+    await frames(ws, n=4)
+    done = check_answer(await answer(ws))
+    assert len(done["text"]) > 0
+    stats = done["stats"]
+    assert stats["frames"] == 4 and stats["completion_tokens"] == 6 and stats["prompt_tokens"] > 10
+    assert stats["ttft_s"] > 0 and stats["cancelled"] is False
+    await send(ws, {"type": "video.done"})
+    evs = await recv(ws)
+    assert evs["type"] == "response.evs_stats" and set(evs) == EVS_KEYS | {"type"}
+    assert evs["total_count"] == 4 and evs["retained_count"] + evs["dropped_count"] == 4
+    assert 0.0 <= evs["drop_rate"] <= 1.0
+    assert await recv(ws) == {"type": "session.done"}
+    await expect_closed(ws)
+    assert ws.close_code == 1000
+    await no_sessions_left(server)
+
+
+async def test_video_done_waits_for_the_running_answer(server):
+    ws = await connect(server, **SHORT)
+    await frames(ws, n=2)
+    await send(ws, {"type": "video.query", "text": "Describe it."})
+    await send(ws, {"type": "video.done"})
+    msgs = await until(ws, "session.done")
+    check_answer(msgs[:-2])
+    assert [m["type"] for m in msgs[-2:]] == ["response.evs_stats", "session.done"]
+    await expect_closed(ws)
+
+
+async def test_frames_sent_during_an_answer_count_for_the_next(server):
+    ws = await connect(server, evs_enabled=False, max_tokens=48, temperature=0.0)
+    await frames(ws, n=3)
+    await send(ws, {"type": "video.query", "text": "First?"})
+    first = [await recv(ws)]
+    assert first[0]["type"] == "response.start"
+    await frames(ws, MOVING[3:5])  # while the answer streams
+    first += await until(ws, "response.text.done")
+    assert check_answer(first)["stats"]["frames"] == 3
+    second = check_answer(await answer(ws, "Second?"))
+    assert second["stats"]["frames"] == 5
+    await send(ws, {"type": "video.done"})
+    assert await recv(ws) == {"type": "session.done"}  # no response.evs_stats with the filter off
+    await expect_closed(ws)
+
+
+async def test_new_query_cancels_the_running_one(server):
+    ws = await connect(server, **LONG)
+    await frames(ws, n=1)
+    await send(ws, {"type": "video.query", "text": "Talk for a long time."})
+    msgs = await until(ws, "response.text.delta")
+    # Later questions are short; answer options apply from the next question on.
+    await send(ws, {"type": "session.update", "max_tokens": 5})
+    await send(ws, {"type": "video.query", "text": "Now something short."})
+    msgs += await until(ws, "response.start")
+    types = [m["type"] for m in msgs]
+    assert types.count("response.text.done") == 1 and types.count("response.start") == 2
+    assert types.index("response.text.done") < len(types) - 1  # the old done came before the new start
+    updated = [m for m in msgs if m["type"] == "session.updated"]
+    assert len(updated) == 1 and updated[0]["settings"]["max_tokens"] == 5
+    old = [m for m in msgs if m["type"] != "session.updated"][:-1]
+    done = check_answer(old)
+    assert done["stats"]["cancelled"] is True and done["stats"]["completion_tokens"] < LONG["max_tokens"]
+    new = [msgs[-1]] + await until(ws, "response.text.done")
+    assert check_answer(new)["stats"]["completion_tokens"] == 5
+    await still_alive(ws)
+    await ws.close()
+    await no_sessions_left(server)
+
+
+async def test_disconnect_aborts_generation_and_idle_timer_waits_for_the_answer(server):
+    ws = await connect(server, **LONG)
+    await frames(ws, n=1)
+    await send(ws, {"type": "video.query", "text": "Talk for a long time."})
+    # Longer than the server's 4 s idle timeout, without sending anything: the
+    # answer keeps streaming and no idle error comes.
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < 5.0:
+        msg = await recv(ws)
+        assert msg["type"] in ("response.start", "response.text.delta"), msg
+    assert server.running_requests() == 1
+    await ws.close()
+    t_close = time.monotonic()
+    while server.running_requests() != 0:
+        assert time.monotonic() - t_close < 1.0, "the generation was not aborted within 1 s"
+        await asyncio.sleep(0.02)
+    await no_sessions_left(server)
+
+
+async def test_abrupt_disconnect_aborts_generation(server):
+    ws = await connect(server, **LONG)
+    await frames(ws, n=1)
+    await send(ws, {"type": "video.query", "text": "Talk."})
+    await until(ws, "response.text.delta")
+    ws.transport.abort()  # no closing handshake: the TCP connection just drops
+    t0 = time.monotonic()
+    while server.running_requests() != 0:
+        assert time.monotonic() - t0 < 1.0, "the generation was not aborted within 1 s"
+        await asyncio.sleep(0.02)
+    await no_sessions_left(server)
+
+
+# ---- session.config ----------------------------------------------------------
+
+@pytest.mark.parametrize(
+    "config, fragment",
+    [
+        ({"max_frames": "64"}, "Invalid type for 'max_frames': expected int, got str"),
+        ({"num_sample_frames": 2.5}, "Invalid type for 'num_sample_frames'"),
+        ({"evs_enabled": 1}, "Invalid type for 'evs_enabled': expected bool"),
+        ({"evs_threshold": "high"}, "Invalid type for 'evs_threshold'"),
+        ({"model": 7}, "Invalid type for 'model'"),
+        ({"modalities": "text"}, "Invalid type for 'modalities': expected list"),
+        ({"max_frames": True}, "Invalid type for 'max_frames'"),
+        ({"num_frames": "8"}, "Invalid type for 'num_frames'"),
+        ({"enable_frame_filter": "yes"}, "Invalid type for 'enable_frame_filter'"),
+        ({"max_tokens": 1.5}, "Invalid type for 'max_tokens'"),
+        ({"include_audio": "no"}, "Invalid type for 'include_audio'"),
+        ({"system_prompt": ["a"]}, "Invalid type for 'system_prompt'"),
+        ({"sampling": "random"}, "Invalid value for 'sampling'"),
+        ({"frames_as": "film"}, "Invalid value for 'frames_as'"),
+        ({"max_frames": 0}, "max_frames must be an integer in 1.."),
+        ({"evs_threshold": 1.5}, "evs_threshold must be a number in [0, 1]"),
+        ({"max_tokens": 0}, "Invalid value for 'max_tokens'"),
+        ({"temperature": -1}, "Invalid value for 'temperature'"),
+        ({"num_frames": 4, "num_sample_frames": 8}, "same setting"),
+    ],
+)
+async def test_bad_config_ends_the_session(server, config, fragment):
+    ws = await connect(server, **config)
+    await expect_error(ws, fragment)
+    await expect_closed(ws)
+
+
+@pytest.mark.parametrize(
+    "first, fragment",
+    [
+        ({"type": "video.frame", "data": STATIC_JPEG}, "Expected session.config, got: video.frame"),
+        ({"text": "no type"}, "Expected session.config, got: None"),
+        ([1, 2], "Expected session.config, got: list"),
+        ("{not json", "Invalid JSON in session.config"),
+    ],
+)
+async def test_first_message_must_be_session_config(server, first, fragment):
+    ws = await websockets.connect(server.ws_url)
+    await send(ws, first if isinstance(first, (dict, str)) else json.dumps(first))
+    await expect_error(ws, fragment)
+    await expect_closed(ws)
+
+
+async def test_config_timeout(server):
+    ws = await websockets.connect(server.ws_url)
+    t0 = time.monotonic()
+    await expect_error(ws, "Timeout waiting for session.config")
+    assert 1.5 < time.monotonic() - t0 < 5.0  # the fixture's --ws-config-timeout 2
+    await expect_closed(ws)
+
+
+async def test_idle_timeout(server):
+    ws = await connect(server, **SHORT)
+    await frames(ws, n=1)
+    await still_alive(ws)
+    t0 = time.monotonic()
+    message = await expect_error(ws, "Idle timeout")
+    assert 3.5 < time.monotonic() - t0 < 7.0, message  # the fixture's --ws-idle-timeout 4
+    await expect_closed(ws)
+    await no_sessions_left(server)
+
+
+async def test_aliases_ping_and_unknown_keys(server):
+    ws = await connect(
+        server, num_frames=2, enable_frame_filter=False, frame_filter_threshold=0.5,
+        system_prompt="Answer briefly.", future_option={"x": 1}, sampling="latest_frames", **SHORT,
+    )
+    await still_alive(ws)
+    await frames(ws, n=5)
+    done = check_answer(await answer(ws))
+    assert done["stats"]["frames"] == 2 and done["stats"]["frame_indices"] == [3, 4]  # the 2 newest
+    await send(ws, {"type": "video.done"})
+    assert await recv(ws) == {"type": "session.done"}  # filter off: no evs stats
+    await expect_closed(ws)
+
+
+async def test_session_update(server):
+    ws = await connect(server, **SHORT)
+    await send(ws, {"type": "session.update", "num_frames": 3, "evs_enabled": False, "frames_as": "video"})
+    updated = await recv(ws)
+    assert updated["type"] == "session.updated"
+    assert updated["settings"]["num_sample_frames"] == 3 and updated["settings"]["frames_as"] == "video"
+    await send(ws, {"type": "session.update", "max_frames": -1})
+    await expect_error(ws, "session.update rejected: max_frames must be")
+    await send(ws, {"type": "session.update", "model": "other"})
+    await expect_error(ws, "only be set in session.config")
+    await send(ws, {"type": "session.config"})
+    await expect_error(ws, "already received")
+    await frames(ws, n=4)
+    done = check_answer(await answer(ws))
+    assert done["stats"]["frames"] == 3  # the rejected updates changed nothing
+    await ws.close()
+
+
+# ---- errors that do not end the session -----------------------------------
+
+async def test_bad_frames_are_reported_and_the_session_goes_on(server):
+    ws = await connect(server, **SHORT)
+    bad = [
+        ({"type": "video.frame", "data": "***not base64***"}, "Invalid base64 in video.frame"),
+        ({"type": "video.frame", "data": base64.b64encode(b"plain text, not a picture").decode()},
+         "Invalid image in video.frame"),
+        ({"type": "video.frame", "data": base64.b64encode(base64.b64decode(STATIC_JPEG)[:300]).decode()},
+         "Invalid image in video.frame"),  # a truncated JPEG
+        ({"type": "video.frame", "data": ""}, "has no data"),
+        ({"type": "video.frame"}, "has no data"),
+        ({"type": "video.frame", "data": 12}, "base64 string"),
+        ({"type": "audio.chunk", "data": "%%%"}, "Invalid base64 in audio.chunk"),
+        ({"type": "audio.chunk", "data": base64.b64encode(b"\x01\x02\x03").decode()}, "even number of bytes"),
+    ]
+    for msg, fragment in bad:
+        await send(ws, msg)
+        await expect_error(ws, fragment)
+    # Over the 10 MB cap (the cap applies to the decoded JPEG).
+    limit = 10 * 1024 * 1024
+    await send(ws, {"type": "video.frame", "data": base64.b64encode(b"\xff" * (limit + 1)).decode()})
+    await expect_error(ws, f"Frame too large: {limit + 1} bytes (limit {limit})")
+    # Refused before decoding (still under the WebSocket server's 16 MiB message limit).
+    await send(ws, {"type": "video.frame", "data": "A" * (limit // 3 * 4 + 400_000)})
+    await expect_error(ws, "Frame too large")
+    await still_alive(ws)
+    # Good input still works; a data: URL prefix is accepted too.
+    # Audio interleaved with the frames, as a live client sends it (0.5 s per chunk).
+    tone = (0.2 * np.sin(np.arange(8000) * 2 * np.pi * 440 / 16000) * 32767).astype("<i2")
+    chunk = {"type": "audio.chunk", "data": base64.b64encode(tone.tobytes()).decode()}
+    await send(ws, {"type": "video.frame", "data": "data:image/jpeg;base64," + MOVING[0]})
+    await send(ws, chunk)
+    await frames(ws, MOVING[1:2])
+    await send(ws, chunk)
+    await frames(ws, MOVING[2:3])
+    done = check_answer(await answer(ws))
+    assert done["stats"]["frames"] == 3
+    assert done["stats"]["audio_seconds"] >= 0.4  # the omni model got the audio as samples
+    await send(ws, {"type": "video.done"})
+    evs = await recv(ws)
+    assert evs["type"] == "response.evs_stats" and evs["total_count"] == 3  # bad frames were not counted
+    assert await recv(ws) == {"type": "session.done"}
+
+
+async def test_query_errors(server):
+    ws = await connect(server, **SHORT)
+    await send(ws, {"type": "video.query", "text": "Anything there?"})
+    assert await expect_error(ws, NO_FRAMES) == NO_FRAMES
+    for msg in ({"type": "video.query"}, {"type": "video.query", "text": ""},
+                {"type": "video.query", "text": "   "}, {"type": "video.query", "text": 5}):
+        await send(ws, msg)
+        await expect_error(ws, "video.query requires a non-empty 'text' field")
+    await still_alive(ws)
+    await ws.close()
+
+
+async def test_unknown_types_and_bad_json(server):
+    ws = await connect(server, **SHORT)
+    cases = [
+        ({"type": "video.rewind"}, "Unknown message type: video.rewind"),
+        ({"data": "x"}, "Unknown message type: None"),
+        ({"type": ["x"]}, "Unknown message type"),
+        ("{broken json", "Invalid JSON"),
+        ("[1, 2, 3]", "Messages must be JSON objects"),
+        ('"text"', "Messages must be JSON objects"),
+        (b"\xff\xfe\x00binary", "Invalid JSON"),
+    ]
+    for msg, fragment in cases:
+        await send(ws, msg)
+        await expect_error(ws, fragment)
+    await frames(ws, n=1)
+    check_answer(await answer(ws))
+    await ws.close()
+    await no_sessions_left(server)
+
+
+# ---- the client command --------------------------------------------------------
+
+def run_client(server, *args: str, timeout: float = 60) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "vidchat.client", "--url", server.ws_url, *args],
+        cwd=ROOT, capture_output=True, text=True, timeout=timeout,
+    )
+
+
+def make_video(path: Path, seconds: float = 3.0, fps: int = 10, size=(320, 240)) -> Path:
+    """A clip with a moving box and a 440 Hz stereo tone at 44.1 kHz (resampled by the client)."""
+    import av
+
+    w, h = size
+    with av.open(str(path), "w") as out:
+        video = out.add_stream("mpeg4", rate=fps)
+        video.width, video.height, video.pix_fmt = w, h, "yuv420p"
+        audio = out.add_stream("aac", rate=44100)
+        audio.layout = "stereo"
+        n = int(seconds * fps)
+        for i in range(n):
+            img = np.full((h, w, 3), (30, 40, 90), np.uint8)
+            x = int(i * (w - 60) / (n - 1))
+            img[h // 3: h // 3 + 80, x: x + 60] = (230, 180, 40)
+            out.mux(video.encode(av.VideoFrame.from_ndarray(img, format="rgb24")))
+        out.mux(video.encode())
+        rate = 44100
+        for start in range(0, int(seconds * rate), 1024):
+            k = np.arange(start, min(start + 1024, int(seconds * rate)))
+            tone = (0.2 * np.sin(2 * np.pi * 440 * k / rate)).astype(np.float32)
+            frame = av.AudioFrame.from_ndarray(np.stack([tone, tone]), format="fltp", layout="stereo")
+            frame.sample_rate, frame.pts = rate, start
+            out.mux(audio.encode(frame))
+        out.mux(audio.encode())
+    return path
+
+
+def test_client_synthetic_real_time(server):
+    t0 = time.monotonic()
+    res = run_client(server, "--synthetic", "--duration", "3", "--fps", "5", "--ask", "1.5:What is happening?",
+                     "--max-tokens", "8", "--temperature", "0")
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert time.monotonic() - t0 > 2.5  # paced in real time
+    out = res.stdout
+    assert "Q [1.5s]: What is happening?" in out and "\nA: " in out
+    assert " tokens, " in out and " frames" in out
+    assert "s audio" in out  # the synthetic tone reached the model
+    assert "EVS filter: kept" in out and "of 15 frames" in out
+
+
+def test_client_streams_a_video_file(server, tmp_path):
+    video = make_video(tmp_path / "clip.mp4")
+    res = run_client(server, str(video), "--fast", "--json", "--fps", "10", "--max-tokens", "4",
+                     "--ask", "1:What moves?", "--ask", "60:After the end?")
+    assert res.returncode == 0, res.stdout + res.stderr
+    msgs = [json.loads(line) for line in res.stdout.splitlines() if line.strip()]
+    types = [m["type"] for m in msgs]
+    assert types.count("response.start") == 2 and types.count("response.text.done") == 2
+    assert types[-2:] == ["response.evs_stats", "session.done"] and "error" not in types
+    first, second = [m["stats"] for m in msgs if m["type"] == "response.text.done"]
+    assert not first["cancelled"] and not second["cancelled"]  # --fast waits for each answer
+    assert 1 <= first["frames"] < second["frames"]  # the 1 s question saw only the first second
+    assert second["audio_seconds"] > 1.0  # the file's audio track, resampled to 16 kHz
+    assert msgs[-2]["total_count"] == 30
+
+
+def test_client_fails_without_a_server(server):
+    res = run_client(server, "--synthetic", "--url", f"ws://127.0.0.1:{free_port()}/v1/video/chat/stream",
+                     timeout=30)
+    assert res.returncode == 1 and "cannot connect" in res.stderr
+
+
+def test_client_reports_server_errors(server):
+    # A refused session.config: the server reports it and closes.
+    res = run_client(server, "--synthetic", "--duration", "1", "--fast", "--num-frames", "0")
+    assert res.returncode != 0
+    assert "num_sample_frames must be" in res.stderr
+
+
+def test_client_help():
+    res = subprocess.run([sys.executable, "-m", "vidchat.client", "--help"], cwd=ROOT, capture_output=True,
+                         text=True, timeout=30)
+    assert res.returncode == 0 and "--ask" in res.stdout and "--synthetic" in res.stdout

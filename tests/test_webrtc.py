@@ -1,0 +1,155 @@
+"""The WebRTC door with a real aiortc client (no browser) against the app
+served by uvicorn with real vLLM: media arrives in its own session, the chat
+endpoint answers from that session's frames, peers end cleanly."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import io
+import re
+import time
+
+import numpy as np
+import pytest
+from gradio_client import Client
+from PIL import Image
+
+from vidchat.rtc_client import RtcClient, SyntheticAudio, SyntheticVideo
+
+RED, BLUE = (200, 30, 30), (30, 40, 200)
+
+
+def ask(server, sid: str, question: str, k: int = 8, max_tokens: int = 16, temperature: float = 0.0):
+    client = Client(server.url + "/", verbose=False)
+    return client.predict(
+        question, [], sid, k, "uniform", 10, True, 0.95, 64, "images", True, max_tokens, temperature, api_name="/ask"
+    )
+
+
+def sent_frame_colours(inputs_html: str) -> list[np.ndarray]:
+    """Mean colour of each thumbnail the page shows as 'what the model got'."""
+    colours = []
+    for b64 in re.findall(r"data:image/jpeg;base64,([A-Za-z0-9+/=]+)", inputs_html):
+        img = np.asarray(Image.open(io.BytesIO(base64.b64decode(b64))).convert("RGB"), dtype=np.float32)
+        colours.append(img[: img.shape[0] // 6].reshape(-1, 3).mean(0))  # top strip: background only
+    return colours
+
+
+async def wait_for(predicate, timeout: float, interval: float = 0.2):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = await predicate()
+        if value:
+            return value
+        await asyncio.sleep(interval)
+    raise AssertionError("condition not met in time")
+
+
+async def test_media_arrives_and_question_uses_this_sessions_frames(server):
+    red = RtcClient(server.url, SyntheticVideo(colour=RED, fps=15), SyntheticAudio())
+    blue = RtcClient(server.url, SyntheticVideo(colour=BLUE, fps=15))
+    await red.connect()
+    await blue.connect()
+    try:
+        assert red.session_id != blue.session_id
+        stats = await wait_for(lambda: _enough(red, frames=20, audio_s=1.0), timeout=20)
+        assert stats["media"]["tracks"] == ["video", "audio"]
+        assert stats["frames_received"] >= 20
+        # The square moves 8 % of the width per frame: real motion, so the
+        # filter keeps most frames and its counts add up.
+        evs = stats["evs"]
+        assert evs["total_count"] == evs["retained_count"] + evs["dropped_count"] == stats["frames_received"]
+        assert evs["retained_count"] >= evs["total_count"] // 2
+        assert stats["audio_seconds"] >= 1.0
+
+        await wait_for(lambda: _enough(blue, frames=10), timeout=20)
+        blue_stats = await blue.stats()
+        assert blue_stats["audio_seconds"] == 0.0 and blue_stats["media"]["tracks"] == ["video"]
+
+        for client, colour in ((red, RED), (blue, BLUE)):
+            history, _, inputs_html, details = await asyncio.to_thread(ask, server, client.session_id, "Colour?")
+            assert history[-1]["role"] == "assistant" and history[-1]["content"]
+            assert details["frames"] == 8 and details["completion_tokens"] == 16
+            assert details["prompt_tokens"] > 8 * 20
+            colours = sent_frame_colours(inputs_html)
+            assert len(colours) == 8
+            for c in colours:  # every frame sent came from this client's camera
+                assert np.abs(c - np.array(colour)).max() < 40, (c, colour)
+        assert server.running_requests() == 0
+    finally:
+        await red.close()
+        await blue.close()
+
+
+async def _enough(client: RtcClient, frames: int, audio_s: float = 0.0):
+    s = await client.stats()
+    return s if s["frames_received"] >= frames and s["audio_seconds"] >= audio_s else None
+
+
+async def test_question_without_camera_gets_a_friendly_message(server):
+    history, _, _, _ = await asyncio.to_thread(ask, server, "", "Hello?")
+    text = history[-1]["content"]
+    text = text if isinstance(text, str) else "".join(p.get("text", "") for p in text)
+    assert "Start camera" in text and "Traceback" not in text
+
+
+async def test_newest_frame_lag_stays_bounded_while_the_model_answers(server):
+    """30 fps in; a long answer runs meanwhile; frames must not queue up."""
+    client = RtcClient(server.url, SyntheticVideo(fps=30))
+    await client.connect()
+    try:
+        await wait_for(lambda: _enough(client, frames=30), timeout=20)
+        job = Client(server.url + "/", verbose=False).submit(
+            "Talk at length.", [], client.session_id, 16, "uniform", 10, True, 0.95, 64, "images", True, 1500, 1.0,
+            api_name="/ask",
+        )
+        running = []
+        for _ in range(15):
+            await asyncio.sleep(0.2)
+            running.append(server.running_requests())
+        assert max(running) == 1, "the answer must be generating during the measured window"
+        job.result(timeout=120)
+        recent = (await client.stats())["media"]
+        # lag_ms_* cover the last 600 processed frames, i.e. the answer's window.
+        assert recent["lag_ms_p95"] < 500, recent
+        assert recent["video_frames_seen"] > 60
+    finally:
+        await client.close()
+
+
+async def test_close_ends_the_peer_and_frees_the_session(server):
+    client = RtcClient(server.url, SyntheticVideo())
+    await client.connect()
+    await wait_for(lambda: _enough(client, frames=3), timeout=20)
+    before = server.get_json("/api/health")["sessions"]
+    await client.close(tell_server=True)
+    assert server.get_json("/api/health")["sessions"] == before - 1
+    assert "detail" in server.get_json(f"/webrtc/stats?session_id={client.session_id}")
+
+
+async def test_dropped_connection_is_noticed_and_session_freed(server):
+    """A client that vanishes without saying goodbye (killed tab)."""
+    client = RtcClient(server.url, SyntheticVideo())
+    sid = await client.connect()
+    await wait_for(lambda: _enough(client, frames=3), timeout=20)
+    await client.close(tell_server=False)
+
+    async def gone():
+        return "detail" in server.get_json(f"/webrtc/stats?session_id={sid}")
+
+    # The server's peer sees the DTLS close at once, or the media stop
+    # within --session-idle-timeout (8 s in the test server).
+    await wait_for(gone, timeout=15, interval=0.5)
+
+
+async def test_bad_offer_is_refused_with_a_message(server):
+    import json
+    import urllib.request
+
+    req = urllib.request.Request(server.url + "/webrtc/offer", b'{"type": "offer", "sdp": "garbage"}',
+                                 {"Content-Type": "application/json"})
+    with pytest.raises(urllib.error.HTTPError) as err:
+        urllib.request.urlopen(req, timeout=10)
+    assert err.value.code == 400
+    assert "offer" in json.loads(err.value.read())["detail"]
