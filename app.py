@@ -39,7 +39,11 @@ def main(argv: list[str] | None = None) -> int:
     )
     app = create_app(state)
     log.info("starting vidchat with model %s", model_path)
-    uvicorn.run(app, host=settings.host, port=settings.port, log_level=settings.log_level.lower())
+    # A frame of --ws-max-frame-bytes arrives base64-encoded inside JSON: let
+    # such a message through so the protocol can answer it, not the transport.
+    ws_max_size = settings.ws_max_frame_bytes * 4 // 3 + (1 << 20)
+    uvicorn.run(app, host=settings.host, port=settings.port, log_level=settings.log_level.lower(),
+                ws_max_size=ws_max_size)
     return 0 if state.engine is not None else 1
 
 

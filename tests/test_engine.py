@@ -179,3 +179,25 @@ async def test_vision_only_model_answers_images_and_video_and_ignores_audio(tiny
             assert reply.stats.audio_seconds == 0.0
     finally:
         engine.shutdown()
+
+
+async def test_a_sliver_of_audio_is_dropped_not_fatal(omni_engine: Engine):
+    reply = omni_engine.ask("Hi?", frames=frames(1), audio=tone(0.0065), max_tokens=4, ignore_eos=True)
+    assert len(await collect(reply)) >= 1
+    assert reply.stats.audio_seconds == 0.0
+
+
+async def test_cancel_from_another_task_ends_the_stream(omni_engine: Engine):
+    """The page's Stop button and a newer question cancel from a different task."""
+    reply = omni_engine.ask("Talk.", max_tokens=2000, ignore_eos=True)
+    got = []
+
+    async def consume():
+        async for d in reply:
+            got.append(d)
+            if len(got) == 3:
+                asyncio.get_running_loop().call_soon(lambda: asyncio.ensure_future(reply.cancel()))
+
+    await asyncio.wait_for(consume(), 30)
+    assert reply.stats.cancelled and reply.stats.completion_tokens < 2000
+    assert omni_engine.running_requests == 0

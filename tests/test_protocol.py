@@ -343,7 +343,10 @@ async def test_bad_frames_are_reported_and_the_session_goes_on(server):
     # Audio interleaved with the frames, as a live client sends it (0.5 s per chunk).
     tone = (0.2 * np.sin(np.arange(8000) * 2 * np.pi * 440 / 16000) * 32767).astype("<i2")
     chunk = {"type": "audio.chunk", "data": base64.b64encode(tone.tobytes()).decode()}
-    await send(ws, {"type": "video.frame", "data": "data:image/jpeg;base64," + MOVING[0]})
+    # A 1280×720 frame of a few hundred KB: filtered and stored off the event loop.
+    big = synthetic.encode_jpeg(synthetic.motion_clip(720, 1280, n=1).frames[0], quality=95)
+    assert len(big) > 128 * 1024
+    await send(ws, {"type": "video.frame", "data": "data:image/jpeg;base64," + base64.b64encode(big).decode()})
     await send(ws, chunk)
     await frames(ws, MOVING[1:2])
     await send(ws, chunk)

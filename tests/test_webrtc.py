@@ -76,7 +76,7 @@ async def test_media_arrives_and_question_uses_this_sessions_frames(server):
             assert len(colours) == 8
             for c in colours:  # every frame sent came from this client's camera
                 assert np.abs(c - np.array(colour)).max() < 40, (c, colour)
-        assert server.running_requests() == 0
+        assert await asyncio.to_thread(server.running_requests) == 0
     finally:
         await red.close()
         await blue.close()
@@ -107,9 +107,10 @@ async def test_newest_frame_lag_stays_bounded_while_the_model_answers(server):
         running = []
         for _ in range(15):
             await asyncio.sleep(0.2)
-            running.append(server.running_requests())
+            running.append(await asyncio.to_thread(server.running_requests))
         assert max(running) == 1, "the answer must be generating during the measured window"
-        job.result(timeout=120)
+        # Off the loop: the client's own sender must keep streaming meanwhile.
+        await asyncio.to_thread(job.result, 120)
         recent = (await client.stats())["media"]
         # lag_ms_* cover the last 600 processed frames, i.e. the answer's window.
         assert recent["lag_ms_p95"] < 500, recent
@@ -122,10 +123,12 @@ async def test_close_ends_the_peer_and_frees_the_session(server):
     client = RtcClient(server.url, SyntheticVideo())
     await client.connect()
     await wait_for(lambda: _enough(client, frames=3), timeout=20)
-    before = server.get_json("/api/health")["sessions"]
+    health = lambda: server.get_json("/api/health")["sessions"]  # noqa: E731
+    before = await asyncio.to_thread(health)
     await client.close(tell_server=True)
-    assert server.get_json("/api/health")["sessions"] == before - 1
-    assert "detail" in server.get_json(f"/webrtc/stats?session_id={client.session_id}")
+    assert await asyncio.to_thread(health) == before - 1
+    stats = await asyncio.to_thread(server.get_json, f"/webrtc/stats?session_id={client.session_id}")
+    assert "detail" in stats
 
 
 async def test_dropped_connection_is_noticed_and_session_freed(server):
@@ -136,7 +139,7 @@ async def test_dropped_connection_is_noticed_and_session_freed(server):
     await client.close(tell_server=False)
 
     async def gone():
-        return "detail" in server.get_json(f"/webrtc/stats?session_id={sid}")
+        return "detail" in await asyncio.to_thread(server.get_json, f"/webrtc/stats?session_id={sid}")
 
     # The server's peer sees the DTLS close at once, or the media stop
     # within --session-idle-timeout (8 s in the test server).

@@ -23,6 +23,7 @@ from PIL import Image
 log = logging.getLogger(__name__)
 
 AUDIO_RATE = 16_000
+MIN_AUDIO_SAMPLES = AUDIO_RATE // 10  # 0.1 s; Whisper-style encoders need several 10 ms frames
 FRAMES_AS = ("images", "video")
 
 
@@ -329,6 +330,12 @@ class Engine:
             )
         if audio is not None and audio.size and not self.accepts_audio:
             audio = None  # vision-only model: the question still gets its frames
+        if audio is not None and 0 < audio.size < MIN_AUDIO_SAMPLES:
+            # A sliver of audio (e.g. a chunk that arrived just before the
+            # question) is too short for the audio encoder and fails the
+            # whole request; the question is still worth answering from frames.
+            log.debug("dropping %d audio samples: below the %d-sample minimum", audio.size, MIN_AUDIO_SAMPLES)
+            audio = None
         with_audio = audio is not None and audio.size > 0
 
         prompt_text = self.build_prompt(
