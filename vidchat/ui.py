@@ -35,7 +35,7 @@ PREVIEW_HTML = """
   </div>
   <div class="vc-controls">
     <button id="vc-start" class="vc-btn vc-primary">Start camera</button>
-    <button id="vc-stop" class="vc-btn" disabled>Stop</button>
+    <button id="vc-stop" class="vc-btn" disabled>Stop camera</button>
   </div>
   <div class="vc-devices">
     <label>Camera <select id="vc-camera"><option value="">Default</option></select></label>
@@ -131,7 +131,7 @@ def mount(app, state):
                         elem_id="vc-question",
                     )
                     send = gr.Button("Send", variant="primary", scale=1, min_width=70, elem_id="vc-send")
-                    stop = gr.Button("Stop", scale=1, min_width=70, elem_id="vc-stop-answer")
+                    stop = gr.Button("Stop answer", scale=1, min_width=70, elem_id="vc-stop-answer")
                 clear = gr.Button("Clear chat", size="sm", elem_id="vc-clear")
         with gr.Accordion("Settings", open=False, elem_id="vc-settings"):
             with gr.Row():
@@ -148,8 +148,9 @@ def mount(app, state):
             with gr.Row():
                 frames_as = gr.Radio(["images", "video"], value=s.frames_as, label="Send frames as")
                 audio_on = gr.Checkbox(value=True, label="Include audio (models that take it)")
-                max_tokens = gr.Slider(16, 2048, value=s.max_tokens, step=16, label="Max tokens")
-                temperature = gr.Slider(0.0, 1.5, value=s.temperature, step=0.05, label="Temperature")
+                max_tokens = gr.Slider(1, 2048, value=s.max_tokens, step=1, label="Max tokens", elem_id="vc-max-tokens")
+                temperature = gr.Slider(0.0, 1.5, value=s.temperature, step=0.05, label="Temperature",
+                                        elem_id="vc-temperature")
         with gr.Accordion("What the model got (last question)", open=False, elem_id="vc-inputs"):
             inputs_view = gr.HTML(frames_html(None))
             details = gr.JSON(label="Reply details", value=None)
@@ -203,6 +204,7 @@ def mount(app, state):
                 return
             # vidchat's own share of the latency: chat event -> engine call.
             answer.prep_ms = (time.perf_counter() - event_start) * 1000
+            log.info("chat event -> engine call: %.2f ms", answer.prep_ms)
             reply = answer.reply
             entry.info["reply"] = reply
             history.append({"role": "assistant", "content": ""})
@@ -214,9 +216,14 @@ def mount(app, state):
             except EngineError as exc:
                 history[-1]["content"] += f"\n\n⚠ {exc}"
             finally:
-                if entry.info.get("reply") is reply:
+                replaced = entry.info.get("reply") is not reply
+                if not replaced:
                     entry.info.pop("reply", None)
                 await reply.cancel()  # no-op when finished; aborts if the page went away
+            if replaced:
+                # A newer question took over this tab's chat; its event owns
+                # the chat from now on, so don't overwrite it with this history.
+                return
             if reply.stats.cancelled and not history[-1]["content"]:
                 history[-1]["content"] = "(stopped)"
             # Thumbnails are encoded after the answer, so they never delay its first token.

@@ -1,0 +1,256 @@
+"""The live page in Debian's headless Chromium (driven by Playwright) with a
+fake camera and microphone, against the app served with real vLLM."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import io
+import json
+import re
+import statistics
+import wave
+from pathlib import Path
+
+import numpy as np
+import pytest
+from PIL import Image
+from playwright.async_api import Browser, Page, async_playwright
+
+CHROMIUM = "/usr/bin/chromium"
+RED, BLUE = (210, 40, 40), (40, 60, 210)
+W, H, FPS = 640, 480, 15
+
+
+def write_y4m(path: Path, colour: tuple[int, int, int], seconds: float = 4.0) -> None:
+    """A clip Chromium plays as its fake camera: a coloured room with a white
+    square sliding across it (real motion, so the filter keeps frames)."""
+    n = int(seconds * FPS)
+    with open(path, "wb") as f:
+        f.write(f"YUV4MPEG2 W{W} H{H} F{FPS}:1 Ip A1:1 C420jpeg\n".encode())
+        for i in range(n):
+            rgb = np.empty((H, W, 3), np.float32)
+            rgb[:] = colour
+            side = H // 3
+            x = int(i * (W - side) / n)
+            rgb[H // 3 : H // 3 + side, x : x + side] = 240
+            r, g, b = rgb[..., 0], rgb[..., 1], rgb[..., 2]
+            y = 0.299 * r + 0.587 * g + 0.114 * b
+            u = (b - y) * 0.564 + 128
+            v = (r - y) * 0.713 + 128
+            f.write(b"FRAME\n")
+            f.write(np.clip(y, 0, 255).astype(np.uint8).tobytes())
+            for plane in (u, v):
+                f.write(np.clip(plane[::2, ::2], 0, 255).astype(np.uint8).tobytes())
+
+
+def write_wav(path: Path, seconds: float = 4.0, rate: int = 48_000) -> None:
+    t = np.arange(int(seconds * rate)) / rate
+    pcm = (np.sin(2 * np.pi * 330 * t) * 9000).astype(np.int16)
+    with wave.open(str(path), "wb") as w:
+        w.setnchannels(1)
+        w.setsampwidth(2)
+        w.setframerate(rate)
+        w.writeframes(pcm.tobytes())
+
+
+@pytest.fixture(scope="module")
+def media(tmp_path_factory) -> dict[str, Path]:
+    d = tmp_path_factory.mktemp("media")
+    files = {"red": d / "red.y4m", "blue": d / "blue.y4m", "tone": d / "tone.wav"}
+    write_y4m(files["red"], RED)
+    write_y4m(files["blue"], BLUE)
+    write_wav(files["tone"])
+    return files
+
+
+async def launch(pw, video: Path, audio: Path, tmp: Path) -> Browser:
+    return await pw.chromium.launch(
+        executable_path=CHROMIUM,
+        args=[
+            "--use-fake-ui-for-media-stream",
+            "--use-fake-device-for-media-stream",
+            f"--use-file-for-fake-video-capture={video}",
+            f"--use-file-for-fake-audio-capture={audio}",
+            "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+            "--disable-background-networking", "--disable-component-update", "--disable-sync",
+            "--autoplay-policy=no-user-gesture-required",
+        ],
+    )
+
+
+async def open_and_start(browser: Browser, url: str, viewport=(1280, 800)) -> Page:
+    page = await browser.new_page(viewport={"width": viewport[0], "height": viewport[1]})
+    await page.goto(url)
+    await page.click("#vc-start")
+    await page.wait_for_function("document.querySelector('#vc-conn')?.dataset.tone === 'live'", timeout=30_000)
+    # Enough kept frames for a 16-frame question.
+    await page.wait_for_function(
+        "/buffer (\\d+)/.exec(document.querySelector('#vc-stats').textContent)?.[1] >= 16", timeout=30_000
+    )
+    return page
+
+
+async def session_id(page: Page) -> str:
+    return await page.evaluate("window.vidchat.sessionId")
+
+
+async def ask(page: Page, text: str) -> None:
+    box = page.locator("#vc-question textarea")
+    await box.fill(text)
+    await box.press("Enter")
+
+
+async def bot_texts(page: Page) -> list[str]:
+    return await page.locator('#vc-chat [data-testid="bot"]').all_inner_texts()
+
+
+async def wait_for_answer(page: Page, n: int, timeout: float = 60) -> list[str]:
+    """Wait until the n-th bot message exists and has stopped growing."""
+    await page.wait_for_function(
+        f"document.querySelectorAll('#vc-chat [data-testid=\"bot\"]').length >= {n}", timeout=timeout * 1000
+    )
+    last, stable = None, 0
+    for _ in range(int(timeout * 10)):
+        texts = await bot_texts(page)
+        if texts[n - 1].strip() and texts[n - 1] == last:
+            stable += 1
+            if stable >= 8:
+                return texts
+        else:
+            stable = 0
+        last = texts[n - 1]
+        await asyncio.sleep(0.1)
+    raise AssertionError("answer did not settle")
+
+
+async def set_setting(page: Page, elem_id: str, value: str) -> None:
+    if not await page.locator(f"#{elem_id}").is_visible():
+        await page.click("#vc-settings button, #vc-settings .label-wrap")
+    box = page.locator(f"#{elem_id} input[type=number]")
+    await box.fill(value)
+    await box.press("Enter")
+
+
+def thumbnail_colours(html: str) -> list[np.ndarray]:
+    out = []
+    for b64 in re.findall(r"data:image/jpeg;base64,([A-Za-z0-9+/=]+)", html):
+        img = np.asarray(Image.open(io.BytesIO(base64.b64decode(b64))).convert("RGB"), dtype=np.float32)
+        out.append(img[: img.shape[0] // 5].reshape(-1, 3).mean(0))  # top band: background only
+    return out
+
+
+async def test_page_streams_an_answer_and_two_tabs_use_their_own_frames(server, media, tmp_path, artifacts_dir):
+    async with async_playwright() as pw:
+        red_browser = await launch(pw, media["red"], media["tone"], tmp_path)
+        blue_browser = await launch(pw, media["blue"], media["tone"], tmp_path)
+        try:
+            red, blue = await asyncio.gather(
+                open_and_start(red_browser, server.url + "/"), open_and_start(blue_browser, server.url + "/")
+            )
+            red_sid, blue_sid = await session_id(red), await session_id(blue)
+            assert red_sid and blue_sid and red_sid != blue_sid
+            stats = await asyncio.to_thread(server.get_json, f"/webrtc/stats?session_id={red_sid}")
+            assert sorted(stats["media"]["tracks"]) == ["audio", "video"] and stats["audio_seconds"] > 0.5
+
+            # Watch the reply grow: it must arrive in several steps, not at once.
+            await red.evaluate(
+                """() => { window.__lengths = [];
+                  new MutationObserver(() => {
+                    const b = document.querySelectorAll('#vc-chat [data-testid="bot"]');
+                    if (b.length) window.__lengths.push(b[b.length - 1].innerText.length);
+                  }).observe(document.querySelector('#vc-chat'), {subtree: true, childList: true, characterData: true});
+                }"""
+            )
+            await set_setting(red, "vc-max-tokens", "48")
+            await set_setting(blue, "vc-max-tokens", "24")
+            await asyncio.gather(ask(red, "What colour is the wall?"), ask(blue, "What colour is the wall?"))
+            red_texts, blue_texts = await asyncio.gather(wait_for_answer(red, 1), wait_for_answer(blue, 1))
+            assert red_texts[0].strip() and blue_texts[0].strip()
+            lengths = await red.evaluate("window.__lengths")
+            assert len(set(l for l in lengths if l > 0)) >= 3, f"reply did not stream: {lengths}"
+
+            await red.screenshot(path=str(artifacts_dir / "page-desktop.png"))
+
+            # "What the model got" shows the frames each tab's question used.
+            for page, colour in ((red, RED), (blue, BLUE)):
+                await page.click("#vc-inputs button, #vc-inputs .label-wrap")
+                await page.wait_for_selector("#vc-inputs .vc-frames img")
+                html = await page.inner_html("#vc-inputs")
+                colours = thumbnail_colours(html)
+                assert len(colours) == 16
+                for c in colours:
+                    assert np.abs(c - np.array(colour)).max() < 45, (c, colour)
+            await red.screenshot(path=str(artifacts_dir / "page-inputs.png"), full_page=True)
+            await red.set_viewport_size({"width": 390, "height": 844})
+            await asyncio.sleep(0.5)
+            await red.screenshot(path=str(artifacts_dir / "page-phone.png"), full_page=True)
+
+            # Stop ends the peer on the server.
+            before = (await asyncio.to_thread(server.get_json, "/api/health"))["sessions"]
+            await blue.click("#vc-stop")
+            await blue.wait_for_function("document.querySelector('#vc-conn').dataset.tone === 'idle'")
+            for _ in range(50):
+                gone = await asyncio.to_thread(server.get_json, f"/webrtc/stats?session_id={blue_sid}")
+                if "detail" in gone:
+                    break
+                await asyncio.sleep(0.1)
+            assert "detail" in gone
+            assert (await asyncio.to_thread(server.get_json, "/api/health"))["sessions"] == before - 1
+            assert await session_id(blue) == ""
+
+            # Asking with the camera stopped is a friendly message, not a trace.
+            await ask(blue, "Still there?")
+            texts = await wait_for_answer(blue, 2)
+            assert "Start camera" in texts[1] and "Traceback" not in texts[1]
+        finally:
+            await red_browser.close()
+            await blue_browser.close()
+
+
+async def test_latency_enter_to_first_token(server, media, tmp_path, artifacts_dir):
+    """Measured, not asserted: Enter -> first token visible, 20 questions with
+    16 frames each, plus vidchat's own time between chat event and engine call."""
+    async with async_playwright() as pw:
+        browser = await launch(pw, media["red"], media["tone"], tmp_path)
+        try:
+            page = await open_and_start(browser, server.url + "/")
+            await set_setting(page, "vc-max-tokens", "8")
+            await page.evaluate(
+                """() => { window.__lat = {results: [], waiting: false, expect: 0, t0: 0};
+                  new MutationObserver(() => {
+                    const L = window.__lat;
+                    if (!L.waiting) return;
+                    const b = document.querySelectorAll('#vc-chat [data-testid="bot"]');
+                    if (b.length >= L.expect && b[L.expect - 1].innerText.trim().length > 0) {
+                      L.results.push(performance.now() - L.t0); L.waiting = false;
+                    }
+                  }).observe(document.querySelector('#vc-chat'), {subtree: true, childList: true, characterData: true});
+                }"""
+            )
+            box = page.locator("#vc-question textarea")
+            log_start = len(server.log())
+            for i in range(1, 21):
+                await box.fill(f"Question {i}: what is moving?")
+                await page.evaluate(f"() => {{ Object.assign(window.__lat, {{t0: performance.now(), waiting: true, expect: {i}}}); }}")
+                await box.press("Enter")
+                await page.wait_for_function("!window.__lat.waiting", timeout=60_000)
+                await wait_for_answer(page, i)
+            results = await page.evaluate("window.__lat.results")
+        finally:
+            await browser.close()
+    prep = [float(m) for m in re.findall(r"chat event -> engine call: ([\d.]+) ms", server.log()[log_start:])]
+    assert len(results) == 20 and len(prep) == 20
+    report = {
+        "questions": 20,
+        "frames_per_question": 16,
+        "enter_to_first_token_ms": {
+            "median": round(statistics.median(results), 1),
+            "p95": round(sorted(results)[18], 1),
+            "min": round(min(results), 1),
+            "max": round(max(results), 1),
+        },
+        "vidchat_event_to_engine_ms": {"median": round(statistics.median(prep), 2), "max": round(max(prep), 2)},
+    }
+    (artifacts_dir / "latency.json").write_text(json.dumps(report, indent=2))
+    print("\nlatency:", json.dumps(report))
