@@ -41,6 +41,8 @@ What is measured, per N (only inside the measurement window):
              `loop` is the share of the server's main (event-loop) thread:
              RTP/SRTP, jitter buffer, HTTP; the rest is decoder threads,
              to_thread workers (RGB conversion, filter) and the engine.
+             `machine` is the busy time of all CPUs (other users' work too),
+             to tell a saturated machine from a server-side limit.
 A row passes when p95 < --max-p95-ms (250). The result is the largest
 passing N; by default the run stops after the first failing N (--all goes on).
 
@@ -57,6 +59,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import collections
 import fractions
 import json
 import os
@@ -272,7 +275,9 @@ class CpuMeter:
 
     def sample(self) -> dict[str, float]:
         me = self.me.cpu_times()
-        out = {"t": time.monotonic(), "bench": me.user + me.system}
+        allc = psutil.cpu_times()
+        out = {"t": time.monotonic(), "bench": me.user + me.system,
+               "machine": sum(allc) - allc.idle - getattr(allc, "iowait", 0.0)}
         if self.proc is None:
             return out
         try:
@@ -320,6 +325,8 @@ class Row:
     loop_pct: float | None = None
     children_pct: float | None = None
     bench_pct: float | None = None
+    machine_pct: float | None = None
+    connect_s: float | None = None
     late: int = 0
     errors: list[str] = field(default_factory=list)
 
@@ -356,12 +363,14 @@ async def run_step(url: str, n: int, packets: list[bytes], meter: CpuMeter) -> R
     row = Row(n)
     clients = [BenchClient(url, EncodedVideo(packets, FPS)) for _ in range(n)]
     try:
+        t0 = time.monotonic()
         results = await asyncio.wait_for(asyncio.gather(*(c.connect() for c in clients), return_exceptions=True),
                                          timeout=60 + 5 * n)
         bad = [r for r in results if isinstance(r, BaseException)]
         if bad:
             row.errors.append(f"{len(bad)} of {n} clients failed to connect: {bad[0]!r}")
             return row
+        row.connect_s = time.monotonic() - t0
         # Every session must be receiving frames before the window opens.
         deadline = time.monotonic() + 30
         while True:
@@ -404,6 +413,7 @@ async def run_step(url: str, n: int, packets: list[bytes], meter: CpuMeter) -> R
         row.loop_pct = CpuMeter.pct(cpu0, cpu1, "loop")
         row.children_pct = CpuMeter.pct(cpu0, cpu1, "children")
         row.bench_pct = CpuMeter.pct(cpu0, cpu1, "bench")
+        row.machine_pct = CpuMeter.pct(cpu0, cpu1, "machine")
         return row
     except asyncio.TimeoutError:
         row.errors.append("timed out connecting")
@@ -465,7 +475,7 @@ def fmt(v: float | None, spec: str = ".0f") -> str:
 def print_table(rows: list[Row], idle: float | None) -> None:
     head = (f"{'N':>3} {'p50 ms':>7} {'p95 ms':>7} {'p95med':>7} {'max ms':>7} {'seen/sent':>10} {'skipped':>7} "
             f"{'proc fps':>8} {'kept':>6} {'CPU/sess':>8} {'net/sess':>8} {'CPU tot':>8} {'loop':>5} {'kids':>5} "
-            f"{'bench':>6} {'late':>5}  ok")
+            f"{'bench':>6} {'machine':>7} {'late':>5}  ok")
     print(head)
     print("-" * len(head))
     for r in rows:
@@ -480,11 +490,12 @@ def print_table(rows: list[Row], idle: float | None) -> None:
         loop = f"{100 * r.loop_pct / r.server_pct:.0f}%" if r.loop_pct is not None and r.server_pct else "-"
         print(f"{r.n:>3} {fmt(r.p50):>7} {fmt(r.p95):>7} {fmt(r.p95_median):>7} {fmt(r.lag_max):>7} {seen:>10} "
               f"{r.skipped:>7} {fmt(proc_fps, '.1f'):>8} {kept:>6} {fmt(per, '.1f'):>7}% {fmt(net, '.1f'):>7}% "
-              f"{fmt(r.server_pct):>7}% {loop:>5} {fmt(r.children_pct):>4}% {fmt(r.bench_pct):>5}% {r.late:>5}  "
+              f"{fmt(r.server_pct):>7}% {loop:>5} {fmt(r.children_pct):>4}% {fmt(r.bench_pct):>5}% {fmt(r.machine_pct):>6}% {r.late:>5}  "
               f"{'yes' if r.ok else 'NO'}")
     print(f"CPU is % of one core (this machine has {psutil.cpu_count()}); net/sess subtracts the idle server "
           f"({fmt(idle, '.1f')}%); loop = share of the server's main thread; kids = its child processes; "
-          "bench = this process; late = client frames sent > 1 frame interval late.")
+          f"bench = this process; machine = all processes (max {100 * psutil.cpu_count()}%); "
+          "late = client frames sent > 1 frame interval late.")
 
 
 def print_baseline(rows: list[Row], idle: float | None) -> None:
@@ -554,7 +565,7 @@ async def bench(url: str, pid: int | None, packets: list[bytes]) -> list[Row]:
         row = await run_step(url, n, packets, meter)
         rows.append(row)
         print(f"  N={n}: p50 {fmt(row.p50)} ms, p95 {fmt(row.p95)} ms, server CPU {fmt(row.server_pct)}%, "
-              f"bench CPU {fmt(row.bench_pct)}%{' ' + '; '.join(row.errors) if row.errors else ''} "
+              f"bench CPU {fmt(row.bench_pct)}%, connect {fmt(row.connect_s, '.1f')} s{' ' + '; '.join(row.errors) if row.errors else ''} "
               f"({time.monotonic() - t0:.0f} s)", flush=True)
         if not row.ok and not ARGS.all:
             rest = [m for m in ARGS.sessions if m > n]
@@ -575,7 +586,7 @@ def main() -> int:
         kbps = 8 * sum(map(len, packets)) / CLIP_SECONDS / 1000
         print(f"clip: {len(packets)} VP8 frames {WIDTH}x{HEIGHT} @ {FPS} fps, {kbps:.0f} kbit/s, "
               f"encoded once in {time.perf_counter() - t0:.1f} s (in memory)", flush=True)
-        proc = None
+        proc, log_from = None, 0
         try:
             if ARGS.url:
                 url, pid = ARGS.url.rstrip("/"), ARGS.pid or find_server_pid(ARGS.url)
@@ -584,15 +595,20 @@ def main() -> int:
                 t0 = time.perf_counter()
                 proc, url = start_server(Path(tmp) / "server.log", ARGS.server_arg)
                 pid = proc.pid
+                log_from = (Path(tmp) / "server.log").stat().st_size
                 print(f"server ready at {url} in {time.perf_counter() - t0:.0f} s (pid {pid})", flush=True)
             rows = asyncio.run(bench(url, pid, packets))
         finally:
             if proc is not None:
                 stop_server(proc)
-                log = (Path(tmp) / "server.log").read_text(errors="replace").splitlines()
+                with open(Path(tmp) / "server.log", "rb") as f:
+                    f.seek(log_from)
+                    log = f.read().decode(errors="replace").splitlines()
                 warn = [ln for ln in log if "WARNING" in ln or "ERROR" in ln or "Traceback" in ln]
-                print(f"server log: {len(warn)} warning/error lines"
-                      + (f", last: {warn[-1][:200]}" if warn else ""), flush=True)
+                kinds = collections.Counter(ln.split(" ", 1)[-1][:150] for ln in warn)
+                print(f"server log after start-up: {len(warn)} warning/error lines", flush=True)
+                for text, count in kinds.most_common(4):
+                    print(f"  {count} x {text}", flush=True)
         idle = rows.pop().server_pct
         costs = stage_costs(packets)
 

@@ -35,7 +35,9 @@ def rtc_configuration(ice_servers: list[dict[str, Any]]) -> RTCConfiguration:
     servers = [
         RTCIceServer(urls=s["urls"], username=s.get("username"), credential=s.get("credential")) for s in ice_servers
     ]
-    return RTCConfiguration(iceServers=servers or None)
+    # An empty list, not None: None makes aiortc fall back to a public STUN
+    # server, and a localhost deployment should contact nobody.
+    return RTCConfiguration(iceServers=servers)
 
 
 class MediaStats:
