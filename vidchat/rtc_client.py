@@ -16,7 +16,8 @@ from typing import Callable
 
 import av
 import numpy as np
-from aiortc import MediaStreamTrack, RTCPeerConnection, RTCSessionDescription
+import aioice.ice
+from aiortc import MediaStreamTrack, RTCConfiguration, RTCPeerConnection, RTCSessionDescription
 
 VIDEO_CLOCK = 90_000
 
@@ -95,13 +96,21 @@ def _post_json(url: str, body: dict, timeout: float = 30) -> dict:
         return json.loads(resp.read())
 
 
+def offer_loopback_only() -> None:
+    """Make this process's aiortc peers offer only 127.0.0.1 (aioice skips
+    loopback by default), so a scripted client's media stays on loopback."""
+    aioice.ice.get_host_addresses = lambda use_ipv4, use_ipv6: ["127.0.0.1"] if use_ipv4 else []
+
+
 class RtcClient:
-    """One peer connection to a vidchat server, like one browser tab."""
+    """One peer connection to a vidchat server, like one browser tab. It
+    offers loopback candidates only and asks no STUN server."""
 
     def __init__(self, base_url: str, *tracks: MediaStreamTrack):
         self.base_url = base_url.rstrip("/")
         self.tracks = tracks
-        self.pc = RTCPeerConnection()
+        offer_loopback_only()
+        self.pc = RTCPeerConnection(RTCConfiguration(iceServers=[]))
         self.session_id: str | None = None
 
     async def connect(self) -> str:
