@@ -203,6 +203,7 @@ async def test_page_streams_an_answer_and_two_tabs_use_their_own_frames(server, 
             await ask(blue, "Still there?")
             texts = await wait_for_answer(blue, 2)
             assert "Start camera" in texts[1] and "Traceback" not in texts[1]
+            await red.click("#vc-stop")
         finally:
             await red_browser.close()
             await blue_browser.close()

@@ -95,10 +95,12 @@ async def still_alive(ws) -> None:
 
 
 async def no_sessions_left(server, timeout: float = 3.0) -> None:
+    """No WebSocket session open and nothing generating (browser tabs of other
+    tests may still be winding down; they are not this door's)."""
     deadline = time.monotonic() + timeout
     while True:
         health = server.get_json("/api/health")
-        if health["sessions"] == 0 and health["running_requests"] == 0:
+        if health["sessions_by_kind"].get("ws", 0) == 0 and health["running_requests"] == 0:
             return
         assert time.monotonic() < deadline, f"left behind: {health}"
         await asyncio.sleep(0.05)

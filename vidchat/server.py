@@ -110,6 +110,7 @@ def create_app(state: AppState) -> FastAPI:
             "model": state.model_path,
             "banner": state.banner,
             "sessions": len(state.registry),
+            "sessions_by_kind": state.registry.count_by_kind(),
             "running_requests": engine.running_requests if ok else None,
         }
         return JSONResponse(body, status_code=200 if ok else 503)

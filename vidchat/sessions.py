@@ -65,6 +65,12 @@ class SessionRegistry:
             return None
         return self._entries.get(sid)
 
+    def count_by_kind(self) -> dict[str, int]:
+        counts: dict[str, int] = {}
+        for entry in self._entries.values():
+            counts[entry.kind] = counts.get(entry.kind, 0) + 1
+        return counts
+
     def entries(self) -> list[Entry]:
         return list(self._entries.values())
 
