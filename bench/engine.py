@@ -50,8 +50,9 @@ async def run(args: argparse.Namespace) -> None:
     try:
         for i in range(args.questions + 1):  # the first of each is warm-up
             frames = test_frames(args.frames, i)
-            reply = engine.ask("What is happening?", frames=frames, max_tokens=args.tokens,
-                               temperature=0.0, ignore_eos=True)
+            audio = (np.sin(np.arange(int(args.audio_seconds * 16000)) * 0.05) * 0.2).astype(np.float32)
+            reply = engine.ask("What is happening?", frames=frames, audio=audio if args.audio_seconds else None,
+                               max_tokens=args.tokens, temperature=0.0, ignore_eos=True)
             async for _ in reply:
                 pass
             if i:
@@ -63,8 +64,11 @@ async def run(args: argparse.Namespace) -> None:
             frames = test_frames(args.frames, 10_000 + i)
             from PIL import Image
 
-            prompt = {"prompt": engine.build_prompt("What is happening?", n_frames=len(frames)),
+            prompt = {"prompt": engine.build_prompt("What is happening?", n_frames=len(frames),
+                                                    with_audio=bool(args.audio_seconds)),
                       "multi_modal_data": {"image": [Image.fromarray(f) for f in frames]}}
+            if args.audio_seconds:
+                prompt["multi_modal_data"]["audio"] = [(audio * 0.9, 16000)]
             params = SamplingParams(max_tokens=args.tokens, temperature=0.0, ignore_eos=True)
             t = time.perf_counter()
             first = None
@@ -85,7 +89,7 @@ async def run(args: argparse.Namespace) -> None:
     ratio = statistics.median(ours) / statistics.median(raw)
     print(f"engine: ttft_ms={statistics.median(ours):.1f} tok_s={statistics.median(rates):.1f} "
           f"start_s={start_s:.1f} raw_ttft_ms={statistics.median(raw):.1f} ttft_ratio={ratio:.2f} "
-          f"frames={args.frames} prompt_tokens={prompt_tokens[0]}")
+          f"frames={args.frames} audio_s={args.audio_seconds:g} prompt_tokens={prompt_tokens[0]}")
 
 
 def main() -> None:
@@ -93,6 +97,7 @@ def main() -> None:
     parser.add_argument("--questions", type=int, default=20)
     parser.add_argument("--frames", type=int, default=16)
     parser.add_argument("--tokens", type=int, default=32)
+    parser.add_argument("--audio-seconds", type=float, default=0.0, help="audio sent with each question")
     parser.add_argument("--model", default="tiny")
     asyncio.run(run(parser.parse_args()))
 

@@ -211,6 +211,8 @@ def mount(app, state):
             yield history, "", gr.skip(), gr.skip()
             try:
                 async for delta in reply:
+                    if not history[-1]["content"]:
+                        log.info("chat event -> first token: %.1f ms", (time.perf_counter() - event_start) * 1000)
                     history[-1]["content"] += delta
                     yield history, "", gr.skip(), gr.skip()
             except EngineError as exc:
