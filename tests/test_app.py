@@ -76,3 +76,43 @@ def test_ctrl_c_shuts_down_engine_and_leaves_no_process(artifacts_dir, tiny_vl_p
     gone, alive = psutil.wait_procs(children, timeout=10)
     assert not alive, f"stray processes after Ctrl-C: {alive}"
     assert "engine shut down" in srv.log()
+
+
+async def test_engine_death_is_reported_and_the_server_stays_up(artifacts_dir, tiny_vl_path):
+    """Kill vLLM's engine process: health says so, a question gets a clear
+    error instead of hanging, and the page and protocol keep answering."""
+    import asyncio
+    import base64
+    import json
+    import signal
+
+    import websockets
+
+    from vidchat import synthetic
+
+    srv = start_server(["--model", "tiny-vl", "--kv-cache-gb", "0.25", "--max-model-len", "2048"],
+                       artifacts_dir / "server-engine-death.log")
+    try:
+        for child in psutil.Process(srv.proc.pid).children(recursive=True):
+            child.send_signal(signal.SIGKILL)
+        for _ in range(100):
+            health = srv.get_json("/api/health")
+            if not health["ok"]:
+                break
+            await asyncio.sleep(0.1)
+        assert health["ok"] is False and health["running_requests"] is None
+
+        async with websockets.connect(srv.ws_url) as ws:
+            await ws.send(json.dumps({"type": "session.config"}))
+            jpeg = synthetic.motion_clip(n=1).jpegs()[0]
+            await ws.send(json.dumps({"type": "video.frame", "data": base64.b64encode(jpeg).decode()}))
+            await ws.send(json.dumps({"type": "video.query", "text": "Anyone there?"}))
+            messages = []
+            while not any(m.get("type") in ("response.text.done", "error") for m in messages):
+                messages.append(json.loads(await asyncio.wait_for(ws.recv(), 15)))
+            errors = [m["message"] for m in messages if m["type"] == "error"]
+            assert errors and "engine has stopped" in errors[0] and "restart" in errors[0]
+        assert fetch(srv.url + "/")[0] == 200  # the server itself is still up
+    finally:
+        srv.proc.kill()
+        srv.proc.wait(timeout=30)

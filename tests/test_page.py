@@ -186,6 +186,21 @@ async def test_page_streams_an_answer_and_two_tabs_use_their_own_frames(server, 
             await asyncio.sleep(0.5)
             await red.screenshot(path=str(artifacts_dir / "page-phone.png"), full_page=True)
 
+            # "Stop answer" aborts the generation on the server.
+            await set_setting(red, "vc-max-tokens", "2000")
+            await ask(red, "Tell me everything.")
+            await red.wait_for_function(
+                "(() => { const b = document.querySelectorAll('#vc-chat [data-testid=\"bot\"]');"
+                " return b.length >= 2 && b[1].innerText.trim().length > 0; })()", timeout=30_000
+            )
+            assert await asyncio.to_thread(server.running_requests) == 1
+            await red.click("#vc-stop-answer")
+            for _ in range(20):
+                if await asyncio.to_thread(server.running_requests) == 0:
+                    break
+                await asyncio.sleep(0.05)
+            assert await asyncio.to_thread(server.running_requests) == 0, "Stop answer left the request running"
+
             # Stop ends the peer on the server.
             before = (await asyncio.to_thread(server.get_json, "/api/health"))["sessions"]
             await blue.click("#vc-stop")

@@ -156,3 +156,22 @@ async def test_bad_offer_is_refused_with_a_message(server):
         urllib.request.urlopen(req, timeout=10)
     assert err.value.code == 400
     assert "offer" in json.loads(err.value.read())["detail"]
+
+
+async def test_a_new_question_cancels_the_one_still_answering(server):
+    client = RtcClient(server.url, SyntheticVideo())
+    await client.connect()
+    try:
+        await wait_for(lambda: _enough(client, frames=10), timeout=20)
+        gradio = Client(server.url + "/", verbose=False)
+        args = (client.session_id, 4, "uniform", 10, True, 0.95, 64, "images", True)
+        first = gradio.submit("Talk at length.", [], *args, 2000, 1.0, api_name="/ask")
+        await wait_for(lambda: asyncio.to_thread(server.running_requests), timeout=20, interval=0.1)
+        second = await asyncio.to_thread(gradio.predict, "Short one?", [], *args, 8, 0.0, api_name="/ask")
+        assert second[3]["completion_tokens"] == 8 and not second[3]["cancelled"]
+        # 2000 tokens take far longer than the short answer: nothing still
+        # generating means the first answer was aborted, not left running.
+        assert await asyncio.to_thread(server.running_requests) == 0
+        await asyncio.to_thread(first.result, 60)
+    finally:
+        await client.close()

@@ -35,6 +35,9 @@ class EngineDead(EngineError):
     """The engine process is gone; the server must be restarted."""
 
 
+ENGINE_DEAD_MESSAGE = "The model engine has stopped; restart vidchat (see the server log for the cause)."
+
+
 @dataclass
 class EngineOptions:
     model: str
@@ -315,7 +318,7 @@ class Engine:
         from vllm import SamplingParams
 
         if self.is_dead:
-            raise EngineDead("The model engine has stopped; restart vidchat (see the server log for the cause).")
+            raise EngineDead(ENGINE_DEAD_MESSAGE)
         if not question or not question.strip():
             raise EngineError("The question is empty.")
         if frames_as not in FRAMES_AS:
@@ -377,7 +380,7 @@ class Engine:
         cause = exc.__cause__ if isinstance(exc, EngineGenerateError) and exc.__cause__ else exc
         text = str(cause)
         if isinstance(exc, EngineDeadError) or self.is_dead:
-            return EngineDead("The model engine has stopped; restart vidchat (see the server log for the cause).")
+            return EngineDead(ENGINE_DEAD_MESSAGE)
         if "longer than the maximum model length" in text or "maximum context length" in text:
             return EngineError(
                 f"The question with its frames and chat history is too long for the model "

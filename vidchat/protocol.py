@@ -57,7 +57,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from vidchat.chat import AnswerOptions, NoFrames, cancel_task, start_answer
-from vidchat.engine import EngineError
+from vidchat.engine import ENGINE_DEAD_MESSAGE, EngineError
 from vidchat.evs import FrameError
 from vidchat.session import AUDIO_MODES, MAX_AUDIO_SECONDS, SAMPLING_STRATEGIES, SessionSettings
 from vidchat.sessions import Entry, TooManySessions
@@ -338,7 +338,7 @@ class Connection:
             await self.close(CLOSE_POLICY, "invalid session.config")
             return False
         if self.state.engine is None or self.state.engine.is_dead:
-            await self.error("The model engine is not running; try again later.")
+            await self.error(ENGINE_DEAD_MESSAGE)
             await self.close(CLOSE_TRY_LATER, "engine not running")
             return False
         try:
