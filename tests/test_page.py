@@ -170,6 +170,7 @@ async def test_page_streams_an_answer_and_two_tabs_use_their_own_frames(server, 
             lengths = await red.evaluate("window.__lengths")
             assert len(set(l for l in lengths if l > 0)) >= 3, f"reply did not stream: {lengths}"
 
+            await red.evaluate("window.scrollTo(0, 0)")
             await red.screenshot(path=str(artifacts_dir / "page-desktop.png"))
 
             # "What the model got" shows the frames each tab's question used.

@@ -16,7 +16,7 @@ from fastapi.staticfiles import StaticFiles
 
 from vidchat import tinymodel
 from vidchat.chat import AnswerOptions
-from vidchat.engine import Engine, EngineOptions
+from vidchat.engine import TINY_BANNER, Engine, EngineOptions
 from vidchat.session import DEFAULT_STORE_MAX_PIXELS, SessionSettings
 from vidchat.sessions import SessionRegistry
 from vidchat.settings import Settings
@@ -34,6 +34,11 @@ class AppState:
     engine: Engine | None = None
     registry: SessionRegistry = field(default_factory=SessionRegistry)
     ice_servers: list[dict[str, Any]] = field(default_factory=list)
+
+    @property
+    def tiny(self) -> bool:
+        """Running on the random-weight test model (resolve_model's banner says so)."""
+        return self.banner is not None and self.banner.startswith(TINY_BANNER)
 
     def answer_defaults(self) -> AnswerOptions:
         s = self.settings
@@ -81,8 +86,7 @@ def create_app(state: AppState) -> FastAPI:
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         if state.engine is None:
-            tiny = state.banner is not None and "RANDOM weights" in state.banner
-            state.engine = Engine.start(engine_options(state.settings, state.model_path, tiny))
+            state.engine = Engine.start(engine_options(state.settings, state.model_path, state.tiny))
             owns_engine = True
         else:
             owns_engine = False

@@ -104,6 +104,14 @@ def frames_html(answer) -> str:
     return head + "<div class='vc-frames'>" + "".join(tiles) + "</div>"
 
 
+def model_label(state) -> str:
+    """The model as a person would name it: a hub id, a folder's name, or the test model."""
+    if state.tiny:
+        return "tiny test model (random weights)"
+    path = state.model_path.rstrip("/")
+    return path.rsplit("/", 1)[-1] if path.startswith(("/", ".", "~")) else path
+
+
 def mount(app, state):
     s = state.settings
     max_images = max(1, s.max_images)
@@ -112,7 +120,8 @@ def mount(app, state):
         with gr.Row(elem_classes="vc-header"):
             gr.HTML(
                 "<div class='vc-title'><h1>vidchat</h1>"
-                f"<span class='vc-model'>{html.escape(state.model_path)}</span></div>"
+                f"<span class='vc-model' title='{html.escape(state.model_path)}'>"
+                f"{html.escape(model_label(state))}</span></div>"
             )
         if state.banner:
             gr.HTML(f"<div class='vc-banner' role='alert'>{html.escape(state.banner)}</div>")
@@ -131,7 +140,7 @@ def mount(app, state):
                         elem_id="vc-question",
                     )
                     send = gr.Button("Send", variant="primary", scale=1, min_width=70, elem_id="vc-send")
-                    stop = gr.Button("Stop answer", scale=1, min_width=70, elem_id="vc-stop-answer")
+                    stop = gr.Button("Stop answer", scale=1, min_width=116, elem_id="vc-stop-answer")
                 clear = gr.Button("Clear chat", size="sm", elem_id="vc-clear")
         with gr.Accordion("Settings", open=False, elem_id="vc-settings"):
             with gr.Row():
@@ -141,8 +150,8 @@ def mount(app, state):
             with gr.Row():
                 evs_on = gr.Checkbox(value=True, label="Drop near-duplicate frames")
                 threshold = gr.Slider(
-                    0.5, 1.0, value=evs.DEFAULT_THRESHOLD, step=0.005,
-                    label="Filter threshold (keep a frame when more than 1 − x of the picture changed)",
+                    0.5, 1.0, value=evs.DEFAULT_THRESHOLD, step=0.005, label="Filter threshold",
+                    info="A frame is kept when more than (1 − threshold) of the picture changed: 0.95 → 5 %.",
                 )
                 max_frames = gr.Slider(4, 256, value=64, step=1, label="Max frames kept")
             with gr.Row():
