@@ -140,3 +140,20 @@ def server(tiny_omni_path, artifacts_dir) -> Server:
     )
     yield srv
     stop_server(srv)
+
+
+def thumbnail_colours(inputs_html: str) -> list:
+    """Mean colour of the top band (background only) of each thumbnail the
+    page shows under 'What the model got'."""
+    import base64
+    import io
+    import re
+
+    import numpy as np
+    from PIL import Image
+
+    colours = []
+    for b64 in re.findall(r"data:image/jpeg;base64,([A-Za-z0-9+/=]+)", inputs_html):
+        img = np.asarray(Image.open(io.BytesIO(base64.b64decode(b64))).convert("RGB"), dtype=np.float32)
+        colours.append(img[: img.shape[0] // 6].reshape(-1, 3).mean(0))
+    return colours

@@ -4,8 +4,6 @@ fake camera and microphone, against the app served with real vLLM."""
 from __future__ import annotations
 
 import asyncio
-import base64
-import io
 import json
 import re
 import statistics
@@ -14,8 +12,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from PIL import Image
 from playwright.async_api import Browser, Page, async_playwright
+
+from conftest import thumbnail_colours
 
 CHROMIUM = "/usr/bin/chromium"
 RED, BLUE = (210, 40, 40), (40, 60, 210)
@@ -130,14 +129,6 @@ async def set_setting(page: Page, elem_id: str, value: str) -> None:
     box = page.locator(f"#{elem_id} input[type=number]")
     await box.fill(value)
     await box.press("Enter")
-
-
-def thumbnail_colours(html: str) -> list[np.ndarray]:
-    out = []
-    for b64 in re.findall(r"data:image/jpeg;base64,([A-Za-z0-9+/=]+)", html):
-        img = np.asarray(Image.open(io.BytesIO(base64.b64decode(b64))).convert("RGB"), dtype=np.float32)
-        out.append(img[: img.shape[0] // 5].reshape(-1, 3).mean(0))  # top band: background only
-    return out
 
 
 async def test_page_streams_an_answer_and_two_tabs_use_their_own_frames(server, media, tmp_path, artifacts_dir):

@@ -5,17 +5,15 @@ endpoint answers from that session's frames, peers end cleanly."""
 from __future__ import annotations
 
 import asyncio
-import base64
-import io
-import re
 import time
 
 import numpy as np
 import pytest
 from gradio_client import Client
-from PIL import Image
 
 from vidchat.rtc_client import RtcClient, SyntheticAudio, SyntheticVideo
+
+from conftest import thumbnail_colours
 
 RED, BLUE = (200, 30, 30), (30, 40, 200)
 
@@ -25,15 +23,6 @@ def ask(server, sid: str, question: str, k: int = 8, max_tokens: int = 16, tempe
     return client.predict(
         question, [], sid, k, "uniform", 10, True, 0.95, 64, "images", True, max_tokens, temperature, api_name="/ask"
     )
-
-
-def sent_frame_colours(inputs_html: str) -> list[np.ndarray]:
-    """Mean colour of each thumbnail the page shows as 'what the model got'."""
-    colours = []
-    for b64 in re.findall(r"data:image/jpeg;base64,([A-Za-z0-9+/=]+)", inputs_html):
-        img = np.asarray(Image.open(io.BytesIO(base64.b64decode(b64))).convert("RGB"), dtype=np.float32)
-        colours.append(img[: img.shape[0] // 6].reshape(-1, 3).mean(0))  # top strip: background only
-    return colours
 
 
 async def wait_for(predicate, timeout: float, interval: float = 0.2):
@@ -72,7 +61,7 @@ async def test_media_arrives_and_question_uses_this_sessions_frames(server):
             assert history[-1]["role"] == "assistant" and history[-1]["content"]
             assert details["frames"] == 8 and details["completion_tokens"] == 16
             assert details["prompt_tokens"] > 8 * 20
-            colours = sent_frame_colours(inputs_html)
+            colours = thumbnail_colours(inputs_html)
             assert len(colours) == 8
             for c in colours:  # every frame sent came from this client's camera
                 assert np.abs(c - np.array(colour)).max() < 40, (c, colour)
