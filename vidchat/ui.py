@@ -140,7 +140,7 @@ def mount(app, state):
                         elem_id="vc-question",
                     )
                     send = gr.Button("Send", variant="primary", scale=1, min_width=70, elem_id="vc-send")
-                    stop = gr.Button("Stop answer", scale=1, min_width=116, elem_id="vc-stop-answer")
+                    stop = gr.Button("Stop", scale=1, min_width=70, elem_id="vc-stop-answer")
                 clear = gr.Button("Clear chat", size="sm", elem_id="vc-clear")
         with gr.Accordion("Settings", open=False, elem_id="vc-settings"):
             with gr.Row():
