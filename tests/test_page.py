@@ -266,3 +266,30 @@ async def test_latency_enter_to_first_token(server, media, tmp_path, artifacts_d
     }
     (artifacts_dir / "latency.json").write_text(json.dumps(report, indent=2))
     print("\nlatency:", json.dumps(report))
+
+
+async def test_refused_microphone_runs_with_the_camera_and_says_so(server, media, tmp_path):
+    async with async_playwright() as pw:
+        browser = await pw.chromium.launch(
+            executable_path=CHROMIUM,
+            args=["--use-fake-device-for-media-stream", f"--use-file-for-fake-video-capture={media['blue']}",
+                  "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                  "--disable-background-networking", "--disable-component-update", "--disable-sync"],
+        )
+        try:
+            context = await browser.new_context(permissions=["camera"])  # microphone not granted
+            page = await context.new_page()
+            await page.goto(server.url + "/")
+            await page.click("#vc-start")
+            await page.wait_for_function("document.querySelector('#vc-conn')?.dataset.tone === 'live'", timeout=30_000)
+            assert "Microphone unavailable" in await page.inner_text("#vc-note")
+            sid = await session_id(page)
+            for _ in range(50):
+                stats = await asyncio.to_thread(server.get_json, f"/webrtc/stats?session_id={sid}")
+                if stats.get("frames_received", 0) >= 3:
+                    break
+                await asyncio.sleep(0.2)
+            assert stats["media"]["tracks"] == ["video"] and stats["frames_received"] >= 3
+            await page.click("#vc-stop")
+        finally:
+            await browser.close()
