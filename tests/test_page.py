@@ -21,6 +21,11 @@ RED, BLUE = (210, 40, 40), (40, 60, 210)
 W, H, FPS = 640, 480, 15
 
 
+# JS predicate: the n-th bot message exists and shows text.
+BOT_HAS_TEXT = ("(() => { const b = document.querySelectorAll('#vc-chat [data-testid=\"bot\"]');"
+                " return b.length >= %d && b[b.length - 1].innerText.trim().length > 0; })()")
+
+
 def write_y4m(path: Path, colour: tuple[int, int, int], seconds: float = 4.0) -> None:
     """A clip Chromium plays as its fake camera: a coloured room with a white
     square sliding across it (real motion, so the filter keeps frames)."""
@@ -178,20 +183,21 @@ async def test_page_streams_an_answer_and_two_tabs_use_their_own_frames(server, 
             await asyncio.sleep(0.5)
             await red.screenshot(path=str(artifacts_dir / "page-phone.png"), full_page=True)
 
-            # "Stop answer" aborts the generation on the server.
+            # A question asked while an answer streams replaces it (the old
+            # request is aborted), and "Stop" aborts the new one.
             await set_setting(red, "vc-max-tokens", "2000")
             await ask(red, "Tell me everything.")
-            await red.wait_for_function(
-                "(() => { const b = document.querySelectorAll('#vc-chat [data-testid=\"bot\"]');"
-                " return b.length >= 2 && b[1].innerText.trim().length > 0; })()", timeout=30_000
-            )
+            await red.wait_for_function(BOT_HAS_TEXT % 2, timeout=30_000)
             assert await asyncio.to_thread(server.running_requests) == 1
+            await ask(red, "Actually, just one word?")
+            await red.wait_for_function(BOT_HAS_TEXT % 3, timeout=30_000)
+            assert await asyncio.to_thread(server.running_requests) == 1, "the replaced answer is still generating"
             await red.click("#vc-stop-answer")
             for _ in range(20):
                 if await asyncio.to_thread(server.running_requests) == 0:
                     break
                 await asyncio.sleep(0.05)
-            assert await asyncio.to_thread(server.running_requests) == 0, "Stop answer left the request running"
+            assert await asyncio.to_thread(server.running_requests) == 0, "Stop left the request running"
 
             # Stop ends the peer on the server.
             before = (await asyncio.to_thread(server.get_json, "/api/health"))["sessions"]

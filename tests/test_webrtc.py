@@ -57,7 +57,7 @@ async def test_media_arrives_and_question_uses_this_sessions_frames(server):
         assert blue_stats["audio_seconds"] == 0.0 and blue_stats["media"]["tracks"] == ["video"]
 
         for client, colour in ((red, RED), (blue, BLUE)):
-            history, _, inputs_html, details = await asyncio.to_thread(ask, server, client.session_id, "Colour?")
+            history, inputs_html, details = await asyncio.to_thread(ask, server, client.session_id, "Colour?")
             assert history[-1]["role"] == "assistant" and history[-1]["content"]
             assert details["frames"] == 8 and details["completion_tokens"] == 16
             assert details["prompt_tokens"] > 8 * 20
@@ -77,7 +77,7 @@ async def _enough(client: RtcClient, frames: int, audio_s: float = 0.0):
 
 
 async def test_question_without_camera_gets_a_friendly_message(server):
-    history, _, _, _ = await asyncio.to_thread(ask, server, "", "Hello?")
+    history, _, _ = await asyncio.to_thread(ask, server, "", "Hello?")
     text = history[-1]["content"]
     text = text if isinstance(text, str) else "".join(p.get("text", "") for p in text)
     assert "Start camera" in text and "Traceback" not in text
@@ -157,7 +157,7 @@ async def test_a_new_question_cancels_the_one_still_answering(server):
         first = gradio.submit("Talk at length.", [], *args, 2000, 1.0, api_name="/ask")
         await wait_for(lambda: asyncio.to_thread(server.running_requests), timeout=20, interval=0.1)
         second = await asyncio.to_thread(gradio.predict, "Short one?", [], *args, 8, 0.0, api_name="/ask")
-        assert second[3]["completion_tokens"] == 8 and not second[3]["cancelled"]
+        assert second[2]["completion_tokens"] == 8 and not second[2]["cancelled"]
         # 2000 tokens take far longer than the short answer: nothing still
         # generating means the first answer was aborted, not left running.
         assert await asyncio.to_thread(server.running_requests) == 0

@@ -175,14 +175,14 @@ def mount(app, state):
             text = (message or "").strip()
             history = list(history or [])
             if not text:
-                yield history, message, gr.skip(), gr.skip()
+                yield history, gr.skip(), gr.skip()
                 return
             past = history_turns(history)
             history.append({"role": "user", "content": text})
             entry = state.registry.get(sid)
             if entry is None:
                 history.append({"role": "assistant", "content": NOT_RUNNING})
-                yield history, "", gr.skip(), gr.skip()
+                yield history, gr.skip(), gr.skip()
                 return
             try:
                 entry.session.update_settings(
@@ -191,7 +191,7 @@ def mount(app, state):
                 )
             except ValueError as exc:
                 history.append({"role": "assistant", "content": f"⚠ Settings not accepted: {exc}"})
-                yield history, "", gr.skip(), gr.skip()
+                yield history, gr.skip(), gr.skip()
                 return
             # One answer per tab: a new question replaces one still streaming.
             previous = entry.info.get("reply")
@@ -205,11 +205,11 @@ def mount(app, state):
                 answer = start_answer(state.engine, entry.session, text, options, history=past)
             except NoFrames:
                 history.append({"role": "assistant", "content": NO_FRAMES})
-                yield history, "", gr.skip(), gr.skip()
+                yield history, gr.skip(), gr.skip()
                 return
             except EngineError as exc:
                 history.append({"role": "assistant", "content": f"⚠ {exc}"})
-                yield history, "", gr.skip(), gr.skip()
+                yield history, gr.skip(), gr.skip()
                 return
             # vidchat's own share of the latency: chat event -> engine call.
             answer.prep_ms = (time.perf_counter() - event_start) * 1000
@@ -217,13 +217,13 @@ def mount(app, state):
             reply = answer.reply
             entry.info["reply"] = reply
             history.append({"role": "assistant", "content": ""})
-            yield history, "", gr.skip(), gr.skip()
+            yield history, gr.skip(), gr.skip()
             try:
                 async for delta in reply:
                     if not history[-1]["content"]:
                         log.info("chat event -> first token: %.1f ms", (time.perf_counter() - event_start) * 1000)
                     history[-1]["content"] += delta
-                    yield history, "", gr.skip(), gr.skip()
+                    yield history, gr.skip(), gr.skip()
             except EngineError as exc:
                 history[-1]["content"] += f"\n\n⚠ {exc}"
             finally:
@@ -238,7 +238,7 @@ def mount(app, state):
             if reply.stats.cancelled and not history[-1]["content"]:
                 history[-1]["content"] = "(stopped)"
             # Thumbnails are encoded after the answer, so they never delay its first token.
-            yield history, "", frames_html(answer), answer.summary()
+            yield history, frames_html(answer), answer.summary()
 
         async def stop_answer(sid: str) -> None:
             entry = state.registry.get(sid)
@@ -246,10 +246,16 @@ def mount(app, state):
             if reply is not None:
                 await reply.cancel()
 
-        outputs = [chatbot, question, inputs_view, details]
+        # The question box is not an output of the (long) answer event, so it
+        # stays editable while an answer streams: a new question then
+        # replaces the running answer. A separate instant event clears it.
+        outputs = [chatbot, inputs_view, details]
         inputs = [question, chatbot, session_id, *settings_inputs]
-        submit_evt = question.submit(respond, inputs, outputs, concurrency_limit=None, api_name="ask")
-        click_evt = send.click(respond, inputs, outputs, concurrency_limit=None, api_visibility="private")
+        answer_events = dict(concurrency_limit=None, show_progress="minimal", trigger_mode="multiple")
+        submit_evt = question.submit(respond, inputs, outputs, api_name="ask", **answer_events)
+        click_evt = send.click(respond, inputs, outputs, api_visibility="private", **answer_events)
+        for trigger in (question.submit, send.click):
+            trigger(lambda: "", None, question, queue=False, trigger_mode="multiple", api_visibility="private")
         stop.click(stop_answer, [session_id], None, cancels=[submit_evt, click_evt], concurrency_limit=None,
                    api_name="stop")
         clear.click(lambda: ([], None), None, [chatbot, details], api_visibility="private")
