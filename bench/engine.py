@@ -38,12 +38,13 @@ def pct(values: list[float], q: float) -> float:
 async def run(args: argparse.Namespace) -> None:
     from vllm import SamplingParams
 
+    tiny = args.model.startswith("tiny")
     family = "vl" if args.model == "tiny-vl" else "omni"
-    path = tinymodel.ensure(Settings().cache_dir, family) if args.model.startswith("tiny") else args.model
+    path = tinymodel.ensure(Settings().cache_dir, family) if tiny else args.model
     t0 = time.perf_counter()
     engine = Engine.start(
-        EngineOptions(model=str(path), dtype="float32", max_model_len=8192, kv_cache_gb=0.5,
-                      max_images=max(16, args.frames), max_image_pixels=tinymodel.MAX_PIXELS)
+        EngineOptions(model=str(path), dtype="float32" if tiny else "auto", max_model_len=8192, kv_cache_gb=0.5,
+                      max_images=max(16, args.frames), max_image_pixels=tinymodel.MAX_PIXELS if tiny else 320 * 240)
     )
     start_s = time.perf_counter() - t0
     ours, raw, rates, prompt_tokens = [], [], [], []
