@@ -164,3 +164,20 @@ async def test_a_new_question_cancels_the_one_still_answering(server):
         await asyncio.to_thread(first.result, 60)
     finally:
         await client.close()
+
+
+async def test_closing_the_tab_mid_answer_aborts_the_generation(server):
+    client = RtcClient(server.url, SyntheticVideo())
+    await client.connect()
+    await wait_for(lambda: _enough(client, frames=5), timeout=20)
+    job = Client(server.url + "/", verbose=False).submit(
+        "Talk at length.", [], client.session_id, 4, "uniform", 10, True, 0.95, 64, "images", True, 2000, 1.0,
+        api_name="/ask",
+    )
+    await wait_for(lambda: asyncio.to_thread(server.running_requests), timeout=20, interval=0.1)
+    await client.close(tell_server=True)  # what the page's Stop / pagehide beacon does
+    start = time.monotonic()
+    while await asyncio.to_thread(server.running_requests) and time.monotonic() - start < 1.0:
+        await asyncio.sleep(0.05)
+    assert await asyncio.to_thread(server.running_requests) == 0
+    await asyncio.to_thread(job.result, 60)

@@ -35,8 +35,10 @@ class Entry:
     # registers how to end it, so expiry and shutdown can close it.
     closers: list[Closer] = field(default_factory=list)
     # The answer being generated for this session, so a new question or a
-    # disconnect can cancel it.
+    # disconnect can cancel it: the protocol door runs it as a task, the
+    # page's answers run inside Gradio's event and are tracked as a Reply.
     answer_task: asyncio.Task | None = None
+    reply: Any = None
     info: dict[str, Any] = field(default_factory=dict)
 
 
@@ -81,6 +83,8 @@ class SessionRegistry:
         task = entry.answer_task
         if task is not None and not task.done():
             task.cancel()  # nobody is left to read it: abort the generation
+        if entry.reply is not None:
+            await entry.reply.cancel()
         for closer in entry.closers:
             try:
                 await closer()

@@ -194,7 +194,7 @@ def mount(app, state):
                 yield history, gr.skip(), gr.skip()
                 return
             # One answer per tab: a new question replaces one still streaming.
-            previous = entry.info.get("reply")
+            previous = entry.reply
             if previous is not None:
                 await previous.cancel()
             options = state.answer_defaults().updated(
@@ -215,7 +215,7 @@ def mount(app, state):
             answer.prep_ms = (time.perf_counter() - event_start) * 1000
             log.info("chat event -> engine call: %.2f ms", answer.prep_ms)
             reply = answer.reply
-            entry.info["reply"] = reply
+            entry.reply = reply
             history.append({"role": "assistant", "content": ""})
             yield history, gr.skip(), gr.skip()
             try:
@@ -227,9 +227,9 @@ def mount(app, state):
             except EngineError as exc:
                 history[-1]["content"] += f"\n\n⚠ {exc}"
             finally:
-                replaced = entry.info.get("reply") is not reply
+                replaced = entry.reply is not reply
                 if not replaced:
-                    entry.info.pop("reply", None)
+                    entry.reply = None
                 await reply.cancel()  # no-op when finished; aborts if the page went away
             if replaced:
                 # A newer question took over this tab's chat; its event owns
@@ -242,7 +242,7 @@ def mount(app, state):
 
         async def stop_answer(sid: str) -> None:
             entry = state.registry.get(sid)
-            reply = entry.info.get("reply") if entry else None
+            reply = entry.reply if entry else None
             if reply is not None:
                 await reply.cancel()
 
