@@ -17,7 +17,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     log = logging.getLogger("vidchat")
 
-    from vidchat.engine import EngineError, resolve_model
+    from vidchat.engine import EngineError
+    from vidchat.models import resolve_model
     from vidchat.server import AppState, create_app, default_session_settings, parse_ice_servers
     from vidchat.sessions import SessionRegistry
 

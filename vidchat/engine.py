@@ -14,7 +14,6 @@ import os
 import time
 import uuid
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, AsyncIterator, Sequence
 
 import numpy as np
@@ -400,52 +399,3 @@ def _pixel_kwargs(options: EngineOptions) -> dict[str, Any]:
     # One `size` covers both the image and the video processor (the Omni
     # processor otherwise forces a large minimum size on video frames).
     return {"size": {"shortest_edge": low, "longest_edge": options.max_image_pixels}}
-
-
-def resolve_model(name: str, cache_dir: str) -> tuple[str, str | None]:
-    """Map the --model option to a local folder or hub id.
-
-    Returns (model, banner): banner is a warning to show users, or None."""
-    from vidchat import tinymodel
-
-    if name in ("tiny", "tiny-omni"):
-        return str(tinymodel.ensure(cache_dir, "omni")), TINY_BANNER
-    if name == "tiny-vl":
-        return str(tinymodel.ensure(cache_dir, "vl")), TINY_BANNER
-    if name == "auto":
-        default = DEFAULT_GPU_MODEL if on_gpu() else DEFAULT_CPU_MODEL
-        if _hub_model_available(default):
-            return default, None
-        log.warning("default model %s cannot be loaded (offline, not cached): using the tiny test model", default)
-        return str(tinymodel.ensure(cache_dir, "omni")), TINY_BANNER + f" ({default} could not be downloaded.)"
-    path = Path(name).expanduser()
-    if path.exists() or name.startswith((".", "/", "~")):
-        if not (path / "config.json").is_file():
-            raise EngineError(f"--model {name}: no such model folder (expected a config.json in it)")
-        return str(path), None
-    return name, None  # a hub id: vLLM downloads it (or fails with its own message)
-
-
-DEFAULT_GPU_MODEL = "Qwen/Qwen2.5-Omni-3B"
-DEFAULT_CPU_MODEL = "HuggingFaceTB/SmolVLM2-256M-Video-Instruct"
-TINY_BANNER = (
-    "Replies come from a tiny model with RANDOM weights (gibberish, for testing the pipeline). "
-    "Start with --model <hub id or folder> for real answers, e.g. --model " + DEFAULT_GPU_MODEL + "."
-)
-
-
-def _hub_model_available(repo: str) -> bool:
-    try:
-        from huggingface_hub import snapshot_download
-
-        snapshot_download(repo, local_files_only=True)
-        return True
-    except Exception:
-        pass
-    try:
-        from huggingface_hub import HfApi
-
-        HfApi().model_info(repo, timeout=5)
-        return True
-    except Exception:
-        return False

@@ -16,7 +16,8 @@ from fastapi.staticfiles import StaticFiles
 
 from vidchat import tinymodel
 from vidchat.chat import AnswerOptions
-from vidchat.engine import TINY_BANNER, Engine, EngineOptions
+from vidchat.engine import Engine, EngineOptions
+from vidchat.models import TINY_BANNER
 from vidchat.session import DEFAULT_STORE_MAX_PIXELS, SessionSettings
 from vidchat.sessions import SessionRegistry
 from vidchat.settings import Settings

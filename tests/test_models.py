@@ -1,0 +1,30 @@
+"""--model resolution: real default, tiny fallback with a banner, clear errors."""
+
+from __future__ import annotations
+
+import pytest
+
+from vidchat import models
+from vidchat.engine import EngineError
+
+
+def test_auto_falls_back_to_tiny_with_a_banner_when_the_default_cannot_be_had(monkeypatch, tmp_path):
+    monkeypatch.setattr(models, "_hub_model_available", lambda repo: False)
+    path, banner = models.resolve_model("auto", str(tmp_path))
+    assert (tmp_path / path.split("/")[-1] / "config.json").exists()
+    assert banner.startswith(models.TINY_BANNER) and models.DEFAULT_CPU_MODEL in banner
+
+
+def test_auto_uses_the_default_when_available(monkeypatch, tmp_path):
+    monkeypatch.setattr(models, "_hub_model_available", lambda repo: True)
+    path, banner = models.resolve_model("auto", str(tmp_path))
+    assert path in (models.DEFAULT_CPU_MODEL, models.DEFAULT_GPU_MODEL) and banner is None
+
+
+def test_folders_and_hub_ids(tmp_path):
+    (tmp_path / "m").mkdir()
+    with pytest.raises(EngineError, match="no such model folder"):
+        models.resolve_model(str(tmp_path / "m"), str(tmp_path))
+    (tmp_path / "m" / "config.json").write_text("{}")
+    assert models.resolve_model(str(tmp_path / "m"), str(tmp_path)) == (str(tmp_path / "m"), None)
+    assert models.resolve_model("Qwen/Qwen2.5-VL-3B-Instruct", str(tmp_path)) == ("Qwen/Qwen2.5-VL-3B-Instruct", None)
