@@ -274,7 +274,7 @@ async def test_latency_enter_to_first_token(server, media, tmp_path, artifacts_d
     print("\nlatency:", json.dumps(report))
 
 
-async def test_refused_microphone_runs_with_the_camera_and_says_so(server, media, tmp_path):
+async def test_refused_microphone_runs_with_the_camera_and_closing_the_tab_frees_it(server, media, tmp_path):
     async with async_playwright() as pw:
         browser = await pw.chromium.launch(
             executable_path=CHROMIUM,
@@ -296,6 +296,14 @@ async def test_refused_microphone_runs_with_the_camera_and_says_so(server, media
                     break
                 await asyncio.sleep(0.2)
             assert stats["media"]["tracks"] == ["video"] and stats["frames_received"] >= 3
-            await page.click("#vc-stop")
+
+            # Closing the tab (pagehide beacon) frees the server's session at once.
+            await page.close(run_before_unload=True)
+            for _ in range(30):
+                gone = await asyncio.to_thread(server.get_json, f"/webrtc/stats?session_id={sid}")
+                if "detail" in gone:
+                    break
+                await asyncio.sleep(0.1)
+            assert "detail" in gone, "closing the tab left its session open"
         finally:
             await browser.close()
