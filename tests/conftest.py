@@ -57,6 +57,7 @@ def artifacts_dir() -> Path:
 
 # ---- the app, served by uvicorn in a subprocess exactly as users run it ----
 
+import asyncio as _asyncio
 import socket
 import subprocess
 import sys
@@ -157,3 +158,11 @@ def thumbnail_colours(inputs_html: str) -> list:
         img = np.asarray(Image.open(io.BytesIO(base64.b64decode(b64))).convert("RGB"), dtype=np.float32)
         colours.append(img[: img.shape[0] // 6].reshape(-1, 3).mean(0))
     return colours
+
+
+async def until_idle(server, within: float = 1.0) -> int:
+    """Poll until the engine runs nothing (or `within` seconds pass); returns what still runs."""
+    deadline = _time.monotonic() + within
+    while (running := await _asyncio.to_thread(server.running_requests)) and _time.monotonic() < deadline:
+        await _asyncio.sleep(0.05)
+    return running

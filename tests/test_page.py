@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 from playwright.async_api import Browser, Page, async_playwright
 
-from conftest import thumbnail_colours
+from conftest import thumbnail_colours, until_idle
 
 CHROMIUM = "/usr/bin/chromium"
 RED, BLUE = (210, 40, 40), (40, 60, 210)
@@ -193,11 +193,7 @@ async def test_page_streams_an_answer_and_two_tabs_use_their_own_frames(server, 
             await red.wait_for_function(BOT_HAS_TEXT % 3, timeout=30_000)
             assert await asyncio.to_thread(server.running_requests) == 1, "the replaced answer is still generating"
             await red.click("#vc-stop-answer")
-            for _ in range(20):
-                if await asyncio.to_thread(server.running_requests) == 0:
-                    break
-                await asyncio.sleep(0.05)
-            assert await asyncio.to_thread(server.running_requests) == 0, "Stop left the request running"
+            assert await until_idle(server, within=1.0) == 0, "Stop left the request running"
 
             # Stop ends the peer on the server.
             before = (await asyncio.to_thread(server.get_json, "/api/health"))["sessions"]

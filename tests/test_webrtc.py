@@ -13,16 +13,22 @@ from gradio_client import Client
 
 from vidchat.rtc_client import RtcClient, SyntheticAudio, SyntheticVideo
 
-from conftest import thumbnail_colours
+from conftest import thumbnail_colours, until_idle
 
 RED, BLUE = (200, 30, 30), (30, 40, 200)
 
 
-def ask(server, sid: str, question: str, k: int = 8, max_tokens: int = 16, temperature: float = 0.0):
-    client = Client(server.url + "/", verbose=False)
-    return client.predict(
+def submit(server, sid: str, question: str, k: int = 8, max_tokens: int = 16, temperature: float = 0.0,
+           gradio: Client | None = None):
+    """Ask through the page's chat endpoint (the Gradio event the page uses); returns the job."""
+    gradio = gradio or Client(server.url + "/", verbose=False)
+    return gradio.submit(
         question, [], sid, k, "uniform", 10, True, 0.95, 64, "images", True, max_tokens, temperature, api_name="/ask"
     )
+
+
+def ask(server, sid: str, question: str, **kw):
+    return submit(server, sid, question, **kw).result(timeout=120)
 
 
 async def wait_for(predicate, timeout: float, interval: float = 0.2):
@@ -89,10 +95,7 @@ async def test_newest_frame_lag_stays_bounded_while_the_model_answers(server):
     await client.connect()
     try:
         await wait_for(lambda: _enough(client, frames=30), timeout=20)
-        job = Client(server.url + "/", verbose=False).submit(
-            "Talk at length.", [], client.session_id, 16, "uniform", 10, True, 0.95, 64, "images", True, 1500, 1.0,
-            api_name="/ask",
-        )
+        job = submit(server, client.session_id, "Talk at length.", k=16, max_tokens=1500, temperature=1.0)
         running = []
         for _ in range(15):
             await asyncio.sleep(0.2)
@@ -153,10 +156,11 @@ async def test_a_new_question_cancels_the_one_still_answering(server):
     try:
         await wait_for(lambda: _enough(client, frames=10), timeout=20)
         gradio = Client(server.url + "/", verbose=False)
-        args = (client.session_id, 4, "uniform", 10, True, 0.95, 64, "images", True)
-        first = gradio.submit("Talk at length.", [], *args, 2000, 1.0, api_name="/ask")
+        first = submit(server, client.session_id, "Talk at length.", k=4, max_tokens=2000, temperature=1.0,
+                       gradio=gradio)
         await wait_for(lambda: asyncio.to_thread(server.running_requests), timeout=20, interval=0.1)
-        second = await asyncio.to_thread(gradio.predict, "Short one?", [], *args, 8, 0.0, api_name="/ask")
+        second = await asyncio.to_thread(ask, server, client.session_id, "Short one?", k=4, max_tokens=8,
+                                         gradio=gradio)
         assert second[2]["completion_tokens"] == 8 and not second[2]["cancelled"]
         # 2000 tokens take far longer than the short answer: nothing still
         # generating means the first answer was aborted, not left running.
@@ -170,14 +174,8 @@ async def test_closing_the_tab_mid_answer_aborts_the_generation(server):
     client = RtcClient(server.url, SyntheticVideo())
     await client.connect()
     await wait_for(lambda: _enough(client, frames=5), timeout=20)
-    job = Client(server.url + "/", verbose=False).submit(
-        "Talk at length.", [], client.session_id, 4, "uniform", 10, True, 0.95, 64, "images", True, 2000, 1.0,
-        api_name="/ask",
-    )
+    job = submit(server, client.session_id, "Talk at length.", k=4, max_tokens=2000, temperature=1.0)
     await wait_for(lambda: asyncio.to_thread(server.running_requests), timeout=20, interval=0.1)
     await client.close(tell_server=True)  # what the page's Stop / pagehide beacon does
-    start = time.monotonic()
-    while await asyncio.to_thread(server.running_requests) and time.monotonic() - start < 1.0:
-        await asyncio.sleep(0.05)
-    assert await asyncio.to_thread(server.running_requests) == 0
+    assert await until_idle(server, within=1.0) == 0
     await asyncio.to_thread(job.result, 60)
