@@ -393,3 +393,31 @@ def test_frames_added_from_a_thread_while_sampling():
     assert samples > 1
     assert s.stats["frames_received"] == n and s.frame_count == 32
     assert s.sample(k=32).timestamps == [float(i) for i in range(n - 32, n)]
+
+
+def test_luma_frames_render_rgb_only_when_kept():
+    """The WebRTC door offers decoded frames by their luma plane; RGB is made
+    only for kept frames, at the stored size."""
+    from vidchat import synthetic
+
+    clip = synthetic.static_clip(n=30)
+    session = Session("luma", store_max_pixels=320 * 240)
+    renders = []
+
+    def render(frame):
+        def rgb(w, h):
+            renders.append((w, h))
+            return np.asarray(Image.fromarray(frame).resize((w, h)))
+        return rgb
+
+    for frame in clip.frames:
+        luma = (frame.astype(np.float32) @ np.array([0.299, 0.587, 0.114], np.float32)).astype(np.uint8)
+        session.add_luma_frame(luma[:, :], render(frame))
+    assert session.stats["frames_received"] == 30
+    assert len(renders) == session.stats["frames_kept"] <= 3
+    assert renders[0] == (320, 240) and session.sample().frames[0].shape == (240, 320, 3)
+    with pytest.raises(FrameError):
+        session.add_luma_frame(np.zeros((0, 4), np.uint8), render(clip.frames[0]))
+    with pytest.raises(FrameError, match="expected 320x240"):
+        fresh = Session("x", store_max_pixels=320 * 240)
+        fresh.add_luma_frame(np.zeros((480, 640), np.uint8), lambda w, h: np.zeros((10, 10, 3), np.uint8))

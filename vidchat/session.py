@@ -355,6 +355,26 @@ class Session:
         return self._ingest(lambda: evs.thumbnail_from_array(arr),
                             lambda: store_array(arr, self.store_max_pixels), t)
 
+    def add_luma_frame(self, luma: np.ndarray, render_rgb: Callable[[int, int], np.ndarray],
+                       t: float | None = None) -> bool:
+        """Offer a decoded video frame by its luma plane (H×W uint8, may be
+        strided); ``render_rgb(width, height)`` is called only if the frame is
+        kept, at the stored size. For decoders that hold YUV: the filter needs
+        only luma, so most frames (the dropped ones) never pay for RGB."""
+        if not isinstance(luma, np.ndarray) or luma.ndim != 2 or luma.dtype != np.uint8 or 0 in luma.shape:
+            raise FrameError(f"luma plane must be a non-empty H×W uint8 array, got {getattr(luma, 'shape', luma)!r}")
+        h, w = luma.shape
+        k = _reduce_factor(w, h, self.store_max_pixels)
+        size = (math.ceil(w / k), math.ceil(h / k))
+
+        def stored() -> np.ndarray:
+            rgb = evs.as_rgb_array(render_rgb(*size))
+            if rgb.shape[:2] != (size[1], size[0]):
+                raise FrameError(f"render_rgb returned {rgb.shape[1]}x{rgb.shape[0]}, expected {size[0]}x{size[1]}")
+            return _freeze(np.array(rgb, dtype=np.uint8, order="C", copy=True))
+
+        return self._ingest(lambda: evs.thumbnail_from_array(luma), stored, t)
+
     def add_jpeg(self, data: bytes | bytearray | memoryview, t: float | None = None) -> bool:
         """Offer an encoded frame (JPEG, or any image PIL reads); decoded in full only if kept."""
         if isinstance(data, (bytes, bytearray, memoryview)) and len(data) > MAX_FRAME_BYTES:

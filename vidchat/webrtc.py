@@ -29,6 +29,8 @@ from vidchat.sessions import Entry, TooManySessions
 log = logging.getLogger(__name__)
 
 AUDIO_RATE = 16_000
+# Decoder outputs whose first plane is 8-bit luma at full size.
+LUMA_FIRST_FORMATS = frozenset({"yuv420p", "yuvj420p", "nv12", "yuv422p", "yuv444p"})
 
 
 def rtc_configuration(ice_servers: list[dict[str, Any]]) -> RTCConfiguration:
@@ -108,9 +110,22 @@ async def consume_video(track, entry: Entry, stats: MediaStats) -> None:
             ended = True
             ready.set()
 
+    def render_rgb(frame: av.VideoFrame, width: int, height: int) -> np.ndarray:
+        if (width, height) == (frame.width, frame.height):
+            return frame.to_ndarray(format="rgb24")
+        # Area averaging: the downscale stays free of aliasing for the model.
+        return frame.reformat(width=width, height=height, format="rgb24", interpolation="AREA").to_ndarray()
+
     def process(frame: av.VideoFrame, due: float) -> None:
         try:
-            session.add_frame(frame.to_ndarray(format="rgb24"), t=due)
+            if frame.format.name in LUMA_FIRST_FORMATS:
+                # The filter needs only luma: the Y plane, read in place. Most
+                # frames are dropped and never pay for conversion to RGB.
+                plane = frame.planes[0]
+                luma = np.frombuffer(plane, np.uint8).reshape(frame.height, plane.line_size)[:, : frame.width]
+                session.add_luma_frame(luma, lambda w, h: render_rgb(frame, w, h), t=due)
+            else:
+                session.add_frame(frame.to_ndarray(format="rgb24"), t=due)
         except FrameError as exc:
             stats.bad_frames += 1
             log.warning("session %s…: dropped a bad video frame: %s", session.id[:6], exc)
