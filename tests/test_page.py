@@ -233,7 +233,9 @@ async def test_latency_enter_to_first_token(server, media, tmp_path, artifacts_d
                     if (!L.waiting) return;
                     const b = document.querySelectorAll('#vc-chat [data-testid="bot"]');
                     if (b.length >= L.expect && b[L.expect - 1].innerText.trim().length > 0) {
-                      L.results.push(performance.now() - L.t0); L.waiting = false;
+                      // An answer that was only its end token streamed nothing: no latency to measure.
+                      const empty = b[L.expect - 1].innerText.includes('(the model returned no text)');
+                      L.results.push(empty ? null : performance.now() - L.t0); L.waiting = false;
                     }
                   }).observe(document.querySelector('#vc-chat'), {subtree: true, childList: true, characterData: true});
                 }"""
@@ -241,30 +243,41 @@ async def test_latency_enter_to_first_token(server, media, tmp_path, artifacts_d
             box = page.locator("#vc-question textarea")
             log_start = len(server.log())
             for i in range(1, 21):
+                # A fresh chat each time: every question costs the same, and a
+                # growing history of random text can't drift the model into
+                # ending its answers at once.
+                await page.click("#vc-clear")
+                await page.wait_for_function("!document.querySelector('#vc-chat [data-testid=\"bot\"]')")
+                await asyncio.sleep(0.3)  # let the cleared chat settle before timing
                 await box.fill(f"Question {i}: what is moving?")
-                await page.evaluate(f"() => {{ Object.assign(window.__lat, {{t0: performance.now(), waiting: true, expect: {i}}}); }}")
+                await page.evaluate("() => { Object.assign(window.__lat, {t0: performance.now(), waiting: true, expect: 1}); }")
                 await box.press("Enter")
                 await page.wait_for_function("!window.__lat.waiting", timeout=60_000)
-                await wait_for_answer(page, i)
+                await wait_for_answer(page, 1)
             results = await page.evaluate("window.__lat.results")
         finally:
             await browser.close()
     log_text = server.log()[log_start:]
     prep = [float(m) for m in re.findall(r"chat event -> engine call: ([\d.]+) ms", log_text)]
     server_ttft = [float(m) for m in re.findall(r"chat event -> first token: ([\d.]+) ms", log_text)]
-    assert len(results) == 20 and len(prep) == 20 and len(server_ttft) == 20
+    # Every question reached the engine; the random model may end an answer
+    # with its first token, and such answers have no first token to time.
+    assert len(results) == 20 and len(prep) == 20
+    results = [r for r in results if r is not None]
+    assert len(results) == len(server_ttft) >= 10, (len(results), len(server_ttft))
     report = {
         "questions": 20,
+        "questions_with_streamed_text": len(results),
         "frames_per_question": 16,
         "enter_to_first_token_ms": {
             "median": round(statistics.median(results), 1),
-            "p95": round(sorted(results)[18], 1),
+            "p95": round(sorted(results)[int(0.95 * (len(results) - 1))], 1),
             "min": round(min(results), 1),
             "max": round(max(results), 1),
         },
         "vidchat_event_to_engine_ms": {"median": round(statistics.median(prep), 2), "max": round(max(prep), 2)},
         "server_event_to_first_token_ms": {"median": round(statistics.median(server_ttft), 1),
-                                           "p95": round(sorted(server_ttft)[18], 1)},
+                                           "p95": round(sorted(server_ttft)[int(0.95 * (len(server_ttft) - 1))], 1)},
     }
     (artifacts_dir / "latency.json").write_text(json.dumps(report, indent=2))
     print("\nlatency:", json.dumps(report))

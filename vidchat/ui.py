@@ -57,6 +57,10 @@ NOT_RUNNING = (
     "The camera isn't running yet. Press **Start camera** on the left, allow access, "
     "and ask again once the preview shows."
 )
+STOPPED = "(stopped)"
+# The model may end its answer at once (its end token first): say so rather
+# than leave an empty bubble that looks like a hang.
+NO_TEXT = "(the model returned no text)"
 NO_FRAMES = "No frames have arrived from the camera yet. Wait a moment after **Start camera**, then ask again."
 
 
@@ -235,8 +239,8 @@ def mount(app, state):
                 # A newer question took over this tab's chat; its event owns
                 # the chat from now on, so don't overwrite it with this history.
                 return
-            if reply.stats.cancelled and not history[-1]["content"]:
-                history[-1]["content"] = "(stopped)"
+            if not history[-1]["content"]:
+                history[-1]["content"] = STOPPED if reply.stats.cancelled else NO_TEXT
             # Thumbnails are encoded after the answer, so they never delay its first token.
             yield history, frames_html(answer), answer.summary()
 
