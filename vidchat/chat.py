@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from typing import Any, Sequence
 
 from vidchat.engine import Engine, EngineError, Reply, Turn
@@ -41,7 +41,6 @@ class Answer:
     reply: Reply
     sample: Sample
     options: AnswerOptions
-    asked_at: float = field(default_factory=time.time)
     prep_ms: float = 0.0
 
     def summary(self) -> dict[str, Any]:
@@ -61,13 +60,12 @@ def start_answer(
     question: str,
     options: AnswerOptions,
     history: Sequence[Turn] = (),
-    require_frames: bool = True,
 ) -> Answer:
     """Sample the buffer now and start the engine on it. Frames that arrive
     after this call count for the next question."""
     t0 = time.perf_counter()
     sample = session.sample()
-    if require_frames and not sample.frames:
+    if not sample.frames:
         raise NoFrames("No frames yet: start the camera (or send video.frame) before asking.")
     audio = sample.audio if options.include_audio else None
     reply = engine.ask(

@@ -73,9 +73,6 @@ class SessionRegistry:
             counts[entry.kind] = counts.get(entry.kind, 0) + 1
         return counts
 
-    def entries(self) -> list[Entry]:
-        return list(self._entries.values())
-
     async def close(self, sid: str, reason: str = "closed") -> bool:
         entry = self._entries.pop(sid, None)
         if entry is None:
