@@ -19,7 +19,8 @@ def main(argv: list[str] | None = None) -> int:
 
     from vidchat.engine import EngineError
     from vidchat.models import resolve_model
-    from vidchat.server import AppState, create_app, default_session_settings, parse_ice_servers
+    from vidchat.server import create_app, parse_ice_servers
+    from vidchat.state import AppState, default_session_settings
     from vidchat.sessions import SessionRegistry
 
     try:

@@ -34,7 +34,8 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
 from vidchat import synthetic  # noqa: E402
 from vidchat.evs import FrameFilter  # noqa: E402
-from vidchat.session import AUDIO_RATE, Session, SessionSettings, uniform_indices  # noqa: E402
+from vidchat.media import AUDIO_RATE
+from vidchat.session import Session, SessionSettings, uniform_indices  # noqa: E402
 
 SIZES = [(480, 640), (720, 1280)]
 REPEATS = 5

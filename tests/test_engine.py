@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 from transformers import AutoProcessor
 
-from vidchat.engine import AUDIO_RATE, Engine, EngineError, Turn
+from vidchat.engine import Engine, EngineError, Turn
+from vidchat.media import AUDIO_RATE
 
 from conftest import TEST_MAX_IMAGES, tiny_options
 

@@ -11,7 +11,8 @@ from PIL import Image
 
 from vidchat import synthetic
 from vidchat.evs import FrameError
-from vidchat.session import AUDIO_RATE, Session, SessionSettings, uniform_indices
+from vidchat.media import AUDIO_RATE
+from vidchat.session import Session, SessionSettings, uniform_indices
 
 
 @lru_cache(maxsize=None)

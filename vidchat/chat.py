@@ -1,23 +1,53 @@
-"""A question's way through the pipeline, shared by both doors:
-sample the session's buffer, hand frames (and audio) to the engine, and keep
-one answer per session running at a time."""
+"""The answer path, shared by both doors: check the options, sample the
+session's buffer, prepare the prompt off the event loop, and make the result
+the session's one running answer (the one it replaces is aborted in vLLM).
+
+Every question, from the page or the socket, goes through :func:`ask` and
+yields one :class:`Answer` record; the page's details panel and the socket's
+``response.text.done`` stats both read :meth:`Answer.summary`.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any, Sequence
 
-from vidchat.engine import Engine, EngineError, Reply, Turn
-from vidchat.session import Sample, Session
+from vidchat.engine import SEED_RANGE, Engine, EngineError, Turn
+from vidchat.media import FRAMES_AS
+from vidchat.session import Sample, SessionSettings
+from vidchat.sessions import Entry
 
 log = logging.getLogger(__name__)
+
+MAX_TEMPERATURE = 100.0
+
+# What to do when a question comes before any frame, said the way each door's
+# user acts on it. The WebSocket wording is the seed protocol's, which its
+# clients may match on.
+_NO_FRAMES_HINT = {
+    "ws": "Send video.frame before video.query.",
+    "webrtc": "Wait a moment after **Start camera**, then ask again.",
+}
+
+
+def no_frames_message(kind: str) -> str:
+    return f"No frames available. {_NO_FRAMES_HINT.get(kind, _NO_FRAMES_HINT['ws'])}"
 
 
 class NoFrames(EngineError):
     """A question arrived before the session had any frame."""
+
+
+class OptionError(ValueError):
+    """An answer option or sampling setting is out of range; the message names it."""
+
+
+class Superseded(EngineError):
+    """A newer question for the same session arrived while this one was prepared."""
 
 
 @dataclass
@@ -33,45 +63,113 @@ class AnswerOptions:
         return replace(self, **changes)
 
 
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def check_options(options: AnswerOptions, engine: Engine | None, sampling: SessionSettings | None = None) -> None:
+    """The one check of a question's options, for every door.
+
+    Raises OptionError naming the first bad value: temperature, max tokens,
+    seed (a signed 64-bit integer), frames as images/video (against what the
+    model takes) and, given the session's sampling settings, frames per
+    question against the engine's per-prompt limit."""
+    max_len = engine.options.max_model_len if engine is not None else 1 << 20
+    if not _is_int(options.max_tokens) or not 1 <= options.max_tokens <= max_len:
+        raise OptionError(f"max_tokens must be a whole number in 1..{max_len}, got {options.max_tokens!r}")
+    t = options.temperature
+    if isinstance(t, bool) or not isinstance(t, (int, float)) or not (math.isfinite(t) and 0 <= t <= MAX_TEMPERATURE):
+        raise OptionError(f"temperature must be a number in 0..{MAX_TEMPERATURE:g}, got {t!r}")
+    seed = options.seed
+    if seed is not None and (not _is_int(seed) or not SEED_RANGE[0] <= seed <= SEED_RANGE[1]):
+        raise OptionError(f"seed must be a whole number that fits a signed 64-bit integer, got {seed!r}")
+    if options.frames_as not in FRAMES_AS:
+        raise OptionError(f"frames_as must be one of {', '.join(FRAMES_AS)}, got {options.frames_as!r}")
+    if not isinstance(options.include_audio, bool):
+        raise OptionError(f"include_audio must be true or false, got {options.include_audio!r}")
+    if options.system_prompt is not None and not isinstance(options.system_prompt, str):
+        raise OptionError(f"system_prompt must be text, got {type(options.system_prompt).__name__}")
+    if engine is None:
+        return
+    if sampling is not None:
+        try:
+            sampling.validate()
+            engine.check_request(sampling.num_sample_frames, options.frames_as)
+        except (ValueError, EngineError) as exc:
+            raise OptionError(str(exc)) from None
+    elif options.frames_as == "video":
+        try:
+            engine.check_request(1, "video")
+        except EngineError as exc:
+            raise OptionError(str(exc)) from None
+
+
 @dataclass
 class Answer:
     """One question with exactly what the model was given."""
 
     question: str
-    reply: Reply
+    reply: Any  # vidchat.engine.Reply
     sample: Sample
     options: AnswerOptions
+    prompt_text: str = ""
+    ticket: int = 0  # the session's question number, in arrival order
     prep_ms: float = 0.0
+    video_fps: float | None = None
+    started_at: float = field(default_factory=time.monotonic)
+
+    async def cancel(self) -> None:
+        """Stop generating; the vLLM request is aborted."""
+        await self.reply.aclose()
 
     def summary(self) -> dict[str, Any]:
+        sample = self.sample
         stats = self.reply.stats.as_dict()
         stats.update(
-            frame_indices=list(self.sample.indices),
-            frame_times=[round(t, 3) for t in self.sample.timestamps],
-            frame_sizes=[f"{f.shape[1]}x{f.shape[0]}" for f in self.sample.frames],
+            frame_indices=list(sample.indices),
+            frame_times=[sample.relative(t) for t in sample.timestamps],
+            frame_sizes=[f"{f.shape[1]}x{f.shape[0]}" for f in sample.frames],
+            audio_span=([sample.relative(sample.audio_start), sample.relative(sample.audio_end)]
+                        if sample.audio_start is not None and stats.get("audio_seconds") else None),
+            frames_as=self.options.frames_as,
+            video_fps=None if self.video_fps is None else round(self.video_fps, 3),
+            seed=self.options.seed,
+            temperature=self.options.temperature,
+            max_tokens=self.options.max_tokens,
             prep_ms=round(self.prep_ms, 2),
         )
         return stats
 
 
-def start_answer(
+async def ask(
     engine: Engine,
-    session: Session,
+    entry: Entry,
     question: str,
     options: AnswerOptions,
     history: Sequence[Turn] = (),
 ) -> Answer:
-    """Sample the buffer now and start the engine on it. Frames that arrive
-    after this call count for the next question."""
+    """Answer a question about this session's buffer, replacing any answer it
+    is still generating.
+
+    The buffer is sampled now (frames that arrive later count for the next
+    question); the prompt and media are prepared in a worker thread. Questions
+    take effect in arrival order: one overtaken by a newer question while it
+    was prepared raises Superseded and never reaches vLLM."""
     t0 = time.perf_counter()
+    entry.question_seq += 1
+    ticket = entry.question_seq
+    await entry.cancel_answer()
+    session = entry.session
     sample = session.sample()
     if not sample.frames:
-        raise NoFrames("No frames yet: start the camera (or send video.frame) before asking.")
+        raise NoFrames(no_frames_message(entry.kind))
     audio = sample.audio if options.include_audio else None
-    reply = engine.ask(
+    prepared = await asyncio.to_thread(
+        engine.prepare,
         question,
-        frames=sample.frames,
-        audio=audio,
+        sample.frames,
+        audio,
+        frame_times=sample.timestamps,
         history=history,
         system_prompt=options.system_prompt,
         frames_as=options.frames_as,
@@ -79,24 +177,23 @@ def start_answer(
         temperature=options.temperature,
         seed=options.seed,
     )
-    prep_ms = (time.perf_counter() - t0) * 1000
+    if entry.question_seq != ticket:
+        raise Superseded("A newer question replaced this one.")
+    answer = Answer(question, engine.start(prepared), sample, options, prompt_text=prepared.prompt_text,
+                    ticket=ticket, prep_ms=(time.perf_counter() - t0) * 1000, video_fps=prepared.video_fps)
+    previous, entry.answer = entry.answer, answer
+    if previous is not None:  # cannot happen after the ticket check; kept as a guard
+        await previous.cancel()
     log.info(
-        "session %s… question: %d frames %s, %.1f s audio, prepared in %.1f ms",
-        session.id[:6],
-        len(sample.frames),
-        options.frames_as,
-        reply.stats.audio_seconds,
-        prep_ms,
+        "session %s… question %d: %d frames as %s, %.1f s audio, prepared in %.1f ms",
+        session.id[:6], ticket, len(sample.frames), options.frames_as,
+        prepared.stats.audio_seconds, answer.prep_ms,
     )
-    return Answer(question, reply, sample, options, prep_ms=prep_ms)
+    return answer
 
 
-async def cancel_task(task: asyncio.Task | None) -> None:
-    """Cancel an answer task and wait until its vLLM request is aborted."""
-    if task is None or task.done():
-        return
-    task.cancel()
-    try:
-        await task
-    except (asyncio.CancelledError, Exception):
-        pass
+def release(entry: Entry, answer: Answer) -> bool:
+    """Mark an answer finished; False when a newer question had replaced it."""
+    if entry.answer is answer:
+        entry.answer = None
+    return entry.question_seq == answer.ticket

@@ -19,11 +19,13 @@ from typing import Any, AsyncIterator, Sequence
 import numpy as np
 from PIL import Image
 
+from vidchat.media import AUDIO_RATE, FRAMES_AS
+
 log = logging.getLogger(__name__)
 
-AUDIO_RATE = 16_000
 MIN_AUDIO_SAMPLES = AUDIO_RATE // 10  # 0.1 s; Whisper-style encoders need several 10 ms frames
-FRAMES_AS = ("images", "video")
+# vLLM (and numpy's random generator under it) takes a signed 64-bit seed.
+SEED_RANGE = (-(2**63), 2**63 - 1)
 
 
 class EngineError(RuntimeError):
@@ -49,7 +51,6 @@ class EngineOptions:
     max_audios: int = 1
     # 0 keeps the model's own processor setting.
     max_image_pixels: int = 0
-    min_image_pixels: int = 0
     enforce_eager: bool = True
     seed: int = 0
 
@@ -100,6 +101,32 @@ def _as_video(frames: Sequence[np.ndarray | Image.Image]) -> np.ndarray:
         a if a.shape[:2] == (h, w) else np.asarray(Image.fromarray(a).resize((w, h), Image.BILINEAR)) for a in arrays
     ]
     return np.stack(same)
+
+
+def video_fps(frame_times: Sequence[float] | None, n_frames: int) -> float | None:
+    """The frames' real rate for the model's processor: frames per second of
+    media time between the first and the last. The filter makes spacing
+    irregular; Qwen-family processors take one rate per video (their temporal
+    positions advance by ``temporal_patch_size / fps`` seconds per step), so the
+    mean rate is what can be expressed. None when it cannot be known."""
+    if frame_times is None or n_frames < 2 or len(frame_times) != n_frames:
+        return None
+    span = frame_times[-1] - frame_times[0]
+    if not span > 0:
+        return None
+    # Bounded so a burst (or a still scene held for minutes) stays a sane rate.
+    return min(max((n_frames - 1) / span, 0.01), 240.0)
+
+
+@dataclass
+class Prepared:
+    """A question made ready for vLLM: the rendered prompt and its media."""
+
+    prompt: dict[str, Any]
+    prompt_text: str
+    params: Any
+    stats: "ReplyStats"
+    video_fps: float | None = None
 
 
 class Reply:
@@ -184,12 +211,6 @@ class Reply:
                 await gen.aclose()
 
     cancel = aclose
-
-    async def __aenter__(self) -> "Reply":
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self.aclose()
 
 
 class Engine:
@@ -295,12 +316,29 @@ class Engine:
         messages.append({"role": "user", "content": parts})
         return self._processor.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
 
-    def ask(
+    def check_request(self, n_frames: int, frames_as: str) -> None:
+        """Raise EngineError for a frame count or form this engine would refuse."""
+        if frames_as not in FRAMES_AS:
+            raise EngineError(f"frames_as must be one of {', '.join(FRAMES_AS)}, not {frames_as!r}.")
+        if frames_as == "video" and n_frames and (not self.accepts_video or self.options.max_videos < 1):
+            raise EngineError("This model does not take video; send frames as images.")
+        # A video's frames are counted against the same cap as images: each
+        # one is encoded, and the cap is what --max-images promises to hold.
+        if n_frames > self.options.max_images:
+            form = "images" if frames_as == "images" else "video frames"
+            raise EngineError(
+                f"This question carries {n_frames} frames but the engine takes at most "
+                f"{self.options.max_images} {form} per prompt: lower 'frames per question' "
+                f"or restart with --max-images {n_frames}."
+            )
+
+    def prepare(
         self,
         question: str,
         frames: Sequence[np.ndarray | Image.Image] = (),
         audio: np.ndarray | None = None,
         *,
+        frame_times: Sequence[float] | None = None,
         history: Sequence[Turn] = (),
         system_prompt: str | None = None,
         frames_as: str = "images",
@@ -308,69 +346,81 @@ class Engine:
         temperature: float = 0.7,
         seed: int | None = None,
         ignore_eos: bool = False,
-        request_id: str | None = None,
-    ) -> Reply:
-        """Start answering; iterate the returned `Reply` for text deltas.
-
-        Raises `EngineError` at once for input the engine would refuse, so the
-        caller can tell the user before anything streams."""
-        from vllm import SamplingParams
-
+    ) -> Prepared:
+        """Render the prompt and build the media for one question (CPU work:
+        run it off the event loop). Raises EngineError for input the engine
+        would refuse, so the caller can tell the user before anything streams."""
         if self.is_dead:
             raise EngineDead(ENGINE_DEAD_MESSAGE)
         if not question or not question.strip():
             raise EngineError("The question is empty.")
-        if frames_as not in FRAMES_AS:
-            raise EngineError(f"frames_as must be one of {FRAMES_AS}, not {frames_as!r}.")
-        if frames_as == "video" and not self.accepts_video:
-            raise EngineError("This model does not take video; send frames as images.")
-        if frames_as == "images" and len(frames) > self.options.max_images:
-            raise EngineError(
-                f"This question carries {len(frames)} frames but the engine takes at most "
-                f"{self.options.max_images} images per prompt: lower 'frames per question' "
-                f"or restart with --max-images {len(frames)}."
-            )
-        if audio is not None and audio.size and not self.accepts_audio:
-            audio = None  # vision-only model: the question still gets its frames
-        if audio is not None and 0 < audio.size < MIN_AUDIO_SAMPLES:
-            # A sliver of audio (e.g. a chunk that arrived just before the
-            # question) is too short for the audio encoder and fails the
-            # whole request; the question is still worth answering from frames.
-            log.debug("dropping %d audio samples: below the %d-sample minimum", audio.size, MIN_AUDIO_SAMPLES)
-            audio = None
-        with_audio = audio is not None and audio.size > 0
-
+        self.check_request(len(frames), frames_as)
+        if seed is not None and not SEED_RANGE[0] <= seed <= SEED_RANGE[1]:
+            raise EngineError(f"seed must fit a signed 64-bit integer, got {seed}.")
+        audio = self._usable_audio(audio)
         prompt_text = self.build_prompt(
             question,
             n_frames=len(frames),
             frames_as=frames_as,
-            with_audio=with_audio,
+            with_audio=audio is not None,
             history=history,
             system_prompt=system_prompt,
         )
-        mm: dict[str, Any] = {}
-        if frames:
-            if frames_as == "video":
-                mm["video"] = _as_video(frames)
-            else:
-                mm["image"] = [_to_pil(f) for f in frames]
-        audio_s = 0.0
-        if with_audio:
-            samples = np.ascontiguousarray(audio, dtype=np.float32).reshape(-1)
-            mm["audio"] = [(samples, AUDIO_RATE)]
-            audio_s = samples.size / AUDIO_RATE
         prompt: dict[str, Any] = {"prompt": prompt_text}
+        fps = video_fps(frame_times, len(frames)) if frames_as == "video" else None
+        mm = self._multi_modal_data(frames, frames_as, audio)
         if mm:
             prompt["multi_modal_data"] = mm
+        if fps is not None:
+            prompt["mm_processor_kwargs"] = {"fps": fps}
+        from vllm import SamplingParams
+
         params = SamplingParams(
             max_tokens=max_tokens,
             temperature=temperature,
             seed=seed,
             ignore_eos=ignore_eos,  # benchmarks and tests need replies of a known length
         )
-        rid = request_id or f"vidchat-{next(self._ids)}-{uuid.uuid4().hex[:8]}"
+        audio_s = 0.0 if audio is None else audio.size / AUDIO_RATE
         stats = ReplyStats(frames=len(frames), audio_seconds=audio_s)
-        return Reply(self, rid, prompt, params, stats)
+        return Prepared(prompt, prompt_text, params, stats, video_fps=fps)
+
+    def start(self, prepared: Prepared, request_id: str | None = None) -> Reply:
+        """A Reply for a prepared question; vLLM starts on its first iteration."""
+        if self.is_dead:
+            raise EngineDead(ENGINE_DEAD_MESSAGE)
+        rid = request_id or f"vidchat-{next(self._ids)}-{uuid.uuid4().hex[:8]}"
+        return Reply(self, rid, prepared.prompt, prepared.params, prepared.stats)
+
+    def ask(self, question: str, frames: Sequence[np.ndarray | Image.Image] = (),
+            audio: np.ndarray | None = None, *, request_id: str | None = None, **options: Any) -> Reply:
+        """prepare() and start() in one call (benchmarks and tests; the app
+        prepares off the event loop)."""
+        return self.start(self.prepare(question, frames, audio, **options), request_id)
+
+    def _usable_audio(self, audio: np.ndarray | None) -> np.ndarray | None:
+        if audio is None or audio.size == 0 or not self.accepts_audio:
+            return None  # a vision-only model still gets its frames
+        if audio.size < MIN_AUDIO_SAMPLES:
+            # A sliver of audio (e.g. a chunk that arrived just before the
+            # question) is too short for the audio encoder and fails the
+            # whole request; the question is still worth answering from frames.
+            log.debug("dropping %d audio samples: below the %d-sample minimum", audio.size, MIN_AUDIO_SAMPLES)
+            return None
+        return np.ascontiguousarray(audio, dtype=np.float32).reshape(-1)
+
+    @staticmethod
+    def _multi_modal_data(frames: Sequence[np.ndarray | Image.Image], frames_as: str,
+                          audio: np.ndarray | None) -> dict[str, Any]:
+        mm: dict[str, Any] = {}
+        if frames:
+            if frames_as == "video":
+                mm["video"] = _as_video(frames)
+            else:
+                mm["image"] = [_to_pil(f) for f in frames]
+        if audio is not None:
+            mm["audio"] = [(audio, AUDIO_RATE)]
+        return mm
 
     def _translate(self, exc: BaseException, reply: Reply) -> EngineError:
         """vLLM's exceptions, reworded so a user knows what to change."""
@@ -395,7 +445,7 @@ class Engine:
 def _pixel_kwargs(options: EngineOptions) -> dict[str, Any]:
     if not options.max_image_pixels:
         return {}
-    low = options.min_image_pixels or min(56 * 56, options.max_image_pixels)
+    low = min(56 * 56, options.max_image_pixels)
     # One `size` covers both the image and the video processor (the Omni
     # processor otherwise forces a large minimum size on video frames).
     return {"size": {"shortest_edge": low, "longest_edge": options.max_image_pixels}}

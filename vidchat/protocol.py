@@ -17,8 +17,10 @@ Client → server (JSON text messages, one object each)::
                     Unknown keys are ignored; a wrong type or value ends the session.
     session.update  the same keys (except model/modalities) between questions;
                     answered by session.updated, or an error (the session goes on)
-    video.frame     data: base64 JPEG (any image PIL reads)
-    audio.chunk     data: base64 PCM16 little-endian mono 16 kHz
+    video.frame     data: base64 JPEG (any image PIL reads); optional pts_ms
+    audio.chunk     data: base64 PCM16 little-endian mono 16 kHz; optional pts_ms
+                    (pts_ms: capture time in milliseconds on the client's clock,
+                    vllm-omni's newer field; without it, arrival time is used)
     video.query     text: the question (a new one cancels the one being answered)
     video.done      → response.evs_stats (EVS on), session.done, then the socket closes
     ping            → pong
@@ -56,25 +58,26 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from vidchat.chat import AnswerOptions, NoFrames, cancel_task, start_answer
+from vidchat import chat
+from vidchat.chat import Answer, AnswerOptions, OptionError
+from vidchat.clock import ClientClock
 from vidchat.engine import ENGINE_DEAD_MESSAGE, EngineError
 from vidchat.evs import FrameError
+from vidchat.media import FRAMES_AS
 from vidchat.session import AUDIO_MODES, MAX_AUDIO_SECONDS, SAMPLING_STRATEGIES, SessionSettings
 from vidchat.sessions import Entry, TooManySessions
 
 if TYPE_CHECKING:
     from fastapi import WebSocket
 
-    from vidchat.chat import Answer
-    from vidchat.server import AppState
+    from vidchat.state import AppState
 
 log = logging.getLogger(__name__)
 
-NO_FRAMES = "No frames available. Send video.frame before video.query."
-FRAMES_AS = ("images", "video")
-# Frames larger than this are decoded in a worker thread (a 1080p JPEG takes
-# ~17 ms to filter and store, a 4K one ~60 ms; 640×480 takes ~4 ms).
-INLINE_DECODE_BYTES = 128 * 1024
+# Messages longer than this are parsed and decoded in a worker thread: a
+# 640×480 frame's JSON+base64 costs ~0.3 ms, an 8 MB one ~40 ms, which would
+# stall every other session's frames and streamed tokens.
+INLINE_PARSE_CHARS = 64 * 1024
 
 # Close codes: normal end, a protocol violation, server busy, server error.
 CLOSE_NORMAL, CLOSE_POLICY, CLOSE_TRY_LATER, CLOSE_ERROR = 1000, 1008, 1013, 1011
@@ -153,11 +156,12 @@ class ConfigChanges:
     info: dict[str, Any] = dataclasses.field(default_factory=dict)
 
 
-def parse_config(msg: dict[str, Any], *, max_model_len: int | None = None) -> ConfigChanges:
+def parse_config(msg: dict[str, Any]) -> ConfigChanges:
     """Type-check the known keys of a session.config/session.update message.
 
     Aliases map to the seed's names; unknown keys are ignored. Raises
-    ConfigError with a message for the client.
+    ConfigError with a message for the client. Ranges are checked where every
+    door checks them: SessionSettings.validate and chat.check_options.
     """
     values: dict[str, Any] = {}
     for key, value in msg.items():
@@ -176,14 +180,6 @@ def parse_config(msg: dict[str, Any], *, max_model_len: int | None = None) -> Co
         spec = FIELDS[name]
         getattr(changes, spec.target)[spec.attr] = value
     answer = changes.answer
-    if "max_tokens" in answer:
-        limit = max_model_len or 1 << 20
-        if not 1 <= answer["max_tokens"] <= limit:
-            raise ConfigError(f"Invalid value for 'max_tokens': expected 1..{limit}, got {answer['max_tokens']}")
-    if "temperature" in answer:
-        t = answer["temperature"]
-        if not (math.isfinite(t) and 0 <= t <= 100):
-            raise ConfigError(f"Invalid value for 'temperature': expected a number >= 0, got {t}")
     if "system_prompt" in answer:
         answer["system_prompt"] = answer["system_prompt"] or None  # "" = no system prompt
     return changes
@@ -214,6 +210,8 @@ class Connection:
         self.entry: Entry | None = None
         self.options: AnswerOptions = state.answer_defaults()
         self.peer = f"{websocket.client.host}:{websocket.client.port}" if websocket.client else "?"
+        self.clock = ClientClock()
+        self._answer_task: asyncio.Task | None = None
         self._send_lock = asyncio.Lock()
         self._closed = False  # the socket is closed or broken: nothing more is sent
         self._recv: asyncio.Future | None = None
@@ -304,11 +302,19 @@ class Connection:
             self._recv.cancel()
         entry, self.entry = self.entry, None
         if entry is not None:
-            task = entry.answer_task
-            # Cancels the answer (its vLLM request is aborted) and runs the closers.
+            # Aborts the answer's vLLM request and runs the closers.
             await self.state.registry.close(entry.session.id, reason)
-            await cancel_task(task)
+            await self._finish_answer_task()
         await self.close(CLOSE_NORMAL, reason)
+
+    async def _finish_answer_task(self) -> None:
+        """Wait for the answer task to send its response.text.done (its reply is already aborted)."""
+        task, self._answer_task = self._answer_task, None
+        if task is not None:
+            try:
+                await task
+            except (asyncio.CancelledError, Exception):
+                log.debug("ws %s: answer task ended with an error", self.peer, exc_info=True)
 
     async def _configure(self) -> bool:
         """Wait for session.config and open the session; False if the session must end."""
@@ -319,7 +325,7 @@ class Connection:
             await self.close(CLOSE_POLICY, "no session.config")
             return False
         try:
-            msg = json.loads(raw)
+            msg = await self._parse(raw)
         except ValueError:
             await self.error("Invalid JSON in session.config")
             await self.close(CLOSE_POLICY, "invalid session.config")
@@ -330,10 +336,10 @@ class Connection:
             await self.close(CLOSE_POLICY, "expected session.config")
             return False
         try:
-            changes = parse_config(msg, max_model_len=self.settings.max_model_len)
+            changes = parse_config(msg)
             settings = self._session_settings(changes.session)
-            options = self._answer_options(changes.answer)
-        except (ConfigError, ValueError) as exc:
+            options = self._answer_options(changes.answer, settings)
+        except ValueError as exc:  # ConfigError, OptionError, SessionSettings.validate
             await self.error(str(exc))
             await self.close(CLOSE_POLICY, "invalid session.config")
             return False
@@ -342,15 +348,12 @@ class Connection:
             await self.close(CLOSE_TRY_LATER, "engine not running")
             return False
         try:
-            self.entry = self.state.registry.create(
-                kind="ws", settings=settings, store_max_pixels=self.state.store_max_pixels()
-            )
+            self.entry = self.state.new_session("ws", settings=settings)
         except TooManySessions as exc:
             await self.error(str(exc))
             await self.close(CLOSE_TRY_LATER, "too many sessions")
             return False
         self.options = options
-        self.entry.info.update(peer=self.peer, **changes.info)
         self.entry.closers.append(lambda: self.close(1001, "session closed by the server"))
         log.info("ws %s: session %s… started: model=%r max_frames=%d sample=%d(%s) evs=%s/%.2f frames_as=%s",
                  self.peer, self.entry.session.id[:6], changes.info.get("model", ""), settings.max_frames,
@@ -364,19 +367,22 @@ class Connection:
         settings.validate()
         return settings
 
-    def _answer_options(self, changes: dict[str, Any]) -> AnswerOptions:
+    def _answer_options(self, changes: dict[str, Any], sampling: SessionSettings) -> AnswerOptions:
         options = self.options.updated(**changes)
-        engine = self.state.engine
-        if options.frames_as == "video" and engine is not None and not engine.accepts_video:
-            raise ConfigError("This model does not take video: use frames_as 'images'")
+        chat.check_options(options, self.state.engine, sampling)
         return options
 
     # -- the message loop ------------------------------------------------------
 
     @property
     def _answering(self) -> bool:
-        task = self.entry.answer_task if self.entry else None
-        return task is not None and not task.done()
+        return self._answer_task is not None and not self._answer_task.done()
+
+    async def _parse(self, raw: str) -> Any:
+        """json.loads, in a worker thread for large messages (raises ValueError)."""
+        if len(raw) > INLINE_PARSE_CHARS:
+            return await asyncio.to_thread(json.loads, raw)
+        return json.loads(raw)
 
     async def _loop(self) -> str:
         idle_timeout = self.settings.ws_idle_timeout
@@ -391,9 +397,9 @@ class Connection:
                 await self.error(f"Idle timeout: no message received for {idle_timeout:g} s")
                 await self.close(CLOSE_NORMAL, "idle timeout")
                 return "idle timeout"
-            self._last_input = time.monotonic()
+            arrived = self._last_input = time.monotonic()
             try:
-                msg = json.loads(raw)
+                msg = await self._parse(raw)
             except ValueError:
                 await self.error("Invalid JSON")
                 continue
@@ -409,7 +415,10 @@ class Connection:
                 if handler is None:
                     await self.error(f"Unknown message type: {kind}")
                     continue
-                await handler(self, msg)
+                if kind in ("video.frame", "audio.chunk"):
+                    await handler(self, msg, arrived)
+                else:
+                    await handler(self, msg)
             except (_Disconnected, asyncio.CancelledError):
                 raise
             except Exception as exc:  # one bad message never ends the session
@@ -417,26 +426,38 @@ class Connection:
                 await self.error(f"Internal error while handling {kind}: {type(exc).__name__}")
         return "client gone"
 
-    async def _on_frame(self, msg: dict[str, Any]) -> None:
-        limit = self.settings.ws_max_frame_bytes
-        data = await self._b64(msg, "video.frame", limit)
+    async def _media_time(self, msg: dict[str, Any], kind: str, arrived: float) -> tuple[bool, float | None]:
+        """(ok, time on the session's timeline) from the message's optional pts_ms."""
+        pts = msg.get("pts_ms")
+        if pts is None:
+            return True, None
+        if isinstance(pts, bool) or not isinstance(pts, (int, float)) or not math.isfinite(pts):
+            await self.error(f"{kind} 'pts_ms' must be a number of milliseconds, got {pts!r}")
+            return False, None
+        return True, self.clock.place(float(pts), arrived)
+
+    async def _on_frame(self, msg: dict[str, Any], arrived: float) -> None:
+        ok, t = await self._media_time(msg, "video.frame", arrived)
+        if not ok:
+            return
+        data = await self._b64(msg, "video.frame", self.settings.ws_max_frame_bytes)
         if data is None:
             return
-        session = self.entry.session
         try:
-            if len(data) > INLINE_DECODE_BYTES:
-                await asyncio.to_thread(session.add_jpeg, data)
-            else:
-                session.add_jpeg(data)
+            # Even a 640×480 JPEG takes milliseconds to filter and store: never on the loop.
+            await asyncio.to_thread(self.entry.session.add_jpeg, data, t)
         except FrameError as exc:
             await self.error(f"Invalid image in video.frame: {exc}")
 
-    async def _on_audio(self, msg: dict[str, Any]) -> None:
+    async def _on_audio(self, msg: dict[str, Any], arrived: float) -> None:
+        ok, t = await self._media_time(msg, "audio.chunk", arrived)
+        if not ok:
+            return
         data = await self._b64(msg, "audio.chunk", None)
         if data is None:
             return
         try:
-            self.entry.session.add_pcm16(data)
+            self.entry.session.add_pcm16(data, t)
         except ValueError as exc:
             await self.error(f"Invalid audio in audio.chunk: {exc}")
 
@@ -456,10 +477,10 @@ class Connection:
             await self.error(f"Frame too large: about {estimate} bytes (limit {limit})")
             return None
         try:
-            try:
-                data = base64.b64decode(text, validate=True)
-            except binascii.Error:  # allow line breaks and other whitespace
-                data = base64.b64decode("".join(text.split()), validate=True)
+            if len(text) > INLINE_PARSE_CHARS:
+                data = await asyncio.to_thread(_b64decode, text)
+            else:
+                data = _b64decode(text)
         except (binascii.Error, ValueError):
             await self.error(f"Invalid base64 in {kind}")
             return None
@@ -476,23 +497,19 @@ class Connection:
         entry = self.entry
         # A new question replaces the one being answered; that one still ends
         # with its response.text.done before this one's response.start.
-        await cancel_task(entry.answer_task)
-        entry.answer_task = None
-        if entry.session.frame_count == 0:
-            await self.error(NO_FRAMES)
-            return
+        await entry.cancel_answer()
+        await self._finish_answer_task()
         try:
             # Samples the buffer now: frames arriving from here on count for the next question.
-            answer = start_answer(self.state.engine, entry.session, text, self.options)
-        except NoFrames:
-            await self.error(NO_FRAMES)
-            return
-        except EngineError as exc:
+            answer = await chat.ask(self.state.engine, entry, text, self.options)
+        except chat.Superseded:
+            return  # a newer question from elsewhere took over this session
+        except EngineError as exc:  # NoFrames included
             await self.error(str(exc))
             return
-        entry.answer_task = asyncio.create_task(self._answer(answer), name=f"answer-{entry.session.id[:6]}")
+        self._answer_task = asyncio.create_task(self._answer(answer), name=f"answer-{entry.session.id[:6]}")
 
-    async def _answer(self, answer: "Answer") -> None:
+    async def _answer(self, answer: Answer) -> None:
         reply = answer.reply
         parts: list[str] = []
         error: str | None = None
@@ -503,7 +520,7 @@ class Connection:
                 if not await self.send({"type": "response.text.delta", "delta": delta}):
                     break  # the client is gone: stop generating
         except asyncio.CancelledError:
-            pass  # a new question, a disconnect or the session's end: still close the response
+            pass  # the session's end: still close the response
         except EngineError as exc:
             error = str(exc)
         except Exception:
@@ -514,6 +531,8 @@ class Connection:
                 await asyncio.shield(reply.aclose())  # aborts the vLLM request if still running
             except Exception:
                 log.debug("aborting the reply failed", exc_info=True)
+            if self.entry is not None:
+                chat.release(self.entry, answer)
         if error:
             await self.error(error)
         stats = answer.summary()
@@ -525,7 +544,7 @@ class Connection:
 
     async def _on_done(self) -> None:
         # Like the seed, an answer still streaming is finished before the stats.
-        task = self.entry.answer_task
+        task = self._answer_task
         if task is not None:
             try:
                 await asyncio.shield(task)
@@ -543,12 +562,14 @@ class Connection:
 
     async def _on_update(self, msg: dict[str, Any]) -> None:
         try:
-            changes = parse_config(msg, max_model_len=self.settings.max_model_len)
+            changes = parse_config(msg)
             if changes.info:
                 raise ConfigError(f"{', '.join(sorted(changes.info))} can only be set in session.config")
-            options = self._answer_options(changes.answer)
+            session = self.entry.session
+            sampling = dataclasses.replace(session.settings, **changes.session)
+            options = self._answer_options(changes.answer, sampling)
             if changes.session:
-                self.entry.session.update_settings(**changes.session)
+                session.update_settings(**changes.session)
         except ValueError as exc:  # ConfigError or SessionSettings.validate(): nothing was changed
             await self.error(f"session.update rejected: {exc}")
             return
@@ -574,6 +595,13 @@ class Connection:
         "session.update": _on_update,
         "session.config": _on_second_config,
     }
+
+
+def _b64decode(text: str) -> bytes:
+    try:
+        return base64.b64decode(text, validate=True)
+    except binascii.Error:  # allow line breaks and other whitespace
+        return base64.b64decode("".join(text.split()), validate=True)
 
 
 async def serve(state: "AppState", websocket: "WebSocket") -> None:

@@ -6,7 +6,6 @@ import asyncio
 import contextlib
 import json
 import logging
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, AsyncIterator
 
@@ -15,47 +14,14 @@ from fastapi.responses import JSONResponse
 from fastapi.staticfiles import StaticFiles
 
 from vidchat import tinymodel
-from vidchat.chat import AnswerOptions
 from vidchat.engine import Engine, EngineOptions
-from vidchat.models import TINY_BANNER
-from vidchat.session import DEFAULT_STORE_MAX_PIXELS, SessionSettings
-from vidchat.sessions import SessionRegistry
+from vidchat.loopwatch import LoopWatch
 from vidchat.settings import Settings
+from vidchat.state import AppState
 
 log = logging.getLogger(__name__)
 
 STATIC_DIR = Path(__file__).resolve().parent.parent / "static"
-
-
-@dataclass
-class AppState:
-    settings: Settings
-    model_path: str
-    banner: str | None = None
-    engine: Engine | None = None
-    registry: SessionRegistry = field(default_factory=SessionRegistry)
-    ice_servers: list[dict[str, Any]] = field(default_factory=list)
-
-    @property
-    def tiny(self) -> bool:
-        """Running on the random-weight test model (resolve_model's banner says so)."""
-        return self.banner is not None and self.banner.startswith(TINY_BANNER)
-
-    def answer_defaults(self) -> AnswerOptions:
-        s = self.settings
-        return AnswerOptions(
-            frames_as=s.frames_as,
-            max_tokens=s.max_tokens,
-            temperature=s.temperature,
-            system_prompt=s.system_prompt or None,
-        )
-
-    def store_max_pixels(self) -> int:
-        """Frames are kept at no more pixels than the model will look at (and
-        at most 320x240 unless --max-image-pixels asks for more), which bounds
-        a session's memory and the cost of preparing a question."""
-        engine_cap = self.engine.options.max_image_pixels if self.engine else 0
-        return self.settings.max_image_pixels or engine_cap or DEFAULT_STORE_MAX_PIXELS
 
 
 def engine_options(settings: Settings, model_path: str, tiny: bool) -> EngineOptions:
@@ -94,15 +60,18 @@ def create_app(state: AppState) -> FastAPI:
         if state.banner:
             log.warning(state.banner)
         reaper = asyncio.create_task(_reap_idle_sessions(state))
+        loop_watch.start()
         log.info("vidchat ready on http://%s:%d", state.settings.host, state.settings.port)
         try:
             yield
         finally:
             reaper.cancel()
+            loop_watch.stop()
             await state.registry.close_all()
             if owns_engine:
                 state.engine.shutdown()
 
+    loop_watch = LoopWatch()
     app = FastAPI(title="vidchat", lifespan=lifespan, docs_url=None, redoc_url=None)
     app.state.vidchat = state
 
@@ -117,8 +86,15 @@ def create_app(state: AppState) -> FastAPI:
             "sessions": len(state.registry),
             "sessions_by_kind": state.registry.count_by_kind(),
             "running_requests": engine.running_requests if ok else None,
+            "loop_lag": loop_watch.snapshot(),
         }
         return JSONResponse(body, status_code=200 if ok else 503)
+
+    @app.post("/api/loop-lag/reset")
+    async def reset_loop_lag() -> dict[str, Any]:
+        """Start a new loop-lag window (for bench/looplag.py)."""
+        loop_watch.reset()
+        return {"reset": True}
 
     @app.get("/api/config")
     async def client_config() -> dict[str, Any]:
@@ -146,7 +122,3 @@ async def _reap_idle_sessions(state: AppState) -> None:
             await state.registry.expire(state.settings.session_idle_timeout, kind="webrtc")
         except Exception:
             log.exception("session expiry failed")
-
-
-def default_session_settings(settings: Settings) -> SessionSettings:
-    return SessionSettings(audio_seconds=settings.ws_max_audio_seconds)

@@ -1,27 +1,31 @@
-"""One viewer's state: the EVS filter, a ring of kept frames, an audio window.
+"""One viewer's state: the frame filter, a ring of kept frames, an audio window.
 
-Frames come in from the WebRTC peer (arrays) or the seed WebSocket protocol
-(JPEG bytes); a question takes a :class:`Sample` of frames (and the audio that
-goes with them) out of the ring.
+Producers (the WebRTC peer, the WebSocket door) put timestamped frames and
+audio on the session's one timeline; a question takes a :class:`Sample` of
+frames (and the audio that goes with them) out of the ring.
 
 Storage. Kept frames are stored as read-only RGB uint8 arrays, box-downscaled
-by a whole factor until they fit ``store_max_pixels`` (default 320×240, about
-what a VLM's processor keeps of a webcam frame anyway). Measured on 640×480
-input (bench/evs.py): 64 frames take ~14.7 MB, and building a question's 16
-frames costs microseconds because the arrays are handed out as they are —
-no JPEG decode, no base64. Storing JPEG instead would save memory but make
-every question decode again (the seed's cost); storing full-size arrays would
-need ~59 MB per session. ``store_max_pixels=None`` keeps full size.
+by a whole factor until they fit ``store_max_pixels`` (the rule is
+:func:`vidchat.media.stored_size`; default 320×240, about what a VLM's
+processor keeps of a webcam frame anyway). Measured on 640×480 input
+(bench/evs.py): 64 frames take ~14.7 MB, and building a question's 16 frames
+costs microseconds because the arrays are handed out as they are — no JPEG
+decode, no base64. Storing JPEG instead would save memory but make every
+question decode again (the seed's cost); storing full-size arrays would need
+~59 MB per session. ``store_max_pixels=None`` keeps full size.
 
-Clocks. Timestamps are seconds on ``time.monotonic()`` unless the caller
-passes its own (frames and audio must then use the same clock).
+Timeline. Timestamps are seconds on ``time.monotonic()`` as placed by the
+producer's clock (:mod:`vidchat.clock`); ``timeline_start`` is the first media
+time the session saw, and answer records report times relative to it, so the
+same clip replayed at any speed yields the same times.
 
 Threads. Frames may arrive from an asyncio task and a worker thread while a
 question is being answered. One lock serialises ingestion (filter decision,
-downscale, append) so the ring stays in arrival order; a second, short-held
-lock guards the ring and counters, so ``sample()`` never waits for a decode.
-A Sample holds references to read-only arrays and its own audio copy: frames
-that arrive later go to the next question and never change this one's input.
+decode, append) so the ring stays in arrival order; a second, short-held lock
+guards the ring, counters and settings, so neither ``sample()`` nor a
+settings change ever waits for a decode. A Sample holds references to
+read-only arrays and its own audio copy: frames that arrive later go to the
+next question and never change this one's input.
 """
 
 from __future__ import annotations
@@ -39,25 +43,18 @@ import numpy as np
 from PIL import Image
 
 from vidchat import evs
+from vidchat.audio import AudioWindow, to_int16
 from vidchat.evs import FrameError
+from vidchat.media import AUDIO_RATE, DEFAULT_MAX_FRAME_BYTES, DEFAULT_STORE_MAX_PIXELS, reduce_factor, stored_size
 
 logger = logging.getLogger(__name__)
 
-AUDIO_RATE = 16_000
-DEFAULT_STORE_MAX_PIXELS = 320 * 240
-MAX_FRAME_BYTES = 10 * 1024 * 1024  # same cap as the seed protocol
 MAX_FRAMES_LIMIT = 1024
 MAX_AUDIO_SECONDS = 600.0
 SAMPLING_STRATEGIES = ("uniform", "latest_frames", "latest_seconds")
 AUDIO_MODES = ("frames", "last")
 
-# Audio chunk timing: gaps longer than this are filled with silence so audio
-# stays aligned with frame times; a jump back further than the reset limit
-# means a new clock/stream and restarts the window.
-_AUDIO_GAP_S = 0.05
-_AUDIO_RESET_S = 1.0
-
-__all__ = ["FrameError", "Session", "SessionSettings", "Sample", "AUDIO_RATE", "DEFAULT_STORE_MAX_PIXELS"]
+__all__ = ["FrameError", "Session", "SessionSettings", "Sample"]
 
 
 # ---------------------------------------------------------------------------
@@ -115,7 +112,9 @@ class SessionSettings:
 
 @dataclass
 class Sample:
-    """What one question sends to the model."""
+    """What one question sends to the model. Times are on the session's
+    timeline (monotonic seconds); ``origin`` is the timeline's start, so
+    ``relative()`` gives times a replay reproduces."""
 
     frames: list[np.ndarray] = field(default_factory=list)  # RGB uint8 H×W×3 (read-only), oldest first
     timestamps: list[float] = field(default_factory=list)  # capture time per frame
@@ -123,6 +122,11 @@ class Sample:
     audio: np.ndarray | None = None  # float32 mono 16 kHz
     audio_start: float | None = None
     audio_end: float | None = None
+    origin: float = 0.0
+
+    def relative(self, t: float | None) -> float | None:
+        """A time on this sample's timeline as seconds since the session's first media, in ms precision."""
+        return None if t is None else round(t - self.origin, 3)
 
     def images(self) -> list[Image.Image]:
         """The frames as PIL images (copies)."""
@@ -149,16 +153,6 @@ def uniform_indices(n: int, k: int) -> list[int]:
     return [int(i * (n - 1) / (k - 1)) for i in range(k)]
 
 
-def _reduce_factor(width: int, height: int, max_pixels: int | None) -> int:
-    """Smallest whole factor that brings the frame within max_pixels."""
-    if max_pixels is None or width * height <= max_pixels:
-        return 1
-    k = max(2, math.ceil(math.sqrt(width * height / max_pixels)))
-    while math.ceil(width / k) * math.ceil(height / k) > max_pixels:
-        k += 1
-    return k
-
-
 def _freeze(arr: np.ndarray) -> np.ndarray:
     arr.setflags(write=False)
     return arr
@@ -167,7 +161,7 @@ def _freeze(arr: np.ndarray) -> np.ndarray:
 def store_array(frame: np.ndarray, max_pixels: int | None) -> np.ndarray:
     """A read-only copy of a valid RGB frame, box-downscaled to fit max_pixels."""
     h, w = frame.shape[:2]
-    k = _reduce_factor(w, h, max_pixels)
+    k = reduce_factor(w, h, max_pixels)
     if k == 1:
         return _freeze(np.array(frame, dtype=np.uint8, order="C", copy=True))
     # PIL's reduce() is a box filter over k×k blocks: antialiased and ~4x cheaper than resize().
@@ -176,10 +170,8 @@ def store_array(frame: np.ndarray, max_pixels: int | None) -> np.ndarray:
 
 def store_image(img: Image.Image, max_pixels: int | None) -> np.ndarray:
     """Decode (lazily opened) image into a stored array; JPEGs decode at reduced scale."""
-    w, h = img.size
-    k = _reduce_factor(w, h, max_pixels)
-    target = (math.ceil(w / k), math.ceil(h / k))
-    if k > 1 and img.format == "JPEG" and getattr(img, "tile", None):
+    target = stored_size(*img.size, max_pixels)
+    if target != img.size and img.format == "JPEG" and getattr(img, "tile", None):
         img.draft("RGB", target)  # libjpeg scales by 1/2, 1/4 or 1/8 while decoding
     evs.load_image(img)
     if img.mode != "RGB":
@@ -194,118 +186,6 @@ def store_image(img: Image.Image, max_pixels: int | None) -> np.ndarray:
 
 
 # ---------------------------------------------------------------------------
-# Audio window
-# ---------------------------------------------------------------------------
-
-class _AudioWindow:
-    """Int16 mono 16 kHz samples on a timeline; the newest ``cap_s`` seconds are kept.
-
-    Chunks are stored as they come (no copy of the whole window per chunk);
-    the end time of the newest sample anchors the timeline.
-    """
-
-    def __init__(self, cap_s: float) -> None:
-        self.cap_samples = int(round(cap_s * AUDIO_RATE))
-        self.chunks: deque[np.ndarray] = deque()
-        self.length = 0
-        self.end: float | None = None
-
-    @property
-    def start(self) -> float | None:
-        return None if self.end is None else self.end - self.length / AUDIO_RATE
-
-    @property
-    def nbytes(self) -> int:
-        return self.length * 2
-
-    def clear(self) -> None:
-        self.chunks.clear()
-        self.length = 0
-        self.end = None
-
-    def set_cap(self, cap_s: float) -> None:
-        self.cap_samples = int(round(cap_s * AUDIO_RATE))
-        self._trim()
-
-    def add(self, pcm: np.ndarray, t: float | None, now: float) -> None:
-        n = pcm.size
-        if n == 0:
-            return
-        duration = n / AUDIO_RATE
-        if t is None:
-            # An untimed chunk continues the previous one (also when chunks come
-            # in a burst after a network stall); after a pause it ends now.
-            if self.end is not None and self.end >= now - duration - _AUDIO_RESET_S:
-                t = self.end
-            else:
-                t = now - duration
-        if self.end is not None:
-            gap = t - self.end
-            if gap < -_AUDIO_RESET_S or gap * AUDIO_RATE >= self.cap_samples:
-                self.clear()
-            elif gap > _AUDIO_GAP_S:
-                self._append(np.zeros(int(round(gap * AUDIO_RATE)), dtype=np.int16))
-            else:
-                t = self.end  # jitter: keep the stream contiguous
-        if self.end is None:
-            self.end = t
-        self._append(pcm)
-
-    def _append(self, pcm: np.ndarray) -> None:
-        self.chunks.append(pcm)
-        self.length += pcm.size
-        self.end += pcm.size / AUDIO_RATE
-        self._trim()
-
-    def _trim(self) -> None:
-        excess = self.length - self.cap_samples
-        while excess > 0 and self.chunks:
-            first = self.chunks[0]
-            if first.size <= excess:
-                self.chunks.popleft()
-                self.length -= first.size
-                excess -= first.size
-            else:
-                self.chunks[0] = first[excess:].copy()  # copy so the dropped part is freed
-                self.length -= excess
-                excess = 0
-        if self.length == 0:
-            self.chunks.clear()
-
-    def window(self, start: float) -> tuple[np.ndarray, float, float] | None:
-        """Float32 samples from ``start`` (clamped to what is kept) to the end."""
-        if self.end is None or self.length == 0:
-            return None
-        skip = max(0, int(round((start - self.start) * AUDIO_RATE)))
-        want = self.length - skip
-        if want <= 0:
-            return None
-        parts, have = [], 0
-        for chunk in reversed(self.chunks):  # only the chunks the window needs
-            parts.append(chunk)
-            have += chunk.size
-            if have >= want:
-                break
-        pcm = np.concatenate(parts[::-1])[-want:]
-        audio = pcm.astype(np.float32) * (1.0 / 32768.0)
-        return audio, self.end - want / AUDIO_RATE, self.end
-
-
-def _to_int16(samples: np.ndarray) -> np.ndarray:
-    samples = np.asarray(samples)
-    if samples.ndim == 2 and 1 in samples.shape:
-        samples = samples.reshape(-1)
-    if samples.ndim != 1:
-        raise ValueError(f"audio must be mono (1-D), got shape {samples.shape}")
-    if samples.dtype == np.int16:
-        return samples.copy()
-    if not np.issubdtype(samples.dtype, np.floating):
-        raise ValueError(f"audio must be float (-1..1) or int16 samples, got {samples.dtype}")
-    clean = np.nan_to_num(samples.astype(np.float32), nan=0.0, posinf=1.0, neginf=-1.0)
-    return (np.clip(clean, -1.0, 1.0) * 32767.0).astype(np.int16)
-
-
-# ---------------------------------------------------------------------------
 # The session
 # ---------------------------------------------------------------------------
 
@@ -316,7 +196,8 @@ class Session:
     """
 
     def __init__(self, session_id: str, settings: SessionSettings | None = None, *,
-                 store_max_pixels: int | None = DEFAULT_STORE_MAX_PIXELS) -> None:
+                 store_max_pixels: int | None = DEFAULT_STORE_MAX_PIXELS,
+                 max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES) -> None:
         settings = dataclasses.replace(settings) if settings is not None else SessionSettings()
         settings.validate()
         if store_max_pixels is not None and (not _is_int(store_max_pixels) or store_max_pixels < 1):
@@ -324,23 +205,29 @@ class Session:
         self.id = session_id
         self.settings = settings
         self.store_max_pixels = store_max_pixels
-        self.created_at = time.monotonic()
-        self.last_activity = self.created_at
+        self.max_frame_bytes = max_frame_bytes
+        self.last_activity = time.monotonic()
         self._ingest_lock = threading.Lock()  # order: _ingest_lock, then _lock
         self._lock = threading.Lock()
         self._frames: deque[_Frame] = deque(maxlen=settings.max_frames)
-        self._audio = _AudioWindow(settings.audio_seconds)
+        self._audio = AudioWindow(settings.audio_seconds)
         self._filter = self._make_filter(settings)
         self._received = 0
         self._kept = 0
         self._newest_received_t: float | None = None
         self._newest_arrival: float | None = None
+        self.timeline_start: float | None = None
 
     @staticmethod
     def _make_filter(settings: SessionSettings) -> evs.FrameFilter | None:
         if not settings.evs_enabled:
             return None
         return evs.FrameFilter(settings.evs_threshold, keepalive_s=settings.keepalive_s)
+
+    def _on_timeline(self, t: float) -> None:
+        # Caller holds _lock.
+        if self.timeline_start is None or t < self.timeline_start:
+            self.timeline_start = t
 
     # -- frames ------------------------------------------------------------
 
@@ -364,8 +251,7 @@ class Session:
         if not isinstance(luma, np.ndarray) or luma.ndim != 2 or luma.dtype != np.uint8 or 0 in luma.shape:
             raise FrameError(f"luma plane must be a non-empty H×W uint8 array, got {getattr(luma, 'shape', luma)!r}")
         h, w = luma.shape
-        k = _reduce_factor(w, h, self.store_max_pixels)
-        size = (math.ceil(w / k), math.ceil(h / k))
+        size = stored_size(w, h, self.store_max_pixels)
 
         def stored() -> np.ndarray:
             rgb = evs.as_rgb_array(render_rgb(*size))
@@ -377,8 +263,8 @@ class Session:
 
     def add_jpeg(self, data: bytes | bytearray | memoryview, t: float | None = None) -> bool:
         """Offer an encoded frame (JPEG, or any image PIL reads); decoded in full only if kept."""
-        if isinstance(data, (bytes, bytearray, memoryview)) and len(data) > MAX_FRAME_BYTES:
-            raise FrameError(f"frame too large: {len(data)} bytes (limit {MAX_FRAME_BYTES})")
+        if isinstance(data, (bytes, bytearray, memoryview)) and len(data) > self.max_frame_bytes:
+            raise FrameError(f"frame too large: {len(data)} bytes (limit {self.max_frame_bytes})")
         # draft() only works before decoding, so the thumbnail and the stored
         # copy each open their own lazy image.
         return self._ingest(lambda: evs.thumbnail_from_bytes(data),
@@ -388,11 +274,14 @@ class Session:
                 t: float | None) -> bool:
         # Anything that can raise FrameError (thumbnail, decode) runs before the
         # decision is recorded, so a bad frame leaves filter and ring unchanged.
+        # Decoding holds only the ingest lock: settings changes and sampling
+        # take the short lock and never wait for a decode.
         now = time.monotonic()
         if t is None:
             t = now
         with self._ingest_lock:
-            filt = self._filter
+            with self._lock:
+                filt = self._filter
             grid = make_thumb() if filt is not None else None
             keep = filt.decide(grid, t) if filt is not None else True
             stored = make_stored() if keep else None
@@ -403,6 +292,7 @@ class Session:
                 if keep:
                     self._frames.append(_Frame(t, stored))
                     self._kept += 1
+                self._on_timeline(t)
                 self._newest_received_t = t
                 self._newest_arrival = now
                 self.last_activity = now
@@ -411,15 +301,17 @@ class Session:
     # -- audio -------------------------------------------------------------
 
     def add_audio(self, samples: np.ndarray, t: float | None = None) -> None:
-        """Append mono 16 kHz samples (float -1..1 or int16); ``t`` = capture time of the first."""
-        pcm = _to_int16(samples)
+        """Place mono 16 kHz samples (float -1..1 or int16); ``t`` = capture time of the first."""
+        pcm = to_int16(samples)
         now = time.monotonic()
         with self._lock:
             self._audio.add(pcm, t, now)
+            if self._audio.end is not None:
+                self._on_timeline(t if t is not None else self._audio.end - pcm.size / AUDIO_RATE)
             self.last_activity = now
 
     def add_pcm16(self, data: bytes | bytearray | memoryview, t: float | None = None) -> None:
-        """Append PCM16 little-endian mono 16 kHz bytes."""
+        """Place PCM16 little-endian mono 16 kHz bytes."""
         if len(data) % 2:
             raise ValueError(f"PCM16 data must have an even number of bytes, got {len(data)}")
         self.add_audio(np.frombuffer(data, dtype="<i2").astype(np.int16), t)
@@ -433,12 +325,13 @@ class Session:
         * ``latest_frames``: the k newest frames.
         * ``latest_seconds``: k frames spread over the last ``sample_seconds``
           before the newest *received* frame, plus the kept frame that was on
-          screen when that window began (EVS drops its repeats), so a static
-          scene still yields its picture.
+          screen when that window began (the filter drops its repeats), so a
+          static scene still yields its picture.
 
         Audio: ``audio_mode="frames"`` sends the audio from the first sampled
-        frame's time to the end of the audio received; ``"last"`` (and
-        "frames" with no frames) the last ``audio_last_seconds``.
+        frame's time (for ``latest_seconds``, from the window's start) to the
+        end of the audio received; ``"last"`` (and "frames" with no frames)
+        the last ``audio_last_seconds``.
         """
         with self._lock:
             s = self.settings
@@ -449,17 +342,21 @@ class Session:
             if strategy not in SAMPLING_STRATEGIES:
                 raise ValueError(f"strategy must be one of {', '.join(SAMPLING_STRATEGIES)}, got {strategy!r}")
             frames = list(self._frames)
-            candidates = self._candidates(frames, strategy, s)
+            candidates, window_start = self._candidates(frames, strategy, s)
             if strategy == "latest_frames":
                 picked = candidates[-k:]
             else:
                 picked = [candidates[i] for i in uniform_indices(len(candidates), k)]
             if s.audio_mode == "frames" and picked:
-                audio = self._audio.window(frames[picked[0]].t)
+                start = frames[picked[0]].t
+                if window_start is not None:
+                    start = max(start, window_start)
+                audio = self._audio.window(start)
             elif self._audio.end is not None:
                 audio = self._audio.window(self._audio.end - s.audio_last_seconds)
             else:
                 audio = None
+            origin = self.timeline_start if self.timeline_start is not None else 0.0
             self.last_activity = time.monotonic()
         return Sample(
             frames=[frames[i].pixels for i in picked],
@@ -468,12 +365,15 @@ class Session:
             audio=audio[0] if audio else None,
             audio_start=audio[1] if audio else None,
             audio_end=audio[2] if audio else None,
+            origin=origin,
         )
 
-    def _candidates(self, frames: list[_Frame], strategy: str, s: SessionSettings) -> list[int]:
+    def _candidates(self, frames: list[_Frame], strategy: str,
+                    s: SessionSettings) -> tuple[list[int], float | None]:
+        """Ring indices a strategy picks from, and (latest_seconds) the window's start."""
         n = len(frames)
         if strategy != "latest_seconds" or n == 0:
-            return list(range(n))
+            return list(range(n)), None
         newest = self._newest_received_t if self._newest_received_t is not None else frames[-1].t
         since = newest - s.sample_seconds
         first = n  # first frame captured inside the window
@@ -482,7 +382,7 @@ class Session:
         if first == n or frames[first].t > since:
             # The frame kept before the window was still on screen when it began.
             first = max(first - 1, 0)
-        return list(range(first, n))
+        return list(range(first, n)), since
 
     # -- settings and lifecycle --------------------------------------------
 
@@ -491,7 +391,7 @@ class Session:
         unknown = sorted(set(changes) - {f.name for f in dataclasses.fields(SessionSettings)})
         if unknown:
             raise ValueError(f"unknown setting(s): {', '.join(unknown)}")
-        with self._ingest_lock, self._lock:
+        with self._lock:
             new = dataclasses.replace(self.settings, **changes)
             new.validate()
             old = self.settings
@@ -509,14 +409,15 @@ class Session:
 
     def reset(self) -> None:
         """Drop all frames, audio and counts; settings stay."""
-        with self._ingest_lock, self._lock:
+        with self._lock:
             self._frames.clear()
             self._audio.clear()
-            if self._filter is not None:
-                self._filter.reset()
+            # A new filter rather than a reset one: a decode in flight records into the old.
+            self._filter = self._make_filter(self.settings)
             self._received = self._kept = 0
             self._newest_received_t = None
             self._newest_arrival = None
+            self.timeline_start = None
             self.last_activity = time.monotonic()
 
     # -- introspection -----------------------------------------------------
@@ -529,11 +430,6 @@ class Session:
     def newest_frame_time(self) -> float | None:
         """Capture time of the newest frame received (kept or dropped): shows the stream is alive."""
         return self._newest_received_t
-
-    @property
-    def newest_kept_time(self) -> float | None:
-        with self._lock:
-            return self._frames[-1].t if self._frames else None
 
     @property
     def memory_bytes(self) -> int:
@@ -552,7 +448,7 @@ class Session:
                 "frames_dropped": dropped,
                 "frames_in_buffer": len(self._frames),
                 "max_frames": self.settings.max_frames,
-                "audio_seconds": self._audio.length / AUDIO_RATE,
+                "audio_seconds": self._audio.seconds,
                 "drop_rate": dropped / received if received else 0.0,
                 "evs": self._filter.stats if self._filter is not None else None,
                 # By arrival on this process's clock, so it works whatever clock t uses.

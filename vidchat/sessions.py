@@ -8,7 +8,6 @@ is what entitles a caller to that session's frames.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import secrets
 import time
@@ -30,16 +29,24 @@ class TooManySessions(RuntimeError):
 class Entry:
     session: Session
     kind: str  # "webrtc" | "ws"
-    created: float = field(default_factory=time.monotonic)
     # Whatever owns the session's transport (a peer connection, a socket)
     # registers how to end it, so expiry and shutdown can close it.
     closers: list[Closer] = field(default_factory=list)
-    # The answer being generated for this session, so a new question or a
-    # disconnect can cancel it: the protocol door runs it as a task, the
-    # page's answers run inside Gradio's event and are tracked as a Reply.
-    answer_task: asyncio.Task | None = None
-    reply: Any = None
-    info: dict[str, Any] = field(default_factory=dict)
+    # The one answer being generated for this session, whichever door asked.
+    answer: Any = None
+    # Arrival order of questions: a question whose preparation finishes after
+    # a newer one arrived never starts (see vidchat.chat.ask).
+    question_seq: int = 0
+    # The live media's counters (WebRTC), shown in the page's status line.
+    media: Any = None
+    # Proves a reconnecting tab owns this session (WebRTC); never logged.
+    resume_token: str = field(default_factory=lambda: secrets.token_urlsafe(24))
+
+    async def cancel_answer(self) -> None:
+        """Abort the running answer (its vLLM request included), if any."""
+        answer, self.answer = self.answer, None
+        if answer is not None:
+            await answer.cancel()
 
 
 class SessionRegistry:
@@ -47,11 +54,13 @@ class SessionRegistry:
         self.max_sessions = max_sessions
         self._default_settings = default_settings or SessionSettings
         self._entries: dict[str, Entry] = {}
+        self._closed_reasons: dict[str, str] = {}
 
     def __len__(self) -> int:
         return len(self._entries)
 
     def create(self, kind: str, settings: SessionSettings | None = None, **session_kwargs: Any) -> Entry:
+        """A new session; ``session_kwargs`` go to :class:`Session` (storage size, frame cap)."""
         if len(self._entries) >= self.max_sessions:
             raise TooManySessions(
                 f"The server already has {self.max_sessions} sessions open (its --max-sessions); try again later."
@@ -67,6 +76,10 @@ class SessionRegistry:
             return None
         return self._entries.get(sid)
 
+    def closed_reason(self, sid: str) -> str | None:
+        """Why a recently closed session ended (for the page's status line)."""
+        return self._closed_reasons.get(sid)
+
     def count_by_kind(self) -> dict[str, int]:
         counts: dict[str, int] = {}
         for entry in self._entries.values():
@@ -77,12 +90,11 @@ class SessionRegistry:
         entry = self._entries.pop(sid, None)
         if entry is None:
             return False
-        task = entry.answer_task
-        if task is not None and not task.done():
-            task.cancel()  # nobody is left to read it: abort the generation
-        if entry.reply is not None:
-            await entry.reply.cancel()
-        for closer in entry.closers:
+        self._closed_reasons[sid] = reason
+        while len(self._closed_reasons) > 256:  # a recent-history hint, not a log
+            self._closed_reasons.pop(next(iter(self._closed_reasons)))
+        await entry.cancel_answer()  # nobody is left to read it: abort the generation
+        for closer in list(entry.closers):  # a closer may unregister itself
             try:
                 await closer()
             except Exception:

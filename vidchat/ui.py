@@ -8,19 +8,23 @@ path the WebSocket protocol uses.
 
 from __future__ import annotations
 
+import asyncio
 import base64
+import dataclasses
 import html
 import io
 import logging
+import math
 import time
 from typing import Any, AsyncIterator
 
 import gradio as gr
 from PIL import Image
 
-from vidchat import evs
-from vidchat.chat import NoFrames, start_answer
+from vidchat import chat, evs
+from vidchat.chat import Answer, OptionError
 from vidchat.engine import EngineError, Turn
+from vidchat.media import FRAMES_AS
 from vidchat.session import SAMPLING_STRATEGIES
 
 log = logging.getLogger(__name__)
@@ -61,7 +65,20 @@ STOPPED = "(stopped)"
 # The model may end its answer at once (its end token first): say so rather
 # than leave an empty bubble that looks like a hang.
 NO_TEXT = "(the model returned no text)"
-NO_FRAMES = "No frames have arrived from the camera yet. Wait a moment after **Start camera**, then ask again."
+
+# Page notices are chat messages too, but not the model's words: they carry
+# this marker (Gradio keeps a message's metadata across the round trip, and a
+# metadata without a title renders as an ordinary bubble) and never go back
+# to the model as assistant turns.
+NOTICE = {"log": "vidchat notice"}
+
+
+def notice(text: str) -> dict[str, Any]:
+    return {"role": "assistant", "content": text, "metadata": dict(NOTICE)}
+
+
+def is_notice(message: dict[str, Any]) -> bool:
+    return (message.get("metadata") or {}).get("log") == NOTICE["log"]
 
 
 def _message_text(content: Any) -> str:
@@ -76,11 +93,23 @@ def _message_text(content: Any) -> str:
 
 
 def history_turns(history: list[dict]) -> list[Turn]:
-    turns = []
+    """The conversation as the model had it: user questions and its own
+    answers, without the page's notices (and without thoughts or other
+    titled messages)."""
+    turns: list[Turn] = []
     for m in history:
         text = _message_text(m.get("content")).strip()
-        if m.get("role") in ("user", "assistant") and text and not m.get("metadata"):
-            turns.append(Turn(m["role"], text))
+        role = m.get("role")
+        if role == "assistant" and is_notice(m) and turns and turns[-1].role == "user":
+            turns.pop()  # a question the model never answered (no camera, an error...)
+            continue
+        if role not in ("user", "assistant") or not text or is_notice(m) or (m.get("metadata") or {}).get("title"):
+            continue
+        if role == "user" and turns and turns[-1].role == "user":
+            turns.pop()  # asked again before an answer came
+        turns.append(Turn(role, text))
+    if turns and turns[-1].role == "user":
+        turns.pop()
     return turns
 
 
@@ -116,139 +145,220 @@ def model_label(state) -> str:
     return path.rsplit("/", 1)[-1] if path.startswith(("/", ".", "~")) else path
 
 
-def mount(app, state):
+# ---------------------------------------------------------------------------
+# The page's question: checked, asked through vidchat.chat, streamed
+# ---------------------------------------------------------------------------
+
+def _whole(label: str, value: Any) -> int:
+    if isinstance(value, bool):
+        raise OptionError(f"{label} must be a whole number, got {value!r}")
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        raise OptionError(f"{label} must be a whole number, got {value!r}") from None
+    if not math.isfinite(number) or number != int(number):
+        raise OptionError(f"{label} must be a whole number, got {value!r}")
+    return int(number)
+
+
+def _number(label: str, value: Any) -> float:
+    try:
+        number = float(value) if not isinstance(value, bool) else math.nan
+    except (TypeError, ValueError):
+        number = math.nan
+    if not math.isfinite(number):
+        raise OptionError(f"{label} must be a number, got {value!r}")
+    return number
+
+
+def _seed(value: Any) -> int | None:
+    if value is None or (isinstance(value, str) and not value.strip()):
+        return None
+    text = value.strip() if isinstance(value, str) else value
+    try:
+        return int(text) if isinstance(text, str) else _whole("Seed", text)
+    except ValueError:
+        raise OptionError(f"Seed must be a whole number (or empty for a random one), got {value!r}") from None
+
+
+def _choice(label: str, value: Any, choices: tuple[str, ...]) -> str:
+    if value not in choices:
+        raise OptionError(f"{label} must be one of {', '.join(choices)}, got {value!r}")
+    return value
+
+
+@dataclasses.dataclass
+class PageRequest:
+    """The chat panel's settings for one question, as the session and the answer path take them."""
+
+    sampling: dict[str, Any]
+    options: chat.AnswerOptions
+
+
+def page_request(state, k, sampling, seconds, evs_on, threshold, max_frames, frames_as, audio_on,
+                 max_tokens, temperature, seed) -> PageRequest:
+    """Turn the page's (or the public /ask API's) raw values into settings;
+    raises OptionError naming the field, so the chat can say what to fix."""
+    sampling_changes = dict(
+        num_sample_frames=_whole("Frames per question", k),
+        sampling=_choice("Sampling", sampling, SAMPLING_STRATEGIES),
+        sample_seconds=_number("Window for latest_seconds", seconds),
+        evs_enabled=bool(evs_on),
+        evs_threshold=_number("Filter threshold", threshold),
+        max_frames=_whole("Max frames kept", max_frames),
+    )
+    options = state.answer_defaults().updated(
+        frames_as=_choice("Send frames as", frames_as, FRAMES_AS),
+        include_audio=bool(audio_on),
+        max_tokens=_whole("Max tokens", max_tokens),
+        temperature=_number("Temperature", temperature),
+        seed=_seed(seed),
+    )
+    return PageRequest(sampling_changes, options)
+
+
+async def answer_stream(state, entry, question: str, request: PageRequest, past: list[Turn],
+                        history: list[dict], event_start: float) -> AsyncIterator[tuple]:
+    """Ask through the shared answer path and stream the reply into the chat."""
+    try:
+        answer = await chat.ask(state.engine, entry, question, request.options, history=past)
+    except chat.Superseded:
+        return  # a newer question owns this tab's chat now
+    except EngineError as exc:  # NoFrames included
+        history.append(notice(str(exc) if isinstance(exc, chat.NoFrames) else f"⚠ {exc}"))
+        yield history, gr.skip(), gr.skip()
+        return
+    log.info("chat event -> engine call: %.2f ms", (time.perf_counter() - event_start) * 1000)
+    reply = answer.reply
+    history.append({"role": "assistant", "content": ""})
+    yield history, gr.skip(), gr.skip()
+    error = None
+    try:
+        async for delta in reply:
+            if not history[-1]["content"]:
+                log.info("chat event -> first token: %.1f ms", (time.perf_counter() - event_start) * 1000)
+            history[-1]["content"] += delta
+            yield history, gr.skip(), gr.skip()
+    except EngineError as exc:
+        error = exc
+    finally:
+        await reply.cancel()  # no-op when finished; aborts if the page went away
+        current = chat.release(entry, answer)
+    if not current:
+        return  # a newer question took over this tab's chat; its event owns it from now on
+    if not history[-1]["content"]:
+        history.pop()
+        history.append(notice(f"⚠ {error}" if error else STOPPED if reply.stats.cancelled else NO_TEXT))
+    elif error is not None:
+        history.append(notice(f"⚠ {error}"))
+    # Thumbnails are encoded after the answer, so they never delay its first
+    # token, and in a worker thread, so they never stall the event loop.
+    yield history, await asyncio.to_thread(frames_html, answer), answer.summary()
+
+
+async def respond(state, message: str, history: list[dict], sid: str, *raw_settings: Any) -> AsyncIterator[tuple]:
+    """The chat event: one question from the page (or the public /ask API)."""
+    event_start = time.perf_counter()
+    text = (message or "").strip() if isinstance(message, str) else ""
+    history = list(history or [])
+    if not text:
+        yield history, gr.skip(), gr.skip()
+        return
+    past = history_turns(history)
+    history.append({"role": "user", "content": text})
+    entry = state.registry.get(sid) if isinstance(sid, str) else None
+    if entry is None:
+        history.append(notice(NOT_RUNNING))
+        yield history, gr.skip(), gr.skip()
+        return
+    try:
+        request = page_request(state, *raw_settings)
+        sampling = dataclasses.replace(entry.session.settings, **request.sampling)
+        chat.check_options(request.options, state.engine, sampling)
+        entry.session.update_settings(**request.sampling)
+    except ValueError as exc:  # OptionError or the session's own validation
+        history.append(notice(f"⚠ Settings not accepted: {exc}"))
+        yield history, gr.skip(), gr.skip()
+        return
+    async for update in answer_stream(state, entry, text, request, past, history, event_start):
+        yield update
+
+
+async def stop_answer(state, sid: str) -> None:
+    entry = state.registry.get(sid) if isinstance(sid, str) else None
+    if entry is not None:
+        await entry.cancel_answer()
+
+
+# ---------------------------------------------------------------------------
+# Layout
+# ---------------------------------------------------------------------------
+
+def _header(state) -> None:
+    with gr.Row(elem_classes="vc-header"):
+        gr.HTML(
+            "<div class='vc-title'><h1>vidchat</h1>"
+            f"<span class='vc-model' title='{html.escape(state.model_path)}'>"
+            f"{html.escape(model_label(state))}</span></div>"
+        )
+    if state.banner:
+        gr.HTML(f"<div class='vc-banner' role='alert'>{html.escape(state.banner)}</div>")
+
+
+def _settings_panel(state) -> list[gr.components.Component]:
+    """The settings accordion; returns its inputs in respond()'s order."""
     s = state.settings
     max_images = max(1, s.max_images)
-
-    with gr.Blocks(title="vidchat") as blocks:
-        with gr.Row(elem_classes="vc-header"):
-            gr.HTML(
-                "<div class='vc-title'><h1>vidchat</h1>"
-                f"<span class='vc-model' title='{html.escape(state.model_path)}'>"
-                f"{html.escape(model_label(state))}</span></div>"
+    with gr.Accordion("Settings", open=False, elem_id="vc-settings"):
+        gr.HTML(f"<p class='vc-muted vc-store'>{html.escape(state.store_limit_text())}</p>")
+        with gr.Row():
+            k = gr.Slider(1, max_images, value=min(16, max_images), step=1, label="Frames per question")
+            sampling = gr.Dropdown(list(SAMPLING_STRATEGIES), value="uniform", label="Sampling")
+            seconds = gr.Slider(1, 60, value=10, step=1, label="Window for latest_seconds (s)")
+        with gr.Row():
+            evs_on = gr.Checkbox(value=True, label="Drop near-duplicate frames")
+            threshold = gr.Slider(
+                0.5, 1.0, value=evs.DEFAULT_THRESHOLD, step=0.005, label="Filter threshold",
+                info="A frame is kept when more than (1 − threshold) of the picture changed: 0.95 → 5 %.",
             )
-        if state.banner:
-            gr.HTML(f"<div class='vc-banner' role='alert'>{html.escape(state.banner)}</div>")
+            max_frames = gr.Slider(4, 256, value=64, step=1, label="Max frames kept")
+        with gr.Row():
+            frames_as = gr.Radio(list(FRAMES_AS), value=s.frames_as, label="Send frames as")
+            audio_on = gr.Checkbox(value=True, label="Include audio (models that take it)")
+            max_tokens = gr.Slider(1, 2048, value=s.max_tokens, step=1, label="Max tokens", elem_id="vc-max-tokens")
+            temperature = gr.Slider(0.0, 1.5, value=s.temperature, step=0.05, label="Temperature",
+                                    elem_id="vc-temperature")
+            seed = gr.Textbox(value="", label="Seed", placeholder="random", elem_id="vc-seed",
+                              info="A whole number makes sampling repeatable; empty picks a new one each time.")
+    return [k, sampling, seconds, evs_on, threshold, max_frames, frames_as, audio_on, max_tokens, temperature, seed]
+
+
+def mount(app, state):
+    with gr.Blocks(title="vidchat") as blocks:
+        _header(state)
         with gr.Row(equal_height=False, elem_classes="vc-main"):
             with gr.Column(scale=5, min_width=300):
                 gr.HTML(PREVIEW_HTML, elem_id="vc-live-panel")
             with gr.Column(scale=6, min_width=300):
                 chatbot = gr.Chatbot(label="Chat", height=440, elem_id="vc-chat", buttons=["copy"])
                 with gr.Row(elem_classes="vc-ask"):
-                    question = gr.Textbox(
-                        placeholder="Ask about what the camera sees…",
-                        show_label=False,
-                        scale=8,
-                        lines=1,
-                        max_lines=4,
-                        elem_id="vc-question",
-                    )
+                    question = gr.Textbox(placeholder="Ask about what the camera sees…", show_label=False, scale=8,
+                                          lines=1, max_lines=4, elem_id="vc-question")
                     send = gr.Button("Send", variant="primary", scale=1, min_width=70, elem_id="vc-send")
                     stop = gr.Button("Stop", scale=1, min_width=70, elem_id="vc-stop-answer")
                 clear = gr.Button("Clear chat", size="sm", elem_id="vc-clear")
-        with gr.Accordion("Settings", open=False, elem_id="vc-settings"):
-            with gr.Row():
-                k = gr.Slider(1, max_images, value=min(16, max_images), step=1, label="Frames per question")
-                sampling = gr.Dropdown(list(SAMPLING_STRATEGIES), value="uniform", label="Sampling")
-                seconds = gr.Slider(1, 60, value=10, step=1, label="Window for latest_seconds (s)")
-            with gr.Row():
-                evs_on = gr.Checkbox(value=True, label="Drop near-duplicate frames")
-                threshold = gr.Slider(
-                    0.5, 1.0, value=evs.DEFAULT_THRESHOLD, step=0.005, label="Filter threshold",
-                    info="A frame is kept when more than (1 − threshold) of the picture changed: 0.95 → 5 %.",
-                )
-                max_frames = gr.Slider(4, 256, value=64, step=1, label="Max frames kept")
-            with gr.Row():
-                frames_as = gr.Radio(["images", "video"], value=s.frames_as, label="Send frames as")
-                audio_on = gr.Checkbox(value=True, label="Include audio (models that take it)")
-                max_tokens = gr.Slider(1, 2048, value=s.max_tokens, step=1, label="Max tokens", elem_id="vc-max-tokens")
-                temperature = gr.Slider(0.0, 1.5, value=s.temperature, step=0.05, label="Temperature",
-                                        elem_id="vc-temperature")
+        settings_inputs = _settings_panel(state)
         with gr.Accordion("What the model got (last question)", open=False, elem_id="vc-inputs"):
             inputs_view = gr.HTML(frames_html(None))
             details = gr.JSON(label="Reply details", value=None)
         session_id = gr.Textbox(visible="hidden", elem_id="vidchat-session-id")
 
-        settings_inputs = [k, sampling, seconds, evs_on, threshold, max_frames, frames_as, audio_on, max_tokens, temperature]
+        async def on_question(message, history, sid, *raw):
+            async for update in respond(state, message, history, sid, *raw):
+                yield update
 
-        async def respond(
-            message: str, history: list[dict], sid: str,
-            k_, sampling_, seconds_, evs_on_, threshold_, max_frames_, frames_as_, audio_on_, max_tokens_, temp_,
-        ) -> AsyncIterator[tuple]:
-            event_start = time.perf_counter()
-            text = (message or "").strip()
-            history = list(history or [])
-            if not text:
-                yield history, gr.skip(), gr.skip()
-                return
-            past = history_turns(history)
-            history.append({"role": "user", "content": text})
-            entry = state.registry.get(sid)
-            if entry is None:
-                history.append({"role": "assistant", "content": NOT_RUNNING})
-                yield history, gr.skip(), gr.skip()
-                return
-            try:
-                entry.session.update_settings(
-                    num_sample_frames=int(k_), sampling=sampling_, sample_seconds=float(seconds_),
-                    evs_enabled=bool(evs_on_), evs_threshold=float(threshold_), max_frames=int(max_frames_),
-                )
-            except ValueError as exc:
-                history.append({"role": "assistant", "content": f"⚠ Settings not accepted: {exc}"})
-                yield history, gr.skip(), gr.skip()
-                return
-            # One answer per tab: a new question replaces one still streaming.
-            previous = entry.reply
-            if previous is not None:
-                await previous.cancel()
-            options = state.answer_defaults().updated(
-                frames_as=frames_as_, include_audio=bool(audio_on_), max_tokens=int(max_tokens_),
-                temperature=float(temp_),
-            )
-            try:
-                answer = start_answer(state.engine, entry.session, text, options, history=past)
-            except NoFrames:
-                history.append({"role": "assistant", "content": NO_FRAMES})
-                yield history, gr.skip(), gr.skip()
-                return
-            except EngineError as exc:
-                history.append({"role": "assistant", "content": f"⚠ {exc}"})
-                yield history, gr.skip(), gr.skip()
-                return
-            # vidchat's own share of the latency: chat event -> engine call.
-            answer.prep_ms = (time.perf_counter() - event_start) * 1000
-            log.info("chat event -> engine call: %.2f ms", answer.prep_ms)
-            reply = answer.reply
-            entry.reply = reply
-            history.append({"role": "assistant", "content": ""})
-            yield history, gr.skip(), gr.skip()
-            try:
-                async for delta in reply:
-                    if not history[-1]["content"]:
-                        log.info("chat event -> first token: %.1f ms", (time.perf_counter() - event_start) * 1000)
-                    history[-1]["content"] += delta
-                    yield history, gr.skip(), gr.skip()
-            except EngineError as exc:
-                history[-1]["content"] += f"\n\n⚠ {exc}"
-            finally:
-                replaced = entry.reply is not reply
-                if not replaced:
-                    entry.reply = None
-                await reply.cancel()  # no-op when finished; aborts if the page went away
-            if replaced:
-                # A newer question took over this tab's chat; its event owns
-                # the chat from now on, so don't overwrite it with this history.
-                return
-            if not history[-1]["content"]:
-                history[-1]["content"] = STOPPED if reply.stats.cancelled else NO_TEXT
-            # Thumbnails are encoded after the answer, so they never delay its first token.
-            yield history, frames_html(answer), answer.summary()
-
-        async def stop_answer(sid: str) -> None:
-            entry = state.registry.get(sid)
-            reply = entry.reply if entry else None
-            if reply is not None:
-                await reply.cancel()
+        async def on_stop(sid):
+            await stop_answer(state, sid)
 
         # The question box is not an output of the (long) answer event, so it
         # stays editable while an answer streams: a new question then
@@ -256,11 +366,11 @@ def mount(app, state):
         outputs = [chatbot, inputs_view, details]
         inputs = [question, chatbot, session_id, *settings_inputs]
         answer_events = dict(concurrency_limit=None, show_progress="minimal", trigger_mode="multiple")
-        submit_evt = question.submit(respond, inputs, outputs, api_name="ask", **answer_events)
-        click_evt = send.click(respond, inputs, outputs, api_visibility="private", **answer_events)
+        submit_evt = question.submit(on_question, inputs, outputs, api_name="ask", **answer_events)
+        click_evt = send.click(on_question, inputs, outputs, api_visibility="private", **answer_events)
         for trigger in (question.submit, send.click):
             trigger(lambda: "", None, question, queue=False, trigger_mode="multiple", api_visibility="private")
-        stop.click(stop_answer, [session_id], None, cancels=[submit_evt, click_evt], concurrency_limit=None,
+        stop.click(on_stop, [session_id], None, cancels=[submit_evt, click_evt], concurrency_limit=None,
                    api_name="stop")
         clear.click(lambda: ([], None), None, [chatbot, details], api_visibility="private")
 

@@ -5,13 +5,21 @@ the same response (aiortc gathers its ICE candidates before
 `setLocalDescription` returns, so no trickle ICE is needed). Video is consumed
 newest-frame-only: a reader drains the track continuously and a processor
 takes whatever frame is newest when it is free, so a slow filter or a busy
-CPU drops frames instead of building lag.
+CPU drops frames instead of building lag. Each track's RTP time is mapped to
+the session's timeline by a :class:`~vidchat.clock.TrackClock`.
+
+A peer that fails (a network blip) does not end its session: the answer to
+the first offer carries a ``resume_token`` only that tab holds, and an offer
+that presents it within ``--session-idle-timeout`` gets a new peer on the
+same session (same buffer, same chat). A media consumer that fails for any
+other reason ends the session with the cause, which the page shows.
 """
 
 from __future__ import annotations
 
 import asyncio
 import collections
+import hmac
 import json
 import logging
 import time
@@ -23,14 +31,17 @@ from aiortc import RTCConfiguration, RTCIceServer, RTCPeerConnection, RTCSession
 from aiortc.mediastreams import MediaStreamError
 from fastapi import APIRouter, HTTPException, Request
 
+from vidchat.clock import TrackClock
 from vidchat.evs import FrameError
+from vidchat.media import AUDIO_RATE
 from vidchat.sessions import Entry, TooManySessions
 
 log = logging.getLogger(__name__)
 
-AUDIO_RATE = 16_000
 # Decoder outputs whose first plane is 8-bit luma at full size.
 LUMA_FIRST_FORMATS = frozenset({"yuv420p", "yuvj420p", "nv12", "yuv422p", "yuv444p"})
+# What the page calls each track when it stops.
+TRACK_NAMES = {"video": "camera", "audio": "microphone"}
 
 
 def rtc_configuration(ice_servers: list[dict[str, Any]]) -> RTCConfiguration:
@@ -68,29 +79,11 @@ class MediaStats:
         }
 
 
-class _StreamClock:
-    """Maps a track's presentation timestamps to local monotonic time, so lag
-    is measured from when a frame was due, not from when we happened to read it."""
-
-    def __init__(self) -> None:
-        self._origin: float | None = None
-
-    def due(self, frame: av.frame.Frame, arrived: float) -> float:
-        if frame.pts is None or frame.time_base is None:
-            return arrived
-        media_t = float(frame.pts * frame.time_base)
-        if self._origin is None or arrived - (self._origin + media_t) < 0:
-            # First frame, or one that came earlier than the clock predicts:
-            # re-anchor so lag is never negative.
-            self._origin = arrived - media_t
-        return self._origin + media_t
-
-
 async def consume_video(track, entry: Entry, stats: MediaStats) -> None:
     session = entry.session
     newest: list[tuple[av.VideoFrame, float] | None] = [None]
     ready = asyncio.Event()
-    clock = _StreamClock()
+    clock = TrackClock()
     ended = False
 
     async def reader() -> None:
@@ -102,10 +95,8 @@ async def consume_video(track, entry: Entry, stats: MediaStats) -> None:
                 stats.video_frames_seen += 1
                 if newest[0] is not None:
                     stats.video_frames_skipped += 1
-                newest[0] = (frame, clock.due(frame, now))
+                newest[0] = (frame, clock.place(media_time(frame), now))
                 ready.set()
-        except MediaStreamError:
-            pass
         finally:
             ended = True
             ready.set()
@@ -142,23 +133,47 @@ async def consume_video(track, entry: Entry, stats: MediaStats) -> None:
                 # stall signalling, other sessions or streamed answers.
                 await asyncio.to_thread(process, *item)
             elif ended:
-                return
+                break
     finally:
         reading.cancel()
+    await reading  # the track's end (MediaStreamError) or its failure, raised here
 
 
 async def consume_audio(track, entry: Entry, stats: MediaStats) -> None:
     session = entry.session
     resampler = av.AudioResampler(format="flt", layout="mono", rate=AUDIO_RATE)
+    clock = TrackClock()
+    while True:
+        frame = await track.recv()
+        stats.audio_chunks += 1
+        t = clock.place(media_time(frame), time.monotonic())
+        for out in resampler.resample(frame):
+            samples = out.to_ndarray().reshape(-1).astype(np.float32, copy=False)
+            session.add_audio(samples, t)
+            t = None  # a second output continues the first
+
+
+def media_time(frame: av.frame.Frame) -> float | None:
+    """A decoded frame's presentation time in seconds (RTP time: may wrap)."""
+    if frame.pts is None or frame.time_base is None:
+        return None
+    return float(frame.pts * frame.time_base)
+
+
+async def run_consumer(consume, track, entry: Entry, stats: MediaStats, on_failure) -> None:
+    """Run one track's consumer; the track ending is normal, anything else
+    ends the session with the cause (never a frozen picture with live audio)."""
     try:
-        while True:
-            frame = await track.recv()
-            stats.audio_chunks += 1
-            for out in resampler.resample(frame):
-                samples = out.to_ndarray().reshape(-1).astype(np.float32, copy=False)
-                session.add_audio(samples)
+        await consume(track, entry, stats)
     except MediaStreamError:
-        pass
+        return  # the track ended: the peer closed or was replaced
+    except asyncio.CancelledError:
+        raise
+    except Exception as exc:
+        name = TRACK_NAMES.get(track.kind, track.kind)
+        reason = f"{name} stream stopped: {type(exc).__name__}: {exc}"[:300]
+        log.error("session %s…: %s", entry.session.id[:6], reason, exc_info=True)
+        await on_failure(reason)
 
 
 async def _read_json(request: Request) -> dict[str, Any]:
@@ -172,57 +187,117 @@ async def _read_json(request: Request) -> dict[str, Any]:
     return body
 
 
+class Peer:
+    """One aiortc peer feeding one session; a resumed session gets a new Peer."""
+
+    def __init__(self, state, entry: Entry, peers: dict[str, "Peer"]) -> None:
+        self.state = state
+        self.entry = entry
+        self.peers = peers  # the router's map of each session's current peer
+        peers[entry.session.id] = self
+        self.pc = RTCPeerConnection(rtc_configuration(state.ice_servers))
+        self.consumers: list[asyncio.Task] = []
+        self.closed = False
+        if entry.media is None:
+            entry.media = MediaStats()
+        self.pc.on("track", self._on_track)
+        self.pc.on("connectionstatechange", self._on_state)
+        entry.closers.append(self.close)
+
+    @property
+    def sid(self) -> str:
+        return self.entry.session.id
+
+    def _on_track(self, track) -> None:
+        stats = self.entry.media
+        stats.tracks.append(track.kind)
+        consume = {"video": consume_video, "audio": consume_audio}.get(track.kind)
+        if consume is not None:
+            task = asyncio.create_task(run_consumer(consume, track, self.entry, stats, self._media_failed))
+            self.consumers.append(task)
+
+    async def _media_failed(self, reason: str) -> None:
+        await self.state.registry.close(self.sid, reason)
+
+    async def _on_state(self) -> None:
+        state = self.pc.connectionState
+        log.info("session %s… peer %s", self.sid[:6], state)
+        if state == "failed":
+            # Not the session's end: the tab may come back with its resume
+            # token; if it doesn't, the idle reaper ends the session.
+            await self.close()
+
+    async def answer(self, sdp: str) -> RTCSessionDescription:
+        await self.pc.setRemoteDescription(RTCSessionDescription(sdp=sdp, type="offer"))
+        await self.pc.setLocalDescription(await self.pc.createAnswer())
+        return self.pc.localDescription
+
+    async def close(self) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        if self.close in self.entry.closers:
+            self.entry.closers.remove(self.close)
+        if self.peers.get(self.sid) is self:
+            del self.peers[self.sid]
+        for task in self.consumers:
+            task.cancel()
+        await self.pc.close()
+
+
+async def _read_offer(request: Request) -> dict[str, Any]:
+    body = await _read_json(request)
+    if body.get("type") != "offer" or not isinstance(body.get("sdp"), str):
+        raise HTTPException(400, "expected {type: 'offer', sdp: '...'}")
+    if "\nm=video" not in body["sdp"] and "\nm=audio" not in body["sdp"]:
+        raise HTTPException(400, "the offer carries no audio or video track")
+    return body
+
+
+def _resumable(state, body: dict[str, Any]) -> Entry | None:
+    """The session a reconnecting tab proves it owns, or None."""
+    resume = body.get("resume")
+    if not isinstance(resume, dict):
+        return None
+    sid, token = resume.get("session_id"), resume.get("token")
+    if not isinstance(sid, str) or not isinstance(token, str):
+        return None
+    entry = state.registry.get(sid)
+    if entry is None or entry.kind != "webrtc":
+        return None
+    return entry if hmac.compare_digest(token.encode(), entry.resume_token.encode()) else None
+
+
 def router(state) -> APIRouter:
     api = APIRouter()
+    peers: dict[str, Peer] = {}  # session id -> its current peer
 
     @api.post("/webrtc/offer")
     async def offer(request: Request) -> dict[str, Any]:
-        body = await _read_json(request)
-        if body.get("type") != "offer" or not isinstance(body.get("sdp"), str):
-            raise HTTPException(400, "expected {type: 'offer', sdp: '...'}")
-        if "\nm=video" not in body["sdp"] and "\nm=audio" not in body["sdp"]:
-            raise HTTPException(400, "the offer carries no audio or video track")
-        # A tab that restarts its camera replaces its old peer and session.
-        old = body.get("session_id")
-        if isinstance(old, str) and state.registry.get(old):
-            await state.registry.close(old, "replaced by a new connection")
-        try:
-            entry = state.registry.create("webrtc", store_max_pixels=state.store_max_pixels())
-        except TooManySessions as exc:
-            raise HTTPException(503, str(exc))
+        body = await _read_offer(request)
+        entry = _resumable(state, body)
+        resumed = entry is not None
+        if resumed:
+            old = peers.get(entry.session.id)
+            if old is not None:
+                await old.close()
+        else:
+            try:
+                entry = state.new_session("webrtc")
+            except TooManySessions as exc:
+                raise HTTPException(503, str(exc))
         sid = entry.session.id
-        pc = RTCPeerConnection(rtc_configuration(state.ice_servers))
-        stats = MediaStats()
-        entry.info["media"] = stats
-        consumers: list[asyncio.Task] = []
-
-        async def close_peer() -> None:
-            for task in consumers:
-                task.cancel()
-            await pc.close()
-
-        entry.closers.append(close_peer)
-
-        @pc.on("track")
-        def on_track(track) -> None:
-            stats.tracks.append(track.kind)
-            consume = consume_video if track.kind == "video" else consume_audio if track.kind == "audio" else None
-            if consume is not None:
-                consumers.append(asyncio.create_task(consume(track, entry, stats)))
-
-        @pc.on("connectionstatechange")
-        async def on_state() -> None:
-            log.info("session %s… peer %s", sid[:6], pc.connectionState)
-            if pc.connectionState in ("failed", "closed"):
-                await state.registry.close(sid, f"peer {pc.connectionState}")
-
+        peer = Peer(state, entry, peers)
         try:
-            await pc.setRemoteDescription(RTCSessionDescription(sdp=body["sdp"], type="offer"))
-            await pc.setLocalDescription(await pc.createAnswer())
+            local = await peer.answer(body["sdp"])
         except Exception as exc:
             await state.registry.close(sid, "bad offer")
             raise HTTPException(400, f"could not use this offer: {exc}")
-        return {"sdp": pc.localDescription.sdp, "type": pc.localDescription.type, "session_id": sid}
+        entry.session.last_activity = time.monotonic()
+        log.info("session %s… %s", sid[:6], "resumed by its tab" if resumed else "peer created")
+        return {"sdp": local.sdp, "type": local.type, "session_id": sid,
+                "resume_token": entry.resume_token, "resumed": resumed,
+                "store_limit": state.store_limit_text()}
 
     @api.post("/webrtc/close")
     async def close(request: Request) -> dict[str, Any]:
@@ -234,11 +309,11 @@ def router(state) -> APIRouter:
     async def session_stats(session_id: str) -> dict[str, Any]:
         entry = state.registry.get(session_id)
         if entry is None:
-            raise HTTPException(404, "no such session (stopped or expired)")
+            reason = state.registry.closed_reason(session_id)
+            raise HTTPException(404, f"session ended: {reason}" if reason else "no such session (stopped or expired)")
         out = dict(entry.session.stats)
-        media = entry.info.get("media")
-        if media is not None:
-            out["media"] = media.as_dict()
+        if entry.media is not None:
+            out["media"] = entry.media.as_dict()
         return out
 
     return api
