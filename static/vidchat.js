@@ -9,10 +9,13 @@
     pc: null,
     stream: null,
     sessionId: "",
+    resumeToken: "",   // proves to the server that this tab owns sessionId
     statsTimer: null,
     wantRunning: false,
-    retries: 0,
+    run: 0,            // bumped by Start and Stop: a reconnect loop of an older run gives up
+    reconnecting: false,
   };
+  const MAX_RECONNECTS = 4;
 
   const $ = (sel) => document.querySelector(sel);
 
@@ -91,7 +94,7 @@
     return r.json();
   }
 
-  async function connect() {
+  async function connect(resume) {
     const cfg = await iceConfig();
     const pc = new RTCPeerConnection({ iceServers: cfg.iceServers || [] });
     state.pc = pc;
@@ -102,13 +105,25 @@
     const r = await fetch("/webrtc/offer", {
       method: "POST",
       headers: { "Content-Type": "application/json" },
-      body: JSON.stringify({ sdp: pc.localDescription.sdp, type: "offer", session_id: state.sessionId }),
+      body: JSON.stringify({
+        sdp: pc.localDescription.sdp, type: "offer",
+        ...(resume && state.sessionId ? { resume: { session_id: state.sessionId, token: state.resumeToken } } : {}),
+      }),
     });
     if (!r.ok) {
       const detail = await r.json().catch(() => ({}));
       throw new Error(detail.detail || `the server refused the connection (${r.status})`);
     }
     const answer = await r.json();
+    if (pc !== state.pc) {  // stopped (or restarted) meanwhile: end what the server just set up
+      pc.close();
+      if (!answer.resumed) navigator.sendBeacon("/webrtc/close", JSON.stringify({ session_id: answer.session_id }));
+      return;
+    }
+    if (resume && !answer.resumed) {
+      setNote("The server had already ended the old session (idle too long); this is a new one with an empty buffer.");
+    }
+    state.resumeToken = answer.resume_token || "";
     publishSessionId(answer.session_id);
     await pc.setRemoteDescription({ type: answer.type, sdp: answer.sdp });
   }
@@ -127,7 +142,6 @@
     if (pc !== state.pc) return;
     const s = pc.connectionState;
     if (s === "connected") {
-      state.retries = 0;
       setStatus("Live", "live");
     } else if (s === "connecting" || s === "new") {
       setStatus("Connecting…", "busy");
@@ -138,18 +152,36 @@
     }
   }
 
+  // A network blip: get a new peer for the same server session (same
+  // buffer, same chat) with back-off. Stop (or a new Start) ends the loop,
+  // also while it waits.
   async function reconnect() {
-    if (state.retries >= 3) {
-      setStatus("Connection failed", "error");
-      setNote("Could not reach the server over WebRTC. On a hosted server this usually needs a TURN server (--ice-servers). Press Start to try again.");
-      await stop();
-      return;
+    if (state.reconnecting) return;
+    state.reconnecting = true;
+    const run = state.run;
+    const current = () => run === state.run && state.wantRunning;
+    try {
+      for (let attempt = 1; attempt <= MAX_RECONNECTS && current(); attempt++) {
+        setStatus(`Reconnecting (try ${attempt} of ${MAX_RECONNECTS})…`, "busy");
+        try { state.pc?.close(); } catch (_) {}
+        state.pc = null;
+        await new Promise((r) => setTimeout(r, 1000 * 2 ** (attempt - 1)));
+        if (!current()) return;
+        try {
+          await connect(true);
+          if (current()) return;
+        } catch (err) {
+          setNote(`Reconnect failed: ${err.message || err}`);
+        }
+      }
+      if (current()) {
+        setStatus("Connection failed", "error");
+        setNote("Could not reach the server over WebRTC. On a hosted server this usually needs a TURN server (--ice-servers). Press Start to try again.");
+        await stop(true);
+      }
+    } finally {
+      state.reconnecting = false;
     }
-    state.retries += 1;
-    setStatus(`Reconnecting (try ${state.retries} of 3)…`, "busy");
-    try { state.pc?.close(); } catch (_) {}
-    await new Promise((r) => setTimeout(r, 1000 * state.retries));
-    try { await connect(); } catch (err) { reconnect(); }
   }
 
   async function start() {
@@ -160,6 +192,7 @@
       return;
     }
     state.wantRunning = true;
+    state.run += 1;
     toggleButtons(true);
     setStatus("Starting camera…", "busy");
     setNote("");
@@ -182,6 +215,7 @@
 
   async function stop(keepNote) {
     state.wantRunning = false;
+    state.run += 1;
     stopStatsPolling();
     const sid = state.sessionId;
     try { state.pc?.close(); } catch (_) {}
@@ -195,6 +229,7 @@
                                body: JSON.stringify({ session_id: sid }) }).catch(() => {});
     }
     publishSessionId("");
+    state.resumeToken = "";
     toggleButtons(false);
     if (!keepNote) { setStatus("Stopped", "idle"); setNote(""); }
     renderStats(null);
@@ -217,8 +252,11 @@
       try {
         const r = await fetch(`/webrtc/stats?session_id=${encodeURIComponent(state.sessionId)}`, { cache: "no-store" });
         if (r.status === 404 && state.wantRunning) {
-          setStatus("Session ended by the server", "error");
-          setNote("The server closed this session (idle or restarted). Press Start again.");
+          const detail = (await r.json().catch(() => ({}))).detail || "";
+          const why = detail.startsWith("session ended: ") ? detail.slice("session ended: ".length) : "";
+          setStatus(why ? `Stopped: ${why.split(":")[0]}` : "Session ended by the server", "error");
+          setNote(why ? `The server ended this session: ${why}. Press Start camera to begin again.`
+                      : "The server closed this session (idle or restarted). Press Start again.");
           await stop(true);
           return;
         }
@@ -256,5 +294,11 @@
     if (state.sessionId) navigator.sendBeacon("/webrtc/close", JSON.stringify({ session_id: state.sessionId }));
   });
 
-  window.vidchat = { start, stop, get sessionId() { return state.sessionId; } };
+  window.vidchat = {
+    start, stop,
+    get sessionId() { return state.sessionId; },
+    // Diagnostics: drop the peer as a network failure would, to see (and
+    // test) that the tab re-attaches to its session.
+    simulateNetworkDrop() { if (state.pc) { state.pc.close(); reconnect(); } },
+  };
 })();

@@ -18,12 +18,13 @@ from conftest import thumbnail_colours, until_idle
 RED, BLUE = (200, 30, 30), (30, 40, 200)
 
 
-def submit(server, sid: str, question: str, k: int = 8, max_tokens: int = 16, temperature: float = 0.0,
-           gradio: Client | None = None):
+def submit(server, sid: str, question: str, k=8, max_tokens=16, temperature=0.0, seed="",
+           gradio: Client | None = None, history=None, frames_as="images"):
     """Ask through the page's chat endpoint (the Gradio event the page uses); returns the job."""
     gradio = gradio or Client(server.url + "/", verbose=False)
     return gradio.submit(
-        question, [], sid, k, "uniform", 10, True, 0.95, 64, "images", True, max_tokens, temperature, api_name="/ask"
+        question, history or [], sid, k, "uniform", 10, True, 0.95, 64, frames_as, True, max_tokens, temperature,
+        seed, api_name="/ask"
     )
 
 

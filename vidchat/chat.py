@@ -179,7 +179,7 @@ async def ask(
     )
     if entry.question_seq != ticket:
         raise Superseded("A newer question replaced this one.")
-    answer = Answer(question, engine.start(prepared), sample, options, prompt_text=prepared.prompt_text,
+    answer = Answer(question, engine.submit(prepared), sample, options, prompt_text=prepared.prompt_text,
                     ticket=ticket, prep_ms=(time.perf_counter() - t0) * 1000, video_fps=prepared.video_fps)
     previous, entry.answer = entry.answer, answer
     if previous is not None:  # cannot happen after the ticket check; kept as a guard

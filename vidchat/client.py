@@ -32,9 +32,10 @@ from typing import Any, Iterator
 import numpy as np
 from PIL import Image
 
+from vidchat.media import AUDIO_RATE
+
 log = logging.getLogger("vidchat.client")
 
-AUDIO_RATE = 16_000
 DEFAULT_URL = "ws://127.0.0.1:7860/v1/video/chat/stream"
 
 
@@ -203,13 +204,15 @@ async def send_json(ws: Any, msg: dict[str, Any]) -> None:
 
 
 async def stream(ws: Any, events: Iterator[Event], questions: list[Question], printer: Printer,
-                 fast: bool, quality: int) -> int:
+                 fast: bool, quality: int, send_pts: bool = True) -> int:
     """Send frames/audio paced by their timestamps and the questions at theirs; returns frames sent.
 
     Real time: a question goes out at its time even if the previous answer is
     still streaming (the server then interrupts that answer). --fast: the
     stream pauses until the previous answer is complete, so each question
-    sees exactly the frames up to its time.
+    sees exactly the frames up to its time. Each frame and audio chunk carries
+    its time in the clip as ``pts_ms``, so the server places it on the
+    session's timeline where it belongs whatever the sending speed.
     """
     pending = sorted(questions)
     loop = asyncio.get_running_loop()
@@ -229,13 +232,15 @@ async def stream(ws: Any, events: Iterator[Event], questions: list[Question], pr
             delay = t0 + t - loop.time()
             if delay > 0:
                 await asyncio.sleep(delay)
+        timing = {"pts_ms": round(t * 1000.0, 3)} if send_pts else {}
         if kind == "frame":
-            await send_json(ws, {"type": "video.frame", "data": jpeg_b64(payload, quality)})
+            await send_json(ws, {"type": "video.frame", "data": jpeg_b64(payload, quality), **timing})
             frames += 1
             if frames % 50 == 0:
                 log.info("sent %d frames (%.1f s of video)", frames, t)
         else:
-            await send_json(ws, {"type": "audio.chunk", "data": base64.b64encode(payload.tobytes()).decode()})
+            await send_json(ws, {"type": "audio.chunk", "data": base64.b64encode(payload.tobytes()).decode(),
+                                 **timing})
         await asyncio.sleep(0)  # let the reader print what has arrived
     for q in pending:  # questions after the end of the video
         await ask(q, wait=True)
@@ -287,7 +292,8 @@ async def run(args: argparse.Namespace) -> int:
                         return
 
             reader = asyncio.create_task(read())
-            sender = asyncio.create_task(stream(ws, events, args.ask, printer, args.fast, args.jpeg_quality))
+            sender = asyncio.create_task(stream(ws, events, args.ask, printer, args.fast, args.jpeg_quality,
+                                                   send_pts=not args.no_pts))
             # Whichever ends first: the sender (all sent and answered) or the reader (server closed).
             await asyncio.wait({reader, sender}, return_when=asyncio.FIRST_COMPLETED)
             if sender.done():
@@ -341,6 +347,9 @@ def build_parser() -> argparse.ArgumentParser:
     src.add_argument("--fast", action="store_true",
                      help="send as fast as possible instead of in real time; each question then waits "
                      "for the previous answer")
+    src.add_argument("--no-pts", action="store_true",
+                     help="send no pts_ms with frames and audio (as a seed-protocol client does); the server "
+                     "then stamps them on arrival, so --fast compresses the clip's timeline")
     ask = parser.add_argument_group("questions")
     ask.add_argument("--ask", action="append", type=parse_ask, default=[], metavar="SECONDS:QUESTION",
                      help="ask QUESTION when the video reaches SECONDS (repeatable)")

@@ -43,7 +43,7 @@ class TrackClock:
             return arrived
         if self._origin is not None:
             lag = arrived - (self._origin + media_t)
-            if 0 <= lag <= self.reanchor_s:
+            if -1e-6 <= lag <= self.reanchor_s:  # (float rounding is not "early")
                 return self._origin + media_t
             self.reanchors += 1
         self._origin = arrived - media_t

@@ -385,7 +385,7 @@ class Engine:
         stats = ReplyStats(frames=len(frames), audio_seconds=audio_s)
         return Prepared(prompt, prompt_text, params, stats, video_fps=fps)
 
-    def start(self, prepared: Prepared, request_id: str | None = None) -> Reply:
+    def submit(self, prepared: Prepared, request_id: str | None = None) -> Reply:
         """A Reply for a prepared question; vLLM starts on its first iteration."""
         if self.is_dead:
             raise EngineDead(ENGINE_DEAD_MESSAGE)
@@ -394,9 +394,9 @@ class Engine:
 
     def ask(self, question: str, frames: Sequence[np.ndarray | Image.Image] = (),
             audio: np.ndarray | None = None, *, request_id: str | None = None, **options: Any) -> Reply:
-        """prepare() and start() in one call (benchmarks and tests; the app
+        """prepare() and submit() in one call (benchmarks and tests; the app
         prepares off the event loop)."""
-        return self.start(self.prepare(question, frames, audio, **options), request_id)
+        return self.submit(self.prepare(question, frames, audio, **options), request_id)
 
     def _usable_audio(self, audio: np.ndarray | None) -> np.ndarray | None:
         if audio is None or audio.size == 0 or not self.accepts_audio:

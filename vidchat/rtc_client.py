@@ -112,16 +112,35 @@ class RtcClient:
         offer_loopback_only()
         self.pc = RTCPeerConnection(RTCConfiguration(iceServers=[]))
         self.session_id: str | None = None
+        self.resume_token: str | None = None
+        self.resumed: bool | None = None
 
-    async def connect(self) -> str:
+    async def connect(self, resume: bool = False) -> str:
+        """Offer our tracks; with ``resume``, ask for the session we held
+        before (the server checks our resume token)."""
         for track in self.tracks:
             self.pc.addTrack(track)
         await self.pc.setLocalDescription(await self.pc.createOffer())
         offer = {"sdp": self.pc.localDescription.sdp, "type": "offer"}
+        if resume:
+            offer["resume"] = {"session_id": self.session_id, "token": self.resume_token}
         answer = await asyncio.to_thread(_post_json, self.base_url + "/webrtc/offer", offer)
         await self.pc.setRemoteDescription(RTCSessionDescription(sdp=answer["sdp"], type=answer["type"]))
         self.session_id = answer["session_id"]
+        self.resume_token = answer["resume_token"]
+        self.resumed = answer["resumed"]
         return self.session_id
+
+    async def drop(self) -> None:
+        """Lose the connection without telling the server (a network blip)."""
+        await self.pc.close()
+
+    async def reconnect(self, *tracks: MediaStreamTrack) -> str:
+        """A new peer for the same session, as the page does after a blip."""
+        if tracks:
+            self.tracks = tracks
+        self.pc = RTCPeerConnection(RTCConfiguration(iceServers=[]))
+        return await self.connect(resume=True)
 
     async def stats(self) -> dict:
         def get() -> dict:

@@ -1,0 +1,165 @@
+"""The shared answer path through real vLLM (tiny omni model): one answer per
+session however questions race, options checked in one place, and the page's
+notices kept out of what the model sees."""
+
+from __future__ import annotations
+
+import asyncio
+
+import numpy as np
+import pytest
+
+from vidchat import chat
+from vidchat.chat import AnswerOptions, OptionError
+from vidchat.engine import Turn
+from vidchat.session import SessionSettings
+from vidchat.sessions import SessionRegistry
+from vidchat.ui import NOT_RUNNING, STOPPED, history_turns, notice, page_request
+
+from conftest import TEST_MAX_IMAGES
+
+
+def filled_entry(kind="webrtc", n=6, **settings):
+    registry = SessionRegistry()
+    entry = registry.create(kind, SessionSettings(evs_enabled=False, num_sample_frames=4, **settings))
+    rng = np.random.default_rng(0)
+    for i in range(n):
+        entry.session.add_frame(rng.integers(0, 255, (96, 128, 3), dtype=np.uint8), t=100.0 + i)
+    return entry
+
+
+LONG = AnswerOptions(max_tokens=2000, temperature=1.0)
+
+
+async def drain(answer):
+    async for _ in answer.reply:
+        pass
+    return answer.reply.stats
+
+
+async def test_racing_questions_leave_exactly_one_generation(omni_engine):
+    entry = filled_entry()
+    # Five questions for one session at once, as from two doors or two /ask calls.
+    results = await asyncio.gather(*(chat.ask(omni_engine, entry, f"Q{i}", LONG) for i in range(5)),
+                                   return_exceptions=True)
+    started = [r for r in results if isinstance(r, chat.Answer)]
+    superseded = [r for r in results if isinstance(r, chat.Superseded)]
+    assert len(started) == 1 and len(superseded) == 4, results
+    winner = started[0]
+    assert winner.question == "Q4" and entry.answer is winner  # the last to arrive wins
+    consumer = asyncio.create_task(drain(winner))
+    for _ in range(50):
+        await asyncio.sleep(0.02)
+        assert omni_engine.running_requests <= 1
+    assert omni_engine.running_requests == 1
+    # A later question replaces it: the running one is aborted in vLLM.
+    short = await chat.ask(omni_engine, entry, "And now?", AnswerOptions(max_tokens=4, temperature=0.0))
+    stats = await asyncio.wait_for(consumer, 10)
+    assert stats.cancelled and stats.completion_tokens < 2000
+    assert (await drain(short)).completion_tokens == 4
+    assert chat.release(entry, short) and entry.answer is None
+    assert omni_engine.running_requests == 0
+
+
+async def test_question_arriving_during_preparation_wins(omni_engine):
+    entry = filled_entry(n=16)
+    first = asyncio.create_task(chat.ask(omni_engine, entry, "first", LONG))
+    await asyncio.sleep(0)  # the first is being prepared in its worker thread
+    second = await chat.ask(omni_engine, entry, "second", AnswerOptions(max_tokens=2, temperature=0.0))
+    with pytest.raises(chat.Superseded):
+        await first
+    assert entry.answer is second
+    await drain(second)
+    assert omni_engine.running_requests == 0
+
+
+async def test_no_frames_message_is_defined_once_per_door(omni_engine):
+    for kind, hint in (("ws", "Send video.frame before video.query."), ("webrtc", "Start camera")):
+        entry = filled_entry(kind=kind, n=0)
+        with pytest.raises(chat.NoFrames) as err:
+            await chat.ask(omni_engine, entry, "Hi?", AnswerOptions())
+        assert str(err.value).startswith("No frames available.") and hint in str(err.value)
+    assert chat.no_frames_message("ws") == "No frames available. Send video.frame before video.query."
+
+
+@pytest.mark.parametrize("change, fragment", [
+    ({"seed": 2**63}, "seed must be a whole number that fits a signed 64-bit integer"),
+    ({"seed": -(2**63) - 1}, "signed 64-bit"),
+    ({"seed": 1.5}, "seed must be"),
+    ({"temperature": float("nan")}, "temperature must be a number in 0..100"),
+    ({"temperature": -0.1}, "temperature must be"),
+    ({"max_tokens": 0}, "max_tokens must be a whole number in 1..4096"),
+    ({"max_tokens": 10**9}, "max_tokens must be"),
+    ({"frames_as": "gif"}, "frames_as must be one of images, video"),
+])
+def test_options_are_checked_in_one_place(omni_engine, change, fragment):
+    with pytest.raises(OptionError, match=fragment.replace("(", r"\(").replace(".", r"\.")):
+        chat.check_options(AnswerOptions().updated(**change), omni_engine)
+
+
+def test_frames_per_question_are_counted_against_the_engine_for_images_and_video(omni_engine):
+    chat.check_options(AnswerOptions(seed=2**63 - 1), omni_engine, SessionSettings(num_sample_frames=TEST_MAX_IMAGES))
+    for frames_as in ("images", "video"):
+        with pytest.raises(OptionError, match=f"carries {TEST_MAX_IMAGES + 1} frames"):
+            chat.check_options(AnswerOptions(frames_as=frames_as), omni_engine,
+                               SessionSettings(num_sample_frames=TEST_MAX_IMAGES + 1))
+
+
+def test_page_values_are_coerced_with_clear_messages(omni_engine):
+    class State:
+        settings = None
+
+        @staticmethod
+        def answer_defaults():
+            return AnswerOptions()
+
+    good = page_request(State, 8.0, "uniform", 10, True, 0.95, 64, "images", True, "32", 0.5, " 42 ")
+    assert good.sampling["num_sample_frames"] == 8 and good.options.seed == 42 and good.options.max_tokens == 32
+    assert page_request(State, 8, "uniform", 10, True, 0.95, 64, "images", True, 32, 0.5, "").options.seed is None
+    for args, fragment in [
+        ((8.5, "uniform", 10, True, 0.95, 64, "images", True, 32, 0.5, ""), "Frames per question must be a whole"),
+        ((8, "random", 10, True, 0.95, 64, "images", True, 32, 0.5, ""), "Sampling must be one of"),
+        ((8, "uniform", 10, True, 0.95, 64, "images", True, "lots", 0.5, ""), "Max tokens must be a whole"),
+        ((8, "uniform", 10, True, 0.95, 64, "images", True, 32, None, ""), "Temperature must be a number"),
+        ((8, "uniform", 10, True, 0.95, 64, "images", True, 32, 0.5, "abc"), "Seed must be a whole number"),
+    ]:
+        with pytest.raises(OptionError, match=fragment):
+            page_request(State, *args)
+
+
+def test_notices_never_reach_the_model():
+    history = [
+        {"role": "user", "content": "What is this?"},
+        notice(NOT_RUNNING),
+        {"role": "user", "content": "And now?"},
+        {"role": "assistant", "content": "A red room."},
+        {"role": "user", "content": "Talk at length"},
+        notice(STOPPED),
+        {"role": "user", "content": "Colour?"},
+        {"role": "assistant", "content": [{"type": "text", "text": "Blue."}]},
+        notice("⚠ The model failed to answer: boom"),
+    ]
+    assert history_turns(history) == [Turn("user", "And now?"), Turn("assistant", "A red room."),
+                                      Turn("user", "Colour?"), Turn("assistant", "Blue.")]
+
+
+async def test_a_notice_in_the_history_changes_nothing_the_engine_sees(omni_engine):
+    entry = filled_entry()
+    opts = AnswerOptions(max_tokens=1, temperature=0.0)
+    plain = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello."}]
+    noisy = [plain[0], plain[1], {"role": "user", "content": "Hm?"}, notice(NOT_RUNNING)]
+    prompts = []
+    for history in (plain, noisy):
+        answer = await chat.ask(omni_engine, entry, "Colour?", opts, history=history_turns(history))
+        await drain(answer)
+        prompts.append((answer.prompt_text, answer.reply.stats.prompt_tokens))
+    assert prompts[0] == prompts[1] and NOT_RUNNING not in prompts[0][0]
+
+
+async def test_video_answers_carry_their_real_frame_rate(omni_engine):
+    entry = filled_entry(n=8)
+    answer = await chat.ask(omni_engine, entry, "What moves?", AnswerOptions(frames_as="video", max_tokens=2))
+    await drain(answer)
+    summary = answer.summary()
+    assert summary["frames_as"] == "video" and summary["frame_times"] == [0.0, 2.0, 4.0, 7.0]
+    assert summary["video_fps"] == pytest.approx(3 / 7, abs=1e-3)  # 4 frames over 7 s of media time
