@@ -100,7 +100,7 @@ def noise_jpegs(variants: int = 2) -> list[bytes]:
     for v in range(variants):
         for _ in range(6):
             lo = 95 * (v % 2)
-            img = (rng.integers(0, 160, (h, w, 3), dtype=np.uint8) + np.uint8(lo))
+            img = rng.integers(0, 160, (h, w, 3), dtype=np.uint8) + np.uint8(lo)
             buf = io.BytesIO()
             Image.fromarray(img).save(buf, "JPEG", quality=95)
             size = buf.tell()
@@ -142,6 +142,7 @@ class WsClient:
             finally:
                 for t in tasks:
                     t.cancel()
+                await asyncio.gather(*tasks, return_exceptions=True)  # a reader's own failure is not news here
 
     async def _ask(self, ws: ClientConnection, stop: asyncio.Event, every: float) -> None:
         while self.sent < 1:  # a question before any frame would only get a "no frames" error
@@ -160,8 +161,10 @@ class WsClient:
                 self.errors[str(msg.get("message"))[:100]] += 1
             elif kind == "response.text.done":
                 self.answered += 1
-                self.cancelled += bool(msg.get("stats", {}).get("cancelled"))
-                self.answer_s.append(time.monotonic() - self._asked_at)
+                if msg.get("stats", {}).get("cancelled"):  # replaced by the next question: no latency
+                    self.cancelled += 1
+                else:
+                    self.answer_s.append(time.monotonic() - self._asked_at)
 
 
 async def loop_lag(url: str) -> dict[str, Any]:
@@ -173,8 +176,11 @@ async def reset_lag(url: str) -> None:
 
 
 async def frames_seen(clients: list[RtcClient]) -> list[int]:
-    stats = await asyncio.gather(*(c.stats() for c in clients))
-    return [s.get("media", {}).get("video_frames_seen", 0) for s in stats]
+    stats = await asyncio.gather(*(c.stats() for c in clients), return_exceptions=True)
+    for s in stats:
+        if isinstance(s, Exception):  # e.g. 404: the server ended the session; it then counts 0 fps
+            log.warning("WebRTC stats failed: %r", s)
+    return [0 if isinstance(s, Exception) else s.get("media", {}).get("video_frames_seen", 0) for s in stats]
 
 
 def cpu_seconds(proc: psutil.Process) -> float:
@@ -242,7 +248,7 @@ async def measure(args: argparse.Namespace, url: str, server: psutil.Process, pa
         "answers_cancelled": sum(c.cancelled for c in ws),
         "answer_s_median": round(statistics.median(answers), 2) if answers else None,
         "server_cpu_pct": round(server_pct), "bench_cpu_pct": round(bench_pct),
-        "args": {k: v for k, v in vars(args).items()},
+        "load_average": [round(x, 1) for x in os.getloadavg()], "args": vars(args),
     }
 
 
@@ -274,7 +280,7 @@ def report(r: dict[str, Any], log_path: Path) -> str:
     errors = "; ".join(f"{n} x {m}" for m, n in r["ws_errors"].items()) or "none"
     print(f"errors           : {errors}{'; client failures: ' + ', '.join(r['ws_client_failures']) if r['ws_client_failures'] else ''}")
     print(f"CPU              : server (with engine) {r['server_cpu_pct']}% of a core, "
-          f"this bench {r['bench_cpu_pct']}%, {psutil.cpu_count()} CPUs")
+          f"this bench {r['bench_cpu_pct']}%; {psutil.cpu_count()} CPUs, load average {r['load_average']}")
     warn = [ln for ln in log_path.read_text(errors="replace").splitlines()
             if " WARNING " in ln or " ERROR " in ln or "Traceback" in ln]
     print(f"server log       : {log_path.relative_to(ROOT)} ({len(warn)} warning/error lines)")
@@ -310,6 +316,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def main() -> int:
     args = parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", datefmt="%H:%M:%S")
+    for noisy in ("aioice", "aiortc", "websockets"):  # per-candidate ICE chatter at INFO
+        logging.getLogger(noisy).setLevel(logging.WARNING)
     RESULTS.mkdir(parents=True, exist_ok=True)
     # Made before the server starts, so neither start-up nor the baseline shares the CPU with them.
     t0 = time.monotonic()

@@ -236,8 +236,8 @@ async def test_abrupt_disconnect_aborts_generation(server):
         ({"frames_as": "film"}, "Invalid value for 'frames_as'"),
         ({"max_frames": 0}, "max_frames must be an integer in 1.."),
         ({"evs_threshold": 1.5}, "evs_threshold must be a number in [0, 1]"),
-        ({"max_tokens": 0}, "Invalid value for 'max_tokens'"),
-        ({"temperature": -1}, "Invalid value for 'temperature'"),
+        ({"max_tokens": 0}, "max_tokens must be a whole number in 1.."),
+        ({"temperature": -1}, "temperature must be a number in 0.."),
         ({"num_frames": 4, "num_sample_frames": 8}, "same setting"),
     ],
 )
@@ -477,3 +477,41 @@ def test_client_help():
     res = subprocess.run([sys.executable, "-m", "vidchat.client", "--help"], cwd=ROOT, capture_output=True,
                          text=True, timeout=30)
     assert res.returncode == 0 and "--ask" in res.stdout and "--synthetic" in res.stdout
+
+
+# ---- one timeline: pts_ms --------------------------------------------------
+
+async def test_pts_ms_places_frames_and_audio_on_the_session_timeline(server):
+    ws = await connect(server, evs_enabled=False, num_sample_frames=4, max_tokens=2, temperature=0.0)
+    pcm = base64.b64encode((np.full(1600, 3000, np.int16)).tobytes()).decode()  # 0.1 s each
+    # Sent as fast as possible, but stamped 0.5 s apart: the clip's own timing counts.
+    for i in range(4):
+        await send(ws, {"type": "audio.chunk", "data": pcm, "pts_ms": 1000 + 500 * i})
+        await send(ws, {"type": "video.frame", "data": MOVING[i], "pts_ms": 1000 + 500 * i})
+    stats = check_answer(await answer(ws))["stats"]
+    assert stats["frame_times"] == [0.0, 0.5, 1.0, 1.5] and stats["frame_indices"] == [0, 1, 2, 3]
+    # Audio: 0.1 s chunks at 0.5 s steps, silence between, from the first frame to the last chunk's end.
+    assert stats["audio_span"] == [0.0, 1.6]
+    assert stats["audio_seconds"] == pytest.approx(1.6, abs=0.01)
+    # A bad pts_ms is reported and the session goes on.
+    await send(ws, {"type": "video.frame", "data": MOVING[4], "pts_ms": "soon"})
+    await expect_error(ws, "'pts_ms' must be a number of milliseconds")
+    await still_alive(ws)
+    await ws.close()
+
+
+def test_fast_and_real_time_sends_give_the_same_inputs(server):
+    """The same clip streamed in real time and with --fast: the question sees
+    the same frames at the same times and the same audio span."""
+    runs = []
+    for mode in ([], ["--fast"]):
+        res = run_client(server, "--synthetic", "--duration", "3", "--fps", "5", "--json", "--max-tokens", "2",
+                         "--temperature", "0", "--ask", "2:What now?", *mode)
+        assert res.returncode == 0, res.stdout + res.stderr
+        done = [json.loads(line) for line in res.stdout.splitlines() if '"response.text.done"' in line]
+        assert len(done) == 1
+        runs.append(done[0]["stats"])
+    real, fast = runs
+    for key in ("frame_times", "frame_indices", "audio_span", "audio_seconds"):
+        assert real[key] == fast[key], (key, real[key], fast[key])
+    assert real["frame_times"][0] == 0.0 and real["audio_span"] == [0.0, 2.0]

@@ -180,3 +180,77 @@ async def test_closing_the_tab_mid_answer_aborts_the_generation(server):
     await client.close(tell_server=True)  # what the page's Stop / pagehide beacon does
     assert await until_idle(server, within=1.0) == 0
     await asyncio.to_thread(job.result, 60)
+
+
+# ---- a dropped network is not a lost session ----------------------------------
+
+async def test_a_dropped_connection_reattaches_to_its_session_with_the_token(server):
+    client = RtcClient(server.url, SyntheticVideo(fps=15), SyntheticAudio())
+    sid = await client.connect()
+    token = client.resume_token
+    await wait_for(lambda: _enough(client, frames=15, audio_s=0.5), timeout=20)
+    before = await client.stats()
+    await client.drop()  # no /webrtc/close: the network went away
+    await asyncio.sleep(1.0)
+    # Someone without the token cannot take the session over: they get a new one.
+    thief = RtcClient(server.url, SyntheticVideo(fps=5))
+    thief.session_id, thief.resume_token = sid, "not-the-token"
+    await thief.reconnect()
+    assert thief.session_id != sid and thief.resumed is False
+    await thief.close()
+    # The tab comes back with its token: same session, same buffer, media flows again.
+    await client.reconnect(SyntheticVideo(fps=15), SyntheticAudio())
+    assert client.session_id == sid and client.resumed is True and client.resume_token == token
+    after = await wait_for(lambda: _enough(client, frames=before["frames_received"] + 10), timeout=20)
+    assert after["frames_in_buffer"] >= before["frames_in_buffer"]
+    assert after["frames_kept"] > before["frames_kept"]
+    history, _, details = await asyncio.to_thread(ask, server, sid, "Still there?", k=8, max_tokens=2)
+    assert details["frames"] == 8 and details["frame_indices"][0] == 0  # the old frames are still in the ring
+    await client.close()
+
+
+# ---- the page's /ask API: checked options, one answer per session ------------
+
+async def test_bad_values_through_the_ask_api_get_a_clear_notice(server):
+    # (Sliders are bounded by Gradio itself before the event runs; these
+    # fields are free-form, so the answer path's own checks speak.)
+    client = RtcClient(server.url, SyntheticVideo())
+    await client.connect()
+    try:
+        await wait_for(lambda: _enough(client, frames=3), timeout=20)
+        for kw, fragment in [
+            (dict(seed=str(2**64)), "seed must be a whole number that fits a signed 64-bit integer"),
+            (dict(seed="soon"), "Seed must be a whole number"),
+            (dict(seed="1e400"), "Seed must be a whole number"),
+        ]:
+            history, _, _ = await asyncio.to_thread(ask, server, client.session_id, "Hi?", **kw)
+            last = history[-1]
+            assert last["role"] == "assistant" and (last.get("metadata") or {}).get("log") == "vidchat notice"
+            text = last["content"] if isinstance(last["content"], str) else str(last["content"])
+            assert "Settings not accepted" in text and fragment in text and "Traceback" not in text, text
+        # A valid seed in range works, and the same seed gives the same reply.
+        replies = [await asyncio.to_thread(ask, server, client.session_id, "Hi?", seed=str(2**63 - 1),
+                                           temperature=1.0, max_tokens=6) for _ in range(2)]
+        assert replies[0][2]["seed"] == 2**63 - 1 and replies[0][2]["completion_tokens"] == 6
+    finally:
+        await client.close()
+
+
+async def test_concurrent_ask_calls_never_generate_twice(server):
+    client = RtcClient(server.url, SyntheticVideo())
+    await client.connect()
+    try:
+        await wait_for(lambda: _enough(client, frames=10), timeout=20)
+        jobs = [submit(server, client.session_id, f"Q{i}", k=4, max_tokens=400, temperature=1.0)
+                for i in range(3)]
+        peak = 0
+        for _ in range(40):
+            peak = max(peak, await asyncio.to_thread(server.running_requests))
+            await asyncio.sleep(0.05)
+        results = [await asyncio.to_thread(job.result, 120) for job in jobs]
+        assert peak == 1, peak
+        finished = [r[2] for r in results if isinstance(r[2], dict) and r[2].get("cancelled") is False]
+        assert len(finished) == 1 and finished[0]["completion_tokens"] > 0
+        assert await until_idle(server) == 0
+    finally:
+        await client.close()

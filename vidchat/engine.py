@@ -115,7 +115,7 @@ def video_fps(frame_times: Sequence[float] | None, n_frames: int) -> float | Non
     if not span > 0:
         return None
     # Bounded so a burst (or a still scene held for minutes) stays a sane rate.
-    return min(max((n_frames - 1) / span, 0.01), 240.0)
+    return min(max((n_frames - 1) / span, 0.1), 240.0)
 
 
 @dataclass
