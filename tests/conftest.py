@@ -90,6 +90,13 @@ class Server:
         except urllib.error.HTTPError as e:
             return json.loads(e.read())
 
+    def post_json(self, path: str, body: dict) -> dict:
+        import json
+
+        req = urllib.request.Request(self.url + path, json.dumps(body).encode(), {"Content-Type": "application/json"})
+        with urllib.request.urlopen(req, timeout=10) as r:
+            return json.loads(r.read())
+
     def running_requests(self) -> int:
         return self.get_json("/api/health")["running_requests"]
 

@@ -316,3 +316,63 @@ async def test_refused_microphone_runs_with_the_camera_and_closing_the_tab_frees
             assert "detail" in gone, "closing the tab left its session open"
         finally:
             await browser.close()
+
+
+async def _stats(server, sid: str) -> dict:
+    return await asyncio.to_thread(server.get_json, f"/webrtc/stats?session_id={sid}")
+
+
+async def test_network_drop_reattaches_and_stop_during_backoff_really_stops(server, media, tmp_path, artifacts_dir):
+    async with async_playwright() as pw:
+        browser = await launch(pw, media["red"], media["tone"], tmp_path)
+        try:
+            page = await open_and_start(browser, server.url + "/")
+            sid = await session_id(page)
+            before = await _stats(server, sid)
+
+            # A blip: the peer dies without /webrtc/close; the tab re-attaches to the same session.
+            await page.evaluate("window.vidchat.simulateNetworkDrop()")
+            await page.wait_for_function("document.querySelector('#vc-conn').textContent.startsWith('Reconnecting')")
+            await page.wait_for_function("document.querySelector('#vc-conn').dataset.tone === 'live'", timeout=30_000)
+            assert await session_id(page) == sid
+            for _ in range(50):
+                after = await _stats(server, sid)
+                if after["frames_received"] > before["frames_received"] + 10:
+                    break
+                await asyncio.sleep(0.2)
+            assert after["frames_kept"] > before["frames_kept"] >= 1  # same buffer, new frames on top
+
+            # Drop again with the server unreachable, and press Stop while the tab waits to retry.
+            offers: list[str] = []
+            page.on("request", lambda r: offers.append(r.url) if r.url.endswith("/webrtc/offer") else None)
+            await page.context.set_offline(True)
+            await page.evaluate("window.vidchat.simulateNetworkDrop()")
+            await page.wait_for_function("document.querySelector('#vc-note').textContent.startsWith('Reconnect failed')",
+                                         timeout=20_000)
+            await page.context.set_offline(False)
+            await page.click("#vc-stop")
+            tried = len(offers)
+            await asyncio.sleep(6)  # longer than the next back-off step
+            assert len(offers) == tried, "a reconnect attempt ran after Stop"
+            assert await page.inner_text("#vc-conn") == "Stopped" and await session_id(page) == ""
+            await page.screenshot(path=str(artifacts_dir / "page-stopped-after-reconnect.png"))
+            gone = await _stats(server, sid)
+            assert gone["detail"] == "session ended: stopped by the page"
+        finally:
+            await browser.close()
+
+
+async def test_a_session_the_server_ends_shows_why_in_the_status_line(server, media, tmp_path):
+    async with async_playwright() as pw:
+        browser = await launch(pw, media["blue"], media["tone"], tmp_path)
+        try:
+            page = await open_and_start(browser, server.url + "/")
+            sid = await session_id(page)
+            # The server ends the session (here through the close endpoint; a
+            # failing camera consumer ends it the same way, with its cause).
+            await asyncio.to_thread(server.post_json, "/webrtc/close", {"session_id": sid})
+            await page.wait_for_function("document.querySelector('#vc-conn').dataset.tone === 'error'", timeout=10_000)
+            assert await page.inner_text("#vc-conn") == "Stopped: stopped by the page"
+            assert "The server ended this session: stopped by the page" in await page.inner_text("#vc-note")
+        finally:
+            await browser.close()
