@@ -22,6 +22,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from vidchat import tinymodel  # noqa: E402
 from vidchat.engine import Engine, EngineOptions  # noqa: E402
+from vidchat.media import AUDIO_RATE  # noqa: E402
 from vidchat.settings import Settings  # noqa: E402
 
 
@@ -51,7 +52,7 @@ async def run(args: argparse.Namespace) -> None:
     try:
         for i in range(args.questions + 1):  # the first of each is warm-up
             frames = test_frames(args.frames, i)
-            audio = (np.sin(np.arange(int(args.audio_seconds * 16000)) * 0.05) * 0.2).astype(np.float32)
+            audio = (np.sin(np.arange(int(args.audio_seconds * AUDIO_RATE)) * 0.05) * 0.2).astype(np.float32)
             reply = engine.ask("What is happening?", frames=frames, audio=audio if args.audio_seconds else None,
                                max_tokens=args.tokens, temperature=0.0, ignore_eos=True)
             async for _ in reply:
@@ -69,7 +70,7 @@ async def run(args: argparse.Namespace) -> None:
                                                     with_audio=bool(args.audio_seconds)),
                       "multi_modal_data": {"image": [Image.fromarray(f) for f in frames]}}
             if args.audio_seconds:
-                prompt["multi_modal_data"]["audio"] = [(audio * 0.9, 16000)]
+                prompt["multi_modal_data"]["audio"] = [(audio * 0.9, AUDIO_RATE)]
             params = SamplingParams(max_tokens=args.tokens, temperature=0.0, ignore_eos=True)
             t = time.perf_counter()
             first = None

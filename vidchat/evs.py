@@ -1,4 +1,5 @@
-"""EVS: drop webcam frames that show nothing new.
+"""EVS ("efficient video sampling", the seed protocol's name for this step):
+drop webcam frames that show nothing new.
 
 How a frame is judged
 ---------------------
@@ -303,8 +304,6 @@ class FrameFilter:
     def check(self, frame: np.ndarray | Image.Image | bytes, t: float | None = None) -> bool:
         """Decide whether ``frame`` (captured at ``t``, default now) is kept."""
         return self.check_thumbnail(thumbnail(frame), t)
-
-    should_retain = check  # the seed's name
 
     def check_thumbnail(self, grid: np.ndarray, t: float | None = None) -> bool:
         """Decide from a grid made by :func:`thumbnail` and record the decision."""

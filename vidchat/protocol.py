@@ -48,7 +48,6 @@ sampled frames (not cleared after each question).
 from __future__ import annotations
 
 import asyncio
-import base64
 import binascii
 import dataclasses
 import json
@@ -58,7 +57,7 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from vidchat import chat
+from vidchat import chat, wire
 from vidchat.chat import Answer, AnswerOptions, OptionError
 from vidchat.clock import ClientClock
 from vidchat.engine import ENGINE_DEAD_MESSAGE, EngineError
@@ -74,9 +73,10 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-# Messages longer than this are parsed and decoded in a worker thread: a
-# 640×480 frame's JSON+base64 costs ~0.3 ms, an 8 MB one ~40 ms, which would
-# stall every other session's frames and streamed tokens.
+# Messages longer than this are parsed and decoded in a worker thread, in
+# slices that yield the interpreter lock (vidchat.wire): a 640×480 frame's
+# JSON+base64 costs ~0.3 ms, an 8 MB one ~55 ms, which would stall every other
+# session's frames and streamed tokens.
 INLINE_PARSE_CHARS = 64 * 1024
 
 # Close codes: normal end, a protocol violation, server busy, server error.
@@ -381,7 +381,7 @@ class Connection:
     async def _parse(self, raw: str) -> Any:
         """json.loads, in a worker thread for large messages (raises ValueError)."""
         if len(raw) > INLINE_PARSE_CHARS:
-            return await asyncio.to_thread(json.loads, raw)
+            return await asyncio.to_thread(wire.parse, raw)
         return json.loads(raw)
 
     async def _loop(self) -> str:
@@ -464,11 +464,13 @@ class Connection:
     async def _b64(self, msg: dict[str, Any], kind: str, limit: int | None) -> bytes | None:
         """Decode msg['data'] (base64, optionally a data: URL); errors are sent and give None."""
         text = msg.get("data", "")
-        if not isinstance(text, str):
+        if not isinstance(text, (str, wire.BigText)):
             await self.error(f"{kind} requires 'data' as a base64 string, got {type(text).__name__}")
             return None
-        if text.startswith("data:") and "," in text[:200]:
-            text = text.split(",", 1)[1]
+        head = text.head(200) if isinstance(text, wire.BigText) else text[:200]
+        if head.startswith("data:") and "," in head:
+            comma = head.index(",") + 1
+            text = text.skip(comma) if isinstance(text, wire.BigText) else text[comma:]
         if not text:
             await self.error(f"{kind} has no data")
             return None
@@ -478,9 +480,9 @@ class Connection:
             return None
         try:
             if len(text) > INLINE_PARSE_CHARS:
-                data = await asyncio.to_thread(_b64decode, text)
+                data = await asyncio.to_thread(wire.b64decode, text)
             else:
-                data = _b64decode(text)
+                data = wire.b64decode(text)
         except (binascii.Error, ValueError):
             await self.error(f"Invalid base64 in {kind}")
             return None
@@ -595,13 +597,6 @@ class Connection:
         "session.update": _on_update,
         "session.config": _on_second_config,
     }
-
-
-def _b64decode(text: str) -> bytes:
-    try:
-        return base64.b64decode(text, validate=True)
-    except binascii.Error:  # allow line breaks and other whitespace
-        return base64.b64decode("".join(text.split()), validate=True)
 
 
 async def serve(state: "AppState", websocket: "WebSocket") -> None:

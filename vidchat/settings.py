@@ -13,6 +13,8 @@ import os
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
+from vidchat.media import DEFAULT_MAX_FRAME_BYTES, FRAMES_AS
+
 ENV_PREFIX = "VIDCHAT_"
 
 
@@ -49,7 +51,7 @@ class Settings:
         "Where the tiny test model is built on first use.",
     )
     # --- answers ----------------------------------------------------------
-    frames_as: str = _opt("images", "Send sampled frames as separate 'images' or as one 'video'.", choices=("images", "video"))
+    frames_as: str = _opt("images", "Send sampled frames as separate 'images' or as one 'video'.", choices=FRAMES_AS)
     max_tokens: int = _opt(256, "Longest reply in tokens.")
     temperature: float = _opt(0.7, "Sampling temperature (0 = greedy).")
     system_prompt: str = _opt(
@@ -63,12 +65,13 @@ class Settings:
     # --- sessions -------------------------------------------------------
     max_sessions: int = _opt(16, "Most concurrent sessions (browser tabs + WebSocket clients).")
     session_idle_timeout: float = _opt(
-        30.0, "End a WebRTC session whose newest frame or audio is older than this (seconds)."
+        30.0, "End a WebRTC session whose newest frame or audio is older than this (seconds); until then a "
+        "tab whose connection dropped can re-attach to it.",
     )
     # --- seed WebSocket protocol --------------------------------------
     ws_idle_timeout: float = _opt(60.0, "WebSocket protocol: close a session after this many seconds without a message.")
     ws_config_timeout: float = _opt(10.0, "WebSocket protocol: seconds a client has to send session.config.")
-    ws_max_frame_bytes: int = _opt(10 * 1024 * 1024, "WebSocket protocol: largest accepted JPEG frame in bytes.")
+    ws_max_frame_bytes: int = _opt(DEFAULT_MAX_FRAME_BYTES, "Largest encoded frame a session accepts, in bytes (the WebSocket protocol's JPEG frames).")
     ws_max_audio_seconds: float = _opt(30.0, "WebSocket protocol: most seconds of audio kept per session.")
     # --- WebRTC -------------------------------------------------------
     ice_servers: str = _opt(

@@ -53,6 +53,7 @@ PREVIEW_HTML = """
       <option value="30">30 fps</option></select></label>
   </div>
   <div class="vc-stats" id="vc-stats">No session</div>
+  <div class="vc-store vc-muted" id="vc-store">{store_limit}</div>
   <div class="vc-note" id="vc-note" role="status"></div>
 </div>
 """
@@ -310,7 +311,6 @@ def _settings_panel(state) -> list[gr.components.Component]:
     s = state.settings
     max_images = max(1, s.max_images)
     with gr.Accordion("Settings", open=False, elem_id="vc-settings"):
-        gr.HTML(f"<p class='vc-muted vc-store'>{html.escape(state.store_limit_text())}</p>")
         with gr.Row():
             k = gr.Slider(1, max_images, value=min(16, max_images), step=1, label="Frames per question")
             sampling = gr.Dropdown(list(SAMPLING_STRATEGIES), value="uniform", label="Sampling")
@@ -338,7 +338,8 @@ def mount(app, state):
         _header(state)
         with gr.Row(equal_height=False, elem_classes="vc-main"):
             with gr.Column(scale=5, min_width=300):
-                gr.HTML(PREVIEW_HTML, elem_id="vc-live-panel")
+                gr.HTML(PREVIEW_HTML.replace("{store_limit}", html.escape(state.store_limit_text())),
+                        elem_id="vc-live-panel")
             with gr.Column(scale=6, min_width=300):
                 chatbot = gr.Chatbot(label="Chat", height=440, elem_id="vc-chat", buttons=["copy"])
                 with gr.Row(elem_classes="vc-ask"):
