@@ -45,7 +45,6 @@ import json
 import logging
 import os
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -59,36 +58,15 @@ from websockets.asyncio.client import ClientConnection, connect
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "bench")]
 
-from ingest import BenchClient, EncodedVideo, encode_clip, free_port, http_json, stop_server  # noqa: E402
+from ingest import BenchClient, EncodedVideo, encode_clip, http_json, start_server, stop_server  # noqa: E402
 from vidchat.rtc_client import RtcClient, SyntheticVideo  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results"
-SERVER_ARGS = ["--model", "tiny", "--max-images", "16", "--max-model-len", "4096", "--kv-cache-gb", "0.25"]
+# On top of bench/ingest.py's server arguments (the tiny model, a small KV cache).
+EXTRA_SERVER_ARGS = ["--max-images", "16"]
 WIDTH, HEIGHT = 640, 480
 JPEG_MIN, JPEG_MAX = int(7.5e6), int(8.5e6)  # the server's default cap is 10 MB
 log = logging.getLogger("looplag")
-
-
-def start_server(log_path: Path, timeout: float = 300) -> tuple[subprocess.Popen, str]:
-    """app.py as users run it; returns once /api/health says ok."""
-    port = free_port()
-    cmd = [sys.executable, str(ROOT / "app.py"), "--host", "127.0.0.1", "--port", str(port), *SERVER_ARGS]
-    if os.environ.get("VIDCHAT_CACHE_DIR"):  # as tests/conftest.py does: the tiny model lives there
-        cmd += ["--cache-dir", os.environ["VIDCHAT_CACHE_DIR"]]
-    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=open(log_path, "w"), stderr=subprocess.STDOUT)
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"server exited with {proc.returncode}:\n{log_path.read_text()[-3000:]}")
-        try:
-            if http_json(url + "/api/health", timeout=2).get("ok"):
-                return proc, url
-        except (OSError, ValueError):
-            pass
-        time.sleep(0.5)
-    stop_server(proc)
-    raise RuntimeError(f"server not ready in {timeout:.0f} s:\n{log_path.read_text()[-3000:]}")
 
 
 def noise_jpegs(variants: int = 2) -> list[bytes]:
@@ -328,7 +306,7 @@ def main() -> int:
     log_path = RESULTS / "looplag-server.log"
     log.info("starting server: app.py %s", " ".join(SERVER_ARGS))
     t0 = time.monotonic()
-    proc, url = start_server(log_path)
+    proc, url = start_server(log_path, EXTRA_SERVER_ARGS)
     log.info("server ready at %s in %.0f s (pid %d); log in %s", url, time.monotonic() - t0, proc.pid, log_path)
     try:
         result = asyncio.run(measure(args, url, psutil.Process(proc.pid), packets, jpegs))

@@ -241,7 +241,10 @@ async def test_concurrent_ask_calls_never_generate_twice(server):
     await client.connect()
     try:
         await wait_for(lambda: _enough(client, frames=10), timeout=20)
-        jobs = [submit(server, client.session_id, f"Q{i}", k=4, max_tokens=400, temperature=1.0)
+        gradio = Client(server.url + "/", verbose=False)
+        # Greedy decoding of the random model runs on without an end token,
+        # so no answer can finish before the next question arrives.
+        jobs = [submit(server, client.session_id, f"Q{i}", k=4, max_tokens=400, temperature=0.0, gradio=gradio)
                 for i in range(3)]
         peak = 0
         for _ in range(40):
