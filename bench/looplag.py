@@ -58,7 +58,7 @@ from websockets.asyncio.client import ClientConnection, connect
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "bench")]
 
-from ingest import BenchClient, EncodedVideo, encode_clip, http_json, start_server, stop_server  # noqa: E402
+from ingest import SERVER_ARGS, BenchClient, EncodedVideo, encode_clip, http_json, start_server, stop_server  # noqa: E402
 from vidchat.rtc_client import RtcClient, SyntheticVideo  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results"
@@ -304,7 +304,7 @@ def main() -> int:
     log.info("load prepared in %.0f s: %d VP8 packets; WebSocket frames of %s bytes",
              time.monotonic() - t0, len(packets), ", ".join(str(len(j)) for j in jpegs))
     log_path = RESULTS / "looplag-server.log"
-    log.info("starting server: app.py %s", " ".join(SERVER_ARGS))
+    log.info("starting server: app.py %s", " ".join(SERVER_ARGS + EXTRA_SERVER_ARGS))
     t0 = time.monotonic()
     proc, url = start_server(log_path, EXTRA_SERVER_ARGS)
     log.info("server ready at %s in %.0f s (pid %d); log in %s", url, time.monotonic() - t0, proc.pid, log_path)
