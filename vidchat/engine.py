@@ -144,6 +144,9 @@ class Reply:
         self._gen: AsyncIterator | None = None
         self._done = False
         self._busy = False
+        self._abort_requested = False
+        self._idle = asyncio.Event()  # set while no task is inside __anext__
+        self._idle.set()
         self._started = time.perf_counter()
 
     def __aiter__(self) -> "Reply":
@@ -155,9 +158,17 @@ class Reply:
         if self._gen is None:
             self._gen = self.engine._llm.generate(self._prompt, self._params, self.request_id)
         self._busy = True
+        self._idle.clear()
         try:
             while True:
                 out = await self._gen.__anext__()
+                if self._abort_requested:
+                    # An abort sent while vLLM was still registering the
+                    # request (its input processing runs in a thread) finds
+                    # nothing to abort: repeat it now that the request exists.
+                    await self.engine._llm.abort(self.request_id)
+                    self.stats.cancelled = True
+                    raise StopAsyncIteration
                 completion = out.outputs[0]
                 delta = completion.text[len(self.text) :]
                 if out.prompt_token_ids is not None:
@@ -186,6 +197,7 @@ class Reply:
             raise self.engine._translate(exc, self) from exc
         finally:
             self._busy = False
+            self._idle.set()
 
     def _finish(self) -> None:
         if self._done:
@@ -201,10 +213,18 @@ class Reply:
     async def aclose(self) -> None:
         """Stop the answer and abort its vLLM request. Safe from any task: when
         another task is iterating, the abort ends its stream (no more deltas)."""
+        self._abort_requested = True
         if not self._done:
             self.stats.cancelled = True
         await self.engine._llm.abort(self.request_id)  # no-op if already finished
-        if not self._busy:
+        if self._busy:
+            # Wait until the iterating task has seen the end, so a caller that
+            # starts a new request next never has two generating at once.
+            try:
+                await asyncio.wait_for(self._idle.wait(), 10.0)
+            except asyncio.TimeoutError:
+                log.warning("request %s: still streaming 10 s after its abort", self.request_id)
+        else:
             self._finish()
             if self._gen is not None:
                 gen, self._gen = self._gen, None
