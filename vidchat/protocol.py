@@ -63,6 +63,7 @@ from vidchat.clock import ClientClock
 from vidchat.engine import ENGINE_DEAD_MESSAGE, EngineError
 from vidchat.evs import FrameError
 from vidchat.media import FRAMES_AS
+from vidchat.workers import run_media
 from vidchat.session import AUDIO_MODES, MAX_AUDIO_SECONDS, SAMPLING_STRATEGIES, SessionSettings
 from vidchat.sessions import Entry, TooManySessions
 
@@ -381,7 +382,7 @@ class Connection:
     async def _parse(self, raw: str) -> Any:
         """json.loads, in a worker thread for large messages (raises ValueError)."""
         if len(raw) > INLINE_PARSE_CHARS:
-            return await asyncio.to_thread(wire.parse, raw)
+            return await run_media(wire.parse, raw)
         return json.loads(raw)
 
     async def _loop(self) -> str:
@@ -445,7 +446,7 @@ class Connection:
             return
         try:
             # Even a 640×480 JPEG takes milliseconds to filter and store: never on the loop.
-            await asyncio.to_thread(self.entry.session.add_jpeg, data, t)
+            await run_media(self.entry.session.add_jpeg, data, t)
         except FrameError as exc:
             await self.error(f"Invalid image in video.frame: {exc}")
 
@@ -480,7 +481,7 @@ class Connection:
             return None
         try:
             if len(text) > INLINE_PARSE_CHARS:
-                data = await asyncio.to_thread(wire.b64decode, text)
+                data = await run_media(wire.b64decode, text)
             else:
                 data = wire.b64decode(text)
         except (binascii.Error, ValueError):

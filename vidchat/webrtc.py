@@ -35,6 +35,7 @@ from vidchat.clock import TrackClock
 from vidchat.evs import FrameError
 from vidchat.media import AUDIO_RATE
 from vidchat.sessions import Entry, TooManySessions
+from vidchat.workers import run_media
 
 log = logging.getLogger(__name__)
 
@@ -131,7 +132,7 @@ async def consume_video(track, entry: Entry, stats: MediaStats) -> None:
             if item is not None:
                 # Off the event loop: pixel conversion and the filter must not
                 # stall signalling, other sessions or streamed answers.
-                await asyncio.to_thread(process, *item)
+                await run_media(process, *item)
             elif ended:
                 break
     finally:
