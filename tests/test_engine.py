@@ -81,7 +81,7 @@ async def test_prompt_tokens_match_the_transformers_processor(omni_engine: Engin
     prompt = omni_engine.build_prompt(
         "How many people?", n_frames=len(fr), frames_as=as_, with_audio=audio is not None, system_prompt="Be brief."
     )
-    inputs = {"text": [prompt], "return_tensors": "np", **omni_engine._mm_kwargs}
+    inputs = {"text": [prompt], "return_tensors": "np", **omni_engine.processor_kwargs}
     if fr:
         inputs["videos" if as_ == "video" else "images"] = [np.stack(fr)] if as_ == "video" else fr
     if audio is not None:

@@ -19,6 +19,7 @@ from typing import Any, AsyncIterator, Sequence
 import numpy as np
 from PIL import Image
 
+from vidchat.families import Family, family_of, model_type_of
 from vidchat.media import AUDIO_RATE, FRAMES_AS
 
 log = logging.getLogger(__name__)
@@ -236,16 +237,28 @@ class Reply:
 class Engine:
     """Wraps one `AsyncLLM`. Create once per process with `Engine.start`."""
 
-    def __init__(self, options: EngineOptions, llm: Any, processor: Any, model_path: str, start_s: float):
+    def __init__(self, options: EngineOptions, llm: Any, processor: Any, model_path: str, start_s: float,
+                 family: Family | None = None):
         self.options = options
         self.model_path = model_path
         self.start_s = start_s
+        self.family = family or family_of(None)
         self._llm = llm
         self._processor = processor
         self._ids = itertools.count(1)
-        self.accepts_audio = getattr(processor, "feature_extractor", None) is not None
-        self.accepts_video = getattr(processor, "video_processor", None) is not None
-        self._mm_kwargs = _pixel_kwargs(options)
+        # What vLLM itself accepts for this model (a processor may have a
+        # video processor that vLLM never calls: SmolVLM), within our limits.
+        limits = _allowed_mm_limits(llm)
+        if limits is None:
+            self.accepts_audio = getattr(processor, "feature_extractor", None) is not None
+            self.accepts_video = getattr(processor, "video_processor", None) is not None
+        else:
+            self.accepts_audio = limits.get("audio", 0) > 0
+            self.accepts_video = limits.get("video", 0) > 0
+        self.accepts_video = self.accepts_video and self.family.video is not None
+        # The engine-wide processor settings (pixel cap, tiling), for anyone
+        # who must reproduce vLLM's preprocessing (tests, token budgets).
+        self.processor_kwargs = self.family.processor_kwargs(options.max_image_pixels)
 
     # ---- lifecycle ---------------------------------------------------
     @classmethod
@@ -270,23 +283,27 @@ class Engine:
             disable_log_stats=True,
             seed=options.seed,
         )
-        pixel_kwargs = _pixel_kwargs(options)
-        if pixel_kwargs:
-            kwargs["mm_processor_kwargs"] = pixel_kwargs
+        family = family_of(model_type_of(options.model))
+        processor_kwargs = family.processor_kwargs(options.max_image_pixels)
+        if processor_kwargs:
+            kwargs["mm_processor_kwargs"] = processor_kwargs
         if gpu:
             kwargs["gpu_memory_utilization"] = options.gpu_memory_utilization
         else:
             # Unset, vLLM on CPU reserves most of the RAM and starts slowly.
             kwargs["kv_cache_memory_bytes"] = int(options.kv_cache_gb * (1 << 30))
             kwargs["distributed_executor_backend"] = "uni"
-        processor = AutoProcessor.from_pretrained(options.model)
+        try:
+            processor = AutoProcessor.from_pretrained(options.model)
+        except ImportError as exc:  # e.g. SmolVLM's processor needs num2words
+            raise EngineError(f"the processor of {options.model!r} needs a package that is missing: {exc}") from exc
         try:
             llm = AsyncLLM.from_engine_args(AsyncEngineArgs(**kwargs))
         except Exception as exc:
             raise EngineError(f"vLLM could not start model {options.model!r}: {exc}") from exc
         start_s = time.perf_counter() - t0
         log.info("engine ready: %s on %s in %.1f s", options.model, "GPU" if gpu else "CPU", start_s)
-        return cls(options, llm, processor, options.model, start_s)
+        return cls(options, llm, processor, options.model, start_s, family)
 
     def shutdown(self) -> None:
         llm, self._llm = self._llm, None
@@ -388,10 +405,10 @@ class Engine:
         )
         prompt: dict[str, Any] = {"prompt": prompt_text}
         fps = video_fps(frame_times, len(frames)) if frames_as == "video" else None
-        mm = self._multi_modal_data(frames, frames_as, audio)
+        mm = self._multi_modal_data(frames, frames_as, audio, fps)
         if mm:
             prompt["multi_modal_data"] = mm
-        if fps is not None:
+        if fps is not None and self.family.fps_kwarg:
             prompt["mm_processor_kwargs"] = {"fps": fps}
         from vllm import SamplingParams
 
@@ -429,13 +446,12 @@ class Engine:
             return None
         return np.ascontiguousarray(audio, dtype=np.float32).reshape(-1)
 
-    @staticmethod
-    def _multi_modal_data(frames: Sequence[np.ndarray | Image.Image], frames_as: str,
-                          audio: np.ndarray | None) -> dict[str, Any]:
+    def _multi_modal_data(self, frames: Sequence[np.ndarray | Image.Image], frames_as: str,
+                          audio: np.ndarray | None, fps: float | None) -> dict[str, Any]:
         mm: dict[str, Any] = {}
         if frames:
             if frames_as == "video":
-                mm["video"] = _as_video(frames)
+                mm["video"] = self.family.video_item(_as_video(frames), fps)
             else:
                 mm["image"] = [_to_pil(f) for f in frames]
         if audio is not None:
@@ -462,10 +478,13 @@ class Engine:
         return EngineError(f"The model failed to answer: {text.splitlines()[0] if text else type(cause).__name__}")
 
 
-def _pixel_kwargs(options: EngineOptions) -> dict[str, Any]:
-    if not options.max_image_pixels:
-        return {}
-    low = min(56 * 56, options.max_image_pixels)
-    # One `size` covers both the image and the video processor (the Omni
-    # processor otherwise forces a large minimum size on video frames).
-    return {"size": {"shortest_edge": low, "longest_edge": options.max_image_pixels}}
+def _allowed_mm_limits(llm: Any) -> dict[str, int] | None:
+    """Items per prompt vLLM allows for each modality of this model (its own
+    support within limit_mm_per_prompt), or None when it can't be read."""
+    try:
+        from vllm.multimodal import MULTIMODAL_REGISTRY
+
+        return dict(MULTIMODAL_REGISTRY.get_processing_info(llm.model_config).allowed_mm_limits)
+    except Exception:
+        log.debug("could not read vLLM's multimodal limits", exc_info=True)
+        return None
