@@ -18,13 +18,23 @@ def main(argv: list[str] | None = None) -> int:
     log = logging.getLogger("vidchat")
 
     from vidchat.engine import EngineError
-    from vidchat.models import resolve_model
+    from vidchat.models import resolve_model, resolve_preset
+    from vidchat.presets import apply as apply_preset
     from vidchat.server import create_app, parse_ice_servers
     from vidchat.state import AppState, default_session_settings
     from vidchat.sessions import SessionRegistry
 
+    if settings.model == "list":
+        from vidchat.presets import table
+
+        print(table())
+        return 0
     try:
         model_path, banner = resolve_model(settings.model, settings.cache_dir)
+        preset = resolve_preset(settings.model)
+        if preset is not None and banner is None:  # not when 'auto' fell back to the tiny model
+            settings = apply_preset(settings, preset)
+            log.info("preset %s: %s", preset.name, preset.model)
         ice_servers = parse_ice_servers(settings.ice_servers)
     except (EngineError, ValueError) as exc:
         print(f"vidchat: {exc}", file=sys.stderr)

@@ -10,23 +10,33 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
-from vidchat import tinymodel
+from vidchat import presets, tinymodel
 from vidchat.engine import EngineError, on_gpu
 
 log = logging.getLogger(__name__)
 
-DEFAULT_GPU_MODEL = "Qwen/Qwen2.5-Omni-3B"
-DEFAULT_CPU_MODEL = "HuggingFaceTB/SmolVLM2-256M-Video-Instruct"
+DEFAULT_GPU_MODEL = presets.PRESETS[presets.DEFAULT_GPU_PRESET].model
+DEFAULT_CPU_MODEL = presets.PRESETS[presets.DEFAULT_CPU_PRESET].model
 TINY_BANNER = (
     "Replies come from a tiny model with RANDOM weights (gibberish, for testing the pipeline). "
     "Start with --model <hub id or folder> for real answers, e.g. --model " + DEFAULT_GPU_MODEL + "."
 )
 
 
+def resolve_preset(name: str) -> presets.Preset | None:
+    """The preset --model names ('auto' names the hardware's default), if any."""
+    if name == "auto":
+        return presets.get(presets.DEFAULT_GPU_PRESET if on_gpu() else presets.DEFAULT_CPU_PRESET)
+    return presets.get(name)
+
+
 def resolve_model(name: str, cache_dir: str) -> tuple[str, str | None]:
     """Map the --model option to a local folder or hub id.
 
     Returns (model, banner): banner is a warning to show users, or None."""
+    preset = presets.get(name)
+    if preset is not None:
+        return preset.model, None
     if name in ("tiny", "tiny-omni"):
         return str(tinymodel.ensure(cache_dir, "omni")), TINY_BANNER
     if name == "tiny-vl":

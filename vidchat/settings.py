@@ -27,10 +27,10 @@ class Settings:
     # --- model / engine -------------------------------------------------
     model: str = _opt(
         "auto",
-        "Model folder or Hugging Face id. 'tiny' builds a random-weight test model "
-        "(replies are gibberish); 'tiny-vl' the vision-only one; 'auto' picks a real "
-        "default (an omni model on GPU, a small vision model on CPU) and falls back "
-        "to 'tiny' when it cannot be loaded.",
+        "A preset name ('list' prints them), a model folder or a Hugging Face id. "
+        "'tiny' builds a random-weight test model (replies are gibberish); 'tiny-vl' "
+        "the vision-only one; 'auto' picks a preset for the hardware (qwen2.5-omni-3b "
+        "on GPU, smolvlm2-256m on CPU) and falls back to 'tiny' when it cannot be loaded.",
     )
     dtype: str = _opt("auto", "Weights/activation dtype passed to vLLM (auto, bfloat16, float16, float32).")
     max_model_len: int = _opt(8192, "Longest prompt + reply in tokens.")
@@ -51,6 +51,8 @@ class Settings:
         "Where the tiny test model is built on first use.",
     )
     # --- answers ----------------------------------------------------------
+    frames_per_question: int = _opt(16, "Frames sampled from the buffer for each question (the page and "
+                                    "the WebSocket protocol can change it per session).")
     frames_as: str = _opt("images", "Send sampled frames as separate 'images' or as one 'video'.", choices=FRAMES_AS)
     max_tokens: int = _opt(256, "Longest reply in tokens.")
     temperature: float = _opt(0.7, "Sampling temperature (0 = greedy).")

@@ -312,7 +312,8 @@ def _settings_panel(state) -> list[gr.components.Component]:
     max_images = max(1, s.max_images)
     with gr.Accordion("Settings", open=False, elem_id="vc-settings"):
         with gr.Row():
-            k = gr.Slider(1, max_images, value=min(16, max_images), step=1, label="Frames per question")
+            k = gr.Slider(1, max_images, value=min(s.frames_per_question, max_images), step=1,
+                          label="Frames per question")
             sampling = gr.Dropdown(list(SAMPLING_STRATEGIES), value="uniform", label="Sampling")
             seconds = gr.Slider(1, 60, value=10, step=1, label="Window for latest_seconds (s)")
         with gr.Row():
