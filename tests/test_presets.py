@@ -1,0 +1,60 @@
+"""Presets: the table `--model list` prints, and how a preset fills in settings."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+from vidchat import families, presets
+from vidchat.settings import Settings, parse_settings
+
+from conftest import ROOT
+
+NAMES = ["qwen2.5-omni-3b", "qwen2.5-omni-7b", "qwen2.5-vl-3b", "qwen2.5-vl-7b", "qwen3-vl-4b",
+         "smolvlm2-256m", "smolvlm2-2.2b"]
+
+
+def test_the_promised_presets_exist_with_consistent_limits():
+    assert set(NAMES) <= set(presets.PRESETS)
+    for name in NAMES:
+        p = presets.get(name)
+        s = presets.apply(Settings(), p)
+        assert s.frames_per_question <= s.max_images, name
+        assert (s.max_audios > 0) == p.audio, name
+        family = families.BY_MODEL_TYPE[{"qwen2.5-omni": "qwen2_5_omni", "qwen2.5-vl": "qwen2_5_vl",
+                                         "qwen3-vl": "qwen3_vl", "smolvlm": "smolvlm"}[p.family]]
+        assert (family.video is None) == p.video.startswith("no"), name
+        if family.video is None:
+            assert s.frames_as == "images" and s.max_videos == 0, name
+
+
+def test_a_flag_wins_over_the_preset():
+    p = presets.get("smolvlm2-256m")
+    chosen = presets.apply(parse_settings(["--max-images", "8", "--frames-per-question", "2"]), p)
+    assert chosen.max_images == 8 and chosen.frames_per_question == 2
+    assert chosen.max_videos == 0 and chosen.max_model_len == 8192  # left at defaults: the preset's
+
+
+def test_model_list_prints_every_preset_with_its_needs():
+    out = subprocess.run([sys.executable, str(ROOT / "app.py"), "--model", "list"], capture_output=True,
+                         text=True, timeout=60, cwd=ROOT)
+    assert out.returncode == 0, out.stderr
+    for name in NAMES:
+        line = next(line for line in out.stdout.splitlines() if line.startswith(name + " "))
+        p = presets.get(name)
+        assert p.model in line and p.where in line and ("yes" if p.audio else "no") in line
+        assert line.rstrip().endswith(str(p.frames_per_question))
+    assert "runs on" in out.stdout and "needs" in out.stdout and "frames/question" in out.stdout
+
+
+def test_family_rules():
+    smol = families.family_of("smolvlm")
+    assert smol.processor_kwargs(76800) == {"do_image_splitting": False}  # an edge length there, not pixels
+    qwen = families.family_of("qwen2_5_vl")
+    assert qwen.processor_kwargs(76800) == {"size": {"shortest_edge": 3136, "longest_edge": 76800}}
+    import numpy as np
+
+    video, meta = qwen.video_item(np.zeros((4, 8, 8, 3), np.uint8), 2.5)
+    assert meta == {"fps": 2.5, "duration": 1.6, "total_num_frames": 4, "frames_indices": [0, 1, 2, 3],
+                    "do_sample_frames": False}
+    assert families.family_of("qwen2_5_omni_thinker").video_item(video, 2.5) is video
