@@ -31,7 +31,9 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     try:
         model_path, banner = resolve_model(settings.model, settings.cache_dir)
-        preset = resolve_preset(settings.model)
+        preset = resolve_preset(settings.preset or settings.model)
+        if settings.preset and preset is None:
+            raise ValueError(f"--preset {settings.preset}: no such preset (python app.py --model list shows them)")
         if preset is not None and banner is None:  # not when 'auto' fell back to the tiny model
             settings = apply_preset(settings, preset)
             log.info("preset %s: %s", preset.name, preset.model)

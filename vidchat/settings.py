@@ -32,6 +32,10 @@ class Settings:
         "the vision-only one; 'auto' picks a preset for the hardware (qwen2.5-omni-3b "
         "on GPU, smolvlm2-256m on CPU) and falls back to 'tiny' when it cannot be loaded.",
     )
+    preset: str = _opt(
+        "", "Apply a preset's limits (see --model list) to the model --model names: for a local copy of a "
+        "preset's weights, e.g. --model /models/SmolVLM2-256M --preset smolvlm2-256m.",
+    )
     dtype: str = _opt("auto", "Weights/activation dtype passed to vLLM (auto, bfloat16, float16, float32).")
     max_model_len: int = _opt(8192, "Longest prompt + reply in tokens.")
     kv_cache_gb: float = _opt(
