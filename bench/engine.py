@@ -1,10 +1,18 @@
-"""Engine benchmark: start time, time to first token and tokens/s on the tiny
-model, through vidchat's adapter and, as the in-run baseline, through vLLM's
+"""Engine benchmark: start time, memory, time to first token and tokens/s,
+through vidchat's adapter and, as the in-run baseline, through vLLM's
 AsyncLLM.generate directly with the same prompt and frames.
 
     .venv/bin/python bench/engine.py [--questions 20] [--frames 16] [--model tiny]
+    .venv/bin/python bench/engine.py --preset smolvlm2-256m --true-size [--frames 16]
 
-Last line: `engine: ttft_ms=… tok_s=… start_s=… raw_ttft_ms=… ttft_ratio=…`.
+With --preset the engine runs with that preset's settings on a model built
+here with the preset's true configuration and random weights (no weights can
+be downloaded on these machines): reduced depth by default, every layer with
+--true-size; frames are 320×240, as vidchat stores them. Each question is
+cold (new frames); a second question on the same frames shows the warm cost.
+
+Last line: `engine: ttft_ms=… tok_s=… start_s=… raw_ttft_ms=… ttft_ratio=…`
+(plus `warm_ttft_ms`, `mem_gb` and `preset` with --preset).
 """
 
 from __future__ import annotations
@@ -20,15 +28,61 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from vidchat import tinymodel  # noqa: E402
+from vidchat import presets, tinymodel  # noqa: E402
 from vidchat.engine import Engine, EngineOptions  # noqa: E402
 from vidchat.media import AUDIO_RATE  # noqa: E402
+from vidchat.server import engine_options  # noqa: E402
 from vidchat.settings import Settings  # noqa: E402
+
+FRAME_SIZE = (480, 640)
 
 
 def test_frames(n: int, seed: int) -> list[np.ndarray]:
     rng = np.random.default_rng(seed)
-    return [rng.integers(0, 255, (480, 640, 3), dtype=np.uint8) for _ in range(n)]
+    return [rng.integers(0, 255, (*FRAME_SIZE, 3), dtype=np.uint8) for _ in range(n)]
+
+
+def preset_model(name: str, true_size: bool) -> Path:
+    """A random-weight folder with the preset's true configuration."""
+    preset = presets.get(name)
+    if preset is None:
+        raise SystemExit(f"no preset {name!r}; see: python app.py --model list")
+    cache = Settings().cache_dir
+    if preset.family == "smolvlm":
+        from vidchat import archbuild_smolvlm
+
+        variant = archbuild_smolvlm.variant_of(name)
+        layers = archbuild_smolvlm._true_config(variant)["text_config"]["num_hidden_layers"]
+        if true_size:
+            return archbuild_smolvlm.ensure(cache, variant, text_layers=layers, vision_layers=None)
+        return archbuild_smolvlm.ensure(cache, variant)
+    from vidchat import archbuild_qwen
+
+    return archbuild_qwen.ensure(cache, name, true_size=true_size)
+
+
+def engine_for(args: argparse.Namespace) -> EngineOptions:
+    if args.preset:
+        global FRAME_SIZE
+        FRAME_SIZE = (240, 320)  # as vidchat stores frames
+        path = args.model if args.model != "tiny" else str(preset_model(args.preset, args.true_size))
+        settings = presets.apply(Settings(kv_cache_gb=args.kv_cache_gb), presets.get(args.preset))
+        options = engine_options(settings, str(path), tiny=False)
+        options.max_images = max(options.max_images, args.frames)
+        return options
+    tiny = args.model.startswith("tiny")
+    family = "vl" if args.model == "tiny-vl" else "omni"
+    path = tinymodel.ensure(Settings().cache_dir, family) if tiny else args.model
+    return EngineOptions(model=str(path), dtype="float32" if tiny else "auto", max_model_len=8192, kv_cache_gb=0.5,
+                         max_images=max(16, args.frames), max_image_pixels=tinymodel.MAX_PIXELS if tiny else 320 * 240)
+
+
+def memory_gb() -> float:
+    """Resident memory of this process and its children (vLLM's engine core)."""
+    import psutil
+
+    me = psutil.Process()
+    return sum(p.memory_info().rss for p in [me, *me.children(recursive=True)]) / 1e9
 
 
 def pct(values: list[float], q: float) -> float:
@@ -39,16 +93,11 @@ def pct(values: list[float], q: float) -> float:
 async def run(args: argparse.Namespace) -> None:
     from vllm import SamplingParams
 
-    tiny = args.model.startswith("tiny")
-    family = "vl" if args.model == "tiny-vl" else "omni"
-    path = tinymodel.ensure(Settings().cache_dir, family) if tiny else args.model
+    options = engine_for(args)
     t0 = time.perf_counter()
-    engine = Engine.start(
-        EngineOptions(model=str(path), dtype="float32" if tiny else "auto", max_model_len=8192, kv_cache_gb=0.5,
-                      max_images=max(16, args.frames), max_image_pixels=tinymodel.MAX_PIXELS if tiny else 320 * 240)
-    )
+    engine = Engine.start(options)
     start_s = time.perf_counter() - t0
-    ours, raw, rates, prompt_tokens = [], [], [], []
+    ours, raw, rates, prompt_tokens, warm = [], [], [], [], []
     try:
         for i in range(args.questions + 1):  # the first of each is warm-up
             frames = test_frames(args.frames, i)
@@ -61,6 +110,12 @@ async def run(args: argparse.Namespace) -> None:
                 ours.append(reply.stats.ttft_s * 1000)
                 rates.append(reply.stats.tokens_per_s)
                 prompt_tokens.append(reply.stats.prompt_tokens)
+                # The same frames again with a new question: what vLLM's caches save.
+                again = engine.ask("And what else?", frames=frames, audio=audio if args.audio_seconds else None,
+                                   max_tokens=args.tokens, temperature=0.0, ignore_eos=True)
+                async for _ in again:
+                    pass
+                warm.append(again.stats.ttft_s * 1000)
 
             # Baseline: the same request handed to vLLM with no adapter at all.
             frames = test_frames(args.frames, 10_000 + i)
@@ -79,6 +134,7 @@ async def run(args: argparse.Namespace) -> None:
                     first = time.perf_counter() - t
             if i:
                 raw.append(first * 1000)
+        mem = memory_gb()
     finally:
         engine.shutdown()
 
@@ -86,12 +142,15 @@ async def run(args: argparse.Namespace) -> None:
     print(f"{'ttft vidchat (ms)':24}{statistics.median(ours):10.1f}{pct(ours, .95):10.1f}")
     print(f"{'ttft raw vLLM (ms)':24}{statistics.median(raw):10.1f}{pct(raw, .95):10.1f}")
     print(f"{'tokens/s vidchat':24}{statistics.median(rates):10.1f}{pct(rates, .05):10.1f} (p5)")
-    print(f"prompt tokens per question: {prompt_tokens[0]} ({args.frames} frames 640x480)")
-    print(f"engine start: {start_s:.1f} s")
+    print(f"{'ttft same frames (ms)':24}{statistics.median(warm):10.1f}{pct(warm, .95):10.1f}")
+    print(f"prompt tokens per question: {prompt_tokens[0]} ({args.frames} frames {FRAME_SIZE[1]}x{FRAME_SIZE[0]})")
+    print(f"engine start: {start_s:.1f} s; memory (this process + engine core): {mem:.1f} GB")
     ratio = statistics.median(ours) / statistics.median(raw)
+    extra = f" preset={args.preset} true_size={int(args.true_size)}" if args.preset else ""
     print(f"engine: ttft_ms={statistics.median(ours):.1f} tok_s={statistics.median(rates):.1f} "
           f"start_s={start_s:.1f} raw_ttft_ms={statistics.median(raw):.1f} ttft_ratio={ratio:.2f} "
-          f"frames={args.frames} audio_s={args.audio_seconds:g} prompt_tokens={prompt_tokens[0]}")
+          f"warm_ttft_ms={statistics.median(warm):.1f} mem_gb={mem:.1f} "
+          f"frames={args.frames} audio_s={args.audio_seconds:g} prompt_tokens={prompt_tokens[0]}{extra}")
 
 
 def main() -> None:
@@ -100,7 +159,11 @@ def main() -> None:
     parser.add_argument("--frames", type=int, default=16)
     parser.add_argument("--tokens", type=int, default=32)
     parser.add_argument("--audio-seconds", type=float, default=0.0, help="audio sent with each question")
-    parser.add_argument("--model", default="tiny")
+    parser.add_argument("--model", default="tiny", help="tiny, tiny-vl, a folder or hub id (with --preset: "
+                        "real weights to run with that preset's settings)")
+    parser.add_argument("--preset", help="run with this preset's settings on its true architecture (random weights)")
+    parser.add_argument("--true-size", action="store_true", help="with --preset: every layer, not a reduced depth")
+    parser.add_argument("--kv-cache-gb", type=float, default=0.5)
     asyncio.run(run(parser.parse_args()))
 
 
