@@ -10,6 +10,9 @@ questions as images and as a video (and with audio for Omni). Replies are
 gibberish, so no test looks at words: they check that answers stream to the
 requested length and that prompts cost what the transformers processor says.
 
+A cheap check on the meta device also builds every preset at full depth and
+compares its parameter count with the published size.
+
 Presets: qwen2.5-omni-3b, qwen2.5-vl-3b and qwen3-vl-4b by default; the 7B
 ones (qwen2.5-omni-7b, qwen2.5-vl-7b: ~3.2 GB of bf16 weights each even at
 reduced depth, mostly the 152064×3584 embedding and LM head) only with
@@ -17,7 +20,7 @@ VIDCHAT_TEST_7B=1.
 
 Overridden for a CPU test machine, nothing else:
   * kv_cache_gb 0.5 (default 1 GiB): at 2 layers even the 16k context of the
-    3B presets needs < 130 MB of KV; the rest would only take shared RAM.
+    3B presets needs at most 128 MiB of KV; the rest would only take shared RAM.
 The dtype stays "auto" (bfloat16 from the config, which vLLM's CPU backend
 runs), max_model_len, max_images, max_audios and the pixel cap are the
 preset's.
@@ -168,6 +171,30 @@ def test_folder_has_the_true_configuration_at_reduced_depth(name):
     tok = AutoTokenizer.from_pretrained(path)
     for offset, (token, _) in enumerate(archbuild_qwen.special_tokens(arch.kind)):
         assert tok.convert_tokens_to_ids(token) == archbuild_qwen.FIRST_SPECIAL_ID + offset, token
+
+
+# Parameters of the full-depth architecture: the Hub's safetensors counts for
+# the VL checkpoints (3.75B, 8.29B, 4.44B; they also pin down tied vs untied
+# embeddings); for Omni, thinker only (the Hub counts talker and code2wav too),
+# the research notes' own count from the configs.
+TRUE_SIZE_PARAMS = {"qwen2.5-vl-3b": 3.75e9, "qwen2.5-vl-7b": 8.29e9, "qwen3-vl-4b": 4.44e9,
+                    "qwen2.5-omni-3b": 4.39e9, "qwen2.5-omni-7b": 8.93e9}
+
+
+@pytest.mark.parametrize("name", list(archbuild_qwen.ARCHS))
+def test_full_depth_architecture_has_the_published_size(name):
+    """Built on the meta device (no memory): every layer, the real index lists."""
+    model = archbuild_qwen.meta_model(name, true_size=True)
+    n = sum(p.numel() for k, p in model.named_parameters() if not k.startswith(("talker", "token2wav")))
+    assert n == pytest.approx(TRUE_SIZE_PARAMS[name], rel=0.005)
+    arch = archbuild_qwen.ARCHS[name]
+    cfg = archbuild_qwen.config_for(name, true_size=True)
+    cfg = getattr(cfg, "thinker_config", cfg)
+    assert cfg.text_config.num_hidden_layers == arch.layers
+    if arch.kind == "qwen3-vl":
+        assert (cfg.vision_config.depth, list(cfg.vision_config.deepstack_visual_indexes)) == (24, [5, 11, 17])
+    else:
+        assert (cfg.vision_config.depth, list(cfg.vision_config.fullatt_block_indexes)) == (32, [7, 15, 23, 31])
 
 
 # ---- through vLLM, one preset at a time -----------------------------------------------

@@ -11,7 +11,11 @@ config gives explicit image AND video sizes. Only the DEPTH is reduced, so
 vLLM runs the real model classes with the real tensor shapes, placeholder
 expansion, M-RoPE, window attention, deepstack and audio paths in seconds.
 
-    python -m vidchat.archbuild_qwen PRESET OUT_DIR
+    python -m vidchat.archbuild_qwen PRESET OUT_DIR [--true-size]
+
+``--true-size`` (``ensure(..., true_size=True)``) keeps every layer too, for
+benchmarks on a machine with the memory of the real model (the 3B thinker
+is ~8.8 GB of bf16, the 7B ~18 GB, built in RAM before saving).
 
 Provenance of the values (from the project's research notes; "true" values
 were read from copies of the official config files, "assumed" ones come from
@@ -54,8 +58,8 @@ Assumed ([A] in the research notes):
     Whisper feature extractor's chunk_length 300 s.
 
 Reduced (on purpose):
-  * Depth: TEXT_LAYERS text layers, VISION_DEPTH vision blocks,
-    AUDIO_LAYERS audio layers. Index lists follow the real pattern:
+  * Depth (unless ``true_size``): TEXT_LAYERS text layers, VISION_DEPTH
+    vision blocks, AUDIO_LAYERS audio layers. Index lists follow the real pattern:
     Qwen2.5 ``fullatt_block_indexes`` = [VISION_DEPTH - 1] (the real
     [7, 15, 23, 31] makes every 8th block, ending with the last, full
     attention; the others use windows) and Qwen3-VL
@@ -324,13 +328,15 @@ class Arch:
     vocab_size: int
     hidden: int
     intermediate: int
-    layers: int  # the real depth, for the record
+    layers: int  # the real text depth
     heads: int
     kv_heads: int
     tie: bool
     vision_out: int
     max_positions: int
     model_max_length: int
+    vision_depth: int = 32
+    max_window_layers: int = 28  # no effect: sliding windows are off in every config
     notes: tuple[str, ...] = field(default=())
 
     @property
@@ -340,16 +346,34 @@ class Arch:
 
 ARCHS: dict[str, Arch] = {a.preset: a for a in (
     Arch("qwen2.5-omni-3b", "omni", 151936, 2048, 11008, 36, 16, 2, tie=True, vision_out=2048,
-         max_positions=32768, model_max_length=32768, notes=("tie [A]", "mrope [A]")),
+         max_positions=32768, model_max_length=32768, max_window_layers=36,
+         notes=("tie [A]", "mrope [A]", "max_window_layers [A]")),
     Arch("qwen2.5-omni-7b", "omni", 152064, 3584, 18944, 28, 28, 4, tie=False, vision_out=3584,
          max_positions=32768, model_max_length=32768),
     Arch("qwen2.5-vl-3b", "qwen2.5-vl", 151936, 2048, 11008, 36, 16, 2, tie=True, vision_out=2048,
-         max_positions=128000, model_max_length=131072),
+         max_positions=128000, model_max_length=131072, max_window_layers=70),
     Arch("qwen2.5-vl-7b", "qwen2.5-vl", 152064, 3584, 18944, 28, 28, 4, tie=False, vision_out=3584,
          max_positions=128000, model_max_length=131072, notes=("all [A]",)),
     Arch("qwen3-vl-4b", "qwen3-vl", 151936, 2560, 9728, 36, 32, 8, tie=True, vision_out=2560,
-         max_positions=262144, model_max_length=262144),
+         max_positions=262144, model_max_length=262144, vision_depth=24, max_window_layers=36),
 )}
+
+
+@dataclass(frozen=True)
+class Depth:
+    text: int
+    vision: int
+    audio: int
+    fullatt_blocks: tuple[int, ...]  # Qwen2.5 vision blocks with full (not window) attention
+    deepstack_blocks: tuple[int, ...]  # Qwen3-VL vision blocks whose features feed the first text layers
+    max_window_layers: int
+
+
+def depth_of(arch: Arch, true_size: bool = False) -> Depth:
+    """The real depth, or the reduced one with index lists that follow the real pattern."""
+    if true_size:
+        return Depth(arch.layers, arch.vision_depth, 32, (7, 15, 23, 31), (5, 11, 17), arch.max_window_layers)
+    return Depth(TEXT_LAYERS, VISION_DEPTH, AUDIO_LAYERS, (VISION_DEPTH - 1,), (0,), TEXT_LAYERS)
 
 
 def special_tokens(kind: str) -> list[tuple[str, bool]]:
@@ -424,9 +448,9 @@ def build_tokenizer(kind: str, model_max_length: int, out_dir: Path):
 
 
 # ---- configs ----------------------------------------------------------------------
-def _qwen25_vision(arch: Arch, tokens_per_second: int) -> dict[str, Any]:
+def _qwen25_vision(arch: Arch, depth: Depth, tokens_per_second: int) -> dict[str, Any]:
     return {
-        "depth": VISION_DEPTH,
+        "depth": depth.vision,
         "hidden_size": 1280,
         "embed_dim": 1280,
         "intermediate_size": 3420,
@@ -439,18 +463,18 @@ def _qwen25_vision(arch: Arch, tokens_per_second: int) -> dict[str, Any]:
         "spatial_merge_size": 2,
         "temporal_patch_size": 2,
         "window_size": 112,
-        "fullatt_block_indexes": [VISION_DEPTH - 1],
+        "fullatt_block_indexes": list(depth.fullatt_blocks),
         "tokens_per_second": tokens_per_second,
         "out_hidden_size": arch.vision_out,
     }
 
 
-def _qwen25_text(arch: Arch) -> dict[str, Any]:
+def _qwen25_text(arch: Arch, depth: Depth) -> dict[str, Any]:
     return {
         "vocab_size": arch.vocab_size,
         "hidden_size": arch.hidden,
         "intermediate_size": arch.intermediate,
-        "num_hidden_layers": TEXT_LAYERS,
+        "num_hidden_layers": depth.text,
         "num_attention_heads": arch.heads,
         "num_key_value_heads": arch.kv_heads,
         "hidden_act": "silu",
@@ -459,7 +483,7 @@ def _qwen25_text(arch: Arch) -> dict[str, Any]:
         "rope_parameters": {"rope_type": "default", "rope_theta": 1000000.0, "mrope_section": [16, 24, 24]},
         "use_sliding_window": False,
         "sliding_window": 32768,
-        "max_window_layers": TEXT_LAYERS,
+        "max_window_layers": depth.max_window_layers,
         "tie_word_embeddings": arch.tie,
         "bos_token_id": 151643,
         "eos_token_id": 151645,
@@ -467,16 +491,16 @@ def _qwen25_text(arch: Arch) -> dict[str, Any]:
     }
 
 
-def _config(arch: Arch):
+def _config(arch: Arch, depth: Depth):
     if arch.kind == "omni":
         from transformers import Qwen2_5OmniConfig
 
         thinker = {
-            "text_config": _qwen25_text(arch),
-            "vision_config": _qwen25_vision(arch, tokens_per_second=25),
+            "text_config": _qwen25_text(arch, depth),
+            "vision_config": _qwen25_vision(arch, depth, tokens_per_second=25),
             "audio_config": {
                 "num_mel_bins": 128,
-                "encoder_layers": AUDIO_LAYERS,
+                "encoder_layers": depth.audio,
                 "encoder_attention_heads": 20,
                 "encoder_ffn_dim": 5120,
                 "d_model": 1280,
@@ -507,8 +531,8 @@ def _config(arch: Arch):
         from transformers import Qwen2_5_VLConfig
 
         return Qwen2_5_VLConfig(
-            text_config=_qwen25_text(arch),
-            vision_config=_qwen25_vision(arch, tokens_per_second=2),
+            text_config=_qwen25_text(arch, depth),
+            vision_config=_qwen25_vision(arch, depth, tokens_per_second=2),
             image_token_id=151655,
             video_token_id=151656,
             vision_start_token_id=151652,
@@ -523,7 +547,7 @@ def _config(arch: Arch):
             "vocab_size": arch.vocab_size,
             "hidden_size": arch.hidden,
             "intermediate_size": arch.intermediate,
-            "num_hidden_layers": TEXT_LAYERS,
+            "num_hidden_layers": depth.text,
             "num_attention_heads": arch.heads,
             "num_key_value_heads": arch.kv_heads,
             "head_dim": arch.head_dim,
@@ -538,7 +562,7 @@ def _config(arch: Arch):
             "eos_token_id": 151645,
         },
         vision_config={
-            "depth": VISION_DEPTH,
+            "depth": depth.vision,
             "hidden_size": 1024,
             "intermediate_size": 4096,
             "num_heads": 16,
@@ -549,7 +573,7 @@ def _config(arch: Arch):
             "temporal_patch_size": 2,
             "out_hidden_size": arch.vision_out,
             "num_position_embeddings": 2304,
-            "deepstack_visual_indexes": [0],
+            "deepstack_visual_indexes": list(depth.deepstack_blocks),
         },
         image_token_id=151655,
         video_token_id=151656,
@@ -569,14 +593,35 @@ def _model_class(kind: str):
     }[kind]
 
 
-def _build_weights(arch: Arch, out: Path, seed: int) -> int:
+def _arch(preset_name: str) -> Arch:
+    arch = ARCHS.get(preset_name.lower())
+    if arch is None:
+        raise ValueError(f"no architecture for preset {preset_name!r}; choose one of {', '.join(ARCHS)}")
+    return arch
+
+
+def config_for(preset_name: str, true_size: bool = False):
+    """The transformers config a build writes (no weights)."""
+    arch = _arch(preset_name)
+    return _config(arch, depth_of(arch, true_size))
+
+
+def meta_model(preset_name: str, true_size: bool = False):
+    """The model on the meta device: shapes and parameter counts, no memory."""
+    import torch
+
+    arch = _arch(preset_name)
+    with torch.device("meta"):
+        return _model_class(arch.kind)._from_config(config_for(preset_name, true_size), dtype=torch.bfloat16)
+
+
+def _build_weights(arch: Arch, depth: Depth, out: Path, seed: int) -> int:
     """Instantiate on the meta device, allocate bf16 storage once, fill it and
     save: the 7B's 545M-parameter embedding never exists in float32."""
     import torch
 
-    config = _config(arch)
     with torch.device("meta"):
-        model = _model_class(arch.kind)._from_config(config, dtype=torch.bfloat16)
+        model = _model_class(arch.kind)._from_config(_config(arch, depth), dtype=torch.bfloat16)
     model.to_empty(device="cpu")
     model.tie_weights()  # to_empty gives each module its own storage, untying lm_head
     gen = torch.Generator().manual_seed(seed)
@@ -644,22 +689,23 @@ def _build_processor(arch: Arch, out: Path, tokenizer) -> None:
     processor.save_pretrained(out)
 
 
-def build(preset_name: str, out_dir: str | os.PathLike, seed: int = SEED) -> Path:
-    """Write the reduced-depth, true-architecture model folder of a Qwen preset."""
-    arch = ARCHS.get(preset_name.lower())
-    if arch is None:
-        raise ValueError(f"no architecture for preset {preset_name!r}; choose one of {', '.join(ARCHS)}")
+def build(preset_name: str, out_dir: str | os.PathLike, seed: int = SEED, *, true_size: bool = False) -> Path:
+    """Write the true-architecture model folder of a Qwen preset (reduced
+    depth unless `true_size`)."""
+    arch = _arch(preset_name)
+    depth = depth_of(arch, true_size)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     tokenizer = build_tokenizer(arch.kind, arch.model_max_length, out)
-    n_params = _build_weights(arch, out, seed)
+    n_params = _build_weights(arch, depth, out, seed)
     _build_processor(arch, out, tokenizer)
     (out / "vidchat_archbuild.json").write_text(json.dumps({
-        "preset": arch.preset, "text_layers": TEXT_LAYERS, "vision_depth": VISION_DEPTH,
-        "audio_layers": AUDIO_LAYERS if arch.kind == "omni" else 0, "real_text_layers": arch.layers,
+        "preset": arch.preset, "true_size": true_size, "text_layers": depth.text, "vision_depth": depth.vision,
+        "audio_layers": depth.audio if arch.kind == "omni" else 0, "real_text_layers": arch.layers,
         "parameters": n_params, "build_version": BUILD_VERSION,
     }, indent=1))
-    log.info("built %s (reduced depth) in %s: %.0f M parameters", arch.preset, out, n_params / 1e6)
+    log.info("built %s (%s) in %s: %.0f M parameters", arch.preset, "true size" if true_size else "reduced depth",
+             out, n_params / 1e6)
     return out
 
 
@@ -669,20 +715,18 @@ def _source_hash() -> str:
     return h.hexdigest()[:12]
 
 
-def ensure(cache_dir: str | os.PathLike, preset_name: str) -> Path:
+def ensure(cache_dir: str | os.PathLike, preset_name: str, *, true_size: bool = False) -> Path:
     """A ready model folder for the preset under `cache_dir`, built once (into
     a temporary folder renamed into place, so a crash leaves nothing half-built)."""
-    name = preset_name.lower()
-    if name not in ARCHS:
-        raise ValueError(f"no architecture for preset {preset_name!r}; choose one of {', '.join(ARCHS)}")
+    name = _arch(preset_name).preset
     root = Path(cache_dir)
-    target = root / f"arch-{name}-v{BUILD_VERSION}-{_source_hash()}"
+    target = root / f"arch-{name}-{'full' if true_size else 'reduced'}-v{BUILD_VERSION}-{_source_hash()}"
     if (target / "config.json").exists():
         return target
     root.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".arch-{name}-", dir=root))
     try:
-        build(name, tmp)
+        build(name, tmp, true_size=true_size)
         try:
             tmp.rename(target)
         except OSError:
@@ -698,9 +742,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("preset", choices=sorted(ARCHS))
     parser.add_argument("out_dir", help="folder to write the model into")
     parser.add_argument("--seed", type=int, default=SEED)
+    parser.add_argument("--true-size", action="store_true", help="every layer, not a reduced depth")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
-    build(args.preset, args.out_dir, args.seed)
+    build(args.preset, args.out_dir, args.seed, true_size=args.true_size)
     return 0
 
 

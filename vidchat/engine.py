@@ -285,6 +285,9 @@ class Engine:
         )
         family = family_of(model_type_of(options.model))
         processor_kwargs = family.processor_kwargs(options.max_image_pixels)
+        if options.max_image_pixels and family.pixel_cap is None:
+            log.info("%s: the per-frame pixel cap is not passed to this model family's processor "
+                     "(frames are still stored at no more than %d pixels)", family.name, options.max_image_pixels)
         if processor_kwargs:
             kwargs["mm_processor_kwargs"] = processor_kwargs
         if gpu:
