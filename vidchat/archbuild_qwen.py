@@ -86,12 +86,12 @@ import hashlib
 import json
 import logging
 import os
-import shutil
 import sys
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from vidchat.modelcache import build_once
 
 log = logging.getLogger(__name__)
 
@@ -392,7 +392,7 @@ def build_tokenizer(kind: str, model_max_length: int, out_dir: Path):
     from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
-    from vidchat.tinymodel import _training_text
+    from vidchat.tinymodel import _training_text, qwen_processor_tokens
 
     trained = Tokenizer(models.BPE())
     trained.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
@@ -418,23 +418,7 @@ def build_tokenizer(kind: str, model_max_length: int, out_dir: Path):
         if got != FIRST_SPECIAL_ID + offset:
             raise RuntimeError(f"{content} got id {got}, expected {FIRST_SPECIAL_ID + offset}")
 
-    if kind == "omni":
-        extra = {
-            "image_token": "<|IMAGE|>",
-            "video_token": "<|VIDEO|>",
-            "audio_token": "<|AUDIO|>",
-            "vision_bos_token": "<|vision_bos|>",
-            "vision_eos_token": "<|vision_eos|>",
-            "audio_bos_token": "<|audio_bos|>",
-            "audio_eos_token": "<|audio_eos|>",
-        }
-    else:
-        extra = {
-            "image_token": "<|image_pad|>",
-            "video_token": "<|video_pad|>",
-            "vision_start_token": "<|vision_start|>",
-            "vision_end_token": "<|vision_end|>",
-        }
+    extra = qwen_processor_tokens(omni=kind == "omni")
     fast = PreTrainedTokenizerFast(
         tokenizer_object=tok,
         eos_token="<|im_end|>",
@@ -719,22 +703,8 @@ def ensure(cache_dir: str | os.PathLike, preset_name: str, *, true_size: bool = 
     """A ready model folder for the preset under `cache_dir`, built once (into
     a temporary folder renamed into place, so a crash leaves nothing half-built)."""
     name = _arch(preset_name).preset
-    root = Path(cache_dir)
-    target = root / f"arch-{name}-{'full' if true_size else 'reduced'}-v{BUILD_VERSION}-{_source_hash()}"
-    if (target / "config.json").exists():
-        return target
-    root.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".arch-{name}-", dir=root))
-    try:
-        build(name, tmp, true_size=true_size)
-        try:
-            tmp.rename(target)
-        except OSError:
-            if not (target / "config.json").exists():
-                raise
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    return target
+    folder = f"arch-{name}-{'full' if true_size else 'reduced'}-v{BUILD_VERSION}-{_source_hash()}"
+    return build_once(cache_dir, folder, lambda tmp: build(name, tmp, true_size=true_size))
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -87,11 +87,11 @@ import json
 import logging
 import os
 import random
-import shutil
 import sys
-import tempfile
 from pathlib import Path
 from typing import Any
+
+from vidchat.modelcache import build_once
 
 log = logging.getLogger(__name__)
 
@@ -398,22 +398,8 @@ def ensure(cache_dir: str | os.PathLike, variant: str = "256m", *, text_layers: 
     if vision_layers == -1:
         vision_layers = DEFAULT_VISION_LAYERS[variant]
     depth = f"t{text_layers}v{'full' if vision_layers is None else vision_layers}"
-    root = Path(cache_dir)
-    target = root / f"smolvlm2-{variant}-{depth}-v{BUILD_VERSION}-{_source_hash()}"
-    if (target / "config.json").exists():
-        return target
-    root.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".smolvlm2-{variant}-", dir=root))
-    try:
-        build(tmp, variant, text_layers=text_layers, vision_layers=vision_layers)
-        try:
-            tmp.rename(target)
-        except OSError:
-            if not (target / "config.json").exists():
-                raise
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    return target
+    return build_once(cache_dir, f"smolvlm2-{variant}-{depth}-v{BUILD_VERSION}-{_source_hash()}",
+                      lambda tmp: build(tmp, variant, text_layers=text_layers, vision_layers=vision_layers))
 
 
 def main(argv: list[str] | None = None) -> int:

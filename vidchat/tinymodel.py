@@ -17,14 +17,13 @@ from __future__ import annotations
 
 import argparse
 import hashlib
-import json
 import logging
 import os
 import random
-import shutil
 import sys
-import tempfile
 from pathlib import Path
+
+from vidchat.modelcache import build_once
 
 log = logging.getLogger(__name__)
 
@@ -128,6 +127,27 @@ def _training_text(seed: int) -> list[str]:
     return lines
 
 
+def qwen_processor_tokens(omni: bool) -> dict[str, str]:
+    """The special tokens a Qwen processor reads as tokenizer attributes
+    (the Omni processor has its own names for them)."""
+    if omni:
+        return {
+            "image_token": "<|IMAGE|>",
+            "video_token": "<|VIDEO|>",
+            "audio_token": "<|AUDIO|>",
+            "vision_bos_token": "<|vision_bos|>",
+            "vision_eos_token": "<|vision_eos|>",
+            "audio_bos_token": "<|audio_bos|>",
+            "audio_eos_token": "<|audio_eos|>",
+        }
+    return {
+        "image_token": "<|image_pad|>",
+        "video_token": "<|video_pad|>",
+        "vision_start_token": "<|vision_start|>",
+        "vision_end_token": "<|vision_end|>",
+    }
+
+
 def build_tokenizer(family: str, out_dir: Path) -> "PreTrainedTokenizerFast":  # noqa: F821
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
@@ -144,23 +164,7 @@ def build_tokenizer(family: str, out_dir: Path) -> "PreTrainedTokenizerFast":  #
     )
     tok.train_from_iterator(_training_text(SEED), trainer=trainer)
 
-    extra = {
-        "image_token": "<|image_pad|>",
-        "video_token": "<|video_pad|>",
-        "vision_start_token": "<|vision_start|>",
-        "vision_end_token": "<|vision_end|>",
-    }
-    if family == "omni":
-        # The Omni processor reads these as tokenizer attributes.
-        extra = {
-            "image_token": "<|IMAGE|>",
-            "video_token": "<|VIDEO|>",
-            "audio_token": "<|AUDIO|>",
-            "vision_bos_token": "<|vision_bos|>",
-            "vision_eos_token": "<|vision_eos|>",
-            "audio_bos_token": "<|audio_bos|>",
-            "audio_eos_token": "<|audio_eos|>",
-        }
+    extra = qwen_processor_tokens(omni=family == "omni")
     fast = PreTrainedTokenizerFast(
         tokenizer_object=tok,
         eos_token="<|im_end|>",
@@ -326,22 +330,7 @@ def ensure(cache_dir: str | os.PathLike, family: str = "omni") -> Path:
     Built into a temporary folder and renamed into place, so a crash mid-build
     or two processes building at once never leave a half-written model.
     """
-    root = Path(cache_dir)
-    target = root / f"tiny-{family}-v{BUILD_VERSION}-{_source_hash()}"
-    if (target / "config.json").exists():
-        return target
-    root.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".tiny-{family}-", dir=root))
-    try:
-        build(tmp, family)
-        try:
-            tmp.rename(target)
-        except OSError:
-            if not (target / "config.json").exists():
-                raise
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    return target
+    return build_once(cache_dir, f"tiny-{family}-v{BUILD_VERSION}-{_source_hash()}", lambda tmp: build(tmp, family))
 
 
 def main(argv: list[str] | None = None) -> int:
