@@ -10,15 +10,16 @@ yields one :class:`Answer` record; the page's details panel and the socket's
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import math
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from typing import Any, Sequence
 
 from vidchat.engine import SEED_RANGE, Engine, EngineError, Turn
 from vidchat.media import FRAMES_AS
-from vidchat.session import Sample, SessionSettings
+from vidchat.session import Sample, Session, SessionSettings
 from vidchat.sessions import Entry
 
 log = logging.getLogger(__name__)
@@ -104,6 +105,16 @@ def check_options(options: AnswerOptions, engine: Engine | None, sampling: Sessi
             raise OptionError(str(exc)) from None
 
 
+def apply_settings(session: Session, engine: Engine | None, options: AnswerOptions,
+                   sampling_changes: dict[str, Any]) -> None:
+    """Check a question's options against the sampling settings they will run
+    with, then apply those settings to the session; nothing changes on error
+    (raises OptionError or the settings' own ValueError)."""
+    check_options(options, engine, dataclasses.replace(session.settings, **sampling_changes))
+    if sampling_changes:
+        session.update_settings(**sampling_changes)
+
+
 @dataclass
 class Answer:
     """One question with exactly what the model was given."""
@@ -116,7 +127,6 @@ class Answer:
     ticket: int = 0  # the session's question number, in arrival order
     prep_ms: float = 0.0
     video_fps: float | None = None
-    started_at: float = field(default_factory=time.monotonic)
 
     async def cancel(self) -> None:
         """Stop generating; the vLLM request is aborted."""
@@ -181,9 +191,8 @@ async def ask(
         raise Superseded("A newer question replaced this one.")
     answer = Answer(question, engine.submit(prepared), sample, options, prompt_text=prepared.prompt_text,
                     ticket=ticket, prep_ms=(time.perf_counter() - t0) * 1000, video_fps=prepared.video_fps)
-    previous, entry.answer = entry.answer, answer
-    if previous is not None:  # cannot happen after the ticket check; kept as a guard
-        await previous.cancel()
+    # No await since the ticket check: no other question can have started.
+    entry.answer = answer
     log.info(
         "session %s… question %d: %d frames as %s, %.1f s audio, prepared in %.1f ms",
         session.id[:6], ticket, len(sample.frames), options.frames_as,

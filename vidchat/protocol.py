@@ -58,7 +58,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from vidchat import chat, wire
-from vidchat.chat import Answer, AnswerOptions, OptionError
+from vidchat.chat import Answer, AnswerOptions
 from vidchat.clock import ClientClock
 from vidchat.engine import ENGINE_DEAD_MESSAGE, EngineError
 from vidchat.evs import FrameError
@@ -568,12 +568,9 @@ class Connection:
             changes = parse_config(msg)
             if changes.info:
                 raise ConfigError(f"{', '.join(sorted(changes.info))} can only be set in session.config")
-            session = self.entry.session
-            sampling = dataclasses.replace(session.settings, **changes.session)
-            options = self._answer_options(changes.answer, sampling)
-            if changes.session:
-                session.update_settings(**changes.session)
-        except ValueError as exc:  # ConfigError or SessionSettings.validate(): nothing was changed
+            options = self.options.updated(**changes.answer)
+            chat.apply_settings(self.entry.session, self.state.engine, options, changes.session)
+        except ValueError as exc:  # ConfigError, OptionError or the settings' own check: nothing was changed
             await self.error(f"session.update rejected: {exc}")
             return
         self.options = options

@@ -274,9 +274,7 @@ async def respond(state, message: str, history: list[dict], sid: str, *raw_setti
         return
     try:
         request = page_request(state, *raw_settings)
-        sampling = dataclasses.replace(entry.session.settings, **request.sampling)
-        chat.check_options(request.options, state.engine, sampling)
-        entry.session.update_settings(**request.sampling)
+        chat.apply_settings(entry.session, state.engine, request.options, request.sampling)
     except ValueError as exc:  # OptionError or the session's own validation
         history.append(notice(f"⚠ Settings not accepted: {exc}"))
         yield history, gr.skip(), gr.skip()

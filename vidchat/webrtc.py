@@ -297,8 +297,7 @@ def router(state) -> APIRouter:
         entry.session.last_activity = time.monotonic()
         log.info("session %s… %s", sid[:6], "resumed by its tab" if resumed else "peer created")
         return {"sdp": local.sdp, "type": local.type, "session_id": sid,
-                "resume_token": entry.resume_token, "resumed": resumed,
-                "store_limit": state.store_limit_text()}
+                "resume_token": entry.resume_token, "resumed": resumed}
 
     @api.post("/webrtc/close")
     async def close(request: Request) -> dict[str, Any]:
