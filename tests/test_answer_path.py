@@ -62,6 +62,43 @@ async def test_racing_questions_leave_exactly_one_generation(omni_engine):
     assert omni_engine.running_requests == 0
 
 
+async def test_questions_arriving_while_an_abort_winds_down_wait_for_it(omni_engine):
+    """An abort that reaches vLLM while the request is still being registered
+    only lands at its first output; questions arriving meanwhile (two at once
+    here) must not start beside it."""
+    entry = filled_entry()
+    first = await chat.ask(omni_engine, entry, "Q0", LONG)
+    consumer = asyncio.create_task(drain(first))
+    peak = 0
+
+    async def watch():
+        nonlocal peak
+        while True:
+            peak = max(peak, omni_engine.running_requests)
+            await asyncio.sleep(0)
+
+    watcher = asyncio.create_task(watch())
+    await asyncio.sleep(0)  # the consumer is now inside vLLM's registration
+    consumers = {}
+
+    async def ask_and_stream(question):
+        answer = await chat.ask(omni_engine, entry, question, LONG)
+        consumers[question] = asyncio.create_task(drain(answer))  # streams at once, as the page does
+        return answer
+
+    results = await asyncio.gather(ask_and_stream("Q1"), ask_and_stream("Q2"), return_exceptions=True)
+    started = [r for r in results if isinstance(r, chat.Answer)]
+    assert [a.question for a in started] == ["Q2"], results
+    for _ in range(40):
+        await asyncio.sleep(0.02)
+    watcher.cancel()
+    assert (await asyncio.wait_for(consumer, 10)).cancelled
+    await started[0].cancel()
+    await asyncio.wait_for(consumers["Q2"], 10)
+    assert peak == 1, peak
+    assert omni_engine.running_requests == 0
+
+
 async def test_question_arriving_during_preparation_wins(omni_engine):
     entry = filled_entry(n=16)
     first = asyncio.create_task(chat.ask(omni_engine, entry, "first", LONG))

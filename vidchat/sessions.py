@@ -8,6 +8,7 @@ is what entitles a caller to that session's frames.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import secrets
 import time
@@ -41,12 +42,18 @@ class Entry:
     media: Any = None
     # Proves a reconnecting tab owns this session (WebRTC); never logged.
     resume_token: str = field(default_factory=lambda: secrets.token_urlsafe(24))
+    # Held while an aborted answer winds down: an abort that reaches vLLM
+    # while the request is still being registered only takes effect at its
+    # first output, and a question arriving meanwhile must not start beside it.
+    _cancelling: asyncio.Lock = field(default_factory=asyncio.Lock, repr=False)
 
     async def cancel_answer(self) -> None:
-        """Abort the running answer (its vLLM request included), if any."""
-        answer, self.answer = self.answer, None
-        if answer is not None:
-            await answer.cancel()
+        """Abort the running answer (its vLLM request included), if any, and
+        return only once no earlier answer of this session is still generating."""
+        async with self._cancelling:
+            answer, self.answer = self.answer, None
+            if answer is not None:
+                await answer.cancel()
 
 
 class SessionRegistry:
