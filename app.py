@@ -44,20 +44,50 @@ def main(argv: list[str] | None = None) -> int:
 
     import uvicorn
 
+    from vidchat.access import build_access, install_log_redaction, is_loopback
+    from vidchat.answer_queue import AnswerQueue
+    from vidchat.settings import session_time_limit
+
+    try:
+        access = build_access(settings)
+    except ValueError as exc:
+        print(f"vidchat: {exc}", file=sys.stderr)
+        return 2
+    if not is_loopback(settings.host) and not access.required:
+        log.warning("bound to %s with no --auth or --token: anyone who can reach this port can use the model "
+                    "(see README, 'Hosting safely')", settings.host)
+    time_limit = session_time_limit(settings)
+    bound_to_loopback = is_loopback(settings.host)
     state = AppState(
         settings=settings,
         model_path=model_path,
         banner=banner,
-        registry=SessionRegistry(settings.max_sessions, lambda: default_session_settings(settings)),
+        registry=SessionRegistry(
+            settings.max_sessions, lambda: default_session_settings(settings),
+            max_per_client=settings.max_sessions_per_client,
+            # Behind a local reverse proxy every client looks like loopback: only
+            # a loopback-bound server exempts loopback clients from the cap.
+            uncapped_client=lambda client: bound_to_loopback and is_loopback(client),
+            time_limit_s=time_limit,
+        ),
         ice_servers=ice_servers,
+        access=access,
+        answer_gate=AnswerQueue(settings.max_concurrent_answers),
+        session_time_limit=time_limit,
     )
+    install_log_redaction()
     app = create_app(state)
     log.info("starting vidchat with model %s", model_path)
     # A frame of --ws-max-frame-bytes arrives base64-encoded inside JSON: let
     # such a message through so the protocol can answer it, not the transport.
-    ws_max_size = settings.ws_max_frame_bytes * 4 // 3 + (1 << 20)
+    ws_max_size = settings.ws_max_frame_bytes * 4 // 3 * 5 // 4 + (1 << 20)
+    # The receive queue per connection is bounded by the transport itself:
+    # uvicorn's websockets-sansio protocol (the one used when the websockets
+    # package is installed) stops reading the socket after each message until
+    # the app has taken it, so a client holds at most about one message of
+    # ws_max_size in the server. ws="websockets-sansio" pins that choice.
     uvicorn.run(app, host=settings.host, port=settings.port, log_level=settings.log_level.lower(),
-                ws_max_size=ws_max_size)
+                ws_max_size=ws_max_size, ws="websockets-sansio")
     return 0 if state.engine is not None else 1
 
 

@@ -26,9 +26,49 @@
     el.dataset.tone = tone || "idle";
   }
 
-  function setNote(text) {
+  function setNote(text, retry) {
     const el = $("#vc-note");
-    if (el) el.textContent = text || "";
+    if (!el) return;
+    el.textContent = text || "";
+    if (retry) {
+      const btn = document.createElement("button");
+      btn.className = "vc-btn vc-retry";
+      btn.textContent = "Try again";
+      btn.addEventListener("click", () => start());
+      el.append(" ", btn);
+    }
+  }
+
+  // The credential this page got when its user logged in (vidchat/access.py);
+  // empty when the server asks for none.
+  function pageToken() {
+    const box = document.querySelector("#vidchat-page-token textarea, #vidchat-page-token input");
+    return box ? box.value : "";
+  }
+
+  function authHeaders(extra) {
+    const token = pageToken();
+    return { ...(extra || {}), ...(token ? { Authorization: `Bearer ${token}` } : {}) };
+  }
+
+  // sendBeacon cannot set headers: the token rides in the query (the server
+  // keeps it out of its access log).
+  function beaconUrl(path) {
+    const token = pageToken();
+    return token ? `${path}?token=${encodeURIComponent(token)}` : path;
+  }
+
+  function accessMode() {
+    return $("#vc-live-access")?.dataset.mode || "none";
+  }
+
+  function loginProblem(status) {
+    if (status === 401 || status === 403) {
+      return accessMode() === "hf"
+        ? "Sign in with Hugging Face (top of the page) to start the camera."
+        : "Your login is missing or has expired: reload the page and log in again.";
+    }
+    return "";
   }
 
   // Gradio listens to `input` events; a plain `.value =` would not reach the server.
@@ -89,8 +129,11 @@
   }
 
   async function iceConfig() {
-    const r = await fetch("/api/config", { cache: "no-store" });
-    if (!r.ok) throw new Error(`server config unavailable (${r.status})`);
+    if (accessMode() !== "none" && !pageToken()) {
+      throw new Error(loginProblem(401));
+    }
+    const r = await fetch("/api/config", { cache: "no-store", headers: authHeaders() });
+    if (!r.ok) throw new Error(loginProblem(r.status) || `server config unavailable (${r.status})`);
     return r.json();
   }
 
@@ -104,7 +147,7 @@
     await waitForIce(pc);
     const r = await fetch("/webrtc/offer", {
       method: "POST",
-      headers: { "Content-Type": "application/json" },
+      headers: authHeaders({ "Content-Type": "application/json" }),
       body: JSON.stringify({
         sdp: pc.localDescription.sdp, type: "offer",
         ...(resume && state.sessionId ? { resume: { session_id: state.sessionId, token: state.resumeToken } } : {}),
@@ -112,12 +155,14 @@
     });
     if (!r.ok) {
       const detail = await r.json().catch(() => ({}));
-      throw new Error(detail.detail || `the server refused the connection (${r.status})`);
+      const err = new Error(loginProblem(r.status) || detail.detail || `the server refused the connection (${r.status})`);
+      err.retry = r.status === 503;  // full: a place may free up
+      throw err;
     }
     const answer = await r.json();
     if (pc !== state.pc) {  // stopped (or restarted) meanwhile: end what the server just set up
       pc.close();
-      if (!answer.resumed) navigator.sendBeacon("/webrtc/close", JSON.stringify({ session_id: answer.session_id }));
+      if (!answer.resumed) navigator.sendBeacon(beaconUrl("/webrtc/close"), JSON.stringify({ session_id: answer.session_id }));
       return;
     }
     if (resume && !answer.resumed) {
@@ -207,9 +252,9 @@
       await connect();
       startStatsPolling();
     } catch (err) {
-      setStatus("Not running", "error");
-      setNote(err.message || String(err));
+      setStatus(err.retry ? "Server full" : "Not running", "error");
       await stop(true);
+      setNote(err.message || String(err), err.retry);
     }
   }
 
@@ -225,7 +270,7 @@
     const video = $("#vc-preview");
     if (video) video.srcObject = null;
     if (sid) {
-      fetch("/webrtc/close", { method: "POST", headers: { "Content-Type": "application/json" },
+      fetch("/webrtc/close", { method: "POST", headers: authHeaders({ "Content-Type": "application/json" }),
                                body: JSON.stringify({ session_id: sid }) }).catch(() => {});
     }
     publishSessionId("");
@@ -250,7 +295,8 @@
     state.statsTimer = setInterval(async () => {
       if (!state.sessionId) return;
       try {
-        const r = await fetch(`/webrtc/stats?session_id=${encodeURIComponent(state.sessionId)}`, { cache: "no-store" });
+        const r = await fetch(`/webrtc/stats?session_id=${encodeURIComponent(state.sessionId)}`,
+                              { cache: "no-store", headers: authHeaders() });
         if (r.status === 404 && state.wantRunning) {
           const detail = (await r.json().catch(() => ({}))).detail || "";
           const why = detail.startsWith("session ended: ") ? detail.slice("session ended: ".length) : "";
@@ -282,7 +328,12 @@
       `${(s.audio_seconds || 0).toFixed(1)} s audio`,
     ];
     if (m.lag_ms_p95 != null) parts.push(`lag p95 ${Math.round(m.lag_ms_p95)} ms`);
+    if (s.time_left_s != null) {
+      const left = Math.max(0, Math.round(s.time_left_s));
+      parts.push(`session ends in ${Math.floor(left / 60)}:${String(left % 60).padStart(2, "0")}`);
+    }
     el.textContent = parts.join(" · ");
+    el.dataset.ending = s.time_left_s != null && s.time_left_s < 60 ? "soon" : "";
   }
 
   document.addEventListener("click", (e) => {
@@ -291,8 +342,28 @@
   });
   // Closing the tab ends the server's peer at once instead of after ICE times out.
   window.addEventListener("pagehide", () => {
-    if (state.sessionId) navigator.sendBeacon("/webrtc/close", JSON.stringify({ session_id: state.sessionId }));
+    if (state.sessionId) navigator.sendBeacon(beaconUrl("/webrtc/close"), JSON.stringify({ session_id: state.sessionId }));
   });
+
+  // While the model loads the port already answers: say so, with the time so
+  // far, until /readyz says ready (or why it failed).
+  async function watchReadiness() {
+    for (;;) {
+      const el = $("#vc-ready");  // Gradio may render the panel after this starts
+      try {
+        const r = await fetch("/readyz", { cache: "no-store" });
+        const body = await r.json().catch(() => ({}));
+        if (el) {
+          el.textContent = r.ok ? "" : body.reason || "The model is not ready.";
+          el.dataset.tone = r.ok ? "" : (body.reason || "").startsWith("Loading") ? "busy" : "error";
+        }
+        if (r.ok || !(body.reason || "").startsWith("Loading")) return;
+      } catch (_) { /* the server restarting: keep asking */ }
+      await new Promise((res) => setTimeout(res, 1000));
+    }
+  }
+  if (document.readyState === "loading") document.addEventListener("DOMContentLoaded", watchReadiness);
+  else watchReadiness();
 
   window.vidchat = {
     start, stop,

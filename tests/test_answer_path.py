@@ -201,3 +201,25 @@ async def test_video_answers_carry_their_real_frame_rate(omni_engine):
     summary = answer.summary()
     assert summary["frames_as"] == "video" and summary["frame_times"] == [0.0, 2.0, 4.0, 7.0]
     assert summary["video_fps"] == pytest.approx(3 / 7, abs=1e-3)  # 4 frames over 7 s of media time
+
+
+async def test_each_session_has_its_own_prefix_cache_salt(omni_engine):
+    """Identical frames and question in two sessions: the second session must
+    not hit the first one's prefix cache, while a session's own repeat does."""
+    first, second = filled_entry(n=6), filled_entry(n=6)  # same seed: identical frames
+    # A prompt of several 128-token blocks: only whole blocks are cached.
+    options = AnswerOptions(max_tokens=2, temperature=0.0, system_prompt="Watch closely. " * 100)
+
+    async def ask(entry):
+        answer = await chat.ask(omni_engine, entry, "What is shown?", options)
+        stats = await drain(answer)
+        chat.release(entry, answer)
+        return answer.reply._prompt["cache_salt"], stats
+
+    salt_a1, cold = await ask(first)
+    salt_a2, warm = await ask(first)
+    salt_b, other = await ask(second)
+    assert salt_a1 == salt_a2 and salt_a1 != salt_b and len(salt_b) == 32
+    assert cold.prompt_tokens == warm.prompt_tokens == other.prompt_tokens > 0
+    assert warm.cached_tokens > 0, "a session's repeated prompt is served from the prefix cache"
+    assert other.cached_tokens == 0, "another session's identical prompt must not be"

@@ -14,9 +14,10 @@ import dataclasses
 import logging
 import math
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any, Sequence
 
+from vidchat.answer_queue import Abandoned, AnswerQueue, OnWait, Slot
 from vidchat.engine import SEED_RANGE, Engine, EngineError, Turn
 from vidchat.media import FRAMES_AS
 from vidchat.session import Sample, Session, SessionSettings
@@ -128,9 +129,35 @@ class Answer:
     prep_ms: float = 0.0
     video_fps: float | None = None
 
+    queue: AnswerQueue | None = None
+    _slot: Slot | None = field(default=None, repr=False)
+    _abandon: asyncio.Event = field(default_factory=asyncio.Event, repr=False)
+
+    async def wait_turn(self, on_wait: OnWait | None = None) -> None:
+        """Wait for a place among the answers generating at once
+        (--max-concurrent-answers); call before reading the reply. Raises
+        Abandoned when the answer is cancelled while it waits."""
+        if self.queue is None or self._slot is not None:
+            return
+        slot = await self.queue.acquire(on_wait, self._abandon)
+        if self._abandon.is_set():
+            slot.release()
+            raise Abandoned()
+        self._slot = slot
+
+    def free(self) -> None:
+        """Give the answer's place in the queue back (idempotent)."""
+        slot, self._slot = self._slot, None
+        if slot is not None:
+            slot.release()
+
     async def cancel(self) -> None:
-        """Stop generating; the vLLM request is aborted."""
-        await self.reply.aclose()
+        """Stop generating (or waiting); the vLLM request is aborted."""
+        self._abandon.set()
+        try:
+            await self.reply.aclose()
+        finally:
+            self.free()
 
     def summary(self) -> dict[str, Any]:
         sample = self.sample
@@ -157,6 +184,7 @@ async def ask(
     question: str,
     options: AnswerOptions,
     history: Sequence[Turn] = (),
+    queue: AnswerQueue | None = None,
 ) -> Answer:
     """Answer a question about this session's buffer, replacing any answer it
     is still generating.
@@ -186,11 +214,13 @@ async def ask(
         max_tokens=options.max_tokens,
         temperature=options.temperature,
         seed=options.seed,
+        cache_salt=entry.cache_salt,
     )
     if entry.question_seq != ticket:
         raise Superseded("A newer question replaced this one.")
     answer = Answer(question, engine.submit(prepared), sample, options, prompt_text=prepared.prompt_text,
-                    ticket=ticket, prep_ms=(time.perf_counter() - t0) * 1000, video_fps=prepared.video_fps)
+                    ticket=ticket, prep_ms=(time.perf_counter() - t0) * 1000, video_fps=prepared.video_fps,
+                    queue=queue)
     # No await since the ticket check: no other question can have started.
     entry.answer = answer
     log.info(
@@ -203,6 +233,7 @@ async def ask(
 
 def release(entry: Entry, answer: Answer) -> bool:
     """Mark an answer finished; False when a newer question had replaced it."""
+    answer.free()
     if entry.answer is answer:
         entry.answer = None
     return entry.question_seq == answer.ticket

@@ -65,6 +65,7 @@ class Turn:
 @dataclass
 class ReplyStats:
     prompt_tokens: int = 0
+    cached_tokens: int = 0  # prompt tokens vLLM took from its prefix cache
     completion_tokens: int = 0
     frames: int = 0
     audio_seconds: float = 0.0
@@ -174,6 +175,8 @@ class Reply:
                 delta = completion.text[len(self.text) :]
                 if out.prompt_token_ids is not None:
                     self.stats.prompt_tokens = len(out.prompt_token_ids)
+                if out.num_cached_tokens:
+                    self.stats.cached_tokens = out.num_cached_tokens
                 self.stats.completion_tokens = len(completion.token_ids)
                 if out.finished:
                     self.stats.finish_reason = completion.finish_reason
@@ -386,6 +389,7 @@ class Engine:
         temperature: float = 0.7,
         seed: int | None = None,
         ignore_eos: bool = False,
+        cache_salt: str | None = None,
     ) -> Prepared:
         """Render the prompt and build the media for one question (CPU work:
         run it off the event loop). Raises EngineError for input the engine
@@ -407,6 +411,10 @@ class Engine:
             system_prompt=system_prompt,
         )
         prompt: dict[str, Any] = {"prompt": prompt_text}
+        if cache_salt:
+            # vLLM mixes the salt into the first block's hash: prefix-cache
+            # hits then only happen between requests with the same salt.
+            prompt["cache_salt"] = cache_salt
         fps = video_fps(frame_times, len(frames)) if frames_as == "video" else None
         mm = self._multi_modal_data(frames, frames_as, audio, fps)
         if mm:

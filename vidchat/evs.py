@@ -45,7 +45,8 @@ Other behaviour
   at least that many seconds older (by the timestamps passed in).
 * Frames may be H×W×3 uint8 RGB arrays of any size (the size may change
   mid-stream: the grid is relative to the picture), PIL images, or encoded
-  image bytes. JPEG bytes are decoded at 1/8 scale in greyscale (libjpeg's DCT
+  JPEG, PNG or WebP bytes (other formats, and images over ``max_pixels``
+  by their header, are refused before decoding). JPEG bytes are decoded at 1/8 scale in greyscale (libjpeg's DCT
   scaling): about 3× cheaper than the seed's full decode and resize, though
   entropy decoding still has to read the whole file. From arrays only ~3 k
   sampled bytes are read (≈0.05–0.1 ms per frame at any resolution).
@@ -63,7 +64,9 @@ import time
 from functools import lru_cache
 
 import numpy as np
-from PIL import Image
+from PIL import Image, JpegImagePlugin, PngImagePlugin, WebPImagePlugin  # noqa: F401 (registers the openers)
+
+from vidchat.media import DEFAULT_MAX_FRAME_PIXELS
 
 DEFAULT_THRESHOLD = 0.95
 DEFAULT_NOISE_FLOOR = 8.0
@@ -94,7 +97,7 @@ def as_rgb_array(frame: np.ndarray | Image.Image) -> np.ndarray:
             raise FrameError("empty image (0 pixels)")
         try:
             return np.asarray(frame if frame.mode == "RGB" else frame.convert("RGB"))
-        except (OSError, ValueError, SyntaxError) as exc:
+        except Exception as exc:  # a lazily opened image decodes here
             raise FrameError(f"image could not be read: {exc}") from exc
     if not isinstance(frame, np.ndarray):
         raise FrameError(f"frame must be an H×W×3 uint8 array, a PIL image or image bytes, "
@@ -108,18 +111,61 @@ def as_rgb_array(frame: np.ndarray | Image.Image) -> np.ndarray:
     return frame
 
 
-def open_image(data: bytes | bytearray | memoryview) -> Image.Image:
-    """Open encoded image bytes lazily (header only); raise FrameError if not an image."""
+# Encoded frames must be one of these; other formats are refused before any
+# other parser sees the bytes (fewer decoders exposed to hostile input).
+ACCEPTED_FORMATS = ("JPEG", "PNG", "WEBP")
+ACCEPTED_NAMES = "JPEG, PNG or WebP"
+# Only to name a refused format in the error message (never opened).
+_OTHER_SIGNATURES = ((b"GIF87a", "GIF"), (b"GIF89a", "GIF"), (b"BM", "BMP"), (b"II*\x00", "TIFF"),
+                     (b"MM\x00*", "TIFF"), (b"\x00\x00\x01\x00", "ICO"), (b"8BPS", "PSD"))
+
+
+def _refused_format(prefix: bytes) -> FrameError:
+    name = next((n for sig, n in _OTHER_SIGNATURES if prefix.startswith(sig)), None)
+    if name is None and prefix[4:8] == b"ftyp":
+        name = "HEIF/AVIF"
+    what = f"{name} images are" if name else "this data is"
+    return FrameError(f"{what} not accepted: send a {ACCEPTED_NAMES} image")
+
+
+def open_image(data: bytes | bytearray | memoryview, max_pixels: int = DEFAULT_MAX_FRAME_PIXELS) -> Image.Image:
+    """Open encoded image bytes lazily (header only); raise FrameError if unusable.
+
+    Only JPEG, PNG and WebP are accepted, and width × height must not exceed
+    ``max_pixels``: both are checked from the header, before a pixel is
+    decoded, so a small file that would decode to a huge image costs
+    microseconds. (PIL's own decompression-bomb check is replaced by this one,
+    which is stricter by default and names the server's setting.)"""
     if not isinstance(data, (bytes, bytearray, memoryview)):
         raise FrameError(f"image data must be bytes, got {type(data).__name__}")
     if len(data) == 0:
         raise FrameError("empty image data")
-    try:
-        img = Image.open(io.BytesIO(bytes(data)))
-    except (OSError, ValueError, Image.DecompressionBombError) as exc:
-        raise FrameError(f"not a decodable image: {exc}") from exc
-    if img.width == 0 or img.height == 0:
+    fp = io.BytesIO(bytes(data))
+    prefix = fp.read(16)
+    img: Image.Image | None = None
+    for fmt in ACCEPTED_FORMATS:
+        # Image.open's own loop, restricted to the accepted formats and
+        # without its bomb check (which would refuse with PIL's message).
+        factory, accept = Image.OPEN[fmt]
+        verdict = accept(prefix)
+        if isinstance(verdict, str):  # the format's decoder is missing from this PIL build
+            raise FrameError(f"{fmt} images cannot be read by this server: {verdict}")
+        if not verdict:
+            continue
+        fp.seek(0)
+        try:
+            img = factory(fp, "")
+        except Exception as exc:  # SyntaxError, OSError, struct.error, ...: a broken header
+            raise FrameError(f"not a decodable {fmt} image: {exc}") from exc
+        break
+    if img is None:
+        raise _refused_format(prefix)
+    width, height = img.size
+    if width <= 0 or height <= 0:
         raise FrameError("empty image (0 pixels)")
+    if width * height > max_pixels:
+        raise FrameError(f"image is {width}x{height} = {width * height} pixels; "
+                         f"the limit is {max_pixels} (--max-frame-pixels)")
     return img
 
 
@@ -127,8 +173,18 @@ def load_image(img: Image.Image) -> None:
     """Decode ``img`` now, turning truncated/corrupt data into FrameError."""
     try:
         img.load()
-    except (OSError, ValueError, SyntaxError, Image.DecompressionBombError) as exc:
+    except Exception as exc:  # OSError, ValueError, SyntaxError, EOFError, MemoryError, ...
         raise FrameError(f"image could not be decoded: {exc}") from exc
+
+
+def to_rgb(img: Image.Image) -> Image.Image:
+    """``img`` in RGB (decoding it if needed), FrameError if that fails."""
+    if img.mode == "RGB":
+        return img
+    try:
+        return img.convert("RGB")
+    except Exception as exc:
+        raise FrameError(f"image could not be converted to RGB: {exc}") from exc
 
 
 # ---------------------------------------------------------------------------
@@ -173,19 +229,17 @@ def thumbnail_from_array(frame: np.ndarray) -> np.ndarray:
     return (samples @ weights).reshape(GRID_ROWS, GRID_COLS)
 
 
-def thumbnail_from_bytes(data: bytes | bytearray | memoryview) -> np.ndarray:
+def thumbnail_from_bytes(data: bytes | bytearray | memoryview,
+                         max_pixels: int = DEFAULT_MAX_FRAME_PIXELS) -> np.ndarray:
     """Grid of cell luma means of encoded image bytes; JPEGs are decoded at reduced size."""
-    img = open_image(data)
+    img = open_image(data, max_pixels)
     if img.format == "JPEG":
         # Let libjpeg scale down by up to 8 while decoding and return luma only
         # (no colour conversion). Entropy decoding still reads every byte.
         img.draft("L", (GRID_COLS * _SAMPLES, GRID_ROWS * _SAMPLES))
     load_image(img)
     if img.mode not in ("L", "RGB"):
-        try:
-            img = img.convert("RGB")
-        except (OSError, ValueError) as exc:
-            raise FrameError(f"image could not be converted to RGB: {exc}") from exc
+        img = to_rgb(img)
     return thumbnail_from_array(np.asarray(img))
 
 

@@ -55,3 +55,7 @@ def describe_store_limit(max_pixels: int | None) -> str:
 # Largest encoded frame accepted (the seed protocol's cap); --ws-max-frame-bytes
 # overrides it and the session enforces whatever the server was given.
 DEFAULT_MAX_FRAME_BYTES = 10 * 1024 * 1024
+
+# Largest decoded frame accepted, in pixels (width × height), checked from the
+# image header before any pixel is decoded; --max-frame-pixels overrides it.
+DEFAULT_MAX_FRAME_PIXELS = 4096 * 4096

@@ -31,6 +31,19 @@ Server → client::
     response.evs_stats {retained_count, dropped_count, total_count, drop_rate}
     session.done, session.updated {settings}, pong, error {message}
 
+vidchat extras (clients that don't know them can ignore them)::
+
+    response.queued {position, ahead}   before response.start, whenever the
+                    question waits for a place (--max-concurrent-answers);
+                    ahead = questions in front of it, position = ahead + 1
+    session.expiring {seconds_left}     30 s before --session-time-limit
+                    ends the session (then error {message}, and the socket closes)
+
+Access (see vidchat.access): with --token set, the handshake needs
+``Authorization: Bearer <token>`` or ``?token=<token>``, else HTTP 401/403; a
+browser page from another origin gets 403 unless --allowed-origins lists it.
+The connection counts against --max-sessions from the handshake on.
+
 Guarantees: every ``response.start`` is followed by exactly one
 ``response.text.done`` (also on errors and cancellation, then preceded by an
 ``error``); a new question's ``response.start`` comes after the previous
@@ -60,7 +73,7 @@ from typing import TYPE_CHECKING, Any
 from vidchat import chat, wire
 from vidchat.chat import Answer, AnswerOptions
 from vidchat.clock import ClientClock
-from vidchat.engine import ENGINE_DEAD_MESSAGE, EngineError
+from vidchat.engine import EngineError
 from vidchat.evs import FrameError
 from vidchat.media import FRAMES_AS
 from vidchat.workers import run_media
@@ -79,6 +92,9 @@ log = logging.getLogger(__name__)
 # JSON+base64 costs ~0.3 ms, an 8 MB one ~55 ms, which would stall every other
 # session's frames and streamed tokens.
 INLINE_PARSE_CHARS = 64 * 1024
+
+# How long before --session-time-limit the client is told (session.expiring).
+SESSION_END_WARNING_S = 30.0
 
 # Close codes: normal end, a protocol violation, server busy, server error.
 CLOSE_NORMAL, CLOSE_POLICY, CLOSE_TRY_LATER, CLOSE_ERROR = 1000, 1008, 1013, 1011
@@ -217,6 +233,9 @@ class Connection:
         self._closed = False  # the socket is closed or broken: nothing more is sent
         self._recv: asyncio.Future | None = None
         self._last_input = time.monotonic()
+        self.client_host = websocket.client.host if websocket.client else None
+        self._reservation = None
+        self._expiry_task: asyncio.Task | None = None
 
     # -- transport -----------------------------------------------------------
 
@@ -281,6 +300,14 @@ class Connection:
         await self.ws.accept()
         reason = "ended"
         try:
+            # The place counts from the handshake: clients that never send
+            # session.config still count against --max-sessions.
+            self._reservation = self.state.registry.reserve(self.client_host)
+        except TooManySessions as exc:
+            await self.error(str(exc))
+            await self.close(CLOSE_TRY_LATER, "too many sessions")
+            return
+        try:
             if not await self._configure():
                 reason = "refused at configuration"
                 return
@@ -299,6 +326,10 @@ class Connection:
             await self._shutdown(reason)
 
     async def _shutdown(self, reason: str) -> None:
+        if self._reservation is not None:
+            self._reservation.release()
+        if self._expiry_task is not None:
+            self._expiry_task.cancel()
         if self._recv is not None:
             self._recv.cancel()
         entry, self.entry = self.entry, None
@@ -327,8 +358,8 @@ class Connection:
             return False
         try:
             msg = await self._parse(raw)
-        except ValueError:
-            await self.error("Invalid JSON in session.config")
+        except ValueError as exc:
+            await self.error(f"Invalid JSON in session.config: {exc}")
             await self.close(CLOSE_POLICY, "invalid session.config")
             return False
         if not isinstance(msg, dict) or msg.get("type") != "session.config":
@@ -339,28 +370,54 @@ class Connection:
         try:
             changes = parse_config(msg)
             settings = self._session_settings(changes.session)
-            options = self._answer_options(changes.answer, settings)
-        except ValueError as exc:  # ConfigError, OptionError, SessionSettings.validate
+        except ValueError as exc:  # ConfigError, SessionSettings.validate
             await self.error(str(exc))
             await self.close(CLOSE_POLICY, "invalid session.config")
             return False
-        if self.state.engine is None or self.state.engine.is_dead:
-            await self.error(ENGINE_DEAD_MESSAGE)
+        try:
+            # While the model loads the session waits here (the options are
+            # checked against the engine's limits).
+            await self.state.wait_engine()
+        except EngineError as exc:
+            await self.error(str(exc))
             await self.close(CLOSE_TRY_LATER, "engine not running")
             return False
         try:
-            self.entry = self.state.new_session("ws", settings=settings)
+            options = self._answer_options(changes.answer, settings)
+        except ValueError as exc:  # OptionError
+            await self.error(str(exc))
+            await self.close(CLOSE_POLICY, "invalid session.config")
+            return False
+        try:
+            self.entry = self.state.new_session("ws", settings=settings, reservation=self._reservation)
         except TooManySessions as exc:
             await self.error(str(exc))
             await self.close(CLOSE_TRY_LATER, "too many sessions")
             return False
+        self._reservation = None
         self.options = options
-        self.entry.closers.append(lambda: self.close(1001, "session closed by the server"))
+        self.entry.closers.append(self._closed_by_server)
+        if self.entry.deadline is not None:
+            self._expiry_task = asyncio.create_task(self._announce_end(self.entry))
         log.info("ws %s: session %s… started: model=%r max_frames=%d sample=%d(%s) evs=%s/%.2f frames_as=%s",
                  self.peer, self.entry.session.id[:6], changes.info.get("model", ""), settings.max_frames,
                  settings.num_sample_frames, settings.sampling, settings.evs_enabled, settings.evs_threshold,
                  options.frames_as)
         return True
+
+    async def _closed_by_server(self) -> None:
+        """The registry ended this session (time limit, shutdown): say why, then close."""
+        sid = self.entry.session.id if self.entry is not None else ""
+        reason = self.state.registry.closed_reason(sid) or "closed by the server"
+        await self.error(f"Session ended: {reason}")
+        await self.close(1001, reason)
+
+    async def _announce_end(self, entry: Entry) -> None:
+        """Warn before --session-time-limit ends the session (the reaper ends it)."""
+        left = entry.time_left() or 0.0
+        warn_at = min(SESSION_END_WARNING_S, left / 2)
+        await asyncio.sleep(max(0.0, left - warn_at))
+        await self.send({"type": "session.expiring", "seconds_left": round(entry.time_left() or 0.0, 1)})
 
     def _session_settings(self, changes: dict[str, Any]) -> SessionSettings:
         cap = min(self.settings.ws_max_audio_seconds, MAX_AUDIO_SECONDS)
@@ -380,10 +437,30 @@ class Connection:
         return self._answer_task is not None and not self._answer_task.done()
 
     async def _parse(self, raw: str) -> Any:
-        """json.loads, in a worker thread for large messages (raises ValueError)."""
+        """json.loads, in a worker thread for large messages (raises ValueError,
+        also for JSON nested too deeply for the parser, and for a top-level
+        string holding a lone UTF-16 surrogate such as "\\ud800": valid JSON
+        syntax, but not text, and it breaks the tokenizer and our replies)."""
+
+        def parse(big: bool) -> Any:
+            try:
+                msg = wire.parse(raw) if big else json.loads(raw)
+            except RecursionError:
+                raise ValueError("nested too deeply") from None
+            if isinstance(msg, dict):
+                for key, value in msg.items():
+                    # isascii() is O(1) in CPython: only non-ASCII strings are encoded.
+                    for text in (key, value):
+                        if isinstance(text, str) and not text.isascii():
+                            try:
+                                text.encode("utf-8")
+                            except UnicodeEncodeError:
+                                raise ValueError(f"{key!r} is not valid Unicode (a lone surrogate)") from None
+            return msg
+
         if len(raw) > INLINE_PARSE_CHARS:
-            return await run_media(wire.parse, raw)
-        return json.loads(raw)
+            return await run_media(parse, True)
+        return parse(False)
 
     async def _loop(self) -> str:
         idle_timeout = self.settings.ws_idle_timeout
@@ -401,8 +478,8 @@ class Connection:
             arrived = self._last_input = time.monotonic()
             try:
                 msg = await self._parse(raw)
-            except ValueError:
-                await self.error("Invalid JSON")
+            except ValueError as exc:
+                await self.error(f"Invalid JSON: {exc}")
                 continue
             if not isinstance(msg, dict):
                 await self.error("Messages must be JSON objects")
@@ -504,7 +581,7 @@ class Connection:
         await self._finish_answer_task()
         try:
             # Samples the buffer now: frames arriving from here on count for the next question.
-            answer = await chat.ask(self.state.engine, entry, text, self.options)
+            answer = await chat.ask(self.state.engine, entry, text, self.options, queue=self.state.answer_gate)
         except chat.Superseded:
             return  # a newer question from elsewhere took over this session
         except EngineError as exc:  # NoFrames included
@@ -516,6 +593,10 @@ class Connection:
         reply = answer.reply
         parts: list[str] = []
         error: str | None = None
+        try:
+            await answer.wait_turn(self._tell_queued)
+        except chat.Abandoned:
+            return  # replaced or ended while it waited: it never started
         try:
             await self.send({"type": "response.start"})
             async for delta in reply:
@@ -544,6 +625,9 @@ class Connection:
         log.info("ws %s: answered: %d tokens, %d frames, %.1f s audio%s", self.peer,
                  stats.get("completion_tokens", 0), stats.get("frames", 0), stats.get("audio_seconds", 0.0),
                  " (cancelled)" if stats.get("cancelled") else "")
+
+    async def _tell_queued(self, ahead: int) -> None:
+        await self.send({"type": "response.queued", "position": ahead + 1, "ahead": ahead})
 
     async def _on_done(self) -> None:
         # Like the seed, an answer still streaming is finished before the stats.

@@ -14,7 +14,8 @@ from fastapi.responses import JSONResponse
 from fastapi.staticfiles import StaticFiles
 
 from vidchat import tinymodel
-from vidchat.engine import Engine, EngineOptions
+from vidchat.access import Guard, default_allowed_hosts, split_list
+from vidchat.engine import Engine, EngineError, EngineOptions
 from vidchat.loopwatch import LoopWatch
 from vidchat.settings import Settings
 from vidchat.state import AppState
@@ -52,40 +53,58 @@ def create_app(state: AppState) -> FastAPI:
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        if state.engine is None:
-            state.engine = Engine.start(engine_options(state.settings, state.model_path, state.tiny))
-            owns_engine = True
+        owns_engine = state.engine is None
+        if owns_engine:
+            state.engine_options = engine_options(state.settings, state.model_path, state.tiny)
+            loading = asyncio.create_task(_load_engine(state))
         else:
-            owns_engine = False
+            loading = None
+            state.engine_settled(state.engine)
         if state.banner:
             log.warning(state.banner)
         reaper = asyncio.create_task(_reap_idle_sessions(state))
         loop_watch.start()
-        log.info("vidchat ready on http://%s:%d", state.settings.host, state.settings.port)
+        log.info("vidchat listening on http://%s:%d%s", state.settings.host, state.settings.port,
+                 " (loading the model)" if owns_engine else "")
         try:
             yield
         finally:
             reaper.cancel()
             loop_watch.stop()
             await state.registry.close_all()
-            if owns_engine:
+            if loading is not None:
+                await asyncio.gather(loading, return_exceptions=True)  # a start in progress finishes first
+            if owns_engine and state.engine is not None:
                 state.engine.shutdown()
 
     loop_watch = LoopWatch()
     app = FastAPI(title="vidchat", lifespan=lifespan, docs_url=None, redoc_url=None)
     app.state.vidchat = state
 
+    @app.get("/healthz")
+    async def healthz() -> dict[str, Any]:
+        """The process serves (whatever the model is doing)."""
+        return {"ok": True}
+
+    @app.get("/readyz")
+    async def readyz() -> JSONResponse:
+        """The engine is loaded and alive: 200; else 503 with the reason."""
+        ready, reason = state.readiness()
+        return JSONResponse({"ready": ready, "reason": reason}, status_code=200 if ready else 503)
+
     @app.get("/api/health")
     async def health() -> JSONResponse:
         engine = state.engine
-        ok = engine is not None and not engine.is_dead
+        ok = state.ready
         body = {
             "ok": ok,
+            "status": state.readiness()[1],
             "model": state.model_path,
             "banner": state.banner,
             "sessions": len(state.registry),
             "sessions_by_kind": state.registry.count_by_kind(),
             "running_requests": engine.running_requests if ok else None,
+            "answers": state.answer_gate.snapshot(),
             "loop_lag": loop_watch.snapshot(),
         }
         return JSONResponse(body, status_code=200 if ok else 503)
@@ -100,7 +119,9 @@ def create_app(state: AppState) -> FastAPI:
     async def client_config() -> dict[str, Any]:
         # Fetched when the user presses Start, so short-lived TURN credentials
         # are fresh rather than baked into the page.
-        return {"iceServers": state.ice_servers, "banner": state.banner}
+        ready, status = state.readiness()
+        return {"iceServers": state.ice_servers, "banner": state.banner, "ready": ready, "status": status,
+                "sessionTimeLimit": state.session_time_limit}
 
     app.include_router(webrtc.router(state))
 
@@ -110,7 +131,27 @@ def create_app(state: AppState) -> FastAPI:
 
     # StaticFiles refuses paths that resolve outside its directory.
     app.mount("/static", StaticFiles(directory=STATIC_DIR), name="static")
+    settings = state.settings
+    app.add_middleware(
+        Guard,
+        access=state.access,
+        allowed_hosts=split_list(settings.allowed_hosts) or default_allowed_hosts(settings.host),
+        allowed_origins=split_list(settings.allowed_origins),
+        max_body_bytes=settings.max_body_bytes,
+    )
     return ui.mount(app, state)
+
+
+async def _load_engine(state: AppState) -> None:
+    """Start vLLM in a worker thread while the port already answers."""
+    try:
+        engine = await asyncio.to_thread(Engine.start, state.engine_options)
+    except Exception as exc:  # EngineError carries vLLM's own reason
+        log.error("the model failed to load: %s", exc, exc_info=not isinstance(exc, EngineError))
+        state.engine_settled(None, str(exc))
+        return
+    state.engine_settled(engine)
+    log.info("vidchat ready on http://%s:%d", state.settings.host, state.settings.port)
 
 
 async def _reap_idle_sessions(state: AppState) -> None:
@@ -120,5 +161,6 @@ async def _reap_idle_sessions(state: AppState) -> None:
         await asyncio.sleep(2.0)
         try:
             await state.registry.expire(state.settings.session_idle_timeout, kind="webrtc")
+            await state.registry.end_overdue()
         except Exception:
             log.exception("session expiry failed")

@@ -45,7 +45,8 @@ from PIL import Image
 from vidchat import evs
 from vidchat.audio import AudioWindow, to_int16
 from vidchat.evs import FrameError
-from vidchat.media import AUDIO_RATE, DEFAULT_MAX_FRAME_BYTES, DEFAULT_STORE_MAX_PIXELS, reduce_factor, stored_size
+from vidchat.media import (AUDIO_RATE, DEFAULT_MAX_FRAME_BYTES, DEFAULT_MAX_FRAME_PIXELS, DEFAULT_STORE_MAX_PIXELS,
+                           reduce_factor, stored_size)
 
 logger = logging.getLogger(__name__)
 
@@ -174,8 +175,7 @@ def store_image(img: Image.Image, max_pixels: int | None) -> np.ndarray:
     if target != img.size and img.format == "JPEG" and getattr(img, "tile", None):
         img.draft("RGB", target)  # libjpeg scales by 1/2, 1/4 or 1/8 while decoding
     evs.load_image(img)
-    if img.mode != "RGB":
-        img = img.convert("RGB")
+    img = evs.to_rgb(img)
     if img.size != target:
         r = img.width // target[0]
         if r >= 2 and (math.ceil(img.width / r), math.ceil(img.height / r)) == target:
@@ -197,15 +197,19 @@ class Session:
 
     def __init__(self, session_id: str, settings: SessionSettings | None = None, *,
                  store_max_pixels: int | None = DEFAULT_STORE_MAX_PIXELS,
-                 max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES) -> None:
+                 max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES,
+                 max_frame_pixels: int = DEFAULT_MAX_FRAME_PIXELS) -> None:
         settings = dataclasses.replace(settings) if settings is not None else SessionSettings()
         settings.validate()
         if store_max_pixels is not None and (not _is_int(store_max_pixels) or store_max_pixels < 1):
             raise ValueError(f"store_max_pixels must be None or a positive integer, got {store_max_pixels!r}")
+        if not _is_int(max_frame_pixels) or max_frame_pixels < 1:
+            raise ValueError(f"max_frame_pixels must be a positive integer, got {max_frame_pixels!r}")
         self.id = session_id
         self.settings = settings
         self.store_max_pixels = store_max_pixels
         self.max_frame_bytes = max_frame_bytes
+        self.max_frame_pixels = max_frame_pixels
         self.last_activity = time.monotonic()
         self._ingest_lock = threading.Lock()  # order: _ingest_lock, then _lock
         self._lock = threading.Lock()
@@ -262,13 +266,17 @@ class Session:
         return self._ingest(lambda: evs.thumbnail_from_array(luma), stored, t)
 
     def add_jpeg(self, data: bytes | bytearray | memoryview, t: float | None = None) -> bool:
-        """Offer an encoded frame (JPEG, or any image PIL reads); decoded in full only if kept."""
+        """Offer an encoded frame (JPEG, PNG or WebP); decoded in full only if kept.
+
+        Refused with FrameError, before any pixel is decoded, when it is over
+        ``max_frame_bytes``, in another format, or over ``max_frame_pixels``."""
         if isinstance(data, (bytes, bytearray, memoryview)) and len(data) > self.max_frame_bytes:
             raise FrameError(f"frame too large: {len(data)} bytes (limit {self.max_frame_bytes})")
         # draft() only works before decoding, so the thumbnail and the stored
         # copy each open their own lazy image.
-        return self._ingest(lambda: evs.thumbnail_from_bytes(data),
-                            lambda: store_image(evs.open_image(data), self.store_max_pixels), t)
+        limit = self.max_frame_pixels
+        return self._ingest(lambda: evs.thumbnail_from_bytes(data, limit),
+                            lambda: store_image(evs.open_image(data, limit), self.store_max_pixels), t)
 
     def _ingest(self, make_thumb: Callable[[], np.ndarray], make_stored: Callable[[], np.ndarray],
                 t: float | None) -> bool:

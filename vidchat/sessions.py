@@ -46,6 +46,16 @@ class Entry:
     # while the request is still being registered only takes effect at its
     # first output, and a question arriving meanwhile must not start beside it.
     _cancelling: asyncio.Lock = field(default_factory=asyncio.Lock, repr=False)
+    # Sent with every request of this session as vLLM's cache_salt, so prefix
+    # cache hits never cross sessions (no timing channel between users).
+    cache_salt: str = field(default_factory=lambda: secrets.token_hex(16), repr=False)
+    # The client's network address (for --max-sessions-per-client).
+    client: str | None = None
+    # time.monotonic() at which --session-time-limit ends the session (None: never).
+    deadline: float | None = None
+
+    def time_left(self) -> float | None:
+        return None if self.deadline is None else max(0.0, self.deadline - time.monotonic())
 
     async def cancel_answer(self) -> None:
         """Abort the running answer (its vLLM request included), if any, and
@@ -56,24 +66,69 @@ class Entry:
                 await answer.cancel()
 
 
+class Reservation:
+    """A place held for a session from the moment a client connects (a
+    WebSocket handshake), so clients that never configure still count
+    against the limits. Release it, or pass it to SessionRegistry.create."""
+
+    def __init__(self, registry: "SessionRegistry", client: str | None) -> None:
+        self.registry = registry
+        self.client = client
+
+    def release(self) -> None:
+        self.registry._pending.discard(self)
+
+
 class SessionRegistry:
-    def __init__(self, max_sessions: int = 16, default_settings: Callable[[], SessionSettings] | None = None):
+    def __init__(self, max_sessions: int = 16, default_settings: Callable[[], SessionSettings] | None = None,
+                 max_per_client: int = 0, uncapped_client: Callable[[str], bool] | None = None,
+                 time_limit_s: float = 0.0):
         self.max_sessions = max_sessions
+        self.max_per_client = max_per_client  # 0: no cap
+        self._uncapped_client = uncapped_client or (lambda client: False)
+        self.time_limit_s = time_limit_s  # 0: sessions may last forever
         self._default_settings = default_settings or SessionSettings
         self._entries: dict[str, Entry] = {}
+        self._pending: set[Reservation] = set()
         self._closed_reasons: dict[str, str] = {}
 
     def __len__(self) -> int:
         return len(self._entries)
 
-    def create(self, kind: str, settings: SessionSettings | None = None, **session_kwargs: Any) -> Entry:
-        """A new session; ``session_kwargs`` go to :class:`Session` (storage size, frame cap)."""
-        if len(self._entries) >= self.max_sessions:
+    def reserve(self, client: str | None = None) -> Reservation:
+        """Hold a place for a session about to be configured (raises TooManySessions)."""
+        self._check_room(client)
+        reservation = Reservation(self, client)
+        self._pending.add(reservation)
+        return reservation
+
+    def _check_room(self, client: str | None, held: Reservation | None = None) -> None:
+        pending = [r for r in self._pending if r is not held]
+        if len(self._entries) + len(pending) >= self.max_sessions:
             raise TooManySessions(
-                f"The server already has {self.max_sessions} sessions open (its --max-sessions); try again later."
+                f"The server is full: {self.max_sessions} sessions are open (its --max-sessions). "
+                "Try again in a minute."
             )
+        if client and self.max_per_client > 0 and not self._uncapped_client(client):
+            mine = sum(e.client == client for e in self._entries.values()) + sum(r.client == client for r in pending)
+            if mine >= self.max_per_client:
+                raise TooManySessions(
+                    f"This address already has {self.max_per_client} sessions open (the server's "
+                    "--max-sessions-per-client); stop one and try again."
+                )
+
+    def create(self, kind: str, settings: SessionSettings | None = None, *, client: str | None = None,
+               reservation: Reservation | None = None, **session_kwargs: Any) -> Entry:
+        """A new session; ``session_kwargs`` go to :class:`Session` (storage size, frame cap)."""
+        if reservation is not None:
+            client = reservation.client
+        self._check_room(client, reservation)
+        if reservation is not None:
+            reservation.release()
         sid = secrets.token_urlsafe(16)
-        entry = Entry(Session(sid, settings or self._default_settings(), **session_kwargs), kind)
+        entry = Entry(Session(sid, settings or self._default_settings(), **session_kwargs), kind, client=client)
+        if self.time_limit_s > 0:
+            entry.deadline = time.monotonic() + self.time_limit_s
         self._entries[sid] = entry
         log.info("session %s… opened (%s), %d open", sid[:6], kind, len(self._entries))
         return entry
@@ -120,6 +175,14 @@ class SessionRegistry:
         for sid in stale:
             await self.close(sid, f"expired after {max_idle_s:.0f} s without input")
         return stale
+
+    async def end_overdue(self) -> list[str]:
+        """Close sessions past their --session-time-limit."""
+        now = time.monotonic()
+        overdue = [sid for sid, e in self._entries.items() if e.deadline is not None and now >= e.deadline]
+        for sid in overdue:
+            await self.close(sid, f"reached the session time limit ({self.time_limit_s / 60:g} min)")
+        return overdue
 
     async def close_all(self) -> None:
         for sid in list(self._entries):

@@ -13,7 +13,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
-from vidchat.media import DEFAULT_MAX_FRAME_BYTES, FRAMES_AS
+from vidchat.media import DEFAULT_MAX_FRAME_BYTES, DEFAULT_MAX_FRAME_PIXELS, FRAMES_AS
 
 ENV_PREFIX = "VIDCHAT_"
 
@@ -78,6 +78,11 @@ class Settings:
     ws_idle_timeout: float = _opt(60.0, "WebSocket protocol: close a session after this many seconds without a message.")
     ws_config_timeout: float = _opt(10.0, "WebSocket protocol: seconds a client has to send session.config.")
     ws_max_frame_bytes: int = _opt(DEFAULT_MAX_FRAME_BYTES, "Largest encoded frame a session accepts, in bytes (the WebSocket protocol's JPEG frames).")
+    max_frame_pixels: int = _opt(
+        DEFAULT_MAX_FRAME_PIXELS, "Largest encoded frame (JPEG, PNG or WebP) a session accepts, in pixels (width x "
+        "height), read from the image header before decoding: protects memory and CPU from image bombs, small "
+        "files that decode to huge pictures.",
+    )
     ws_max_audio_seconds: float = _opt(30.0, "WebSocket protocol: most seconds of audio kept per session.")
     # --- WebRTC -------------------------------------------------------
     ice_servers: str = _opt(
@@ -85,6 +90,49 @@ class Settings:
         "JSON list of RTCIceServer dicts given to browsers and the server peer "
         '(e.g. [{"urls": "turn:turn.example:3478", "username": "u", "credential": "p"}]). '
         "Empty on localhost.",
+    )
+
+    # --- access (see README "Hosting safely") ---------------------------
+    auth: tuple = _opt(
+        (), "Page login: USER:PASSWORD, or a file with one such line per user. Repeat the flag for more users; "
+        "the variable takes them separated by spaces.", repeat=True,
+    )
+    token: str = _opt(
+        "", "Token programs must present (Authorization: Bearer, or ?token= on the WebSocket URL) for the "
+        "WebSocket protocol, /webrtc/* and /api/* (health checks aside). Without --auth, the page's login takes "
+        "it as the password.",
+    )
+    hf_oauth: str = _opt(
+        "auto", "Hugging Face sign-in for the page: 'auto' turns it on inside a Space with hf_oauth enabled.",
+        choices=("auto", "on", "off"),
+    )
+    hf_users: str = _opt("", "With Hugging Face sign-in: the user names allowed in (comma separated; empty: anyone "
+                         "signed in).")
+    allowed_origins: str = _opt(
+        "", "Other web origins (e.g. https://my.site) whose pages may open WebSocket sessions or post to /webrtc/*; "
+        "'*' allows any. Requests without an Origin header (programs) are always allowed.",
+    )
+    allowed_hosts: str = _opt(
+        "", "Host names this server answers to (comma separated; '*' any). Empty: only localhost names when bound "
+        "to a loopback address (this is what defeats DNS rebinding), any host otherwise.",
+    )
+    # --- limits ---------------------------------------------------------
+    max_body_bytes: int = _opt(64 * 1024, "Largest request body on /webrtc/* and /api/* (bytes); larger gets 413.")
+    connect_timeout: float = _opt(
+        15.0, "Seconds a WebRTC offer has to become a connected peer; a session that never connects is ended "
+        "and its place freed.",
+    )
+    max_sessions_per_client: int = _opt(
+        4, "Most concurrent sessions from one client address (0: no cap). Loopback clients are not capped while "
+        "the server is bound to a loopback address.",
+    )
+    session_time_limit: float = _opt(
+        -1.0, "End every session this many seconds after it starts (0: never). -1: never when bound to a "
+        "loopback address, 1800 otherwise. The page shows a countdown; the WebSocket protocol announces the end.",
+    )
+    max_concurrent_answers: int = _opt(
+        8, "Answers generated at once across all sessions (0: no cap); later questions wait in a fair queue "
+        "and are told their place.",
     )
 
     @classmethod
@@ -111,7 +159,7 @@ def build_parser() -> argparse.ArgumentParser:
         kind = type(f.default)
         env_name = ENV_PREFIX + name.upper()
         default = f.default
-        if env_name in os.environ:
+        if env_name in os.environ and not f.metadata.get("repeat"):
             try:
                 default = _coerce(kind, os.environ[env_name])
             except ValueError:
@@ -119,10 +167,29 @@ def build_parser() -> argparse.ArgumentParser:
         kwargs: dict[str, Any] = {"default": default, "help": f.metadata["help"] + f" [env {env_name}]"}
         if "choices" in f.metadata:
             kwargs["choices"] = f.metadata["choices"]
+        if f.metadata.get("repeat"):
+            kwargs["default"] = None  # flags replace the variable's list (parse_settings)
+            parser.add_argument("--" + name.replace("_", "-"), action="append", **kwargs)
+            continue
         parser.add_argument("--" + name.replace("_", "-"), type=kind, **kwargs)
     return parser
 
 
 def parse_settings(argv: Sequence[str] | None = None) -> Settings:
     args = build_parser().parse_args(argv)
-    return Settings(**vars(args))
+    values = vars(args)
+    for f in dataclasses.fields(Settings):
+        if f.metadata.get("repeat") and values[f.name] is None:
+            values[f.name] = tuple(os.environ.get(ENV_PREFIX + f.name.upper(), "").split())
+        elif f.metadata.get("repeat"):
+            values[f.name] = tuple(values[f.name])
+    return Settings(**values)
+
+
+def session_time_limit(settings: Settings) -> float:
+    """--session-time-limit resolved: seconds, 0 for none."""
+    from vidchat.access import is_loopback
+
+    if settings.session_time_limit >= 0:
+        return settings.session_time_limit
+    return 0.0 if is_loopback(settings.host) else 1800.0

@@ -4,11 +4,15 @@ that assembles them all import it, and imports run one way."""
 
 from __future__ import annotations
 
+import asyncio
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from vidchat.access import Access
+from vidchat.answer_queue import AnswerQueue
 from vidchat.chat import AnswerOptions
-from vidchat.engine import Engine
+from vidchat.engine import ENGINE_DEAD_MESSAGE, Engine, EngineError, EngineOptions
 from vidchat.media import DEFAULT_STORE_MAX_PIXELS, describe_store_limit
 from vidchat.models import TINY_BANNER
 from vidchat.session import SessionSettings
@@ -24,6 +28,53 @@ class AppState:
     engine: Engine | None = None
     registry: SessionRegistry = field(default_factory=SessionRegistry)
     ice_servers: list[dict[str, Any]] = field(default_factory=list)
+    access: Access = field(default_factory=Access)
+    answer_gate: AnswerQueue = field(default_factory=AnswerQueue)
+    session_time_limit: float = 0.0  # seconds, 0: none (settings.session_time_limit resolved)
+    engine_options: EngineOptions | None = None  # what the engine is (being) started with
+    # The engine loads after the port opens: until then the page says so and questions wait.
+    engine_error: str | None = None
+    loading_since: float = field(default_factory=time.monotonic)
+    _engine_settled: asyncio.Event | None = field(default=None, repr=False)
+
+    @property
+    def ready(self) -> bool:
+        return self.engine is not None and not self.engine.is_dead
+
+    def readiness(self) -> tuple[bool, str]:
+        """(ready, reason) for /readyz and the page."""
+        if self.ready:
+            return True, "ready"
+        if self.engine_error:
+            return False, f"The model failed to load: {self.engine_error}"
+        if self.engine is not None:
+            return False, ENGINE_DEAD_MESSAGE
+        return False, f"Loading the model… {time.monotonic() - self.loading_since:.0f} s"
+
+    def _settled(self) -> asyncio.Event:
+        if self._engine_settled is None:
+            self._engine_settled = asyncio.Event()
+            if self.engine is not None or self.engine_error:
+                self._engine_settled.set()
+        return self._engine_settled
+
+    def engine_settled(self, engine: Engine | None, error: str | None = None) -> None:
+        """The load finished, with an engine or an error."""
+        self.engine, self.engine_error = engine, error
+        self._settled().set()
+
+    async def wait_engine(self, timeout: float | None = None) -> Engine:
+        """The running engine, waiting while it loads (raises EngineError when
+        it failed, stopped or is still loading after `timeout`)."""
+        if self.engine is None and not self.engine_error:
+            try:
+                await asyncio.wait_for(self._settled().wait(), timeout)
+            except asyncio.TimeoutError:
+                pass
+        ready, reason = self.readiness()
+        if not ready:
+            raise EngineError(reason)
+        return self.engine
 
     @property
     def tiny(self) -> bool:
@@ -43,7 +94,8 @@ class AppState:
         """Frames are kept at no more pixels than the model will look at (and
         at most 320x240 unless --max-image-pixels asks for more), which bounds
         a session's memory and the cost of preparing a question."""
-        engine_cap = self.engine.options.max_image_pixels if self.engine else 0
+        options = self.engine.options if self.engine else self.engine_options
+        engine_cap = options.max_image_pixels if options else 0
         return self.settings.max_image_pixels or engine_cap or DEFAULT_STORE_MAX_PIXELS
 
     def store_limit_text(self) -> str:
@@ -52,7 +104,8 @@ class AppState:
     def new_session(self, kind: str, **kwargs: Any) -> Entry:
         """Register a session with the server's storage size and frame cap (raises TooManySessions)."""
         return self.registry.create(kind, store_max_pixels=self.store_max_pixels(),
-                                    max_frame_bytes=self.settings.ws_max_frame_bytes, **kwargs)
+                                    max_frame_bytes=self.settings.ws_max_frame_bytes,
+                                    max_frame_pixels=self.settings.max_frame_pixels, **kwargs)
 
 
 def default_session_settings(settings: Settings) -> SessionSettings:

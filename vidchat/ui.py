@@ -32,7 +32,8 @@ log = logging.getLogger(__name__)
 HEAD = '<link rel="stylesheet" href="/static/vidchat.css"><script src="/static/vidchat.js" defer></script>'
 
 PREVIEW_HTML = """
-<div class="vc-live">
+<div class="vc-live" id="vc-live-access" data-mode="{access_mode}">
+  <div class="vc-ready" id="vc-ready" role="status"></div>
   <div class="vc-video-wrap">
     <video id="vc-preview" autoplay playsinline muted></video>
     <div class="vc-conn" id="vc-conn" data-tone="idle">Not started</div>
@@ -222,7 +223,8 @@ async def answer_stream(state, entry, question: str, request: PageRequest, past:
                         history: list[dict], event_start: float) -> AsyncIterator[tuple]:
     """Ask through the shared answer path and stream the reply into the chat."""
     try:
-        answer = await chat.ask(state.engine, entry, question, request.options, history=past)
+        answer = await chat.ask(state.engine, entry, question, request.options, history=past,
+                                queue=state.answer_gate)
     except chat.Superseded:
         return  # a newer question owns this tab's chat now
     except EngineError as exc:  # NoFrames included
@@ -235,6 +237,11 @@ async def answer_stream(state, entry, question: str, request: PageRequest, past:
     yield history, gr.skip(), gr.skip()
     error = None
     try:
+        async for place in _wait_turn(answer):
+            history[-1] = notice(waiting_text(place))
+            yield history, gr.skip(), gr.skip()
+        if is_notice(history[-1]):
+            history[-1] = {"role": "assistant", "content": ""}
         async for delta in reply:
             if not history[-1]["content"]:
                 log.info("chat event -> first token: %.1f ms", (time.perf_counter() - event_start) * 1000)
@@ -242,11 +249,15 @@ async def answer_stream(state, entry, question: str, request: PageRequest, past:
             yield history, gr.skip(), gr.skip()
     except EngineError as exc:
         error = exc
+    except chat.Abandoned:
+        pass  # stopped or replaced while it waited
     finally:
         await reply.cancel()  # no-op when finished; aborts if the page went away
         current = chat.release(entry, answer)
     if not current:
         return  # a newer question took over this tab's chat; its event owns it from now on
+    if is_notice(history[-1]):
+        history.pop()  # the "waiting" line
     if not history[-1]["content"]:
         history.pop()
         history.append(notice(f"⚠ {error}" if error else STOPPED if reply.stats.cancelled else NO_TEXT))
@@ -255,6 +266,54 @@ async def answer_stream(state, entry, question: str, request: PageRequest, past:
     # Thumbnails are encoded after the answer, so they never delay its first
     # token, and in a worker thread, so they never stall the event loop.
     yield history, await asyncio.to_thread(frames_html, answer), answer.summary()
+
+
+def waiting_text(ahead: int) -> str:
+    if ahead <= 0:
+        return "⏳ waiting: yours is the next question to be answered"
+    return f"⏳ waiting: {ahead} question{'s' if ahead != 1 else ''} ahead"
+
+
+async def _wait_turn(answer: Answer) -> AsyncIterator[int]:
+    """Yield the number of questions ahead while the answer waits for its
+    place (--max-concurrent-answers); raises chat.Abandoned when stopped."""
+    places: asyncio.Queue[int] = asyncio.Queue()
+
+    async def tell(ahead: int) -> None:
+        places.put_nowait(ahead)
+
+    waiting = asyncio.ensure_future(answer.wait_turn(tell))
+    try:
+        while not waiting.done():
+            getter = asyncio.ensure_future(places.get())
+            await asyncio.wait({waiting, getter}, return_when=asyncio.FIRST_COMPLETED)
+            if getter.done():
+                yield getter.result()
+            else:
+                getter.cancel()
+        waiting.result()
+    finally:
+        if not waiting.done():  # the page went away while it waited
+            await answer.cancel()
+            waiting.cancel()
+
+
+async def _wait_for_model(state, history: list[dict]) -> AsyncIterator[tuple]:
+    """While the model loads, show how long it has been loading; raises EngineError if it fails."""
+    if state.ready:
+        return
+    history.append(notice(""))
+    while True:
+        try:
+            await state.wait_engine(timeout=1.0)
+            history.pop()
+            return
+        except EngineError:
+            if state.engine_error or state.engine is not None:
+                history.pop()
+                raise
+        history[-1] = notice(f"⏳ {state.readiness()[1]} Your question will be answered once it is ready.")
+        yield history, gr.skip(), gr.skip()
 
 
 async def respond(state, message: str, history: list[dict], sid: str, *raw_settings: Any) -> AsyncIterator[tuple]:
@@ -270,6 +329,13 @@ async def respond(state, message: str, history: list[dict], sid: str, *raw_setti
     entry = state.registry.get(sid) if isinstance(sid, str) else None
     if entry is None:
         history.append(notice(NOT_RUNNING))
+        yield history, gr.skip(), gr.skip()
+        return
+    try:
+        async for update in _wait_for_model(state, history):
+            yield update
+    except EngineError as exc:
+        history.append(notice(f"⚠ {exc}"))
         yield history, gr.skip(), gr.skip()
         return
     try:
@@ -300,6 +366,8 @@ def _header(state) -> None:
             f"<span class='vc-model' title='{html.escape(state.model_path)}'>"
             f"{html.escape(model_label(state))}</span></div>"
         )
+        if state.access.hf_oauth:
+            gr.LoginButton(size="sm", scale=0, min_width=160)
     if state.banner:
         gr.HTML(f"<div class='vc-banner' role='alert'>{html.escape(state.banner)}</div>")
 
@@ -337,8 +405,8 @@ def mount(app, state):
         _header(state)
         with gr.Row(equal_height=False, elem_classes="vc-main"):
             with gr.Column(scale=5, min_width=300):
-                gr.HTML(PREVIEW_HTML.replace("{store_limit}", html.escape(state.store_limit_text())),
-                        elem_id="vc-live-panel")
+                gr.HTML(PREVIEW_HTML.replace("{store_limit}", html.escape(state.store_limit_text()))
+                        .replace("{access_mode}", access_mode(state)), elem_id="vc-live-panel")
             with gr.Column(scale=6, min_width=300):
                 chatbot = gr.Chatbot(label="Chat", height=440, elem_id="vc-chat", buttons=["copy"])
                 with gr.Row(elem_classes="vc-ask"):
@@ -352,6 +420,16 @@ def mount(app, state):
             inputs_view = gr.HTML(frames_html(None))
             details = gr.JSON(label="Reply details", value=None)
         session_id = gr.Textbox(visible="hidden", elem_id="vidchat-session-id")
+        # Filled when the page loads, for a logged-in user only (Gradio runs
+        # no event for a page that has not logged in).
+        page_token = gr.Textbox(visible="hidden", elem_id="vidchat-page-token")
+        if state.access.hf_oauth:
+            def issue_token(profile: gr.OAuthProfile | None) -> str:
+                return hf_page_token(state, profile.username if profile else None)
+        else:
+            def issue_token(request: gr.Request) -> str:
+                return password_page_token(state, request.username)
+        blocks.load(issue_token, None, page_token, queue=False, api_visibility="private")
 
         async def on_question(message, history, sid, *raw):
             async for update in respond(state, message, history, sid, *raw):
@@ -374,4 +452,36 @@ def mount(app, state):
                    api_name="stop")
         clear.click(lambda: ([], None), None, [chatbot, details], api_visibility="private")
 
-    return gr.mount_gradio_app(app, blocks, path="/", head=HEAD, theme=gr.themes.Soft(), footer_links=[])
+    return gr.mount_gradio_app(app, blocks, path="/", head=HEAD, theme=gr.themes.Soft(), footer_links=[],
+                               auth=state.access.gradio_auth(), auth_message=_auth_message(state))
+
+
+def access_mode(state) -> str:
+    """How this page gets its credential: 'none', 'login' (password) or 'hf'."""
+    if not state.access.required:
+        return "none"
+    return "hf" if state.access.hf_oauth else "login"
+
+
+def _auth_message(state) -> str | None:
+    if state.access.passwords:
+        return "This vidchat needs a login."
+    if state.access.token:
+        return "This vidchat needs its access token: type it as the password (any user name)."
+    return None
+
+
+def password_page_token(state, username: str | None) -> str:
+    access = state.access
+    if not access.required or access.hf_oauth:
+        return ""
+    return access.page_token(username or "user")
+
+
+def hf_page_token(state, username: str | None) -> str:
+    """A page token for a signed-in Hugging Face user on the allow-list; else none."""
+    if not state.access.hf_user_allowed(username):
+        if username:
+            log.info("Hugging Face user %r is not on --hf-users", username)
+        return ""
+    return state.access.page_token(username)

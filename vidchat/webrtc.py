@@ -198,6 +198,7 @@ class Peer:
         peers[entry.session.id] = self
         self.pc = RTCPeerConnection(rtc_configuration(state.ice_servers))
         self.consumers: list[asyncio.Task] = []
+        self._connect_watch: asyncio.Task | None = None
         self.closed = False
         if entry.media is None:
             entry.media = MediaStats()
@@ -228,6 +229,18 @@ class Peer:
             # token; if it doesn't, the idle reaper ends the session.
             await self.close()
 
+    def watch_connect(self, timeout_s: float) -> None:
+        """End the session if this peer has not connected within `timeout_s`:
+        an offer whose ICE never completes must not hold a place for long."""
+
+        async def watch() -> None:
+            await asyncio.sleep(timeout_s)
+            if not self.closed and self.pc.connectionState != "connected" and self.peers.get(self.sid) is self:
+                await self.state.registry.close(self.sid, f"the connection was not established within {timeout_s:g} s")
+
+        if timeout_s > 0:
+            self._connect_watch = asyncio.create_task(watch())
+
     async def answer(self, sdp: str) -> RTCSessionDescription:
         await self.pc.setRemoteDescription(RTCSessionDescription(sdp=sdp, type="offer"))
         await self.pc.setLocalDescription(await self.pc.createAnswer())
@@ -243,6 +256,8 @@ class Peer:
             del self.peers[self.sid]
         for task in self.consumers:
             task.cancel()
+        if self._connect_watch is not None and self._connect_watch is not asyncio.current_task():
+            self._connect_watch.cancel()
         await self.pc.close()
 
 
@@ -250,8 +265,13 @@ async def _read_offer(request: Request) -> dict[str, Any]:
     body = await _read_json(request)
     if body.get("type") != "offer" or not isinstance(body.get("sdp"), str):
         raise HTTPException(400, "expected {type: 'offer', sdp: '...'}")
-    if "\nm=video" not in body["sdp"] and "\nm=audio" not in body["sdp"]:
+    sections = [line.split(None, 1)[0][2:] for line in body["sdp"].splitlines() if line.startswith("m=") and " " in line]
+    counts = collections.Counter(sections)
+    if not counts["video"] and not counts["audio"]:
         raise HTTPException(400, "the offer carries no audio or video track")
+    if counts["video"] > 1 or counts["audio"] > 1 or len(sections) > counts["video"] + counts["audio"]:
+        raise HTTPException(400, f"an offer may carry one video and one audio track; this one has "
+                                 f"{', '.join(f'{n} {kind}' for kind, n in counts.items())}")
     return body
 
 
@@ -284,7 +304,7 @@ def router(state) -> APIRouter:
                 await old.close()
         else:
             try:
-                entry = state.new_session("webrtc")
+                entry = state.new_session("webrtc", client=request.client.host if request.client else None)
             except TooManySessions as exc:
                 raise HTTPException(503, str(exc))
         sid = entry.session.id
@@ -295,6 +315,7 @@ def router(state) -> APIRouter:
             await state.registry.close(sid, "bad offer")
             raise HTTPException(400, f"could not use this offer: {exc}")
         entry.session.last_activity = time.monotonic()
+        peer.watch_connect(state.settings.connect_timeout)
         log.info("session %s… %s", sid[:6], "resumed by its tab" if resumed else "peer created")
         return {"sdp": local.sdp, "type": local.type, "session_id": sid,
                 "resume_token": entry.resume_token, "resumed": resumed}
@@ -312,6 +333,8 @@ def router(state) -> APIRouter:
             reason = state.registry.closed_reason(session_id)
             raise HTTPException(404, f"session ended: {reason}" if reason else "no such session (stopped or expired)")
         out = dict(entry.session.stats)
+        left = entry.time_left()
+        out["time_left_s"] = None if left is None else round(left, 1)
         if entry.media is not None:
             out["media"] = entry.media.as_dict()
         return out

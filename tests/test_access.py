@@ -1,0 +1,353 @@
+"""Hosting safely: credentials, Origin/Host checks, body and session limits,
+the answer queue, the session time limit and readiness, each through the real
+server (uvicorn subprocess, real vLLM on the tiny model) and, for the
+password-protected page, Debian's Chromium."""
+
+from __future__ import annotations
+
+import asyncio
+import http.client
+import json
+import subprocess
+import sys
+import time
+
+import pytest
+import websockets
+from aiortc import RTCPeerConnection
+from playwright.async_api import async_playwright
+
+from conftest import (CACHE_DIR, ROOT, SERVER_ARGS, TEST_MAX_IMAGES, TEST_MAX_MODEL_LEN, Server, free_port,
+                      stop_server)
+from test_page import ask as page_ask
+from test_page import launch, wait_for_answer, write_wav, write_y4m
+from test_protocol import SHORT, check_answer, expect_error, frames, recv, send, until
+
+TOKEN = "s3cret-token"
+USER, PASSWORD = "alice", "wonderland"
+TIME_LIMIT_S = 25
+
+
+def call(server, method: str, path: str, body: bytes | None = None, headers: dict | None = None,
+         host: str | None = None) -> tuple[int, dict]:
+    conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=15)
+    try:
+        conn.putrequest(method, path, skip_host=True, skip_accept_encoding=True)
+        conn.putheader("Host", host or f"127.0.0.1:{server.port}")
+        for k, v in (headers or {}).items():
+            conn.putheader(k, v)
+        if body is not None:
+            conn.putheader("Content-Length", str(len(body)))
+        conn.endheaders(body)
+        r = conn.getresponse()
+        raw = r.read()
+        try:
+            return r.status, json.loads(raw)
+        except ValueError:
+            return r.status, {"raw": raw[:200].decode(errors="replace")}
+    finally:
+        conn.close()
+
+
+async def handshake_status(url: str, **kwargs) -> int:
+    """The HTTP status a refused WebSocket handshake got (101 when accepted)."""
+    try:
+        ws = await websockets.connect(url, max_size=None, **kwargs)
+    except websockets.exceptions.InvalidStatus as exc:
+        return exc.response.status_code
+    await ws.close()
+    return 101
+
+
+@pytest.fixture(scope="module")
+def guarded(tiny_omni_path, artifacts_dir):
+    """A server with a token, a page password and tight limits. Its start is
+    watched: the port must answer (healthz) while the model still loads."""
+    port = free_port()
+    log_path = artifacts_dir / "server-guarded.log"
+    args = ["--model", "tiny", "--max-images", str(TEST_MAX_IMAGES), "--max-model-len", str(TEST_MAX_MODEL_LEN),
+            "--kv-cache-gb", "0.25", *SERVER_ARGS, "--token", TOKEN, "--auth", f"{USER}:{PASSWORD}",
+            "--max-sessions", "3", "--connect-timeout", "3", "--max-concurrent-answers", "1",
+            "--session-time-limit", str(TIME_LIMIT_S)]
+    proc = subprocess.Popen([sys.executable, str(ROOT / "app.py"), "--port", str(port), "--cache-dir",
+                             str(CACHE_DIR), *args], cwd=ROOT, stdout=open(log_path, "w"), stderr=subprocess.STDOUT)
+    srv = Server(proc, port, log_path)
+    srv.while_loading = None
+    deadline = time.monotonic() + 180
+    while time.monotonic() < deadline:
+        assert proc.poll() is None, srv.log()[-3000:]
+        try:
+            healthz = call(srv, "GET", "/healthz")
+        except OSError:
+            time.sleep(0.2)
+            continue
+        readyz = call(srv, "GET", "/readyz")
+        if readyz[0] == 200:
+            break
+        if srv.while_loading is None:
+            srv.while_loading = (healthz, readyz)
+        time.sleep(0.2)
+    else:
+        proc.kill()
+        raise RuntimeError(srv.log()[-3000:])
+    yield srv
+    stop_server(srv)
+
+
+BEARER = {"Authorization": f"Bearer {TOKEN}"}
+
+
+# ---- readiness ----------------------------------------------------------------
+
+def test_port_answers_while_the_model_loads(guarded):
+    assert guarded.while_loading is not None, "the model was ready before the port answered"
+    (hz_status, hz), (rz_status, rz) = guarded.while_loading
+    assert hz_status == 200 and hz == {"ok": True}
+    assert rz_status == 503 and rz["ready"] is False and rz["reason"].startswith("Loading the model…")
+    assert call(guarded, "GET", "/readyz") == (200, {"ready": True, "reason": "ready"})
+
+
+# ---- credentials --------------------------------------------------------------
+
+@pytest.mark.parametrize("path", ["/api/config", "/webrtc/stats?session_id=x"])
+def test_http_endpoints_need_the_token(guarded, path):
+    assert call(guarded, "GET", path)[0] == 401
+    assert "Bearer" in call(guarded, "GET", path)[1]["detail"]
+    assert call(guarded, "GET", path, headers={"Authorization": "Bearer wrong"})[0] == 403
+    right = call(guarded, "GET", path, headers=BEARER)[0]
+    assert right in (200, 404)  # 404: no such session, past the guard
+    assert call(guarded, "GET", path + ("&" if "?" in path else "?") + f"token={TOKEN}")[0] == right
+
+
+def test_health_endpoints_need_no_token(guarded):
+    for path in ("/healthz", "/readyz", "/api/health"):
+        assert call(guarded, "GET", path)[0] == 200, path
+
+
+def test_webrtc_offer_needs_a_login_or_the_token(guarded):
+    offer = json.dumps({"type": "offer", "sdp": "v=0\r\n"}).encode()
+    assert call(guarded, "POST", "/webrtc/offer", offer, {"Content-Type": "application/json"})[0] == 401
+    forged = {"Authorization": "Bearer p.eyJ4Ijo1fQ.0123456789abcdef0123456789abcdef"}
+    assert call(guarded, "POST", "/webrtc/offer", offer, forged)[0] == 403
+    assert call(guarded, "POST", "/webrtc/offer", offer, BEARER)[0] == 400  # past the guard: a bad offer
+
+
+async def test_websocket_needs_the_token(guarded):
+    url = f"ws://127.0.0.1:{guarded.port}/v1/video/chat/stream"
+    assert await handshake_status(url) == 401
+    assert await handshake_status(url, additional_headers={"Authorization": "Bearer nope"}) == 403
+    assert await handshake_status(url + "?token=nope") == 403
+    for kwargs in ({"additional_headers": BEARER}, {}):
+        target = url if kwargs else url + f"?token={TOKEN}"
+        ws = await websockets.connect(target, max_size=None, **kwargs)
+        await send(ws, {"type": "session.config", **SHORT})
+        await frames(ws, n=4)
+        await send(ws, {"type": "video.query", "text": "What is happening?"})
+        msgs = await until(ws, "response.text.done")
+        check_answer([m for m in msgs if m["type"] != "response.queued"])
+        await ws.close()
+    assert TOKEN not in guarded.log(), "the token must never be logged"
+
+
+# ---- the page behind a password, in Chromium ------------------------------------
+
+async def test_password_page_logs_in_starts_the_camera_and_answers(guarded, tmp_path, artifacts_dir):
+    video, audio = tmp_path / "cam.y4m", tmp_path / "mic.wav"
+    write_y4m(video, (40, 160, 60))
+    write_wav(audio)
+    async with async_playwright() as pw:
+        browser = await launch(pw, video, audio, tmp_path)
+        try:
+            page = await browser.new_page(viewport={"width": 1280, "height": 800})
+            await page.goto(f"http://127.0.0.1:{guarded.port}/")
+            await page.locator("input[type=password]").wait_for(timeout=30_000)
+            await page.screenshot(path=str(artifacts_dir / "login.png"))
+            # A wrong password is refused and no page token is handed out.
+            await page.locator("input:not([type=password])").first.fill(USER)
+            await page.locator("input[type=password]").fill("wrong")
+            await page.locator("button").filter(has_text="Login").click()
+            await page.get_by_text("Incorrect").first.wait_for(timeout=10_000)
+            await page.locator("input:not([type=password])").first.fill(USER)  # the failed try clears it
+            await page.locator("input[type=password]").fill(PASSWORD)
+            await page.locator("button").filter(has_text="Login").click()
+            await page.locator("#vc-start").wait_for(timeout=30_000)
+            await page.wait_for_function(
+                "document.querySelector('#vidchat-page-token textarea, #vidchat-page-token input')?.value"
+                ".startsWith('p.')", timeout=15_000)
+            await page.click("#vc-start")
+            await page.wait_for_function("document.querySelector('#vc-conn')?.dataset.tone === 'live'",
+                                         timeout=30_000)
+            await page.wait_for_function(
+                "/buffer (\\d+)/.exec(document.querySelector('#vc-stats').textContent)?.[1] >= 4", timeout=30_000)
+            await page_ask(page, "What colour is the room?")
+            texts = await wait_for_answer(page, 1)
+            assert texts[0].strip() and "⚠" not in texts[0]
+            stats = await page.locator("#vc-stats").inner_text()
+            assert "session ends in" in stats  # --session-time-limit shows as a countdown
+            await page.screenshot(path=str(artifacts_dir / "page-logged-in.png"))
+            await page.click("#vc-stop")
+        finally:
+            await browser.close()
+    log = guarded.log()
+    assert "session_id=" not in log.replace("session_id=…", ""), "session ids must stay out of the access log"
+
+
+# ---- limits -------------------------------------------------------------------
+
+async def test_connections_count_from_the_handshake_and_free_their_place(guarded):
+    url = f"ws://127.0.0.1:{guarded.port}/v1/video/chat/stream?token={TOKEN}"
+    idle = [await websockets.connect(url) for _ in range(3)]  # never send session.config
+    late = await websockets.connect(url)
+    msg = json.loads(await asyncio.wait_for(late.recv(), 10))
+    assert msg["type"] == "error" and "full" in msg["message"] and "--max-sessions" in msg["message"]
+    with pytest.raises(websockets.ConnectionClosed) as closed:
+        await asyncio.wait_for(late.recv(), 5)
+    assert closed.value.rcvd.code == 1013
+    # The silent ones are ended by --ws-config-timeout (2 s here): their places come back.
+    for ws in idle:
+        await expect_error(ws, "Timeout waiting for session.config")
+    ws = await websockets.connect(url)
+    await send(ws, {"type": "session.config"})
+    await send(ws, {"type": "ping"})
+    assert await recv(ws) == {"type": "pong"}
+    await ws.close()
+
+
+async def test_an_offer_that_never_connects_is_ended_after_connect_timeout(guarded):
+    pc = RTCPeerConnection()
+    pc.addTransceiver("video", direction="sendonly")
+    await pc.setLocalDescription(await pc.createOffer())
+    body = json.dumps({"type": "offer", "sdp": pc.localDescription.sdp}).encode()
+    status, answer = await asyncio.to_thread(call, guarded, "POST", "/webrtc/offer", body, BEARER)
+    assert status == 200, answer
+    sid = answer["session_id"]
+    await pc.close()  # the answer is never applied: ICE never completes
+    deadline = time.monotonic() + 15
+    while time.monotonic() < deadline:
+        status, stats = await asyncio.to_thread(call, guarded, "GET", f"/webrtc/stats?session_id={sid}",
+                                                None, BEARER)
+        if status == 404:
+            break
+        await asyncio.sleep(0.5)
+    assert status == 404 and "not established within 3 s" in stats["detail"], stats
+
+
+async def test_questions_beyond_the_cap_wait_in_a_fair_queue(guarded):
+    url = f"ws://127.0.0.1:{guarded.port}/v1/video/chat/stream?token={TOKEN}"
+    first, second, third = [await websockets.connect(url, max_size=None) for _ in range(3)]
+    for ws in (first, second, third):
+        await send(ws, {"type": "session.config", "max_tokens": 3000, "temperature": 0.0})
+        await frames(ws, n=4)
+    await send(first, {"type": "video.query", "text": "long"})
+    assert (await recv(first))["type"] == "response.start"
+    await send(second, {"type": "video.query", "text": "wait"})
+    assert await recv(second) == {"type": "response.queued", "position": 1, "ahead": 0}
+    await send(third, {"type": "video.query", "text": "wait more"})
+    assert await recv(third) == {"type": "response.queued", "position": 2, "ahead": 1}
+    health = await asyncio.to_thread(call, guarded, "GET", "/api/health")
+    assert health[1]["answers"] == {"limit": 1, "running": 1, "waiting": 2}
+    assert health[1]["running_requests"] == 1
+    # The first answer ends (replaced by a short question that then queues at the back).
+    await send(first, {"type": "session.update", "max_tokens": 2})
+    await send(first, {"type": "video.query", "text": "short now"})
+    msgs = await until(first, "response.text.done")
+    assert msgs[-1]["stats"]["cancelled"]
+    # Everyone moves up by one, in arrival order.
+    assert (await recv(second))["type"] == "response.start"
+    assert await recv(third) == {"type": "response.queued", "position": 1, "ahead": 0}
+    await third.close()  # leaving the queue frees its place for the one behind
+    nxt = await until(first, "response.queued")
+    assert nxt[-1]["ahead"] == 0
+    await second.close()  # its running answer is aborted; the first gets its turn
+    msgs = await until(first, "response.text.done")
+    assert check_answer(msgs[msgs.index(next(m for m in msgs if m["type"] == "response.start")):])
+    await first.close()
+    deadline = time.monotonic() + 5
+    while (h := (await asyncio.to_thread(call, guarded, "GET", "/api/health"))[1])["running_requests"] \
+            and time.monotonic() < deadline:
+        await asyncio.sleep(0.1)
+    assert h["running_requests"] == 0 and h["answers"]["running"] == 0 and h["answers"]["waiting"] == 0
+
+
+async def test_session_time_limit_is_announced_then_enforced(guarded):
+    url = f"ws://127.0.0.1:{guarded.port}/v1/video/chat/stream?token={TOKEN}"
+    ws = await websockets.connect(url, max_size=None)
+    started = time.monotonic()
+    await send(ws, {"type": "session.config", "keepalive_s": 5})
+    msgs = []
+    while True:
+        await send(ws, {"type": "ping"})
+        try:
+            msg = await recv(ws, timeout=TIME_LIMIT_S + 10)
+        except websockets.ConnectionClosed:
+            break
+        if msg["type"] != "pong":
+            msgs.append(msg)
+        if msg["type"] == "error":
+            break
+        await asyncio.sleep(1)
+    ended = time.monotonic() - started
+    kinds = [m["type"] for m in msgs]
+    assert kinds == ["session.expiring", "error"], msgs
+    assert 0 < msgs[0]["seconds_left"] <= 13
+    assert "time limit" in msgs[1]["message"]
+    assert TIME_LIMIT_S - 1 <= ended <= TIME_LIMIT_S + 8
+
+
+# ---- Origin, Host, bodies, offers (the default server: no credentials) ---------------
+
+async def test_foreign_origin_is_refused_own_origin_and_programs_are_not(server):
+    assert await handshake_status(server.ws_url, origin="http://evil.example") == 403
+    assert await handshake_status(server.ws_url, origin=f"http://127.0.0.1:{server.port}") == 101
+    assert await handshake_status(server.ws_url) == 101  # no Origin: a program
+    offer = json.dumps({"type": "offer", "sdp": "garbage"}).encode()
+    status, body = call(server, "POST", "/webrtc/offer", offer, {"Origin": "https://evil.example"})
+    assert status == 403 and "--allowed-origins" in body["detail"]
+    assert call(server, "POST", "/webrtc/offer", offer, {"Origin": f"http://127.0.0.1:{server.port}"})[0] == 400
+
+
+def test_foreign_host_is_refused(server):
+    for path in ("/", "/api/health", "/static/vidchat.css"):
+        status, body = call(server, "GET", path, host="evil.example")
+        assert status == 400 and "--allowed-hosts" in body["detail"], (path, body)
+    assert call(server, "GET", "/healthz", host=f"localhost:{server.port}")[0] == 200
+
+
+async def test_foreign_host_websocket_is_refused(server):
+    ws_url = f"ws://127.0.0.1:{server.port}/v1/video/chat/stream"
+    # websockets sets Host from the URL; a rebinding attack arrives with the attacker's name.
+    assert await handshake_status(ws_url, additional_headers={"Host": "rebind.evil.example"}) == 400
+
+
+def test_oversized_bodies_get_413(server):
+    big = b'{"type": "offer", "sdp": "' + b"a" * (70 * 1024) + b'"}'
+    status, body = call(server, "POST", "/webrtc/offer", big, {"Content-Type": "application/json"})
+    assert status == 413 and "--max-body-bytes" in body["detail"]
+    # Without a Content-Length (chunked), counted as it arrives.
+    conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=15)
+    conn.request("POST", "/webrtc/close", body=iter([b"x" * 40_000, b"y" * 40_000]),
+                 headers={"Content-Type": "application/json"}, encode_chunked=True)
+    r = conn.getresponse()
+    assert r.status == 413, r.read()
+    conn.close()
+
+
+@pytest.mark.parametrize("sdp, fragment", [
+    ("v=0\r\nthis is not sdp\r\nm=video 9 UDP/TLS/RTP/SAVPF 96\r\n", "could not use this offer"),
+    ("v=0\r\n" + "m=video 9 UDP/TLS/RTP/SAVPF 96\r\n" * 3, "one video and one audio track"),
+    ("v=0\r\nm=audio 9 UDP/TLS/RTP/SAVPF 111\r\nm=application 9 UDP/DTLS/SCTP webrtc-datachannel\r\n",
+     "one video and one audio track"),
+    ("v=0\r\n", "no audio or video track"),
+])
+def test_bad_offers_are_4xx_with_a_message(server, sdp, fragment):
+    before = server.get_json("/api/health")["sessions"]
+    status, body = call(server, "POST", "/webrtc/offer", json.dumps({"type": "offer", "sdp": sdp}).encode())
+    assert status == 400 and fragment in body["detail"], body
+    assert server.get_json("/api/health")["sessions"] == before  # no stuck peer or session left
+
+
+def test_unknown_session_ids_are_404_or_false(server):
+    status, body = call(server, "GET", "/webrtc/stats?session_id=not-a-session")
+    assert status == 404 and "no such session" in body["detail"]
+    assert call(server, "POST", "/webrtc/close", b'{"session_id": "not-a-session"}') == (200, {"closed": False})
+    assert "not-a-session" not in server.log(), "session ids stay out of the access log"

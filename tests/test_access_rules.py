@@ -1,0 +1,116 @@
+"""The access and limit rules on their own (no server): page tokens, the
+--auth list, log redaction, per-client caps and the fair answer queue."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+
+import pytest
+
+from vidchat.access import Access, AccessError, RedactAccessLog, default_allowed_hosts, parse_auth, redact_query
+from vidchat.answer_queue import Abandoned, AnswerQueue
+from vidchat.sessions import SessionRegistry, TooManySessions
+
+
+def test_page_tokens_are_signed_expire_and_die_with_a_restart():
+    access = Access(passwords={"alice": "pw"})
+    token = access.page_token("alice")
+    assert access.page_user(token) == "alice" and access.accepts(token)
+    assert not access.accepts(token[:-1] + ("0" if token[-1] != "0" else "1"))  # tampered signature
+    assert access.page_user(access.page_token("alice", now=time.time() - 13 * 3600)) is None  # expired
+    assert not Access(passwords={"alice": "pw"}).accepts(token)  # another process, another secret
+    assert not access.accepts("") and not access.accepts("pw")
+
+
+def test_program_token_and_no_credentials():
+    assert Access().accepts(None)  # nothing configured: localhost stays friction-free
+    access = Access(token="t0k")
+    assert access.accepts("t0k") and not access.accepts("t0") and not access.accepts(None)
+    login = access.gradio_auth()
+    assert login("anyone", "t0k") and not login("anyone", "nope")  # the page's login takes the token
+
+
+def test_auth_entries_and_files(tmp_path):
+    f = tmp_path / "users"
+    f.write_text("# team\nbob:builder\ncarol:x:y\n")
+    assert parse_auth(["alice:wonder land", str(f)]) == {"alice": "wonder land", "bob": "builder", "carol": "x:y"}
+    with pytest.raises(AccessError, match="USER:PASSWORD"):
+        parse_auth(["no-colon-no-file"])
+    with pytest.raises(AccessError, match="non-empty"):
+        parse_auth([":pw"])
+    login = Access(passwords={"alice": "pw"}).gradio_auth()
+    assert login("alice", "pw") and not login("alice", "PW") and not login("mallory", "\x00")
+
+
+def test_hf_allow_list():
+    access = Access(hf_oauth=True, hf_users=frozenset({"alice"}))
+    assert access.hf_user_allowed("Alice")  # Hugging Face names are case-insensitive
+    assert access.hf_user_allowed("alice") and not access.hf_user_allowed("bob") and not access.hf_user_allowed(None)
+    assert Access(hf_oauth=True).hf_user_allowed("anyone")
+
+
+def test_default_hosts_follow_the_bind_address():
+    assert set(default_allowed_hosts("127.0.0.1")) >= {"localhost", "127.0.0.1", "::1"}
+    assert default_allowed_hosts("0.0.0.0") == ["*"]
+
+
+def test_secrets_are_redacted_from_request_lines():
+    assert redact_query("/webrtc/stats?session_id=abc123&x=1") == "/webrtc/stats?session_id=…&x=1"
+    assert redact_query("/v1/video/chat/stream?token=s3cret") == "/v1/video/chat/stream?token=…"
+    record = logging.LogRecord("uvicorn.access", logging.INFO, "", 0, '%s - "%s %s HTTP/%s" %d',
+                               ("1.2.3.4:5", "GET", "/webrtc/stats?session_id=abc123", "1.1", 200), None)
+    RedactAccessLog().filter(record)
+    assert "abc123" not in record.getMessage()
+
+
+def test_sessions_are_capped_per_client_and_reservations_count():
+    registry = SessionRegistry(max_sessions=4, max_per_client=2, uncapped_client=lambda c: c == "127.0.0.1")
+    registry.create("ws", client="10.0.0.1")
+    held = registry.reserve("10.0.0.1")
+    with pytest.raises(TooManySessions, match="--max-sessions-per-client"):
+        registry.create("webrtc", client="10.0.0.1")
+    registry.create("ws", client="127.0.0.1")
+    registry.create("ws", client="127.0.0.1")  # loopback is uncapped (when the server is bound to it)
+    with pytest.raises(TooManySessions, match="--max-sessions"):
+        registry.create("ws", client="10.0.0.2")  # the reservation holds the fourth place
+    registry.create("ws", reservation=held)  # becomes its session, without needing a fifth place
+    assert len(registry) == 4
+
+
+async def test_answer_queue_is_first_come_first_served_and_tells_places():
+    queue = AnswerQueue(limit=1)
+    first = await queue.acquire()
+    told: dict[str, list[int]] = {"b": [], "c": []}
+
+    def teller(name):
+        async def tell(ahead):
+            told[name].append(ahead)
+        return tell
+
+    b = asyncio.create_task(queue.acquire(teller("b")))
+    await asyncio.sleep(0)
+    abandon_c = asyncio.Event()
+    c = asyncio.create_task(queue.acquire(teller("c"), abandon_c))
+    await asyncio.sleep(0.01)
+    assert told == {"b": [0], "c": [1]} and queue.snapshot() == {"limit": 1, "running": 1, "waiting": 2}
+    first.release()
+    second = await asyncio.wait_for(b, 1)
+    await asyncio.sleep(0.01)
+    assert told["c"] == [1, 0]  # moved up
+    abandon_c.set()
+    with pytest.raises(Abandoned):
+        await asyncio.wait_for(c, 1)
+    assert queue.snapshot() == {"limit": 1, "running": 1, "waiting": 0}
+    second.release()
+    second.release()  # a slot is released once, however often asked
+    assert queue.snapshot()["running"] == 0
+
+
+async def test_unlimited_queue_never_waits():
+    queue = AnswerQueue(limit=0)
+    slots = [await queue.acquire() for _ in range(50)]
+    assert queue.snapshot()["waiting"] == 0
+    for slot in slots:
+        slot.release()
