@@ -120,7 +120,11 @@ def create_app(state: AppState) -> FastAPI:
         # Fetched when the user presses Start, so short-lived TURN credentials
         # are fresh rather than baked into the page.
         ready, status = state.readiness()
-        return {"iceServers": state.ice_servers, "banner": state.banner, "ready": ready, "status": status,
+        # Only what a browser's RTCPeerConnection uses: no other field of the
+        # configured servers (notes, account ids) reaches the page.
+        ice = [{k: v for k, v in server.items() if k in ("urls", "username", "credential")}
+               for server in state.ice_servers]
+        return {"iceServers": ice, "banner": state.banner, "ready": ready, "status": status,
                 "sessionTimeLimit": state.session_time_limit}
 
     app.include_router(webrtc.router(state))
