@@ -351,3 +351,40 @@ def test_unknown_session_ids_are_404_or_false(server):
     assert status == 404 and "no such session" in body["detail"]
     assert call(server, "POST", "/webrtc/close", b'{"session_id": "not-a-session"}') == (200, {"closed": False})
     assert "not-a-session" not in server.log(), "session ids stay out of the access log"
+
+
+async def test_page_questions_beyond_the_cap_say_how_many_are_ahead(guarded):
+    from gradio_client import Client
+
+    from vidchat.rtc_client import RtcClient
+    from vidchat.synthetic import SyntheticVideo
+
+    url = f"ws://127.0.0.1:{guarded.port}/v1/video/chat/stream?token={TOKEN}"
+    busy = await websockets.connect(url, max_size=None)
+    await send(busy, {"type": "session.config", "max_tokens": 3000, "temperature": 0.0})
+    await frames(busy, n=4)
+    await send(busy, {"type": "video.query", "text": "long"})
+    assert (await recv(busy))["type"] == "response.start"  # holds the one place
+    tab = RtcClient(f"http://127.0.0.1:{guarded.port}", SyntheticVideo(), token=TOKEN)
+    await tab.connect()
+    try:
+        deadline = time.monotonic() + 20
+        while (await tab.stats()).get("frames_in_buffer", 0) < 4 and time.monotonic() < deadline:
+            await asyncio.sleep(0.2)
+        gradio = await asyncio.to_thread(Client, f"http://127.0.0.1:{guarded.port}/", auth=(USER, PASSWORD),
+                                         verbose=False)
+        job = gradio.submit("Is anyone there?", [], tab.session_id, 4, "uniform", 10, True, 0.95, 64, "images",
+                            True, 4, 0.0, "", api_name="/ask")
+        seen = []
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline and not any("waiting" in t for t in seen):
+            seen = [str(m.get("content")) for out in job.outputs() for m in out[0] if m.get("role") == "assistant"]
+            await asyncio.sleep(0.2)
+        assert any("⏳ waiting: yours is the next question" in t for t in seen), seen
+        await busy.close()  # its answer is aborted; the page's question gets the place
+        history = (await asyncio.to_thread(job.result, 60))[0]
+        answer = history[-1]
+        assert answer["role"] == "assistant" and answer["content"] and "waiting" not in str(answer["content"])
+        assert not (answer.get("metadata") or {}).get("log")  # the model's words, not a notice
+    finally:
+        await tab.close()

@@ -65,7 +65,6 @@ import binascii
 import dataclasses
 import json
 import logging
-import math
 import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -250,8 +249,14 @@ class Connection:
         async with self._send_lock:
             if self._closed:
                 return False
+            text = json.dumps(msg, ensure_ascii=False)
+            if not text.isascii():
+                try:
+                    text.encode("utf-8")
+                except UnicodeEncodeError:  # a lone surrogate from the client, echoed back
+                    text = json.dumps(msg)  # escaped as \ud800: still valid JSON
             try:
-                await self.ws.send_text(json.dumps(msg, ensure_ascii=False))
+                await self.ws.send_text(text)
                 return True
             except Exception as exc:  # the client went away mid-send
                 log.debug("ws %s: send failed: %r", self.peer, exc)
@@ -509,7 +514,8 @@ class Connection:
         pts = msg.get("pts_ms")
         if pts is None:
             return True, None
-        if isinstance(pts, bool) or not isinstance(pts, (int, float)) or not math.isfinite(pts):
+        # A range check, not math.isfinite: that raises OverflowError for a huge JSON integer.
+        if isinstance(pts, bool) or not isinstance(pts, (int, float)) or not -1e15 < pts < 1e15:
             await self.error(f"{kind} 'pts_ms' must be a number of milliseconds, got {pts!r}")
             return False, None
         return True, self.clock.place(float(pts), arrived)

@@ -90,10 +90,15 @@ class SyntheticAudio(MediaStreamTrack):
         return frame
 
 
-def _post_json(url: str, body: dict, timeout: float = 30) -> dict:
-    req = urllib.request.Request(url, json.dumps(body).encode(), {"Content-Type": "application/json"})
+def _post_json(url: str, body: dict, timeout: float = 30, token: str | None = None) -> dict:
+    headers = {"Content-Type": "application/json", **_auth(token)}
+    req = urllib.request.Request(url, json.dumps(body).encode(), headers)
     with urllib.request.urlopen(req, timeout=timeout) as resp:
         return json.loads(resp.read())
+
+
+def _auth(token: str | None) -> dict[str, str]:
+    return {"Authorization": f"Bearer {token}"} if token else {}
 
 
 def offer_loopback_only() -> None:
@@ -106,8 +111,9 @@ class RtcClient:
     """One peer connection to a vidchat server, like one browser tab. It
     offers loopback candidates only and asks no STUN server."""
 
-    def __init__(self, base_url: str, *tracks: MediaStreamTrack):
+    def __init__(self, base_url: str, *tracks: MediaStreamTrack, token: str | None = None):
         self.base_url = base_url.rstrip("/")
+        self.token = token  # the server's --token, if it has one
         self.tracks = tracks
         offer_loopback_only()
         self.pc = RTCPeerConnection(RTCConfiguration(iceServers=[]))
@@ -124,7 +130,7 @@ class RtcClient:
         offer = {"sdp": self.pc.localDescription.sdp, "type": "offer"}
         if resume:
             offer["resume"] = {"session_id": self.session_id, "token": self.resume_token}
-        answer = await asyncio.to_thread(_post_json, self.base_url + "/webrtc/offer", offer)
+        answer = await asyncio.to_thread(_post_json, self.base_url + "/webrtc/offer", offer, 30, self.token)
         await self.pc.setRemoteDescription(RTCSessionDescription(sdp=answer["sdp"], type=answer["type"]))
         self.session_id = answer["session_id"]
         self.resume_token = answer["resume_token"]
@@ -145,7 +151,7 @@ class RtcClient:
     async def stats(self) -> dict:
         def get() -> dict:
             url = f"{self.base_url}/webrtc/stats?session_id={self.session_id}"
-            with urllib.request.urlopen(url, timeout=10) as resp:
+            with urllib.request.urlopen(urllib.request.Request(url, headers=_auth(self.token)), timeout=10) as resp:
                 return json.loads(resp.read())
 
         return await asyncio.to_thread(get)
@@ -153,7 +159,8 @@ class RtcClient:
     async def close(self, tell_server: bool = True) -> None:
         if tell_server and self.session_id:
             try:
-                await asyncio.to_thread(_post_json, self.base_url + "/webrtc/close", {"session_id": self.session_id})
+                await asyncio.to_thread(_post_json, self.base_url + "/webrtc/close", {"session_id": self.session_id},
+                                        30, self.token)
             except OSError:
                 pass
         await self.pc.close()
