@@ -114,3 +114,43 @@ async def test_unlimited_queue_never_waits():
     assert queue.snapshot()["waiting"] == 0
     for slot in slots:
         slot.release()
+
+
+def test_hf_users_need_hf_sign_in():
+    from vidchat.access import build_access
+    from vidchat.settings import parse_settings
+
+    with pytest.raises(AccessError, match="--hf-users needs Hugging Face sign-in"):
+        build_access(parse_settings(["--hf-users", "alice"]))
+
+
+def test_on_a_space_the_page_signs_in_with_hugging_face(monkeypatch):
+    """A Space with hf_oauth: the page gets a sign-in button, only allowed
+    users get a page token, and nothing guarded answers without one."""
+    import gradio.oauth
+    from starlette.testclient import TestClient
+
+    from vidchat.access import build_access
+    from vidchat.server import create_app
+    from vidchat.settings import parse_settings
+    from vidchat.state import AppState
+    from vidchat.ui import access_mode, hf_page_token
+
+    oauth_env = {"SYSTEM": "spaces", "SPACE_ID": "team/vidchat", "OAUTH_CLIENT_ID": "client", "OAUTH_CLIENT_SECRET": "secret",
+                 "OAUTH_SCOPES": "openid profile", "OPENID_PROVIDER_URL": "https://hf.invalid"}
+    for name, value in oauth_env.items():
+        monkeypatch.setenv(name, value)
+        if hasattr(gradio.oauth, name):  # gradio reads these when first imported
+            monkeypatch.setattr(gradio.oauth, name, value)
+    settings = parse_settings(["--hf-users", "Alice,bob"])
+    state = AppState(settings=settings, model_path="tiny", access=build_access(settings))
+    assert state.access.hf_oauth and access_mode(state) == "hf"
+    client = TestClient(create_app(state), base_url="http://localhost")  # lifespan not run: no engine needed
+    page = client.get("/config").json()
+    assert any("Hugging Face" in str(c["props"].get("value")) for c in page["components"] if c["type"] == "button")
+    assert client.post("/webrtc/offer", json={"type": "offer", "sdp": "v=0"}).status_code == 401
+    assert client.get("/api/config").status_code == 401
+    assert hf_page_token(state, None) == "" and hf_page_token(state, "mallory") == ""
+    token = hf_page_token(state, "alice")
+    assert token.startswith("p.")
+    assert client.get("/api/config", headers={"Authorization": f"Bearer {token}"}).status_code == 200

@@ -175,9 +175,20 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+# Limits that make no sense at zero or below: refused at start-up with the
+# flag's name, instead of failing every session later.
+AT_LEAST = {"max_sessions": 1, "max_frame_pixels": 1, "max_body_bytes": 1024, "ws_max_frame_bytes": 1024,
+            "max_sessions_per_client": 0, "max_concurrent_answers": 0, "connect_timeout": 0,
+            "session_idle_timeout": 1, "ws_idle_timeout": 1, "ws_config_timeout": 0.1}
+
+
 def parse_settings(argv: Sequence[str] | None = None) -> Settings:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
     values = vars(args)
+    for name, least in AT_LEAST.items():
+        if values[name] < least:
+            parser.error(f"--{name.replace('_', '-')} must be at least {least}, got {values[name]}")
     for f in dataclasses.fields(Settings):
         if f.metadata.get("repeat") and values[f.name] is None:
             values[f.name] = tuple(os.environ.get(ENV_PREFIX + f.name.upper(), "").split())
