@@ -275,17 +275,23 @@ async def test_session_time_limit_is_announced_then_enforced(guarded):
     started = time.monotonic()
     await send(ws, {"type": "session.config", "keepalive_s": 5})
     msgs = []
-    while True:
-        await send(ws, {"type": "ping"})
-        try:
+    try:
+        while True:
+            await send(ws, {"type": "ping"})  # keeps the idle timer from ending it first
             msg = await recv(ws, timeout=TIME_LIMIT_S + 10)
-        except websockets.ConnectionClosed:
-            break
-        if msg["type"] != "pong":
-            msgs.append(msg)
-        if msg["type"] == "error":
-            break
-        await asyncio.sleep(1)
+            if msg["type"] != "pong":
+                msgs.append(msg)
+            if msg["type"] == "error":
+                break
+            await asyncio.sleep(1)
+    except websockets.ConnectionClosed:
+        while True:  # what arrived before the close is still readable
+            try:
+                msg = await recv(ws, timeout=1)
+            except (websockets.ConnectionClosed, asyncio.TimeoutError):
+                break
+            if msg["type"] != "pong":
+                msgs.append(msg)
     ended = time.monotonic() - started
     kinds = [m["type"] for m in msgs]
     assert kinds == ["session.expiring", "error"], msgs
@@ -356,8 +362,7 @@ def test_unknown_session_ids_are_404_or_false(server):
 async def test_page_questions_beyond_the_cap_say_how_many_are_ahead(guarded):
     from gradio_client import Client
 
-    from vidchat.rtc_client import RtcClient
-    from vidchat.synthetic import SyntheticVideo
+    from vidchat.rtc_client import RtcClient, SyntheticVideo
 
     url = f"ws://127.0.0.1:{guarded.port}/v1/video/chat/stream?token={TOKEN}"
     busy = await websockets.connect(url, max_size=None)
@@ -388,3 +393,19 @@ async def test_page_questions_beyond_the_cap_say_how_many_are_ahead(guarded):
         assert not (answer.get("metadata") or {}).get("log")  # the model's words, not a notice
     finally:
         await tab.close()
+
+
+async def test_only_far_larger_messages_close_the_socket_with_1009(server):
+    ws = await websockets.connect(server.ws_url, max_size=None)
+    await send(ws, {"type": "session.config"})
+    limit = 10 * 1024 * 1024  # --ws-max-frame-bytes
+    # Base64 of a frame well over the limit: the protocol's error, and the session goes on.
+    await send(ws, {"type": "video.frame", "data": "A" * (limit // 3 * 4 + 2_000_000)})
+    await expect_error(ws, "Frame too large")
+    await send(ws, {"type": "ping"})
+    assert await recv(ws) == {"type": "pong"}
+    # Several times the limit: the transport refuses it.
+    await send(ws, "x" * (4 * limit))
+    with pytest.raises(websockets.ConnectionClosed) as closed:
+        await asyncio.wait_for(ws.recv(), 10)
+    assert closed.value.rcvd is not None and closed.value.rcvd.code == 1009

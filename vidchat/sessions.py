@@ -181,7 +181,9 @@ class SessionRegistry:
         now = time.monotonic()
         overdue = [sid for sid, e in self._entries.items() if e.deadline is not None and now >= e.deadline]
         for sid in overdue:
-            await self.close(sid, f"reached the session time limit ({self.time_limit_s / 60:g} min)")
+            limit = self.time_limit_s
+            await self.close(sid, "reached the session time limit "
+                             + (f"({limit:g} s)" if limit < 120 else f"({limit / 60:g} min)"))
         return overdue
 
     async def close_all(self) -> None:
