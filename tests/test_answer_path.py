@@ -223,3 +223,23 @@ async def test_each_session_has_its_own_prefix_cache_salt(omni_engine):
     assert cold.prompt_tokens == warm.prompt_tokens == other.prompt_tokens > 0
     assert warm.cached_tokens > 0, "a session's repeated prompt is served from the prefix cache"
     assert other.cached_tokens == 0, "another session's identical prompt must not be"
+
+
+async def test_the_answer_record_names_its_exact_inputs(omni_engine):
+    from vidchat.engine import inputs_digest
+
+    entry, twin, other = filled_entry(n=6), filled_entry(n=6), filled_entry(n=6)
+    other.session.add_frame(np.zeros((96, 128, 3), np.uint8), t=106.0)  # one frame differs
+    options = AnswerOptions(max_tokens=2, temperature=0.0, include_audio=False)
+    records = []
+    for e in (entry, twin, other):
+        answer = await chat.ask(omni_engine, e, "What is shown?", options)
+        await drain(answer)
+        chat.release(e, answer)
+        records.append((answer, answer.summary()))
+    (a, ra), (_, rb), (_, rc) = records
+    assert ra["inputs_sha256"] == inputs_digest(a.sample.frames, None) and len(ra["inputs_sha256"]) == 64
+    assert ra["inputs_sha256"] == rb["inputs_sha256"] != rc["inputs_sha256"]
+    assert ra["model"] == omni_engine.model_path and ra["prompt"] == a.prompt_text
+    assert "<|vision_start|>" in ra["prompt"] or "<|IMAGE|>" in ra["prompt"]  # special tokens kept
+    assert ra["ttft_ms"] > 0 and ra["prompt_tokens"] > 0

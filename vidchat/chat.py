@@ -174,6 +174,11 @@ class Answer:
             temperature=self.options.temperature,
             max_tokens=self.options.max_tokens,
             prep_ms=round(self.prep_ms, 2),
+            ttft_ms=None if stats.get("ttft_s") is None else round(stats["ttft_s"] * 1000, 1),
+            include_audio=self.options.include_audio,
+            system_prompt=self.options.system_prompt,
+            model=self.reply.engine.model_path,
+            prompt=self.prompt_text,  # as the model's template rendered it, special tokens included
         )
         return stats
 

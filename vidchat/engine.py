@@ -8,6 +8,7 @@ Frames reach vLLM as arrays/PIL images, never through base64 or JSON.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import itertools
 import logging
 import os
@@ -74,9 +75,26 @@ class ReplyStats:
     total_s: float = 0.0
     finish_reason: str | None = None
     cancelled: bool = False
+    inputs_sha256: str = ""  # see inputs_digest
 
     def as_dict(self) -> dict[str, Any]:
         return dict(self.__dict__)
+
+
+def inputs_digest(frames: Sequence[np.ndarray | Image.Image], audio: np.ndarray | None) -> str:
+    """SHA-256 of exactly the pixels and samples handed to the engine, with
+    their shapes and types, in order: two answers with the same digest saw the
+    same input (the QA workbench compares runs by it)."""
+    digest = hashlib.sha256()
+    for frame in frames:
+        array = np.ascontiguousarray(np.asarray(frame))
+        digest.update(f"frame {array.shape} {array.dtype}\n".encode())
+        digest.update(memoryview(array).cast("B"))
+    if audio is not None:
+        samples = np.ascontiguousarray(audio)
+        digest.update(f"audio {samples.shape} {samples.dtype}\n".encode())
+        digest.update(memoryview(samples).cast("B"))
+    return digest.hexdigest()
 
 
 def on_gpu() -> bool:
@@ -430,7 +448,7 @@ class Engine:
             ignore_eos=ignore_eos,  # benchmarks and tests need replies of a known length
         )
         audio_s = 0.0 if audio is None else audio.size / AUDIO_RATE
-        stats = ReplyStats(frames=len(frames), audio_seconds=audio_s)
+        stats = ReplyStats(frames=len(frames), audio_seconds=audio_s, inputs_sha256=inputs_digest(frames, audio))
         return Prepared(prompt, prompt_text, params, stats, video_fps=fps)
 
     def submit(self, prepared: Prepared, request_id: str | None = None) -> Reply:
