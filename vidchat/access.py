@@ -175,7 +175,8 @@ def default_allowed_hosts(bind_host: str) -> list[str]:
 
 
 def redact_query(target: str) -> str:
-    """A request target with credential and session-id values blanked."""
+    """A request target with credential, session-id and answer-id values blanked."""
+    target = re.sub(r"^/inputs/[^/?]+", "/inputs/…", target)
     path, sep, query = target.partition("?")
     if not sep:
         return target
@@ -189,9 +190,13 @@ class RedactAccessLog(logging.Filter):
 
     def filter(self, record: logging.LogRecord) -> bool:
         args = record.args
-        if isinstance(args, tuple) and any(isinstance(a, str) and "?" in a for a in args):
-            record.args = tuple(redact_query(a) if isinstance(a, str) and "?" in a else a for a in args)
+        if isinstance(args, tuple) and any(_has_secret(a) for a in args):
+            record.args = tuple(redact_query(a) if _has_secret(a) else a for a in args)
         return True
+
+
+def _has_secret(arg: Any) -> bool:
+    return isinstance(arg, str) and ("?" in arg or arg.startswith("/inputs/"))
 
 
 def install_log_redaction() -> None:

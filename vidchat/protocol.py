@@ -69,7 +69,7 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from vidchat import chat, wire
+from vidchat import answer_inputs, chat, wire
 from vidchat.chat import Answer, AnswerOptions
 from vidchat.clock import ClientClock
 from vidchat.engine import EngineError
@@ -626,6 +626,9 @@ class Connection:
         if error:
             await self.error(error)
         stats = answer.summary()
+        if self.entry is not None:
+            # The same record, with the frames and audio, at /inputs/<answer_id>/ (vidchat.answer_inputs).
+            stats["answer_id"] = answer_inputs.remember(self.entry, answer)
         await self.send({"type": "response.text.done", "text": "".join(parts), "stats": stats})
         self._last_input = time.monotonic()
         log.info("ws %s: answered: %d tokens, %d frames, %.1f s audio%s", self.peer,

@@ -9,6 +9,7 @@ is what entitles a caller to that session's frames.
 from __future__ import annotations
 
 import asyncio
+import collections
 import logging
 import secrets
 import time
@@ -49,6 +50,8 @@ class Entry:
     # Sent with every request of this session as vLLM's cache_salt, so prefix
     # cache hits never cross sessions (no timing channel between users).
     cache_salt: str = field(default_factory=lambda: secrets.token_hex(16), repr=False)
+    # The last answers' inputs, by answer id (vidchat.answer_inputs).
+    answers: collections.OrderedDict = field(default_factory=collections.OrderedDict, repr=False)
     # The client's network address (for --max-sessions-per-client).
     client: str | None = None
     # time.monotonic() at which --session-time-limit ends the session (None: never).
@@ -132,6 +135,9 @@ class SessionRegistry:
         self._entries[sid] = entry
         log.info("session %s… opened (%s), %d open", sid[:6], kind, len(self._entries))
         return entry
+
+    def entries(self) -> list[Entry]:
+        return list(self._entries.values())
 
     def get(self, sid: str | None) -> Entry | None:
         if not sid:

@@ -21,7 +21,7 @@ from typing import Any, AsyncIterator
 import gradio as gr
 from PIL import Image
 
-from vidchat import chat, evs
+from vidchat import answer_inputs, chat, evs
 from vidchat.chat import Answer, OptionError
 from vidchat.engine import EngineError, Turn
 from vidchat.media import FRAMES_AS
@@ -263,8 +263,13 @@ async def answer_stream(state, entry, question: str, request: PageRequest, past:
         history.append(notice(f"⚠ {error}" if error else STOPPED if reply.stats.cancelled else NO_TEXT))
     elif error is not None:
         history.append(notice(f"⚠ {error}"))
-    # Thumbnails are encoded after the answer, so they never delay its first
-    # token, and in a worker thread, so they never stall the event loop.
+    # What the model got, folded under the answer. Thumbnails are encoded
+    # after the answer, so they never delay its first token, and in a worker
+    # thread, so they never stall the event loop.
+    answer_id = answer_inputs.remember(entry, answer)
+    panel = await asyncio.to_thread(answer_inputs.details_html, answer, answer_id)
+    history.append({"role": "assistant", "content": panel,
+                    "metadata": {"title": answer_inputs.title(answer), "status": "done", "id": answer_id}})
     yield history, await asyncio.to_thread(frames_html, answer), answer.summary()
 
 

@@ -1,0 +1,170 @@
+"""What the model got, for every answer: kept per session so the page can
+show it under the answer, and served to that page.
+
+Each answered question is remembered (the last few per session) under an
+unguessable id. Its frames, audio and record are served at
+``/inputs/<id>/…``: like a session id, knowing the id is what entitles a
+caller to them, so the links work in ``<img>`` and ``<audio>`` tags that
+cannot carry a token, and the id is kept out of the access log. Nothing is
+written to disk: the files are encoded in memory when asked for.
+"""
+
+from __future__ import annotations
+
+import collections
+import html
+import io
+import json
+import secrets
+import wave
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+from fastapi import APIRouter, HTTPException
+from fastapi.responses import Response
+from PIL import Image
+
+from vidchat.media import AUDIO_RATE
+
+if TYPE_CHECKING:
+    from vidchat.chat import Answer
+    from vidchat.sessions import Entry
+
+KEEP_PER_SESSION = 8
+PATH_PREFIX = "/inputs/"
+THUMB_SIZE = (128, 96)
+
+
+def remember(entry: "Entry", answer: "Answer") -> str:
+    """Keep an answer's inputs for its session's page; returns its id."""
+    answer_id = secrets.token_urlsafe(16)
+    kept: collections.OrderedDict = entry.answers
+    kept[answer_id] = answer
+    while len(kept) > KEEP_PER_SESSION:
+        kept.popitem(last=False)
+    return answer_id
+
+
+def find(registry: Any, answer_id: str) -> "Answer | None":
+    for entry in registry.entries():
+        answer = entry.answers.get(answer_id)
+        if answer is not None:
+            return answer
+    return None
+
+
+def record(answer: "Answer", answer_id: str | None = None) -> dict[str, Any]:
+    """The answer record: question, answer text and everything the model was given (frames by time and index)."""
+    out = {"id": answer_id, "question": answer.question, "answer": answer.reply.text}
+    out.update(answer.summary())
+    return out
+
+
+def audio_used(answer: "Answer") -> np.ndarray | None:
+    """The samples the engine got (None when it got no audio)."""
+    if not answer.reply.stats.audio_seconds or answer.sample.audio is None:
+        return None
+    return answer.sample.audio
+
+
+def wav_bytes(samples: np.ndarray, rate: int = AUDIO_RATE) -> bytes:
+    pcm = (np.clip(samples, -1.0, 1.0) * 32767).astype("<i2")
+    buf = io.BytesIO()
+    with wave.open(buf, "wb") as w:
+        w.setnchannels(1)
+        w.setsampwidth(2)
+        w.setframerate(rate)
+        w.writeframes(pcm.tobytes())
+    return buf.getvalue()
+
+
+def png_bytes(frame: np.ndarray) -> bytes:
+    buf = io.BytesIO()
+    Image.fromarray(frame).save(buf, "PNG")
+    return buf.getvalue()
+
+
+def _thumb_data_url(frame: np.ndarray) -> str:
+    import base64
+
+    img = Image.fromarray(frame)
+    img.thumbnail(THUMB_SIZE)
+    buf = io.BytesIO()
+    img.save(buf, "JPEG", quality=75)
+    return "data:image/jpeg;base64," + base64.b64encode(buf.getvalue()).decode()
+
+
+def title(answer: "Answer") -> str:
+    stats = answer.reply.stats
+    audio = f" · {stats.audio_seconds:.1f} s audio" if stats.audio_seconds else ""
+    return f"What the model got: {len(answer.sample.frames)} frames as {answer.options.frames_as}{audio}"
+
+
+def details_html(answer: "Answer", answer_id: str) -> str:
+    """The collapsed panel under an answer. Thumbnails are inline (small);
+    full frames, audio and the record are links to /inputs/<id>/."""
+    rec = answer.summary()
+    base = f"{PATH_PREFIX}{answer_id}"
+    tiles = []
+    for k, (frame, t, idx) in enumerate(zip(answer.sample.frames, rec["frame_times"], rec["frame_indices"])):
+        tiles.append(
+            f"<a href='{base}/frame/{k}.png' target='_blank' rel='noopener' title='open full size'>"
+            f"<figure><img src='{_thumb_data_url(frame)}' alt='frame {idx}'>"
+            f"<figcaption>#{idx} · {t:.2f} s</figcaption></figure></a>"
+        )
+    audio = ""
+    if audio_used(answer) is not None and rec.get("audio_span"):
+        start, end = rec["audio_span"]
+        audio = (f"<p>Audio {start:.2f}–{end:.2f} s ({rec['audio_seconds']:.1f} s): "
+                 f"<audio controls preload='none' src='{base}/audio.wav'></audio></p>")
+    params = {k: rec.get(k) for k in ("seed", "temperature", "max_tokens", "frames_as", "video_fps", "include_audio")}
+    numbers = (f"{rec.get('prompt_tokens')} prompt tokens · first token {rec.get('ttft_ms')} ms · "
+               f"{rec['tokens_per_s']:.1f} tokens/s" if rec.get("tokens_per_s") else
+               f"{rec.get('prompt_tokens')} prompt tokens · first token {rec.get('ttft_ms')} ms")
+    return (
+        "<div class='vc-inputs'>"
+        f"<div class='vc-frames'>{''.join(tiles)}</div>{audio}"
+        f"<p class='vc-muted'>Model <code>{html.escape(str(rec.get('model')))}</code> · {numbers}</p>"
+        f"<p class='vc-muted'>Sampling: <code>{html.escape(json.dumps(params))}</code></p>"
+        f"<p class='vc-muted'>inputs_sha256 <code>{rec.get('inputs_sha256')}</code></p>"
+        f"<details><summary>Prompt as the model's template rendered it</summary>"
+        f"<pre class='vc-prompt'>{html.escape(rec.get('prompt') or '')}</pre></details>"
+        f"<p><a href='{base}/record.json' download='vidchat-answer-{answer_id[:8]}.json'>Download the record"
+        f" (JSON)</a></p></div>"
+    )
+
+
+def router(state: Any) -> APIRouter:
+    api = APIRouter()
+
+    def lookup(answer_id: str) -> "Answer":
+        answer = find(state.registry, answer_id)
+        if answer is None:
+            raise HTTPException(404, "no such answer (its session ended, or it is older than the last "
+                                     f"{KEEP_PER_SESSION})")
+        return answer
+
+    @api.get(PATH_PREFIX + "{answer_id}/frame/{k}.png")
+    async def frame(answer_id: str, k: int) -> Response:
+        answer = lookup(answer_id)
+        if not 0 <= k < len(answer.sample.frames):
+            raise HTTPException(404, "no such frame")
+        import asyncio
+
+        data = await asyncio.to_thread(png_bytes, answer.sample.frames[k])
+        return Response(data, media_type="image/png", headers={"Cache-Control": "private, max-age=3600"})
+
+    @api.get(PATH_PREFIX + "{answer_id}/audio.wav")
+    async def audio(answer_id: str) -> Response:
+        samples = audio_used(lookup(answer_id))
+        if samples is None:
+            raise HTTPException(404, "this answer got no audio")
+        return Response(wav_bytes(samples), media_type="audio/wav")
+
+    @api.get(PATH_PREFIX + "{answer_id}/record.json")
+    async def record_json(answer_id: str) -> Response:
+        rec = record(lookup(answer_id), answer_id)
+        return Response(json.dumps(rec, ensure_ascii=False, indent=1), media_type="application/json",
+                        headers={"Content-Disposition": f"attachment; filename=vidchat-answer-{answer_id[:8]}.json"})
+
+    return api
