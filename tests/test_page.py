@@ -4,15 +4,20 @@ fake camera and microphone, against the app served with real vLLM."""
 from __future__ import annotations
 
 import asyncio
+import io
 import json
 import re
 import statistics
+import urllib.request
 import wave
 from pathlib import Path
 
 import numpy as np
 import pytest
+from PIL import Image
 from playwright.async_api import Browser, Page, async_playwright
+
+from vidchat.engine import inputs_digest
 
 from conftest import thumbnail_colours, until_idle
 
@@ -21,8 +26,12 @@ RED, BLUE = (210, 40, 40), (40, 60, 210)
 W, H, FPS = 640, 480, 15
 
 
+# The model's messages in the chat, without the "What the model got" panels
+# folded under them (titled messages, which Gradio renders as a thought group).
+BOT_MESSAGES = ("[...document.querySelectorAll('#vc-chat [data-testid=\"bot\"]')]"
+                ".filter((m) => !m.querySelector('.thought-group'))")
 # JS predicate: the n-th bot message exists and shows text.
-BOT_HAS_TEXT = ("(() => { const b = document.querySelectorAll('#vc-chat [data-testid=\"bot\"]');"
+BOT_HAS_TEXT = ("(() => { const b = " + BOT_MESSAGES + ";"
                 " return b.length >= %d && b[b.length - 1].innerText.trim().length > 0; })()")
 
 
@@ -83,6 +92,25 @@ async def launch(pw, video: Path, audio: Path, tmp: Path) -> Browser:
     )
 
 
+def fetch_bytes(server, path: str) -> bytes:
+    with urllib.request.urlopen(server.url + path, timeout=10) as r:
+        return r.read()
+
+
+def float_wav_samples(data: bytes) -> np.ndarray:
+    """The samples of a 32-bit float mono WAV (what /inputs/<id>/audio.wav serves)."""
+    assert data[:4] == b"RIFF" and data[8:12] == b"WAVE"
+    pos = 12
+    while pos < len(data):
+        kind, size = data[pos:pos + 4], int.from_bytes(data[pos + 4:pos + 8], "little")
+        if kind == b"fmt ":
+            assert int.from_bytes(data[pos + 8:pos + 10], "little") == 3  # IEEE float
+        if kind == b"data":
+            return np.frombuffer(data[pos + 8:pos + 8 + size], "<f4")
+        pos += 8 + size
+    raise AssertionError("no data chunk")
+
+
 async def open_and_start(browser: Browser, url: str, viewport=(1280, 800)) -> Page:
     page = await browser.new_page(viewport={"width": viewport[0], "height": viewport[1]})
     await page.goto(url)
@@ -106,13 +134,13 @@ async def ask(page: Page, text: str) -> None:
 
 
 async def bot_texts(page: Page) -> list[str]:
-    return await page.locator('#vc-chat [data-testid="bot"]').all_inner_texts()
+    return await page.evaluate(f"{BOT_MESSAGES}.map((m) => m.innerText)")
 
 
 async def wait_for_answer(page: Page, n: int, timeout: float = 60) -> list[str]:
     """Wait until the n-th bot message exists and has stopped growing."""
     await page.wait_for_function(
-        f"document.querySelectorAll('#vc-chat [data-testid=\"bot\"]').length >= {n}", timeout=timeout * 1000
+        f"{BOT_MESSAGES}.length >= {n}", timeout=timeout * 1000
     )
     last, stable = None, 0
     for _ in range(int(timeout * 10)):
@@ -153,7 +181,7 @@ async def test_page_streams_an_answer_and_two_tabs_use_their_own_frames(server, 
             await red.evaluate(
                 """() => { window.__lengths = [];
                   new MutationObserver(() => {
-                    const b = document.querySelectorAll('#vc-chat [data-testid="bot"]');
+                    const b = """ + BOT_MESSAGES + """;
                     if (b.length) window.__lengths.push(b[b.length - 1].innerText.length);
                   }).observe(document.querySelector('#vc-chat'), {subtree: true, childList: true, characterData: true});
                 }"""
@@ -178,6 +206,21 @@ async def test_page_streams_an_answer_and_two_tabs_use_their_own_frames(server, 
                 assert len(colours) == 16
                 for c in colours:
                     assert np.abs(c - np.array(colour)).max() < 45, (c, colour)
+            # The panel folded under the answer names the engine's exact inputs:
+            # the frames and audio it serves hash to the answer's inputs_sha256.
+            await red.locator("#vc-chat .thought-group [role=button]").first.click()
+            await red.wait_for_selector("#vc-chat .vc-inputs img")
+            panel = await red.inner_html("#vc-chat .vc-inputs")
+            sha = re.search(r"inputs_sha256 <code>([0-9a-f]{64})</code>", panel).group(1)
+            answer_id = re.search(r"/inputs/([^/]+)/record\.json", panel).group(1)
+            record = await asyncio.to_thread(server.get_json, f"/inputs/{answer_id}/record.json")
+            assert record["inputs_sha256"] == sha and len(record["frame_indices"]) == 16
+            assert panel.count("<figure") == 16 and "<audio" in panel
+            served = [np.asarray(Image.open(io.BytesIO(await asyncio.to_thread(fetch_bytes, server,
+                      f"/inputs/{answer_id}/frame/{k}.png")))) for k in range(16)]
+            audio = float_wav_samples(await asyncio.to_thread(fetch_bytes, server, f"/inputs/{answer_id}/audio.wav"))
+            assert audio.size == round(record["audio_seconds"] * 16000)
+            assert inputs_digest(served, audio) == sha
             await red.screenshot(path=str(artifacts_dir / "page-inputs.png"), full_page=True)
             await red.set_viewport_size({"width": 390, "height": 844})
             await asyncio.sleep(0.5)
@@ -231,7 +274,7 @@ async def test_latency_enter_to_first_token(server, media, tmp_path, artifacts_d
                   new MutationObserver(() => {
                     const L = window.__lat;
                     if (!L.waiting) return;
-                    const b = document.querySelectorAll('#vc-chat [data-testid="bot"]');
+                    const b = """ + BOT_MESSAGES + """;
                     if (b.length >= L.expect && b[L.expect - 1].innerText.trim().length > 0) {
                       // An answer that was only its end token streamed nothing: no latency to measure.
                       const empty = b[L.expect - 1].innerText.includes('(the model returned no text)');

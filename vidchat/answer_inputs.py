@@ -16,7 +16,7 @@ import html
 import io
 import json
 import secrets
-import wave
+import struct
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -68,14 +68,14 @@ def audio_used(answer: "Answer") -> np.ndarray | None:
 
 
 def wav_bytes(samples: np.ndarray, rate: int = AUDIO_RATE) -> bytes:
-    pcm = (np.clip(samples, -1.0, 1.0) * 32767).astype("<i2")
-    buf = io.BytesIO()
-    with wave.open(buf, "wb") as w:
-        w.setnchannels(1)
-        w.setsampwidth(2)
-        w.setframerate(rate)
-        w.writeframes(pcm.tobytes())
-    return buf.getvalue()
+    """32-bit float WAV: the exact samples the engine got (browsers play it),
+    so the served audio hashes the same as what the model heard."""
+    data = np.ascontiguousarray(samples, dtype="<f4").tobytes()
+    fmt = struct.pack("<HHIIHHH", 3, 1, rate, rate * 4, 4, 32, 0)  # WAVE_FORMAT_IEEE_FLOAT, mono
+    fact = struct.pack("<I", len(data) // 4)
+    body = (b"WAVE" + b"fmt " + struct.pack("<I", len(fmt)) + fmt + b"fact" + struct.pack("<I", 4) + fact
+            + b"data" + struct.pack("<I", len(data)) + data)
+    return b"RIFF" + struct.pack("<I", len(body)) + body
 
 
 def png_bytes(frame: np.ndarray) -> bytes:
@@ -109,8 +109,10 @@ def details_html(answer: "Answer", answer_id: str) -> str:
     for k, (frame, t, idx) in enumerate(zip(answer.sample.frames, rec["frame_times"], rec["frame_indices"])):
         tiles.append(
             f"<a href='{base}/frame/{k}.png' target='_blank' rel='noopener' title='open full size'>"
-            f"<figure><img src='{_thumb_data_url(frame)}' alt='frame {idx}'>"
-            f"<figcaption>#{idx} · {t:.2f} s</figcaption></figure></a>"
+            # Inline sizes: the chat's own styles make message images full width.
+            f"<figure style='margin:0;width:96px'><img src='{_thumb_data_url(frame)}' alt='frame {idx}' "
+            f"style='width:96px;height:auto;max-width:96px;border-radius:3px'>"
+            f"<figcaption style='font-size:0.7rem;text-align:center'>#{idx} · {t:.2f} s</figcaption></figure></a>"
         )
     audio = ""
     if audio_used(answer) is not None and rec.get("audio_span"):
@@ -123,7 +125,7 @@ def details_html(answer: "Answer", answer_id: str) -> str:
                f"{rec.get('prompt_tokens')} prompt tokens · first token {rec.get('ttft_ms')} ms")
     return (
         "<div class='vc-inputs'>"
-        f"<div class='vc-frames'>{''.join(tiles)}</div>{audio}"
+        f"<div class='vc-frames' style='display:flex;flex-wrap:wrap;gap:6px'>{''.join(tiles)}</div>{audio}"
         f"<p class='vc-muted'>Model <code>{html.escape(str(rec.get('model')))}</code> · {numbers}</p>"
         f"<p class='vc-muted'>Sampling: <code>{html.escape(json.dumps(params))}</code></p>"
         f"<p class='vc-muted'>inputs_sha256 <code>{rec.get('inputs_sha256')}</code></p>"

@@ -64,6 +64,11 @@ class Settings:
         "You are a helpful assistant watching a live video. Answer about what you see and hear.",
         "System prompt put before every conversation.",
     )
+    record_dir: str = _opt(
+        "", "Save every answer as a recording bundle (its frames as PNG, audio as WAV, question, chat history, "
+        "settings, prompt, answer, timings; layout in vidchat/recording.py) in a new folder under this one. "
+        "Empty: recording is off; nothing is written to disk unless this is set.",
+    )
     # --- server -------------------------------------------------------
     host: str = _opt("127.0.0.1", "Address to bind. Use 0.0.0.0 only when you mean to expose the app.")
     port: int = _opt(7860, "TCP port for the page, the WebRTC offer endpoint and the WebSocket protocol.")

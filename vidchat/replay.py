@@ -1,0 +1,712 @@
+"""Replay a video file through vidchat's pipeline, headless and deterministic,
+or re-ask a recorded bundle.
+
+Examples::
+
+    python -m vidchat.replay clip.mp4 --model tiny --ask "2:What is happening?" --ask "5:And now?"
+    python -m vidchat.replay clip.mp4 --every 2 "Describe the scene." --json --set temperature=0
+    python -m vidchat.replay clip.mp4 --ask "3:What moved?" --out bundles/
+    python -m vidchat.replay bundles/0001-t3.0 --set frames_as=video --json
+    python -m vidchat.replay bundles/ --set temperature=0 --model /models/other   # every bundle in a folder
+
+A file is decoded with PyAV. Every video frame goes, as RGB with the file's
+own presentation time in seconds, into a session made exactly as the server
+makes sessions (the same filter, buffer size, sampling and stored frame size,
+from the same options), and the audio goes in resampled to 16 kHz mono,
+placed by its presentation time. Nothing is paced: the file plays as fast as
+the machine decodes it. When playback reaches a question's second T (every
+frame before T is in, and the audio up to T, split there; a frame at exactly T
+is the next one's, as with ``vidchat.client --fast``) the question is asked through the app's one answer path (:func:`vidchat.chat.ask`) and its
+answer awaited before playback goes on. No wall-clock time decides anything,
+so two runs with the same file and options send the engine the same frames and
+audio (identical ``frame_times`` and ``inputs_sha256``) and, at temperature 0,
+get the same answer text. The session's timeline starts at the file's start,
+so ``frame_times`` and ``audio_span`` are seconds of the file, within [0, T).
+
+Questions are asked in time order; by default each one carries the earlier
+questions and answers as its chat history, as the page does (``--no-history``
+asks each alone). A question past the end of the file is asked at the end.
+
+A bundle (a folder or zip written by ``--out`` or the server's
+``--record-dir``; layout in :mod:`vidchat.recording`; or a folder of bundles,
+each in turn) is re-asked with its
+exact frames, audio and chat history: its recorded settings, changed by
+``--set`` (and by the app's answer flags given explicitly), on its recorded
+model unless ``--model`` names another. Frame selection is frozen; only
+``num_sample_frames`` may pick fewer of the bundle's frames. With frames and
+audio unchanged the answer's ``inputs_sha256`` equals the bundle's
+(``frames_as``, sampling and prompt settings do not change it). Several
+sources may be given; one engine serves them all, each file in its own
+session.
+
+Output: one line per answer on stdout (``--json``: one JSON object per line
+with t, question, answer, frame_times, frame_indices, audio_seconds,
+audio_span, inputs_sha256, prompt_tokens, ttft_ms, settings, prompt, model,
+seed, bundle, ...; a failed question prints {"t", "question", "error"}).
+Logs and errors go to stderr, quiet unless ``-v``. Exit status: 0 all
+answered, 1 a question failed (the reason on stderr) or the engine did not
+start, 2 bad usage (no such file, malformed --ask/--set, a setting out of
+range).
+
+Nothing is written to disk unless ``--out`` (or ``--record-dir``) is given.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import dataclasses
+import heapq
+import json
+import logging
+import math
+import os
+import sys
+import time
+from dataclasses import dataclass
+from typing import Any, Iterator, Sequence, TextIO
+
+import numpy as np
+
+from vidchat.client import parse_ask
+from vidchat.media import AUDIO_RATE
+
+log = logging.getLogger("vidchat.replay")
+
+USAGE = 2
+FAILED = 1
+# Times closer than this are the same instant (float pts arithmetic).
+EPS = 1e-6
+# Keys of the answer options the app also sets by flags (--temperature ...).
+_ANSWER_FLAGS = ("frames_as", "max_tokens", "temperature", "system_prompt")
+
+
+class UsageError(ValueError):
+    pass
+
+
+# ---------------------------------------------------------------------------
+# Options
+# ---------------------------------------------------------------------------
+
+def build_parser() -> argparse.ArgumentParser:
+    """The app's parser (every model, engine and session option) plus replay's own."""
+    from vidchat.settings import ENV_PREFIX, build_parser as app_parser
+
+    parser = app_parser()
+    parser.prog = "python -m vidchat.replay"
+    parser.description = (
+        "Play a video file through vidchat's pipeline as fast as the machine allows, on the file's own "
+        "timestamps, asking questions when playback reaches their second; or re-ask a recorded bundle.")
+    parser.epilog = (
+        "Exit status: 0 all answered, 1 a question failed or the engine did not start, 2 bad usage. "
+        "The app's options apply as in app.py (--model tiny, --frames-per-question, --temperature ...). "
+        f"Every app option can also be set by an environment variable {ENV_PREFIX}<OPTION>.")
+    if ENV_PREFIX + "LOG_LEVEL" not in os.environ:
+        parser.set_defaults(log_level="warning")  # quiet by default; results go to stdout
+    g = parser.add_argument_group("replay")
+    g.add_argument("sources", nargs="+", metavar="FILE|BUNDLE",
+                   help="a video file (anything PyAV/FFmpeg reads), a bundle folder or zip to re-ask, or a folder "
+                   "of bundles; several may be given")
+    g.add_argument("--ask", action="append", type=parse_ask, default=[], metavar="T:QUESTION",
+                   help="ask QUESTION when playback reaches second T of the file (repeatable)")
+    g.add_argument("--every", nargs=2, action="append", default=[], metavar=("SECONDS", "QUESTION"),
+                   help="ask QUESTION at SECONDS, 2×SECONDS, … until the file ends (repeatable)")
+    g.add_argument("--set", dest="set_", action="append", default=[], metavar="KEY=VALUE",
+                   help="an answer or sampling setting, named as in the WebSocket session.config (temperature, "
+                   "frames_as, max_tokens, seed, system_prompt, include_audio, num_sample_frames, sampling, "
+                   "evs_threshold, …); VALUE is JSON (0.5, true, null, \"text\") or else plain text (repeatable)")
+    g.add_argument("--json", action="store_true", help="print one JSON object per answer, one per line")
+    g.add_argument("--out", metavar="DIR", default=None,
+                   help="write each answer's recording bundle into a new folder under DIR (--record-dir does "
+                   "the same); nothing is written to disk when neither is set")
+    g.add_argument("--no-history", action="store_true",
+                   help="ask each question alone, without the earlier questions and answers")
+    g.add_argument("-v", "--verbose", action="store_true", help="log progress (and vLLM's own log) on stderr")
+    return parser
+
+
+def settings_from(parser: argparse.ArgumentParser, args: argparse.Namespace):
+    """The app's Settings from parsed arguments, with parse_settings' checks."""
+    from vidchat.settings import AT_LEAST, ENV_PREFIX, Settings
+
+    values = {f.name: getattr(args, f.name) for f in dataclasses.fields(Settings)}
+    for name, least in AT_LEAST.items():
+        if values[name] < least:
+            parser.error(f"--{name.replace('_', '-')} must be at least {least}, got {values[name]}")
+    for f in dataclasses.fields(Settings):
+        if f.metadata.get("repeat"):
+            raw = values[f.name]
+            values[f.name] = (tuple(os.environ.get(ENV_PREFIX + f.name.upper(), "").split()) if raw is None
+                              else tuple(raw))
+    return Settings(**values)
+
+
+@dataclass
+class Changes:
+    """--set, split the way the WebSocket door splits session.config."""
+
+    session: dict[str, Any]
+    answer: dict[str, Any]
+
+
+def parse_sets(items: Sequence[str]) -> Changes:
+    from vidchat.protocol import ConfigError, parse_config
+
+    raw: dict[str, Any] = {}
+    for item in items:
+        key, sep, text = item.partition("=")
+        key = key.strip()
+        if not sep or not key:
+            raise UsageError(f"--set expects KEY=VALUE, got {item!r}")
+        try:
+            value = json.loads(text)
+        except json.JSONDecodeError:
+            value = text  # plain text: frames_as=video, system_prompt=Be brief.
+        raw[key] = value
+    try:
+        changes = parse_config(raw)
+    except ConfigError as exc:
+        raise UsageError(f"--set: {exc}") from None
+    from vidchat.protocol import ALIASES, FIELDS
+
+    unknown = sorted(k for k in raw if ALIASES.get(k, k) not in FIELDS)
+    if unknown:
+        names = ", ".join(sorted(k for k, f in FIELDS.items() if f.target != "info"))
+        raise UsageError(f"--set: unknown setting(s) {', '.join(unknown)}; known: {names}")
+    if changes.info:
+        raise UsageError(f"--set: {', '.join(sorted(changes.info))} cannot be set here (use --model)")
+    return Changes(dict(changes.session), dict(changes.answer))
+
+
+def parse_every(items: Sequence[Sequence[str]]) -> list[tuple[float, str]]:
+    out = []
+    for seconds, question in items:
+        try:
+            every = float(seconds)
+        except ValueError:
+            every = -1.0
+        if not (math.isfinite(every) and every > 0) or not question.strip():
+            raise UsageError(f"--every expects a positive number of seconds and a question, got {seconds!r} "
+                             f"{question!r}")
+        out.append((every, question.strip()))
+    return out
+
+
+# ---------------------------------------------------------------------------
+# When to ask
+# ---------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Question:
+    at: float  # seconds of the file
+    text: str
+    periodic: bool = False
+
+
+class Schedule:
+    """The questions in time order (ties: in the order given); --every ones
+    come back at k×S, computed as k*S so the audio cuts land on the same times."""
+
+    def __init__(self, asks: Sequence[tuple[float, str]], every: Sequence[tuple[float, str]]):
+        self._heap: list[tuple[float, int, str, float, int]] = []
+        for order, (at, text) in enumerate(asks):
+            self._heap.append((at, order, text, 0.0, 0))
+        for j, (period, text) in enumerate(every):
+            self._heap.append((period, len(asks) + j, text, period, 1))
+        heapq.heapify(self._heap)
+        self._asks = sorted(at for at, _ in asks)
+        self._periods = [period for period, _ in every]
+
+    def peek(self) -> Question | None:
+        if not self._heap:
+            return None
+        at, _, text, period, _ = self._heap[0]
+        return Question(at, text, period > 0)
+
+    def pop(self) -> Question:
+        at, order, text, period, k = heapq.heappop(self._heap)
+        if period > 0:
+            heapq.heappush(self._heap, ((k + 1) * period, order, text, period, k + 1))
+        return Question(at, text, period > 0)
+
+    def cuts(self, start: float, end: float) -> list[float]:
+        """Question times strictly inside (start, end): where an audio chunk is split."""
+        found = [a for a in self._asks if start < a < end]
+        for period in self._periods:
+            k = math.floor(start / period) + 1
+            while k * period < end:
+                if k * period > start:
+                    found.append(k * period)
+                k += 1
+        return sorted(set(found))
+
+
+# ---------------------------------------------------------------------------
+# Media: (t, rank, kind, payload) in time order, t in seconds of the file
+# ---------------------------------------------------------------------------
+
+def _file_start(container) -> float:
+    import av
+
+    start = container.start_time
+    return start / av.time_base if start is not None else 0.0
+
+
+def video_events(path: str) -> Iterator[tuple]:
+    """Every decoded video frame as RGB, at its presentation time."""
+    import av
+
+    with av.open(path) as container:
+        if not container.streams.video:
+            raise UsageError(f"{path} has no video stream")
+        stream = container.streams.video[0]
+        stream.thread_type = "AUTO"  # frame threads: faster, same pictures
+        start = _file_start(container)
+        rate = float(stream.average_rate) if stream.average_rate else 30.0
+        last = None
+        for frame in container.decode(stream):
+            if frame.time is not None:
+                t = frame.time - start
+            else:  # no pts: continue at the stream's rate
+                t = 0.0 if last is None else last + 1.0 / rate
+            if t < -EPS:
+                log.debug("skipping a video frame before the file's start (%.3f s)", t)
+                continue
+            last = t = max(t, 0.0)
+            # rank 0: a frame before audio of the same instant (ties in a fixed order).
+            yield t, 0, "frame", frame.to_ndarray(format="rgb24")
+
+
+def audio_events(path: str, schedule: Schedule) -> Iterator[tuple]:
+    """The audio track as float32 mono 16 kHz chunks, placed from the first
+    frame's time on by sample count, split at question times."""
+    import av
+
+    with av.open(path) as container:
+        if not container.streams.audio:
+            return
+        stream = container.streams.audio[0]
+        start = _file_start(container)
+        resampler = av.AudioResampler(format="flt", layout="mono", rate=AUDIO_RATE)
+        origin: float | None = None
+        count = 0  # samples placed so far
+
+        def pieces(samples: np.ndarray) -> Iterator[tuple]:
+            nonlocal count
+            t0 = origin + count / AUDIO_RATE
+            if t0 < 0:  # priming before the file's start
+                skip = min(samples.size, math.ceil(-t0 * AUDIO_RATE - EPS))
+                samples, count = samples[skip:], count + skip
+                t0 = origin + count / AUDIO_RATE
+            if samples.size == 0:
+                return
+            for cut in schedule.cuts(t0 + EPS, t0 + samples.size / AUDIO_RATE - EPS):
+                k = round((cut - origin) * AUDIO_RATE) - count
+                if 0 < k < samples.size:
+                    yield origin + count / AUDIO_RATE, 1, "audio", samples[:k]
+                    samples, count = samples[k:], count + k
+            yield origin + count / AUDIO_RATE, 1, "audio", samples
+            count += samples.size
+
+        for frame in container.decode(stream):
+            if origin is None:
+                origin = frame.time - start if frame.time is not None else 0.0
+            for out in resampler.resample(frame):
+                yield from pieces(out.to_ndarray().reshape(-1).astype(np.float32))
+        if origin is not None:
+            for out in resampler.resample(None):
+                yield from pieces(out.to_ndarray().reshape(-1).astype(np.float32))
+
+
+def media_events(path: str, schedule: Schedule) -> Iterator[tuple]:
+    """Video and audio of one file merged by time (each stream decoded on its
+    own, so the file's interleaving does not matter)."""
+    return heapq.merge(video_events(path), audio_events(path, schedule), key=lambda e: (e[0], e[1]))
+
+
+# ---------------------------------------------------------------------------
+# Answers
+# ---------------------------------------------------------------------------
+
+async def ask_sample(engine, question: str, sample, options, history=(), *, cache_salt: str | None = None):
+    """Ask about a ready-made :class:`vidchat.session.Sample` (a bundle's
+    frozen frames) instead of a session's buffer: the same preparation as
+    :func:`vidchat.chat.ask` without the sampling, and the same Answer record.
+    Read ``answer.reply`` to the end."""
+    from vidchat import chat
+
+    t0 = time.perf_counter()
+    audio = sample.audio if options.include_audio else None
+    prepared = await asyncio.to_thread(
+        engine.prepare, question, sample.frames, audio,
+        frame_times=sample.timestamps, history=history, system_prompt=options.system_prompt,
+        frames_as=options.frames_as, max_tokens=options.max_tokens, temperature=options.temperature,
+        seed=options.seed, cache_salt=cache_salt,
+    )
+    return chat.Answer(question, engine.submit(prepared), sample, options, prompt_text=prepared.prompt_text,
+                       prep_ms=(time.perf_counter() - t0) * 1000, video_fps=prepared.video_fps)
+
+
+def effective_settings(options, session_settings, store_max_pixels: int | None) -> dict[str, Any]:
+    """Answer options and sampling settings, flat, under the names --set takes."""
+    return {**dataclasses.asdict(options), **dataclasses.asdict(session_settings),
+            "store_max_pixels": store_max_pixels}
+
+
+def answer_record(answer, *, t: float | None, settings: dict[str, Any], source: str) -> dict[str, Any]:
+    """The JSON line: the question, the answer, and the app's answer record."""
+    record: dict[str, Any] = {"t": t, "question": answer.question, "answer": answer.reply.text}
+    record.update(answer.summary())
+    record["settings"] = settings
+    record["source"] = source
+    record["bundle"] = None
+    return record
+
+
+class Output:
+    def __init__(self, stream: TextIO, as_json: bool):
+        self.stream, self.as_json = stream, as_json
+
+    def answer(self, rec: dict[str, Any]) -> None:
+        if self.as_json:
+            self._line(json.dumps(rec, ensure_ascii=False))
+            return
+        when = "" if rec["t"] is None else f"[{rec['t']:g} s] "
+        times = rec.get("frame_times") or []
+        span = f" {times[0]:g}–{times[-1]:g} s" if times else ""
+        parts = [f"{len(times)} frames{span}"]
+        if rec.get("audio_seconds"):
+            parts.append(f"{rec['audio_seconds']:.2f} s audio")
+        parts.append(f"{rec.get('prompt_tokens')} prompt tokens")
+        if rec.get("ttft_ms") is not None:
+            parts.append(f"first token {rec['ttft_ms']:.0f} ms")
+        parts.append(f"inputs {rec.get('inputs_sha256', '')[:16]}")
+        if rec.get("bundle"):
+            parts.append(f"bundle {rec['bundle']}")
+        self._line(f"{when}Q: {rec['question']}\nA: {rec['answer']}\n   ({', '.join(parts)})")
+
+    def failure(self, t: float | None, question: str, reason: str) -> None:
+        when = "" if t is None else f" at {t:g} s"
+        print(f"vidchat.replay: question{when} failed: {reason}", file=sys.stderr, flush=True)
+        if self.as_json:
+            self._line(json.dumps({"t": t, "question": question, "error": reason}, ensure_ascii=False))
+
+    def _line(self, text: str) -> None:
+        print(text, file=self.stream, flush=True)
+
+
+async def _finish(answer) -> None:
+    async for _ in answer.reply:
+        pass
+
+
+# ---------------------------------------------------------------------------
+# Runs
+# ---------------------------------------------------------------------------
+
+@dataclass
+class Run:
+    args: argparse.Namespace
+    settings: Any  # vidchat.settings.Settings
+    model_option: str
+    changes: Changes
+    out_dir: str | None
+    output: Output
+
+
+async def replay_file(run: Run, state, engine, path: str) -> int:
+    from vidchat import chat
+    from vidchat.engine import EngineError, Turn
+    from vidchat.evs import FrameError
+
+    schedule = Schedule([(q.at, q.text) for q in run.args.ask], parse_every(run.args.every))
+    entry = state.new_session("replay")
+    session = entry.session
+    # The file's start is the session timeline's start: answer records then
+    # give frame and audio times in seconds of the file.
+    session.timeline_start = 0.0
+    options = state.answer_defaults().updated(**run.changes.answer)
+    try:
+        chat.apply_settings(session, engine, options, run.changes.session)
+    except ValueError as exc:  # OptionError included
+        print(f"vidchat.replay: {exc}", file=sys.stderr)
+        return USAGE
+    settings = effective_settings(options, session.settings, session.store_max_pixels)
+    history: list[Turn] = []
+    failures = 0
+    frames = bad_frames = 0
+    end = 0.0
+    feed_s = answer_s = 0.0
+    t_start = time.perf_counter()
+
+    async def ask(q: Question, at_end: bool = False) -> None:
+        nonlocal failures, answer_s
+        t0 = time.perf_counter()
+        if at_end and not q.periodic:
+            log.warning("question at %g s is past the end of the file (%.3f s): asked at the end", q.at, end)
+        answer = None
+        try:
+            answer = await chat.ask(engine, entry, q.text, options, history=tuple(history))
+            await _finish(answer)
+        except chat.NoFrames:
+            failures += 1
+            run.output.failure(q.at, q.text, f"no video frame before {q.at:g} s of {path}")
+            return
+        except EngineError as exc:
+            failures += 1
+            run.output.failure(q.at, q.text, str(exc))
+            return
+        finally:
+            if answer is not None:
+                chat.release(entry, answer)
+            answer_s += time.perf_counter() - t0
+        if answer.reply.stats.cancelled or answer.reply.stats.finish_reason == "abort":
+            failures += 1
+            run.output.failure(q.at, q.text, "the answer was aborted")
+            return
+        rec = answer_record(answer, t=q.at, settings=settings, source=path)
+        if run.out_dir:
+            from vidchat.recording import write_bundle
+
+            rec["bundle"] = str(write_bundle(run.out_dir, answer, history=history, settings=settings, t=q.at,
+                                             source=path, model_option=run.model_option,
+                                             engine_options=engine.options))
+        run.output.answer(rec)
+        if not run.args.no_history and answer.reply.text:
+            history.extend([Turn("user", q.text), Turn("assistant", answer.reply.text)])
+
+    t_feed = time.perf_counter()
+    for t, _, kind, payload in media_events(path, schedule):
+        # Playback has reached T: what starts at T or later is for later questions.
+        while (q := schedule.peek()) is not None and q.at <= t + EPS:
+            feed_s += time.perf_counter() - t_feed
+            await ask(schedule.pop())
+            t_feed = time.perf_counter()
+        if kind == "frame":
+            frames += 1
+            end = max(end, t)
+            try:
+                session.add_frame(payload, t=t)
+            except FrameError as exc:
+                bad_frames += 1
+                log.warning("frame at %.3f s dropped: %s", t, exc)
+        else:
+            end = max(end, t + payload.size / AUDIO_RATE)
+            session.add_audio(payload, t)
+    feed_s += time.perf_counter() - t_feed
+    # Questions left: explicit ones past the end are asked at the end; periodic ones stop with the file.
+    while (q := schedule.peek()) is not None:
+        if q.periodic and q.at > end + EPS:
+            break
+        await ask(schedule.pop(), at_end=q.at > end + EPS)
+    stats = session.stats
+    wall = time.perf_counter() - t_start
+    log.info("replayed %s: %d frames (%d kept, %d bad) over %.2f s of media; decoding and filtering took %.2f s "
+             "(%.1f× real time), answering %.2f s; %.2f s in all", path, frames, stats["frames_kept"], bad_frames,
+             end, feed_s, end / feed_s if feed_s > 0 else float("inf"), answer_s, wall)
+    await state.registry.close(session.id, "replay finished")
+    return FAILED if failures else 0
+
+
+async def reask_bundle(run: Run, state, engine, bundle) -> int:
+    from vidchat import chat
+    from vidchat.chat import AnswerOptions
+    from vidchat.engine import EngineError
+    from vidchat.session import SessionSettings, uniform_indices
+    from vidchat.settings import Settings
+
+    manifest = bundle.manifest
+    recorded = dict(manifest.get("settings") or {})
+    names = {f.name for f in dataclasses.fields(AnswerOptions)}
+    options = AnswerOptions(**{k: v for k, v in recorded.items() if k in names})
+    # The app's answer flags, where given (not at their default), then --set.
+    defaults = Settings()
+    flags = {k: getattr(run.settings, k) for k in _ANSWER_FLAGS if getattr(run.settings, k) != getattr(defaults, k)}
+    if "system_prompt" in flags:
+        flags["system_prompt"] = flags["system_prompt"] or None
+    options = options.updated(**flags, **run.changes.answer)
+    frozen = sorted(set(run.changes.session) - {"num_sample_frames"})
+    if frozen:
+        print(f"vidchat.replay: a bundle's frames are fixed: {', '.join(frozen)} cannot change "
+              "(num_sample_frames may pick fewer of them)", file=sys.stderr)
+        return USAGE
+    sample = bundle.sample()
+    k = run.changes.session.get("num_sample_frames")
+    if k is not None:
+        if not isinstance(k, int) or k < 1:
+            print(f"vidchat.replay: num_sample_frames must be a positive integer, got {k!r}", file=sys.stderr)
+            return USAGE
+        pick = uniform_indices(len(sample.frames), k)
+        sample = dataclasses.replace(sample, frames=[sample.frames[i] for i in pick],
+                                     timestamps=[sample.timestamps[i] for i in pick],
+                                     indices=[sample.indices[i] for i in pick])
+    try:
+        chat.check_options(options, engine)
+        engine.check_request(len(sample.frames), options.frames_as)
+    except (ValueError, EngineError) as exc:
+        print(f"vidchat.replay: {exc}", file=sys.stderr)
+        return USAGE
+    if bundle.digest() != bundle.inputs_sha256:
+        log.warning("%s: its frames and audio hash to %s, not to the recorded inputs_sha256 %s (edited?)",
+                    bundle.path, bundle.digest(), bundle.inputs_sha256)
+    session_names = {f.name for f in dataclasses.fields(SessionSettings)}
+    settings = {**{k: v for k, v in recorded.items() if k in session_names or k == "store_max_pixels"},
+                **dataclasses.asdict(options)}
+    if k is not None:
+        settings["num_sample_frames"] = k
+    history = [] if run.args.no_history else bundle.history()
+    t = manifest.get("t")
+    answer = None
+    try:
+        answer = await ask_sample(engine, bundle.question, sample, options, history)
+        await _finish(answer)
+    except EngineError as exc:
+        run.output.failure(t, bundle.question, str(exc))
+        return FAILED
+    finally:
+        if answer is not None:
+            answer.free()
+    rec = answer_record(answer, t=t, settings=settings, source=bundle.path)
+    rec["bundle_inputs_sha256"] = bundle.inputs_sha256
+    if run.out_dir:
+        from vidchat.recording import write_bundle
+
+        rec["bundle"] = str(write_bundle(run.out_dir, answer, history=history, settings=settings, t=t,
+                                         source=bundle.path, model_option=run.model_option,
+                                         engine_options=engine.options))
+    run.output.answer(rec)
+    return 0
+
+
+async def _run(run: Run, model_path: str, banner: str | None, sources: list[tuple[str, Any]]) -> int:
+    from vidchat.engine import Engine, EngineError
+    from vidchat.server import engine_options
+    from vidchat.sessions import SessionRegistry
+    from vidchat.state import AppState, default_session_settings
+
+    settings = run.settings
+    state = AppState(settings=settings, model_path=model_path, banner=banner,
+                     registry=SessionRegistry(settings.max_sessions, lambda: default_session_settings(settings)))
+    state.engine_options = engine_options(settings, model_path, state.tiny)
+    if banner:
+        # Asked for by name it is no surprise; a fallback from 'auto' is.
+        (log.info if run.model_option.startswith("tiny") else log.warning)(banner)
+    try:
+        engine = await asyncio.to_thread(Engine.start, state.engine_options)
+    except EngineError as exc:
+        print(f"vidchat.replay: {exc}", file=sys.stderr)
+        return FAILED
+    state.engine_settled(engine)
+    log.info("engine ready in %.1f s", engine.start_s)
+    status = 0
+    try:
+        for kind, source in sources:
+            if kind == "bundle":
+                code = await reask_bundle(run, state, engine, source)
+            else:
+                code = await replay_file(run, state, engine, source)
+            if code == USAGE:
+                return USAGE  # the same settings would be refused for the rest too
+            status = status or code
+        return status
+    finally:
+        await state.registry.close_all()
+        engine.shutdown()
+
+
+def _quiet(verbose: bool, level: str) -> None:
+    logging.basicConfig(level=logging.INFO if verbose else level.upper(), stream=sys.stderr,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s", datefmt="%H:%M:%S")
+    # vLLM logs to stdout by default: keep stdout for results.
+    os.environ["VLLM_LOGGING_STREAM"] = "ext://sys.stderr"
+    if not verbose:
+        os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
+        os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+        for noisy in ("httpx", "huggingface_hub", "urllib3"):
+            logging.getLogger(noisy).setLevel(logging.WARNING)
+
+
+def find_sources(paths: Sequence[str], is_bundle, read_bundle) -> list[tuple[str, Any]]:
+    """("bundle", Bundle) or ("file", path) for each argument; a folder of
+    bundles gives each of its bundles, in name order. Bundles are read now,
+    so a broken one is reported before the engine starts."""
+    from pathlib import Path
+
+    from vidchat.recording import MANIFEST
+
+    found: list[tuple[str, Any]] = []
+    for path in paths:
+        if is_bundle(path):
+            found.append(("bundle", read_bundle(path)))
+        elif os.path.isdir(path):
+            inner = sorted(p for p in Path(path).iterdir()
+                           if not p.name.startswith(".") and (p / MANIFEST).is_file())
+            if not inner:
+                raise UsageError(f"{path} is a folder with no bundles in it")
+            found.extend(("bundle", read_bundle(p)) for p in inner)
+        elif os.path.isfile(path):
+            found.append(("file", path))
+        else:
+            raise UsageError(f"no such file: {path}")
+    return found
+
+
+def main(argv: Sequence[str] | None = None, stdout: TextIO | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    settings = settings_from(parser, args)
+    _quiet(args.verbose, settings.log_level)
+
+    from vidchat.engine import EngineError
+    from vidchat.models import resolve_model, resolve_preset
+    from vidchat.presets import apply as apply_preset
+    from vidchat.recording import BundleError, is_bundle, read_bundle
+
+    try:
+        sources = find_sources(args.sources, is_bundle, read_bundle)
+        files = [s for kind, s in sources if kind == "file"]
+        if files and not args.ask and not args.every:
+            raise UsageError("nothing to ask: give --ask T:QUESTION or --every SECONDS QUESTION")
+        if not files and (args.ask or args.every):
+            raise UsageError("--ask and --every are for video files: a bundle re-asks its own question")
+        parse_every(args.every)  # checked now; the schedule is built once the engine runs
+        changes = parse_sets(args.set_)
+        bundles = [s for kind, s in sources if kind == "bundle"]
+        recorded = {b.manifest.get("model_option") or b.manifest.get("model") for b in bundles}
+    except (UsageError, BundleError) as exc:
+        parser.print_usage(sys.stderr)
+        print(f"{parser.prog}: error: {exc}", file=sys.stderr)
+        return USAGE
+
+    # The model: as app.py resolves it; a bundle's own unless --model names another.
+    model_option = settings.model
+    if bundles and settings.model == "auto" and "VIDCHAT_MODEL" not in os.environ:
+        if len(recorded) > 1:
+            print(f"{parser.prog}: the bundles were recorded with different models ({', '.join(map(str, recorded))}):"
+                  " name one with --model", file=sys.stderr)
+            return USAGE
+        model_option = recorded.pop() or "auto"
+        settings = dataclasses.replace(settings, model=model_option)
+    try:
+        model_path, banner = resolve_model(settings.model, settings.cache_dir)
+        preset = resolve_preset(settings.preset or settings.model)
+        if settings.preset and preset is None:
+            raise ValueError(f"--preset {settings.preset}: no such preset (python app.py --model list shows them)")
+        if preset is not None and banner is None:
+            settings = apply_preset(settings, preset)
+            log.info("preset %s: %s", preset.name, preset.model)
+    except (EngineError, ValueError) as exc:
+        print(f"{parser.prog}: {exc}", file=sys.stderr)
+        return USAGE
+
+    run = Run(args, settings, model_option, changes, args.out or settings.record_dir or None,
+              Output(stdout or sys.stdout, args.json))
+    try:
+        return asyncio.run(_run(run, model_path, banner, sources))
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":  # the guard also keeps vLLM's spawned engine process from re-running main
+    sys.exit(main())
