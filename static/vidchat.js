@@ -94,9 +94,50 @@
     };
   }
 
+  function sourceKind() {
+    return $("#vc-source")?.value || "camera";
+  }
+
+  // The video track of a source: the camera, or a shared screen, window or tab.
+  async function openVideo(kind, c) {
+    if (kind === "screen") {
+      if (!navigator.mediaDevices?.getDisplayMedia) throw new Error("This browser cannot share a screen here.");
+      const shared = await navigator.mediaDevices.getDisplayMedia({
+        video: { frameRate: c.video.frameRate, width: c.video.width, height: c.video.height }, audio: false,
+      });
+      return shared.getVideoTracks()[0];
+    }
+    return (await navigator.mediaDevices.getUserMedia({ video: c.video })).getVideoTracks()[0];
+  }
+
+  function watchScreenEnd(track) {
+    // The browser's own "Stop sharing" button ends the track: say so; the
+    // session (and its chat) stays until another source is chosen or it idles out.
+    track.addEventListener("ended", () => {
+      if (state.stream?.getVideoTracks()[0] === track && state.wantRunning) {
+        setNote("Screen sharing stopped. Pick a source to continue this session.");
+      }
+    });
+  }
+
   // Ask for both; if one is refused or missing, run with what was granted.
   async function openMedia() {
     const c = selectedConstraints();
+    if (sourceKind() === "screen") {
+      let video;
+      try {
+        video = await openVideo("screen", c);
+      } catch (err) {
+        throw new Error(`Screen sharing was refused or is unavailable (${err.name || err}). Pick Camera, or allow sharing.`);
+      }
+      watchScreenEnd(video);
+      try {
+        const mic = (await navigator.mediaDevices.getUserMedia({ audio: c.audio })).getAudioTracks()[0];
+        return { stream: new MediaStream([video, mic]), note: "" };
+      } catch (_) {
+        return { stream: new MediaStream([video]), note: "Microphone unavailable: the model gets the screen only." };
+      }
+    }
     try {
       return { stream: await navigator.mediaDevices.getUserMedia(c), note: "" };
     } catch (both) {
@@ -229,6 +270,32 @@
     }
   }
 
+  // A new source on the same peer: replaceTrack needs no renegotiation, so the
+  // server session, its buffer and the chat carry on.
+  async function switchSource() {
+    if (!state.wantRunning || !state.pc || !state.stream) return;
+    const sender = state.pc.getSenders().find((s) => s.track?.kind === "video");
+    if (!sender) {
+      setNote("This session started without video; press Stop and Start to use another source.");
+      return;
+    }
+    let track;
+    try {
+      track = await openVideo(sourceKind(), selectedConstraints());
+    } catch (err) {
+      setNote(`Could not switch source: ${err.message || err.name || err}`);
+      return;
+    }
+    if (sourceKind() === "screen") watchScreenEnd(track);
+    await sender.replaceTrack(track);
+    const old = state.stream.getVideoTracks()[0];
+    if (old) { state.stream.removeTrack(old); old.stop(); }
+    state.stream.addTrack(track);
+    const video = $("#vc-preview");
+    if (video) { video.srcObject = state.stream; video.play().catch(() => {}); }
+    setNote(sourceKind() === "screen" ? "Now sharing the screen; the chat and buffer carry on." : "");
+  }
+
   async function start() {
     if (state.wantRunning) return;
     if (!navigator.mediaDevices?.getUserMedia) {
@@ -336,6 +403,9 @@
     el.dataset.ending = s.time_left_s != null && s.time_left_s < 60 ? "soon" : "";
   }
 
+  document.addEventListener("change", (e) => {
+    if (e.target.closest?.("#vc-source")) switchSource();
+  });
   document.addEventListener("click", (e) => {
     if (e.target.closest("#vc-start")) start();
     else if (e.target.closest("#vc-stop")) stop();
@@ -366,7 +436,7 @@
   else watchReadiness();
 
   window.vidchat = {
-    start, stop,
+    start, stop, switchSource,
     get sessionId() { return state.sessionId; },
     // Diagnostics: drop the peer as a network failure would, to see (and
     // test) that the tab re-attaches to its session.

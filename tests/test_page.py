@@ -419,3 +419,37 @@ async def test_a_session_the_server_ends_shows_why_in_the_status_line(server, me
             assert "The server ended this session: stopped by the page" in await page.inner_text("#vc-note")
         finally:
             await browser.close()
+
+
+async def test_switching_to_screen_share_keeps_the_session_and_its_chat(server, media, tmp_path, artifacts_dir):
+    async with async_playwright() as pw:
+        browser = await launch(pw, media["red"], media["tone"], tmp_path)
+        try:
+            page = await open_and_start(browser, server.url + "/")
+            sid = await session_id(page)
+            await set_setting(page, "vc-max-tokens", "8")
+            await ask(page, "What colour is the wall?")
+            await wait_for_answer(page, 1)
+            before = await asyncio.to_thread(server.get_json, f"/webrtc/stats?session_id={sid}")
+            # Chromium's fake screen capture stands in for the share picker.
+            await page.select_option("#vc-source", "screen")
+            await page.wait_for_function("document.querySelector('#vc-note').textContent.includes('sharing the screen')",
+                                         timeout=15_000)
+            await asyncio.sleep(3)
+            after = await asyncio.to_thread(server.get_json, f"/webrtc/stats?session_id={sid}")
+            assert await session_id(page) == sid, "switching source must keep the session"
+            assert after["media"]["video_frames_seen"] > before["media"]["video_frames_seen"] + 10
+            label = await page.evaluate("document.querySelector('#vc-preview').srcObject.getVideoTracks()[0].label")
+            assert "screen" in label.lower() or "window" in label.lower() or "tab" in label.lower() or label, label
+            await ask(page, "And now?")
+            texts = await wait_for_answer(page, 2)
+            assert len(texts) == 2 and texts[1].strip()  # the first answer is still in the chat
+            # The newest frames the model got are the shared screen, not the red camera.
+            await page.click("#vc-inputs button, #vc-inputs .label-wrap")
+            await page.wait_for_selector("#vc-inputs .vc-frames img")
+            panel_colours = thumbnail_colours(await page.inner_html("#vc-inputs"))
+            assert np.abs(panel_colours[-1] - np.array(RED)).max() > 45, panel_colours[-1]
+            await page.screenshot(path=str(artifacts_dir / "page-screen-share.png"))
+            await page.click("#vc-stop")
+        finally:
+            await browser.close()

@@ -20,7 +20,7 @@ from typing import Any, Sequence
 from vidchat.answer_queue import Abandoned, AnswerQueue, OnWait, Slot
 from vidchat.engine import SEED_RANGE, Engine, EngineError, Turn
 from vidchat.media import FRAMES_AS
-from vidchat.session import Sample, Session, SessionSettings
+from vidchat.session import Sample, Session, SessionSettings, uniform_indices
 from vidchat.sessions import Entry
 
 log = logging.getLogger(__name__)
@@ -130,6 +130,7 @@ class Answer:
     video_fps: float | None = None
 
     queue: AnswerQueue | None = None
+    history: tuple[Turn, ...] = ()  # the earlier turns the model was given
     _slot: Slot | None = field(default=None, repr=False)
     _abandon: asyncio.Event = field(default_factory=asyncio.Event, repr=False)
 
@@ -190,6 +191,7 @@ async def ask(
     options: AnswerOptions,
     history: Sequence[Turn] = (),
     queue: AnswerQueue | None = None,
+    sample: Sample | None = None,
 ) -> Answer:
     """Answer a question about this session's buffer, replacing any answer it
     is still generating.
@@ -197,13 +199,15 @@ async def ask(
     The buffer is sampled now (frames that arrive later count for the next
     question); the prompt and media are prepared in a worker thread. Questions
     take effect in arrival order: one overtaken by a newer question while it
-    was prepared raises Superseded and never reaches vLLM."""
+    was prepared raises Superseded and never reaches vLLM. A given `sample`
+    (a re-ask of an earlier answer's exact inputs) replaces the buffer's."""
     t0 = time.perf_counter()
     entry.question_seq += 1
     ticket = entry.question_seq
     await entry.cancel_answer()
     session = entry.session
-    sample = session.sample()
+    if sample is None:
+        sample = session.sample()
     if not sample.frames:
         raise NoFrames(no_frames_message(entry.kind))
     audio = sample.audio if options.include_audio else None
@@ -225,7 +229,7 @@ async def ask(
         raise Superseded("A newer question replaced this one.")
     answer = Answer(question, engine.submit(prepared), sample, options, prompt_text=prepared.prompt_text,
                     ticket=ticket, prep_ms=(time.perf_counter() - t0) * 1000, video_fps=prepared.video_fps,
-                    queue=queue)
+                    queue=queue, history=tuple(history))
     # No await since the ticket check: no other question can have started.
     entry.answer = answer
     log.info(
@@ -234,6 +238,25 @@ async def ask(
         prepared.stats.audio_seconds, answer.prep_ms,
     )
     return answer
+
+
+def frozen_sample(answer: Answer, frames: int | None = None) -> Sample:
+    """An earlier answer's exact inputs, for asking again with other settings;
+    `frames` takes that many of its frames, spread evenly (never new ones)."""
+    original = answer.sample
+    n = len(original.frames)
+    if frames is None or frames >= n:
+        picks = list(range(n))
+    elif frames < 1:
+        raise OptionError(f"frames per question must be at least 1, got {frames}")
+    else:
+        picks = uniform_indices(n, frames)
+    return dataclasses.replace(
+        original,
+        frames=[original.frames[i] for i in picks],
+        timestamps=[original.timestamps[i] for i in picks],
+        indices=[original.indices[i] for i in picks],
+    )
 
 
 def release(entry: Entry, answer: Answer) -> bool:

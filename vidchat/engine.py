@@ -47,6 +47,7 @@ class EngineOptions:
     dtype: str = "auto"
     max_model_len: int = 8192
     kv_cache_gb: float = 1.0
+    mm_cache_gb: float = 1.0  # vLLM's processed-frame cache (mm_processor_cache_gb)
     gpu_memory_utilization: float = 0.85
     max_images: int = 32
     max_videos: int = 1
@@ -304,6 +305,9 @@ class Engine:
             disable_log_stats=True,
             seed=options.seed,
         )
+        # vLLM keeps processed frames for reuse (4 GiB by default): bounded
+        # here, since live video makes every frame new and the cache only grows.
+        kwargs["mm_processor_cache_gb"] = options.mm_cache_gb
         family = family_of(model_type_of(options.model))
         processor_kwargs = family.processor_kwargs(options.max_image_pixels)
         if options.max_image_pixels and family.pixel_cap is None:

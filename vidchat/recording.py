@@ -224,7 +224,7 @@ def write_bundle(
     root: str | os.PathLike,
     answer: Any,
     *,
-    history: Sequence[Turn | dict] = (),
+    history: Sequence[Turn | dict] | None = None,
     settings: dict[str, Any] | None = None,
     t: float | None = None,
     source: str | None = None,
@@ -237,7 +237,8 @@ def write_bundle(
 
     ``settings``: the effective answer and sampling settings, flat (default:
     the answer's options); ``history``: the chat before the question (engine
-    Turns or {"role", "content"} dicts); ``t``/``source``: when and where the
+    Turns or {"role", "content"} dicts; default: the answer's own ``history``
+    where it keeps one); ``t``/``source``: when and where the
     question was asked; ``model_option``/``engine_options``: how the model was
     chosen and started, so a re-ask can start the same. ``name`` overrides the
     folder name (default: the next free sequence number, plus ``-tT``)."""
@@ -255,6 +256,8 @@ def write_bundle(
                     digest[:12], record["inputs_sha256"][:12])
     if settings is None:
         settings = dataclasses.asdict(answer.options)
+    if history is None:
+        history = getattr(answer, "history", None) or ()
 
     root = Path(root)
     root.mkdir(parents=True, exist_ok=True)

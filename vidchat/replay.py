@@ -15,29 +15,32 @@ makes sessions (the same filter, buffer size, sampling and stored frame size,
 from the same options), and the audio goes in resampled to 16 kHz mono,
 placed by its presentation time. Nothing is paced: the file plays as fast as
 the machine decodes it. When playback reaches a question's second T (every
-frame before T is in, and the audio up to T, split there; a frame at exactly T
-is the next one's, as with ``vidchat.client --fast``) the question is asked through the app's one answer path (:func:`vidchat.chat.ask`) and its
-answer awaited before playback goes on. No wall-clock time decides anything,
-so two runs with the same file and options send the engine the same frames and
-audio (identical ``frame_times`` and ``inputs_sha256``) and, at temperature 0,
-get the same answer text. The session's timeline starts at the file's start,
-so ``frame_times`` and ``audio_span`` are seconds of the file, within [0, T).
+frame before T is in, and the audio up to T, split there; a frame at exactly
+T counts for the next question, as with ``vidchat.client --fast``) the
+question is asked through the app's one answer path (:func:`vidchat.chat.ask`)
+and its answer awaited before playback goes on. No wall-clock time decides
+anything, so two runs with the same file and options send the engine the same
+frames and audio (identical ``frame_times`` and ``inputs_sha256``) and, at
+temperature 0, get the same answer text. The session's timeline starts at the
+file's start, so ``frame_times`` and ``audio_span`` are seconds of the file,
+within [0, T]. A question at 0 s therefore has no frame and fails.
 
 Questions are asked in time order; by default each one carries the earlier
 questions and answers as its chat history, as the page does (``--no-history``
-asks each alone). A question past the end of the file is asked at the end.
+asks each alone). A question past the end of the file is asked at the end;
+``--every`` stops with the file. Sampled answers (temperature > 0) repeat
+only with a fixed seed (``--set seed=1``).
 
 A bundle (a folder or zip written by ``--out`` or the server's
-``--record-dir``; layout in :mod:`vidchat.recording`; or a folder of bundles,
-each in turn) is re-asked with its
-exact frames, audio and chat history: its recorded settings, changed by
-``--set`` (and by the app's answer flags given explicitly), on its recorded
-model unless ``--model`` names another. Frame selection is frozen; only
-``num_sample_frames`` may pick fewer of the bundle's frames. With frames and
-audio unchanged the answer's ``inputs_sha256`` equals the bundle's
-(``frames_as``, sampling and prompt settings do not change it). Several
-sources may be given; one engine serves them all, each file in its own
-session.
+``--record-dir``, layout in :mod:`vidchat.recording`; or a folder of bundles,
+each in turn) is re-asked with its exact frames, audio and chat history: its
+recorded settings, changed by ``--set`` (and by the app's answer flags given
+explicitly), on its recorded model unless ``--model`` names another. Frame
+selection is frozen; only ``num_sample_frames`` may pick fewer of the
+bundle's frames. With frames and audio unchanged the answer's
+``inputs_sha256`` equals the bundle's (``frames_as``, sampling and prompt
+settings do not change it). Several sources may be given; one engine serves
+them all, each file in its own session.
 
 Output: one line per answer on stdout (``--json``: one JSON object per line
 with t, question, answer, frame_times, frame_indices, audio_seconds,
@@ -63,6 +66,7 @@ import math
 import os
 import sys
 import time
+import warnings
 from dataclasses import dataclass
 from typing import Any, Iterator, Sequence, TextIO
 
@@ -230,6 +234,11 @@ class Schedule:
             heapq.heappush(self._heap, ((k + 1) * period, order, text, period, k + 1))
         return Question(at, text, period > 0)
 
+    def stop_periodic(self) -> None:
+        """Drop the --every questions (the file has ended); the others stay."""
+        self._heap = [e for e in self._heap if e[3] == 0]
+        heapq.heapify(self._heap)
+
     def cuts(self, start: float, end: float) -> list[float]:
         """Question times strictly inside (start, end): where an audio chunk is split."""
         found = [a for a in self._asks if start < a < end]
@@ -374,8 +383,12 @@ class Output:
             return
         when = "" if rec["t"] is None else f"[{rec['t']:g} s] "
         times = rec.get("frame_times") or []
-        span = f" {times[0]:g}–{times[-1]:g} s" if times else ""
-        parts = [f"{len(times)} frames{span}"]
+        if len(times) == 1:
+            parts = [f"1 frame at {times[0]:g} s"]
+        else:
+            parts = [f"{len(times)} frames {times[0]:g}–{times[-1]:g} s" if times else "no frames"]
+        if rec.get("frames_as") == "video":
+            parts[0] += " as video"
         if rec.get("audio_seconds"):
             parts.append(f"{rec['audio_seconds']:.2f} s audio")
         parts.append(f"{rec.get('prompt_tokens')} prompt tokens")
@@ -498,7 +511,8 @@ async def replay_file(run: Run, state, engine, path: str) -> int:
     # Questions left: explicit ones past the end are asked at the end; periodic ones stop with the file.
     while (q := schedule.peek()) is not None:
         if q.periodic and q.at > end + EPS:
-            break
+            schedule.stop_periodic()
+            continue
         await ask(schedule.pop(), at_end=q.at > end + EPS)
     stats = session.stats
     wall = time.perf_counter() - t_start
@@ -621,10 +635,15 @@ def _quiet(verbose: bool, level: str) -> None:
     # vLLM logs to stdout by default: keep stdout for results.
     os.environ["VLLM_LOGGING_STREAM"] = "ext://sys.stderr"
     if not verbose:
-        os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
+        # Also for the engine-core child process, which inherits the environment.
+        os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
         os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
-        for noisy in ("httpx", "huggingface_hub", "urllib3"):
-            logging.getLogger(noisy).setLevel(logging.WARNING)
+        os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")
+        os.environ.setdefault("TQDM_DISABLE", "1")  # the weight-loading progress bar
+        os.environ.setdefault("PYTHONWARNINGS", "ignore")
+        warnings.simplefilter("ignore")
+        for noisy in ("httpx", "huggingface_hub", "urllib3", "torch"):
+            logging.getLogger(noisy).setLevel(logging.ERROR)
 
 
 def find_sources(paths: Sequence[str], is_bundle, read_bundle) -> list[tuple[str, Any]]:

@@ -31,6 +31,7 @@ def engine_options(settings: Settings, model_path: str, tiny: bool) -> EngineOpt
         dtype="float32" if tiny and settings.dtype == "auto" else settings.dtype,
         max_model_len=settings.max_model_len,
         kv_cache_gb=settings.kv_cache_gb,
+        mm_cache_gb=settings.mm_cache_gb,
         gpu_memory_utilization=settings.gpu_memory_utilization,
         max_images=settings.max_images,
         max_videos=settings.max_videos,

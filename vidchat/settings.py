@@ -41,6 +41,10 @@ class Settings:
     kv_cache_gb: float = _opt(
         1.0, "KV-cache size in GiB on CPU (set explicitly: vLLM otherwise reserves most of the RAM)."
     )
+    mm_cache_gb: float = _opt(
+        1.0, "GiB vLLM may keep of processed frames for reuse (its mm_processor_cache_gb, 4 by default). Live "
+        "video makes nearly every frame new, so this is memory the server grows into; 0 turns the cache off.",
+    )
     gpu_memory_utilization: float = _opt(0.85, "Fraction of GPU memory vLLM may use (GPU only).")
     max_images: int = _opt(32, "Most images one prompt may carry (vLLM limit_mm_per_prompt).")
     max_videos: int = _opt(1, "Most videos one prompt may carry.")

@@ -43,6 +43,9 @@ PREVIEW_HTML = """
     <button id="vc-stop" class="vc-btn" disabled>Stop camera</button>
   </div>
   <div class="vc-devices">
+    <label>Source <select id="vc-source" title="Switching keeps the session: same buffer, same chat">
+      <option value="camera" selected>Camera</option>
+      <option value="screen">Screen, window or tab</option></select></label>
     <label>Camera <select id="vc-camera"><option value="">Default</option></select></label>
     <label>Microphone <select id="vc-mic"><option value="">Default</option></select></label>
     <label>Resolution <select id="vc-res">
@@ -354,6 +357,92 @@ async def respond(state, message: str, history: list[dict], sid: str, *raw_setti
         yield update
 
 
+# ---------------------------------------------------------------------------
+# Re-ask and compare: an earlier answer's exact inputs, other settings
+# ---------------------------------------------------------------------------
+
+def reask_choices(state, sid: str) -> list[tuple[str, str]]:
+    """The session's remembered answers, newest first, as (label, answer id)."""
+    entry = state.registry.get(sid) if isinstance(sid, str) else None
+    if entry is None:
+        return []
+    out = []
+    for n, (answer_id, answer) in enumerate(reversed(entry.answers.items())):
+        question = answer.question if len(answer.question) <= 48 else answer.question[:47] + "…"
+        out.append((f"{'latest: ' if n == 0 else ''}{question} ({len(answer.sample.frames)} frames, "
+                    f"T={answer.options.temperature:g})", answer_id))
+    return out
+
+
+def _column(heading: str, answer: Answer | None, text: str) -> str:
+    rows = ""
+    if answer is not None:
+        rec = answer.summary()
+        for label, value in (("frames", f"{rec['frames']} as {rec['frames_as']}"),
+                             ("audio", f"{rec['audio_seconds']:.1f} s"),
+                             ("temperature", rec["temperature"]), ("seed", rec["seed"] if rec["seed"] is not None
+                                                                   else "random"),
+                             ("max tokens", rec["max_tokens"]), ("prompt tokens", rec["prompt_tokens"]),
+                             ("first token", f"{rec['ttft_ms']} ms" if rec.get("ttft_ms") is not None else "–"),
+                             ("tokens/s", f"{rec['tokens_per_s']:.1f}" if rec.get("tokens_per_s") else "–"),
+                             ("inputs_sha256", f"<code>{rec['inputs_sha256'][:16]}…</code>")):
+            rows += f"<tr><th>{label}</th><td>{value}</td></tr>"
+    return (f"<div class='vc-compare-col'><h4>{html.escape(heading)}</h4>"
+            f"<div class='vc-compare-text'>{html.escape(text) or '…'}</div><table>{rows}</table></div>")
+
+
+def compare_html(original: Answer, again: Answer | None, text: str, note: str = "") -> str:
+    same = again is not None and again.reply.stats.inputs_sha256 == original.reply.stats.inputs_sha256
+    verdict = ("" if again is None or not again.reply.stats.inputs_sha256 else
+               "<p class='vc-muted'>Same inputs (inputs_sha256 matches).</p>" if same else
+               "<p class='vc-muted'>Different inputs: a subset of the original frames, or audio left out.</p>")
+    return (f"<p><b>{html.escape(original.question)}</b></p>{verdict}"
+            f"{'<p class=vc-muted>' + html.escape(note) + '</p>' if note else ''}"
+            f"<div class='vc-compare' id='vc-compare-cols'>{_column('Original', original, original.reply.text)}"
+            f"{_column('Re-asked', again, text)}</div>")
+
+
+async def reask(state, sid: str, answer_id: str, *raw_settings: Any) -> AsyncIterator[str]:
+    """Ask an earlier answer's question again on its exact frames, audio and
+    history, with the page's current settings; yields the comparison."""
+    entry = state.registry.get(sid) if isinstance(sid, str) else None
+    original = entry.answers.get(answer_id) if entry is not None and isinstance(answer_id, str) else None
+    if original is None:
+        yield "<p class='vc-note'>Pick an answer of this session to re-ask (answers are kept while the session runs).</p>"
+        return
+    try:
+        request = page_request(state, *raw_settings)
+        chat.check_options(request.options, state.engine)
+        wanted = request.sampling["num_sample_frames"]
+        sample = chat.frozen_sample(original, wanted)
+    except ValueError as exc:
+        yield f"<p class='vc-note'>⚠ Settings not accepted: {html.escape(str(exc))}</p>"
+        return
+    note = (f"The original had {len(original.sample.frames)} frames; all of them are used."
+            if wanted > len(original.sample.frames) else "")
+    try:
+        again = await chat.ask(state.engine, entry, original.question, request.options, history=original.history,
+                               queue=state.answer_gate, sample=sample)
+    except chat.Superseded:
+        return
+    except EngineError as exc:
+        yield f"<p class='vc-note'>⚠ {html.escape(str(exc))}</p>"
+        return
+    yield compare_html(original, None, "", note)
+    try:
+        async for _ in _wait_turn(again):
+            pass
+        async for _ in again.reply:
+            yield compare_html(original, None, again.reply.text, note)
+    except (chat.Abandoned, EngineError) as exc:
+        note = f"⚠ {exc}" if isinstance(exc, EngineError) else "Stopped."
+    finally:
+        await again.reply.cancel()
+        chat.release(entry, again)
+    answer_inputs.remember(entry, again)
+    yield compare_html(original, again, again.reply.text, note)
+
+
 async def stop_answer(state, sid: str) -> None:
     entry = state.registry.get(sid) if isinstance(sid, str) else None
     if entry is not None:
@@ -424,6 +513,15 @@ def mount(app, state):
         with gr.Accordion("What the model got (last question)", open=False, elem_id="vc-inputs"):
             inputs_view = gr.HTML(frames_html(None))
             details = gr.JSON(label="Reply details", value=None)
+        with gr.Accordion("Re-ask and compare", open=False, elem_id="vc-reask-panel"):
+            gr.Markdown("Ask an earlier question again on **exactly the same frames, audio and history**, with the "
+                        "settings above (frames per question takes that many of the original frames), and see both "
+                        "answers side by side. To compare two models, run two servers and compare their records "
+                        "(`python -m vidchat.replay`).", elem_classes="vc-muted")
+            with gr.Row():
+                reask_from = gr.Dropdown(choices=[], label="Answer to re-ask", scale=4, elem_id="vc-reask-from")
+                reask_btn = gr.Button("Re-ask with these settings", scale=1, elem_id="vc-reask")
+            comparison = gr.HTML("", elem_id="vc-compare")
         session_id = gr.Textbox(visible="hidden", elem_id="vidchat-session-id")
         # Filled when the page loads, for a logged-in user only (Gradio runs
         # no event for a page that has not logged in).
@@ -456,6 +554,20 @@ def mount(app, state):
         stop.click(on_stop, [session_id], None, cancels=[submit_evt, click_evt], concurrency_limit=None,
                    api_name="stop")
         clear.click(lambda: ([], None), None, [chatbot, details], api_visibility="private")
+
+        def refresh_reask(sid):
+            choices = reask_choices(state, sid)
+            return gr.Dropdown(choices=choices, value=choices[0][1] if choices else None)
+
+        for evt in (submit_evt, click_evt):
+            evt.then(refresh_reask, [session_id], reask_from, api_visibility="private")
+
+        async def on_reask(sid, answer_id, *raw):
+            async for update in reask(state, sid, answer_id, *raw):
+                yield update
+
+        reask_btn.click(on_reask, [session_id, reask_from, *settings_inputs], comparison, api_name="reask",
+                        concurrency_limit=None, show_progress="minimal")
 
     return gr.mount_gradio_app(app, blocks, path="/", head=HEAD, theme=gr.themes.Soft(), footer_links=[],
                                auth=state.access.gradio_auth(), auth_message=_auth_message(state))
