@@ -257,3 +257,31 @@ async def test_concurrent_ask_calls_never_generate_twice(server):
         assert await until_idle(server) == 0
     finally:
         await client.close()
+
+
+async def test_reask_uses_the_exact_inputs_and_shows_both_answers(server):
+    client = RtcClient(server.url, SyntheticVideo())
+    await client.connect()
+    try:
+        await wait_for(lambda: _enough(client, frames=10), timeout=20)
+        gradio = Client(server.url + "/", verbose=False)
+        history = (await asyncio.to_thread(
+            lambda: submit(server, client.session_id, "What moves?", k=8, max_tokens=6, gradio=gradio).result(120)))[0]
+        panel = history[-1]
+        assert panel["metadata"]["title"].startswith("What the model got: 8 frames")
+        answer_id = panel["metadata"]["id"]
+        record = await asyncio.to_thread(server.get_json, f"/inputs/{answer_id}/record.json")
+
+        def reask(k, temperature):
+            return gradio.predict(client.session_id, answer_id, k, "uniform", 10, True, 0.95, 64, "images", True, 6,
+                                  temperature, "7", api_name="/reask")
+
+        await asyncio.sleep(1.0)  # new frames arrive meanwhile: a re-ask must not use them
+        same = await asyncio.to_thread(reask, 8, 0.0)
+        assert "Same inputs (inputs_sha256 matches)" in same and same.count("class='vc-compare-col'") == 2
+        assert same.count(record["inputs_sha256"][:16]) == 2  # both columns name the original's inputs
+        fewer = await asyncio.to_thread(reask, 4, 0.5)
+        assert "Different inputs" in fewer and "4 as images" in fewer and "8 as images" in fewer
+        assert await until_idle(server, within=2.0) == 0
+    finally:
+        await client.close()

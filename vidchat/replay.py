@@ -338,25 +338,6 @@ def media_events(path: str, schedule: Schedule) -> Iterator[tuple]:
 # Answers
 # ---------------------------------------------------------------------------
 
-async def ask_sample(engine, question: str, sample, options, history=(), *, cache_salt: str | None = None):
-    """Ask about a ready-made :class:`vidchat.session.Sample` (a bundle's
-    frozen frames) instead of a session's buffer: the same preparation as
-    :func:`vidchat.chat.ask` without the sampling, and the same Answer record.
-    Read ``answer.reply`` to the end."""
-    from vidchat import chat
-
-    t0 = time.perf_counter()
-    audio = sample.audio if options.include_audio else None
-    prepared = await asyncio.to_thread(
-        engine.prepare, question, sample.frames, audio,
-        frame_times=sample.timestamps, history=history, system_prompt=options.system_prompt,
-        frames_as=options.frames_as, max_tokens=options.max_tokens, temperature=options.temperature,
-        seed=options.seed, cache_salt=cache_salt,
-    )
-    return chat.Answer(question, engine.submit(prepared), sample, options, prompt_text=prepared.prompt_text,
-                       prep_ms=(time.perf_counter() - t0) * 1000, video_fps=prepared.video_fps)
-
-
 def effective_settings(options, session_settings, store_max_pixels: int | None) -> dict[str, Any]:
     """Answer options and sampling settings, flat, under the names --set takes."""
     return {**dataclasses.asdict(options), **dataclasses.asdict(session_settings),
@@ -546,12 +527,13 @@ async def reask_bundle(run: Run, state, engine, bundle) -> int:
               "(num_sample_frames may pick fewer of them)", file=sys.stderr)
         return USAGE
     sample = bundle.sample()
-    k = run.changes.session.get("num_sample_frames")
-    if k is not None:
-        if not isinstance(k, int) or k < 1:
-            print(f"vidchat.replay: num_sample_frames must be a positive integer, got {k!r}", file=sys.stderr)
+    n_frames = run.changes.session.get("num_sample_frames")
+    if n_frames is not None:
+        if not isinstance(n_frames, int) or n_frames < 1:
+            print(f"vidchat.replay: num_sample_frames must be a positive integer, got {n_frames!r}",
+                  file=sys.stderr)
             return USAGE
-        pick = uniform_indices(len(sample.frames), k)
+        pick = uniform_indices(len(sample.frames), n_frames)
         sample = dataclasses.replace(sample, frames=[sample.frames[i] for i in pick],
                                      timestamps=[sample.timestamps[i] for i in pick],
                                      indices=[sample.indices[i] for i in pick])
@@ -567,20 +549,23 @@ async def reask_bundle(run: Run, state, engine, bundle) -> int:
     session_names = {f.name for f in dataclasses.fields(SessionSettings)}
     settings = {**{k: v for k, v in recorded.items() if k in session_names or k == "store_max_pixels"},
                 **dataclasses.asdict(options)}
-    if k is not None:
-        settings["num_sample_frames"] = k
+    if n_frames is not None:
+        settings["num_sample_frames"] = n_frames
     history = [] if run.args.no_history else bundle.history()
     t = manifest.get("t")
+    # The app's one answer path, with the bundle's frozen sample in place of a buffer's.
+    entry = state.new_session("replay")
     answer = None
     try:
-        answer = await ask_sample(engine, bundle.question, sample, options, history)
+        answer = await chat.ask(engine, entry, bundle.question, options, history=history, sample=sample)
         await _finish(answer)
     except EngineError as exc:
         run.output.failure(t, bundle.question, str(exc))
         return FAILED
     finally:
         if answer is not None:
-            answer.free()
+            chat.release(entry, answer)
+        await state.registry.close(entry.session.id, "re-ask finished")
     rec = answer_record(answer, t=t, settings=settings, source=bundle.path)
     rec["bundle_inputs_sha256"] = bundle.inputs_sha256
     if run.out_dir:

@@ -519,7 +519,10 @@ def mount(app, state):
                         "answers side by side. To compare two models, run two servers and compare their records "
                         "(`python -m vidchat.replay`).", elem_classes="vc-muted")
             with gr.Row():
-                reask_from = gr.Dropdown(choices=[], label="Answer to re-ask", scale=4, elem_id="vc-reask-from")
+                # Custom values: the list is per session (refreshed after each answer), and the
+                # API takes any answer id; reask() checks it belongs to the session.
+                reask_from = gr.Dropdown(choices=[], label="Answer to re-ask", scale=4, elem_id="vc-reask-from",
+                                         allow_custom_value=True)
                 reask_btn = gr.Button("Re-ask with these settings", scale=1, elem_id="vc-reask")
             comparison = gr.HTML("", elem_id="vc-compare")
         session_id = gr.Textbox(visible="hidden", elem_id="vidchat-session-id")
