@@ -422,3 +422,24 @@ def test_luma_frames_render_rgb_only_when_kept():
     with pytest.raises(FrameError, match="expected 320x240"):
         fresh = Session("x", store_max_pixels=320 * 240)
         fresh.add_luma_frame(np.zeros((480, 640), np.uint8), lambda w, h: np.zeros((10, 10, 3), np.uint8))
+
+
+def test_scene_changes_are_counted_and_watch_is_rate_limited():
+    from vidchat.watch import SceneWatch
+
+    session = Session("watch", SessionSettings())
+    colour = lambda c: np.full((120, 160, 3), c, np.uint8)  # noqa: E731
+    rng = np.random.default_rng(0)
+    for i in range(10):  # a still scene with sensor noise: no change
+        session.add_frame(np.clip(colour(100) + rng.integers(-3, 4, (120, 160, 3)), 0, 255).astype(np.uint8),
+                          t=float(i))
+    watch = SceneWatch(session, every_s=5.0)
+    assert session.scene_changes == 0 and not watch.due(now=0.0)
+    session.add_frame(colour(220), t=10.0)  # a cut
+    assert session.scene_changes == 1 and session.last_scene_change_t == 10.0
+    assert watch.due(now=10.0) and not watch.due(now=10.5)  # fired once
+    session.add_frame(colour(30), t=11.0)  # another cut, inside the pause
+    assert not watch.due(now=12.0)
+    assert watch.due(now=15.0)  # fires when the pause ends
+    with pytest.raises(ValueError, match="positive"):
+        SceneWatch(session, every_s=0)

@@ -285,3 +285,54 @@ async def test_reask_uses_the_exact_inputs_and_shows_both_answers(server):
         assert await until_idle(server, within=2.0) == 0
     finally:
         await client.close()
+
+
+def _cuts(width=320, height=240, fps=10.0, every_s=2.0, still=False):
+    """A camera whose whole picture changes every `every_s` seconds (scene cuts), or never."""
+    colours = [(200, 40, 40), (40, 60, 200), (40, 180, 60), (230, 230, 230)]
+
+    def frame(i: int) -> np.ndarray:
+        img = np.empty((height, width, 3), np.uint8)
+        img[:] = colours[0 if still else int(i / fps / every_s) % len(colours)]
+        return img
+
+    return SyntheticVideo(width, height, fps, make_frame=frame)
+
+
+def _watch_job(gradio, sid, every_s):
+    return gradio.submit(True, "What changed?", every_s, [], sid, 4, "uniform", 10, True, 0.95, 64, "images", True,
+                         4, 0.0, "", api_name="/watch")
+
+
+def _watch_answers(job) -> tuple[int, int]:
+    """(scene-change notices, model answers) in the newest chat the watch event sent."""
+    outputs = job.outputs()
+    if not outputs:
+        return 0, 0
+    history = outputs[-1][0]
+    notices = sum("Scene changed" in str(m.get("content")) for m in history)
+    answers = sum(1 for m in history if m["role"] == "assistant" and not (m.get("metadata") or {}).get("log")
+                  and not (m.get("metadata") or {}).get("title"))
+    return notices, answers
+
+
+async def test_watch_mode_asks_on_scene_changes_and_not_on_a_still_scene(server):
+    cutting, still = RtcClient(server.url, _cuts()), RtcClient(server.url, _cuts(still=True))
+    await cutting.connect()
+    await still.connect()
+    try:
+        gradio = Client(server.url + "/", verbose=False)
+        jobs = [_watch_job(gradio, cutting.session_id, 2), _watch_job(gradio, still.session_id, 2)]
+        await asyncio.sleep(9)  # about four cuts
+        (cut_notices, cut_answers), (still_notices, still_answers) = map(_watch_answers, jobs)
+        assert cut_notices >= 2 and cut_answers >= 2, (cut_notices, cut_answers)
+        assert cut_notices <= 5  # at most one per 2 s
+        assert still_notices == 0 and still_answers == 0
+        stats = await cutting.stats()
+        assert stats["scene_changes"] >= cut_notices
+        for job in jobs:
+            job.cancel()
+        assert await until_idle(server, within=5.0) == 0
+    finally:
+        await cutting.close()
+        await still.close()

@@ -70,6 +70,11 @@ def _is_number(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
+# A kept frame counts as a scene change when at least this share of the
+# picture changed since the previous kept frame (a cut, a new shot, the
+# camera turned away); a hand moving in view changes about 20 %.
+SCENE_CHANGE_SHARE = 0.4
+
 @dataclass
 class SessionSettings:
     """Per-session options; may be changed between questions."""
@@ -218,6 +223,9 @@ class Session:
         self._filter = self._make_filter(settings)
         self._received = 0
         self._kept = 0
+        # Kept frames where most of the picture changed at once (watch mode).
+        self.scene_changes = 0
+        self.last_scene_change_t: float | None = None
         self._newest_received_t: float | None = None
         self._newest_arrival: float | None = None
         self.timeline_start: float | None = None
@@ -300,6 +308,10 @@ class Session:
                 if keep:
                     self._frames.append(_Frame(t, stored))
                     self._kept += 1
+                    if filt is not None and filt.last_similarity is not None \
+                            and 1.0 - filt.last_similarity >= SCENE_CHANGE_SHARE:
+                        self.scene_changes += 1
+                        self.last_scene_change_t = t
                 self._on_timeline(t)
                 self._newest_received_t = t
                 self._newest_arrival = now
@@ -455,6 +467,7 @@ class Session:
                 "frames_kept": kept,
                 "frames_dropped": dropped,
                 "frames_in_buffer": len(self._frames),
+                "scene_changes": self.scene_changes,
                 "max_frames": self.settings.max_frames,
                 "audio_seconds": self._audio.seconds,
                 "drop_rate": dropped / received if received else 0.0,

@@ -26,6 +26,7 @@ from vidchat.chat import Answer, OptionError
 from vidchat.engine import EngineError, Turn
 from vidchat.media import FRAMES_AS
 from vidchat.session import SAMPLING_STRATEGIES
+from vidchat.watch import DEFAULT_EVERY_S, SceneWatch
 
 log = logging.getLogger(__name__)
 
@@ -335,6 +336,8 @@ async def respond(state, message: str, history: list[dict], sid: str, *raw_setti
     past = history_turns(history)
     history.append({"role": "user", "content": text})
     entry = state.registry.get(sid) if isinstance(sid, str) else None
+    if entry is not None:
+        entry.watch_epoch += 1  # a running watch loop yields the chat to this question
     if entry is None:
         history.append(notice(NOT_RUNNING))
         yield history, gr.skip(), gr.skip()
@@ -443,6 +446,58 @@ async def reask(state, sid: str, answer_id: str, *raw_settings: Any) -> AsyncIte
     yield compare_html(original, again, again.reply.text, note)
 
 
+# ---------------------------------------------------------------------------
+# Watch mode: a standing question asked on scene changes
+# ---------------------------------------------------------------------------
+
+async def watch_loop(state, on: bool, question: str, every: Any, history: list[dict], sid: str,
+                     *raw_settings: Any) -> AsyncIterator[tuple]:
+    """While the Watch switch is on, ask `question` at each scene change (at
+    most once every `every` seconds). A question typed meanwhile ends this
+    loop (its answer owns the chat); the page restarts it after that answer."""
+    if not on:
+        return
+    history = list(history or [])
+    entry = state.registry.get(sid) if isinstance(sid, str) else None
+    question = (question or "").strip() if isinstance(question, str) else ""
+    problem = ("Watch mode needs a running source: press **Start camera** first." if entry is None else
+               "Watch mode needs a standing question." if not question else None)
+    if problem is None:
+        try:
+            watcher = SceneWatch(entry.session, _number("Watch interval", every))
+        except ValueError as exc:
+            problem = f"⚠ {exc}"
+    if problem is None and not entry.session.settings.evs_enabled:
+        problem = "Watch mode needs **Drop near-duplicate frames** on: the filter is what sees scene changes."
+    if problem is not None:
+        history.append(notice(problem))
+        yield history, gr.skip(), gr.skip()
+        return
+    entry.watch_epoch += 1
+    epoch = entry.watch_epoch
+    async for t in watcher.changes():
+        if state.registry.get(sid) is not entry:
+            return  # the session ended; the status line says why
+        if entry.watch_epoch != epoch:
+            return
+        try:
+            request = page_request(state, *raw_settings)
+            chat.apply_settings(entry.session, state.engine, request.options, request.sampling)
+        except ValueError as exc:
+            history.append(notice(f"⚠ Watch stopped, settings not accepted: {exc}"))
+            yield history, gr.skip(), gr.skip()
+            return
+        past = history_turns(history)
+        start = entry.session.timeline_start
+        when = f" at {t - start:.1f} s" if t is not None and start is not None else ""
+        history.append(notice(f"👁 Scene changed{when}: asking the standing question."))
+        history.append({"role": "user", "content": question})
+        async for update in answer_stream(state, entry, question, request, past, history, time.perf_counter()):
+            if entry.watch_epoch != epoch:
+                return
+            yield update
+
+
 async def stop_answer(state, sid: str) -> None:
     entry = state.registry.get(sid) if isinstance(sid, str) else None
     if entry is not None:
@@ -508,6 +563,13 @@ def mount(app, state):
                                           lines=1, max_lines=4, elem_id="vc-question")
                     send = gr.Button("Send", variant="primary", scale=1, min_width=70, elem_id="vc-send")
                     stop = gr.Button("Stop", scale=1, min_width=70, elem_id="vc-stop-answer")
+                with gr.Row(elem_classes="vc-watch"):
+                    watch_on = gr.Checkbox(value=False, label="Watch: ask on scene changes", scale=2,
+                                           elem_id="vc-watch")
+                    watch_question = gr.Textbox(value="What just changed?", label="Standing question", scale=4,
+                                                elem_id="vc-watch-question")
+                    watch_every = gr.Number(value=DEFAULT_EVERY_S, minimum=1, label="At most every (s)", scale=1,
+                                            elem_id="vc-watch-every")
                 clear = gr.Button("Clear chat", size="sm", elem_id="vc-clear")
         settings_inputs = _settings_panel(state)
         with gr.Accordion("What the model got (last question)", open=False, elem_id="vc-inputs"):
@@ -557,6 +619,16 @@ def mount(app, state):
         stop.click(on_stop, [session_id], None, cancels=[submit_evt, click_evt], concurrency_limit=None,
                    api_name="stop")
         clear.click(lambda: ([], None), None, [chatbot, details], api_visibility="private")
+
+        async def on_watch(on, q, every, history, sid, *raw):
+            async for update in watch_loop(state, on, q, every, history, sid, *raw):
+                yield update
+
+        watch_inputs = [watch_on, watch_question, watch_every, chatbot, session_id, *settings_inputs]
+        watch_events = dict(concurrency_limit=None, show_progress="hidden", trigger_mode="always_last")
+        watch_on.change(on_watch, watch_inputs, outputs, api_name="watch", **watch_events)
+        for evt in (submit_evt, click_evt):  # after a typed question, watching goes on from the new chat
+            evt.then(on_watch, watch_inputs, outputs, api_visibility="private", **watch_events)
 
         def refresh_reask(sid):
             choices = reask_choices(state, sid)
