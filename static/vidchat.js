@@ -10,6 +10,7 @@
     stream: null,
     sessionId: "",
     resumeToken: "",   // proves to the server that this tab owns sessionId
+    fileUrl: "",       // the video file chosen as a source (a blob: URL, or /media/<name>)
     statsTimer: null,
     wantRunning: false,
     run: 0,            // bumped by Start and Stop: a reconnect loop of an older run gives up
@@ -98,8 +99,40 @@
     return $("#vc-source")?.value || "camera";
   }
 
+  // A video file plays in the preview itself (its own controls pause, seek and
+  // loop it) and the element's captured stream goes over the same peer as a
+  // camera would: same filter, buffer and sampling.
+  async function openFile() {
+    const video = $("#vc-preview");
+    if (!state.fileUrl) throw new Error("Choose a video file below the preview first.");
+    if (!video.captureStream) throw new Error("This browser cannot send a playing video (no captureStream).");
+    video.srcObject = null;
+    if (video.src !== new URL(state.fileUrl, location.href).href) video.src = state.fileUrl;
+    Object.assign(video, { loop: true, controls: true, muted: false });
+    await video.play();
+    const captured = video.captureStream();
+    if (!captured.getVideoTracks().length) {
+      await new Promise((resolve) => {
+        captured.addEventListener("addtrack", resolve, { once: true });
+        setTimeout(resolve, 2000);
+      });
+    }
+    if (!captured.getVideoTracks().length) throw new Error("The file has no video track this browser can play.");
+    return captured;
+  }
+
+  function leaveFile() {
+    const video = $("#vc-preview");
+    if (!video || !video.getAttribute("src")) return;
+    video.pause();
+    video.removeAttribute("src");
+    Object.assign(video, { controls: false, muted: true });
+    video.load();
+  }
+
   // The video track of a source: the camera, or a shared screen, window or tab.
   async function openVideo(kind, c) {
+    if (kind === "file") return (await openFile()).getVideoTracks()[0];
     if (kind === "screen") {
       if (!navigator.mediaDevices?.getDisplayMedia) throw new Error("This browser cannot share a screen here.");
       const shared = await navigator.mediaDevices.getDisplayMedia({
@@ -123,6 +156,8 @@
   // Ask for both; if one is refused or missing, run with what was granted.
   async function openMedia() {
     const c = selectedConstraints();
+    if (sourceKind() === "file") return { stream: await openFile(), note: "" };
+    leaveFile();
     if (sourceKind() === "screen") {
       let video;
       try {
@@ -279,21 +314,38 @@
       setNote("This session started without video; press Stop and Start to use another source.");
       return;
     }
-    let track;
+    const kind = sourceKind();
+    let track, audio = null;
     try {
-      track = await openVideo(sourceKind(), selectedConstraints());
+      if (kind === "file") {
+        const captured = await openFile();
+        track = captured.getVideoTracks()[0];
+        audio = captured.getAudioTracks()[0] || null;
+      } else {
+        if (state.source === "file") leaveFile();
+        track = await openVideo(kind, selectedConstraints());
+        if (state.source === "file") {  // back from a file: the microphone again
+          audio = (await navigator.mediaDevices.getUserMedia({ audio: selectedConstraints().audio })
+            .catch(() => null))?.getAudioTracks()[0] || null;
+        }
+      }
     } catch (err) {
       setNote(`Could not switch source: ${err.message || err.name || err}`);
       return;
     }
-    if (sourceKind() === "screen") watchScreenEnd(track);
+    if (kind === "screen") watchScreenEnd(track);
     await sender.replaceTrack(track);
-    const old = state.stream.getVideoTracks()[0];
-    if (old) { state.stream.removeTrack(old); old.stop(); }
+    const audioSender = state.pc.getSenders().find((s) => s.track?.kind === "audio" || s.track === null);
+    if (audio && audioSender) await audioSender.replaceTrack(audio);
+    const olds = [state.stream.getVideoTracks()[0], ...(audio ? state.stream.getAudioTracks() : [])];
+    for (const old of olds) { if (old) { state.stream.removeTrack(old); if (state.source !== "file") old.stop(); } }
     state.stream.addTrack(track);
+    if (audio) state.stream.addTrack(audio);
+    state.source = kind;
     const video = $("#vc-preview");
-    if (video) { video.srcObject = state.stream; video.play().catch(() => {}); }
-    setNote(sourceKind() === "screen" ? "Now sharing the screen; the chat and buffer carry on." : "");
+    if (video && kind !== "file") { video.srcObject = state.stream; video.play().catch(() => {}); }
+    setNote(kind === "screen" ? "Now sharing the screen; the chat and buffer carry on."
+            : kind === "file" ? "Now playing the file; the chat and buffer carry on." : "");
   }
 
   async function start() {
@@ -312,7 +364,8 @@
       const { stream, note } = await openMedia();
       state.stream = stream;
       const video = $("#vc-preview");
-      if (video) { video.srcObject = stream; video.play().catch(() => {}); }
+      if (video && sourceKind() !== "file") { video.srcObject = stream; video.play().catch(() => {}); }
+      state.source = sourceKind();
       setNote(note);
       fillDeviceLists().catch(() => {});
       setStatus("Connecting…", "busy");
@@ -334,6 +387,7 @@
     state.pc = null;
     state.stream?.getTracks().forEach((t) => t.stop());
     state.stream = null;
+    leaveFile();
     const video = $("#vc-preview");
     if (video) video.srcObject = null;
     if (sid) {
@@ -403,8 +457,42 @@
     el.dataset.ending = s.time_left_s != null && s.time_left_s < 60 ? "soon" : "";
   }
 
+  async function listServerMedia() {
+    const sel = $("#vc-media");
+    if (!sel || sel.dataset.loaded) return;
+    try {
+      const r = await fetch("/api/media", { cache: "no-store", headers: authHeaders() });
+      const files = r.ok ? (await r.json()).files : [];
+      sel.dataset.loaded = "1";
+      sel.innerHTML = files.length
+        ? '<option value="">choose…</option>' + files.map((f) =>
+            `<option value="${encodeURIComponent(f.name)}">${f.name.replace(/</g, "&lt;")}</option>`).join("")
+        : '<option value="">(none: the server has no --media-dir)</option>';
+    } catch (_) { /* the list is optional */ }
+  }
+
+  function fileChosen(url) {
+    state.fileUrl = url;
+    if (state.wantRunning && sourceKind() === "file") switchSource();
+  }
+
   document.addEventListener("change", (e) => {
-    if (e.target.closest?.("#vc-source")) switchSource();
+    if (e.target.closest?.("#vc-source")) {
+      const row = $("#vc-file-row");
+      if (row) row.hidden = sourceKind() !== "file";
+      if (sourceKind() === "file") {
+        listServerMedia();
+        if (!state.fileUrl) { setNote("Choose a video file below the preview."); return; }
+      }
+      switchSource();
+    } else if (e.target.closest?.("#vc-file")) {
+      const file = e.target.files?.[0];
+      if (file) fileChosen(URL.createObjectURL(file));
+    } else if (e.target.closest?.("#vc-media")) {
+      const name = e.target.value;
+      const token = pageToken();
+      if (name) fileChosen(`/media/${name}${token ? `?token=${encodeURIComponent(token)}` : ""}`);
+    }
   });
   document.addEventListener("click", (e) => {
     if (e.target.closest("#vc-start")) start();

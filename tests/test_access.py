@@ -60,15 +60,21 @@ async def handshake_status(url: str, **kwargs) -> int:
 
 
 @pytest.fixture(scope="module")
-def guarded(tiny_omni_path, artifacts_dir):
+def guarded(tiny_omni_path, artifacts_dir, tmp_path_factory):
     """A server with a token, a page password and tight limits. Its start is
     watched: the port must answer (healthz) while the model still loads."""
     port = free_port()
     log_path = artifacts_dir / "server-guarded.log"
+    media = tmp_path_factory.mktemp("media")
+    (media / "clip.webm").write_bytes(b"\x1aE\xdf\xa3 not really a video")
+    (media / "notes.txt").write_text("not a video")
+    (media / "sub").mkdir()
+    (media / "sub" / "hidden.webm").write_bytes(b"x")
+    (media.parent / "outside.webm").write_bytes(b"secret")
     args = ["--model", "tiny", "--max-images", str(TEST_MAX_IMAGES), "--max-model-len", str(TEST_MAX_MODEL_LEN),
             "--kv-cache-gb", "0.25", *SERVER_ARGS, "--token", TOKEN, "--auth", f"{USER}:{PASSWORD}",
             "--max-sessions", "3", "--connect-timeout", "3", "--max-concurrent-answers", "1",
-            "--session-time-limit", str(TIME_LIMIT_S)]
+            "--session-time-limit", str(TIME_LIMIT_S), "--media-dir", str(media)]
     proc = subprocess.Popen([sys.executable, str(ROOT / "app.py"), "--port", str(port), "--cache-dir",
                              str(CACHE_DIR), *args], cwd=ROOT, stdout=open(log_path, "w"), stderr=subprocess.STDOUT)
     srv = Server(proc, port, log_path)
@@ -409,3 +415,13 @@ async def test_only_far_larger_messages_close_the_socket_with_1009(server):
     with pytest.raises(websockets.ConnectionClosed) as closed:
         await asyncio.wait_for(ws.recv(), 10)
     assert closed.value.rcvd is not None and closed.value.rcvd.code == 1009
+
+
+def test_media_dir_lists_and_serves_only_its_own_video_files(guarded):
+    assert call(guarded, "GET", "/api/media")[0] == 401
+    assert call(guarded, "GET", "/media/clip.webm")[0] == 401
+    status, listing = call(guarded, "GET", "/api/media", headers=BEARER)
+    assert status == 200 and [f["name"] for f in listing["files"]] == ["clip.webm"]
+    assert call(guarded, "GET", f"/media/clip.webm?token={TOKEN}")[0] == 200
+    for name in ("notes.txt", "sub/hidden.webm", "..%2Foutside.webm", "%2E%2E/outside.webm", "outside.webm"):
+        assert call(guarded, "GET", f"/media/{name}", headers=BEARER)[0] == 404, name

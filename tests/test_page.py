@@ -97,17 +97,23 @@ def fetch_bytes(server, path: str) -> bytes:
         return r.read()
 
 
-def float_wav_samples(data: bytes) -> np.ndarray:
-    """The samples of a 32-bit float mono WAV (what /inputs/<id>/audio.wav serves)."""
+def wav_samples(data: bytes) -> np.ndarray:
+    """The float32 samples of a mono WAV as /inputs/<id>/audio.wav serves it: 16-bit PCM
+    (int16 / 32768, exactly what a session hands the engine) or 32-bit IEEE float."""
     assert data[:4] == b"RIFF" and data[8:12] == b"WAVE"
-    pos = 12
+    pos, tag = 12, None
     while pos < len(data):
         kind, size = data[pos:pos + 4], int.from_bytes(data[pos + 4:pos + 8], "little")
         if kind == b"fmt ":
-            assert int.from_bytes(data[pos + 8:pos + 10], "little") == 3  # IEEE float
+            tag, channels = (int.from_bytes(data[pos + 8 + k:pos + 10 + k], "little") for k in (0, 2))
+            bits = int.from_bytes(data[pos + 22:pos + 24], "little")
+            assert channels == 1 and (tag, bits) in ((1, 16), (3, 32)), (tag, channels, bits)
         if kind == b"data":
-            return np.frombuffer(data[pos + 8:pos + 8 + size], "<f4")
-        pos += 8 + size
+            body = data[pos + 8:pos + 8 + size]
+            if tag == 1:
+                return np.frombuffer(body, "<i2").astype(np.float32) / np.float32(32768)
+            return np.frombuffer(body, "<f4")
+        pos += 8 + size + size % 2
     raise AssertionError("no data chunk")
 
 
@@ -218,7 +224,7 @@ async def test_page_streams_an_answer_and_two_tabs_use_their_own_frames(server, 
             assert panel.count("<figure") == 16 and "<audio" in panel
             served = [np.asarray(Image.open(io.BytesIO(await asyncio.to_thread(fetch_bytes, server,
                       f"/inputs/{answer_id}/frame/{k}.png")))) for k in range(16)]
-            audio = float_wav_samples(await asyncio.to_thread(fetch_bytes, server, f"/inputs/{answer_id}/audio.wav"))
+            audio = wav_samples(await asyncio.to_thread(fetch_bytes, server, f"/inputs/{answer_id}/audio.wav"))
             assert audio.size == round(record["audio_seconds"] * 16000)
             assert inputs_digest(served, audio) == sha
             await red.screenshot(path=str(artifacts_dir / "page-inputs.png"), full_page=True)
@@ -450,6 +456,83 @@ async def test_switching_to_screen_share_keeps_the_session_and_its_chat(server, 
             panel_colours = thumbnail_colours(await page.inner_html("#vc-inputs"))
             assert np.abs(panel_colours[-1] - np.array(RED)).max() > 45, panel_colours[-1]
             await page.screenshot(path=str(artifacts_dir / "page-screen-share.png"))
+            await page.click("#vc-stop")
+        finally:
+            await browser.close()
+
+
+def write_webm(path: Path, colour: tuple[int, int, int], seconds: float = 6.0, fps: int = 10) -> Path:
+    """A VP8 + Opus clip: a coloured room with a white square sliding across, and a tone."""
+    import av
+
+    with av.open(str(path), "w") as out:
+        video = out.add_stream("libvpx", rate=fps)
+        video.width, video.height, video.pix_fmt = 320, 240, "yuv420p"
+        audio = out.add_stream("libopus", rate=48000)
+        audio.layout = "mono"
+        n = int(seconds * fps)
+        for i in range(n):
+            img = np.empty((240, 320, 3), np.uint8)
+            img[:] = colour
+            x = int(i * (320 - 80) / n)
+            img[80:160, x:x + 80] = 240
+            for packet in video.encode(av.VideoFrame.from_ndarray(img, format="rgb24")):
+                out.mux(packet)
+        t = np.arange(int(seconds * 48000)) / 48000
+        pcm = (np.sin(2 * np.pi * 330 * t) * 0.3).astype(np.float32)
+        for start in range(0, pcm.size, 960):
+            frame = av.AudioFrame.from_ndarray(pcm[None, start:start + 960], format="flt", layout="mono")
+            frame.sample_rate = 48000
+            frame.pts = start
+            for packet in audio.encode(frame):
+                out.mux(packet)
+        for stream in (video, audio):
+            for packet in stream.encode(None):
+                out.mux(packet)
+    return path
+
+
+async def test_a_video_file_plays_through_the_same_pipeline_with_pause_and_seek(server, media, tmp_path,
+                                                                              artifacts_dir):
+    GREEN = (40, 170, 70)
+    clip = write_webm(tmp_path / "clip.webm", GREEN)
+    async with async_playwright() as pw:
+        browser = await launch(pw, media["red"], media["tone"], tmp_path)  # the camera would be red
+        try:
+            page = await browser.new_page(viewport={"width": 1280, "height": 800})
+            await page.goto(server.url + "/")
+            await page.select_option("#vc-source", "file")
+            await page.set_input_files("#vc-file", str(clip))
+            await page.click("#vc-start")
+            await page.wait_for_function("document.querySelector('#vc-conn')?.dataset.tone === 'live'",
+                                         timeout=30_000)
+            await page.wait_for_function(
+                "/buffer (\\d+)/.exec(document.querySelector('#vc-stats').textContent)?.[1] >= 8", timeout=30_000)
+            sid = await session_id(page)
+            stats = await asyncio.to_thread(server.get_json, f"/webrtc/stats?session_id={sid}")
+            assert sorted(stats["media"]["tracks"]) == ["audio", "video"] and stats["audio_seconds"] > 0.5
+            await set_setting(page, "vc-max-tokens", "6")
+            await ask(page, "What colour is the room?")
+            await wait_for_answer(page, 1)
+            await page.click("#vc-inputs button, #vc-inputs .label-wrap")
+            await page.wait_for_selector("#vc-inputs .vc-frames img")
+            for c in thumbnail_colours(await page.inner_html("#vc-inputs")):
+                assert np.abs(c - np.array(GREEN)).max() < 45, c  # the file's frames, not the camera's
+            # Pause: no frames, and the session stays; seek and play: frames again.
+            await page.evaluate("document.querySelector('#vc-preview').pause()")
+            await asyncio.sleep(1.0)
+            paused = (await asyncio.to_thread(server.get_json, f"/webrtc/stats?session_id={sid}"))
+            await asyncio.sleep(3.0)
+            still = (await asyncio.to_thread(server.get_json, f"/webrtc/stats?session_id={sid}"))
+            # The session lives on while paused; the paused picture is a still scene, so the filter keeps nothing new.
+            assert still["frames_kept"] - paused["frames_kept"] <= 1, (paused, still)
+            await page.evaluate("(() => { const v = document.querySelector('#vc-preview');"
+                                " v.currentTime = 1.0; return v.play(); })()")
+            await asyncio.sleep(2.0)
+            playing = (await asyncio.to_thread(server.get_json, f"/webrtc/stats?session_id={sid}"))
+            assert playing["frames_kept"] - still["frames_kept"] >= 3, (still, playing)
+            assert await page.evaluate("document.querySelector('#vc-preview').loop")
+            await page.screenshot(path=str(artifacts_dir / "page-file-source.png"))
             await page.click("#vc-stop")
         finally:
             await browser.close()

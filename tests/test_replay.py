@@ -5,8 +5,10 @@ engine): a generated clip replayed twice, once with --out, must send the
 engine the same frames and audio (same frame_times, inputs_sha256) and give
 the same answers at temperature 0; the bundles written read back to arrays
 with the recorded hash; a bundle and a zipped bundle re-asked as a video give
-the same inputs_sha256. The rest (bundle format, usage errors, the media
-schedule) runs without an engine.
+the same inputs_sha256, and the same run replays a clip with hard cuts in
+watch mode (--watch): one watch answer per cut. The rest (bundle format,
+usage errors, the media schedule, when watch mode asks: at cuts, never on a
+still scene) runs without an engine.
 """
 
 from __future__ import annotations
@@ -37,28 +39,54 @@ QUESTIONS = ["--ask", "0:Too early?", "--ask", "1.5:What moves?", "--every", "2"
              "--set", "temperature=0", "--set", "max_tokens=8", "--json"]
 
 
-def make_clip(path: Path, seconds: float = CLIP_SECONDS, fps: int = CLIP_FPS, size=(320, 240)) -> Path:
-    """A box moving across a still background, with a 440 Hz stereo tone at 44.1 kHz (resampled by replay)."""
+def moving_box(i: int, n: int, h: int, w: int) -> np.ndarray:
+    img = np.full((h, w, 3), (30, 40, 90), np.uint8)
+    x = int(i * (w - 60) / (n - 1))
+    img[h // 3: h // 3 + 80, x: x + 60] = (230, 180, 40)
+    return img
+
+
+# Watch mode's clips: solid colours far apart in brightness (the filter forgives
+# lighting changes up to ±40 grey levels), a hard cut every CUT_S seconds ...
+CUT_S, CUT_COLOURS = 1.5, [(200, 30, 30), (250, 250, 250), (10, 10, 10), (240, 220, 40)]
+CUTS_SECONDS = CUT_S * len(CUT_COLOURS)
+CUTS = [CUT_S * k for k in range(1, len(CUT_COLOURS))]
+
+
+def hard_cuts(i: int, n: int, h: int, w: int) -> np.ndarray:
+    return np.full((h, w, 3), CUT_COLOURS[i // round(CUT_S * CLIP_FPS)], np.uint8)
+
+
+def still_with_noise(i: int, n: int, h: int, w: int) -> np.ndarray:
+    """... and one still scene with sensor-like noise on every pixel."""
+    noise = np.random.default_rng(i).integers(-12, 13, (h, w, 3))
+    return np.clip(np.array((60, 120, 90)) + noise, 0, 255).astype(np.uint8)
+
+
+def make_clip(path: Path, seconds: float = CLIP_SECONDS, fps: int = CLIP_FPS, size=(320, 240),
+              picture=moving_box, tone: bool = True) -> Path:
+    """Frames from picture(i, n, h, w) (default: a box moving across a still background), with a
+    440 Hz stereo tone at 44.1 kHz (resampled by replay) unless tone is False."""
     import av
 
     w, h = size
     with av.open(str(path), "w") as out:
         video = out.add_stream("mpeg4", rate=fps)
         video.width, video.height, video.pix_fmt = w, h, "yuv420p"
-        audio = out.add_stream("aac", rate=44100)
-        audio.layout = "stereo"
+        if tone:
+            audio = out.add_stream("aac", rate=44100)
+            audio.layout = "stereo"
         n = int(seconds * fps)
         for i in range(n):
-            img = np.full((h, w, 3), (30, 40, 90), np.uint8)
-            x = int(i * (w - 60) / (n - 1))
-            img[h // 3: h // 3 + 80, x: x + 60] = (230, 180, 40)
-            out.mux(video.encode(av.VideoFrame.from_ndarray(img, format="rgb24")))
+            out.mux(video.encode(av.VideoFrame.from_ndarray(picture(i, n, h, w), format="rgb24")))
         out.mux(video.encode())
+        if not tone:
+            return path
         rate = 44100
         for start in range(0, int(seconds * rate), 1024):
             k = np.arange(start, min(start + 1024, int(seconds * rate)))
-            tone = (0.2 * np.sin(2 * np.pi * 440 * k / rate)).astype(np.float32)
-            frame = av.AudioFrame.from_ndarray(np.stack([tone, tone]), format="fltp", layout="stereo")
+            sine = (0.2 * np.sin(2 * np.pi * 440 * k / rate)).astype(np.float32)
+            frame = av.AudioFrame.from_ndarray(np.stack([sine, sine]), format="fltp", layout="stereo")
             frame.sample_rate, frame.pts = rate, start
             out.mux(audio.encode(frame))
         out.mux(audio.encode())
@@ -89,6 +117,13 @@ def clip_dir(tmp_path_factory) -> Path:
     d = tmp_path_factory.mktemp("media")
     make_clip(d / "clip.mp4")
     return d
+
+
+@pytest.fixture(scope="module")
+def watch_clips(tmp_path_factory) -> types.SimpleNamespace:
+    d = tmp_path_factory.mktemp("watch_media")
+    return types.SimpleNamespace(cuts=make_clip(d / "cuts.mp4", CUTS_SECONDS, picture=hard_cuts),
+                                 still=make_clip(d / "still.mp4", CUTS_SECONDS, picture=still_with_noise))
 
 
 @pytest.fixture(scope="module")
@@ -190,16 +225,20 @@ def test_bundles_read_back_to_the_inputs_the_engine_hashed(run_with_out):
 
 
 @pytest.fixture(scope="module")
-def reask_run(run_with_out, tmp_path_factory):
+def reask_run(run_with_out, watch_clips, tmp_path_factory):
     """The first bundle as a folder and the second as a zip, re-asked as a video (the model
-    recorded in the bundles, 'tiny', since no --model is given)."""
+    recorded in the bundles, 'tiny', since no --model is given); the same engine then
+    replays the clip with hard cuts in watch mode (--watch is for the video file only)."""
     folders = sorted(run_with_out.out.iterdir())
     zipped = tmp_path_factory.mktemp("zips") / "second.zip"
     zipped.write_bytes(recording.zip_bundles([folders[1]]))
     cwd = tmp_path_factory.mktemp("cwd_c")
-    res = replay(str(folders[0]), str(zipped), *ENGINE_ARGS, "--set", "frames_as=video", "--set", "temperature=0",
-                 "--json", cwd=cwd)
-    return types.SimpleNamespace(res=res, lines=json_lines(res.stdout), folders=folders, zipped=zipped)
+    res = replay(str(folders[0]), str(zipped), str(watch_clips.cuts), *ENGINE_ARGS, "--set", "frames_as=video",
+                 "--set", "temperature=0", "--watch", "What changed?", "--watch-every", "1", "--json", cwd=cwd)
+    lines = json_lines(res.stdout)
+    return types.SimpleNamespace(res=res, folders=folders, zipped=zipped,
+                                 lines=[r for r in lines if r["source"] != str(watch_clips.cuts)],
+                                 watch_lines=[r for r in lines if r["source"] == str(watch_clips.cuts)])
 
 
 def test_reasking_bundles_sends_the_same_inputs(reask_run, run_with_out):
@@ -215,8 +254,21 @@ def test_reasking_bundles_sends_the_same_inputs(reask_run, run_with_out):
         assert rec["frames_as"] == "video" and rec["video_fps"] and rec["answer"]
         assert rec["settings"]["frames_as"] == "video" and rec["settings"]["max_tokens"] == 8
         assert "<|VIDEO|>" in rec["prompt"] and "<|IMAGE|>" not in rec["prompt"]
-        assert rec["question"] == orig["question"] and rec["bundle"] is None
+        assert rec["question"] == orig["question"] and rec["bundle"] is None and rec["watch"] is False
     assert original[0]["question"] in reask_run.lines[1]["prompt"]  # the bundle's chat history came along
+
+
+def test_watch_mode_asks_once_per_scene_change(reask_run):
+    assert reask_run.res.returncode == 0, reask_run.res.stderr[-3000:]
+    watched = reask_run.watch_lines
+    # One answer per hard cut, asked at the cut's first frame (file seconds).
+    assert [r["t"] for r in watched] == pytest.approx(CUTS, abs=0.5 / CLIP_FPS), watched
+    for k, r in enumerate(watched):
+        assert r["watch"] is True and r["question"] == "What changed?" and r["answer"]
+        assert r["frame_times"][-1] == r["t"]  # the new scene's frame is the newest the model got
+        assert len(r["frame_times"]) == k + 2  # a solid colour keeps one frame per scene
+        assert r["frames_as"] == "video" and r["settings"]["temperature"] == 0
+    assert "What changed?" in watched[-1]["prompt"] and watched[0]["answer"] in watched[-1]["prompt"]  # history
 
 
 # ---------------------------------------------------------------------------
@@ -230,6 +282,8 @@ def test_reasking_bundles_sends_the_same_inputs(reask_run, run_with_out):
     (["--ask", "1:Q", "--set", "colour=blue"], "unknown setting(s) colour"),
     (["--ask", "1:Q", "--set", "temperature=warm"], "Invalid type for 'temperature'"),
     ([], "nothing to ask"),
+    (["--watch", " "], "--watch expects a question"),
+    (["--watch", "Q", "--watch-every", "0"], "--watch-every expects a positive number"),
 ])
 def test_bad_usage_exits_2(clip_dir, tmp_path, args, message):
     res = replay(str(clip_dir / "clip.mp4"), "--model", "tiny", *args, cwd=tmp_path, timeout=120)
@@ -267,6 +321,24 @@ def test_media_events_are_in_file_seconds_and_audio_is_cut_at_question_times(cli
     assert cuts <= starts
     assert [(q.at, q.text) for q in (schedule.pop() for _ in range(6))] == [
         (1.0, "c"), (1.25, "b"), (1.5, "a"), (2.0, "c"), (3.0, "c"), (4.0, "c")]
+
+
+def watch_times(path: Path, every_s: float) -> list[float]:
+    """When replay's watch mode asks, for a file: a session fed as replay feeds it."""
+    from vidchat.replay import Playback, Schedule, media_events
+
+    playback = Playback(Session("watch"), watch_every=every_s)
+    return [t for t, _, kind, payload in media_events(str(path), Schedule([], [])) if playback.feed(t, kind, payload)]
+
+
+def test_watch_mode_fires_on_cuts_not_on_a_still_scene(watch_clips, clip_dir):
+    assert watch_times(watch_clips.cuts, 1.0) == pytest.approx(CUTS, abs=0.5 / CLIP_FPS)
+    # The cuts at 3 and 4.5 s come within the interval after 1.5 s: one question
+    # for both, at the first frame after the pause (1.5 + 3.45 s), on the file's clock.
+    assert watch_times(watch_clips.cuts, 3.45) == pytest.approx([1.5, 5.0], abs=0.5 / CLIP_FPS)
+    assert watch_times(watch_clips.still, 1.0) == []
+    # Nor does a box moving across a still background (the CLI runs' clip) count.
+    assert watch_times(clip_dir / "clip.mp4", 1.0) == []
 
 
 # ---------------------------------------------------------------------------

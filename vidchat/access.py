@@ -272,7 +272,7 @@ class Guard:
     def _guarded(path: str) -> bool:
         if path in HEALTH_PATHS:
             return False
-        return path == WS_PATH or path.startswith("/webrtc/") or path.startswith("/api/")
+        return path == WS_PATH or path.startswith(("/webrtc/", "/api/", "/media/"))
 
     def _origin_ok(self, origin: str, host: str, scope: Scope) -> bool:
         origin = origin.lower().rstrip("/")

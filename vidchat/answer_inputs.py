@@ -16,7 +16,6 @@ import html
 import io
 import json
 import secrets
-import struct
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -24,7 +23,10 @@ from fastapi import APIRouter, HTTPException
 from fastapi.responses import Response
 from PIL import Image
 
-from vidchat.media import AUDIO_RATE
+# The same encoders as recording bundles: frames as lossless PNG; the audio the
+# engine got as 16-bit PCM WAV when that is exact (a session's audio always
+# is), else 32-bit float, so the served samples hash as what the model heard.
+from vidchat.recording import audio_used, png_bytes, wav_bytes
 
 if TYPE_CHECKING:
     from vidchat.chat import Answer
@@ -58,30 +60,6 @@ def record(answer: "Answer", answer_id: str | None = None) -> dict[str, Any]:
     out = {"id": answer_id, "question": answer.question, "answer": answer.reply.text}
     out.update(answer.summary())
     return out
-
-
-def audio_used(answer: "Answer") -> np.ndarray | None:
-    """The samples the engine got (None when it got no audio)."""
-    if not answer.reply.stats.audio_seconds or answer.sample.audio is None:
-        return None
-    return answer.sample.audio
-
-
-def wav_bytes(samples: np.ndarray, rate: int = AUDIO_RATE) -> bytes:
-    """32-bit float WAV: the exact samples the engine got (browsers play it),
-    so the served audio hashes the same as what the model heard."""
-    data = np.ascontiguousarray(samples, dtype="<f4").tobytes()
-    fmt = struct.pack("<HHIIHHH", 3, 1, rate, rate * 4, 4, 32, 0)  # WAVE_FORMAT_IEEE_FLOAT, mono
-    fact = struct.pack("<I", len(data) // 4)
-    body = (b"WAVE" + b"fmt " + struct.pack("<I", len(fmt)) + fmt + b"fact" + struct.pack("<I", 4) + fact
-            + b"data" + struct.pack("<I", len(data)) + data)
-    return b"RIFF" + struct.pack("<I", len(body)) + body
-
-
-def png_bytes(frame: np.ndarray) -> bytes:
-    buf = io.BytesIO()
-    Image.fromarray(frame).save(buf, "PNG")
-    return buf.getvalue()
 
 
 def _thumb_data_url(frame: np.ndarray) -> str:
@@ -161,7 +139,8 @@ def router(state: Any) -> APIRouter:
         samples = audio_used(lookup(answer_id))
         if samples is None:
             raise HTTPException(404, "this answer got no audio")
-        return Response(wav_bytes(samples), media_type="audio/wav")
+        data, _ = wav_bytes(samples)
+        return Response(data, media_type="audio/wav")
 
     @api.get(PATH_PREFIX + "{answer_id}/record.json")
     async def record_json(answer_id: str) -> Response:

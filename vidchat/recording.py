@@ -1,8 +1,11 @@
 """Recording bundles: one answer with exactly what the model was given, on disk.
 
 A bundle is written only when someone asks for it (``--record-dir`` on the
-server, ``--out`` on ``python -m vidchat.replay``); nothing in this module is
-called otherwise, so with recording off nothing touches the disk.
+server, ``--out`` on ``python -m vidchat.replay``); nothing in this module
+writes otherwise, so with recording off nothing touches the disk. Its media
+encoders (:func:`audio_used`, :func:`wav_bytes`, :func:`png_bytes`) also
+serve the page's ``/inputs/<id>/`` files, in memory
+(:mod:`vidchat.answer_inputs`), so a bundle and the page hold the same bytes.
 
 Layout (``BUNDLE_VERSION`` 1)::
 
@@ -103,8 +106,17 @@ class BundleError(ValueError):
 
 
 # ---------------------------------------------------------------------------
-# WAV: 16-bit PCM or 32-bit float, mono
+# Media: what the engine got, as WAV (16-bit PCM or 32-bit float, mono) and PNG
 # ---------------------------------------------------------------------------
+
+def audio_used(answer: Any) -> np.ndarray | None:
+    """The audio samples the engine got for an answer (a :class:`vidchat.chat.Answer`),
+    float32 mono; None when it got none: include_audio off, or audio the engine
+    dropped (a vision-only model, a sliver under 0.1 s), which it reports as 0 seconds."""
+    if not answer.reply.stats.audio_seconds or answer.sample.audio is None:
+        return None
+    return np.ascontiguousarray(answer.sample.audio, dtype=np.float32).reshape(-1)
+
 
 def _is_pcm16_exact(audio: np.ndarray) -> bool:
     scaled = audio.astype(np.float64) * _PCM_SCALE
@@ -245,11 +257,7 @@ def write_bundle(
     record = answer.summary()
     sample = answer.sample
     frames = [np.ascontiguousarray(f) for f in sample.frames]
-    # The audio the engine got: the engine drops audio it cannot use (a vision
-    # model, a sliver under 0.1 s) and reports 0 seconds for it.
-    audio = None
-    if answer.options.include_audio and record.get("audio_seconds") and sample.audio is not None:
-        audio = np.ascontiguousarray(sample.audio, dtype=np.float32).reshape(-1)
+    audio = audio_used(answer)
     digest = inputs_digest(frames, audio)
     if record.get("inputs_sha256") and digest != record["inputs_sha256"]:
         log.warning("bundle: the stored frames/audio hash to %s…, the engine reported %s…",

@@ -6,6 +6,7 @@ Examples::
     python -m vidchat.replay clip.mp4 --model tiny --ask "2:What is happening?" --ask "5:And now?"
     python -m vidchat.replay clip.mp4 --every 2 "Describe the scene." --json --set temperature=0
     python -m vidchat.replay clip.mp4 --ask "3:What moved?" --out bundles/
+    python -m vidchat.replay clip.mp4 --watch "What changed?" --watch-every 5 --json
     python -m vidchat.replay bundles/0001-t3.0 --set frames_as=video --json
     python -m vidchat.replay bundles/ --set temperature=0 --model /models/other   # every bundle in a folder
 
@@ -30,6 +31,18 @@ questions and answers as its chat history, as the page does (``--no-history``
 asks each alone). A question past the end of the file is asked at the end;
 ``--every`` stops with the file. Sampled answers (temperature > 0) repeat
 only with a fixed seed (``--set seed=1``).
+
+Watch mode (``--watch QUESTION``, with or without --ask/--every) asks
+QUESTION whenever the session's filter counts a scene change (a kept frame
+where at least ``vidchat.session.SCENE_CHANGE_SHARE`` of the picture changed;
+:class:`vidchat.watch.SceneWatch`), at most once every ``--watch-every``
+seconds of the file (default ``vidchat.watch.DEFAULT_EVERY_S``); changes
+during that pause are asked about once, at the first frame after it. The
+rate limit runs on the file's clock, not the wall clock, so the same file
+gives the same watch questions on every run. A watch question is asked
+right after the frame that triggered it is in (that frame is the newest the
+model gets; the audio is what has been fed by then), its ``t`` is that
+frame's time, and its record says ``"watch": true`` (false for the others).
 
 A bundle (a folder or zip written by ``--out`` or the server's
 ``--record-dir``, layout in :mod:`vidchat.recording`; or a folder of bundles,
@@ -74,6 +87,8 @@ import numpy as np
 
 from vidchat.client import parse_ask
 from vidchat.media import AUDIO_RATE
+from vidchat.session import SCENE_CHANGE_SHARE
+from vidchat.watch import DEFAULT_EVERY_S, SceneWatch
 
 log = logging.getLogger("vidchat.replay")
 
@@ -116,6 +131,13 @@ def build_parser() -> argparse.ArgumentParser:
                    help="ask QUESTION when playback reaches second T of the file (repeatable)")
     g.add_argument("--every", nargs=2, action="append", default=[], metavar=("SECONDS", "QUESTION"),
                    help="ask QUESTION at SECONDS, 2×SECONDS, … until the file ends (repeatable)")
+    g.add_argument("--watch", metavar="QUESTION", default=None,
+                   help="watch mode: ask QUESTION whenever the filter sees a scene change (a kept frame where at "
+                   f"least {SCENE_CHANGE_SHARE * 100:g}%% of the picture changed), at most once every "
+                   "--watch-every seconds of the file")
+    g.add_argument("--watch-every", type=float, default=DEFAULT_EVERY_S, metavar="SECONDS",
+                   help="with --watch: the fewest seconds of the file between two watch questions (changes in "
+                   "between are asked about once, when the pause ends)")
     g.add_argument("--set", dest="set_", action="append", default=[], metavar="KEY=VALUE",
                    help="an answer or sampling setting, named as in the WebSocket session.config (temperature, "
                    "frames_as, max_tokens, seed, system_prompt, include_audio, num_sample_frames, sampling, "
@@ -128,22 +150,6 @@ def build_parser() -> argparse.ArgumentParser:
                    help="ask each question alone, without the earlier questions and answers")
     g.add_argument("-v", "--verbose", action="store_true", help="log progress (and vLLM's own log) on stderr")
     return parser
-
-
-def settings_from(parser: argparse.ArgumentParser, args: argparse.Namespace):
-    """The app's Settings from parsed arguments, with parse_settings' checks."""
-    from vidchat.settings import AT_LEAST, ENV_PREFIX, Settings
-
-    values = {f.name: getattr(args, f.name) for f in dataclasses.fields(Settings)}
-    for name, least in AT_LEAST.items():
-        if values[name] < least:
-            parser.error(f"--{name.replace('_', '-')} must be at least {least}, got {values[name]}")
-    for f in dataclasses.fields(Settings):
-        if f.metadata.get("repeat"):
-            raw = values[f.name]
-            values[f.name] = (tuple(os.environ.get(ENV_PREFIX + f.name.upper(), "").split()) if raw is None
-                              else tuple(raw))
-    return Settings(**values)
 
 
 @dataclass
@@ -197,6 +203,17 @@ def parse_every(items: Sequence[Sequence[str]]) -> list[tuple[float, str]]:
     return out
 
 
+def parse_watch(question: str | None, every_s: float) -> str | None:
+    """--watch's question (None: no watch mode), with --watch-every checked."""
+    if question is None:
+        return None
+    if not question.strip():
+        raise UsageError("--watch expects a question")
+    if not (math.isfinite(every_s) and every_s > 0):
+        raise UsageError(f"--watch-every expects a positive number of seconds, got {every_s:g}")
+    return question.strip()
+
+
 # ---------------------------------------------------------------------------
 # When to ask
 # ---------------------------------------------------------------------------
@@ -206,6 +223,7 @@ class Question:
     at: float  # seconds of the file
     text: str
     periodic: bool = False
+    watch: bool = False  # asked by watch mode, on a scene change
 
 
 class Schedule:
@@ -334,6 +352,40 @@ def media_events(path: str, schedule: Schedule) -> Iterator[tuple]:
     return heapq.merge(video_events(path), audio_events(path, schedule), key=lambda e: (e[0], e[1]))
 
 
+class Playback:
+    """One file's media into a session, event by event in time order, and
+    watch mode's decision: after each frame, whether the scene changed (the
+    session counts scene changes) and the watch question may be asked now,
+    rate-limited on the file's clock, so it is the same on every run."""
+
+    def __init__(self, session, watch_every: float | None = None):
+        self.session = session
+        # The file's start is the session timeline's start: answer records then
+        # give frame and audio times in seconds of the file.
+        session.timeline_start = 0.0
+        self.watch = SceneWatch(session, watch_every) if watch_every is not None else None
+        self.frames = self.bad_frames = 0
+        self.end = 0.0  # seconds of media fed so far
+
+    def feed(self, t: float, kind: str, payload) -> bool:
+        """Put one event from :func:`media_events` into the session; True
+        when the watch question is due at ``t`` (only ever after a frame)."""
+        from vidchat.evs import FrameError
+
+        if kind != "frame":
+            self.end = max(self.end, t + payload.size / AUDIO_RATE)
+            self.session.add_audio(payload, t)
+            return False
+        self.frames += 1
+        self.end = max(self.end, t)
+        try:
+            self.session.add_frame(payload, t=t)
+        except FrameError as exc:
+            self.bad_frames += 1
+            log.warning("frame at %.3f s dropped: %s", t, exc)
+        return self.watch is not None and self.watch.due(t)
+
+
 # ---------------------------------------------------------------------------
 # Answers
 # ---------------------------------------------------------------------------
@@ -344,9 +396,10 @@ def effective_settings(options, session_settings, store_max_pixels: int | None) 
             "store_max_pixels": store_max_pixels}
 
 
-def answer_record(answer, *, t: float | None, settings: dict[str, Any], source: str) -> dict[str, Any]:
+def answer_record(answer, *, t: float | None, settings: dict[str, Any], source: str,
+                  watch: bool = False) -> dict[str, Any]:
     """The JSON line: the question, the answer, and the app's answer record."""
-    record: dict[str, Any] = {"t": t, "question": answer.question, "answer": answer.reply.text}
+    record: dict[str, Any] = {"t": t, "question": answer.question, "answer": answer.reply.text, "watch": watch}
     record.update(answer.summary())
     record["settings"] = settings
     record["source"] = source
@@ -363,6 +416,8 @@ class Output:
             self._line(json.dumps(rec, ensure_ascii=False))
             return
         when = "" if rec["t"] is None else f"[{rec['t']:g} s] "
+        if rec.get("watch"):
+            when += "(scene change) "
         times = rec.get("frame_times") or []
         if len(times) == 1:
             parts = [f"1 frame at {times[0]:g} s"]
@@ -380,11 +435,13 @@ class Output:
             parts.append(f"bundle {rec['bundle']}")
         self._line(f"{when}Q: {rec['question']}\nA: {rec['answer']}\n   ({', '.join(parts)})")
 
-    def failure(self, t: float | None, question: str, reason: str) -> None:
+    def failure(self, t: float | None, question: str, reason: str, watch: bool = False) -> None:
         when = "" if t is None else f" at {t:g} s"
-        print(f"vidchat.replay: question{when} failed: {reason}", file=sys.stderr, flush=True)
+        print(f"vidchat.replay: {'watch ' if watch else ''}question{when} failed: {reason}", file=sys.stderr,
+              flush=True)
         if self.as_json:
-            self._line(json.dumps({"t": t, "question": question, "error": reason}, ensure_ascii=False))
+            rec = {"t": t, "question": question, "error": reason, **({"watch": True} if watch else {})}
+            self._line(json.dumps(rec, ensure_ascii=False))
 
     def _line(self, text: str) -> None:
         print(text, file=self.stream, flush=True)
@@ -407,19 +464,17 @@ class Run:
     changes: Changes
     out_dir: str | None
     output: Output
+    watch: str | None = None  # watch mode's question
 
 
 async def replay_file(run: Run, state, engine, path: str) -> int:
     from vidchat import chat
     from vidchat.engine import EngineError, Turn
-    from vidchat.evs import FrameError
 
     schedule = Schedule([(q.at, q.text) for q in run.args.ask], parse_every(run.args.every))
     entry = state.new_session("replay")
     session = entry.session
-    # The file's start is the session timeline's start: answer records then
-    # give frame and audio times in seconds of the file.
-    session.timeline_start = 0.0
+    playback = Playback(session, run.args.watch_every if run.watch else None)
     options = state.answer_defaults().updated(**run.changes.answer)
     try:
         chat.apply_settings(session, engine, options, run.changes.session)
@@ -429,27 +484,26 @@ async def replay_file(run: Run, state, engine, path: str) -> int:
     settings = effective_settings(options, session.settings, session.store_max_pixels)
     history: list[Turn] = []
     failures = 0
-    frames = bad_frames = 0
-    end = 0.0
-    feed_s = answer_s = 0.0
+    answer_s = 0.0
     t_start = time.perf_counter()
 
     async def ask(q: Question, at_end: bool = False) -> None:
         nonlocal failures, answer_s
         t0 = time.perf_counter()
         if at_end and not q.periodic:
-            log.warning("question at %g s is past the end of the file (%.3f s): asked at the end", q.at, end)
+            log.warning("question at %g s is past the end of the file (%.3f s): asked at the end", q.at,
+                        playback.end)
         answer = None
         try:
             answer = await chat.ask(engine, entry, q.text, options, history=tuple(history))
             await _finish(answer)
         except chat.NoFrames:
             failures += 1
-            run.output.failure(q.at, q.text, f"no video frame before {q.at:g} s of {path}")
+            run.output.failure(q.at, q.text, f"no video frame before {q.at:g} s of {path}", q.watch)
             return
         except EngineError as exc:
             failures += 1
-            run.output.failure(q.at, q.text, str(exc))
+            run.output.failure(q.at, q.text, str(exc), q.watch)
             return
         finally:
             if answer is not None:
@@ -457,9 +511,9 @@ async def replay_file(run: Run, state, engine, path: str) -> int:
             answer_s += time.perf_counter() - t0
         if answer.reply.stats.cancelled or answer.reply.stats.finish_reason == "abort":
             failures += 1
-            run.output.failure(q.at, q.text, "the answer was aborted")
+            run.output.failure(q.at, q.text, "the answer was aborted", q.watch)
             return
-        rec = answer_record(answer, t=q.at, settings=settings, source=path)
+        rec = answer_record(answer, t=q.at, settings=settings, source=path, watch=q.watch)
         if run.out_dir:
             from vidchat.recording import write_bundle
 
@@ -474,21 +528,12 @@ async def replay_file(run: Run, state, engine, path: str) -> int:
     for t, _, kind, payload in media_events(path, schedule):
         # Playback has reached T: what starts at T or later is for later questions.
         while (q := schedule.peek()) is not None and q.at <= t + EPS:
-            feed_s += time.perf_counter() - t_feed
             await ask(schedule.pop())
-            t_feed = time.perf_counter()
-        if kind == "frame":
-            frames += 1
-            end = max(end, t)
-            try:
-                session.add_frame(payload, t=t)
-            except FrameError as exc:
-                bad_frames += 1
-                log.warning("frame at %.3f s dropped: %s", t, exc)
-        else:
-            end = max(end, t + payload.size / AUDIO_RATE)
-            session.add_audio(payload, t)
-    feed_s += time.perf_counter() - t_feed
+        # Watch mode: asked at the frame that (after the pause) shows the changed scene.
+        if playback.feed(t, kind, payload):
+            await ask(Question(t, run.watch, watch=True))
+    feed_s = time.perf_counter() - t_feed - answer_s
+    end = playback.end
     # Questions left: explicit ones past the end are asked at the end; periodic ones stop with the file.
     while (q := schedule.peek()) is not None:
         if q.periodic and q.at > end + EPS:
@@ -497,9 +542,10 @@ async def replay_file(run: Run, state, engine, path: str) -> int:
         await ask(schedule.pop(), at_end=q.at > end + EPS)
     stats = session.stats
     wall = time.perf_counter() - t_start
-    log.info("replayed %s: %d frames (%d kept, %d bad) over %.2f s of media; decoding and filtering took %.2f s "
-             "(%.1f× real time), answering %.2f s; %.2f s in all", path, frames, stats["frames_kept"], bad_frames,
-             end, feed_s, end / feed_s if feed_s > 0 else float("inf"), answer_s, wall)
+    log.info("replayed %s: %d frames (%d kept, %d bad, %d scene changes) over %.2f s of media; decoding and "
+             "filtering took %.2f s (%.1f× real time), answering %.2f s; %.2f s in all", path, playback.frames,
+             stats["frames_kept"], playback.bad_frames, session.scene_changes, end, feed_s,
+             end / feed_s if feed_s > 0 else float("inf"), answer_s, wall)
     await state.registry.close(session.id, "replay finished")
     return FAILED if failures else 0
 
@@ -659,7 +705,9 @@ def find_sources(paths: Sequence[str], is_bundle, read_bundle) -> list[tuple[str
 def main(argv: Sequence[str] | None = None, stdout: TextIO | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    settings = settings_from(parser, args)
+    from vidchat.settings import settings_from_args
+
+    settings = settings_from_args(parser, args)
     _quiet(args.verbose, settings.log_level)
 
     from vidchat.engine import EngineError
@@ -670,10 +718,11 @@ def main(argv: Sequence[str] | None = None, stdout: TextIO | None = None) -> int
     try:
         sources = find_sources(args.sources, is_bundle, read_bundle)
         files = [s for kind, s in sources if kind == "file"]
-        if files and not args.ask and not args.every:
-            raise UsageError("nothing to ask: give --ask T:QUESTION or --every SECONDS QUESTION")
-        if not files and (args.ask or args.every):
-            raise UsageError("--ask and --every are for video files: a bundle re-asks its own question")
+        watch = parse_watch(args.watch, args.watch_every)
+        if files and not args.ask and not args.every and not watch:
+            raise UsageError("nothing to ask: give --ask T:QUESTION, --every SECONDS QUESTION or --watch QUESTION")
+        if not files and (args.ask or args.every or watch):
+            raise UsageError("--ask, --every and --watch are for video files: a bundle re-asks its own question")
         parse_every(args.every)  # checked now; the schedule is built once the engine runs
         changes = parse_sets(args.set_)
         bundles = [s for kind, s in sources if kind == "bundle"]
@@ -705,7 +754,7 @@ def main(argv: Sequence[str] | None = None, stdout: TextIO | None = None) -> int
         return USAGE
 
     run = Run(args, settings, model_option, changes, args.out or settings.record_dir or None,
-              Output(stdout or sys.stdout, args.json))
+              Output(stdout or sys.stdout, args.json), watch)
     try:
         return asyncio.run(_run(run, model_path, banner, sources))
     except KeyboardInterrupt:

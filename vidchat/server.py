@@ -50,7 +50,7 @@ def parse_ice_servers(raw: str) -> list[dict[str, Any]]:
 
 
 def create_app(state: AppState) -> FastAPI:
-    from vidchat import answer_inputs, protocol, ui, webrtc
+    from vidchat import answer_inputs, media_dir, protocol, ui, webrtc
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -130,6 +130,7 @@ def create_app(state: AppState) -> FastAPI:
 
     app.include_router(webrtc.router(state))
     app.include_router(answer_inputs.router(state))
+    app.include_router(media_dir.router(state))
 
     @app.websocket("/v1/video/chat/stream")
     async def video_chat_stream(websocket: WebSocket) -> None:

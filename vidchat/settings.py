@@ -101,6 +101,10 @@ class Settings:
         "Empty on localhost.",
     )
 
+    media_dir: str = _opt(
+        "", "A folder of video files the page lists as sources (played in the browser, sent like a camera). "
+        "Only files directly in it are served; empty: none.",
+    )
     # --- access (see README "Hosting safely") ---------------------------
     auth: tuple = _opt(
         (), "Page login: USER:PASSWORD, or a file with one such line per user. Repeat the flag for more users; "
@@ -193,8 +197,15 @@ AT_LEAST = {"max_sessions": 1, "max_frame_pixels": 1, "max_body_bytes": 1024, "w
 
 def parse_settings(argv: Sequence[str] | None = None) -> Settings:
     parser = build_parser()
-    args = parser.parse_args(argv)
-    values = vars(args)
+    return settings_from_args(parser, parser.parse_args(argv))
+
+
+def settings_from_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> Settings:
+    """Settings from arguments parsed by ``parser`` (build_parser's, or one
+    built on it with options of its own, which are ignored here): the AT_LEAST
+    checks (``parser.error`` names the flag) and repeat options read from the
+    environment when no flag gave them."""
+    values = {f.name: getattr(args, f.name) for f in dataclasses.fields(Settings)}
     for name, least in AT_LEAST.items():
         if values[name] < least:
             parser.error(f"--{name.replace('_', '-')} must be at least {least}, got {values[name]}")

@@ -46,7 +46,8 @@ PREVIEW_HTML = """
   <div class="vc-devices">
     <label>Source <select id="vc-source" title="Switching keeps the session: same buffer, same chat">
       <option value="camera" selected>Camera</option>
-      <option value="screen">Screen, window or tab</option></select></label>
+      <option value="screen">Screen, window or tab</option>
+      <option value="file">Video file</option></select></label>
     <label>Camera <select id="vc-camera"><option value="">Default</option></select></label>
     <label>Microphone <select id="vc-mic"><option value="">Default</option></select></label>
     <label>Resolution <select id="vc-res">
@@ -56,6 +57,12 @@ PREVIEW_HTML = """
     <label>Frame rate <select id="vc-fps">
       <option value="5">5 fps</option><option value="15" selected>15 fps</option>
       <option value="30">30 fps</option></select></label>
+  </div>
+  <div class="vc-file-row" id="vc-file-row" hidden>
+    <label>Video file <input type="file" id="vc-file" accept="video/*,audio/*"></label>
+    <label>or from the server <select id="vc-media"><option value="">(none listed)</option></select></label>
+    <span class="vc-muted">Plays here (pause, seek and loop with its controls) and goes to the model like a camera;
+      it is never uploaded.</span>
   </div>
   <div class="vc-stats" id="vc-stats">No session</div>
   <div class="vc-store vc-muted" id="vc-store">{store_limit}</div>
@@ -621,8 +628,12 @@ def mount(app, state):
         clear.click(lambda: ([], None), None, [chatbot, details], api_visibility="private")
 
         async def on_watch(on, q, every, history, sid, *raw):
+            sent = False
             async for update in watch_loop(state, on, q, every, history, sid, *raw):
+                sent = True
                 yield update
+            if not sent:  # a generator that yields nothing would blank the chat
+                yield gr.skip(), gr.skip(), gr.skip()
 
         watch_inputs = [watch_on, watch_question, watch_every, chatbot, session_id, *settings_inputs]
         watch_events = dict(concurrency_limit=None, show_progress="hidden", trigger_mode="always_last")
