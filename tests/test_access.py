@@ -11,6 +11,7 @@ import json
 import subprocess
 import sys
 import time
+import urllib.request
 
 import pytest
 import websockets
@@ -74,11 +75,13 @@ def guarded(tiny_omni_path, artifacts_dir, tmp_path_factory):
     args = ["--model", "tiny", "--max-images", str(TEST_MAX_IMAGES), "--max-model-len", str(TEST_MAX_MODEL_LEN),
             "--kv-cache-gb", "0.25", *SERVER_ARGS, "--token", TOKEN, "--auth", f"{USER}:{PASSWORD}",
             "--max-sessions", "3", "--connect-timeout", "3", "--max-concurrent-answers", "1",
-            "--session-time-limit", str(TIME_LIMIT_S), "--media-dir", str(media)]
+            "--session-time-limit", str(TIME_LIMIT_S), "--media-dir", str(media),
+            "--record-dir", str(media.parent / "recordings")]
     proc = subprocess.Popen([sys.executable, str(ROOT / "app.py"), "--port", str(port), "--cache-dir",
                              str(CACHE_DIR), *args], cwd=ROOT, stdout=open(log_path, "w"), stderr=subprocess.STDOUT)
     srv = Server(proc, port, log_path)
     srv.while_loading = None
+    srv.record_dir = media.parent / "recordings"
     deadline = time.monotonic() + 180
     while time.monotonic() < deadline:
         assert proc.poll() is None, srv.log()[-3000:]
@@ -425,3 +428,48 @@ def test_media_dir_lists_and_serves_only_its_own_video_files(guarded):
     assert call(guarded, "GET", f"/media/clip.webm?token={TOKEN}")[0] == 200
     for name in ("notes.txt", "sub/hidden.webm", "..%2Foutside.webm", "%2E%2E/outside.webm", "outside.webm"):
         assert call(guarded, "GET", f"/media/{name}", headers=BEARER)[0] == 404, name
+
+
+async def test_recording_is_opt_in_and_bundles_download_with_the_same_inputs(guarded, tmp_path):
+    import io
+    import zipfile
+
+    from gradio_client import Client
+
+    from vidchat.recording import read_bundle
+    from vidchat.rtc_client import RtcClient, SyntheticVideo
+
+    tab = RtcClient(f"http://127.0.0.1:{guarded.port}", SyntheticVideo(), token=TOKEN)
+    await tab.connect()
+    try:
+        deadline = time.monotonic() + 20
+        while (await tab.stats()).get("frames_in_buffer", 0) < 4 and time.monotonic() < deadline:
+            await asyncio.sleep(0.2)
+        gradio = await asyncio.to_thread(Client, f"http://127.0.0.1:{guarded.port}/", auth=(USER, PASSWORD),
+                                         verbose=False)
+
+        def ask(record):
+            args = [tab.session_id, 4, "uniform", 10, True, 0.95, 64, "images", True, 4, 0.0, ""]
+            return gradio.predict("What is there?", [], *args, *([record] if record is not None else []),
+                                  api_name="/ask")[0]
+
+        before = sorted(guarded.record_dir.rglob("*")) if guarded.record_dir.exists() else []
+        history = await asyncio.to_thread(ask, None)  # Record left at its default: off
+        assert (sorted(guarded.record_dir.rglob("*")) if guarded.record_dir.exists() else []) == before
+        unrecorded = history[-1]["metadata"]["id"]
+        assert call(guarded, "GET", f"/inputs/{unrecorded}/bundle.zip")[0] == 404
+        history = await asyncio.to_thread(ask, True)
+        answer_id = history[-1]["metadata"]["id"]
+        assert "bundle.zip" in str(history[-1]["content"])
+        record = call(guarded, "GET", f"/inputs/{answer_id}/record.json")[1]
+        with urllib.request.urlopen(f"http://127.0.0.1:{guarded.port}/inputs/{answer_id}/bundle.zip") as r:
+            data = r.read()
+        path = tmp_path / "bundle.zip"
+        path.write_bytes(data)
+        bundle = read_bundle(path)
+        assert bundle.digest() == record["inputs_sha256"] == bundle.manifest["inputs_sha256"]
+        assert len(zipfile.ZipFile(io.BytesIO(data)).namelist()) >= 3
+        manifests = list(guarded.record_dir.rglob("manifest.json"))
+        assert len(manifests) == 1 and json.loads(manifests[0].read_text())["version"] == 1
+    finally:
+        await tab.close()

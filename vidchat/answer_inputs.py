@@ -26,7 +26,7 @@ from PIL import Image
 # The same encoders as recording bundles: frames as lossless PNG; the audio the
 # engine got as 16-bit PCM WAV when that is exact (a session's audio always
 # is), else 32-bit float, so the served samples hash as what the model heard.
-from vidchat.recording import audio_used, png_bytes, wav_bytes
+from vidchat.recording import audio_used, png_bytes, wav_bytes, zip_bundles
 
 if TYPE_CHECKING:
     from vidchat.chat import Answer
@@ -78,11 +78,14 @@ def title(answer: "Answer") -> str:
     return f"What the model got: {len(answer.sample.frames)} frames as {answer.options.frames_as}{audio}"
 
 
-def details_html(answer: "Answer", answer_id: str) -> str:
+def details_html(answer: "Answer", answer_id: str, recorded: bool = False) -> str:
     """The collapsed panel under an answer. Thumbnails are inline (small);
     full frames, audio and the record are links to /inputs/<id>/."""
     rec = answer.summary()
     base = f"{PATH_PREFIX}{answer_id}"
+    bundle_links = (f" · <a href='{base}/bundle.zip'>this answer's bundle (zip)</a> · "
+                    f"<a href='{base}/session-bundles.zip'>all recorded answers of this session (zip)</a>"
+                    if recorded else "")
     tiles = []
     for k, (frame, t, idx) in enumerate(zip(answer.sample.frames, rec["frame_times"], rec["frame_indices"])):
         tiles.append(
@@ -110,7 +113,7 @@ def details_html(answer: "Answer", answer_id: str) -> str:
         f"<details><summary>Prompt as the model's template rendered it</summary>"
         f"<pre class='vc-prompt'>{html.escape(rec.get('prompt') or '')}</pre></details>"
         f"<p><a href='{base}/record.json' download='vidchat-answer-{answer_id[:8]}.json'>Download the record"
-        f" (JSON)</a></p></div>"
+        f" (JSON)</a>{bundle_links}</p></div>"
     )
 
 
@@ -141,6 +144,30 @@ def router(state: Any) -> APIRouter:
             raise HTTPException(404, "this answer got no audio")
         data, _ = wav_bytes(samples)
         return Response(data, media_type="audio/wav")
+
+    def recorded(answer_id: str) -> tuple[list, list]:
+        for entry in state.registry.entries():
+            if answer_id in entry.bundles:
+                return [entry.bundles[answer_id]], list(entry.bundles.values())
+        raise HTTPException(404, "this answer was not recorded (turn Record on; the server needs --record-dir)")
+
+    @api.get(PATH_PREFIX + "{answer_id}/bundle.zip")
+    async def bundle_zip(answer_id: str) -> Response:
+        import asyncio
+
+        mine, _ = recorded(answer_id)
+        data = await asyncio.to_thread(zip_bundles, mine)
+        return Response(data, media_type="application/zip",
+                        headers={"Content-Disposition": f"attachment; filename=vidchat-bundle-{answer_id[:8]}.zip"})
+
+    @api.get(PATH_PREFIX + "{answer_id}/session-bundles.zip")
+    async def session_zip(answer_id: str) -> Response:
+        import asyncio
+
+        _, all_of_session = recorded(answer_id)
+        data = await asyncio.to_thread(zip_bundles, all_of_session)
+        return Response(data, media_type="application/zip",
+                        headers={"Content-Disposition": "attachment; filename=vidchat-session-bundles.zip"})
 
     @api.get(PATH_PREFIX + "{answer_id}/record.json")
     async def record_json(answer_id: str) -> Response:

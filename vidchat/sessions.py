@@ -50,6 +50,8 @@ class Entry:
     # Sent with every request of this session as vLLM's cache_salt, so prefix
     # cache hits never cross sessions (no timing channel between users).
     cache_salt: str = field(default_factory=lambda: secrets.token_hex(16), repr=False)
+    # Recorded answers' bundle folders, by answer id (--record-dir).
+    bundles: dict = field(default_factory=dict, repr=False)
     # Bumped by each typed question: a running watch loop (vidchat.ui) stops.
     watch_epoch: int = 0
     # The last answers' inputs, by answer id (vidchat.answer_inputs).

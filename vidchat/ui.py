@@ -16,12 +16,13 @@ import io
 import logging
 import math
 import time
+from pathlib import Path
 from typing import Any, AsyncIterator
 
 import gradio as gr
 from PIL import Image
 
-from vidchat import answer_inputs, chat, evs
+from vidchat import answer_inputs, chat, evs, recording
 from vidchat.chat import Answer, OptionError
 from vidchat.engine import EngineError, Turn
 from vidchat.media import FRAMES_AS
@@ -206,10 +207,11 @@ class PageRequest:
 
     sampling: dict[str, Any]
     options: chat.AnswerOptions
+    record: bool = False  # save the answer as a bundle under --record-dir
 
 
 def page_request(state, k, sampling, seconds, evs_on, threshold, max_frames, frames_as, audio_on,
-                 max_tokens, temperature, seed) -> PageRequest:
+                 max_tokens, temperature, seed, record=False) -> PageRequest:
     """Turn the page's (or the public /ask API's) raw values into settings;
     raises OptionError naming the field, so the chat can say what to fix."""
     sampling_changes = dict(
@@ -227,7 +229,7 @@ def page_request(state, k, sampling, seconds, evs_on, threshold, max_frames, fra
         temperature=_number("Temperature", temperature),
         seed=_seed(seed),
     )
-    return PageRequest(sampling_changes, options)
+    return PageRequest(sampling_changes, options, record=bool(record))
 
 
 async def answer_stream(state, entry, question: str, request: PageRequest, past: list[Turn],
@@ -278,10 +280,29 @@ async def answer_stream(state, entry, question: str, request: PageRequest, past:
     # after the answer, so they never delay its first token, and in a worker
     # thread, so they never stall the event loop.
     answer_id = answer_inputs.remember(entry, answer)
-    panel = await asyncio.to_thread(answer_inputs.details_html, answer, answer_id)
+    if request.record:
+        await _record(state, entry, answer, answer_id, history)
+    panel = await asyncio.to_thread(answer_inputs.details_html, answer, answer_id, answer_id in entry.bundles)
     history.append({"role": "assistant", "content": panel,
                     "metadata": {"title": answer_inputs.title(answer), "status": "done", "id": answer_id}})
     yield history, await asyncio.to_thread(frames_html, answer), answer.summary()
+
+
+async def _record(state, entry, answer: Answer, answer_id: str, history: list[dict]) -> None:
+    """Save the answer as a bundle when the server allows recording (--record-dir)."""
+    root = state.settings.record_dir
+    if not root:
+        history.append(notice("Not recorded: the server was started without --record-dir."))
+        return
+    folder = Path(root) / f"session-{time.strftime('%Y%m%d')}-{entry.session.id[:8]}"
+    try:
+        path = await asyncio.to_thread(recording.write_bundle, folder, answer, source="page",
+                                       model_option=state.settings.model, engine_options=state.engine.options)
+    except OSError as exc:
+        history.append(notice(f"⚠ Could not save the recording: {exc}"))
+        return
+    entry.bundles[answer_id] = path
+    log.info("session %s… answer recorded in %s", entry.session.id[:6], path)
 
 
 def waiting_text(ahead: int) -> str:
@@ -553,7 +574,12 @@ def _settings_panel(state) -> list[gr.components.Component]:
                                     elem_id="vc-temperature")
             seed = gr.Textbox(value="", label="Seed", placeholder="random", elem_id="vc-seed",
                               info="A whole number makes sampling repeatable; empty picks a new one each time.")
-    return [k, sampling, seconds, evs_on, threshold, max_frames, frames_as, audio_on, max_tokens, temperature, seed]
+        allowed = bool(s.record_dir)
+        record = gr.Checkbox(value=False, interactive=allowed, elem_id="vc-record",
+                             label="Record each answer as a bundle on the server" if allowed else
+                             "Record (off: the server was started without --record-dir)")
+    return [k, sampling, seconds, evs_on, threshold, max_frames, frames_as, audio_on, max_tokens, temperature, seed,
+            record]
 
 
 def mount(app, state):
