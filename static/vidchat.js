@@ -11,6 +11,8 @@
     sessionId: "",
     resumeToken: "",   // proves to the server that this tab owns sessionId
     fileUrl: "",       // the video file chosen as a source (a blob: URL, or /media/<name>)
+    ticks: 0,
+    last: null,        // the previous stats poll, for rates
     statsTimer: null,
     wantRunning: false,
     run: 0,            // bumped by Start and Stop: a reconnect loop of an older run gives up
@@ -428,8 +430,43 @@
           return;
         }
         if (r.ok) renderStats(await r.json());
+        if (++state.ticks % 3 === 0) refreshLiveView();
       } catch (_) { /* transient: next tick */ }
     }, 1000);
+  }
+
+  // The live view: the newest kept frames, and a small chart of time to first
+  // token (bars) and tokens/s (line) over the session's recent answers.
+  async function refreshLiveView() {
+    const view = $("#vc-live-view");
+    if (!view || !state.sessionId) return;
+    try {
+      const r = await fetch(`/webrtc/live?session_id=${encodeURIComponent(state.sessionId)}`,
+                            { cache: "no-store", headers: authHeaders() });
+      if (!r.ok) return;
+      const live = await r.json();
+      view.hidden = false;
+      $("#vc-kept").innerHTML = live.kept.map((f) =>
+        `<figure><img src="${f.src}" alt="kept frame ${f.index}"><figcaption>#${f.index} · ${f.t.toFixed(1)} s</figcaption></figure>`).join("");
+      drawChart(live.answers);
+    } catch (_) { /* next tick */ }
+  }
+
+  function drawChart(answers) {
+    const svg = $("#vc-chart"), legend = $("#vc-chart-legend");
+    if (!svg || !legend) return;
+    const done = answers.filter((a) => a.ttft_ms != null);
+    if (!done.length) { svg.innerHTML = ""; legend.textContent = "Answer timings appear after the first answer."; return; }
+    const maxTtft = Math.max(...done.map((a) => a.ttft_ms), 1);
+    const maxTps = Math.max(...done.map((a) => a.tokens_per_s || 0), 1);
+    const w = 200 / done.length;
+    const bars = done.map((a, i) =>
+      `<rect x="${i * w + 1}" y="${40 - (36 * a.ttft_ms) / maxTtft}" width="${Math.max(w - 2, 1)}" height="${(36 * a.ttft_ms) / maxTtft}" class="vc-bar"><title>${Math.round(a.ttft_ms)} ms to first token</title></rect>`).join("");
+    const pts = done.map((a, i) => `${i * w + w / 2},${40 - (36 * (a.tokens_per_s || 0)) / maxTps}`).join(" ");
+    svg.innerHTML = bars + `<polyline points="${pts}" class="vc-line" fill="none"/>`;
+    const last = done[done.length - 1];
+    legend.textContent = `Last answer: first token ${Math.round(last.ttft_ms)} ms, ` +
+      `${(last.tokens_per_s || 0).toFixed(1)} tokens/s (bars: first token, up to ${Math.round(maxTtft)} ms; line: tokens/s, up to ${maxTps.toFixed(1)})`;
   }
 
   function stopStatsPolling() {
@@ -440,9 +477,25 @@
   function renderStats(s) {
     const el = $("#vc-stats");
     if (!el) return;
-    if (!s) { el.textContent = "No session"; return; }
+    if (!s) {
+      el.textContent = "No session";
+      state.last = null;
+      const view = $("#vc-live-view");
+      if (view) view.hidden = true;
+      return;
+    }
     const m = s.media || {};
-    const parts = [
+    const now = performance.now();
+    const rates = [];
+    if (state.last) {
+      const dt = (now - state.last.at) / 1000;
+      const seen = (m.video_frames_seen ?? s.frames_received) - state.last.seen;
+      const kept = s.frames_kept - state.last.kept;
+      if (dt > 0) rates.push(`${(seen / dt).toFixed(1)} fps in`);
+      if (seen > 0) rates.push(`${Math.round((100 * kept) / seen)} % kept`);
+    }
+    state.last = { at: now, seen: m.video_frames_seen ?? s.frames_received, kept: s.frames_kept };
+    const parts = [...rates,
       `${m.video_frames_seen ?? s.frames_received} frames received`,
       `${s.frames_kept} kept by the filter`,
       `buffer ${s.frames_in_buffer}/${s.max_frames}`,

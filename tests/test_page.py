@@ -514,6 +514,12 @@ async def test_a_video_file_plays_through_the_same_pipeline_with_pause_and_seek(
             await set_setting(page, "vc-max-tokens", "6")
             await ask(page, "What colour is the room?")
             await wait_for_answer(page, 1)
+            # The live view: rates, the newest kept frames, and the answer timings chart.
+            await page.wait_for_function("document.querySelectorAll('#vc-kept img').length >= 3 && "
+                                         "document.querySelectorAll('#vc-chart rect').length >= 1", timeout=15_000)
+            line = await page.inner_text("#vc-stats")
+            assert "fps in" in line and "% kept" in line, line
+            assert "first token" in await page.inner_text("#vc-chart-legend")
             await page.click("#vc-inputs button, #vc-inputs .label-wrap")
             await page.wait_for_selector("#vc-inputs .vc-frames img")
             for c in thumbnail_colours(await page.inner_html("#vc-inputs")):

@@ -72,6 +72,18 @@ def _thumb_data_url(frame: np.ndarray) -> str:
     return "data:image/jpeg;base64," + base64.b64encode(buf.getvalue()).decode()
 
 
+def live_view(entry: "Entry", n_frames: int = 6) -> dict[str, Any]:
+    """For the page's live view: the newest kept frames (small, inline) and
+    the time to first token and tokens/s of the session's recent answers."""
+    session = entry.session
+    start = session.timeline_start or 0.0
+    kept = [{"index": i, "t": round(t - start, 2), "src": _thumb_data_url(px)}
+            for i, t, px in session.recent_kept(n_frames)]
+    answers = [{"ttft_ms": a.summary().get("ttft_ms"), "tokens_per_s": a.reply.stats.tokens_per_s}
+               for a in entry.answers.values()]
+    return {"kept": kept, "answers": answers}
+
+
 def title(answer: "Answer") -> str:
     stats = answer.reply.stats
     audio = f" · {stats.audio_seconds:.1f} s audio" if stats.audio_seconds else ""

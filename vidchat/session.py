@@ -457,6 +457,13 @@ class Session:
         with self._lock:
             return sum(f.pixels.nbytes for f in self._frames) + self._audio.nbytes
 
+    def recent_kept(self, n: int) -> list[tuple[int, float, np.ndarray]]:
+        """The n newest kept frames as (ring index, time, pixels), oldest first."""
+        with self._lock:
+            frames = list(self._frames)
+        start = max(0, len(frames) - n)
+        return [(i, f.t, f.pixels) for i, f in enumerate(frames[start:], start)]
+
     @property
     def stats(self) -> dict[str, Any]:
         with self._lock:

@@ -66,6 +66,12 @@ PREVIEW_HTML = """
       it is never uploaded.</span>
   </div>
   <div class="vc-stats" id="vc-stats">No session</div>
+  <div class="vc-live-view" id="vc-live-view" hidden>
+    <div class="vc-kept" id="vc-kept" title="The newest frames the filter kept"></div>
+    <svg class="vc-chart" id="vc-chart" viewBox="0 0 200 40" preserveAspectRatio="none" role="img"
+         aria-label="time to first token and tokens per second of recent answers"></svg>
+    <div class="vc-chart-legend vc-muted" id="vc-chart-legend"></div>
+  </div>
   <div class="vc-store vc-muted" id="vc-store">{store_limit}</div>
   <div class="vc-note" id="vc-note" role="status"></div>
 </div>

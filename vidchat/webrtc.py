@@ -326,6 +326,16 @@ def router(state) -> APIRouter:
         closed = await state.registry.close(str(body.get("session_id", "")), "stopped by the page")
         return {"closed": closed}
 
+    @api.get("/webrtc/live")
+    async def live(session_id: str) -> dict[str, Any]:
+        """The live view's strip of kept frames and answer timings (polled every few seconds)."""
+        from vidchat.answer_inputs import live_view
+
+        entry = state.registry.get(session_id)
+        if entry is None:
+            raise HTTPException(404, "no such session (stopped or expired)")
+        return await asyncio.to_thread(live_view, entry)
+
     @api.get("/webrtc/stats")
     async def session_stats(session_id: str) -> dict[str, Any]:
         entry = state.registry.get(session_id)
