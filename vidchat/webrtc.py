@@ -199,6 +199,7 @@ class Peer:
         self.pc = RTCPeerConnection(rtc_configuration(state.ice_servers))
         self.consumers: list[asyncio.Task] = []
         self._connect_watch: asyncio.Task | None = None
+        self.connected_once = False
         self.closed = False
         if entry.media is None:
             entry.media = MediaStats()
@@ -224,6 +225,8 @@ class Peer:
     async def _on_state(self) -> None:
         state = self.pc.connectionState
         log.info("session %s… peer %s", self.sid[:6], state)
+        if state == "connected":
+            self.connected_once = True
         if state == "failed":
             # Not the session's end: the tab may come back with its resume
             # token; if it doesn't, the idle reaper ends the session.
@@ -235,7 +238,9 @@ class Peer:
 
         async def watch() -> None:
             await asyncio.sleep(timeout_s)
-            if not self.closed and self.pc.connectionState != "connected" and self.peers.get(self.sid) is self:
+            # Only a peer that never connected: one that connected and then
+            # dropped is the resume window's and the idle reaper's business.
+            if not self.closed and not self.connected_once and self.peers.get(self.sid) is self:
                 await self.state.registry.close(self.sid, f"the connection was not established within {timeout_s:g} s")
 
         if timeout_s > 0:
