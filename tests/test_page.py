@@ -528,9 +528,10 @@ async def test_a_video_file_plays_through_the_same_pipeline_with_pause_and_seek(
             await page.evaluate("document.querySelector('#vc-preview').pause()")
             await asyncio.sleep(1.0)
             paused = (await asyncio.to_thread(server.get_json, f"/webrtc/stats?session_id={sid}"))
-            await asyncio.sleep(3.0)
+            await asyncio.sleep(9.0)  # longer than the test server's --session-idle-timeout (8 s)
             still = (await asyncio.to_thread(server.get_json, f"/webrtc/stats?session_id={sid}"))
-            # The session lives on while paused; the paused picture is a still scene, so the filter keeps nothing new.
+            # The session lives on while paused (the browser keeps sending the paused picture); a still
+            # scene, so the filter keeps nothing new.
             assert still["frames_kept"] - paused["frames_kept"] <= 1, (paused, still)
             await page.evaluate("(() => { const v = document.querySelector('#vc-preview');"
                                 " v.currentTime = 1.0; return v.play(); })()")

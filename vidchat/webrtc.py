@@ -347,9 +347,6 @@ def router(state) -> APIRouter:
         if entry is None:
             reason = state.registry.closed_reason(session_id)
             raise HTTPException(404, f"session ended: {reason}" if reason else "no such session (stopped or expired)")
-        # A tab that still asks is alive: a paused video file sends no frames
-        # for a while, and that must not end its session as idle.
-        entry.session.last_activity = time.monotonic()
         out = dict(entry.session.stats)
         left = entry.time_left()
         out["time_left_s"] = None if left is None else round(left, 1)
