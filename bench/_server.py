@@ -5,6 +5,7 @@ i.e. vLLM's engine core)."""
 
 from __future__ import annotations
 
+import collections
 import json
 import logging
 import os
@@ -169,3 +170,12 @@ def token_args(parser) -> None:
                         "(Authorization: Bearer for HTTP, ?token= for the WebSocket); default none")
     parser.add_argument("--server-arg", action="append", default=[], metavar="ARG",
                         help="extra app.py argument (repeatable, e.g. --server-arg=--kv-cache-gb=0.5)")
+
+
+def log_problem_summary(server: Server, out: logging.Logger) -> None:
+    """Log (to the benchmark's own logger) where the server's log is and its
+    three most frequent warning/error lines."""
+    problems = server.log_problems()
+    out.info("server log       : %s (%d warning/error lines)", server.log_path, len(problems))
+    for text, n in collections.Counter(ln.split(" ", 1)[-1][:140] for ln in problems).most_common(3):
+        out.info("  %d x %s", n, text)

@@ -61,7 +61,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "bench")]
 
 from _server import (  # noqa: E402
-    RESULTS, Server, cpu_seconds, fmt, percentile, quiet_loggers, rss_mb, start_server, stop_server, token_args,
+    RESULTS, Server, cpu_seconds, fmt, log_problem_summary, percentile, quiet_loggers, rss_mb, start_server,
+    stop_server, token_args,
 )
 from load import QUESTIONS, Answer, Frames, PageClient, WsClient, gradio_client  # noqa: E402
 
@@ -309,10 +310,7 @@ def report(r: dict[str, Any], server: Server) -> str:
              r["sessions_left"], r["sessions_left_by_kind"] or "")
     for text, n in r["error_kinds"].items():
         log.warning("error            : %d x %s", n, text)
-    problems = server.log_problems()
-    log.info("server log       : %s (%d warning/error lines)", server.log_path, len(problems))
-    for text, n in collections.Counter(ln.split(" ", 1)[-1][:140] for ln in problems).most_common(3):
-        log.info("  %d x %s", n, text)
+    log_problem_summary(server, log)
     return (f"cycles: n={r['n']} rss_start_mb={fmt(r['rss_start_mb'])} rss_end_mb={r['rss_end_mb']} "
             f"leaked_requests={fmt(r['leaked_requests'])} slope_mb_per_100={fmt(r['slope_mb_per_100'], '.1f')} "
             f"sessions_left={fmt(r['sessions_left'])} errors={r['errors']}")

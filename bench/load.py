@@ -68,7 +68,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "bench")]
 
 from _server import (  # noqa: E402
-    RESULTS, Server, cpu_seconds, fmt, percentile, quiet_loggers, rss_mb, start_server, stop_server, token_args,
+    RESULTS, Server, cpu_seconds, fmt, log_problem_summary, percentile, quiet_loggers, rss_mb, start_server,
+    stop_server, token_args,
 )
 from vidchat import synthetic  # noqa: E402
 from vidchat.rtc_client import RtcClient, SyntheticVideo  # noqa: E402
@@ -652,10 +653,7 @@ def report(r: dict[str, Any], server: Server) -> str:
     log.info("after the run    : %s", r["health_after"])
     for text, n in r["error_kinds"].items():
         log.warning("error            : %d x %s", n, text)
-    problems = server.log_problems()
-    log.info("server log       : %s (%d warning/error lines)", server.log_path, len(problems))
-    for text, n in collections.Counter(ln.split(" ", 1)[-1][:140] for ln in problems).most_common(3):
-        log.info("  %d x %s", n, text)
+    log_problem_summary(server, log)
     return (f"load: sessions={r['sessions']} p50_ttft_ms={fmt(t['p50'])} p95_ttft_ms={fmt(t['p95'])} "
             f"errors={r['errors']} rss_mb={r['rss_peak_mb']} cpu_pct={r['server_cpu_pct']} "
             f"answers={r['answers']} webrtc_sessions={r['webrtc_sessions']} rss_idle_mb={r['rss_idle_mb']}")

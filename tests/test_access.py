@@ -375,25 +375,31 @@ def test_unknown_session_ids_are_404_or_false(server):
     assert "not-a-session" not in server.log(), "session ids stay out of the access log"
 
 
-async def test_page_questions_beyond_the_cap_say_how_many_are_ahead(guarded):
+async def logged_in_tab(guarded):
+    """A WebRTC tab holding the token with 4 frames in its buffer, and a Gradio client logged in as the page is."""
     from gradio_client import Client
 
     from vidchat.rtc_client import RtcClient, SyntheticVideo
 
+    tab = RtcClient(f"http://127.0.0.1:{guarded.port}", SyntheticVideo(), token=TOKEN)
+    await tab.connect()
+    deadline = time.monotonic() + 20
+    while (await tab.stats()).get("frames_in_buffer", 0) < 4 and time.monotonic() < deadline:
+        await asyncio.sleep(0.2)
+    gradio = await asyncio.to_thread(Client, f"http://127.0.0.1:{guarded.port}/", auth=(USER, PASSWORD),
+                                     verbose=False)
+    return tab, gradio
+
+
+async def test_page_questions_beyond_the_cap_say_how_many_are_ahead(guarded):
     url = f"ws://127.0.0.1:{guarded.port}/v1/video/chat/stream?token={TOKEN}"
     busy = await websockets.connect(url, max_size=None)
     await send(busy, {"type": "session.config", "max_tokens": 3000, "temperature": 0.0})
     await frames(busy, n=4)
     await send(busy, {"type": "video.query", "text": "long"})
     assert (await recv(busy))["type"] == "response.start"  # holds the one place
-    tab = RtcClient(f"http://127.0.0.1:{guarded.port}", SyntheticVideo(), token=TOKEN)
-    await tab.connect()
+    tab, gradio = await logged_in_tab(guarded)
     try:
-        deadline = time.monotonic() + 20
-        while (await tab.stats()).get("frames_in_buffer", 0) < 4 and time.monotonic() < deadline:
-            await asyncio.sleep(0.2)
-        gradio = await asyncio.to_thread(Client, f"http://127.0.0.1:{guarded.port}/", auth=(USER, PASSWORD),
-                                         verbose=False)
         job = gradio.submit("Is anyone there?", [], tab.session_id, 4, "uniform", 10, True, 0.95, 64, "images",
                             True, 4, 0.0, "", api_name="/ask")
         seen = []
@@ -441,19 +447,10 @@ async def test_recording_is_opt_in_and_bundles_download_with_the_same_inputs(gua
     import io
     import zipfile
 
-    from gradio_client import Client
-
     from vidchat.recording import read_bundle
-    from vidchat.rtc_client import RtcClient, SyntheticVideo
 
-    tab = RtcClient(f"http://127.0.0.1:{guarded.port}", SyntheticVideo(), token=TOKEN)
-    await tab.connect()
+    tab, gradio = await logged_in_tab(guarded)
     try:
-        deadline = time.monotonic() + 20
-        while (await tab.stats()).get("frames_in_buffer", 0) < 4 and time.monotonic() < deadline:
-            await asyncio.sleep(0.2)
-        gradio = await asyncio.to_thread(Client, f"http://127.0.0.1:{guarded.port}/", auth=(USER, PASSWORD),
-                                         verbose=False)
 
         def ask(record):
             args = [tab.session_id, 4, "uniform", 10, True, 0.95, 64, "images", True, 4, 0.0, ""]
