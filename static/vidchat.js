@@ -11,6 +11,9 @@
     sessionId: "",
     resumeToken: "",   // proves to the server that this tab owns sessionId
     fileUrl: "",       // the video file chosen as a source (a blob: URL, or /media/<name>)
+    fileName: "",      // its name, for the answer records (never a path)
+    reporting: false,  // a /webrtc/source report is in flight
+    reportAgain: false,
     ticks: 0,
     last: null,        // the previous stats poll, for rates
     statsTimer: null,
@@ -123,6 +126,51 @@
     return captured;
   }
 
+  // The server stamps a file's frames by arrival, as a camera's. The file also
+  // has its own clock, which pause, seek, loop and rate move: tell the server
+  // where the file is whenever that clock jumps or stops, and every second
+  // while it plays (to absorb drift), so each answer's record says where in
+  // the file its frames and audio came from. One report at a time, its
+  // position read when it is sent: a burst (seek, then play) can neither
+  // arrive out of order nor carry a stale position. The server stamps the
+  // report on arrival; the video it describes arrives later (encoding, RTP),
+  // but measured on localhost the two line up within one frame of a 10 fps
+  // file (tests/test_page.py prints the offsets), so nothing is compensated.
+  function reportSource() {
+    if (!state.sessionId || !state.source) return;
+    if (state.reporting) { state.reportAgain = true; return; }
+    const body = { session_id: state.sessionId, kind: state.source };
+    if (state.source === "file") {
+      const video = $("#vc-preview");
+      if (!video) return;
+      const rate = video.playbackRate;
+      Object.assign(body, {
+        name: state.fileName || null,
+        position: Math.max(0, video.currentTime || 0),
+        // Stalled for data (readyState < 3) the picture stands still, as when paused.
+        playing: !video.paused && !video.seeking && !video.ended && video.readyState >= 3 && rate > 0,
+        rate: rate > 0 ? Math.min(rate, 16) : 1,
+        duration: Number.isFinite(video.duration) && video.duration > 0 ? video.duration : null,
+        loop: !!video.loop,
+      });
+    }
+    state.reporting = true;
+    fetch("/webrtc/source", { method: "POST", headers: authHeaders({ "Content-Type": "application/json" }),
+                              body: JSON.stringify(body) })
+      .catch(() => {})
+      .finally(() => {
+        state.reporting = false;
+        if (state.reportAgain) { state.reportAgain = false; reportSource(); }
+      });
+  }
+
+  // Media events do not bubble, so listen while they travel down (capture).
+  for (const type of ["play", "playing", "pause", "seeked", "ratechange", "waiting", "ended"]) {
+    document.addEventListener(type, (e) => {
+      if (e.target?.id === "vc-preview" && state.source === "file" && state.wantRunning) reportSource();
+    }, true);
+  }
+
   function leaveFile() {
     const video = $("#vc-preview");
     if (!video || !video.getAttribute("src")) return;
@@ -158,7 +206,10 @@
   // Ask for both; if one is refused or missing, run with what was granted.
   async function openMedia() {
     const c = selectedConstraints();
-    if (sourceKind() === "file") return { stream: await openFile(), note: "" };
+    // A stream of its own, not the captured one: the element owns that one and
+    // drops whatever is added to it when its source changes, which ended the
+    // camera's tracks on a switch from a file back to the camera.
+    if (sourceKind() === "file") return { stream: new MediaStream((await openFile()).getTracks()), note: "" };
     leaveFile();
     if (sourceKind() === "screen") {
       let video;
@@ -248,6 +299,7 @@
     }
     state.resumeToken = answer.resume_token || "";
     publishSessionId(answer.session_id);
+    reportSource();
     await pc.setRemoteDescription({ type: answer.type, sdp: answer.sdp });
   }
 
@@ -344,6 +396,7 @@
     state.stream.addTrack(track);
     if (audio) state.stream.addTrack(audio);
     state.source = kind;
+    reportSource();  // later frames are the new source's (a camera's have no file position)
     const video = $("#vc-preview");
     if (video && kind !== "file") { video.srcObject = state.stream; video.play().catch(() => {}); }
     setNote(kind === "screen" ? "Now sharing the screen; the chat and buffer carry on."
@@ -417,6 +470,7 @@
     stopStatsPolling();
     state.statsTimer = setInterval(async () => {
       if (!state.sessionId) return;
+      if (state.source === "file") reportSource();
       try {
         const r = await fetch(`/webrtc/stats?session_id=${encodeURIComponent(state.sessionId)}`,
                               { cache: "no-store", headers: authHeaders() });
@@ -524,8 +578,9 @@
     } catch (_) { /* the list is optional */ }
   }
 
-  function fileChosen(url) {
+  function fileChosen(url, name) {
     state.fileUrl = url;
+    state.fileName = name || "";
     if (state.wantRunning && sourceKind() === "file") switchSource();
   }
 
@@ -540,11 +595,11 @@
       switchSource();
     } else if (e.target.closest?.("#vc-file")) {
       const file = e.target.files?.[0];
-      if (file) fileChosen(URL.createObjectURL(file));
+      if (file) fileChosen(URL.createObjectURL(file), file.name);
     } else if (e.target.closest?.("#vc-media")) {
       const name = e.target.value;
       const token = pageToken();
-      if (name) fileChosen(`/media/${name}${token ? `?token=${encodeURIComponent(token)}` : ""}`);
+      if (name) fileChosen(`/media/${name}${token ? `?token=${encodeURIComponent(token)}` : ""}`, decodeURIComponent(name));
     }
   });
   document.addEventListener("click", (e) => {

@@ -178,6 +178,8 @@ def test_replay_twice_sends_the_same_inputs_and_gets_the_same_answers(run_with_o
         start, end = r["audio_span"]
         assert start == times[0] and abs(end - r["t"]) < 1e-3  # audio from the first frame up to T
         assert abs(r["audio_seconds"] - (end - start)) < 1e-3
+        # The file plays on its own time: its positions are the timeline's times.
+        assert r["frame_source_times"] == times and r["audio_source_span"] == r["audio_span"]
         assert r["answer"] and r["prompt_tokens"] > 0 and r["ttft_ms"] > 0
         assert r["settings"]["temperature"] == 0 and r["settings"]["max_tokens"] == 8
         assert r["settings"]["num_sample_frames"] == 16 and r["settings"]["store_max_pixels"] > 0
@@ -213,6 +215,8 @@ def test_bundles_read_back_to_the_inputs_the_engine_hashed(run_with_out):
         assert m["engine"]["max_images"] == TEST_MAX_IMAGES
         assert m["timings"]["ttft_ms"] == rec["ttft_ms"] and m["tokens"]["prompt_tokens"] == rec["prompt_tokens"]
         assert [f["file"] for f in m["frames"]] == [f"frame-{i + 1:04d}.png" for i in range(len(bundle.frames))]
+        assert [f["source_t"] for f in m["frames"]] == rec["frame_times"]
+        assert m["record"]["source"] == {"kind": "file", "name": Path(rec["source"]).name}
         # The audio is a plain 16-bit PCM WAV at 16 kHz that any player (and the stdlib) opens.
         assert m["audio"]["format"] == "pcm16" and m["audio"]["span"] == rec["audio_span"]
         with wave.open(str(folder / "audio.wav")) as w:

@@ -99,13 +99,16 @@ def details_html(answer: "Answer", answer_id: str, recorded: bool = False) -> st
                     f"<a href='{base}/session-bundles.zip'>all recorded answers of this session (zip)</a>"
                     if recorded else "")
     tiles = []
-    for k, (frame, t, idx) in enumerate(zip(answer.sample.frames, rec["frame_times"], rec["frame_indices"])):
+    source_times = rec.get("frame_source_times") or [None] * len(rec["frame_times"])
+    for k, (frame, t, idx, pos) in enumerate(zip(answer.sample.frames, rec["frame_times"], rec["frame_indices"],
+                                                 source_times)):
+        at = "" if pos is None else f" · file {int(round(pos, 1) // 60)}:{round(pos, 1) % 60:04.1f}"
         tiles.append(
             f"<a href='{base}/frame/{k}.png' target='_blank' rel='noopener' title='open full size'>"
             # Inline sizes: the chat's own styles make message images full width.
             f"<figure style='margin:0;width:96px'><img src='{_thumb_data_url(frame)}' alt='frame {idx}' "
             f"style='width:96px;height:auto;max-width:96px;border-radius:3px'>"
-            f"<figcaption style='font-size:0.7rem;text-align:center'>#{idx} · {t:.2f} s</figcaption></figure></a>"
+            f"<figcaption style='font-size:0.7rem;text-align:center'>#{idx} · {t:.2f} s{at}</figcaption></figure></a>"
         )
     audio = ""
     if audio_used(answer) is not None and rec.get("audio_span"):

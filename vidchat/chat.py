@@ -169,6 +169,11 @@ class Answer:
             frame_sizes=[f"{f.shape[1]}x{f.shape[0]}" for f in sample.frames],
             audio_span=([sample.relative(sample.audio_start), sample.relative(sample.audio_end)]
                         if sample.audio_start is not None and stats.get("audio_seconds") else None),
+            # Where in the played file (seconds of the file; null for a live source).
+            frame_source_times=[None if p is None else round(p, 3) for p in sample.frame_source_times()],
+            audio_source_span=([None if p is None else round(p, 3) for p in sample.audio_source_span]
+                               if sample.audio_source_span is not None and stats.get("audio_seconds") else None),
+            source=sample.source,
             frames_as=self.options.frames_as,
             video_fps=None if self.video_fps is None else round(self.video_fps, 3),
             seed=self.options.seed,
@@ -251,11 +256,13 @@ def frozen_sample(answer: Answer, frames: int | None = None) -> Sample:
         raise OptionError(f"frames per question must be at least 1, got {frames}")
     else:
         picks = uniform_indices(n, frames)
+    source_times = original.frame_source_times()
     return dataclasses.replace(
         original,
         frames=[original.frames[i] for i in picks],
         timestamps=[original.timestamps[i] for i in picks],
         indices=[original.indices[i] for i in picks],
+        source_times=[source_times[i] for i in picks],
     )
 
 

@@ -14,11 +14,20 @@ one session line up whatever door they came through.
   are trusted going forward (so a fast replay keeps the clip's own spacing);
   only a jump backwards means a new stream and re-anchors. Without ``pts_ms``
   the arrival time is used.
+
+A file played in the page has a second clock: its own position, which pause,
+seek, loop and playback rate move independently of the timeline. The page
+reports that position when it changes; :class:`SourceTimeline` keeps those
+reports so any timeline time can be turned back into a position in the file.
 """
 
 from __future__ import annotations
 
+import bisect
+import math
+import threading
 import time
+from typing import Any, NamedTuple
 
 # Media time and arrival may drift apart by network jitter and decoder delay;
 # beyond this they are not the same stream any more.
@@ -73,3 +82,86 @@ class ClientClock:
             self._newest = media_t
         self._newest = max(self._newest, media_t)
         return self._origin + media_t
+
+
+SOURCE_KINDS = ("camera", "screen", "file")
+# About four minutes of once-a-second reports: more than the frame ring spans
+# while a file plays; frames keep the position they were given at ingest.
+SOURCE_HISTORY = 256
+
+
+class SourceSegment(NamedTuple):
+    t: float  # session-timeline time of the report
+    kind: str
+    name: str | None
+    position: float | None  # seconds into the file; None for live sources
+    playing: bool
+    rate: float
+    duration: float | None
+    loop: bool
+
+
+class SourceTimeline:
+    """What a session's video source was, and for a file where it was in the
+    file, at any time on the session's timeline.
+
+    Each report starts a segment; between reports a playing file is assumed
+    to advance at its rate, so reports are needed only when that assumption
+    breaks (pause, seek, rate change, a new source) plus now and then to
+    absorb drift. The history is bounded: positions are meant to be looked up
+    as frames arrive, not long after. Thread-safe: reports come from the event
+    loop while frames are ingested in worker threads."""
+
+    def __init__(self, max_segments: int = SOURCE_HISTORY) -> None:
+        self._segments: list[SourceSegment] = []
+        self._max = max_segments
+        self._lock = threading.Lock()
+
+    def report(self, t: float, kind: str, name: str | None = None, position: float | None = None,
+               playing: bool = True, rate: float = 1.0, duration: float | None = None,
+               loop: bool = False) -> None:
+        """Record that from timeline time ``t`` on the source is ``kind``
+        (for a file: at ``position`` seconds, playing or not, at ``rate``)."""
+        if kind not in SOURCE_KINDS:
+            raise ValueError(f"kind must be one of {', '.join(SOURCE_KINDS)}, got {kind!r}")
+        if kind != "file":
+            position, playing, duration, loop = None, False, None, False
+        seg = SourceSegment(float(t), kind, name, None if position is None else float(position), bool(playing),
+                            float(rate), duration, bool(loop))
+        with self._lock:
+            # Reports normally arrive in time order; one that does not (a
+            # caller-given t) still lands where its time says.
+            bisect.insort(self._segments, seg, key=lambda s: s.t)
+            if len(self._segments) > self._max:
+                del self._segments[: len(self._segments) - self._max]
+
+    def _segment_at(self, t: float) -> SourceSegment | None:
+        with self._lock:
+            i = bisect.bisect_right(self._segments, t, key=lambda s: s.t)
+            return self._segments[i - 1] if i else None
+
+    def position_at(self, t: float | None) -> float | None:
+        """Seconds into the file at timeline time ``t``; None for a live
+        source, before the first report, or for ``t`` None."""
+        if t is None:
+            return None
+        seg = self._segment_at(t)
+        if seg is None or seg.position is None:
+            return None
+        if not seg.playing:
+            return seg.position
+        pos = seg.position + (t - seg.t) * seg.rate
+        if seg.duration:
+            # A looping file wraps before the page's next report says so;
+            # one that does not loop stops at its end.
+            pos = math.fmod(pos, seg.duration) if seg.loop else min(pos, seg.duration)
+        return pos
+
+    def source_at(self, t: float | None) -> dict[str, Any] | None:
+        """``{"kind", "name"}`` of the source at ``t`` (the newest if ``t`` is None); None before any report."""
+        if t is None:
+            with self._lock:
+                seg = self._segments[-1] if self._segments else None
+        else:
+            seg = self._segment_at(t)
+        return None if seg is None else {"kind": seg.kind, "name": seg.name}

@@ -41,9 +41,12 @@ Layout (``BUNDLE_VERSION`` 1)::
     tokens          prompt_tokens, cached_tokens, completion_tokens, finish_reason
     inputs_sha256   vidchat.engine.inputs_digest of the frames and audio below
     frames_as       "images" or "video"; video_fps for video
-    frames          [{"file", "t", "index", "width", "height"}, …]: t in seconds on
-                    the session's timeline (a replayed file: seconds of the file),
-                    index into the session's frame buffer when sampled
+    frames          [{"file", "t", "index", "width", "height", "source_t"}, …]: t in
+                    seconds on the session's timeline (a replayed file: seconds
+                    of the file), index into the session's frame buffer when
+                    sampled, source_t the frame's position in the played file
+                    (seconds; null for a live source). Bundles written before
+                    source_t existed lack it: readers treat it as null.
     audio           {"file", "format", "sample_rate", "samples", "seconds", "span"} or null
     record          the answer record as vidchat.chat.Answer.summary() gave it
 
@@ -273,11 +276,13 @@ def write_bundle(
     files: dict[str, bytes] = {}
     times = record.get("frame_times") or [None] * len(frames)
     indices = record.get("frame_indices") or [None] * len(frames)
+    source_times = record.get("frame_source_times") or [None] * len(frames)
     for i, frame in enumerate(frames):
         fname = f"frame-{i + 1:04d}.png"
         files[fname] = png_bytes(frame)
         frame_entries.append({"file": fname, "t": times[i], "index": indices[i],
-                              "width": int(frame.shape[1]), "height": int(frame.shape[0])})
+                              "width": int(frame.shape[1]), "height": int(frame.shape[0]),
+                              "source_t": source_times[i]})
     audio_entry = None
     if audio is not None:
         files[AUDIO_FILE], fmt = wav_bytes(audio)

@@ -24,7 +24,9 @@ anything, so two runs with the same file and options send the engine the same
 frames and audio (identical ``frame_times`` and ``inputs_sha256``) and, at
 temperature 0, get the same answer text. The session's timeline starts at the
 file's start, so ``frame_times`` and ``audio_span`` are seconds of the file,
-within [0, T]. A question at 0 s therefore has no frame and fails.
+within [0, T], and ``frame_source_times``/``audio_source_span`` (the file
+positions the page's file source also records) equal them. A question at 0 s
+therefore has no frame and fails.
 
 Questions are asked in time order; by default each one carries the earlier
 questions and answers as its chat history, as the page does (``--no-history``
@@ -358,11 +360,17 @@ class Playback:
     session counts scene changes) and the watch question may be asked now,
     rate-limited on the file's clock, so it is the same on every run."""
 
-    def __init__(self, session, watch_every: float | None = None):
+    def __init__(self, session, watch_every: float | None = None, name: str | None = None):
         self.session = session
         # The file's start is the session timeline's start: answer records then
         # give frame and audio times in seconds of the file.
         session.timeline_start = 0.0
+        # The timeline is the file's own clock, so its position is the identity:
+        # records carry frame_source_times as the page's file source does.
+        # Audio primed before the start may begin a fraction of a sample
+        # before 0; until 0 the file is at its start.
+        session.set_source("file", name, 0.0, playing=False, t=-math.inf)
+        session.set_source("file", name, 0.0, playing=True, rate=1.0, t=0.0)
         self.watch = SceneWatch(session, watch_every) if watch_every is not None else None
         self.frames = self.bad_frames = 0
         self.end = 0.0  # seconds of media fed so far
@@ -474,7 +482,7 @@ async def replay_file(run: Run, state, engine, path: str) -> int:
     schedule = Schedule([(q.at, q.text) for q in run.args.ask], parse_every(run.args.every))
     entry = state.new_session("replay")
     session = entry.session
-    playback = Playback(session, run.args.watch_every if run.watch else None)
+    playback = Playback(session, run.args.watch_every if run.watch else None, name=os.path.basename(path))
     options = state.answer_defaults().updated(**run.changes.answer)
     try:
         chat.apply_settings(session, engine, options, run.changes.session)
@@ -580,9 +588,11 @@ async def reask_bundle(run: Run, state, engine, bundle) -> int:
                   file=sys.stderr)
             return USAGE
         pick = uniform_indices(len(sample.frames), n_frames)
+        source_times = sample.frame_source_times()
         sample = dataclasses.replace(sample, frames=[sample.frames[i] for i in pick],
                                      timestamps=[sample.timestamps[i] for i in pick],
-                                     indices=[sample.indices[i] for i in pick])
+                                     indices=[sample.indices[i] for i in pick],
+                                     source_times=[source_times[i] for i in pick])
     try:
         chat.check_options(options, engine)
         engine.check_request(len(sample.frames), options.frames_as)

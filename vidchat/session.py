@@ -19,6 +19,12 @@ producer's clock (:mod:`vidchat.clock`); ``timeline_start`` is the first media
 time the session saw, and answer records report times relative to it, so the
 same clip replayed at any speed yields the same times.
 
+Source position. A file played in the page (or by ``vidchat.replay``) also has
+its own clock, which pause, seek and loop move; :meth:`Session.set_source`
+records it (:class:`vidchat.clock.SourceTimeline`) and every frame is given
+its position in the file as it is ingested, so a question's record can say
+where in the file each frame and its audio came from.
+
 Threads. Frames may arrive from an asyncio task and a worker thread while a
 question is being answered. One lock serialises ingestion (filter decision,
 decode, append) so the ring stays in arrival order; a second, short-held lock
@@ -44,6 +50,7 @@ from PIL import Image
 
 from vidchat import evs
 from vidchat.audio import AudioWindow, to_int16
+from vidchat.clock import SourceTimeline
 from vidchat.evs import FrameError
 from vidchat.media import (AUDIO_RATE, DEFAULT_MAX_FRAME_BYTES, DEFAULT_MAX_FRAME_PIXELS, DEFAULT_STORE_MAX_PIXELS,
                            reduce_factor, stored_size)
@@ -129,6 +136,11 @@ class Sample:
     audio_start: float | None = None
     audio_end: float | None = None
     origin: float = 0.0
+    # Where in the played file each frame was (seconds; None for a live
+    # source), parallel to timestamps; empty when nobody knew (an old bundle).
+    source_times: list[float | None] = field(default_factory=list)
+    audio_source_span: tuple[float | None, float | None] | None = None
+    source: dict[str, Any] | None = None  # {"kind", "name"} of the newest frame's source
 
     def relative(self, t: float | None) -> float | None:
         """A time on this sample's timeline as seconds since the session's first media, in ms precision."""
@@ -138,10 +150,17 @@ class Sample:
         """The frames as PIL images (copies)."""
         return [Image.fromarray(f) for f in self.frames]
 
+    def frame_source_times(self) -> list[float | None]:
+        """``source_times`` parallel to ``timestamps`` (all None when unknown)."""
+        if len(self.source_times) != len(self.timestamps):
+            return [None] * len(self.timestamps)
+        return list(self.source_times)
+
 
 class _Frame(NamedTuple):
     t: float
     pixels: np.ndarray  # read-only
+    source_t: float | None = None  # position in the played file, when the source is one
 
 
 # ---------------------------------------------------------------------------
@@ -229,6 +248,7 @@ class Session:
         self._newest_received_t: float | None = None
         self._newest_arrival: float | None = None
         self.timeline_start: float | None = None
+        self.source_timeline = SourceTimeline()
 
     @staticmethod
     def _make_filter(settings: SessionSettings) -> evs.FrameFilter | None:
@@ -306,7 +326,7 @@ class Session:
                     filt.record(grid, t, keep)
                 self._received += 1
                 if keep:
-                    self._frames.append(_Frame(t, stored))
+                    self._frames.append(_Frame(t, stored, self.source_timeline.position_at(t)))
                     self._kept += 1
                     if filt is not None and filt.last_similarity is not None \
                             and 1.0 - filt.last_similarity >= SCENE_CHANGE_SHARE:
@@ -378,6 +398,12 @@ class Session:
                 audio = None
             origin = self.timeline_start if self.timeline_start is not None else 0.0
             self.last_activity = time.monotonic()
+        sources = self.source_timeline
+        audio_span = None
+        if audio:
+            audio_span = (sources.position_at(audio[1]), sources.position_at(audio[2]))
+            if audio_span == (None, None):
+                audio_span = None
         return Sample(
             frames=[frames[i].pixels for i in picked],
             timestamps=[frames[i].t for i in picked],
@@ -386,6 +412,9 @@ class Session:
             audio_start=audio[1] if audio else None,
             audio_end=audio[2] if audio else None,
             origin=origin,
+            source_times=[frames[i].source_t for i in picked],
+            audio_source_span=audio_span,
+            source=sources.source_at(frames[picked[-1]].t if picked else None),
         )
 
     def _candidates(self, frames: list[_Frame], strategy: str,
@@ -403,6 +432,23 @@ class Session:
             # The frame kept before the window was still on screen when it began.
             first = max(first - 1, 0)
         return list(range(first, n)), since
+
+    # -- source ------------------------------------------------------------
+
+    def set_source(self, kind: str, name: str | None = None, position_s: float | None = None,
+                   playing: bool = True, rate: float = 1.0, t: float | None = None, *,
+                   duration_s: float | None = None, loop: bool = False) -> None:
+        """Say what the video source is from timeline time ``t`` (default:
+        now, on the clock producers stamp frames with) on: ``"camera"``,
+        ``"screen"``, or a ``"file"`` named ``name`` at ``position_s`` seconds,
+        playing at ``rate`` or paused. Frames stamped from ``t`` on carry their
+        position in the file. Not media activity: it keeps no session alive."""
+        if kind == "file" and (position_s is None or not _is_number(position_s) or position_s < 0):
+            raise ValueError(f"a file source needs a position in seconds >= 0, got {position_s!r}")
+        if not _is_number(rate) or rate <= 0:
+            raise ValueError(f"rate must be a positive number, got {rate!r}")
+        self.source_timeline.report(time.monotonic() if t is None else t, kind, name, position_s, playing, rate,
+                                    duration_s, loop)
 
     # -- settings and lifecycle --------------------------------------------
 
@@ -428,7 +474,7 @@ class Session:
         logger.debug("session %s: settings changed %s", self.id, changes)
 
     def reset(self) -> None:
-        """Drop all frames, audio and counts; settings stay."""
+        """Drop all frames, audio and counts; settings and the source stay."""
         with self._lock:
             self._frames.clear()
             self._audio.clear()
