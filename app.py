@@ -18,7 +18,7 @@ def main(argv: list[str] | None = None) -> int:
     log = logging.getLogger("vidchat")
 
     from vidchat.engine import EngineError
-    from vidchat.models import resolve_model, resolve_preset
+    from vidchat.models import TINY_BANNER, resolve_model, resolve_preset
     from vidchat.presets import apply as apply_preset
     from vidchat.server import create_app, parse_ice_servers
     from vidchat.state import AppState, default_session_settings
@@ -37,6 +37,8 @@ def main(argv: list[str] | None = None) -> int:
         if preset is not None and banner is None:  # not when 'auto' fell back to the tiny model
             settings = apply_preset(settings, preset)
             log.info("preset %s: %s", preset.name, preset.model)
+        compare_path, compare_banner = (resolve_model(settings.compare_model, settings.cache_dir)
+                                        if settings.compare_model else ("", None))
         ice_servers = parse_ice_servers(settings.ice_servers)
     except (EngineError, ValueError) as exc:
         print(f"vidchat: {exc}", file=sys.stderr)
@@ -74,6 +76,8 @@ def main(argv: list[str] | None = None) -> int:
         access=access,
         answer_gate=AnswerQueue(settings.max_concurrent_answers),
         session_time_limit=time_limit,
+        compare_model_path=compare_path,
+        compare_tiny=bool(compare_banner and compare_banner.startswith(TINY_BANNER)),
     )
     install_log_redaction()
     app = create_app(state)

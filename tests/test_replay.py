@@ -353,6 +353,7 @@ def _answer(audio: bool = True, text: str = "an answer") -> Answer:
     """A finished answer over a real session's sample (the engine's part stubbed)."""
     session = Session("s")
     session.timeline_start = 0.0
+    session.set_source("file", "clip.webm", 10.0, True, 1.0, t=-0.1)  # the file played from its 10.1 s
     rng = np.random.default_rng(3)
     for i in range(4):
         session.add_frame(rng.integers(0, 256, (120, 160, 3), dtype=np.uint8), t=0.5 * i)
@@ -421,6 +422,42 @@ def test_bad_bundles_are_refused(tmp_path):
     (path / "frame-0002.png").unlink()
     with pytest.raises(recording.BundleError, match="frame-0002.png is missing"):
         recording.read_bundle(path)
+
+
+def test_a_zip_that_would_unpack_huge_is_refused_before_unpacking(tmp_path, monkeypatch):
+    import zipfile
+
+    path = recording.write_bundle(tmp_path / "rec", _answer())
+    bomb = tmp_path / "bomb.zip"
+    with zipfile.ZipFile(bomb, "w", zipfile.ZIP_DEFLATED) as zf:
+        for child in sorted(path.iterdir()):
+            if child.name != "frame-0001.png":
+                zf.write(child, f"b/{child.name}")
+        zf.writestr("b/frame-0001.png", b"\0" * (4 << 20))  # 4 MiB of zeros: a few KB packed
+    monkeypatch.setattr(recording, "MAX_MEMBER_BYTES", 1 << 20)
+    with pytest.raises(recording.BundleError, match="would unpack to 4194304 bytes"):
+        recording.read_bundle(bomb)
+    many = json.loads((path / "manifest.json").read_text())
+    many["frames"] = many["frames"] * 300
+    (path / "manifest.json").write_text(json.dumps(many))
+    with pytest.raises(recording.BundleError, match="at most 1024"):
+        recording.read_bundle(path)
+
+
+def test_a_bundle_reads_back_as_a_finished_answer_for_the_page(tmp_path):
+    answer = _answer()
+    path = recording.write_bundle(tmp_path / "rec", answer, history=[Turn("user", "hi"), Turn("assistant", "yo")])
+    loaded = recording.recorded_answer(recording.read_bundle(path))
+    assert loaded.bundle_name == path.name and loaded.question == answer.question
+    assert loaded.reply.text == answer.reply.text and loaded.history == (Turn("user", "hi"), Turn("assistant", "yo"))
+    assert loaded.options.seed == 7 and loaded.options.temperature == 0.0
+    record = loaded.summary()
+    assert record["inputs_sha256"] == answer.reply.stats.inputs_sha256 == inputs_digest(loaded.sample.frames,
+                                                                                         loaded.sample.audio)
+    assert record["frame_times"] == [0.0, 0.5, 1.0, 1.5] and record["model"] == "/m/tiny"
+    assert record["prompt_tokens"] == 12 and record["prompt"] == "<prompt>"
+    assert record["frame_source_times"] == [10.1, 10.6, 11.1, 11.6]
+    assert record["source"] == {"kind": "file", "name": "clip.webm"}
 
 
 def test_periodic_questions_stop_with_the_file_but_later_asks_stay():

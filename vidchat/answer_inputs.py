@@ -116,13 +116,14 @@ def details_html(answer: "Answer", answer_id: str, recorded: bool = False) -> st
         audio = (f"<p>Audio {start:.2f}–{end:.2f} s ({rec['audio_seconds']:.1f} s): "
                  f"<audio controls preload='none' src='{base}/audio.wav'></audio></p>")
     params = {k: rec.get(k) for k in ("seed", "temperature", "max_tokens", "frames_as", "video_fps", "include_audio")}
-    numbers = (f"{rec.get('prompt_tokens')} prompt tokens · first token {rec.get('ttft_ms')} ms · "
-               f"{rec['tokens_per_s']:.1f} tokens/s" if rec.get("tokens_per_s") else
-               f"{rec.get('prompt_tokens')} prompt tokens · first token {rec.get('ttft_ms')} ms")
+    cached = f" ({rec['cached_tokens']} from the cache)" if rec.get("cached_tokens") else ""
+    numbers = (f"{rec.get('prompt_tokens')} prompt tokens{cached} · first token {rec.get('ttft_ms')} ms"
+               + (f" · {rec['tokens_per_s']:.1f} tokens/s" if rec.get("tokens_per_s") else ""))
     return (
         "<div class='vc-inputs'>"
         f"<div class='vc-frames' style='display:flex;flex-wrap:wrap;gap:6px'>{''.join(tiles)}</div>{audio}"
-        f"<p class='vc-muted'>Model <code>{html.escape(str(rec.get('model')))}</code> · {numbers}</p>"
+        f"<p class='vc-muted'>Model <code>{html.escape(str(rec.get('model')))}</code>"
+        f"{' @ ' + html.escape(rec['model_revision']) if rec.get('model_revision') else ''} · {numbers}</p>"
         f"<p class='vc-muted'>Sampling: <code>{html.escape(json.dumps(params))}</code></p>"
         f"<p class='vc-muted'>inputs_sha256 <code>{rec.get('inputs_sha256')}</code></p>"
         f"<details><summary>Prompt as the model's template rendered it</summary>"

@@ -46,6 +46,16 @@ class AnswerQueue:
         self.limit = limit  # 0: no cap
         self.running = 0
         self._waiting: collections.deque[_Waiter] = collections.deque()
+        # Called with the session id of every answer about to ask for its
+        # turn, before it may generate (vidchat.prewarm gives way to it).
+        self.arrival_hooks: list[Callable[[str], Awaitable[None]]] = []
+
+    async def announce(self, session_id: str) -> None:
+        for hook in list(self.arrival_hooks):
+            try:
+                await hook(session_id)
+            except Exception:
+                log.exception("answer arrival hook failed")
 
     def snapshot(self) -> dict[str, int]:
         return {"limit": self.limit, "running": self.running, "waiting": len(self._waiting)}

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Sequence
 
 from vidchat.answer_queue import Abandoned, AnswerQueue, OnWait, Slot
-from vidchat.engine import SEED_RANGE, Engine, EngineError, Turn
+from vidchat.engine import SEED_RANGE, Engine, EngineError, Prepared, Turn
 from vidchat.media import FRAMES_AS
 from vidchat.session import Sample, Session, SessionSettings, uniform_indices
 from vidchat.sessions import Entry
@@ -128,6 +128,8 @@ class Answer:
     ticket: int = 0  # the session's question number, in arrival order
     prep_ms: float = 0.0
     video_fps: float | None = None
+    bundle_name: str = ""  # the recording this answer was read from (a bundle loaded into the page)
+    session_id: str = ""
 
     queue: AnswerQueue | None = None
     history: tuple[Turn, ...] = ()  # the earlier turns the model was given
@@ -140,6 +142,7 @@ class Answer:
         Abandoned when the answer is cancelled while it waits."""
         if self.queue is None or self._slot is not None:
             return
+        await self.queue.announce(self.session_id)
         slot = await self.queue.acquire(on_wait, self._abandon)
         if self._abandon.is_set():
             slot.release()
@@ -184,6 +187,7 @@ class Answer:
             include_audio=self.options.include_audio,
             system_prompt=self.options.system_prompt,
             model=self.reply.engine.model_path,
+            model_revision=getattr(self.reply.engine, "model_revision", ""),
             prompt=self.prompt_text,  # as the model's template rendered it, special tokens included
         )
         return stats
@@ -215,12 +219,32 @@ async def ask(
         sample = session.sample()
     if not sample.frames:
         raise NoFrames(no_frames_message(entry.kind))
-    audio = sample.audio if options.include_audio else None
-    prepared = await asyncio.to_thread(
-        engine.prepare,
+    prepared = await asyncio.to_thread(prepare, engine, entry, sample, options, history, question)
+    if entry.question_seq != ticket:
+        raise Superseded("A newer question replaced this one.")
+    answer = Answer(question, engine.submit(prepared), sample, options, prompt_text=prepared.prompt_text,
+                    ticket=ticket, prep_ms=(time.perf_counter() - t0) * 1000, video_fps=prepared.video_fps,
+                    queue=queue, history=tuple(history), session_id=session.id)
+    # No await since the ticket check: no other question can have started.
+    entry.answer = answer
+    entry.warm_options = options  # the next warm-up (vidchat.prewarm) prepares for the same kind of question
+    log.info(
+        "session %s… question %d: %d frames as %s, %.1f s audio, prepared in %.1f ms",
+        session.id[:6], ticket, len(sample.frames), options.frames_as,
+        prepared.stats.audio_seconds, answer.prep_ms,
+    )
+    return answer
+
+
+def prepare(engine: Engine, entry: Entry, sample: Sample, options: AnswerOptions, history: Sequence[Turn] = (),
+            question: str = "", warmup: bool = False) -> Prepared:
+    """A sample and options as the engine's prompt, with the session's cache
+    salt: the one rule for questions and their warm-ups (vidchat.prewarm),
+    so a warm-up's prompt is exactly the question's minus the question."""
+    return engine.prepare(
         question,
         sample.frames,
-        audio,
+        sample.audio if options.include_audio else None,
         frame_times=sample.timestamps,
         history=history,
         system_prompt=options.system_prompt,
@@ -229,20 +253,8 @@ async def ask(
         temperature=options.temperature,
         seed=options.seed,
         cache_salt=entry.cache_salt,
+        warmup=warmup,
     )
-    if entry.question_seq != ticket:
-        raise Superseded("A newer question replaced this one.")
-    answer = Answer(question, engine.submit(prepared), sample, options, prompt_text=prepared.prompt_text,
-                    ticket=ticket, prep_ms=(time.perf_counter() - t0) * 1000, video_fps=prepared.video_fps,
-                    queue=queue, history=tuple(history))
-    # No await since the ticket check: no other question can have started.
-    entry.answer = answer
-    log.info(
-        "session %s… question %d: %d frames as %s, %.1f s audio, prepared in %.1f ms",
-        session.id[:6], ticket, len(sample.frames), options.frames_as,
-        prepared.stats.audio_seconds, answer.prep_ms,
-    )
-    return answer
 
 
 def frozen_sample(answer: Answer, frames: int | None = None) -> Sample:
@@ -266,9 +278,17 @@ def frozen_sample(answer: Answer, frames: int | None = None) -> Sample:
     )
 
 
-def release(entry: Entry, answer: Answer) -> bool:
-    """Mark an answer finished; False when a newer question had replaced it."""
+def release(entry: Entry, answer: Answer, continues_chat: bool = True) -> bool:
+    """Mark an answer finished; False when a newer question had replaced it.
+    ``continues_chat``: the answer joins the chat the next question carries
+    (the page's chat does; a re-ask and the socket protocol's queries don't)."""
     answer.free()
     if entry.answer is answer:
         entry.answer = None
+        if continues_chat and entry.kind == "webrtc" and answer.reply.text.strip() \
+                and not answer.reply.stats.cancelled:
+            # The conversation the next question will carry (the page sends
+            # its chat back as these turns), for the next warm-up.
+            entry.warm_history = (*answer.history, Turn("user", answer.question.strip()),
+                                  Turn("assistant", answer.reply.text.strip()))
     return entry.question_seq == answer.ticket

@@ -30,6 +30,10 @@ MIN_AUDIO_SAMPLES = AUDIO_RATE // 10  # 0.1 s; Whisper-style encoders need sever
 SEED_RANGE = (-(2**63), 2**63 - 1)
 
 
+# vLLM's priority scheduling handles lower values first; answers use 0.
+WARMUP_PRIORITY = 10
+
+
 class EngineError(RuntimeError):
     """A question could not be answered; the message tells the user what to change."""
 
@@ -217,7 +221,7 @@ class Reply:
             raise
         except Exception as exc:
             self._finish()
-            raise self.engine._translate(exc, self) from exc
+            raise self.engine._translate(exc, self.request_id) from exc
         finally:
             self._busy = False
             self._idle.set()
@@ -260,14 +264,16 @@ class Engine:
     """Wraps one `AsyncLLM`. Create once per process with `Engine.start`."""
 
     def __init__(self, options: EngineOptions, llm: Any, processor: Any, model_path: str, start_s: float,
-                 family: Family | None = None):
+                 family: Family | None = None, revision: str = ""):
         self.options = options
         self.model_path = model_path
+        self.model_revision = revision  # vidchat.models.model_revision: which exact weights
         self.start_s = start_s
         self.family = family or family_of(None)
         self._llm = llm
         self._processor = processor
         self._ids = itertools.count(1)
+        self._warming: set[str] = set()  # request ids of warm-ups in flight
         # What vLLM itself accepts for this model (a processor may have a
         # video processor that vLLM never calls: SmolVLM), within our limits.
         limits = _allowed_mm_limits(llm)
@@ -308,6 +314,9 @@ class Engine:
         # vLLM keeps processed frames for reuse (4 GiB by default): bounded
         # here, since live video makes every frame new and the cache only grows.
         kwargs["mm_processor_cache_gb"] = options.mm_cache_gb
+        # Warm-ups (vidchat.prewarm) run at a lower priority than answers:
+        # a question never waits behind a warm-up's prefill.
+        kwargs["scheduling_policy"] = "priority"
         family = family_of(model_type_of(options.model))
         processor_kwargs = family.processor_kwargs(options.max_image_pixels)
         if options.max_image_pixels and family.pixel_cap is None:
@@ -329,9 +338,12 @@ class Engine:
             llm = AsyncLLM.from_engine_args(AsyncEngineArgs(**kwargs))
         except Exception as exc:
             raise EngineError(f"vLLM could not start model {options.model!r}: {exc}") from exc
+        from vidchat.models import model_revision
+
+        revision = model_revision(options.model)
         start_s = time.perf_counter() - t0
-        log.info("engine ready: %s on %s in %.1f s", options.model, "GPU" if gpu else "CPU", start_s)
-        return cls(options, llm, processor, options.model, start_s, family)
+        log.info("engine ready: %s (%s) on %s in %.1f s", options.model, revision, "GPU" if gpu else "CPU", start_s)
+        return cls(options, llm, processor, options.model, start_s, family, revision)
 
     def shutdown(self) -> None:
         llm, self._llm = self._llm, None
@@ -345,8 +357,9 @@ class Engine:
     # ---- state ---------------------------------------------------------
     @property
     def running_requests(self) -> int:
-        """Requests vLLM still holds (0 after every answer ends or is aborted)."""
-        return self._llm.get_num_unfinished_requests()
+        """Answers vLLM still holds (0 after every answer ends or is
+        aborted); warm-ups are counted apart, in :attr:`running_warmups`."""
+        return max(0, self._llm.get_num_unfinished_requests() - len(self._warming))
 
     @property
     def is_dead(self) -> bool:
@@ -364,15 +377,21 @@ class Engine:
         system_prompt: str | None = None,
     ) -> str:
         """The prompt text from the model's own chat template."""
+        # Frames, then audio, then the question: what changes least between
+        # two questions of a session comes first, so a later question (or a
+        # warm-up, vidchat.prewarm) shares the longest prefix with this one.
+        # The audio window grows with every chunk received: placed before the
+        # frames, it would make every frame token new each time.
         parts: list[dict[str, Any]] = []
-        if with_audio:
-            parts.append({"type": "audio"})
         if n_frames:
             if frames_as == "video":
                 parts.append({"type": "video"})
             else:
                 parts.extend({"type": "image"} for _ in range(n_frames))
-        parts.append({"type": "text", "text": question})
+        if with_audio:
+            parts.append({"type": "audio"})
+        if question:
+            parts.append({"type": "text", "text": question})
         messages: list[dict[str, Any]] = []
         if system_prompt:
             messages.append({"role": "system", "content": [{"type": "text", "text": system_prompt}]})
@@ -412,13 +431,19 @@ class Engine:
         seed: int | None = None,
         ignore_eos: bool = False,
         cache_salt: str | None = None,
+        warmup: bool = False,
     ) -> Prepared:
         """Render the prompt and build the media for one question (CPU work:
         run it off the event loop). Raises EngineError for input the engine
-        would refuse, so the caller can tell the user before anything streams."""
+        would refuse, so the caller can tell the user before anything streams.
+
+        ``warmup``: the same prompt without the question (the prefix a
+        question will share), for :meth:`warm`; `question` is ignored."""
         if self.is_dead:
             raise EngineDead(ENGINE_DEAD_MESSAGE)
-        if not question or not question.strip():
+        if warmup:
+            question, max_tokens, temperature, seed = "", 1, 0.0, None
+        elif not question or not question.strip():
             raise EngineError("The question is empty.")
         self.check_request(len(frames), frames_as)
         if seed is not None and not SEED_RANGE[0] <= seed <= SEED_RANGE[1]:
@@ -454,6 +479,38 @@ class Engine:
         audio_s = 0.0 if audio is None else audio.size / AUDIO_RATE
         stats = ReplyStats(frames=len(frames), audio_seconds=audio_s, inputs_sha256=inputs_digest(frames, audio))
         return Prepared(prompt, prompt_text, params, stats, video_fps=fps)
+
+    async def warm(self, prepared: Prepared) -> ReplyStats:
+        """Run a warm-up (a prepared ``warmup=True`` prompt): vLLM encodes its
+        frames and fills the prefix cache, generating one token, behind every
+        real question (lower scheduling priority). Cancelling aborts it."""
+        if self.is_dead:
+            raise EngineDead(ENGINE_DEAD_MESSAGE)
+        rid = f"vidchat-warm-{next(self._ids)}-{uuid.uuid4().hex[:8]}"
+        stats = prepared.stats
+        started = time.perf_counter()
+        self._warming.add(rid)
+        try:
+            async for out in self._llm.generate(prepared.prompt, prepared.params, rid, priority=WARMUP_PRIORITY):
+                if out.prompt_token_ids is not None:
+                    stats.prompt_tokens = len(out.prompt_token_ids)
+                stats.cached_tokens = out.num_cached_tokens or 0
+                if out.finished:
+                    stats.finish_reason = out.outputs[0].finish_reason
+        except (asyncio.CancelledError, GeneratorExit):
+            stats.cancelled = True
+            await self._llm.abort(rid)
+            raise
+        except Exception as exc:
+            raise self._translate(exc, rid) from exc
+        finally:
+            self._warming.discard(rid)
+            stats.total_s = time.perf_counter() - started
+        return stats
+
+    @property
+    def running_warmups(self) -> int:
+        return len(self._warming)
 
     def submit(self, prepared: Prepared, request_id: str | None = None) -> Reply:
         """A Reply for a prepared question; vLLM starts on its first iteration."""
@@ -491,7 +548,7 @@ class Engine:
             mm["audio"] = [(audio, AUDIO_RATE)]
         return mm
 
-    def _translate(self, exc: BaseException, reply: Reply) -> EngineError:
+    def _translate(self, exc: BaseException, request_id: str) -> EngineError:
         """vLLM's exceptions, reworded so a user knows what to change."""
         from vllm.v1.engine.exceptions import EngineDeadError, EngineGenerateError
 
@@ -507,7 +564,7 @@ class Engine:
             )
         if "may be provided in one prompt" in text:
             return EngineError(f"{text.splitlines()[0]} Lower 'frames per question' or raise --max-images.")
-        log.exception("request %s failed", reply.request_id, exc_info=exc)
+        log.exception("request %s failed", request_id, exc_info=exc)
         return EngineError(f"The model failed to answer: {text.splitlines()[0] if text else type(cause).__name__}")
 
 

@@ -80,12 +80,13 @@ import struct
 import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
+from types import SimpleNamespace
 from typing import Any, Iterable, Sequence
 
 import numpy as np
 from PIL import Image
 
-from vidchat.engine import Turn, inputs_digest
+from vidchat.engine import ReplyStats, Turn, inputs_digest
 from vidchat.media import AUDIO_RATE
 
 log = logging.getLogger(__name__)
@@ -102,6 +103,9 @@ _SAFE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 # Most pixels one stored frame of a bundle may have when read (an untrusted
 # zip must not decode to gigabytes); far above any stored size vidchat uses.
 MAX_FRAME_PIXELS = 4096 * 4096
+# Most bytes one file of a bundle may unpack to, and most frames it may hold.
+MAX_MEMBER_BYTES = 128 << 20
+MAX_BUNDLE_FRAMES = 1024
 
 
 class BundleError(ValueError):
@@ -382,9 +386,63 @@ class Bundle:
         from vidchat.session import Sample
 
         span = (self.manifest.get("audio") or {}).get("span") or [None, None]
+        record = self.manifest.get("record") or {}
+        positions = [f.get("source_t") for f in self.manifest.get("frames") or []]
+        source_span = record.get("audio_source_span")
         return Sample(frames=list(self.frames), timestamps=list(self.frame_times),
                       indices=list(self.frame_indices), audio=self.audio,
-                      audio_start=span[0], audio_end=span[1], origin=0.0)
+                      audio_start=span[0], audio_end=span[1], origin=0.0,
+                      source_times=positions if len(positions) == len(self.frames) else [],
+                      audio_source_span=tuple(source_span) if isinstance(source_span, list) and
+                      len(source_span) == 2 else None,
+                      source=record.get("source") if isinstance(record.get("source"), dict) else None)
+
+
+class RecordedReply:
+    """A bundle's answer as the page's compare view reads a live reply: its
+    text, its stats and the model that gave it (nothing to generate or cancel)."""
+
+    def __init__(self, manifest: dict[str, Any]):
+        self.text = manifest.get("answer") or ""
+        timings = manifest.get("timings") or {}
+        tokens = manifest.get("tokens") or {}
+        record = manifest.get("record") or {}
+        ttft_ms = timings.get("ttft_ms")
+        self.stats = ReplyStats(
+            prompt_tokens=tokens.get("prompt_tokens") or 0,
+            cached_tokens=tokens.get("cached_tokens") or 0,
+            completion_tokens=tokens.get("completion_tokens") or 0,
+            frames=len(manifest.get("frames") or []),
+            audio_seconds=float((manifest.get("audio") or {}).get("seconds") or 0.0),
+            ttft_s=None if ttft_ms is None else ttft_ms / 1000,
+            tokens_per_s=timings.get("tokens_per_s"),
+            total_s=timings.get("total_s") or 0.0,
+            finish_reason=tokens.get("finish_reason"),
+            inputs_sha256=manifest.get("inputs_sha256", ""),
+        )
+        self.engine = SimpleNamespace(model_path=manifest.get("model") or "",
+                                      model_revision=manifest.get("model_revision") or record.get("model_revision")
+                                      or "")
+
+    async def cancel(self) -> None:
+        return None
+
+    aclose = cancel
+
+
+def recorded_answer(bundle: Bundle):
+    """A bundle as a finished :class:`vidchat.chat.Answer`: the page lists it
+    beside the session's own answers and re-asks it the same way."""
+    from vidchat.chat import Answer, AnswerOptions
+
+    settings = bundle.manifest.get("settings") or {}
+    known = {f.name for f in dataclasses.fields(AnswerOptions)}
+    options = AnswerOptions(**{k: v for k, v in settings.items() if k in known})
+    if bundle.manifest.get("frames_as") in ("images", "video"):
+        options.frames_as = bundle.manifest["frames_as"]
+    return Answer(bundle.question, RecordedReply(bundle.manifest), bundle.sample(), options,
+                  prompt_text=bundle.manifest.get("prompt") or "", video_fps=bundle.manifest.get("video_fps"),
+                  history=tuple(bundle.history()), bundle_name=Path(bundle.path).name)
 
 
 class _Folder:
@@ -404,9 +462,20 @@ class _Zip:
 
     def read(self, name: str) -> bytes:
         try:
-            return self.zf.read(self.prefix + name)
+            info = self.zf.getinfo(self.prefix + name)
         except KeyError:
             raise BundleError(f"{name} is missing from the zip") from None
+        # A zip from elsewhere (the page takes uploads) may inflate a few
+        # kilobytes into gigabytes: its declared size is checked first, and
+        # the read stops there whatever the header claimed.
+        if info.file_size > MAX_MEMBER_BYTES:
+            raise BundleError(f"{name} would unpack to {info.file_size} bytes; a bundle file may be at most "
+                              f"{MAX_MEMBER_BYTES} bytes")
+        with self.zf.open(info) as member:
+            data = member.read(MAX_MEMBER_BYTES + 1)
+        if len(data) > MAX_MEMBER_BYTES:
+            raise BundleError(f"{name} unpacks to more than {MAX_MEMBER_BYTES} bytes")
+        return data
 
 
 def _safe_file(name: Any) -> str:
@@ -461,7 +530,12 @@ def _read(src: _Folder | _Zip, where: str) -> Bundle:
     if not isinstance(manifest.get("question"), str) or not manifest["question"].strip():
         raise BundleError(f"{where}: the manifest has no question")
     frames, times, indices = [], [], []
-    for entry in manifest.get("frames") or []:
+    listed = manifest.get("frames") or []
+    if not isinstance(listed, list) or len(listed) > MAX_BUNDLE_FRAMES:
+        raise BundleError(f"{where}: the manifest's frames must be a list of at most {MAX_BUNDLE_FRAMES}")
+    for entry in listed:
+        if not isinstance(entry, dict):
+            raise BundleError(f"{where}: a frame entry of the manifest is not an object")
         frame = read_png(src.read(_safe_file(entry.get("file"))))
         if (entry.get("width"), entry.get("height")) != (frame.shape[1], frame.shape[0]):
             raise BundleError(f"{where}: {entry['file']} is {frame.shape[1]}x{frame.shape[0]}, the manifest says "

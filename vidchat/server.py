@@ -17,6 +17,7 @@ from vidchat import tinymodel
 from vidchat.access import Guard, default_allowed_hosts, split_list
 from vidchat.engine import Engine, EngineError, EngineOptions
 from vidchat.loopwatch import LoopWatch
+from vidchat.prewarm import Prewarmer
 from vidchat.settings import Settings
 from vidchat.state import AppState
 
@@ -64,6 +65,8 @@ def create_app(state: AppState) -> FastAPI:
         if state.banner:
             log.warning(state.banner)
         reaper = asyncio.create_task(_reap_idle_sessions(state))
+        state.prewarmer = Prewarmer(state, state.settings.prewarm)
+        state.prewarmer.start()
         loop_watch.start()
         log.info("vidchat listening on http://%s:%d%s", state.settings.host, state.settings.port,
                  " (loading the model)" if owns_engine else "")
@@ -71,12 +74,15 @@ def create_app(state: AppState) -> FastAPI:
             yield
         finally:
             reaper.cancel()
+            await state.prewarmer.stop()
             loop_watch.stop()
             await state.registry.close_all()
             if loading is not None:
                 await asyncio.gather(loading, return_exceptions=True)  # a start in progress finishes first
-            if owns_engine and state.engine is not None:
-                state.engine.shutdown()
+            if owns_engine:
+                for engine in (state.engine, state.compare_engine):
+                    if engine is not None:
+                        engine.shutdown()
 
     loop_watch = LoopWatch()
     app = FastAPI(title="vidchat", lifespan=lifespan, docs_url=None, redoc_url=None)
@@ -105,10 +111,26 @@ def create_app(state: AppState) -> FastAPI:
             "sessions": len(state.registry),
             "sessions_by_kind": state.registry.count_by_kind(),
             "running_requests": engine.running_requests if ok else None,
+            "compare_model": ({"model": state.compare_model_path, "status": state.compare_readiness()[1],
+                               "running_requests": state.compare_engine.running_requests
+                               if state.compare_readiness()[0] else None}
+                              if state.compare_model_path else None),
             "answers": state.answer_gate.snapshot(),
+            "running_warmups": engine.running_warmups if ok else None,
+            "prewarm": state.prewarmer.snapshot() if state.prewarmer else None,
             "loop_lag": loop_watch.snapshot(),
         }
         return JSONResponse(body, status_code=200 if ok else 503)
+
+    @app.post("/api/prewarm")
+    async def set_prewarm(body: dict[str, Any]) -> JSONResponse:
+        """Switch warm-ups at run time (the latency report compares on and off in one run)."""
+        mode = body.get("mode") if isinstance(body, dict) else None
+        try:
+            await state.prewarmer.set_mode(mode)
+        except ValueError as exc:
+            return JSONResponse({"error": str(exc)}, status_code=400)
+        return JSONResponse(state.prewarmer.snapshot())
 
     @app.post("/api/loop-lag/reset")
     async def reset_loop_lag() -> dict[str, Any]:
@@ -159,6 +181,15 @@ async def _load_engine(state: AppState) -> None:
         return
     state.engine_settled(engine)
     log.info("vidchat ready on http://%s:%d", state.settings.host, state.settings.port)
+    if state.compare_model_path:
+        # After the first: the page works meanwhile, and two loads at once
+        # would only compete for the same cores and memory.
+        options = engine_options(state.settings, state.compare_model_path, state.compare_tiny)
+        try:
+            state.compare_engine = await asyncio.to_thread(Engine.start, options)
+        except Exception as exc:
+            log.error("the comparison model failed to load: %s", exc, exc_info=not isinstance(exc, EngineError))
+            state.compare_error = str(exc)
 
 
 async def _reap_idle_sessions(state: AppState) -> None:

@@ -493,6 +493,11 @@ class Session:
         return len(self._frames)
 
     @property
+    def kept_count(self) -> int:
+        """Frames kept so far: changes exactly when the buffer gains a frame."""
+        return self._kept
+
+    @property
     def newest_frame_time(self) -> float | None:
         """Capture time of the newest frame received (kept or dropped): shows the stream is alive."""
         return self._newest_received_t

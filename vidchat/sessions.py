@@ -60,6 +60,10 @@ class Entry:
     client: str | None = None
     # time.monotonic() at which --session-time-limit ends the session (None: never).
     deadline: float | None = None
+    # What the next question will most likely carry besides its frames: the
+    # last question's options and the conversation so far (vidchat.prewarm).
+    warm_options: Any = None
+    warm_history: tuple = ()
 
     def time_left(self) -> float | None:
         return None if self.deadline is None else max(0.0, self.deadline - time.monotonic())

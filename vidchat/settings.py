@@ -36,6 +36,10 @@ class Settings:
         "", "Apply a preset's limits (see --model list) to the model --model names: for a local copy of a "
         "preset's weights, e.g. --model /models/SmolVLM2-256M --preset smolvlm2-256m.",
     )
+    compare_model: str = _opt(
+        "", "A second model (same forms as --model) loaded beside the first, so the page's Re-ask can put one "
+        "answer's exact inputs to both models. Needs memory for both engines; empty: one model.",
+    )
     dtype: str = _opt("auto", "Weights/activation dtype passed to vLLM (auto, bfloat16, float16, float32).")
     max_model_len: int = _opt(8192, "Longest prompt + reply in tokens.")
     kv_cache_gb: float = _opt(
@@ -67,6 +71,11 @@ class Settings:
     system_prompt: str = _opt(
         "You are a helpful assistant watching a live video. Answer about what you see and hear.",
         "System prompt put before every conversation.",
+    )
+    prewarm: str = _opt(
+        "idle", "Keep each session's next question prefilled in the engine (vidchat/prewarm.py): 'idle' sends "
+        "warm-ups only while no answer is generating, 'always' also beside answers (at lower priority), 'off' "
+        "never.", choices=("off", "idle", "always"),
     )
     record_dir: str = _opt(
         "", "Save every answer as a recording bundle (its frames as PNG, audio as WAV, question, chat history, "

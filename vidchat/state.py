@@ -35,6 +35,12 @@ class AppState:
     # The engine loads after the port opens: until then the page says so and questions wait.
     engine_error: str | None = None
     loading_since: float = field(default_factory=time.monotonic)
+    # --compare-model: a second engine, loaded after the first, for Re-ask only.
+    prewarmer: Any = None  # vidchat.prewarm.Prewarmer, started with the server
+    compare_model_path: str = ""
+    compare_tiny: bool = False
+    compare_engine: Engine | None = None
+    compare_error: str | None = None
     _engine_settled: asyncio.Event | None = field(default=None, repr=False)
 
     @property
@@ -75,6 +81,18 @@ class AppState:
         if not ready:
             raise EngineError(reason)
         return self.engine
+
+    def compare_readiness(self) -> tuple[bool, str]:
+        """(ready, reason) of the --compare-model engine."""
+        if not self.compare_model_path:
+            return False, "No second model: start vidchat with --compare-model to compare two models."
+        if self.compare_engine is not None and not self.compare_engine.is_dead:
+            return True, "ready"
+        if self.compare_error:
+            return False, f"The second model failed to load: {self.compare_error}"
+        if self.compare_engine is not None:
+            return False, "The second model's engine has stopped; restart vidchat."
+        return False, "The second model is still loading (it starts after the first)."
 
     @property
     def tiny(self) -> bool:

@@ -15,6 +15,7 @@ import html
 import io
 import logging
 import math
+import secrets
 import time
 from pathlib import Path
 from typing import Any, AsyncIterator
@@ -26,7 +27,8 @@ from vidchat import answer_inputs, chat, evs, recording
 from vidchat.chat import Answer, OptionError
 from vidchat.engine import EngineError, Turn
 from vidchat.media import FRAMES_AS
-from vidchat.session import SAMPLING_STRATEGIES
+from vidchat.session import SAMPLING_STRATEGIES, Session
+from vidchat.sessions import Entry
 from vidchat.watch import DEFAULT_EVERY_S, SceneWatch
 
 log = logging.getLogger(__name__)
@@ -138,7 +140,8 @@ def frames_html(answer) -> str:
     if answer is None:
         return "<p class='vc-muted'>Ask a question to see the frames and audio the model received.</p>"
     tiles = []
-    for frame, t, idx in zip(answer.sample.frames, answer.sample.timestamps, answer.sample.indices):
+    positions = answer.sample.frame_source_times()
+    for frame, t, idx, pos in zip(answer.sample.frames, answer.sample.timestamps, answer.sample.indices, positions):
         img = Image.fromarray(frame)
         img.thumbnail((160, 120))
         buf = io.BytesIO()
@@ -147,7 +150,7 @@ def frames_html(answer) -> str:
         age = t - answer.sample.timestamps[-1]
         tiles.append(
             f"<figure><img src='data:image/jpeg;base64,{src}' alt='frame {idx}'>"
-            f"<figcaption>#{idx} · {age:+.1f} s</figcaption></figure>"
+            f"<figcaption>#{idx} · {age:+.1f} s{'' if pos is None else f' · file {pos:.1f} s'}</figcaption></figure>"
         )
     audio = answer.reply.stats.audio_seconds
     head = (
@@ -217,7 +220,7 @@ class PageRequest:
 
 
 def page_request(state, k, sampling, seconds, evs_on, threshold, max_frames, frames_as, audio_on,
-                 max_tokens, temperature, seed, record=False) -> PageRequest:
+                 max_tokens, temperature, seed, record=False, system_prompt=None) -> PageRequest:
     """Turn the page's (or the public /ask API's) raw values into settings;
     raises OptionError naming the field, so the chat can say what to fix."""
     sampling_changes = dict(
@@ -235,6 +238,8 @@ def page_request(state, k, sampling, seconds, evs_on, threshold, max_frames, fra
         temperature=_number("Temperature", temperature),
         seed=_seed(seed),
     )
+    if isinstance(system_prompt, str):  # None (an API caller that leaves it out): the server's default
+        options = options.updated(system_prompt=system_prompt.strip() or None)
     return PageRequest(sampling_changes, options, record=bool(record))
 
 
@@ -398,28 +403,49 @@ async def respond(state, message: str, history: list[dict], sid: str, *raw_setti
 # Re-ask and compare: an earlier answer's exact inputs, other settings
 # ---------------------------------------------------------------------------
 
-def reask_choices(state, sid: str) -> list[tuple[str, str]]:
-    """The session's remembered answers, newest first, as (label, answer id)."""
+MAX_LOADED_BUNDLES = 8
+MAX_BUNDLE_BYTES = 256 << 20  # a bundle of 64 frames at 1280×720 is ~100 MB of PNG
+
+
+def reask_choices(state, sid: str, loaded: dict | None = None) -> list[tuple[str, str]]:
+    """The session's remembered answers, newest first, then bundles loaded
+    into this tab, as (label, answer id)."""
     entry = state.registry.get(sid) if isinstance(sid, str) else None
-    if entry is None:
-        return []
     out = []
-    for n, (answer_id, answer) in enumerate(reversed(entry.answers.items())):
-        question = answer.question if len(answer.question) <= 48 else answer.question[:47] + "…"
-        out.append((f"{'latest: ' if n == 0 else ''}{question} ({len(answer.sample.frames)} frames, "
-                    f"T={answer.options.temperature:g})", answer_id))
+    if entry is not None:
+        for n, (answer_id, answer) in enumerate(reversed(entry.answers.items())):
+            out.append((f"{'latest: ' if n == 0 else ''}{_short(answer.question)} ({len(answer.sample.frames)} "
+                        f"frames, T={answer.options.temperature:g})", answer_id))
+    for answer_id, answer in reversed((loaded or {}).items()):
+        out.append((f"bundle: {_short(answer.question)} ({len(answer.sample.frames)} frames, "
+                    f"{answer.bundle_name})", answer_id))
     return out
+
+
+def _short(text: str, n: int = 48) -> str:
+    return text if len(text) <= n else text[: n - 1] + "…"
+
+
+def _model_cell(answer: Answer) -> str:
+    engine = answer.reply.engine
+    name = str(engine.model_path).rstrip("/").rsplit("/", 1)[-1]
+    revision = getattr(engine, "model_revision", "")
+    return (f"<span title='{html.escape(str(engine.model_path))}'>{html.escape(name)}</span>"
+            + (f"<br><small>{html.escape(revision)}</small>" if revision else ""))
 
 
 def _column(heading: str, answer: Answer | None, text: str) -> str:
     rows = ""
     if answer is not None:
         rec = answer.summary()
-        for label, value in (("frames", f"{rec['frames']} as {rec['frames_as']}"),
+        for label, value in (("model", _model_cell(answer)),
+                             ("frames", f"{rec['frames']} as {rec['frames_as']}"),
                              ("audio", f"{rec['audio_seconds']:.1f} s"),
                              ("temperature", rec["temperature"]), ("seed", rec["seed"] if rec["seed"] is not None
                                                                    else "random"),
-                             ("max tokens", rec["max_tokens"]), ("prompt tokens", rec["prompt_tokens"]),
+                             ("max tokens", rec["max_tokens"]),
+                             ("system prompt", html.escape(_short(rec.get("system_prompt") or "(none)", 60))),
+                             ("prompt tokens", rec["prompt_tokens"]),
                              ("first token", f"{rec['ttft_ms']} ms" if rec.get("ttft_ms") is not None else "–"),
                              ("tokens/s", f"{rec['tokens_per_s']:.1f}" if rec.get("tokens_per_s") else "–"),
                              ("inputs_sha256", f"<code>{rec['inputs_sha256'][:16]}…</code>")):
@@ -428,28 +454,94 @@ def _column(heading: str, answer: Answer | None, text: str) -> str:
             f"<div class='vc-compare-text'>{html.escape(text) or '…'}</div><table>{rows}</table></div>")
 
 
-def compare_html(original: Answer, again: Answer | None, text: str, note: str = "") -> str:
+def compare_html(original: Answer, again: Answer | None, text: str, note: str = "",
+                 again_heading: str = "Re-asked") -> str:
     same = again is not None and again.reply.stats.inputs_sha256 == original.reply.stats.inputs_sha256
     verdict = ("" if again is None or not again.reply.stats.inputs_sha256 else
                "<p class='vc-muted'>Same inputs (inputs_sha256 matches).</p>" if same else
-               "<p class='vc-muted'>Different inputs: a subset of the original frames, or audio left out.</p>")
+               "<p class='vc-muted'>Different inputs: a subset of the original frames, audio left out, or a "
+               "model that does not take audio.</p>")
+    heading = f"Recorded ({original.bundle_name})" if original.bundle_name else "Original"
     return (f"<p><b>{html.escape(original.question)}</b></p>{verdict}"
             f"{'<p class=vc-muted>' + html.escape(note) + '</p>' if note else ''}"
-            f"<div class='vc-compare' id='vc-compare-cols'>{_column('Original', original, original.reply.text)}"
-            f"{_column('Re-asked', again, text)}</div>")
+            f"<div class='vc-compare' id='vc-compare-cols'>{_column(heading, original, original.reply.text)}"
+            f"{_column(again_heading, again, text)}</div>")
 
 
-async def reask(state, sid: str, answer_id: str, *raw_settings: Any) -> AsyncIterator[str]:
-    """Ask an earlier answer's question again on its exact frames, audio and
-    history, with the page's current settings; yields the comparison."""
+def reask_engines(state) -> list[tuple[str, str]]:
+    """The models a re-ask can go to, as (label, value) for the page's radio."""
+    out = [(f"{model_label(state)} (this server's model)", "main")]
+    if state.compare_model_path:
+        name = state.compare_model_path.rstrip("/").rsplit("/", 1)[-1]
+        out.append((f"{'tiny test model (vision only)' if state.compare_tiny and 'vl' in name else name} "
+                    "(--compare-model)", "compare"))
+    return out
+
+
+async def _reask_engine(state, which: str):
+    if which == "compare":
+        ready, reason = state.compare_readiness()
+        if not ready:
+            raise EngineError(reason)
+        return state.compare_engine
+    return await state.wait_engine(timeout=0)
+
+
+async def load_bundle(state, path: Any, loaded: dict | None) -> tuple[dict, list[tuple[str, str]], str, str]:
+    """Read an uploaded bundle zip into this tab: (loaded, its choice list, the
+    id to select, a message). The upload is deleted once read."""
+    loaded = dict(loaded or {})
+    if not path:
+        return loaded, [], "", ""
+    path = str(getattr(path, "path", path))
+    try:
+        size = Path(path).stat().st_size
+        if size > MAX_BUNDLE_BYTES:
+            raise recording.BundleError(f"the file is {size / 2**20:.0f} MiB; a bundle may be at most "
+                                        f"{MAX_BUNDLE_BYTES >> 20} MiB")
+        bundle = await asyncio.to_thread(recording.read_bundle, path)
+        intact = await asyncio.to_thread(lambda: bundle.digest() == bundle.inputs_sha256)
+    except (recording.BundleError, OSError) as exc:
+        return loaded, [], "", f"<p class='vc-note'>⚠ Not a bundle vidchat can read: {html.escape(str(exc))}</p>"
+    finally:
+        try:  # Gradio kept the upload on disk; nothing of it stays once read
+            Path(path).unlink()
+        except OSError:
+            pass
+    answer = recording.recorded_answer(bundle)
+    answer_id = "bundle-" + secrets.token_urlsafe(12)
+    loaded[answer_id] = answer
+    while len(loaded) > MAX_LOADED_BUNDLES:
+        loaded.pop(next(iter(loaded)))
+    warn = ("" if intact else " Its frames and audio do not hash to the inputs_sha256 it records: the files were "
+            "changed after recording.")
+    message = compare_html(answer, None, "", f"Loaded the bundle ({len(answer.sample.frames)} frames"
+                           f"{', audio' if answer.sample.audio is not None else ''}). Choose settings and a model, "
+                           "then Re-ask." + warn)
+    return loaded, [], answer_id, message
+
+
+async def reask(state, sid: str, answer_id: str, *raw_settings: Any, engine_choice: str = "main",
+                loaded: dict | None = None) -> AsyncIterator[str]:
+    """Ask an earlier answer's (or a loaded bundle's) question again on its
+    exact frames, audio and history, with the page's current settings and
+    the chosen model; yields the comparison."""
     entry = state.registry.get(sid) if isinstance(sid, str) else None
-    original = entry.answers.get(answer_id) if entry is not None and isinstance(answer_id, str) else None
+    original = None
+    if isinstance(answer_id, str):
+        original = (entry.answers.get(answer_id) if entry is not None else None) or (loaded or {}).get(answer_id)
     if original is None:
-        yield "<p class='vc-note'>Pick an answer of this session to re-ask (answers are kept while the session runs).</p>"
+        yield ("<p class='vc-note'>Pick an answer of this session (answers are kept while the session runs) or "
+               "load a recorded bundle to re-ask.</p>")
+        return
+    try:
+        engine = await _reask_engine(state, engine_choice if engine_choice in ("main", "compare") else "main")
+    except EngineError as exc:
+        yield f"<p class='vc-note'>⚠ {html.escape(str(exc))}</p>"
         return
     try:
         request = page_request(state, *raw_settings)
-        chat.check_options(request.options, state.engine)
+        chat.check_options(request.options, engine)
         wanted = request.sampling["num_sample_frames"]
         sample = chat.frozen_sample(original, wanted)
     except ValueError as exc:
@@ -457,27 +549,33 @@ async def reask(state, sid: str, answer_id: str, *raw_settings: Any) -> AsyncIte
         return
     note = (f"The original had {len(original.sample.frames)} frames; all of them are used."
             if wanted > len(original.sample.frames) else "")
+    if entry is None:
+        # A bundle re-asked before any source started: a session of its own,
+        # outside the registry (it holds no media), with its own cache salt.
+        entry = Entry(Session("bundle-" + answer_id), kind="bundle")
+    heading = "Re-asked" if engine is state.engine else "Re-asked on the second model"
     try:
-        again = await chat.ask(state.engine, entry, original.question, request.options, history=original.history,
+        again = await chat.ask(engine, entry, original.question, request.options, history=original.history,
                                queue=state.answer_gate, sample=sample)
     except chat.Superseded:
         return
     except EngineError as exc:
         yield f"<p class='vc-note'>⚠ {html.escape(str(exc))}</p>"
         return
-    yield compare_html(original, None, "", note)
+    yield compare_html(original, None, "", note, heading)
     try:
         async for _ in _wait_turn(again):
             pass
         async for _ in again.reply:
-            yield compare_html(original, None, again.reply.text, note)
+            yield compare_html(original, None, again.reply.text, note, heading)
     except (chat.Abandoned, EngineError) as exc:
         note = f"⚠ {exc}" if isinstance(exc, EngineError) else "Stopped."
     finally:
         await again.reply.cancel()
-        chat.release(entry, again)
-    answer_inputs.remember(entry, again)
-    yield compare_html(original, again, again.reply.text, note)
+        chat.release(entry, again, continues_chat=False)
+    if entry.kind != "bundle":
+        answer_inputs.remember(entry, again)
+    yield compare_html(original, again, again.reply.text, note, heading)
 
 
 # ---------------------------------------------------------------------------
@@ -584,8 +682,10 @@ def _settings_panel(state) -> list[gr.components.Component]:
         record = gr.Checkbox(value=False, interactive=allowed, elem_id="vc-record",
                              label="Record each answer as a bundle on the server" if allowed else
                              "Record (off: the server was started without --record-dir)")
+        system_prompt = gr.Textbox(value=s.system_prompt, label="System prompt", lines=2, max_lines=6,
+                                   elem_id="vc-system-prompt", info="Put before every conversation; empty: none.")
     return [k, sampling, seconds, evs_on, threshold, max_frames, frames_as, audio_on, max_tokens, temperature, seed,
-            record]
+            record, system_prompt]
 
 
 def mount(app, state):
@@ -615,17 +715,28 @@ def mount(app, state):
             inputs_view = gr.HTML(frames_html(None))
             details = gr.JSON(label="Reply details", value=None)
         with gr.Accordion("Re-ask and compare", open=False, elem_id="vc-reask-panel"):
+            two_models = bool(state.compare_model_path)
             gr.Markdown("Ask an earlier question again on **exactly the same frames, audio and history**, with the "
-                        "settings above (frames per question takes that many of the original frames), and see both "
-                        "answers side by side. To compare two models, run two servers and compare their records "
-                        "(`python -m vidchat.replay`).", elem_classes="vc-muted")
+                        "settings above (frames per question takes that many of the original frames; the system "
+                        "prompt is in Settings too), and see both answers side by side. A recorded bundle (.zip) "
+                        "can be loaded and re-asked the same way. "
+                        + ("Choose which model answers." if two_models else
+                           "To put the same inputs to two models, start vidchat with `--compare-model MODEL` "
+                           "(memory for both), or run two servers and re-ask a recorded bundle on each "
+                           "(`python -m vidchat.replay BUNDLE --model …`)."), elem_classes="vc-muted")
             with gr.Row():
                 # Custom values: the list is per session (refreshed after each answer), and the
-                # API takes any answer id; reask() checks it belongs to the session.
+                # API takes any answer id; reask() checks it belongs to the session or the tab.
                 reask_from = gr.Dropdown(choices=[], label="Answer to re-ask", scale=4, elem_id="vc-reask-from",
                                          allow_custom_value=True)
                 reask_btn = gr.Button("Re-ask with these settings", scale=1, elem_id="vc-reask")
+            with gr.Row():
+                reask_engine = gr.Radio(reask_engines(state), value="main", label="Model", visible=two_models,
+                                        elem_id="vc-reask-model", scale=3)
+                bundle_file = gr.File(label="Load a recorded bundle (.zip)", file_types=[".zip"], type="filepath",
+                                      elem_id="vc-bundle-file", scale=2, height=130)
             comparison = gr.HTML("", elem_id="vc-compare")
+            loaded_bundles = gr.State({})
         session_id = gr.Textbox(visible="hidden", elem_id="vidchat-session-id")
         # Filled when the page loads, for a logged-in user only (Gradio runs
         # no event for a page that has not logged in).
@@ -673,21 +784,32 @@ def mount(app, state):
         for evt in (submit_evt, click_evt):  # after a typed question, watching goes on from the new chat
             evt.then(on_watch, watch_inputs, outputs, api_visibility="private", **watch_events)
 
-        def refresh_reask(sid):
-            choices = reask_choices(state, sid)
+        def refresh_reask(sid, loaded):
+            choices = reask_choices(state, sid, loaded)
             return gr.Dropdown(choices=choices, value=choices[0][1] if choices else None)
 
         for evt in (submit_evt, click_evt):
-            evt.then(refresh_reask, [session_id], reask_from, api_visibility="private")
+            evt.then(refresh_reask, [session_id, loaded_bundles], reask_from, api_visibility="private")
+
+        async def on_load_bundle(path, sid, loaded):
+            loaded, _, chosen, message = await load_bundle(state, path, loaded)
+            choices = reask_choices(state, sid, loaded)
+            return (loaded, gr.Dropdown(choices=choices, value=chosen or (choices[0][1] if choices else None)),
+                    message, None)
+
+        bundle_file.upload(on_load_bundle, [bundle_file, session_id, loaded_bundles],
+                           [loaded_bundles, reask_from, comparison, bundle_file], api_name="load_bundle",
+                           concurrency_limit=4)
 
         async def on_reask(sid, answer_id, *raw):
-            async for update in reask(state, sid, answer_id, *raw):
+            *settings, which, loaded = raw
+            async for update in reask(state, sid, answer_id, *settings, engine_choice=which, loaded=loaded):
                 yield update
 
-        reask_btn.click(on_reask, [session_id, reask_from, *settings_inputs], comparison, api_name="reask",
-                        concurrency_limit=None, show_progress="minimal")
+        reask_btn.click(on_reask, [session_id, reask_from, *settings_inputs, reask_engine, loaded_bundles],
+                        comparison, api_name="reask", concurrency_limit=None, show_progress="minimal")
 
-    return gr.mount_gradio_app(app, blocks, path="/", head=HEAD, theme=gr.themes.Soft(), footer_links=[],
+    return gr.mount_gradio_app(app, blocks, path="/", head=HEAD, max_file_size=MAX_BUNDLE_BYTES, theme=gr.themes.Soft(), footer_links=[],
                                auth=state.access.gradio_auth(), auth_message=_auth_message(state))
 
 

@@ -1,0 +1,141 @@
+"""Re-ask and compare across two models (--compare-model) and from a bundle
+loaded into the page: real vLLM (the tiny omni model and, beside it in the
+same process, the tiny vision-only one), real aiortc, and Chromium."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import time
+import urllib.request
+import zipfile
+from pathlib import Path
+
+import pytest
+from gradio_client import Client, handle_file
+
+from vidchat.recording import read_bundle
+from vidchat.settings import Settings
+from vidchat.rtc_client import RtcClient, SyntheticVideo
+
+from conftest import (SERVER_ARGS, TEST_MAX_IMAGES, TEST_MAX_MODEL_LEN, start_server, stop_server, until_idle)
+
+CHROMIUM = "/usr/bin/chromium"
+# /ask and /reask settings after the session id: k, sampling, window, filter on,
+# threshold, max frames kept, frames as, audio, max tokens, temperature, seed, record.
+SETTINGS = [4, "uniform", 10, True, 0.95, 64, "images", True, 6, 0.0, "5"]
+
+
+@pytest.fixture(scope="module")
+def two_models(tiny_omni_path, tiny_vl_path, artifacts_dir, tmp_path_factory):
+    record_dir = tmp_path_factory.mktemp("recordings")
+    srv = start_server(["--model", "tiny", "--compare-model", "tiny-vl", "--max-images", str(TEST_MAX_IMAGES),
+                        "--max-model-len", str(TEST_MAX_MODEL_LEN), "--kv-cache-gb", "0.25",
+                        "--record-dir", str(record_dir), *SERVER_ARGS], artifacts_dir / "server-compare.log")
+    deadline = time.monotonic() + 180
+    while srv.get_json("/api/health")["compare_model"]["status"] != "ready":
+        assert time.monotonic() < deadline, srv.log()[-3000:]
+        time.sleep(0.5)
+    yield srv
+    stop_server(srv)
+
+
+async def _recorded_bundle(srv, tmp_path: Path) -> tuple[Path, dict]:
+    """One recorded answer of a camera without microphone, downloaded as the page offers it."""
+    client = RtcClient(srv.url, SyntheticVideo(fps=15))
+    await client.connect()
+    try:
+        for _ in range(100):
+            if (await client.stats())["frames_received"] >= 10:
+                break
+            await asyncio.sleep(0.2)
+        gradio = Client(srv.url + "/", verbose=False)
+        history = (await asyncio.to_thread(gradio.predict, "What moves?", [], client.session_id, *SETTINGS, True,
+                                           api_name="/ask"))[0]
+        answer_id = history[-1]["metadata"]["id"]
+        record = srv.get_json(f"/inputs/{answer_id}/record.json")
+        path = tmp_path / "bundle.zip"
+        with urllib.request.urlopen(f"{srv.url}/inputs/{answer_id}/bundle.zip") as r:
+            path.write_bytes(r.read())
+    finally:
+        await client.close()  # the session ends: what follows uses only the downloaded bundle
+    return path, record
+
+
+def _load(srv, path: Path) -> tuple[Client, str, str]:
+    """A fresh tab (no camera) loads a bundle: (the tab, the answer id it selected, the message shown)."""
+    tab = Client(srv.url + "/", verbose=False)
+    dropdown, shown, _ = tab.predict(handle_file(str(path)), "", api_name="/load_bundle")
+    chosen = dropdown.get("value") if isinstance(dropdown, dict) else dropdown  # an update, or its value
+    return tab, chosen or "", shown
+
+
+def _columns(html: str) -> list[str]:
+    return html.split("class='vc-compare-col'")[1:]
+
+
+async def test_a_loaded_bundle_is_reasked_on_either_model_with_the_same_inputs(two_models, tmp_path):
+    health = two_models.get_json("/api/health")
+    assert health["compare_model"]["model"].rstrip("/").rsplit("/", 1)[-1].startswith("tiny-vl")
+    path, record = await _recorded_bundle(two_models, tmp_path)
+    assert record["model_revision"].startswith("fingerprint ")
+    assert record["audio_seconds"] == 0  # no microphone: both models get exactly the same inputs
+
+    # A fresh tab that never started a camera loads the bundle and re-asks it.
+    tab, chosen, shown = await asyncio.to_thread(_load, two_models, path)
+    assert chosen.startswith("bundle-") and "Recorded (bundle.zip)" in shown and "Loaded the bundle (4 frames" in shown
+
+    def reask(which: str, system_prompt: str = Settings().system_prompt):
+        return tab.predict("", chosen, *SETTINGS, False, system_prompt, which, api_name="/reask")
+
+    on_main = await asyncio.to_thread(reask, "main")
+    on_second = await asyncio.to_thread(reask, "compare")
+    for html, model in ((on_main, "tiny-omni"), (on_second, "tiny-vl")):
+        assert "Same inputs (inputs_sha256 matches)" in html, html
+        recorded, again = _columns(html)
+        assert record["inputs_sha256"][:16] in recorded and record["inputs_sha256"][:16] in again
+        assert "tiny-omni" in recorded and model in again  # each column names the model that answered
+        assert re.search(r"<th>model</th><td>.*fingerprint [0-9a-f]{16}", again)
+    assert "Re-asked on the second model" in on_second
+
+    # Another system prompt is part of "other settings".
+    other = await asyncio.to_thread(reask, "main", "Answer in one word.")
+    assert "Answer in one word." in _columns(other)[1] and "Answer in one word." not in _columns(other)[0]
+    assert await until_idle(two_models, within=2.0) == 0
+    assert not path.exists() or path.stat().st_size > 0  # our copy is ours; the server's upload copy is gone
+
+
+async def test_a_file_that_is_not_a_bundle_says_so(two_models, tmp_path):
+    junk = tmp_path / "junk.zip"
+    with zipfile.ZipFile(junk, "w") as zf:
+        zf.writestr("readme.txt", "not a bundle")
+    tab, chosen, shown = await asyncio.to_thread(_load, two_models, junk)
+    assert not chosen and "Not a bundle vidchat can read" in shown
+    unknown = await asyncio.to_thread(tab.predict, "", "bundle-nope", *SETTINGS, False, "", "main",
+                                      api_name="/reask")
+    assert "load a recorded bundle" in unknown
+
+
+async def test_page_loads_a_bundle_and_compares_two_models_side_by_side(two_models, tmp_path, artifacts_dir):
+    from playwright.async_api import async_playwright
+
+    path, record = await _recorded_bundle(two_models, tmp_path)
+    async with async_playwright() as p:
+        browser = await p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
+        page = await browser.new_page(viewport={"width": 1280, "height": 1100})
+        try:
+            await page.goto(two_models.url + "/")
+            await page.click("#vc-reask-panel button")  # unfold the accordion
+            await page.set_input_files("#vc-bundle-file input[type=file]", str(path))
+            await page.wait_for_function(
+                "document.querySelector('#vc-compare')?.innerText.includes('Loaded the bundle')", timeout=30_000)
+            await page.get_by_label(re.compile(r"--compare-model")).check()
+            await page.click("#vc-reask")
+            await page.wait_for_function(
+                "document.querySelectorAll('#vc-compare .vc-compare-col table tr').length >= 20", timeout=60_000)
+            text = await page.inner_text("#vc-compare")
+            assert "Same inputs" in text and "Re-asked on the second model" in text
+            assert text.count(record["inputs_sha256"][:16]) == 2
+            await page.locator("#vc-reask-panel").screenshot(path=str(artifacts_dir / "page-compare.png"))
+        finally:
+            await browser.close()

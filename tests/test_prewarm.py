@@ -1,0 +1,160 @@
+"""Warm-ups (vidchat.prewarm) through real vLLM on the tiny omni model: a
+warmed sample is a prefix-cache hit at question time, warm-ups give way to
+answers, stop with their session, and never cross sessions."""
+
+from __future__ import annotations
+
+import asyncio
+import types
+
+import numpy as np
+import pytest
+
+from vidchat import chat
+from vidchat.answer_queue import AnswerQueue
+from vidchat.chat import AnswerOptions
+from vidchat.prewarm import Prewarmer
+from vidchat.session import SessionSettings
+from vidchat.sessions import SessionRegistry
+
+QUESTION = AnswerOptions(max_tokens=2, temperature=0.0, include_audio=False)
+
+
+def entry_with_frames(registry: SessionRegistry, n: int = 16, seed: int = 0, t0: float = 100.0):
+    entry = registry.create("webrtc", SessionSettings(evs_enabled=False, num_sample_frames=16))
+    add_frames(entry, n, seed, t0)
+    return entry
+
+
+def add_frames(entry, n: int, seed: int, t0: float) -> None:
+    rng = np.random.default_rng(seed)
+    for i in range(n):
+        entry.session.add_frame(rng.integers(0, 255, (96, 128, 3), dtype=np.uint8), t=t0 + i)
+
+
+async def warm(engine, entry, options=QUESTION):
+    prepared = await asyncio.to_thread(chat.prepare, engine, entry, entry.session.sample(), options, (), "", True)
+    return await engine.warm(prepared)
+
+
+async def ask(engine, entry, question="What is there?", options=QUESTION):
+    answer = await chat.ask(engine, entry, question, options)
+    async for _ in answer.reply:
+        pass
+    chat.release(entry, answer)
+    return answer.reply.stats
+
+
+async def test_a_warmed_sample_is_a_prefix_cache_hit_covering_the_frames(omni_engine):
+    registry = SessionRegistry()
+    entry = entry_with_frames(registry, seed=1)
+    warmed = await warm(omni_engine, entry)
+    assert warmed.prompt_tokens > 16 * 10 and warmed.completion_tokens == 0 and not warmed.cancelled
+    stats = await ask(omni_engine, entry)
+    question_tokens = stats.prompt_tokens - warmed.prompt_tokens
+    assert 0 < question_tokens < 40
+    # Every token of the warm-up's prompt but the last, partial cache block is reused.
+    block = 128
+    assert stats.cached_tokens >= warmed.prompt_tokens - block, (stats, warmed)
+    assert omni_engine.running_warmups == 0 and omni_engine.running_requests == 0
+
+
+async def test_the_same_frames_in_another_session_are_not_a_hit(omni_engine):
+    registry = SessionRegistry()
+    mine, theirs = entry_with_frames(registry, seed=2), entry_with_frames(registry, seed=2)
+    assert mine.cache_salt != theirs.cache_salt
+    await warm(omni_engine, mine)
+    stats = await ask(omni_engine, theirs)
+    assert stats.cached_tokens == 0  # the salt keeps sessions' cache entries apart
+    assert (await ask(omni_engine, mine)).cached_tokens > 16 * 10
+
+
+async def test_a_question_is_scheduled_before_a_warm_up_sent_first(omni_engine):
+    """By the engine's own event order: a real question (of another session)
+    arriving while a warm-up prefills makes the warm-up give way (idle mode),
+    and by its first token vLLM holds nothing but that question."""
+    registry = SessionRegistry()
+    warming, asking = entry_with_frames(registry, seed=3), entry_with_frames(registry, n=4, seed=4)
+    state = fake_state(omni_engine, registry, answer_gate=AnswerQueue(0))
+    prewarmer = Prewarmer(state, "idle", interval_s=0.0)
+    state.answer_gate.arrival_hooks.append(prewarmer.answer_arriving)
+    step = asyncio.create_task(prewarmer._step())
+    for _ in range(400):
+        if omni_engine.running_warmups:
+            break
+        await asyncio.sleep(0.005)
+    assert omni_engine.running_warmups == 1
+    answer = await chat.ask(omni_engine, asking, "Now?", QUESTION, queue=state.answer_gate)
+    await answer.wait_turn()
+    assert omni_engine.running_warmups == 0 and prewarmer.stats.yielded == 1
+    async for _ in answer.reply:
+        assert omni_engine._llm.get_num_unfinished_requests() == 1  # the question alone
+        break
+    await answer.reply.cancel()
+    chat.release(asking, answer)
+    await step
+    assert prewarmer.stats.warmups == 0
+    await prewarmer._step()  # the engine is idle again: the warm-up is done now
+    assert prewarmer.stats.warmups == 1
+
+
+def fake_state(engine, registry, answer_gate=None):
+    return types.SimpleNamespace(engine=engine, registry=registry, answer_gate=answer_gate or AnswerQueue(0),
+                                 answer_defaults=lambda: QUESTION)
+
+
+async def test_the_prewarmer_warms_on_new_frames_only_and_skips_repeats(omni_engine):
+    registry = SessionRegistry()
+    entry = entry_with_frames(registry, seed=5)
+    prewarmer = Prewarmer(fake_state(omni_engine, registry), "always", interval_s=0.0)
+    await prewarmer._step()
+    assert prewarmer.stats.warmups == 1 and prewarmer.state_of(entry.session.id).last_prompt_tokens > 16 * 10
+    await prewarmer._step()  # nothing changed: no second warm-up
+    assert prewarmer.stats.warmups == 1
+    add_frames(entry, 1, seed=6, t0=200.0)  # one new kept frame: the window slides
+    await prewarmer._step()
+    assert prewarmer.stats.warmups == 2
+    stats = await ask(omni_engine, entry)
+    assert stats.cached_tokens >= stats.prompt_tokens - 128 - 40
+
+
+async def test_idle_mode_waits_while_an_answer_generates(omni_engine):
+    registry = SessionRegistry()
+    busy, idle = entry_with_frames(registry, n=4, seed=7), entry_with_frames(registry, seed=8)
+    prewarmer = Prewarmer(fake_state(omni_engine, registry), "idle", interval_s=0.0)
+    answer = await chat.ask(omni_engine, busy, "Talk.", AnswerOptions(max_tokens=2000, temperature=0.0,
+                                                                       include_audio=False))
+    reading = asyncio.create_task(answer.reply.__anext__())
+    await reading
+    await prewarmer._step()
+    assert prewarmer.stats.warmups == 0 and prewarmer.stats.skipped_busy == 1
+    await answer.reply.cancel()
+    chat.release(busy, answer)
+    await prewarmer._step()
+    assert prewarmer.stats.warmups == 1
+
+
+async def test_a_warm_up_of_a_session_that_ends_is_aborted(omni_engine):
+    registry = SessionRegistry()
+    entry = registry.create("webrtc", SessionSettings(evs_enabled=False, num_sample_frames=16))
+    add_frames(entry, 16, seed=9, t0=0.0)
+    prewarmer = Prewarmer(fake_state(omni_engine, registry), "always", interval_s=0.0)
+    step = asyncio.create_task(prewarmer._step())
+    for _ in range(200):
+        if omni_engine.running_warmups:
+            break
+        await asyncio.sleep(0.005)
+    assert omni_engine.running_warmups == 1
+    await registry.close(entry.session.id)
+    await step
+    assert prewarmer.stats.aborted == 1 and prewarmer.stats.warmups == 0
+    for _ in range(100):
+        if omni_engine._llm.get_num_unfinished_requests() == 0:
+            break
+        await asyncio.sleep(0.02)
+    assert omni_engine._llm.get_num_unfinished_requests() == 0 and omni_engine.running_warmups == 0
+
+
+def test_unknown_mode_is_refused():
+    with pytest.raises(ValueError, match="off, idle, always"):
+        Prewarmer(types.SimpleNamespace(), "sometimes")

@@ -1,0 +1,288 @@
+"""Warm-ups: keep each session's would-be question prefilled in the engine.
+
+A question's frames are on the server seconds before the question is. While
+a session streams, this module sends vLLM a warm-up for the prompt the next
+question would get, minus the question text (system prompt, earlier turns,
+the sampled frames and audio): vLLM encodes the frames and fills its prefix
+cache, generating a single token. When the question comes, the same prefix is
+a cache hit and only the question's few tokens are prefilled (its record
+states ``cached_tokens``).
+
+The rules that keep it cheap and harmless:
+
+* Off the answer path: one background task; a warm-up never delays a
+  question (vLLM's priority scheduling puts answers first, see
+  ``engine.WARMUP_PRIORITY``) and, in ``idle`` mode, none starts while any
+  answer is generating.
+* Coalesced: one warm-up in flight at a time; a session's would-be sample is
+  read when its turn comes, so a newer frame replaces an older pending one.
+* Only when something changed (a kept frame, a settings change, a finished
+  answer: the session's *sample key*), and never the same inputs twice.
+* Rate-limited per session (``interval_s``), tighter for a session whose user
+  is typing (``question_coming``), and capped as a share of the engine's time
+  (``max_share`` of a sliding window).
+* With the session's own cache salt, so no session warms another's cache;
+  a warm-up of a session that ends is aborted.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+MODES = ("off", "idle", "always")
+DEFAULT_INTERVAL_S = 1.0
+URGENT_INTERVAL_S = 0.2
+URGENT_FOR_S = 10.0  # a keystroke makes the session urgent for this long
+SHARE_WINDOW_S = 30.0
+
+
+@dataclass
+class WarmState:
+    """What was last warmed for one session."""
+
+    key: tuple | None = None  # the sample key it was warmed for
+    inputs_sha256: str = ""
+    prompt_key: tuple | None = None
+    at: float = 0.0  # time.monotonic() of the last warm-up start
+    urgent_until: float = 0.0
+    warmed: int = 0
+    last_cached_tokens: int = 0
+    last_prompt_tokens: int = 0
+
+
+@dataclass
+class PrewarmStats:
+    warmups: int = 0
+    skipped_same_inputs: int = 0
+    skipped_busy: int = 0
+    skipped_budget: int = 0
+    aborted: int = 0  # the session ended
+    yielded: int = 0  # aborted for another session's answer (idle mode)
+    failed: int = 0
+    busy_s: float = 0.0
+    recent: collections.deque = field(default_factory=lambda: collections.deque(maxlen=512))  # (end, seconds)
+
+    def share(self, now: float) -> float:
+        """Share of the last SHARE_WINDOW_S spent running warm-ups."""
+        busy = sum(d for end, d in self.recent if end > now - SHARE_WINDOW_S)
+        return busy / SHARE_WINDOW_S
+
+
+def sample_key(entry: Any) -> tuple:
+    """Changes whenever the next question's inputs may have: a kept frame, new
+    settings, a finished answer (new history or options)."""
+    session = entry.session
+    return (session.kept_count, session.settings, entry.warm_options, entry.warm_history)
+
+
+class Prewarmer:
+    def __init__(self, state: Any, mode: str = "idle", interval_s: float = DEFAULT_INTERVAL_S,
+                 max_share: float = 0.5) -> None:
+        if mode not in MODES:
+            raise ValueError(f"prewarm mode must be one of {', '.join(MODES)}, got {mode!r}")
+        self.state = state
+        self.mode = mode
+        self.interval_s = interval_s
+        self.max_share = max_share
+        self.stats = PrewarmStats()
+        self._warm: dict[str, WarmState] = {}
+        self._wake = asyncio.Event()
+        self._task: asyncio.Task | None = None
+        self.current: tuple[str, asyncio.Task] | None = None  # (session id, warm-up) in flight
+        self._yielding: asyncio.Task | None = None  # a warm-up cancelled to make way for an answer
+
+    # -- lifecycle -----------------------------------------------------------
+    def start(self) -> None:
+        if self.mode != "off" and self._task is None:
+            self._task = asyncio.get_running_loop().create_task(self._run(), name="vidchat-prewarm")
+            self.state.answer_gate.arrival_hooks.append(self.answer_arriving)
+
+    async def set_mode(self, mode: Any) -> None:
+        """Change the mode while running ('off' stops the loop; a warm-up in flight finishes)."""
+        if mode not in MODES:
+            raise ValueError(f"prewarm mode must be one of {', '.join(MODES)}, got {mode!r}")
+        if mode == "off":
+            await self.stop()
+            self.mode = mode
+            return
+        self.mode = mode
+        self.start()
+
+    async def stop(self) -> None:
+        if self.answer_arriving in self.state.answer_gate.arrival_hooks:
+            self.state.answer_gate.arrival_hooks.remove(self.answer_arriving)
+        task, self._task = self._task, None
+        if task is not None:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+
+    # -- signals ---------------------------------------------------------------
+    def question_coming(self, session_id: str) -> None:
+        """The user is typing (or starting to speak): warm this session first and sooner."""
+        state = self._warm.setdefault(session_id, WarmState())
+        state.urgent_until = time.monotonic() + URGENT_FOR_S
+        self._wake.set()
+
+    async def answer_arriving(self, session_id: str) -> None:
+        """A question is about to generate. In idle mode the warm-up in flight
+        is aborted (and its abort reaches vLLM before the question does),
+        unless it is that session's own: its prefix is the question's."""
+        current = self.current
+        if self.mode != "idle" or current is None or current[0] == session_id:
+            return
+        sid, task = current
+        self._yielding = task
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+
+    def poke(self) -> None:
+        self._wake.set()
+
+    def state_of(self, session_id: str) -> WarmState | None:
+        return self._warm.get(session_id)
+
+    def snapshot(self) -> dict[str, Any]:
+        s = self.stats
+        return {"mode": self.mode, "warmups": s.warmups, "skipped_same_inputs": s.skipped_same_inputs,
+                "skipped_busy": s.skipped_busy, "skipped_budget": s.skipped_budget, "aborted": s.aborted, "yielded": s.yielded,
+                "failed": s.failed, "busy_s": round(s.busy_s, 3), "share": round(s.share(time.monotonic()), 3),
+                "running": self.current is not None}
+
+    # -- the loop --------------------------------------------------------------
+    async def _run(self) -> None:
+        while True:
+            try:
+                await asyncio.wait_for(self._wake.wait(), 0.25)
+            except asyncio.TimeoutError:
+                pass
+            self._wake.clear()
+            try:
+                await self._step()
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                log.exception("warm-up step failed")
+                await asyncio.sleep(1.0)
+
+    def _engine_busy(self, engine: Any) -> bool:
+        """In idle mode: an answer is generating, waiting for its turn, or being prepared."""
+        if self.mode != "idle":
+            return False
+        return (engine.running_requests > 0 or self.state.answer_gate.snapshot().get("waiting", 0) > 0
+                or any(e.answer is not None for e in self.state.registry.entries()))
+
+    def _candidates(self, now: float) -> list[tuple[bool, float, Any, tuple]]:
+        live = {}
+        out = []
+        for entry in self.state.registry.entries():
+            sid = entry.session.id
+            live[sid] = entry
+            if entry.answer is not None or entry.session.frame_count == 0:
+                continue  # its own answer is filling the cache; nothing to warm yet
+            key = sample_key(entry)
+            warm = self._warm.get(sid)
+            if warm is not None and warm.key == key:
+                continue
+            urgent = warm is not None and warm.urgent_until > now
+            interval = URGENT_INTERVAL_S if urgent else self.interval_s
+            if warm is not None and now - warm.at < interval:
+                continue
+            out.append((not urgent, warm.at if warm else 0.0, entry, key))
+        for sid in [s for s in self._warm if s not in live]:
+            del self._warm[sid]  # the session ended
+        out.sort(key=lambda c: (c[0], c[1]))
+        return out
+
+    async def _step(self) -> None:
+        engine = self.state.engine
+        if engine is None or engine.is_dead:
+            return
+        now = time.monotonic()
+        candidates = self._candidates(now)
+        if not candidates:
+            return
+        if self._engine_busy(engine):
+            self.stats.skipped_busy += 1
+            return
+        if self.stats.share(now) >= self.max_share:
+            self.stats.skipped_budget += 1
+            return
+        _, _, entry, key = candidates[0]
+        await self._warm_entry(engine, entry, key)
+        if len(candidates) > 1:
+            self._wake.set()
+
+    async def _warm_entry(self, engine: Any, entry: Any, key: tuple) -> None:
+        from vidchat import chat
+
+        sid = entry.session.id
+        warm = self._warm.setdefault(sid, WarmState())
+        warm.at = time.monotonic()
+        options = entry.warm_options or self.state.answer_defaults()
+        sample = entry.session.sample()
+        if not sample.frames:
+            warm.key = key
+            return
+        try:
+            prepared = await asyncio.to_thread(chat.prepare, engine, entry, sample, options, entry.warm_history,
+                                               "", True)
+        except Exception as exc:  # settings this engine refuses: the question will say so
+            log.debug("session %s…: no warm-up: %s", sid[:6], exc)
+            warm.key = key
+            return
+        prompt_key = (prepared.prompt_text, options.frames_as)
+        if prepared.stats.inputs_sha256 == warm.inputs_sha256 and prompt_key == warm.prompt_key:
+            warm.key = key
+            self.stats.skipped_same_inputs += 1
+            return
+        if self.state.registry.get(sid) is not entry:
+            return  # the session ended while its prompt was prepared
+        task = asyncio.ensure_future(engine.warm(prepared))
+        ended = False
+
+        async def session_ended() -> None:
+            # Called by the registry as the session closes: the warm-up is work for nobody.
+            nonlocal ended
+            ended = True
+            task.cancel()
+
+        entry.closers.append(session_ended)
+        self.current = (sid, task)
+        started = time.monotonic()
+        try:
+            stats = await asyncio.shield(task)
+        except asyncio.CancelledError:
+            if ended:
+                self.stats.aborted += 1
+                return
+            if self._yielding is task:  # gave way to an answer: warmed again when the engine is idle
+                self.stats.yielded += 1
+                return
+            task.cancel()  # the prewarmer itself is stopping
+            await asyncio.gather(task, return_exceptions=True)
+            raise
+        except Exception as exc:
+            self.stats.failed += 1
+            log.warning("session %s…: warm-up failed: %s", sid[:6], exc)
+            warm.key = key
+            return
+        finally:
+            if session_ended in entry.closers:
+                entry.closers.remove(session_ended)
+            self.current = None
+            took = time.monotonic() - started
+            self.stats.busy_s += took
+            self.stats.recent.append((time.monotonic(), took))
+        warm.key, warm.inputs_sha256, warm.prompt_key = key, prepared.stats.inputs_sha256, prompt_key
+        warm.warmed += 1
+        warm.last_cached_tokens, warm.last_prompt_tokens = stats.cached_tokens, stats.prompt_tokens
+        self.stats.warmups += 1
+        log.debug("session %s…: warmed %d frames, %d prompt tokens (%d already cached) in %.0f ms", sid[:6],
+                  len(sample.frames), stats.prompt_tokens, stats.cached_tokens, took * 1000)
