@@ -93,13 +93,14 @@ async def warm(engine, entry, options) -> None:
     await engine.warm(prepared)
 
 
-async def rows(engine, frames: int, repeats: int, frames_as: str) -> dict[str, float]:
+async def rows(engine, frames: int, repeats: int, frames_as: str, sampling: str) -> dict[str, float]:
     options = AnswerOptions(max_tokens=4, temperature=0.0, include_audio=False, frames_as=frames_as)
     registry = SessionRegistry(64)
     out: dict[str, list[float]] = {k: [] for k in ("cold", "warm", "slid1", "slid4", "text")}
     prompt_tokens = cached = {}
     for r in range(repeats):
-        entry = registry.create("webrtc", SessionSettings(evs_enabled=False, num_sample_frames=frames))
+        entry = registry.create("webrtc", SessionSettings(evs_enabled=False, num_sample_frames=frames,
+                                                          sampling=sampling))
         feed = Feed(1000 * r + (7 if frames_as == "video" else 0))
         feed.add(entry, frames)
         ms, tokens, _ = await ttft(engine, entry, options)
@@ -195,6 +196,8 @@ async def main() -> None:
     parser.add_argument("--sessions", type=int, default=16)
     parser.add_argument("--load-rounds", type=int, default=2)
     parser.add_argument("--no-load", action="store_true", help="skip the load run")
+    parser.add_argument("--sampling", default="uniform", choices=("uniform", "stable", "latest_frames"),
+                        help="how questions pick their frames (the slid rows depend on it)")
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING)
     options = engine_for(args)
@@ -202,10 +205,10 @@ async def main() -> None:
     engine = await asyncio.to_thread(Engine.start, options)
     try:
         print(f"model {options.model} ({engine.model_revision}), {args.frames} frames of {FRAME[1]}x{FRAME[0]}, "
-              f"median of {args.repeats}", flush=True)
-        images = await rows(engine, args.frames, args.repeats, "images")
+              f"{args.sampling} sampling, median of {args.repeats}", flush=True)
+        images = await rows(engine, args.frames, args.repeats, "images", args.sampling)
         if engine.accepts_video:
-            await rows(engine, args.frames, args.repeats, "video")
+            await rows(engine, args.frames, args.repeats, "video", args.sampling)
         on = off = float("nan")
         if not args.no_load:
             off = await load(engine, args.sessions, args.frames, args.load_rounds, prewarm=False)
@@ -213,6 +216,7 @@ async def main() -> None:
         print(f"warm: cold_ttft_ms={images['cold']:.1f} warm_ttft_ms={images['warm']:.1f} "
               f"slid_ttft_ms={images['slid1']:.1f} text_ttft_ms={images['text']:.1f} "
               f"warm_ratio={images['cold'] / images['warm']:.1f} load_p95_on_ms={on:.1f} load_p95_off_ms={off:.1f}"
+              + f" sampling={args.sampling}"
               + (f" preset={args.preset} true_size={int(args.true_size)}" if args.preset else ""))
     finally:
         engine.shutdown()

@@ -164,6 +164,18 @@
       });
   }
 
+  // Typing a question: the server warms this session's prompt at once
+  // (vidchat/prewarm.py), so the answer starts sooner. At most every 1.5 s.
+  let lastTypingSignal = 0;
+  document.addEventListener("input", (e) => {
+    if (!e.target?.closest?.("#vc-question") || !state.sessionId) return;
+    const now = performance.now();
+    if (now - lastTypingSignal < 1500) return;
+    lastTypingSignal = now;
+    fetch("/webrtc/typing", { method: "POST", headers: authHeaders({ "Content-Type": "application/json" }),
+                              body: JSON.stringify({ session_id: state.sessionId }) }).catch(() => {});
+  }, true);
+
   // Media events do not bubble, so listen while they travel down (capture).
   for (const type of ["play", "playing", "pause", "seeked", "ratechange", "waiting", "ended"]) {
     document.addEventListener(type, (e) => {

@@ -267,9 +267,57 @@ async def test_page_streams_an_answer_and_two_tabs_use_their_own_frames(server, 
             await blue_browser.close()
 
 
+async def _latency_round(page, server, questions: int) -> tuple[list, list, list]:
+    """Enter -> first token visible for `questions` questions, each on a fresh chat."""
+    box = page.locator("#vc-question textarea")
+    log_start = len(server.log())
+    await page.evaluate("() => { window.__lat.results = []; }")
+    for i in range(1, questions + 1):
+        # A fresh chat each time: every question costs the same, and a
+        # growing history of random text can't drift the model into
+        # ending its answers at once.
+        await page.click("#vc-clear")
+        await page.wait_for_function("!document.querySelector('#vc-chat [data-testid=\"bot\"]')")
+        await asyncio.sleep(0.3)  # let the cleared chat settle before timing
+        await box.fill(f"Question {i}: what is moving?")
+        await asyncio.sleep(0.2)  # a person takes longer to type than this
+        await page.evaluate("() => { Object.assign(window.__lat, {t0: performance.now(), waiting: true, expect: 1}); }")
+        await box.press("Enter")
+        await page.wait_for_function("!window.__lat.waiting", timeout=60_000)
+        await wait_for_answer(page, 1)
+    results = await page.evaluate("window.__lat.results")
+    log_text = server.log()[log_start:]
+    prep = [float(m) for m in re.findall(r"chat event -> engine call: ([\d.]+) ms", log_text)]
+    server_ttft = [float(m) for m in re.findall(r"chat event -> first token: ([\d.]+) ms", log_text)]
+    return results, prep, server_ttft
+
+
+def _latency_summary(results: list, prep: list, server_ttft: list, questions: int) -> dict:
+    # Every question reached the engine; the random model may end an answer
+    # with its first token, and such answers have no first token to time.
+    assert len(results) == questions and len(prep) == questions
+    results = [r for r in results if r is not None]
+    assert len(results) == len(server_ttft) >= questions // 2, (len(results), len(server_ttft))
+    return {
+        "questions_with_streamed_text": len(results),
+        "enter_to_first_token_ms": {
+            "median": round(statistics.median(results), 1),
+            "p95": round(sorted(results)[int(0.95 * (len(results) - 1))], 1),
+            "min": round(min(results), 1),
+            "max": round(max(results), 1),
+        },
+        "vidchat_event_to_engine_ms": {"median": round(statistics.median(prep), 2), "max": round(max(prep), 2)},
+        "server_event_to_first_token_ms": {"median": round(statistics.median(server_ttft), 1),
+                                           "p95": round(sorted(server_ttft)[int(0.95 * (len(server_ttft) - 1))], 1)},
+    }
+
+
 async def test_latency_enter_to_first_token(server, media, tmp_path, artifacts_dir):
     """Measured, not asserted: Enter -> first token visible, 20 questions with
-    16 frames each, plus vidchat's own time between chat event and engine call."""
+    16 frames each, with warm-ups off and on (vidchat/prewarm.py) in the same
+    run, plus vidchat's own time between chat event and engine call."""
+    questions = 20
+    report = {"questions": questions, "frames_per_question": 16}
     async with async_playwright() as pw:
         browser = await launch(pw, media["red"], media["tone"], tmp_path)
         try:
@@ -289,45 +337,14 @@ async def test_latency_enter_to_first_token(server, media, tmp_path, artifacts_d
                   }).observe(document.querySelector('#vc-chat'), {subtree: true, childList: true, characterData: true});
                 }"""
             )
-            box = page.locator("#vc-question textarea")
-            log_start = len(server.log())
-            for i in range(1, 21):
-                # A fresh chat each time: every question costs the same, and a
-                # growing history of random text can't drift the model into
-                # ending its answers at once.
-                await page.click("#vc-clear")
-                await page.wait_for_function("!document.querySelector('#vc-chat [data-testid=\"bot\"]')")
-                await asyncio.sleep(0.3)  # let the cleared chat settle before timing
-                await box.fill(f"Question {i}: what is moving?")
-                await page.evaluate("() => { Object.assign(window.__lat, {t0: performance.now(), waiting: true, expect: 1}); }")
-                await box.press("Enter")
-                await page.wait_for_function("!window.__lat.waiting", timeout=60_000)
-                await wait_for_answer(page, 1)
-            results = await page.evaluate("window.__lat.results")
+            for mode in ("off", "idle"):
+                assert (await asyncio.to_thread(server.post_json, "/api/prewarm", {"mode": mode}))["mode"] == mode
+                report[f"prewarm_{mode}"] = _latency_summary(*await _latency_round(page, server, questions),
+                                                            questions)
+            report["prewarm"] = server.get_json("/api/health")["prewarm"]
         finally:
+            await asyncio.to_thread(server.post_json, "/api/prewarm", {"mode": "off"})  # the default
             await browser.close()
-    log_text = server.log()[log_start:]
-    prep = [float(m) for m in re.findall(r"chat event -> engine call: ([\d.]+) ms", log_text)]
-    server_ttft = [float(m) for m in re.findall(r"chat event -> first token: ([\d.]+) ms", log_text)]
-    # Every question reached the engine; the random model may end an answer
-    # with its first token, and such answers have no first token to time.
-    assert len(results) == 20 and len(prep) == 20
-    results = [r for r in results if r is not None]
-    assert len(results) == len(server_ttft) >= 10, (len(results), len(server_ttft))
-    report = {
-        "questions": 20,
-        "questions_with_streamed_text": len(results),
-        "frames_per_question": 16,
-        "enter_to_first_token_ms": {
-            "median": round(statistics.median(results), 1),
-            "p95": round(sorted(results)[int(0.95 * (len(results) - 1))], 1),
-            "min": round(min(results), 1),
-            "max": round(max(results), 1),
-        },
-        "vidchat_event_to_engine_ms": {"median": round(statistics.median(prep), 2), "max": round(max(prep), 2)},
-        "server_event_to_first_token_ms": {"median": round(statistics.median(server_ttft), 1),
-                                           "p95": round(sorted(server_ttft)[int(0.95 * (len(server_ttft) - 1))], 1)},
-    }
     (artifacts_dir / "latency.json").write_text(json.dumps(report, indent=2))
     print("\nlatency:", json.dumps(report))
 

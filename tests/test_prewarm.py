@@ -158,3 +158,41 @@ async def test_a_warm_up_of_a_session_that_ends_is_aborted(omni_engine):
 def test_unknown_mode_is_refused():
     with pytest.raises(ValueError, match="off, idle, always"):
         Prewarmer(types.SimpleNamespace(), "sometimes")
+
+
+def test_the_encoder_budget_swaps_the_oldest_new_frames_for_encoded_ones():
+    from vidchat.session import Session
+
+    session = Session("s", SessionSettings(evs_enabled=False, num_sample_frames=4, max_frames=64))
+    rng = np.random.default_rng(0)
+    for i in range(8):
+        session.add_frame(rng.integers(0, 255, (24, 32, 3), dtype=np.uint8), t=float(i))
+    first = session.sample()
+    assert first.seqs == [1, 3, 5, 8] and first.substituted == 0
+    session.mark_encoded(first.seqs)  # a warm-up carried these
+    for i in range(8, 16):
+        session.add_frame(rng.integers(0, 255, (24, 32, 3), dtype=np.uint8), t=float(i))
+    unlimited = session.sample()
+    assert unlimited.seqs == [1, 6, 11, 16] and unlimited.substituted == 0
+    session.encode_budget = 1
+    budgeted = session.sample()
+    # 6, 11 and 16 are new: the newest (16) stays, 6 and 11 become the nearest encoded frames.
+    assert budgeted.seqs == [1, 5, 8, 16] and budgeted.substituted == 2
+    assert budgeted.timestamps == sorted(budgeted.timestamps)
+    session.mark_encoded(budgeted.seqs)
+    session.encode_budget = None
+    session.reset()  # kept numbers start again: nothing counts as encoded
+    session.add_frame(rng.integers(0, 255, (24, 32, 3), dtype=np.uint8), t=0.0)
+    assert session.encoded_count([1]) == 0
+
+
+def test_the_budget_follows_the_measured_cost_of_a_new_frame():
+    from vidchat.session import Session
+
+    prewarmer = Prewarmer(types.SimpleNamespace(), "idle")
+    session = Session("s", SessionSettings(num_sample_frames=16))
+    prewarmer._budget(session, 16 * 0.02, 16)  # a GPU or the tiny model: 20 ms a frame
+    assert session.encode_budget is None
+    for _ in range(10):
+        prewarmer._budget(session, 16 * 0.8, 16)  # the true-size CPU default: 0.8 s a frame
+    assert session.encode_budget == 1 and prewarmer.snapshot()["frame_cost_ms"] > 700

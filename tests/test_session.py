@@ -12,7 +12,7 @@ from PIL import Image
 from vidchat import synthetic
 from vidchat.evs import FrameError
 from vidchat.media import AUDIO_RATE
-from vidchat.session import Session, SessionSettings, uniform_indices
+from vidchat.session import Session, SessionSettings, stable_indices, uniform_indices
 
 
 @lru_cache(maxsize=None)
@@ -76,6 +76,27 @@ def test_uniform_sampling_seed_indices():
     assert s.sample(k=10).indices == list(range(10))
     assert s.sample(k=50).indices == list(range(10))
     assert uniform_indices(64, 16) == [int(i * 63 / 15) for i in range(16)]
+
+
+def test_stable_sampling_changes_only_the_newest_pick_as_the_window_slides():
+    s = no_evs(max_frames=64)
+    fill(s, 100)
+    before = s.sample(k=16, strategy="stable")
+    assert len(before.indices) == 16 and before.indices[-1] == 63  # the newest frame is always in
+    gaps = [b - a for a, b in zip(before.indices, before.indices[1:-1])]
+    assert set(gaps) == {4}  # evenly spread: every 4th kept frame of 64
+    grid = [t for t in before.timestamps[:-1]]
+    for n in range(1, 8):
+        fill_more = s.add_frame(np.full((48, 64, 3), 200, np.uint8), t=100.0 + n)
+        assert fill_more
+        after = s.sample(k=16, strategy="stable")
+        same = sum(t in grid for t in after.timestamps[:-1])
+        # Until the grid moves (every 4th frame) all 15 grid frames stay, in order;
+        # then the oldest drops and the rest stay.
+        assert same >= 14 and after.timestamps[:-1] == sorted(after.timestamps[:-1])
+        assert after.timestamps[-1] == 100.0 + n
+        grid = after.timestamps[:-1]
+    assert stable_indices(list(range(5)), 16) == [0, 1, 2, 3, 4] and stable_indices([7, 8, 9], 1) == [2]
 
 
 def test_default_k_is_num_sample_frames():

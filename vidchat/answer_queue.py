@@ -46,14 +46,15 @@ class AnswerQueue:
         self.limit = limit  # 0: no cap
         self.running = 0
         self._waiting: collections.deque[_Waiter] = collections.deque()
-        # Called with the session id of every answer about to ask for its
-        # turn, before it may generate (vidchat.prewarm gives way to it).
-        self.arrival_hooks: list[Callable[[str], Awaitable[None]]] = []
+        # Called with the session id and inputs_sha256 of every answer about
+        # to ask for its turn, before it may generate (vidchat.prewarm gives
+        # way to it).
+        self.arrival_hooks: list[Callable[[str, str], Awaitable[None]]] = []
 
-    async def announce(self, session_id: str) -> None:
+    async def announce(self, session_id: str, inputs_sha256: str = "") -> None:
         for hook in list(self.arrival_hooks):
             try:
-                await hook(session_id)
+                await hook(session_id, inputs_sha256)
             except Exception:
                 log.exception("answer arrival hook failed")
 

@@ -142,7 +142,7 @@ class Answer:
         Abandoned when the answer is cancelled while it waits."""
         if self.queue is None or self._slot is not None:
             return
-        await self.queue.announce(self.session_id)
+        await self.queue.announce(self.session_id, self.reply.stats.inputs_sha256)
         slot = await self.queue.acquire(on_wait, self._abandon)
         if self._abandon.is_set():
             slot.release()
@@ -177,6 +177,9 @@ class Answer:
             audio_source_span=([None if p is None else round(p, 3) for p in sample.audio_source_span]
                                if sample.audio_source_span is not None and stats.get("audio_seconds") else None),
             source=sample.source,
+            # Frames swapped for already-encoded ones to stay within the
+            # encoder budget (a CPU that encodes slower than frames are kept).
+            frames_substituted=sample.substituted,
             frames_as=self.options.frames_as,
             video_fps=None if self.video_fps is None else round(self.video_fps, 3),
             seed=self.options.seed,
@@ -275,6 +278,7 @@ def frozen_sample(answer: Answer, frames: int | None = None) -> Sample:
         timestamps=[original.timestamps[i] for i in picks],
         indices=[original.indices[i] for i in picks],
         source_times=[source_times[i] for i in picks],
+        seqs=[original.seqs[i] for i in picks] if len(original.seqs) == n else [],
     )
 
 

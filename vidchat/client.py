@@ -362,7 +362,7 @@ def build_parser() -> argparse.ArgumentParser:
     sess.add_argument("--model", default="", help="model name sent in session.config (vidchat ignores it)")
     sess.add_argument("--max-frames", type=int, default=64, help="frames the server keeps for this session")
     sess.add_argument("--num-frames", type=int, default=16, help="frames sampled for each question")
-    sess.add_argument("--sampling", choices=("uniform", "latest_frames", "latest_seconds"), default=None,
+    sess.add_argument("--sampling", choices=("uniform", "stable", "latest_frames", "latest_seconds"), default=None,
                       help="how frames are picked for a question (server default if unset)")
     sess.add_argument("--no-evs", action="store_true", help="turn the near-duplicate frame filter off")
     sess.add_argument("--evs-threshold", type=float, default=0.95, help="filter threshold (0..1)")

@@ -41,6 +41,9 @@ DEFAULT_INTERVAL_S = 1.0
 URGENT_INTERVAL_S = 0.2
 URGENT_FOR_S = 10.0  # a keystroke makes the session urgent for this long
 SHARE_WINDOW_S = 30.0
+# Where new frames are slow to encode, a question may carry only as many as
+# the engine encodes in this time; the rest are swapped for encoded ones.
+ENCODE_BUDGET_S = 1.0
 
 
 @dataclass
@@ -95,8 +98,9 @@ class Prewarmer:
         self._warm: dict[str, WarmState] = {}
         self._wake = asyncio.Event()
         self._task: asyncio.Task | None = None
-        self.current: tuple[str, asyncio.Task] | None = None  # (session id, warm-up) in flight
+        self.current: tuple[str, asyncio.Task, str] | None = None  # (session id, warm-up, its inputs) in flight
         self._yielding: asyncio.Task | None = None  # a warm-up cancelled to make way for an answer
+        self.frame_cost_s: float | None = None  # engine seconds per frame new to it (moving average)
 
     # -- lifecycle -----------------------------------------------------------
     def start(self) -> None:
@@ -130,14 +134,22 @@ class Prewarmer:
         state.urgent_until = time.monotonic() + URGENT_FOR_S
         self._wake.set()
 
-    async def answer_arriving(self, session_id: str) -> None:
-        """A question is about to generate. In idle mode the warm-up in flight
-        is aborted (and its abort reaches vLLM before the question does),
-        unless it is that session's own: its prefix is the question's."""
+    async def answer_arriving(self, session_id: str, inputs_sha256: str = "") -> None:
+        """A question is about to generate. The warm-up in flight gives way
+        (is aborted, and the abort reaches vLLM before the question does)
+        unless its prefix is the question's: a warm-up of that session's very
+        inputs is left to finish. A warm-up of other inputs of the same
+        session is work for nothing; one of another session gives way in
+        idle mode (in always mode it stays, behind the question's priority)."""
         current = self.current
-        if self.mode != "idle" or current is None or current[0] == session_id:
+        if current is None:
             return
-        sid, task = current
+        sid, task, warming = current
+        if sid == session_id:
+            if warming == inputs_sha256:
+                return
+        elif self.mode != "idle":
+            return
         self._yielding = task
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)
@@ -151,8 +163,10 @@ class Prewarmer:
     def snapshot(self) -> dict[str, Any]:
         s = self.stats
         return {"mode": self.mode, "warmups": s.warmups, "skipped_same_inputs": s.skipped_same_inputs,
-                "skipped_busy": s.skipped_busy, "skipped_budget": s.skipped_budget, "aborted": s.aborted, "yielded": s.yielded,
-                "failed": s.failed, "busy_s": round(s.busy_s, 3), "share": round(s.share(time.monotonic()), 3),
+                "skipped_busy": s.skipped_busy, "skipped_budget": s.skipped_budget, "aborted": s.aborted,
+                "yielded": s.yielded, "failed": s.failed, "busy_s": round(s.busy_s, 3),
+                "frame_cost_ms": None if self.frame_cost_s is None else round(self.frame_cost_s * 1000, 1),
+                "share": round(s.share(time.monotonic()), 3),
                 "running": self.current is not None}
 
     # -- the loop --------------------------------------------------------------
@@ -219,6 +233,18 @@ class Prewarmer:
         if len(candidates) > 1:
             self._wake.set()
 
+    def _budget(self, session: Any, took_s: float, new_frames: int) -> None:
+        """Learn what a new frame costs the engine (warm-up time per frame it
+        had not seen) and, where that is slow (a CPU: the vision encoder
+        takes most of a second a frame), limit how many new frames a question
+        may carry so it answers within ENCODE_BUDGET_S."""
+        if new_frames < 2:
+            return  # too few to tell encoding from the fixed cost of a request
+        per_frame = took_s / new_frames
+        self.frame_cost_s = per_frame if self.frame_cost_s is None else 0.7 * self.frame_cost_s + 0.3 * per_frame
+        budget = int(ENCODE_BUDGET_S / self.frame_cost_s)
+        session.encode_budget = max(1, budget) if budget < session.settings.num_sample_frames else None
+
     async def _warm_entry(self, engine: Any, entry: Any, key: tuple) -> None:
         from vidchat import chat
 
@@ -254,7 +280,7 @@ class Prewarmer:
             task.cancel()
 
         entry.closers.append(session_ended)
-        self.current = (sid, task)
+        self.current = (sid, task, prepared.stats.inputs_sha256)
         started = time.monotonic()
         try:
             stats = await asyncio.shield(task)
@@ -280,6 +306,9 @@ class Prewarmer:
             took = time.monotonic() - started
             self.stats.busy_s += took
             self.stats.recent.append((time.monotonic(), took))
+        new_frames = len(sample.seqs) - entry.session.encoded_count(sample.seqs)
+        entry.session.mark_encoded(sample.seqs)
+        self._budget(entry.session, took, new_frames)
         warm.key, warm.inputs_sha256, warm.prompt_key = key, prepared.stats.inputs_sha256, prompt_key
         warm.warmed += 1
         warm.last_cached_tokens, warm.last_prompt_tokens = stats.cached_tokens, stats.prompt_tokens

@@ -43,7 +43,7 @@ import threading
 import time
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Any, Callable, NamedTuple
+from typing import Any, Callable, NamedTuple, Sequence
 
 import numpy as np
 from PIL import Image
@@ -59,7 +59,7 @@ logger = logging.getLogger(__name__)
 
 MAX_FRAMES_LIMIT = 1024
 MAX_AUDIO_SECONDS = 600.0
-SAMPLING_STRATEGIES = ("uniform", "latest_frames", "latest_seconds")
+SAMPLING_STRATEGIES = ("uniform", "stable", "latest_frames", "latest_seconds")
 AUDIO_MODES = ("frames", "last")
 
 __all__ = ["FrameError", "Session", "SessionSettings", "Sample"]
@@ -88,7 +88,7 @@ class SessionSettings:
 
     max_frames: int = 64
     num_sample_frames: int = 16
-    sampling: str = "uniform"  # "uniform" | "latest_frames" | "latest_seconds"
+    sampling: str = "uniform"  # "uniform" | "stable" | "latest_frames" | "latest_seconds"
     sample_seconds: float = 10.0  # window for "latest_seconds"
     evs_enabled: bool = True
     evs_threshold: float = evs.DEFAULT_THRESHOLD  # keep a frame when > (1 - x) of the picture changed
@@ -141,6 +141,8 @@ class Sample:
     source_times: list[float | None] = field(default_factory=list)
     audio_source_span: tuple[float | None, float | None] | None = None
     source: dict[str, Any] | None = None  # {"kind", "name"} of the newest frame's source
+    seqs: list[int] = field(default_factory=list)  # the frames' kept numbers
+    substituted: int = 0  # frames swapped for already-encoded ones (the encoder budget)
 
     def relative(self, t: float | None) -> float | None:
         """A time on this sample's timeline as seconds since the session's first media, in ms precision."""
@@ -161,11 +163,32 @@ class _Frame(NamedTuple):
     t: float
     pixels: np.ndarray  # read-only
     source_t: float | None = None  # position in the played file, when the source is one
+    seq: int = 0  # the session's kept-frame number (1, 2, …): a frame's identity for the encoder budget
 
 
 # ---------------------------------------------------------------------------
 # Frame sampling and storage helpers
 # ---------------------------------------------------------------------------
+
+def stable_indices(seqs: Sequence[int], k: int) -> list[int]:
+    """k frames spread evenly over a window of consecutive kept numbers, on a
+    grid anchored to the numbers themselves (every stride-th kept frame),
+    plus the newest. As the window slides, a new frame replaces only the
+    newest pick, and the grid moves one place every `stride` frames: the
+    frames before stay the same, in the same order, so a later question
+    shares their prompt prefix and their encodings (vidchat.prewarm)."""
+    n = len(seqs)
+    if n <= 0 or k <= 0:
+        return []
+    if k == 1:
+        return [n - 1]
+    if k >= n:
+        return list(range(n))
+    # At most (n-1)/(k-1): any n consecutive numbers then hold k-1 multiples.
+    stride = max(1, (n - 1) // (k - 1))
+    grid = [i for i, q in enumerate(seqs[:-1]) if q % stride == 0]
+    return grid[-(k - 1):] + [n - 1]
+
 
 def uniform_indices(n: int, k: int) -> list[int]:
     """The seed's uniform pick of k out of n (k=1: the newest; k >= n: all)."""
@@ -248,6 +271,10 @@ class Session:
         self._newest_received_t: float | None = None
         self._newest_arrival: float | None = None
         self.timeline_start: float | None = None
+        # Kept frames a warm-up has put in the engine's caches, and how many
+        # new ones a question may carry (None: no limit; vidchat.prewarm sets it).
+        self._encoded: set[int] = set()
+        self.encode_budget: int | None = None
         self.source_timeline = SourceTimeline()
 
     @staticmethod
@@ -326,8 +353,8 @@ class Session:
                     filt.record(grid, t, keep)
                 self._received += 1
                 if keep:
-                    self._frames.append(_Frame(t, stored, self.source_timeline.position_at(t)))
                     self._kept += 1
+                    self._frames.append(_Frame(t, stored, self.source_timeline.position_at(t), self._kept))
                     if filt is not None and filt.last_similarity is not None \
                             and 1.0 - filt.last_similarity >= SCENE_CHANGE_SHARE:
                         self.scene_changes += 1
@@ -362,6 +389,10 @@ class Session:
         """Frames (and audio) for one question; defaults come from the settings.
 
         * ``uniform``: k frames spread over the whole ring (the seed's indices).
+        * ``stable``: k frames spread over the whole ring on a grid of kept
+          numbers, plus the newest: a new frame changes only the newest pick
+          (and every stride-th, the oldest), so questions and warm-ups share
+          a prompt prefix (:func:`stable_indices`).
         * ``latest_frames``: the k newest frames.
         * ``latest_seconds``: k frames spread over the last ``sample_seconds``
           before the newest *received* frame, plus the kept frame that was on
@@ -385,8 +416,11 @@ class Session:
             candidates, window_start = self._candidates(frames, strategy, s)
             if strategy == "latest_frames":
                 picked = candidates[-k:]
+            elif strategy == "stable":
+                picked = [candidates[i] for i in stable_indices([frames[c].seq for c in candidates], k)]
             else:
                 picked = [candidates[i] for i in uniform_indices(len(candidates), k)]
+            picked, substituted = self._within_encode_budget(frames, candidates, picked)
             if s.audio_mode == "frames" and picked:
                 start = frames[picked[0]].t
                 if window_start is not None:
@@ -415,7 +449,49 @@ class Session:
             source_times=[frames[i].source_t for i in picked],
             audio_source_span=audio_span,
             source=sources.source_at(frames[picked[-1]].t if picked else None),
+            seqs=[frames[i].seq for i in picked],
+            substituted=substituted,
         )
+
+    def _within_encode_budget(self, frames: list[_Frame], candidates: list[int],
+                              picked: list[int]) -> tuple[list[int], int]:
+        """Caller holds _lock. With an encoder budget (a CPU where encoding a
+        frame costs most of a second), at most ``encode_budget`` picked frames
+        may be new to the engine: the newest new ones stay, and each other new
+        one is swapped for the nearest frame already encoded (by a warm-up),
+        so a question never waits for a backlog of encodings."""
+        budget = self.encode_budget
+        if budget is None:
+            return picked, 0
+        new = [p for p in picked if frames[p].seq not in self._encoded]
+        if len(new) <= budget:
+            return picked, 0
+        swap = set(new[: len(new) - budget])  # the oldest new frames
+        chosen = set(picked)
+        encoded = [c for c in candidates if frames[c].seq in self._encoded]
+        out, substituted = [], 0
+        for p in picked:
+            if p in swap:
+                near = [c for c in encoded if c not in chosen]
+                if near:
+                    best = min(near, key=lambda c: (abs(c - p), c))
+                    chosen.discard(p)
+                    chosen.add(best)
+                    out.append(best)
+                    substituted += 1
+                    continue
+            out.append(p)
+        return sorted(out), substituted
+
+    def mark_encoded(self, seqs: Sequence[int]) -> None:
+        """These kept frames are in the engine's caches (a warm-up carried them)."""
+        with self._lock:
+            live = {f.seq for f in self._frames}
+            self._encoded = {q for q in self._encoded if q in live} | {q for q in seqs if q in live}
+
+    def encoded_count(self, seqs: Sequence[int]) -> int:
+        with self._lock:
+            return sum(q in self._encoded for q in seqs)
 
     def _candidates(self, frames: list[_Frame], strategy: str,
                     s: SessionSettings) -> tuple[list[int], float | None]:
@@ -481,6 +557,7 @@ class Session:
             # A new filter rather than a reset one: a decode in flight records into the old.
             self._filter = self._make_filter(self.settings)
             self._received = self._kept = 0
+            self._encoded = set()  # kept numbers start again from 1
             self._newest_received_t = None
             self._newest_arrival = None
             self.timeline_start = None

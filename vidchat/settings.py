@@ -73,9 +73,10 @@ class Settings:
         "System prompt put before every conversation.",
     )
     prewarm: str = _opt(
-        "idle", "Keep each session's next question prefilled in the engine (vidchat/prewarm.py): 'idle' sends "
+        "off", "Keep each session's next question prefilled in the engine (vidchat/prewarm.py): 'idle' sends "
         "warm-ups only while no answer is generating, 'always' also beside answers (at lower priority), 'off' "
-        "never.", choices=("off", "idle", "always"),
+        "never. Off by default: on 2 CPU cores with the tiny model and a moving camera, warm-ups doubled the "
+        "median time to first token (README, 'Warm-ups').", choices=("off", "idle", "always"),
     )
     record_dir: str = _opt(
         "", "Save every answer as a recording bundle (its frames as PNG, audio as WAV, question, chat history, "

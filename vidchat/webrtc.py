@@ -405,6 +405,17 @@ def router(state) -> APIRouter:
         entry.session.set_source(**report)
         return {"ok": True}
 
+    @api.post("/webrtc/typing")
+    async def typing(request: Request) -> dict[str, Any]:
+        """The page's user is typing a question: warm this session's prompt now (vidchat.prewarm)."""
+        body = await _read_json(request)
+        entry = state.registry.get(str(body.get("session_id", "")))
+        if entry is None:
+            raise HTTPException(404, "no such session (stopped or expired)")
+        if state.prewarmer is not None:
+            state.prewarmer.question_coming(entry.session.id)
+        return {"ok": True, "prewarm": state.prewarmer.mode if state.prewarmer else "off"}
+
     @api.get("/webrtc/live")
     async def live(session_id: str) -> dict[str, Any]:
         """The live view's strip of kept frames and answer timings (polled every few seconds)."""
