@@ -279,8 +279,9 @@ async def _latency_round(page, server, questions: int) -> tuple[list, list, list
         await page.click("#vc-clear")
         await page.wait_for_function("!document.querySelector('#vc-chat [data-testid=\"bot\"]')")
         await asyncio.sleep(0.3)  # let the cleared chat settle before timing
-        await box.fill(f"Question {i}: what is moving?")
-        await asyncio.sleep(0.2)  # a person takes longer to type than this
+        # Typed at 60 ms a key (a fast typist): the page tells the server a
+        # question is coming at the first key.
+        await box.press_sequentially(f"Question {i}: what is moving?", delay=60)
         await page.evaluate("() => { Object.assign(window.__lat, {t0: performance.now(), waiting: true, expect: 1}); }")
         await box.press("Enter")
         await page.wait_for_function("!window.__lat.waiting", timeout=60_000)

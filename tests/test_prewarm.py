@@ -111,7 +111,10 @@ async def test_the_prewarmer_warms_on_new_frames_only_and_skips_repeats(omni_eng
     assert prewarmer.stats.warmups == 1 and prewarmer.state_of(entry.session.id).last_prompt_tokens > 16 * 10
     await prewarmer._step()  # nothing changed: no second warm-up
     assert prewarmer.stats.warmups == 1
-    add_frames(entry, 1, seed=6, t0=200.0)  # one new kept frame: the window slides
+    add_frames(entry, 1, seed=6, t0=200.0)  # one new kept frame: only the newest pick changes
+    await prewarmer._step()
+    assert prewarmer.stats.warmups == 1 and prewarmer.stats.skipped_same_inputs == 1  # a frame's worth: not worth it
+    add_frames(entry, 4, seed=7, t0=300.0)  # the earlier picks move too
     await prewarmer._step()
     assert prewarmer.stats.warmups == 2
     stats = await ask(omni_engine, entry)

@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import logging
-from typing import Awaitable, Callable
+from typing import Any, Awaitable, Callable
 
 log = logging.getLogger(__name__)
 
@@ -46,15 +46,14 @@ class AnswerQueue:
         self.limit = limit  # 0: no cap
         self.running = 0
         self._waiting: collections.deque[_Waiter] = collections.deque()
-        # Called with the session id and inputs_sha256 of every answer about
-        # to ask for its turn, before it may generate (vidchat.prewarm gives
-        # way to it).
-        self.arrival_hooks: list[Callable[[str, str], Awaitable[None]]] = []
+        # Called with every answer (vidchat.chat.Answer) about to ask for its
+        # turn, before it may generate (vidchat.prewarm gives way to it).
+        self.arrival_hooks: list[Callable[[Any], Awaitable[None]]] = []
 
-    async def announce(self, session_id: str, inputs_sha256: str = "") -> None:
+    async def announce(self, answer: Any) -> None:
         for hook in list(self.arrival_hooks):
             try:
-                await hook(session_id, inputs_sha256)
+                await hook(answer)
             except Exception:
                 log.exception("answer arrival hook failed")
 

@@ -142,7 +142,7 @@ class Answer:
         Abandoned when the answer is cancelled while it waits."""
         if self.queue is None or self._slot is not None:
             return
-        await self.queue.announce(self.session_id, self.reply.stats.inputs_sha256)
+        await self.queue.announce(self)
         slot = await self.queue.acquire(on_wait, self._abandon)
         if self._abandon.is_set():
             slot.release()

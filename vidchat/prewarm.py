@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import dataclasses
 import logging
 import time
 from dataclasses import dataclass, field
@@ -39,7 +40,11 @@ log = logging.getLogger(__name__)
 MODES = ("off", "idle", "always")
 DEFAULT_INTERVAL_S = 1.0
 URGENT_INTERVAL_S = 0.2
-URGENT_FOR_S = 10.0  # a keystroke makes the session urgent for this long
+# A keystroke makes the session urgent for this long: long enough to be
+# warmed first and at once, short enough that a user typing on a moving scene
+# does not keep the engine warming until Enter (a warm-up in flight then
+# delays the question by what is left of it).
+URGENT_FOR_S = 0.5
 SHARE_WINDOW_S = 30.0
 # Where new frames are slow to encode, a question may carry only as many as
 # the engine encodes in this time; the rest are swapped for encoded ones.
@@ -51,7 +56,7 @@ class WarmState:
     """What was last warmed for one session."""
 
     key: tuple | None = None  # the sample key it was warmed for
-    inputs_sha256: str = ""
+    inputs_sha256: str = ""  # lead_digest of the frames it warmed
     prompt_key: tuple | None = None
     at: float = 0.0  # time.monotonic() of the last warm-up start
     urgent_until: float = 0.0
@@ -67,7 +72,8 @@ class PrewarmStats:
     skipped_busy: int = 0
     skipped_budget: int = 0
     aborted: int = 0  # the session ended
-    yielded: int = 0  # aborted for another session's answer (idle mode)
+    yielded: int = 0  # aborted to make way for an answer (another session's, or other frames of its own)
+    awaited: int = 0  # in flight when its own session's question came, with that question's frames
     failed: int = 0
     busy_s: float = 0.0
     recent: collections.deque = field(default_factory=lambda: collections.deque(maxlen=512))  # (end, seconds)
@@ -76,6 +82,17 @@ class PrewarmStats:
         """Share of the last SHARE_WINDOW_S spent running warm-ups."""
         busy = sum(d for end, d in self.recent if end > now - SHARE_WINDOW_S)
         return busy / SHARE_WINDOW_S
+
+
+def lead_digest(frames: Any, frames_as: str) -> str:
+    """What a warm-up must share with a question to be worth it: all frames
+    but the newest, as separate images. Only the newest frame (and the audio
+    after the frames) is then left for the question to prefill, a frame's
+    worth of work; warming again for each new newest frame would cost more
+    than it saves. A video is one item: any new frame makes all of it new."""
+    from vidchat.engine import inputs_digest
+
+    return inputs_digest(frames if frames_as == "video" or len(frames) < 2 else frames[:-1], None)
 
 
 def sample_key(entry: Any) -> tuple:
@@ -134,19 +151,21 @@ class Prewarmer:
         state.urgent_until = time.monotonic() + URGENT_FOR_S
         self._wake.set()
 
-    async def answer_arriving(self, session_id: str, inputs_sha256: str = "") -> None:
+    async def answer_arriving(self, answer: Any) -> None:
         """A question is about to generate. The warm-up in flight gives way
         (is aborted, and the abort reaches vLLM before the question does)
-        unless its prefix is the question's: a warm-up of that session's very
-        inputs is left to finish. A warm-up of other inputs of the same
-        session is work for nothing; one of another session gives way in
-        idle mode (in always mode it stays, behind the question's priority)."""
+        unless its prefix is the question's: a warm-up of that session with
+        the question's frames (all but the newest, see :func:`lead_digest`)
+        is left to finish. A warm-up of other frames of the same session is
+        work for nothing; one of another session gives way in idle mode (in
+        always mode it stays, behind the question's priority)."""
         current = self.current
         if current is None:
             return
         sid, task, warming = current
-        if sid == session_id:
-            if warming == inputs_sha256:
+        if sid == answer.session_id:
+            if warming == await asyncio.to_thread(lead_digest, answer.sample.frames, answer.options.frames_as):
+                self.stats.awaited += 1  # the question's own prefix: left to finish
                 return
         elif self.mode != "idle":
             return
@@ -164,7 +183,7 @@ class Prewarmer:
         s = self.stats
         return {"mode": self.mode, "warmups": s.warmups, "skipped_same_inputs": s.skipped_same_inputs,
                 "skipped_busy": s.skipped_busy, "skipped_budget": s.skipped_budget, "aborted": s.aborted,
-                "yielded": s.yielded, "failed": s.failed, "busy_s": round(s.busy_s, 3),
+                "yielded": s.yielded, "awaited": s.awaited, "failed": s.failed, "busy_s": round(s.busy_s, 3),
                 "frame_cost_ms": None if self.frame_cost_s is None else round(self.frame_cost_s * 1000, 1),
                 "share": round(s.share(time.monotonic()), 3),
                 "running": self.current is not None}
@@ -251,7 +270,10 @@ class Prewarmer:
         sid = entry.session.id
         warm = self._warm.setdefault(sid, WarmState())
         warm.at = time.monotonic()
-        options = entry.warm_options or self.state.answer_defaults()
+        # Without the audio: it comes after the frames in the prompt and grows
+        # with every chunk, so it is never a question's prefix; warming it
+        # would double the warm-up's work for nothing.
+        options = dataclasses.replace(entry.warm_options or self.state.answer_defaults(), include_audio=False)
         sample = entry.session.sample()
         if not sample.frames:
             warm.key = key
@@ -264,7 +286,8 @@ class Prewarmer:
             warm.key = key
             return
         prompt_key = (prepared.prompt_text, options.frames_as)
-        if prepared.stats.inputs_sha256 == warm.inputs_sha256 and prompt_key == warm.prompt_key:
+        lead = await asyncio.to_thread(lead_digest, sample.frames, options.frames_as)
+        if lead == warm.inputs_sha256 and prompt_key == warm.prompt_key:
             warm.key = key
             self.stats.skipped_same_inputs += 1
             return
@@ -280,7 +303,7 @@ class Prewarmer:
             task.cancel()
 
         entry.closers.append(session_ended)
-        self.current = (sid, task, prepared.stats.inputs_sha256)
+        self.current = (sid, task, lead)
         started = time.monotonic()
         try:
             stats = await asyncio.shield(task)
@@ -309,7 +332,7 @@ class Prewarmer:
         new_frames = len(sample.seqs) - entry.session.encoded_count(sample.seqs)
         entry.session.mark_encoded(sample.seqs)
         self._budget(entry.session, took, new_frames)
-        warm.key, warm.inputs_sha256, warm.prompt_key = key, prepared.stats.inputs_sha256, prompt_key
+        warm.key, warm.inputs_sha256, warm.prompt_key = key, lead, prompt_key
         warm.warmed += 1
         warm.last_cached_tokens, warm.last_prompt_tokens = stats.cached_tokens, stats.prompt_tokens
         self.stats.warmups += 1

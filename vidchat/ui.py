@@ -268,7 +268,9 @@ async def answer_stream(state, entry, question: str, request: PageRequest, past:
             history[-1] = {"role": "assistant", "content": ""}
         async for delta in reply:
             if not history[-1]["content"]:
-                log.info("chat event -> first token: %.1f ms", (time.perf_counter() - event_start) * 1000)
+                log.info("chat event -> first token: %.1f ms (%d of %d prompt tokens from the cache)",
+                         (time.perf_counter() - event_start) * 1000, reply.stats.cached_tokens,
+                         reply.stats.prompt_tokens)
             history[-1]["content"] += delta
             yield history, gr.skip(), gr.skip()
     except EngineError as exc:
@@ -770,7 +772,13 @@ def mount(app, state):
             trigger(lambda: "", None, question, queue=False, trigger_mode="multiple", api_visibility="private")
         stop.click(on_stop, [session_id], None, cancels=[submit_evt, click_evt], concurrency_limit=None,
                    api_name="stop")
-        clear.click(lambda: ([], None), None, [chatbot, details], api_visibility="private")
+        def on_clear(sid):
+            entry = state.registry.get(sid) if isinstance(sid, str) else None
+            if entry is not None:
+                entry.warm_history = ()  # the next question carries no chat: nor does its warm-up
+            return [], None
+
+        clear.click(on_clear, [session_id], [chatbot, details], api_visibility="private")
 
         async def on_watch(on, q, every, history, sid, *raw):
             sent = False
