@@ -479,6 +479,22 @@ async def test_switching_to_screen_share_keeps_the_session_and_its_chat(server, 
             await browser.close()
 
 
+def _finish_with_tone(out, video, audio, samples: int) -> None:
+    """Mux a 330 Hz tone of `samples` at 48 kHz into `audio`, then flush both streams."""
+    import av
+
+    pcm = (np.sin(2 * np.pi * 330 * np.arange(samples) / 48000) * 0.3).astype(np.float32)
+    for start in range(0, pcm.size, 960):
+        frame = av.AudioFrame.from_ndarray(pcm[None, start:start + 960], format="flt", layout="mono")
+        frame.sample_rate = 48000
+        frame.pts = start
+        for packet in audio.encode(frame):
+            out.mux(packet)
+    for stream in (video, audio):
+        for packet in stream.encode(None):
+            out.mux(packet)
+
+
 def write_webm(path: Path, colour: tuple[int, int, int], seconds: float = 6.0, fps: int = 10) -> Path:
     """A VP8 + Opus clip: a coloured room with a white square sliding across, and a tone."""
     import av
@@ -496,17 +512,7 @@ def write_webm(path: Path, colour: tuple[int, int, int], seconds: float = 6.0, f
             img[80:160, x:x + 80] = 240
             for packet in video.encode(av.VideoFrame.from_ndarray(img, format="rgb24")):
                 out.mux(packet)
-        t = np.arange(int(seconds * 48000)) / 48000
-        pcm = (np.sin(2 * np.pi * 330 * t) * 0.3).astype(np.float32)
-        for start in range(0, pcm.size, 960):
-            frame = av.AudioFrame.from_ndarray(pcm[None, start:start + 960], format="flt", layout="mono")
-            frame.sample_rate = 48000
-            frame.pts = start
-            for packet in audio.encode(frame):
-                out.mux(packet)
-        for stream in (video, audio):
-            for packet in stream.encode(None):
-                out.mux(packet)
+        _finish_with_tone(out, video, audio, int(seconds * 48000))
     return path
 
 
@@ -594,17 +600,7 @@ def write_timed_webm(path: Path, fps: int = 10) -> Path:
                 img[BAR_Y:BAR_Y + BAR_H, BAR_X + b * BAR_W:BAR_X + b * BAR_W + BAR_W - 8] = 255 if i >> b & 1 else 0
             for packet in video.encode(av.VideoFrame.from_ndarray(img, format="rgb24")):
                 out.mux(packet)
-        t = np.arange(seconds * 48000) / 48000
-        pcm = (np.sin(2 * np.pi * 330 * t) * 0.3).astype(np.float32)
-        for start in range(0, pcm.size, 960):
-            frame = av.AudioFrame.from_ndarray(pcm[None, start:start + 960], format="flt", layout="mono")
-            frame.sample_rate = 48000
-            frame.pts = start
-            for packet in audio.encode(frame):
-                out.mux(packet)
-        for stream in (video, audio):
-            for packet in stream.encode(None):
-                out.mux(packet)
+        _finish_with_tone(out, video, audio, int(seconds * 48000))
     return path
 
 

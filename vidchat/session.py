@@ -170,6 +170,17 @@ class _Frame(NamedTuple):
 # Frame sampling and storage helpers
 # ---------------------------------------------------------------------------
 
+def _trivial_pick(n: int, k: int) -> list[int] | None:
+    """The picks every strategy agrees on: none, the newest alone, or all."""
+    if n <= 0 or k <= 0:
+        return []
+    if k == 1:
+        return [n - 1]
+    if k >= n:
+        return list(range(n))
+    return None
+
+
 def stable_indices(seqs: Sequence[int], k: int) -> list[int]:
     """k frames spread evenly over a window of consecutive kept numbers, on a
     grid anchored to the numbers themselves (every stride-th kept frame),
@@ -178,12 +189,9 @@ def stable_indices(seqs: Sequence[int], k: int) -> list[int]:
     frames before stay the same, in the same order, so a later question
     shares their prompt prefix and their encodings (vidchat.prewarm)."""
     n = len(seqs)
-    if n <= 0 or k <= 0:
-        return []
-    if k == 1:
-        return [n - 1]
-    if k >= n:
-        return list(range(n))
+    trivial = _trivial_pick(n, k)
+    if trivial is not None:
+        return trivial
     # At most (n-1)/(k-1): any n consecutive numbers then hold k-1 multiples.
     stride = max(1, (n - 1) // (k - 1))
     grid = [i for i, q in enumerate(seqs[:-1]) if q % stride == 0]
@@ -192,12 +200,9 @@ def stable_indices(seqs: Sequence[int], k: int) -> list[int]:
 
 def uniform_indices(n: int, k: int) -> list[int]:
     """The seed's uniform pick of k out of n (k=1: the newest; k >= n: all)."""
-    if n <= 0 or k <= 0:
-        return []
-    if k == 1:
-        return [n - 1]
-    if k >= n:
-        return list(range(n))
+    trivial = _trivial_pick(n, k)
+    if trivial is not None:
+        return trivial
     return [int(i * (n - 1) / (k - 1)) for i in range(k)]
 
 
