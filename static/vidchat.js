@@ -143,6 +143,10 @@
     if (state.source === "file") {
       const video = $("#vc-preview");
       if (!video) return;
+      // While seeking, currentTime is already the target but the frames still
+      // on their way to the server are from before the seek: a report now
+      // would date them at the target. "seeked" reports once the jump is done.
+      if (video.seeking) return;
       const rate = video.playbackRate;
       Object.assign(body, {
         name: state.fileName || null,
