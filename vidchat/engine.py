@@ -60,6 +60,7 @@ class EngineOptions:
     max_image_pixels: int = 0
     enforce_eager: bool = True
     seed: int = 0
+    priority_scheduling: bool = False  # vLLM's priority policy (for warm-ups)
 
 
 @dataclass
@@ -314,9 +315,12 @@ class Engine:
         # vLLM keeps processed frames for reuse (4 GiB by default): bounded
         # here, since live video makes every frame new and the cache only grows.
         kwargs["mm_processor_cache_gb"] = options.mm_cache_gb
-        # Warm-ups (vidchat.prewarm) run at a lower priority than answers:
-        # a question never waits behind a warm-up's prefill.
-        kwargs["scheduling_policy"] = "priority"
+        # Warm-ups (vidchat.prewarm) run at a lower priority than answers, so
+        # a question never waits behind a queued warm-up. Only when warm-ups
+        # are on from the start: otherwise vLLM schedules first come, first
+        # served, exactly as before warm-ups existed.
+        if options.priority_scheduling:
+            kwargs["scheduling_policy"] = "priority"
         family = family_of(model_type_of(options.model))
         processor_kwargs = family.processor_kwargs(options.max_image_pixels)
         if options.max_image_pixels and family.pixel_cap is None:
@@ -491,7 +495,8 @@ class Engine:
         started = time.perf_counter()
         self._warming.add(rid)
         try:
-            async for out in self._llm.generate(prepared.prompt, prepared.params, rid, priority=WARMUP_PRIORITY):
+            priority = WARMUP_PRIORITY if self.options.priority_scheduling else 0
+            async for out in self._llm.generate(prepared.prompt, prepared.params, rid, priority=priority):
                 if out.prompt_token_ids is not None:
                     stats.prompt_tokens = len(out.prompt_token_ids)
                 stats.cached_tokens = out.num_cached_tokens or 0

@@ -38,6 +38,7 @@ def engine_options(settings: Settings, model_path: str, tiny: bool) -> EngineOpt
         max_videos=settings.max_videos,
         max_audios=settings.max_audios,
         max_image_pixels=settings.max_image_pixels or (tinymodel.MAX_PIXELS if tiny else 0),
+        priority_scheduling=settings.prewarm != "off",
     )
 
 
