@@ -522,6 +522,19 @@ def write_webm(path: Path, colour: tuple[int, int, int], seconds: float = 6.0, f
     return path
 
 
+async def start_file_source(browser, server, clip: Path, min_buffer: int) -> Page:
+    """A tab playing `clip` as its source, live, with at least `min_buffer` frames kept."""
+    page = await browser.new_page(viewport={"width": 1280, "height": 800})
+    await page.goto(server.url + "/")
+    await page.select_option("#vc-source", "file")
+    await page.set_input_files("#vc-file", str(clip))
+    await page.click("#vc-start")
+    await page.wait_for_function("document.querySelector('#vc-conn')?.dataset.tone === 'live'", timeout=30_000)
+    await page.wait_for_function(
+        f"/buffer (\\d+)/.exec(document.querySelector('#vc-stats').textContent)?.[1] >= {min_buffer}", timeout=30_000)
+    return page
+
+
 async def test_a_video_file_plays_through_the_same_pipeline_with_pause_and_seek(server, media, tmp_path,
                                                                               artifacts_dir):
     GREEN = (40, 170, 70)
@@ -529,15 +542,7 @@ async def test_a_video_file_plays_through_the_same_pipeline_with_pause_and_seek(
     async with async_playwright() as pw:
         browser = await launch(pw, media["red"], media["tone"], tmp_path)  # the camera would be red
         try:
-            page = await browser.new_page(viewport={"width": 1280, "height": 800})
-            await page.goto(server.url + "/")
-            await page.select_option("#vc-source", "file")
-            await page.set_input_files("#vc-file", str(clip))
-            await page.click("#vc-start")
-            await page.wait_for_function("document.querySelector('#vc-conn')?.dataset.tone === 'live'",
-                                         timeout=30_000)
-            await page.wait_for_function(
-                "/buffer (\\d+)/.exec(document.querySelector('#vc-stats').textContent)?.[1] >= 8", timeout=30_000)
+            page = await start_file_source(browser, server, clip, min_buffer=8)
             sid = await session_id(page)
             stats = await asyncio.to_thread(server.get_json, f"/webrtc/stats?session_id={sid}")
             assert sorted(stats["media"]["tracks"]) == ["audio", "video"] and stats["audio_seconds"] > 0.5
@@ -661,15 +666,7 @@ async def test_a_video_file_source_records_the_files_own_time_through_seek_and_l
     async with async_playwright() as pw:
         browser = await launch(pw, media["red"], media["tone"], tmp_path)
         try:
-            page = await browser.new_page(viewport={"width": 1280, "height": 800})
-            await page.goto(server.url + "/")
-            await page.select_option("#vc-source", "file")
-            await page.set_input_files("#vc-file", str(clip))
-            await page.click("#vc-start")
-            await page.wait_for_function("document.querySelector('#vc-conn')?.dataset.tone === 'live'",
-                                         timeout=30_000)
-            await page.wait_for_function(
-                "/buffer (\\d+)/.exec(document.querySelector('#vc-stats').textContent)?.[1] >= 16", timeout=30_000)
+            page = await start_file_source(browser, server, clip, min_buffer=16)
             await set_setting(page, "vc-max-tokens", "4")
 
             asked, known = 0, set()
