@@ -132,14 +132,17 @@
   // while it plays (to absorb drift), so each answer's record says where in
   // the file its frames and audio came from. One report at a time, its
   // position read when it is sent: a burst (seek, then play) can neither
-  // arrive out of order nor carry a stale position. The server stamps the
-  // report on arrival; the video it describes arrives later (encoding, RTP),
-  // but measured on localhost the two line up within one frame of a 10 fps
-  // file (tests/test_page.py prints the offsets), so nothing is compensated.
+  // arrive out of order nor carry a stale position. The video it describes
+  // arrives later than the report (encoding, RTP), so the report carries the
+  // moment it describes and the server places it among the frames by their
+  // capture times (tests/test_page.py prints the offsets on a seek).
   function reportSource() {
     if (!state.sessionId || !state.source) return;
     if (state.reporting) { state.reportAgain = true; return; }
-    const body = { session_id: state.sessionId, kind: state.source };
+    // The page's clock when the position is read: the server places the
+    // report among the frames by it (vidchat/webrtc.py), not by arrival.
+    const body = { session_id: state.sessionId, kind: state.source,
+                   at: performance.timeOrigin + performance.now() };
     if (state.source === "file") {
       const video = $("#vc-preview");
       if (!video) return;

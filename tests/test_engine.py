@@ -202,3 +202,11 @@ async def test_cancel_from_another_task_ends_the_stream(omni_engine: Engine):
     await asyncio.wait_for(consume(), 30)
     assert reply.stats.cancelled and reply.stats.completion_tokens < 2000
     assert omni_engine.running_requests == 0
+
+
+async def test_a_greedy_reply_of_the_tiny_model_runs_to_max_tokens(omni_engine: Engine):
+    """Through real vLLM, without ignore_eos: the tiny model's end tokens can
+    never win (tinymodel._never_stop_on_its_own), so long-answer tests get one."""
+    reply = omni_engine.ask("Talk for a long time.", frames=frames(1), max_tokens=800, temperature=0.0)
+    await collect(reply)
+    assert reply.stats.completion_tokens == 800 and reply.stats.finish_reason == "length"

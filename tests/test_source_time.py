@@ -12,7 +12,7 @@ from starlette.testclient import TestClient
 
 from vidchat.access import Access, Guard
 from vidchat.chat import Answer, AnswerOptions, frozen_sample
-from vidchat.clock import SourceTimeline
+from vidchat.clock import NTP_TO_UNIX_S, SenderClock, SourceTimeline, ntp_to_unix
 from vidchat.session import Session, SessionSettings
 from vidchat.sessions import SessionRegistry
 from vidchat.webrtc import router
@@ -106,6 +106,50 @@ def test_frames_carry_their_file_position_through_play_pause_seek_loop_and_a_swi
     s.set_source("file", "b.webm", 10.0, t=t0 + 10.0)
     s.add_frame(frame(10), t=t0 + 10.25)
     assert s.sample().source_times == [None, 10.25]
+
+
+def ntp(unix_s: float) -> int:
+    whole = int(unix_s)
+    return ((whole + NTP_TO_UNIX_S) << 32) | int((unix_s - whole) * 2**32)
+
+
+def test_the_sender_clock_maps_rtp_time_to_the_senders_wall_clock_across_a_wrap():
+    clock = SenderClock()
+    assert clock.sender_time(1234) is None  # no sender report yet
+    assert ntp_to_unix(ntp(1_700_000_000.25)) == pytest.approx(1_700_000_000.25, abs=1e-6)
+    clock.observe_report(ntp(1_700_000_000.0), 2**32 - 9000)  # 0.1 s before the 32-bit wrap
+    assert clock.sender_time(2**32 - 9000) == pytest.approx(1_700_000_000.0)
+    assert clock.sender_time(9000) == pytest.approx(1_700_000_000.2)  # after the wrap
+    assert clock.sender_time(2**32 - 18000) == pytest.approx(1_699_999_999.9)  # before the report
+
+
+def test_a_report_lands_where_the_senders_clock_puts_it_and_re_dates_frames_that_beat_it():
+    import time
+
+    s = session()
+    now = time.monotonic()
+    s.set_source("file", "clip.webm", 5.0, playing=True, t=now - 2.0)
+    # Frames stamped 40 ms apart up to now; the browser's clock runs 1000 s
+    # behind the timeline (offset measured from its sender reports).
+    for k in range(5):
+        s.add_frame(frame(k), t=now - 0.16 + 0.04 * k)
+    s.note_sender_clock(1000.0)
+    # The seek to 1.0 s happened on the page at timeline time now - 0.07: the
+    # two newest frames were captured after it but arrived before the report.
+    placed, by_sender = s.set_source("file", "clip.webm", 1.0, playing=True, at_sender_s=now - 0.07 - 1000.0)
+    assert placed == pytest.approx(now - 0.07) and by_sender
+    times = s.sample().source_times
+    assert times[:3] == [pytest.approx(6.84), pytest.approx(6.88), pytest.approx(6.92)]  # before the seek
+    assert times[3:] == [pytest.approx(1.03), pytest.approx(1.07)]  # after it, dated again
+    # A sender clock further than a second off the arrival is not believed.
+    before = time.monotonic()
+    placed, by_sender = s.set_source("file", "clip.webm", 2.0, playing=False, at_sender_s=now + 5.0 - 1000.0)
+    assert before <= placed <= time.monotonic() and not by_sender
+    # Without sender reports the arrival time is used.
+    fresh = session()
+    before = time.monotonic()
+    placed, by_sender = fresh.set_source("camera", at_sender_s=12.0)
+    assert before <= placed <= time.monotonic() and not by_sender
 
 
 def test_set_source_refuses_what_makes_no_position():
@@ -216,6 +260,8 @@ def test_the_page_reports_a_file_position_and_a_switch(api):
     ({"duration": 0}, "duration must be a positive number"),
     ({"loop": 1}, "loop must be true or false"),
     ({"session_id": 7}, "session_id must be"),
+    ({"at": "now"}, "at must be the page's time in ms since the Unix epoch"),
+    ({"at": -5}, "at must be the page's time in ms since the Unix epoch"),
 ])
 def test_bad_fields_get_a_400_naming_them(api, change, message):
     client, entry = api

@@ -32,3 +32,23 @@ def test_ensure_builds_once_into_the_cache(tmp_path):
     again = tinymodel.ensure(tmp_path, "vl")
     assert again == first and (again / "model.safetensors").stat().st_mtime_ns == stamp
     assert [p.name for p in tmp_path.iterdir()] == [first.name]  # no half-built leftovers
+
+
+def test_the_end_tokens_have_zero_output_weights(tmp_path):
+    """Greedy decoding of the tiny model never ends a reply on its own (the
+    end tokens' logits are exactly 0, the best of the others is positive), so
+    tests of long answers get long answers on every CPU."""
+    from safetensors.numpy import load_file
+
+    folder = tinymodel.build(tmp_path / "m", "omni")
+    tokenizer = json.loads((folder / "tokenizer.json").read_text())
+    vocab = {t["content"]: t["id"] for t in tokenizer["added_tokens"]}
+    stops = [vocab["<|im_end|>"], vocab["<|endoftext|>"]]
+    weights = load_file(str(folder / "model.safetensors"))
+    heads = [name for name in weights if name.endswith("lm_head.weight")]
+    assert heads
+    for name in heads:
+        head = weights[name]
+        assert not head[stops].any(), name
+        others = [i for i in range(head.shape[0]) if i not in stops]
+        assert (abs(head[others]).sum(axis=1) > 0).all(), name  # only the end tokens

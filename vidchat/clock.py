@@ -84,6 +84,45 @@ class ClientClock:
         return self._origin + media_t
 
 
+# Seconds from the NTP epoch (1900) to the Unix epoch (1970).
+NTP_TO_UNIX_S = 2_208_988_800
+# A sender-clock placement further than this from the report's arrival is
+# not trusted (a sender whose clocks disagree): the arrival time is used.
+SENDER_PLACEMENT_MAX_S = 1.0
+
+
+def ntp_to_unix(ntp: int) -> float:
+    """A 64-bit NTP timestamp (RTCP sender report) as Unix seconds."""
+    return (ntp >> 32) - NTP_TO_UNIX_S + (ntp & 0xFFFFFFFF) / 2**32
+
+
+class SenderClock:
+    """Maps a track's RTP timestamps to the sender's wall clock.
+
+    A browser stamps each video frame's RTP time at capture, and its RTCP
+    sender reports pair an RTP time with its own wall-clock (NTP) time. With
+    the newest pair, any frame's capture moment is known on the browser's
+    clock, the same clock the page reads ``Date.now()`` from. That lets an
+    event the page reports (a seek) be placed among the frames by when it
+    happened, not by when its HTTP request overtook the video."""
+
+    def __init__(self, clock_rate: int = 90_000) -> None:
+        self.clock_rate = clock_rate
+        self._pair: tuple[float, int] | None = None  # (sender Unix seconds, RTP timestamp)
+
+    def observe_report(self, ntp: int, rtp_timestamp: int) -> None:
+        self._pair = (ntp_to_unix(ntp), rtp_timestamp & 0xFFFFFFFF)
+
+    def sender_time(self, rtp_timestamp: int) -> float | None:
+        """The sender's Unix time of the frame with ``rtp_timestamp``; None before a report."""
+        if self._pair is None:
+            return None
+        wall, rtp = self._pair
+        # 32-bit RTP time wraps: the signed difference to the report's.
+        delta = ((rtp_timestamp - rtp + 2**31) & 0xFFFFFFFF) - 2**31
+        return wall + delta / self.clock_rate
+
+
 SOURCE_KINDS = ("camera", "screen", "file")
 # About four minutes of once-a-second reports: more than the frame ring spans
 # while a file plays; frames keep the position they were given at ingest.

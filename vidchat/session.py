@@ -50,7 +50,7 @@ from PIL import Image
 
 from vidchat import evs
 from vidchat.audio import AudioWindow, to_int16
-from vidchat.clock import SourceTimeline
+from vidchat.clock import SENDER_PLACEMENT_MAX_S, SourceTimeline
 from vidchat.evs import FrameError
 from vidchat.media import (AUDIO_RATE, DEFAULT_MAX_FRAME_BYTES, DEFAULT_MAX_FRAME_PIXELS, DEFAULT_STORE_MAX_PIXELS,
                            reduce_factor, stored_size)
@@ -281,6 +281,9 @@ class Session:
         self._encoded: set[int] = set()
         self.encode_budget: int | None = None
         self.source_timeline = SourceTimeline()
+        # Timeline time minus the browser's clock for the newest video frame
+        # (vidchat.clock.SenderClock); None until the browser's first sender report.
+        self._sender_offset: float | None = None
 
     @staticmethod
     def _make_filter(settings: SessionSettings) -> evs.FrameFilter | None:
@@ -516,20 +519,51 @@ class Session:
 
     # -- source ------------------------------------------------------------
 
+    def note_sender_clock(self, offset_s: float) -> None:
+        """Timeline time minus the sender's clock, for the newest video frame
+        (the WebRTC door measures it from the browser's sender reports)."""
+        self._sender_offset = offset_s
+
     def set_source(self, kind: str, name: str | None = None, position_s: float | None = None,
                    playing: bool = True, rate: float = 1.0, t: float | None = None, *,
-                   duration_s: float | None = None, loop: bool = False) -> None:
-        """Say what the video source is from timeline time ``t`` (default:
-        now, on the clock producers stamp frames with) on: ``"camera"``,
-        ``"screen"``, or a ``"file"`` named ``name`` at ``position_s`` seconds,
-        playing at ``rate`` or paused. Frames stamped from ``t`` on carry their
-        position in the file. Not media activity: it keeps no session alive."""
+                   duration_s: float | None = None, loop: bool = False,
+                   at_sender_s: float | None = None) -> tuple[float, bool]:
+        """Say what the video source is from timeline time ``t`` on:
+        ``"camera"``, ``"screen"``, or a ``"file"`` named ``name`` at
+        ``position_s`` seconds, playing at ``rate`` or paused. Without ``t``,
+        the report is placed at ``at_sender_s`` (the sender's clock, where
+        the session knows how that maps onto the timeline and the result is
+        within a second of now), else now. Frames stamped from then on carry
+        their position in the file, including frames that arrived before the
+        report but were captured after it. Returns the timeline time used
+        and whether the sender's clock placed it. Not media activity: it keeps no session alive."""
         if kind == "file" and (position_s is None or not _is_number(position_s) or position_s < 0):
             raise ValueError(f"a file source needs a position in seconds >= 0, got {position_s!r}")
         if not _is_number(rate) or rate <= 0:
             raise ValueError(f"rate must be a positive number, got {rate!r}")
-        self.source_timeline.report(time.monotonic() if t is None else t, kind, name, position_s, playing, rate,
-                                    duration_s, loop)
+        by_sender = False
+        if t is None:
+            t = time.monotonic()
+            offset = self._sender_offset
+            if at_sender_s is not None and offset is not None:
+                placed = at_sender_s + offset
+                if abs(placed - t) <= SENDER_PLACEMENT_MAX_S:
+                    t, by_sender = placed, True
+                else:
+                    logger.debug("session %s: sender clock is %.3f s off arrival; report placed on arrival",
+                                 self.id, placed - t)
+        timeline = self.source_timeline
+        timeline.report(t, kind, name, position_s, playing, rate, duration_s, loop)
+        with self._lock:
+            # Frames captured after the report's moment but ingested before it
+            # arrived were given the old segment's position: date them again.
+            frames = self._frames
+            later = 0
+            while later < len(frames) and frames[-1 - later].t >= t:
+                later += 1
+            for i in range(len(frames) - later, len(frames)):
+                frames[i] = frames[i]._replace(source_t=timeline.position_at(frames[i].t))
+        return t, by_sender
 
     # -- settings and lifecycle --------------------------------------------
 

@@ -29,7 +29,7 @@ log = logging.getLogger(__name__)
 
 FAMILIES = ("omni", "vl")
 # Bump when the files produced change, so cached builds are rebuilt.
-BUILD_VERSION = "1"
+BUILD_VERSION = "2"
 SEED = 1234
 
 HIDDEN = 128
@@ -312,12 +312,31 @@ def build(out_dir: str | os.PathLike, family: str = "omni", seed: int = SEED) ->
     builder = _build_omni if family == "omni" else _build_vl
     model = builder(out, tokenizer, vocab_size)
     model = model.to(torch.float32).eval()
+    _never_stop_on_its_own(model, [tokenizer.convert_tokens_to_ids(t) for t in ("<|im_end|>", "<|endoftext|>")])
     model.generation_config.eos_token_id = tokenizer.convert_tokens_to_ids("<|im_end|>")
     model.save_pretrained(out, safe_serialization=True)
     _build_processor(family, out, tokenizer)
     n_params = sum(p.numel() for p in model.parameters())
     log.info("built tiny %s model in %s (%.2f M parameters)", family, out, n_params / 1e6)
     return out
+
+
+def _never_stop_on_its_own(model, stop_ids: list[int]) -> None:
+    """Zero the output weights of the end tokens: their logit is then exactly
+    0 while the best of the other random logits is positive, so greedy
+    decoding never ends a reply and a reply's length is ``max_tokens``.
+
+    Tests of long answers (cancel, disconnect, idle time) need that; random
+    weights ended a "long" greedy answer after 1,618 tokens on one CI machine
+    and not on another (CPU kernels round differently)."""
+    import torch
+
+    heads = [m for name, m in model.named_modules() if name.endswith("lm_head")]
+    if not heads:
+        raise RuntimeError("tiny model has no lm_head to adjust")
+    with torch.no_grad():
+        for head in heads:
+            head.weight[stop_ids] = 0.0
 
 
 def _source_hash() -> str:

@@ -19,32 +19,37 @@ no position in the file. The page therefore reports the file's position to
 ``/webrtc/source`` whenever it jumps or stops (play, pause, seek, loop, rate)
 and once a second while playing; the session's
 :class:`~vidchat.clock.SourceTimeline` turns that into each frame's position.
-The report is stamped with its arrival time, the frames with theirs. Video
-takes longer to arrive (encoding, RTP, decoding), but on localhost a frame's
-recorded position was within 0.17 s of the truth, the median offset between
--0.025 and +0.05 s and of either sign (tests/test_page.py measures it on a
-10 fps clip that shows its own frame number), so no constant is subtracted.
+Video takes longer to arrive than the report (encoding, RTP, decoding), so
+stamping the report on arrival dated the last frames before a seek at its
+target (seen in CI, 2 s off). The report therefore carries the page's clock
+(``at``, ms since the Unix epoch) and the server places it among the frames on
+the browser's own clock: the browser's RTCP sender reports pair RTP time with
+its wall clock, so each frame's capture moment is known on that clock too
+(:class:`~vidchat.clock.SenderClock`). Before the first sender report, or if
+the two clocks disagree by more than a second, the arrival time is used.
 """
 
 from __future__ import annotations
 
 import asyncio
 import collections
+import functools
 import hmac
 import json
 import logging
 import math
 import posixpath
 import time
-from typing import Any
+from typing import Any, Callable
 
 import av
 import numpy as np
 from aiortc import RTCConfiguration, RTCIceServer, RTCPeerConnection, RTCSessionDescription
 from aiortc.mediastreams import MediaStreamError
+from aiortc.rtp import RtcpSrPacket
 from fastapi import APIRouter, HTTPException, Request
 
-from vidchat.clock import SOURCE_KINDS, TrackClock
+from vidchat.clock import SOURCE_KINDS, SenderClock, TrackClock
 from vidchat.evs import FrameError
 from vidchat.media import AUDIO_RATE
 from vidchat.sessions import Entry, TooManySessions
@@ -93,7 +98,39 @@ class MediaStats:
         }
 
 
-async def consume_video(track, entry: Entry, stats: MediaStats) -> None:
+def watch_sender_reports(receiver) -> Callable[[av.VideoFrame], float | None] | None:
+    """A function giving each decoded frame's capture time on the sender's
+    clock (None until its first RTCP sender report), or None where this
+    aiortc does not expose what it needs.
+
+    aiortc keeps sender reports and the RTP time origin of decoded frames to
+    itself, so both are read from its internals (aiortc is pinned below 2);
+    without them the page's reports are placed by arrival, as before."""
+    mapper = getattr(receiver, "_RTCRtpReceiver__timestamp_mapper", None)
+    handle = getattr(receiver, "_handle_rtcp_packet", None)
+    if mapper is None or not hasattr(mapper, "_origin") or handle is None:
+        log.warning("this aiortc hides RTCP sender reports: file positions are placed by arrival time")
+        return None
+    clock = SenderClock()
+
+    async def handle_rtcp(packet) -> None:
+        if isinstance(packet, RtcpSrPacket):
+            clock.observe_report(packet.sender_info.ntp_timestamp, packet.sender_info.rtp_timestamp)
+        await handle(packet)
+
+    receiver._handle_rtcp_packet = handle_rtcp
+
+    def capture_time(frame: av.VideoFrame) -> float | None:
+        origin = mapper._origin
+        if frame.pts is None or origin is None:
+            return None
+        return clock.sender_time((frame.pts + origin) & 0xFFFFFFFF)
+
+    return capture_time
+
+
+async def consume_video(track, entry: Entry, stats: MediaStats,
+                        capture_time: Callable[[av.VideoFrame], float | None] | None = None) -> None:
     session = entry.session
     newest: list[tuple[av.VideoFrame, float] | None] = [None]
     ready = asyncio.Event()
@@ -109,7 +146,11 @@ async def consume_video(track, entry: Entry, stats: MediaStats) -> None:
                 stats.video_frames_seen += 1
                 if newest[0] is not None:
                     stats.video_frames_skipped += 1
-                newest[0] = (frame, clock.place(media_time(frame), now))
+                t = clock.place(media_time(frame), now)
+                captured = capture_time(frame) if capture_time is not None else None
+                if captured is not None:
+                    session.note_sender_clock(t - captured)
+                newest[0] = (frame, t)
                 ready.set()
         finally:
             ended = True
@@ -228,6 +269,10 @@ class Peer:
         stats = self.entry.media
         stats.tracks.append(track.kind)
         consume = {"video": consume_video, "audio": consume_audio}.get(track.kind)
+        if track.kind == "video":
+            receiver = next((r for r in self.pc.getReceivers() if r.track is track), None)
+            capture_time = watch_sender_reports(receiver) if receiver is not None else None
+            consume = functools.partial(consume_video, capture_time=capture_time)
         if consume is not None:
             task = asyncio.create_task(run_consumer(consume, track, self.entry, stats, self._media_failed))
             self.consumers.append(task)
@@ -311,6 +356,11 @@ def parse_source_report(body: dict[str, Any]) -> dict[str, Any]:
     if kind not in SOURCE_KINDS:
         raise ValueError(f"kind must be one of {', '.join(SOURCE_KINDS)}, got {kind!r}")
     out: dict[str, Any] = {"session_id": sid, "kind": kind}
+    at = body.get("at")
+    if at is not None:
+        if not _finite(at) or at <= 0:
+            raise ValueError(f"at must be the page's time in ms since the Unix epoch, or null, got {at!r}")
+        out["at_sender_s"] = float(at) / 1000.0
     if kind != "file":
         return out
     name = body.get("name")
@@ -401,9 +451,13 @@ def router(state) -> APIRouter:
         entry = state.registry.get(report.pop("session_id"))
         if entry is None:
             raise HTTPException(404, "no such session (stopped or expired)")
-        # Stamped on arrival, on the clock the session's frames are placed on.
-        entry.session.set_source(**report)
-        return {"ok": True}
+        # Placed by the page's clock when the session knows how it maps onto
+        # the frames' (see the module's docstring), else by arrival.
+        arrival = time.monotonic()
+        placed, by_sender = entry.session.set_source(**report)
+        # Where the report landed relative to its arrival: the video path's lead.
+        return {"ok": True, "placed_by": "sender clock" if by_sender else "arrival",
+                "placed_ms": round((placed - arrival) * 1000, 1)}
 
     @api.post("/webrtc/typing")
     async def typing(request: Request) -> dict[str, Any]:
