@@ -288,25 +288,41 @@ async def _latency_round(page, server, questions: int) -> tuple[list, list, list
         # Typed at 60 ms a key (a fast typist): the page tells the server a
         # question is coming at the first key.
         await box.press_sequentially(f"Question {i}: what is moving?", delay=60)
-        await page.evaluate("() => { Object.assign(window.__lat, {t0: performance.now(), waiting: true, expect: 1}); }")
+        await page.evaluate("() => { Object.assign(window.__lat, "
+                            "{t0: performance.now(), wall0: Date.now(), waiting: true, expect: 1}); }")
         await box.press("Enter")
         await page.wait_for_function("!window.__lat.waiting", timeout=60_000)
         await wait_for_answer(page, 1)
     results = await page.evaluate("window.__lat.results")
     log_text = server.log()[log_start:]
     prep = [float(m) for m in re.findall(r"chat event -> engine call: ([\d.]+) ms", log_text)]
-    server_ttft = [float(m) for m in re.findall(r"chat event -> first token: ([\d.]+) ms", log_text)]
+    server_ttft = [(float(ms), float(at)) for ms, at in re.findall(
+        r"chat event -> first token: ([\d.]+) ms \(.*?event at ([\d.]+)\)", log_text)]
     return results, prep, server_ttft
 
 
-def _latency_summary(results: list, prep: list, server_ttft: list, questions: int) -> dict:
-    # Every question reached the engine; the random model may end an answer
-    # with its first token, and such answers have no first token to time.
-    assert len(results) == questions and len(prep) == questions
-    results = [r for r in results if r is not None]
-    assert len(results) == len(server_ttft) >= questions // 2, (len(results), len(server_ttft))
+def _median(values: list[float]) -> float:
+    return round(statistics.median(values), 1)
+
+
+def _latency_summary(timed: list, prep: list, server: list, questions: int) -> dict:
+    # Every question reached the engine; an answer whose first token was only
+    # whitespace has no visible first token to time.
+    assert len(timed) == questions and len(prep) == questions
+    timed = [r for r in timed if r is not None]
+    assert len(timed) == len(server) >= questions // 2, (len(timed), len(server))
+    results = [total for total, _ in timed]
+    server_ttft = [ms for ms, _ in server]
+    # Browser and server share this machine's wall clock: Enter -> the
+    # server's chat event is the page's and Gradio's share before the model,
+    # first token -> visible theirs after it.
+    before = [event_at * 1000 - wall0 for (_, wall0), (_, event_at) in zip(timed, server)]
+    after = [total - b - ms for total, b, ms in zip(results, before, server_ttft)]
     return {
         "questions_with_streamed_text": len(results),
+        "breakdown_median_ms": {"enter_to_server_event": _median(before),
+                                "server_event_to_first_token": _median(server_ttft),
+                                "first_token_to_visible": _median(after)},
         "enter_to_first_token_ms": {
             "median": round(statistics.median(results), 1),
             "p95": round(sorted(results)[int(0.95 * (len(results) - 1))], 1),
@@ -339,7 +355,7 @@ async def test_latency_enter_to_first_token(server, media, tmp_path, artifacts_d
                     if (b.length >= L.expect && b[L.expect - 1].innerText.trim().length > 0) {
                       // An answer that was only its end token streamed nothing: no latency to measure.
                       const empty = b[L.expect - 1].innerText.includes('(the model returned no text)');
-                      L.results.push(empty ? null : performance.now() - L.t0); L.waiting = false;
+                      L.results.push(empty ? null : [performance.now() - L.t0, L.wall0]); L.waiting = false;
                     }
                   }).observe(document.querySelector('#vc-chat'), {subtree: true, childList: true, characterData: true});
                 }"""
@@ -348,6 +364,7 @@ async def test_latency_enter_to_first_token(server, media, tmp_path, artifacts_d
                 assert (await asyncio.to_thread(server.post_json, "/api/prewarm", {"mode": mode}))["mode"] == mode
                 report[f"prewarm_{mode}"] = _latency_summary(*await _latency_round(page, server, questions),
                                                             questions)
+                report[f"prewarm_{mode}"]["loop_lag_so_far"] = server.get_json("/api/health")["loop_lag"]
             report["prewarm"] = server.get_json("/api/health")["prewarm"]
         finally:
             await asyncio.to_thread(server.post_json, "/api/prewarm", {"mode": "off"})  # the default

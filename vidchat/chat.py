@@ -256,6 +256,8 @@ def prepare(engine: Engine, entry: Entry, sample: Sample, options: AnswerOptions
         temperature=options.temperature,
         seed=options.seed,
         cache_salt=entry.cache_salt,
+        # Kept-frame numbers name the frames in vLLM's encoder cache, per session.
+        frame_ids=[str(q) for q in sample.seqs] if len(sample.seqs) == len(sample.frames) else None,
         warmup=warmup,
     )
 

@@ -42,6 +42,15 @@ class EngineDead(EngineError):
     """The engine process is gone; the server must be restarted."""
 
 
+# vLLM's encoder cache is as large as its per-step token budget
+# (max_num_batched_tokens; 2,048 on CPU, at least 8,192 on a GPU), which
+# cannot be set apart. Raised only when a sample per session needs more, and
+# never past this: a step that large is as long as the budget allows.
+ENCODER_CACHE_FLOOR_TOKENS = {"cpu": 2048, "gpu": 8192}
+ENCODER_CACHE_MAX_TOKENS = 65536
+# The frame the page sends from a webcam before any pixel cap.
+TYPICAL_FRAME = (640, 480)
+
 ENGINE_DEAD_MESSAGE = "The model engine has stopped; restart vidchat (see the server log for the cause)."
 
 
@@ -61,6 +70,9 @@ class EngineOptions:
     enforce_eager: bool = True
     seed: int = 0
     priority_scheduling: bool = False  # vLLM's priority policy (for warm-ups)
+    # Frames vLLM's encoder cache must hold (frames per question x sessions);
+    # 0 leaves vLLM's own size. See encoder_cache_budget.
+    encoder_cache_frames: int = 0
 
 
 @dataclass
@@ -261,6 +273,47 @@ class Reply:
     cancel = aclose
 
 
+def tokens_per_frame(processor: Any, max_image_pixels: int = 0, processor_kwargs: dict | None = None) -> int:
+    """Prompt tokens one webcam frame costs with this processor: a 640x480
+    frame as sent, and as sessions store it (scaled down to
+    ``max_image_pixels``), run through the model's own processor, minus the
+    same prompt without it; the larger of the two (the processor's rounding
+    to its patch grid can make the smaller frame cost more)."""
+    sizes = [TYPICAL_FRAME]
+    width, height = TYPICAL_FRAME
+    if max_image_pixels and width * height > max_image_pixels:
+        scale = (max_image_pixels / (width * height)) ** 0.5
+        sizes.append((max(1, int(width * scale)), max(1, int(height * scale))))
+    question = {"type": "text", "text": "?"}
+    with_frame = processor.apply_chat_template([{"role": "user", "content": [{"type": "image"}, question]}],
+                                               tokenize=False, add_generation_prompt=True)
+    without = processor.apply_chat_template([{"role": "user", "content": [question]}],
+                                            tokenize=False, add_generation_prompt=True)
+    base = len(processor.tokenizer(without)["input_ids"])
+    costs = []
+    for size in sizes:
+        ids = processor(text=[with_frame], images=[Image.new("RGB", size, (90, 90, 90))],
+                        return_tensors="np", **(processor_kwargs or {}))["input_ids"]
+        costs.append(int(len(ids[0]) - base))
+    return max(costs)
+
+
+def encoder_cache_budget(per_frame: int, frames: int, gpu: bool) -> int | None:
+    """vLLM's ``max_num_batched_tokens`` that makes its encoder cache hold
+    ``frames`` frames of ``per_frame`` tokens; None where its default does."""
+    floor = ENCODER_CACHE_FLOOR_TOKENS["gpu" if gpu else "cpu"]
+    need = per_frame * frames
+    if need <= floor:
+        return None
+    if need > ENCODER_CACHE_MAX_TOKENS:
+        log.warning("vLLM's encoder cache would need %d tokens for %d frames of %d tokens; capped at %d "
+                    "(%d frames): lower --max-sessions or frames per question to keep every session's "
+                    "frames encoded", need, frames, per_frame, ENCODER_CACHE_MAX_TOKENS,
+                    ENCODER_CACHE_MAX_TOKENS // per_frame)
+        return ENCODER_CACHE_MAX_TOKENS
+    return need
+
+
 class Engine:
     """Wraps one `AsyncLLM`. Create once per process with `Engine.start`."""
 
@@ -288,6 +341,14 @@ class Engine:
         # The engine-wide processor settings (pixel cap, tiling), for anyone
         # who must reproduce vLLM's preprocessing (tests, token budgets).
         self.processor_kwargs = self.family.processor_kwargs(options.max_image_pixels)
+        self.tokens_per_frame: int | None = None  # measured at start when the encoder cache is sized
+
+    @property
+    def encoder_cache_tokens(self) -> int | None:
+        """The size of vLLM's encoder cache, in tokens (None if not known)."""
+        config = getattr(self._llm, "vllm_config", None)
+        size = getattr(getattr(config, "scheduler_config", None), "encoder_cache_size", None)
+        return size if isinstance(size, int) else None
 
     # ---- lifecycle ---------------------------------------------------
     @classmethod
@@ -328,16 +389,27 @@ class Engine:
                      "(frames are still stored at no more than %d pixels)", family.name, options.max_image_pixels)
         if processor_kwargs:
             kwargs["mm_processor_kwargs"] = processor_kwargs
+        try:
+            processor = AutoProcessor.from_pretrained(options.model)
+        except ImportError as exc:  # e.g. SmolVLM's processor needs num2words
+            raise EngineError(f"the processor of {options.model!r} needs a package that is missing: {exc}") from exc
+        per_frame = None
+        if options.encoder_cache_frames > 0:
+            try:
+                per_frame = tokens_per_frame(processor, options.max_image_pixels, processor_kwargs)
+            except Exception as exc:  # a processor with other call conventions: vLLM's size stays
+                log.warning("could not measure tokens per frame for %s (%s); vLLM's encoder cache keeps "
+                            "its default size", options.model, exc)
+            if per_frame:
+                budget = encoder_cache_budget(per_frame, options.encoder_cache_frames, gpu)
+                if budget is not None:
+                    kwargs["max_num_batched_tokens"] = budget
         if gpu:
             kwargs["gpu_memory_utilization"] = options.gpu_memory_utilization
         else:
             # Unset, vLLM on CPU reserves most of the RAM and starts slowly.
             kwargs["kv_cache_memory_bytes"] = int(options.kv_cache_gb * (1 << 30))
             kwargs["distributed_executor_backend"] = "uni"
-        try:
-            processor = AutoProcessor.from_pretrained(options.model)
-        except ImportError as exc:  # e.g. SmolVLM's processor needs num2words
-            raise EngineError(f"the processor of {options.model!r} needs a package that is missing: {exc}") from exc
         try:
             llm = AsyncLLM.from_engine_args(AsyncEngineArgs(**kwargs))
         except Exception as exc:
@@ -347,7 +419,13 @@ class Engine:
         revision = model_revision(options.model)
         start_s = time.perf_counter() - t0
         log.info("engine ready: %s (%s) on %s in %.1f s", options.model, revision, "GPU" if gpu else "CPU", start_s)
-        return cls(options, llm, processor, options.model, start_s, family, revision)
+        engine = cls(options, llm, processor, options.model, start_s, family, revision)
+        engine.tokens_per_frame = per_frame
+        if per_frame and engine.encoder_cache_tokens:
+            log.info("vLLM's encoder cache: %d tokens, %d frames of %d tokens (asked for %d frames)",
+                     engine.encoder_cache_tokens, engine.encoder_cache_tokens // per_frame, per_frame,
+                     options.encoder_cache_frames)
+        return engine
 
     def shutdown(self) -> None:
         llm, self._llm = self._llm, None
@@ -435,6 +513,7 @@ class Engine:
         seed: int | None = None,
         ignore_eos: bool = False,
         cache_salt: str | None = None,
+        frame_ids: Sequence[str] | None = None,
         warmup: bool = False,
     ) -> Prepared:
         """Render the prompt and build the media for one question (CPU work:
@@ -442,7 +521,13 @@ class Engine:
         would refuse, so the caller can tell the user before anything streams.
 
         ``warmup``: the same prompt without the question (the prefix a
-        question will share), for :meth:`warm`; `question` is ignored."""
+        question will share), for :meth:`warm`; `question` is ignored.
+
+        ``frame_ids``: each frame's name, unique within ``cache_salt`` and
+        never reused for other pixels (a session's kept-frame numbers). vLLM
+        then caches each frame's encoding under salt and name instead of a
+        hash of its pixels: no time spent hashing, and two sessions showing
+        the same picture never share an encoding (no timing side channel)."""
         if self.is_dead:
             raise EngineDead(ENGINE_DEAD_MESSAGE)
         if warmup:
@@ -470,6 +555,11 @@ class Engine:
         mm = self._multi_modal_data(frames, frames_as, audio, fps)
         if mm:
             prompt["multi_modal_data"] = mm
+        if cache_salt and frames and frame_ids is not None and len(frame_ids) == len(frames):
+            if frames_as == "video":
+                prompt["multi_modal_uuids"] = {"video": [f"{cache_salt}/video/{','.join(map(str, frame_ids))}"]}
+            else:
+                prompt["multi_modal_uuids"] = {"image": [f"{cache_salt}/{fid}" for fid in frame_ids]}
         if fps is not None and self.family.fps_kwarg:
             prompt["mm_processor_kwargs"] = {"fps": fps}
         from vllm import SamplingParams

@@ -39,6 +39,7 @@ def engine_options(settings: Settings, model_path: str, tiny: bool) -> EngineOpt
         max_audios=settings.max_audios,
         max_image_pixels=settings.max_image_pixels or (tinymodel.MAX_PIXELS if tiny else 0),
         priority_scheduling=settings.prewarm != "off",
+        encoder_cache_frames=settings.max_sessions * settings.frames_per_question,
     )
 
 
@@ -119,6 +120,10 @@ def create_app(state: AppState) -> FastAPI:
             "answers": state.answer_gate.snapshot(),
             "running_warmups": engine.running_warmups if ok else None,
             "prewarm": state.prewarmer.snapshot() if state.prewarmer else None,
+            # How many frames vLLM's encoder cache holds (vidchat.engine.encoder_cache_budget).
+            "encoder_cache": ({"tokens": engine.encoder_cache_tokens, "tokens_per_frame": engine.tokens_per_frame,
+                               "frames": engine.encoder_cache_tokens // engine.tokens_per_frame}
+                              if ok and engine.tokens_per_frame and engine.encoder_cache_tokens else None),
             "loop_lag": loop_watch.snapshot(),
         }
         return JSONResponse(body, status_code=200 if ok else 503)

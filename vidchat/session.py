@@ -163,7 +163,7 @@ class _Frame(NamedTuple):
     t: float
     pixels: np.ndarray  # read-only
     source_t: float | None = None  # position in the played file, when the source is one
-    seq: int = 0  # the session's kept-frame number (1, 2, …): a frame's identity for the encoder budget
+    seq: int = 0  # the session's kept-frame number (1, 2, …, never reused): the frame's identity for the engine
 
 
 # ---------------------------------------------------------------------------
@@ -270,6 +270,9 @@ class Session:
         self._filter = self._make_filter(settings)
         self._received = 0
         self._kept = 0
+        # Each kept frame's number, never reused in the session's life (not
+        # even after reset): the engine caches its encoding under that name.
+        self._seq = 0
         # Kept frames where most of the picture changed at once (watch mode).
         self.scene_changes = 0
         self.last_scene_change_t: float | None = None
@@ -362,7 +365,8 @@ class Session:
                 self._received += 1
                 if keep:
                     self._kept += 1
-                    self._frames.append(_Frame(t, stored, self.source_timeline.position_at(t), self._kept))
+                    self._seq += 1
+                    self._frames.append(_Frame(t, stored, self.source_timeline.position_at(t), self._seq))
                     if filt is not None and filt.last_similarity is not None \
                             and 1.0 - filt.last_similarity >= SCENE_CHANGE_SHARE:
                         self.scene_changes += 1
@@ -596,7 +600,7 @@ class Session:
             # A new filter rather than a reset one: a decode in flight records into the old.
             self._filter = self._make_filter(self.settings)
             self._received = self._kept = 0
-            self._encoded = set()  # kept numbers start again from 1
+            self._encoded = set()
             self._newest_received_t = None
             self._newest_arrival = None
             self.timeline_start = None

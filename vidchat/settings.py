@@ -88,7 +88,10 @@ class Settings:
     port: int = _opt(7860, "TCP port for the page, the WebRTC offer endpoint and the WebSocket protocol.")
     log_level: str = _opt("info", "Logging level (debug, info, warning, error).")
     # --- sessions -------------------------------------------------------
-    max_sessions: int = _opt(16, "Most concurrent sessions (browser tabs + WebSocket clients).")
+    max_sessions: int = _opt(16, "Most concurrent sessions (browser tabs + WebSocket clients). vLLM's encoder "
+                             "cache is sized to hold one sample per session (tokens per frame x frames per "
+                             "question x this; on CPU 2,048 tokens unless that needs more, at most 65,536), so "
+                             "a session's frames, once encoded, are not encoded again for its next question.")
     session_idle_timeout: float = _opt(
         30.0, "End a WebRTC session whose newest frame or audio is older than this (seconds); until then a "
         "tab whose connection dropped can re-attach to it.",
