@@ -360,11 +360,16 @@ async def test_latency_enter_to_first_token(server, media, tmp_path, artifacts_d
                   }).observe(document.querySelector('#vc-chat'), {subtree: true, childList: true, characterData: true});
                 }"""
             )
-            for mode in ("off", "idle"):
+            # Warm-ups with the sampling that lets a question share their prefix.
+            for mode, sampling in (("off", "uniform"), ("idle", "stable")):
+                await page.locator("#vc-sampling input").fill(sampling)
+                await page.keyboard.press("Enter")
+                await asyncio.sleep(0.5)
                 assert (await asyncio.to_thread(server.post_json, "/api/prewarm", {"mode": mode}))["mode"] == mode
                 report[f"prewarm_{mode}"] = _latency_summary(*await _latency_round(page, server, questions),
                                                             questions)
-                report[f"prewarm_{mode}"]["loop_lag_so_far"] = server.get_json("/api/health")["loop_lag"]
+                report[f"prewarm_{mode}"].update(sampling=sampling,
+                                                 loop_lag_so_far=server.get_json("/api/health")["loop_lag"])
             report["prewarm"] = server.get_json("/api/health")["prewarm"]
         finally:
             await asyncio.to_thread(server.post_json, "/api/prewarm", {"mode": "off"})  # the default

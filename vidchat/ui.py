@@ -666,7 +666,7 @@ def _settings_panel(state) -> list[gr.components.Component]:
         with gr.Row():
             k = gr.Slider(1, max_images, value=min(s.frames_per_question, max_images), step=1,
                           label="Frames per question")
-            sampling = gr.Dropdown(list(SAMPLING_STRATEGIES), value="uniform", label="Sampling",
+            sampling = gr.Dropdown(list(SAMPLING_STRATEGIES), value="uniform", label="Sampling", elem_id="vc-sampling",
                                    info="stable: spread like uniform, but a new frame changes only the newest pick, "
                                         "so questions share their prompt prefix")
             seconds = gr.Slider(1, 60, value=10, step=1, label="Window for latest_seconds (s)")
