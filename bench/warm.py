@@ -202,6 +202,8 @@ async def main() -> None:
     logging.basicConfig(level=logging.WARNING)
     options = engine_for(args)
     options.max_images = max(options.max_images, args.frames)
+    # As the server sizes it: a sample per session in vLLM's encoder cache.
+    options.encoder_cache_frames = args.sessions * args.frames
     engine = await asyncio.to_thread(Engine.start, options)
     try:
         print(f"model {options.model} ({engine.model_revision}), {args.frames} frames of {FRAME[1]}x{FRAME[0]}, "
