@@ -113,7 +113,9 @@ def test_port_answers_while_the_model_loads(guarded):
     (hz_status, hz), (rz_status, rz) = guarded.while_loading
     assert hz_status == 200 and hz == {"ok": True}
     assert rz_status == 503 and rz["ready"] is False and rz["reason"].startswith("Loading the model…")
-    assert call(guarded, "GET", "/readyz") == (200, {"ready": True, "reason": "ready"})
+    status, ready = call(guarded, "GET", "/readyz")
+    assert status == 200 and ready["ready"] is True and ready["reason"] == "ready" and ready["draining"] is False
+    assert isinstance(ready["sessions"], int)
 
 
 # ---- credentials --------------------------------------------------------------

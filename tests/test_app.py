@@ -67,6 +67,20 @@ def test_env_var_sets_an_option_and_flag_wins(monkeypatch):
     assert s.ws_idle_timeout == 12.5 and s.port == 9100 and s.host == "127.0.0.1"
 
 
+def test_vllm_parallelism_and_the_encoder_cache_size_reach_the_engine_options():
+    from vidchat import server
+    from vidchat.settings import parse_settings
+
+    s = parse_settings(["--tensor-parallel-size", "2", "--data-parallel-size", "4", "--max-sessions", "8",
+                        "--frames-per-question", "12"])
+    options = server.engine_options(s, "some/model", tiny=False)
+    assert (options.tensor_parallel_size, options.data_parallel_size) == (2, 4)
+    assert options.encoder_cache_frames == 8 * 12
+    for flag in ("--tensor-parallel-size", "--data-parallel-size"):
+        with pytest.raises(SystemExit):
+            parse_settings([flag, "0"])
+
+
 def test_ctrl_c_shuts_down_engine_and_leaves_no_process(artifacts_dir, tiny_vl_path):
     srv = start_server(["--model", "tiny-vl", "--kv-cache-gb", "0.25", "--max-model-len", "2048"],
                        artifacts_dir / "server-shutdown.log")

@@ -515,3 +515,56 @@ def test_fast_and_real_time_sends_give_the_same_inputs(server):
     for key in ("frame_times", "frame_indices", "audio_span", "audio_seconds"):
         assert real[key] == fast[key], (key, real[key], fast[key])
     assert real["frame_times"][0] == 0.0 and real["audio_span"] == [0.0, 2.0]
+
+
+# ---- draining a replica ---------------------------------------------------------
+
+async def test_a_drained_replica_takes_no_new_sessions_and_keeps_its_open_ones(server):
+    import urllib.error
+    import urllib.request
+
+    def readyz() -> tuple[int, dict]:
+        try:
+            with urllib.request.urlopen(server.url + "/readyz", timeout=10) as r:
+                return r.status, json.loads(r.read())
+        except urllib.error.HTTPError as err:
+            return err.code, json.loads(err.read())
+
+    open_ws = await connect(server, **SHORT)
+    await frames(open_ws, n=2)
+    try:
+        assert server.post_json("/api/drain", {"draining": True}) == {"draining": True, "sessions": 1}
+        status, body = readyz()
+        assert status == 503 and body["draining"] is True and body["sessions"] == 1, body
+        assert body["reason"] == "draining: 1 session(s) still open"
+        # New sessions are refused at both doors, with the reason.
+        refused = await websockets.connect(server.ws_url, max_size=None)
+        msg = await recv(refused)
+        assert msg["type"] == "error" and "being drained" in msg["message"], msg
+        with pytest.raises(websockets.ConnectionClosed) as closed:
+            await refused.recv()
+        assert closed.value.rcvd.code == 1013
+        offer = urllib.request.Request(server.url + "/webrtc/offer",
+                                       b'{"type": "offer", "sdp": "v=0\\r\\nm=video 9 UDP/TLS/RTP/SAVPF 96"}',
+                                       {"Content-Type": "application/json"})
+        with pytest.raises(urllib.error.HTTPError) as err:
+            urllib.request.urlopen(offer, timeout=10)
+        assert err.value.code == 503 and "being drained" in json.loads(err.value.read())["detail"]
+        # The open session still answers.
+        assert check_answer(await answer(open_ws))["stats"]["frames"] == 2
+        await open_ws.close()
+        await no_sessions_left(server)
+        status, body = readyz()
+        assert status == 503 and body["sessions"] == 0  # empty: safe to stop
+    finally:
+        server.post_json("/api/drain", {"draining": False})
+    status, body = readyz()
+    assert status == 200 and body["draining"] is False
+    again = await connect(server, **SHORT)
+    await still_alive(again)
+    await again.close()
+    # Bad bodies get a 400.
+    req = urllib.request.Request(server.url + "/api/drain", b'{"draining": "yes"}', {"Content-Type": "application/json"})
+    with pytest.raises(urllib.error.HTTPError) as err:
+        urllib.request.urlopen(req, timeout=10)
+    assert err.value.code == 400

@@ -73,6 +73,8 @@ class EngineOptions:
     # Frames vLLM's encoder cache must hold (frames per question x sessions);
     # 0 leaves vLLM's own size. See encoder_cache_budget.
     encoder_cache_frames: int = 0
+    tensor_parallel_size: int = 1  # vLLM's own parallelism, passed through (GPU)
+    data_parallel_size: int = 1
 
 
 @dataclass
@@ -406,6 +408,10 @@ class Engine:
                     kwargs["max_num_batched_tokens"] = budget
         if gpu:
             kwargs["gpu_memory_utilization"] = options.gpu_memory_utilization
+        if options.tensor_parallel_size > 1:
+            kwargs["tensor_parallel_size"] = options.tensor_parallel_size
+        if options.data_parallel_size > 1:
+            kwargs["data_parallel_size"] = options.data_parallel_size
         else:
             # Unset, vLLM on CPU reserves most of the RAM and starts slowly.
             kwargs["kv_cache_memory_bytes"] = int(options.kv_cache_gb * (1 << 30))

@@ -9,12 +9,12 @@ import logging
 from pathlib import Path
 from typing import Any, AsyncIterator
 
-from fastapi import FastAPI, WebSocket
+from fastapi import FastAPI, Request, WebSocket
 from fastapi.responses import JSONResponse
 from fastapi.staticfiles import StaticFiles
 
 from vidchat import tinymodel
-from vidchat.access import Guard, default_allowed_hosts, split_list
+from vidchat.access import Guard, default_allowed_hosts, is_loopback, split_list
 from vidchat.engine import Engine, EngineError, EngineOptions
 from vidchat.loopwatch import LoopWatch
 from vidchat.prewarm import Prewarmer
@@ -40,6 +40,8 @@ def engine_options(settings: Settings, model_path: str, tiny: bool) -> EngineOpt
         max_image_pixels=settings.max_image_pixels or (tinymodel.MAX_PIXELS if tiny else 0),
         priority_scheduling=settings.prewarm != "off",
         encoder_cache_frames=settings.max_sessions * settings.frames_per_question,
+        tensor_parallel_size=settings.tensor_parallel_size,
+        data_parallel_size=settings.data_parallel_size,
     )
 
 
@@ -97,9 +99,32 @@ def create_app(state: AppState) -> FastAPI:
 
     @app.get("/readyz")
     async def readyz() -> JSONResponse:
-        """The engine is loaded and alive: 200; else 503 with the reason."""
+        """The engine is loaded and alive and the replica takes new sessions:
+        200; else 503 with the reason. A load balancer routes new sessions
+        only to replicas answering 200; ``draining`` and ``sessions`` tell
+        an operator when a drained replica is empty and can be stopped."""
         ready, reason = state.readiness()
-        return JSONResponse({"ready": ready, "reason": reason}, status_code=200 if ready else 503)
+        registry = state.registry
+        if ready and registry.draining:
+            ready, reason = False, f"draining: {len(registry)} session(s) still open"
+        return JSONResponse({"ready": ready, "reason": reason, "draining": registry.draining,
+                             "sessions": len(registry)}, status_code=200 if ready else 503)
+
+    @app.post("/api/drain")
+    async def drain(request: Request, body: dict[str, Any]) -> JSONResponse:
+        """Start (``{"draining": true}``) or stop draining this replica: no
+        new sessions; open ones carry on. Only from this machine: signed-in
+        page users pass the access guard too, and must not stop a replica."""
+        client = request.client.host if request.client else ""
+        if not is_loopback(client):
+            return JSONResponse({"detail": "drain this replica from its own machine (127.0.0.1)"}, status_code=403)
+        draining = body.get("draining") if isinstance(body, dict) else None
+        if not isinstance(draining, bool):
+            return JSONResponse({"detail": "draining must be true or false"}, status_code=400)
+        state.registry.draining = draining
+        log.info("replica %s: %d session(s) open", "draining" if draining else "taking new sessions again",
+                 len(state.registry))
+        return JSONResponse({"draining": draining, "sessions": len(state.registry)})
 
     @app.get("/api/health")
     async def health() -> JSONResponse:

@@ -102,6 +102,9 @@ class SessionRegistry:
         self._entries: dict[str, Entry] = {}
         self._pending: set[Reservation] = set()
         self._closed_reasons: dict[str, str] = {}
+        # A replica being drained (POST /api/drain) takes no new sessions;
+        # open ones, and tabs re-attaching to them, carry on until they end.
+        self.draining = False
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -114,6 +117,9 @@ class SessionRegistry:
         return reservation
 
     def _check_room(self, client: str | None, held: Reservation | None = None) -> None:
+        if self.draining and held is None:
+            raise TooManySessions("This server is being drained and takes no new sessions; connect again "
+                                  "to reach another replica.")
         pending = [r for r in self._pending if r is not held]
         if len(self._entries) + len(pending) >= self.max_sessions:
             raise TooManySessions(

@@ -50,6 +50,11 @@ class Settings:
         "video makes nearly every frame new, so this is memory the server grows into; 0 turns the cache off.",
     )
     gpu_memory_utilization: float = _opt(0.85, "Fraction of GPU memory vLLM may use (GPU only).")
+    tensor_parallel_size: int = _opt(1, "GPUs one copy of the model is split across (vLLM's "
+                                     "--tensor-parallel-size): for a model too large for one GPU.")
+    data_parallel_size: int = _opt(1, "Copies of the model vLLM runs side by side in this process's engine "
+                                   "(vLLM's --data-parallel-size), each on its own GPUs: more concurrent "
+                                   "sessions on one machine. Needs tensor x data parallel GPUs.")
     max_images: int = _opt(32, "Most images one prompt may carry (vLLM limit_mm_per_prompt).")
     max_videos: int = _opt(1, "Most videos one prompt may carry.")
     max_audios: int = _opt(1, "Most audio clips one prompt may carry (omni models only).")
@@ -205,7 +210,8 @@ def build_parser() -> argparse.ArgumentParser:
 # flag's name, instead of failing every session later.
 AT_LEAST = {"max_sessions": 1, "max_frame_pixels": 1, "max_body_bytes": 1024, "ws_max_frame_bytes": 1024,
             "max_sessions_per_client": 0, "max_concurrent_answers": 0, "connect_timeout": 0,
-            "session_idle_timeout": 1, "ws_idle_timeout": 1, "ws_config_timeout": 0.1}
+            "session_idle_timeout": 1, "ws_idle_timeout": 1, "ws_config_timeout": 0.1,
+            "tensor_parallel_size": 1, "data_parallel_size": 1}
 
 
 def parse_settings(argv: Sequence[str] | None = None) -> Settings:
