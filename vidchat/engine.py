@@ -73,6 +73,7 @@ class EngineOptions:
     # Frames vLLM's encoder cache must hold (frames per question x sessions);
     # 0 leaves vLLM's own size. See encoder_cache_budget.
     encoder_cache_frames: int = 0
+    video_pruning_rate: float = 0.0  # vLLM's video token pruning (Qwen2.5-VL, Qwen3-VL); 0: off
     tensor_parallel_size: int = 1  # vLLM's own parallelism, passed through (GPU)
     data_parallel_size: int = 1
 
@@ -408,6 +409,8 @@ class Engine:
                     kwargs["max_num_batched_tokens"] = budget
         if gpu:
             kwargs["gpu_memory_utilization"] = options.gpu_memory_utilization
+        if options.video_pruning_rate > 0:
+            kwargs["video_pruning_rate"] = options.video_pruning_rate
         if options.tensor_parallel_size > 1:
             kwargs["tensor_parallel_size"] = options.tensor_parallel_size
         if options.data_parallel_size > 1:
