@@ -23,7 +23,10 @@ def main(argv: list[str] | None = None) -> int:
     from vidchat.server import create_app, parse_ice_servers
     from vidchat.state import AppState, default_session_settings
     from vidchat.sessions import SessionRegistry
+    from vidchat.space import check_space_relay, space_settings
+    from vidchat.turn import minter_from
 
+    settings = space_settings(settings)
     if settings.model == "list":
         from vidchat.presets import table
 
@@ -40,6 +43,8 @@ def main(argv: list[str] | None = None) -> int:
         compare_path, compare_banner = (resolve_model(settings.compare_model, settings.cache_dir)
                                         if settings.compare_model else ("", None))
         ice_servers = parse_ice_servers(settings.ice_servers)
+        turn = minter_from(settings)
+        check_space_relay(ice_servers, turn)
     except (EngineError, ValueError) as exc:
         print(f"vidchat: {exc}", file=sys.stderr)
         return 2
@@ -73,6 +78,7 @@ def main(argv: list[str] | None = None) -> int:
             time_limit_s=time_limit,
         ),
         ice_servers=ice_servers,
+        turn=turn,
         access=access,
         answer_gate=AnswerQueue(settings.max_concurrent_answers),
         session_time_limit=time_limit,

@@ -281,7 +281,11 @@
       throw new Error(loginProblem(401));
     }
     const r = await fetch("/api/config", { cache: "no-store", headers: authHeaders() });
-    if (!r.ok) throw new Error(loginProblem(r.status) || `server config unavailable (${r.status})`);
+    if (!r.ok) {
+      // A 503 carries the server's reason (e.g. TURN credentials it could not mint).
+      const detail = await r.json().then((b) => b.detail).catch(() => null);
+      throw new Error(loginProblem(r.status) || detail || `server config unavailable (${r.status})`);
+    }
     return r.json();
   }
 

@@ -104,9 +104,9 @@ class Server:
         return self.log_path.read_text(errors="replace")
 
 
-def start_server(args: list[str], log_path: Path, timeout: float = 180) -> Server:
+def start_server(args: list[str], log_path: Path, timeout: float = 180, env_extra: dict | None = None) -> Server:
     port = free_port()
-    env = dict(os.environ, VIDCHAT_CACHE_DIR=str(CACHE_DIR))
+    env = dict(os.environ, VIDCHAT_CACHE_DIR=str(CACHE_DIR), **(env_extra or {}))
     log_file = open(log_path, "w")
     proc = subprocess.Popen(
         [sys.executable, str(ROOT / "app.py"), "--port", str(port), "--cache-dir", str(CACHE_DIR), *args],

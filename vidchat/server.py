@@ -20,6 +20,7 @@ from vidchat.loopwatch import LoopWatch
 from vidchat.prewarm import Prewarmer
 from vidchat.settings import Settings
 from vidchat.state import AppState
+from vidchat.turn import TurnError
 
 log = logging.getLogger(__name__)
 
@@ -170,14 +171,18 @@ def create_app(state: AppState) -> FastAPI:
         return {"reset": True}
 
     @app.get("/api/config")
-    async def client_config() -> dict[str, Any]:
+    async def client_config() -> Any:
         # Fetched when the user presses Start, so short-lived TURN credentials
         # are fresh rather than baked into the page.
         ready, status = state.readiness()
+        try:
+            servers = await state.ice_config()
+        except TurnError as exc:
+            log.error("%s", exc)
+            return JSONResponse({"detail": f"Cannot connect from behind NAT now: {exc}."}, status_code=503)
         # Only what a browser's RTCPeerConnection uses: no other field of the
         # configured servers (notes, account ids) reaches the page.
-        ice = [{k: v for k, v in server.items() if k in ("urls", "username", "credential")}
-               for server in state.ice_servers]
+        ice = [{k: v for k, v in server.items() if k in ("urls", "username", "credential")} for server in servers]
         return {"iceServers": ice, "banner": state.banner, "ready": ready, "status": status,
                 "sessionTimeLimit": state.session_time_limit}
 

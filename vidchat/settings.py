@@ -119,6 +119,18 @@ class Settings:
         "Empty on localhost.",
     )
 
+    turn: str = _opt(
+        "off", "Short-lived TURN credentials for browsers behind NAT: 'cloudflare' mints them per Start camera "
+        "from a Cloudflare TURN key (TURN_KEY_ID + TURN_KEY_API_TOKEN) or HF_TOKEN in the environment, "
+        "cached until shortly before expiry. --ice-servers stays for static servers (coturn, Twilio).",
+        choices=("off", "cloudflare"),
+    )
+    turn_ttl: int = _opt(3600, "Lifetime of minted TURN credentials, in seconds.")
+    turn_api_url: str = _opt("https://rtc.live.cloudflare.com/v1/turn/keys",
+                             "Cloudflare's TURN key API (changed only to test against a stand-in).")
+    turn_hf_url: str = _opt("https://turn.fastrtc.org/credentials",
+                            "The TURN credential service reached with HF_TOKEN (FastRTC's).")
+
     media_dir: str = _opt(
         "", "A folder of video files the page lists as sources (played in the browser, sent like a camera). "
         "Only files directly in it are served; empty: none.",
@@ -211,7 +223,7 @@ def build_parser() -> argparse.ArgumentParser:
 AT_LEAST = {"max_sessions": 1, "max_frame_pixels": 1, "max_body_bytes": 1024, "ws_max_frame_bytes": 1024,
             "max_sessions_per_client": 0, "max_concurrent_answers": 0, "connect_timeout": 0,
             "session_idle_timeout": 1, "ws_idle_timeout": 1, "ws_config_timeout": 0.1,
-            "tensor_parallel_size": 1, "data_parallel_size": 1}
+            "tensor_parallel_size": 1, "data_parallel_size": 1, "turn_ttl": 60}
 
 
 def parse_settings(argv: Sequence[str] | None = None) -> Settings:

@@ -28,6 +28,7 @@ class AppState:
     engine: Engine | None = None
     registry: SessionRegistry = field(default_factory=SessionRegistry)
     ice_servers: list[dict[str, Any]] = field(default_factory=list)
+    turn: Any = None  # vidchat.turn.TurnMinter with --turn cloudflare
     access: Access = field(default_factory=Access)
     answer_gate: AnswerQueue = field(default_factory=AnswerQueue)
     session_time_limit: float = 0.0  # seconds, 0: none (settings.session_time_limit resolved)
@@ -46,6 +47,12 @@ class AppState:
     @property
     def ready(self) -> bool:
         return self.engine is not None and not self.engine.is_dead
+
+    async def ice_config(self) -> list[dict[str, Any]]:
+        """ICE servers for a new peer: the static ones, then freshly minted
+        TURN (raises vidchat.turn.TurnError when it cannot be minted)."""
+        minted = await self.turn.ice_servers() if self.turn is not None else []
+        return [*self.ice_servers, *minted]
 
     def readiness(self) -> tuple[bool, str]:
         """(ready, reason) for /readyz and the page."""

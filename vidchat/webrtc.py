@@ -53,6 +53,7 @@ from vidchat.clock import SOURCE_KINDS, SenderClock, TrackClock
 from vidchat.evs import FrameError
 from vidchat.media import AUDIO_RATE
 from vidchat.sessions import Entry, TooManySessions
+from vidchat.turn import TurnError
 from vidchat.workers import run_media
 
 log = logging.getLogger(__name__)
@@ -245,12 +246,13 @@ async def _read_json(request: Request) -> dict[str, Any]:
 class Peer:
     """One aiortc peer feeding one session; a resumed session gets a new Peer."""
 
-    def __init__(self, state, entry: Entry, peers: dict[str, "Peer"]) -> None:
+    def __init__(self, state, entry: Entry, peers: dict[str, "Peer"],
+                 ice_servers: list[dict[str, Any]] | None = None) -> None:
         self.state = state
         self.entry = entry
         self.peers = peers  # the router's map of each session's current peer
         peers[entry.session.id] = self
-        self.pc = RTCPeerConnection(rtc_configuration(state.ice_servers))
+        self.pc = RTCPeerConnection(rtc_configuration(state.ice_servers if ice_servers is None else ice_servers))
         self.consumers: list[asyncio.Task] = []
         self._connect_watch: asyncio.Task | None = None
         self.connected_once = False
@@ -410,6 +412,11 @@ def router(state) -> APIRouter:
     @api.post("/webrtc/offer")
     async def offer(request: Request) -> dict[str, Any]:
         body = await _read_offer(request)
+        try:
+            # Before any session exists: a relay that can't be had leaves nothing behind.
+            ice_servers = await state.ice_config()
+        except TurnError as exc:
+            raise HTTPException(503, f"Cannot connect from behind NAT now: {exc}.")
         entry = _resumable(state, body)
         resumed = entry is not None
         if resumed:
@@ -422,7 +429,7 @@ def router(state) -> APIRouter:
             except TooManySessions as exc:
                 raise HTTPException(503, str(exc))
         sid = entry.session.id
-        peer = Peer(state, entry, peers)
+        peer = Peer(state, entry, peers, ice_servers)
         try:
             local = await peer.answer(body["sdp"])
         except Exception as exc:
