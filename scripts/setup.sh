@@ -32,18 +32,22 @@ extras=$flavour
 stamp=.venv/.vidchat-ready
 fingerprint="$(cat pyproject.toml scripts/setup.sh | sha256sum | cut -c1-16) $extras"
 
-install_chromium() {
-    if [[ ! -x /usr/bin/chromium ]]; then
-        echo "setup: installing Debian's chromium for the browser tests" >&2
+install_test_programs() {
+    # Debian's chromium for the browser tests, coturn for the TURN relay test.
+    local missing=()
+    [[ -x /usr/bin/chromium ]] || missing+=(chromium)
+    [[ -x /usr/bin/turnserver ]] || missing+=(coturn)
+    if (( ${#missing[@]} )); then
+        echo "setup: installing Debian's ${missing[*]} for the tests" >&2
         local sudo=""
         [[ $(id -u) == 0 ]] || sudo=sudo
         $sudo apt-get update -qq
-        DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq chromium >/dev/null
+        DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq "${missing[@]}" >/dev/null
     fi
 }
 
 if [[ -f $stamp ]] && grep -qxF -- "$fingerprint" $stamp; then
-    [[ $want_test == 1 ]] && install_chromium
+    [[ $want_test == 1 ]] && install_test_programs
     exit 0
 fi
 # A test environment also serves `make run`; don't downgrade it.
@@ -78,6 +82,6 @@ if [[ $flavour == cpu ]]; then
     .venv/bin/python scripts/fix_torchvision.py
 fi
 
-[[ $want_test == 1 ]] && install_chromium
+[[ $want_test == 1 ]] && install_test_programs
 echo "$fingerprint" > $stamp
 echo "setup: .venv ready in $(( $(date +%s) - start )) s ($(du -sh .venv | cut -f1))" >&2

@@ -660,5 +660,18 @@
     // Diagnostics: drop the peer as a network failure would, to see (and
     // test) that the tab re-attaches to its session.
     simulateNetworkDrop() { if (state.pc) { state.pc.close(); reconnect(); } },
+    // Diagnostics: the candidate types of the pair ICE chose, e.g.
+    // {local: "relay", remote: "host"} when media goes through a TURN relay.
+    async selectedPair() {
+      if (!state.pc) return null;
+      const stats = [...(await state.pc.getStats()).values()];
+      const byId = new Map(stats.map((s) => [s.id, s]));
+      const transport = stats.find((s) => s.type === "transport" && s.selectedCandidatePairId);
+      const pair = transport ? byId.get(transport.selectedCandidatePairId)
+        : stats.find((s) => s.type === "candidate-pair" && s.nominated && s.state === "succeeded");
+      if (!pair) return null;
+      return { local: byId.get(pair.localCandidateId)?.candidateType,
+               remote: byId.get(pair.remoteCandidateId)?.candidateType };
+    },
   };
 })();

@@ -111,12 +111,15 @@ class RtcClient:
     """One peer connection to a vidchat server, like one browser tab. It
     offers loopback candidates only and asks no STUN server."""
 
-    def __init__(self, base_url: str, *tracks: MediaStreamTrack, token: str | None = None):
+    def __init__(self, base_url: str, *tracks: MediaStreamTrack, token: str | None = None,
+                 configuration: RTCConfiguration | None = None):
         self.base_url = base_url.rstrip("/")
         self.token = token  # the server's --token, if it has one
         self.tracks = tracks
+        # ICE servers and policy (a TURN relay, relay-only); default: none.
+        self.configuration = configuration or RTCConfiguration(iceServers=[])
         offer_loopback_only()
-        self.pc = RTCPeerConnection(RTCConfiguration(iceServers=[]))
+        self.pc = RTCPeerConnection(self.configuration)
         self.session_id: str | None = None
         self.resume_token: str | None = None
         self.resumed: bool | None = None
@@ -145,8 +148,19 @@ class RtcClient:
         """A new peer for the same session, as the page does after a blip."""
         if tracks:
             self.tracks = tracks
-        self.pc = RTCPeerConnection(RTCConfiguration(iceServers=[]))
+        self.pc = RTCPeerConnection(self.configuration)
         return await self.connect(resume=True)
+
+    def selected_pair(self) -> tuple[str, str] | None:
+        """(local, remote) candidate types of the pair ICE chose for the
+        media, e.g. ("relay", "host") through a TURN server; None before."""
+        for transceiver in self.pc.getTransceivers():
+            ice = (transceiver.sender.transport or transceiver.receiver.transport).transport
+            # aiortc keeps the nominated pair in its aioice connection only.
+            pair = ice._connection._nominated.get(1)
+            if pair is not None:
+                return pair.local_candidate.type, pair.remote_candidate.type
+        return None
 
     async def stats(self) -> dict:
         def get() -> dict:
