@@ -33,7 +33,10 @@ def main(argv: list[str] | None = None) -> int:
         print(table())
         return 0
     try:
-        model_path, banner = resolve_model(settings.model, settings.cache_dir)
+        if settings.engine_url and settings.model == "auto":
+            model_path, banner = "", None  # the remote server's model (vidchat.remote_engine)
+        else:
+            model_path, banner = resolve_model(settings.model, settings.cache_dir)
         preset = resolve_preset(settings.preset or settings.model)
         if settings.preset and preset is None:
             raise ValueError(f"--preset {settings.preset}: no such preset (python app.py --model list shows them)")

@@ -130,3 +130,16 @@ async def test_engine_death_is_reported_and_the_server_stays_up(artifacts_dir, t
     finally:
         srv.proc.kill()
         srv.proc.wait(timeout=30)
+
+
+def test_draining_is_refused_to_a_caller_on_another_machine():
+    from starlette.testclient import TestClient
+
+    from vidchat.server import create_app
+    from vidchat.settings import Settings
+    from vidchat.state import AppState
+
+    state = AppState(settings=Settings(), model_path="none")
+    client = TestClient(create_app(state), base_url="http://127.0.0.1")  # its peer is "testclient", not loopback
+    r = client.post("/api/drain", json={"draining": True})
+    assert r.status_code == 403 and "own machine" in r.json()["detail"] and not state.registry.draining

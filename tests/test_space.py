@@ -6,10 +6,10 @@ environment a Space sets."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import tomllib
-from pathlib import Path
 
 import gradio
 import pytest
@@ -61,7 +61,7 @@ def test_app_starts_in_space_mode_only_with_a_relay(artifacts_dir, tiny_vl_path)
     space_env = {"SPACE_ID": "someone/vidchat", "SPACE_HOST": "someone-vidchat.hf.space", "SYSTEM": "spaces"}
     args = ["--model", "tiny-vl", "--kv-cache-gb", "0.25", "--max-model-len", "2048"]
     refused = subprocess.run([sys.executable, str(ROOT / "app.py"), *args], cwd=ROOT, capture_output=True,
-                             text=True, timeout=120, env={**__import__("os").environ, **space_env})
+                             text=True, timeout=120, env={**os.environ, **space_env})
     assert refused.returncode == 2 and "takes no inbound UDP" in refused.stderr, refused.stderr[-2000:]
     relay = json.dumps([{"urls": "turn:turn.example:3478", "username": "u", "credential": "p"}])
     srv = start_server([*args, "--ice-servers", relay], artifacts_dir / "server-space.log",

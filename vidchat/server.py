@@ -210,7 +210,13 @@ def create_app(state: AppState) -> FastAPI:
 async def _load_engine(state: AppState) -> None:
     """Start vLLM in a worker thread while the port already answers."""
     try:
-        engine = await asyncio.to_thread(Engine.start, state.engine_options)
+        if state.settings.engine_url:
+            from vidchat.remote_engine import RemoteEngine
+
+            engine = await asyncio.to_thread(RemoteEngine.start, state.engine_options, state.settings.engine_url)
+            state.model_path = engine.model_path
+        else:
+            engine = await asyncio.to_thread(Engine.start, state.engine_options)
     except Exception as exc:  # EngineError carries vLLM's own reason
         log.error("the model failed to load: %s", exc, exc_info=not isinstance(exc, EngineError))
         state.engine_settled(None, str(exc))

@@ -50,6 +50,11 @@ class Settings:
         "video makes nearly every frame new, so this is memory the server grows into; 0 turns the cache off.",
     )
     gpu_memory_utilization: float = _opt(0.85, "Fraction of GPU memory vLLM may use (GPU only).")
+    engine_url: str = _opt(
+        "", "Use a remote vLLM server (e.g. 'http://gpu-host:8000' of `vllm serve MODEL`) instead of the "
+        "in-process engine: same page, protocol and records; --model then only names the model for its "
+        "processor (default: the served model's name). Engine sizing options are the server's own.",
+    )
     tensor_parallel_size: int = _opt(1, "GPUs one copy of the model is split across (vLLM's "
                                      "--tensor-parallel-size): for a model too large for one GPU.")
     data_parallel_size: int = _opt(1, "Copies of the model vLLM runs side by side in this process's engine "
