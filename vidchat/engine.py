@@ -101,6 +101,15 @@ class ReplyStats:
     def as_dict(self) -> dict[str, Any]:
         return dict(self.__dict__)
 
+    def ended(self, started: float) -> None:
+        """Total time and decode rate, for an answer started at ``started``
+        (time.perf_counter) and ending now."""
+        self.total_s = time.perf_counter() - started
+        if self.ttft_s is not None and self.completion_tokens > 1:
+            gen_time = self.total_s - self.ttft_s
+            if gen_time > 0:
+                self.tokens_per_s = (self.completion_tokens - 1) / gen_time
+
 
 def inputs_digest(frames: Sequence[np.ndarray | Image.Image], audio: np.ndarray | None) -> str:
     """SHA-256 of exactly the pixels and samples handed to the engine, with
@@ -246,12 +255,7 @@ class Reply:
         if self._done:
             return
         self._done = True
-        now = time.perf_counter()
-        self.stats.total_s = now - self._started
-        if self.stats.ttft_s is not None and self.stats.completion_tokens > 1:
-            gen_time = self.stats.total_s - self.stats.ttft_s
-            if gen_time > 0:
-                self.stats.tokens_per_s = (self.stats.completion_tokens - 1) / gen_time
+        self.stats.ended(self._started)
 
     async def aclose(self) -> None:
         """Stop the answer and abort its vLLM request. Safe from any task: when

@@ -152,11 +152,7 @@ class RemoteReply:
             # Closing the connection is how a client aborts: vLLM's server
             # sees the disconnect and aborts the request.
             await self._response.aclose()
-        self.stats.total_s = time.perf_counter() - self._started
-        if self.stats.ttft_s is not None and self.stats.completion_tokens > 1:
-            gen_time = self.stats.total_s - self.stats.ttft_s
-            if gen_time > 0:
-                self.stats.tokens_per_s = (self.stats.completion_tokens - 1) / gen_time
+        self.stats.ended(self._started)
 
     async def aclose(self) -> None:
         if not self._done:
