@@ -13,7 +13,7 @@
     fileUrl: "",       // the video file chosen as a source (a blob: URL, or /media/<name>)
     fileName: "",      // its name, for the answer records (never a path)
     reporting: false,  // a /webrtc/source report is in flight
-    reportAgain: false,
+    reports: [],  // reports read at their events, waiting their turn
     ticks: 0,
     last: null,        // the previous stats poll, for rates
     statsTimer: null,
@@ -130,45 +130,45 @@
   // has its own clock, which pause, seek, loop and rate move: tell the server
   // where the file is whenever that clock jumps or stops, and every second
   // while it plays (to absorb drift), so each answer's record says where in
-  // the file its frames and audio came from. One report at a time, its
-  // position read when it is sent: a burst (seek, then play) can neither
-  // arrive out of order nor carry a stale position. The video it describes
-  // arrives later than the report (encoding, RTP), so the report carries the
-  // moment it describes and the server places it among the frames by their
-  // capture times (tests/test_page.py prints the offsets on a seek).
+  // the file its frames and audio came from. Each report is read at its
+  // event and carries that moment (`at`, this page's clock): the video it
+  // describes reaches the server later than the report (encoding, RTP), so
+  // the server places the report among the frames by their capture times
+  // (vidchat/webrtc.py; tests/test_page.py prints the offsets on a seek).
+  // Reports go one at a time, in order.
   function reportSource() {
     if (!state.sessionId || !state.source) return;
-    if (state.reporting) { state.reportAgain = true; return; }
-    // The page's clock when the position is read: the server places the
-    // report among the frames by it (vidchat/webrtc.py), not by arrival.
     const body = { session_id: state.sessionId, kind: state.source,
                    at: performance.timeOrigin + performance.now() };
     if (state.source === "file") {
       const video = $("#vc-preview");
       if (!video) return;
-      // While seeking, currentTime is already the target but the frames still
-      // on their way to the server are from before the seek: a report now
-      // would date them at the target. "seeked" reports once the jump is done.
-      if (video.seeking) return;
       const rate = video.playbackRate;
       Object.assign(body, {
         name: state.fileName || null,
+        // From "seeking" on, currentTime is the target: the picture stands
+        // still until the target's first frame, which Chromium captures just
+        // before "seeked" fires. So the jump is reported when it starts.
         position: Math.max(0, video.currentTime || 0),
-        // Stalled for data (readyState < 3) the picture stands still, as when paused.
+        // Seeking or stalled for data (readyState < 3), the picture stands still, as when paused.
         playing: !video.paused && !video.seeking && !video.ended && video.readyState >= 3 && rate > 0,
         rate: rate > 0 ? Math.min(rate, 16) : 1,
         duration: Number.isFinite(video.duration) && video.duration > 0 ? video.duration : null,
         loop: !!video.loop,
       });
     }
+    state.reports.push(body);
+    if (state.reports.length > 32) state.reports.shift();  // a stalled server: keep the newest
+    sendReports();
+  }
+
+  function sendReports() {
+    if (state.reporting || !state.reports.length) return;
     state.reporting = true;
     fetch("/webrtc/source", { method: "POST", headers: authHeaders({ "Content-Type": "application/json" }),
-                              body: JSON.stringify(body) })
+                              body: JSON.stringify(state.reports.shift()) })
       .catch(() => {})
-      .finally(() => {
-        state.reporting = false;
-        if (state.reportAgain) { state.reportAgain = false; reportSource(); }
-      });
+      .finally(() => { state.reporting = false; sendReports(); });
   }
 
   // Typing a question: the server warms this session's prompt at once
@@ -184,7 +184,7 @@
   }, true);
 
   // Media events do not bubble, so listen while they travel down (capture).
-  for (const type of ["play", "playing", "pause", "seeked", "ratechange", "waiting", "ended"]) {
+  for (const type of ["play", "playing", "pause", "seeking", "seeked", "ratechange", "waiting", "ended"]) {
     document.addEventListener(type, (e) => {
       if (e.target?.id === "vc-preview" && state.source === "file" && state.wantRunning) reportSource();
     }, true);
