@@ -541,16 +541,8 @@ class Engine:
         then caches each frame's encoding under salt and name instead of a
         hash of its pixels: no time spent hashing, and two sessions showing
         the same picture never share an encoding (no timing side channel)."""
-        if self.is_dead:
-            raise EngineDead(ENGINE_DEAD_MESSAGE)
-        if warmup:
-            question, max_tokens, temperature, seed = "", 1, 0.0, None
-        elif not question or not question.strip():
-            raise EngineError("The question is empty.")
-        self.check_request(len(frames), frames_as)
-        if seed is not None and not SEED_RANGE[0] <= seed <= SEED_RANGE[1]:
-            raise EngineError(f"seed must fit a signed 64-bit integer, got {seed}.")
-        audio = self._usable_audio(audio)
+        question, max_tokens, temperature, seed, audio = self._checked_inputs(
+            question, len(frames), audio, frames_as, max_tokens, temperature, seed, warmup)
         prompt_text = self.build_prompt(
             question,
             n_frames=len(frames),
@@ -632,6 +624,23 @@ class Engine:
         """prepare() and submit() in one call (benchmarks and tests; the app
         prepares off the event loop)."""
         return self.submit(self.prepare(question, frames, audio, **options), request_id)
+
+    def _checked_inputs(self, question: str, n_frames: int, audio: np.ndarray | None, frames_as: str,
+                        max_tokens: int, temperature: float, seed: int | None,
+                        warmup: bool) -> tuple[str, int, float, int | None, np.ndarray | None]:
+        """The checks every engine makes before building a question (raising
+        EngineError for what it would refuse), and the warm-up's settings:
+        (question, max_tokens, temperature, seed, usable audio)."""
+        if self.is_dead:
+            raise EngineDead(ENGINE_DEAD_MESSAGE)
+        if warmup:
+            question, max_tokens, temperature, seed = "", 1, 0.0, None
+        elif not question or not question.strip():
+            raise EngineError("The question is empty.")
+        self.check_request(n_frames, frames_as)
+        if seed is not None and not SEED_RANGE[0] <= seed <= SEED_RANGE[1]:
+            raise EngineError(f"seed must fit a signed 64-bit integer, got {seed}.")
+        return question, max_tokens, temperature, seed, self._usable_audio(audio)
 
     def _usable_audio(self, audio: np.ndarray | None) -> np.ndarray | None:
         if audio is None or audio.size == 0 or not self.accepts_audio:

@@ -32,7 +32,7 @@ import httpx
 import numpy as np
 from PIL import Image
 
-from vidchat.engine import (ENGINE_DEAD_MESSAGE, SEED_RANGE, Engine, EngineDead, EngineError, EngineOptions, Prepared,
+from vidchat.engine import (ENGINE_DEAD_MESSAGE, Engine, EngineDead, EngineError, EngineOptions, Prepared,
                             ReplyStats, Turn, WARMUP_PRIORITY, inputs_digest)
 from vidchat.families import family_of, model_type_of
 from vidchat.media import AUDIO_RATE
@@ -235,18 +235,8 @@ class RemoteEngine(Engine):
                 frame_ids: Sequence[str] | None = None, warmup: bool = False) -> Prepared:
         """The question as a chat-completions request (same checks and layout
         as the in-process prompt)."""
-        if self.is_dead:
-            raise EngineDead(ENGINE_DEAD_MESSAGE)
-        if warmup:
-            question, max_tokens, temperature, seed = "", 1, 0.0, None
-        elif not question or not question.strip():
-            raise EngineError("The question is empty.")
-        if frames_as == "video" and frames:
-            raise EngineError("Frames go to a remote model server (--engine-url) as images; send frames as images.")
-        self.check_request(len(frames), frames_as)
-        if seed is not None and not SEED_RANGE[0] <= seed <= SEED_RANGE[1]:
-            raise EngineError(f"seed must fit a signed 64-bit integer, got {seed}.")
-        audio = self._usable_audio(audio)
+        question, max_tokens, temperature, seed, audio = self._checked_inputs(
+            question, len(frames), audio, frames_as, max_tokens, temperature, seed, warmup)
         named = cache_salt and frame_ids is not None and len(frame_ids) == len(frames)
         content: list[dict[str, Any]] = []
         for i, frame in enumerate(frames):
@@ -275,6 +265,11 @@ class RemoteEngine(Engine):
         audio_s = 0.0 if audio is None else audio.size / AUDIO_RATE
         stats = ReplyStats(frames=len(frames), audio_seconds=audio_s, inputs_sha256=inputs_digest(frames, audio))
         return Prepared(body, messages_text(messages), None, stats)
+
+    def check_request(self, n_frames: int, frames_as: str) -> None:
+        if frames_as == "video" and n_frames:
+            raise EngineError("Frames go to a remote model server (--engine-url) as images; send frames as images.")
+        super().check_request(n_frames, frames_as)
 
     def submit(self, prepared: Prepared, request_id: str | None = None) -> RemoteReply:  # type: ignore[override]
         if self.is_dead:
