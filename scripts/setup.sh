@@ -33,10 +33,12 @@ stamp=.venv/.vidchat-ready
 fingerprint="$(cat pyproject.toml scripts/setup.sh | sha256sum | cut -c1-16) $extras"
 
 install_test_programs() {
-    # Debian's chromium for the browser tests, coturn for the TURN relay test.
+    # Debian's chromium for the browser tests, coturn for the TURN relay test,
+    # espeak-ng to speak the Talk mode tests' questions (generated offline).
     local missing=()
     [[ -x /usr/bin/chromium ]] || missing+=(chromium)
     [[ -x /usr/bin/turnserver ]] || missing+=(coturn)
+    [[ -x /usr/bin/espeak-ng ]] || missing+=(espeak-ng)
     if (( ${#missing[@]} )); then
         echo "setup: installing Debian's ${missing[*]} for the tests" >&2
         local sudo=""

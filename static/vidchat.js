@@ -629,6 +629,146 @@
     if (e.target.closest("#vc-start")) start();
     else if (e.target.closest("#vc-stop")) stop();
   });
+
+  // ---- Talk mode: the server listens (vidchat/talk.py); this tab shows
+  // what it hears and reads the answers aloud with the browser's own
+  // speech synthesis (no server cost), stopping at once on barge-in or Stop.
+  const talk = {
+    on: false,
+    timer: null,
+    muted: false,
+    speechStarts: 0,
+    answerN: -1,       // the answer being read aloud (its question number)
+    spokenUpTo: 0,     // characters of it already handed to the synthesizer
+    interrupted: -1,   // an answer stopped by barge-in or Stop: never resumed
+    firstN: null,      // answers before Talk came on are not read
+    speaking: false,
+    spoken: [],        // every text handed to speechSynthesis.speak (diagnostics, tests)
+    status: "off",
+    playbackSent: false,
+    guard: null,
+  };
+  const STATUS_TEXT = { off: "Talk is off", listening: "🟢 listening", hearing: "🎙 hearing you",
+                        thinking: "💭 thinking", answering: "✍ answering", speaking: "🔊 speaking" };
+
+  function showTalkStatus(status) {
+    talk.status = status;
+    const el = $("#vc-talk-status");
+    if (el) { el.textContent = STATUS_TEXT[status] || status; el.dataset.state = status; }
+  }
+
+  function tellPlayback(on) {
+    if (talk.playbackSent === on || !state.sessionId) return;
+    talk.playbackSent = on;
+    fetch("/webrtc/talk", { method: "POST", headers: authHeaders({ "Content-Type": "application/json" }),
+                            body: JSON.stringify({ session_id: state.sessionId, speaking: on }) }).catch(() => {});
+  }
+
+  function stopSpeaking() {
+    if (talk.answerN >= 0) talk.interrupted = talk.answerN;
+    if (window.speechSynthesis) speechSynthesis.cancel();
+    talk.speaking = false;
+    tellPlayback(false);
+  }
+
+  function chosenVoice() {
+    const name = $("#vc-voice")?.value;
+    return name && window.speechSynthesis ? speechSynthesis.getVoices().find((v) => v.name === name) : null;
+  }
+
+  function speak(text) {
+    text = text.trim();
+    if (!text || talk.muted || !window.speechSynthesis) return;
+    const u = new SpeechSynthesisUtterance(text);
+    const voice = chosenVoice();
+    if (voice) u.voice = voice;
+    talk.spoken.push(text);
+    talk.speaking = true;
+    tellPlayback(true);
+    const settle = () => {
+      if (!speechSynthesis.speaking && !speechSynthesis.pending) { talk.speaking = false; tellPlayback(false); }
+    };
+    u.onend = u.onerror = () => setTimeout(settle, 0);
+    // A browser without an audio device may never end an utterance: assume
+    // it ended after a generous reading time.
+    clearTimeout(talk.guard);
+    talk.guard = setTimeout(() => { talk.speaking = false; tellPlayback(false); }, 2000 + text.length * 90);
+    speechSynthesis.speak(u);
+  }
+
+  // Hand complete sentences to the synthesizer as the answer streams; the
+  // rest when it is done.
+  function readAloud(answer) {
+    if (!answer || answer.n == null) return;
+    if (talk.firstN === null) talk.firstN = answer.done ? answer.n + 1 : answer.n;
+    if (answer.n < talk.firstN || answer.n === talk.interrupted) return;
+    if (answer.n !== talk.answerN) { talk.answerN = answer.n; talk.spokenUpTo = 0; }
+    if (answer.cancelled) { if (talk.speaking) stopSpeaking(); return; }
+    const text = answer.text || "";
+    let end = talk.spokenUpTo;
+    if (answer.done) end = text.length;
+    else {
+      const tail = text.slice(talk.spokenUpTo);
+      const m = [...tail.matchAll(/[.!?。！？](\s|$)|\n/g)].pop();
+      if (m) end = talk.spokenUpTo + m.index + m[0].length;
+    }
+    if (end > talk.spokenUpTo) { speak(text.slice(talk.spokenUpTo, end)); talk.spokenUpTo = end; }
+  }
+
+  async function pollTalk() {
+    if (!talk.on) return;
+    try {
+      if (state.sessionId) {
+        const r = await fetch(`/webrtc/talk?session_id=${encodeURIComponent(state.sessionId)}`,
+                              { headers: authHeaders(), cache: "no-store" });
+        if (r.ok) {
+          const t = await r.json();
+          if (t.speech_starts > talk.speechStarts && talk.speaking) stopSpeaking();  // barge-in
+          talk.speechStarts = t.speech_starts;
+          readAloud(t.answer);
+          const a = t.answer;
+          const status = t.hearing ? "hearing" : talk.speaking ? "speaking"
+            : a && !a.done ? (a.text ? "answering" : "thinking") : t.listening ? "listening" : "off";
+          showTalkStatus(status);
+        }
+      } else showTalkStatus("off");
+    } catch (_) { /* the server restarting: keep polling */ }
+    talk.timer = setTimeout(pollTalk, 150);
+  }
+
+  function setTalk(on) {
+    if (on === talk.on) return;
+    talk.on = on;
+    clearTimeout(talk.timer);
+    if (on) { talk.firstN = null; pollTalk(); }
+    else { stopSpeaking(); showTalkStatus("off"); }
+  }
+
+  function listVoices() {
+    const select = $("#vc-voice");
+    if (!select || !window.speechSynthesis) return;
+    const voices = speechSynthesis.getVoices();
+    const chosen = select.value;
+    select.innerHTML = '<option value="">browser default</option>' + voices.map((v) =>
+      `<option value="${v.name.replace(/"/g, "&quot;")}">${v.name.replace(/</g, "&lt;")} (${v.lang})</option>`).join("");
+    select.value = chosen;
+  }
+  if (window.speechSynthesis) speechSynthesis.addEventListener?.("voiceschanged", listVoices);
+
+  document.addEventListener("change", (e) => {
+    if (e.target.closest?.("#vc-talk")) setTalk(!!e.target.checked);
+  });
+  document.addEventListener("click", (e) => {
+    if (e.target.closest?.("#vc-mute")) {
+      talk.muted = !talk.muted;
+      const btn = $("#vc-mute");
+      btn.textContent = talk.muted ? "🔇 Muted" : "🔊 Read aloud";
+      btn.setAttribute("aria-pressed", String(talk.muted));
+      if (talk.muted) stopSpeaking();
+    } else if (e.target.closest?.("#vc-stop-answer")) stopSpeaking();
+    else if (e.target.closest?.("#vc-voice")) listVoices();
+  });
+
   // Closing the tab ends the server's peer at once instead of after ICE times out.
   window.addEventListener("pagehide", () => {
     if (state.sessionId) navigator.sendBeacon(beaconUrl("/webrtc/close"), JSON.stringify({ session_id: state.sessionId }));
@@ -657,6 +797,9 @@
   window.vidchat = {
     start, stop, switchSource,
     get sessionId() { return state.sessionId; },
+    // Talk mode's state: status, and every text handed to speech synthesis.
+    get talk() { return { status: talk.status, spoken: [...talk.spoken], speaking: talk.speaking,
+                          muted: talk.muted, on: talk.on }; },
     // Diagnostics: drop the peer as a network failure would, to see (and
     // test) that the tab re-attaches to its session.
     simulateNetworkDrop() { if (state.pc) { state.pc.close(); reconnect(); } },

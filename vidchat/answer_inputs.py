@@ -38,9 +38,14 @@ THUMB_SIZE = (128, 96)
 
 
 def remember(entry: "Entry", answer: "Answer") -> str:
-    """Keep an answer's inputs for its session's page; returns its id."""
-    answer_id = secrets.token_urlsafe(16)
+    """Keep an answer's inputs for its session's page; returns its id (the
+    same id when the answer is already kept, e.g. a spoken question's
+    player shown before its answer)."""
     kept: collections.OrderedDict = entry.answers
+    for known_id, known in kept.items():
+        if known is answer:
+            return known_id
+    answer_id = secrets.token_urlsafe(16)
     kept[answer_id] = answer
     while len(kept) > KEEP_PER_SESSION:
         kept.popitem(last=False)

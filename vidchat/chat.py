@@ -133,6 +133,7 @@ class Answer:
 
     queue: AnswerQueue | None = None
     history: tuple[Turn, ...] = ()  # the earlier turns the model was given
+    spoken: Any = None  # vidchat.vad.Utterance: the audio was the question (Talk mode)
     _slot: Slot | None = field(default=None, repr=False)
     _abandon: asyncio.Event = field(default_factory=asyncio.Event, repr=False)
 
@@ -187,7 +188,14 @@ class Answer:
             max_tokens=self.options.max_tokens,
             prep_ms=round(self.prep_ms, 2),
             ttft_ms=None if stats.get("ttft_s") is None else round(stats["ttft_s"] * 1000, 1),
-            include_audio=self.options.include_audio,
+            include_audio=self.options.include_audio or self.spoken is not None,
+            # A spoken question (Talk mode): its span on the timeline; the
+            # audio the model got is exactly that span (audio_span).
+            spoken_question=None if self.spoken is None else {
+                "seconds": round(self.spoken.seconds, 3),
+                "start": sample.relative(self.spoken.start),
+                "end": sample.relative(self.spoken.end),
+            },
             system_prompt=self.options.system_prompt,
             model=self.reply.engine.model_path,
             model_revision=getattr(self.reply.engine, "model_revision", ""),
@@ -204,6 +212,8 @@ async def ask(
     history: Sequence[Turn] = (),
     queue: AnswerQueue | None = None,
     sample: Sample | None = None,
+    spoken: Any = None,
+    question_audio: Any = None,
 ) -> Answer:
     """Answer a question about this session's buffer, replacing any answer it
     is still generating.
@@ -218,16 +228,19 @@ async def ask(
     ticket = entry.question_seq
     await entry.cancel_answer()
     session = entry.session
+    if question_audio is not None:
+        sample, spoken = _with_question_audio(session, question_audio)
     if sample is None:
-        sample = session.sample()
+        sample = session.sample(span=None if spoken is None else (spoken.start, spoken.end))
     if not sample.frames:
         raise NoFrames(no_frames_message(entry.kind))
-    prepared = await asyncio.to_thread(prepare, engine, entry, sample, options, history, question)
+    prepared = await asyncio.to_thread(prepare, engine, entry, sample, options, history, question,
+                                       spoken=spoken is not None)
     if entry.question_seq != ticket:
         raise Superseded("A newer question replaced this one.")
     answer = Answer(question, engine.submit(prepared), sample, options, prompt_text=prepared.prompt_text,
                     ticket=ticket, prep_ms=(time.perf_counter() - t0) * 1000, video_fps=prepared.video_fps,
-                    queue=queue, history=tuple(history), session_id=session.id)
+                    queue=queue, history=tuple(history), session_id=session.id, spoken=spoken)
     # No await since the ticket check: no other question can have started.
     entry.answer = answer
     entry.warm_options = options  # the next warm-up (vidchat.prewarm) prepares for the same kind of question
@@ -240,14 +253,14 @@ async def ask(
 
 
 def prepare(engine: Engine, entry: Entry, sample: Sample, options: AnswerOptions, history: Sequence[Turn] = (),
-            question: str = "", warmup: bool = False) -> Prepared:
+            question: str = "", warmup: bool = False, spoken: bool = False) -> Prepared:
     """A sample and options as the engine's prompt, with the session's cache
     salt: the one rule for questions and their warm-ups (vidchat.prewarm),
     so a warm-up's prompt is exactly the question's minus the question."""
     return engine.prepare(
         question,
         sample.frames,
-        sample.audio if options.include_audio else None,
+        sample.audio if options.include_audio or spoken else None,
         frame_times=sample.timestamps,
         history=history,
         system_prompt=options.system_prompt,
@@ -259,7 +272,39 @@ def prepare(engine: Engine, entry: Entry, sample: Sample, options: AnswerOptions
         # Kept-frame numbers name the frames in vLLM's encoder cache, per session.
         frame_ids=[str(q) for q in sample.seqs] if len(sample.seqs) == len(sample.frames) else None,
         warmup=warmup,
+        spoken=spoken,
     )
+
+
+def _with_question_audio(session: Session, audio: Any) -> tuple[Sample, Any]:
+    """A sample for a question spoken in the query itself: frames over the
+    audio's duration up to the newest media, and exactly that audio."""
+    import numpy as np
+
+    from vidchat.media import AUDIO_RATE
+    from vidchat.vad import Utterance
+
+    audio = np.ascontiguousarray(audio, dtype=np.float32).reshape(-1)
+    end = session.newest_frame_time
+    if end is None:
+        end = time.monotonic()
+    start = end - audio.size / AUDIO_RATE
+    rms = float(np.sqrt(np.mean(np.square(audio, dtype=np.float64)))) if audio.size else 0.0
+    spoken = Utterance(start, end, 20.0 * math.log10(rms) if rms > 1e-9 else -120.0)
+    sample = session.sample(span=(start, end))
+    return dataclasses.replace(sample, audio=audio, audio_start=start, audio_end=end), spoken
+
+
+def spoken_text(answer: Answer) -> str:
+    """The question as later turns of the chat carry it: a spoken one can't
+    be heard again, so it stands as a note of itself."""
+    if answer.spoken is None:
+        return answer.question.strip()
+    return spoken_label(answer.spoken.seconds)
+
+
+def spoken_label(seconds: float) -> str:
+    return f"🎤 spoken question ({seconds:.1f} s)"
 
 
 def frozen_sample(answer: Answer, frames: int | None = None) -> Sample:
@@ -295,6 +340,6 @@ def release(entry: Entry, answer: Answer, continues_chat: bool = True) -> bool:
                 and not answer.reply.stats.cancelled:
             # The conversation the next question will carry (the page sends
             # its chat back as these turns), for the next warm-up.
-            entry.warm_history = (*answer.history, Turn("user", answer.question.strip()),
+            entry.warm_history = (*answer.history, Turn("user", spoken_text(answer)),
                                   Turn("assistant", answer.reply.text.strip()))
     return entry.question_seq == answer.ticket

@@ -111,6 +111,14 @@ class ReplyStats:
                 self.tokens_per_s = (self.completion_tokens - 1) / gen_time
 
 
+# What a page or client asking by voice is told when the model hears nothing.
+NO_SPOKEN_QUESTIONS = (
+    "This model does not take audio, so it can't be asked by voice. For Talk mode run a model "
+    "that hears: --preset qwen2.5-omni-3b on a GPU (or --model tiny-omni to try the pipeline "
+    "with random weights)."
+)
+
+
 def inputs_digest(frames: Sequence[np.ndarray | Image.Image], audio: np.ndarray | None) -> str:
     """SHA-256 of exactly the pixels and samples handed to the engine, with
     their shapes and types, in order: two answers with the same digest saw the
@@ -528,6 +536,7 @@ class Engine:
         cache_salt: str | None = None,
         frame_ids: Sequence[str] | None = None,
         warmup: bool = False,
+        spoken: bool = False,
     ) -> Prepared:
         """Render the prompt and build the media for one question (CPU work:
         run it off the event loop). Raises EngineError for input the engine
@@ -540,9 +549,12 @@ class Engine:
         never reused for other pixels (a session's kept-frame numbers). vLLM
         then caches each frame's encoding under salt and name instead of a
         hash of its pixels: no time spent hashing, and two sessions showing
-        the same picture never share an encoding (no timing side channel)."""
+        the same picture never share an encoding (no timing side channel).
+
+        ``spoken``: the audio is the question (Talk mode); `question` may
+        then be empty, and a model that takes no audio refuses it."""
         question, max_tokens, temperature, seed, audio = self._checked_inputs(
-            question, len(frames), audio, frames_as, max_tokens, temperature, seed, warmup)
+            question, len(frames), audio, frames_as, max_tokens, temperature, seed, warmup, spoken)
         prompt_text = self.build_prompt(
             question,
             n_frames=len(frames),
@@ -627,20 +639,26 @@ class Engine:
 
     def _checked_inputs(self, question: str, n_frames: int, audio: np.ndarray | None, frames_as: str,
                         max_tokens: int, temperature: float, seed: int | None,
-                        warmup: bool) -> tuple[str, int, float, int | None, np.ndarray | None]:
+                        warmup: bool, spoken: bool = False) -> tuple[str, int, float, int | None, np.ndarray | None]:
         """The checks every engine makes before building a question (raising
         EngineError for what it would refuse), and the warm-up's settings:
         (question, max_tokens, temperature, seed, usable audio)."""
         if self.is_dead:
             raise EngineDead(ENGINE_DEAD_MESSAGE)
+        usable = self._usable_audio(audio)
+        if spoken and not self.accepts_audio:
+            raise EngineError(NO_SPOKEN_QUESTIONS)
+        if spoken and usable is None:
+            raise EngineError("The spoken question is too short for the model's audio encoder "
+                              f"(at least {MIN_AUDIO_SAMPLES / AUDIO_RATE * 1000:.0f} ms of audio).")
         if warmup:
             question, max_tokens, temperature, seed = "", 1, 0.0, None
-        elif not question or not question.strip():
+        elif not spoken and (not question or not question.strip()):
             raise EngineError("The question is empty.")
         self.check_request(n_frames, frames_as)
         if seed is not None and not SEED_RANGE[0] <= seed <= SEED_RANGE[1]:
             raise EngineError(f"seed must fit a signed 64-bit integer, got {seed}.")
-        return question, max_tokens, temperature, seed, self._usable_audio(audio)
+        return question, max_tokens, temperature, seed, usable
 
     def _usable_audio(self, audio: np.ndarray | None) -> np.ndarray | None:
         if audio is None or audio.size == 0 or not self.accepts_audio:

@@ -311,6 +311,8 @@ def write_bundle(
         "tokens": {k: record.get(k) for k in ("prompt_tokens", "cached_tokens", "completion_tokens",
                                               "finish_reason")},
         "inputs_sha256": digest,
+        # Talk mode: the audio was the question ({seconds, start, end}); null for a typed one.
+        "spoken_question": record.get("spoken_question"),
         "frames_as": record.get("frames_as"),
         "video_fps": record.get("video_fps"),
         "frames": frame_entries,
@@ -367,6 +369,18 @@ class Bundle:
     @property
     def question(self) -> str:
         return self.manifest["question"]
+
+    @property
+    def spoken(self) -> Any:
+        """The spoken question (a vidchat.vad.Utterance) when the audio was the question, else None."""
+        from vidchat.vad import Utterance
+
+        spoken = self.manifest.get("spoken_question")
+        if not isinstance(spoken, dict):
+            return None
+        start = spoken.get("start") if isinstance(spoken.get("start"), (int, float)) else 0.0
+        seconds = spoken.get("seconds") if isinstance(spoken.get("seconds"), (int, float)) else 0.0
+        return Utterance(float(start), float(start) + float(seconds), level_dbfs=-120.0)
 
     @property
     def inputs_sha256(self) -> str:
@@ -442,7 +456,7 @@ def recorded_answer(bundle: Bundle):
         options.frames_as = bundle.manifest["frames_as"]
     return Answer(bundle.question, RecordedReply(bundle.manifest), bundle.sample(), options,
                   prompt_text=bundle.manifest.get("prompt") or "", video_fps=bundle.manifest.get("video_fps"),
-                  history=tuple(bundle.history()), bundle_name=Path(bundle.path).name)
+                  history=tuple(bundle.history()), bundle_name=Path(bundle.path).name, spoken=bundle.spoken)
 
 
 class _Folder:
@@ -527,8 +541,9 @@ def _read(src: _Folder | _Zip, where: str) -> Bundle:
     version = manifest.get("version")
     if version != BUNDLE_VERSION:
         raise BundleError(f"{where}: bundle version {version!r}; this vidchat reads version {BUNDLE_VERSION}")
-    if not isinstance(manifest.get("question"), str) or not manifest["question"].strip():
-        raise BundleError(f"{where}: the manifest has no question")
+    spoken = isinstance(manifest.get("spoken_question"), dict) and manifest.get("audio")
+    if not isinstance(manifest.get("question"), str) or not (manifest["question"].strip() or spoken):
+        raise BundleError(f"{where}: the manifest has no question (neither text nor a spoken question's audio)")
     frames, times, indices = [], [], []
     listed = manifest.get("frames") or []
     if not isinstance(listed, list) or len(listed) > MAX_BUNDLE_FRAMES:

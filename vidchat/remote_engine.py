@@ -232,11 +232,11 @@ class RemoteEngine(Engine):
                 history: Sequence[Turn] = (), system_prompt: str | None = None, frames_as: str = "images",
                 max_tokens: int = 256, temperature: float = 0.7, seed: int | None = None,
                 ignore_eos: bool = False, cache_salt: str | None = None,
-                frame_ids: Sequence[str] | None = None, warmup: bool = False) -> Prepared:
+                frame_ids: Sequence[str] | None = None, warmup: bool = False, spoken: bool = False) -> Prepared:
         """The question as a chat-completions request (same checks and layout
         as the in-process prompt)."""
         question, max_tokens, temperature, seed, audio = self._checked_inputs(
-            question, len(frames), audio, frames_as, max_tokens, temperature, seed, warmup)
+            question, len(frames), audio, frames_as, max_tokens, temperature, seed, warmup, spoken)
         named = cache_salt and frame_ids is not None and len(frame_ids) == len(frames)
         content: list[dict[str, Any]] = []
         for i, frame in enumerate(frames):

@@ -613,7 +613,8 @@ async def reask_bundle(run: Run, state, engine, bundle) -> int:
     entry = state.new_session("replay")
     answer = None
     try:
-        answer = await chat.ask(engine, entry, bundle.question, options, history=history, sample=sample)
+        answer = await chat.ask(engine, entry, bundle.question, options, history=history, sample=sample,
+                                spoken=bundle.spoken)
         await _finish(answer)
     except EngineError as exc:
         run.output.failure(t, bundle.question, str(exc))

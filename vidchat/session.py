@@ -395,9 +395,22 @@ class Session:
             raise ValueError(f"PCM16 data must have an even number of bytes, got {len(data)}")
         self.add_audio(np.frombuffer(data, dtype="<i2").astype(np.int16), t)
 
+    def audio_since(self, t: float | None) -> tuple[np.ndarray, float, float] | None:
+        """The audio received after timeline time ``t`` (float32, start, end),
+        for a listener that follows the stream (Talk mode); None when there
+        is none yet. ``t`` None: nothing before now counts."""
+        with self._lock:
+            window = self._audio
+            if window.end is None:
+                return None
+            if t is None or t > window.end + 0.05:  # first call, or the stream restarted earlier
+                return np.zeros(0, np.float32), window.end, window.end
+            return window.window(max(t, window.start))
+
     # -- questions ---------------------------------------------------------
 
-    def sample(self, k: int | None = None, strategy: str | None = None) -> Sample:
+    def sample(self, k: int | None = None, strategy: str | None = None,
+               span: tuple[float, float] | None = None) -> Sample:
         """Frames (and audio) for one question; defaults come from the settings.
 
         * ``uniform``: k frames spread over the whole ring (the seed's indices).
@@ -415,6 +428,10 @@ class Session:
         frame's time (for ``latest_seconds``, from the window's start) to the
         end of the audio received; ``"last"`` (and "frames" with no frames)
         the last ``audio_last_seconds``.
+
+        ``span`` (timeline start, end; a spoken question, vidchat.talk):
+        k frames spread over the span, plus the kept frame on screen when
+        it began, and exactly the span's audio; the strategy is not used.
         """
         with self._lock:
             s = self.settings
@@ -425,15 +442,23 @@ class Session:
             if strategy not in SAMPLING_STRATEGIES:
                 raise ValueError(f"strategy must be one of {', '.join(SAMPLING_STRATEGIES)}, got {strategy!r}")
             frames = list(self._frames)
-            candidates, window_start = self._candidates(frames, strategy, s)
-            if strategy == "latest_frames":
+            if span is not None:
+                candidates = self._span_candidates(frames, span)
+                window_start = span[0]
+            else:
+                candidates, window_start = self._candidates(frames, strategy, s)
+            if span is not None:
+                picked = [candidates[i] for i in uniform_indices(len(candidates), k)]
+            elif strategy == "latest_frames":
                 picked = candidates[-k:]
             elif strategy == "stable":
                 picked = [candidates[i] for i in stable_indices([frames[c].seq for c in candidates], k)]
             else:
                 picked = [candidates[i] for i in uniform_indices(len(candidates), k)]
             picked, substituted = self._within_encode_budget(frames, candidates, picked)
-            if s.audio_mode == "frames" and picked:
+            if span is not None:
+                audio = self._audio.window(span[0], span[1])
+            elif s.audio_mode == "frames" and picked:
                 start = frames[picked[0]].t
                 if window_start is not None:
                     start = max(start, window_start)
@@ -520,6 +545,19 @@ class Session:
             # The frame kept before the window was still on screen when it began.
             first = max(first - 1, 0)
         return list(range(first, n)), since
+
+    @staticmethod
+    def _span_candidates(frames: list[_Frame], span: tuple[float, float]) -> list[int]:
+        """Ring indices of the frames captured within ``span``, led by the
+        one on screen when it began (a still scene keeps no frame in it)."""
+        start, end = span
+        inside = [i for i, f in enumerate(frames) if start <= f.t <= end]
+        before = [i for i, f in enumerate(frames) if f.t < start]
+        if before:
+            inside.insert(0, before[-1])
+        elif not inside and frames:
+            inside = [0]  # every kept frame came after the span: the nearest one
+        return inside
 
     # -- source ------------------------------------------------------------
 

@@ -64,6 +64,10 @@ class Entry:
     # last question's options and the conversation so far (vidchat.prewarm).
     warm_options: Any = None
     warm_history: tuple = ()
+    # Talk mode's listener (vidchat.talk), while Talk is on; talk_epoch is
+    # bumped by each typed question: the page's talk loop yields the chat.
+    talk: Any = None
+    talk_epoch: int = 0
 
     def time_left(self) -> float | None:
         return None if self.deadline is None else max(0.0, self.deadline - time.monotonic())

@@ -25,7 +25,9 @@ from PIL import Image
 
 from vidchat import answer_inputs, chat, evs, recording
 from vidchat.chat import Answer, OptionError
-from vidchat.engine import EngineError, Turn
+from vidchat import talk
+from vidchat.engine import NO_SPOKEN_QUESTIONS, EngineError, Turn
+from vidchat.vad import TurnSettings
 from vidchat.media import FRAMES_AS
 from vidchat.session import SAMPLING_STRATEGIES, Session
 from vidchat.sessions import Entry
@@ -79,6 +81,16 @@ PREVIEW_HTML = """
 </div>
 """
 
+# Browser-side Talk controls (static/vidchat.js): the answers are read aloud
+# with the browser's own speech synthesis, so they cost the server nothing.
+TALK_HTML = """
+<div class="vc-talk-bar" id="vc-talk-bar">
+  <span class="vc-talk-status" id="vc-talk-status" data-state="off" role="status">Talk is off</span>
+  <label class="vc-muted">Voice <select id="vc-voice"><option value="">browser default</option></select></label>
+  <button class="vc-btn" id="vc-mute" type="button" aria-pressed="false">🔊 Read aloud</button>
+</div>
+"""
+
 NOT_RUNNING = (
     "The camera isn't running yet. Press **Start camera** on the left, allow access, "
     "and ask again once the preview shows."
@@ -103,6 +115,21 @@ def is_notice(message: dict[str, Any]) -> bool:
     return (message.get("metadata") or {}).get("log") == NOTICE["log"]
 
 
+# A spoken question's bubble (Talk mode): its label, then a player.
+SPOKEN = {"log": "vidchat spoken question"}
+
+
+def spoken_bubble(answer, answer_id: str) -> dict[str, Any]:
+    label = chat.spoken_label(answer.spoken.seconds)
+    player = (f"<audio controls preload='none' class='vc-spoken-audio' "
+              f"src='{answer_inputs.PATH_PREFIX}{answer_id}/audio.wav'></audio>")
+    return {"role": "user", "content": f"{label}\n\n{player}", "metadata": dict(SPOKEN)}
+
+
+def _is_spoken(message: dict[str, Any]) -> bool:
+    return (message.get("metadata") or {}).get("log") == SPOKEN["log"]
+
+
 def _message_text(content: Any) -> str:
     """Gradio 6 gives message content as a string or a list of typed parts."""
     if isinstance(content, str):
@@ -121,6 +148,8 @@ def history_turns(history: list[dict]) -> list[Turn]:
     turns: list[Turn] = []
     for m in history:
         text = _message_text(m.get("content")).strip()
+        if _is_spoken(m):
+            text = text.split("\n", 1)[0].strip()  # its label: the audio can't be heard again
         role = m.get("role")
         if role == "assistant" and is_notice(m) and turns and turns[-1].role == "user":
             turns.pop()  # a question the model never answered (no camera, an error...)
@@ -244,17 +273,23 @@ def page_request(state, k, sampling, seconds, evs_on, threshold, max_frames, fra
 
 
 async def answer_stream(state, entry, question: str, request: PageRequest, past: list[Turn],
-                        history: list[dict], event_start: float) -> AsyncIterator[tuple]:
-    """Ask through the shared answer path and stream the reply into the chat."""
+                        history: list[dict], event_start: float, spoken=None) -> AsyncIterator[tuple]:
+    """Ask through the shared answer path and stream the reply into the chat.
+    ``spoken`` (Talk mode): the utterance is the question; its bubble, with
+    a player of exactly the audio the model got, goes into the chat here."""
     try:
         answer = await chat.ask(state.engine, entry, question, request.options, history=past,
-                                queue=state.answer_gate)
+                                queue=state.answer_gate, spoken=spoken)
     except chat.Superseded:
         return  # a newer question owns this tab's chat now
     except EngineError as exc:  # NoFrames included
+        if spoken is not None:
+            history.append({"role": "user", "content": chat.spoken_label(spoken.seconds), "metadata": dict(SPOKEN)})
         history.append(notice(str(exc) if isinstance(exc, chat.NoFrames) else f"⚠ {exc}"))
         yield history, gr.skip(), gr.skip()
         return
+    if spoken is not None:
+        history.append(spoken_bubble(answer, answer_inputs.remember(entry, answer)))
     log.info("chat event -> engine call: %.2f ms", (time.perf_counter() - event_start) * 1000)
     reply = answer.reply
     history.append({"role": "assistant", "content": ""})
@@ -382,6 +417,7 @@ async def respond(state, message: str, history: list[dict], sid: str, *raw_setti
     entry = state.registry.get(sid) if isinstance(sid, str) else None
     if entry is not None:
         entry.watch_epoch += 1  # a running watch loop yields the chat to this question
+        entry.talk_epoch += 1  # so does the talk loop (the listener goes on; the page restarts the loop)
     if entry is None:
         history.append(notice(NOT_RUNNING))
         yield history, gr.skip(), gr.skip()
@@ -561,7 +597,7 @@ async def reask(state, sid: str, answer_id: str, *raw_settings: Any, engine_choi
     heading = "Re-asked" if engine is state.engine else "Re-asked on the second model"
     try:
         again = await chat.ask(engine, entry, original.question, request.options, history=original.history,
-                               queue=state.answer_gate, sample=sample)
+                               queue=state.answer_gate, sample=sample, spoken=original.spoken)
     except chat.Superseded:
         return
     except EngineError as exc:
@@ -631,6 +667,79 @@ async def watch_loop(state, on: bool, question: str, every: Any, history: list[d
         history.append({"role": "user", "content": question})
         async for update in answer_stream(state, entry, question, request, past, history, time.perf_counter()):
             if entry.watch_epoch != epoch:
+                return
+            yield update
+
+
+# ---------------------------------------------------------------------------
+# Talk mode: ask by voice (vidchat.talk)
+# ---------------------------------------------------------------------------
+
+TALK_NEEDS_AUDIO = "Talk needs a model that hears: " + NO_SPOKEN_QUESTIONS.split(". ", 1)[1]
+
+
+def talk_settings(silence_ms: Any, min_speech_ms: Any) -> TurnSettings:
+    settings = TurnSettings(min_silence_s=_number("Pause that ends a question (ms)", silence_ms) / 1000,
+                            min_speech_s=_number("Shortest question (ms)", min_speech_ms) / 1000)
+    try:
+        settings.validate()
+    except ValueError as exc:
+        raise OptionError(str(exc).replace("min_silence_s", "the pause that ends a question")
+                          .replace("min_speech_s", "the shortest question")) from None
+    return settings
+
+
+async def talk_loop(state, on: bool, barge_in: bool, silence_ms: Any, min_speech_ms: Any, history: list[dict],
+                    sid: str, *raw_settings: Any) -> AsyncIterator[tuple]:
+    """While the Talk switch is on, ask each utterance the microphone hears,
+    as it ends. The listener (with barge-in) runs for the session whether
+    or not this loop does: a typed question ends the loop (its answer owns
+    the chat), and the page restarts it after that answer."""
+    entry = state.registry.get(sid) if isinstance(sid, str) else None
+    if not on:
+        if entry is not None:
+            await talk.stop(entry)
+        return
+    history = list(history or [])
+    problem = None
+    if entry is None:
+        problem = "Talk mode needs a running source with sound: press **Start camera** (with the microphone) first."
+    elif state.engine is not None and not state.engine.accepts_audio:
+        problem = f"⚠ {TALK_NEEDS_AUDIO}"
+    if problem is None:
+        try:
+            settings = talk_settings(silence_ms, min_speech_ms)
+        except OptionError as exc:
+            problem = f"⚠ Talk not started: {exc}"
+    if problem is not None:
+        history.append(notice(problem))
+        yield history, gr.skip(), gr.skip()
+        return
+    listener = talk.listener(entry, settings, bool(barge_in))
+    entry.talk_epoch += 1
+    epoch = entry.talk_epoch
+    while True:
+        waiter = asyncio.ensure_future(listener.next_utterance())
+        try:
+            while not waiter.done():
+                await asyncio.wait({waiter}, timeout=1.0)
+                if state.registry.get(sid) is not entry or entry.talk_epoch != epoch or not listener.running:
+                    return  # the session ended, a typed question took the chat, or Talk went off
+        finally:
+            waiter.cancel()
+        spoken = waiter.result()
+        try:
+            request = page_request(state, *raw_settings)
+            chat.apply_settings(entry.session, state.engine, request.options, request.sampling)
+        except ValueError as exc:
+            history.append(notice(f"⚠ Settings not accepted: {exc}"))
+            yield history, gr.skip(), gr.skip()
+            continue
+        entry.watch_epoch += 1  # a running watch loop yields the chat to the spoken question
+        past = history_turns(history)
+        async for update in answer_stream(state, entry, "", request, past, history, time.perf_counter(),
+                                          spoken=spoken):
+            if entry.talk_epoch != epoch:
                 return
             yield update
 
@@ -716,6 +825,18 @@ def mount(app, state):
                                                 elem_id="vc-watch-question")
                     watch_every = gr.Number(value=DEFAULT_EVERY_S, minimum=1, label="At most every (s)", scale=1,
                                             elem_id="vc-watch-every")
+                with gr.Row(elem_classes="vc-talk"):
+                    talk_on = gr.Checkbox(value=False, label="Talk: ask by voice", scale=2, elem_id="vc-talk",
+                                          info="Asks when you stop speaking; answers are read aloud")
+                    barge_in = gr.Checkbox(value=True, label="Speaking stops the answer", scale=2,
+                                           elem_id="vc-barge-in")
+                    talk_silence = gr.Number(value=round(TurnSettings.min_silence_s * 1000), minimum=100,
+                                             maximum=5000, label="Pause that ends a question (ms)", scale=1,
+                                             elem_id="vc-talk-silence")
+                    talk_min_speech = gr.Number(value=round(TurnSettings.min_speech_s * 1000), minimum=30,
+                                                maximum=5000, label="Shortest question (ms)", scale=1,
+                                                elem_id="vc-talk-min-speech")
+                gr.HTML(TALK_HTML, elem_id="vc-talk-panel")
                 clear = gr.Button("Clear chat", size="sm", elem_id="vc-clear")
         settings_inputs = _settings_panel(state)
         with gr.Accordion("What the model got (last question)", open=False, elem_id="vc-inputs"):
@@ -796,6 +917,33 @@ def mount(app, state):
         watch_on.change(on_watch, watch_inputs, outputs, api_name="watch", **watch_events)
         for evt in (submit_evt, click_evt):  # after a typed question, watching goes on from the new chat
             evt.then(on_watch, watch_inputs, outputs, api_visibility="private", **watch_events)
+
+        async def on_talk(on, barge, silence, min_speech, history, sid, *raw):
+            sent = False
+            async for update in talk_loop(state, on, barge, silence, min_speech, history, sid, *raw):
+                sent = True
+                yield update
+            if not sent:
+                yield gr.skip(), gr.skip(), gr.skip()
+
+        talk_inputs = [talk_on, barge_in, talk_silence, talk_min_speech, chatbot, session_id, *settings_inputs]
+        talk_on.change(on_talk, talk_inputs, outputs, api_name="talk", **watch_events)
+        for evt in (submit_evt, click_evt):  # after a typed question, Talk goes on from the new chat
+            evt.then(on_talk, talk_inputs, outputs, api_visibility="private", **watch_events)
+        for control in (barge_in, talk_silence, talk_min_speech):  # new settings take effect at once
+            control.change(on_talk, talk_inputs, outputs, api_visibility="private", **watch_events)
+
+        async def talk_availability():
+            """Once the model is loaded: Talk is unavailable (and says why) for a model that hears nothing."""
+            try:
+                await state.wait_engine(timeout=3600)
+            except Exception:
+                return gr.skip()
+            if state.engine.accepts_audio:
+                return gr.skip()
+            return gr.Checkbox(value=False, interactive=False, label="Talk: unavailable", info=TALK_NEEDS_AUDIO)
+
+        blocks.load(talk_availability, None, talk_on, api_visibility="private", show_progress="hidden")
 
         def refresh_reask(sid, loaded):
             choices = reask_choices(state, sid, loaded)

@@ -405,6 +405,20 @@ def _resumable(state, body: dict[str, Any]) -> Entry | None:
     return entry if hmac.compare_digest(token.encode(), entry.resume_token.encode()) else None
 
 
+def talk_answer(entry: Entry) -> dict[str, Any] | None:
+    """The session's answer being generated, else its last one, as the page
+    reads it aloud: its question number, its text so far, and whether it is done."""
+    answer = entry.answer
+    done = answer is None
+    if answer is None and entry.answers:
+        answer = next(reversed(entry.answers.values()))
+    if answer is None:
+        return None
+    stats = answer.reply.stats
+    return {"n": answer.ticket, "text": answer.reply.text, "done": done or stats.finish_reason is not None,
+            "cancelled": bool(stats.cancelled), "spoken": answer.spoken is not None}
+
+
 def router(state) -> APIRouter:
     api = APIRouter()
     peers: dict[str, Peer] = {}  # session id -> its current peer
@@ -476,6 +490,38 @@ def router(state) -> APIRouter:
         if state.prewarmer is not None:
             state.prewarmer.question_coming(entry.session.id)
         return {"ok": True, "prewarm": state.prewarmer.mode if state.prewarmer else "off"}
+
+    @api.get("/webrtc/talk")
+    async def talk_state(session_id: str) -> dict[str, Any]:
+        """Talk mode's state for the page (polled while Talk is on): whether
+        speech is under way, and counters whose change means a turn began
+        (the page stops reading aloud: barge-in) or ended."""
+        entry = state.registry.get(session_id)
+        if entry is None:
+            raise HTTPException(404, "no such session (stopped or expired)")
+        listener = entry.talk
+        out: dict[str, Any] = {"listening": False, "hearing": False, "speech_starts": 0, "utterances": 0,
+                               "barge_ins": 0, "answer": talk_answer(entry)}
+        if listener is not None and listener.running:
+            out.update(listening=True, hearing=listener.hearing, speech_starts=listener.speech_starts,
+                       utterances=listener.stats.utterances, barge_ins=listener.stats.barge_ins,
+                       playback=listener.playback)
+        return out
+
+    @api.post("/webrtc/talk")
+    async def talk_playback(request: Request) -> dict[str, Any]:
+        """The page started or stopped reading an answer aloud: its own voice,
+        coming back through the microphone, must not be taken for a question."""
+        body = await _read_json(request)
+        entry = state.registry.get(str(body.get("session_id", "")))
+        if entry is None:
+            raise HTTPException(404, "no such session (stopped or expired)")
+        speaking = body.get("speaking")
+        if not isinstance(speaking, bool):
+            raise HTTPException(400, "'speaking' must be true or false")
+        if entry.talk is not None:
+            entry.talk.set_playback(speaking)
+        return {"ok": True, "listening": entry.talk is not None and entry.talk.running}
 
     @api.get("/webrtc/live")
     async def live(session_id: str) -> dict[str, Any]:

@@ -40,3 +40,14 @@ _pool = ThreadPoolExecutor(max_workers=MEDIA_WORKERS, thread_name_prefix="vidcha
 async def run_media(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
     """Run media work off the event loop, on the low-priority media workers."""
     return await asyncio.get_running_loop().run_in_executor(_pool, functools.partial(fn, *args, **kwargs))
+
+
+# Voice activity detection (Talk mode) has its own thread: each session's
+# detector is stateful (one feeder at a time), it costs ~30 ms per second of
+# audio, and a turn's end must not wait behind a large frame's decoding.
+_vad_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="vidchat-vad")
+
+
+async def run_vad(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+    """Run voice activity detection off the event loop, on its own thread."""
+    return await asyncio.get_running_loop().run_in_executor(_vad_pool, functools.partial(fn, *args, **kwargs))
