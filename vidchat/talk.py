@@ -106,6 +106,8 @@ class Listener:
                 await asyncio.sleep(POLL_S)
                 got = session.audio_since(self._pos)
                 if got is None:
+                    if self._pos is None:
+                        self._pos = float("-inf")  # no audio yet: all that comes counts
                     continue
                 samples, start, end = got
                 self._pos = end

@@ -16,6 +16,7 @@ from __future__ import annotations
 import logging
 import math
 import threading
+import warnings
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -40,7 +41,9 @@ def _new_model() -> Any:
     has its own, since the model object carries the stream's state."""
     import torch
 
-    with _import_lock:
+    with _import_lock, warnings.catch_warnings():
+        # Its loader uses APIs that torch and importlib now call deprecated.
+        warnings.simplefilter("ignore", DeprecationWarning)
         threads = torch.get_num_threads()
         from silero_vad import load_silero_vad  # sets torch's threads to 1 when first imported
 
@@ -85,17 +88,18 @@ class TurnSettings:
     echo_margin_db: float = 10.0
 
     def validate(self) -> None:
-        checks = [
-            ("threshold", 0.05 <= self.threshold <= 0.95, "between 0.05 and 0.95"),
-            ("min_speech_s", 0.03 <= self.min_speech_s <= 5.0, "between 0.03 and 5 seconds"),
-            ("min_silence_s", 0.1 <= self.min_silence_s <= 5.0, "between 0.1 and 5 seconds"),
-            ("pad_s", 0.0 <= self.pad_s <= 1.0, "between 0 and 1 second"),
-            ("max_utterance_s", 1.0 <= self.max_utterance_s <= 120.0, "between 1 and 120 seconds"),
-            ("echo_margin_db", 0.0 <= self.echo_margin_db <= 60.0, "between 0 and 60 dB"),
+        ranges = [
+            ("threshold", 0.05, 0.95, "between 0.05 and 0.95"),
+            ("min_speech_s", 0.03, 5.0, "between 0.03 and 5 seconds"),
+            ("min_silence_s", 0.1, 5.0, "between 0.1 and 5 seconds"),
+            ("pad_s", 0.0, 1.0, "between 0 and 1 second"),
+            ("max_utterance_s", 1.0, 120.0, "between 1 and 120 seconds"),
+            ("echo_margin_db", 0.0, 60.0, "between 0 and 60 dB"),
         ]
-        for name, ok, what in checks:
+        for name, low, high, what in ranges:
             value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or not ok:
+            number = not isinstance(value, bool) and isinstance(value, (int, float))
+            if not number or not math.isfinite(value) or not low <= value <= high:
                 raise ValueError(f"{name} must be {what}, got {value!r}")
 
 
@@ -107,6 +111,9 @@ class Utterance:
     end: float
     level_dbfs: float  # its speech's loudness (RMS of the speech windows)
     cut: bool = False  # ended by max_utterance_s, not by silence
+    # The speech itself, as detected (start and end without the padding).
+    speech_start: float | None = None
+    speech_end: float | None = None
 
     @property
     def seconds(self) -> float:
@@ -238,4 +245,4 @@ class TurnDetector:
             # Learn the user's level from turns that can't be the page's echo.
             self.user_level_dbfs = 0.7 * self.user_level_dbfs + 0.3 * level
         pad = self.settings.pad_s
-        return [Utterance(start - pad, end + pad, level, cut=cut)]
+        return [Utterance(start - pad, end + pad, level, cut=cut, speech_start=start, speech_end=end)]

@@ -1,0 +1,150 @@
+"""Talk mode (vidchat.talk) through real vLLM on the tiny omni model: an
+utterance heard in a session's audio becomes a question whose audio is
+exactly the utterance, speech during an answer aborts it in vLLM
+(barge-in), and the listener ends with its session."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import numpy as np
+import pytest
+
+from vidchat import chat, talk
+from vidchat import synthetic_audio as sa
+from vidchat.chat import AnswerOptions
+from vidchat.engine import NO_SPOKEN_QUESTIONS, EngineError
+from vidchat.media import AUDIO_RATE
+from vidchat.session import SessionSettings
+from vidchat.sessions import SessionRegistry
+from vidchat.vad import TurnSettings
+
+SHORT = AnswerOptions(max_tokens=4, temperature=0.0)
+LONG = AnswerOptions(max_tokens=3000, temperature=0.0)
+
+
+@pytest.fixture(scope="module")
+def question():
+    return sa.speech("What is on the table in front of me?")
+
+
+def new_entry(registry: SessionRegistry, t0: float, seconds: float = 12.0, fps: float = 2.0):
+    """A session with a frame every 1/fps s over `seconds` from t0 (each one different: all kept)."""
+    entry = registry.create("webrtc", SessionSettings(evs_enabled=False, num_sample_frames=4))
+    rng = np.random.default_rng(0)
+    for i in range(int(seconds * fps)):
+        entry.session.add_frame(rng.integers(0, 255, (96, 128, 3), dtype=np.uint8), t=t0 + i / fps)
+    return entry
+
+
+def feed(entry, audio: np.ndarray, t: float) -> None:
+    for i in range(0, audio.size, 320):  # 20 ms packets, as WebRTC delivers them
+        entry.session.add_audio(audio[i:i + 320], t + i / AUDIO_RATE)
+
+
+async def next_utterance(listener, timeout: float = 10.0):
+    return await asyncio.wait_for(listener.next_utterance(), timeout)
+
+
+async def drain(answer) -> None:
+    async for _ in answer.reply:
+        pass
+
+
+async def test_an_utterance_becomes_a_question_whose_audio_is_the_utterance(omni_engine, question):
+    registry = SessionRegistry()
+    t0 = time.monotonic()
+    entry = new_entry(registry, t0)
+    listener = talk.listener(entry, TurnSettings())
+    await asyncio.sleep(0.2)  # the listener starts from the audio it finds: none yet
+    track = sa.compose([(sa.silence(1.0), False), (question, True), (sa.silence(1.0), False)])
+    feed(entry, track.audio, t0 + 2.0)
+    spoken = await next_utterance(listener)
+    true_start, true_end = (t0 + 2.0 + x for x in track.speech[0])
+    assert abs(spoken.speech_start - true_start) <= 0.15 and abs(spoken.speech_end - true_end) <= 0.15
+
+    answer = await chat.ask(omni_engine, entry, "", SHORT, spoken=spoken)
+    await drain(answer)
+    chat.release(entry, answer)
+    stats = answer.summary()
+    origin = answer.sample.origin
+    # The audio the model got is the utterance's span, sample for sample.
+    assert stats["audio_span"] == [pytest.approx(spoken.start - origin, abs=1e-3),
+                                   pytest.approx(spoken.end - origin, abs=1e-3)]
+    assert stats["audio_seconds"] == pytest.approx(spoken.seconds, abs=1 / AUDIO_RATE * 2)
+    assert stats["spoken_question"]["seconds"] == pytest.approx(spoken.seconds, abs=1e-3)
+    # Frames come from the utterance: the one on screen when it began, then those captured during it.
+    times = [t + origin for t in stats["frame_times"]]
+    assert times[0] <= spoken.start < times[1] and all(spoken.start <= t <= spoken.end for t in times[1:])
+    assert stats["completion_tokens"] == SHORT.max_tokens
+    assert stats["prompt_tokens"] > 0 and stats["include_audio"] is True
+    # The chat goes on with the spoken turn as its label, not as empty text.
+    assert chat.spoken_text(answer).startswith("🎤 spoken question (")
+    await registry.close(entry.session.id, "test over")
+    assert not listener.running
+
+
+async def test_speech_during_an_answer_aborts_it_and_becomes_the_next_question(omni_engine, question):
+    registry = SessionRegistry()
+    t0 = time.monotonic()
+    entry = new_entry(registry, t0)
+    listener = talk.listener(entry, TurnSettings(), barge_in=True)
+    await asyncio.sleep(0.2)
+    feed(entry, sa.silence(0.5), t0 + 1.0)
+    typed = await chat.ask(omni_engine, entry, "Tell me a long story.", LONG)
+    streaming = asyncio.create_task(drain(typed))
+    while typed.reply.stats.completion_tokens < 3:  # the long answer is generating
+        await asyncio.sleep(0.02)
+    assert omni_engine.running_requests == 1
+    feed(entry, np.concatenate([question, sa.silence(1.0)]), t0 + 1.5)
+    spoken = await next_utterance(listener)
+    await asyncio.wait_for(streaming, 10)
+    assert typed.reply.stats.cancelled
+    assert typed.reply.stats.completion_tokens < LONG.max_tokens
+    assert listener.stats.barge_ins == 1 and listener.speech_starts == 1
+    for _ in range(100):  # the abort reached the engine
+        if omni_engine.running_requests == 0:
+            break
+        await asyncio.sleep(0.02)
+    assert omni_engine.running_requests == 0
+    # The utterance that interrupted is the next question.
+    answer = await chat.ask(omni_engine, entry, "", SHORT, spoken=spoken)
+    await drain(answer)
+    chat.release(entry, answer)
+    assert answer.reply.stats.finish_reason == "length" and answer.summary()["spoken_question"] is not None
+    await registry.close(entry.session.id, "test over")
+
+
+async def test_without_barge_in_the_answer_goes_on(omni_engine, question):
+    registry = SessionRegistry()
+    t0 = time.monotonic()
+    entry = new_entry(registry, t0)
+    listener = talk.listener(entry, TurnSettings(), barge_in=False)
+    await asyncio.sleep(0.2)
+    feed(entry, sa.silence(0.5), t0 + 1.0)
+    typed = await chat.ask(omni_engine, entry, "Tell me a story.", AnswerOptions(max_tokens=400, temperature=0.0))
+    streaming = asyncio.create_task(drain(typed))
+    feed(entry, np.concatenate([question, sa.silence(1.0)]), t0 + 1.5)
+    await next_utterance(listener)
+    await asyncio.wait_for(streaming, 60)
+    assert not typed.reply.stats.cancelled and typed.reply.stats.finish_reason == "length"
+    assert listener.stats.barge_ins == 0
+    chat.release(entry, typed)
+    await registry.close(entry.session.id, "test over")
+
+
+async def test_a_model_that_hears_nothing_refuses_spoken_questions_and_says_what_to_run(omni_engine, question,
+                                                                                       monkeypatch):
+    registry = SessionRegistry()
+    t0 = time.monotonic()
+    entry = new_entry(registry, t0)
+    feed(entry, question, t0 + 1.0)
+    monkeypatch.setattr(omni_engine, "accepts_audio", False)
+    from vidchat.vad import Utterance
+
+    with pytest.raises(EngineError) as err:
+        await chat.ask(omni_engine, entry, "", SHORT, spoken=Utterance(t0 + 1.0, t0 + 2.0, -20.0))
+    assert str(err.value) == NO_SPOKEN_QUESTIONS and "--preset qwen2.5-omni-3b" in str(err.value)
+    assert omni_engine.running_requests == 0
+    await registry.close(entry.session.id, "test over")
