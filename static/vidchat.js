@@ -699,8 +699,9 @@
   // Hand complete sentences to the synthesizer as the answer streams; the
   // rest when it is done.
   function readAloud(answer) {
+    // The first poll after Talk came on sets what is new: answers from then on.
+    if (talk.firstN === null) talk.firstN = !answer ? 0 : answer.done ? answer.n + 1 : answer.n;
     if (!answer || answer.n == null) return;
-    if (talk.firstN === null) talk.firstN = answer.done ? answer.n + 1 : answer.n;
     if (answer.n < talk.firstN || answer.n === talk.interrupted) return;
     if (answer.n !== talk.answerN) { talk.answerN = answer.n; talk.spokenUpTo = 0; }
     if (answer.cancelled) { if (talk.speaking) stopSpeaking(); return; }

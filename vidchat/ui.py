@@ -927,11 +927,15 @@ def mount(app, state):
                 yield gr.skip(), gr.skip(), gr.skip()
 
         talk_inputs = [talk_on, barge_in, talk_silence, talk_min_speech, chatbot, session_id, *settings_inputs]
-        talk_on.change(on_talk, talk_inputs, outputs, api_name="talk", **watch_events)
+        # "multiple": switching Talk off must run while the loop it ends is
+        # still waiting for speech; a newer loop takes over from an older
+        # one through the session's talk_epoch.
+        talk_events = dict(concurrency_limit=None, show_progress="hidden", trigger_mode="multiple")
+        talk_on.change(on_talk, talk_inputs, outputs, api_name="talk", **talk_events)
         for evt in (submit_evt, click_evt):  # after a typed question, Talk goes on from the new chat
-            evt.then(on_talk, talk_inputs, outputs, api_visibility="private", **watch_events)
+            evt.then(on_talk, talk_inputs, outputs, api_visibility="private", **talk_events)
         for control in (barge_in, talk_silence, talk_min_speech):  # new settings take effect at once
-            control.change(on_talk, talk_inputs, outputs, api_visibility="private", **watch_events)
+            control.change(on_talk, talk_inputs, outputs, api_visibility="private", **talk_events)
 
         async def talk_availability():
             """Once the model is loaded: Talk is unavailable (and says why) for a model that hears nothing."""

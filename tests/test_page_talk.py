@@ -1,0 +1,87 @@
+"""Talk mode in the page: Chromium's fake microphone plays a question spoken
+by espeak-ng; with Talk on, a spoken-question bubble and a streamed answer
+appear without typing, and the answer is handed to the browser's speech
+synthesis (read from the page's own state, not from audio output)."""
+
+from __future__ import annotations
+
+import json
+import re
+import urllib.request
+from pathlib import Path
+
+import pytest
+from playwright.async_api import async_playwright
+
+from vidchat import synthetic_audio as sa
+
+from test_page import BOT_MESSAGES, launch, media, open_and_start, session_id, wav_samples  # noqa: F401
+
+# The fake microphone loops this: a question, then a long silence (Talk is
+# switched on at some point of the loop; the next question is heard whole).
+SILENCE_AFTER_S = 7.0
+
+
+@pytest.fixture(scope="module")
+def spoken_wav(tmp_path_factory) -> Path:
+    path = tmp_path_factory.mktemp("talk") / "question.wav"
+    question = sa.speech("What is the colour of the wall behind me?")
+    track = sa.compose([(sa.silence(0.5), False), (question, True), (sa.silence(SILENCE_AFTER_S), False)])
+    path.write_bytes(sa.wav_file_bytes(track.audio))
+    return path
+
+
+def fetch_json(server, path: str) -> dict:
+    with urllib.request.urlopen(server.url + path, timeout=10) as r:
+        return json.loads(r.read())
+
+
+async def test_talk_asks_by_voice_and_reads_the_answer_aloud(server, media, spoken_wav, tmp_path, artifacts_dir):
+    async with async_playwright() as pw:
+        browser = await launch(pw, media["red"], spoken_wav, tmp_path)
+        try:
+            page = await open_and_start(browser, server.url)
+            sid = await session_id(page)
+            await page.click("#vc-talk input[type=checkbox]")
+            await page.wait_for_function("window.vidchat.talk.status !== 'off'", timeout=10_000)
+            # A spoken question appears without typing, with a player of what the model heard.
+            bubble = page.locator("#vc-chat [data-testid='user']", has_text="spoken question")
+            await bubble.first.wait_for(timeout=40_000)
+            label = await bubble.first.inner_text()
+            seconds = float(re.search(r"spoken question \(([\d.]+) s\)", label).group(1))
+            src = await bubble.first.locator("audio").get_attribute("src")
+            assert src and src.startswith("/inputs/") and src.endswith("/audio.wav")
+            # The answer streams into the chat and is then handed to speech synthesis.
+            await page.wait_for_function(
+                f"(() => {{ const b = {BOT_MESSAGES}; return b.length >= 1 && b[b.length-1].innerText.trim(); }})()",
+                timeout=60_000)
+            state = None
+            for _ in range(200):
+                talk = fetch_json(server, f"/webrtc/talk?session_id={sid}")
+                state = await page.evaluate("window.vidchat.talk")
+                if talk["answer"] and talk["answer"]["done"] and state["spoken"]:
+                    if "".join(state["spoken"]).split() == talk["answer"]["text"].split():
+                        break
+                await page.wait_for_timeout(100)
+            assert talk["listening"] is True and talk["utterances"] >= 1
+            assert talk["answer"]["spoken"] is True
+            # Everything the model said was read aloud, in order (whitespace aside).
+            assert "".join(state["spoken"]).split() == talk["answer"]["text"].split()
+            # The player serves exactly the audio the model got: the utterance.
+            with urllib.request.urlopen(server.url + src, timeout=10) as r:
+                samples = wav_samples(r.read())
+            record = fetch_json(server, src.replace("audio.wav", "record.json"))
+            assert record["spoken_question"]["seconds"] == pytest.approx(samples.size / 16000, abs=0.01)
+            assert abs(record["spoken_question"]["seconds"] - seconds) <= 0.051
+            assert record["question"] == "" and record["audio_seconds"] == pytest.approx(samples.size / 16000, abs=0.01)
+            await page.screenshot(path=str(artifacts_dir / "page-talk.png"), full_page=True)
+            # Talk off: the server stops listening.
+            await page.click("#vc-talk input[type=checkbox]")
+            for _ in range(50):
+                if not fetch_json(server, f"/webrtc/talk?session_id={sid}")["listening"]:
+                    break
+                await page.wait_for_timeout(100)
+            assert not fetch_json(server, f"/webrtc/talk?session_id={sid}")["listening"]
+            assert (await page.evaluate("window.vidchat.talk"))["status"] == "off"
+        finally:
+            await browser.close()
