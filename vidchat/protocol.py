@@ -1,35 +1,92 @@
-"""The seed WebSocket protocol at ``/v1/video/chat/stream``.
+"""The seed WebSocket protocol at ``/v1/video/chat/stream``, and vllm-omni's newer fields.
 
 A client written for vllm-omni's streaming video endpoint works here
-unchanged. This module only translates the wire format; frames, audio,
-filtering and sampling live in :mod:`vidchat.session`, questions in
-:mod:`vidchat.chat`.
+unchanged, the seed's clients and the newer ones alike: every newer message
+goes only to clients that use the newer fields. This module only translates
+the wire format; frames, audio, filtering and sampling live in
+:mod:`vidchat.session`, questions in :mod:`vidchat.chat`, turn detection in
+:mod:`vidchat.talk`. Origins: [seed], [omni] (vllm-omni's newer streaming
+video handler), [rt] (vllm-omni's /v1/realtime server VAD, OpenAI Realtime's
+names), [vc] (vidchat's own).
 
 Client → server (JSON text messages, one object each)::
 
     session.config  first, within --ws-config-timeout seconds:
-                    model, modalities, max_frames (64), num_sample_frames (16),
-                    evs_enabled (true), evs_threshold (0.95); upstream aliases
-                    num_frames, enable_frame_filter, frame_filter_threshold,
-                    system_prompt; vidchat extras sampling, sample_seconds,
-                    keepalive_s, audio_mode, audio_last_seconds, frames_as,
-                    max_tokens, temperature, include_audio, seed.
+                    [seed] model, modalities, max_frames (64),
+                    num_sample_frames (16), evs_enabled (true), evs_threshold (0.95);
+                    [omni] num_frames, enable_frame_filter, frame_filter_threshold
+                    (aliases), system_prompt, use_audio_in_video (= include_audio);
+                    [rt] turn_detection (below);
+                    [vc] sampling, sample_seconds, keepalive_s, audio_mode,
+                    audio_last_seconds, frames_as, max_tokens, temperature,
+                    include_audio, seed.
                     Unknown keys are ignored; a wrong type or value ends the session.
-    session.update  the same keys (except model/modalities) between questions;
-                    answered by session.updated, or an error (the session goes on)
-    video.frame     data: base64 JPEG (any image PIL reads); optional pts_ms
-    audio.chunk     data: base64 PCM16 little-endian mono 16 kHz; optional pts_ms
-                    (pts_ms: capture time in milliseconds on the client's clock,
-                    vllm-omni's newer field; without it, arrival time is used)
-    video.query     text: the question (a new one cancels the one being answered)
+                    modalities asking for "audio": answers are text, and the
+                    first response.start carries a one-time
+                    notice: "spoken output is not available: answers come as text".
+    session.update  [vc] the same keys (except model/modalities) between
+                    questions, turn_detection included; answered by
+                    session.updated {settings}, or an error (the session goes on)
+    video.frame     [seed] data: base64 JPEG (any image PIL reads);
+                    [omni] pts_ms, frame_id, capture_ts_ms
+    audio.chunk     [seed] data: base64 PCM16 little-endian mono 16 kHz; [omni] pts_ms
+    video.query     [seed] text: the question (a new one cancels the one being answered);
+                    [omni] audio_data: base64 PCM16 mono 16 kHz, a spoken question
     video.done      → response.evs_stats (EVS on), session.done, then the socket closes
-    ping            → pong
+    ping            → pong [omni]
+
+pts_ms: capture time in milliseconds on the client's media clock; frames and
+audio are placed on the session's timeline by it (without it, arrival time).
+capture_ts_ms: the client's wall-clock capture time (e.g. Date.now()), as
+vllm-omni treats it: opaque, never used for placement, only echoed back (in
+the ack and in video.frames.consumed) for the client's latency measurements.
 
 Server → client::
 
-    response.start, response.text.delta {delta}*, response.text.done {text, stats}
-    response.evs_stats {retained_count, dropped_count, total_count, drop_rate}
-    session.done, session.updated {settings}, pong, error {message}
+    [seed] response.start, response.text.delta {delta}*, response.text.done {text, stats}
+    [seed] response.evs_stats {retained_count, dropped_count, total_count, drop_rate}
+    [seed] session.done, error {message}; [vc] session.updated {settings}; [omni] pong
+
+Newer vllm-omni messages, only to clients that sent a frame_id::
+
+    video.frame.ack {frame_id, accepted, buffered_frames, reason?,
+                    dropped_frame_id?, pts_ms, capture_ts_ms, server_receive_ts_ms}
+                    for EACH frame carrying a frame_id (a non-empty string of at
+                    most 256 characters, or an integer); reason when not
+                    accepted: filtered (a near-duplicate, dropped by EVS),
+                    invalid_image, invalid_data, too_large, invalid_pts,
+                    invalid_capture_ts (all but "filtered" follow their error);
+                    dropped_frame_id: the named frame a full buffer pushed out
+    video.frames.consumed {frame_ids, frames, latest_pts_ms}
+                    once per answer, as vllm-omni: after response.start, at
+                    the model's first output (an answer with no output at all:
+                    just before its response.text.done). frame_ids: the
+                    client's ids of the sampled frames, oldest first (unnamed
+                    ones left out); frames: [{frame_id, pts_ms, capture_ts_ms}];
+                    latest_pts_ms: pts_ms of the newest sampled frame, or null
+
+Spoken questions (video.query with audio_data): the model gets exactly that
+audio, with frames sampled over its duration ending at the newest frame (not
+the session's streamed audio); text may be empty, and when given is sent
+too, after the audio. Bad base64, an odd byte count or audio longer than
+--ws-max-audio-seconds gets an error; a model that takes no audio answers
+with an error (vidchat.engine.NO_SPOKEN_QUESTIONS). An empty audio_data is
+absent (as in vllm-omni). stats.spoken_question = {seconds, start, end}.
+
+Server-side turn detection [rt]: turn_detection {"type": "server_vad",
+threshold (0.5), silence_duration_ms (500), prefix_padding_ms (50, each
+side), interrupt_response (true: speech stops the running answer),
+create_response (true; false: events only); [vc] min_speech_duration_ms
+(250), max_utterance_ms (30000)} (null: off) follows the client's
+audio.chunk stream with the page's Talk listener (vidchat.talk) and asks each
+finished utterance as a spoken question, with no video.query. Events::
+
+    input_audio_buffer.speech_started {audio_start_ms}
+    input_audio_buffer.speech_stopped {audio_start_ms, audio_end_ms, cut [vc]}
+
+(milliseconds from the session's first media, the timeline stats use).
+Ranges are vidchat.vad.TurnSettings.validate()'s; a bad value is a config
+error. A model that takes no audio: an error, and no turn detection.
 
 vidchat extras (clients that don't know them can ignore them)::
 
@@ -47,7 +104,8 @@ The connection counts against --max-sessions from the handshake on.
 Guarantees: every ``response.start`` is followed by exactly one
 ``response.text.done`` (also on errors and cancellation, then preceded by an
 ``error``); a new question's ``response.start`` comes after the previous
-answer's ``response.text.done``. One lock serialises all sends.
+answer's ``response.text.done``, whether it was typed, spoken or heard (one
+question is set up at a time). One lock serialises all sends.
 
 Differences from the seed, on purpose: a frame that is not an image, bad
 base64 or an oversize frame is reported and the session goes on; the answer
@@ -69,15 +127,16 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from vidchat import answer_inputs, chat, wire
+from vidchat import answer_inputs, chat, talk, wire
 from vidchat.chat import Answer, AnswerOptions
 from vidchat.clock import ClientClock
-from vidchat.engine import EngineError
+from vidchat.engine import NO_SPOKEN_QUESTIONS, EngineError
 from vidchat.evs import FrameError
-from vidchat.media import FRAMES_AS
+from vidchat.media import AUDIO_RATE, FRAMES_AS
 from vidchat.workers import run_media
-from vidchat.session import AUDIO_MODES, MAX_AUDIO_SECONDS, SAMPLING_STRATEGIES, SessionSettings
+from vidchat.session import AUDIO_MODES, MAX_AUDIO_SECONDS, SAMPLING_STRATEGIES, Sample, SessionSettings
 from vidchat.sessions import Entry, TooManySessions
+from vidchat.vad import SpeechStarted, TurnSettings, Utterance
 
 if TYPE_CHECKING:
     from fastapi import WebSocket
@@ -97,6 +156,13 @@ SESSION_END_WARNING_S = 30.0
 
 # Close codes: normal end, a protocol violation, server busy, server error.
 CLOSE_NORMAL, CLOSE_POLICY, CLOSE_TRY_LATER, CLOSE_ERROR = 1000, 1008, 1013, 1011
+
+# The one-time notice for clients that asked for spoken answers (modalities
+# with "audio"): this server answers in text only.
+NO_AUDIO_OUTPUT_NOTICE = "spoken output is not available: answers come as text"
+
+# Longest client frame_id (a string) echoed back in acks.
+MAX_FRAME_ID_CHARS = 256
 
 
 # ---------------------------------------------------------------------------
@@ -136,13 +202,18 @@ FIELDS: dict[str, _Field] = {
     "temperature": _Field(NUMBER, "answer", "temperature"),
     "include_audio": _Field((bool,), "answer", "include_audio"),
     "seed": _Field((int,), "answer", "seed", nullable=True),
+    "turn_detection": _Field((dict,), "info", "turn_detection", nullable=True),
 }
-# Upstream's later names for the seed's fields.
+# Upstream's later names for the seed's fields (use_audio_in_video is
+# vllm-omni's name for what vidchat calls include_audio).
 ALIASES = {
     "num_frames": "num_sample_frames",
     "enable_frame_filter": "evs_enabled",
     "frame_filter_threshold": "evs_threshold",
+    "use_audio_in_video": "include_audio",
 }
+# Keys of session.config that session.update may change as well.
+UPDATABLE_INFO = ("turn_detection",)
 
 
 class ConfigError(ValueError):
@@ -198,7 +269,93 @@ def parse_config(msg: dict[str, Any]) -> ConfigChanges:
     answer = changes.answer
     if "system_prompt" in answer:
         answer["system_prompt"] = answer["system_prompt"] or None  # "" = no system prompt
+    if "turn_detection" in changes.info:
+        changes.info["turn_detection"] = parse_turn_detection(changes.info["turn_detection"])
     return changes
+
+
+# ---------------------------------------------------------------------------
+# turn_detection: server-side turns from the client's audio.chunk stream
+# ---------------------------------------------------------------------------
+
+# Wire name → (TurnSettings field, factor from the wire's unit). threshold,
+# silence_duration_ms and prefix_padding_ms are OpenAI Realtime's (and
+# vllm-omni's /v1/realtime) names; the others are vidchat's.
+TURN_FIELDS: dict[str, tuple[str, float]] = {
+    "threshold": ("threshold", 1.0),
+    "silence_duration_ms": ("min_silence_s", 0.001),
+    "prefix_padding_ms": ("pad_s", 0.001),
+    "min_speech_duration_ms": ("min_speech_s", 0.001),
+    "max_utterance_ms": ("max_utterance_s", 0.001),
+}
+TURN_FLAGS = ("interrupt_response", "create_response")
+
+
+@dataclass(frozen=True)
+class TurnDetection:
+    """A socket's server_vad settings: when an utterance is a turn
+    (vidchat.vad.TurnSettings), whether speech stops the running answer
+    (barge-in) and whether a finished utterance is asked."""
+
+    settings: TurnSettings = dataclasses.field(default_factory=TurnSettings)
+    interrupt_response: bool = True
+    create_response: bool = True
+
+    def describe(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"type": "server_vad"}
+        for wire_name, (attr, factor) in TURN_FIELDS.items():
+            value = getattr(self.settings, attr)
+            out[wire_name] = value if factor == 1.0 else round(value / factor)
+        out.update(interrupt_response=self.interrupt_response, create_response=self.create_response)
+        return out
+
+
+def parse_turn_detection(value: dict[str, Any] | None) -> TurnDetection | None:
+    """``turn_detection`` as sent (null: off); raises ConfigError naming the bad field.
+
+    Missing fields keep vidchat's defaults (vidchat.vad.TurnSettings); ranges
+    are TurnSettings.validate()'s; unknown keys are ignored."""
+    if value is None:
+        return None
+    kind = value.get("type", "server_vad")
+    if kind != "server_vad":
+        raise ConfigError(f"Invalid value for 'turn_detection.type': only 'server_vad' is supported, got {kind!r}")
+    changes: dict[str, float] = {}
+    for wire_name, (attr, factor) in TURN_FIELDS.items():
+        if wire_name not in value:
+            continue
+        number = value[wire_name]
+        if isinstance(number, bool) or not isinstance(number, (int, float)):
+            raise ConfigError(f"Invalid type for 'turn_detection.{wire_name}': expected number, "
+                              f"got {type(number).__name__}")
+        changes[attr] = number * factor
+    flags: dict[str, bool] = {}
+    for name in TURN_FLAGS:
+        if name in value:
+            if not isinstance(value[name], bool):
+                raise ConfigError(f"Invalid type for 'turn_detection.{name}': expected bool, "
+                                  f"got {type(value[name]).__name__}")
+            flags[name] = value[name]
+    settings = dataclasses.replace(TurnSettings(), **changes)
+    try:
+        settings.validate()
+    except (ValueError, OverflowError) as exc:
+        attr = str(exc).split(" ", 1)[0]
+        wire_name = next((w for w, (a, _) in TURN_FIELDS.items() if a == attr), attr)
+        raise ConfigError(f"Invalid value for 'turn_detection.{wire_name}' "
+                          f"({value.get(wire_name)!r}): {exc}") from None
+    return TurnDetection(settings, **flags)
+
+
+def _is_millis(value: Any) -> bool:
+    # A range check, not math.isfinite: that raises OverflowError for a huge JSON integer.
+    return not isinstance(value, bool) and isinstance(value, (int, float)) and -1e15 < value < 1e15
+
+
+def _is_frame_id(value: Any) -> bool:
+    if isinstance(value, str):
+        return 0 < len(value) <= MAX_FRAME_ID_CHARS
+    return isinstance(value, int) and not isinstance(value, bool) and -(1 << 63) <= value < (1 << 63)
 
 
 # ---------------------------------------------------------------------------
@@ -207,6 +364,15 @@ def parse_config(msg: dict[str, Any]) -> ConfigChanges:
 
 class _Disconnected(Exception):
     pass
+
+
+class _Refused(Exception):
+    """A message's media could not be used: ``message`` for the client's
+    error, ``reason`` for a video.frame.ack."""
+
+    def __init__(self, reason: str, message: str, size: int | None = None) -> None:
+        super().__init__(message)
+        self.reason, self.message, self.size = reason, message, size  # size: bytes, when too large
 
 
 class _Timeout:
@@ -235,6 +401,20 @@ class Connection:
         self.client_host = websocket.client.host if websocket.client else None
         self._reservation = None
         self._expiry_task: asyncio.Task | None = None
+        # Kept frames by the session's kept-frame number (seq): the client's
+        # frame_id, pts_ms and capture_ts_ms, while the frame is in the buffer.
+        self._frame_meta: dict[int, dict[str, Any]] = {}
+        self._names_frames = False  # the client has sent a frame_id: acks and frames.consumed
+        self._notice: str | None = None  # said once, in the next response.start
+        # Server-side turn detection (turn_detection): its settings, the
+        # session's listener and the task that asks each utterance.
+        self._turns: TurnDetection | None = None
+        self._listener: talk.Listener | None = None
+        self._talk_task: asyncio.Task | None = None
+        # One question is set up at a time (typed, spoken in the query, or
+        # heard by the listener); closed when the session ends.
+        self._ask_lock = asyncio.Lock()
+        self._asking_closed = False
 
     # -- transport -----------------------------------------------------------
 
@@ -337,6 +517,7 @@ class Connection:
             self._expiry_task.cancel()
         if self._recv is not None:
             self._recv.cancel()
+        await self._stop_asking()
         entry, self.entry = self.entry, None
         if entry is not None:
             # Aborts the answer's vLLM request and runs the closers.
@@ -402,6 +583,15 @@ class Connection:
         self._reservation = None
         self.options = options
         self.entry.closers.append(self._closed_by_server)
+        modalities = changes.info.get("modalities") or []
+        if "audio" in modalities:
+            self._notice = NO_AUDIO_OUTPUT_NOTICE
+        turns = changes.info.get("turn_detection")
+        if turns is not None:
+            if self._hears():
+                await self._set_turns(turns)
+            else:  # typed questions still work: the session goes on
+                await self.error(f"turn_detection is off: {NO_SPOKEN_QUESTIONS}")
         if self.entry.deadline is not None:
             self._expiry_task = asyncio.create_task(self._announce_end(self.entry))
         log.info("ws %s: session %s… started: model=%r max_frames=%d sample=%d(%s) evs=%s/%.2f frames_as=%s",
@@ -521,81 +711,201 @@ class Connection:
         return True, self.clock.place(float(pts), arrived)
 
     async def _on_frame(self, msg: dict[str, Any], arrived: float) -> None:
+        frame_id = msg.get("frame_id")
+        if frame_id is not None:
+            if not _is_frame_id(frame_id):
+                await self.error(f"video.frame 'frame_id' must be a non-empty string (at most {MAX_FRAME_ID_CHARS} "
+                                 f"characters) or an integer, got {type(frame_id).__name__}")
+                return
+            self._names_frames = True
         ok, t = await self._media_time(msg, "video.frame", arrived)
         if not ok:
+            await self._ack(msg, arrived, False, "invalid_pts")
             return
-        data = await self._b64(msg, "video.frame", self.settings.ws_max_frame_bytes)
-        if data is None:
+        capture = msg.get("capture_ts_ms")
+        if capture is not None and not _is_millis(capture):
+            await self.error(f"video.frame 'capture_ts_ms' must be a number of milliseconds, got {capture!r}")
+            await self._ack(msg, arrived, False, "invalid_capture_ts")
             return
         try:
+            data = await self._b64(msg, "video.frame", self.settings.ws_max_frame_bytes)
+        except _Refused as refused:
+            await self.error(refused.message)
+            await self._ack(msg, arrived, False, refused.reason)
+            return
+        session = self.entry.session
+        try:
             # Even a 640×480 JPEG takes milliseconds to filter and store: never on the loop.
-            await run_media(self.entry.session.add_jpeg, data, t)
+            seq = await run_media(session.offer_jpeg, data, t)
         except FrameError as exc:
             await self.error(f"Invalid image in video.frame: {exc}")
+            await self._ack(msg, arrived, False, "invalid_image")
+            return
+        if seq is None:  # a near-duplicate of the frame before (EVS)
+            await self._ack(msg, arrived, False, "filtered")
+            return
+        self._frame_meta[seq] = {"frame_id": frame_id, "pts_ms": msg.get("pts_ms"), "capture_ts_ms": capture}
+        pushed_out = self._forget_evicted(session.oldest_seq)
+        await self._ack(msg, arrived, True, dropped_frame_id=pushed_out)
+
+    def _forget_evicted(self, oldest: int | None) -> Any:
+        """Drop the metadata of frames no longer in the buffer; the client's
+        id of the newest such frame that had one (None if none)."""
+        meta = self._frame_meta
+        pushed_out = None
+        while meta:
+            seq = next(iter(meta))  # insertion order is seq order
+            if oldest is not None and seq >= oldest:
+                break
+            gone = meta.pop(seq)
+            if gone["frame_id"] is not None:
+                pushed_out = gone["frame_id"]
+        return pushed_out
+
+    async def _ack(self, msg: dict[str, Any], arrived: float, accepted: bool, reason: str | None = None,
+                   dropped_frame_id: Any = None) -> None:
+        """video.frame.ack, for a frame that carries a (valid) frame_id."""
+        frame_id = msg.get("frame_id")
+        if frame_id is None or not _is_frame_id(frame_id) or self.entry is None:
+            return
+        ack: dict[str, Any] = {
+            "type": "video.frame.ack",
+            "frame_id": frame_id,
+            "accepted": accepted,
+            "buffered_frames": self.entry.session.frame_count,
+            "pts_ms": msg.get("pts_ms") if _is_millis(msg.get("pts_ms")) else None,
+            "capture_ts_ms": msg.get("capture_ts_ms") if _is_millis(msg.get("capture_ts_ms")) else None,
+            "server_receive_ts_ms": round(arrived * 1000, 1),
+        }
+        if reason is not None:
+            ack["reason"] = reason
+        if dropped_frame_id is not None:
+            ack["dropped_frame_id"] = dropped_frame_id
+        await self.send(ack)
 
     async def _on_audio(self, msg: dict[str, Any], arrived: float) -> None:
         ok, t = await self._media_time(msg, "audio.chunk", arrived)
         if not ok:
             return
-        data = await self._b64(msg, "audio.chunk", None)
-        if data is None:
+        try:
+            data = await self._b64(msg, "audio.chunk", None)
+        except _Refused as refused:
+            await self.error(refused.message)
             return
         try:
             self.entry.session.add_pcm16(data, t)
         except ValueError as exc:
             await self.error(f"Invalid audio in audio.chunk: {exc}")
 
-    async def _b64(self, msg: dict[str, Any], kind: str, limit: int | None) -> bytes | None:
-        """Decode msg['data'] (base64, optionally a data: URL); errors are sent and give None."""
-        text = msg.get("data", "")
+    async def _b64(self, msg: dict[str, Any], kind: str, limit: int | None, key: str = "data",
+                   what: str = "Frame") -> bytes:
+        """Decode msg[key] (base64, optionally a data: URL); raises _Refused
+        with the error for the client. ``what`` names the thing over ``limit`` bytes."""
+        text = msg.get(key, "")
         if not isinstance(text, (str, wire.BigText)):
-            await self.error(f"{kind} requires 'data' as a base64 string, got {type(text).__name__}")
-            return None
+            raise _Refused("invalid_data", f"{kind} requires '{key}' as a base64 string, got {type(text).__name__}")
         head = text.head(200) if isinstance(text, wire.BigText) else text[:200]
         if head.startswith("data:") and "," in head:
             comma = head.index(",") + 1
             text = text.skip(comma) if isinstance(text, wire.BigText) else text[comma:]
         if not text:
-            await self.error(f"{kind} has no data")
-            return None
+            raise _Refused("invalid_data", f"{kind} has no data")
         if limit is not None and len(text) > (limit + 2) // 3 * 4 + 64:  # too large even before decoding
             estimate = len(text) * 3 // 4
-            await self.error(f"Frame too large: about {estimate} bytes (limit {limit})")
-            return None
+            raise _Refused("too_large", f"{what} too large: about {estimate} bytes (limit {limit})", estimate)
         try:
             if len(text) > INLINE_PARSE_CHARS:
                 data = await run_media(wire.b64decode, text)
             else:
                 data = wire.b64decode(text)
         except (binascii.Error, ValueError):
-            await self.error(f"Invalid base64 in {kind}")
-            return None
+            raise _Refused("invalid_data", f"Invalid base64 in {kind}" + ("" if key == "data" else f" '{key}'")) \
+                from None
         if limit is not None and len(data) > limit:
-            await self.error(f"Frame too large: {len(data)} bytes (limit {limit})")
-            return None
+            raise _Refused("too_large", f"{what} too large: {len(data)} bytes (limit {limit})", len(data))
         return data
 
     async def _on_query(self, msg: dict[str, Any]) -> None:
         text = msg.get("text", "")
-        if not isinstance(text, str) or not text.strip():
-            await self.error("video.query requires a non-empty 'text' field")
+        spoken = msg.get("audio_data")
+        if spoken is None or spoken == "":  # the seed's typed question (vllm-omni also ignores an empty one)
+            if not isinstance(text, str) or not text.strip():
+                await self.error("video.query requires a non-empty 'text' field")
+                return
+            await self._ask(text)
             return
-        entry = self.entry
-        # A new question replaces the one being answered; that one still ends
-        # with its response.text.done before this one's response.start.
-        await entry.cancel_answer()
-        await self._finish_answer_task()
-        try:
-            # Samples the buffer now: frames arriving from here on count for the next question.
-            answer = await chat.ask(self.state.engine, entry, text, self.options, queue=self.state.answer_gate)
-        except chat.Superseded:
-            return  # a newer question from elsewhere took over this session
-        except EngineError as exc:  # NoFrames included
-            await self.error(str(exc))
+        # A spoken question: the audio is the question; text, if any, follows it in the prompt.
+        if text is None:
+            text = ""
+        if not isinstance(text, str):
+            await self.error(f"video.query 'text' must be a string, got {type(text).__name__}")
             return
-        self._answer_task = asyncio.create_task(self._answer(answer), name=f"answer-{entry.session.id[:6]}")
+        audio = await self._question_audio(msg)
+        if audio is not None:
+            await self._ask(text if text.strip() else "", question_audio=audio)
 
-    async def _answer(self, answer: Answer) -> None:
+    async def _question_audio(self, msg: dict[str, Any]) -> Any:
+        """video.query's audio_data as float32 samples; None (error sent) when unusable."""
+        import numpy as np
+
+        max_s = min(self.settings.ws_max_audio_seconds, MAX_AUDIO_SECONDS)
+        limit = int(max_s * AUDIO_RATE) * 2
+        try:
+            data = await self._b64(msg, "video.query", limit, key="audio_data")
+        except _Refused as refused:
+            message = refused.message
+            if refused.size is not None:
+                message = (f"video.query 'audio_data' is too long: about {refused.size / (2 * AUDIO_RATE):.1f} s "
+                           f"of audio (at most {max_s:g} s of PCM16 mono 16 kHz)")
+            await self.error(message)
+            return None
+        if len(data) % 2:
+            await self.error(f"video.query 'audio_data' must be PCM16 (2 bytes a sample), got {len(data)} bytes")
+            return None
+        return np.frombuffer(data, dtype="<i2").astype(np.float32) / 32768.0
+
+    async def _ask(self, text: str, **how: Any) -> None:
+        """Ask a question about the session (typed, or spoken: ``how`` is
+        chat.ask's question_audio= or spoken=) and stream its answer as a
+        task. One question is set up at a time; a new one cancels the
+        running answer, which still ends with its response.text.done before
+        the new one's response.start."""
+        async with self._ask_lock:
+            entry = self.entry
+            if self._asking_closed or entry is None:
+                return
+            await entry.cancel_answer()
+            await self._finish_answer_task()
+            try:
+                # Samples the buffer now: frames arriving from here on count for the next question.
+                answer = await chat.ask(self.state.engine, entry, text, self.options, queue=self.state.answer_gate,
+                                        **how)
+            except chat.Superseded:
+                return  # a newer question from elsewhere took over this session
+            except EngineError as exc:  # NoFrames and NO_SPOKEN_QUESTIONS included
+                await self.error(str(exc))
+                return
+            consumed = self._consumed(answer.sample) if self._names_frames else None
+            self._answer_task = asyncio.create_task(self._answer(answer, consumed),
+                                                    name=f"answer-{entry.session.id[:6]}")
+
+    def _consumed(self, sample: Sample) -> dict[str, Any]:
+        """video.frames.consumed for a question's sampled frames: the
+        client's ids of those that had one (in order), and the pts_ms of the
+        newest sampled frame (null when unknown)."""
+        metas = [self._frame_meta.get(seq) for seq in sample.seqs]
+        named = [m for m in metas if m is not None and m["frame_id"] is not None]
+        newest = metas[-1] if metas else None
+        pts = newest.get("pts_ms") if newest is not None else None
+        return {
+            "type": "video.frames.consumed",
+            "frame_ids": [m["frame_id"] for m in named],
+            "frames": [{"frame_id": m["frame_id"], "pts_ms": m["pts_ms"], "capture_ts_ms": m["capture_ts_ms"]}
+                       for m in named],
+            "latest_pts_ms": pts,
+        }
+
+    async def _answer(self, answer: Answer, consumed: dict[str, Any] | None = None) -> None:
         reply = answer.reply
         parts: list[str] = []
         error: str | None = None
@@ -604,8 +914,14 @@ class Connection:
         except chat.Abandoned:
             return  # replaced or ended while it waited: it never started
         try:
-            await self.send({"type": "response.start"})
+            start: dict[str, Any] = {"type": "response.start"}
+            if self._notice is not None:
+                start["notice"], self._notice = self._notice, None
+            await self.send(start)
             async for delta in reply:
+                if consumed is not None:  # as vllm-omni: at the model's first output
+                    consumed, message = None, consumed
+                    await self.send(message)
                 parts.append(delta)
                 if not await self.send({"type": "response.text.delta", "delta": delta}):
                     break  # the client is gone: stop generating
@@ -623,6 +939,8 @@ class Connection:
                 log.debug("aborting the reply failed", exc_info=True)
             if self.entry is not None:
                 chat.release(self.entry, answer)
+        if consumed is not None:  # no output at all (cancelled, failed): still said once
+            await self.send(consumed)
         if error:
             await self.error(error)
         stats = answer.summary()
@@ -638,7 +956,77 @@ class Connection:
     async def _tell_queued(self, ahead: int) -> None:
         await self.send({"type": "response.queued", "position": ahead + 1, "ahead": ahead})
 
+    # -- turn detection ------------------------------------------------------
+
+    def _hears(self) -> bool:
+        return bool(getattr(self.state.engine, "accepts_audio", False))
+
+    async def _set_turns(self, turns: TurnDetection | None) -> None:
+        """Start, change or stop server-side turn detection."""
+        self._turns = turns
+        entry = self.entry
+        if turns is None:
+            await self._stop_talk()
+            if entry is not None:
+                await talk.stop(entry)
+            return
+        listener = talk.listener(entry, turns.settings, turns.interrupt_response)
+        if listener is not self._listener or self._talk_task is None or self._talk_task.done():
+            await self._stop_talk()
+            self._listener = listener
+            self._talk_task = asyncio.create_task(self._talk(listener), name=f"talk-ws-{entry.session.id[:6]}")
+
+    async def _stop_talk(self) -> None:
+        task, self._talk_task = self._talk_task, None
+        if task is not None:
+            task.cancel()
+            await asyncio.wait({task})
+
+    def _timeline_ms(self, t: float) -> int | None:
+        start = self.entry.session.timeline_start if self.entry is not None else None
+        return None if start is None else round((t - start) * 1000)
+
+    async def _talk(self, listener: talk.Listener) -> None:
+        """Tell the client where its speech starts and stops, and ask each
+        finished utterance, the way video.query asks a question."""
+        try:
+            while True:
+                event = await listener.events.get()
+                if isinstance(event, SpeechStarted):
+                    await self.send({"type": "input_audio_buffer.speech_started",
+                                     "audio_start_ms": self._timeline_ms(event.start)})
+                    continue
+                if not isinstance(event, Utterance):
+                    continue
+                await self.send({"type": "input_audio_buffer.speech_stopped",
+                                 "audio_start_ms": self._timeline_ms(event.start),
+                                 "audio_end_ms": self._timeline_ms(event.end), "cut": event.cut})
+                turns = self._turns
+                if turns is not None and turns.create_response:
+                    # Shielded: the session's end waits for a question being
+                    # set up (_stop_asking) instead of cutting it in half.
+                    await asyncio.shield(self._ask_logged("", spoken=event))
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            log.exception("ws %s: turn detection failed", self.peer)
+
+    async def _ask_logged(self, text: str, **how: Any) -> None:
+        try:
+            await self._ask(text, **how)
+        except Exception:
+            log.exception("ws %s: asking a spoken question failed", self.peer)
+
+    async def _stop_asking(self) -> None:
+        """No more questions: turn detection stops, and a question being set up finishes first."""
+        await self._stop_talk()
+        async with self._ask_lock:
+            self._asking_closed = True
+        if self.entry is not None:
+            await talk.stop(self.entry)
+
     async def _on_done(self) -> None:
+        await self._stop_asking()
         # Like the seed, an answer still streaming is finished before the stats.
         task = self._answer_task
         if task is not None:
@@ -659,14 +1047,21 @@ class Connection:
     async def _on_update(self, msg: dict[str, Any]) -> None:
         try:
             changes = parse_config(msg)
-            if changes.info:
-                raise ConfigError(f"{', '.join(sorted(changes.info))} can only be set in session.config")
+            fixed = sorted(set(changes.info) - set(UPDATABLE_INFO))
+            if fixed:
+                raise ConfigError(f"{', '.join(fixed)} can only be set in session.config")
+            turns_given = "turn_detection" in changes.info
+            turns = changes.info.get("turn_detection")
+            if turns is not None and not self._hears():
+                raise ConfigError(f"turn_detection: {NO_SPOKEN_QUESTIONS}")
             options = self.options.updated(**changes.answer)
             chat.apply_settings(self.entry.session, self.state.engine, options, changes.session)
         except ValueError as exc:  # ConfigError, OptionError or the settings' own check: nothing was changed
             await self.error(f"session.update rejected: {exc}")
             return
         self.options = options
+        if turns_given and not self._asking_closed:
+            await self._set_turns(turns)
         await self.send({"type": "session.updated", "settings": self.describe()})
 
     async def _on_second_config(self, msg: dict[str, Any]) -> None:
@@ -677,7 +1072,8 @@ class Connection:
         options = self.options
         settings.update(frames_as=options.frames_as, max_tokens=options.max_tokens,
                         temperature=options.temperature, include_audio=options.include_audio,
-                        system_prompt=options.system_prompt, seed=options.seed)
+                        system_prompt=options.system_prompt, seed=options.seed,
+                        turn_detection=self._turns.describe() if self._turns is not None else None)
         return settings
 
     _handlers = {

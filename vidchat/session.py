@@ -310,7 +310,7 @@ class Session:
             return self.add_jpeg(frame, t)
         arr = evs.as_rgb_array(frame)
         return self._ingest(lambda: evs.thumbnail_from_array(arr),
-                            lambda: store_array(arr, self.store_max_pixels), t)
+                            lambda: store_array(arr, self.store_max_pixels), t) is not None
 
     def add_luma_frame(self, luma: np.ndarray, render_rgb: Callable[[int, int], np.ndarray],
                        t: float | None = None) -> bool:
@@ -329,13 +329,21 @@ class Session:
                 raise FrameError(f"render_rgb returned {rgb.shape[1]}x{rgb.shape[0]}, expected {size[0]}x{size[1]}")
             return _freeze(np.array(rgb, dtype=np.uint8, order="C", copy=True))
 
-        return self._ingest(lambda: evs.thumbnail_from_array(luma), stored, t)
+        return self._ingest(lambda: evs.thumbnail_from_array(luma), stored, t) is not None
 
     def add_jpeg(self, data: bytes | bytearray | memoryview, t: float | None = None) -> bool:
         """Offer an encoded frame (JPEG, PNG or WebP); decoded in full only if kept.
 
         Refused with FrameError, before any pixel is decoded, when it is over
         ``max_frame_bytes``, in another format, or over ``max_frame_pixels``."""
+        return self.offer_jpeg(data, t) is not None
+
+    def offer_jpeg(self, data: bytes | bytearray | memoryview, t: float | None = None) -> int | None:
+        """:meth:`add_jpeg`, answering with the kept frame's number (its
+        ``seq``: what :attr:`Sample.seqs` lists once it is sampled), or None
+        when the filter dropped it. For a producer that names its frames
+        (the WebSocket door's ``frame_id``) and must learn which kept frame
+        is which even while other threads feed the session."""
         if isinstance(data, (bytes, bytearray, memoryview)) and len(data) > self.max_frame_bytes:
             raise FrameError(f"frame too large: {len(data)} bytes (limit {self.max_frame_bytes})")
         # draft() only works before decoding, so the thumbnail and the stored
@@ -345,7 +353,7 @@ class Session:
                             lambda: store_image(evs.open_image(data, limit), self.store_max_pixels), t)
 
     def _ingest(self, make_thumb: Callable[[], np.ndarray], make_stored: Callable[[], np.ndarray],
-                t: float | None) -> bool:
+                t: float | None) -> int | None:
         # Anything that can raise FrameError (thumbnail, decode) runs before the
         # decision is recorded, so a bad frame leaves filter and ring unchanged.
         # Decoding holds only the ingest lock: settings changes and sampling
@@ -353,6 +361,7 @@ class Session:
         now = time.monotonic()
         if t is None:
             t = now
+        seq = None
         with self._ingest_lock:
             with self._lock:
                 filt = self._filter
@@ -366,7 +375,8 @@ class Session:
                 if keep:
                     self._kept += 1
                     self._seq += 1
-                    self._frames.append(_Frame(t, stored, self.source_timeline.position_at(t), self._seq))
+                    seq = self._seq
+                    self._frames.append(_Frame(t, stored, self.source_timeline.position_at(t), seq))
                     if filt is not None and filt.last_similarity is not None \
                             and 1.0 - filt.last_similarity >= SCENE_CHANGE_SHARE:
                         self.scene_changes += 1
@@ -375,7 +385,7 @@ class Session:
                 self._newest_received_t = t
                 self._newest_arrival = now
                 self.last_activity = now
-        return keep
+        return seq
 
     # -- audio -------------------------------------------------------------
 
@@ -654,6 +664,13 @@ class Session:
     def kept_count(self) -> int:
         """Frames kept so far: changes exactly when the buffer gains a frame."""
         return self._kept
+
+    @property
+    def oldest_seq(self) -> int | None:
+        """The number of the oldest frame still in the buffer (None when it
+        is empty): kept frames numbered below it have been pushed out."""
+        with self._lock:
+            return self._frames[0].seq if self._frames else None
 
     @property
     def newest_frame_time(self) -> float | None:
