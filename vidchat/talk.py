@@ -65,7 +65,10 @@ class Listener:
     _playback_until: float = 0.0
 
     def start(self) -> None:
+        """Listen from now on: audio already received is not a turn, all that comes after is."""
         if self._task is None or self._task.done():
+            now = self.entry.session.audio_since(None)
+            self._pos = now[2] if now is not None else float("-inf")
             self._task = asyncio.create_task(self._run(), name=f"talk-{self.entry.session.id[:6]}")
 
     async def stop(self) -> None:
@@ -106,8 +109,6 @@ class Listener:
                 await asyncio.sleep(POLL_S)
                 got = session.audio_since(self._pos)
                 if got is None:
-                    if self._pos is None:
-                        self._pos = float("-inf")  # no audio yet: all that comes counts
                     continue
                 samples, start, end = got
                 self._pos = end
