@@ -182,6 +182,31 @@ def detector_only() -> tuple[float, int, list[str]]:
     return spent * 1000 / seconds, triggers, what
 
 
+def echo_table() -> None:
+    """What keeps the page's own voice out: turns found in the answer read
+    aloud coming back at each level (dB below the user's own voice, which
+    the detector learnt from one question first), with and without the
+    playback gate (POST /webrtc/talk {speaking})."""
+    user = sa.speech("What is on the table?")
+    reply = sa.speech("There is a cup on the table, and a book beside it.")
+    print("  echo level   turns without the gate   with the gate")
+    for gain in (-30, -25, -20, -15, -10, -6):
+        counts = []
+        for gated in (False, True):
+            detector = TurnDetector(TurnSettings())
+            audio = np.concatenate([sa.silence(0.3), user, sa.silence(1.0)])
+            for i in range(0, audio.size, PACKET):
+                detector.feed(audio[i:i + PACKET], i / AUDIO_RATE)
+            detector.playback = gated
+            echo = np.concatenate([sa.scaled(reply, gain), sa.silence(1.0)])
+            t0 = audio.size / AUDIO_RATE
+            found = 0
+            for i in range(0, echo.size, PACKET):
+                found += sum(isinstance(e, Utterance) for e in detector.feed(echo[i:i + PACKET], t0 + i / AUDIO_RATE))
+            counts.append(found)
+        print(f"  {gain:+4d} dB     {counts[0]:>10d}               {counts[1]:>6d}")
+
+
 async def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", default="tiny")
@@ -219,6 +244,8 @@ async def main() -> None:
               f"{statistics.median(times['decision']) - args.silence_ms:.1f} ms")
         print("detector alone, 40 s of sounds that are not a question:")
         vad_ms, false_triggers, _ = detector_only()
+        print("the page's own voice coming back through the microphone (after the browser's echo cancellation):")
+        echo_table()
         last = (f"talk: end_to_first_token_ms={statistics.median(times['total']):.1f} vad_ms_per_s={vad_ms:.2f} "
                 f"false_triggers={false_triggers} p95_ms={pct(times['total'], 0.95):.1f} "
                 f"typed_ttft_ms={typed:.1f} silence_ms={args.silence_ms:.0f}")

@@ -148,3 +148,31 @@ async def test_a_model_that_hears_nothing_refuses_spoken_questions_and_says_what
     assert str(err.value) == NO_SPOKEN_QUESTIONS and "--preset qwen2.5-omni-3b" in str(err.value)
     assert omni_engine.running_requests == 0
     await registry.close(entry.session.id, "test over")
+
+
+async def test_a_spoken_question_is_recorded_and_re_asked_with_the_same_audio(omni_engine, question, tmp_path):
+    """QA: a recorded spoken question replays as a spoken question, on exactly the same inputs."""
+    from vidchat import recording
+
+    registry = SessionRegistry()
+    t0 = time.monotonic()
+    entry = new_entry(registry, t0)
+    listener = talk.listener(entry, TurnSettings())
+    feed(entry, np.concatenate([sa.silence(0.5), question, sa.silence(1.0)]), t0 + 2.0)
+    spoken = await next_utterance(listener)
+    answer = await chat.ask(omni_engine, entry, "", SHORT, spoken=spoken)
+    await drain(answer)
+    chat.release(entry, answer)
+    path = recording.write_bundle(tmp_path, answer)
+    bundle = recording.read_bundle(path)
+    assert bundle.question == "" and bundle.manifest["spoken_question"] == answer.summary()["spoken_question"]
+    assert bundle.spoken is not None and bundle.spoken.seconds == pytest.approx(spoken.seconds, abs=1e-3)
+    other = registry.create("replay")
+    again = await chat.ask(omni_engine, other, bundle.question, SHORT, sample=bundle.sample(), spoken=bundle.spoken)
+    await drain(again)
+    chat.release(other, again)
+    assert again.reply.stats.inputs_sha256 == answer.reply.stats.inputs_sha256 == bundle.inputs_sha256
+    assert again.summary()["spoken_question"]["seconds"] == pytest.approx(spoken.seconds, abs=1e-3)
+    assert again.reply.text == answer.reply.text  # greedy, same inputs: the same answer
+    await registry.close(entry.session.id, "test over")
+    await registry.close(other.session.id, "test over")

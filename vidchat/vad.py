@@ -109,7 +109,7 @@ class Utterance:
 
     start: float
     end: float
-    level_dbfs: float  # its speech's loudness (RMS of the speech windows)
+    level_dbfs: float  # its speech's loudness (90th percentile of its 32 ms windows' RMS)
     cut: bool = False  # ended by max_utterance_s, not by silence
     # The speech itself, as detected (start and end without the padding).
     speech_start: float | None = None
@@ -144,7 +144,7 @@ class TurnDetector:
     model: SpeechModel | None = None
     # The user's speech level (dBFS), learnt from their utterances; the echo
     # gate compares against it while the page speaks.
-    user_level_dbfs: float = -26.0
+    user_level_dbfs: float = -20.0
     playback: bool = False  # the page is reading an answer aloud
     windows_seen: int = 0
     _pending: np.ndarray = field(default_factory=lambda: np.zeros(0, np.float32))
@@ -240,7 +240,9 @@ class TurnDetector:
         self._speech_start, self._confirmed, self._levels = None, False, []
         if not confirmed or start is None:
             return []  # too short to be a turn
-        level = float(np.median(levels)) if levels else -120.0
+        # Its loud part (90th percentile of the windows): what the echo gate
+        # compares single windows against, so an echo's own peaks stay under it.
+        level = float(np.percentile(levels, 90)) if levels else -120.0
         if not self.playback:
             # Learn the user's level from turns that can't be the page's echo.
             self.user_level_dbfs = 0.7 * self.user_level_dbfs + 0.3 * level
