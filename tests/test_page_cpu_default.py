@@ -31,6 +31,11 @@ async def test_cpu_default_answers_through_the_page_with_its_preset(smol_server,
         browser = await launch(pw, media["red"], media["tone"], tmp_path)
         try:
             page = await open_and_start(browser, smol_server.url + "/")
+            # This model hears nothing: Talk is unavailable, and the page says why and what to run instead.
+            await page.wait_for_function("document.querySelector('#vc-talk input[type=checkbox]')?.disabled",
+                                         timeout=30_000)
+            talk_text = await page.locator("#vc-talk").inner_text()
+            assert "unavailable" in talk_text and "--preset qwen2.5-omni-3b" in talk_text, talk_text
             # The preset's frames per question is the page's default.
             await page.click("#vc-settings button, #vc-settings .label-wrap")
             k = await page.locator("#vc-settings input[type=number]").first.input_value()
