@@ -1,0 +1,199 @@
+"""What a WebSocket client may set: the fields of ``session.config`` and
+``session.update`` (the seed's, vllm-omni's later names and additions, and
+vidchat's own), type-checked and mapped onto the session's settings, the
+answer options, or ``turn_detection`` (server-side turns, vidchat.talk).
+The message table is in :mod:`vidchat.protocol` and the README."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from vidchat.media import FRAMES_AS
+from vidchat.session import AUDIO_MODES, SAMPLING_STRATEGIES
+from vidchat.vad import TurnSettings
+
+# ---------------------------------------------------------------------------
+# session.config / session.update fields
+# ---------------------------------------------------------------------------
+
+NUMBER = (int, float)
+
+
+@dataclass(frozen=True)
+class _Field:
+    kinds: tuple[type, ...]
+    target: str  # "session" (SessionSettings), "answer" (AnswerOptions) or "info"
+    attr: str
+    nullable: bool = False
+    choices: tuple[str, ...] = ()
+
+
+FIELDS: dict[str, _Field] = {
+    # the seed's fields
+    "model": _Field((str,), "info", "model"),
+    "modalities": _Field((list,), "info", "modalities"),
+    "max_frames": _Field((int,), "session", "max_frames"),
+    "num_sample_frames": _Field((int,), "session", "num_sample_frames"),
+    "evs_enabled": _Field((bool,), "session", "evs_enabled"),
+    "evs_threshold": _Field(NUMBER, "session", "evs_threshold"),
+    # upstream's later additions
+    "system_prompt": _Field((str,), "answer", "system_prompt", nullable=True),
+    # vidchat's extras
+    "sampling": _Field((str,), "session", "sampling", choices=SAMPLING_STRATEGIES),
+    "sample_seconds": _Field(NUMBER, "session", "sample_seconds"),
+    "keepalive_s": _Field(NUMBER, "session", "keepalive_s", nullable=True),
+    "audio_mode": _Field((str,), "session", "audio_mode", choices=AUDIO_MODES),
+    "audio_last_seconds": _Field(NUMBER, "session", "audio_last_seconds"),
+    "frames_as": _Field((str,), "answer", "frames_as", choices=FRAMES_AS),
+    "max_tokens": _Field((int,), "answer", "max_tokens"),
+    "temperature": _Field(NUMBER, "answer", "temperature"),
+    "include_audio": _Field((bool,), "answer", "include_audio"),
+    "seed": _Field((int,), "answer", "seed", nullable=True),
+    "turn_detection": _Field((dict,), "info", "turn_detection", nullable=True),
+}
+# Upstream's later names for the seed's fields (use_audio_in_video is
+# vllm-omni's name for what vidchat calls include_audio).
+ALIASES = {
+    "num_frames": "num_sample_frames",
+    "enable_frame_filter": "evs_enabled",
+    "frame_filter_threshold": "evs_threshold",
+    "use_audio_in_video": "include_audio",
+}
+# Keys of session.config that session.update may change as well.
+UPDATABLE_INFO = ("turn_detection",)
+
+
+class ConfigError(ValueError):
+    pass
+
+
+def _type_name(kinds: tuple[type, ...], nullable: bool) -> str:
+    return "/".join([k.__name__ for k in kinds] + (["null"] if nullable else []))
+
+
+def _check_type(key: str, value: Any, spec: _Field) -> None:
+    if value is None and spec.nullable:
+        return
+    # JSON true/false are Python bools, which isinstance() also counts as ints.
+    ok = isinstance(value, spec.kinds) and (bool in spec.kinds or not isinstance(value, bool))
+    if not ok:
+        raise ConfigError(f"Invalid type for '{key}': expected {_type_name(spec.kinds, spec.nullable)}, "
+                          f"got {type(value).__name__}")
+    if spec.choices and value not in spec.choices:
+        raise ConfigError(f"Invalid value for '{key}': expected one of {', '.join(spec.choices)}, got {value!r}")
+
+
+@dataclass
+class ConfigChanges:
+    session: dict[str, Any] = dataclasses.field(default_factory=dict)
+    answer: dict[str, Any] = dataclasses.field(default_factory=dict)
+    info: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+
+def parse_config(msg: dict[str, Any]) -> ConfigChanges:
+    """Type-check the known keys of a session.config/session.update message.
+
+    Aliases map to the seed's names; unknown keys are ignored. Raises
+    ConfigError with a message for the client. Ranges are checked where every
+    door checks them: SessionSettings.validate and chat.check_options.
+    """
+    values: dict[str, Any] = {}
+    for key, value in msg.items():
+        name = ALIASES.get(key, key)
+        spec = FIELDS.get(name)
+        if spec is None:
+            continue  # "type" and anything this server does not know
+        _check_type(key, value, spec)
+        if name in values and values[name] != value:
+            other = name if key != name else next(a for a, n in ALIASES.items() if n == name and a in msg)
+            raise ConfigError(f"'{key}' and '{other}' are the same setting but have different values; send one")
+        values[name] = value
+
+    changes = ConfigChanges()
+    for name, value in values.items():
+        spec = FIELDS[name]
+        getattr(changes, spec.target)[spec.attr] = value
+    answer = changes.answer
+    if "system_prompt" in answer:
+        answer["system_prompt"] = answer["system_prompt"] or None  # "" = no system prompt
+    if "turn_detection" in changes.info:
+        changes.info["turn_detection"] = parse_turn_detection(changes.info["turn_detection"])
+    return changes
+
+
+# ---------------------------------------------------------------------------
+# turn_detection: server-side turns from the client's audio.chunk stream
+# ---------------------------------------------------------------------------
+
+# Wire name → (TurnSettings field, factor from the wire's unit). threshold,
+# silence_duration_ms and prefix_padding_ms are OpenAI Realtime's (and
+# vllm-omni's /v1/realtime) names; the others are vidchat's.
+TURN_FIELDS: dict[str, tuple[str, float]] = {
+    "threshold": ("threshold", 1.0),
+    "silence_duration_ms": ("min_silence_s", 0.001),
+    "prefix_padding_ms": ("pad_s", 0.001),
+    "min_speech_duration_ms": ("min_speech_s", 0.001),
+    "max_utterance_ms": ("max_utterance_s", 0.001),
+}
+TURN_FLAGS = ("interrupt_response", "create_response")
+
+
+@dataclass(frozen=True)
+class TurnDetection:
+    """A socket's server_vad settings: when an utterance is a turn
+    (vidchat.vad.TurnSettings), whether speech stops the running answer
+    (barge-in) and whether a finished utterance is asked."""
+
+    settings: TurnSettings = dataclasses.field(default_factory=TurnSettings)
+    interrupt_response: bool = True
+    create_response: bool = True
+
+    def describe(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"type": "server_vad"}
+        for wire_name, (attr, factor) in TURN_FIELDS.items():
+            value = getattr(self.settings, attr)
+            out[wire_name] = value if factor == 1.0 else round(value / factor)
+        out.update(interrupt_response=self.interrupt_response, create_response=self.create_response)
+        return out
+
+
+def parse_turn_detection(value: dict[str, Any] | None) -> TurnDetection | None:
+    """``turn_detection`` as sent (null: off); raises ConfigError naming the bad field.
+
+    Missing fields keep vidchat's defaults (vidchat.vad.TurnSettings); ranges
+    are TurnSettings.validate()'s; unknown keys are ignored."""
+    if value is None:
+        return None
+    kind = value.get("type", "server_vad")
+    if kind != "server_vad":
+        raise ConfigError(f"Invalid value for 'turn_detection.type': only 'server_vad' is supported, got {kind!r}")
+    changes: dict[str, float] = {}
+    for wire_name, (attr, factor) in TURN_FIELDS.items():
+        if wire_name not in value:
+            continue
+        number = value[wire_name]
+        if isinstance(number, bool) or not isinstance(number, (int, float)):
+            raise ConfigError(f"Invalid type for 'turn_detection.{wire_name}': expected number, "
+                              f"got {type(number).__name__}")
+        changes[attr] = number * factor
+    flags: dict[str, bool] = {}
+    for name in TURN_FLAGS:
+        if name in value:
+            if not isinstance(value[name], bool):
+                raise ConfigError(f"Invalid type for 'turn_detection.{name}': expected bool, "
+                                  f"got {type(value[name]).__name__}")
+            flags[name] = value[name]
+    settings = dataclasses.replace(TurnSettings(), **changes)
+    try:
+        settings.validate()
+    except (ValueError, OverflowError) as exc:
+        attr = str(exc).split(" ", 1)[0]
+        wire_name = next((w for w, (a, _) in TURN_FIELDS.items() if a == attr), attr)
+        raise ConfigError(f"Invalid value for 'turn_detection.{wire_name}' "
+                          f"({value.get(wire_name)!r}): {exc}") from None
+    return TurnDetection(settings, **flags)
+
+
