@@ -61,6 +61,16 @@ def preset_model(name: str, true_size: bool) -> Path:
     return archbuild_qwen.ensure(cache, name, true_size=true_size)
 
 
+def add_model_args(parser: argparse.ArgumentParser, kv_cache_gb: float = 0.5) -> None:
+    """The model choice every engine benchmark takes (read by :func:`engine_for`)."""
+    parser.add_argument("--model", default="tiny", help="tiny, tiny-vl, a folder or hub id (with --preset: "
+                        "real weights to run with that preset's settings)")
+    parser.add_argument("--preset", default="",
+                        help="run with this preset's settings on its true architecture (random weights)")
+    parser.add_argument("--true-size", action="store_true", help="with --preset: every layer, not a reduced depth")
+    parser.add_argument("--kv-cache-gb", type=float, default=kv_cache_gb)
+
+
 def engine_for(args: argparse.Namespace) -> EngineOptions:
     if args.preset:
         global FRAME_SIZE
@@ -159,11 +169,7 @@ def main() -> None:
     parser.add_argument("--frames", type=int, default=16)
     parser.add_argument("--tokens", type=int, default=32)
     parser.add_argument("--audio-seconds", type=float, default=0.0, help="audio sent with each question")
-    parser.add_argument("--model", default="tiny", help="tiny, tiny-vl, a folder or hub id (with --preset: "
-                        "real weights to run with that preset's settings)")
-    parser.add_argument("--preset", help="run with this preset's settings on its true architecture (random weights)")
-    parser.add_argument("--true-size", action="store_true", help="with --preset: every layer, not a reduced depth")
-    parser.add_argument("--kv-cache-gb", type=float, default=0.5)
+    add_model_args(parser)
     asyncio.run(run(parser.parse_args()))
 
 

@@ -41,7 +41,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from engine import engine_for  # noqa: E402  (bench/engine.py: the same model choice)
+from engine import add_model_args, engine_for  # noqa: E402  (bench/engine.py: the same model choice)
 
 from vidchat import chat, talk  # noqa: E402
 from vidchat import synthetic_audio as sa  # noqa: E402
@@ -209,10 +209,7 @@ def echo_table() -> None:
 
 async def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--model", default="tiny")
-    parser.add_argument("--preset", default="")
-    parser.add_argument("--true-size", action="store_true")
-    parser.add_argument("--kv-cache-gb", type=float, default=1.0)
+    add_model_args(parser, kv_cache_gb=1.0)
     parser.add_argument("--utterances", type=int, default=20)
     parser.add_argument("--verbose", action="store_true", help="a line per spoken question")
     parser.add_argument("--warmup", type=int, default=2, help="spoken questions asked first and not counted")

@@ -37,7 +37,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from engine import engine_for  # noqa: E402  (bench/engine.py: the same model choice)
+from engine import add_model_args, engine_for  # noqa: E402  (bench/engine.py: the same model choice)
 
 from vidchat import chat  # noqa: E402
 from vidchat.answer_queue import AnswerQueue  # noqa: E402
@@ -187,10 +187,7 @@ async def load(engine, sessions: int, frames: int, rounds: int, prewarm: bool) -
 
 async def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--model", default="tiny")
-    parser.add_argument("--preset", default="")
-    parser.add_argument("--true-size", action="store_true")
-    parser.add_argument("--kv-cache-gb", type=float, default=1.0)
+    add_model_args(parser, kv_cache_gb=1.0)
     parser.add_argument("--frames", type=int, default=16)
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--sessions", type=int, default=16)

@@ -272,6 +272,14 @@ def page_request(state, k, sampling, seconds, evs_on, threshold, max_frames, fra
     return PageRequest(sampling_changes, options, record=bool(record))
 
 
+def applied_request(state, entry, raw_settings: tuple) -> PageRequest:
+    """The page's settings, applied to the session's sampling (raises
+    ValueError naming the field, and then changes nothing)."""
+    request = page_request(state, *raw_settings)
+    chat.apply_settings(entry.session, state.engine, request.options, request.sampling)
+    return request
+
+
 async def answer_stream(state, entry, question: str, request: PageRequest, past: list[Turn],
                         history: list[dict], event_start: float, spoken=None) -> AsyncIterator[tuple]:
     """Ask through the shared answer path and stream the reply into the chat.
@@ -430,8 +438,7 @@ async def respond(state, message: str, history: list[dict], sid: str, *raw_setti
         yield history, gr.skip(), gr.skip()
         return
     try:
-        request = page_request(state, *raw_settings)
-        chat.apply_settings(entry.session, state.engine, request.options, request.sampling)
+        request = applied_request(state, entry, raw_settings)
     except ValueError as exc:  # OptionError or the session's own validation
         history.append(notice(f"⚠ Settings not accepted: {exc}"))
         yield history, gr.skip(), gr.skip()
@@ -654,8 +661,7 @@ async def watch_loop(state, on: bool, question: str, every: Any, history: list[d
         if entry.watch_epoch != epoch:
             return
         try:
-            request = page_request(state, *raw_settings)
-            chat.apply_settings(entry.session, state.engine, request.options, request.sampling)
+            request = applied_request(state, entry, raw_settings)
         except ValueError as exc:
             history.append(notice(f"⚠ Watch stopped, settings not accepted: {exc}"))
             yield history, gr.skip(), gr.skip()
@@ -729,8 +735,7 @@ async def talk_loop(state, on: bool, barge_in: bool, silence_ms: Any, min_speech
             waiter.cancel()
         spoken = waiter.result()
         try:
-            request = page_request(state, *raw_settings)
-            chat.apply_settings(entry.session, state.engine, request.options, request.sampling)
+            request = applied_request(state, entry, raw_settings)
         except ValueError as exc:
             history.append(notice(f"⚠ Settings not accepted: {exc}"))
             yield history, gr.skip(), gr.skip()
