@@ -18,7 +18,7 @@ def test_the_talk_benchmark_reports_its_rows_and_last_line():
     lines = out.stdout.splitlines()
     rows = {}
     for line in lines:
-        found = re.match(r"^(.+?)\s{2,}([\d.]+)\s+([\d.]+)$", line)
+        found = re.match(r"^(\S.*? -> .+?)\s{2,}([\d.]+)\s+([\d.]+)$", line)
         if found:
             rows[found.group(1)] = (float(found.group(2)), float(found.group(3)))
     assert list(rows) == ["speech end -> utterance (VAD)", "utterance -> first token", "speech end -> first token",
@@ -31,3 +31,8 @@ def test_the_talk_benchmark_reports_its_rows_and_last_line():
                          r"p95_ms=[\d.]+ typed_ttft_ms=[\d.]+ silence_ms=500", last)
     assert found, last
     assert int(found.group(3)) == 0, out.stdout  # silence, noise, tones and the page's echo never triggered
+    # The echo gate's table: at 20 dB below the user's voice the page's own voice is kept out by the gate only.
+    table = re.findall(r"^\s+([-+]\d+) dB\s+(\d+)\s+(\d+)$", out.stdout, re.M)
+    echo = {int(level): (int(without), int(gated)) for level, without, gated in table}
+    assert list(echo) == [-30, -25, -20, -15, -10, -6], out.stdout
+    assert echo[-20] == (1, 0) and echo[-25] == (1, 0)
