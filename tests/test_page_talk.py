@@ -42,6 +42,13 @@ async def test_talk_asks_by_voice_and_reads_the_answer_aloud(server, media, spok
         try:
             page = await open_and_start(browser, server.url)
             sid = await session_id(page)
+            # Headless Chromium has no voices: a synthesizer that speaks until
+            # cancelled stands in, so "still speaking" can be interrupted.
+            await page.evaluate("""() => {
+                window.__speech = { spoken: [], cancels: 0 };
+                speechSynthesis.speak = (u) => { window.__speech.spoken.push(u.text); };
+                speechSynthesis.cancel = () => { window.__speech.cancels += 1; };
+            }""")
             await page.click("#vc-talk input[type=checkbox]")
             await page.wait_for_function("window.vidchat.talk.status !== 'off'", timeout=10_000)
             # A spoken question appears without typing, with a player of what the model heard.
@@ -74,7 +81,15 @@ async def test_talk_asks_by_voice_and_reads_the_answer_aloud(server, media, spok
             assert record["spoken_question"]["seconds"] == pytest.approx(samples.size / 16000, abs=0.01)
             assert abs(record["spoken_question"]["seconds"] - seconds) <= 0.051
             assert record["question"] == "" and record["audio_seconds"] == pytest.approx(samples.size / 16000, abs=0.01)
+            assert (await page.evaluate("window.__speech.spoken")) == state["spoken"]
             await page.screenshot(path=str(artifacts_dir / "page-talk.png"), full_page=True)
+            # Barge-in: the page is still reading the answer aloud when the
+            # microphone's next question starts (the fake file loops); the
+            # reading stops at once, and the question is heard over it.
+            assert (await page.evaluate("window.vidchat.talk"))["speaking"] is True
+            await page.wait_for_function("window.__speech.cancels > 0", timeout=30_000)
+            assert (await page.evaluate("window.vidchat.talk"))["speaking"] is False
+            await bubble.nth(1).wait_for(timeout=30_000)  # and it became the next question
             # Talk off: the server stops listening.
             await page.click("#vc-talk input[type=checkbox]")
             for _ in range(50):

@@ -163,7 +163,7 @@ class Changes:
 
 
 def parse_sets(items: Sequence[str]) -> Changes:
-    from vidchat.protocol import ConfigError, parse_config
+    from vidchat.protocol_config import ConfigError, parse_config
 
     raw: dict[str, Any] = {}
     for item in items:
@@ -180,7 +180,7 @@ def parse_sets(items: Sequence[str]) -> Changes:
         changes = parse_config(raw)
     except ConfigError as exc:
         raise UsageError(f"--set: {exc}") from None
-    from vidchat.protocol import ALIASES, FIELDS
+    from vidchat.protocol_config import ALIASES, FIELDS
 
     unknown = sorted(k for k in raw if ALIASES.get(k, k) not in FIELDS)
     if unknown:
