@@ -15,7 +15,6 @@ import asyncio
 import logging
 import time
 from dataclasses import dataclass, field
-from typing import Any
 
 from vidchat.sessions import Entry
 from vidchat.vad import SpeechStarted, TurnDetector, TurnSettings, Utterance
@@ -37,14 +36,6 @@ Event = SpeechStarted | Utterance
 class TalkStats:
     utterances: int = 0
     barge_ins: int = 0
-    ignored_during_playback: int = 0
-    vad_windows: int = 0
-    vad_seconds: float = 0.0  # worker time spent in the detector
-
-    def as_dict(self) -> dict[str, Any]:
-        return {"utterances": self.utterances, "barge_ins": self.barge_ins, "vad_windows": self.vad_windows,
-                "vad_ms_per_s": round(self.vad_seconds * 1000 / max(self.vad_windows * 0.032, 1e-9), 2)
-                if self.vad_windows else None}
 
 
 @dataclass
@@ -115,11 +106,7 @@ class Listener:
                 if samples.size == 0:
                     continue
                 self._detector.playback = self.playback
-                began = time.perf_counter()
-                windows_before = self._detector.windows_seen
                 events = await run_vad(self._detector.feed, samples, start)
-                self.stats.vad_seconds += time.perf_counter() - began
-                self.stats.vad_windows += self._detector.windows_seen - windows_before
                 for event in events:
                     await self._handle(event)
         except asyncio.CancelledError:

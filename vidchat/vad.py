@@ -146,7 +146,6 @@ class TurnDetector:
     # gate compares against it while the page speaks.
     user_level_dbfs: float = -20.0
     playback: bool = False  # the page is reading an answer aloud
-    windows_seen: int = 0
     _pending: np.ndarray = field(default_factory=lambda: np.zeros(0, np.float32))
     _pending_t: float | None = None
     _speech_start: float | None = None
@@ -157,19 +156,6 @@ class TurnDetector:
     def __post_init__(self) -> None:
         if self.model is None:
             self.model = SpeechModel()
-
-    @property
-    def in_speech(self) -> bool:
-        return self._speech_start is not None
-
-    def reset(self) -> None:
-        """Forget the stream (a gap in the audio, a new source)."""
-        self.model.reset()
-        self._pending = np.zeros(0, np.float32)
-        self._pending_t = None
-        self._speech_start = None
-        self._confirmed = False
-        self._levels = []
 
     def feed(self, samples: np.ndarray, t: float) -> list[SpeechStarted | Utterance]:
         samples = np.asarray(samples, dtype=np.float32).reshape(-1)
@@ -191,17 +177,17 @@ class TurnDetector:
         probs = self.model.probabilities(windows)
         events: list[SpeechStarted | Utterance] = []
         for i, (window, prob) in enumerate(zip(windows, probs)):
-            self.windows_seen += 1
             events.extend(self._step(start_t + i * WINDOW_S, window, prob))
         return events
 
     def _flush_gap(self) -> None:
+        """Forget the stream's speech (a jump in the audio, a new source)."""
         self.model.reset()
         self._speech_start = None
         self._confirmed = False
         self._levels = []
 
-    def _is_speech(self, window: np.ndarray, prob: float, level: float) -> bool:
+    def _is_speech(self, prob: float, level: float) -> bool:
         s = self.settings
         if level < SILENCE_DBFS:
             return False
@@ -217,7 +203,7 @@ class TurnDetector:
         s = self.settings
         level = _dbfs(window)
         end = t + WINDOW_S
-        if self._is_speech(window, prob, level):
+        if self._is_speech(prob, level):
             if self._speech_start is None:
                 self._speech_start, self._confirmed, self._levels = t, False, []
             self._speech_end = end
