@@ -5,6 +5,7 @@ answers, stop with their session, and never cross sessions."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import types
 
 import numpy as np
@@ -199,3 +200,44 @@ def test_the_budget_follows_the_measured_cost_of_a_new_frame():
     for _ in range(10):
         prewarmer._budget(session, 16 * 0.8, 16)  # the true-size CPU default: 0.8 s a frame
     assert session.encode_budget == 1 and prewarmer.snapshot()["frame_cost_ms"] > 700
+
+
+def add_audio(entry, seconds: float, t: float, seed: int = 0) -> None:
+    rng = np.random.default_rng(seed)
+    entry.session.add_audio((rng.standard_normal(int(seconds * 16000)) * 0.1).astype(np.float32), t)
+
+
+async def test_finished_audio_segments_are_warmed_and_only_the_newest_is_new(omni_engine):
+    """The audio goes as 2-s segments (vidchat.audio): a warm-up takes the
+    finished ones, and a question with more audio since reuses them all."""
+    registry = SessionRegistry()
+    entry = entry_with_frames(registry, seed=7)  # frames at 100..115 s
+    add_audio(entry, 17.0, 99.0, seed=1)  # 99..116 s: eight finished segments and a growing ninth
+    with_audio = AnswerOptions(max_tokens=2, temperature=0.0, include_audio=True)
+    warm_sample = entry.session.sample().without_audio_tail()
+    # From the first frame (100 s): the first segment is cut short at the
+    # front, on the stream's 2-s grid; a name is only ever given to the same samples.
+    assert [size for size, _ in warm_sample.audio_parts] == [16000] + [32000] * 7
+    prepared = await asyncio.to_thread(chat.prepare, omni_engine, entry, warm_sample, with_audio, (), "", True)
+    assert prepared.prompt["multi_modal_uuids"]["audio"] == [f"{entry.cache_salt}/audio/{name}"
+                                                             for _, name in warm_sample.audio_parts]
+    warmed = await omni_engine.warm(prepared)
+    assert warmed.audio_parts == [16000] + [32000] * 7 and not warmed.cancelled
+
+    add_audio(entry, 0.5, 116.0, seed=2)  # the newest segment grows
+    stats = await ask(omni_engine, entry, options=with_audio)
+    assert stats.audio_parts == [16000] + [32000] * 7 + [24000]
+    assert stats.audio_seconds == pytest.approx(16.5)
+    # The frames and the finished segments came from the cache: every full
+    # 128-token block before the chat template's few closing tokens.
+    assert stats.cached_tokens >= (warmed.prompt_tokens - 16) // 128 * 128, (stats, warmed)
+
+    # As one clip (--max-audios 1 would do this), the same audio is new
+    # again as soon as it grows: only the frames are reused.
+    one_clip = await asyncio.to_thread(chat.prepare, omni_engine, entry,
+                                       dataclasses.replace(entry.session.sample(), audio_parts=()),
+                                       with_audio, (), "Again?")
+    reply = omni_engine.submit(one_clip)
+    async for _ in reply:
+        pass
+    assert reply.stats.audio_parts == [] and reply.stats.cached_tokens <= stats.cached_tokens - 256, reply.stats

@@ -255,6 +255,9 @@ def test_reasking_bundles_sends_the_same_inputs(reask_run, run_with_out):
         assert rec["inputs_sha256"] == rec["bundle_inputs_sha256"] == orig["inputs_sha256"]
         assert rec["frame_times"] == orig["frame_times"] and rec["frame_indices"] == orig["frame_indices"]
         assert rec["audio_seconds"] == orig["audio_seconds"] and rec["t"] == orig["t"]
+        # The audio goes back as the same clips (its 2-s segments, vidchat.audio).
+        assert rec["audio_parts"] == orig["audio_parts"]
+        assert rec["prompt"].count("<|AUDIO|>") == orig["prompt"].count("<|AUDIO|>") == max(1, len(orig["audio_parts"]))
         assert rec["frames_as"] == "video" and rec["video_fps"] and rec["answer"]
         assert rec["settings"]["frames_as"] == "video" and rec["settings"]["max_tokens"] == 8
         assert "<|VIDEO|>" in rec["prompt"] and "<|IMAGE|>" not in rec["prompt"]

@@ -207,6 +207,42 @@ def test_overlapping_audio_keeps_only_what_is_new():
     assert audio[: 16_000].max() == pytest.approx(100 / 32768) and audio[-1] == pytest.approx(200 / 32768)
 
 
+def test_audio_parts_cut_on_the_streams_grid_and_keep_their_names_as_it_grows():
+    w = AudioWindow(30.0)
+    w.add(np.ones(int(5.5 * AUDIO_RATE), np.int16), t=100.0, now=105.5)  # 100..105.5 s
+    parts = w.parts(100.75, min_samples=1600)
+    # A short head (to the grid at 102 s), one whole segment, and the growing tail.
+    assert [size for size, _ in parts] == [20_000, 32_000, 24_000]
+    assert sum(size for size, _ in parts) == w.window(100.75)[0].size
+    w.add(np.ones(AUDIO_RATE, np.int16), t=105.5, now=106.5)
+    grown = w.parts(100.75, min_samples=1600)
+    assert grown[:2] == parts[:2] and [size for size, _ in grown] == [20_000, 32_000, 32_000, 8_000]
+    # A tail (or head) shorter than min_samples joins its neighbour.
+    w.add(np.ones(int(1.5 * AUDIO_RATE) + 800, np.int16), t=106.5, now=108.05)
+    assert [size for size, _ in w.parts(100.75, min_samples=1600)] == [20_000, 32_000, 32_000, 32_800]
+    assert [size for size, _ in w.parts(101.95, min_samples=1600)][:1] == [32_800]
+    # A new stream never reuses a name, even for the same samples at the same times.
+    names = {name for _, name in w.parts(100.0)}
+    w.clear()
+    w.add(np.ones(int(5.5 * AUDIO_RATE), np.int16), t=100.0, now=105.5)
+    assert names.isdisjoint(name for _, name in w.parts(100.0))
+
+
+def test_audio_clips_follow_the_parts_and_merge_the_oldest_beyond_the_cap():
+    from vidchat.engine import audio_clips
+
+    audio = np.arange(10, dtype=np.float32)
+    parts = ((2, "s:0+2"), (4, "s:2+4"), (4, "s:6+4"))
+    clips = audio_clips(audio, parts, max_clips=16)
+    assert [(c.tolist(), n) for c, n in clips] == [([0, 1], "s:0+2"), ([2, 3, 4, 5], "s:2+4"),
+                                                  ([6, 7, 8, 9], "s:6+4")]
+    merged = audio_clips(audio, parts, max_clips=2)
+    assert [(c.size, n) for c, n in merged] == [(6, "s:0+2~s:2+4"), (4, "s:6+4")]
+    # One clip when there is one part, a cap of 1, or parts that aren't this audio.
+    for bad_parts, cap in ((parts[:1], 16), (parts, 1), (parts[:2], 16)):
+        assert [(c.size, n) for c, n in audio_clips(audio, bad_parts, cap)] == [(10, None)]
+
+
 def test_latest_seconds_audio_starts_at_the_window_not_at_an_older_frame():
     s = Session("s", SessionSettings(evs_enabled=False, sampling="latest_seconds", sample_seconds=3.0,
                                      audio_mode="frames"))

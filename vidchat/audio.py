@@ -8,6 +8,12 @@ times; small jitter keeps the stream contiguous; an overlap drops the part
 already held; a jump far back means a new stream and restarts the window.
 Only the newest ``cap_s`` seconds are kept, stored as the chunks that came
 (no copy of the whole window per chunk).
+
+A question's audio goes to the engine in segments (:meth:`AudioWindow.parts`):
+cut on a fixed grid of the stream's samples, each named by the stream and
+its exact sample range. A finished segment never changes, so the engine
+encodes and prefills it once (a warm-up can do it before the question);
+only the newest, still growing segment is new at each question.
 """
 
 from __future__ import annotations
@@ -23,6 +29,10 @@ from vidchat.media import AUDIO_RATE
 JITTER_S = 0.05
 # A chunk starting this much before the window's end belongs to a new stream.
 RESET_S = 1.0
+# The segment grid. Qwen2.5-Omni's audio encoder attends within windows of
+# 2 s (n_window 100 mel frames x 2) anyway, so cutting on this grid changes
+# little of what it computes.
+SEGMENT_S = 2.0
 
 
 def to_int16(samples: np.ndarray) -> np.ndarray:
@@ -48,6 +58,11 @@ class AudioWindow:
         self.chunks: deque[np.ndarray] = deque()
         self.length = 0
         self.end: float | None = None
+        # Which stream (never reused in the window's life: a reset or clear
+        # starts a new one) and how many samples it has had: a sample's
+        # absolute number names the segment it is in.
+        self.stream = 0
+        self.total = 0
 
     @property
     def start(self) -> float | None:
@@ -65,6 +80,8 @@ class AudioWindow:
         self.chunks.clear()
         self.length = 0
         self.end = None
+        self.stream += 1
+        self.total = 0
 
     def set_cap(self, cap_s: float) -> None:
         self.cap_samples = int(round(cap_s * AUDIO_RATE))
@@ -101,6 +118,7 @@ class AudioWindow:
     def _append(self, pcm: np.ndarray) -> None:
         self.chunks.append(pcm)
         self.length += pcm.size
+        self.total += pcm.size
         self.end += pcm.size / AUDIO_RATE
         self._trim()
 
@@ -122,12 +140,45 @@ class AudioWindow:
     def window(self, start: float, end: float | None = None) -> tuple[np.ndarray, float, float] | None:
         """Float32 samples from ``start`` to ``end`` (default: the newest),
         clamped to what is kept; None when that span holds no audio."""
+        span = self._span(start, end)
+        if span is None:
+            return None
+        first, last = span
+        window_start = self.start
+        return self._samples(first, last), window_start + first / AUDIO_RATE, window_start + last / AUDIO_RATE
+
+    def parts(self, start: float, end: float | None = None, segment_s: float = SEGMENT_S,
+              min_samples: int = 1) -> tuple[tuple[int, str], ...]:
+        """How :meth:`window` of the same span splits into segments: (samples,
+        name) per segment, oldest first. Cuts fall on the stream's grid of
+        ``segment_s``; the span's first and last segments may be partial. A
+        name (stream, first sample, count) is only ever given to the same
+        samples. Parts shorter than ``min_samples`` join their neighbour."""
+        span = self._span(start, end)
+        if span is None:
+            return ()
+        base = self.total - self.length  # the stream's number of the first sample held
+        first, last = base + span[0], base + span[1]
+        step = max(1, int(round(segment_s * AUDIO_RATE)))
+        cuts = [first, *range((first // step + 1) * step, last, step), last]
+        bounds = [[a, b] for a, b in zip(cuts, cuts[1:])]
+        if len(bounds) > 1 and bounds[-1][1] - bounds[-1][0] < min_samples:
+            tail = bounds.pop()
+            bounds[-1][1] = tail[1]
+        if len(bounds) > 1 and bounds[0][1] - bounds[0][0] < min_samples:
+            head = bounds.pop(0)
+            bounds[0][0] = head[0]
+        return tuple((b - a, f"{self.stream}:{a}+{b - a}") for a, b in bounds)
+
+    def _span(self, start: float, end: float | None) -> tuple[int, int] | None:
+        """Sample indices (into what is held) of a span; None when empty."""
         if self.end is None or self.length == 0:
             return None
         first = max(0, int(round((start - self.start) * AUDIO_RATE)))
         last = self.length if end is None else min(self.length, int(round((end - self.start) * AUDIO_RATE)))
-        if last - first <= 0:
-            return None
+        return None if last - first <= 0 else (first, last)
+
+    def _samples(self, first: int, last: int) -> np.ndarray:
         # Only the chunks the span needs, walking back from the newest.
         parts, offset = [], self.length
         for chunk in reversed(self.chunks):
@@ -139,6 +190,4 @@ class AudioWindow:
                 break
         pcm = np.concatenate(parts[::-1])
         pcm = pcm[first - offset: last - offset]
-        audio = pcm.astype(np.float32) * (1.0 / 32768.0)
-        window_start = self.start
-        return audio, window_start + first / AUDIO_RATE, window_start + last / AUDIO_RATE
+        return pcm.astype(np.float32) * (1.0 / 32768.0)

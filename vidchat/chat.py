@@ -273,6 +273,7 @@ def prepare(engine: Engine, entry: Entry, sample: Sample, options: AnswerOptions
         frame_ids=[str(q) for q in sample.seqs] if len(sample.seqs) == len(sample.frames) else None,
         warmup=warmup,
         spoken=spoken,
+        audio_parts=sample.audio_parts,
     )
 
 
@@ -336,6 +337,7 @@ def release(entry: Entry, answer: Answer, continues_chat: bool = True) -> bool:
     answer.free()
     if entry.answer is answer:
         entry.answer = None
+        entry.answer_ended = time.monotonic()
         if continues_chat and entry.kind == "webrtc" and answer.reply.text.strip() \
                 and not answer.reply.stats.cancelled:
             # The conversation the next question will carry (the page sends

@@ -14,18 +14,17 @@ import logging
 import os
 import time
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, AsyncIterator, Sequence
 
 import numpy as np
 from PIL import Image
 
 from vidchat.families import Family, family_of, model_type_of
-from vidchat.media import AUDIO_RATE, FRAMES_AS
+from vidchat.media import AUDIO_RATE, FRAMES_AS, MIN_AUDIO_SAMPLES
 
 log = logging.getLogger(__name__)
 
-MIN_AUDIO_SAMPLES = AUDIO_RATE // 10  # 0.1 s; Whisper-style encoders need several 10 ms frames
 # vLLM (and numpy's random generator under it) takes a signed 64-bit seed.
 SEED_RANGE = (-(2**63), 2**63 - 1)
 
@@ -64,7 +63,7 @@ class EngineOptions:
     gpu_memory_utilization: float = 0.85
     max_images: int = 32
     max_videos: int = 1
-    max_audios: int = 1
+    max_audios: int = 16  # the audio's segments, one clip each (see audio_clips)
     # 0 keeps the model's own processor setting.
     max_image_pixels: int = 0
     enforce_eager: bool = True
@@ -97,6 +96,9 @@ class ReplyStats:
     finish_reason: str | None = None
     cancelled: bool = False
     inputs_sha256: str = ""  # see inputs_digest
+    # The audio's segments as the engine got them (samples each, oldest
+    # first; see audio_clips); empty when it went as one clip.
+    audio_parts: list[int] = field(default_factory=list)
 
     def as_dict(self) -> dict[str, Any]:
         return dict(self.__dict__)
@@ -133,6 +135,30 @@ def inputs_digest(frames: Sequence[np.ndarray | Image.Image], audio: np.ndarray 
         digest.update(f"audio {samples.shape} {samples.dtype}\n".encode())
         digest.update(memoryview(samples).cast("B"))
     return digest.hexdigest()
+
+
+def audio_clips(audio: np.ndarray, parts: Sequence[tuple[int, str | None]],
+                max_clips: int) -> list[tuple[np.ndarray, str | None]]:
+    """The audio as the engine's items: one per segment of ``parts``
+    (vidchat.audio.AudioWindow.parts), the oldest merged so that there are at
+    most ``max_clips``; one clip when the parts don't describe this audio. A
+    merged clip's name joins its first and last segments' names (segments
+    are contiguous, so the pair names exactly those samples)."""
+    sizes = [size for size, _ in parts]
+    if len(parts) < 2 or max_clips < 2 or sum(sizes) != audio.size or min(sizes) <= 0:
+        return [(audio, None)]
+    spans = [[size, name, name] for size, name in parts]
+    while len(spans) > max_clips:
+        first, second = spans.pop(0), spans[0]
+        second[0] += first[0]
+        second[1] = first[1]
+    clips, offset = [], 0
+    for size, first_name, last_name in spans:
+        name = None if first_name is None or last_name is None else (
+            first_name if first_name == last_name else f"{first_name}~{last_name}")
+        clips.append((audio[offset:offset + size], name))
+        offset += size
+    return clips
 
 
 def on_gpu() -> bool:
@@ -475,11 +501,12 @@ class Engine:
         *,
         n_frames: int = 0,
         frames_as: str = "images",
-        with_audio: bool = False,
+        with_audio: bool | int = False,
         history: Sequence[Turn] = (),
         system_prompt: str | None = None,
     ) -> str:
-        """The prompt text from the model's own chat template."""
+        """The prompt text from the model's own chat template. ``with_audio``:
+        whether (or, as a number, how many clips of) audio follows the frames."""
         # Frames, then audio, then the question: what changes least between
         # two questions of a session comes first, so a later question (or a
         # warm-up, vidchat.prewarm) shares the longest prefix with this one.
@@ -491,8 +518,7 @@ class Engine:
                 parts.append({"type": "video"})
             else:
                 parts.extend({"type": "image"} for _ in range(n_frames))
-        if with_audio:
-            parts.append({"type": "audio"})
+        parts.extend({"type": "audio"} for _ in range(int(with_audio)))
         if question:
             parts.append({"type": "text", "text": question})
         messages: list[dict[str, Any]] = []
@@ -537,6 +563,7 @@ class Engine:
         frame_ids: Sequence[str] | None = None,
         warmup: bool = False,
         spoken: bool = False,
+        audio_parts: Sequence[tuple[int, str | None]] = (),
     ) -> Prepared:
         """Render the prompt and build the media for one question (CPU work:
         run it off the event loop). Raises EngineError for input the engine
@@ -552,14 +579,20 @@ class Engine:
         the same picture never share an encoding (no timing side channel).
 
         ``spoken``: the audio is the question (Talk mode); `question` may
-        then be empty, and a model that takes no audio refuses it."""
+        then be empty, and a model that takes no audio refuses it.
+
+        ``audio_parts``: the audio's segments, (samples, name) each
+        (vidchat.session.Sample.audio_parts): each goes as its own clip, up
+        to ``--max-audios``, named like the frames. A finished segment is
+        then encoded and prefilled once, and only the newest is new."""
         question, max_tokens, temperature, seed, audio = self._checked_inputs(
             question, len(frames), audio, frames_as, max_tokens, temperature, seed, warmup, spoken)
+        clips = [] if audio is None else audio_clips(audio, audio_parts, self.options.max_audios)
         prompt_text = self.build_prompt(
             question,
             n_frames=len(frames),
             frames_as=frames_as,
-            with_audio=audio is not None,
+            with_audio=len(clips),
             history=history,
             system_prompt=system_prompt,
         )
@@ -569,14 +602,19 @@ class Engine:
             # hits then only happen between requests with the same salt.
             prompt["cache_salt"] = cache_salt
         fps = video_fps(frame_times, len(frames)) if frames_as == "video" else None
-        mm = self._multi_modal_data(frames, frames_as, audio, fps)
+        mm = self._multi_modal_data(frames, frames_as, [clip for clip, _ in clips], fps)
         if mm:
             prompt["multi_modal_data"] = mm
+        uuids: dict[str, list[str]] = {}
         if cache_salt and frames and frame_ids is not None and len(frame_ids) == len(frames):
             if frames_as == "video":
-                prompt["multi_modal_uuids"] = {"video": [f"{cache_salt}/video/{','.join(map(str, frame_ids))}"]}
+                uuids["video"] = [f"{cache_salt}/video/{','.join(map(str, frame_ids))}"]
             else:
-                prompt["multi_modal_uuids"] = {"image": [f"{cache_salt}/{fid}" for fid in frame_ids]}
+                uuids["image"] = [f"{cache_salt}/{fid}" for fid in frame_ids]
+        if cache_salt and clips and all(name is not None for _, name in clips):
+            uuids["audio"] = [f"{cache_salt}/audio/{name}" for _, name in clips]
+        if uuids:
+            prompt["multi_modal_uuids"] = uuids
         if fps is not None and self.family.fps_kwarg:
             prompt["mm_processor_kwargs"] = {"fps": fps}
         from vllm import SamplingParams
@@ -588,7 +626,8 @@ class Engine:
             ignore_eos=ignore_eos,  # benchmarks and tests need replies of a known length
         )
         audio_s = 0.0 if audio is None else audio.size / AUDIO_RATE
-        stats = ReplyStats(frames=len(frames), audio_seconds=audio_s, inputs_sha256=inputs_digest(frames, audio))
+        stats = ReplyStats(frames=len(frames), audio_seconds=audio_s, inputs_sha256=inputs_digest(frames, audio),
+                           audio_parts=[clip.size for clip, _ in clips] if len(clips) > 1 else [])
         return Prepared(prompt, prompt_text, params, stats, video_fps=fps)
 
     async def warm(self, prepared: Prepared) -> ReplyStats:
@@ -672,15 +711,15 @@ class Engine:
         return np.ascontiguousarray(audio, dtype=np.float32).reshape(-1)
 
     def _multi_modal_data(self, frames: Sequence[np.ndarray | Image.Image], frames_as: str,
-                          audio: np.ndarray | None, fps: float | None) -> dict[str, Any]:
+                          clips: Sequence[np.ndarray], fps: float | None) -> dict[str, Any]:
         mm: dict[str, Any] = {}
         if frames:
             if frames_as == "video":
                 mm["video"] = self.family.video_item(_as_video(frames), fps)
             else:
                 mm["image"] = [_to_pil(f) for f in frames]
-        if audio is not None:
-            mm["audio"] = [(audio, AUDIO_RATE)]
+        if clips:
+            mm["audio"] = [(clip, AUDIO_RATE) for clip in clips]
         return mm
 
     def _translate(self, exc: BaseException, request_id: str) -> EngineError:

@@ -13,6 +13,9 @@ import math
 # protocol's PCM16 chunks all run at 16 kHz mono (what Whisper-style audio
 # encoders take).
 AUDIO_RATE = 16_000
+# Shorter audio fails a Whisper-style encoder (it needs several 10 ms frames):
+# the engine drops such a sliver, and the audio's segments never end on one.
+MIN_AUDIO_SAMPLES = AUDIO_RATE // 10
 
 # A question's frames reach the model as separate images (each one an
 # encoder-cache hit when it is sent again) or as one video (temporal

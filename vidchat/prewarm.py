@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import dataclasses
 import logging
 import time
 from dataclasses import dataclass, field
@@ -46,6 +45,11 @@ URGENT_INTERVAL_S = 0.2
 # delays the question by what is left of it).
 URGENT_FOR_S = 0.5
 SHARE_WINDOW_S = 30.0
+# After an answer ends, its session is not warmed for this long: the answer's
+# last tokens reach the page first (on a machine whose cores the browser
+# shares, a warm-up then would hold them back), and the next question is
+# seconds away.
+SETTLE_S = 0.5
 # Where new frames are slow to encode, a question may carry only as many as
 # the engine encodes in this time; the rest are swapped for encoded ones.
 ENCODE_BUDGET_S = 1.0
@@ -96,10 +100,11 @@ def lead_digest(frames: Any, frames_as: str) -> str:
 
 
 def sample_key(entry: Any) -> tuple:
-    """Changes whenever the next question's inputs may have: a kept frame, new
-    settings, a finished answer (new history or options)."""
+    """Changes whenever the next question's inputs may have: a kept frame, a
+    finished audio segment, new settings, a finished answer (new history or
+    options)."""
     session = entry.session
-    return (session.kept_count, session.settings, entry.warm_options, entry.warm_history)
+    return (session.kept_count, session.audio_segments, session.settings, entry.warm_options, entry.warm_history)
 
 
 class Prewarmer:
@@ -219,6 +224,8 @@ class Prewarmer:
             live[sid] = entry
             if entry.answer is not None or entry.session.frame_count == 0:
                 continue  # its own answer is filling the cache; nothing to warm yet
+            if now - entry.answer_ended < SETTLE_S:
+                continue
             key = sample_key(entry)
             warm = self._warm.get(sid)
             if warm is not None and warm.key == key:
@@ -270,11 +277,10 @@ class Prewarmer:
         sid = entry.session.id
         warm = self._warm.setdefault(sid, WarmState())
         warm.at = time.monotonic()
-        # Without the audio: it comes after the frames in the prompt and grows
-        # with every chunk, so it is never a question's prefix; warming it
-        # would double the warm-up's work for nothing.
-        options = dataclasses.replace(entry.warm_options or self.state.answer_defaults(), include_audio=False)
-        sample = entry.session.sample()
+        # The audio's finished segments, not the newest one: it is still
+        # growing, so the question's will be longer (vidchat.audio).
+        options = entry.warm_options or self.state.answer_defaults()
+        sample = entry.session.sample().without_audio_tail()
         if not sample.frames:
             warm.key = key
             return
@@ -285,7 +291,7 @@ class Prewarmer:
             log.debug("session %s…: no warm-up: %s", sid[:6], exc)
             warm.key = key
             return
-        prompt_key = (prepared.prompt_text, options.frames_as)
+        prompt_key = (prepared.prompt_text, options.frames_as, sample.audio_parts if options.include_audio else ())
         lead = await asyncio.to_thread(lead_digest, sample.frames, options.frames_as)
         if lead == warm.inputs_sha256 and prompt_key == warm.prompt_key:
             warm.key = key

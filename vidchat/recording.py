@@ -403,13 +403,21 @@ class Bundle:
         record = self.manifest.get("record") or {}
         positions = [f.get("source_t") for f in self.manifest.get("frames") or []]
         source_span = record.get("audio_source_span")
+        # The audio's segments as the engine got them, so a re-ask sends the
+        # same clips; unnamed, so vLLM tells them apart by their samples.
+        parts = record.get("audio_parts")
+        audio_parts: tuple = ()
+        if (self.audio is not None and isinstance(parts, list) and parts
+                and all(isinstance(n, int) and n > 0 for n in parts) and sum(parts) == self.audio.size):
+            audio_parts = tuple((n, None) for n in parts)
         return Sample(frames=list(self.frames), timestamps=list(self.frame_times),
                       indices=list(self.frame_indices), audio=self.audio,
                       audio_start=span[0], audio_end=span[1], origin=0.0,
                       source_times=positions if len(positions) == len(self.frames) else [],
                       audio_source_span=tuple(source_span) if isinstance(source_span, list) and
                       len(source_span) == 2 else None,
-                      source=record.get("source") if isinstance(record.get("source"), dict) else None)
+                      source=record.get("source") if isinstance(record.get("source"), dict) else None,
+                      audio_parts=audio_parts)
 
 
 class RecordedReply:

@@ -232,9 +232,11 @@ class RemoteEngine(Engine):
                 history: Sequence[Turn] = (), system_prompt: str | None = None, frames_as: str = "images",
                 max_tokens: int = 256, temperature: float = 0.7, seed: int | None = None,
                 ignore_eos: bool = False, cache_salt: str | None = None,
-                frame_ids: Sequence[str] | None = None, warmup: bool = False, spoken: bool = False) -> Prepared:
+                frame_ids: Sequence[str] | None = None, warmup: bool = False, spoken: bool = False,
+                audio_parts: Sequence[tuple[int, str | None]] = ()) -> Prepared:
         """The question as a chat-completions request (same checks and layout
-        as the in-process prompt)."""
+        as the in-process prompt, except that the audio goes as one clip:
+        ``audio_parts`` is not used)."""
         question, max_tokens, temperature, seed, audio = self._checked_inputs(
             question, len(frames), audio, frames_as, max_tokens, temperature, seed, warmup, spoken)
         named = cache_salt and frame_ids is not None and len(frame_ids) == len(frames)

@@ -49,11 +49,11 @@ import numpy as np
 from PIL import Image
 
 from vidchat import evs
-from vidchat.audio import AudioWindow, to_int16
+from vidchat.audio import SEGMENT_S, AudioWindow, to_int16
 from vidchat.clock import SENDER_PLACEMENT_MAX_S, SourceTimeline
 from vidchat.evs import FrameError
 from vidchat.media import (AUDIO_RATE, DEFAULT_MAX_FRAME_BYTES, DEFAULT_MAX_FRAME_PIXELS, DEFAULT_STORE_MAX_PIXELS,
-                           reduce_factor, stored_size)
+                           MIN_AUDIO_SAMPLES, reduce_factor, stored_size)
 
 logger = logging.getLogger(__name__)
 
@@ -143,6 +143,20 @@ class Sample:
     source: dict[str, Any] | None = None  # {"kind", "name"} of the newest frame's source
     seqs: list[int] = field(default_factory=list)  # the frames' kept numbers
     substituted: int = 0  # frames swapped for already-encoded ones (the encoder budget)
+    # How the audio splits into the engine's items: (samples, name) per
+    # segment (vidchat.audio.AudioWindow.parts); the names are unique within
+    # the session and never reused for other samples. Empty: one clip.
+    audio_parts: tuple[tuple[int, str | None], ...] = ()
+
+    def without_audio_tail(self) -> "Sample":
+        """The sample minus its newest audio segment (the one still growing):
+        what a warm-up prefills, since the question's tail will be longer."""
+        if self.audio is None or len(self.audio_parts) < 2:
+            return dataclasses.replace(self, audio=None, audio_start=None, audio_end=None, audio_parts=())
+        keep = self.audio_parts[:-1]
+        n = sum(size for size, _ in keep)
+        return dataclasses.replace(self, audio=self.audio[:n], audio_end=self.audio_start + n / AUDIO_RATE,
+                                   audio_parts=keep)
 
     def relative(self, t: float | None) -> float | None:
         """A time on this sample's timeline as seconds since the session's first media, in ms precision."""
@@ -466,17 +480,19 @@ class Session:
             else:
                 picked = [candidates[i] for i in uniform_indices(len(candidates), k)]
             picked, substituted = self._within_encode_budget(frames, candidates, picked)
+            audio, audio_parts = None, ()
             if span is not None:
-                audio = self._audio.window(span[0], span[1])
+                audio = self._audio.window(span[0], span[1])  # a spoken question: one clip
             elif s.audio_mode == "frames" and picked:
                 start = frames[picked[0]].t
                 if window_start is not None:
                     start = max(start, window_start)
                 audio = self._audio.window(start)
+                audio_parts = self._audio.parts(start, min_samples=MIN_AUDIO_SAMPLES)
             elif self._audio.end is not None:
-                audio = self._audio.window(self._audio.end - s.audio_last_seconds)
-            else:
-                audio = None
+                start = self._audio.end - s.audio_last_seconds
+                audio = self._audio.window(start)
+                audio_parts = self._audio.parts(start, min_samples=MIN_AUDIO_SAMPLES)
             origin = self.timeline_start if self.timeline_start is not None else 0.0
             self.last_activity = time.monotonic()
         sources = self.source_timeline
@@ -498,6 +514,7 @@ class Session:
             source=sources.source_at(frames[picked[-1]].t if picked else None),
             seqs=[frames[i].seq for i in picked],
             substituted=substituted,
+            audio_parts=audio_parts if audio else (),
         )
 
     def _within_encode_budget(self, frames: list[_Frame], candidates: list[int],
@@ -664,6 +681,13 @@ class Session:
     def kept_count(self) -> int:
         """Frames kept so far: changes exactly when the buffer gains a frame."""
         return self._kept
+
+    @property
+    def audio_segments(self) -> tuple[int, int]:
+        """(stream, finished audio segments): changes when a segment is
+        complete, which is when a warm-up can take it (vidchat.prewarm)."""
+        window = self._audio
+        return window.stream, window.total // int(round(SEGMENT_S * AUDIO_RATE))
 
     @property
     def oldest_seq(self) -> int | None:

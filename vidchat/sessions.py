@@ -64,6 +64,7 @@ class Entry:
     # last question's options and the conversation so far (vidchat.prewarm).
     warm_options: Any = None
     warm_history: tuple = ()
+    answer_ended: float = 0.0  # time.monotonic() when its last answer ended (vidchat.prewarm waits a moment)
     # Talk mode's listener (vidchat.talk), while Talk is on; talk_epoch is
     # bumped by each typed question: the page's talk loop yields the chat.
     talk: Any = None

@@ -62,7 +62,9 @@ class Settings:
                                    "sessions on one machine. Needs tensor x data parallel GPUs.")
     max_images: int = _opt(32, "Most images one prompt may carry (vLLM limit_mm_per_prompt).")
     max_videos: int = _opt(1, "Most videos one prompt may carry.")
-    max_audios: int = _opt(1, "Most audio clips one prompt may carry (omni models only).")
+    max_audios: int = _opt(16, "Most audio clips one prompt may carry (omni models only). A question's audio "
+                                "goes as 2-s segments, one clip each (the oldest merged beyond this), so a "
+                                "finished segment is encoded and prefilled once; 1 sends it as one clip.")
     max_image_pixels: int = _opt(
         0,
         "Cap on pixels per frame given to the model's processor (0: the model's own "
