@@ -183,6 +183,25 @@
                               body: JSON.stringify({ session_id: state.sessionId }) }).catch(() => {});
   }, true);
 
+  // Sending the question: the server takes its frames and audio now, as Enter
+  // is pressed, and warms exactly them while Gradio carries the question over
+  // (vidchat/prewarm.py question_now). Listened for while the key travels
+  // down (capture), so this leaves before Gradio's own submit.
+  function questionSent() {
+    if (!state.sessionId) return;
+    fetch("/webrtc/typing", { method: "POST", keepalive: true,
+                              headers: authHeaders({ "Content-Type": "application/json" }),
+                              body: JSON.stringify({ session_id: state.sessionId, enter: true }) }).catch(() => {});
+  }
+  document.addEventListener("keydown", (e) => {
+    if (e.key !== "Enter" || e.shiftKey || e.isComposing || !e.target?.closest?.("#vc-question")) return;
+    if (!e.target.value?.trim()) return;
+    questionSent();
+  }, true);
+  document.addEventListener("pointerdown", (e) => {
+    if (e.target?.closest?.("#vc-send") && $("#vc-question textarea")?.value.trim()) questionSent();
+  }, true);
+
   // Media events do not bubble, so listen while they travel down (capture).
   for (const type of ["play", "playing", "pause", "seeking", "seeked", "ratechange", "waiting", "ended"]) {
     document.addEventListener(type, (e) => {

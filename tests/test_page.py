@@ -362,8 +362,14 @@ async def _latency_mode(page, server, questions: int, mode: str, sampling: str) 
     await page.keyboard.press("Enter")
     await asyncio.sleep(0.5)
     assert (await asyncio.to_thread(server.post_json, "/api/prewarm", {"mode": mode}))["mode"] == mode
+    pins_before = (await asyncio.to_thread(server.get_json, "/api/health"))["prewarm"]["pins_used"]
     summary = _latency_summary(*await _latency_round(page, server, questions), questions)
-    summary.update(sampling=sampling, loop_lag_so_far=server.get_json("/api/health")["loop_lag"])
+    health = await asyncio.to_thread(server.get_json, "/api/health")
+    # With warm-ups on, the page's Enter has the server take each question's
+    # sample at once and warm it (vidchat.prewarm question_now); off, never.
+    taken_at_enter = health["prewarm"]["pins_used"] - pins_before
+    assert taken_at_enter >= questions * 3 // 4 if mode != "off" else taken_at_enter == 0, taken_at_enter
+    summary.update(sampling=sampling, loop_lag_so_far=health["loop_lag"], samples_taken_at_enter=taken_at_enter)
     return summary
 
 

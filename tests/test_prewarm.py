@@ -11,7 +11,7 @@ import types
 import numpy as np
 import pytest
 
-from vidchat import chat
+from vidchat import chat, prewarm
 from vidchat.answer_queue import AnswerQueue
 from vidchat.chat import AnswerOptions
 from vidchat.prewarm import Prewarmer
@@ -241,3 +241,43 @@ async def test_finished_audio_segments_are_warmed_and_only_the_newest_is_new(omn
     async for _ in reply:
         pass
     assert reply.stats.audio_parts == [] and reply.stats.cached_tokens <= stats.cached_tokens - 256, reply.stats
+
+
+async def test_the_sample_taken_at_enter_is_warmed_whole_and_is_the_questions(omni_engine, monkeypatch):
+    """Enter pressed (question_now): the sample is taken then, warmed with
+    all its audio, and the question that arrives a moment later takes it,
+    not the media that came in between, and finds it all prefilled."""
+    monkeypatch.setattr(prewarm, "PIN_S", 60.0)  # however slow this machine's warm-up is today
+    registry = SessionRegistry()
+    entry = entry_with_frames(registry, seed=11)  # frames at 100..115 s
+    add_audio(entry, 16.5, 99.5, seed=3)
+    with_audio = AnswerOptions(max_tokens=2, temperature=0.0, include_audio=True)
+    entry.warm_options = with_audio
+    sid = entry.session.id
+    off = Prewarmer(fake_state(omni_engine, registry), "off")
+    await off.question_now(sid)
+    assert off.take_pin(entry) is None  # warm-ups off: a question samples on arrival
+
+    prewarmer = Prewarmer(fake_state(omni_engine, registry), "idle", interval_s=0.0)
+    await prewarmer.question_now(sid)
+    await prewarmer._step()
+    warmed = prewarmer.state_of(sid)
+    assert prewarmer.stats.warmups == 1 and prewarmer.snapshot()["pinned"] == 1
+    add_frames(entry, 1, seed=12, t0=116.0)  # media keep coming while the question travels
+    add_audio(entry, 0.4, 116.0, seed=4)
+    pin = prewarmer.take_pin(entry)
+    assert pin is not None and prewarmer.take_pin(entry) is None  # used once
+    assert 17 not in pin.sample.seqs and pin.sample.audio_end == pytest.approx(116.0)
+    answer = await chat.ask(omni_engine, entry, "What is there?", with_audio, sample=pin.sample)
+    async for _ in answer.reply:
+        pass
+    chat.release(entry, answer)
+    stats = answer.reply.stats
+    assert stats.audio_seconds == pytest.approx(16.0) and len(stats.audio_parts) == 9
+    # Everything but the question: the tail segment too (all full blocks).
+    assert stats.cached_tokens >= (warmed.last_prompt_tokens - 16) // 128 * 128 > 0, (stats, warmed)
+
+    # A pin taken with other sampling settings than the question's is not used.
+    await prewarmer.question_now(sid)
+    entry.session.update_settings(num_sample_frames=8)
+    assert prewarmer.take_pin(entry) is None

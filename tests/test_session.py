@@ -261,8 +261,13 @@ def test_audio_last_mode_and_cap():
     assert (sample.audio_start, sample.audio_end) == (pytest.approx(10.0), pytest.approx(12.0))
     assert sample.audio.size == 2 * AUDIO_RATE and sample.audio[0] == pytest.approx(0.10, abs=1e-4)
     s.update_settings(audio_mode="frames")
-    # Frames at t=0..2 are older than the 5 s kept: all the audio that is left.
-    assert s.sample().audio_start == pytest.approx(7.0)
+    # Frames at t=0..2 are older than the 5 s kept (7..12 s): the audio that
+    # is left, from the first boundary of its 2-s segments (the oldest samples
+    # are trimmed with every chunk; vidchat.audio steady_start).
+    sample = s.sample()
+    assert sample.audio_start == pytest.approx(8.0) and [n for n, _ in sample.audio_parts] == [32000, 32000]
+    s.add_audio(ramp_second(12), t=12.0)  # one more second: the trimmed front moves, the segments don't
+    assert s.sample().audio_parts[:2] == sample.audio_parts
     s.update_settings(audio_seconds=1.0)
     assert s.stats["audio_seconds"] == pytest.approx(1.0)
 

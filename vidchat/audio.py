@@ -170,6 +170,19 @@ class AudioWindow:
             bounds[0][0] = head[0]
         return tuple((b - a, f"{self.stream}:{a}+{b - a}") for a, b in bounds)
 
+    def steady_start(self, start: float, segment_s: float = SEGMENT_S) -> float:
+        """``start``, unless it is before the oldest sample held: then the
+        first grid point after that sample. The oldest audio is trimmed with
+        every chunk, so a span from there would start at another sample each
+        time and make every segment after it new; from the grid, the
+        segments stay the same (up to ``segment_s`` less audio)."""
+        if self.end is None or self.length == 0 or start > self.start:
+            return start
+        step = max(1, int(round(segment_s * AUDIO_RATE)))
+        base = self.total - self.length
+        first_grid = -(-base // step) * step  # the first grid point at or after the oldest sample held
+        return self.start + (first_grid - base) / AUDIO_RATE
+
     def _span(self, start: float, end: float | None) -> tuple[int, int] | None:
         """Sample indices (into what is held) of a span; None when empty."""
         if self.end is None or self.length == 0:

@@ -134,6 +134,9 @@ class Answer:
     queue: AnswerQueue | None = None
     history: tuple[Turn, ...] = ()  # the earlier turns the model was given
     spoken: Any = None  # vidchat.vad.Utterance: the audio was the question (Talk mode)
+    # The sample was taken as Enter was pressed, this long before the
+    # question was asked (vidchat.prewarm.Prewarmer.question_now); None: on arrival.
+    sampled_before_ms: float | None = None
     _slot: Slot | None = field(default=None, repr=False)
     _abandon: asyncio.Event = field(default_factory=asyncio.Event, repr=False)
 
@@ -181,6 +184,7 @@ class Answer:
             # Frames swapped for already-encoded ones to stay within the
             # encoder budget (a CPU that encodes slower than frames are kept).
             frames_substituted=sample.substituted,
+            sampled_at_enter_ms=None if self.sampled_before_ms is None else round(self.sampled_before_ms, 1),
             frames_as=self.options.frames_as,
             video_fps=None if self.video_fps is None else round(self.video_fps, 3),
             seed=self.options.seed,

@@ -50,6 +50,9 @@ SHARE_WINDOW_S = 30.0
 # shares, a warm-up then would hold them back), and the next question is
 # seconds away.
 SETTLE_S = 0.5
+# A sample taken as Enter is pressed (question_now) serves the question that
+# reaches the server within this long; later, the question samples anew.
+PIN_S = 2.0
 # Where new frames are slow to encode, a question may carry only as many as
 # the engine encodes in this time; the rest are swapped for encoded ones.
 ENCODE_BUDGET_S = 1.0
@@ -70,6 +73,16 @@ class WarmState:
 
 
 @dataclass
+class Pin:
+    """The sample taken as Enter was pressed, for the question on its way."""
+
+    at: float  # time.monotonic()
+    sample: Any
+    settings: Any  # the session's settings it was taken with
+    warmed: bool = False
+
+
+@dataclass
 class PrewarmStats:
     warmups: int = 0
     skipped_same_inputs: int = 0
@@ -78,6 +91,8 @@ class PrewarmStats:
     aborted: int = 0  # the session ended
     yielded: int = 0  # aborted to make way for an answer (another session's, or other frames of its own)
     awaited: int = 0  # in flight when its own session's question came, with that question's frames
+    pinned: int = 0  # samples taken as Enter was pressed (question_now)
+    pins_used: int = 0  # ...that their question took (take_pin)
     failed: int = 0
     busy_s: float = 0.0
     recent: collections.deque = field(default_factory=lambda: collections.deque(maxlen=512))  # (end, seconds)
@@ -118,6 +133,7 @@ class Prewarmer:
         self.max_share = max_share
         self.stats = PrewarmStats()
         self._warm: dict[str, WarmState] = {}
+        self._pins: dict[str, Pin] = {}
         self._wake = asyncio.Event()
         self._task: asyncio.Task | None = None
         self.current: tuple[str, asyncio.Task, str] | None = None  # (session id, warm-up, its inputs) in flight
@@ -156,6 +172,36 @@ class Prewarmer:
         state.urgent_until = time.monotonic() + URGENT_FOR_S
         self._wake.set()
 
+    async def question_now(self, session_id: str) -> None:
+        """Enter was pressed in the page: take the question's sample now
+        (what was on screen and heard at Enter) and warm exactly it, ahead of
+        any other warm-up, which gives way. The question reaches the server
+        a browser-and-Gradio round trip later, takes this sample
+        (:meth:`take_pin`) and finds its whole prompt but the question
+        prefilled. Not in ``off`` mode: there, a question samples on arrival."""
+        entry = self.state.registry.get(session_id)
+        if self.mode == "off" or entry is None or entry.session.frame_count == 0:
+            return
+        session = entry.session
+        self._pins[session_id] = Pin(time.monotonic(), await asyncio.to_thread(session.sample), session.settings)
+        self.stats.pinned += 1
+        current = self.current
+        if current is not None and self._yielding is not current[1]:
+            self._yielding = current[1]
+            current[1].cancel()
+            await asyncio.gather(current[1], return_exceptions=True)
+        self._wake.set()
+
+    def take_pin(self, entry: Any) -> Pin | None:
+        """The sample taken at Enter for this question (None when there is
+        none, it is older than PIN_S, or the question came with other
+        sampling settings): used once."""
+        pin = self._pins.pop(entry.session.id, None)
+        if pin is None or time.monotonic() - pin.at > PIN_S or pin.settings != entry.session.settings:
+            return None
+        self.stats.pins_used += 1
+        return pin
+
     async def answer_arriving(self, answer: Any) -> None:
         """A question is about to generate. The warm-up in flight gives way
         (is aborted, and the abort reaches vLLM before the question does)
@@ -188,7 +234,8 @@ class Prewarmer:
         s = self.stats
         return {"mode": self.mode, "warmups": s.warmups, "skipped_same_inputs": s.skipped_same_inputs,
                 "skipped_busy": s.skipped_busy, "skipped_budget": s.skipped_budget, "aborted": s.aborted,
-                "yielded": s.yielded, "awaited": s.awaited, "failed": s.failed, "busy_s": round(s.busy_s, 3),
+                "yielded": s.yielded, "awaited": s.awaited, "pinned": s.pinned, "pins_used": s.pins_used,
+                "failed": s.failed, "busy_s": round(s.busy_s, 3),
                 "frame_cost_ms": None if self.frame_cost_s is None else round(self.frame_cost_s * 1000, 1),
                 "share": round(s.share(time.monotonic()), 3),
                 "running": self.current is not None}
@@ -222,6 +269,10 @@ class Prewarmer:
         for entry in self.state.registry.entries():
             sid = entry.session.id
             live[sid] = entry
+            pin = self._pins.get(sid)
+            if pin is not None and not pin.warmed and now - pin.at < PIN_S:
+                out.append((False, -1.0, entry, sample_key(entry)))  # Enter was pressed: first of all
+                continue
             if entry.answer is not None or entry.session.frame_count == 0:
                 continue  # its own answer is filling the cache; nothing to warm yet
             if now - entry.answer_ended < SETTLE_S:
@@ -237,6 +288,8 @@ class Prewarmer:
             out.append((not urgent, warm.at if warm else 0.0, entry, key))
         for sid in [s for s in self._warm if s not in live]:
             del self._warm[sid]  # the session ended
+        for sid in [s for s in self._pins if s not in live or now - self._pins[s].at > PIN_S]:
+            del self._pins[sid]
         out.sort(key=lambda c: (c[0], c[1]))
         return out
 
@@ -277,10 +330,15 @@ class Prewarmer:
         sid = entry.session.id
         warm = self._warm.setdefault(sid, WarmState())
         warm.at = time.monotonic()
-        # The audio's finished segments, not the newest one: it is still
-        # growing, so the question's will be longer (vidchat.audio).
         options = entry.warm_options or self.state.answer_defaults()
-        sample = entry.session.sample().without_audio_tail()
+        pin = self._pins.get(sid)
+        if pin is not None and not pin.warmed:
+            pin.warmed = True
+            sample = pin.sample  # all of it: the question will carry exactly this
+        else:
+            # The audio's finished segments, not the newest one: it is still
+            # growing, so the question's will be longer (vidchat.audio).
+            sample = entry.session.sample().without_audio_tail()
         if not sample.frames:
             warm.key = key
             return

@@ -487,10 +487,11 @@ class Session:
                 start = frames[picked[0]].t
                 if window_start is not None:
                     start = max(start, window_start)
+                start = self._audio.steady_start(start)
                 audio = self._audio.window(start)
                 audio_parts = self._audio.parts(start, min_samples=MIN_AUDIO_SAMPLES)
             elif self._audio.end is not None:
-                start = self._audio.end - s.audio_last_seconds
+                start = self._audio.steady_start(self._audio.end - s.audio_last_seconds)
                 audio = self._audio.window(start)
                 audio_parts = self._audio.parts(start, min_samples=MIN_AUDIO_SAMPLES)
             origin = self.timeline_start if self.timeline_start is not None else 0.0

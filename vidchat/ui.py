@@ -281,13 +281,17 @@ def applied_request(state, entry, raw_settings: tuple) -> PageRequest:
 
 
 async def answer_stream(state, entry, question: str, request: PageRequest, past: list[Turn],
-                        history: list[dict], event_start: float, spoken=None) -> AsyncIterator[tuple]:
+                        history: list[dict], event_start: float, spoken=None, pin=None) -> AsyncIterator[tuple]:
     """Ask through the shared answer path and stream the reply into the chat.
     ``spoken`` (Talk mode): the utterance is the question; its bubble, with
-    a player of exactly the audio the model got, goes into the chat here."""
+    a player of exactly the audio the model got, goes into the chat here.
+    ``pin`` (vidchat.prewarm.Pin): the sample taken as Enter was pressed."""
     try:
         answer = await chat.ask(state.engine, entry, question, request.options, history=past,
-                                queue=state.answer_gate, spoken=spoken)
+                                queue=state.answer_gate, spoken=spoken,
+                                sample=None if pin is None else pin.sample)
+        if pin is not None:
+            answer.sampled_before_ms = (time.monotonic() - pin.at) * 1000
     except chat.Superseded:
         return  # a newer question owns this tab's chat now
     except EngineError as exc:  # NoFrames included
@@ -443,7 +447,9 @@ async def respond(state, message: str, history: list[dict], sid: str, *raw_setti
         history.append(notice(f"⚠ Settings not accepted: {exc}"))
         yield history, gr.skip(), gr.skip()
         return
-    async for update in answer_stream(state, entry, text, request, past, history, event_start):
+    # The sample taken as Enter was pressed (vidchat.prewarm), already warmed.
+    pin = state.prewarmer.take_pin(entry) if getattr(state, "prewarmer", None) is not None else None
+    async for update in answer_stream(state, entry, text, request, past, history, event_start, pin=pin):
         yield update
 
 

@@ -482,13 +482,17 @@ def router(state) -> APIRouter:
 
     @api.post("/webrtc/typing")
     async def typing(request: Request) -> dict[str, Any]:
-        """The page's user is typing a question: warm this session's prompt now (vidchat.prewarm)."""
+        """The page's user is typing a question: warm this session's prompt now
+        (vidchat.prewarm). ``"enter": true``: the question was just sent; its
+        sample is taken now, as the user pressed Enter, and warmed."""
         body = await _read_json(request)
         entry = state.registry.get(str(body.get("session_id", "")))
         if entry is None:
             raise HTTPException(404, "no such session (stopped or expired)")
         if state.prewarmer is not None:
             state.prewarmer.question_coming(entry.session.id)
+            if body.get("enter") is True:
+                await state.prewarmer.question_now(entry.session.id)
         return {"ok": True, "prewarm": state.prewarmer.mode if state.prewarmer else "off"}
 
     @api.get("/webrtc/talk")
