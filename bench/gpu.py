@@ -17,6 +17,9 @@ sessions here store them at that size too). For each model, the median over
   supports it (Qwen2.5-VL, Qwen3-VL), as a video with vLLM's
   ``video_pruning_rate`` 0.5 (a second engine start);
 * with 5 s of audio, for a model that hears (Omni);
+* warm-ups (bench/warm.py's rows, frames of this size): 16 frames cold, warm
+  (after a warm-up of the same sample), slid by 1 and by 4 new frames, and a
+  text-only question of the same prompt length;
 * overhead: vidchat's own time from question to engine call (sampling the
   session, building the prompt).
 
@@ -42,6 +45,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from engine import preset_model  # noqa: E402  (bench/engine.py: random-weight true-size presets)
+from warm import rows as warm_rows  # noqa: E402  (bench/warm.py: the cold/warm/slid rows)
 
 from vidchat import chat, presets, tinymodel  # noqa: E402
 from vidchat.chat import AnswerOptions  # noqa: E402
@@ -150,6 +154,8 @@ async def measure(options: EngineOptions, label: str, repeats: int, tokens: int)
             rows["16 frames as video"] = await case(engine, repeats, 16, tokens=tokens, frames_as="video")
         if engine.accepts_audio:
             rows["16 frames + 5 s audio"] = await case(engine, repeats, 16, tokens=tokens, audio_s=5.0)
+        warm = await warm_rows(engine, 16, repeats, "images", "stable", frame=(SIDE, SIDE))
+        rows["warm-ups"] = {f"warm_{k}": v for k, v in warm.items()}
     finally:
         engine.shutdown()
     return rows
@@ -167,6 +173,8 @@ async def pruned_video(options: EngineOptions, repeats: int, tokens: int) -> dic
 def table(rows: dict[str, dict[str, float]]) -> None:
     print(f"{'case':32s} {'ttft ms':>9s} {'tok/s':>8s} {'prompt':>7s} {'cached':>7s} {'vidchat ms':>11s}")
     for name, r in rows.items():
+        if name == "warm-ups":
+            continue  # printed as its own line by bench/warm.py
         print(f"{name:32s} {r['ttft']:9.1f} {r['tok_s']:8.1f} {r['prompt']:7.0f} {r['cached']:7.0f} "
               f"{r['overhead']:11.2f}", flush=True)
 
@@ -203,7 +211,7 @@ async def main() -> None:
     print(f"gpu: device={device} ttft16_ms={first['16 frames']['ttft']:.1f} "
           f"reask_ttft16_ms={first['16 frames, re-ask']['ttft']:.1f} "
           f"overhead_ms={first['16 frames']['overhead']:.2f} tok_s16={first['16 frames']['tok_s']:.1f} "
-          f"model={models[0]}")
+          f"model={models[0]} " + " ".join(f"{k}_ms={v:.1f}" for k, v in first["warm-ups"].items()))
 
 
 if __name__ == "__main__":

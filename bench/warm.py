@@ -12,13 +12,17 @@ Rows, each the median time to first token over --repeats questions:
   slides; unchanged frames are still encoder-cache hits as images);
 * text: a question with no frames and a prompt of the same length (the floor);
 
-for frames as images and as one video. Then a load run: --sessions sessions
+for frames as images and as one video. With a model that hears, an audio
+row: frames a second apart with the audio since the first, warmed, asked
+after one more second of audio, with the audio as one clip and in 2-s
+segments (vidchat.audio). Then a load run: --sessions sessions
 stream frames while each asks in turn, with the prewarmer on (idle mode) and
 off, in the same run: the p95 time to first token of each.
 
 Last line: `warm: cold_ttft_ms=… warm_ttft_ms=… slid_ttft_ms=… text_ttft_ms=…
-warm_ratio=… load_p95_on_ms=… load_p95_off_ms=…` (images; warm_ratio is
-cold / warm, slid is by one frame).
+warm_ratio=… load_p95_on_ms=… load_p95_off_ms=… audio_segments_ttft_ms=…
+audio_one_clip_ttft_ms=…` (images; warm_ratio is cold / warm, slid is by one
+frame).
 """
 
 from __future__ import annotations
@@ -54,18 +58,20 @@ FRAME = (240, 320)
 class Feed:
     """Distinct frames on demand: every frame differs, so each is kept."""
 
-    def __init__(self, seed: int):
+    def __init__(self, seed: int, frame: tuple[int, int] = FRAME):
         self.rng = np.random.default_rng(seed)
         self.t = 0.0
+        self.frame = frame
 
     def add(self, entry, n: int) -> None:
         for _ in range(n):
             self.t += 1 / 15
-            entry.session.add_frame(self.rng.integers(0, 255, (*FRAME, 3), dtype=np.uint8), t=self.t)
+            entry.session.add_frame(self.rng.integers(0, 255, (*self.frame, 3), dtype=np.uint8), t=self.t)
 
 
-async def ttft(engine, entry, options, question="What happens in this video?") -> tuple[float, int, int]:
-    answer = await chat.ask(engine, entry, question, options)
+async def ttft(engine, entry, options, question="What happens in this video?",
+               sample=None) -> tuple[float, int, int]:
+    answer = await chat.ask(engine, entry, question, options, sample=sample)
     t0 = time.perf_counter()
     async for _ in answer.reply:
         first = time.perf_counter() - t0
@@ -93,15 +99,18 @@ async def warm(engine, entry, options) -> None:
     await engine.warm(prepared)
 
 
-async def rows(engine, frames: int, repeats: int, frames_as: str, sampling: str) -> dict[str, float]:
+async def rows(engine, frames: int, repeats: int, frames_as: str, sampling: str,
+               frame: tuple[int, int] = FRAME) -> dict[str, float]:
+    """The cold/warm/slid/text row (printed; the medians returned), with
+    frames of `frame` (height, width), stored at that size."""
     options = AnswerOptions(max_tokens=4, temperature=0.0, include_audio=False, frames_as=frames_as)
     registry = SessionRegistry(64)
     out: dict[str, list[float]] = {k: [] for k in ("cold", "warm", "slid1", "slid4", "text")}
     prompt_tokens = cached = {}
     for r in range(repeats):
         entry = registry.create("webrtc", SessionSettings(evs_enabled=False, num_sample_frames=frames,
-                                                          sampling=sampling))
-        feed = Feed(1000 * r + (7 if frames_as == "video" else 0))
+                                                          sampling=sampling), store_max_pixels=frame[0] * frame[1])
+        feed = Feed(1000 * r + (7 if frames_as == "video" else 0), frame)
         feed.add(entry, frames)
         ms, tokens, _ = await ttft(engine, entry, options)
         out["cold"].append(ms)
@@ -132,6 +141,47 @@ async def rows(engine, frames: int, repeats: int, frames_as: str, sampling: str)
     print(f"{frames_as:7s} cold {med['cold']:8.1f}  warm {med['warm']:8.1f}  slid1 {med['slid1']:8.1f}  "
           f"slid4 {med['slid4']:8.1f}  text {med['text']:8.1f} ms   prompt tokens {prompt_tokens['frames']} "
           f"(text {prompt_tokens['text']}), cached when warm {prompt_tokens['cached_warm']}", flush=True)
+    return med
+
+
+async def audio_rows(engine, frames: int, repeats: int) -> dict[str, float]:
+    """A question with `frames` frames a second apart and the audio since the
+    first (about `frames` seconds), warmed, then asked after one more second
+    of audio: with the audio as one clip (all of it new again) and in 2-s
+    segments (only the newest is new; vidchat.audio)."""
+    options = AnswerOptions(max_tokens=4, temperature=0.0, include_audio=True)
+    registry = SessionRegistry(64)
+    out: dict[str, list[float]] = {"cold": [], "one_clip": [], "segments": []}
+    cached: dict[str, int] = {}
+    prompt_tokens = 0
+    for r in range(repeats):
+        for form in ("one_clip", "segments"):
+            engine.options.split_audio = form == "segments"  # --audio-segments
+            entry = registry.create("webrtc", SessionSettings(evs_enabled=False, num_sample_frames=frames))
+            session = entry.session
+            rng = np.random.default_rng(5000 + r)
+            for i in range(frames):
+                session.add_frame(rng.integers(0, 255, (*FRAME, 3), dtype=np.uint8), t=100.0 + i)
+            session.add_audio((rng.standard_normal(frames * 16000) * 0.1).astype(np.float32), t=100.0)
+
+            if form == "one_clip":
+                ms, prompt_tokens, _ = await ttft(engine, entry, options)
+                out["cold"].append(ms)
+            # What the prewarmer would warm: the finished segments, or (one
+            # clip) all the audio so far.
+            warm_sample = session.sample() if form == "one_clip" else session.sample().without_audio_tail()
+            await engine.warm(await asyncio.to_thread(chat.prepare, engine, entry, warm_sample, options, (), "",
+                                                      True))
+            session.add_audio((rng.standard_normal(16000) * 0.1).astype(np.float32), t=100.0 + frames)
+            ms, _, cached[form] = await ttft(engine, entry, options)
+            out[form].append(ms)
+            await registry.close(session.id)
+    engine.options.split_audio = False
+    med = {k: statistics.median(v) for k, v in out.items()}
+    print(f"audio   {frames} frames and {frames + 1} s of audio, warmed before the last second: "
+          f"one clip {med['one_clip']:8.1f} ms ({cached['one_clip']} cached)  "
+          f"2-s segments {med['segments']:8.1f} ms ({cached['segments']} cached)  "
+          f"cold {med['cold']:8.1f} ms   prompt tokens {prompt_tokens}", flush=True)
     return med
 
 
@@ -199,6 +249,7 @@ async def main() -> None:
     logging.basicConfig(level=logging.WARNING)
     options = engine_for(args)
     options.max_images = max(options.max_images, args.frames)
+    options.max_audios = 16  # room for the audio row's segments (--audio-segments)
     # As the server sizes it: a sample per session in vLLM's encoder cache.
     options.encoder_cache_frames = args.sessions * args.frames
     engine = await asyncio.to_thread(Engine.start, options)
@@ -208,6 +259,9 @@ async def main() -> None:
         images = await rows(engine, args.frames, args.repeats, "images", args.sampling)
         if engine.accepts_video:
             await rows(engine, args.frames, args.repeats, "video", args.sampling)
+        audio = {"one_clip": float("nan"), "segments": float("nan")}
+        if engine.accepts_audio:
+            audio = await audio_rows(engine, args.frames, args.repeats)
         on = off = float("nan")
         if not args.no_load:
             off = await load(engine, args.sessions, args.frames, args.load_rounds, prewarm=False)
@@ -215,6 +269,7 @@ async def main() -> None:
         print(f"warm: cold_ttft_ms={images['cold']:.1f} warm_ttft_ms={images['warm']:.1f} "
               f"slid_ttft_ms={images['slid1']:.1f} text_ttft_ms={images['text']:.1f} "
               f"warm_ratio={images['cold'] / images['warm']:.1f} load_p95_on_ms={on:.1f} load_p95_off_ms={off:.1f}"
+              + f" audio_segments_ttft_ms={audio['segments']:.1f} audio_one_clip_ttft_ms={audio['one_clip']:.1f}"
               + f" sampling={args.sampling}"
               + (f" preset={args.preset} true_size={int(args.true_size)}" if args.preset else ""))
     finally:

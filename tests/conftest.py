@@ -27,6 +27,7 @@ def tiny_options(path: Path, **overrides) -> EngineOptions:
         kv_cache_gb=0.25,
         max_images=TEST_MAX_IMAGES,
         max_image_pixels=tinymodel.MAX_PIXELS,
+        max_audios=16,  # room for --audio-segments, which tests switch on where they need it
     )
     opts.update(overrides)
     return EngineOptions(**opts)

@@ -30,4 +30,10 @@ def test_the_gpu_benchmark_runs_its_rows_on_cpu():
     assert all(r[0] > 0 and r[1] > 0 for r in rows.values())
     last = lines[-1]
     assert re.fullmatch(r"gpu: device=cpu ttft16_ms=[\d.]+ reask_ttft16_ms=[\d.]+ overhead_ms=[\d.]+ "
-                        r"tok_s16=[\d.]+ model=tiny", last), last
+                        r"tok_s16=[\d.]+ model=tiny warm_cold_ms=[\d.]+ warm_warm_ms=[\d.]+ warm_slid1_ms=[\d.]+ "
+                        r"warm_slid4_ms=[\d.]+ warm_text_ms=[\d.]+", last), last
+    # The warm-up row (bench/warm.py's) ran on 448-px frames, and the warm
+    # question found the frames in the prefix cache.
+    warm_line = next(line for line in lines if line.startswith("images  cold"))
+    cached = int(re.search(r"cached when warm (\d+)", warm_line).group(1))
+    assert cached >= 0.8 * int(re.search(r"prompt tokens (\d+)", warm_line).group(1)), warm_line

@@ -207,9 +207,11 @@ def add_audio(entry, seconds: float, t: float, seed: int = 0) -> None:
     entry.session.add_audio((rng.standard_normal(int(seconds * 16000)) * 0.1).astype(np.float32), t)
 
 
-async def test_finished_audio_segments_are_warmed_and_only_the_newest_is_new(omni_engine):
-    """The audio goes as 2-s segments (vidchat.audio): a warm-up takes the
-    finished ones, and a question with more audio since reuses them all."""
+async def test_finished_audio_segments_are_warmed_and_only_the_newest_is_new(omni_engine, monkeypatch):
+    """With --audio-segments on, the audio goes as 2-s segments
+    (vidchat.audio): a warm-up takes the finished ones, and a question with
+    more audio since reuses them all."""
+    monkeypatch.setattr(omni_engine.options, "split_audio", True)
     registry = SessionRegistry()
     entry = entry_with_frames(registry, seed=7)  # frames at 100..115 s
     add_audio(entry, 17.0, 99.0, seed=1)  # 99..116 s: eight finished segments and a growing ninth
@@ -232,10 +234,10 @@ async def test_finished_audio_segments_are_warmed_and_only_the_newest_is_new(omn
     # 128-token block before the chat template's few closing tokens.
     assert stats.cached_tokens >= (warmed.prompt_tokens - 16) // 128 * 128, (stats, warmed)
 
-    # As one clip (--max-audios 1 would do this), the same audio is new
-    # again as soon as it grows: only the frames are reused.
-    one_clip = await asyncio.to_thread(chat.prepare, omni_engine, entry,
-                                       dataclasses.replace(entry.session.sample(), audio_parts=()),
+    # As one clip (the default), the same audio is new again as soon as it
+    # grows: only the frames are reused.
+    monkeypatch.setattr(omni_engine.options, "split_audio", False)
+    one_clip = await asyncio.to_thread(chat.prepare, omni_engine, entry, entry.session.sample(),
                                        with_audio, (), "Again?")
     reply = omni_engine.submit(one_clip)
     async for _ in reply:
@@ -273,8 +275,8 @@ async def test_the_sample_taken_at_enter_is_warmed_whole_and_is_the_questions(om
         pass
     chat.release(entry, answer)
     stats = answer.reply.stats
-    assert stats.audio_seconds == pytest.approx(16.0) and len(stats.audio_parts) == 9
-    # Everything but the question: the tail segment too (all full blocks).
+    assert stats.audio_seconds == pytest.approx(16.0) and stats.audio_parts == []  # one clip, the default
+    # Everything but the question, all of the audio too (all full blocks).
     assert stats.cached_tokens >= (warmed.last_prompt_tokens - 16) // 128 * 128 > 0, (stats, warmed)
 
     # A pin taken with other sampling settings than the question's is not used.

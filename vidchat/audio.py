@@ -170,6 +170,11 @@ class AudioWindow:
             bounds[0][0] = head[0]
         return tuple((b - a, f"{self.stream}:{a}+{b - a}") for a, b in bounds)
 
+    @property
+    def ends_segment(self) -> bool:
+        """The newest sample ends a segment of the grid: that segment is finished."""
+        return self.total > 0 and self.total % int(round(SEGMENT_S * AUDIO_RATE)) == 0
+
     def steady_start(self, start: float, segment_s: float = SEGMENT_S) -> float:
         """``start``, unless it is before the oldest sample held: then the
         first grid point after that sample. The oldest audio is trimmed with

@@ -63,7 +63,8 @@ class EngineOptions:
     gpu_memory_utilization: float = 0.85
     max_images: int = 32
     max_videos: int = 1
-    max_audios: int = 16  # the audio's segments, one clip each (see audio_clips)
+    max_audios: int = 1
+    split_audio: bool = False  # the audio's segments, one clip each (see audio_clips)
     # 0 keeps the model's own processor setting.
     max_image_pixels: int = 0
     enforce_eager: bool = True
@@ -385,6 +386,11 @@ class Engine:
         self.tokens_per_frame: int | None = None  # measured at start when the encoder cache is sized
 
     @property
+    def splits_audio(self) -> bool:
+        """Whether a question's audio goes as its segments (--audio-segments)."""
+        return self.accepts_audio and self.options.split_audio and self.options.max_audios > 1
+
+    @property
     def encoder_cache_tokens(self) -> int | None:
         """The size of vLLM's encoder cache, in tokens (None if not known)."""
         config = getattr(self._llm, "vllm_config", None)
@@ -582,12 +588,13 @@ class Engine:
         then be empty, and a model that takes no audio refuses it.
 
         ``audio_parts``: the audio's segments, (samples, name) each
-        (vidchat.session.Sample.audio_parts): each goes as its own clip, up
-        to ``--max-audios``, named like the frames. A finished segment is
-        then encoded and prefilled once, and only the newest is new."""
+        (vidchat.session.Sample.audio_parts): with --audio-segments on, each
+        goes as its own clip, up to ``--max-audios``, named like the frames.
+        A finished segment is then encoded and prefilled once."""
         question, max_tokens, temperature, seed, audio = self._checked_inputs(
             question, len(frames), audio, frames_as, max_tokens, temperature, seed, warmup, spoken)
-        clips = [] if audio is None else audio_clips(audio, audio_parts, self.options.max_audios)
+        clips = [] if audio is None else audio_clips(audio, audio_parts if self.splits_audio else (),
+                                                     self.options.max_audios)
         prompt_text = self.build_prompt(
             question,
             n_frames=len(frames),

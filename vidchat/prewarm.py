@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import dataclasses
 import logging
 import time
 from dataclasses import dataclass, field
@@ -114,12 +115,13 @@ def lead_digest(frames: Any, frames_as: str) -> str:
     return inputs_digest(frames if frames_as == "video" or len(frames) < 2 else frames[:-1], None)
 
 
-def sample_key(entry: Any) -> tuple:
-    """Changes whenever the next question's inputs may have: a kept frame, a
-    finished audio segment, new settings, a finished answer (new history or
-    options)."""
+def sample_key(entry: Any, audio_segments: bool = False) -> tuple:
+    """Changes whenever the next question's warmed inputs may have: a kept
+    frame, new settings, a finished answer (new history or options), and,
+    where the engine takes the audio in segments, a finished segment."""
     session = entry.session
-    return (session.kept_count, session.audio_segments, session.settings, entry.warm_options, entry.warm_history)
+    segments = session.audio_segments if audio_segments else None
+    return (session.kept_count, segments, session.settings, entry.warm_options, entry.warm_history)
 
 
 class Prewarmer:
@@ -266,18 +268,19 @@ class Prewarmer:
     def _candidates(self, now: float) -> list[tuple[bool, float, Any, tuple]]:
         live = {}
         out = []
+        segments = getattr(self.state.engine, "splits_audio", False)
         for entry in self.state.registry.entries():
             sid = entry.session.id
             live[sid] = entry
             pin = self._pins.get(sid)
             if pin is not None and not pin.warmed and now - pin.at < PIN_S:
-                out.append((False, -1.0, entry, sample_key(entry)))  # Enter was pressed: first of all
+                out.append((False, -1.0, entry, sample_key(entry, segments)))  # Enter was pressed: first of all
                 continue
             if entry.answer is not None or entry.session.frame_count == 0:
                 continue  # its own answer is filling the cache; nothing to warm yet
             if now - entry.answer_ended < SETTLE_S:
                 continue
-            key = sample_key(entry)
+            key = sample_key(entry, segments)
             warm = self._warm.get(sid)
             if warm is not None and warm.key == key:
                 continue
@@ -332,13 +335,19 @@ class Prewarmer:
         warm.at = time.monotonic()
         options = entry.warm_options or self.state.answer_defaults()
         pin = self._pins.get(sid)
-        if pin is not None and not pin.warmed:
+        at_enter = pin is not None and not pin.warmed
+        if at_enter:
             pin.warmed = True
             sample = pin.sample  # all of it: the question will carry exactly this
-        else:
-            # The audio's finished segments, not the newest one: it is still
-            # growing, so the question's will be longer (vidchat.audio).
+        elif getattr(engine, "splits_audio", False):
+            # The audio's finished segments, not the newest one if it is still
+            # growing: the question's will be longer (vidchat.audio).
             sample = entry.session.sample().without_audio_tail()
+        else:
+            # As one clip the audio grows with every chunk, so it is never a
+            # question's prefix: warming it would double the work for nothing.
+            sample = dataclasses.replace(entry.session.sample(), audio=None, audio_start=None, audio_end=None,
+                                         audio_parts=())
         if not sample.frames:
             warm.key = key
             return
@@ -400,5 +409,8 @@ class Prewarmer:
         warm.warmed += 1
         warm.last_cached_tokens, warm.last_prompt_tokens = stats.cached_tokens, stats.prompt_tokens
         self.stats.warmups += 1
-        log.debug("session %s…: warmed %d frames, %d prompt tokens (%d already cached) in %.0f ms", sid[:6],
-                  len(sample.frames), stats.prompt_tokens, stats.cached_tokens, took * 1000)
+        log.log(logging.INFO if at_enter else logging.DEBUG,
+                "session %s…: warmed %s%d frames, %d prompt tokens (%d already cached) in %.0f ms, "
+                "%.0f ms after Enter", sid[:6], "the sample taken at Enter: " if at_enter else "",
+                len(sample.frames), stats.prompt_tokens, stats.cached_tokens, took * 1000,
+                (time.monotonic() - pin.at) * 1000 if at_enter else float("nan"))

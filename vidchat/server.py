@@ -27,6 +27,11 @@ log = logging.getLogger(__name__)
 STATIC_DIR = Path(__file__).resolve().parent.parent / "static"
 
 
+# With --audio-segments on: room for 30 s of audio in 2-s clips (the oldest
+# are merged beyond this; vidchat.engine.audio_clips).
+SEGMENTED_MAX_AUDIOS = 16
+
+
 def engine_options(settings: Settings, model_path: str, tiny: bool) -> EngineOptions:
     return EngineOptions(
         model=model_path,
@@ -37,7 +42,9 @@ def engine_options(settings: Settings, model_path: str, tiny: bool) -> EngineOpt
         gpu_memory_utilization=settings.gpu_memory_utilization,
         max_images=settings.max_images,
         max_videos=settings.max_videos,
-        max_audios=settings.max_audios,
+        max_audios=max(settings.max_audios, SEGMENTED_MAX_AUDIOS) if settings.audio_segments == "on"
+        else settings.max_audios,
+        split_audio=settings.audio_segments == "on",
         max_image_pixels=settings.max_image_pixels or (tinymodel.MAX_PIXELS if tiny else 0),
         priority_scheduling=settings.prewarm != "off",
         encoder_cache_frames=settings.max_sessions * settings.frames_per_question,

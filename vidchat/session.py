@@ -147,10 +147,13 @@ class Sample:
     # segment (vidchat.audio.AudioWindow.parts); the names are unique within
     # the session and never reused for other samples. Empty: one clip.
     audio_parts: tuple[tuple[int, str | None], ...] = ()
+    audio_tail_open: bool = True  # the newest segment is still growing (not cut on the grid)
 
     def without_audio_tail(self) -> "Sample":
-        """The sample minus its newest audio segment (the one still growing):
-        what a warm-up prefills, since the question's tail will be longer."""
+        """The sample minus its newest audio segment if that one is still
+        growing: what a warm-up prefills, since the question's will be longer."""
+        if self.audio is not None and self.audio_parts and not self.audio_tail_open:
+            return self
         if self.audio is None or len(self.audio_parts) < 2:
             return dataclasses.replace(self, audio=None, audio_start=None, audio_end=None, audio_parts=())
         keep = self.audio_parts[:-1]
@@ -451,7 +454,9 @@ class Session:
         Audio: ``audio_mode="frames"`` sends the audio from the first sampled
         frame's time (for ``latest_seconds``, from the window's start) to the
         end of the audio received; ``"last"`` (and "frames" with no frames)
-        the last ``audio_last_seconds``.
+        the last ``audio_last_seconds``. Where that start is older than the
+        audio kept, from the first 2-s segment boundary of what is kept
+        (AudioWindow.steady_start), and ``audio_parts`` gives the segments.
 
         ``span`` (timeline start, end; a spoken question, vidchat.talk):
         k frames spread over the span, plus the kept frame on screen when
@@ -516,6 +521,7 @@ class Session:
             seqs=[frames[i].seq for i in picked],
             substituted=substituted,
             audio_parts=audio_parts if audio else (),
+            audio_tail_open=not self._audio.ends_segment,
         )
 
     def _within_encode_budget(self, frames: list[_Frame], candidates: list[int],

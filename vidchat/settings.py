@@ -62,9 +62,14 @@ class Settings:
                                    "sessions on one machine. Needs tensor x data parallel GPUs.")
     max_images: int = _opt(32, "Most images one prompt may carry (vLLM limit_mm_per_prompt).")
     max_videos: int = _opt(1, "Most videos one prompt may carry.")
-    max_audios: int = _opt(16, "Most audio clips one prompt may carry (omni models only). A question's audio "
-                                "goes as 2-s segments, one clip each (the oldest merged beyond this), so a "
-                                "finished segment is encoded and prefilled once; 1 sends it as one clip.")
+    max_audios: int = _opt(1, "Most audio clips one prompt may carry (omni models only; at least 16 with "
+                               "--audio-segments on).")
+    audio_segments: str = _opt(
+        "off", "Send a question's audio as 2-s segments, one clip each, named per session, instead of one clip: "
+        "a finished segment is then encoded and prefilled once, and warm-ups can take it. Off by default: on "
+        "CPU, vLLM 0.32's per-clip cost for Qwen2.5-Omni outweighed the prefill it saves (README, 'Warm-ups').",
+        choices=("off", "on"),
+    )
     max_image_pixels: int = _opt(
         0,
         "Cap on pixels per frame given to the model's processor (0: the model's own "
