@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import time
 import types
 
 import numpy as np
@@ -283,3 +284,14 @@ async def test_the_sample_taken_at_enter_is_warmed_whole_and_is_the_questions(om
     await prewarmer.question_now(sid)
     entry.session.update_settings(num_sample_frames=8)
     assert prewarmer.take_pin(entry) is None
+
+
+def test_speech_starting_in_talk_mode_warms_the_session_first():
+    from vidchat import talk
+
+    registry = SessionRegistry()
+    entry = registry.create("webrtc", SessionSettings(evs_enabled=False))
+    prewarmer = Prewarmer(types.SimpleNamespace(registry=registry), "idle")
+    talk.speech_warms(types.SimpleNamespace(prewarmer=prewarmer), entry)()
+    assert prewarmer.state_of(entry.session.id).urgent_until > time.monotonic()
+    assert talk.speech_warms(types.SimpleNamespace(prewarmer=None), entry) is None

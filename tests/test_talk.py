@@ -89,7 +89,8 @@ async def test_speech_during_an_answer_aborts_it_and_becomes_the_next_question(o
     registry = SessionRegistry()
     t0 = time.monotonic()
     entry = new_entry(registry, t0)
-    listener = talk.listener(entry, TurnSettings(), barge_in=True)
+    coming = []  # speech starting tells the warm-ups a question is coming (vidchat.prewarm)
+    listener = talk.listener(entry, TurnSettings(), barge_in=True, on_speech=lambda: coming.append(time.monotonic()))
     await asyncio.sleep(0.2)
     feed(entry, sa.silence(0.5), t0 + 1.0)
     typed = await chat.ask(omni_engine, entry, "Tell me a long story.", LONG)
@@ -102,7 +103,7 @@ async def test_speech_during_an_answer_aborts_it_and_becomes_the_next_question(o
     await asyncio.wait_for(streaming, 10)
     assert typed.reply.stats.cancelled
     assert typed.reply.stats.completion_tokens < LONG.max_tokens
-    assert listener.stats.barge_ins == 1 and listener.speech_starts == 1
+    assert listener.stats.barge_ins == 1 and listener.speech_starts == 1 and len(coming) == 1
     for _ in range(100):  # the abort reached the engine
         if omni_engine.running_requests == 0:
             break

@@ -788,7 +788,8 @@ class Connection:
             if entry is not None:
                 await talk.stop(entry)
             return
-        listener = talk.listener(entry, turns.settings, turns.interrupt_response)
+        listener = talk.listener(entry, turns.settings, turns.interrupt_response,
+                                 on_speech=talk.speech_warms(self.state, entry))
         if listener is not self._listener or self._talk_task is None or self._talk_task.done():
             await self._stop_talk()
             self._listener = listener

@@ -92,8 +92,10 @@ class Settings:
     prewarm: str = _opt(
         "off", "Keep each session's next question prefilled in the engine (vidchat/prewarm.py): 'idle' sends "
         "warm-ups only while no answer is generating, 'always' also beside answers (at lower priority), 'off' "
-        "never. Off by default: on 2 CPU cores with the tiny model and a moving camera, warm-ups doubled the "
-        "median time to first token (README, 'Warm-ups').", choices=("off", "idle", "always"),
+        "never. With warm-ups on, the page's Enter also has the server take the question's frames and audio at "
+        "once and warm them while the question travels. Off by default: where the browser shares the server's "
+        "2 CPU cores, warm-ups slowed the page more than they saved (README, 'Warm-ups').",
+        choices=("off", "idle", "always"),
     )
     record_dir: str = _opt(
         "", "Save every answer as a recording bundle (its frames as PNG, audio as WAV, question, chat history, "

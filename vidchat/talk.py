@@ -15,6 +15,7 @@ import asyncio
 import logging
 import time
 from dataclasses import dataclass, field
+from typing import Any, Callable
 
 from vidchat.sessions import Entry
 from vidchat.vad import SpeechStarted, TurnDetector, TurnSettings, Utterance
@@ -45,6 +46,9 @@ class Listener:
     entry: Entry
     settings: TurnSettings = field(default_factory=TurnSettings)
     barge_in: bool = True
+    # Called as speech starts: a spoken question is coming (the server's
+    # warm-ups take this session first, vidchat.prewarm question_coming).
+    on_speech: Callable[[], None] | None = None
     stats: TalkStats = field(default_factory=TalkStats)
     events: asyncio.Queue = field(default_factory=lambda: asyncio.Queue(maxsize=64))
     # The state a page shows: "listening", "hearing you".
@@ -119,6 +123,8 @@ class Listener:
         if isinstance(event, SpeechStarted):
             self.hearing = True
             self.speech_starts += 1
+            if self.on_speech is not None:
+                self.on_speech()
             if self.barge_in and self.entry.answer is not None:
                 self.stats.barge_ins += 1
                 log.info("session %s… barge-in: speech at %.2f s stops the answer", sid, event.start)
@@ -133,7 +139,8 @@ class Listener:
         self.events.put_nowait(event)
 
 
-def listener(entry: Entry, settings: TurnSettings | None = None, barge_in: bool = True) -> Listener:
+def listener(entry: Entry, settings: TurnSettings | None = None, barge_in: bool = True,
+             on_speech: Callable[[], None] | None = None) -> Listener:
     """The session's listener, started (one per session; new settings replace the old ones)."""
     current: Listener | None = getattr(entry, "talk", None)
     if current is not None and current.running:
@@ -142,14 +149,24 @@ def listener(entry: Entry, settings: TurnSettings | None = None, barge_in: bool 
             if current._detector is not None:
                 current._detector.settings = settings
         current.barge_in = barge_in
+        current.on_speech = on_speech or current.on_speech
         return current
-    made = Listener(entry, settings or TurnSettings(), barge_in)
+    made = Listener(entry, settings or TurnSettings(), barge_in, on_speech)
     if current is not None and current.stop in entry.closers:
         entry.closers.remove(current.stop)
     entry.talk = made
     entry.closers.append(made.stop)
     made.start()
     return made
+
+
+def speech_warms(state: Any, entry: Entry) -> Callable[[], None] | None:
+    """A listener's ``on_speech`` that warms the session first (a spoken
+    question is coming), when the server has warm-ups."""
+    prewarmer = getattr(state, "prewarmer", None)
+    if prewarmer is None:
+        return None
+    return lambda: prewarmer.question_coming(entry.session.id)
 
 
 async def stop(entry: Entry) -> None:

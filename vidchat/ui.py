@@ -727,7 +727,7 @@ async def talk_loop(state, on: bool, barge_in: bool, silence_ms: Any, min_speech
         history.append(notice(problem))
         yield history, gr.skip(), gr.skip()
         return
-    listener = talk.listener(entry, settings, bool(barge_in))
+    listener = talk.listener(entry, settings, bool(barge_in), on_speech=talk.speech_warms(state, entry))
     entry.talk_epoch += 1
     epoch = entry.talk_epoch
     while True:

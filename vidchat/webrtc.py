@@ -57,6 +57,8 @@ from vidchat.turn import TurnError
 from vidchat.workers import run_media
 
 log = logging.getLogger(__name__)
+# Tasks started by a request and outliving it (held so they are not collected).
+_background: set[asyncio.Task] = set()
 
 # Decoder outputs whose first plane is 8-bit luma at full size.
 LUMA_FIRST_FORMATS = frozenset({"yuv420p", "yuvj420p", "nv12", "yuv422p", "yuv444p"})
@@ -492,7 +494,10 @@ def router(state) -> APIRouter:
         if state.prewarmer is not None:
             state.prewarmer.question_coming(entry.session.id)
             if body.get("enter") is True:
-                await state.prewarmer.question_now(entry.session.id)
+                # Answered at once: the page's few connections are for its question.
+                task = asyncio.ensure_future(state.prewarmer.question_now(entry.session.id))
+                _background.add(task)
+                task.add_done_callback(_background.discard)
         return {"ok": True, "prewarm": state.prewarmer.mode if state.prewarmer else "off"}
 
     @api.get("/webrtc/talk")
