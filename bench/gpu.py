@@ -24,7 +24,8 @@ sessions here store them at that size too). For each model, the median over
   session, building the prompt).
 
 Prints a table and ends with `gpu: device=… ttft16_ms=… reask_ttft16_ms=…
-overhead_ms=…` for the first model. On one H200 the default run is sized to
+overhead_ms=… tok_s16=… model=… warm_cold_ms=… warm_warm_ms=… warm_slid1_ms=…
+warm_slid4_ms=… warm_text_ms=…` for the first model. On one H200 the default run is sized to
 finish in under 8 minutes.
 """
 
