@@ -280,9 +280,13 @@ async def test_the_sample_taken_at_enter_is_warmed_whole_and_is_the_questions(om
     # Everything but the question, all of the audio too (all full blocks).
     assert stats.cached_tokens >= (warmed.last_prompt_tokens - 16) // 128 * 128 > 0, (stats, warmed)
 
-    # A pin taken with other sampling settings than the question's is not used.
+    # A pin is not used by a question with other sampling settings, nor by
+    # the question after the one it was taken for.
     await prewarmer.question_now(sid)
     entry.session.update_settings(num_sample_frames=8)
+    assert prewarmer.take_pin(entry) is None
+    await prewarmer.question_now(sid)
+    entry.question_seq += 1  # its question was asked without it (the pin came late)
     assert prewarmer.take_pin(entry) is None
 
 

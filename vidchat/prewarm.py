@@ -80,6 +80,7 @@ class Pin:
     at: float  # time.monotonic()
     sample: Any
     settings: Any  # the session's settings it was taken with
+    question_seq: int  # the session's questions asked by then: a later question makes the pin stale
     warmed: bool = False
 
 
@@ -184,8 +185,11 @@ class Prewarmer:
         entry = self.state.registry.get(session_id)
         if self.mode == "off" or entry is None or entry.session.frame_count == 0:
             return
-        session = entry.session
-        self._pins[session_id] = Pin(time.monotonic(), await asyncio.to_thread(session.sample), session.settings)
+        session, asked = entry.session, entry.question_seq
+        sample = await asyncio.to_thread(session.sample)
+        if entry.question_seq != asked:
+            return  # its question overtook it: nothing left to warm for
+        self._pins[session_id] = Pin(time.monotonic(), sample, session.settings, asked)
         self.stats.pinned += 1
         current = self.current
         if current is not None and self._yielding is not current[1]:
@@ -199,7 +203,8 @@ class Prewarmer:
         none, it is older than PIN_S, or the question came with other
         sampling settings): used once."""
         pin = self._pins.pop(entry.session.id, None)
-        if pin is None or time.monotonic() - pin.at > PIN_S or pin.settings != entry.session.settings:
+        if (pin is None or time.monotonic() - pin.at > PIN_S or pin.settings != entry.session.settings
+                or pin.question_seq != entry.question_seq):
             return None
         self.stats.pins_used += 1
         return pin
@@ -273,7 +278,7 @@ class Prewarmer:
             sid = entry.session.id
             live[sid] = entry
             pin = self._pins.get(sid)
-            if pin is not None and not pin.warmed and now - pin.at < PIN_S:
+            if pin is not None and not pin.warmed and now - pin.at < PIN_S and pin.question_seq == entry.question_seq:
                 out.append((False, -1.0, entry, sample_key(entry, segments)))  # Enter was pressed: first of all
                 continue
             if entry.answer is not None or entry.session.frame_count == 0:
@@ -291,7 +296,8 @@ class Prewarmer:
             out.append((not urgent, warm.at if warm else 0.0, entry, key))
         for sid in [s for s in self._warm if s not in live]:
             del self._warm[sid]  # the session ended
-        for sid in [s for s in self._pins if s not in live or now - self._pins[s].at > PIN_S]:
+        for sid in [s for s in self._pins if s not in live or now - self._pins[s].at > PIN_S
+                    or self._pins[s].question_seq != live[s].question_seq]:
             del self._pins[sid]
         out.sort(key=lambda c: (c[0], c[1]))
         return out
