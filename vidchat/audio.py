@@ -35,6 +35,11 @@ RESET_S = 1.0
 SEGMENT_S = 2.0
 
 
+def segment_samples(segment_s: float = SEGMENT_S) -> int:
+    """Samples per segment of the grid."""
+    return max(1, int(round(segment_s * AUDIO_RATE)))
+
+
 def to_int16(samples: np.ndarray) -> np.ndarray:
     """Mono float (-1..1) or int16 samples as a new int16 array."""
     samples = np.asarray(samples)
@@ -159,7 +164,7 @@ class AudioWindow:
             return ()
         base = self.total - self.length  # the stream's number of the first sample held
         first, last = base + span[0], base + span[1]
-        step = max(1, int(round(segment_s * AUDIO_RATE)))
+        step = segment_samples(segment_s)
         cuts = [first, *range((first // step + 1) * step, last, step), last]
         bounds = [[a, b] for a, b in zip(cuts, cuts[1:])]
         if len(bounds) > 1 and bounds[-1][1] - bounds[-1][0] < min_samples:
@@ -173,7 +178,7 @@ class AudioWindow:
     @property
     def ends_segment(self) -> bool:
         """The newest sample ends a segment of the grid: that segment is finished."""
-        return self.total > 0 and self.total % int(round(SEGMENT_S * AUDIO_RATE)) == 0
+        return self.total > 0 and self.total % segment_samples() == 0
 
     def steady_start(self, start: float, segment_s: float = SEGMENT_S) -> float:
         """``start``, unless it is before the oldest sample held: then the
@@ -183,7 +188,7 @@ class AudioWindow:
         segments stay the same (up to ``segment_s`` less audio)."""
         if self.end is None or self.length == 0 or start > self.start:
             return start
-        step = max(1, int(round(segment_s * AUDIO_RATE)))
+        step = segment_samples(segment_s)
         base = self.total - self.length
         first_grid = -(-base // step) * step  # the first grid point at or after the oldest sample held
         return self.start + (first_grid - base) / AUDIO_RATE

@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import dataclasses
 import logging
 import time
 from dataclasses import dataclass, field
@@ -352,8 +351,7 @@ class Prewarmer:
         else:
             # As one clip the audio grows with every chunk, so it is never a
             # question's prefix: warming it would double the work for nothing.
-            sample = dataclasses.replace(entry.session.sample(), audio=None, audio_start=None, audio_end=None,
-                                         audio_parts=())
+            sample = entry.session.sample().without_audio()
         if not sample.frames:
             warm.key = key
             return

@@ -49,7 +49,7 @@ import numpy as np
 from PIL import Image
 
 from vidchat import evs
-from vidchat.audio import SEGMENT_S, AudioWindow, to_int16
+from vidchat.audio import AudioWindow, segment_samples, to_int16
 from vidchat.clock import SENDER_PLACEMENT_MAX_S, SourceTimeline
 from vidchat.evs import FrameError
 from vidchat.media import (AUDIO_RATE, DEFAULT_MAX_FRAME_BYTES, DEFAULT_MAX_FRAME_PIXELS, DEFAULT_STORE_MAX_PIXELS,
@@ -149,13 +149,17 @@ class Sample:
     audio_parts: tuple[tuple[int, str | None], ...] = ()
     audio_tail_open: bool = True  # the newest segment is still growing (not cut on the grid)
 
+    def without_audio(self) -> "Sample":
+        """The sample's frames alone."""
+        return dataclasses.replace(self, audio=None, audio_start=None, audio_end=None, audio_parts=())
+
     def without_audio_tail(self) -> "Sample":
         """The sample minus its newest audio segment if that one is still
         growing: what a warm-up prefills, since the question's will be longer."""
         if self.audio is not None and self.audio_parts and not self.audio_tail_open:
             return self
         if self.audio is None or len(self.audio_parts) < 2:
-            return dataclasses.replace(self, audio=None, audio_start=None, audio_end=None, audio_parts=())
+            return self.without_audio()
         keep = self.audio_parts[:-1]
         n = sum(size for size, _ in keep)
         return dataclasses.replace(self, audio=self.audio[:n], audio_end=self.audio_start + n / AUDIO_RATE,
@@ -694,7 +698,7 @@ class Session:
         """(stream, finished audio segments): changes when a segment is
         complete, which is when a warm-up can take it (vidchat.prewarm)."""
         window = self._audio
-        return window.stream, window.total // int(round(SEGMENT_S * AUDIO_RATE))
+        return window.stream, window.total // segment_samples()
 
     @property
     def oldest_seq(self) -> int | None:
