@@ -56,7 +56,8 @@ def main(argv: list[str] | None = None) -> int:
 
     from vidchat.access import build_access, install_log_redaction, is_loopback
     from vidchat.answer_queue import AnswerQueue
-    from vidchat.settings import session_time_limit
+    from vidchat.settings import forwarded_allow_ips, session_time_limit
+    from vidchat.space import on_space
 
     try:
         access = build_access(settings)
@@ -99,8 +100,12 @@ def main(argv: list[str] | None = None) -> int:
     # package is installed) stops reading the socket after each message until
     # the app has taken it, so a client holds at most about one message of
     # ws_max_size in the server. ws="websockets-sansio" pins that choice.
+    trusted_proxies = forwarded_allow_ips(settings, on_space())
+    if trusted_proxies.replace(" ", "") != "127.0.0.1,::1":
+        log.info("client addresses from X-Forwarded-For / Forwarded of proxies at %s", trusted_proxies)
     uvicorn.run(app, host=settings.host, port=settings.port, log_level=settings.log_level.lower(),
-                ws_max_size=ws_max_size, ws="websockets-sansio")
+                ws_max_size=ws_max_size, ws="websockets-sansio", proxy_headers=True,
+                forwarded_allow_ips=trusted_proxies)
     return 0 if state.engine is not None else 1
 
 

@@ -14,6 +14,14 @@ Credentials:
   browser and nobody who never logged in can start a camera session.
 
 When no credential is configured (the localhost default), nothing is asked.
+
+Which routes need what is decided here and nowhere else (:func:`route_kind`):
+every route is guarded unless :data:`PUBLIC_ROUTES` names it, so a route
+added later asks for a login until someone decides otherwise; operator
+routes (:data:`OPERATOR_ROUTES`) need more than a login. Each request's
+login is worked out once, here, and handed on in the ``x-vidchat-login``
+header (what the client sent under that name is dropped), so the page's
+functions and the HTTP routes can tell whose session a call names.
 """
 
 from __future__ import annotations
@@ -31,13 +39,32 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Awaitable, Callable, Iterable
-from urllib.parse import parse_qsl, urlsplit
+from urllib.parse import parse_qsl, quote, unquote, urlsplit
+
+from starlette.requests import cookie_parser
 
 log = logging.getLogger(__name__)
 
 WS_PATH = "/v1/video/chat/stream"
-# Probes that must answer without credentials (load balancers, the Space).
-HEALTH_PATHS = frozenset({"/healthz", "/readyz", "/api/health"})
+# Routes anyone may fetch, as the route table spells them: the page shell and
+# its static assets (what an anonymous visitor needs to see a login form or a
+# Sign-in button), the login routes, and the health probes load balancers,
+# the Space and the test harness poll. Everything else asks for a login.
+PUBLIC_ROUTES = (
+    "/", "/config", "/config/", "/favicon.ico", "/theme.css", "/gradio_api/theme.css", "/robots.txt",
+    "/manifest.json", "/pwa_icon", "/pwa_icon/{size}",
+    "/static/{path:path}", "/assets/{path:path}", "/svelte/{path:path}",
+    "/login", "/login/", "/logout", "/login/huggingface", "/login/callback",
+    "/gradio_api/login_check", "/gradio_api/login_check/",
+    "/healthz", "/readyz", "/api/health",
+)
+# Routes that change the replica for everyone: the server token, or a request
+# made on this machine without going through a proxy; a page login never.
+OPERATOR_ROUTES = ("/api/drain", "/api/prewarm", "/api/loop-lag/reset")
+# Headers a reverse proxy adds: a request carrying one came from elsewhere.
+FORWARDING_HEADERS = ("forwarded", "x-forwarded-for", "x-real-ip", "x-forwarded-host")
+LOGIN_HEADER = "x-vidchat-login"
+TOKEN_LOGIN = "token"
 LOOPBACK_NAMES = ("localhost", "127.0.0.1", "::1")
 PAGE_TOKEN_TTL_S = 12 * 3600
 # Query parameters whose values are credentials or session handles: never in a log line.
@@ -77,6 +104,28 @@ def parse_auth(entries: Iterable[str]) -> dict[str, str]:
             raise AccessError("--auth: user name and password must both be non-empty")
         users[user] = password
     return users
+
+
+def _route_regex(template: str) -> str:
+    """A route template as a regex: ``{x:path}`` any rest, ``{x}`` one segment."""
+    parts = re.split(r"(\{[^}]+\})", template)
+    return "".join((".*" if part.endswith(":path}") else "[^/]+") if part.startswith("{") else re.escape(part)
+                   for part in parts)
+
+
+_PUBLIC_RE = re.compile("|".join(f"(?:{_route_regex(t)})" for t in PUBLIC_ROUTES))
+
+
+def route_kind(path: str) -> str:
+    """'public', 'operator' or 'login': what a request for ``path`` must bring."""
+    if path in OPERATOR_ROUTES:
+        return "operator"
+    return "public" if _PUBLIC_RE.fullmatch(path) else "login"
+
+
+def user_login(name: str) -> str:
+    """The login of a person (a page password, a Hugging Face account, or a page token issued to either)."""
+    return f"user:{name}"
 
 
 def split_list(raw: str) -> list[str]:
@@ -225,11 +274,93 @@ def _host_name(host_header: str) -> str:
     return host_header.rsplit(":", 1)[0] if host_header.count(":") == 1 else host_header
 
 
+class PageLogins:
+    """What the guard reads from the mounted Gradio page: Gradio's own record
+    of who logged in (its password-login cookie, its Hugging Face sign-in
+    session) and which of the page's functions take a session id, at which
+    place in their inputs. Filled in by vidchat.ui once the page is mounted."""
+
+    def __init__(self) -> None:
+        self.gradio_app: Any = None
+        self._session_middleware: Any = None
+        self.session_inputs: dict[int, int] = {}  # fn_index -> position of the session id in its inputs
+        self.fn_by_name: dict[str, int] = {}  # api_name -> fn_index
+
+    def attach(self, gradio_app: Any, session_inputs: dict[int, int], fn_by_name: dict[str, int]) -> None:
+        self.gradio_app = gradio_app
+        self.session_inputs, self.fn_by_name = dict(session_inputs), dict(fn_by_name)
+        # The HF sign-in session is the cookie of the SessionMiddleware Gradio
+        # added for OAuth: read with that very middleware and its settings.
+        for middleware in getattr(gradio_app, "user_middleware", []):
+            if getattr(middleware.cls, "__name__", "") == "SessionMiddleware":
+                self._session_middleware = middleware
+
+    def password_user(self, cookies: dict[str, str]) -> str | None:
+        app = self.gradio_app
+        if app is None or not getattr(app, "tokens", None):
+            return None
+        cookie_id = getattr(app, "cookie_id", "")
+        for name in (f"access-token-{cookie_id}", f"access-token-unsecure-{cookie_id}"):
+            user = app.tokens.get(cookies.get(name))
+            if user:
+                return str(user)
+        return None
+
+    async def hf_user(self, scope: Scope, cookies: dict[str, str]) -> str | None:
+        """The signed-in Hugging Face user name of a request, or None."""
+        middleware = self._session_middleware
+        if middleware is None or "session" not in cookies:
+            return None
+        found: dict[str, Any] = {}
+
+        async def capture(inner: Scope, receive: Receive, send: Send) -> None:
+            found.update(inner.get("session") or {})
+
+        reader = middleware.cls(capture, *middleware.args, **middleware.kwargs)
+        await reader(dict(scope, type="http"), _no_receive, _no_send)
+        info = found.get("oauth_info")
+        if not isinstance(info, dict):
+            return None
+        expires = info.get("expires_at")
+        if isinstance(expires, (int, float)) and expires < time.time():
+            return None
+        name = (info.get("userinfo") or {}).get("preferred_username")
+        return name if isinstance(name, str) and name else None
+
+
+async def _no_receive() -> dict[str, Any]:
+    return {"type": "http.disconnect"}
+
+
+async def _no_send(message: dict[str, Any]) -> None:
+    return None
+
+
+def login_of(headers: Any) -> str | None:
+    """The login the guard found for a request (None: none asked or none given),
+    from the request's headers (a Starlette Headers or any mapping)."""
+    value = headers.get(LOGIN_HEADER) if headers is not None else None
+    return unquote(value) if value else None
+
+
+def is_forwarded(headers: Any) -> bool:
+    return any(headers.get(name) for name in FORWARDING_HEADERS)
+
+
+# Page API routes that run one of the page's functions with the inputs in
+# their JSON body; the body is read (up to this size) to see whose session it names.
+_CALL_ROUTE = re.compile(r"/gradio_api/(?:queue/join|(?:call/v2|call|run|api)/(?P<name>[^/]+))/?")
+MAX_CALL_BODY = 32 << 20
+
+
 class Guard:
-    """ASGI middleware: Host, Origin, credentials and body size, in that order."""
+    """ASGI middleware: Host, Origin, the caller's login, what the route
+    needs (route_kind), whose session a page call names, and body size, in
+    that order."""
 
     def __init__(self, app: Callable, access: Access, allowed_hosts: list[str], allowed_origins: list[str],
-                 max_body_bytes: int) -> None:
+                 max_body_bytes: int, page: PageLogins | None = None,
+                 owner_of: Callable[[str], str | None] | None = None) -> None:
         self.app = app
         self.access = access
         self.any_host = "*" in allowed_hosts
@@ -237,6 +368,8 @@ class Guard:
         self.any_origin = "*" in allowed_origins
         self.allowed_origins = {o.lower().rstrip("/") for o in allowed_origins}
         self.max_body_bytes = max_body_bytes
+        self.page = page or PageLogins()
+        self.owner_of = owner_of or (lambda sid: None)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         kind = scope["type"]
@@ -250,29 +383,114 @@ class Guard:
             await _deny(scope, receive, send, 400, f"Host {host!r} is not served here (see --allowed-hosts)")
             return
         origin = headers.get("origin")
-        checks_origin = kind == "websocket" or (scope.get("method") == "POST" and path.startswith("/webrtc/"))
+        # Pages of other sites can make a browser post to this server (a local
+        # one included): the doors that start sessions or change the replica
+        # take posts from this server's own page only.
+        checks_origin = kind == "websocket" or (scope.get("method") == "POST" and (
+            path.startswith("/webrtc/") or path in OPERATOR_ROUTES))
         if origin is not None and checks_origin and not self._origin_ok(origin, host, scope):
             await _deny(scope, receive, send, 403, f"Origin {origin} is not allowed (add it to --allowed-origins)")
             return
-        if self._guarded(path) and self.access.required:
-            presented = _presented_token(headers, scope)
-            if not presented:
-                await _deny(scope, receive, send, 401, "This server needs a token: send 'Authorization: Bearer <token>' "
-                                               "or add ?token=<token> (the page gets one when you log in)")
-                return
-            if not self.access.accepts(presented):
-                await _deny(scope, receive, send, 403, "Invalid or expired token")
-                return
+        login, refusal = await self._login(scope, headers)
+        scope = _with_login(scope, login)
+        needs = route_kind(path)
+        if needs == "operator" and (refusal is not None or not self._operator_ok(scope, headers, login)):
+            await _deny(scope, receive, send, 403, "Operator endpoint: send the server token (Authorization: "
+                                                   "Bearer), or call it on this machine without a proxy")
+            return
+        if needs == "login" and self.access.required and login is None:
+            status, message = refusal or (401, "This server needs a login: sign in on the page, or send "
+                                               "'Authorization: Bearer <token>' or ?token=<token>")
+            await _deny(scope, receive, send, status, message)
+            return
+        if kind == "http" and scope.get("method") == "POST" and (call := _CALL_ROUTE.fullmatch(path)):
+            await self._page_call(scope, receive, send, login, call.group("name"))
+            return
         if kind == "http" and (path.startswith("/webrtc/") or path.startswith("/api/")):
             await self._limited(scope, receive, send, headers)
             return
         await self.app(scope, receive, send)
 
-    @staticmethod
-    def _guarded(path: str) -> bool:
-        if path in HEALTH_PATHS:
-            return False
-        return path == WS_PATH or path.startswith(("/webrtc/", "/api/", "/media/"))
+    async def _login(self, scope: Scope, headers: dict[str, str]) -> tuple[str | None, tuple[int, str] | None]:
+        """(the caller's login, or None; why a credential it presented was refused)."""
+        access = self.access
+        presented = _presented_token(headers, scope)
+        if presented:
+            if access.token and hmac.compare_digest(access.token.encode(), presented.encode()):
+                return TOKEN_LOGIN, None
+            user = access.page_user(presented)
+            if user is not None:
+                return user_login(user), None
+            return None, (403, "Invalid or expired token")
+        if not access.required:
+            return None, None
+        cookies = cookie_parser(headers.get("cookie", ""))
+        user = self.page.password_user(cookies)
+        if user is not None:
+            return user_login(user), None
+        if access.hf_oauth:
+            user = await self.page.hf_user(scope, cookies)
+            if user is not None:
+                if not access.hf_user_allowed(user):
+                    return None, (403, f"The Hugging Face user {user!r} is not on this server's --hf-users")
+                return user_login(user), None
+        return None, None
+
+    def _operator_ok(self, scope: Scope, headers: dict[str, str], login: str | None) -> bool:
+        if login is not None:  # the server token, or a page's login: that never suffices
+            return login == TOKEN_LOGIN
+        client = (scope.get("client") or ("", 0))[0]
+        return is_loopback(client or "") and not is_forwarded(headers)
+
+    async def _page_call(self, scope: Scope, receive: Receive, send: Send, login: str | None,
+                         api_name: str | None) -> None:
+        """A page function run over HTTP: refused (403) when it names a
+        session that another login opened; else passed on with its body."""
+        body = b""
+        while True:
+            message = await receive()
+            if message["type"] != "http.request":
+                return  # the client went away
+            body += message.get("body", b"")
+            if len(body) > MAX_CALL_BODY:
+                await _deny(scope, receive, send, 413, f"Request body too large (limit {MAX_CALL_BODY} bytes)")
+                return
+            if not message.get("more_body"):
+                break
+        if not self._may_call(body, login, api_name):
+            log.info("refused a page call naming another login's session")
+            await _deny(scope, receive, send, 403, "This session belongs to another login")
+            return
+        replayed = False
+
+        async def replay() -> dict[str, Any]:
+            nonlocal replayed
+            if replayed:
+                return await receive()
+            replayed = True
+            return {"type": "http.request", "body": body, "more_body": False}
+
+        await self.app(scope, replay, send)
+
+    def _may_call(self, body: bytes, login: str | None, api_name: str | None) -> bool:
+        try:
+            payload = json.loads(body or b"{}")
+        except ValueError:
+            return True  # Gradio refuses it itself
+        if not isinstance(payload, dict) or not isinstance(payload.get("data"), list):
+            return True
+        fns = {self.page.fn_by_name.get(api_name)} if api_name else set()
+        if isinstance(payload.get("fn_index"), int):
+            fns.add(payload["fn_index"])
+        data = payload["data"]
+        for fn in fns:
+            position = self.page.session_inputs.get(fn)
+            if position is None or position >= len(data) or not isinstance(data[position], str):
+                continue
+            owner = self.owner_of(data[position])
+            if owner is not None and owner != login:
+                return False
+        return True
 
     def _origin_ok(self, origin: str, host: str, scope: Scope) -> bool:
         origin = origin.lower().rstrip("/")
@@ -311,6 +529,14 @@ class Guard:
         except BodyTooLarge:
             if not started:
                 await _deny(scope, receive, send, 413, f"Request body too large (limit {limit} bytes, --max-body-bytes)")
+
+
+def _with_login(scope: Scope, login: str | None) -> Scope:
+    """The scope with the guard's finding as its only x-vidchat-login header."""
+    kept = [(k, v) for k, v in scope.get("headers", []) if k.lower() != LOGIN_HEADER.encode()]
+    if login is not None:
+        kept.append((LOGIN_HEADER.encode(), quote(login, safe="").encode("latin-1")))
+    return dict(scope, headers=kept)
 
 
 def _presented_token(headers: dict[str, str], scope: Scope) -> str | None:

@@ -3,36 +3,41 @@ show it under the answer, and served to that page.
 
 Each answered question is remembered (the last few per session) under an
 unguessable id. Its frames, audio and record are served at
-``/inputs/<id>/…``: like a session id, knowing the id is what entitles a
-caller to them, so the links work in ``<img>`` and ``<audio>`` tags that
-cannot carry a token, and the id is kept out of the access log. Nothing is
-written to disk: the files are encoded in memory when asked for.
+``/inputs/<id>/…`` to the login that opened its session (vidchat.access:
+the page's login cookie reaches them from ``<img>`` and ``<audio>`` tags,
+which cannot carry a token); any other login gets 403. The id is kept out
+of the access log. Nothing is written to disk: the files are encoded in
+memory when asked for, and a zip of recorded bundles is streamed.
 """
 
 from __future__ import annotations
 
 import collections
-import html
 import io
 import json
 import secrets
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
-from fastapi import APIRouter, HTTPException
-from fastapi.responses import Response
+from fastapi import APIRouter, HTTPException, Request
+from fastapi.responses import Response, StreamingResponse
 from PIL import Image
 
 # The same encoders as recording bundles: frames as lossless PNG; the audio the
 # engine got as 16-bit PCM WAV when that is exact (a session's audio always
 # is), else 32-bit float, so the served samples hash as what the model heard.
-from vidchat.recording import audio_used, png_bytes, wav_bytes, zip_bundles
+from vidchat.access import login_of
+from vidchat.markup import as_text
+from vidchat.recording import audio_used, iter_zip_bundles, png_bytes, wav_bytes
 
 if TYPE_CHECKING:
     from vidchat.chat import Answer
     from vidchat.sessions import Entry
 
 KEEP_PER_SESSION = 8
+# Recorded bundles a session keeps track of (their folders stay on disk; the
+# oldest is only forgotten by the session's download links).
+KEEP_BUNDLES_PER_SESSION = 64
 PATH_PREFIX = "/inputs/"
 THUMB_SIZE = (128, 96)
 
@@ -52,12 +57,19 @@ def remember(entry: "Entry", answer: "Answer") -> str:
     return answer_id
 
 
-def find(registry: Any, answer_id: str) -> "Answer | None":
+def keep_bundle(entry: "Entry", answer_id: str, path: Any) -> None:
+    """Remember a recorded answer's bundle folder for the session's download links."""
+    entry.bundles[answer_id] = path
+    while len(entry.bundles) > KEEP_BUNDLES_PER_SESSION:
+        entry.bundles.pop(next(iter(entry.bundles)))
+
+
+def find(registry: Any, answer_id: str) -> "tuple[Entry, Answer] | tuple[None, None]":
     for entry in registry.entries():
         answer = entry.answers.get(answer_id)
         if answer is not None:
-            return answer
-    return None
+            return entry, answer
+    return None, None
 
 
 def record(answer: "Answer", answer_id: str | None = None) -> dict[str, Any]:
@@ -111,9 +123,9 @@ def details_html(answer: "Answer", answer_id: str, recorded: bool = False) -> st
         tiles.append(
             f"<a href='{base}/frame/{k}.png' target='_blank' rel='noopener' title='open full size'>"
             # Inline sizes: the chat's own styles make message images full width.
-            f"<figure style='margin:0;width:96px'><img src='{_thumb_data_url(frame)}' alt='frame {idx}' "
+            f"<figure style='margin:0;width:96px'><img src='{_thumb_data_url(frame)}' alt='frame {as_text(idx)}' "
             f"style='width:96px;height:auto;max-width:96px;border-radius:3px'>"
-            f"<figcaption style='font-size:0.7rem;text-align:center'>#{idx} · {t:.2f} s{at}</figcaption></figure></a>"
+            f"<figcaption style='font-size:0.7rem;text-align:center'>#{as_text(idx)} · {t:.2f} s{at}</figcaption></figure></a>"
         )
     audio = ""
     if audio_used(answer) is not None and rec.get("audio_span"):
@@ -122,17 +134,18 @@ def details_html(answer: "Answer", answer_id: str, recorded: bool = False) -> st
                  f"<audio controls preload='none' src='{base}/audio.wav'></audio></p>")
     params = {k: rec.get(k) for k in ("seed", "temperature", "max_tokens", "frames_as", "video_fps", "include_audio")}
     cached = f" ({rec['cached_tokens']} from the cache)" if rec.get("cached_tokens") else ""
-    numbers = (f"{rec.get('prompt_tokens')} prompt tokens{cached} · first token {rec.get('ttft_ms')} ms"
+    numbers = (f"{as_text(rec.get('prompt_tokens'))} prompt tokens{as_text(cached)} · first token "
+               f"{as_text(rec.get('ttft_ms'))} ms"
                + (f" · {rec['tokens_per_s']:.1f} tokens/s" if rec.get("tokens_per_s") else ""))
     return (
         "<div class='vc-inputs'>"
         f"<div class='vc-frames' style='display:flex;flex-wrap:wrap;gap:6px'>{''.join(tiles)}</div>{audio}"
-        f"<p class='vc-muted'>Model <code>{html.escape(str(rec.get('model')))}</code>"
-        f"{' @ ' + html.escape(rec['model_revision']) if rec.get('model_revision') else ''} · {numbers}</p>"
-        f"<p class='vc-muted'>Sampling: <code>{html.escape(json.dumps(params))}</code></p>"
-        f"<p class='vc-muted'>inputs_sha256 <code>{rec.get('inputs_sha256')}</code></p>"
+        f"<p class='vc-muted'>Model <code>{as_text(str(rec.get('model')))}</code>"
+        f"{' @ ' + as_text(rec['model_revision']) if rec.get('model_revision') else ''} · {numbers}</p>"
+        f"<p class='vc-muted'>Sampling: <code>{as_text(json.dumps(params))}</code></p>"
+        f"<p class='vc-muted'>inputs_sha256 <code>{as_text(rec.get('inputs_sha256'))}</code></p>"
         f"<details><summary>Prompt as the model's template rendered it</summary>"
-        f"<pre class='vc-prompt'>{html.escape(rec.get('prompt') or '')}</pre></details>"
+        f"<pre class='vc-prompt'>{as_text(rec.get('prompt') or '')}</pre></details>"
         f"<p><a href='{base}/record.json' download='vidchat-answer-{answer_id[:8]}.json'>Download the record"
         f" (JSON)</a>{bundle_links}</p></div>"
     )
@@ -141,16 +154,21 @@ def details_html(answer: "Answer", answer_id: str, recorded: bool = False) -> st
 def router(state: Any) -> APIRouter:
     api = APIRouter()
 
-    def lookup(answer_id: str) -> "Answer":
-        answer = find(state.registry, answer_id)
+    def owned(request: Request, entry: "Entry") -> None:
+        if entry.owner is not None and entry.owner != login_of(request.headers):
+            raise HTTPException(403, "this answer belongs to another login's session")
+
+    def lookup(request: Request, answer_id: str) -> "Answer":
+        entry, answer = find(state.registry, answer_id)
         if answer is None:
             raise HTTPException(404, "no such answer (its session ended, or it is older than the last "
                                      f"{KEEP_PER_SESSION})")
+        owned(request, entry)
         return answer
 
     @api.get(PATH_PREFIX + "{answer_id}/frame/{k}.png")
-    async def frame(answer_id: str, k: int) -> Response:
-        answer = lookup(answer_id)
+    async def frame(request: Request, answer_id: str, k: int) -> Response:
+        answer = lookup(request, answer_id)
         if not 0 <= k < len(answer.sample.frames):
             raise HTTPException(404, "no such frame")
         import asyncio
@@ -159,40 +177,38 @@ def router(state: Any) -> APIRouter:
         return Response(data, media_type="image/png", headers={"Cache-Control": "private, max-age=3600"})
 
     @api.get(PATH_PREFIX + "{answer_id}/audio.wav")
-    async def audio(answer_id: str) -> Response:
-        samples = audio_used(lookup(answer_id))
+    async def audio(request: Request, answer_id: str) -> Response:
+        samples = audio_used(lookup(request, answer_id))
         if samples is None:
             raise HTTPException(404, "this answer got no audio")
         data, _ = wav_bytes(samples)
         return Response(data, media_type="audio/wav")
 
-    def recorded(answer_id: str) -> tuple[list, list]:
+    def recorded(request: Request, answer_id: str) -> tuple[list, list]:
         for entry in state.registry.entries():
             if answer_id in entry.bundles:
+                owned(request, entry)
                 return [entry.bundles[answer_id]], list(entry.bundles.values())
         raise HTTPException(404, "this answer was not recorded (turn Record on; the server needs --record-dir)")
 
-    @api.get(PATH_PREFIX + "{answer_id}/bundle.zip")
-    async def bundle_zip(answer_id: str) -> Response:
-        import asyncio
+    def zipped(paths: list, filename: str) -> StreamingResponse:
+        # A sync iterator: Starlette runs it in a worker thread, piece by piece.
+        return StreamingResponse(iter_zip_bundles(paths), media_type="application/zip",
+                                 headers={"Content-Disposition": f"attachment; filename={filename}"})
 
-        mine, _ = recorded(answer_id)
-        data = await asyncio.to_thread(zip_bundles, mine)
-        return Response(data, media_type="application/zip",
-                        headers={"Content-Disposition": f"attachment; filename=vidchat-bundle-{answer_id[:8]}.zip"})
+    @api.get(PATH_PREFIX + "{answer_id}/bundle.zip")
+    async def bundle_zip(request: Request, answer_id: str) -> Response:
+        mine, _ = recorded(request, answer_id)
+        return zipped(mine, f"vidchat-bundle-{answer_id[:8]}.zip")
 
     @api.get(PATH_PREFIX + "{answer_id}/session-bundles.zip")
-    async def session_zip(answer_id: str) -> Response:
-        import asyncio
-
-        _, all_of_session = recorded(answer_id)
-        data = await asyncio.to_thread(zip_bundles, all_of_session)
-        return Response(data, media_type="application/zip",
-                        headers={"Content-Disposition": "attachment; filename=vidchat-session-bundles.zip"})
+    async def session_zip(request: Request, answer_id: str) -> Response:
+        _, all_of_session = recorded(request, answer_id)
+        return zipped(all_of_session, "vidchat-session-bundles.zip")
 
     @api.get(PATH_PREFIX + "{answer_id}/record.json")
-    async def record_json(answer_id: str) -> Response:
-        rec = record(lookup(answer_id), answer_id)
+    async def record_json(request: Request, answer_id: str) -> Response:
+        rec = record(lookup(request, answer_id), answer_id)
         return Response(json.dumps(rec, ensure_ascii=False, indent=1), media_type="application/json",
                         headers={"Content-Disposition": f"attachment; filename=vidchat-answer-{answer_id[:8]}.json"})
 

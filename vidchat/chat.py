@@ -106,6 +106,24 @@ def check_options(options: AnswerOptions, engine: Engine | None, sampling: Sessi
             raise OptionError(str(exc)) from None
 
 
+def checked_settings(values: Any, defaults: AnswerOptions | None = None) -> tuple[AnswerOptions, SessionSettings]:
+    """Settings given as data, by the names session.config takes (a loaded
+    bundle's manifest), through the checks every door uses: the socket's
+    field table for types (vidchat.protocol_config.parse_config), then
+    SessionSettings.validate and check_options for ranges. Raises ValueError
+    naming the field; unknown names are ignored."""
+    from vidchat.protocol_config import parse_config
+
+    if not isinstance(values, dict):
+        raise OptionError(f"settings must be an object, got {type(values).__name__}")
+    changes = parse_config(values)
+    sampling = dataclasses.replace(SessionSettings(), **changes.session)
+    sampling.validate()
+    options = (defaults or AnswerOptions()).updated(**changes.answer)
+    check_options(options, None, sampling)
+    return options, sampling
+
+
 def apply_settings(session: Session, engine: Engine | None, options: AnswerOptions,
                    sampling_changes: dict[str, Any]) -> None:
     """Check a question's options against the sampling settings they will run

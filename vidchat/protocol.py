@@ -19,7 +19,7 @@ Client → server (JSON text messages, one object each)::
                     [rt] turn_detection (below);
                     [vc] sampling, sample_seconds, keepalive_s, audio_mode,
                     audio_last_seconds, frames_as, max_tokens, temperature,
-                    include_audio, seed.
+                    include_audio, seed, vidchat_events (below).
                     Unknown keys are ignored; a wrong type or value ends the session.
                     modalities asking for "audio": answers are text, and the
                     first response.start carries a one-time
@@ -88,7 +88,10 @@ finished utterance as a spoken question, with no video.query. Events::
 Ranges are vidchat.vad.TurnSettings.validate()'s; a bad value is a config
 error. A model that takes no audio: an error, and no turn detection.
 
-vidchat extras (clients that don't know them can ignore them)::
+vidchat extras, only to clients that opted in: session.config with
+``vidchat_events: true`` [vc], or any [vc] field, or a session.update
+(``vidchat_events: false`` keeps them off); a seed or vllm-omni client gets
+none of them and just waits for its response.start::
 
     response.queued {position, ahead}   before response.start, whenever the
                     question waits for a place (--max-concurrent-answers);
@@ -127,12 +130,14 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from vidchat import answer_inputs, chat, talk, wire
+from vidchat.access import login_of
 from vidchat.chat import Answer, AnswerOptions
 from vidchat.clock import ClientClock
 from vidchat.engine import NO_SPOKEN_QUESTIONS, EngineError
 from vidchat.evs import FrameError
 from vidchat.media import AUDIO_RATE
-from vidchat.protocol_config import UPDATABLE_INFO, ConfigError, TurnDetection, parse_config
+from vidchat.protocol_config import (UPDATABLE_INFO, ConfigError, TurnDetection, parse_config,
+                                     wants_vidchat_events)
 from vidchat.workers import run_media
 from vidchat.session import MAX_AUDIO_SECONDS, Sample, SessionSettings
 from vidchat.sessions import Entry, TooManySessions
@@ -223,6 +228,9 @@ class Connection:
         # frame_id, pts_ms and capture_ts_ms, while the frame is in the buffer.
         self._frame_meta: dict[int, dict[str, Any]] = {}
         self._names_frames = False  # the client has sent a frame_id: acks and frames.consumed
+        # The client knows vidchat (protocol_config.wants_vidchat_events): only
+        # then is it sent response.queued and session.expiring.
+        self._vidchat_events = False
         self._notice: str | None = None  # said once, in the next response.start
         # Server-side turn detection (turn_detection): its settings, the
         # session's listener and the task that asks each utterance.
@@ -374,7 +382,7 @@ class Connection:
         try:
             changes = parse_config(msg)
             settings = self._session_settings(changes.session)
-        except ValueError as exc:  # ConfigError, SessionSettings.validate
+        except ValueError as exc:  # ConfigError, SessionSettings.validate, the memory budget
             await self.error(str(exc))
             await self.close(CLOSE_POLICY, "invalid session.config")
             return False
@@ -393,13 +401,15 @@ class Connection:
             await self.close(CLOSE_POLICY, "invalid session.config")
             return False
         try:
-            self.entry = self.state.new_session("ws", settings=settings, reservation=self._reservation)
+            self.entry = self.state.new_session("ws", settings=settings, reservation=self._reservation,
+                                                owner=login_of(self.ws.headers))
         except TooManySessions as exc:
             await self.error(str(exc))
             await self.close(CLOSE_TRY_LATER, "too many sessions")
             return False
         self._reservation = None
         self.options = options
+        self._vidchat_events = wants_vidchat_events(msg)
         self.entry.closers.append(self._closed_by_server)
         modalities = changes.info.get("modalities") or []
         if "audio" in modalities:
@@ -410,7 +420,7 @@ class Connection:
                 await self._set_turns(turns)
             else:  # typed questions still work: the session goes on
                 await self.error(f"turn_detection is off: {NO_SPOKEN_QUESTIONS}")
-        if self.entry.deadline is not None:
+        if self.entry.deadline is not None and self._vidchat_events:
             self._expiry_task = asyncio.create_task(self._announce_end(self.entry))
         log.info("ws %s: session %s… started: model=%r max_frames=%d sample=%d(%s) evs=%s/%.2f frames_as=%s",
                  self.peer, self.entry.session.id[:6], changes.info.get("model", ""), settings.max_frames,
@@ -436,6 +446,7 @@ class Connection:
         cap = min(self.settings.ws_max_audio_seconds, MAX_AUDIO_SECONDS)
         settings = dataclasses.replace(SessionSettings(audio_seconds=cap), **changes)
         settings.validate()
+        self.state.check_frame_budget(settings.max_frames)
         return settings
 
     def _answer_options(self, changes: dict[str, Any], sampling: SessionSettings) -> AnswerOptions:
@@ -772,6 +783,8 @@ class Connection:
                  " (cancelled)" if stats.get("cancelled") else "")
 
     async def _tell_queued(self, ahead: int) -> None:
+        if not self._vidchat_events:
+            return  # a seed or vllm-omni client just waits for its response.start
         await self.send({"type": "response.queued", "position": ahead + 1, "ahead": ahead})
 
     # -- turn detection ------------------------------------------------------
@@ -879,6 +892,11 @@ class Connection:
             await self.error(f"session.update rejected: {exc}")
             return
         self.options = options
+        # session.update is vidchat's own message: its sender knows vidchat.
+        known = self._vidchat_events
+        self._vidchat_events = wants_vidchat_events(msg, already=True)
+        if self._vidchat_events and not known and self.entry.deadline is not None and self._expiry_task is None:
+            self._expiry_task = asyncio.create_task(self._announce_end(self.entry))
         if turns_given and not self._asking_closed:
             await self._set_turns(turns)
         await self.send({"type": "session.updated", "settings": self.describe()})

@@ -53,7 +53,12 @@ FIELDS: dict[str, _Field] = {
     "include_audio": _Field((bool,), "answer", "include_audio"),
     "seed": _Field((int,), "answer", "seed", nullable=True),
     "turn_detection": _Field((dict,), "info", "turn_detection", nullable=True),
+    "vidchat_events": _Field((bool,), "info", "vidchat_events"),
 }
+# The fields whose origin is vidchat ([vc] in vidchat.protocol's table): a
+# client that sends one knows vidchat, and is sent vidchat's extra events.
+VIDCHAT_FIELDS = frozenset({"sampling", "sample_seconds", "keepalive_s", "audio_mode", "audio_last_seconds",
+                            "frames_as", "max_tokens", "temperature", "include_audio", "seed"})
 # Upstream's later names for the seed's fields (use_audio_in_video is
 # vllm-omni's name for what vidchat calls include_audio).
 ALIASES = {
@@ -68,6 +73,16 @@ UPDATABLE_INFO = ("turn_detection",)
 
 class ConfigError(ValueError):
     pass
+
+
+def wants_vidchat_events(msg: dict[str, Any], already: bool = False) -> bool:
+    """Whether a client gets vidchat's extra events (response.queued,
+    session.expiring, any later one) after this session.config/update: it
+    said so (``vidchat_events``: true, or false to stay without), or it used
+    a field of vidchat's own. A seed or vllm-omni client gets none."""
+    if isinstance(msg.get("vidchat_events"), bool):
+        return msg["vidchat_events"]
+    return already or any(ALIASES.get(key, key) in VIDCHAT_FIELDS for key in msg)
 
 
 def _type_name(kinds: tuple[type, ...], nullable: bool) -> str:

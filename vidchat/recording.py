@@ -63,7 +63,7 @@ writes PCM only, so both are written here with ``struct``). Either way
 
 A bundle folder is written under a temporary name and renamed when complete,
 so a reader never sees half a bundle. :func:`zip_bundles` packs bundles into
-one zip (one folder each) in memory; :func:`read_bundle` reads a folder or a
+one zip (one folder each), :func:`iter_zip_bundles` streams it; :func:`read_bundle` reads a folder or a
 zip holding one bundle, without extracting it.
 """
 
@@ -74,6 +74,7 @@ import datetime as _dt
 import io
 import json
 import logging
+import math
 import os
 import re
 import struct
@@ -81,7 +82,7 @@ import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from types import SimpleNamespace
-from typing import Any, Iterable, Sequence
+from typing import Any, Callable, Iterable, Iterator, Sequence
 
 import numpy as np
 from PIL import Image
@@ -106,6 +107,11 @@ MAX_FRAME_PIXELS = 4096 * 4096
 # Most bytes one file of a bundle may unpack to, and most frames it may hold.
 MAX_MEMBER_BYTES = 128 << 20
 MAX_BUNDLE_FRAMES = 1024
+# Most bytes all of a bundle's frames may decode to (width x height x 3 summed
+# over the manifest's frames), checked before any frame is decoded: a zip of
+# uniform 4096x4096 PNGs is small and would decode to gigabytes. A recording
+# at the stored size (320x240) of 64 frames needs 15 MB.
+MAX_BUNDLE_DECODED_BYTES = 512 << 20
 
 
 class BundleError(ValueError):
@@ -187,13 +193,16 @@ def png_bytes(frame: np.ndarray) -> bytes:
     return buf.getvalue()
 
 
-def read_png(data: bytes) -> np.ndarray:
+def read_png(data: bytes, size: tuple[int, int] | None = None) -> np.ndarray:
+    """A PNG's RGB pixels; ``size`` (width, height): what its header must say, checked before decoding."""
     try:
         with Image.open(io.BytesIO(data)) as img:
             if img.format != "PNG":
                 raise BundleError(f"frame is {img.format}, not PNG")
             if img.width * img.height > MAX_FRAME_PIXELS:
                 raise BundleError(f"frame of {img.width}x{img.height} is larger than a bundle frame may be")
+            if size is not None and img.size != size:
+                raise BundleError(f"frame is {img.width}x{img.height}, the manifest says {size[0]}x{size[1]}")
             return np.asarray(img.convert("RGB"))
     except (OSError, Image.DecompressionBombError) as exc:
         raise BundleError(f"frame is not a readable PNG: {exc}") from None
@@ -500,6 +509,91 @@ class _Zip:
         return data
 
 
+def _number(value: Any, least: float | None = None) -> bool:
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    return ok and (least is None or value >= least)
+
+
+def _count(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value < 1 << 63
+
+
+def _check(where: str, field: str, value: Any, ok: Callable[[Any], bool], expected: str,
+           nullable: bool = True) -> None:
+    if (value is None and nullable) or (value is not None and ok(value)):
+        return
+    shown = repr(value) if len(repr(value)) <= 80 else repr(value)[:77] + "..."
+    raise BundleError(f"{where}: manifest field '{field}' must be {expected}, got {shown}")
+
+
+def _text(value: Any) -> bool:
+    return isinstance(value, str)
+
+
+def check_manifest(manifest: dict[str, Any], where: str = "bundle") -> None:
+    """A manifest from elsewhere, value by value: its settings through the
+    checks every door uses (vidchat.chat.checked_settings), everything else
+    the page shows or uses by type and range, and the decoded size of its
+    frames against MAX_BUNDLE_DECODED_BYTES, all before a frame is read.
+    Raises BundleError naming the field."""
+    from vidchat.chat import checked_settings
+
+    settings = manifest.get("settings") or {}
+    top = {k: manifest[k] for k in ("seed", "frames_as") if manifest.get(k) is not None}
+    for label, values in (("settings", settings), ("", top)):
+        try:
+            checked_settings(values)
+        except ValueError as exc:
+            raise BundleError(f"{where}: manifest {label + ' ' if label else ''}rejected: {exc}") from None
+    _check(where, "answer", manifest.get("answer"), _text, "text")
+    for name in ("model", "model_option", "model_revision", "prompt", "source"):
+        _check(where, name, manifest.get(name), _text, "text or null")
+    _check(where, "t", manifest.get("t"), _number, "a number or null")
+    _check(where, "video_fps", manifest.get("video_fps"), lambda v: _number(v) and v > 0, "a positive number")
+    _check(where, "inputs_sha256", manifest.get("inputs_sha256"),
+           lambda v: isinstance(v, str) and re.fullmatch(r"[0-9a-f]{0,64}", v) is not None, "a hex digest")
+    history = manifest.get("history") or []
+    _check(where, "history", history, lambda v: isinstance(v, list) and all(
+        isinstance(h, dict) and h.get("role") in ("user", "assistant") and isinstance(h.get("content"), str)
+        for h in v), "a list of {role: user|assistant, content: text}", nullable=False)
+    for group, names, ok, expected in (
+            ("tokens", ("prompt_tokens", "cached_tokens", "completion_tokens"), _count, "a whole number >= 0"),
+            ("tokens", ("finish_reason",), _text, "text or null"),
+            ("timings", ("prep_ms", "ttft_ms", "total_s", "tokens_per_s"), lambda v: _number(v, 0), "a number >= 0")):
+        values = manifest.get(group) or {}
+        _check(where, group, values, lambda v: isinstance(v, dict), "an object", nullable=False)
+        for name in names:
+            _check(where, f"{group}.{name}", values.get(name), ok, expected)
+    for name in ("record", "spoken_question", "audio", "engine"):
+        _check(where, name, manifest.get(name), lambda v: isinstance(v, dict), "an object or null")
+    record = manifest.get("record") or {}
+    _check(where, "record.model_revision", record.get("model_revision"), _text, "text or null")
+    spoken = manifest.get("spoken_question") or {}
+    for name in ("start", "seconds"):
+        _check(where, f"spoken_question.{name}", spoken.get(name), _number, "a number or null")
+    audio = manifest.get("audio") or {}
+    _check(where, "audio.seconds", audio.get("seconds"), lambda v: _number(v, 0), "a number >= 0")
+    _check(where, "audio.span", audio.get("span"), lambda v: isinstance(v, list) and len(v) == 2 and all(
+        x is None or _number(x) for x in v), "[start, end] in seconds")
+    listed = manifest.get("frames") or []
+    if not isinstance(listed, list) or len(listed) > MAX_BUNDLE_FRAMES:
+        raise BundleError(f"{where}: the manifest's frames must be a list of at most {MAX_BUNDLE_FRAMES}")
+    decoded = 0
+    for n, entry in enumerate(listed):
+        if not isinstance(entry, dict):
+            raise BundleError(f"{where}: a frame entry of the manifest is not an object")
+        for name in ("width", "height"):
+            _check(where, f"frames[{n}].{name}", entry.get(name), lambda v: _count(v) and 0 < v <= 1 << 16,
+                   "a whole number of pixels", nullable=False)
+        for name in ("t", "source_t"):
+            _check(where, f"frames[{n}].{name}", entry.get(name), _number, "a number or null")
+        _check(where, f"frames[{n}].index", entry.get("index"), _count, "a whole number >= 0 or null")
+        decoded += entry["width"] * entry["height"] * 3
+    if decoded > MAX_BUNDLE_DECODED_BYTES:
+        raise BundleError(f"{where}: its {len(listed)} frames would decode to {decoded / 2**20:.0f} MB; a bundle's "
+                          f"frames may decode to at most {MAX_BUNDLE_DECODED_BYTES >> 20} MB")
+
+
 def _safe_file(name: Any) -> str:
     if not isinstance(name, str) or not _SAFE_NAME.match(name) or ".." in name:
         raise BundleError(f"bad file name in manifest: {name!r}")
@@ -552,17 +646,10 @@ def _read(src: _Folder | _Zip, where: str) -> Bundle:
     spoken = isinstance(manifest.get("spoken_question"), dict) and manifest.get("audio")
     if not isinstance(manifest.get("question"), str) or not (manifest["question"].strip() or spoken):
         raise BundleError(f"{where}: the manifest has no question (neither text nor a spoken question's audio)")
+    check_manifest(manifest, where)
     frames, times, indices = [], [], []
-    listed = manifest.get("frames") or []
-    if not isinstance(listed, list) or len(listed) > MAX_BUNDLE_FRAMES:
-        raise BundleError(f"{where}: the manifest's frames must be a list of at most {MAX_BUNDLE_FRAMES}")
-    for entry in listed:
-        if not isinstance(entry, dict):
-            raise BundleError(f"{where}: a frame entry of the manifest is not an object")
-        frame = read_png(src.read(_safe_file(entry.get("file"))))
-        if (entry.get("width"), entry.get("height")) != (frame.shape[1], frame.shape[0]):
-            raise BundleError(f"{where}: {entry['file']} is {frame.shape[1]}x{frame.shape[0]}, the manifest says "
-                              f"{entry.get('width')}x{entry.get('height')}")
+    for entry in manifest.get("frames") or []:
+        frame = read_png(src.read(_safe_file(entry.get("file"))), (entry["width"], entry["height"]))
         frames.append(frame)
         times.append(entry.get("t"))
         indices.append(entry.get("index"))
@@ -586,19 +673,55 @@ def _read(src: _Folder | _Zip, where: str) -> Bundle:
 def zip_bundles(paths: Iterable[str | os.PathLike]) -> bytes:
     """Bundle folders packed into one zip, in memory (one folder per bundle,
     under its own name). A zip of one bundle can be re-asked as it is."""
-    buf = io.BytesIO()
+    return b"".join(iter_zip_bundles(paths))
+
+
+class _Pipe(io.RawIOBase):
+    """A write-only, unseekable stream whose bytes are taken as they come:
+    zipfile then writes each member's sizes after its data, as a stream can."""
+
+    def __init__(self) -> None:
+        self._chunks: list[bytes] = []
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, data: Any) -> int:
+        self._chunks.append(bytes(data))
+        return len(data)
+
+    def take(self) -> bytes:
+        out, self._chunks = b"".join(self._chunks), []
+        return out
+
+
+def iter_zip_bundles(paths: Iterable[str | os.PathLike], chunk: int = 1 << 20) -> Iterator[bytes]:
+    """The zip of :func:`zip_bundles` as it is written, a piece at a time, so
+    a download of many bundles never holds them all in memory. The folders
+    are checked before the first piece (raises BundleError)."""
+    members: list[tuple[Path, str]] = []
     seen: set[str] = set()
-    with zipfile.ZipFile(buf, "w", zipfile.ZIP_DEFLATED) as zf:
-        for path in paths:
-            p = Path(path)
-            if not (p / MANIFEST).is_file():
-                raise BundleError(f"{p}: not a bundle folder")
-            if p.name in seen:
-                raise BundleError(f"two bundles named {p.name}")
-            seen.add(p.name)
-            for child in sorted(p.iterdir()):
-                if child.is_file():
-                    # PNGs are already compressed: stored as they are.
-                    kind = zipfile.ZIP_STORED if child.suffix == ".png" else zipfile.ZIP_DEFLATED
-                    zf.write(child, f"{p.name}/{child.name}", compress_type=kind)
-    return buf.getvalue()
+    for path in paths:
+        p = Path(path)
+        if not (p / MANIFEST).is_file():
+            raise BundleError(f"{p}: not a bundle folder")
+        if p.name in seen:
+            raise BundleError(f"two bundles named {p.name}")
+        seen.add(p.name)
+        members += [(child, f"{p.name}/{child.name}") for child in sorted(p.iterdir()) if child.is_file()]
+    return _zip_pieces(members, chunk)
+
+
+def _zip_pieces(members: list[tuple[Path, str]], chunk: int) -> Iterator[bytes]:
+    pipe = _Pipe()
+    with zipfile.ZipFile(pipe, "w", zipfile.ZIP_DEFLATED) as zf:
+        for child, arcname in members:
+            info = zipfile.ZipInfo.from_file(child, arcname)
+            # PNGs are already compressed: stored as they are.
+            info.compress_type = zipfile.ZIP_STORED if child.suffix == ".png" else zipfile.ZIP_DEFLATED
+            with open(child, "rb") as src, zf.open(info, "w") as dst:
+                while data := src.read(chunk):
+                    dst.write(data)
+                    yield pipe.take()
+            yield pipe.take()
+    yield pipe.take()

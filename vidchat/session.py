@@ -58,6 +58,30 @@ from vidchat.media import (AUDIO_RATE, DEFAULT_MAX_FRAME_BYTES, DEFAULT_MAX_FRAM
 logger = logging.getLogger(__name__)
 
 MAX_FRAMES_LIMIT = 1024
+# A stored frame is RGB, one byte a channel; the server's default per-session
+# budget (--max-session-mb 0) is what this many frames at the stored size need.
+BYTES_PER_PIXEL = 3
+BUDGET_FRAMES = 64
+
+
+def session_budget_bytes(budget_mb: float, store_max_pixels: int) -> int:
+    """--max-session-mb in bytes (0: BUDGET_FRAMES frames at the stored size, rounded up to a whole MB)."""
+    if budget_mb > 0:
+        return int(budget_mb * 2**20)
+    return math.ceil(BUDGET_FRAMES * store_max_pixels * BYTES_PER_PIXEL / 2**20) * 2**20
+
+
+def check_frame_budget(max_frames: Any, store_max_pixels: int | None, budget_bytes: int | None) -> None:
+    """Raise ValueError naming max_frames and the budget when a full buffer
+    of ``max_frames`` stored frames would not fit the session's budget."""
+    if budget_bytes is None or store_max_pixels is None or not _is_int(max_frames):
+        return
+    need = max_frames * store_max_pixels * BYTES_PER_PIXEL
+    if need > budget_bytes:
+        most = budget_bytes // (store_max_pixels * BYTES_PER_PIXEL)
+        raise ValueError(f"max_frames {max_frames} needs {need / 2**20:.1f} MB at the stored frame size "
+                         f"({store_max_pixels:,} pixels); this server's budget is {budget_bytes / 2**20:.1f} MB "
+                         f"per session (--max-session-mb), at most {most} frames")
 MAX_AUDIO_SECONDS = 600.0
 SAMPLING_STRATEGIES = ("uniform", "stable", "latest_frames", "latest_seconds")
 AUDIO_MODES = ("frames", "last")
@@ -271,9 +295,10 @@ class Session:
     def __init__(self, session_id: str, settings: SessionSettings | None = None, *,
                  store_max_pixels: int | None = DEFAULT_STORE_MAX_PIXELS,
                  max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES,
-                 max_frame_pixels: int = DEFAULT_MAX_FRAME_PIXELS) -> None:
+                 max_frame_pixels: int = DEFAULT_MAX_FRAME_PIXELS, max_bytes: int | None = None) -> None:
         settings = dataclasses.replace(settings) if settings is not None else SessionSettings()
         settings.validate()
+        check_frame_budget(settings.max_frames, store_max_pixels, max_bytes)
         if store_max_pixels is not None and (not _is_int(store_max_pixels) or store_max_pixels < 1):
             raise ValueError(f"store_max_pixels must be None or a positive integer, got {store_max_pixels!r}")
         if not _is_int(max_frame_pixels) or max_frame_pixels < 1:
@@ -283,6 +308,7 @@ class Session:
         self.store_max_pixels = store_max_pixels
         self.max_frame_bytes = max_frame_bytes
         self.max_frame_pixels = max_frame_pixels
+        self.max_bytes = max_bytes  # the frame buffer's budget (None: none)
         self.last_activity = time.monotonic()
         self._ingest_lock = threading.Lock()  # order: _ingest_lock, then _lock
         self._lock = threading.Lock()
@@ -655,6 +681,7 @@ class Session:
         with self._lock:
             new = dataclasses.replace(self.settings, **changes)
             new.validate()
+            check_frame_budget(new.max_frames, self.store_max_pixels, self.max_bytes)
             old = self.settings
             if new.max_frames != old.max_frames:
                 self._frames = deque(self._frames, maxlen=new.max_frames)  # keeps the newest

@@ -58,6 +58,10 @@ class Entry:
     answers: collections.OrderedDict = field(default_factory=collections.OrderedDict, repr=False)
     # The client's network address (for --max-sessions-per-client).
     client: str | None = None
+    # The login that opened it (vidchat.access: a page user, a Hugging Face
+    # user or the server token); only that login is served its frames,
+    # answers and page calls. None: the server asks for no login.
+    owner: str | None = None
     # time.monotonic() at which --session-time-limit ends the session (None: never).
     deadline: float | None = None
     # What the next question will most likely carry besides its frames: the
@@ -140,7 +144,7 @@ class SessionRegistry:
                 )
 
     def create(self, kind: str, settings: SessionSettings | None = None, *, client: str | None = None,
-               reservation: Reservation | None = None, **session_kwargs: Any) -> Entry:
+               reservation: Reservation | None = None, owner: str | None = None, **session_kwargs: Any) -> Entry:
         """A new session; ``session_kwargs`` go to :class:`Session` (storage size, frame cap)."""
         if reservation is not None:
             client = reservation.client
@@ -148,7 +152,8 @@ class SessionRegistry:
         if reservation is not None:
             reservation.release()
         sid = secrets.token_urlsafe(16)
-        entry = Entry(Session(sid, settings or self._default_settings(), **session_kwargs), kind, client=client)
+        entry = Entry(Session(sid, settings or self._default_settings(), **session_kwargs), kind, client=client,
+                      owner=owner)
         if self.time_limit_s > 0:
             entry.deadline = time.monotonic() + self.time_limit_s
         self._entries[sid] = entry
@@ -162,6 +167,19 @@ class SessionRegistry:
         if not sid:
             return None
         return self._entries.get(sid)
+
+    def owner_of(self, sid: str) -> str | None:
+        entry = self._entries.get(sid) if isinstance(sid, str) else None
+        return entry.owner if entry is not None else None
+
+    def get_for(self, sid: Any, login: str | None) -> Entry | None:
+        """The session ``sid`` when ``login`` may use it: the one that opened
+        it (any caller, for a session opened without a login); else None, as
+        for an id that does not exist, so a guessed id tells nothing."""
+        entry = self.get(sid) if isinstance(sid, str) else None
+        if entry is None or (entry.owner is not None and entry.owner != login):
+            return None
+        return entry
 
     def closed_reason(self, sid: str) -> str | None:
         """Why a recently closed session ended (for the page's status line)."""

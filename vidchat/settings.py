@@ -169,6 +169,12 @@ class Settings:
         "", "Other web origins (e.g. https://my.site) whose pages may open WebSocket sessions or post to /webrtc/*; "
         "'*' allows any. Requests without an Origin header (programs) are always allowed.",
     )
+    forwarded_allow_ips: str = _opt(
+        "", "Addresses of reverse proxies (nginx, Traefik, the Space's) whose X-Forwarded-For / Forwarded headers "
+        "name the real client (comma separated; '*' any), passed to uvicorn: per-client caps, logs and the "
+        "loopback checks then see the client, not the proxy. Empty: 127.0.0.1 and ::1 (a proxy on this machine), "
+        "and '*' on a Hugging Face Space, whose container only its proxy can reach.",
+    )
     allowed_hosts: str = _opt(
         "", "Host names this server answers to (comma separated; '*' any). Empty: only localhost names when bound "
         "to a loopback address (this is what defeats DNS rebinding), any host otherwise.",
@@ -186,6 +192,11 @@ class Settings:
     session_time_limit: float = _opt(
         -1.0, "End every session this many seconds after it starts (0: never). -1: never when bound to a "
         "loopback address, 1800 otherwise. The page shows a countdown; the WebSocket protocol announces the end.",
+    )
+    max_session_mb: float = _opt(
+        0.0, "Memory one session's frame buffer may take, in MB (2^20 bytes): max_frames x the stored frame size "
+        "(width x height x 3) must fit, else session.config, session.update and the page get an error naming "
+        "this budget. 0: what 64 frames at the stored size need (a little over 15 MB at 320x240).",
     )
     max_concurrent_answers: int = _opt(
         8, "Answers generated at once across all sessions (0: no cap); later questions wait in a fair queue "
@@ -237,7 +248,8 @@ def build_parser() -> argparse.ArgumentParser:
 AT_LEAST = {"max_sessions": 1, "max_frame_pixels": 1, "max_body_bytes": 1024, "ws_max_frame_bytes": 1024,
             "max_sessions_per_client": 0, "max_concurrent_answers": 0, "connect_timeout": 0,
             "session_idle_timeout": 1, "ws_idle_timeout": 1, "ws_config_timeout": 0.1,
-            "tensor_parallel_size": 1, "data_parallel_size": 1, "turn_ttl": 60}
+            "tensor_parallel_size": 1, "data_parallel_size": 1, "turn_ttl": 60,
+            "max_session_mb": 0}
 
 
 def parse_settings(argv: Sequence[str] | None = None) -> Settings:
@@ -260,6 +272,13 @@ def settings_from_args(parser: argparse.ArgumentParser, args: argparse.Namespace
         elif f.metadata.get("repeat"):
             values[f.name] = tuple(values[f.name])
     return Settings(**values)
+
+
+def forwarded_allow_ips(settings: Settings, on_space: bool) -> str:
+    """--forwarded-allow-ips resolved, as uvicorn takes it."""
+    if settings.forwarded_allow_ips.strip():
+        return settings.forwarded_allow_ips
+    return "*" if on_space else "127.0.0.1,::1"
 
 
 def session_time_limit(settings: Settings) -> float:

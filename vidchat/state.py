@@ -9,13 +9,13 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from vidchat.access import Access
+from vidchat.access import Access, PageLogins
 from vidchat.answer_queue import AnswerQueue
 from vidchat.chat import AnswerOptions
 from vidchat.engine import ENGINE_DEAD_MESSAGE, Engine, EngineError, EngineOptions
 from vidchat.media import DEFAULT_STORE_MAX_PIXELS, describe_store_limit
 from vidchat.models import TINY_BANNER
-from vidchat.session import SessionSettings
+from vidchat.session import SessionSettings, check_frame_budget, session_budget_bytes
 from vidchat.sessions import Entry, SessionRegistry
 from vidchat.settings import Settings
 
@@ -30,6 +30,7 @@ class AppState:
     ice_servers: list[dict[str, Any]] = field(default_factory=list)
     turn: Any = None  # vidchat.turn.TurnMinter with --turn cloudflare
     access: Access = field(default_factory=Access)
+    page_logins: PageLogins = field(default_factory=PageLogins)  # filled in by vidchat.ui.mount
     answer_gate: AnswerQueue = field(default_factory=AnswerQueue)
     session_time_limit: float = 0.0  # seconds, 0: none (settings.session_time_limit resolved)
     engine_options: EngineOptions | None = None  # what the engine is (being) started with
@@ -126,11 +127,20 @@ class AppState:
     def store_limit_text(self) -> str:
         return describe_store_limit(self.store_max_pixels())
 
+    def session_budget_bytes(self) -> int:
+        return session_budget_bytes(self.settings.max_session_mb, self.store_max_pixels())
+
+    def check_frame_budget(self, max_frames: Any) -> None:
+        """Raise ValueError when ``max_frames`` stored frames would not fit --max-session-mb."""
+        check_frame_budget(max_frames, self.store_max_pixels(), self.session_budget_bytes())
+
     def new_session(self, kind: str, **kwargs: Any) -> Entry:
-        """Register a session with the server's storage size and frame cap (raises TooManySessions)."""
+        """Register a session with the server's storage size, frame cap and
+        memory budget (raises TooManySessions, or ValueError for settings over the budget)."""
         return self.registry.create(kind, store_max_pixels=self.store_max_pixels(),
                                     max_frame_bytes=self.settings.ws_max_frame_bytes,
-                                    max_frame_pixels=self.settings.max_frame_pixels, **kwargs)
+                                    max_frame_pixels=self.settings.max_frame_pixels,
+                                    max_bytes=self.session_budget_bytes(), **kwargs)
 
 
 def default_session_settings(settings: Settings) -> SessionSettings:

@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import base64
 import dataclasses
-import html
 import io
 import logging
 import math
@@ -22,14 +21,17 @@ from typing import Any, AsyncIterator
 
 import gradio as gr
 from PIL import Image
+from starlette.routing import Mount
 
 from vidchat import answer_inputs, chat, evs, recording
 from vidchat.chat import Answer, OptionError
 from vidchat import talk
 from vidchat.engine import NO_SPOKEN_QUESTIONS, EngineError, Turn
+from vidchat.markup import as_text
 from vidchat.vad import TurnSettings
 from vidchat.media import FRAMES_AS
-from vidchat.session import SAMPLING_STRATEGIES, Session
+from vidchat.access import login_of
+from vidchat.session import BYTES_PER_PIXEL, SAMPLING_STRATEGIES, Session
 from vidchat.sessions import Entry
 from vidchat.watch import DEFAULT_EVERY_S, SceneWatch
 
@@ -178,12 +180,13 @@ def frames_html(answer) -> str:
         src = base64.b64encode(buf.getvalue()).decode()
         age = t - answer.sample.timestamps[-1]
         tiles.append(
-            f"<figure><img src='data:image/jpeg;base64,{src}' alt='frame {idx}'>"
-            f"<figcaption>#{idx} · {age:+.1f} s{'' if pos is None else f' · file {pos:.1f} s'}</figcaption></figure>"
+            f"<figure><img src='data:image/jpeg;base64,{src}' alt='frame {as_text(idx)}'>"
+            f"<figcaption>#{as_text(idx)} · {age:+.1f} s{'' if pos is None else f' · file {pos:.1f} s'}"
+            "</figcaption></figure>"
         )
     audio = answer.reply.stats.audio_seconds
     head = (
-        f"<p>{len(tiles)} frame(s) as {html.escape(answer.options.frames_as)}, "
+        f"<p>{len(tiles)} frame(s) as {as_text(answer.options.frames_as)}, "
         f"{audio:.1f} s of audio{'' if audio else ' (none)'}; times relative to the newest frame.</p>"
     )
     return head + "<div class='vc-frames'>" + "".join(tiles) + "</div>"
@@ -364,7 +367,7 @@ async def _record(state, entry, answer: Answer, answer_id: str, history: list[di
     except OSError as exc:
         history.append(notice(f"⚠ Could not save the recording: {exc}"))
         return
-    entry.bundles[answer_id] = path
+    answer_inputs.keep_bundle(entry, answer_id, path)
     log.info("session %s… answer recorded in %s", entry.session.id[:6], path)
 
 
@@ -484,28 +487,28 @@ def _model_cell(answer: Answer) -> str:
     engine = answer.reply.engine
     name = str(engine.model_path).rstrip("/").rsplit("/", 1)[-1]
     revision = getattr(engine, "model_revision", "")
-    return (f"<span title='{html.escape(str(engine.model_path))}'>{html.escape(name)}</span>"
-            + (f"<br><small>{html.escape(revision)}</small>" if revision else ""))
+    return (f"<span title='{as_text(str(engine.model_path))}'>{as_text(name)}</span>"
+            + (f"<br><small>{as_text(revision)}</small>" if revision else ""))
 
 
 def _column(heading: str, answer: Answer | None, text: str) -> str:
     rows = ""
     if answer is not None:
         rec = answer.summary()
-        for label, value in (("model", _model_cell(answer)),
-                             ("frames", f"{rec['frames']} as {rec['frames_as']}"),
-                             ("audio", f"{rec['audio_seconds']:.1f} s"),
-                             ("temperature", rec["temperature"]), ("seed", rec["seed"] if rec["seed"] is not None
-                                                                   else "random"),
-                             ("max tokens", rec["max_tokens"]),
-                             ("system prompt", html.escape(_short(rec.get("system_prompt") or "(none)", 60))),
-                             ("prompt tokens", rec["prompt_tokens"]),
-                             ("first token", f"{rec['ttft_ms']} ms" if rec.get("ttft_ms") is not None else "–"),
-                             ("tokens/s", f"{rec['tokens_per_s']:.1f}" if rec.get("tokens_per_s") else "–"),
-                             ("inputs_sha256", f"<code>{rec['inputs_sha256'][:16]}…</code>")):
-            rows += f"<tr><th>{label}</th><td>{value}</td></tr>"
-    return (f"<div class='vc-compare-col'><h4>{html.escape(heading)}</h4>"
-            f"<div class='vc-compare-text'>{html.escape(text) or '…'}</div><table>{rows}</table></div>")
+        cells = (("frames", f"{rec['frames']} as {rec['frames_as']}"),
+                 ("audio", f"{rec['audio_seconds']:.1f} s"),
+                 ("temperature", rec["temperature"]),
+                 ("seed", rec["seed"] if rec["seed"] is not None else "random"),
+                 ("max tokens", rec["max_tokens"]),
+                 ("system prompt", _short(rec.get("system_prompt") or "(none)", 60)),
+                 ("prompt tokens", rec["prompt_tokens"]),
+                 ("first token", f"{rec['ttft_ms']} ms" if rec.get("ttft_ms") is not None else "–"),
+                 ("tokens/s", f"{rec['tokens_per_s']:.1f}" if rec.get("tokens_per_s") else "–"))
+        rows = f"<tr><th>model</th><td>{_model_cell(answer)}</td></tr>"
+        rows += "".join(f"<tr><th>{label}</th><td>{as_text(value)}</td></tr>" for label, value in cells)
+        rows += f"<tr><th>inputs_sha256</th><td><code>{as_text(str(rec['inputs_sha256'])[:16])}…</code></td></tr>"
+    return (f"<div class='vc-compare-col'><h4>{as_text(heading)}</h4>"
+            f"<div class='vc-compare-text'>{as_text(text) or '…'}</div><table>{rows}</table></div>")
 
 
 def compare_html(original: Answer, again: Answer | None, text: str, note: str = "",
@@ -516,8 +519,8 @@ def compare_html(original: Answer, again: Answer | None, text: str, note: str = 
                "<p class='vc-muted'>Different inputs: a subset of the original frames, audio left out, or a "
                "model that does not take audio.</p>")
     heading = f"Recorded ({original.bundle_name})" if original.bundle_name else "Original"
-    return (f"<p><b>{html.escape(original.question)}</b></p>{verdict}"
-            f"{'<p class=vc-muted>' + html.escape(note) + '</p>' if note else ''}"
+    return (f"<p><b>{as_text(original.question)}</b></p>{verdict}"
+            f"{'<p class=vc-muted>' + as_text(note) + '</p>' if note else ''}"
             f"<div class='vc-compare' id='vc-compare-cols'>{_column(heading, original, original.reply.text)}"
             f"{_column(again_heading, again, text)}</div>")
 
@@ -556,7 +559,7 @@ async def load_bundle(state, path: Any, loaded: dict | None) -> tuple[dict, list
         bundle = await asyncio.to_thread(recording.read_bundle, path)
         intact = await asyncio.to_thread(lambda: bundle.digest() == bundle.inputs_sha256)
     except (recording.BundleError, OSError) as exc:
-        return loaded, [], "", f"<p class='vc-note'>⚠ Not a bundle vidchat can read: {html.escape(str(exc))}</p>"
+        return loaded, [], "", f"<p class='vc-note'>⚠ Not a bundle vidchat can read: {as_text(str(exc))}</p>"
     finally:
         try:  # Gradio kept the upload on disk; nothing of it stays once read
             Path(path).unlink()
@@ -591,7 +594,7 @@ async def reask(state, sid: str, answer_id: str, *raw_settings: Any, engine_choi
     try:
         engine = await _reask_engine(state, engine_choice if engine_choice in ("main", "compare") else "main")
     except EngineError as exc:
-        yield f"<p class='vc-note'>⚠ {html.escape(str(exc))}</p>"
+        yield f"<p class='vc-note'>⚠ {as_text(str(exc))}</p>"
         return
     try:
         request = page_request(state, *raw_settings)
@@ -599,7 +602,7 @@ async def reask(state, sid: str, answer_id: str, *raw_settings: Any, engine_choi
         wanted = request.sampling["num_sample_frames"]
         sample = chat.frozen_sample(original, wanted)
     except ValueError as exc:
-        yield f"<p class='vc-note'>⚠ Settings not accepted: {html.escape(str(exc))}</p>"
+        yield f"<p class='vc-note'>⚠ Settings not accepted: {as_text(str(exc))}</p>"
         return
     note = (f"The original had {len(original.sample.frames)} frames; all of them are used."
             if wanted > len(original.sample.frames) else "")
@@ -614,7 +617,7 @@ async def reask(state, sid: str, answer_id: str, *raw_settings: Any, engine_choi
     except chat.Superseded:
         return
     except EngineError as exc:
-        yield f"<p class='vc-note'>⚠ {html.escape(str(exc))}</p>"
+        yield f"<p class='vc-note'>⚠ {as_text(str(exc))}</p>"
         return
     yield compare_html(original, None, "", note, heading)
     try:
@@ -769,13 +772,13 @@ def _header(state) -> None:
     with gr.Row(elem_classes="vc-header"):
         gr.HTML(
             "<div class='vc-title'><h1>vidchat</h1>"
-            f"<span class='vc-model' title='{html.escape(state.model_path)}'>"
-            f"{html.escape(model_label(state))}</span></div>"
+            f"<span class='vc-model' title='{as_text(state.model_path)}'>"
+            f"{as_text(model_label(state))}</span></div>"
         )
         if state.access.hf_oauth:
             gr.LoginButton(size="sm", scale=0, min_width=160)
     if state.banner:
-        gr.HTML(f"<div class='vc-banner' role='alert'>{html.escape(state.banner)}</div>")
+        gr.HTML(f"<div class='vc-banner' role='alert'>{as_text(state.banner)}</div>")
 
 
 def _settings_panel(state) -> list[gr.components.Component]:
@@ -796,7 +799,10 @@ def _settings_panel(state) -> list[gr.components.Component]:
                 0.5, 1.0, value=evs.DEFAULT_THRESHOLD, step=0.005, label="Filter threshold",
                 info="A frame is kept when more than (1 − threshold) of the picture changed: 0.95 → 5 %.",
             )
-            max_frames = gr.Slider(4, 256, value=64, step=1, label="Max frames kept")
+            # As many as --max-session-mb holds at the stored size (more is refused).
+            most = state.session_budget_bytes() // (state.store_max_pixels() * BYTES_PER_PIXEL)
+            max_frames = gr.Slider(4, max(4, min(256, most)), value=min(64, max(4, most)), step=1,
+                                   label="Max frames kept")
         with gr.Row():
             frames_as = gr.Radio(list(FRAMES_AS), value=s.frames_as, label="Send frames as")
             audio_on = gr.Checkbox(value=True, label="Include audio (models that take it)")
@@ -820,7 +826,7 @@ def mount(app, state):
         _header(state)
         with gr.Row(equal_height=False, elem_classes="vc-main"):
             with gr.Column(scale=5, min_width=300):
-                gr.HTML(PREVIEW_HTML.replace("{store_limit}", html.escape(state.store_limit_text()))
+                gr.HTML(PREVIEW_HTML.replace("{store_limit}", as_text(state.store_limit_text()))
                         .replace("{access_mode}", access_mode(state)), elem_id="vc-live-panel")
             with gr.Column(scale=6, min_width=300):
                 chatbot = gr.Chatbot(label="Chat", height=440, elem_id="vc-chat", buttons=["copy"])
@@ -888,12 +894,18 @@ def mount(app, state):
                 return password_page_token(state, request.username)
         blocks.load(issue_token, None, page_token, queue=False, api_visibility="private")
 
-        async def on_question(message, history, sid, *raw):
-            async for update in respond(state, message, history, sid, *raw):
+        # Every function that takes the session id gets it only when the
+        # caller's login opened that session (vidchat.access already refused
+        # the call with 403 otherwise); else it is as if no session ran.
+        def own(request: gr.Request, sid: Any) -> str | None:
+            return sid if state.registry.get_for(sid, login_of(request.headers)) is not None else None
+
+        async def on_question(request: gr.Request, message, history, sid, *raw):
+            async for update in respond(state, message, history, own(request, sid), *raw):
                 yield update
 
-        async def on_stop(sid):
-            await stop_answer(state, sid)
+        async def on_stop(request: gr.Request, sid):
+            await stop_answer(state, own(request, sid))
 
         # The question box is not an output of the (long) answer event, so it
         # stays editable while an answer streams: a new question then
@@ -907,17 +919,17 @@ def mount(app, state):
             trigger(lambda: "", None, question, queue=False, trigger_mode="multiple", api_visibility="private")
         stop.click(on_stop, [session_id], None, cancels=[submit_evt, click_evt], concurrency_limit=None,
                    api_name="stop")
-        def on_clear(sid):
-            entry = state.registry.get(sid) if isinstance(sid, str) else None
+        def on_clear(request: gr.Request, sid):
+            entry = state.registry.get(own(request, sid))
             if entry is not None:
                 entry.warm_history = ()  # the next question carries no chat: nor does its warm-up
             return [], None
 
         clear.click(on_clear, [session_id], [chatbot, details], api_visibility="private")
 
-        async def on_watch(on, q, every, history, sid, *raw):
+        async def on_watch(request: gr.Request, on, q, every, history, sid, *raw):
             sent = False
-            async for update in watch_loop(state, on, q, every, history, sid, *raw):
+            async for update in watch_loop(state, on, q, every, history, own(request, sid), *raw):
                 sent = True
                 yield update
             if not sent:  # a generator that yields nothing would blank the chat
@@ -929,9 +941,9 @@ def mount(app, state):
         for evt in (submit_evt, click_evt):  # after a typed question, watching goes on from the new chat
             evt.then(on_watch, watch_inputs, outputs, api_visibility="private", **watch_events)
 
-        async def on_talk(on, barge, silence, min_speech, history, sid, *raw):
+        async def on_talk(request: gr.Request, on, barge, silence, min_speech, history, sid, *raw):
             sent = False
-            async for update in talk_loop(state, on, barge, silence, min_speech, history, sid, *raw):
+            async for update in talk_loop(state, on, barge, silence, min_speech, history, own(request, sid), *raw):
                 sent = True
                 yield update
             if not sent:
@@ -960,16 +972,16 @@ def mount(app, state):
 
         blocks.load(talk_availability, None, talk_on, api_visibility="private", show_progress="hidden")
 
-        def refresh_reask(sid, loaded):
-            choices = reask_choices(state, sid, loaded)
+        def refresh_reask(request: gr.Request, sid, loaded):
+            choices = reask_choices(state, own(request, sid), loaded)
             return gr.Dropdown(choices=choices, value=choices[0][1] if choices else None)
 
         for evt in (submit_evt, click_evt):
             evt.then(refresh_reask, [session_id, loaded_bundles], reask_from, api_visibility="private")
 
-        async def on_load_bundle(path, sid, loaded):
+        async def on_load_bundle(request: gr.Request, path, sid, loaded):
             loaded, _, chosen, message = await load_bundle(state, path, loaded)
-            choices = reask_choices(state, sid, loaded)
+            choices = reask_choices(state, own(request, sid), loaded)
             return (loaded, gr.Dropdown(choices=choices, value=chosen or (choices[0][1] if choices else None)),
                     message, None)
 
@@ -977,16 +989,34 @@ def mount(app, state):
                            [loaded_bundles, reask_from, comparison, bundle_file], api_name="load_bundle",
                            concurrency_limit=4)
 
-        async def on_reask(sid, answer_id, *raw):
+        async def on_reask(request: gr.Request, sid, answer_id, *raw):
             *settings, which, loaded = raw
-            async for update in reask(state, sid, answer_id, *settings, engine_choice=which, loaded=loaded):
+            async for update in reask(state, own(request, sid), answer_id, *settings, engine_choice=which, loaded=loaded):
                 yield update
 
         reask_btn.click(on_reask, [session_id, reask_from, *settings_inputs, reask_engine, loaded_bundles],
                         comparison, api_name="reask", concurrency_limit=None, show_progress="minimal")
 
-    return gr.mount_gradio_app(app, blocks, path="/", head=HEAD, max_file_size=MAX_BUNDLE_BYTES, theme=gr.themes.Soft(), footer_links=[],
-                               auth=state.access.gradio_auth(), auth_message=_auth_message(state))
+    app = gr.mount_gradio_app(app, blocks, path="/", head=HEAD, max_file_size=MAX_BUNDLE_BYTES,
+                              theme=gr.themes.Soft(), footer_links=[], auth=state.access.gradio_auth(),
+                              auth_message=_auth_message(state))
+    gradio_app = next(r.app for r in app.routes if isinstance(r, Mount) and r.path == "")
+    state.page_logins.attach(gradio_app, *page_functions(blocks, session_id))
+    return app
+
+
+def page_functions(blocks: gr.Blocks, session_id: gr.components.Component) -> tuple[dict[int, int], dict[str, int]]:
+    """For the access guard: the page's functions that take the session id
+    (fn_index -> its place in their inputs), and the fn_index of each API name."""
+    takes_session = {}
+    by_name = {}
+    for fn in blocks.fns.values():
+        for position, component in enumerate(fn.inputs):
+            if component is session_id:
+                takes_session[fn._id] = position
+        if isinstance(fn.api_name, str):
+            by_name[fn.api_name] = fn._id
+    return takes_session, by_name
 
 
 def access_mode(state) -> str:

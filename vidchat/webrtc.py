@@ -49,6 +49,7 @@ from aiortc.mediastreams import MediaStreamError
 from aiortc.rtp import RtcpSrPacket
 from fastapi import APIRouter, HTTPException, Request
 
+from vidchat.access import login_of
 from vidchat.clock import SOURCE_KINDS, SenderClock, TrackClock
 from vidchat.evs import FrameError
 from vidchat.media import AUDIO_RATE
@@ -393,7 +394,7 @@ def parse_source_report(body: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def _resumable(state, body: dict[str, Any]) -> Entry | None:
+def _resumable(state, body: dict[str, Any], login: str | None) -> Entry | None:
     """The session a reconnecting tab proves it owns, or None."""
     resume = body.get("resume")
     if not isinstance(resume, dict):
@@ -401,7 +402,7 @@ def _resumable(state, body: dict[str, Any]) -> Entry | None:
     sid, token = resume.get("session_id"), resume.get("token")
     if not isinstance(sid, str) or not isinstance(token, str):
         return None
-    entry = state.registry.get(sid)
+    entry = state.registry.get_for(sid, login)
     if entry is None or entry.kind != "webrtc":
         return None
     return entry if hmac.compare_digest(token.encode(), entry.resume_token.encode()) else None
@@ -425,6 +426,15 @@ def router(state) -> APIRouter:
     api = APIRouter()
     peers: dict[str, Peer] = {}  # session id -> its current peer
 
+    def mine(request: Request, sid: Any) -> Entry:
+        """The session a request names, if its login opened it: else 403 (another's) or 404."""
+        entry = state.registry.get(sid) if isinstance(sid, str) else None
+        if entry is None:
+            raise HTTPException(404, "no such session (stopped or expired)")
+        if state.registry.get_for(sid, login_of(request.headers)) is None:
+            raise HTTPException(403, "this session belongs to another login")
+        return entry
+
     @api.post("/webrtc/offer")
     async def offer(request: Request) -> dict[str, Any]:
         body = await _read_offer(request)
@@ -433,7 +443,7 @@ def router(state) -> APIRouter:
             ice_servers = await state.ice_config()
         except TurnError as exc:
             raise HTTPException(503, f"Cannot connect from behind NAT now: {exc}.")
-        entry = _resumable(state, body)
+        entry = _resumable(state, body, login_of(request.headers))
         resumed = entry is not None
         if resumed:
             old = peers.get(entry.session.id)
@@ -441,7 +451,8 @@ def router(state) -> APIRouter:
                 await old.close()
         else:
             try:
-                entry = state.new_session("webrtc", client=request.client.host if request.client else None)
+                entry = state.new_session("webrtc", client=request.client.host if request.client else None,
+                                          owner=login_of(request.headers))
             except TooManySessions as exc:
                 raise HTTPException(503, str(exc))
         sid = entry.session.id
@@ -460,7 +471,10 @@ def router(state) -> APIRouter:
     @api.post("/webrtc/close")
     async def close(request: Request) -> dict[str, Any]:
         body = await _read_json(request)
-        closed = await state.registry.close(str(body.get("session_id", "")), "stopped by the page")
+        sid = str(body.get("session_id", ""))
+        if state.registry.get(sid) is not None:
+            mine(request, sid)
+        closed = await state.registry.close(sid, "stopped by the page")
         return {"closed": closed}
 
     @api.post("/webrtc/source")
@@ -471,9 +485,7 @@ def router(state) -> APIRouter:
             report = parse_source_report(body)
         except ValueError as exc:
             raise HTTPException(400, str(exc))
-        entry = state.registry.get(report.pop("session_id"))
-        if entry is None:
-            raise HTTPException(404, "no such session (stopped or expired)")
+        entry = mine(request, report.pop("session_id"))
         # Placed by the page's clock when the session knows how it maps onto
         # the frames' (see the module's docstring), else by arrival.
         arrival = time.monotonic()
@@ -488,9 +500,7 @@ def router(state) -> APIRouter:
         (vidchat.prewarm). ``"enter": true``: the question was just sent; its
         sample is taken now, as the user pressed Enter, and warmed."""
         body = await _read_json(request)
-        entry = state.registry.get(str(body.get("session_id", "")))
-        if entry is None:
-            raise HTTPException(404, "no such session (stopped or expired)")
+        entry = mine(request, str(body.get("session_id", "")))
         if state.prewarmer is not None:
             state.prewarmer.question_coming(entry.session.id)
             if body.get("enter") is True:
@@ -501,13 +511,11 @@ def router(state) -> APIRouter:
         return {"ok": True, "prewarm": state.prewarmer.mode if state.prewarmer else "off"}
 
     @api.get("/webrtc/talk")
-    async def talk_state(session_id: str) -> dict[str, Any]:
+    async def talk_state(request: Request, session_id: str) -> dict[str, Any]:
         """Talk mode's state for the page (polled while Talk is on): whether
         speech is under way, and counters whose change means a turn began
         (the page stops reading aloud: barge-in) or ended."""
-        entry = state.registry.get(session_id)
-        if entry is None:
-            raise HTTPException(404, "no such session (stopped or expired)")
+        entry = mine(request, session_id)
         listener = entry.talk
         out: dict[str, Any] = {"listening": False, "hearing": False, "speech_starts": 0, "utterances": 0,
                                "barge_ins": 0, "answer": talk_answer(entry)}
@@ -522,9 +530,7 @@ def router(state) -> APIRouter:
         """The page started or stopped reading an answer aloud: its own voice,
         coming back through the microphone, must not be taken for a question."""
         body = await _read_json(request)
-        entry = state.registry.get(str(body.get("session_id", "")))
-        if entry is None:
-            raise HTTPException(404, "no such session (stopped or expired)")
+        entry = mine(request, str(body.get("session_id", "")))
         speaking = body.get("speaking")
         if not isinstance(speaking, bool):
             raise HTTPException(400, "'speaking' must be true or false")
@@ -533,19 +539,19 @@ def router(state) -> APIRouter:
         return {"ok": True, "listening": entry.talk is not None and entry.talk.running}
 
     @api.get("/webrtc/live")
-    async def live(session_id: str) -> dict[str, Any]:
+    async def live(request: Request, session_id: str) -> dict[str, Any]:
         """The live view's strip of kept frames and answer timings (polled every few seconds)."""
         from vidchat.answer_inputs import live_view
 
-        entry = state.registry.get(session_id)
-        if entry is None:
-            raise HTTPException(404, "no such session (stopped or expired)")
+        entry = mine(request, session_id)
         return await asyncio.to_thread(live_view, entry)
 
     @api.get("/webrtc/stats")
-    async def session_stats(session_id: str) -> dict[str, Any]:
+    async def session_stats(request: Request, session_id: str) -> dict[str, Any]:
         entry = state.registry.get(session_id)
-        if entry is None:
+        if entry is not None:
+            mine(request, session_id)
+        else:
             reason = state.registry.closed_reason(session_id)
             raise HTTPException(404, f"session ended: {reason}" if reason else "no such session (stopped or expired)")
         out = dict(entry.session.stats)
