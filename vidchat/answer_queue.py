@@ -45,6 +45,9 @@ class AnswerQueue:
     def __init__(self, limit: int = 0) -> None:
         self.limit = limit  # 0: no cap
         self.running = 0
+        # Every question that asked for a place since the start, whatever came
+        # of it: how a test sees that a refused call ran nothing.
+        self.asked = 0
         self._waiting: collections.deque[_Waiter] = collections.deque()
         # Called with every answer (vidchat.chat.Answer) about to ask for its
         # turn, before it may generate (vidchat.prewarm gives way to it).
@@ -62,6 +65,7 @@ class AnswerQueue:
 
     async def acquire(self, on_wait: OnWait | None = None, abandon: asyncio.Event | None = None) -> Slot:
         """Wait for a turn. Raises Abandoned when `abandon` is set first."""
+        self.asked += 1
         if self.limit <= 0:
             return Slot(None)
         if self.running < self.limit and not self._waiting:

@@ -82,7 +82,8 @@ def wants_vidchat_events(msg: dict[str, Any], already: bool = False) -> bool:
     a field of vidchat's own. A seed or vllm-omni client gets none."""
     if isinstance(msg.get("vidchat_events"), bool):
         return msg["vidchat_events"]
-    return already or any(ALIASES.get(key, key) in VIDCHAT_FIELDS for key in msg)
+    # By the name sent: upstream's aliases (use_audio_in_video…) are not vidchat's.
+    return already or any(key in VIDCHAT_FIELDS for key in msg)
 
 
 def _type_name(kinds: tuple[type, ...], nullable: bool) -> str:

@@ -148,6 +148,7 @@ def create_app(state: AppState) -> FastAPI:
                                if state.compare_readiness()[0] else None}
                               if state.compare_model_path else None),
             "answers": state.answer_gate.snapshot(),
+            "questions_asked": state.answer_gate.asked,
             "running_warmups": engine.running_warmups if ok else None,
             "prewarm": state.prewarmer.snapshot() if state.prewarmer else None,
             # How many frames vLLM's encoder cache holds (vidchat.engine.encoder_cache_budget).
