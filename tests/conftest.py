@@ -1,22 +1,150 @@
-"""Shared fixtures: the tiny models and one real vLLM engine per family,
-started once per test session (each start costs ~20 s on CPU)."""
+"""Shared fixtures and the suite's rules.
+
+Tiers: every test is exactly one of ``unit`` (no engine, no browser),
+``engine`` (real vLLM, in-process or in a server subprocess) or ``browser``
+(Chromium). A module of one tier states it with ``pytestmark``; in a module
+of several, each test carries its own marker, so ``-m unit`` selects exactly
+the unit tier. A unit-tier test that
+starts vLLM, a server or Chromium fails (the guard below), so ``make
+test-fast`` stays fast and honest.
+
+Engines and servers are started once per test session and shared: isolation
+comes from a new vidchat session (each has its own cache salt), not a new
+process. The run ends with a count of the vLLM engines it started.
+"""
 
 from __future__ import annotations
 
+import asyncio as _asyncio
+import collections
 import os
+import sys
 from pathlib import Path
 
 import pytest
 
 from vidchat import tinymodel
+from vidchat.devtools import harness
+from vidchat.devtools.harness import (  # noqa: F401 - re-exported for the test modules
+    ROOT,
+    NeverHappened,
+    Server,
+    allocate_port,
+    eventually,
+    eventually_async,
+)
 from vidchat.engine import Engine, EngineOptions
 
 CACHE_DIR = Path(os.environ.get("VIDCHAT_CACHE_DIR", Path.home() / ".cache" / "vidchat"))
-ARTIFACTS = Path(__file__).resolve().parent.parent / "test-artifacts"
+ARTIFACTS = ROOT / "test-artifacts"
 
 # Small enough to start fast on 2 cores, large enough for 16 frames + audio.
 TEST_MAX_MODEL_LEN = 4096
 TEST_MAX_IMAGES = 16
+# Short protocol timeouts so the idle/config timeout tests run in seconds.
+SERVER_ARGS = ["--ws-idle-timeout", "4", "--ws-config-timeout", "2", "--session-idle-timeout", "8"]
+
+TIERS = ("unit", "engine", "browser")
+# Unit tests are quick by definition; engine and browser tests get a generous
+# default (pyproject's timeout) unless they set their own.
+UNIT_TIMEOUT_S = 30
+
+free_port = allocate_port  # the name the older test modules use
+
+
+# ---- tiers ----
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    for tier, what in (("unit", "no engine, no browser"), ("engine", "real vLLM (in-process or a server)"),
+                       ("browser", "headless Chromium against a real server")):
+        config.addinivalue_line("markers", f"{tier}: tier: {what}")
+
+
+def tiers_of(item: pytest.Item) -> set[str]:
+    return {m.name for m in item.iter_markers() if m.name in TIERS}
+
+
+def tier_of(item: pytest.Item) -> str | None:
+    tiers = tiers_of(item)
+    return next(iter(tiers)) if len(tiers) == 1 else None
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    untiered, doubled = [], []
+    for item in items:
+        tier = tier_of(item)
+        if not tiers_of(item):
+            untiered.append(item.nodeid)
+        elif tier is None:
+            doubled.append(item.nodeid)
+        if tier == "unit" and item.get_closest_marker("timeout") is None:
+            item.add_marker(pytest.mark.timeout(UNIT_TIMEOUT_S))
+    problems = [f"no tier marker (unit, engine or browser): {n}" for n in untiered]
+    problems += [f"more than one tier marker (module and test?): {n}" for n in doubled]
+    if problems:
+        raise pytest.UsageError("\n".join(problems))
+
+
+class TierViolation(RuntimeError):
+    pass
+
+
+def _refuse(what: str):
+    def refuse(*args, **kwargs):
+        raise TierViolation(f"a unit-tier test must not start {what}: mark it engine or browser")
+    return refuse
+
+
+@pytest.fixture(autouse=True)
+def _tier_guard(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch):
+    """In the unit tier, starting vLLM, a server or Chromium raises."""
+    if tier_of(request.node) == "unit":
+        monkeypatch.setattr(Engine, "start", _refuse("a vLLM engine"))
+        monkeypatch.setattr(harness, "start_server", _refuse("a vidchat server"))
+        monkeypatch.setattr(sys.modules[__name__], "start_server", _refuse("a vidchat server"))
+        if "vllm.v1.engine.async_llm" in sys.modules:
+            monkeypatch.setattr(sys.modules["vllm.v1.engine.async_llm"].AsyncLLM, "__init__",
+                                _refuse("a vLLM engine"))
+        try:
+            from playwright.async_api import BrowserType as AsyncBrowserType
+            from playwright.sync_api import BrowserType as SyncBrowserType
+        except ImportError:
+            pass
+        else:
+            monkeypatch.setattr(AsyncBrowserType, "launch", _refuse("Chromium"))
+            monkeypatch.setattr(SyncBrowserType, "launch", _refuse("Chromium"))
+    yield
+
+
+# ---- counting engine starts ----
+
+ENGINE_STARTS: collections.Counter = collections.Counter()
+
+
+def count_engine_start(kind: str) -> None:
+    """For engines the suite starts itself (``vllm serve``); in-process and app.py engines count themselves."""
+    ENGINE_STARTS[kind] += 1
+
+
+_real_engine_start = Engine.start.__func__
+
+
+def _counted_engine_start(cls, options: EngineOptions) -> Engine:
+    count_engine_start("in-process")
+    return _real_engine_start(cls, options)
+
+
+Engine.start = classmethod(_counted_engine_start)
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config) -> None:
+    if ENGINE_STARTS:
+        parts = ", ".join(f"{kind} {n}" for kind, n in sorted(ENGINE_STARTS.items()))
+        terminalreporter.write_line(f"vLLM engine starts: {sum(ENGINE_STARTS.values())} ({parts})")
+
+
+# ---- models and engines ----
 
 
 def tiny_options(path: Path, **overrides) -> EngineOptions:
@@ -51,6 +179,14 @@ def omni_engine(tiny_omni_path):
 
 
 @pytest.fixture(scope="session")
+def vl_engine(tiny_vl_path):
+    """The vision-only family (Qwen2-VL), shared by every module that needs it."""
+    engine = Engine.start(tiny_options(tiny_vl_path))
+    yield engine
+    engine.shutdown()
+
+
+@pytest.fixture(scope="session")
 def artifacts_dir() -> Path:
     ARTIFACTS.mkdir(exist_ok=True)
     return ARTIFACTS
@@ -58,95 +194,38 @@ def artifacts_dir() -> Path:
 
 # ---- the app, served by uvicorn in a subprocess exactly as users run it ----
 
-import asyncio as _asyncio
-import socket
-import subprocess
-import sys
-import time as _time
-import urllib.request
 
-ROOT = Path(__file__).resolve().parent.parent
-# Short protocol timeouts so the idle/config timeout tests run in seconds.
-SERVER_ARGS = ["--ws-idle-timeout", "4", "--ws-config-timeout", "2", "--session-idle-timeout", "8"]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+def start_server(args: list[str], log_path: Path, timeout: float = 240, env_extra: dict | None = None,
+                 token: str | None = None) -> Server:
+    """harness.start_server with the suite's model cache; counts the engines it starts."""
+    srv = harness.start_server(args, log_path, timeout=timeout, env_extra=env_extra, token=token,
+                               cache_dir=CACHE_DIR)
+    srv.counted_engines = 0
+    _note_server_engines(srv)
+    return srv
 
 
-class Server:
-    def __init__(self, proc: subprocess.Popen, port: int, log_path: Path):
-        self.proc, self.port, self.log_path = proc, port, log_path
-        self.url = f"http://127.0.0.1:{port}"
-        self.ws_url = f"ws://127.0.0.1:{port}/v1/video/chat/stream"
-
-    def get_json(self, path: str) -> dict:
-        import json
-
-        try:
-            with urllib.request.urlopen(self.url + path, timeout=5) as r:
-                return json.loads(r.read())
-        except urllib.error.HTTPError as e:
-            return json.loads(e.read())
-
-    def post_json(self, path: str, body: dict) -> dict:
-        import json
-
-        req = urllib.request.Request(self.url + path, json.dumps(body).encode(), {"Content-Type": "application/json"})
-        with urllib.request.urlopen(req, timeout=10) as r:
-            return json.loads(r.read())
-
-    def running_requests(self) -> int:
-        return self.get_json("/api/health")["running_requests"]
-
-    def log(self) -> str:
-        return self.log_path.read_text(errors="replace")
+def _note_server_engines(srv: Server) -> None:
+    started = srv.engine_starts()
+    if started > srv.counted_engines:
+        ENGINE_STARTS["server"] += started - srv.counted_engines
+        srv.counted_engines = started
 
 
-def start_server(args: list[str], log_path: Path, timeout: float = 180, env_extra: dict | None = None) -> Server:
-    port = free_port()
-    env = dict(os.environ, VIDCHAT_CACHE_DIR=str(CACHE_DIR), **(env_extra or {}))
-    log_file = open(log_path, "w")
-    proc = subprocess.Popen(
-        [sys.executable, str(ROOT / "app.py"), "--port", str(port), "--cache-dir", str(CACHE_DIR), *args],
-        cwd=ROOT,
-        stdout=log_file,
-        stderr=subprocess.STDOUT,
-        env=env,
-    )
-    server = Server(proc, port, log_path)
-    deadline = _time.monotonic() + timeout
-    while _time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"server exited with {proc.returncode}:\n{server.log()[-3000:]}")
-        try:
-            if server.get_json("/api/health").get("ok"):
-                return server
-        except OSError:
-            pass
-        _time.sleep(0.5)
-    proc.kill()
-    raise RuntimeError(f"server not ready in {timeout} s:\n{server.log()[-3000:]}")
+def stop_server(srv: Server) -> int:
+    if hasattr(srv, "counted_engines"):
+        _note_server_engines(srv)  # a compare model may have finished loading since
+    return harness.stop_server(srv)
 
 
-def stop_server(server: Server) -> int:
-    server.proc.send_signal(2)  # Ctrl-C
-    try:
-        return server.proc.wait(timeout=30)
-    except subprocess.TimeoutExpired:
-        server.proc.kill()
-        return -9
+TINY_SERVER_ARGS = ["--model", "tiny", "--max-images", str(TEST_MAX_IMAGES), "--max-model-len",
+                    str(TEST_MAX_MODEL_LEN), "--kv-cache-gb", "0.25"]
 
 
 @pytest.fixture(scope="session")
 def server(tiny_omni_path, artifacts_dir) -> Server:
-    srv = start_server(
-        ["--model", "tiny", "--max-images", str(TEST_MAX_IMAGES), "--max-model-len", str(TEST_MAX_MODEL_LEN),
-         "--kv-cache-gb", "0.25", *SERVER_ARGS],
-        artifacts_dir / "server.log",
-    )
+    """The loopback server every test shares unless it needs other flags."""
+    srv = start_server([*TINY_SERVER_ARGS, *SERVER_ARGS], artifacts_dir / "server.log")
     yield srv
     stop_server(srv)
 
@@ -169,8 +248,12 @@ def thumbnail_colours(inputs_html: str) -> list:
 
 
 async def until_idle(server, within: float = 1.0) -> int:
-    """Poll until the engine runs nothing (or `within` seconds pass); returns what still runs."""
-    deadline = _time.monotonic() + within
-    while (running := await _asyncio.to_thread(server.running_requests)) and _time.monotonic() < deadline:
-        await _asyncio.sleep(0.05)
-    return running
+    """Wait until the engine runs nothing; returns what still runs after ``within`` s (0 when it went idle)."""
+    async def idle() -> bool:
+        return await _asyncio.to_thread(server.running_requests) == 0
+
+    try:
+        await eventually_async(idle, within, "the engine has no running request")
+        return 0
+    except NeverHappened:
+        return await _asyncio.to_thread(server.running_requests)

@@ -18,10 +18,11 @@ import websockets
 from aiortc import RTCPeerConnection
 from playwright.async_api import async_playwright
 
+from vidchat.devtools.page import ask as page_ask
+from vidchat.devtools.page import launch, wait_for_answer, write_wav, write_y4m
+
 from conftest import (CACHE_DIR, ROOT, SERVER_ARGS, TEST_MAX_IMAGES, TEST_MAX_MODEL_LEN, Server, free_port,
-                      stop_server)
-from test_page import ask as page_ask
-from test_page import launch, wait_for_answer, write_wav, write_y4m
+                      stop_server, eventually, eventually_async)
 from test_protocol import SHORT, check_answer, expect_error, frames, recv, send, until
 
 TOKEN = "s3cret-token"
@@ -82,23 +83,20 @@ def guarded(tiny_omni_path, artifacts_dir, tmp_path_factory):
     srv = Server(proc, port, log_path)
     srv.while_loading = None
     srv.record_dir = media.parent / "recordings"
-    deadline = time.monotonic() + 180
-    while time.monotonic() < deadline:
+
+    def ready() -> bool:
         assert proc.poll() is None, srv.log()[-3000:]
-        try:
-            healthz = call(srv, "GET", "/healthz")
-        except OSError:
-            time.sleep(0.2)
-            continue
+        healthz = call(srv, "GET", "/healthz")  # OSError while nothing listens yet: "not yet"
         readyz = call(srv, "GET", "/readyz")
-        if readyz[0] == 200:
-            break
-        if srv.while_loading is None:
+        if readyz[0] != 200 and srv.while_loading is None:
             srv.while_loading = (healthz, readyz)
-        time.sleep(0.2)
-    else:
+        return readyz[0] == 200
+
+    try:
+        eventually(ready, 180, "the guarded server is ready", interval=0.2)
+    except AssertionError:
         proc.kill()
-        raise RuntimeError(srv.log()[-3000:])
+        raise
     yield srv
     stop_server(srv)
 
@@ -108,6 +106,7 @@ BEARER = {"Authorization": f"Bearer {TOKEN}"}
 
 # ---- readiness ----------------------------------------------------------------
 
+@pytest.mark.engine
 def test_port_answers_while_the_model_loads(guarded):
     assert guarded.while_loading is not None, "the model was ready before the port answered"
     (hz_status, hz), (rz_status, rz) = guarded.while_loading
@@ -120,6 +119,7 @@ def test_port_answers_while_the_model_loads(guarded):
 
 # ---- credentials --------------------------------------------------------------
 
+@pytest.mark.engine
 @pytest.mark.parametrize("path", ["/api/config", "/webrtc/stats?session_id=x"])
 def test_http_endpoints_need_the_token(guarded, path):
     assert call(guarded, "GET", path)[0] == 401
@@ -130,11 +130,13 @@ def test_http_endpoints_need_the_token(guarded, path):
     assert call(guarded, "GET", path + ("&" if "?" in path else "?") + f"token={TOKEN}")[0] == right
 
 
+@pytest.mark.engine
 def test_health_endpoints_need_no_token(guarded):
     for path in ("/healthz", "/readyz", "/api/health"):
         assert call(guarded, "GET", path)[0] == 200, path
 
 
+@pytest.mark.engine
 def test_webrtc_offer_needs_a_login_or_the_token(guarded):
     offer = json.dumps({"type": "offer", "sdp": "v=0\r\n"}).encode()
     assert call(guarded, "POST", "/webrtc/offer", offer, {"Content-Type": "application/json"})[0] == 401
@@ -143,6 +145,7 @@ def test_webrtc_offer_needs_a_login_or_the_token(guarded):
     assert call(guarded, "POST", "/webrtc/offer", offer, BEARER)[0] == 400  # past the guard: a bad offer
 
 
+@pytest.mark.engine
 async def test_websocket_needs_the_token(guarded):
     url = f"ws://127.0.0.1:{guarded.port}/v1/video/chat/stream"
     assert await handshake_status(url) == 401
@@ -162,6 +165,7 @@ async def test_websocket_needs_the_token(guarded):
 
 # ---- the page behind a password, in Chromium ------------------------------------
 
+@pytest.mark.browser
 async def test_password_page_logs_in_starts_the_camera_and_answers(guarded, tmp_path, artifacts_dir):
     video, audio = tmp_path / "cam.y4m", tmp_path / "mic.wav"
     write_y4m(video, (40, 160, 60))
@@ -205,6 +209,7 @@ async def test_password_page_logs_in_starts_the_camera_and_answers(guarded, tmp_
 
 # ---- limits -------------------------------------------------------------------
 
+@pytest.mark.engine
 async def test_connections_count_from_the_handshake_and_free_their_place(guarded):
     url = f"ws://127.0.0.1:{guarded.port}/v1/video/chat/stream?token={TOKEN}"
     idle = [await websockets.connect(url) for _ in range(3)]  # never send session.config
@@ -224,6 +229,7 @@ async def test_connections_count_from_the_handshake_and_free_their_place(guarded
     await ws.close()
 
 
+@pytest.mark.engine
 async def test_an_offer_that_never_connects_is_ended_after_connect_timeout(guarded):
     pc = RTCPeerConnection()
     pc.addTransceiver("video", direction="sendonly")
@@ -233,16 +239,16 @@ async def test_an_offer_that_never_connects_is_ended_after_connect_timeout(guard
     assert status == 200, answer
     sid = answer["session_id"]
     await pc.close()  # the answer is never applied: ICE never completes
-    deadline = time.monotonic() + 15
-    while time.monotonic() < deadline:
-        status, stats = await asyncio.to_thread(call, guarded, "GET", f"/webrtc/stats?session_id={sid}",
-                                                None, BEARER)
-        if status == 404:
-            break
-        await asyncio.sleep(0.5)
-    assert status == 404 and "not established within 3 s" in stats["detail"], stats
+
+    def ended():
+        status, stats = call(guarded, "GET", f"/webrtc/stats?session_id={sid}", None, BEARER)
+        return stats if status == 404 else None
+
+    stats = await eventually_async(lambda: asyncio.to_thread(ended), 15, "the unconnected session is ended")
+    assert "not established within 3 s" in stats["detail"], stats
 
 
+@pytest.mark.engine
 async def test_questions_beyond_the_cap_wait_in_a_fair_queue(guarded):
     url = f"ws://127.0.0.1:{guarded.port}/v1/video/chat/stream?token={TOKEN}"
     first, second, third = [await websockets.connect(url, max_size=None) for _ in range(3)]
@@ -257,11 +263,9 @@ async def test_questions_beyond_the_cap_wait_in_a_fair_queue(guarded):
     assert await recv(third) == {"type": "response.queued", "position": 2, "ahead": 1}
     health = await asyncio.to_thread(call, guarded, "GET", "/api/health")
     assert health[1]["answers"] == {"limit": 1, "running": 1, "waiting": 2}
-    deadline = time.monotonic() + 5  # vLLM registers the request just after response.start
-    while health[1]["running_requests"] != 1 and time.monotonic() < deadline:
-        await asyncio.sleep(0.05)
-        health = await asyncio.to_thread(call, guarded, "GET", "/api/health")
-    assert health[1]["running_requests"] == 1
+    # vLLM registers the request just after response.start.
+    await eventually_async(lambda: asyncio.to_thread(lambda: call(guarded, "GET", "/api/health")[1]
+                                                     ["running_requests"] == 1), 5, "vLLM runs the first answer")
     # The first answer ends (replaced by a short question that then queues at the back).
     await send(first, {"type": "session.update", "max_tokens": 2})
     await send(first, {"type": "video.query", "text": "short now"})
@@ -280,13 +284,15 @@ async def test_questions_beyond_the_cap_wait_in_a_fair_queue(guarded):
     msgs = await until(first, "response.text.done")
     assert check_answer(msgs[msgs.index(next(m for m in msgs if m["type"] == "response.start")):])
     await first.close()
-    deadline = time.monotonic() + 5
-    while (h := (await asyncio.to_thread(call, guarded, "GET", "/api/health"))[1])["running_requests"] \
-            and time.monotonic() < deadline:
-        await asyncio.sleep(0.1)
-    assert h["running_requests"] == 0 and h["answers"]["running"] == 0 and h["answers"]["waiting"] == 0
+
+    def settled():
+        h = call(guarded, "GET", "/api/health")[1]
+        return h["running_requests"] == 0 and h["answers"] == {"limit": 1, "running": 0, "waiting": 0}
+
+    await eventually_async(lambda: asyncio.to_thread(settled), 5, "nothing runs or waits once all have left")
 
 
+@pytest.mark.engine
 async def test_session_time_limit_is_announced_then_enforced(guarded):
     url = f"ws://127.0.0.1:{guarded.port}/v1/video/chat/stream?token={TOKEN}"
     ws = await websockets.connect(url, max_size=None)
@@ -295,13 +301,17 @@ async def test_session_time_limit_is_announced_then_enforced(guarded):
     msgs = []
     try:
         while True:
-            await send(ws, {"type": "ping"})  # keeps the idle timer from ending it first
-            msg = await recv(ws, timeout=TIME_LIMIT_S + 10)
+            try:
+                msg = await recv(ws, timeout=1)
+            except asyncio.TimeoutError:
+                # A quiet second: a ping keeps the idle timer from ending the session first.
+                await send(ws, {"type": "ping"})
+                assert time.monotonic() - started < TIME_LIMIT_S + 10, msgs
+                continue
             if msg["type"] != "pong":
                 msgs.append(msg)
             if msg["type"] == "error":
                 break
-            await asyncio.sleep(1)
     except websockets.ConnectionClosed:
         while True:  # what arrived before the close is still readable
             try:
@@ -320,6 +330,7 @@ async def test_session_time_limit_is_announced_then_enforced(guarded):
 
 # ---- Origin, Host, bodies, offers (the default server: no credentials) ---------------
 
+@pytest.mark.engine
 async def test_foreign_origin_is_refused_own_origin_and_programs_are_not(server):
     assert await handshake_status(server.ws_url, origin="http://evil.example") == 403
     assert await handshake_status(server.ws_url, origin=f"http://127.0.0.1:{server.port}") == 101
@@ -330,6 +341,7 @@ async def test_foreign_origin_is_refused_own_origin_and_programs_are_not(server)
     assert call(server, "POST", "/webrtc/offer", offer, {"Origin": f"http://127.0.0.1:{server.port}"})[0] == 400
 
 
+@pytest.mark.engine
 def test_foreign_host_is_refused(server):
     for path in ("/", "/api/health", "/static/vidchat.css"):
         status, body = call(server, "GET", path, host="evil.example")
@@ -337,12 +349,14 @@ def test_foreign_host_is_refused(server):
     assert call(server, "GET", "/healthz", host=f"localhost:{server.port}")[0] == 200
 
 
+@pytest.mark.engine
 async def test_foreign_host_websocket_is_refused(server):
     ws_url = f"ws://127.0.0.1:{server.port}/v1/video/chat/stream"
     # websockets sets Host from the URL; a rebinding attack arrives with the attacker's name.
     assert await handshake_status(ws_url, additional_headers={"Host": "rebind.evil.example"}) == 400
 
 
+@pytest.mark.engine
 def test_oversized_bodies_get_413(server):
     big = b'{"type": "offer", "sdp": "' + b"a" * (70 * 1024) + b'"}'
     status, body = call(server, "POST", "/webrtc/offer", big, {"Content-Type": "application/json"})
@@ -356,6 +370,7 @@ def test_oversized_bodies_get_413(server):
     conn.close()
 
 
+@pytest.mark.engine
 @pytest.mark.parametrize("sdp, fragment", [
     ("v=0\r\nthis is not sdp\r\nm=video 9 UDP/TLS/RTP/SAVPF 96\r\n", "could not use this offer"),
     ("v=0\r\n" + "m=video 9 UDP/TLS/RTP/SAVPF 96\r\n" * 3, "one video and one audio track"),
@@ -370,11 +385,16 @@ def test_bad_offers_are_4xx_with_a_message(server, sdp, fragment):
     assert server.get_json("/api/health")["sessions"] == before  # no stuck peer or session left
 
 
+@pytest.mark.engine
 def test_unknown_session_ids_are_404_or_false(server):
     status, body = call(server, "GET", "/webrtc/stats?session_id=not-a-session")
     assert status == 404 and "no such session" in body["detail"]
     assert call(server, "POST", "/webrtc/close", b'{"session_id": "not-a-session"}') == (200, {"closed": False})
     assert "not-a-session" not in server.log(), "session ids stay out of the access log"
+
+
+async def _buffered(tab, n: int) -> bool:
+    return (await tab.stats()).get("frames_in_buffer", 0) >= n
 
 
 async def logged_in_tab(guarded):
@@ -385,14 +405,13 @@ async def logged_in_tab(guarded):
 
     tab = RtcClient(f"http://127.0.0.1:{guarded.port}", SyntheticVideo(), token=TOKEN)
     await tab.connect()
-    deadline = time.monotonic() + 20
-    while (await tab.stats()).get("frames_in_buffer", 0) < 4 and time.monotonic() < deadline:
-        await asyncio.sleep(0.2)
+    await eventually_async(lambda: _buffered(tab, 4), 20, "4 frames in the tab's buffer")
     gradio = await asyncio.to_thread(Client, f"http://127.0.0.1:{guarded.port}/", auth=(USER, PASSWORD),
                                      verbose=False)
     return tab, gradio
 
 
+@pytest.mark.engine
 async def test_page_questions_beyond_the_cap_say_how_many_are_ahead(guarded):
     url = f"ws://127.0.0.1:{guarded.port}/v1/video/chat/stream?token={TOKEN}"
     busy = await websockets.connect(url, max_size=None)
@@ -404,11 +423,11 @@ async def test_page_questions_beyond_the_cap_say_how_many_are_ahead(guarded):
     try:
         job = gradio.submit("Is anyone there?", [], tab.session_id, 4, "uniform", 10, True, 0.95, 64, "images",
                             True, 4, 0.0, "", api_name="/ask")
-        seen = []
-        deadline = time.monotonic() + 20
-        while time.monotonic() < deadline and not any("waiting" in t for t in seen):
-            seen = [str(m.get("content")) for out in job.outputs() for m in out[0] if m.get("role") == "assistant"]
-            await asyncio.sleep(0.2)
+        def seen():
+            return [str(m.get("content")) for out in job.outputs() for m in out[0] if m.get("role") == "assistant"]
+
+        await eventually_async(lambda: any("waiting" in t for t in seen()), 20, "the page is told it waits")
+        seen = seen()
         assert any("⏳ waiting: yours is the next question" in t for t in seen), seen
         await busy.close()  # its answer is aborted; the page's question gets the place
         history = (await asyncio.to_thread(job.result, 60))[0]
@@ -419,6 +438,7 @@ async def test_page_questions_beyond_the_cap_say_how_many_are_ahead(guarded):
         await tab.close()
 
 
+@pytest.mark.engine
 async def test_only_far_larger_messages_close_the_socket_with_1009(server):
     ws = await websockets.connect(server.ws_url, max_size=None)
     await send(ws, {"type": "session.config"})
@@ -435,6 +455,7 @@ async def test_only_far_larger_messages_close_the_socket_with_1009(server):
     assert closed.value.rcvd is not None and closed.value.rcvd.code == 1009
 
 
+@pytest.mark.engine
 def test_media_dir_lists_and_serves_only_its_own_video_files(guarded):
     assert call(guarded, "GET", "/api/media")[0] == 401
     assert call(guarded, "GET", "/media/clip.webm")[0] == 401
@@ -445,6 +466,7 @@ def test_media_dir_lists_and_serves_only_its_own_video_files(guarded):
         assert call(guarded, "GET", f"/media/{name}", headers=BEARER)[0] == 404, name
 
 
+@pytest.mark.engine
 async def test_recording_is_opt_in_and_bundles_download_with_the_same_inputs(guarded, tmp_path):
     import io
     import zipfile

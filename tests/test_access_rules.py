@@ -13,6 +13,10 @@ from vidchat.access import Access, AccessError, RedactAccessLog, default_allowed
 from vidchat.answer_queue import Abandoned, AnswerQueue
 from vidchat.sessions import SessionRegistry, TooManySessions
 
+from conftest import eventually_async
+
+pytestmark = pytest.mark.unit
+
 
 def test_page_tokens_are_signed_expire_and_die_with_a_restart():
     access = Access(passwords={"alice": "pw"})
@@ -90,15 +94,14 @@ async def test_answer_queue_is_first_come_first_served_and_tells_places():
         return tell
 
     b = asyncio.create_task(queue.acquire(teller("b")))
-    await asyncio.sleep(0)
+    await eventually_async(lambda: told["b"] == [0], 2, "b is told it is next")
     abandon_c = asyncio.Event()
     c = asyncio.create_task(queue.acquire(teller("c"), abandon_c))
-    await asyncio.sleep(0.01)
+    await eventually_async(lambda: told["c"] == [1], 2, "c is told one is ahead")
     assert told == {"b": [0], "c": [1]} and queue.snapshot() == {"limit": 1, "running": 1, "waiting": 2}
     first.release()
     second = await asyncio.wait_for(b, 1)
-    await asyncio.sleep(0.01)
-    assert told["c"] == [1, 0]  # moved up
+    await eventually_async(lambda: told["c"] == [1, 0], 2, "c moves up")  # moved up
     abandon_c.set()
     with pytest.raises(Abandoned):
         await asyncio.wait_for(c, 1)

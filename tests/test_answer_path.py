@@ -16,7 +16,7 @@ from vidchat.session import SessionSettings
 from vidchat.sessions import SessionRegistry
 from vidchat.ui import NOT_RUNNING, STOPPED, history_turns, notice, page_request
 
-from conftest import TEST_MAX_IMAGES
+from conftest import TEST_MAX_IMAGES, eventually_async
 
 
 def filled_entry(kind="webrtc", n=6, **settings):
@@ -32,12 +32,14 @@ def filled_entry(kind="webrtc", n=6, **settings):
 LONG = AnswerOptions(max_tokens=2000, temperature=0.0)
 
 
-async def drain(answer):
-    async for _ in answer.reply:
-        pass
+async def drain(answer, seen: list | None = None):
+    async for delta in answer.reply:
+        if seen is not None:
+            seen.append(delta)
     return answer.reply.stats
 
 
+@pytest.mark.engine
 async def test_racing_questions_leave_exactly_one_generation(omni_engine):
     entry = filled_entry()
     # Five questions for one session at once, as from two doors or two /ask calls.
@@ -48,11 +50,14 @@ async def test_racing_questions_leave_exactly_one_generation(omni_engine):
     assert len(started) == 1 and len(superseded) == 4, results
     winner = started[0]
     assert winner.question == "Q4" and entry.answer is winner  # the last to arrive wins
+    # At each of its first 20 tokens, the winner is the only generation.
+    seen = 0
+    async for _ in winner.reply:
+        assert omni_engine.running_requests == 1
+        seen += 1
+        if seen == 20:
+            break
     consumer = asyncio.create_task(drain(winner))
-    for _ in range(50):
-        await asyncio.sleep(0.02)
-        assert omni_engine.running_requests <= 1
-    assert omni_engine.running_requests == 1
     # A later question replaces it: the running one is aborted in vLLM.
     short = await chat.ask(omni_engine, entry, "And now?", AnswerOptions(max_tokens=4, temperature=0.0))
     stats = await asyncio.wait_for(consumer, 10)
@@ -62,6 +67,7 @@ async def test_racing_questions_leave_exactly_one_generation(omni_engine):
     assert omni_engine.running_requests == 0
 
 
+@pytest.mark.engine
 async def test_questions_arriving_while_an_abort_winds_down_wait_for_it(omni_engine):
     """An abort that reaches vLLM while the request is still being registered
     only lands at its first output; questions arriving meanwhile (two at once
@@ -83,14 +89,16 @@ async def test_questions_arriving_while_an_abort_winds_down_wait_for_it(omni_eng
 
     async def ask_and_stream(question):
         answer = await chat.ask(omni_engine, entry, question, LONG)
-        consumers[question] = asyncio.create_task(drain(answer))  # streams at once, as the page does
+        consumers[question] = asyncio.create_task(drain(answer, streamed))  # streams at once, as the page does
         return answer
 
+    streamed: list[str] = []
     results = await asyncio.gather(ask_and_stream("Q1"), ask_and_stream("Q2"), return_exceptions=True)
     started = [r for r in results if isinstance(r, chat.Answer)]
     assert [a.question for a in started] == ["Q2"], results
-    for _ in range(40):
-        await asyncio.sleep(0.02)
+    # The peak is watched until the winner has streamed a while: the aborted
+    # one is long gone by then, or it would have overlapped.
+    await eventually_async(lambda: len(streamed) >= 20, 30, "the winning question streams 20 deltas")
     watcher.cancel()
     assert (await asyncio.wait_for(consumer, 10)).cancelled
     await started[0].cancel()
@@ -99,6 +107,7 @@ async def test_questions_arriving_while_an_abort_winds_down_wait_for_it(omni_eng
     assert omni_engine.running_requests == 0
 
 
+@pytest.mark.engine
 async def test_question_arriving_during_preparation_wins(omni_engine):
     entry = filled_entry(n=16)
     first = asyncio.create_task(chat.ask(omni_engine, entry, "first", LONG))
@@ -111,6 +120,7 @@ async def test_question_arriving_during_preparation_wins(omni_engine):
     assert omni_engine.running_requests == 0
 
 
+@pytest.mark.engine
 async def test_no_frames_message_is_defined_once_per_door(omni_engine):
     for kind, hint in (("ws", "Send video.frame before video.query."), ("webrtc", "Start camera")):
         entry = filled_entry(kind=kind, n=0)
@@ -120,6 +130,7 @@ async def test_no_frames_message_is_defined_once_per_door(omni_engine):
     assert chat.no_frames_message("ws") == "No frames available. Send video.frame before video.query."
 
 
+@pytest.mark.engine
 @pytest.mark.parametrize("change, fragment", [
     ({"seed": 2**63}, "seed must be a whole number that fits a signed 64-bit integer"),
     ({"seed": -(2**63) - 1}, "signed 64-bit"),
@@ -135,6 +146,7 @@ def test_options_are_checked_in_one_place(omni_engine, change, fragment):
         chat.check_options(AnswerOptions().updated(**change), omni_engine)
 
 
+@pytest.mark.engine
 def test_frames_per_question_are_counted_against_the_engine_for_images_and_video(omni_engine):
     chat.check_options(AnswerOptions(seed=2**63 - 1), omni_engine, SessionSettings(num_sample_frames=TEST_MAX_IMAGES))
     for frames_as in ("images", "video"):
@@ -143,6 +155,7 @@ def test_frames_per_question_are_counted_against_the_engine_for_images_and_video
                                SessionSettings(num_sample_frames=TEST_MAX_IMAGES + 1))
 
 
+@pytest.mark.engine
 def test_page_values_are_coerced_with_clear_messages(omni_engine):
     class State:
         settings = None
@@ -165,6 +178,7 @@ def test_page_values_are_coerced_with_clear_messages(omni_engine):
             page_request(State, *args)
 
 
+@pytest.mark.unit
 def test_notices_never_reach_the_model():
     history = [
         {"role": "user", "content": "What is this?"},
@@ -181,6 +195,7 @@ def test_notices_never_reach_the_model():
                                       Turn("user", "Colour?"), Turn("assistant", "Blue.")]
 
 
+@pytest.mark.engine
 async def test_a_notice_in_the_history_changes_nothing_the_engine_sees(omni_engine):
     entry = filled_entry()
     opts = AnswerOptions(max_tokens=1, temperature=0.0)
@@ -194,6 +209,7 @@ async def test_a_notice_in_the_history_changes_nothing_the_engine_sees(omni_engi
     assert prompts[0] == prompts[1] and NOT_RUNNING not in prompts[0][0]
 
 
+@pytest.mark.engine
 async def test_video_answers_carry_their_real_frame_rate(omni_engine):
     entry = filled_entry(n=8)
     answer = await chat.ask(omni_engine, entry, "What moves?", AnswerOptions(frames_as="video", max_tokens=2))
@@ -203,6 +219,7 @@ async def test_video_answers_carry_their_real_frame_rate(omni_engine):
     assert summary["video_fps"] == pytest.approx(3 / 7, abs=1e-3)  # 4 frames over 7 s of media time
 
 
+@pytest.mark.engine
 async def test_each_session_has_its_own_prefix_cache_salt(omni_engine):
     """Identical frames and question in two sessions: the second session must
     not hit the first one's prefix cache, while a session's own repeat does."""
@@ -225,6 +242,7 @@ async def test_each_session_has_its_own_prefix_cache_salt(omni_engine):
     assert other.cached_tokens == 0, "another session's identical prompt must not be"
 
 
+@pytest.mark.engine
 async def test_the_answer_record_names_its_exact_inputs(omni_engine):
     from vidchat.engine import inputs_digest
 

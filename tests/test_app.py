@@ -9,7 +9,7 @@ import urllib.request
 import psutil
 import pytest
 
-from conftest import ROOT, start_server, stop_server
+from conftest import ROOT, start_server, stop_server, eventually_async
 
 
 def fetch(url: str) -> tuple[int, str]:
@@ -20,6 +20,7 @@ def fetch(url: str) -> tuple[int, str]:
         return e.code, e.read().decode(errors="replace")
 
 
+@pytest.mark.engine
 def test_serves_page_health_and_banner(server):
     health = server.get_json("/api/health")
     assert health["ok"] and health["running_requests"] == 0
@@ -29,6 +30,7 @@ def test_serves_page_health_and_banner(server):
     assert "RANDOM weights" in server.log()
 
 
+@pytest.mark.engine
 def test_static_files_only_from_static_dir(server):
     assert fetch(server.url + "/static/vidchat.css")[0] == 200
     for path in ("/static/../app.py", "/static/%2e%2e/app.py", "/static/..%2fpyproject.toml"):
@@ -36,6 +38,7 @@ def test_static_files_only_from_static_dir(server):
         assert status == 404 and "ws_idle_timeout" not in body and "[project]" not in body
 
 
+@pytest.mark.unit
 def test_missing_model_folder_is_a_one_line_error():
     proc = subprocess.run(
         [sys.executable, str(ROOT / "app.py"), "--model", "/no/such/dir"],
@@ -47,6 +50,7 @@ def test_missing_model_folder_is_a_one_line_error():
     assert "/no/such/dir" in lines[0] and "Traceback" not in proc.stderr
 
 
+@pytest.mark.unit
 def test_help_lists_every_option_with_its_env_var():
     from vidchat.settings import Settings
 
@@ -58,6 +62,7 @@ def test_help_lists_every_option_with_its_env_var():
         assert "VIDCHAT_" + name.upper() in out
 
 
+@pytest.mark.unit
 def test_env_var_sets_an_option_and_flag_wins(monkeypatch):
     from vidchat.settings import parse_settings
 
@@ -67,6 +72,7 @@ def test_env_var_sets_an_option_and_flag_wins(monkeypatch):
     assert s.ws_idle_timeout == 12.5 and s.port == 9100 and s.host == "127.0.0.1"
 
 
+@pytest.mark.unit
 def test_vllm_parallelism_and_the_encoder_cache_size_reach_the_engine_options():
     from vidchat import server
     from vidchat.settings import parse_settings
@@ -81,6 +87,7 @@ def test_vllm_parallelism_and_the_encoder_cache_size_reach_the_engine_options():
             parse_settings([flag, "0"])
 
 
+@pytest.mark.engine
 def test_ctrl_c_shuts_down_engine_and_leaves_no_process(artifacts_dir, tiny_vl_path):
     srv = start_server(["--model", "tiny-vl", "--kv-cache-gb", "0.25", "--max-model-len", "2048"],
                        artifacts_dir / "server-shutdown.log")
@@ -92,6 +99,7 @@ def test_ctrl_c_shuts_down_engine_and_leaves_no_process(artifacts_dir, tiny_vl_p
     assert "engine shut down" in srv.log()
 
 
+@pytest.mark.engine
 async def test_engine_death_is_reported_and_the_server_stays_up(artifacts_dir, tiny_vl_path):
     """Kill vLLM's engine process: health says so, a question gets a clear
     error instead of hanging, and the page and protocol keep answering."""
@@ -109,12 +117,9 @@ async def test_engine_death_is_reported_and_the_server_stays_up(artifacts_dir, t
     try:
         for child in psutil.Process(srv.proc.pid).children(recursive=True):
             child.send_signal(signal.SIGKILL)
-        for _ in range(100):
-            health = srv.get_json("/api/health")
-            if not health["ok"]:
-                break
-            await asyncio.sleep(0.1)
-        assert health["ok"] is False and health["running_requests"] is None
+        health = await eventually_async(lambda: (h := srv.get_json("/api/health"))["ok"] is False and h, 10,
+                                        "/api/health reports the engine down")
+        assert health["running_requests"] is None
 
         async with websockets.connect(srv.ws_url) as ws:
             await ws.send(json.dumps({"type": "session.config"}))
@@ -132,6 +137,7 @@ async def test_engine_death_is_reported_and_the_server_stays_up(artifacts_dir, t
         srv.proc.wait(timeout=30)
 
 
+@pytest.mark.unit
 def test_draining_is_refused_to_a_caller_on_another_machine():
     from starlette.testclient import TestClient
 

@@ -18,7 +18,7 @@ from vidchat.recording import read_bundle
 from vidchat.settings import Settings
 from vidchat.rtc_client import RtcClient, SyntheticVideo
 
-from conftest import (SERVER_ARGS, TEST_MAX_IMAGES, TEST_MAX_MODEL_LEN, start_server, stop_server, until_idle)
+from conftest import (SERVER_ARGS, TEST_MAX_IMAGES, TEST_MAX_MODEL_LEN, start_server, stop_server, until_idle, eventually, eventually_async)
 
 CHROMIUM = "/usr/bin/chromium"
 # /ask and /reask settings after the session id: k, sampling, window, filter on,
@@ -26,16 +26,18 @@ CHROMIUM = "/usr/bin/chromium"
 SETTINGS = [4, "uniform", 10, True, 0.95, 64, "images", True, 6, 0.0, "5"]
 
 
+
+async def _at_least(stats, key: str, n: int) -> bool:
+    return (await stats).get(key, 0) >= n
+
 @pytest.fixture(scope="module")
 def two_models(tiny_omni_path, tiny_vl_path, artifacts_dir, tmp_path_factory):
     record_dir = tmp_path_factory.mktemp("recordings")
     srv = start_server(["--model", "tiny", "--compare-model", "tiny-vl", "--max-images", str(TEST_MAX_IMAGES),
                         "--max-model-len", str(TEST_MAX_MODEL_LEN), "--kv-cache-gb", "0.25",
                         "--record-dir", str(record_dir), *SERVER_ARGS], artifacts_dir / "server-compare.log")
-    deadline = time.monotonic() + 180
-    while srv.get_json("/api/health")["compare_model"]["status"] != "ready":
-        assert time.monotonic() < deadline, srv.log()[-3000:]
-        time.sleep(0.5)
+    eventually(lambda: srv.get_json("/api/health")["compare_model"]["status"] == "ready", 180,
+               "the compare model is ready")
     yield srv
     stop_server(srv)
 
@@ -45,10 +47,7 @@ async def _recorded_bundle(srv, tmp_path: Path) -> tuple[Path, dict]:
     client = RtcClient(srv.url, SyntheticVideo(fps=15))
     await client.connect()
     try:
-        for _ in range(100):
-            if (await client.stats())["frames_received"] >= 10:
-                break
-            await asyncio.sleep(0.2)
+        await eventually_async(lambda: _at_least(client.stats(), "frames_received", 10), 20, "10 frames received")
         gradio = Client(srv.url + "/", verbose=False)
         history = (await asyncio.to_thread(gradio.predict, "What moves?", [], client.session_id, *SETTINGS, True,
                                            api_name="/ask"))[0]
@@ -74,6 +73,7 @@ def _columns(html: str) -> list[str]:
     return html.split("class='vc-compare-col'")[1:]
 
 
+@pytest.mark.engine
 async def test_a_loaded_bundle_is_reasked_on_either_model_with_the_same_inputs(two_models, tmp_path):
     health = two_models.get_json("/api/health")
     assert health["compare_model"]["model"].rstrip("/").rsplit("/", 1)[-1].startswith("tiny-vl")
@@ -105,6 +105,7 @@ async def test_a_loaded_bundle_is_reasked_on_either_model_with_the_same_inputs(t
     assert not path.exists() or path.stat().st_size > 0  # our copy is ours; the server's upload copy is gone
 
 
+@pytest.mark.engine
 async def test_a_file_that_is_not_a_bundle_says_so(two_models, tmp_path):
     junk = tmp_path / "junk.zip"
     with zipfile.ZipFile(junk, "w") as zf:
@@ -116,6 +117,7 @@ async def test_a_file_that_is_not_a_bundle_says_so(two_models, tmp_path):
     assert "load a recorded bundle" in unknown
 
 
+@pytest.mark.browser
 async def test_page_loads_a_bundle_and_compares_two_models_side_by_side(two_models, tmp_path, artifacts_dir):
     from playwright.async_api import async_playwright
 

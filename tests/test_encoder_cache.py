@@ -63,6 +63,7 @@ def numbered(first: int, count: int) -> list[str]:
     return [str(q) for q in range(first, first + count)]
 
 
+@pytest.mark.unit
 def test_the_budget_grows_only_where_a_sample_per_session_needs_it(caplog):
     assert encoder_cache_budget(64, 16, gpu=False) is None  # 1,024 tokens: vLLM's 2,048 hold it
     assert encoder_cache_budget(64, 16 * 16, gpu=False) == 16384
@@ -73,6 +74,7 @@ def test_the_budget_grows_only_where_a_sample_per_session_needs_it(caplog):
     assert "lower --max-sessions" in caplog.text
 
 
+@pytest.mark.engine
 async def test_tokens_per_frame_is_what_vllm_counts_and_the_cache_holds_a_sample_per_session(engine):
     # A 640x480 frame as sent, and as a session stores it (scaled to the pixel cap).
     session = Session("t", SessionSettings(evs_enabled=False), store_max_pixels=engine.options.max_image_pixels)
@@ -95,6 +97,7 @@ async def test_tokens_per_frame_is_what_vllm_counts_and_the_cache_holds_a_sample
     assert engine.encoder_cache_tokens >= need
 
 
+@pytest.mark.engine
 async def test_a_window_slid_by_one_frame_encodes_only_the_new_frame(engine):
     clip = frames(PER_QUESTION + 4, seed=11)
     start = await encoded(engine)
@@ -114,6 +117,7 @@ async def test_a_window_slid_by_one_frame_encodes_only_the_new_frame(engine):
     assert await encoded(engine) - before == 0
 
 
+@pytest.mark.engine
 async def test_sessions_showing_the_same_picture_do_not_share_its_encoding(engine):
     clip = frames(4, seed=21)
     before = await encoded(engine)

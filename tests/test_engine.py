@@ -12,7 +12,9 @@ from transformers import AutoProcessor
 from vidchat.engine import Engine, EngineError, Turn
 from vidchat.media import AUDIO_RATE
 
-from conftest import TEST_MAX_IMAGES, tiny_options
+from conftest import TEST_MAX_IMAGES, tiny_options, eventually_async
+
+pytestmark = pytest.mark.engine
 
 
 def frames(n: int, h: int = 480, w: int = 640, seed: int = 0) -> list[np.ndarray]:
@@ -110,10 +112,7 @@ async def test_cancel_mid_stream_aborts_the_request(omni_engine: Engine):
             assert omni_engine.running_requests == 1
             break
     await reply.cancel()
-    deadline = time.monotonic() + 1.0
-    while omni_engine.running_requests and time.monotonic() < deadline:
-        await asyncio.sleep(0.02)
-    assert omni_engine.running_requests == 0
+    await eventually_async(lambda: omni_engine.running_requests == 0, 1.0, "the cancelled request left vLLM")
     assert reply.stats.cancelled and reply.stats.completion_tokens < 2000
 
 
@@ -130,10 +129,7 @@ async def test_cancelling_the_consumer_task_aborts_the_request(omni_engine: Engi
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task
-    deadline = time.monotonic() + 1.0
-    while omni_engine.running_requests and time.monotonic() < deadline:
-        await asyncio.sleep(0.02)
-    assert omni_engine.running_requests == 0
+    await eventually_async(lambda: omni_engine.running_requests == 0, 1.0, "the cancelled request left vLLM")
 
 
 async def test_three_concurrent_questions_all_complete(omni_engine: Engine):
@@ -169,17 +165,14 @@ async def test_empty_question_is_refused(omni_engine: Engine):
         omni_engine.ask("   ")
 
 
-async def test_vision_only_model_answers_images_and_video_and_ignores_audio(tiny_vl_path):
-    engine = Engine.start(tiny_options(tiny_vl_path))
-    try:
-        assert not engine.accepts_audio and engine.accepts_video
-        for kw in (dict(frames=frames(3)), dict(frames=frames(4), frames_as="video")):
-            reply = engine.ask("What is it?", audio=tone(1.0), max_tokens=8, ignore_eos=True, **kw)
-            deltas = await collect(reply)
-            assert "".join(deltas) == reply.text and reply.stats.completion_tokens == 8
-            assert reply.stats.audio_seconds == 0.0
-    finally:
-        engine.shutdown()
+async def test_vision_only_model_answers_images_and_video_and_ignores_audio(vl_engine):
+    engine = vl_engine
+    assert not engine.accepts_audio and engine.accepts_video
+    for kw in (dict(frames=frames(3)), dict(frames=frames(4), frames_as="video")):
+        reply = engine.ask("What is it?", audio=tone(1.0), max_tokens=8, ignore_eos=True, **kw)
+        deltas = await collect(reply)
+        assert "".join(deltas) == reply.text and reply.stats.completion_tokens == 8
+        assert reply.stats.audio_seconds == 0.0
 
 
 async def test_a_sliver_of_audio_is_dropped_not_fatal(omni_engine: Engine):

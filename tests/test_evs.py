@@ -12,6 +12,8 @@ from PIL import Image
 from vidchat import evs, synthetic
 from vidchat.evs import FrameError, FrameFilter
 
+pytestmark = pytest.mark.unit
+
 SIZES = [(480, 640), (720, 1280)]
 
 

@@ -38,6 +38,8 @@ from PIL import Image
 
 from vidchat import synthetic
 
+pytestmark = pytest.mark.engine
+
 MIN_MESSAGES = 5000
 BATCHES = 150  # hypothesis examples; each is one batch split over the two live sessions
 BATCHES_PER_SESSION = 25  # then the pair is checked (a valid question) and replaced

@@ -18,6 +18,8 @@ from vidchat.media import DEFAULT_MAX_FRAME_PIXELS
 from vidchat.session import FrameError, Session
 from vidchat.settings import parse_settings
 
+pytestmark = pytest.mark.unit
+
 
 def encode(fmt: str, w: int = 64, h: int = 48, mode: str = "RGB", **kw) -> bytes:
     rng = np.random.default_rng(0)

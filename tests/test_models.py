@@ -7,6 +7,8 @@ import pytest
 from vidchat import models
 from vidchat.engine import EngineError
 
+pytestmark = pytest.mark.unit
+
 
 def test_auto_falls_back_to_tiny_with_a_banner_when_the_default_cannot_be_had(monkeypatch, tmp_path):
     monkeypatch.setattr(models, "_hub_model_available", lambda repo: False)

@@ -9,7 +9,11 @@ import pytest
 from playwright.async_api import async_playwright
 
 from conftest import CACHE_DIR, SERVER_ARGS, start_server, stop_server
-from test_page import ask, launch, media, open_and_start, wait_for_answer  # noqa: F401 (media is a fixture)
+from test_page import media  # noqa: F401 (a fixture)
+
+from vidchat.devtools.page import ask, launch, open_and_start, wait_for_answer
+
+pytestmark = pytest.mark.browser
 
 PRESET = "smolvlm2-256m"
 

@@ -15,7 +15,11 @@ from playwright.async_api import async_playwright
 
 from vidchat import synthetic_audio as sa
 
-from test_page import BOT_MESSAGES, launch, media, open_and_start, session_id, wav_samples  # noqa: F401
+from test_page import media, wav_samples  # noqa: F401 (media is a fixture)
+
+from vidchat.devtools.page import BOT_MESSAGES, launch, open_and_start, session_id
+
+pytestmark = pytest.mark.browser
 
 # The fake microphone loops this: a question, then a long silence (Talk is
 # switched on at some point of the loop; the next question is heard whole).

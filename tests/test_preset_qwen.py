@@ -138,6 +138,7 @@ def assert_streamed(reply) -> None:
 
 
 # ---- the built folders -----------------------------------------------------------
+@pytest.mark.unit
 @pytest.mark.parametrize("name", PRESETS)
 def test_folder_has_the_true_configuration_at_reduced_depth(name):
     arch = archbuild_qwen.ARCHS[name]
@@ -181,6 +182,7 @@ TRUE_SIZE_PARAMS = {"qwen2.5-vl-3b": 3.75e9, "qwen2.5-vl-7b": 8.29e9, "qwen3-vl-
                     "qwen2.5-omni-3b": 4.39e9, "qwen2.5-omni-7b": 8.93e9}
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("name", list(archbuild_qwen.ARCHS))
 def test_full_depth_architecture_has_the_published_size(name):
     """Built on the meta device (no memory): every layer, the real index lists."""
@@ -198,6 +200,7 @@ def test_full_depth_architecture_has_the_published_size(name):
 
 
 # ---- through vLLM, one preset at a time -----------------------------------------------
+@pytest.mark.engine
 async def test_sixteen_frames_as_images_stream(qwen: Running):
     assert qwen.settings.frames_per_question == N_FRAMES
     reply = await answer(qwen, frames(N_FRAMES), frames_as="images")
@@ -206,6 +209,7 @@ async def test_sixteen_frames_as_images_stream(qwen: Running):
     assert reply.stats.prompt_tokens == hf_prompt_tokens(qwen, frames(N_FRAMES))
 
 
+@pytest.mark.engine
 async def test_sixteen_frames_as_video_stream(qwen: Running):
     """Qwen2.5-VL and Qwen3-VL refuse a bare frame array ("Video metadata is
     required"); this is the question that proves the metadata goes along."""
@@ -221,6 +225,7 @@ async def test_sixteen_frames_as_video_stream(qwen: Running):
     assert reply.stats.prompt_tokens < images * 0.65
 
 
+@pytest.mark.engine
 async def test_audio(qwen: Running):
     fr = frames(2)
     if not qwen.arch.kind == "omni":
@@ -239,6 +244,7 @@ async def test_audio(qwen: Running):
     assert reply.stats.prompt_tokens == hf_prompt_tokens(qwen, frames(N_FRAMES), audio=audio)
 
 
+@pytest.mark.engine
 async def test_tokens_per_frame_match_the_processor(qwen: Running):
     one = await answer(qwen, frames(1))
     two = await answer(qwen, frames(2))

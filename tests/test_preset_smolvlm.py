@@ -79,6 +79,7 @@ def hf_prompt_tokens(engine: Engine, n_frames: int) -> int:
     return int(out["input_ids"].shape[1])
 
 
+@pytest.mark.unit
 def test_the_folder_has_the_true_architecture(smol_path):
     """The processor really loads (num2words present) and carries SmolVLM2's
     special tokens at their real ids; the config is the published one."""
@@ -111,6 +112,7 @@ def test_the_folder_has_the_true_architecture(smol_path):
             vision.image_size, vision.patch_size) == (768, 3072, 12, 12, 512, 16)
 
 
+@pytest.mark.engine
 def test_engine_takes_images_only(smol_engine):
     assert smol_engine.family.name == "smolvlm"
     assert smol_engine.processor_kwargs == {"do_image_splitting": False}
@@ -127,6 +129,7 @@ def test_engine_takes_images_only(smol_engine):
                        SessionSettings(num_sample_frames=presets.get(PRESET).frames_per_question))
 
 
+@pytest.mark.engine
 async def test_audio_is_dropped_not_refused(smol_engine):
     """A question with audio still gets an answer from a vision-only model."""
     reply = smol_engine.ask(QUESTION, frames(1), np.zeros(16000, dtype=np.float32), max_tokens=2,
@@ -136,6 +139,7 @@ async def test_audio_is_dropped_not_refused(smol_engine):
     assert reply.stats.completion_tokens == 2 and reply.stats.audio_seconds == 0.0
 
 
+@pytest.mark.engine
 async def test_tokens_per_frame_match_the_hf_processor(smol_engine):
     one, two = await answer(smol_engine, 1), await answer(smol_engine, 2, seed=1)
     per_frame = two.stats.prompt_tokens - one.stats.prompt_tokens
@@ -144,6 +148,7 @@ async def test_tokens_per_frame_match_the_hf_processor(smol_engine):
     assert two.stats.prompt_tokens == hf_prompt_tokens(smol_engine, 2)
 
 
+@pytest.mark.engine
 async def test_sixteen_frames_stream_to_completion(smol_engine):
     settings = preset_settings()
     n = settings.max_images
@@ -160,6 +165,7 @@ async def test_sixteen_frames_stream_to_completion(smol_engine):
     print(f"16 frames: {reply.stats.prompt_tokens} prompt tokens, {elapsed:.1f} s")
 
 
+@pytest.mark.engine
 @pytest.mark.skipif(bool(os.environ.get("VIDCHAT_SKIP_SMOLVLM_2B")), reason="VIDCHAT_SKIP_SMOLVLM_2B is set")
 async def test_2_2b_preset_streams():
     """The 2.2B preset: true widths, text and vision cut to 2 layers each (its

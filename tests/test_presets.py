@@ -10,6 +10,10 @@ from vidchat.settings import Settings, parse_settings
 
 from conftest import ROOT
 
+import pytest
+
+pytestmark = pytest.mark.unit
+
 NAMES = ["qwen2.5-omni-3b", "qwen2.5-omni-7b", "qwen2.5-vl-3b", "qwen2.5-vl-7b", "qwen3-vl-4b",
          "smolvlm2-256m", "smolvlm2-2.2b"]
 

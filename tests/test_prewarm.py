@@ -19,6 +19,8 @@ from vidchat.prewarm import Prewarmer
 from vidchat.session import SessionSettings
 from vidchat.sessions import SessionRegistry
 
+from conftest import eventually_async
+
 QUESTION = AnswerOptions(max_tokens=2, temperature=0.0, include_audio=False)
 
 
@@ -47,6 +49,7 @@ async def ask(engine, entry, question="What is there?", options=QUESTION):
     return answer.reply.stats
 
 
+@pytest.mark.engine
 async def test_a_warmed_sample_is_a_prefix_cache_hit_covering_the_frames(omni_engine):
     registry = SessionRegistry()
     entry = entry_with_frames(registry, seed=1)
@@ -61,6 +64,7 @@ async def test_a_warmed_sample_is_a_prefix_cache_hit_covering_the_frames(omni_en
     assert omni_engine.running_warmups == 0 and omni_engine.running_requests == 0
 
 
+@pytest.mark.engine
 async def test_the_same_frames_in_another_session_are_not_a_hit(omni_engine):
     registry = SessionRegistry()
     mine, theirs = entry_with_frames(registry, seed=2), entry_with_frames(registry, seed=2)
@@ -71,6 +75,7 @@ async def test_the_same_frames_in_another_session_are_not_a_hit(omni_engine):
     assert (await ask(omni_engine, mine)).cached_tokens > 16 * 10
 
 
+@pytest.mark.engine
 async def test_a_question_is_scheduled_before_a_warm_up_sent_first(omni_engine):
     """By the engine's own event order: a real question (of another session)
     arriving while a warm-up prefills makes the warm-up give way (idle mode),
@@ -81,12 +86,11 @@ async def test_a_question_is_scheduled_before_a_warm_up_sent_first(omni_engine):
     prewarmer = Prewarmer(state, "idle", interval_s=0.0)
     state.answer_gate.arrival_hooks.append(prewarmer.answer_arriving)
     step = asyncio.create_task(prewarmer._step())
-    for _ in range(400):
-        if omni_engine.running_warmups:
-            break
-        await asyncio.sleep(0.005)
-    assert omni_engine.running_warmups == 1
-    answer = await chat.ask(omni_engine, asking, "Now?", QUESTION, queue=state.answer_gate)
+    await eventually_async(lambda: omni_engine.running_warmups == 1, 5, "the warm-up is in vLLM", interval=0.005)
+    # Long enough to be still generating at its first token (the tiny model
+    # never ends an answer on its own): a 2-token answer may already be done.
+    long = dataclasses.replace(QUESTION, max_tokens=2000)
+    answer = await chat.ask(omni_engine, asking, "Now?", long, queue=state.answer_gate)
     await answer.wait_turn()
     assert omni_engine.running_warmups == 0 and prewarmer.stats.yielded == 1
     async for _ in answer.reply:
@@ -105,6 +109,7 @@ def fake_state(engine, registry, answer_gate=None):
                                  answer_defaults=lambda: QUESTION)
 
 
+@pytest.mark.engine
 async def test_the_prewarmer_warms_on_new_frames_only_and_skips_repeats(omni_engine):
     registry = SessionRegistry()
     entry = entry_with_frames(registry, seed=5)
@@ -123,6 +128,7 @@ async def test_the_prewarmer_warms_on_new_frames_only_and_skips_repeats(omni_eng
     assert stats.cached_tokens >= stats.prompt_tokens - 128 - 40
 
 
+@pytest.mark.engine
 async def test_idle_mode_waits_while_an_answer_generates(omni_engine):
     registry = SessionRegistry()
     busy, idle = entry_with_frames(registry, n=4, seed=7), entry_with_frames(registry, seed=8)
@@ -139,32 +145,29 @@ async def test_idle_mode_waits_while_an_answer_generates(omni_engine):
     assert prewarmer.stats.warmups == 1
 
 
+@pytest.mark.engine
 async def test_a_warm_up_of_a_session_that_ends_is_aborted(omni_engine):
     registry = SessionRegistry()
     entry = registry.create("webrtc", SessionSettings(evs_enabled=False, num_sample_frames=16))
     add_frames(entry, 16, seed=9, t0=0.0)
     prewarmer = Prewarmer(fake_state(omni_engine, registry), "always", interval_s=0.0)
     step = asyncio.create_task(prewarmer._step())
-    for _ in range(200):
-        if omni_engine.running_warmups:
-            break
-        await asyncio.sleep(0.005)
-    assert omni_engine.running_warmups == 1
+    await eventually_async(lambda: omni_engine.running_warmups == 1, 5, "the warm-up is in vLLM", interval=0.005)
     await registry.close(entry.session.id)
     await step
     assert prewarmer.stats.aborted == 1 and prewarmer.stats.warmups == 0
-    for _ in range(100):
-        if omni_engine._llm.get_num_unfinished_requests() == 0:
-            break
-        await asyncio.sleep(0.02)
-    assert omni_engine._llm.get_num_unfinished_requests() == 0 and omni_engine.running_warmups == 0
+    await eventually_async(lambda: omni_engine._llm.get_num_unfinished_requests() == 0, 2,
+                           "the aborted warm-up left vLLM")
+    assert omni_engine.running_warmups == 0
 
 
+@pytest.mark.unit
 def test_unknown_mode_is_refused():
     with pytest.raises(ValueError, match="off, idle, always"):
         Prewarmer(types.SimpleNamespace(), "sometimes")
 
 
+@pytest.mark.unit
 def test_the_encoder_budget_swaps_the_oldest_new_frames_for_encoded_ones():
     from vidchat.session import Session
 
@@ -191,6 +194,7 @@ def test_the_encoder_budget_swaps_the_oldest_new_frames_for_encoded_ones():
     assert session.encoded_count([1]) == 0
 
 
+@pytest.mark.unit
 def test_the_budget_follows_the_measured_cost_of_a_new_frame():
     from vidchat.session import Session
 
@@ -208,6 +212,7 @@ def add_audio(entry, seconds: float, t: float, seed: int = 0) -> None:
     entry.session.add_audio((rng.standard_normal(int(seconds * 16000)) * 0.1).astype(np.float32), t)
 
 
+@pytest.mark.engine
 async def test_finished_audio_segments_are_warmed_and_only_the_newest_is_new(omni_engine, monkeypatch):
     """With --audio-segments on, the audio goes as 2-s segments
     (vidchat.audio): a warm-up takes the finished ones, and a question with
@@ -246,6 +251,7 @@ async def test_finished_audio_segments_are_warmed_and_only_the_newest_is_new(omn
     assert reply.stats.audio_parts == [] and reply.stats.cached_tokens <= stats.cached_tokens - 256, reply.stats
 
 
+@pytest.mark.engine
 async def test_the_sample_taken_at_enter_is_warmed_whole_and_is_the_questions(omni_engine, monkeypatch):
     """Enter pressed (question_now): the sample is taken then, warmed with
     all its audio, and the question that arrives a moment later takes it,
@@ -290,6 +296,7 @@ async def test_the_sample_taken_at_enter_is_warmed_whole_and_is_the_questions(om
     assert prewarmer.take_pin(entry) is None
 
 
+@pytest.mark.unit
 def test_speech_starting_in_talk_mode_warms_the_session_first():
     from vidchat import talk
 

@@ -22,6 +22,8 @@ from vidchat.protocol import NO_AUDIO_OUTPUT_NOTICE
 from test_protocol import (MOVING, SHORT, STATIC_JPEG, answer, check_answer, connect, expect_closed, expect_error,
                            recv, send, still_alive, until)
 
+pytestmark = pytest.mark.engine
+
 NOT_AN_IMAGE = base64.b64encode(b"hello, not a picture").decode()
 
 

@@ -15,7 +15,7 @@ import urllib.request
 
 import pytest
 
-from conftest import ROOT, TEST_MAX_IMAGES, TEST_MAX_MODEL_LEN, free_port, start_server, stop_server, tiny_options
+from conftest import ROOT, TEST_MAX_IMAGES, TEST_MAX_MODEL_LEN, free_port, start_server, stop_server, tiny_options, eventually_async, eventually, count_engine_start
 from test_engine import collect, frames
 from test_protocol import LONG, SHORT, answer, check_answer, connect, send, until
 from test_protocol import frames as send_frames
@@ -24,6 +24,8 @@ from vidchat import tinymodel
 from vidchat.families import family_of
 from vidchat.remote_engine import RemoteEngine
 from vidchat.rtc_client import RtcClient, SyntheticVideo
+
+pytestmark = pytest.mark.engine
 
 
 @pytest.fixture(scope="module")
@@ -45,15 +47,14 @@ def vllm_server(tiny_omni_path, artifacts_dir):
              "--distributed-executor-backend", "uni"],
             cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, env=env)
     url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 300
-    while True:
+    count_engine_start("vllm serve")
+
+    def healthy() -> bool:
         assert proc.poll() is None, f"vllm serve exited:\n{log_path.read_text()[-3000:]}"
-        try:
-            with urllib.request.urlopen(url + "/health", timeout=2):
-                break
-        except OSError:
-            assert time.monotonic() < deadline, "vllm serve did not start in 300 s"
-            time.sleep(1)
+        with urllib.request.urlopen(url + "/health", timeout=2):  # OSError until it listens
+            return True
+
+    eventually(healthy, 300, "vllm serve answers /health", interval=0.5)
     yield url
     proc.terminate()
     try:
@@ -71,10 +72,8 @@ def remote_running(url: str) -> float:
 
 
 async def until_remote_idle(url: str, within: float = 3.0) -> None:
-    deadline = time.monotonic() + within
-    while await asyncio.to_thread(remote_running, url) != 0:
-        assert time.monotonic() < deadline, f"the remote request was not aborted within {within} s"
-        await asyncio.sleep(0.1)
+    await eventually_async(lambda: asyncio.to_thread(lambda: remote_running(url) == 0), within,
+                           "the remote request is aborted")
 
 
 async def test_the_remote_engine_answers_with_the_same_stats_and_cache_hits(vllm_server, tiny_omni_path):

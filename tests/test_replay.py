@@ -154,6 +154,7 @@ def answers(lines: list[dict]) -> list[dict]:
 # Replay through real vLLM
 # ---------------------------------------------------------------------------
 
+@pytest.mark.engine
 def test_replay_twice_sends_the_same_inputs_and_gets_the_same_answers(run_with_out, run_plain):
     for run in (run_with_out, run_plain):
         # The question at 0 s comes before any frame: it fails, the others are still answered.
@@ -190,6 +191,7 @@ def test_replay_twice_sends_the_same_inputs_and_gets_the_same_answers(run_with_o
     assert len({r["inputs_sha256"] for r in a}) == 3
 
 
+@pytest.mark.engine
 def test_nothing_is_written_without_out(run_plain, run_with_out):
     assert run_plain.res.returncode == 1, run_plain.res.stderr[-3000:]
     assert run_plain.after == run_plain.before  # neither the clip's folder nor the cwd gained a file
@@ -197,6 +199,7 @@ def test_nothing_is_written_without_out(run_plain, run_with_out):
     assert not any(run_with_out.cwd.iterdir())  # --out writes only under its folder
 
 
+@pytest.mark.engine
 def test_bundles_read_back_to_the_inputs_the_engine_hashed(run_with_out):
     a = answers(run_with_out.lines)
     folders = sorted(p for p in run_with_out.out.iterdir())
@@ -245,6 +248,7 @@ def reask_run(run_with_out, watch_clips, tmp_path_factory):
                                  watch_lines=[r for r in lines if r["source"] == str(watch_clips.cuts)])
 
 
+@pytest.mark.engine
 def test_reasking_bundles_sends_the_same_inputs(reask_run, run_with_out):
     res = reask_run.res
     assert res.returncode == 0, res.stderr[-3000:]
@@ -265,6 +269,7 @@ def test_reasking_bundles_sends_the_same_inputs(reask_run, run_with_out):
     assert original[0]["question"] in reask_run.lines[1]["prompt"]  # the bundle's chat history came along
 
 
+@pytest.mark.engine
 def test_watch_mode_asks_once_per_scene_change(reask_run):
     assert reask_run.res.returncode == 0, reask_run.res.stderr[-3000:]
     watched = reask_run.watch_lines
@@ -282,6 +287,7 @@ def test_watch_mode_asks_once_per_scene_change(reask_run):
 # Usage errors (no engine is started)
 # ---------------------------------------------------------------------------
 
+@pytest.mark.unit
 @pytest.mark.parametrize("args, message", [
     (["--ask", "soon:What?"], "expected SECONDS:QUESTION"),
     (["--ask", "1:"], "expected SECONDS:QUESTION"),
@@ -299,6 +305,7 @@ def test_bad_usage_exits_2(clip_dir, tmp_path, args, message):
     assert not any(tmp_path.iterdir())
 
 
+@pytest.mark.unit
 def test_missing_file_exits_2(tmp_path):
     res = replay(str(tmp_path / "nope.mp4"), "--ask", "1:Q", cwd=tmp_path, timeout=120)
     assert res.returncode == 2 and "no such file" in res.stderr
@@ -308,6 +315,7 @@ def test_missing_file_exits_2(tmp_path):
 # The media schedule (no engine)
 # ---------------------------------------------------------------------------
 
+@pytest.mark.unit
 def test_media_events_are_in_file_seconds_and_audio_is_cut_at_question_times(clip_dir):
     from vidchat.replay import Schedule, media_events
 
@@ -338,6 +346,7 @@ def watch_times(path: Path, every_s: float) -> list[float]:
     return [t for t, _, kind, payload in media_events(str(path), Schedule([], [])) if playback.feed(t, kind, payload)]
 
 
+@pytest.mark.unit
 def test_watch_mode_fires_on_cuts_not_on_a_still_scene(watch_clips, clip_dir):
     assert watch_times(watch_clips.cuts, 1.0) == pytest.approx(CUTS, abs=0.5 / CLIP_FPS)
     # The cuts at 3 and 4.5 s come within the interval after 1.5 s: one question
@@ -369,6 +378,7 @@ def _answer(audio: bool = True, text: str = "an answer") -> Answer:
     return Answer("What is it?", reply, sample, AnswerOptions(temperature=0.0, seed=7), prompt_text="<prompt>")
 
 
+@pytest.mark.unit
 def test_bundle_round_trip_folder_and_zip(tmp_path):
     answer = _answer()
     path = recording.write_bundle(tmp_path / "rec", answer, history=[Turn("user", "hi"), Turn("assistant", "yo")],
@@ -401,6 +411,7 @@ def test_bundle_round_trip_folder_and_zip(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["both.zip", "one.zip", "rec"]  # no temporary left
 
 
+@pytest.mark.unit
 def test_audio_that_is_not_16_bit_exact_is_kept_as_float_wav():
     audio = np.random.default_rng(1).uniform(-1, 1, 1000).astype(np.float32)
     data, fmt = recording.wav_bytes(audio)
@@ -412,6 +423,7 @@ def test_audio_that_is_not_16_bit_exact_is_kept_as_float_wav():
     assert fmt == "pcm16" and np.array_equal(recording.read_wav(data)[0], pcm)
 
 
+@pytest.mark.unit
 def test_bad_bundles_are_refused(tmp_path):
     path = recording.write_bundle(tmp_path, _answer())
     manifest = json.loads((path / "manifest.json").read_text())
@@ -427,6 +439,7 @@ def test_bad_bundles_are_refused(tmp_path):
         recording.read_bundle(path)
 
 
+@pytest.mark.unit
 def test_a_zip_that_would_unpack_huge_is_refused_before_unpacking(tmp_path, monkeypatch):
     import zipfile
 
@@ -447,6 +460,7 @@ def test_a_zip_that_would_unpack_huge_is_refused_before_unpacking(tmp_path, monk
         recording.read_bundle(path)
 
 
+@pytest.mark.unit
 def test_a_bundle_reads_back_as_a_finished_answer_for_the_page(tmp_path):
     answer = _answer()
     path = recording.write_bundle(tmp_path / "rec", answer, history=[Turn("user", "hi"), Turn("assistant", "yo")])
@@ -463,6 +477,7 @@ def test_a_bundle_reads_back_as_a_finished_answer_for_the_page(tmp_path):
     assert record["source"] == {"kind": "file", "name": "clip.webm"}
 
 
+@pytest.mark.unit
 def test_periodic_questions_stop_with_the_file_but_later_asks_stay():
     from vidchat.replay import Question, Schedule
 

@@ -14,6 +14,8 @@ from vidchat.evs import FrameError
 from vidchat.media import AUDIO_RATE
 from vidchat.session import Session, SessionSettings, stable_indices, uniform_indices
 
+pytestmark = pytest.mark.unit
+
 
 @lru_cache(maxsize=None)
 def scene(seed: int, height: int = 120, width: int = 160) -> np.ndarray:

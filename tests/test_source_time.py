@@ -17,6 +17,8 @@ from vidchat.session import Session, SessionSettings
 from vidchat.sessions import SessionRegistry
 from vidchat.webrtc import router
 
+pytestmark = pytest.mark.unit
+
 
 # ---- the timeline on its own ------------------------------------------------
 

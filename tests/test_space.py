@@ -28,6 +28,7 @@ def card() -> dict:
     return yaml.safe_load(text.split("---\n", 2)[1])
 
 
+@pytest.mark.unit
 def test_the_space_card_parses_and_matches_the_project():
     meta = card()
     assert meta["sdk"] == "gradio" and meta["sdk_version"] == gradio.__version__
@@ -41,6 +42,7 @@ def test_the_space_card_parses_and_matches_the_project():
             if line and not line.startswith("#")] == [".[gpu]"]
 
 
+@pytest.mark.engine
 def test_the_pinned_gpu_install_resolves_against_the_package_index(tmp_path):
     """vllm==0.32.0 and the direct dependencies, resolved for this platform
     (metadata only: nothing is downloaded in full, nothing installed)."""
@@ -57,6 +59,7 @@ def test_the_pinned_gpu_install_resolves_against_the_package_index(tmp_path):
     assert resolved["vllm"] == "0.32.0"
 
 
+@pytest.mark.engine
 def test_app_starts_in_space_mode_only_with_a_relay(artifacts_dir, tiny_vl_path):
     space_env = {"SPACE_ID": "someone/vidchat", "SPACE_HOST": "someone-vidchat.hf.space", "SYSTEM": "spaces"}
     args = ["--model", "tiny-vl", "--kv-cache-gb", "0.25", "--max-model-len", "2048"]

@@ -20,6 +20,10 @@ from vidchat.session import SessionSettings
 from vidchat.sessions import SessionRegistry
 from vidchat.vad import TurnSettings
 
+from conftest import eventually_async
+
+pytestmark = pytest.mark.engine
+
 SHORT = AnswerOptions(max_tokens=4, temperature=0.0)
 LONG = AnswerOptions(max_tokens=3000, temperature=0.0)
 
@@ -27,6 +31,10 @@ LONG = AnswerOptions(max_tokens=3000, temperature=0.0)
 @pytest.fixture(scope="module")
 def question():
     return sa.speech("What is on the table in front of me?")
+
+
+async def vad_loaded(listener) -> None:
+    await eventually_async(lambda: listener._detector is not None, 10, "the listener's VAD model is loaded")
 
 
 def new_entry(registry: SessionRegistry, t0: float, seconds: float = 12.0, fps: float = 2.0):
@@ -57,7 +65,7 @@ async def test_an_utterance_becomes_a_question_whose_audio_is_the_utterance(omni
     t0 = time.monotonic()
     entry = new_entry(registry, t0)
     listener = talk.listener(entry, TurnSettings())
-    await asyncio.sleep(0.2)  # the listener starts from the audio it finds: none yet
+    await vad_loaded(listener)  # the listener starts from the audio it finds: none yet
     track = sa.compose([(sa.silence(1.0), False), (question, True), (sa.silence(1.0), False)])
     feed(entry, track.audio, t0 + 2.0)
     spoken = await next_utterance(listener)
@@ -91,12 +99,11 @@ async def test_speech_during_an_answer_aborts_it_and_becomes_the_next_question(o
     entry = new_entry(registry, t0)
     coming = []  # speech starting tells the warm-ups a question is coming (vidchat.prewarm)
     listener = talk.listener(entry, TurnSettings(), barge_in=True, on_speech=lambda: coming.append(time.monotonic()))
-    await asyncio.sleep(0.2)
+    await vad_loaded(listener)
     feed(entry, sa.silence(0.5), t0 + 1.0)
     typed = await chat.ask(omni_engine, entry, "Tell me a long story.", LONG)
     streaming = asyncio.create_task(drain(typed))
-    while typed.reply.stats.completion_tokens < 3:  # the long answer is generating
-        await asyncio.sleep(0.02)
+    await eventually_async(lambda: typed.reply.stats.completion_tokens >= 3, 30, "the long answer generates")
     assert omni_engine.running_requests == 1
     feed(entry, np.concatenate([question, sa.silence(1.0)]), t0 + 1.5)
     spoken = await next_utterance(listener)
@@ -104,11 +111,7 @@ async def test_speech_during_an_answer_aborts_it_and_becomes_the_next_question(o
     assert typed.reply.stats.cancelled
     assert typed.reply.stats.completion_tokens < LONG.max_tokens
     assert listener.stats.barge_ins == 1 and listener.speech_starts == 1 and len(coming) == 1
-    for _ in range(100):  # the abort reached the engine
-        if omni_engine.running_requests == 0:
-            break
-        await asyncio.sleep(0.02)
-    assert omni_engine.running_requests == 0
+    await eventually_async(lambda: omni_engine.running_requests == 0, 2, "the abort reached the engine")
     # The utterance that interrupted is the next question.
     answer = await chat.ask(omni_engine, entry, "", SHORT, spoken=spoken)
     await drain(answer)
@@ -122,7 +125,7 @@ async def test_without_barge_in_the_answer_goes_on(omni_engine, question):
     t0 = time.monotonic()
     entry = new_entry(registry, t0)
     listener = talk.listener(entry, TurnSettings(), barge_in=False)
-    await asyncio.sleep(0.2)
+    await vad_loaded(listener)
     feed(entry, sa.silence(0.5), t0 + 1.0)
     typed = await chat.ask(omni_engine, entry, "Tell me a story.", AnswerOptions(max_tokens=400, temperature=0.0))
     streaming = asyncio.create_task(drain(typed))

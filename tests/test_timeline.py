@@ -20,6 +20,8 @@ from vidchat.media import AUDIO_RATE, DEFAULT_MAX_FRAME_BYTES
 from vidchat.session import Session, SessionSettings
 from vidchat.sessions import SessionRegistry
 
+pytestmark = pytest.mark.unit
+
 WRAP = 2**32
 VIDEO_CLOCK = 90_000
 

@@ -7,6 +7,10 @@ import json
 
 from vidchat import tinymodel
 
+import pytest
+
+pytestmark = pytest.mark.unit
+
 
 def digest(path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()

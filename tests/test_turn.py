@@ -17,6 +17,8 @@ from starlette.testclient import TestClient
 from vidchat.space import check_space_relay
 from vidchat.turn import TurnError, TurnMinter, minter_from
 
+pytestmark = pytest.mark.unit
+
 KEY_ID, KEY_TOKEN, HF_TOKEN = "key-123", "cf-secret-token-abc", "hf_secret_token_xyz"
 
 

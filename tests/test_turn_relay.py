@@ -16,8 +16,10 @@ from aiortc import RTCConfiguration, RTCIceServer
 from aiortc.rtcconfiguration import RTCIceTransportPolicy
 from playwright.async_api import async_playwright
 
-from conftest import free_port
-from test_page import launch, media  # noqa: F401  (media: the fake camera clip fixture)
+from conftest import free_port, eventually, eventually_async
+from test_page import media  # noqa: F401  (the fake camera clip fixture)
+
+from vidchat.devtools.page import launch
 from vidchat.rtc_client import RtcClient, SyntheticVideo
 
 USER, PASSWORD = "vidchat", "relay-secret"
@@ -37,17 +39,20 @@ def coturn(tmp_path_factory):
          # The peers here are on loopback, which a public relay refuses to reach.
          "--allow-loopback-peers", "--no-multicast-peers", "--log-file", str(log), "--simple-log"],
         stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
-    deadline = time.monotonic() + 10
-    while True:  # coturn answers on UDP; its TCP listener on the same port says it is up
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
-            break
-        except OSError:
-            assert proc.poll() is None and time.monotonic() < deadline, "coturn did not start"
-            time.sleep(0.1)
+
+    def listening() -> bool:  # coturn answers on UDP; its TCP listener on the same port says it is up
+        assert proc.poll() is None, "coturn exited"
+        socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
+        return True
+
+    eventually(listening, 10, "coturn listens")
     yield f"turn:127.0.0.1:{port}", log
     proc.terminate()
     proc.wait(timeout=10)
+
+
+async def _at_least(count, n: int) -> bool:
+    return await count >= n
 
 
 async def frames_received(server, sid: str) -> int:
@@ -55,6 +60,7 @@ async def frames_received(server, sid: str) -> int:
     return stats.get("frames_received", 0)
 
 
+@pytest.mark.engine
 async def test_the_scripted_client_streams_through_the_relay_only(server, coturn):
     url, log = coturn
     relay_only = RTCConfiguration(iceServers=[RTCIceServer(urls=url, username=USER, credential=PASSWORD)],
@@ -64,16 +70,15 @@ async def test_the_scripted_client_streams_through_the_relay_only(server, coturn
         sid = await client.connect()
         assert all(" typ relay " in line for line in client.pc.localDescription.sdp.splitlines()
                    if line.startswith("a=candidate:")), "relay-only offered a non-relay candidate"
-        deadline = time.monotonic() + 30
-        while await frames_received(server, sid) < 5:
-            assert time.monotonic() < deadline, "no frames came through the relay"
-            await asyncio.sleep(0.2)
+        await eventually_async(lambda: _at_least(frames_received(server, sid), 5), 30,
+                               "5 frames come through the relay")
         assert client.selected_pair() == ("relay", "host")
     finally:
         await client.close()
     assert "ALLOCATE processed, success" in log.read_text()  # coturn did allocate the relay
 
 
+@pytest.mark.browser
 async def test_chromium_streams_through_the_relay_only(server, coturn, media, tmp_path):  # noqa: F811
     url, _ = coturn
     async with async_playwright() as pw:
@@ -96,10 +101,8 @@ async def test_chromium_streams_through_the_relay_only(server, coturn, media, tm
             await page.wait_for_function("document.querySelector('#vc-conn')?.dataset.tone === 'live'",
                                          timeout=30_000)
             sid = await page.evaluate("window.vidchat.sessionId")
-            deadline = time.monotonic() + 30
-            while await frames_received(server, sid) < 5:
-                assert time.monotonic() < deadline, "no frames came through the relay"
-                await asyncio.sleep(0.2)
+            await eventually_async(lambda: _at_least(frames_received(server, sid), 5), 30,
+                                   "5 frames come through the relay")
             pair = await page.evaluate("window.vidchat.selectedPair()")
             assert pair == {"local": "relay", "remote": "host"}, pair
             await page.evaluate("window.vidchat.stop()")

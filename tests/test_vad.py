@@ -10,6 +10,8 @@ from vidchat import synthetic_audio as sa
 from vidchat.media import AUDIO_RATE
 from vidchat.vad import SpeechStarted, TurnDetector, TurnSettings, Utterance
 
+pytestmark = pytest.mark.unit
+
 # Delivered as WebRTC does: 20 ms packets.
 PACKET = 320
 BOUNDARY_TOLERANCE_S = 0.15

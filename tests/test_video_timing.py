@@ -36,7 +36,9 @@ import pytest
 
 from vidchat.engine import Engine, video_fps
 
-from conftest import tiny_options
+
+
+pytestmark = pytest.mark.engine
 
 N_FRAMES = 8
 QUESTION = "What happens in the video?"
@@ -230,13 +232,6 @@ def test_frames_sent_as_images_never_carry_fps(omni_engine: Engine):
 
 
 # ---- Qwen2-VL: the family cannot express spacing -----------------------------
-
-
-@pytest.fixture(scope="module")
-def vl_engine(tiny_vl_path):
-    engine = Engine.start(tiny_options(tiny_vl_path))
-    yield engine
-    engine.shutdown()
 
 
 async def test_qwen2_vl_temporal_positions_ignore_frame_spacing(vl_engine: Engine):

@@ -1,0 +1,1 @@
+"""Tools for building and checking vidchat: the shared test and benchmark harness."""

@@ -1,0 +1,146 @@
+"""Driving the live page in Debian's headless Chromium (Playwright) with a
+fake camera and microphone: shared by the browser tests and bench/page.py.
+
+Every wait here is for something the page or the server says happened (a
+message shown, the server's answer done, the panel of what the model got),
+never for a stretch of time.
+"""
+
+from __future__ import annotations
+
+import wave
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from vidchat.devtools.harness import eventually_async
+
+CHROMIUM = "/usr/bin/chromium"
+# Flags that keep Chromium off this machine's closed network and quiet.
+CHROMIUM_FLAGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                  "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+W, H, FPS = 640, 480, 15
+
+# The model's messages in the chat, without the "What the model got" panels
+# folded under them (titled messages, which Gradio renders as a thought group).
+BOT_MESSAGES = ("[...document.querySelectorAll('#vc-chat [data-testid=\"bot\"]')]"
+                ".filter((m) => !m.querySelector('.thought-group'))")
+# JS predicate: the n-th bot message exists and shows text.
+BOT_HAS_TEXT = ("(() => { const b = " + BOT_MESSAGES + ";"
+                " return b.length >= %d && b[b.length - 1].innerText.trim().length > 0; })()")
+# JS predicate: a "What the model got" panel follows the n-th bot message (the
+# page appends it in the answer's last update, after any notice).
+PANEL_AFTER = ("(() => { const all = [...document.querySelectorAll('#vc-chat [data-testid=\"bot\"]')];"
+               " let seen = 0;"
+               " for (const m of all) { if (m.querySelector('.thought-group')) { if (seen >= %d) return true; }"
+               " else seen++; }"
+               " return false; })()")
+
+
+def write_y4m(path: Path, colour: tuple[int, int, int], seconds: float = 4.0, moving_s: float | None = None) -> None:
+    """A clip Chromium plays as its fake camera: a coloured room with a white
+    square sliding across it (real motion, so the filter keeps frames).
+    ``moving_s``: the square slides only during the first moving_s of each
+    loop and then stands still (someone who moved, then sits and types)."""
+    n = int(seconds * FPS)
+    moving = n if moving_s is None else int(moving_s * FPS)
+    with open(path, "wb") as f:
+        f.write(f"YUV4MPEG2 W{W} H{H} F{FPS}:1 Ip A1:1 C420jpeg\n".encode())
+        for i in range(n):
+            rgb = np.empty((H, W, 3), np.float32)
+            rgb[:] = colour
+            side = H // 3
+            x = int(min(i, moving) * (W - side) / moving)
+            rgb[H // 3 : H // 3 + side, x : x + side] = 240
+            r, g, b = rgb[..., 0], rgb[..., 1], rgb[..., 2]
+            y = 0.299 * r + 0.587 * g + 0.114 * b
+            u = (b - y) * 0.564 + 128
+            v = (r - y) * 0.713 + 128
+            f.write(b"FRAME\n")
+            f.write(np.clip(y, 0, 255).astype(np.uint8).tobytes())
+            for plane in (u, v):
+                f.write(np.clip(plane[::2, ::2], 0, 255).astype(np.uint8).tobytes())
+
+
+def write_wav(path: Path, seconds: float = 4.0, rate: int = 48_000) -> None:
+    """A 330 Hz tone: the fake microphone."""
+    t = np.arange(int(seconds * rate)) / rate
+    pcm = (np.sin(2 * np.pi * 330 * t) * 9000).astype(np.int16)
+    with wave.open(str(path), "wb") as w:
+        w.setnchannels(1)
+        w.setsampwidth(2)
+        w.setframerate(rate)
+        w.writeframes(pcm.tobytes())
+
+
+async def launch(pw: Any, video: Path, audio: Path, tmp: Path | None = None) -> Any:
+    """Chromium whose camera plays ``video`` and whose microphone plays ``audio``."""
+    return await pw.chromium.launch(
+        executable_path=CHROMIUM,
+        args=[
+            "--use-fake-ui-for-media-stream",
+            "--use-fake-device-for-media-stream",
+            f"--use-file-for-fake-video-capture={video}",
+            f"--use-file-for-fake-audio-capture={audio}",
+            *CHROMIUM_FLAGS,
+            "--autoplay-policy=no-user-gesture-required",
+        ],
+    )
+
+
+async def open_and_start(browser: Any, url: str, viewport: tuple[int, int] = (1280, 800), min_buffer: int = 16) -> Any:
+    """A new tab on ``url`` with the camera started and ``min_buffer`` kept frames."""
+    page = await browser.new_page(viewport={"width": viewport[0], "height": viewport[1]})
+    await page.goto(url)
+    await page.click("#vc-start")
+    await page.wait_for_function("document.querySelector('#vc-conn')?.dataset.tone === 'live'", timeout=30_000)
+    await page.wait_for_function(
+        f"/buffer (\\d+)/.exec(document.querySelector('#vc-stats').textContent)?.[1] >= {min_buffer}",
+        timeout=30_000)
+    return page
+
+
+async def session_id(page: Any) -> str:
+    return await page.evaluate("window.vidchat.sessionId")
+
+
+async def ask(page: Any, text: str) -> None:
+    box = page.locator("#vc-question textarea")
+    await box.fill(text)
+    await box.press("Enter")
+
+
+async def bot_texts(page: Any) -> list[str]:
+    return await page.evaluate(f"{BOT_MESSAGES}.map((m) => m.innerText)")
+
+
+async def wait_for_answer(page: Any, n: int, timeout: float = 60) -> list[str]:
+    """Wait until the n-th bot message is final and return all bot texts.
+
+    With a session, final means the server's answer is done and the page has
+    appended what the model got after it; without one (camera stopped), the
+    page's notice is the whole reply."""
+    await page.wait_for_function(BOT_HAS_TEXT % n, timeout=timeout * 1000)
+    if await session_id(page):
+        async def server_done() -> bool:
+            state = await page.evaluate("window.vidchat.answerState()")
+            return state is None or bool(state.get("done"))
+
+        await eventually_async(server_done, timeout, "the server says the answer is done", interval=0.1)
+        await page.wait_for_function(PANEL_AFTER % n, timeout=timeout * 1000)
+    return await bot_texts(page)
+
+
+async def set_setting(page: Any, elem_id: str, value: str) -> None:
+    """Type ``value`` into a number setting (opening the settings panel when closed)."""
+    if not await page.locator(f"#{elem_id}").is_visible():
+        await page.click("#vc-settings button, #vc-settings .label-wrap")
+    box = page.locator(f"#{elem_id} input[type=number]")
+    await box.fill(value)
+    await box.press("Enter")
+
+
+async def next_frame(page: Any) -> None:
+    """Two animation frames: the page has laid out and painted what changed."""
+    await page.evaluate("() => new Promise((r) => requestAnimationFrame(() => requestAnimationFrame(r)))")
