@@ -62,9 +62,6 @@ import asyncio
 import collections
 import fractions
 import json
-import os
-import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -87,6 +84,7 @@ from aiortc import MediaStreamTrack, RTCConfiguration, RTCPeerConnection, RTCRtp
 from aiortc.mediastreams import MediaStreamError  # noqa: E402
 
 from vidchat import synthetic  # noqa: E402
+from vidchat.devtools import harness  # noqa: E402
 from vidchat.rtc_client import VIDEO_CLOCK, RtcClient  # noqa: E402
 
 WIDTH, HEIGHT, FPS = 640, 480, 30
@@ -216,43 +214,20 @@ def http_json(url: str, body: dict | None = None, timeout: float = 10) -> dict:
         return json.loads(resp.read())
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def start_server(log_path: Path, extra: list[str], timeout: float = 240) -> tuple[subprocess.Popen, str]:
-    port = free_port()
-    cmd = [sys.executable, str(ROOT / "app.py"), "--host", "127.0.0.1", "--port", str(port), *SERVER_ARGS, *extra]
-    if os.environ.get("VIDCHAT_CACHE_DIR"):
-        cmd += ["--cache-dir", os.environ["VIDCHAT_CACHE_DIR"]]
-    log = open(log_path, "w")
-    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"server exited with {proc.returncode}:\n{log_path.read_text()[-3000:]}")
-        try:
-            if http_json(url + "/api/health", timeout=2).get("ok"):
-                return proc, url
-        except (OSError, ValueError):
-            pass
-        time.sleep(0.5)
-    stop_server(proc)
-    raise RuntimeError(f"server not ready in {timeout:.0f} s:\n{log_path.read_text()[-3000:]}")
+    """app.py with SERVER_ARGS + ``extra`` through the shared harness; (its process, its URL)."""
+    server = harness.start_server([*SERVER_ARGS, *extra], log_path, timeout=timeout)
+    _started[server.proc.pid] = server
+    return server.proc, server.url
+
+
+_started: dict[int, harness.Server] = {}
 
 
 def stop_server(proc: subprocess.Popen) -> None:
-    if proc.poll() is not None:
-        return
-    proc.send_signal(signal.SIGINT)
-    try:
-        proc.wait(timeout=30)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait(timeout=10)
+    server = _started.pop(proc.pid, None)
+    if server is not None:
+        harness.stop_server(server)
 
 
 def find_server_pid(url: str) -> int | None:

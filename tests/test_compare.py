@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import re
-import time
 import urllib.request
 import zipfile
 from pathlib import Path

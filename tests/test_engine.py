@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import time
 
 import numpy as np
 import pytest
@@ -12,7 +11,7 @@ from transformers import AutoProcessor
 from vidchat.engine import Engine, EngineError, Turn
 from vidchat.media import AUDIO_RATE
 
-from conftest import TEST_MAX_IMAGES, tiny_options, eventually_async
+from conftest import TEST_MAX_IMAGES, eventually_async
 
 pytestmark = pytest.mark.engine
 

@@ -5,11 +5,9 @@ from __future__ import annotations
 
 import asyncio
 import io
-import json
 import re
 import statistics
 import urllib.request
-import wave
 from pathlib import Path
 
 import numpy as np
@@ -18,7 +16,7 @@ from PIL import Image
 from playwright.async_api import Page, async_playwright
 
 from vidchat.devtools.page import (  # noqa: F401 - re-exported for the other browser tests
-    BOT_HAS_TEXT, BOT_MESSAGES, CHROMIUM, CHROMIUM_FLAGS, ask, bot_texts, launch, next_frame, open_and_start,
+    BOT_HAS_TEXT, BOT_MESSAGES, CHROMIUM, ask, launch, next_frame, open_and_start,
     session_id, set_setting, wait_for_answer, write_wav, write_y4m,
 )
 from vidchat.engine import inputs_digest

@@ -10,7 +10,6 @@ import os
 import re
 import subprocess
 import sys
-import time
 import urllib.request
 
 import pytest

@@ -9,7 +9,6 @@ import asyncio
 import shutil
 import socket
 import subprocess
-import time
 
 import pytest
 from aiortc import RTCConfiguration, RTCIceServer

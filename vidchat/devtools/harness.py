@@ -179,6 +179,13 @@ class Server:
         """Warning, error and traceback lines of the server's log."""
         return [ln for ln in self.log().splitlines() if " WARNING " in ln or " ERROR " in ln or "Traceback" in ln]
 
+    @property
+    def process(self) -> Any:
+        """The server's process as psutil sees it (CPU and memory, with its children)."""
+        import psutil
+
+        return psutil.Process(self.proc.pid)
+
     def engine_starts(self) -> int:
         return self.log().count(ENGINE_START_LINE)
 

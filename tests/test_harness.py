@@ -1,0 +1,135 @@
+"""The harness's own helpers (vidchat.devtools.harness) and the tier guard."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import time
+
+import pytest
+
+from vidchat.devtools import harness
+from vidchat.devtools.harness import NeverHappened, allocate_port, eventually, eventually_async
+
+pytestmark = pytest.mark.unit
+
+pytest_plugins = ["pytester"]
+PLUGIN_ARGS = ("-p", "vidchat.devtools.tiers", "-p", "no:cacheprovider", "-q", "-o", "asyncio_mode=auto")
+
+
+def test_eventually_returns_the_first_truthy_value():
+    calls = iter([None, 0, {}, "ready", "later"])
+    assert eventually(lambda: next(calls), 5, "it is ready", interval=0) == "ready"
+
+
+def test_eventually_names_what_never_happened_and_what_it_saw():
+    with pytest.raises(NeverHappened) as failed:
+        eventually(lambda: [], 0.05, "the buffer holds 16 frames", interval=0.01)
+    text = str(failed.value)
+    assert text == "within 0.05 s, never: the buffer holds 16 frames (last seen: [])", text
+
+
+def test_eventually_treats_an_exception_as_not_yet_and_reports_it():
+    attempts = []
+
+    def flaky():
+        attempts.append(1)
+        if len(attempts) < 3:
+            raise ConnectionRefusedError("not listening yet")
+        return True
+
+    assert eventually(flaky, 5, "it listens", interval=0) is True
+    with pytest.raises(NeverHappened, match="ConnectionRefusedError"):
+        eventually(lambda: (_ for _ in ()).throw(ConnectionRefusedError("never")), 0.02, "x", interval=0.005)
+
+
+async def test_eventually_async_awaits_coroutine_predicates_and_lets_the_loop_run():
+    ticks = []
+
+    async def producer():
+        for i in range(3):
+            ticks.append(i)
+            await asyncio.sleep(0)
+
+    task = asyncio.create_task(producer())
+
+    async def three_ticks():
+        return len(ticks) >= 3
+
+    assert await eventually_async(three_ticks, 5, "the producer ticks three times", interval=0) is True
+    await task
+    with pytest.raises(NeverHappened, match="never: nothing"):
+        await eventually_async(lambda: False, 0.02, "nothing", interval=0.005)
+
+
+def test_allocated_ports_are_free_distinct_and_outside_the_ephemeral_range():
+    with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+        low, _high = map(int, f.read().split())
+    ports = [allocate_port() for _ in range(50)]
+    assert len(set(ports)) == 50
+    assert all(harness._PORT_LOW <= p < harness._PORT_HIGH < low for p in ports)
+    for port in ports[:5]:  # nothing listens there: a server can bind it
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", port))
+
+
+def test_a_taken_port_is_skipped():
+    taken = socket.socket()
+    taken.bind(("127.0.0.1", 0))
+    try:
+        # Point the allocator at a port that is in use, then at the rest of its stretch.
+        busy = allocate_port()
+        with socket.socket() as holder:
+            holder.bind(("127.0.0.1", busy))
+            harness._port_counter = iter(range(busy - harness._PORT_LOW, harness._PORT_HIGH - harness._PORT_LOW))
+            assert allocate_port() == busy + 1
+    finally:
+        taken.close()
+        harness._port_counter = __import__("itertools").count(int(time.time()) % 1000)
+
+
+def test_a_unit_test_that_starts_an_engine_a_server_or_chromium_fails(pytester):
+    pytester.makepyfile(test_sneaky='''
+import pytest
+from playwright.async_api import async_playwright
+from vidchat.engine import Engine, EngineOptions
+from vidchat.devtools import harness
+
+pytestmark = pytest.mark.unit
+
+def test_engine():
+    Engine.start(EngineOptions(model="x"))
+
+def test_server(tmp_path):
+    harness.start_server([], tmp_path / "log")
+
+async def test_browser():
+    async with async_playwright() as pw:
+        await pw.chromium.launch(executable_path="/usr/bin/chromium")
+
+def test_plain():
+    assert 1 + 1 == 2
+''')
+    result = pytester.runpytest_inprocess(*PLUGIN_ARGS)
+    result.assert_outcomes(passed=1, failed=3)
+    out = result.stdout.str()
+    for what in ("a vLLM engine", "a vidchat server", "Chromium"):
+        assert f"a unit-tier test must not start {what}" in out, out
+
+
+def test_a_test_without_a_tier_or_with_two_is_a_usage_error(pytester):
+    pytester.makepyfile(test_untiered='''
+import pytest
+
+def test_nothing():
+    pass
+
+@pytest.mark.unit
+@pytest.mark.engine
+def test_both():
+    pass
+''')
+    result = pytester.runpytest_inprocess(*PLUGIN_ARGS)
+    err = result.stderr.str() + result.stdout.str()
+    assert "no tier marker (unit, engine or browser): test_untiered.py::test_nothing" in err, err
+    assert "more than one tier marker" in err and "test_both" in err, err
