@@ -334,3 +334,14 @@ def test_a_sessions_bundles_are_bounded_in_memory(tmp_path):
         answer_inputs.keep_bundle(entry, f"a{n}", tmp_path / f"b{n}")
     assert len(entry.bundles) == answer_inputs.KEEP_BUNDLES_PER_SESSION
     assert "a0" not in entry.bundles and f"a{answer_inputs.KEEP_BUNDLES_PER_SESSION + 4}" in entry.bundles
+
+
+def test_the_readme_documents_the_public_routes_and_the_new_limits():
+    from conftest import ROOT
+
+    readme = (ROOT / "README.md").read_text()
+    for words in ("--forwarded-allow-ips", "VIDCHAT_FORWARDED_ALLOW_IPS", "--max-session-mb", "vidchat_events",
+                  "512 MB", "`/gradio_api/*`"):
+        assert words in readme, words
+    for route in ("/", "/healthz", "/readyz", "/api/health", *OPERATOR_ROUTES):
+        assert f"`{route}`" in readme, route

@@ -31,7 +31,7 @@ from vidchat.markup import as_text
 from vidchat.vad import TurnSettings
 from vidchat.media import FRAMES_AS
 from vidchat.access import login_of
-from vidchat.session import BYTES_PER_PIXEL, SAMPLING_STRATEGIES, Session
+from vidchat.session import SAMPLING_STRATEGIES, Session
 from vidchat.sessions import Entry
 from vidchat.watch import DEFAULT_EVERY_S, SceneWatch
 
@@ -799,10 +799,10 @@ def _settings_panel(state) -> list[gr.components.Component]:
                 0.5, 1.0, value=evs.DEFAULT_THRESHOLD, step=0.005, label="Filter threshold",
                 info="A frame is kept when more than (1 − threshold) of the picture changed: 0.95 → 5 %.",
             )
-            # As many as --max-session-mb holds at the stored size (more is refused).
-            most = state.session_budget_bytes() // (state.store_max_pixels() * BYTES_PER_PIXEL)
-            max_frames = gr.Slider(4, max(4, min(256, most)), value=min(64, max(4, most)), step=1,
-                                   label="Max frames kept")
+            # More than --max-session-mb holds at the stored size is refused
+            # when asked, with the budget named (the model's size is known then).
+            max_frames = gr.Slider(4, 256, value=64, step=1, label="Max frames kept",
+                                   info="At most what the server's --max-session-mb holds")
         with gr.Row():
             frames_as = gr.Radio(list(FRAMES_AS), value=s.frames_as, label="Send frames as")
             audio_on = gr.Checkbox(value=True, label="Include audio (models that take it)")
