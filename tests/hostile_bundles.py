@@ -71,8 +71,8 @@ def with_value(base: dict[str, Any], group: str, name: str, value: Any) -> dict[
 def write_zip(path: Path, pixels: list[np.ndarray], meta: dict[str, Any], folder: str = "0001-t1.5") -> Path:
     with zipfile.ZipFile(path, "w", zipfile.ZIP_DEFLATED) as zf:
         zf.writestr(f"{folder}/manifest.json", json.dumps(meta))
-        for entry, frame in zip(meta["frames"], pixels):
-            zf.writestr(f"{folder}/{entry['file']}", _png(frame))
+        for i, frame in enumerate(pixels):  # the files, whatever the manifest says of them
+            zf.writestr(f"{folder}/frame-{i + 1:04d}.png", _png(frame))
     return path
 
 

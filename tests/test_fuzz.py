@@ -505,3 +505,80 @@ def test_out_of_order_messages(server, server_log):
         loop.run_until_complete(run())
     finally:
         loop.close()
+
+
+# ---- hostile recording bundles (issue 21) -------------------------------------------
+
+import hostile_bundles as hb  # noqa: E402 - the bundle builders, shared with the hosting tests
+from vidchat import recording  # noqa: E402
+
+MANIFEST_FIELDS = ([("", k) for k in ("question", "answer", "history", "t", "source", "model", "model_option",
+                                      "engine", "seed", "settings", "prompt", "timings", "tokens",
+                                      "inputs_sha256", "spoken_question", "frames_as", "video_fps", "record",
+                                      "frames", "audio", "created", "kind")]
+                   + [("settings", k) for k in ("frames_as", "max_tokens", "temperature", "include_audio",
+                                                "system_prompt", "seed", "num_sample_frames", "sampling",
+                                                "evs_threshold", "max_frames", "turn_detection")]
+                   + [("tokens", k) for k in ("prompt_tokens", "cached_tokens", "completion_tokens",
+                                              "finish_reason")]
+                   + [("timings", k) for k in ("prep_ms", "ttft_ms", "total_s", "tokens_per_s")]
+                   + [("frames", k) for k in ("file", "t", "index", "width", "height", "source_t")]
+                   + [("record", k) for k in ("model_revision", "source", "audio_parts", "audio_source_span")])
+MARKUPS = [hb.MARKUP, "<b>bold</b>", '"><img src=x onerror=alert(1)>', "'onmouseover='alert(1)'",
+           "<iframe src=javascript:alert(1)>"]
+manifest_values = bad_values | st.sampled_from(MARKUPS) | st.lists(st.sampled_from(MARKUPS), max_size=2)
+manifest_changes = st.lists(st.tuples(st.sampled_from(MANIFEST_FIELDS), manifest_values), min_size=1, max_size=5)
+
+
+def mutated_bundle(path, changes) -> tuple:
+    pixels = hb.frames()
+    meta = hb.manifest(pixels, text="What is there? " + MARKUPS[0])
+    for (group, name), value in changes:
+        try:
+            meta = hb.with_value(meta, group, name, value)
+        except (TypeError, KeyError, IndexError):  # an earlier change replaced the group itself
+            pass
+    return hb.write_zip(path, pixels, meta), meta
+
+
+def shown_raw(page: str) -> list[str]:
+    """Markup from the payloads that reached the page as markup."""
+    return [tag for tag in ("<img src=x", "<script>window", "<svg onload", "<b>bold", "<iframe", "onmouseover='")
+            if tag in page]
+
+
+@settings(max_examples=200, deadline=None, derandomize=True, database=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+@given(manifest_changes)
+def test_fuzz_bundle_manifests_are_refused_by_name_or_shown_as_text(tmp_path_factory, changes):
+    from vidchat import answer_inputs
+    from vidchat.ui import compare_html
+
+    path, _ = mutated_bundle(tmp_path_factory.mktemp("bundle") / "b.zip", changes)
+    try:
+        bundle = recording.read_bundle(path)
+    except recording.BundleError as exc:
+        assert str(exc)  # a message for the page, which shows it escaped
+        return
+    answer = recording.recorded_answer(bundle)
+    json.dumps(answer.summary())
+    page = compare_html(answer, None, "", "note") + answer_inputs.details_html(answer, "answer-id")
+    assert not shown_raw(page), shown_raw(page)
+
+
+@settings(max_examples=25, deadline=None, derandomize=True, database=None, phases=[Phase.generate],
+          suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+@given(manifest_changes)
+def test_fuzz_hostile_bundles_through_the_page_api(server, server_log, tmp_path_factory, changes):
+    """Through the real page API (upload, then /load_bundle): every bundle is
+    loaded or refused with a message, the panel never holds raw markup, and
+    the server stays up with no traceback (server_log)."""
+    from test_hosting import client, page_call, panel, upload
+
+    path, _ = mutated_bundle(tmp_path_factory.mktemp("bundle") / "b.zip", changes)
+    with client(server) as page:
+        kind, out = page_call(page, "load_bundle", [upload(page, path), ""])
+    assert kind == "complete", out
+    shown = panel(out)
+    assert ("Loaded the bundle" in shown or "Not a bundle vidchat can read" in shown), shown[:300]
+    assert not shown_raw(shown), shown_raw(shown)
