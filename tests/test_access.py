@@ -398,7 +398,8 @@ async def _buffered(tab, n: int) -> bool:
 
 
 async def logged_in_tab(guarded):
-    """A WebRTC tab holding the token with 4 frames in its buffer, and a Gradio client logged in as the page is."""
+    """A WebRTC tab holding the token with 4 frames in its buffer, and a Gradio client logged in as the page
+    is that also presents the token: a session serves only the login that opened it (issue 21)."""
     from gradio_client import Client
 
     from vidchat.rtc_client import RtcClient, SyntheticVideo
@@ -407,7 +408,7 @@ async def logged_in_tab(guarded):
     await tab.connect()
     await eventually_async(lambda: _buffered(tab, 4), 20, "4 frames in the tab's buffer")
     gradio = await asyncio.to_thread(Client, f"http://127.0.0.1:{guarded.port}/", auth=(USER, PASSWORD),
-                                     verbose=False)
+                                     headers=BEARER, verbose=False)
     return tab, gradio
 
 
@@ -485,12 +486,13 @@ async def test_recording_is_opt_in_and_bundles_download_with_the_same_inputs(gua
         history = await asyncio.to_thread(ask, None)  # Record left at its default: off
         assert (sorted(guarded.record_dir.rglob("*")) if guarded.record_dir.exists() else []) == before
         unrecorded = history[-1]["metadata"]["id"]
-        assert call(guarded, "GET", f"/inputs/{unrecorded}/bundle.zip")[0] == 404
+        assert call(guarded, "GET", f"/inputs/{unrecorded}/bundle.zip", headers=BEARER)[0] == 404
         history = await asyncio.to_thread(ask, True)
         answer_id = history[-1]["metadata"]["id"]
         assert "bundle.zip" in str(history[-1]["content"])
-        record = call(guarded, "GET", f"/inputs/{answer_id}/record.json")[1]
-        with urllib.request.urlopen(f"http://127.0.0.1:{guarded.port}/inputs/{answer_id}/bundle.zip") as r:
+        record = call(guarded, "GET", f"/inputs/{answer_id}/record.json", headers=BEARER)[1]
+        url = f"http://127.0.0.1:{guarded.port}/inputs/{answer_id}/bundle.zip"
+        with urllib.request.urlopen(urllib.request.Request(url, headers=BEARER)) as r:
             data = r.read()
         path = tmp_path / "bundle.zip"
         path.write_bytes(data)

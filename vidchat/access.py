@@ -302,7 +302,7 @@ class PageLogins:
         cookie_id = getattr(app, "cookie_id", "")
         for name in (f"access-token-{cookie_id}", f"access-token-unsecure-{cookie_id}"):
             user = app.tokens.get(cookies.get(name))
-            if user:
+            if user is not None:  # "" too: a token-only login may leave the name empty
                 return str(user)
         return None
 

@@ -1038,7 +1038,9 @@ def password_page_token(state, username: str | None) -> str:
     access = state.access
     if not access.required or access.hf_oauth:
         return ""
-    return access.page_token(username or "user")
+    # The name Gradio's login recorded, as it recorded it: the guard reads the
+    # same name from the login cookie, and both must name one login.
+    return access.page_token(username if username is not None else "user")
 
 
 def hf_page_token(state, username: str | None) -> str:
