@@ -526,8 +526,10 @@ async def test_a_video_file_source_records_the_files_own_time_through_seek_and_l
             # Seek to 4 s while playing; the newest frames are from 4 s on.
             reports_before_seek = len(placements)
             await page.evaluate("document.querySelector('#vc-preview').currentTime = 4.0")
-            # A second of the file after the seek has played, and the seek was reported.
-            await page.wait_for_function("document.querySelector('#vc-preview').currentTime >= 5.0", timeout=20_000)
+            # 1.6 s of the file after the seek have played (the check below looks at the
+            # newest second of frames, which a pipeline a few frames deep must have
+            # filled by then), and the seek was reported.
+            await page.wait_for_function("document.querySelector('#vc-preview').currentTime >= 5.6", timeout=20_000)
             await eventually_async(lambda: len(placements) > reports_before_seek, 10, "the seek is reported")
             # The seek and the reports after it were placed among the frames
             # by the browser's clock (its RTCP sender reports), not by arrival.

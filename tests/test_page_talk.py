@@ -5,6 +5,7 @@ synthesis (read from the page's own state, not from audio output)."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import re
 import urllib.request
@@ -14,10 +15,10 @@ import pytest
 from playwright.async_api import async_playwright
 
 from vidchat import synthetic_audio as sa
-
-from test_page import media, wav_samples  # noqa: F401 (media is a fixture)
-
 from vidchat.devtools.page import BOT_MESSAGES, launch, open_and_start, session_id
+
+from conftest import eventually_async
+from test_page import media, wav_samples  # noqa: F401 (media is a fixture)
 
 pytestmark = pytest.mark.browser
 
@@ -73,20 +74,24 @@ async def test_talk_asks_by_voice_and_reads_the_answer_aloud(server, media, spok
             await page.wait_for_function(
                 f"(() => {{ const b = {BOT_MESSAGES}; return b.length >= 1 && b[b.length-1].innerText.trim(); }})()",
                 timeout=60_000)
-            state = None
-            for _ in range(200):
-                talk = fetch_json(server, f"/webrtc/talk?session_id={sid}")
+            # Everything the model said in an answer was read aloud, in order
+            # (whitespace aside), as the last thing read. The file loops: by
+            # then the next spoken question may have started a newer answer,
+            # so every finished answer the server showed is remembered.
+            finished: dict[int, dict] = {}
+
+            async def an_answer_was_read_whole():
+                talk = await asyncio.to_thread(fetch_json, server, f"/webrtc/talk?session_id={sid}")
+                if talk["answer"] and talk["answer"]["done"] and not talk["answer"]["cancelled"]:
+                    finished[talk["answer"]["n"]] = talk["answer"]
                 state = await page.evaluate("window.vidchat.talk")
-                if talk["answer"] and talk["answer"]["done"] and state["spoken"]:
-                    if read_last(state, talk["answer"]["text"]):
-                        break
-                await page.wait_for_timeout(100)
+                read = [a for a in finished.values() if state["spoken"] and read_last(state, a["text"])]
+                return (talk, state, read[-1]) if read else None
+
+            talk, state, answer = await eventually_async(an_answer_was_read_whole, 60,
+                                                         "a finished answer is read aloud whole", interval=0.1)
             assert talk["listening"] is True and talk["utterances"] >= 1
-            assert talk["answer"]["spoken"] is True
-            # Everything the model said was read aloud, in order (whitespace
-            # aside), as the last thing read. The file loops: on a slow machine
-            # an earlier answer may have been read (or cut short) before it.
-            assert read_last(state, talk["answer"]["text"]), (state["spoken"], talk["answer"]["text"])
+            assert answer["spoken"] is True
             # The player serves exactly the audio the model got: the utterance.
             with urllib.request.urlopen(server.url + src, timeout=10) as r:
                 samples = wav_samples(r.read())
@@ -105,10 +110,8 @@ async def test_talk_asks_by_voice_and_reads_the_answer_aloud(server, media, spok
             await bubble.nth(1).wait_for(timeout=30_000)  # and it became the next question
             # Talk off: the server stops listening.
             await page.click("#vc-talk input[type=checkbox]")
-            for _ in range(50):
-                if not fetch_json(server, f"/webrtc/talk?session_id={sid}")["listening"]:
-                    break
-                await page.wait_for_timeout(100)
+            await eventually_async(lambda: not fetch_json(server, f"/webrtc/talk?session_id={sid}")["listening"], 5,
+                                   "the server stops listening")
             assert not fetch_json(server, f"/webrtc/talk?session_id={sid}")["listening"]
             assert (await page.evaluate("window.vidchat.talk"))["status"] == "off"
         finally:
