@@ -8,11 +8,13 @@ import asyncio
 import fractions
 import threading
 import time
+import types
 
 import av
 import numpy as np
 import pytest
 
+from vidchat import clock as vidchat_clock
 from vidchat import webrtc
 from vidchat.audio import AudioWindow
 from vidchat.clock import REANCHOR_S, ClientClock, TrackClock
@@ -69,17 +71,43 @@ def _video_frames(pts_list, colour_step=40):
         yield frame
 
 
-class ScriptedTrack:
-    """A track that delivers given frames at a pace, then ends (or fails)."""
+class SimulatedClock:
+    """The consumers' clock, advanced by the track itself: arrival times are
+    exactly the pace the track keeps, however loaded the machine is."""
 
-    def __init__(self, kind, frames, interval=0.02, fail_with: Exception | None = None):
+    def __init__(self) -> None:
+        self.now = time.monotonic()
+
+    def monotonic(self) -> float:
+        return self.now
+
+
+@pytest.fixture
+def simulated_clock(monkeypatch) -> SimulatedClock:
+    clock = SimulatedClock()
+    fake_time = types.SimpleNamespace(**{name: getattr(time, name) for name in dir(time) if not name.startswith("_")})
+    fake_time.monotonic = clock.monotonic
+    for module in (webrtc, vidchat_clock):
+        monkeypatch.setattr(module, "time", fake_time)
+    return clock
+
+
+class ScriptedTrack:
+    """A track that delivers given frames at a pace, then ends (or fails).
+    With a simulated clock, each frame arrives exactly ``interval`` after the last."""
+
+    def __init__(self, kind, frames, interval=0.02, fail_with: Exception | None = None,
+                 clock: SimulatedClock | None = None):
         self.kind = kind
         self._frames = list(frames)
         self.interval = interval
         self.fail_with = fail_with
+        self.clock = clock
 
     async def recv(self):
         await asyncio.sleep(self.interval)
+        if self.clock is not None:
+            self.clock.now += self.interval
         if self._frames:
             return self._frames.pop(0)
         if self.fail_with is not None:
@@ -106,7 +134,7 @@ async def test_video_consumer_stamps_frames_near_arrival_across_the_wrap():
     assert 0 < len(stamps) < entry.session.frame_count // 2 and entry.session.frame_count == 30
 
 
-async def test_audio_consumer_places_chunks_across_the_wrap():
+async def test_audio_consumer_places_chunks_across_the_wrap(simulated_clock):
     registry = SessionRegistry()
     entry = registry.create("webrtc", SessionSettings(evs_enabled=False, audio_mode="last", audio_last_seconds=60))
     frames = []
@@ -117,14 +145,14 @@ async def test_audio_consumer_places_chunks_across_the_wrap():
         frame.pts = (WRAP - 5 * 960 + i * 960) % WRAP
         frame.time_base = fractions.Fraction(1, 48_000)
         frames.append(frame)
-    track = ScriptedTrack("audio", frames, interval=0.02)
-    before = time.monotonic()
+    track = ScriptedTrack("audio", frames, interval=0.02, clock=simulated_clock)
+    before = simulated_clock.monotonic()
     await webrtc.run_consumer(webrtc.consume_audio, track, entry, webrtc.MediaStats(), on_failure=None)
     stats = entry.session.stats
     # 25 chunks of 20 ms: half a second of audio, none lost and no hours of silence inserted.
     assert stats["audio_seconds"] == pytest.approx(0.5, abs=0.03)
     sample = entry.session.sample()
-    assert sample.audio_start >= before - 0.1 and sample.audio_end <= time.monotonic() + 0.1
+    assert sample.audio_start >= before - 0.1 and sample.audio_end <= simulated_clock.monotonic() + 0.1
 
 
 # -- failing consumers --------------------------------------------------------------
