@@ -396,7 +396,8 @@ class Guard:
         needs = route_kind(path)
         if needs == "operator" and (refusal is not None or not self._operator_ok(scope, headers, login)):
             await _deny(scope, receive, send, 403, "Operator endpoint: send the server token (Authorization: "
-                                                   "Bearer), or call it on this machine without a proxy")
+                                                   "Bearer), or call it from the server's own machine, not "
+                                                   "through a proxy")
             return
         if needs == "login" and self.access.required and login is None:
             status, message = refusal or (401, "This server needs a login: sign in on the page, or send "
