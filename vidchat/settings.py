@@ -155,19 +155,22 @@ class Settings:
         "the variable takes them separated by spaces.", repeat=True,
     )
     token: str = _opt(
-        "", "Token programs must present (Authorization: Bearer, or ?token= on the WebSocket URL) for the "
-        "WebSocket protocol, /webrtc/* and /api/* (health checks aside). Without --auth, the page's login takes "
-        "it as the password.",
+        "", "Token programs must present (Authorization: Bearer, or ?token= on the WebSocket URL) on every route "
+        "that is not public (vidchat/access.py PUBLIC_ROUTES: the page shell, logins, health checks): the "
+        "WebSocket protocol, /webrtc/*, /api/*, /inputs/*, the page's /gradio_api/*. It is also what the operator "
+        "routes (/api/drain, /api/prewarm, /api/loop-lag/reset) take from another machine. Without --auth, the "
+        "page's login takes it as the password.",
     )
     hf_oauth: str = _opt(
         "auto", "Hugging Face sign-in for the page: 'auto' turns it on inside a Space with hf_oauth enabled.",
         choices=("auto", "on", "off"),
     )
     hf_users: str = _opt("", "With Hugging Face sign-in: the user names allowed in (comma separated; empty: anyone "
-                         "signed in).")
+                         "signed in). Anyone else signed in is refused (403) on the page's API and every "
+                         "guarded route.")
     allowed_origins: str = _opt(
-        "", "Other web origins (e.g. https://my.site) whose pages may open WebSocket sessions or post to /webrtc/*; "
-        "'*' allows any. Requests without an Origin header (programs) are always allowed.",
+        "", "Other web origins (e.g. https://my.site) whose pages may open WebSocket sessions or post to /webrtc/* "
+        "and the operator routes; '*' allows any. Requests without an Origin header (programs) are always allowed.",
     )
     forwarded_allow_ips: str = _opt(
         "", "Addresses of reverse proxies (nginx, Traefik, the Space's) whose X-Forwarded-For / Forwarded headers "
