@@ -447,17 +447,18 @@ class Guard:
                          api_name: str | None) -> None:
         """A page function run over HTTP: refused (403) when it names a
         session that another login opened; else passed on with its body."""
-        body = b""
+        buffered = bytearray()
         while True:
             message = await receive()
             if message["type"] != "http.request":
                 return  # the client went away
-            body += message.get("body", b"")
-            if len(body) > MAX_CALL_BODY:
+            buffered += message.get("body", b"")
+            if len(buffered) > MAX_CALL_BODY:
                 await _deny(scope, receive, send, 413, f"Request body too large (limit {MAX_CALL_BODY} bytes)")
                 return
             if not message.get("more_body"):
                 break
+        body = bytes(buffered)
         if not self._may_call(body, login, api_name):
             log.info("refused a page call naming another login's session")
             await _deny(scope, receive, send, 403, "This session belongs to another login")
