@@ -400,8 +400,11 @@ class Guard:
                                                    "through a proxy")
             return
         if needs == "login" and self.access.required and login is None:
-            status, message = refusal or (401, "This server needs a login: sign in on the page, or send "
-                                               "'Authorization: Bearer <token>' or ?token=<token>")
+            # The page shows a refused page call to its visitor: no markup in that one.
+            status, message = refusal or ((401, "Sign in first: this page answers signed-in users only") if
+                                          path.startswith("/gradio_api/") else
+                                          (401, "This server needs a login: sign in on the page, or send "
+                                                "'Authorization: Bearer <token>' or ?token=<token>"))
             await _deny(scope, receive, send, status, message)
             return
         if kind == "http" and scope.get("method") == "POST" and (call := _CALL_ROUTE.fullmatch(path)):
