@@ -825,15 +825,10 @@
     simulateNetworkDrop() { if (state.pc) { state.pc.close(); reconnect(); } },
     // Diagnostics: whether a reconnect loop (with its back-off wait) is still under way.
     get reconnecting() { return Boolean(state.reconnecting); },
-    // Diagnostics: the session's current (else last) answer as the server
-    // sees it, {n, text, done, cancelled}, or null: tells a test or a QA
-    // script when an answer has really finished.
-    async answerState() {
-      if (!state.sessionId) return null;
-      const r = await fetch(`/webrtc/talk?session_id=${encodeURIComponent(state.sessionId)}`,
-                            { headers: authHeaders(), cache: "no-store" });
-      return r.ok ? (await r.json()).answer : null;
-    },
+    // Diagnostics: typed questions asked and whose chat event has ended
+    // (counted by the page's own events, vidchat/ui.py): equal counts mean
+    // no typed question is still being answered.
+    questions: { asked: 0, finished: 0 },
     // Diagnostics: the candidate types of the pair ICE chose, e.g.
     // {local: "relay", remote: "host"} when media goes through a TURN relay.
     async selectedPair() {

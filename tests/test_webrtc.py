@@ -144,7 +144,7 @@ async def test_dropped_connection_is_noticed_and_session_freed(server):
 
     # The server's peer sees the DTLS close at once, or the media stop
     # within --session-idle-timeout (8 s in the test server).
-    await wait_for(gone, timeout=15, interval=0.5)
+    await wait_for(gone, 15, "the server ended the vanished client's session")
 
 
 async def test_bad_offer_is_refused_with_a_message(server):
@@ -167,7 +167,7 @@ async def test_a_new_question_cancels_the_one_still_answering(server):
         gradio = Client(server.url + "/", verbose=False)
         first = submit(server, client.session_id, "Talk at length.", k=4, max_tokens=2000, temperature=1.0,
                        gradio=gradio)
-        await wait_for(lambda: asyncio.to_thread(server.running_requests), timeout=20, interval=0.1)
+        await wait_for(lambda: asyncio.to_thread(server.running_requests), 20, "the first answer generates")
         second = await asyncio.to_thread(ask, server, client.session_id, "Short one?", k=4, max_tokens=8,
                                          gradio=gradio)
         assert second[2]["completion_tokens"] == 8 and not second[2]["cancelled"]
@@ -184,7 +184,7 @@ async def test_closing_the_tab_mid_answer_aborts_the_generation(server):
     await client.connect()
     await wait_for(lambda: _enough(client, frames=5), timeout=20)
     job = submit(server, client.session_id, "Talk at length.", k=4, max_tokens=2000, temperature=1.0)
-    await wait_for(lambda: asyncio.to_thread(server.running_requests), timeout=20, interval=0.1)
+    await wait_for(lambda: asyncio.to_thread(server.running_requests), 20, "the answer generates")
     await client.close(tell_server=True)  # what the page's Stop / pagehide beacon does
     assert await until_idle(server, within=1.0) == 0
     await asyncio.to_thread(job.result, 60)

@@ -917,6 +917,13 @@ def mount(app, state):
         click_evt = send.click(on_question, inputs, outputs, api_visibility="private", **answer_events)
         for trigger in (question.submit, send.click):
             trigger(lambda: "", None, question, queue=False, trigger_mode="multiple", api_visibility="private")
+            # The page counts typed questions asked and finished: a question
+            # refused with a notice has no "what the model got" panel, so
+            # only the event's end says its reply is whole (tests, QA scripts).
+            trigger(None, None, None, js=QUESTION_ASKED_JS, queue=False, trigger_mode="multiple",
+                    api_visibility="private")
+        for evt in (submit_evt, click_evt):
+            evt.then(None, None, None, js=QUESTION_FINISHED_JS, queue=False, api_visibility="private")
         stop.click(on_stop, [session_id], None, cancels=[submit_evt, click_evt], concurrency_limit=None,
                    api_name="stop")
         def on_clear(request: gr.Request, sid):
@@ -1017,6 +1024,10 @@ def page_functions(blocks: gr.Blocks, session_id: gr.components.Component) -> tu
         if isinstance(fn.api_name, str):
             by_name[fn.api_name] = fn._id
     return takes_session, by_name
+
+
+QUESTION_ASKED_JS = "() => { if (window.vidchat) window.vidchat.questions.asked += 1; }"
+QUESTION_FINISHED_JS = "() => { if (window.vidchat) window.vidchat.questions.finished += 1; }"
 
 
 def access_mode(state) -> str:

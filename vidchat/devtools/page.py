@@ -1,9 +1,9 @@
 """Driving the live page in Debian's headless Chromium (Playwright) with a
 fake camera and microphone: shared by the browser tests and bench/page.py.
 
-Every wait here is for something the page or the server says happened (a
-message shown, the server's answer done, the panel of what the model got),
-never for a stretch of time.
+Every wait here is for something the page says happened (a message shown,
+the panel of what the model got, a chat event ended), never for a stretch of
+time.
 """
 
 from __future__ import annotations
@@ -13,8 +13,6 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-
-from vidchat.devtools.harness import eventually_async
 
 CHROMIUM = "/usr/bin/chromium"
 # Flags that keep Chromium off this machine's closed network and quiet.
@@ -29,13 +27,17 @@ BOT_MESSAGES = ("[...document.querySelectorAll('#vc-chat [data-testid=\"bot\"]')
 # JS predicate: the n-th bot message exists and shows text.
 BOT_HAS_TEXT = ("(() => { const b = " + BOT_MESSAGES + ";"
                 " return b.length >= %d && b[b.length - 1].innerText.trim().length > 0; })()")
-# JS predicate: a "What the model got" panel follows the n-th bot message (the
-# page appends it in the answer's last update, after any notice).
-PANEL_AFTER = ("(() => { const all = [...document.querySelectorAll('#vc-chat [data-testid=\"bot\"]')];"
-               " let seen = 0;"
-               " for (const m of all) { if (m.querySelector('.thought-group')) { if (seen >= %d) return true; }"
-               " else seen++; }"
-               " return false; })()")
+# JS predicate: the n-th bot message is final. Either a "What the model got"
+# panel follows it (the page appends one in an answer's last update, after any
+# notice; watched and spoken answers too), or it is the newest message and
+# every typed question's chat event has ended (a refused question's notice,
+# or the camera-stopped hint, has no panel).
+ANSWER_FINAL = ("(() => { const all = [...document.querySelectorAll('#vc-chat [data-testid=\"bot\"]')];"
+                " let seen = 0;"
+                " for (const m of all) { if (m.querySelector('.thought-group')) { if (seen >= %(n)d) return true; }"
+                " else seen++; }"
+                " const q = window.vidchat.questions;"
+                " return seen === %(n)d && q.asked > 0 && q.asked === q.finished; })()")
 
 
 def write_y4m(path: Path, colour: tuple[int, int, int], seconds: float = 4.0, moving_s: float | None = None) -> None:
@@ -116,19 +118,9 @@ async def bot_texts(page: Any) -> list[str]:
 
 
 async def wait_for_answer(page: Any, n: int, timeout: float = 60) -> list[str]:
-    """Wait until the n-th bot message is final and return all bot texts.
-
-    With a session, final means the server's answer is done and the page has
-    appended what the model got after it; without one (camera stopped), the
-    page's notice is the whole reply."""
+    """Wait until the n-th bot message is final (ANSWER_FINAL) and return all bot texts."""
     await page.wait_for_function(BOT_HAS_TEXT % n, timeout=timeout * 1000)
-    if await session_id(page):
-        async def server_done() -> bool:
-            state = await page.evaluate("window.vidchat.answerState()")
-            return state is None or bool(state.get("done"))
-
-        await eventually_async(server_done, timeout, "the server says the answer is done", interval=0.1)
-        await page.wait_for_function(PANEL_AFTER % n, timeout=timeout * 1000)
+    await page.wait_for_function(ANSWER_FINAL % {"n": n}, timeout=timeout * 1000)
     return await bot_texts(page)
 
 
