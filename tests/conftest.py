@@ -25,7 +25,7 @@ from vidchat.devtools.harness import (  # noqa: F401 - re-exported for the test 
     eventually,
     eventually_async,
 )
-from vidchat.devtools.tiers import count_engine_start, counted_server  # noqa: F401 - re-exported
+from vidchat.devtools.tiers import count_engine_start  # noqa: F401 - re-exported
 from vidchat.engine import Engine, EngineOptions
 
 CACHE_DIR = Path(os.environ.get("VIDCHAT_CACHE_DIR", Path.home() / ".cache" / "vidchat"))
@@ -93,13 +93,12 @@ def artifacts_dir() -> Path:
 
 def start_server(args: list[str], log_path: Path, timeout: float = 240, env_extra: dict | None = None,
                  token: str | None = None) -> Server:
-    """harness.start_server with the suite's model cache; counts the engines it starts."""
-    return counted_server(harness.start_server(args, log_path, timeout=timeout, env_extra=env_extra, token=token,
-                                               cache_dir=CACHE_DIR))
+    """harness.start_server with the suite's model cache."""
+    return harness.start_server(args, log_path, timeout=timeout, env_extra=env_extra, token=token,
+                                cache_dir=CACHE_DIR)
 
 
 def stop_server(srv: Server) -> int:
-    counted_server(srv)  # a compare model may have finished loading since
     return harness.stop_server(srv)
 
 

@@ -356,6 +356,19 @@ def encoder_cache_budget(per_frame: int, frames: int, gpu: bool) -> int | None:
     return need
 
 
+# The test suite counts every vLLM engine a run starts, in its own process and
+# in the servers, replays and benchmarks it launches (vidchat.devtools.tiers):
+# each start appends a line to this file when the variable names one.
+ENGINE_START_LOG_ENV = "VIDCHAT_ENGINE_START_LOG"
+
+
+def _note_engine_start(model: str, start_s: float) -> None:
+    path = os.environ.get(ENGINE_START_LOG_ENV)
+    if path:
+        with open(path, "a") as f:
+            f.write(f"{os.getpid()} {start_s:.1f} {model}\n")
+
+
 class Engine:
     """Wraps one `AsyncLLM`. Create once per process with `Engine.start`."""
 
@@ -472,6 +485,7 @@ class Engine:
         revision = model_revision(options.model)
         start_s = time.perf_counter() - t0
         log.info("engine ready: %s (%s) on %s in %.1f s", options.model, revision, "GPU" if gpu else "CPU", start_s)
+        _note_engine_start(options.model, start_s)
         engine = cls(options, llm, processor, options.model, start_s, family, revision)
         engine.tokens_per_frame = per_frame
         if per_frame and engine.encoder_cache_tokens:

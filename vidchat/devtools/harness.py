@@ -186,12 +186,6 @@ class Server:
 
         return psutil.Process(self.proc.pid)
 
-    def engine_starts(self) -> int:
-        return self.log().count(ENGINE_START_LINE)
-
-
-# vidchat.engine logs this once per vLLM engine it starts (a compare model is a second).
-ENGINE_START_LINE = "engine ready: "
 
 
 def _ready(server: Server) -> bool:

@@ -10,14 +10,18 @@ unit-tier test that starts vLLM, a vidchat server or Chromium fails (the
 guard below), so ``make test-fast`` stays fast and honest; unit tests get a
 short timeout, the others pyproject's.
 
-The run ends with the count of vLLM engines it started (in-process, inside
-app.py servers, and ``vllm serve`` processes a test starts itself).
+The run ends with the count of vLLM engines it started: in this process, in
+the servers, replays and benchmarks it launched (vidchat.engine notes each
+start in a file this plugin names), and ``vllm serve`` processes a test
+starts itself.
 """
 
 from __future__ import annotations
 
 import collections
+import os
 import sys
+import tempfile
 from typing import Any
 
 import pytest
@@ -41,7 +45,7 @@ def pytest_configure(config: pytest.Config) -> None:
     for tier, what in (("unit", "no engine, no browser"), ("engine", "real vLLM (in-process or a server)"),
                        ("browser", "headless Chromium against a real server")):
         config.addinivalue_line("markers", f"{tier}: tier: {what}")
-    _count_in_process_engines()
+    _engine_start_log(config)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -96,40 +100,35 @@ def _tier_guard(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch)
 
 # ---- counting engine starts ----
 
+# vidchat.engine appends a line per engine start to the file this names
+# (inherited by every server, replay and benchmark a test launches).
+from vidchat.engine import ENGINE_START_LOG_ENV  # noqa: E402
+
 
 def count_engine_start(kind: str) -> None:
-    """For engines a test starts itself (``vllm serve``); in-process and app.py engines count themselves."""
+    """For engines that are not vidchat's own (a test's ``vllm serve``)."""
     ENGINE_STARTS[kind] += 1
 
 
-def counted_server(server: Any) -> Any:
-    """Count the engines an app.py server has started so far (its log says); returns the server."""
-    started = server.engine_starts()
-    counted = getattr(server, "counted_engines", 0)
-    if started > counted:
-        ENGINE_STARTS["in servers"] += started - counted
-        server.counted_engines = started
-    return server
+def _engine_start_log(config: pytest.Config) -> str:
+    if not hasattr(config, "_vidchat_engine_log"):
+        fd, path = tempfile.mkstemp(prefix="vidchat-engine-starts-", suffix=".log")
+        os.close(fd)
+        config._vidchat_engine_log = path
+        os.environ[ENGINE_START_LOG_ENV] = path
+    return config._vidchat_engine_log
 
 
-def _count_in_process_engines() -> None:
-    from vidchat.engine import Engine
-
-    raw = Engine.__dict__.get("start")
-    # Counted already, or replaced (a unit test's guard, around an inner pytest run).
-    if not isinstance(raw, classmethod) or getattr(raw.__func__, "counted", False):
-        return
-    real_start = raw.__func__
-
-    def counted_start(cls, options):
-        count_engine_start("in-process")
-        return real_start(cls, options)
-
-    counted_start.counted = True
-    Engine.start = classmethod(counted_start)
+def engine_starts(config: pytest.Config) -> collections.Counter:
+    counts = collections.Counter(ENGINE_STARTS)
+    with open(_engine_start_log(config)) as f:
+        for line in f:
+            counts["in-process" if line.split()[0] == str(os.getpid()) else "in servers, replays, benches"] += 1
+    return counts
 
 
 def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:
-    if ENGINE_STARTS:
-        parts = ", ".join(f"{kind} {n}" for kind, n in sorted(ENGINE_STARTS.items()))
-        terminalreporter.write_line(f"vLLM engine starts: {sum(ENGINE_STARTS.values())} ({parts})")
+    counts = engine_starts(config)
+    if counts:
+        parts = ", ".join(f"{kind} {n}" for kind, n in sorted(counts.items()))
+        terminalreporter.write_line(f"vLLM engine starts: {sum(counts.values())} ({parts})")
