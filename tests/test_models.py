@@ -30,3 +30,15 @@ def test_folders_and_hub_ids(tmp_path):
     (tmp_path / "m" / "config.json").write_text("{}")
     assert models.resolve_model(str(tmp_path / "m"), str(tmp_path)) == (str(tmp_path / "m"), None)
     assert models.resolve_model("Qwen/Qwen2.5-VL-3B-Instruct", str(tmp_path)) == ("Qwen/Qwen2.5-VL-3B-Instruct", None)
+
+
+def test_a_cpu_without_native_bfloat16_is_told_apart_from_one_with_it():
+    from vidchat.engine import cpu_has_native_bf16
+
+    avx2 = "processor\t: 0\nflags\t\t: fpu sse2 avx avx2 fma\n"
+    assert cpu_has_native_bf16(avx2) is False
+    assert cpu_has_native_bf16(avx2.replace("fma", "fma avx512f avx512_bf16")) is True
+    assert cpu_has_native_bf16(avx2.replace("fma", "amx_tile amx_bf16")) is True
+    assert cpu_has_native_bf16("processor\t: 0\nFeatures\t: fp asimd bf16 i8mm\n") is True  # Arm
+    assert cpu_has_native_bf16("processor\t: 0\nFeatures\t: fp asimd\n") is False
+    assert cpu_has_native_bf16("") is True  # nothing known: vLLM's own choice stands
