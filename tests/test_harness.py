@@ -43,6 +43,18 @@ def test_eventually_treats_an_exception_as_not_yet_and_reports_it():
         eventually(lambda: (_ for _ in ()).throw(ConnectionRefusedError("never")), 0.02, "x", interval=0.005)
 
 
+def test_an_assertion_in_the_predicate_fails_at_once():
+    calls = []
+
+    def exited():
+        calls.append(1)
+        assert False, "the server exited"
+
+    with pytest.raises(AssertionError, match="the server exited"):
+        eventually(exited, 30, "the server is ready", interval=0)
+    assert len(calls) == 1
+
+
 async def test_eventually_async_awaits_coroutine_predicates_and_lets_the_loop_run():
     ticks = []
 

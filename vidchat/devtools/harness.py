@@ -47,23 +47,40 @@ def _describe(what: str, within: float, last: Any) -> str:
     return f"within {within:g} s, never: {what} (last seen: {shown})"
 
 
+class _Tries:
+    """The bookkeeping both waits share: the deadline and the last thing seen."""
+
+    def __init__(self, within: float, what: str) -> None:
+        self.within, self.what = within, what
+        self.deadline = time.monotonic() + within
+        self.last: Any = None
+
+    def saw(self, value: Any) -> bool:
+        self.last = value
+        return bool(value) and not isinstance(value, Exception)
+
+    def give_up_if_late(self) -> None:
+        if time.monotonic() >= self.deadline:
+            raise NeverHappened(_describe(self.what, self.within, self.last))
+
+
 def eventually(predicate: Callable[[], T], within: float, what: str, interval: float = 0.05) -> T:
     """Call ``predicate`` until it returns something truthy and return that;
     raise :class:`NeverHappened` naming ``what`` once ``within`` seconds pass.
     An exception the predicate raises counts as "not yet" (a server still
-    starting refuses connections) and is shown if the deadline passes."""
-    deadline = time.monotonic() + within
-    last: Any = None
+    starting refuses connections) and is shown if the deadline passes; an
+    AssertionError is final (the predicate says it can never come true)."""
+    tries = _Tries(within, what)
     while True:
         try:
-            last = predicate()
+            value = predicate()
+        except AssertionError:
+            raise
         except Exception as exc:  # noqa: BLE001 - "not yet", reported at the deadline
-            last = exc
-        else:
-            if last:
-                return last
-        if time.monotonic() >= deadline:
-            raise NeverHappened(_describe(what, within, last))
+            value = exc
+        if tries.saw(value):
+            return value
+        tries.give_up_if_late()
         time.sleep(interval)
 
 
@@ -73,20 +90,19 @@ async def eventually_async(predicate: Callable[[], T | Awaitable[T]], within: fl
     plain function or return an awaitable; the loop keeps running between
     tries. A blocking predicate (HTTP with urllib) belongs in
     ``asyncio.to_thread`` inside it."""
-    deadline = time.monotonic() + within
-    last: Any = None
+    tries = _Tries(within, what)
     while True:
         try:
-            last = predicate()
-            if inspect.isawaitable(last):
-                last = await last
+            value = predicate()
+            if inspect.isawaitable(value):
+                value = await value
+        except AssertionError:
+            raise
         except Exception as exc:  # noqa: BLE001
-            last = exc
-        else:
-            if last:
-                return last
-        if time.monotonic() >= deadline:
-            raise NeverHappened(_describe(what, within, last))
+            value = exc
+        if tries.saw(value):
+            return value
+        tries.give_up_if_late()
         await asyncio.sleep(interval)
 
 
