@@ -179,7 +179,8 @@ async def measure(server: harness.Server, questions: int, still_questions: int, 
             report["still_prewarm_idle_no_audio"] = await _mode(page, server, still_questions, "idle", "stable")
             report["prewarm"] = server.get_json("/api/health")["prewarm"]
         finally:
-            server.post_json("/api/prewarm", {"mode": "off"})  # the default
+            if server.post_json("/api/prewarm", {"mode": "off"}).get("mode") != "off":  # the default
+                log.error("could not switch warm-ups back off")
             await browser.close()
     return report
 

@@ -322,8 +322,11 @@ async def test_clients_behind_a_local_proxy_get_their_own_per_client_caps(plain)
 
     async def opened(address: str) -> tuple[websockets.ClientConnection, dict | None]:
         ws = await websockets.connect(url, additional_headers={"X-Forwarded-For": address})
-        await send(ws, {"type": "session.config"})
-        await send(ws, {"type": "ping"})
+        try:
+            await send(ws, {"type": "session.config"})
+            await send(ws, {"type": "ping"})
+        except websockets.ConnectionClosed:
+            pass  # refused: the server may close before our messages go; its reason came first
         return ws, await recv(ws)
 
     first, reply = await opened("203.0.113.7")

@@ -28,6 +28,13 @@ pytestmark = pytest.mark.browser
 RED, BLUE = (210, 40, 40), (40, 60, 210)
 
 
+@pytest.fixture(autouse=True, scope="module")
+def warm_ups_off(server):
+    """The shared server's warm-ups as they start (off): another module's run
+    (bench/page.py's rows) may have switched them."""
+    assert server.post_json("/api/prewarm", {"mode": "off"}).get("mode") == "off"
+
+
 @pytest.fixture(scope="module")
 def media(tmp_path_factory) -> dict[str, Path]:
     d = tmp_path_factory.mktemp("media")

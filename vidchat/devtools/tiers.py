@@ -112,10 +112,14 @@ def count_engine_start(kind: str) -> None:
 
 def _engine_start_log(config: pytest.Config) -> str:
     if not hasattr(config, "_vidchat_engine_log"):
-        fd, path = tempfile.mkstemp(prefix="vidchat-engine-starts-", suffix=".log")
-        os.close(fd)
+        # A pytest run inside a test (pytester) keeps the outer run's file:
+        # the outer run's engines go on being counted there.
+        path = os.environ.get(ENGINE_START_LOG_ENV)
+        if not path:
+            fd, path = tempfile.mkstemp(prefix="vidchat-engine-starts-", suffix=".log")
+            os.close(fd)
+            os.environ[ENGINE_START_LOG_ENV] = path
         config._vidchat_engine_log = path
-        os.environ[ENGINE_START_LOG_ENV] = path
     return config._vidchat_engine_log
 
 
