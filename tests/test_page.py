@@ -132,6 +132,7 @@ async def test_page_streams_an_answer_and_two_tabs_use_their_own_frames(server, 
             await red.set_viewport_size({"width": 390, "height": 844})
             await next_frame(red)
             await red.screenshot(path=str(artifacts_dir / "page-phone.png"), full_page=True)
+            await red.set_viewport_size({"width": 1280, "height": 800})
 
             # A question asked while an answer streams replaces it (the old
             # request is aborted), and "Stop" aborts the new one.
@@ -144,7 +145,10 @@ async def test_page_streams_an_answer_and_two_tabs_use_their_own_frames(server, 
             await ask(red, "Actually, just one word?")
             answers += 1
             await red.wait_for_function(BOT_HAS_TEXT % answers, timeout=30_000)
-            assert await asyncio.to_thread(server.running_requests) == 1, "the replaced answer is still generating"
+            # The new question may first say it waits while the abort of the
+            # old one winds down (vidchat.chat); then exactly one generates.
+            await eventually_async(lambda: asyncio.to_thread(lambda: server.running_requests() == 1), 10,
+                                   "the new answer generates alone")
             await red.click("#vc-stop-answer")
             assert await until_idle(server, within=1.0) == 0, "Stop left the request running"
 
