@@ -107,8 +107,18 @@ def summarise(timed: list, prep: list, server: list, questions: int) -> dict:
     if len(timed) != questions or len(prep) != questions:
         raise RuntimeError(f"{questions} questions, but {len(timed)} timed and {len(prep)} reached the engine")
     timed = [r for r in timed if r is not None]
-    if not len(timed) == len(server) >= questions // 2:
-        raise RuntimeError(f"{len(timed)} answers timed in the page, {len(server)} on the server")
+    # Each page timing with the server's line for the same question: the
+    # first chat event at or after its Enter (the log may lack a line, or
+    # hold one the page could not time).
+    paired = []
+    for i, (total, wall0) in enumerate(timed):
+        next_enter = timed[i + 1][1] if i + 1 < len(timed) else float("inf")
+        later = [(ms, at) for ms, at in server if wall0 - 50 <= at * 1000 < next_enter]
+        if later:
+            paired.append(((total, wall0), min(later, key=lambda line: line[1])))
+    if len(paired) < max(1, questions // 2):
+        raise RuntimeError(f"{len(timed)} answers timed in the page, {len(paired)} matched on the server")
+    timed, server = [p for p, _ in paired], [line for _, line in paired]
     results = [total for total, _ in timed]
     server_ttft = [ms for ms, _ in server]
     # Browser and server share this machine's wall clock: Enter -> the
