@@ -31,7 +31,7 @@ import websockets.exceptions
 from itsdangerous import TimestampSigner
 
 import hostile_bundles as hb
-from conftest import SERVER_ARGS, TEST_MAX_IMAGES, TEST_MAX_MODEL_LEN, start_server, stop_server
+from conftest import SERVER_ARGS, TEST_MAX_IMAGES, TEST_MAX_MODEL_LEN, start_server, stop_server, eventually_async
 from test_hosting_rules import build_app, sample_path
 from test_protocol import MOVING, check_answer, recv, send, until
 from vidchat.access import OPERATOR_ROUTES, PUBLIC_ROUTES, WS_PATH
@@ -398,9 +398,7 @@ async def test_sixteen_seed_clients_past_the_answer_cap_see_only_the_seeds_messa
 
     ready = asyncio.Event()
     tasks = [asyncio.create_task(seed_client(n)) for n in range(16)]
-    deadline = time.monotonic() + 60
-    while health(plain)["sessions"] < 16 and time.monotonic() < deadline:
-        await asyncio.sleep(0.05)
+    await eventually_async(lambda: health(plain)["sessions"] >= 16, 60, "16 seed sessions are open")
     asked = health(plain)["questions_asked"]
     ready.set()
     results = await asyncio.gather(*tasks)
@@ -430,9 +428,7 @@ async def test_only_a_client_that_opted_in_is_told_its_place_in_the_queue(plain)
             await send(ws, {"type": "video.query", "text": "wait"})
         told = await recv(opted)
         assert told["type"] == "response.queued" and told["position"] == told["ahead"] + 1 in (1, 2)
-        deadline = time.monotonic() + 15
-        while health(plain)["answers"]["waiting"] < 2 and time.monotonic() < deadline:
-            await asyncio.sleep(0.05)
+        await eventually_async(lambda: health(plain)["answers"]["waiting"] >= 2, 15, "both questions wait")
         assert health(plain)["answers"]["waiting"] == 2
     finally:
         for ws in busy:
