@@ -15,7 +15,7 @@ import pytest
 from playwright.async_api import async_playwright
 
 from vidchat import synthetic_audio as sa
-from vidchat.devtools.page import BOT_MESSAGES, launch, open_and_start, session_id
+from vidchat.devtools.page import BOT_MESSAGES, launch, open_and_start, session_id, set_setting
 
 from conftest import eventually_async
 from test_page import media, wav_samples  # noqa: F401 (media is a fixture)
@@ -61,6 +61,13 @@ async def test_talk_asks_by_voice_and_reads_the_answer_aloud(server, media, spok
                 speechSynthesis.speak = (u) => { window.__speech.spoken.push(u.text); };
                 speechSynthesis.cancel = () => { window.__speech.cancels += 1; };
             }""")
+            # The answer must finish inside the microphone's silence even on a
+            # loaded machine (the default 256 tokens may not: each is then cut
+            # by the next spoken question and none is read whole), yet read
+            # long enough that the next question starts over the reading (the
+            # page assumes a reading lasts 2 s + 90 ms a character). The tiny
+            # model never stops early, so 48 tokens is always 48.
+            await set_setting(page, "vc-max-tokens", "48")
             await page.click("#vc-talk input[type=checkbox]")
             await page.wait_for_function("window.vidchat.talk.status !== 'off'", timeout=10_000)
             # A spoken question appears without typing, with a player of what the model heard.
