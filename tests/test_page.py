@@ -276,25 +276,35 @@ async def test_switching_to_screen_share_keeps_the_session_and_its_chat(server, 
             await set_setting(page, "vc-max-tokens", "8")
             await ask(page, "What colour is the wall?")
             await wait_for_answer(page, 1)
+            await page.click("#vc-inputs button, #vc-inputs .label-wrap")
+            await page.wait_for_selector("#vc-inputs .vc-frames img")
+            camera_panel = await page.inner_html("#vc-inputs .vc-frames")
             before = await asyncio.to_thread(server.get_json, f"/webrtc/stats?session_id={sid}")
             # Chromium's fake screen capture stands in for the share picker.
             await page.select_option("#vc-source", "screen")
             await page.wait_for_function("document.querySelector('#vc-note').textContent.includes('sharing the screen')",
                                          timeout=15_000)
             seen = before["media"]["video_frames_seen"]
-            await stats_when(server, sid, lambda s: s["media"]["video_frames_seen"] > seen + 10,
-                             "10 frames of the shared screen")
+            shared = await stats_when(server, sid, lambda s: s["media"]["video_frames_seen"] > seen + 10,
+                                      "10 frames of the shared screen")
+            # Kept, not only seen: the camera's last frames may still be the
+            # newest kept ones until the filter keeps a frame of the screen.
+            await stats_when(server, sid, lambda s: s["frames_kept"] > shared["frames_kept"] + 2,
+                             "frames of the shared screen kept")
             assert await session_id(page) == sid, "switching source must keep the session"
             label = await page.evaluate("document.querySelector('#vc-preview').srcObject.getVideoTracks()[0].label")
             assert "screen" in label.lower() or "window" in label.lower() or "tab" in label.lower() or label, label
             await ask(page, "And now?")
             texts = await wait_for_answer(page, 2)
             assert len(texts) == 2 and texts[1].strip()  # the first answer is still in the chat
-            # The newest frames the model got are the shared screen, not the red camera.
-            await page.click("#vc-inputs button, #vc-inputs .label-wrap")
-            await page.wait_for_selector("#vc-inputs .vc-frames img")
+            # The newest frames the model got are the shared screen, not the red
+            # camera: read once the panel shows the second question's frames
+            # (it is replaced a moment after the answer's last text).
+            await page.wait_for_function(
+                "(old) => { const f = document.querySelector('#vc-inputs .vc-frames');"
+                " return f && f.querySelector('img') && f.innerHTML !== old; }", arg=camera_panel, timeout=30_000)
             panel_colours = thumbnail_colours(await page.inner_html("#vc-inputs"))
-            assert np.abs(panel_colours[-1] - np.array(RED)).max() > 45, panel_colours[-1]
+            assert np.abs(panel_colours[-1] - np.array(RED)).max() > 45, (panel_colours, label)
             await page.screenshot(path=str(artifacts_dir / "page-screen-share.png"))
             await page.click("#vc-stop")
         finally:

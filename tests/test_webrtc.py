@@ -104,6 +104,7 @@ async def test_newest_frame_lag_stays_bounded_while_the_model_answers(server):
     await client.connect()
     try:
         await wait_for(lambda: _enough(client, frames=30), timeout=20)
+        asked = time.monotonic()
         job = submit(server, client.session_id, "Talk at length.", k=16, max_tokens=1500, temperature=0.0)
         await wait_for(lambda: _equals(running(server), 1), 30, "the answer generates")
         seen = (await client.stats())["media"]["video_frames_seen"]
@@ -112,9 +113,13 @@ async def test_newest_frame_lag_stays_bounded_while_the_model_answers(server):
         assert await running(server) == 1, "the answer must be generating during the measured window"
         # Off the loop: the client's own sender must keep streaming meanwhile.
         await asyncio.to_thread(job.result, 120)
+        answer_ms = (time.monotonic() - asked) * 1000
         recent = (await client.stats())["media"]
-        # lag_ms_* cover the last 600 processed frames, i.e. the answer's window.
-        assert recent["lag_ms_p95"] < 500, recent
+        # lag_ms_* cover the last 600 processed frames, i.e. the answer's
+        # window. Frames that queued behind the answer would lag by a good
+        # part of it; a loaded machine slows both alike, so the bound is
+        # relative to the answer (with a floor), not a wall-clock figure.
+        assert recent["lag_ms_p95"] < max(1000.0, answer_ms / 4), (recent, answer_ms)
         assert recent["video_frames_seen"] > 60
     finally:
         await client.close()
