@@ -5,6 +5,8 @@ notices kept out of what the model sees."""
 from __future__ import annotations
 
 import asyncio
+import threading
+import types
 
 import numpy as np
 import pytest
@@ -261,3 +263,34 @@ async def test_the_answer_record_names_its_exact_inputs(omni_engine):
     assert ra["model"] == omni_engine.model_path and ra["prompt"] == a.prompt_text
     assert "<|vision_start|>" in ra["prompt"] or "<|IMAGE|>" in ra["prompt"]  # special tokens kept
     assert ra["ttft_ms"] > 0 and ra["prompt_tokens"] > 0
+
+
+@pytest.mark.unit
+async def test_a_question_being_prepared_when_its_session_closes_never_starts():
+    registry = SessionRegistry()
+    entry = registry.create("ws", SessionSettings(evs_enabled=False, num_sample_frames=4))
+    for i in range(4):
+        entry.session.add_frame(np.full((96, 128, 3), 40 * i, np.uint8), t=100.0 + i)
+    preparing, release = threading.Event(), threading.Event()
+    submitted = []
+
+    class HeldEngine:
+        """Holds the question in its preparation until the session has closed."""
+
+        def prepare(self, *args, **kwargs):
+            preparing.set()
+            assert release.wait(10), "the test never released the preparation"
+            return types.SimpleNamespace(prompt_text="", video_fps=None,
+                                         stats=types.SimpleNamespace(audio_seconds=0.0))
+
+        def submit(self, prepared):
+            submitted.append(prepared)
+            raise AssertionError("a closed session's question reached the engine")
+
+    asked = asyncio.create_task(chat.ask(HeldEngine(), entry, "Still there?", AnswerOptions(max_tokens=2)))
+    assert await asyncio.to_thread(preparing.wait, 10)
+    assert await registry.close(entry.session.id, "peer closed")
+    release.set()
+    with pytest.raises(chat.Superseded, match="session closed"):
+        await asked
+    assert submitted == [] and entry.answer is None

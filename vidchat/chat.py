@@ -258,6 +258,8 @@ async def ask(
         raise NoFrames(no_frames_message(entry.kind))
     prepared = await asyncio.to_thread(prepare, engine, entry, sample, options, history, question,
                                        spoken=spoken is not None)
+    if entry.closed:
+        raise Superseded("The session closed before this question started.")
     if entry.question_seq != ticket:
         raise Superseded("A newer question replaced this one.")
     answer = Answer(question, engine.submit(prepared), sample, options, prompt_text=prepared.prompt_text,

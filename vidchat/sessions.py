@@ -39,6 +39,9 @@ class Entry:
     # Arrival order of questions: a question whose preparation finishes after
     # a newer one arrived never starts (see vidchat.chat.ask).
     question_seq: int = 0
+    # Set by SessionRegistry.close: a question still being prepared then
+    # never reaches vLLM (nobody is left to read its answer).
+    closed: bool = False
     # The live media's counters (WebRTC), shown in the page's status line.
     media: Any = None
     # Proves a reconnecting tab owns this session (WebRTC); never logged.
@@ -195,6 +198,8 @@ class SessionRegistry:
         entry = self._entries.pop(sid, None)
         if entry is None:
             return False
+        entry.closed = True
+        entry.question_seq += 1  # like a newer question: one being prepared is superseded
         self._closed_reasons[sid] = reason
         while len(self._closed_reasons) > 256:  # a recent-history hint, not a log
             self._closed_reasons.pop(next(iter(self._closed_reasons)))
