@@ -215,6 +215,21 @@ def test_client_clock_trusts_forward_time_and_reanchors_backwards():
     assert clock.place(None, arrived=70.0) == 70.0
 
 
+def test_a_long_audio_chunk_behind_the_newest_frame_is_not_a_new_stream():
+    """A client sends frames as they come and 3 s of audio once it is
+    complete: the chunk's start trails the newest frame by 3 s."""
+    clock = ClientClock()
+    frames = [clock.place(i * 100.0, arrived=50.0 + i * 0.1, kind="video") for i in range(31)]  # 0..3 s
+    audio = clock.place(0.0, arrived=53.05, kind="audio")
+    later = clock.place(3100.0, arrived=53.1, kind="video")
+    assert audio == pytest.approx(frames[0]) and later == pytest.approx(frames[-1] + 0.1)
+    assert clock.reanchors == 0
+    # A kind's own jump backwards is still a new stream, for every kind.
+    assert clock.place(0.0, arrived=60.0, kind="video") == pytest.approx(60.0)
+    assert clock.place(0.0, arrived=60.2, kind="audio") == pytest.approx(60.0)
+    assert clock.reanchors == 1
+
+
 # -- audio placed by timestamp -------------------------------------------------------
 
 def test_fast_audio_lands_where_its_timestamps_say():

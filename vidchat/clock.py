@@ -63,24 +63,31 @@ class ClientClock:
     """Maps a client's ``pts_ms`` to monotonic time for the WebSocket door.
 
     Forward time is trusted as sent (replays may run faster than real time);
-    a timestamp more than ``REANCHOR_S`` before the newest one seen starts a new
-    stream anchored at its arrival."""
+    a timestamp more than ``REANCHOR_S`` before the newest one seen of the
+    same kind starts a new stream anchored at its arrival. Per kind, because
+    frames and audio interleave out of step: an audio chunk is stamped at
+    its start, seconds behind the newest frame when the chunk is long, and
+    that is not a new stream."""
 
     def __init__(self, reanchor_s: float = REANCHOR_S) -> None:
         self.reanchor_s = reanchor_s
         self._origin: float | None = None
-        self._newest: float | None = None
+        self._newest: dict[str, float] = {}
+        self.reanchors = 0  # after the first anchoring
 
-    def place(self, pts_ms: float | None, arrived: float | None = None) -> float:
+    def place(self, pts_ms: float | None, arrived: float | None = None, kind: str = "video") -> float:
         if arrived is None:
             arrived = time.monotonic()
         if pts_ms is None:
             return arrived
         media_t = pts_ms / 1000.0
-        if self._origin is None or (self._newest is not None and media_t < self._newest - self.reanchor_s):
+        newest = self._newest.get(kind)
+        if self._origin is None or (newest is not None and media_t < newest - self.reanchor_s):
+            if self._origin is not None:
+                self.reanchors += 1
             self._origin = arrived - media_t
-            self._newest = media_t
-        self._newest = max(self._newest, media_t)
+            self._newest = {}  # a new stream: every kind's times start again
+        self._newest[kind] = max(self._newest.get(kind, media_t), media_t)
         return self._origin + media_t
 
 

@@ -537,7 +537,7 @@ class Connection:
         if isinstance(pts, bool) or not isinstance(pts, (int, float)) or not -1e15 < pts < 1e15:
             await self.error(f"{kind} 'pts_ms' must be a number of milliseconds, got {pts!r}")
             return False, None
-        return True, self.clock.place(float(pts), arrived)
+        return True, self.clock.place(float(pts), arrived, "audio" if kind == "audio.chunk" else "video")
 
     async def _on_frame(self, msg: dict[str, Any], arrived: float) -> None:
         frame_id = msg.get("frame_id")
