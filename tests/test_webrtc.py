@@ -307,6 +307,59 @@ async def test_reask_uses_the_exact_inputs_and_shows_both_answers(server):
         await client.close()
 
 
+async def test_a_reask_while_the_chat_answers_leaves_the_chat_answer_running(server):
+    client = RtcClient(server.url, SyntheticVideo())
+    await client.connect()
+    try:
+        await wait_for(lambda: _enough(client, frames=10), timeout=20)
+        gradio = Client(server.url + "/", verbose=False)
+        history = (await asyncio.to_thread(
+            lambda: submit(server, client.session_id, "What moves?", k=8, max_tokens=6, gradio=gradio).result(120)))[0]
+        answer_id = history[-1]["metadata"]["id"]
+        # The tiny model never ends early: the chat's answer runs its 600 tokens
+        # unless something cancels it.
+        chatting = submit(server, client.session_id, "Talk at length.", k=8, max_tokens=600, gradio=gradio)
+        await wait_for(lambda: _equals(running(server), 1), 30, "the chat's answer generates")
+        again = await asyncio.to_thread(
+            gradio.predict, client.session_id, answer_id, 8, "uniform", 10, True, 0.95, 64, "images", True, 6,
+            0.0, "7", api_name="/reask")
+        assert "Same inputs (inputs_sha256 matches)" in again and again.count("class='vc-compare-col'") == 2
+        _, _, stats = await asyncio.to_thread(chatting.result, 180)
+        assert stats["cancelled"] is False and stats["completion_tokens"] == 600, stats
+        assert await until_idle(server) == 0
+    finally:
+        await client.close()
+
+
+async def test_a_hundred_questions_in_one_chat_all_answer_within_the_context(server):
+    """The page sends its whole chat with each question; once that outgrows
+    --max-model-len (4096 tokens here) the oldest turns are left out, and the
+    record says how many went. No question fails for length."""
+    client = RtcClient(server.url, SyntheticVideo())
+    await client.connect()
+    try:
+        await wait_for(lambda: _enough(client, frames=10), timeout=20)
+        gradio = Client(server.url + "/", verbose=False)
+        history, records = [], []
+        for i in range(100):
+            history, _, stats = await asyncio.to_thread(
+                lambda: submit(server, client.session_id, f"Question {i}: what do you see now?", k=4, max_tokens=64,
+                               temperature=1.0, history=history, gradio=gradio).result(120))
+            # Sampled, not greedy: greedy decoding of the random model drifts
+            # into tokens that decode to no text, and an empty answer is not
+            # a turn of the chat, which then stops growing.
+            assert isinstance(stats, dict) and stats.get("completion_tokens", 0) >= 1, (i, history[-1])
+            records.append(stats)
+        sent = [(r["history_turns"], r["history_turns_total"]) for r in records]
+        assert sent[0] == (0, 0) and all(n <= total for n, total in sent)
+        trimmed = [i for i, (n, total) in enumerate(sent) if n < total]
+        assert trimmed and trimmed == list(range(trimmed[0], 100)), (sent[-3:], [r["prompt_tokens"] for r in records][-3:])  # once full, the oldest always go
+        assert all(n % 2 == 0 for n, _ in sent)  # whole question-and-answer pairs
+        assert max(r["prompt_tokens"] for r in records) + 64 <= 4096
+    finally:
+        await client.close()
+
+
 def _cuts(width=320, height=240, fps=10.0, every_s=2.0, still=False):
     """A camera whose whole picture changes every `every_s` seconds (scene cuts), or never."""
     colours = [(200, 40, 40), (40, 60, 200), (40, 180, 60), (230, 230, 230)]
@@ -334,6 +387,45 @@ def _watch_answers(job) -> tuple[int, int]:
     answers = sum(1 for m in history if m["role"] == "assistant" and not (m.get("metadata") or {}).get("log")
                   and not (m.get("metadata") or {}).get("title"))
     return notices, answers
+
+
+def _questions_asked(server) -> int:
+    return server.get_json("/api/health")["questions_asked"]
+
+
+async def test_watch_switched_off_or_stopped_asks_nothing_more(server):
+    """Off (the /watch event with on false, as the page's switch sends it) and
+    Stop each end a running watch at once: later scene changes ask nothing."""
+    cutting = RtcClient(server.url, _cuts(every_s=1.0))
+    await cutting.connect()
+    try:
+        gradio = Client(server.url + "/", verbose=False)
+        sid = cutting.session_id
+        for switch_off in ("off", "stop"):
+            job = _watch_job(gradio, sid, 1)
+            await wait_for(lambda: _watch_answers(job)[1] >= 1, 60, "a scene change asked about and answered")
+            if switch_off == "off":
+                await asyncio.to_thread(
+                    gradio.predict, False, "What changed?", 1, [], sid, 4, "uniform", 10, True, 0.95, 64, "images",
+                    True, 4, 0.0, "", api_name="/watch")
+            else:
+                assert await asyncio.to_thread(gradio.predict, sid, api_name="/stop") is False  # the box unticks
+            await wait_for(lambda: job.done(), 30, f"the watch event ends once switched {switch_off}")
+            assert (await cutting.stats())["watching"] is False
+            # A question already under way when the switch came is counted
+            # by the next scene change, a second or more away.
+            changes = (await cutting.stats())["scene_changes"]
+            await wait_for(lambda: _more_scene_changes(cutting, changes + 1), 30, "a scene change")
+            asked, changes = await asyncio.to_thread(_questions_asked, server), (await cutting.stats())["scene_changes"]
+            await wait_for(lambda: _more_scene_changes(cutting, changes + 3), 30, "three more scene changes")
+            assert await asyncio.to_thread(_questions_asked, server) == asked, f"watch asked after {switch_off}"
+            assert await until_idle(server, within=5.0) == 0
+    finally:
+        await cutting.close()
+
+
+async def _more_scene_changes(client, n: int) -> bool:
+    return (await client.stats())["scene_changes"] >= n
 
 
 async def test_watch_mode_asks_on_scene_changes_and_not_on_a_still_scene(server):

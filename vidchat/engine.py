@@ -11,6 +11,7 @@ import asyncio
 import hashlib
 import itertools
 import logging
+import math
 import os
 import time
 import uuid
@@ -101,6 +102,10 @@ class ReplyStats:
     # The audio's segments as the engine got them (samples each, oldest
     # first; see audio_clips); empty when it went as one clip.
     audio_parts: list[int] = field(default_factory=list)
+    # Chat turns the prompt carried, of those the question came with: the
+    # oldest are left out when the whole chat no longer fits (Engine.fit_history).
+    history_turns: int = 0
+    history_turns_total: int = 0
 
     def as_dict(self) -> dict[str, Any]:
         return dict(self.__dict__)
@@ -381,6 +386,13 @@ def encoder_cache_budget(per_frame: int, frames: int, gpu: bool) -> int | None:
 # each start appends a line to this file when the variable names one.
 ENGINE_START_LOG_ENV = "VIDCHAT_ENGINE_START_LOG"
 
+# The history budget (Engine.fit_history): audio encoders of the supported
+# families give at most 25 tokens a second; a turn's chat-template markup
+# costs a few tokens beyond its text; a small margin absorbs the rest.
+AUDIO_TOKENS_PER_S = 25
+TURN_TEMPLATE_TOKENS = 8
+HISTORY_MARGIN_TOKENS = 32
+
 
 def _note_engine_start(model: str, start_s: float) -> None:
     path = os.environ.get(ENGINE_START_LOG_ENV)
@@ -481,13 +493,15 @@ class Engine:
             processor = AutoProcessor.from_pretrained(options.model)
         except ImportError as exc:  # e.g. SmolVLM's processor needs num2words
             raise EngineError(f"the processor of {options.model!r} needs a package that is missing: {exc}") from exc
+        # Measured always: the history budget (fit_history) reserves each
+        # frame's tokens; the encoder cache is sized by it when asked.
         per_frame = None
+        try:
+            per_frame = tokens_per_frame(processor, options.max_image_pixels, processor_kwargs)
+        except Exception as exc:  # a processor with other call conventions: vLLM's size stays
+            log.warning("could not measure tokens per frame for %s (%s); vLLM's encoder cache keeps "
+                        "its default size", options.model, exc)
         if options.encoder_cache_frames > 0:
-            try:
-                per_frame = tokens_per_frame(processor, options.max_image_pixels, processor_kwargs)
-            except Exception as exc:  # a processor with other call conventions: vLLM's size stays
-                log.warning("could not measure tokens per frame for %s (%s); vLLM's encoder cache keeps "
-                            "its default size", options.model, exc)
             if per_frame:
                 budget = encoder_cache_budget(per_frame, options.encoder_cache_frames, gpu)
                 if budget is not None:
@@ -516,7 +530,7 @@ class Engine:
         _note_engine_start(options.model, start_s)
         engine = cls(options, llm, processor, options.model, start_s, family, revision)
         engine.tokens_per_frame = per_frame
-        if per_frame and engine.encoder_cache_tokens:
+        if per_frame and options.encoder_cache_frames > 0 and engine.encoder_cache_tokens:
             log.info("vLLM's encoder cache: %d tokens, %d frames of %d tokens (asked for %d frames)",
                      engine.encoder_cache_tokens, engine.encoder_cache_tokens // per_frame, per_frame,
                      options.encoder_cache_frames)
@@ -637,6 +651,9 @@ class Engine:
             question, len(frames), audio, frames_as, max_tokens, temperature, seed, warmup, spoken)
         clips = [] if audio is None else audio_clips(audio, audio_parts if self.splits_audio else (),
                                                      self.options.max_audios)
+        total_turns = len(history)
+        history = self.fit_history(history, question, len(frames), frames_as, len(clips),
+                                   0.0 if audio is None else audio.size / AUDIO_RATE, max_tokens, system_prompt)
         prompt_text = self.build_prompt(
             question,
             n_frames=len(frames),
@@ -676,8 +693,34 @@ class Engine:
         )
         audio_s = 0.0 if audio is None else audio.size / AUDIO_RATE
         stats = ReplyStats(frames=len(frames), audio_seconds=audio_s, inputs_sha256=inputs_digest(frames, audio),
-                           audio_parts=[clip.size for clip, _ in clips] if len(clips) > 1 else [])
+                           audio_parts=[clip.size for clip, _ in clips] if len(clips) > 1 else [],
+                           history_turns=len(history), history_turns_total=total_turns)
         return Prepared(prompt, prompt_text, params, stats, video_fps=fps)
+
+    def fit_history(self, history: Sequence[Turn], question: str, n_frames: int, frames_as: str, clips: int,
+                    audio_s: float, max_tokens: int, system_prompt: str | None) -> Sequence[Turn]:
+        """The newest whole turns of ``history`` that fit --max-model-len
+        beside what this question needs first: its frames, audio, the
+        question and room for the answer. The oldest question-and-answer
+        pairs go first, so a long chat (watch mode adds an answer every few
+        seconds) never makes every later question fail for length."""
+        tokenizer = getattr(self._processor, "tokenizer", None)
+        if not history or tokenizer is None:
+            return history
+        base = self.build_prompt(question, n_frames=n_frames, frames_as=frames_as, with_audio=clips,
+                                 system_prompt=system_prompt)
+        # Frame and audio placeholders expand inside vLLM: counted at their
+        # expanded size (an upper bound for video, whose frames merge in time).
+        reserved = (len(tokenizer(base)["input_ids"]) + n_frames * (self.tokens_per_frame or 0)
+                    + math.ceil(audio_s * AUDIO_TOKENS_PER_S) + max_tokens + HISTORY_MARGIN_TOKENS)
+        budget = self.options.max_model_len - reserved
+        costs = [len(tokenizer(turn.text)["input_ids"]) + TURN_TEMPLATE_TOKENS for turn in history]
+        start = 0
+        while start < len(history) and sum(costs[start:]) > budget:
+            start += 1
+            while start < len(history) and history[start].role != "user":
+                start += 1  # whole turns: a kept answer keeps its question
+        return history[start:]
 
     async def warm(self, prepared: Prepared) -> ReplyStats:
         """Run a warm-up (a prepared ``warmup=True`` prompt): vLLM encodes its

@@ -55,8 +55,10 @@ class Entry:
     cache_salt: str = field(default_factory=lambda: secrets.token_hex(16), repr=False)
     # Recorded answers' bundle folders, by answer id (--record-dir).
     bundles: dict = field(default_factory=dict, repr=False)
-    # Bumped by each typed question: a running watch loop (vidchat.ui) stops.
+    # Bumped by each typed question, Watch unticked and Stop: a running watch
+    # loop (vidchat.ui) stops. watch_running: the epoch of the loop running.
     watch_epoch: int = 0
+    watch_running: int | None = None
     # The last answers' inputs, by answer id (vidchat.answer_inputs).
     answers: collections.OrderedDict = field(default_factory=collections.OrderedDict, repr=False)
     # The client's network address (for --max-sessions-per-client).
@@ -76,6 +78,22 @@ class Entry:
     # bumped by each typed question: the page's talk loop yields the chat.
     talk: Any = None
     talk_epoch: int = 0
+    _side: "Entry | None" = field(default=None, repr=False)
+
+    def side_slot(self) -> "Entry":
+        """Where this session's re-asks run: beside the chat's answer, never
+        in its slot, so a re-ask neither cancels the chat's answer nor is read
+        aloud by Talk. Same session and cache salt (its prefix-cache hits are
+        the session's own); a newer re-ask still replaces a running one."""
+        if self._side is None:
+            self._side = Entry(self.session, self.kind, cache_salt=self.cache_salt, client=self.client,
+                               owner=self.owner)
+        return self._side
+
+    @property
+    def watching(self) -> bool:
+        """A watch loop runs and nothing has told it to stop."""
+        return self.watch_running is not None and self.watch_running == self.watch_epoch
 
     def time_left(self) -> float | None:
         return None if self.deadline is None else max(0.0, self.deadline - time.monotonic())
@@ -204,6 +222,10 @@ class SessionRegistry:
         while len(self._closed_reasons) > 256:  # a recent-history hint, not a log
             self._closed_reasons.pop(next(iter(self._closed_reasons)))
         await entry.cancel_answer()  # nobody is left to read it: abort the generation
+        if entry._side is not None:
+            entry._side.closed = True
+            entry._side.question_seq += 1
+            await entry._side.cancel_answer()
         for closer in list(entry.closers):  # a closer may unregister itself
             try:
                 await closer()

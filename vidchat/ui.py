@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import dataclasses
 import io
 import logging
@@ -283,6 +284,10 @@ def applied_request(state, entry, raw_settings: tuple) -> PageRequest:
     return request
 
 
+# Streamed text reaches the page at most this often (20 updates a second).
+STREAM_UPDATE_S = 0.05
+
+
 async def answer_stream(state, entry, question: str, request: PageRequest, past: list[Turn],
                         history: list[dict], event_start: float, spoken=None, pin=None) -> AsyncIterator[tuple]:
     """Ask through the shared answer path and stream the reply into the chat.
@@ -316,6 +321,7 @@ async def answer_stream(state, entry, question: str, request: PageRequest, past:
             yield history, gr.skip(), gr.skip()
         if is_notice(history[-1]):
             history[-1] = {"role": "assistant", "content": ""}
+        shown = 0.0
         async for delta in reply:
             if not history[-1]["content"]:
                 since_event = time.perf_counter() - event_start
@@ -325,7 +331,13 @@ async def answer_stream(state, entry, question: str, request: PageRequest, past:
                          "event at %.3f)", since_event * 1000, reply.stats.cached_tokens,
                          reply.stats.prompt_tokens, time.time() - since_event)
             history[-1]["content"] += delta
-            yield history, gr.skip(), gr.skip()
+            # The first text at once, then at most STREAM_UPDATE_S apart: each
+            # update re-renders the whole message in the browser, and a fast
+            # model's every token would keep the tab (and the server) busy.
+            # The answer's last update below shows whatever is left.
+            if time.monotonic() - shown >= STREAM_UPDATE_S:
+                shown = time.monotonic()
+                yield history, gr.skip(), gr.skip()
     except EngineError as exc:
         error = exc
     except chat.Abandoned:
@@ -610,9 +622,10 @@ async def reask(state, sid: str, answer_id: str, *raw_settings: Any, engine_choi
         # A bundle re-asked before any source started: a session of its own,
         # outside the registry (it holds no media), with its own cache salt.
         entry = Entry(Session("bundle-" + answer_id), kind="bundle")
+    slot = entry.side_slot()
     heading = "Re-asked" if engine is state.engine else "Re-asked on the second model"
     try:
-        again = await chat.ask(engine, entry, original.question, request.options, history=original.history,
+        again = await chat.ask(engine, slot, original.question, request.options, history=original.history,
                                queue=state.answer_gate, sample=sample, spoken=original.spoken)
     except chat.Superseded:
         return
@@ -629,7 +642,7 @@ async def reask(state, sid: str, answer_id: str, *raw_settings: Any, engine_choi
         note = f"⚠ {exc}" if isinstance(exc, EngineError) else "Stopped."
     finally:
         await again.reply.cancel()
-        chat.release(entry, again, continues_chat=False)
+        chat.release(slot, again, continues_chat=False)
     if entry.kind != "bundle":
         answer_inputs.remember(entry, again)
     yield compare_html(original, again, again.reply.text, note, heading)
@@ -643,11 +656,14 @@ async def watch_loop(state, on: bool, question: str, every: Any, history: list[d
                      *raw_settings: Any) -> AsyncIterator[tuple]:
     """While the Watch switch is on, ask `question` at each scene change (at
     most once every `every` seconds). A question typed meanwhile ends this
-    loop (its answer owns the chat); the page restarts it after that answer."""
+    loop (its answer owns the chat); the page restarts it after that answer.
+    Called with ``on`` false (the switch unticked, or an API client), the
+    running loop ends."""
+    entry = state.registry.get(sid) if isinstance(sid, str) else None
     if not on:
+        watch_switched(state, False, sid)
         return
     history = list(history or [])
-    entry = state.registry.get(sid) if isinstance(sid, str) else None
     question = (question or "").strip() if isinstance(question, str) else ""
     problem = ("Watch mode needs a running source: press **Start camera** first." if entry is None else
                "Watch mode needs a standing question." if not question else None)
@@ -660,30 +676,51 @@ async def watch_loop(state, on: bool, question: str, every: Any, history: list[d
         problem = "Watch mode needs **Drop near-duplicate frames** on: the filter is what sees scene changes."
     if problem is not None:
         history.append(notice(problem))
-        yield history, gr.skip(), gr.skip()
+        yield history, gr.skip(), gr.skip(), False  # refused: the box unticks, so ticking it again retries
         return
     entry.watch_epoch += 1
     epoch = entry.watch_epoch
-    async for t in watcher.changes():
-        if state.registry.get(sid) is not entry:
-            return  # the session ended; the status line says why
-        if entry.watch_epoch != epoch:
-            return
+
+    def stopped() -> bool:
+        # Switched off, Stop pressed, a typed question, or the session ended
+        # (the status line says why): each bumps the epoch or drops the entry.
+        return entry.watch_epoch != epoch or state.registry.get(sid) is not entry
+
+    entry.watch_running = epoch
+    try:
+        async with contextlib.aclosing(_watch_answers(state, entry, watcher, stopped, question, history,
+                                                      raw_settings)) as answers:
+            async for update in answers:
+                yield update
+    finally:
+        if entry.watch_running == epoch:
+            entry.watch_running = None
+
+
+async def _watch_answers(state, entry, watcher: SceneWatch, stopped, question: str, history: list[dict],
+                         raw_settings: tuple) -> AsyncIterator[tuple]:
+    async for t in watcher.changes(stopped):
         try:
             request = applied_request(state, entry, raw_settings)
         except ValueError as exc:
             history.append(notice(f"⚠ Watch stopped, settings not accepted: {exc}"))
-            yield history, gr.skip(), gr.skip()
+            yield history, gr.skip(), gr.skip(), False
             return
         past = history_turns(history)
         start = entry.session.timeline_start
         when = f" at {t - start:.1f} s" if t is not None and start is not None else ""
+        if stopped():  # switched off while the settings were read
+            return
         history.append(notice(f"👁 Scene changed{when}: asking the standing question."))
         history.append({"role": "user", "content": question})
-        async for update in answer_stream(state, entry, question, request, past, history, time.perf_counter()):
-            if entry.watch_epoch != epoch:
-                return
-            yield update
+        # Closed explicitly when watching stops mid-answer: its reply is
+        # cancelled then, not whenever the generator happens to be collected.
+        async with contextlib.aclosing(answer_stream(state, entry, question, request, past, history,
+                                                     time.perf_counter())) as stream:
+            async for update in stream:
+                if stopped():
+                    return
+                yield (*update, gr.skip())
 
 
 # ---------------------------------------------------------------------------
@@ -728,7 +765,7 @@ async def talk_loop(state, on: bool, barge_in: bool, silence_ms: Any, min_speech
             problem = f"⚠ Talk not started: {exc}"
     if problem is not None:
         history.append(notice(problem))
-        yield history, gr.skip(), gr.skip()
+        yield history, gr.skip(), gr.skip(), False  # refused: the box unticks, so ticking it again retries
         return
     listener = talk.listener(entry, settings, bool(barge_in), on_speech=talk.speech_warms(state, entry))
     entry.talk_epoch += 1
@@ -747,7 +784,7 @@ async def talk_loop(state, on: bool, barge_in: bool, silence_ms: Any, min_speech
             request = applied_request(state, entry, raw_settings)
         except ValueError as exc:
             history.append(notice(f"⚠ Settings not accepted: {exc}"))
-            yield history, gr.skip(), gr.skip()
+            yield history, gr.skip(), gr.skip(), gr.skip()
             continue
         entry.watch_epoch += 1  # a running watch loop yields the chat to the spoken question
         past = history_turns(history)
@@ -755,13 +792,24 @@ async def talk_loop(state, on: bool, barge_in: bool, silence_ms: Any, min_speech
                                           spoken=spoken):
             if entry.talk_epoch != epoch:
                 return
-            yield update
+            yield (*update, gr.skip())
 
 
 async def stop_answer(state, sid: str) -> None:
+    """Stop: the running answer ends, and so does watching (the page unticks Watch)."""
     entry = state.registry.get(sid) if isinstance(sid, str) else None
     if entry is not None:
+        entry.watch_epoch += 1
         await entry.cancel_answer()
+
+
+def watch_switched(state, on: bool, sid: str) -> None:
+    """Watch unticked: the running watch loop ends at once, even while it
+    waits for a scene change (its event would otherwise hold the switch's
+    queue, so the "off" never ran and watching went on)."""
+    entry = state.registry.get(sid) if isinstance(sid, str) else None
+    if entry is not None and not on:
+        entry.watch_epoch += 1
 
 
 # ---------------------------------------------------------------------------
@@ -906,6 +954,7 @@ def mount(app, state):
 
         async def on_stop(request: gr.Request, sid):
             await stop_answer(state, own(request, sid))
+            return False  # Stop ends watching too: the Watch box says so
 
         # The question box is not an output of the (long) answer event, so it
         # stays editable while an answer streams: a new question then
@@ -924,7 +973,7 @@ def mount(app, state):
                     api_visibility="private")
         for evt in (submit_evt, click_evt):
             evt.then(None, None, None, js=QUESTION_FINISHED_JS, queue=False, api_visibility="private")
-        stop.click(on_stop, [session_id], None, cancels=[submit_evt, click_evt], concurrency_limit=None,
+        stop.click(on_stop, [session_id], watch_on, cancels=[submit_evt, click_evt], concurrency_limit=None,
                    api_name="stop")
         def on_clear(request: gr.Request, sid):
             entry = state.registry.get(own(request, sid))
@@ -940,13 +989,19 @@ def mount(app, state):
                 sent = True
                 yield update
             if not sent:  # a generator that yields nothing would blank the chat
-                yield gr.skip(), gr.skip(), gr.skip()
+                yield gr.skip(), gr.skip(), gr.skip(), gr.skip()
 
         watch_inputs = [watch_on, watch_question, watch_every, chatbot, session_id, *settings_inputs]
         watch_events = dict(concurrency_limit=None, show_progress="hidden", trigger_mode="always_last")
-        watch_on.change(on_watch, watch_inputs, outputs, api_name="watch", **watch_events)
+        def on_watch_switched(request: gr.Request, on, sid):
+            watch_switched(state, on, own(request, sid))
+
+        watch_on.change(on_watch_switched, [watch_on, session_id], None, queue=False, trigger_mode="multiple",
+                        api_visibility="private")
+        watch_outputs = [*outputs, watch_on]  # a refused Watch unticks
+        watch_on.change(on_watch, watch_inputs, watch_outputs, api_name="watch", **watch_events)
         for evt in (submit_evt, click_evt):  # after a typed question, watching goes on from the new chat
-            evt.then(on_watch, watch_inputs, outputs, api_visibility="private", **watch_events)
+            evt.then(on_watch, watch_inputs, watch_outputs, api_visibility="private", **watch_events)
 
         async def on_talk(request: gr.Request, on, barge, silence, min_speech, history, sid, *raw):
             sent = False
@@ -954,18 +1009,19 @@ def mount(app, state):
                 sent = True
                 yield update
             if not sent:
-                yield gr.skip(), gr.skip(), gr.skip()
+                yield gr.skip(), gr.skip(), gr.skip(), gr.skip()
 
         talk_inputs = [talk_on, barge_in, talk_silence, talk_min_speech, chatbot, session_id, *settings_inputs]
         # "multiple": switching Talk off must run while the loop it ends is
         # still waiting for speech; a newer loop takes over from an older
         # one through the session's talk_epoch.
         talk_events = dict(concurrency_limit=None, show_progress="hidden", trigger_mode="multiple")
-        talk_on.change(on_talk, talk_inputs, outputs, api_name="talk", **talk_events)
+        talk_outputs = [*outputs, talk_on]  # a refused Talk unticks
+        talk_on.change(on_talk, talk_inputs, talk_outputs, api_name="talk", **talk_events)
         for evt in (submit_evt, click_evt):  # after a typed question, Talk goes on from the new chat
-            evt.then(on_talk, talk_inputs, outputs, api_visibility="private", **talk_events)
+            evt.then(on_talk, talk_inputs, talk_outputs, api_visibility="private", **talk_events)
         for control in (barge_in, talk_silence, talk_min_speech):  # new settings take effect at once
-            control.change(on_talk, talk_inputs, outputs, api_visibility="private", **talk_events)
+            control.change(on_talk, talk_inputs, talk_outputs, api_visibility="private", **talk_events)
 
         async def talk_availability():
             """Once the model is loaded: Talk is unavailable (and says why) for a model that hears nothing."""

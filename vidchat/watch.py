@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from typing import AsyncIterator
+from typing import AsyncIterator, Callable
 
 from vidchat.session import Session
 
@@ -42,9 +42,11 @@ class SceneWatch:
         self._last_fire = now
         return True
 
-    async def changes(self) -> AsyncIterator[float | None]:
-        """Live: yield the timeline time of each (rate-limited) scene change."""
-        while True:
+    async def changes(self, stopped: Callable[[], bool] | None = None) -> AsyncIterator[float | None]:
+        """Live: yield the timeline time of each (rate-limited) scene change,
+        until ``stopped()`` says watching was switched off (checked at each
+        poll, so a still scene does not keep a switched-off watch alive)."""
+        while stopped is None or not stopped():
             if self.due(time.monotonic()):
                 yield self.session.last_scene_change_t
             await asyncio.sleep(POLL_S)

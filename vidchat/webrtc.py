@@ -557,6 +557,7 @@ def router(state) -> APIRouter:
         out = dict(entry.session.stats)
         left = entry.time_left()
         out["time_left_s"] = None if left is None else round(left, 1)
+        out["watching"] = entry.watching
         if entry.media is not None:
             out["media"] = entry.media.as_dict()
         return out

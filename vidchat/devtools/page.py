@@ -40,18 +40,21 @@ ANSWER_FINAL = ("(() => { const all = [...document.querySelectorAll('#vc-chat [d
                 " return seen === %(n)d && q.asked > 0 && q.asked === q.finished; })()")
 
 
-def write_y4m(path: Path, colour: tuple[int, int, int], seconds: float = 4.0, moving_s: float | None = None) -> None:
+def write_y4m(path: Path, colour: tuple[int, int, int], seconds: float = 4.0, moving_s: float | None = None,
+              cuts: list[tuple[int, int, int]] | None = None, cut_every_s: float = 1.0) -> None:
     """A clip Chromium plays as its fake camera: a coloured room with a white
     square sliding across it (real motion, so the filter keeps frames).
     ``moving_s``: the square slides only during the first moving_s of each
-    loop and then stands still (someone who moved, then sits and types)."""
+    loop and then stands still (someone who moved, then sits and types).
+    ``cuts``: the room's colour goes through these, one every ``cut_every_s``
+    (scene changes, for Watch)."""
     n = int(seconds * FPS)
     moving = n if moving_s is None else int(moving_s * FPS)
     with open(path, "wb") as f:
         f.write(f"YUV4MPEG2 W{W} H{H} F{FPS}:1 Ip A1:1 C420jpeg\n".encode())
         for i in range(n):
             rgb = np.empty((H, W, 3), np.float32)
-            rgb[:] = colour
+            rgb[:] = colour if not cuts else cuts[int(i / FPS / cut_every_s) % len(cuts)]
             side = H // 3
             x = int(min(i, moving) * (W - side) / moving)
             rgb[H // 3 : H // 3 + side, x : x + side] = 240

@@ -1,0 +1,118 @@
+"""Watch in the page (Chromium with a fake camera whose scene cuts every
+second, the real server and vLLM): ticking Watch asks on scene changes;
+unticking it ends watching at once (later scene changes ask nothing), and
+ticking it again resumes; the chat's Stop ends watching too and unticks the
+box. (Before, an unticked Watch went on asking: the "off" waited behind the
+running watch event, which never ended.)"""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import pytest
+from playwright.async_api import async_playwright
+
+from vidchat.devtools.page import launch, open_and_start, session_id, set_setting, write_wav, write_y4m
+
+from conftest import eventually_async
+
+pytestmark = pytest.mark.browser
+
+CUTS = [(200, 40, 40), (40, 60, 200), (40, 180, 60), (230, 230, 230)]
+WATCH_BOX = "#vc-watch input[type=checkbox]"
+SCENE_NOTICES = ("[...document.querySelectorAll('#vc-chat [data-testid=\"bot\"]')]"
+                 ".filter((m) => m.innerText.includes('Scene changed')).length")
+
+
+@pytest.fixture(scope="module")
+def cutting_camera(tmp_path_factory) -> tuple[Path, Path]:
+    folder = tmp_path_factory.mktemp("watch")
+    video, audio = folder / "cuts.y4m", folder / "tone.wav"
+    write_y4m(video, CUTS[0], seconds=8.0, cuts=CUTS, cut_every_s=1.0)
+    write_wav(audio)
+    return video, audio
+
+
+def _health(server) -> dict:
+    return server.get_json("/api/health")
+
+
+async def _stats(server, sid: str) -> dict:
+    return await asyncio.to_thread(server.get_json, f"/webrtc/stats?session_id={sid}")
+
+
+async def _scene_changes(server, sid: str, n: int) -> None:
+    start = (await _stats(server, sid))["scene_changes"]
+
+    async def more() -> bool:
+        return (await _stats(server, sid))["scene_changes"] >= start + n
+
+    await eventually_async(more, 30, f"{n} more scene change(s)", interval=0.1)
+
+
+async def _asks_nothing_more(server, page, sid: str, why: str) -> None:
+    """Once the server says it stopped watching, scene changes ask nothing."""
+    async def not_watching() -> bool:
+        return (await _stats(server, sid))["watching"] is False
+
+    await eventually_async(not_watching, 10, f"the server stops watching once {why}", interval=0.05)
+    # A question that was already under way when the switch arrived is
+    # counted by then: the next scene change is a second or more away.
+    await _scene_changes(server, sid, 1)
+    asked = (await asyncio.to_thread(_health, server))["questions_asked"]
+    notices = await page.evaluate(SCENE_NOTICES)
+    await _scene_changes(server, sid, 3)
+    assert (await asyncio.to_thread(_health, server))["questions_asked"] == asked, f"watch asked after {why}"
+    assert await page.evaluate(SCENE_NOTICES) == notices, f"a scene-change notice after {why}"
+
+
+async def _watch_asks(page, server) -> None:
+    """A scene change is asked about: a new notice, and a question asked."""
+    notices = await page.evaluate(SCENE_NOTICES)
+    asked = (await asyncio.to_thread(_health, server))["questions_asked"]
+    await page.check(WATCH_BOX)
+    await page.wait_for_function(f"{SCENE_NOTICES} > {notices}", timeout=30_000)
+
+    async def one_more_asked() -> bool:
+        return (await asyncio.to_thread(_health, server))["questions_asked"] > asked
+
+    await eventually_async(one_more_asked, 30, "the watch question is asked", interval=0.1)
+
+
+async def test_watch_switches_off_at_once_resumes_and_ends_with_stop(server, cutting_camera, tmp_path, artifacts_dir):
+    async with async_playwright() as pw:
+        browser = await launch(pw, *cutting_camera, tmp_path)
+        try:
+            page = await open_and_start(browser, server.url)
+            sid = await session_id(page)
+            await set_setting(page, "vc-max-tokens", "4")
+            await set_setting(page, "vc-watch-every", "1")
+            await _watch_asks(page, server)
+            await page.uncheck(WATCH_BOX)
+            await _asks_nothing_more(server, page, sid, "Watch was unticked")
+            # Ticked again, it watches again (the "off" left nothing queued).
+            await _watch_asks(page, server)
+            await page.screenshot(path=str(artifacts_dir / "page-watch.png"), full_page=True)
+            # Stop ends the answer and the watching, and the box says so.
+            await page.click("#vc-stop-answer")
+            await page.wait_for_function(f"!document.querySelector('{WATCH_BOX}').checked", timeout=10_000)
+            await _asks_nothing_more(server, page, sid, "Stop was pressed")
+        finally:
+            await browser.close()
+
+
+async def test_watch_and_talk_refused_without_a_camera_untick(server, cutting_camera, tmp_path):
+    async with async_playwright() as pw:
+        browser = await launch(pw, *cutting_camera, tmp_path)
+        try:
+            page = await browser.new_page(viewport={"width": 1280, "height": 800})
+            await page.goto(server.url)
+            for box, said in (("#vc-watch", "Watch mode needs a running source"),
+                              ("#vc-talk", "Talk mode needs a running source")):
+                await page.check(f"{box} input[type=checkbox]")
+                await page.get_by_text(said).first.wait_for(timeout=30_000)
+                await page.wait_for_function(f"!document.querySelector('{box} input[type=checkbox]').checked",
+                                             timeout=10_000)
+        finally:
+            await browser.close()
