@@ -137,7 +137,9 @@ async def test_page_streams_an_answer_and_two_tabs_use_their_own_frames(server, 
             # A question asked while an answer streams replaces it (the old
             # request is aborted), and "Stop" aborts the new one.
             await set_setting(red, "vc-max-tokens", "2000")
-            # The tiny model never ends an answer on its own: 2000 tokens run long.
+            # Greedy, the tiny model never ends an answer on its own (its end
+            # tokens are zeroed; sampled, it may pick one): 2000 tokens run long.
+            await set_setting(red, "vc-temperature", "0")
             await ask(red, "Tell me everything.")
             answers = 2
             await red.wait_for_function(BOT_HAS_TEXT % answers, timeout=30_000)

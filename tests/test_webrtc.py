@@ -170,7 +170,9 @@ async def test_a_new_question_cancels_the_one_still_answering(server):
     try:
         await wait_for(lambda: _enough(client, frames=10), timeout=20)
         gradio = Client(server.url + "/", verbose=False)
-        first = submit(server, client.session_id, "Talk at length.", k=4, max_tokens=2000, temperature=1.0,
+        # Greedy: the tiny model's zeroed end tokens then never end it early
+        # (sampled, it may pick one within a few tokens).
+        first = submit(server, client.session_id, "Talk at length.", k=4, max_tokens=2000, temperature=0.0,
                        gradio=gradio)
         await wait_for(lambda: asyncio.to_thread(server.running_requests), 20, "the first answer generates")
         second = await asyncio.to_thread(ask, server, client.session_id, "Short one?", k=4, max_tokens=8,
@@ -188,7 +190,7 @@ async def test_closing_the_tab_mid_answer_aborts_the_generation(server):
     client = RtcClient(server.url, SyntheticVideo())
     await client.connect()
     await wait_for(lambda: _enough(client, frames=5), timeout=20)
-    job = submit(server, client.session_id, "Talk at length.", k=4, max_tokens=2000, temperature=1.0)
+    job = submit(server, client.session_id, "Talk at length.", k=4, max_tokens=2000, temperature=0.0)
     await wait_for(lambda: asyncio.to_thread(server.running_requests), 20, "the answer generates")
     await client.close(tell_server=True)  # what the page's Stop / pagehide beacon does
     assert await until_idle(server, within=1.0) == 0
@@ -277,22 +279,32 @@ async def test_concurrent_ask_calls_never_generate_twice(server):
         await client.close()
 
 
+async def _first_answer(server, client, gradio) -> str:
+    """Ask once through the page's API (8 frames); the answer's id."""
+    await wait_for(lambda: _enough(client, frames=10), timeout=20)
+    history = (await asyncio.to_thread(
+        lambda: submit(server, client.session_id, "What moves?", k=8, max_tokens=6, gradio=gradio).result(120)))[0]
+    panel = history[-1]
+    assert panel["metadata"]["title"].startswith("What the model got: 8 frames")
+    return panel["metadata"]["id"]
+
+
+def _reask(gradio, sid: str, answer_id: str, k: int, temperature: float) -> str:
+    """The page's re-ask of ``answer_id`` with k frames: the comparison's HTML."""
+    return gradio.predict(sid, answer_id, k, "uniform", 10, True, 0.95, 64, "images", True, 6, temperature, "7",
+                          api_name="/reask")
+
+
 async def test_reask_uses_the_exact_inputs_and_shows_both_answers(server):
     client = RtcClient(server.url, SyntheticVideo())
     await client.connect()
     try:
-        await wait_for(lambda: _enough(client, frames=10), timeout=20)
         gradio = Client(server.url + "/", verbose=False)
-        history = (await asyncio.to_thread(
-            lambda: submit(server, client.session_id, "What moves?", k=8, max_tokens=6, gradio=gradio).result(120)))[0]
-        panel = history[-1]
-        assert panel["metadata"]["title"].startswith("What the model got: 8 frames")
-        answer_id = panel["metadata"]["id"]
+        answer_id = await _first_answer(server, client, gradio)
         record = await asyncio.to_thread(server.get_json, f"/inputs/{answer_id}/record.json")
 
         def reask(k, temperature):
-            return gradio.predict(client.session_id, answer_id, k, "uniform", 10, True, 0.95, 64, "images", True, 6,
-                                  temperature, "7", api_name="/reask")
+            return _reask(gradio, client.session_id, answer_id, k, temperature)
 
         # New frames arrive meanwhile: a re-ask must not use them.
         received = (await client.stats())["frames_received"]
@@ -311,18 +323,13 @@ async def test_a_reask_while_the_chat_answers_leaves_the_chat_answer_running(ser
     client = RtcClient(server.url, SyntheticVideo())
     await client.connect()
     try:
-        await wait_for(lambda: _enough(client, frames=10), timeout=20)
         gradio = Client(server.url + "/", verbose=False)
-        history = (await asyncio.to_thread(
-            lambda: submit(server, client.session_id, "What moves?", k=8, max_tokens=6, gradio=gradio).result(120)))[0]
-        answer_id = history[-1]["metadata"]["id"]
+        answer_id = await _first_answer(server, client, gradio)
         # The tiny model never ends early: the chat's answer runs its 600 tokens
         # unless something cancels it.
         chatting = submit(server, client.session_id, "Talk at length.", k=8, max_tokens=600, gradio=gradio)
         await wait_for(lambda: _equals(running(server), 1), 30, "the chat's answer generates")
-        again = await asyncio.to_thread(
-            gradio.predict, client.session_id, answer_id, 8, "uniform", 10, True, 0.95, 64, "images", True, 6,
-            0.0, "7", api_name="/reask")
+        again = await asyncio.to_thread(_reask, gradio, client.session_id, answer_id, 8, 0.0)
         assert "Same inputs (inputs_sha256 matches)" in again and again.count("class='vc-compare-col'") == 2
         _, _, stats = await asyncio.to_thread(chatting.result, 180)
         assert stats["cancelled"] is False and stats["completion_tokens"] == 600, stats
