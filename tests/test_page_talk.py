@@ -120,6 +120,7 @@ async def test_talk_asks_by_voice_and_reads_the_answer_aloud(server, media, spok
             await eventually_async(lambda: not fetch_json(server, f"/webrtc/talk?session_id={sid}")["listening"], 5,
                                    "the server stops listening")
             assert not fetch_json(server, f"/webrtc/talk?session_id={sid}")["listening"]
-            assert (await page.evaluate("window.vidchat.talk"))["status"] == "off"
+            # The page learns it on its next poll of the server.
+            await page.wait_for_function("window.vidchat.talk.status === 'off'", timeout=10_000)
         finally:
             await browser.close()
