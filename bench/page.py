@@ -85,6 +85,8 @@ async def _round(page, server: harness.Server, questions: int) -> tuple[list, li
         await box.press("Enter")
         await page.wait_for_function("!window.__lat.waiting", timeout=60_000)
         await wait_for_answer(page, 1)
+        # The answer's event has ended too (its last message reached the page).
+        await page.wait_for_function("window.vidchat.questions.asked === window.vidchat.questions.finished")
     results = await page.evaluate("window.__lat.results")
     log_text = server.log()[log_start:]
     prep = [float(m) for m in re.findall(r"chat event -> engine call: ([\d.]+) ms", log_text)]

@@ -13,7 +13,9 @@ from pathlib import Path
 import pytest
 from playwright.async_api import async_playwright
 
-from vidchat.devtools.page import launch, open_and_start, session_id, set_setting, write_wav, write_y4m
+from vidchat.devtools.page import (
+    BOT_HAS_TEXT, ask, bot_texts, launch, next_frame, open_and_start, session_id, set_setting, write_wav, write_y4m,
+)
 
 from conftest import eventually_async
 
@@ -114,5 +116,56 @@ async def test_watch_and_talk_refused_without_a_camera_untick(server, cutting_ca
                 await page.get_by_text(said).first.wait_for(timeout=30_000)
                 await page.wait_for_function(f"!document.querySelector('{box} input[type=checkbox]').checked",
                                              timeout=10_000)
+        finally:
+            await browser.close()
+
+
+EVENTS_ENDED = "window.vidchat.questions.asked > 0 && window.vidchat.questions.asked === window.vidchat.questions.finished"
+NOTICE_TEXTS = ("[...document.querySelectorAll('#vc-chat [data-testid=\"bot\"]')]"
+                ".map((m) => m.innerText).filter((t) => t.includes('Scene changed'))")
+PANEL_SHOWN = ("[...document.querySelectorAll('#vc-chat [data-testid=\"bot\"]')]"
+               ".some((m) => m.querySelector('.thought-group'))")
+BOT_COUNT = "document.querySelectorAll('#vc-chat [data-testid=\"bot\"]').length"
+
+
+async def test_clear_chat_stops_the_answer_and_nothing_of_the_old_chat_comes_back(server, cutting_camera, tmp_path):
+    """Clear mid-answer: the answer stops on the server and its later updates
+    (and its event's last message, which repeats the whole chat) never
+    refill the chat. Clear while watching: the next watched answer starts on
+    the empty chat, not on the watch loop's own copy of the old one."""
+    async with async_playwright() as pw:
+        browser = await launch(pw, *cutting_camera, tmp_path)
+        try:
+            page = await open_and_start(browser, server.url)
+            sid = await session_id(page)
+            await set_setting(page, "vc-max-tokens", "2000")
+            await set_setting(page, "vc-temperature", "0")  # greedy: the random model runs on, no early end
+            await ask(page, "Describe everything, at length.")
+            await page.wait_for_function(BOT_HAS_TEXT % 1, timeout=60_000)
+            await page.click("#vc-clear")
+
+            async def nothing_generating() -> bool:
+                return (await asyncio.to_thread(_health, server))["running_requests"] == 0
+
+            await eventually_async(nothing_generating, 30, "Clear stops the answer's generation", interval=0.05)
+            await page.wait_for_function(EVENTS_ENDED, timeout=30_000)
+            await next_frame(page)
+            assert await page.evaluate(BOT_COUNT) == 0, ("the cleared chat came back", await bot_texts(page))
+            await _stats(server, sid)  # the session itself goes on (a 404 once it ended)
+
+            await set_setting(page, "vc-max-tokens", "4")
+            await set_setting(page, "vc-watch-every", "1")
+            await _watch_asks(page, server)
+            await page.wait_for_function(PANEL_SHOWN, timeout=30_000)  # a watched answer is whole
+            # Each notice names its own scene change's time: none comes twice.
+            old = set(await page.evaluate(NOTICE_TEXTS))
+            assert old
+            await page.click("#vc-clear")
+            await page.wait_for_function(f"{BOT_COUNT} === 0", timeout=10_000)
+            # The next watched answer starts on the empty chat.
+            await page.wait_for_function(PANEL_SHOWN, timeout=30_000)
+            now = set(await page.evaluate(NOTICE_TEXTS))
+            assert now and not now & old, f"the watch loop put the cleared chat back: {sorted(now & old)}"
+            await page.uncheck(WATCH_BOX)
         finally:
             await browser.close()

@@ -12,10 +12,14 @@ memory when asked for, and a zip of recorded bundles is streamed.
 
 from __future__ import annotations
 
+import asyncio
 import collections
 import io
 import json
+import logging
 import secrets
+import time
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -28,11 +32,13 @@ from PIL import Image
 # is), else 32-bit float, so the served samples hash as what the model heard.
 from vidchat.access import login_of
 from vidchat.markup import as_text
-from vidchat.recording import audio_used, iter_zip_bundles, png_bytes, wav_bytes
+from vidchat.recording import audio_used, iter_zip_bundles, png_bytes, wav_bytes, write_bundle
 
 if TYPE_CHECKING:
     from vidchat.chat import Answer
     from vidchat.sessions import Entry
+
+log = logging.getLogger(__name__)
 
 KEEP_PER_SESSION = 8
 # Recorded bundles a session keeps track of (their folders stay on disk; the
@@ -55,6 +61,27 @@ def remember(entry: "Entry", answer: "Answer") -> str:
     while len(kept) > KEEP_PER_SESSION:
         kept.popitem(last=False)
     return answer_id
+
+
+async def record(state: Any, entry: "Entry", answer: "Answer", answer_id: str, source: str) -> Path:
+    """Save a finished answer as a bundle under --record-dir, in its
+    session's folder, and keep it for the session's download links: the one
+    recording rule of the page and the socket. Raises RecordingOff without
+    --record-dir (nothing is written unless the server was told where), and
+    OSError when the folder can't be written."""
+    root = state.settings.record_dir
+    if not root:
+        raise RecordingOff("the server was started without --record-dir")
+    folder = Path(root) / f"session-{time.strftime('%Y%m%d')}-{entry.session.id[:8]}"
+    path = await asyncio.to_thread(write_bundle, folder, answer, source=source, model_option=state.settings.model,
+                                   engine_options=state.engine.options)
+    keep_bundle(entry, answer_id, path)
+    log.info("session %s… answer recorded in %s", entry.session.id[:6], path)
+    return path
+
+
+class RecordingOff(Exception):
+    pass
 
 
 def keep_bundle(entry: "Entry", answer_id: str, path: Any) -> None:

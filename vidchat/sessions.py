@@ -78,6 +78,11 @@ class Entry:
     # bumped by each typed question: the page's talk loop yields the chat.
     talk: Any = None
     talk_epoch: int = 0
+    # Bumped by the page's Clear chat: an answer streaming into the old chat
+    # stops showing (and generating), and a watch or talk loop starts its
+    # next answer on the empty chat instead of its own copy of the old one.
+    chat_cleared: int = 0
+    chat_streams: set = field(default_factory=set, repr=False)  # an asyncio.Event per answer streaming into the chat
     _side: "Entry | None" = field(default=None, repr=False)
 
     def side_slot(self) -> "Entry":

@@ -289,11 +289,31 @@ STREAM_UPDATE_S = 0.05
 
 
 async def answer_stream(state, entry, question: str, request: PageRequest, past: list[Turn],
-                        history: list[dict], event_start: float, spoken=None, pin=None) -> AsyncIterator[tuple]:
+                        history: list[dict], event_start: float, spoken=None, pin=None,
+                        chat_as_of: int | None = None) -> AsyncIterator[tuple]:
     """Ask through the shared answer path and stream the reply into the chat.
     ``spoken`` (Talk mode): the utterance is the question; its bubble, with
     a player of exactly the audio the model got, goes into the chat here.
-    ``pin`` (vidchat.prewarm.Pin): the sample taken as Enter was pressed."""
+    ``pin`` (vidchat.prewarm.Pin): the sample taken as Enter was pressed.
+    ``chat_as_of``: the Clear chat count that ``history`` reflects (default:
+    now). Once the chat is cleared after that, this stream shows nothing more."""
+    cleared = entry.chat_cleared if chat_as_of is None else chat_as_of
+    done = asyncio.Event()
+    entry.chat_streams.add(done)
+    try:
+        async with contextlib.aclosing(_answer_updates(state, entry, question, request, past, history,
+                                                       event_start, spoken, pin)) as updates:
+            async for update in updates:
+                if entry.chat_cleared != cleared:
+                    return  # closing the updates aborts the reply: nobody reads it now
+                yield update
+    finally:
+        entry.chat_streams.discard(done)
+        done.set()
+
+
+async def _answer_updates(state, entry, question: str, request: PageRequest, past: list[Turn],
+                          history: list[dict], event_start: float, spoken, pin) -> AsyncIterator[tuple]:
     try:
         answer = await chat.ask(state.engine, entry, question, request.options, history=past,
                                 queue=state.answer_gate, spoken=spoken,
@@ -368,19 +388,12 @@ async def answer_stream(state, entry, question: str, request: PageRequest, past:
 
 async def _record(state, entry, answer: Answer, answer_id: str, history: list[dict]) -> None:
     """Save the answer as a bundle when the server allows recording (--record-dir)."""
-    root = state.settings.record_dir
-    if not root:
-        history.append(notice("Not recorded: the server was started without --record-dir."))
-        return
-    folder = Path(root) / f"session-{time.strftime('%Y%m%d')}-{entry.session.id[:8]}"
     try:
-        path = await asyncio.to_thread(recording.write_bundle, folder, answer, source="page",
-                                       model_option=state.settings.model, engine_options=state.engine.options)
+        await answer_inputs.record(state, entry, answer, answer_id, source="page")
+    except answer_inputs.RecordingOff:
+        history.append(notice("Not recorded: the server was started without --record-dir."))
     except OSError as exc:
         history.append(notice(f"⚠ Could not save the recording: {exc}"))
-        return
-    answer_inputs.keep_bundle(entry, answer_id, path)
-    log.info("session %s… answer recorded in %s", entry.session.id[:6], path)
 
 
 def waiting_text(ahead: int) -> str:
@@ -445,6 +458,7 @@ async def respond(state, message: str, history: list[dict], sid: str, *raw_setti
     if entry is not None:
         entry.watch_epoch += 1  # a running watch loop yields the chat to this question
         entry.talk_epoch += 1  # so does the talk loop (the listener goes on; the page restarts the loop)
+        chat_as_of = entry.chat_cleared  # the chat this event was sent with
     if entry is None:
         history.append(notice(NOT_RUNNING))
         yield history, gr.skip(), gr.skip()
@@ -464,7 +478,8 @@ async def respond(state, message: str, history: list[dict], sid: str, *raw_setti
         return
     # The sample taken as Enter was pressed (vidchat.prewarm), already warmed.
     pin = state.prewarmer.take_pin(entry) if getattr(state, "prewarmer", None) is not None else None
-    async for update in answer_stream(state, entry, text, request, past, history, event_start, pin=pin):
+    async for update in answer_stream(state, entry, text, request, past, history, event_start, pin=pin,
+                                      chat_as_of=chat_as_of):
         yield update
 
 
@@ -699,7 +714,9 @@ async def watch_loop(state, on: bool, question: str, every: Any, history: list[d
 
 async def _watch_answers(state, entry, watcher: SceneWatch, stopped, question: str, history: list[dict],
                          raw_settings: tuple) -> AsyncIterator[tuple]:
+    seen_clear = entry.chat_cleared
     async for t in watcher.changes(stopped):
+        seen_clear = _follow_clear(entry, history, seen_clear)
         try:
             request = applied_request(state, entry, raw_settings)
         except ValueError as exc:
@@ -716,7 +733,7 @@ async def _watch_answers(state, entry, watcher: SceneWatch, stopped, question: s
         # Closed explicitly when watching stops mid-answer: its reply is
         # cancelled then, not whenever the generator happens to be collected.
         async with contextlib.aclosing(answer_stream(state, entry, question, request, past, history,
-                                                     time.perf_counter())) as stream:
+                                                     time.perf_counter(), chat_as_of=seen_clear)) as stream:
             async for update in stream:
                 if stopped():
                     return
@@ -728,6 +745,14 @@ async def _watch_answers(state, entry, watcher: SceneWatch, stopped, question: s
 # ---------------------------------------------------------------------------
 
 TALK_NEEDS_AUDIO = "Talk needs a model that hears: " + NO_SPOKEN_QUESTIONS.split(". ", 1)[1]
+
+
+def _follow_clear(entry, history: list[dict], seen: int) -> int:
+    """A loop's own copy of the chat empties when the page's chat was cleared
+    since ``seen``; returns the clear count to compare with next time."""
+    if entry.chat_cleared != seen:
+        history.clear()
+    return entry.chat_cleared
 
 
 def talk_settings(silence_ms: Any, min_speech_ms: Any) -> TurnSettings:
@@ -770,6 +795,7 @@ async def talk_loop(state, on: bool, barge_in: bool, silence_ms: Any, min_speech
     listener = talk.listener(entry, settings, bool(barge_in), on_speech=talk.speech_warms(state, entry))
     entry.talk_epoch += 1
     epoch = entry.talk_epoch
+    seen_clear = entry.chat_cleared
     while True:
         waiter = asyncio.ensure_future(listener.next_utterance())
         try:
@@ -780,6 +806,7 @@ async def talk_loop(state, on: bool, barge_in: bool, silence_ms: Any, min_speech
         finally:
             waiter.cancel()
         spoken = waiter.result()
+        seen_clear = _follow_clear(entry, history, seen_clear)
         try:
             request = applied_request(state, entry, raw_settings)
         except ValueError as exc:
@@ -789,10 +816,28 @@ async def talk_loop(state, on: bool, barge_in: bool, silence_ms: Any, min_speech
         entry.watch_epoch += 1  # a running watch loop yields the chat to the spoken question
         past = history_turns(history)
         async for update in answer_stream(state, entry, "", request, past, history, time.perf_counter(),
-                                          spoken=spoken):
+                                          spoken=spoken, chat_as_of=seen_clear):
             if entry.talk_epoch != epoch:
                 return
             yield (*update, gr.skip())
+
+
+async def clear_chat(state, sid: str) -> None:
+    """Clear chat: the answer streaming into the old chat stops (nobody reads
+    it now) and nothing of the old chat comes back: not that answer's last
+    update, nor a watch or talk loop's copy of the chat. Watch and Talk go on."""
+    entry = state.registry.get(sid) if isinstance(sid, str) else None
+    if entry is not None:
+        entry.chat_cleared += 1
+        entry.warm_history = ()  # the next question carries no chat: nor does its warm-up
+        streams = [asyncio.ensure_future(done.wait()) for done in entry.chat_streams]
+        await entry.cancel_answer()
+        # Returned only once each stream into the old chat has stopped: its
+        # updates already sent reach the page before the empty chat does.
+        if streams:
+            _, late = await asyncio.wait(streams, timeout=CLEAR_WAIT_S)
+            for waiter in late:
+                waiter.cancel()
 
 
 async def stop_answer(state, sid: str) -> None:
@@ -952,6 +997,11 @@ def mount(app, state):
             async for update in respond(state, message, history, own(request, sid), *raw):
                 yield update
 
+        async def on_page_question(request: gr.Request, message, history, sid, *raw):
+            async for update in on_question(request, message, history, sid, *raw):
+                yield update
+            yield LAST_UPDATE_IS_NOTHING
+
         async def on_stop(request: gr.Request, sid):
             await stop_answer(state, own(request, sid))
             return False  # Stop ends watching too: the Watch box says so
@@ -962,34 +1012,33 @@ def mount(app, state):
         outputs = [chatbot, inputs_view, details]
         inputs = [question, chatbot, session_id, *settings_inputs]
         answer_events = dict(concurrency_limit=None, show_progress="minimal", trigger_mode="multiple")
-        submit_evt = question.submit(on_question, inputs, outputs, api_name="ask", **answer_events)
-        click_evt = send.click(on_question, inputs, outputs, api_visibility="private", **answer_events)
+        # The page counts typed questions asked (in the event itself, so the
+        # count is up before its answer can show) and finished: a question
+        # refused with a notice has no "what the model got" panel, so only
+        # the event's end says its reply is whole (tests, QA scripts).
+        answer_events["js"] = QUESTION_ASKED_JS
+        submit_evt = question.submit(on_page_question, inputs, outputs, api_visibility="private", **answer_events)
+        click_evt = send.click(on_page_question, inputs, outputs, api_visibility="private", **answer_events)
+        # The public /ask: the same answer, whose last message is the whole
+        # reply (what an API client reads as the result).
+        ask_api = gr.Button(visible=False, elem_id="vc-ask-api")
+        ask_api.click(on_question, inputs, outputs, api_name="ask", concurrency_limit=None)
         for trigger in (question.submit, send.click):
             trigger(lambda: "", None, question, queue=False, trigger_mode="multiple", api_visibility="private")
-            # The page counts typed questions asked and finished: a question
-            # refused with a notice has no "what the model got" panel, so
-            # only the event's end says its reply is whole (tests, QA scripts).
-            trigger(None, None, None, js=QUESTION_ASKED_JS, queue=False, trigger_mode="multiple",
-                    api_visibility="private")
         for evt in (submit_evt, click_evt):
             evt.then(None, None, None, js=QUESTION_FINISHED_JS, queue=False, api_visibility="private")
         stop.click(on_stop, [session_id], watch_on, cancels=[submit_evt, click_evt], concurrency_limit=None,
                    api_name="stop")
-        def on_clear(request: gr.Request, sid):
-            entry = state.registry.get(own(request, sid))
-            if entry is not None:
-                entry.warm_history = ()  # the next question carries no chat: nor does its warm-up
+        async def on_clear(request: gr.Request, sid):
+            await clear_chat(state, own(request, sid))
             return [], None
 
         clear.click(on_clear, [session_id], [chatbot, details], api_visibility="private")
 
         async def on_watch(request: gr.Request, on, q, every, history, sid, *raw):
-            sent = False
             async for update in watch_loop(state, on, q, every, history, own(request, sid), *raw):
-                sent = True
                 yield update
-            if not sent:  # a generator that yields nothing would blank the chat
-                yield gr.skip(), gr.skip(), gr.skip(), gr.skip()
+            yield (*LAST_UPDATE_IS_NOTHING, gr.skip())
 
         watch_inputs = [watch_on, watch_question, watch_every, chatbot, session_id, *settings_inputs]
         watch_events = dict(concurrency_limit=None, show_progress="hidden", trigger_mode="always_last")
@@ -1004,12 +1053,9 @@ def mount(app, state):
             evt.then(on_watch, watch_inputs, watch_outputs, api_visibility="private", **watch_events)
 
         async def on_talk(request: gr.Request, on, barge, silence, min_speech, history, sid, *raw):
-            sent = False
             async for update in talk_loop(state, on, barge, silence, min_speech, history, own(request, sid), *raw):
-                sent = True
                 yield update
-            if not sent:
-                yield gr.skip(), gr.skip(), gr.skip(), gr.skip()
+            yield (*LAST_UPDATE_IS_NOTHING, gr.skip())
 
         talk_inputs = [talk_on, barge_in, talk_silence, talk_min_speech, chatbot, session_id, *settings_inputs]
         # "multiple": switching Talk off must run while the loop it ends is
@@ -1082,7 +1128,14 @@ def page_functions(blocks: gr.Blocks, session_id: gr.components.Component) -> tu
     return takes_session, by_name
 
 
-QUESTION_ASKED_JS = "() => { if (window.vidchat) window.vidchat.questions.asked += 1; }"
+# A streaming event's last message repeats its last update in full, so it
+# could put back a chat that Clear chat emptied after that update: the page's
+# answer events end on an update that changes nothing. (A generator that
+# yields nothing at all would blank the chat.)
+CLEAR_WAIT_S = 5.0  # at most this long for answers streaming into a chat being cleared to stop
+LAST_UPDATE_IS_NOTHING = (gr.skip(), gr.skip(), gr.skip())
+
+QUESTION_ASKED_JS = "(...inputs) => { if (window.vidchat) window.vidchat.questions.asked += 1; return inputs; }"
 QUESTION_FINISHED_JS = "() => { if (window.vidchat) window.vidchat.questions.finished += 1; }"
 
 
