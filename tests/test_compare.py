@@ -5,6 +5,7 @@ same process, the tiny vision-only one), real aiortc, and Chromium."""
 from __future__ import annotations
 
 import asyncio
+import io
 import re
 import urllib.request
 import zipfile
@@ -37,6 +38,7 @@ def two_models(tiny_omni_path, tiny_vl_path, artifacts_dir, tmp_path_factory):
                         "--record-dir", str(record_dir), *SERVER_ARGS], artifacts_dir / "server-compare.log")
     eventually(lambda: srv.get_json("/api/health")["compare_model"]["status"] == "ready", 180,
                "the compare model is ready")
+    srv.record_dir = record_dir
     yield srv
     stop_server(srv)
 
@@ -140,3 +142,40 @@ async def test_page_loads_a_bundle_and_compares_two_models_side_by_side(two_mode
             await page.locator("#vc-reask-panel").screenshot(path=str(artifacts_dir / "page-compare.png"))
         finally:
             await browser.close()
+
+
+@pytest.mark.engine
+async def test_a_socket_client_records_each_answer_as_a_bundle(two_models, tmp_path):
+    """session.update {"record": true} (the server has --record-dir): each
+    answer, typed or watched, is saved, and response.text.done.stats.bundle
+    names its folder (bundle_url: its zip); off again, nothing more is saved."""
+    from test_protocol import SHORT, check_answer, connect, frames, recv, send, until
+
+    ws = await connect(two_models, record=True, watch={"question": "What changed?", "every_s": 0.3}, **SHORT)
+    try:
+        await frames(ws, n=4)
+        watched = await until(ws, "response.text.done", timeout=60)
+        await send(ws, {"type": "session.update", "watch": None})
+        while (await recv(ws, 30))["type"] != "session.updated":
+            pass
+        await send(ws, {"type": "video.query", "text": "What is there?"})
+        typed = check_answer(await until(ws, "response.text.done", timeout=60))
+        for done in (watched[-1], typed):
+            stats = done["stats"]
+            folder = two_models.record_dir / stats["bundle"]
+            assert (folder / "manifest.json").is_file(), stats["bundle"]
+            bundle = read_bundle(folder)
+            assert bundle.digest() == bundle.inputs_sha256 == stats["inputs_sha256"] and len(bundle.frames) == stats["frames"]
+            assert stats["bundle_url"] == f"/inputs/{stats['answer_id']}/bundle.zip"
+            with urllib.request.urlopen(two_models.url + stats["bundle_url"]) as r:
+                names = zipfile.ZipFile(io.BytesIO(r.read())).namelist()
+            assert any(n.endswith("manifest.json") for n in names), names
+        assert watched[next(i for i, m in enumerate(watched) if m["type"] == "response.start")].get("watch") is True
+        manifests = set(two_models.record_dir.rglob("manifest.json"))
+        await send(ws, {"type": "session.update", "record": False})
+        assert (await recv(ws))["settings"]["record"] is False
+        await send(ws, {"type": "video.query", "text": "Once more?"})
+        done = check_answer(await until(ws, "response.text.done", timeout=60))
+        assert "bundle" not in done["stats"] and set(two_models.record_dir.rglob("manifest.json")) == manifests
+    finally:
+        await ws.close()

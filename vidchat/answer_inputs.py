@@ -63,7 +63,7 @@ def remember(entry: "Entry", answer: "Answer") -> str:
     return answer_id
 
 
-async def record(state: Any, entry: "Entry", answer: "Answer", answer_id: str, source: str) -> Path:
+async def save_bundle(state: Any, entry: "Entry", answer: "Answer", answer_id: str, source: str) -> Path:
     """Save a finished answer as a bundle under --record-dir, in its
     session's folder, and keep it for the session's download links: the one
     recording rule of the page and the socket. Raises RecordingOff without

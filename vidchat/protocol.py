@@ -19,7 +19,9 @@ Client → server (JSON text messages, one object each)::
                     [rt] turn_detection (below);
                     [vc] sampling, sample_seconds, keepalive_s, audio_mode,
                     audio_last_seconds, frames_as, max_tokens, temperature,
-                    include_audio, seed, vidchat_events (below).
+                    include_audio, seed, vidchat_events (below),
+                    watch {question, every_s} (null: off), record (bool,
+                    needs --record-dir): see the README's "Watch and recording".
                     Unknown keys are ignored; a wrong type or value ends the session.
                     modalities asking for "audio": answers are text, and the
                     first response.start carries a one-time
@@ -44,6 +46,8 @@ the ack and in video.frames.consumed) for the client's latency measurements.
 Server → client::
 
     [seed] response.start, response.text.delta {delta}*, response.text.done {text, stats}
+    [vc] response.start {watch: true}: an answer to the watch's standing question;
+         stats.bundle, stats.bundle_url: the answer's bundle (record: true)
     [seed] response.evs_stats {retained_count, dropped_count, total_count, drop_rate}
     [seed] session.done, error {message}; [vc] session.updated {settings}; [omni] pong
 
@@ -136,12 +140,13 @@ from vidchat.clock import ClientClock
 from vidchat.engine import NO_SPOKEN_QUESTIONS, EngineError
 from vidchat.evs import FrameError
 from vidchat.media import AUDIO_RATE
-from vidchat.protocol_config import (UPDATABLE_INFO, ConfigError, TurnDetection, parse_config,
+from vidchat.protocol_config import (UPDATABLE_INFO, ConfigError, TurnDetection, WatchRequest, parse_config,
                                      wants_vidchat_events)
 from vidchat.workers import run_media
 from vidchat.session import MAX_AUDIO_SECONDS, Sample, SessionSettings
 from vidchat.sessions import Entry, TooManySessions
 from vidchat.vad import SpeechStarted, Utterance
+from vidchat.watch import SceneWatch
 
 if TYPE_CHECKING:
     from fastapi import WebSocket
@@ -165,6 +170,8 @@ CLOSE_NORMAL, CLOSE_POLICY, CLOSE_TRY_LATER, CLOSE_ERROR = 1000, 1008, 1013, 101
 # The one-time notice for clients that asked for spoken answers (modalities
 # with "audio"): this server answers in text only.
 NO_AUDIO_OUTPUT_NOTICE = "spoken output is not available: answers come as text"
+RECORD_OFF = "record: the server was started without --record-dir (nothing is written to disk without it)"
+WATCH_NEEDS_EVS = "watch needs evs_enabled: the frame filter is what sees scene changes"
 
 # Longest client frame_id (a string) echoed back in acks.
 MAX_FRAME_ID_CHARS = 256
@@ -241,6 +248,12 @@ class Connection:
         # heard by the listener); closed when the session ends.
         self._ask_lock = asyncio.Lock()
         self._asking_closed = False
+        # watch (session.config/update): the standing question and the task
+        # asking it at scene changes; record: each answer saved as a bundle.
+        self._watch: WatchRequest | None = None
+        self._watch_task: asyncio.Task | None = None
+        self._record = False
+        self._answer_watched = False  # the running answer was asked by the watch
 
     # -- transport -----------------------------------------------------------
 
@@ -420,6 +433,11 @@ class Connection:
                 await self._set_turns(turns)
             else:  # typed questions still work: the session goes on
                 await self.error(f"turn_detection is off: {NO_SPOKEN_QUESTIONS}")
+        try:
+            self._set_record(changes.info.get("record", False))
+            await self._set_watch(changes.info.get("watch"))
+        except ValueError as exc:  # the session goes on, as with turn_detection
+            await self.error(str(exc))
         if self.entry.deadline is not None and self._vidchat_events:
             self._expiry_task = asyncio.create_task(self._announce_end(self.entry))
         log.info("ws %s: session %s… started: model=%r max_frames=%d sample=%d(%s) evs=%s/%.2f frames_as=%s",
@@ -693,7 +711,7 @@ class Connection:
             return None
         return np.frombuffer(data, dtype="<i2").astype(np.float32) / 32768.0
 
-    async def _ask(self, text: str, **how: Any) -> None:
+    async def _ask(self, text: str, watched: bool = False, **how: Any) -> None:
         """Ask a question about the session (typed, or spoken: ``how`` is
         chat.ask's question_audio= or spoken=) and stream its answer as a
         task. One question is set up at a time; a new one cancels the
@@ -715,7 +733,8 @@ class Connection:
                 await self.error(str(exc))
                 return
             consumed = self._consumed(answer.sample) if self._names_frames else None
-            self._answer_task = asyncio.create_task(self._answer(answer, consumed),
+            self._answer_watched = watched
+            self._answer_task = asyncio.create_task(self._answer(answer, consumed, watched),
                                                     name=f"answer-{entry.session.id[:6]}")
 
     def _consumed(self, sample: Sample) -> dict[str, Any]:
@@ -734,7 +753,7 @@ class Connection:
             "latest_pts_ms": pts,
         }
 
-    async def _answer(self, answer: Answer, consumed: dict[str, Any] | None = None) -> None:
+    async def _answer(self, answer: Answer, consumed: dict[str, Any] | None = None, watched: bool = False) -> None:
         reply = answer.reply
         parts: list[str] = []
         error: str | None = None
@@ -744,6 +763,8 @@ class Connection:
             return  # replaced or ended while it waited: it never started
         try:
             start: dict[str, Any] = {"type": "response.start"}
+            if watched:  # asked by the standing question, not by the client
+                start["watch"] = True
             if self._notice is not None:
                 start["notice"], self._notice = self._notice, None
             await self.send(start)
@@ -776,11 +797,24 @@ class Connection:
         if self.entry is not None:
             # The same record, with the frames and audio, at /inputs/<answer_id>/ (vidchat.answer_inputs).
             stats["answer_id"] = answer_inputs.remember(self.entry, answer)
+            if self._record:
+                stats.update(await self._recorded(answer, stats["answer_id"]))
         await self.send({"type": "response.text.done", "text": "".join(parts), "stats": stats})
         self._last_input = time.monotonic()
         log.info("ws %s: answered: %d tokens, %d frames, %.1f s audio%s", self.peer,
                  stats.get("completion_tokens", 0), stats.get("frames", 0), stats.get("audio_seconds", 0.0),
                  " (cancelled)" if stats.get("cancelled") else "")
+
+    async def _recorded(self, answer: Answer, answer_id: str) -> dict[str, Any]:
+        """Save the answer as a bundle (record: true): stats.bundle names its
+        folder under --record-dir, stats.bundle_url its zip download."""
+        try:
+            path = await answer_inputs.save_bundle(self.state, self.entry, answer, answer_id, source="socket")
+        except (answer_inputs.RecordingOff, OSError) as exc:
+            await self.error(f"Could not save the recording: {exc}")
+            return {"bundle": None}
+        return {"bundle": path.relative_to(self.settings.record_dir).as_posix(),
+                "bundle_url": f"{answer_inputs.PATH_PREFIX}{answer_id}/bundle.zip"}
 
     async def _tell_queued(self, ahead: int) -> None:
         if not self._vidchat_events:
@@ -852,6 +886,9 @@ class Connection:
     async def _stop_asking(self) -> None:
         """No more questions: turn detection stops, and a question being set up finishes first."""
         await self._stop_talk()
+        self._watch = None
+        if self._watch_task is not None:
+            self._watch_task.cancel()
         async with self._ask_lock:
             self._asking_closed = True
         if self.entry is not None:
@@ -886,12 +923,21 @@ class Connection:
             turns = changes.info.get("turn_detection")
             if turns is not None and not self._hears():
                 raise ConfigError(f"turn_detection: {NO_SPOKEN_QUESTIONS}")
+            if changes.info.get("record") and not self.settings.record_dir:
+                raise ConfigError(RECORD_OFF)
+            watch = changes.info["watch"] if "watch" in changes.info else self._watch
+            if watch is not None and not changes.session.get("evs_enabled", self.entry.session.settings.evs_enabled):
+                raise ConfigError(WATCH_NEEDS_EVS)
             options = self.options.updated(**changes.answer)
             chat.apply_settings(self.entry.session, self.state.engine, options, changes.session)
         except ValueError as exc:  # ConfigError, OptionError or the settings' own check: nothing was changed
             await self.error(f"session.update rejected: {exc}")
             return
         self.options = options
+        if "record" in changes.info:
+            self._set_record(changes.info["record"])
+        if "watch" in changes.info and not self._asking_closed:
+            await self._set_watch(changes.info["watch"])
         # session.update is vidchat's own message: its sender knows vidchat.
         known = self._vidchat_events
         self._vidchat_events = wants_vidchat_events(msg, already=True)
@@ -910,8 +956,53 @@ class Connection:
         settings.update(frames_as=options.frames_as, max_tokens=options.max_tokens,
                         temperature=options.temperature, include_audio=options.include_audio,
                         system_prompt=options.system_prompt, seed=options.seed,
-                        turn_detection=self._turns.describe() if self._turns is not None else None)
+                        turn_detection=self._turns.describe() if self._turns is not None else None,
+                        watch=self._watch.describe() if self._watch is not None else None,
+                        record=self._record)
         return settings
+
+    # -- watch and record ------------------------------------------------------
+
+    def _set_record(self, on: bool) -> None:
+        if on and not self.settings.record_dir:
+            raise ConfigError(RECORD_OFF)
+        self._record = bool(on)
+
+    async def _set_watch(self, watch: WatchRequest | None) -> None:
+        """Start, change or stop asking the standing question at scene
+        changes. A watched answer still streaming ends first (cancelled, its
+        response.text.done sent), as unticking Watch on the page ends it."""
+        if watch is not None and not self.entry.session.settings.evs_enabled:
+            raise ConfigError(WATCH_NEEDS_EVS)
+        self._watch = watch
+        task, self._watch_task = self._watch_task, None
+        if task is not None:
+            task.cancel()
+            await asyncio.wait({task})
+            async with self._ask_lock:  # a watched question being set up is set up by now
+                if self._answer_watched and self._answering:
+                    await self.entry.cancel_answer()
+                    await self._finish_answer_task()
+        if watch is not None:
+            watcher = SceneWatch(self.entry.session, watch.every_s)
+            self._watch_task = asyncio.create_task(self._watching(watcher, watch),
+                                                   name=f"watch-ws-{self.entry.session.id[:6]}")
+
+    async def _watching(self, watcher: SceneWatch, watch: WatchRequest) -> None:
+        """Ask the standing question at each (rate-limited) scene change. An
+        answer already streaming (typed, spoken or watched) is never cut
+        short by a scene change: the change is asked about once it ends."""
+        try:
+            async for _ in watcher.changes(lambda: self._watch is not watch or self._asking_closed):
+                while self._answering and self._watch is watch:
+                    await asyncio.wait({self._answer_task})
+                if self._watch is not watch or self._asking_closed:
+                    return
+                await asyncio.shield(self._ask_logged(watch.question, watched=True))
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            log.exception("ws %s: watching failed", self.peer)
 
     _handlers = {
         "video.frame": _on_frame,

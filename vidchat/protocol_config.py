@@ -14,6 +14,9 @@ from typing import Any
 from vidchat.media import FRAMES_AS
 from vidchat.session import AUDIO_MODES, SAMPLING_STRATEGIES
 from vidchat.vad import TurnSettings
+from vidchat.watch import DEFAULT_EVERY_S
+
+MAX_WATCH_EVERY_S = 3600.0
 
 # ---------------------------------------------------------------------------
 # session.config / session.update fields
@@ -54,11 +57,14 @@ FIELDS: dict[str, _Field] = {
     "seed": _Field((int,), "answer", "seed", nullable=True),
     "turn_detection": _Field((dict,), "info", "turn_detection", nullable=True),
     "vidchat_events": _Field((bool,), "info", "vidchat_events"),
+    "watch": _Field((dict,), "info", "watch", nullable=True),
+    "record": _Field((bool,), "info", "record"),
 }
 # The fields whose origin is vidchat ([vc] in vidchat.protocol's table): a
 # client that sends one knows vidchat, and is sent vidchat's extra events.
 VIDCHAT_FIELDS = frozenset({"sampling", "sample_seconds", "keepalive_s", "audio_mode", "audio_last_seconds",
-                            "frames_as", "max_tokens", "temperature", "include_audio", "seed"})
+                            "frames_as", "max_tokens", "temperature", "include_audio", "seed", "watch",
+                            "record"})
 # Upstream's later names for the seed's fields (use_audio_in_video is
 # vllm-omni's name for what vidchat calls include_audio).
 ALIASES = {
@@ -68,7 +74,7 @@ ALIASES = {
     "use_audio_in_video": "include_audio",
 }
 # Keys of session.config that session.update may change as well.
-UPDATABLE_INFO = ("turn_detection",)
+UPDATABLE_INFO = ("turn_detection", "watch", "record")
 
 
 class ConfigError(ValueError):
@@ -137,7 +143,39 @@ def parse_config(msg: dict[str, Any]) -> ConfigChanges:
         answer["system_prompt"] = answer["system_prompt"] or None  # "" = no system prompt
     if "turn_detection" in changes.info:
         changes.info["turn_detection"] = parse_turn_detection(changes.info["turn_detection"])
+    if "watch" in changes.info:
+        changes.info["watch"] = parse_watch(changes.info["watch"])
     return changes
+
+
+# ---------------------------------------------------------------------------
+# watch: a standing question asked at each scene change (vidchat.watch)
+# ---------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class WatchRequest:
+    question: str
+    every_s: float
+
+    def describe(self) -> dict[str, Any]:
+        return {"question": self.question, "every_s": self.every_s}
+
+
+def parse_watch(value: dict[str, Any] | None) -> WatchRequest | None:
+    """``{"question": "…", "every_s": N}`` (every_s defaults to the page's
+    10 s); null: no watching."""
+    if value is None:
+        return None
+    question = value.get("question")
+    if not isinstance(question, str) or not question.strip():
+        raise ConfigError("watch.question must be a non-empty string")
+    every = value.get("every_s", DEFAULT_EVERY_S)
+    if not isinstance(every, NUMBER) or isinstance(every, bool):
+        raise ConfigError(f"Invalid type for 'watch.every_s': expected number, got {type(every).__name__}")
+    if not (0 < every <= MAX_WATCH_EVERY_S) or every != every:
+        raise ConfigError(f"watch.every_s must be more than 0 and at most {MAX_WATCH_EVERY_S:g} seconds, "
+                          f"got {every!r}")
+    return WatchRequest(question.strip(), float(every))
 
 
 # ---------------------------------------------------------------------------

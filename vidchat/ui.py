@@ -389,7 +389,7 @@ async def _answer_updates(state, entry, question: str, request: PageRequest, pas
 async def _record(state, entry, answer: Answer, answer_id: str, history: list[dict]) -> None:
     """Save the answer as a bundle when the server allows recording (--record-dir)."""
     try:
-        await answer_inputs.record(state, entry, answer, answer_id, source="page")
+        await answer_inputs.save_bundle(state, entry, answer, answer_id, source="page")
     except answer_inputs.RecordingOff:
         history.append(notice("Not recorded: the server was started without --record-dir."))
     except OSError as exc:
