@@ -29,7 +29,8 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from vidchat import presets, tinymodel  # noqa: E402
-from vidchat.engine import Engine, EngineOptions  # noqa: E402
+from vidchat.engine import EngineOptions  # noqa: E402
+from vidchat.local_engine import LocalEngine  # noqa: E402
 from vidchat.media import AUDIO_RATE  # noqa: E402
 from vidchat.server import engine_options  # noqa: E402
 from vidchat.settings import Settings  # noqa: E402
@@ -105,7 +106,7 @@ async def run(args: argparse.Namespace) -> None:
 
     options = engine_for(args)
     t0 = time.perf_counter()
-    engine = Engine.start(options)
+    engine = LocalEngine.start(options)
     start_s = time.perf_counter() - t0
     ours, raw, rates, prompt_tokens, warm = [], [], [], [], []
     try:

@@ -50,7 +50,8 @@ from warm import rows as warm_rows  # noqa: E402  (bench/warm.py: the cold/warm/
 
 from vidchat import chat, presets, tinymodel  # noqa: E402
 from vidchat.chat import AnswerOptions  # noqa: E402
-from vidchat.engine import Engine, EngineOptions  # noqa: E402
+from vidchat.engine import EngineOptions  # noqa: E402
+from vidchat.local_engine import LocalEngine  # noqa: E402
 from vidchat.media import AUDIO_RATE  # noqa: E402
 from vidchat.server import engine_options  # noqa: E402
 from vidchat.session import SessionSettings  # noqa: E402
@@ -108,7 +109,7 @@ class Scene:
             entry.session.add_audio((0.2 * np.sin(2 * np.pi * 220 * t)).astype(np.float32), self.t - audio_s)
 
 
-async def question(engine: Engine, entry, options: AnswerOptions, text: str) -> dict[str, float]:
+async def question(engine: LocalEngine, entry, options: AnswerOptions, text: str) -> dict[str, float]:
     """Time to first token from the question, decode rate, and vidchat's own share."""
     t0 = time.perf_counter()
     answer = await chat.ask(engine, entry, text, options)
@@ -123,7 +124,7 @@ async def question(engine: Engine, entry, options: AnswerOptions, text: str) -> 
             "cached": stats.cached_tokens}
 
 
-async def case(engine: Engine, repeats: int, frames: int, *, tokens: int, frames_as: str = "images",
+async def case(engine: LocalEngine, repeats: int, frames: int, *, tokens: int, frames_as: str = "images",
                audio_s: float = 0.0, reask: bool = False) -> dict[str, float]:
     """One row: the median over `repeats` sessions, each with new frames."""
     registry = SessionRegistry(repeats + 1)
@@ -142,7 +143,7 @@ async def case(engine: Engine, repeats: int, frames: int, *, tokens: int, frames
 
 
 async def measure(options: EngineOptions, label: str, repeats: int, tokens: int) -> dict[str, dict[str, float]]:
-    engine = await asyncio.to_thread(Engine.start, options)
+    engine = await asyncio.to_thread(LocalEngine.start, options)
     rows: dict[str, dict[str, float]] = {}
     try:
         print(f"\n{label}: {options.model} ({engine.model_revision}), started in {engine.start_s:.1f} s, "
@@ -163,7 +164,7 @@ async def measure(options: EngineOptions, label: str, repeats: int, tokens: int)
 
 
 async def pruned_video(options: EngineOptions, repeats: int, tokens: int) -> dict[str, float]:
-    engine = await asyncio.to_thread(Engine.start, dataclasses.replace(options, video_pruning_rate=PRUNING_RATE))
+    engine = await asyncio.to_thread(LocalEngine.start, dataclasses.replace(options, video_pruning_rate=PRUNING_RATE))
     try:
         await case(engine, 1, 1, tokens=2)
         return await case(engine, repeats, 16, tokens=tokens, frames_as="video")

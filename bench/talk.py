@@ -46,7 +46,7 @@ from engine import add_model_args, engine_for  # noqa: E402  (bench/engine.py: t
 from vidchat import chat, talk  # noqa: E402
 from vidchat import synthetic_audio as sa  # noqa: E402
 from vidchat.chat import AnswerOptions  # noqa: E402
-from vidchat.engine import Engine  # noqa: E402
+from vidchat.local_engine import LocalEngine  # noqa: E402
 from vidchat.media import AUDIO_RATE  # noqa: E402
 from vidchat.session import SessionSettings  # noqa: E402
 from vidchat.sessions import SessionRegistry  # noqa: E402
@@ -222,7 +222,7 @@ async def main() -> None:
         log.setLevel(logging.INFO)
     options = engine_for(args)
     options.max_images = max(options.max_images, args.frames)
-    engine = await asyncio.to_thread(Engine.start, options)
+    engine = await asyncio.to_thread(LocalEngine.start, options)
     try:
         if not engine.accepts_audio:
             sys.exit(f"bench/talk.py: {options.model} takes no audio; Talk mode needs a model that hears")

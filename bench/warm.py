@@ -46,7 +46,7 @@ from engine import add_model_args, engine_for  # noqa: E402  (bench/engine.py: t
 from vidchat import chat  # noqa: E402
 from vidchat.answer_queue import AnswerQueue  # noqa: E402
 from vidchat.chat import AnswerOptions  # noqa: E402
-from vidchat.engine import Engine  # noqa: E402
+from vidchat.local_engine import LocalEngine  # noqa: E402
 from vidchat.prewarm import Prewarmer  # noqa: E402
 from vidchat.session import SessionSettings  # noqa: E402
 from vidchat.sessions import SessionRegistry  # noqa: E402
@@ -252,7 +252,7 @@ async def main() -> None:
     options.max_audios = 16  # room for the audio row's segments (--audio-segments)
     # As the server sizes it: a sample per session in vLLM's encoder cache.
     options.encoder_cache_frames = args.sessions * args.frames
-    engine = await asyncio.to_thread(Engine.start, options)
+    engine = await asyncio.to_thread(LocalEngine.start, options)
     try:
         print(f"model {options.model} ({engine.model_revision}), {args.frames} frames of {FRAME[1]}x{FRAME[0]}, "
               f"{args.sampling} sampling, median of {args.repeats}", flush=True)

@@ -26,7 +26,8 @@ from vidchat.devtools.harness import (  # noqa: F401 - re-exported for the test 
     eventually_async,
 )
 from vidchat.devtools.tiers import count_engine_start  # noqa: F401 - re-exported
-from vidchat.engine import Engine, EngineOptions
+from vidchat.engine import EngineOptions
+from vidchat.local_engine import LocalEngine
 
 CACHE_DIR = Path(os.environ.get("VIDCHAT_CACHE_DIR", Path.home() / ".cache" / "vidchat"))
 ARTIFACTS = ROOT / "test-artifacts"
@@ -69,7 +70,7 @@ def tiny_vl_path() -> Path:
 
 @pytest.fixture(scope="session")
 def omni_engine(tiny_omni_path):
-    engine = Engine.start(tiny_options(tiny_omni_path))
+    engine = LocalEngine.start(tiny_options(tiny_omni_path))
     yield engine
     engine.shutdown()
 
@@ -77,7 +78,7 @@ def omni_engine(tiny_omni_path):
 @pytest.fixture(scope="session")
 def vl_engine(tiny_vl_path):
     """The vision-only family (Qwen2-VL), shared by every module that needs it."""
-    engine = Engine.start(tiny_options(tiny_vl_path))
+    engine = LocalEngine.start(tiny_options(tiny_vl_path))
     yield engine
     engine.shutdown()
 

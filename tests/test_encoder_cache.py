@@ -15,8 +15,9 @@ import pytest
 from conftest import tiny_options
 from test_engine import collect, frames
 from vidchat.session import Session, SessionSettings
-from vidchat.engine import (ENCODER_CACHE_FLOOR_TOKENS, ENCODER_CACHE_MAX_TOKENS, Engine, encoder_cache_budget,
+from vidchat.engine import (ENCODER_CACHE_FLOOR_TOKENS, ENCODER_CACHE_MAX_TOKENS, encoder_cache_budget,
                             tokens_per_frame)
+from vidchat.local_engine import LocalEngine
 
 SESSIONS, PER_QUESTION = 8, 16
 
@@ -41,18 +42,18 @@ def _count_encoded(worker) -> int:
 def engine(tiny_omni_path):
     mp = pytest.MonkeyPatch()
     mp.setenv("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")
-    started = Engine.start(tiny_options(tiny_omni_path, encoder_cache_frames=SESSIONS * PER_QUESTION))
+    started = LocalEngine.start(tiny_options(tiny_omni_path, encoder_cache_frames=SESSIONS * PER_QUESTION))
     yield started
     started.shutdown()
     mp.undo()
 
 
-async def encoded(engine: Engine) -> int:
+async def encoded(engine: LocalEngine) -> int:
     (count,) = await engine._llm.collective_rpc(_count_encoded)
     return count
 
 
-async def ask(engine: Engine, shown, salt: str, ids=None) -> None:
+async def ask(engine: LocalEngine, shown, salt: str, ids=None) -> None:
     """A question as a session asks it: its salt, its frames named by their kept numbers."""
     reply = engine.ask("What changed?", frames=shown, max_tokens=1, temperature=0.0, cache_salt=salt,
                        frame_ids=ids)

@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 from transformers import AutoProcessor
 
-from vidchat.engine import Engine, EngineError, Turn
+from vidchat.engine import EngineError, Turn
+from vidchat.local_engine import LocalEngine
 from vidchat.media import AUDIO_RATE
 
 from conftest import TEST_MAX_IMAGES, eventually_async
@@ -42,7 +43,7 @@ CASES = {
 
 
 @pytest.mark.parametrize("case", CASES)
-async def test_streams_deltas_that_join_to_the_text(omni_engine: Engine, case: str):
+async def test_streams_deltas_that_join_to_the_text(omni_engine: LocalEngine, case: str):
     kw = CASES[case]
     reply = omni_engine.ask("What do you see and hear?", max_tokens=24, temperature=0.0, ignore_eos=True, **kw)
     deltas = await collect(reply)
@@ -60,7 +61,7 @@ async def test_streams_deltas_that_join_to_the_text(omni_engine: Engine, case: s
     assert omni_engine.running_requests == 0
 
 
-async def test_more_frames_cost_more_prompt_tokens(omni_engine: Engine):
+async def test_more_frames_cost_more_prompt_tokens(omni_engine: LocalEngine):
     counts = []
     for n in (1, 2, 4):
         reply = omni_engine.ask("Describe.", frames=frames(n), max_tokens=1)
@@ -72,7 +73,7 @@ async def test_more_frames_cost_more_prompt_tokens(omni_engine: Engine):
 
 
 @pytest.mark.parametrize("case", ["1 image", "8 images", "video", "audio + frames"])
-async def test_prompt_tokens_match_the_transformers_processor(omni_engine: Engine, tiny_omni_path, case: str):
+async def test_prompt_tokens_match_the_transformers_processor(omni_engine: LocalEngine, tiny_omni_path, case: str):
     kw = CASES[case]
     fr, audio, as_ = kw.get("frames", []), kw.get("audio"), kw.get("frames_as", "images")
     reply = omni_engine.ask("How many people?", max_tokens=1, system_prompt="Be brief.", **kw)
@@ -91,7 +92,7 @@ async def test_prompt_tokens_match_the_transformers_processor(omni_engine: Engin
     assert reply.stats.prompt_tokens == expected
 
 
-async def test_history_is_part_of_the_prompt(omni_engine: Engine):
+async def test_history_is_part_of_the_prompt(omni_engine: LocalEngine):
     history = [Turn("user", "What colour is the cup?"), Turn("assistant", "It is red.")]
     prompt = omni_engine.build_prompt("And the table?", n_frames=2, history=history)
     assert prompt.index("What colour is the cup?") < prompt.index("It is red.") < prompt.index("And the table?")
@@ -102,7 +103,7 @@ async def test_history_is_part_of_the_prompt(omni_engine: Engine):
     assert b.stats.prompt_tokens > a.stats.prompt_tokens
 
 
-async def test_cancel_mid_stream_aborts_the_request(omni_engine: Engine):
+async def test_cancel_mid_stream_aborts_the_request(omni_engine: LocalEngine):
     reply = omni_engine.ask("Talk.", frames=frames(2), max_tokens=2000, ignore_eos=True)
     got = 0
     async for _ in reply:
@@ -115,7 +116,7 @@ async def test_cancel_mid_stream_aborts_the_request(omni_engine: Engine):
     assert reply.stats.cancelled and reply.stats.completion_tokens < 2000
 
 
-async def test_cancelling_the_consumer_task_aborts_the_request(omni_engine: Engine):
+async def test_cancelling_the_consumer_task_aborts_the_request(omni_engine: LocalEngine):
     reply = omni_engine.ask("Talk.", max_tokens=2000, ignore_eos=True)
     first = asyncio.Event()
 
@@ -131,7 +132,7 @@ async def test_cancelling_the_consumer_task_aborts_the_request(omni_engine: Engi
     await eventually_async(lambda: omni_engine.running_requests == 0, 1.0, "the cancelled request left vLLM")
 
 
-async def test_three_concurrent_questions_all_complete(omni_engine: Engine):
+async def test_three_concurrent_questions_all_complete(omni_engine: LocalEngine):
     replies = [
         omni_engine.ask(f"Question {i}?", frames=frames(2, seed=i), max_tokens=16, ignore_eos=True) for i in range(3)
     ]
@@ -142,14 +143,14 @@ async def test_three_concurrent_questions_all_complete(omni_engine: Engine):
     assert omni_engine.running_requests == 0
 
 
-async def test_too_many_images_is_a_clear_error_and_engine_keeps_serving(omni_engine: Engine):
+async def test_too_many_images_is_a_clear_error_and_engine_keeps_serving(omni_engine: LocalEngine):
     with pytest.raises(EngineError, match=rf"at most {TEST_MAX_IMAGES} images.*--max-images"):
         omni_engine.ask("Hi?", frames=frames(TEST_MAX_IMAGES + 1, h=64, w=64))
     reply = omni_engine.ask("Hi?", frames=frames(1), max_tokens=4, ignore_eos=True)
     assert len(await collect(reply)) >= 1
 
 
-async def test_over_long_context_is_a_clear_error_and_engine_keeps_serving(omni_engine: Engine):
+async def test_over_long_context_is_a_clear_error_and_engine_keeps_serving(omni_engine: LocalEngine):
     long_question = "describe the room " * 3000
     reply = omni_engine.ask(long_question, max_tokens=4)
     with pytest.raises(EngineError, match=r"too long for the model \(limit 4096 tokens\).*--max-model-len"):
@@ -159,7 +160,7 @@ async def test_over_long_context_is_a_clear_error_and_engine_keeps_serving(omni_
     assert len(await collect(reply)) >= 1
 
 
-async def test_empty_question_is_refused(omni_engine: Engine):
+async def test_empty_question_is_refused(omni_engine: LocalEngine):
     with pytest.raises(EngineError, match="empty"):
         omni_engine.ask("   ")
 
@@ -174,13 +175,13 @@ async def test_vision_only_model_answers_images_and_video_and_ignores_audio(vl_e
         assert reply.stats.audio_seconds == 0.0
 
 
-async def test_a_sliver_of_audio_is_dropped_not_fatal(omni_engine: Engine):
+async def test_a_sliver_of_audio_is_dropped_not_fatal(omni_engine: LocalEngine):
     reply = omni_engine.ask("Hi?", frames=frames(1), audio=tone(0.0065), max_tokens=4, ignore_eos=True)
     assert len(await collect(reply)) >= 1
     assert reply.stats.audio_seconds == 0.0
 
 
-async def test_cancel_from_another_task_ends_the_stream(omni_engine: Engine):
+async def test_cancel_from_another_task_ends_the_stream(omni_engine: LocalEngine):
     """The page's Stop button and a newer question cancel from a different task."""
     reply = omni_engine.ask("Talk.", max_tokens=2000, ignore_eos=True)
     got = []
@@ -196,7 +197,7 @@ async def test_cancel_from_another_task_ends_the_stream(omni_engine: Engine):
     assert omni_engine.running_requests == 0
 
 
-async def test_a_greedy_reply_of_the_tiny_model_runs_to_max_tokens(omni_engine: Engine):
+async def test_a_greedy_reply_of_the_tiny_model_runs_to_max_tokens(omni_engine: LocalEngine):
     """Through real vLLM, without ignore_eos: the tiny model's end tokens can
     never win (tinymodel._never_stop_on_its_own), so long-answer tests get one."""
     reply = omni_engine.ask("Talk for a long time.", frames=frames(1), max_tokens=800, temperature=0.0)

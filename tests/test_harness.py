@@ -104,13 +104,14 @@ def test_a_unit_test_that_starts_an_engine_a_server_or_chromium_fails(pytester):
     pytester.makepyfile(test_sneaky='''
 import pytest
 from playwright.async_api import async_playwright
-from vidchat.engine import Engine, EngineOptions
+from vidchat.engine import EngineOptions
+from vidchat.local_engine import LocalEngine
 from vidchat.devtools import harness
 
 pytestmark = pytest.mark.unit
 
 def test_engine():
-    Engine.start(EngineOptions(model="x"))
+    LocalEngine.start(EngineOptions(model="x"))
 
 def test_server(tmp_path):
     harness.start_server([], tmp_path / "log")

@@ -39,7 +39,8 @@ import numpy as np
 import pytest
 
 from vidchat import archbuild_qwen, presets, server
-from vidchat.engine import Engine, video_fps
+from vidchat.engine import video_fps
+from vidchat.local_engine import LocalEngine
 from vidchat.media import AUDIO_RATE
 from vidchat.settings import Settings
 
@@ -75,10 +76,10 @@ class Running:
     arch: archbuild_qwen.Arch
     path: str
     settings: Settings
-    engine: Engine
+    engine: LocalEngine
 
 
-_current: list[Engine] = []
+_current: list[LocalEngine] = []
 
 
 @pytest.fixture(scope="module", params=PRESETS)
@@ -89,7 +90,7 @@ def qwen(request) -> Running:
     path = archbuild_qwen.ensure(CACHE_DIR, name)
     settings = presets.apply(Settings(), presets.get(name))
     options = dataclasses.replace(server.engine_options(settings, str(path), tiny=False), kv_cache_gb=0.5)
-    engine = Engine.start(options)
+    engine = LocalEngine.start(options)
     _current.append(engine)
     yield Running(name, archbuild_qwen.ARCHS[name], str(path), settings, engine)
     if engine in _current:

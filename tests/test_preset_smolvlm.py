@@ -26,7 +26,8 @@ import pytest
 
 from vidchat import archbuild_smolvlm, chat, presets, server
 from vidchat.chat import AnswerOptions, OptionError
-from vidchat.engine import Engine, EngineError
+from vidchat.engine import EngineError
+from vidchat.local_engine import LocalEngine
 from vidchat.session import SessionSettings
 from vidchat.settings import Settings
 
@@ -56,12 +57,12 @@ def smol_path():
 def smol_engine(smol_path):
     options = server.engine_options(preset_settings(), str(smol_path), tiny=False)
     options = dataclasses.replace(options, kv_cache_gb=0.5)
-    engine = Engine.start(options)
+    engine = LocalEngine.start(options)
     yield engine
     engine.shutdown()
 
 
-async def answer(engine: Engine, n_frames: int, seed: int = 0):
+async def answer(engine: LocalEngine, n_frames: int, seed: int = 0):
     reply = engine.ask(QUESTION, frames(n_frames, seed), frames_as="images", max_tokens=4, ignore_eos=True,
                        temperature=0.0)
     async for _ in reply:
@@ -69,7 +70,7 @@ async def answer(engine: Engine, n_frames: int, seed: int = 0):
     return reply
 
 
-def hf_prompt_tokens(engine: Engine, n_frames: int) -> int:
+def hf_prompt_tokens(engine: LocalEngine, n_frames: int) -> int:
     """The HF processor's token count for the prompt vidchat builds, with
     vidchat's engine-wide processor settings (tiling off)."""
     text = engine.build_prompt(QUESTION, n_frames=n_frames, frames_as="images")
@@ -173,7 +174,7 @@ async def test_2_2b_preset_streams():
     path = archbuild_smolvlm.ensure(CACHE_DIR, "2.2b")
     options = dataclasses.replace(server.engine_options(preset_settings("smolvlm2-2.2b"), str(path), tiny=False),
                                   kv_cache_gb=0.5)
-    engine = Engine.start(options)
+    engine = LocalEngine.start(options)
     try:
         assert engine.accepts_video is False and engine.accepts_audio is False
         assert engine._processor.image_seq_len == 81

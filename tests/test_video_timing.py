@@ -34,7 +34,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from vidchat.engine import Engine, video_fps
+from vidchat.engine import video_fps
+from vidchat.local_engine import LocalEngine
 
 
 
@@ -66,7 +67,7 @@ def make_frames(n: int = N_FRAMES, size: int = 112) -> list[np.ndarray]:
     return out
 
 
-async def processed(engine: Engine, prepared) -> "EngineCoreRequest":  # noqa: F821
+async def processed(engine: LocalEngine, prepared) -> "EngineCoreRequest":  # noqa: F821
     """The EngineCoreRequest vLLM builds from a prepared prompt: tokenized, with
     the HF processor run on the media (the same call `AsyncLLM.add_request`
     makes for a raw prompt). It is inspected, never sent to the engine core."""
@@ -95,7 +96,7 @@ def field(feature, name: str):
     return None if elem is None else elem.data
 
 
-def mrope_positions(engine: Engine, request) -> tuple[np.ndarray, int]:
+def mrope_positions(engine: LocalEngine, request) -> tuple[np.ndarray, int]:
     """(3, n_tokens) M-RoPE positions and delta, from the served model class's
     own method, called exactly as vLLM's model runner calls it. The loaded model
     is in another process; the method reads only `self.config` (plus other
@@ -114,7 +115,7 @@ def mrope_positions(engine: Engine, request) -> tuple[np.ndarray, int]:
     return positions.numpy(), int(delta)
 
 
-def video_time_steps(engine: Engine, request) -> tuple[np.ndarray, np.ndarray, int]:
+def video_time_steps(engine: LocalEngine, request) -> tuple[np.ndarray, np.ndarray, int]:
     """For the video's tokens: the temporal position of each frame group
     relative to the first, the (h, w) positions, and the M-RoPE delta."""
     positions, delta = mrope_positions(engine, request)
@@ -129,12 +130,12 @@ def video_time_steps(engine: Engine, request) -> tuple[np.ndarray, np.ndarray, i
     return video[0][:, 0] - video[0][0, 0], video[1:], delta
 
 
-def video_config(engine: Engine):
+def video_config(engine: LocalEngine):
     hf_config = engine._llm.model_config.hf_config
     return getattr(hf_config, "thinker_config", hf_config).vision_config
 
 
-def tokens_per_second(engine: Engine, default: float) -> float:
+def tokens_per_second(engine: LocalEngine, default: float) -> float:
     # vLLM reads it with this same getattr default (25 for Omni, 1.0 for Qwen2-VL).
     return getattr(video_config(engine), "tokens_per_second", default)
 
@@ -147,7 +148,7 @@ async def stream_to_the_end(reply) -> None:
 # ---- Qwen2.5-Omni thinker: spacing reaches the temporal positions ----------
 
 
-async def test_omni_frame_spacing_sets_second_per_grid_and_temporal_positions(omni_engine: Engine):
+async def test_omni_frame_spacing_sets_second_per_grid_and_temporal_positions(omni_engine: LocalEngine):
     frames = make_frames()
     temporal_patch = video_config(omni_engine).temporal_patch_size
     tps = tokens_per_second(omni_engine, default=25)
@@ -184,7 +185,7 @@ async def test_omni_frame_spacing_sets_second_per_grid_and_temporal_positions(om
 
 
 @pytest.mark.parametrize("spacing", SPACINGS)
-async def test_omni_video_answer_streams_for_each_spacing(omni_engine: Engine, spacing: str):
+async def test_omni_video_answer_streams_for_each_spacing(omni_engine: LocalEngine, spacing: str):
     reply = omni_engine.ask(
         QUESTION, make_frames(), frames_as="video", frame_times=SPACINGS[spacing],
         max_tokens=4, ignore_eos=True, temperature=0.0,
@@ -207,7 +208,7 @@ NO_RATE = {
 
 
 @pytest.mark.parametrize("case", NO_RATE)
-async def test_without_a_usable_rate_no_fps_is_passed_and_the_answer_streams(omni_engine: Engine, case: str):
+async def test_without_a_usable_rate_no_fps_is_passed_and_the_answer_streams(omni_engine: LocalEngine, case: str):
     n, times = NO_RATE[case]["n"], NO_RATE[case]["times"]
     frames = make_frames(n)
     assert video_fps(times, n) is None
@@ -226,7 +227,7 @@ async def test_without_a_usable_rate_no_fps_is_passed_and_the_answer_streams(omn
     assert reply.stats.completion_tokens == 4 and reply.stats.finish_reason == "length"
 
 
-def test_frames_sent_as_images_never_carry_fps(omni_engine: Engine):
+def test_frames_sent_as_images_never_carry_fps(omni_engine: LocalEngine):
     prepared = omni_engine.prepare(QUESTION, make_frames(4), frame_times=[0.0, 0.5, 1.0, 1.5], frames_as="images")
     assert prepared.video_fps is None and "mm_processor_kwargs" not in prepared.prompt
 
@@ -234,7 +235,7 @@ def test_frames_sent_as_images_never_carry_fps(omni_engine: Engine):
 # ---- Qwen2-VL: the family cannot express spacing -----------------------------
 
 
-async def test_qwen2_vl_temporal_positions_ignore_frame_spacing(vl_engine: Engine):
+async def test_qwen2_vl_temporal_positions_ignore_frame_spacing(vl_engine: LocalEngine):
     frames = make_frames()
     seen = {}
     for name, times in SPACINGS.items():
@@ -256,7 +257,7 @@ async def test_qwen2_vl_temporal_positions_ignore_frame_spacing(vl_engine: Engin
         assert delta == first[2], name
 
 
-async def test_qwen2_vl_video_answer_streams_with_fps_passed(vl_engine: Engine):
+async def test_qwen2_vl_video_answer_streams_with_fps_passed(vl_engine: LocalEngine):
     # The fps kwarg must be harmless for a processor that ignores it.
     reply = vl_engine.ask(QUESTION, make_frames(), frames_as="video", frame_times=SPACINGS["irregular"],
                           max_tokens=4, ignore_eos=True, temperature=0.0)

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Sequence
 
 from vidchat.answer_queue import Abandoned, AnswerQueue, OnWait, Slot
-from vidchat.engine import SEED_RANGE, Engine, EngineError, Prepared, Turn
+from vidchat.engine import SEED_RANGE, ChatEngine, EngineError, Prepared, Turn
 from vidchat.media import FRAMES_AS
 from vidchat.session import Sample, Session, SessionSettings, uniform_indices
 from vidchat.sessions import Entry
@@ -69,7 +69,7 @@ def _is_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
-def check_options(options: AnswerOptions, engine: Engine | None, sampling: SessionSettings | None = None) -> None:
+def check_options(options: AnswerOptions, engine: ChatEngine | None, sampling: SessionSettings | None = None) -> None:
     """The one check of a question's options, for every door.
 
     Raises OptionError naming the first bad value: temperature, max tokens,
@@ -124,7 +124,7 @@ def checked_settings(values: Any, defaults: AnswerOptions | None = None) -> tupl
     return options, sampling
 
 
-def apply_settings(session: Session, engine: Engine | None, options: AnswerOptions,
+def apply_settings(session: Session, engine: ChatEngine | None, options: AnswerOptions,
                    sampling_changes: dict[str, Any]) -> None:
     """Check a question's options against the sampling settings they will run
     with, then apply those settings to the session; nothing changes on error
@@ -227,7 +227,7 @@ class Answer:
 
 
 async def ask(
-    engine: Engine,
+    engine: ChatEngine,
     entry: Entry,
     question: str,
     options: AnswerOptions,
@@ -276,7 +276,7 @@ async def ask(
     return answer
 
 
-def prepare(engine: Engine, entry: Entry, sample: Sample, options: AnswerOptions, history: Sequence[Turn] = (),
+def prepare(engine: ChatEngine, entry: Entry, sample: Sample, options: AnswerOptions, history: Sequence[Turn] = (),
             question: str = "", warmup: bool = False, spoken: bool = False) -> Prepared:
     """A sample and options as the engine's prompt, with the session's cache
     salt: the one rule for questions and their warm-ups (vidchat.prewarm),

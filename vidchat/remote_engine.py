@@ -32,10 +32,11 @@ import httpx
 import numpy as np
 from PIL import Image
 
-from vidchat.engine import (ENGINE_DEAD_MESSAGE, Engine, EngineDead, EngineError, EngineOptions, Prepared,
-                            ReplyStats, Turn, WARMUP_PRIORITY, inputs_digest)
+from vidchat.engine import (ENGINE_DEAD_MESSAGE, EngineDead, EngineError, EngineOptions, ModelEngine, Prepared,
+                            ReplyStats, Turn, WARMUP_PRIORITY, inputs_digest, tokens_per_frame)
 from vidchat.families import family_of, model_type_of
 from vidchat.media import AUDIO_RATE
+from vidchat.revision import model_revision
 
 log = logging.getLogger(__name__)
 
@@ -162,16 +163,18 @@ class RemoteReply:
     cancel = aclose
 
 
-class RemoteEngine(Engine):
-    """:class:`vidchat.engine.Engine`'s interface, answered by a remote vLLM server."""
+class RemoteEngine(ModelEngine):
+    """:class:`vidchat.engine.ChatEngine`, answered by a remote vLLM server."""
 
     def __init__(self, options: EngineOptions, url: str, served_model: str, processor: Any, start_s: float,
                  revision: str) -> None:
         family = family_of(model_type_of(options.model))
-        super().__init__(options, None, processor, options.model, start_s, family, revision)
+        # What the model takes, as its processor says (the server's own
+        # limits can't be read); frames go as images (see the module's docstring).
+        hears = getattr(processor, "feature_extractor", None) is not None
+        super().__init__(options, processor, options.model, start_s, family, revision, hears, False)
         self.url = url.rstrip("/")
         self.served_model = served_model
-        self.accepts_video = False  # frames go as images (see the module's docstring)
         self._client = httpx.AsyncClient(base_url=self.url, timeout=httpx.Timeout(CONNECT_TIMEOUT_S, read=None))
         self._running: set[str] = set()
         self._closed = False
@@ -195,10 +198,12 @@ class RemoteEngine(Engine):
             raise EngineError(f"the processor of {name!r} could not be loaded here (vidchat reads it to know "
                               f"what the model takes): pass --model with its hub id or a local copy "
                               f"({exc})") from exc
-        from vidchat.models import model_revision
-
         options = EngineOptions(**{**options.__dict__, "model": name})
         engine = cls(options, url, served, processor, time.perf_counter() - t0, model_revision(name))
+        try:  # what a frame costs, for the history budget (the processor's own count)
+            engine.tokens_per_frame = tokens_per_frame(processor, options.max_image_pixels, engine.processor_kwargs)
+        except Exception:
+            log.debug("could not measure the tokens a frame costs", exc_info=True)
         log.info("engine ready: %s served by %s (%s)", served, url, engine.model_revision)
         return engine
 
@@ -239,6 +244,9 @@ class RemoteEngine(Engine):
         ``audio_parts`` is not used)."""
         question, max_tokens, temperature, seed, audio = self._checked_inputs(
             question, len(frames), audio, frames_as, max_tokens, temperature, seed, warmup, spoken)
+        total_turns = len(history)
+        history = self.fit_history(history, question, len(frames), frames_as, 0 if audio is None else 1,
+                                   0.0 if audio is None else audio.size / AUDIO_RATE, max_tokens, system_prompt)
         named = cache_salt and frame_ids is not None and len(frame_ids) == len(frames)
         content: list[dict[str, Any]] = []
         for i, frame in enumerate(frames):
@@ -265,7 +273,8 @@ class RemoteEngine(Engine):
         if cache_salt:
             body["cache_salt"] = cache_salt
         audio_s = 0.0 if audio is None else audio.size / AUDIO_RATE
-        stats = ReplyStats(frames=len(frames), audio_seconds=audio_s, inputs_sha256=inputs_digest(frames, audio))
+        stats = ReplyStats(frames=len(frames), audio_seconds=audio_s, inputs_sha256=inputs_digest(frames, audio),
+                           history_turns=len(history), history_turns_total=total_turns)
         return Prepared(body, messages_text(messages), None, stats)
 
     def check_request(self, n_frames: int, frames_as: str) -> None:

@@ -636,7 +636,8 @@ async def reask_bundle(run: Run, state, engine, bundle) -> int:
 
 
 async def _run(run: Run, model_path: str, banner: str | None, sources: list[tuple[str, Any]]) -> int:
-    from vidchat.engine import Engine, EngineError
+    from vidchat.engine import EngineError
+    from vidchat.local_engine import LocalEngine
     from vidchat.server import engine_options
     from vidchat.sessions import SessionRegistry
     from vidchat.state import AppState, default_session_settings
@@ -649,7 +650,7 @@ async def _run(run: Run, model_path: str, banner: str | None, sources: list[tupl
         # Asked for by name it is no surprise; a fallback from 'auto' is.
         (log.info if run.model_option.startswith("tiny") else log.warning)(banner)
     try:
-        engine = await asyncio.to_thread(Engine.start, state.engine_options)
+        engine = await asyncio.to_thread(LocalEngine.start, state.engine_options)
     except EngineError as exc:
         print(f"vidchat.replay: {exc}", file=sys.stderr)
         return FAILED

@@ -15,7 +15,8 @@ from fastapi.staticfiles import StaticFiles
 
 from vidchat import tinymodel
 from vidchat.access import Guard, default_allowed_hosts, split_list
-from vidchat.engine import Engine, EngineError, EngineOptions
+from vidchat.engine import EngineError, EngineOptions
+from vidchat.local_engine import LocalEngine
 from vidchat.loopwatch import LoopWatch
 from vidchat.prewarm import Prewarmer
 from vidchat.settings import Settings
@@ -223,7 +224,7 @@ async def _load_engine(state: AppState) -> None:
             engine = await asyncio.to_thread(RemoteEngine.start, state.engine_options, state.settings.engine_url)
             state.model_path = engine.model_path
         else:
-            engine = await asyncio.to_thread(Engine.start, state.engine_options)
+            engine = await asyncio.to_thread(LocalEngine.start, state.engine_options)
     except Exception as exc:  # EngineError carries vLLM's own reason
         log.error("the model failed to load: %s", exc, exc_info=not isinstance(exc, EngineError))
         state.engine_settled(None, str(exc))
@@ -235,7 +236,7 @@ async def _load_engine(state: AppState) -> None:
         # would only compete for the same cores and memory.
         options = engine_options(state.settings, state.compare_model_path, state.compare_tiny)
         try:
-            state.compare_engine = await asyncio.to_thread(Engine.start, options)
+            state.compare_engine = await asyncio.to_thread(LocalEngine.start, options)
         except Exception as exc:
             log.error("the comparison model failed to load: %s", exc, exc_info=not isinstance(exc, EngineError))
             state.compare_error = str(exc)

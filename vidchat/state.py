@@ -12,7 +12,7 @@ from typing import Any
 from vidchat.access import Access, PageLogins
 from vidchat.answer_queue import AnswerQueue
 from vidchat.chat import AnswerOptions
-from vidchat.engine import ENGINE_DEAD_MESSAGE, Engine, EngineError, EngineOptions
+from vidchat.engine import ENGINE_DEAD_MESSAGE, ChatEngine, EngineError, EngineOptions
 from vidchat.media import DEFAULT_STORE_MAX_PIXELS, describe_store_limit
 from vidchat.models import TINY_BANNER
 from vidchat.session import SessionSettings, check_frame_budget, session_budget_bytes
@@ -25,7 +25,7 @@ class AppState:
     settings: Settings
     model_path: str
     banner: str | None = None
-    engine: Engine | None = None
+    engine: ChatEngine | None = None
     registry: SessionRegistry = field(default_factory=SessionRegistry)
     ice_servers: list[dict[str, Any]] = field(default_factory=list)
     turn: Any = None  # vidchat.turn.TurnMinter with --turn cloudflare
@@ -41,7 +41,7 @@ class AppState:
     prewarmer: Any = None  # vidchat.prewarm.Prewarmer, started with the server
     compare_model_path: str = ""
     compare_tiny: bool = False
-    compare_engine: Engine | None = None
+    compare_engine: ChatEngine | None = None
     compare_error: str | None = None
     _engine_settled: asyncio.Event | None = field(default=None, repr=False)
 
@@ -72,12 +72,12 @@ class AppState:
                 self._engine_settled.set()
         return self._engine_settled
 
-    def engine_settled(self, engine: Engine | None, error: str | None = None) -> None:
+    def engine_settled(self, engine: ChatEngine | None, error: str | None = None) -> None:
         """The load finished, with an engine or an error."""
         self.engine, self.engine_error = engine, error
         self._settled().set()
 
-    async def wait_engine(self, timeout: float | None = None) -> Engine:
+    async def wait_engine(self, timeout: float | None = None) -> ChatEngine:
         """The running engine, waiting while it loads (raises EngineError when
         it failed, stopped or is still loading after `timeout`)."""
         if self.engine is None and not self.engine_error:

@@ -77,9 +77,9 @@ def _tier_guard(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch)
     """In the unit tier, starting vLLM, a vidchat server or Chromium raises."""
     if tier_of(request.node) == "unit":
         from vidchat.devtools import harness
-        from vidchat.engine import Engine
+        from vidchat.local_engine import LocalEngine
 
-        monkeypatch.setattr(Engine, "start", _refuse("a vLLM engine"))
+        monkeypatch.setattr(LocalEngine, "start", _refuse("a vLLM engine"))
         monkeypatch.setattr(harness, "start_server", _refuse("a vidchat server"))
         suite_conftest = sys.modules.get("conftest")
         if suite_conftest is not None and hasattr(suite_conftest, "start_server"):
