@@ -93,10 +93,10 @@ def artifacts_dir() -> Path:
 
 
 def start_server(args: list[str], log_path: Path, timeout: float = 240, env_extra: dict | None = None,
-                 token: str | None = None) -> Server:
+                 token: str | None = None, loaded: bool = True) -> Server:
     """harness.start_server with the suite's model cache."""
     return harness.start_server(args, log_path, timeout=timeout, env_extra=env_extra, token=token,
-                                cache_dir=CACHE_DIR)
+                                cache_dir=CACHE_DIR, loaded=loaded)
 
 
 def stop_server(srv: Server) -> int:

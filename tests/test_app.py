@@ -88,9 +88,45 @@ def test_vllm_parallelism_and_the_encoder_cache_size_reach_the_engine_options():
 
 
 @pytest.mark.engine
-def test_ctrl_c_shuts_down_engine_and_leaves_no_process(artifacts_dir, tiny_vl_path):
+async def test_a_socket_session_runs_while_the_model_loads_and_ctrl_c_leaves_no_process(artifacts_dir,
+                                                                                       tiny_vl_path):
+    """Connected as soon as the port answers: the session takes and acks
+    frames while the model loads, and a question asked then waits for the
+    model (the client, opted into vidchat's events, is told) and is answered.
+    Then Ctrl-C shuts the engine down and leaves no process behind."""
+    import asyncio
+    import base64
+    import json
+
+    import websockets
+
+    from vidchat import synthetic
+
     srv = start_server(["--model", "tiny-vl", "--kv-cache-gb", "0.25", "--max-model-len", "2048"],
-                       artifacts_dir / "server-shutdown.log")
+                       artifacts_dir / "server-shutdown.log", loaded=False)
+
+    async def recv(ws) -> dict:
+        return json.loads(await asyncio.wait_for(ws.recv(), 120))
+
+    async with websockets.connect(srv.ws_url) as ws:
+        await ws.send(json.dumps({"type": "session.config", "vidchat_events": True, "max_tokens": 4}))
+        for i, jpeg in enumerate(synthetic.cuts_clip(120, 160, cuts=2, hold=1).jpegs()):
+            await ws.send(json.dumps({"type": "video.frame", "frame_id": f"f{i}", "data": base64.b64encode(jpeg).decode()}))
+        acks = [await recv(ws) for _ in range(2)]
+        health = await asyncio.to_thread(srv.get_json, "/api/health")
+        assert health["ok"] is False, "the model loaded before the frames were acked: nothing was shown"
+        assert [(a["type"], a["frame_id"], a["accepted"]) for a in acks] == [("video.frame.ack", "f0", True),
+                                                                            ("video.frame.ack", "f1", True)]
+        await ws.send(json.dumps({"type": "video.query", "text": "Anyone there?"}))
+        waiting = await recv(ws)
+        assert waiting["type"] == "response.waiting" and waiting["reason"] == "model_loading", waiting
+        assert waiting["message"].startswith("Loading the model")
+        messages = [await recv(ws)]
+        while messages[-1]["type"] != "response.text.done":
+            messages.append(await recv(ws))
+        kinds = [m["type"] for m in messages]
+        assert kinds[0] == "response.start" and "error" not in kinds, kinds
+        assert messages[-1]["stats"]["frames"] == 2
     children = psutil.Process(srv.proc.pid).children(recursive=True)
     assert children, "vLLM's engine core runs in a child process"
     assert stop_server(srv) == 0

@@ -97,6 +97,8 @@ vidchat extras, only to clients that opted in: session.config with
 (``vidchat_events: false`` keeps them off); a seed or vllm-omni client gets
 none of them and just waits for its response.start::
 
+    response.waiting {reason, message}  a question asked while the model
+                    loads (reason "model_loading"): it is answered once it runs
     response.queued {position, ahead}   before response.start, whenever the
                     question waits for a place (--max-concurrent-answers);
                     ahead = questions in front of it, position = ahead + 1
@@ -254,6 +256,11 @@ class Connection:
         self._watch_task: asyncio.Task | None = None
         self._record = False
         self._answer_watched = False  # the running answer was asked by the watch
+        # Opened while the model loaded: what runs once it is ready, and a
+        # question waiting for it.
+        self._loading_task: asyncio.Task | None = None
+        self._waiting_query: asyncio.Task | None = None
+        self._turns_after_load: TurnDetection | None = None
 
     # -- transport -----------------------------------------------------------
 
@@ -356,6 +363,9 @@ class Connection:
             self._expiry_task.cancel()
         if self._recv is not None:
             self._recv.cancel()
+        for task in (self._loading_task, self._waiting_query):
+            if task is not None:
+                task.cancel()
         await self._stop_asking()
         entry, self.entry = self.entry, None
         if entry is not None:
@@ -399,15 +409,16 @@ class Connection:
             await self.error(str(exc))
             await self.close(CLOSE_POLICY, "invalid session.config")
             return False
-        try:
-            # While the model loads the session waits here (the options are
-            # checked against the engine's limits).
-            await self.state.wait_engine()
-        except EngineError as exc:
-            await self.error(str(exc))
+        # While the model loads the session is already a session: it takes
+        # and acks frames, and a question waits for the model (_ask_when_ready).
+        # Only a model that failed to load, or has stopped, turns it away.
+        ready, reason = self.state.readiness()
+        if not ready and (self.state.engine_error or self.state.engine is not None):
+            await self.error(reason)
             await self.close(CLOSE_TRY_LATER, "engine not running")
             return False
         try:
+            # Checked against the engine's limits once it runs (see _after_load).
             options = self._answer_options(changes.answer, settings)
         except ValueError as exc:  # OptionError
             await self.error(str(exc))
@@ -427,17 +438,17 @@ class Connection:
         modalities = changes.info.get("modalities") or []
         if "audio" in modalities:
             self._notice = NO_AUDIO_OUTPUT_NOTICE
-        turns = changes.info.get("turn_detection")
-        if turns is not None:
-            if self._hears():
-                await self._set_turns(turns)
-            else:  # typed questions still work: the session goes on
-                await self.error(f"turn_detection is off: {NO_SPOKEN_QUESTIONS}")
         try:
             self._set_record(changes.info.get("record", False))
             await self._set_watch(changes.info.get("watch"))
         except ValueError as exc:  # the session goes on, as with turn_detection
             await self.error(str(exc))
+        turns = changes.info.get("turn_detection")
+        if self.state.engine is None:  # what the model hears is known once it runs
+            self._turns_after_load = turns
+            self._loading_task = asyncio.create_task(self._after_load())
+        else:
+            await self._start_turns(turns)
         if self.entry.deadline is not None and self._vidchat_events:
             self._expiry_task = asyncio.create_task(self._announce_end(self.entry))
         log.info("ws %s: session %s… started: model=%r max_frames=%d sample=%d(%s) evs=%s/%.2f frames_as=%s",
@@ -445,6 +456,30 @@ class Connection:
                  settings.num_sample_frames, settings.sampling, settings.evs_enabled, settings.evs_threshold,
                  options.frames_as)
         return True
+
+    async def _start_turns(self, turns: TurnDetection | None) -> None:
+        if turns is None:
+            return
+        if self._hears():
+            await self._set_turns(turns)
+        else:  # typed questions still work: the session goes on
+            await self.error(f"turn_detection is off: {NO_SPOKEN_QUESTIONS}")
+
+    async def _after_load(self) -> None:
+        """A session opened while the model loaded: once it runs, the
+        options are checked against its limits and turn detection starts."""
+        try:
+            engine = await self.state.wait_engine()
+        except EngineError as exc:
+            await self.error(str(exc))
+            await self.close(CLOSE_TRY_LATER, "engine not running")
+            return
+        try:
+            chat.check_options(self.options, engine, self.entry.session.settings)
+        except ValueError as exc:  # the session goes on: its questions get the same error
+            await self.error(f"session.config: {exc}")
+        if not self._asking_closed:
+            await self._start_turns(self._turns_after_load)
 
     async def _closed_by_server(self) -> None:
         """The registry ended this session (time limit, shutdown): say why, then close."""
@@ -673,6 +708,9 @@ class Connection:
         return data
 
     async def _on_query(self, msg: dict[str, Any]) -> None:
+        if self.state.engine is None:  # the model is still loading
+            await self._query_when_ready(msg)
+            return
         text = msg.get("text", "")
         spoken = msg.get("audio_data")
         if spoken is None or spoken == "":  # the seed's typed question (vllm-omni also ignores an empty one)
@@ -690,6 +728,28 @@ class Connection:
         audio = await self._question_audio(msg)
         if audio is not None:
             await self._ask(text if text.strip() else "", question_audio=audio)
+
+    async def _query_when_ready(self, msg: dict[str, Any]) -> None:
+        """A question asked while the model loads waits for it, in a task of
+        its own (frames keep arriving and are acked meanwhile); a newer
+        question replaces it. A client that opted into vidchat's events is
+        told it waits (response.waiting)."""
+        previous, self._waiting_query = self._waiting_query, None
+        if previous is not None:
+            previous.cancel()
+        if self._vidchat_events:
+            await self.send({"type": "response.waiting", "reason": "model_loading",
+                             "message": self.state.readiness()[1]})
+
+        async def when_ready() -> None:
+            try:
+                await self.state.wait_engine()
+            except EngineError as exc:
+                await self.error(str(exc))
+                return
+            await self._on_query(msg)
+
+        self._waiting_query = asyncio.create_task(when_ready(), name="query-waits-for-the-model")
 
     async def _question_audio(self, msg: dict[str, Any]) -> Any:
         """video.query's audio_data as float32 samples; None (error sent) when unusable."""
@@ -895,6 +955,9 @@ class Connection:
             await talk.stop(self.entry)
 
     async def _on_done(self) -> None:
+        waiting = self._waiting_query
+        if waiting is not None:  # a question asked while the model loaded is still answered
+            await asyncio.wait({waiting})
         await self._stop_asking()
         # Like the seed, an answer still streaming is finished before the stats.
         task = self._answer_task
@@ -921,7 +984,8 @@ class Connection:
                 raise ConfigError(f"{', '.join(fixed)} can only be set in session.config")
             turns_given = "turn_detection" in changes.info
             turns = changes.info.get("turn_detection")
-            if turns is not None and not self._hears():
+            loading = self.state.engine is None
+            if turns is not None and not loading and not self._hears():
                 raise ConfigError(f"turn_detection: {NO_SPOKEN_QUESTIONS}")
             if changes.info.get("record") and not self.settings.record_dir:
                 raise ConfigError(RECORD_OFF)
@@ -943,7 +1007,9 @@ class Connection:
         self._vidchat_events = wants_vidchat_events(msg, already=True)
         if self._vidchat_events and not known and self.entry.deadline is not None and self._expiry_task is None:
             self._expiry_task = asyncio.create_task(self._announce_end(self.entry))
-        if turns_given and not self._asking_closed:
+        if turns_given and loading:
+            self._turns_after_load = turns  # started once the model runs (_after_load)
+        elif turns_given and not self._asking_closed:
             await self._set_turns(turns)
         await self.send({"type": "session.updated", "settings": self.describe()})
 
@@ -994,6 +1060,8 @@ class Connection:
         short by a scene change: the change is asked about once it ends."""
         try:
             async for _ in watcher.changes(lambda: self._watch is not watch or self._asking_closed):
+                if self.state.engine is None:
+                    continue  # scene changes while the model loads ask nothing
                 while self._answering and self._watch is watch:
                     await asyncio.wait({self._answer_task})
                 if self._watch is not watch or self._asking_closed:

@@ -213,10 +213,22 @@ def _ready(server: Server) -> bool:
         return False
 
 
+def _listening(server: Server) -> bool:
+    """The port answers (the model may still be loading: /api/health says so)."""
+    if server.proc.poll() is not None:
+        raise RuntimeError(f"server exited with {server.proc.returncode}:\n{server.log()[-3000:]}")
+    try:
+        server.http_json("/api/health", timeout=2)
+        return True
+    except (OSError, ValueError):
+        return False
+
+
 def start_server(args: list[str], log_path: Path, timeout: float = 240, env_extra: dict | None = None,
-                 token: str | None = None, cache_dir: Path | None = None) -> Server:
+                 token: str | None = None, cache_dir: Path | None = None, loaded: bool = True) -> Server:
     """Start app.py with ``args`` (plus ``--token`` when given) on a port of
-    its own and return once ``/api/health`` says ok."""
+    its own and return once ``/api/health`` says ok (``loaded`` false: as
+    soon as the port answers, while the model may still be loading)."""
     for attempt in range(3):
         port = allocate_port()
         cmd = [sys.executable, str(ROOT / "app.py"), "--host", "127.0.0.1", "--port", str(port), *args]
@@ -235,7 +247,7 @@ def start_server(args: list[str], log_path: Path, timeout: float = 240, env_extr
         server = Server(proc, port, log_path, token, list(args))
         deadline = time.monotonic() + timeout
         try:
-            while not _ready(server):
+            while not (_ready if loaded else _listening)(server):
                 if time.monotonic() > deadline:
                     raise RuntimeError(f"server not ready in {timeout:.0f} s:\n{server.log()[-3000:]}")
                 time.sleep(0.2)
