@@ -294,6 +294,14 @@ async def test_the_sample_taken_at_enter_is_warmed_whole_and_is_the_questions(om
     await prewarmer.question_now(sid)
     entry.question_seq += 1  # its question was asked without it (the pin came late)
     assert prewarmer.take_pin(entry) is None
+    # An Enter report that arrives after its typed question: ignored, so
+    # the next question never takes a sample from before this one.
+    entry.question_seq += 1
+    entry.typed_question_at = time.monotonic()
+    late = prewarmer.stats.late_enter_reports
+    await prewarmer.question_now(sid)
+    assert prewarmer.stats.late_enter_reports == late + 1
+    assert prewarmer.take_pin(entry) is None  # the next question's event takes a pin before it is asked
 
 
 @pytest.mark.unit

@@ -18,7 +18,7 @@ from vidchat.engine import NO_SPOKEN_QUESTIONS, EngineError
 from vidchat.media import AUDIO_RATE
 from vidchat.session import SessionSettings
 from vidchat.sessions import SessionRegistry
-from vidchat.vad import TurnSettings
+from vidchat.vad import TurnSettings, Utterance
 
 from conftest import eventually_async
 
@@ -180,3 +180,38 @@ async def test_a_spoken_question_is_recorded_and_re_asked_with_the_same_audio(om
     assert again.reply.text == answer.reply.text  # greedy, same inputs: the same answer
     await registry.close(entry.session.id, "test over")
     await registry.close(other.session.id, "test over")
+
+
+async def test_a_stale_page_talk_loop_hands_its_utterance_to_the_loop_that_owns_the_chat():
+    """A typed question takes the chat from the page's Talk loop (its epoch
+    moves on). An utterance heard just then is not asked by that stale loop
+    (which would cancel the live answer and drop the question): it goes
+    back to the listener, for the loop the page starts next."""
+    import types
+
+    from vidchat import ui
+
+    registry = SessionRegistry()
+    t0 = time.monotonic()
+    entry = new_entry(registry, t0)
+    state = types.SimpleNamespace(registry=registry, engine=types.SimpleNamespace(accepts_audio=True),
+                                  prewarmer=None)
+    updates = []
+
+    async def run_loop() -> None:
+        async for update in ui.talk_loop(state, True, True, 500, 250, [], entry.session.id):
+            updates.append(update)
+
+    loop = asyncio.create_task(run_loop())
+    await eventually_async(lambda: entry.talk is not None and entry.talk._detector is not None, 10,
+                           "the page's talk loop listens")
+    listener = entry.talk
+    # A typed question takes the chat, and in the same instant the listener
+    # hears an utterance end: the loop wakes to both at once.
+    entry.talk_epoch += 1
+    heard = Utterance(t0 + 2.0, t0 + 3.5, level_dbfs=-20.0)
+    listener.events.put_nowait(heard)
+    await asyncio.wait_for(loop, 10)
+    assert updates == [] and entry.answer is None, "the stale loop asked (and cancelled the live answer)"
+    assert await next_utterance(listener, timeout=1.0) is heard  # put back for the loop that owns the chat
+    await registry.close(entry.session.id, "test over")

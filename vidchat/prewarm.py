@@ -94,6 +94,7 @@ class PrewarmStats:
     awaited: int = 0  # in flight when its own session's question came, with that question's frames
     pinned: int = 0  # samples taken as Enter was pressed (question_now)
     pins_used: int = 0  # ...that their question took (take_pin)
+    late_enter_reports: int = 0  # Enter reports that came after their question: ignored
     failed: int = 0
     busy_s: float = 0.0
     recent: collections.deque = field(default_factory=lambda: collections.deque(maxlen=512))  # (end, seconds)
@@ -184,6 +185,12 @@ class Prewarmer:
         entry = self.state.registry.get(session_id)
         if self.mode == "off" or entry is None or entry.session.frame_count == 0:
             return
+        if time.monotonic() - entry.typed_question_at < PIN_S:
+            # A report normally comes a round trip before its question. One
+            # after it is that question's, late: pinned now, it would hand
+            # the next question a sample from before it was asked.
+            self.stats.late_enter_reports += 1
+            return
         session, asked = entry.session, entry.question_seq
         sample = await asyncio.to_thread(session.sample)
         if entry.question_seq != asked:
@@ -241,6 +248,7 @@ class Prewarmer:
         return {"mode": self.mode, "warmups": s.warmups, "skipped_same_inputs": s.skipped_same_inputs,
                 "skipped_busy": s.skipped_busy, "skipped_budget": s.skipped_budget, "aborted": s.aborted,
                 "yielded": s.yielded, "awaited": s.awaited, "pinned": s.pinned, "pins_used": s.pins_used,
+                "late_enter_reports": s.late_enter_reports,
                 "failed": s.failed, "busy_s": round(s.busy_s, 3),
                 "frame_cost_ms": None if self.frame_cost_s is None else round(self.frame_cost_s * 1000, 1),
                 "share": round(s.share(time.monotonic()), 3),

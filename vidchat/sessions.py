@@ -82,6 +82,9 @@ class Entry:
     # stops showing (and generating), and a watch or talk loop starts its
     # next answer on the empty chat instead of its own copy of the old one.
     chat_cleared: int = 0
+    # time.monotonic() when the page's last typed question arrived: an Enter
+    # report arriving after it is that question's, late (vidchat.prewarm).
+    typed_question_at: float = float("-inf")
     chat_streams: set = field(default_factory=set, repr=False)  # an asyncio.Event per answer streaming into the chat
     _side: "Entry | None" = field(default=None, repr=False)
 

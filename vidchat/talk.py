@@ -12,6 +12,7 @@ which asks it through the one answer path (:func:`vidchat.chat.ask` with
 from __future__ import annotations
 
 import asyncio
+import collections
 import logging
 import time
 from dataclasses import dataclass, field
@@ -58,6 +59,7 @@ class Listener:
     _task: asyncio.Task | None = None
     _pos: float | None = None
     _playback_until: float = 0.0
+    _returned: collections.deque = field(default_factory=collections.deque)
 
     def start(self) -> None:
         """Listen from now on: audio already received is not a turn, all that comes after is."""
@@ -90,10 +92,17 @@ class Listener:
 
     async def next_utterance(self) -> Utterance:
         """The next finished utterance (speech-start events are skipped)."""
+        if self._returned:
+            return self._returned.popleft()
         while True:
             event = await self.events.get()
             if isinstance(event, Utterance):
                 return event
+
+    def put_back(self, utterance: Utterance) -> None:
+        """An utterance taken by a loop that may no longer ask it (a newer
+        loop owns the chat): the next caller of next_utterance gets it first."""
+        self._returned.appendleft(utterance)
 
     async def _run(self) -> None:
         session = self.entry.session

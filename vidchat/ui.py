@@ -459,6 +459,7 @@ async def respond(state, message: str, history: list[dict], sid: str, *raw_setti
         entry.watch_epoch += 1  # a running watch loop yields the chat to this question
         entry.talk_epoch += 1  # so does the talk loop (the listener goes on; the page restarts the loop)
         chat_as_of = entry.chat_cleared  # the chat this event was sent with
+        entry.typed_question_at = time.monotonic()
     if entry is None:
         history.append(notice(NOT_RUNNING))
         yield history, gr.skip(), gr.skip()
@@ -796,14 +797,22 @@ async def talk_loop(state, on: bool, barge_in: bool, silence_ms: Any, min_speech
     entry.talk_epoch += 1
     epoch = entry.talk_epoch
     seen_clear = entry.chat_cleared
+    def stale() -> bool:  # the session ended, a typed question took the chat, or Talk went off
+        return state.registry.get(sid) is not entry or entry.talk_epoch != epoch or not listener.running
+
     while True:
         waiter = asyncio.ensure_future(listener.next_utterance())
         try:
             while not waiter.done():
                 await asyncio.wait({waiter}, timeout=1.0)
-                if state.registry.get(sid) is not entry or entry.talk_epoch != epoch or not listener.running:
-                    return  # the session ended, a typed question took the chat, or Talk went off
+                if stale():
+                    return
         finally:
+            if waiter.done() and not waiter.cancelled() and waiter.exception() is None and stale():
+                # Heard just as this loop went stale: the loop that owns the
+                # chat now asks it (this one would cancel the live answer and
+                # then drop the question).
+                listener.put_back(waiter.result())
             waiter.cancel()
         spoken = waiter.result()
         seen_clear = _follow_clear(entry, history, seen_clear)
