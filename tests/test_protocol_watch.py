@@ -1,4 +1,4 @@
-"""Watch and recording for socket clients (session.config/update ``watch``
+"""Watch, recording and history for socket clients (session.config/update ``watch``
 and ``record``), through the real server and vLLM: the standing question is
 asked at scene changes and its answers arrive unasked, marked
 ``"watch": true``; switching it off ends a watched answer still streaming
@@ -139,3 +139,34 @@ def test_parse_watch():
                       ({"question": "Q", "every_s": 1e9}, "at most 3600")):
         with pytest.raises(ConfigError, match=said):
             parse_watch(bad)
+
+
+@pytest.mark.engine
+async def test_socket_history_is_opt_in_and_kept_within_the_context(server):
+    """Without history (the seed's way) each question goes alone; with
+    ``history: true`` earlier questions and answers go with it (stats say how
+    many turns of how many); false forgets them."""
+    ws = await connect(server, **SHORT)
+    try:
+        await frames(ws, n=2)
+        for _ in range(2):
+            await send(ws, {"type": "video.query", "text": "What is there?"})
+            done = check_answer(await until(ws, "response.text.done"))
+            assert done["stats"]["history_turns"] == done["stats"]["history_turns_total"] == 0
+        await send(ws, {"type": "session.update", "history": True})
+        assert (await until(ws, "session.updated"))[-1]["settings"]["history"] is True
+        kept = 0
+        for _ in range(3):
+            await send(ws, {"type": "video.query", "text": "And now?"})
+            done = check_answer(await until(ws, "response.text.done"))
+            # The tiny chat fits the context whole: all of it was sent.
+            assert done["stats"]["history_turns"] == done["stats"]["history_turns_total"] == kept, done["stats"]
+            kept += 2 if done["text"].strip() else 0  # each answered question adds its question and answer
+        assert kept > 0
+        await send(ws, {"type": "session.update", "history": False})
+        await until(ws, "session.updated")
+        await send(ws, {"type": "video.query", "text": "Alone again?"})
+        done = check_answer(await until(ws, "response.text.done"))
+        assert done["stats"]["history_turns_total"] == 0
+    finally:
+        await ws.close()

@@ -139,7 +139,7 @@ from vidchat import answer_inputs, chat, talk, wire
 from vidchat.access import login_of
 from vidchat.chat import Answer, AnswerOptions
 from vidchat.clock import ClientClock
-from vidchat.engine import NO_SPOKEN_QUESTIONS, EngineError
+from vidchat.engine import NO_SPOKEN_QUESTIONS, EngineError, Turn
 from vidchat.evs import FrameError
 from vidchat.media import AUDIO_RATE
 from vidchat.protocol_config import (UPDATABLE_INFO, ConfigError, TurnDetection, WatchRequest, parse_config,
@@ -173,6 +173,9 @@ CLOSE_NORMAL, CLOSE_POLICY, CLOSE_TRY_LATER, CLOSE_ERROR = 1000, 1008, 1013, 101
 # with "audio"): this server answers in text only.
 NO_AUDIO_OUTPUT_NOTICE = "spoken output is not available: answers come as text"
 RECORD_OFF = "record: the server was started without --record-dir (nothing is written to disk without it)"
+# What a socket session keeps of its chat (history: true); what is sent is
+# trimmed further to the model's context.
+MAX_HISTORY_TURNS = 400
 WATCH_NEEDS_EVS = "watch needs evs_enabled: the frame filter is what sees scene changes"
 
 # Longest client frame_id (a string) echoed back in acks.
@@ -255,6 +258,10 @@ class Connection:
         self._watch: WatchRequest | None = None
         self._watch_task: asyncio.Task | None = None
         self._record = False
+        # history (session.config/update): earlier questions and answers go
+        # with each question, within the model's context (Engine.fit_history).
+        self._keep_history = False
+        self._history: list[Turn] = []
         self._answer_watched = False  # the running answer was asked by the watch
         # Opened while the model loaded: what runs once it is ready, and a
         # question waiting for it.
@@ -440,6 +447,7 @@ class Connection:
             self._notice = NO_AUDIO_OUTPUT_NOTICE
         try:
             self._set_record(changes.info.get("record", False))
+            self._set_history(changes.info.get("history", False))
             await self._set_watch(changes.info.get("watch"))
         except ValueError as exc:  # the session goes on, as with turn_detection
             await self.error(str(exc))
@@ -786,7 +794,7 @@ class Connection:
             try:
                 # Samples the buffer now: frames arriving from here on count for the next question.
                 answer = await chat.ask(self.state.engine, entry, text, self.options, queue=self.state.answer_gate,
-                                        **how)
+                                        history=tuple(self._history), **how)
             except chat.Superseded:
                 return  # a newer question from elsewhere took over this session
             except EngineError as exc:  # NoFrames and NO_SPOKEN_QUESTIONS included
@@ -859,7 +867,11 @@ class Connection:
             stats["answer_id"] = answer_inputs.remember(self.entry, answer)
             if self._record:
                 stats.update(await self._recorded(answer, stats["answer_id"]))
-        await self.send({"type": "response.text.done", "text": "".join(parts), "stats": stats})
+        text = "".join(parts)
+        if self._keep_history and text.strip() and not stats.get("cancelled"):
+            self._history[:] = [*self._history, Turn("user", chat.spoken_text(answer)),
+                                Turn("assistant", text.strip())][-MAX_HISTORY_TURNS:]
+        await self.send({"type": "response.text.done", "text": text, "stats": stats})
         self._last_input = time.monotonic()
         log.info("ws %s: answered: %d tokens, %d frames, %.1f s audio%s", self.peer,
                  stats.get("completion_tokens", 0), stats.get("frames", 0), stats.get("audio_seconds", 0.0),
@@ -1000,6 +1012,8 @@ class Connection:
         self.options = options
         if "record" in changes.info:
             self._set_record(changes.info["record"])
+        if "history" in changes.info:
+            self._set_history(changes.info["history"])
         if "watch" in changes.info and not self._asking_closed:
             await self._set_watch(changes.info["watch"])
         # session.update is vidchat's own message: its sender knows vidchat.
@@ -1024,10 +1038,15 @@ class Connection:
                         system_prompt=options.system_prompt, seed=options.seed,
                         turn_detection=self._turns.describe() if self._turns is not None else None,
                         watch=self._watch.describe() if self._watch is not None else None,
-                        record=self._record)
+                        record=self._record, history=self._keep_history)
         return settings
 
     # -- watch and record ------------------------------------------------------
+
+    def _set_history(self, on: bool) -> None:
+        self._keep_history = bool(on)
+        if not on:
+            self._history.clear()  # off forgets: turned on again, the chat starts afresh
 
     def _set_record(self, on: bool) -> None:
         if on and not self.settings.record_dir:

@@ -59,12 +59,13 @@ FIELDS: dict[str, _Field] = {
     "vidchat_events": _Field((bool,), "info", "vidchat_events"),
     "watch": _Field((dict,), "info", "watch", nullable=True),
     "record": _Field((bool,), "info", "record"),
+    "history": _Field((bool,), "info", "history"),
 }
 # The fields whose origin is vidchat ([vc] in vidchat.protocol's table): a
 # client that sends one knows vidchat, and is sent vidchat's extra events.
 VIDCHAT_FIELDS = frozenset({"sampling", "sample_seconds", "keepalive_s", "audio_mode", "audio_last_seconds",
                             "frames_as", "max_tokens", "temperature", "include_audio", "seed", "watch",
-                            "record"})
+                            "record", "history"})
 # Upstream's later names for the seed's fields (use_audio_in_video is
 # vllm-omni's name for what vidchat calls include_audio).
 ALIASES = {
@@ -74,7 +75,7 @@ ALIASES = {
     "use_audio_in_video": "include_audio",
 }
 # Keys of session.config that session.update may change as well.
-UPDATABLE_INFO = ("turn_detection", "watch", "record")
+UPDATABLE_INFO = ("turn_detection", "watch", "record", "history")
 
 
 class ConfigError(ValueError):
