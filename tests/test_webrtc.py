@@ -235,7 +235,7 @@ async def test_bad_values_through_the_ask_api_get_a_clear_notice(server):
     try:
         await wait_for(lambda: _enough(client, frames=3), timeout=20)
         for kw, fragment in [
-            (dict(seed=str(2**64)), "seed must be a whole number that fits a signed 64-bit integer"),
+            (dict(seed=str(2**64)), "Seed must be a whole number that fits a signed 64-bit integer"),
             (dict(seed="soon"), "Seed must be a whole number"),
             (dict(seed="1e400"), "Seed must be a whole number"),
         ]:

@@ -18,14 +18,14 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Sequence
 
 from vidchat.answer_queue import Abandoned, AnswerQueue, OnWait, Slot
-from vidchat.engine import SEED_RANGE, ChatEngine, EngineError, Prepared, Turn
+from vidchat.engine import ChatEngine, EngineError, Prepared, Turn
 from vidchat.media import FRAMES_AS
 from vidchat.session import Sample, Session, SessionSettings, uniform_indices
 from vidchat.sessions import Entry
+from vidchat.settings_table import MAX_TEMPERATURE, SEED_RANGE, UNBOUNDED_MAX_TOKENS, check_all  # noqa: F401
 
 log = logging.getLogger(__name__)
 
-MAX_TEMPERATURE = 100.0
 
 # What to do when a question comes before any frame, said the way each door's
 # user acts on it. The WebSocket wording is the seed protocol's, which its
@@ -65,10 +65,6 @@ class AnswerOptions:
         return replace(self, **changes)
 
 
-def _is_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
 def check_options(options: AnswerOptions, engine: ChatEngine | None, sampling: SessionSettings | None = None) -> None:
     """The one check of a question's options, for every door.
 
@@ -76,21 +72,11 @@ def check_options(options: AnswerOptions, engine: ChatEngine | None, sampling: S
     seed (a signed 64-bit integer), frames as images/video (against what the
     model takes) and, given the session's sampling settings, frames per
     question against the engine's per-prompt limit."""
-    max_len = engine.options.max_model_len if engine is not None else 1 << 20
-    if not _is_int(options.max_tokens) or not 1 <= options.max_tokens <= max_len:
-        raise OptionError(f"max_tokens must be a whole number in 1..{max_len}, got {options.max_tokens!r}")
-    t = options.temperature
-    if isinstance(t, bool) or not isinstance(t, (int, float)) or not (math.isfinite(t) and 0 <= t <= MAX_TEMPERATURE):
-        raise OptionError(f"temperature must be a number in 0..{MAX_TEMPERATURE:g}, got {t!r}")
-    seed = options.seed
-    if seed is not None and (not _is_int(seed) or not SEED_RANGE[0] <= seed <= SEED_RANGE[1]):
-        raise OptionError(f"seed must be a whole number that fits a signed 64-bit integer, got {seed!r}")
-    if options.frames_as not in FRAMES_AS:
-        raise OptionError(f"frames_as must be one of {', '.join(FRAMES_AS)}, got {options.frames_as!r}")
-    if not isinstance(options.include_audio, bool):
-        raise OptionError(f"include_audio must be true or false, got {options.include_audio!r}")
-    if options.system_prompt is not None and not isinstance(options.system_prompt, str):
-        raise OptionError(f"system_prompt must be text, got {type(options.system_prompt).__name__}")
+    max_len = engine.options.max_model_len if engine is not None else UNBOUNDED_MAX_TOKENS
+    try:
+        check_all("answer", options, high={"max_tokens": max_len})
+    except ValueError as exc:
+        raise OptionError(str(exc)) from None
     if engine is None:
         return
     if sampling is not None:

@@ -26,11 +26,9 @@ from PIL import Image
 
 from vidchat.families import Family, family_of
 from vidchat.media import AUDIO_RATE, FRAMES_AS, MIN_AUDIO_SAMPLES
+from vidchat.settings_table import SEED_RANGE
 
 log = logging.getLogger(__name__)
-
-# vLLM (and numpy's random generator under it) takes a signed 64-bit seed.
-SEED_RANGE = (-(2**63), 2**63 - 1)
 
 
 # vLLM's priority scheduling handles lower values first; answers use 0.

@@ -11,8 +11,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from vidchat.media import FRAMES_AS
-from vidchat.session import AUDIO_MODES, SAMPLING_STRATEGIES
+from vidchat.settings_table import SETTINGS
 from vidchat.vad import TurnSettings
 from vidchat.watch import DEFAULT_EVERY_S
 
@@ -34,27 +33,14 @@ class _Field:
     choices: tuple[str, ...] = ()
 
 
+# Each question setting comes from vidchat.settings_table (its type here,
+# its range where every door checks it); the rest are this door's own.
 FIELDS: dict[str, _Field] = {
-    # the seed's fields
+    # the seed's informational fields
     "model": _Field((str,), "info", "model"),
     "modalities": _Field((list,), "info", "modalities"),
-    "max_frames": _Field((int,), "session", "max_frames"),
-    "num_sample_frames": _Field((int,), "session", "num_sample_frames"),
-    "evs_enabled": _Field((bool,), "session", "evs_enabled"),
-    "evs_threshold": _Field(NUMBER, "session", "evs_threshold"),
-    # upstream's later additions
-    "system_prompt": _Field((str,), "answer", "system_prompt", nullable=True),
-    # vidchat's extras
-    "sampling": _Field((str,), "session", "sampling", choices=SAMPLING_STRATEGIES),
-    "sample_seconds": _Field(NUMBER, "session", "sample_seconds"),
-    "keepalive_s": _Field(NUMBER, "session", "keepalive_s", nullable=True),
-    "audio_mode": _Field((str,), "session", "audio_mode", choices=AUDIO_MODES),
-    "audio_last_seconds": _Field(NUMBER, "session", "audio_last_seconds"),
-    "frames_as": _Field((str,), "answer", "frames_as", choices=FRAMES_AS),
-    "max_tokens": _Field((int,), "answer", "max_tokens"),
-    "temperature": _Field(NUMBER, "answer", "temperature"),
-    "include_audio": _Field((bool,), "answer", "include_audio"),
-    "seed": _Field((int,), "answer", "seed", nullable=True),
+    **{name: _Field(spec.json_kinds(), spec.target, name, spec.nullable, spec.choices)
+       for name, spec in SETTINGS.items()},
     "turn_detection": _Field((dict,), "info", "turn_detection", nullable=True),
     "vidchat_events": _Field((bool,), "info", "vidchat_events"),
     "watch": _Field((dict,), "info", "watch", nullable=True),
@@ -63,17 +49,11 @@ FIELDS: dict[str, _Field] = {
 }
 # The fields whose origin is vidchat ([vc] in vidchat.protocol's table): a
 # client that sends one knows vidchat, and is sent vidchat's extra events.
-VIDCHAT_FIELDS = frozenset({"sampling", "sample_seconds", "keepalive_s", "audio_mode", "audio_last_seconds",
-                            "frames_as", "max_tokens", "temperature", "include_audio", "seed", "watch",
-                            "record", "history"})
+VIDCHAT_FIELDS = frozenset({name for name, spec in SETTINGS.items() if spec.origin == "vidchat"}
+                           | {"watch", "record", "history"})
 # Upstream's later names for the seed's fields (use_audio_in_video is
 # vllm-omni's name for what vidchat calls include_audio).
-ALIASES = {
-    "num_frames": "num_sample_frames",
-    "enable_frame_filter": "evs_enabled",
-    "frame_filter_threshold": "evs_threshold",
-    "use_audio_in_video": "include_audio",
-}
+ALIASES = {alias: name for name, spec in SETTINGS.items() for alias in spec.aliases}
 # Keys of session.config that session.update may change as well.
 UPDATABLE_INFO = ("turn_detection", "watch", "record", "history")
 

@@ -52,12 +52,12 @@ from vidchat import evs
 from vidchat.audio import AudioWindow, segment_samples, to_int16
 from vidchat.clock import SENDER_PLACEMENT_MAX_S, SourceTimeline
 from vidchat.evs import FrameError
+from vidchat.settings_table import AUDIO_MODES, MAX_FRAMES_LIMIT, SAMPLING_STRATEGIES, check_all  # noqa: F401
 from vidchat.media import (AUDIO_RATE, DEFAULT_MAX_FRAME_BYTES, DEFAULT_MAX_FRAME_PIXELS, DEFAULT_STORE_MAX_PIXELS,
                            MIN_AUDIO_SAMPLES, reduce_factor, stored_size)
 
 logger = logging.getLogger(__name__)
 
-MAX_FRAMES_LIMIT = 1024
 # A stored frame is RGB, one byte a channel; the server's default per-session
 # budget (--max-session-mb 0) is what this many frames at the stored size need.
 BYTES_PER_PIXEL = 3
@@ -83,9 +83,6 @@ def check_frame_budget(max_frames: Any, store_max_pixels: int | None, budget_byt
                          f"({store_max_pixels:,} pixels); this server's budget is {budget_bytes / 2**20:.1f} MB "
                          f"per session (--max-session-mb), at most {most} frames")
 MAX_AUDIO_SECONDS = 600.0
-SAMPLING_STRATEGIES = ("uniform", "stable", "latest_frames", "latest_seconds")
-AUDIO_MODES = ("frames", "last")
-
 __all__ = ["FrameError", "Session", "SessionSettings", "Sample"]
 
 
@@ -122,29 +119,11 @@ class SessionSettings:
     audio_last_seconds: float = 10.0
 
     def validate(self) -> None:
-        """Raise ValueError naming the first bad field."""
-        if not _is_int(self.max_frames) or not 1 <= self.max_frames <= MAX_FRAMES_LIMIT:
-            raise ValueError(f"max_frames must be an integer in 1..{MAX_FRAMES_LIMIT}, got {self.max_frames!r}")
-        if not _is_int(self.num_sample_frames) or not 1 <= self.num_sample_frames <= MAX_FRAMES_LIMIT:
-            raise ValueError(f"num_sample_frames must be an integer in 1..{MAX_FRAMES_LIMIT}, "
-                             f"got {self.num_sample_frames!r}")
-        if self.sampling not in SAMPLING_STRATEGIES:
-            raise ValueError(f"sampling must be one of {', '.join(SAMPLING_STRATEGIES)}, got {self.sampling!r}")
-        if not _is_number(self.sample_seconds) or self.sample_seconds <= 0:
-            raise ValueError(f"sample_seconds must be a positive number, got {self.sample_seconds!r}")
-        if not isinstance(self.evs_enabled, bool):
-            raise ValueError(f"evs_enabled must be true or false, got {self.evs_enabled!r}")
-        if not _is_number(self.evs_threshold) or not 0.0 <= self.evs_threshold <= 1.0:
-            raise ValueError(f"evs_threshold must be a number in [0, 1], got {self.evs_threshold!r}")
-        if self.keepalive_s is not None and (not _is_number(self.keepalive_s) or self.keepalive_s <= 0):
-            raise ValueError(f"keepalive_s must be null or a positive number of seconds, got {self.keepalive_s!r}")
+        """Raise ValueError naming the first bad field (vidchat.settings_table's rules)."""
+        check_all("session", self)
         if not _is_number(self.audio_seconds) or not 0 < self.audio_seconds <= MAX_AUDIO_SECONDS:
             raise ValueError(f"audio_seconds must be a number in (0, {MAX_AUDIO_SECONDS:g}], "
                              f"got {self.audio_seconds!r}")
-        if self.audio_mode not in AUDIO_MODES:
-            raise ValueError(f"audio_mode must be one of {', '.join(AUDIO_MODES)}, got {self.audio_mode!r}")
-        if not _is_number(self.audio_last_seconds) or self.audio_last_seconds <= 0:
-            raise ValueError(f"audio_last_seconds must be a positive number, got {self.audio_last_seconds!r}")
 
 
 @dataclass

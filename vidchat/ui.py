@@ -27,6 +27,7 @@ from starlette.routing import Mount
 from vidchat import answer_inputs, chat, evs, recording
 from vidchat.chat import Answer, OptionError
 from vidchat import talk
+from vidchat.settings_table import SETTINGS, UNBOUNDED_MAX_TOKENS
 from vidchat.engine import NO_SPOKEN_QUESTIONS, EngineError, Turn
 from vidchat.markup import as_text
 from vidchat.vad import TurnSettings
@@ -205,19 +206,8 @@ def model_label(state) -> str:
 # The page's question: checked, asked through vidchat.chat, streamed
 # ---------------------------------------------------------------------------
 
-def _whole(label: str, value: Any) -> int:
-    if isinstance(value, bool):
-        raise OptionError(f"{label} must be a whole number, got {value!r}")
-    try:
-        number = float(value)
-    except (TypeError, ValueError):
-        raise OptionError(f"{label} must be a whole number, got {value!r}") from None
-    if not math.isfinite(number) or number != int(number):
-        raise OptionError(f"{label} must be a whole number, got {value!r}")
-    return int(number)
-
-
 def _number(label: str, value: Any) -> float:
+    """A number from a page widget that is not a question setting (the watch interval, Talk's pauses)."""
     try:
         number = float(value) if not isinstance(value, bool) else math.nan
     except (TypeError, ValueError):
@@ -228,19 +218,16 @@ def _number(label: str, value: Any) -> float:
 
 
 def _seed(value: Any) -> int | None:
+    """The page's Seed box: text; empty is a random seed."""
     if value is None or (isinstance(value, str) and not value.strip()):
         return None
     text = value.strip() if isinstance(value, str) else value
     try:
-        return int(text) if isinstance(text, str) else _whole("Seed", text)
-    except ValueError:
-        raise OptionError(f"Seed must be a whole number (or empty for a random one), got {value!r}") from None
-
-
-def _choice(label: str, value: Any, choices: tuple[str, ...]) -> str:
-    if value not in choices:
-        raise OptionError(f"{label} must be one of {', '.join(choices)}, got {value!r}")
-    return value
+        return SETTINGS["seed"].from_page(int(text) if isinstance(text, str) else text)
+    except ValueError as exc:
+        if isinstance(text, str) and not text.lstrip("+-").isdigit():
+            raise OptionError(f"Seed must be a whole number (or empty for a random one), got {value!r}") from None
+        raise OptionError(str(exc)) from None
 
 
 @dataclasses.dataclass
@@ -256,21 +243,19 @@ def page_request(state, k, sampling, seconds, evs_on, threshold, max_frames, fra
                  max_tokens, temperature, seed, record=False, system_prompt=None) -> PageRequest:
     """Turn the page's (or the public /ask API's) raw values into settings;
     raises OptionError naming the field, so the chat can say what to fix."""
-    sampling_changes = dict(
-        num_sample_frames=_whole("Frames per question", k),
-        sampling=_choice("Sampling", sampling, SAMPLING_STRATEGIES),
-        sample_seconds=_number("Window for latest_seconds", seconds),
-        evs_enabled=bool(evs_on),
-        evs_threshold=_number("Filter threshold", threshold),
-        max_frames=_whole("Max frames kept", max_frames),
-    )
+    raw = dict(num_sample_frames=k, sampling=sampling, sample_seconds=seconds, evs_enabled=evs_on,
+               evs_threshold=threshold, max_frames=max_frames, frames_as=frames_as, include_audio=audio_on,
+               max_tokens=max_tokens, temperature=temperature)
+    high = {"max_tokens": state.engine.options.max_model_len if state.engine is not None else UNBOUNDED_MAX_TOKENS}
+    values = {}
+    try:
+        for name, value in raw.items():  # each read and checked by the one settings table
+            values[name] = SETTINGS[name].from_page(value, high=high.get(name))
+    except ValueError as exc:
+        raise OptionError(str(exc)) from None
+    sampling_changes = {name: v for name, v in values.items() if SETTINGS[name].target == "session"}
     options = state.answer_defaults().updated(
-        frames_as=_choice("Send frames as", frames_as, FRAMES_AS),
-        include_audio=bool(audio_on),
-        max_tokens=_whole("Max tokens", max_tokens),
-        temperature=_number("Temperature", temperature),
-        seed=_seed(seed),
-    )
+        seed=_seed(seed), **{name: v for name, v in values.items() if SETTINGS[name].target == "answer"})
     if isinstance(system_prompt, str):  # None (an API caller that leaves it out): the server's default
         options = options.updated(system_prompt=system_prompt.strip() or None)
     return PageRequest(sampling_changes, options, record=bool(record))
