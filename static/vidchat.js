@@ -1,5 +1,5 @@
 // vidchat's browser client: camera + microphone -> RTCPeerConnection -> server.
-// The page's markup comes from vidchat/ui.py; this file only adds behaviour.
+// The page's markup comes from vidchat/ui/layout.py; this file only adds behaviour.
 // The session id the server returns is written into a hidden Gradio textbox,
 // so every chat question carries its own tab's session.
 (() => {
@@ -826,7 +826,7 @@
     // Diagnostics: whether a reconnect loop (with its back-off wait) is still under way.
     get reconnecting() { return Boolean(state.reconnecting); },
     // Diagnostics: typed questions asked and whose chat event has ended
-    // (counted by the page's own events, vidchat/ui.py): equal counts mean
+    // (counted by the page's own events, vidchat/ui/layout.py): equal counts mean
     // no typed question is still being answered.
     questions: { asked: 0, finished: 0 },
     // Diagnostics: the candidate types of the pair ICE chose, e.g.

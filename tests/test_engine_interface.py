@@ -19,7 +19,7 @@ from conftest import ROOT
 pytestmark = pytest.mark.unit
 
 # The doors and what they share below them: they reach an engine only through vidchat.engine.
-INTERFACE_ONLY = ["ui", "protocol", "protocol_config", "webrtc", "answer_inputs", "chat", "sessions", "session",
+INTERFACE_ONLY = ["ui/view", "ui/answers", "ui/modes", "ui/layout", "protocol", "protocol_config", "webrtc", "answer_inputs", "chat", "sessions", "session",
                   "watch", "talk", "prewarm", "answer_queue", "recording", "state", "access"]
 IMPLEMENTATIONS = {"vidchat.local_engine", "vidchat.remote_engine", "vllm"}
 
