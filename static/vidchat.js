@@ -193,10 +193,20 @@
                               headers: authHeaders({ "Content-Type": "application/json" }),
                               body: JSON.stringify({ session_id: state.sessionId, enter: true }) }).catch(() => {});
   }
+  // Each Enter (or Send) is one typed question's chat event: counted here,
+  // as it happens, so window.vidchat.questions.asked is up before its answer
+  // can show (the event's end counts it finished, vidchat/ui/layout.py).
+  function questionAsked() {
+    if (window.vidchat?.questions) window.vidchat.questions.asked += 1;
+  }
   document.addEventListener("keydown", (e) => {
     if (e.key !== "Enter" || e.shiftKey || e.isComposing || !e.target?.closest?.("#vc-question")) return;
+    questionAsked();
     if (!e.target.value?.trim()) return;
     questionSent();
+  }, true);
+  document.addEventListener("click", (e) => {
+    if (e.target?.closest?.("#vc-send")) questionAsked();
   }, true);
   document.addEventListener("pointerdown", (e) => {
     if (e.target?.closest?.("#vc-send") && $("#vc-question textarea")?.value.trim()) questionSent();

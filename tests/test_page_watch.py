@@ -112,7 +112,9 @@ async def test_watch_and_talk_refused_without_a_camera_untick(server, cutting_ca
             await page.goto(server.url)
             for box, said in (("#vc-watch", "Watch mode needs a running source"),
                               ("#vc-talk", "Talk mode needs a running source")):
-                await page.check(f"{box} input[type=checkbox]")
+                # A click, not check(): the refusal may untick the box before
+                # Playwright looks at it again.
+                await page.click(f"{box} input[type=checkbox]")
                 await page.get_by_text(said).first.wait_for(timeout=30_000)
                 await page.wait_for_function(f"!document.querySelector('{box} input[type=checkbox]').checked",
                                              timeout=10_000)

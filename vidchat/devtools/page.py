@@ -132,8 +132,25 @@ async def set_setting(page: Any, elem_id: str, value: str) -> None:
     if not await page.locator(f"#{elem_id}").is_visible():
         await page.click("#vc-settings button, #vc-settings .label-wrap")
     box = page.locator(f"#{elem_id} input[type=number]")
-    await box.fill(value)
-    await box.press("Enter")
+    held = """([id, v]) => { const root = document.getElementById(id);
+                const range = root.querySelector('input[type=range]');
+                const number = root.querySelector('input[type=number]');
+                return Number(number.value) === Number(v) && (!range || Number(range.value) === Number(v)); }"""
+    # Taken once the component holds it (a slider's range moves with its
+    # value): a question sent before then would carry the old value. The
+    # number box commits on change (Enter or leaving it); a commit the
+    # component missed is typed again.
+    for attempt in range(3):
+        await box.fill(value)
+        await box.press("Enter")
+        await box.dispatch_event("change")
+        await box.blur()
+        try:
+            await page.wait_for_function(held, arg=[elem_id, value], timeout=3_000 if attempt < 2 else 10_000)
+            return
+        except Exception:
+            if attempt == 2:
+                raise
 
 
 async def next_frame(page: Any) -> None:

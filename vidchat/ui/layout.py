@@ -177,11 +177,10 @@ def mount(app, state):
         outputs = [chatbot, inputs_view, details]
         inputs = [question, chatbot, session_id, *settings_inputs]
         answer_events = dict(concurrency_limit=None, show_progress="minimal", trigger_mode="multiple")
-        # The page counts typed questions asked (in the event itself, so the
-        # count is up before its answer can show) and finished: a question
-        # refused with a notice has no "what the model got" panel, so only
-        # the event's end says its reply is whole (tests, QA scripts).
-        answer_events["js"] = QUESTION_ASKED_JS
+        # The page counts typed questions asked (static/vidchat.js, at the
+        # key press) and finished (below): a question refused with a notice
+        # has no "what the model got" panel, so only the event's end says its
+        # reply is whole (tests, QA scripts).
         submit_evt = question.submit(on_page_question, inputs, outputs, api_visibility="private", **answer_events)
         click_evt = send.click(on_page_question, inputs, outputs, api_visibility="private", **answer_events)
         # The public /ask: the same answer, whose last message is the whole
@@ -299,7 +298,6 @@ def page_functions(blocks: gr.Blocks, session_id: gr.components.Component) -> tu
 # yields nothing at all would blank the chat.)
 LAST_UPDATE_IS_NOTHING = (gr.skip(), gr.skip(), gr.skip())
 
-QUESTION_ASKED_JS = "(...inputs) => { if (window.vidchat) window.vidchat.questions.asked += 1; return inputs; }"
 QUESTION_FINISHED_JS = "() => { if (window.vidchat) window.vidchat.questions.finished += 1; }"
 
 
