@@ -73,7 +73,8 @@ def page_request(state, k, sampling, seconds, evs_on, threshold, max_frames, fra
     raw = dict(num_sample_frames=k, sampling=sampling, sample_seconds=seconds, evs_enabled=evs_on,
                evs_threshold=threshold, max_frames=max_frames, frames_as=frames_as, include_audio=audio_on,
                max_tokens=max_tokens, temperature=temperature)
-    high = {"max_tokens": state.engine.options.max_model_len if state.engine is not None else UNBOUNDED_MAX_TOKENS}
+    engine = getattr(state, "engine", None)  # None while the model loads
+    high = {"max_tokens": engine.options.max_model_len if engine is not None else UNBOUNDED_MAX_TOKENS}
     values = {}
     try:
         for name, value in raw.items():  # each read and checked by the one settings table
