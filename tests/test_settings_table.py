@@ -59,3 +59,11 @@ def test_defaults_pass_their_own_table():
     SessionSettings().validate()
     chat.check_options(AnswerOptions(), None, SessionSettings())
     assert parse_config({"num_frames": 8, "use_audio_in_video": False}).session == {"num_sample_frames": 8}
+
+
+def test_page_whole_numbers_are_exact():
+    seed = SETTINGS["seed"]
+    assert seed.from_page(2**63 - 1) == 2**63 - 1 and seed.from_page(-(2**63)) == -(2**63)
+    assert SETTINGS["max_tokens"].from_page("32", high=4096) == 32 and SETTINGS["max_frames"].from_page(64.0) == 64
+    with pytest.raises(ValueError, match="Seed must be a whole number that fits"):
+        seed.from_page(2**63)

@@ -104,6 +104,10 @@ class Setting:
 def _whole(label: str, value: Any) -> int:
     if isinstance(value, bool):
         raise ValueError(f"{label} must be a whole number, got {value!r}")
+    if isinstance(value, int):
+        return value  # exact: through float, 2**63 - 1 would round up out of the seed's range
+    if isinstance(value, str) and value.strip().lstrip("+-").isdigit():
+        return int(value.strip())
     try:
         number = float(value)
     except (TypeError, ValueError):
