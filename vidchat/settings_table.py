@@ -94,7 +94,7 @@ class Setting:
         if self.kind == "int":
             value = _whole(self.label, raw)
         elif self.kind == "number":
-            value = _number(self.label, raw)
+            value = page_number(self.label, raw)
         elif self.kind == "bool":
             value = bool(raw)
         self.check(value, name=self.label, high=high)
@@ -117,7 +117,8 @@ def _whole(label: str, value: Any) -> int:
     return int(number)
 
 
-def _number(label: str, value: Any) -> float:
+def page_number(label: str, value: Any) -> float:
+    """A page widget's value as a finite number (ValueError naming ``label``)."""
     try:
         number = float(value) if not isinstance(value, bool) else math.nan
     except (TypeError, ValueError):

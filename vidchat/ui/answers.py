@@ -8,7 +8,6 @@ import asyncio
 import contextlib
 import dataclasses
 import logging
-import math
 import secrets
 import time
 from pathlib import Path
@@ -18,7 +17,7 @@ import gradio as gr
 
 from vidchat import answer_inputs, chat, recording
 from vidchat.chat import Answer, OptionError
-from vidchat.settings_table import SETTINGS, UNBOUNDED_MAX_TOKENS
+from vidchat.settings_table import SETTINGS, UNBOUNDED_MAX_TOKENS, page_number
 from vidchat.engine import EngineError, Turn
 from vidchat.markup import as_text
 from vidchat.session import Session
@@ -36,12 +35,9 @@ CLEAR_WAIT_S = 5.0  # at most this long for answers streaming into a chat being 
 def _number(label: str, value: Any) -> float:
     """A number from a page widget that is not a question setting (the watch interval, Talk's pauses)."""
     try:
-        number = float(value) if not isinstance(value, bool) else math.nan
-    except (TypeError, ValueError):
-        number = math.nan
-    if not math.isfinite(number):
-        raise OptionError(f"{label} must be a number, got {value!r}")
-    return number
+        return page_number(label, value)
+    except ValueError as exc:
+        raise OptionError(str(exc)) from None
 
 
 def _seed(value: Any) -> int | None:
