@@ -3,6 +3,10 @@
 .PHONY: run test test-fast flakes
 ARGS ?=
 PYTEST_ARGS ?=
+# The engine and browser tiers spend much of their time waiting (servers
+# starting, streams, the browser): two pytest workers keep both cores busy.
+# Each test module stays on one worker, with its own servers.
+TEST_WORKERS ?= 2
 
 run:
 	@scripts/setup.sh
@@ -11,7 +15,7 @@ run:
 # All three tiers (unit, engine, browser); the 20 slowest tests are listed at the end.
 test:
 	@scripts/setup.sh --test
-	.venv/bin/python -m pytest --durations=20 $(PYTEST_ARGS)
+	.venv/bin/python -m pytest -n $(TEST_WORKERS) --dist loadfile --durations=20 $(PYTEST_ARGS)
 
 # The unit tier only: no engine, no browser; well under a minute.
 test-fast:

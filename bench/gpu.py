@@ -48,7 +48,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from engine import preset_model  # noqa: E402  (bench/engine.py: random-weight true-size presets)
 from warm import rows as warm_rows  # noqa: E402  (bench/warm.py: the cold/warm/slid rows)
 
-from vidchat import chat, presets, tinymodel  # noqa: E402
+from vidchat import conversation, presets, tinymodel  # noqa: E402
 from vidchat.chat import AnswerOptions  # noqa: E402
 from vidchat.engine import EngineOptions  # noqa: E402
 from vidchat.local_engine import LocalEngine  # noqa: E402
@@ -112,13 +112,13 @@ class Scene:
 async def question(engine: LocalEngine, entry, options: AnswerOptions, text: str) -> dict[str, float]:
     """Time to first token from the question, decode rate, and vidchat's own share."""
     t0 = time.perf_counter()
-    answer = await chat.ask(engine, entry, text, options)
+    run = await conversation.of(conversation.Standalone(engine), entry).ask(text, options, continues_chat=False)
     first = None
-    async for _ in answer.reply:
-        if first is None:
+    async for event in run.events():
+        if isinstance(event, conversation.Delta) and first is None:
             first = time.perf_counter() - t0
+    answer = run.answer
     stats = answer.reply.stats
-    chat.release(entry, answer, continues_chat=False)
     return {"ttft": (first if first is not None else time.perf_counter() - t0) * 1000,
             "tok_s": stats.tokens_per_s or 0.0, "overhead": answer.prep_ms, "prompt": stats.prompt_tokens,
             "cached": stats.cached_tokens}

@@ -43,7 +43,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from engine import add_model_args, engine_for  # noqa: E402  (bench/engine.py: the same model choice)
 
-from vidchat import chat, talk  # noqa: E402
+from vidchat import conversation, talk  # noqa: E402
 from vidchat import synthetic_audio as sa  # noqa: E402
 from vidchat.chat import AnswerOptions  # noqa: E402
 from vidchat.local_engine import LocalEngine  # noqa: E402
@@ -88,15 +88,19 @@ async def speak_in_real_time(entry, audio: np.ndarray) -> float:
     return start + audio.size / AUDIO_RATE
 
 
-async def first_token(answer) -> float:
-    async for _ in answer.reply:
-        return time.monotonic()
-    return time.monotonic()
+async def first_token(run: conversation.AnswerRun) -> float:
+    """When the run's first text came; the run is read to its end."""
+    first = None
+    async for event in run.events():
+        if isinstance(event, conversation.Delta) and first is None:
+            first = time.monotonic()
+    return first if first is not None else time.monotonic()
 
 
 async def spoken_round(engine, args) -> dict[str, list[float]]:
     registry = SessionRegistry()
     entry = registry.create("webrtc", SessionSettings(evs_enabled=False, num_sample_frames=args.frames))
+    talking = conversation.of(conversation.Standalone(engine), entry)
     stop = asyncio.Event()
     frames = asyncio.create_task(feed_frames(entry, stop))
     await asyncio.sleep(args.frames * 0.5 + 0.5)
@@ -121,11 +125,7 @@ async def spoken_round(engine, args) -> dict[str, list[float]]:
                 out["extra"].append(spoken.seconds)
                 log.warning("utterance %d: an extra utterance of %.2f s ending %.2f s before the speech's end",
                             i, spoken.seconds, speech_end - spoken.speech_end)
-            answer = await chat.ask(engine, entry, "", OPTIONS, spoken=spoken)
-            first = await first_token(answer)
-            async for _ in answer.reply:
-                pass
-            chat.release(entry, answer)
+            first = await first_token(await talking.ask("", OPTIONS, spoken=spoken))
             await speaking
             if i < 0:
                 continue
@@ -139,11 +139,7 @@ async def spoken_round(engine, args) -> dict[str, list[float]]:
             # audio since the first, after a new frame (no whole-prompt cache hit).
             await asyncio.sleep(0.6)
             began = time.monotonic()
-            answer = await chat.ask(engine, entry, "What is on the table?", OPTIONS)
-            first = await first_token(answer)
-            async for _ in answer.reply:
-                pass
-            chat.release(entry, answer)
+            first = await first_token(await talking.ask("What is on the table?", OPTIONS))
             out["typed"].append((first - began) * 1000)
     finally:
         stop.set()

@@ -43,7 +43,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from engine import add_model_args, engine_for  # noqa: E402  (bench/engine.py: the same model choice)
 
-from vidchat import chat  # noqa: E402
+from vidchat import chat, conversation  # noqa: E402
 from vidchat.answer_queue import AnswerQueue  # noqa: E402
 from vidchat.chat import AnswerOptions  # noqa: E402
 from vidchat.local_engine import LocalEngine  # noqa: E402
@@ -71,16 +71,16 @@ class Feed:
 
 async def ttft(engine, entry, options, question="What happens in this video?",
                sample=None) -> tuple[float, int, int]:
-    answer = await chat.ask(engine, entry, question, options, sample=sample)
+    run = await conversation.of(conversation.Standalone(engine), entry).ask(question, options, sample=sample)
     t0 = time.perf_counter()
-    async for _ in answer.reply:
+    first = None
+    async for event in run.events():
+        if isinstance(event, conversation.Delta):
+            first = time.perf_counter() - t0
+            await run.cancel()
+    if first is None:
         first = time.perf_counter() - t0
-        break
-    else:
-        first = time.perf_counter() - t0
-    stats = answer.reply.stats
-    await answer.reply.cancel()
-    chat.release(entry, answer)
+    stats = run.answer.reply.stats
     return first * 1000, stats.prompt_tokens, stats.cached_tokens
 
 
@@ -214,14 +214,12 @@ async def load(engine, sessions: int, frames: int, rounds: int, prewarm: bool) -
     try:
         for _ in range(rounds):
             for entry in entries:
-                answer = await chat.ask(engine, entry, "What changed?", options, queue=gate)
+                run = await conversation.of(conversation.Standalone(engine, gate), entry).ask("What changed?", options)
                 t0 = time.perf_counter()
-                await answer.wait_turn()
-                async for _ in answer.reply:
-                    break
-                times.append((time.perf_counter() - t0) * 1000)
-                await answer.reply.cancel()
-                chat.release(entry, answer)
+                async for event in run.events():
+                    if isinstance(event, conversation.Delta):
+                        times.append((time.perf_counter() - t0) * 1000)
+                        await run.cancel()
                 await asyncio.sleep(0.3)  # a user reads, then asks again
     finally:
         stop.set()

@@ -40,6 +40,19 @@ SERVER_ARGS = ["--ws-idle-timeout", "4", "--ws-config-timeout", "2", "--session-
 
 free_port = allocate_port  # the name the older test modules use
 
+# The modules that take longest (seconds of a two-worker run, measured),
+# run first: xdist hands modules out in collection order, and a long module
+# left for last keeps one worker busy while the other has nothing to do.
+LONGEST_MODULES = ["test_webrtc", "test_preset_qwen", "test_hosting", "test_access", "test_page", "test_replay",
+                   "test_app", "test_preset_smolvlm", "test_compare", "test_page_cpu_default", "test_bench_talk"]
+
+
+def pytest_collection_modifyitems(config, items) -> None:
+    rank = {name: i for i, name in enumerate(LONGEST_MODULES)}
+    order = {id(item): i for i, item in enumerate(items)}
+    items.sort(key=lambda item: (rank.get(item.module.__name__, len(rank)) if item.module else len(rank),
+                                 order[id(item)]))
+
 
 # ---- models and engines ----
 

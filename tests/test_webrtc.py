@@ -338,6 +338,9 @@ async def test_a_reask_while_the_chat_answers_leaves_the_chat_answer_running(ser
         await client.close()
 
 
+# A hundred answers through the page's API: about two minutes alone on 2
+# cores, more beside the other xdist worker.
+@pytest.mark.timeout(900)
 async def test_a_hundred_questions_in_one_chat_all_answer_within_the_context(server):
     """The page sends its whole chat with each question; once that outgrows
     --max-model-len (4096 tokens here) the oldest turns are left out, and the

@@ -128,6 +128,7 @@ sampled frames (not cleared after each question).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import binascii
 import dataclasses
 import json
@@ -135,9 +136,9 @@ import logging
 import time
 from typing import TYPE_CHECKING, Any
 
-from vidchat import answer_inputs, chat, talk, wire
+from vidchat import answer_inputs, chat, conversation, talk, wire
 from vidchat.access import login_of
-from vidchat.chat import Answer, AnswerOptions
+from vidchat.chat import AnswerOptions
 from vidchat.clock import ClientClock
 from vidchat.engine import NO_SPOKEN_QUESTIONS, EngineError, Turn
 from vidchat.evs import FrameError
@@ -781,28 +782,27 @@ class Connection:
 
     async def _ask(self, text: str, watched: bool = False, **how: Any) -> None:
         """Ask a question about the session (typed, or spoken: ``how`` is
-        chat.ask's question_audio= or spoken=) and stream its answer as a
-        task. One question is set up at a time; a new one cancels the
-        running answer, which still ends with its response.text.done before
-        the new one's response.start."""
+        the conversation's question_audio= or spoken=) and stream its answer
+        as a task. One question is set up at a time; the conversation's
+        preemption rule ends the running answer, with its
+        response.text.done, before the new one's response.start."""
         async with self._ask_lock:
             entry = self.entry
             if self._asking_closed or entry is None:
                 return
-            await entry.cancel_answer()
-            await self._finish_answer_task()
             try:
                 # Samples the buffer now: frames arriving from here on count for the next question.
-                answer = await chat.ask(self.state.engine, entry, text, self.options, queue=self.state.answer_gate,
-                                        history=tuple(self._history), **how)
+                run = await conversation.of(self.state, entry).ask(
+                    text, self.options, history=tuple(self._history), record=self._record, **how)
             except chat.Superseded:
                 return  # a newer question from elsewhere took over this session
             except EngineError as exc:  # NoFrames and NO_SPOKEN_QUESTIONS included
                 await self.error(str(exc))
                 return
-            consumed = self._consumed(answer.sample) if self._names_frames else None
+            await self._finish_answer_task()  # its Done is delivered: the task only logs now
+            consumed = self._consumed(run.answer.sample) if self._names_frames else None
             self._answer_watched = watched
-            self._answer_task = asyncio.create_task(self._answer(answer, consumed, watched),
+            self._answer_task = asyncio.create_task(self._answer(run, consumed, watched),
                                                     name=f"answer-{entry.session.id[:6]}")
 
     def _consumed(self, sample: Sample) -> dict[str, Any]:
@@ -821,72 +821,57 @@ class Connection:
             "latest_pts_ms": pts,
         }
 
-    async def _answer(self, answer: Answer, consumed: dict[str, Any] | None = None, watched: bool = False) -> None:
-        reply = answer.reply
-        parts: list[str] = []
-        error: str | None = None
+    async def _answer(self, run: conversation.AnswerRun, consumed: dict[str, Any] | None = None,
+                      watched: bool = False) -> None:
+        """The run's events as the seed protocol's messages. Done is handled
+        inside the loop: the run counts as delivered (a newer question may
+        start) only once its response.text.done is sent."""
         try:
-            await answer.wait_turn(self._tell_queued)
-        except chat.Abandoned:
-            return  # replaced or ended while it waited: it never started
-        try:
-            start: dict[str, Any] = {"type": "response.start"}
-            if watched:  # asked by the standing question, not by the client
-                start["watch"] = True
-            if self._notice is not None:
-                start["notice"], self._notice = self._notice, None
-            await self.send(start)
-            async for delta in reply:
-                if consumed is not None:  # as vllm-omni: at the model's first output
-                    consumed, message = None, consumed
-                    await self.send(message)
-                parts.append(delta)
-                if not await self.send({"type": "response.text.delta", "delta": delta}):
-                    break  # the client is gone: stop generating
+            async with contextlib.aclosing(run.events()) as events:
+                async for event in events:
+                    if isinstance(event, conversation.Queued):
+                        await self._tell_queued(event.ahead)
+                    elif isinstance(event, conversation.Started):
+                        start: dict[str, Any] = {"type": "response.start"}
+                        if watched:  # asked by the standing question, not by the client
+                            start["watch"] = True
+                        if self._notice is not None:
+                            start["notice"], self._notice = self._notice, None
+                        await self.send(start)
+                    elif isinstance(event, conversation.Delta):
+                        if consumed is not None:  # as vllm-omni: at the model's first output
+                            consumed, message = None, consumed
+                            await self.send(message)
+                        if not await self.send({"type": "response.text.delta", "delta": event.text}):
+                            await run.cancel()  # the client is gone: stop generating
+                    elif event.started:  # Done; one that never started (replaced while it waited) says nothing
+                        if consumed is not None:  # no output at all (cancelled, failed): still said once
+                            await self.send(consumed)
+                        await self._answered(event)
         except asyncio.CancelledError:
-            pass  # the session's end: still close the response
-        except EngineError as exc:
-            error = str(exc)
-        except Exception:
-            log.exception("ws %s: answer failed", self.peer)
-            error = "Query processing failed"
-        finally:
-            try:
-                await asyncio.shield(reply.aclose())  # aborts the vLLM request if still running
-            except Exception:
-                log.debug("aborting the reply failed", exc_info=True)
-            if self.entry is not None:
-                chat.release(self.entry, answer)
-        if consumed is not None:  # no output at all (cancelled, failed): still said once
-            await self.send(consumed)
-        if error:
-            await self.error(error)
-        stats = answer.summary()
-        if self.entry is not None:
-            # The same record, with the frames and audio, at /inputs/<answer_id>/ (vidchat.answer_inputs).
-            stats["answer_id"] = answer_inputs.remember(self.entry, answer)
-            if self._record:
-                stats.update(await self._recorded(answer, stats["answer_id"]))
-        text = "".join(parts)
-        if self._keep_history and text.strip() and not stats.get("cancelled"):
-            self._history[:] = [*self._history, Turn("user", chat.spoken_text(answer)),
+            pass  # the session's end: the run has aborted its reply
+
+    async def _answered(self, done: conversation.Done) -> None:
+        if done.error:
+            await self.error(done.error)
+        stats = done.answer.summary()
+        stats["answer_id"] = done.answer_id
+        if self._record:
+            if done.bundle is not None:
+                stats["bundle"] = done.bundle.relative_to(self.settings.record_dir).as_posix()
+                stats["bundle_url"] = f"{answer_inputs.PATH_PREFIX}{done.answer_id}/bundle.zip"
+            else:
+                await self.error(done.record_error or "Could not save the recording.")
+                stats["bundle"] = None
+        text = done.text
+        if self._keep_history and text.strip() and done.status == conversation.COMPLETED:
+            self._history[:] = [*self._history, Turn("user", chat.spoken_text(done.answer)),
                                 Turn("assistant", text.strip())][-MAX_HISTORY_TURNS:]
         await self.send({"type": "response.text.done", "text": text, "stats": stats})
         self._last_input = time.monotonic()
         log.info("ws %s: answered: %d tokens, %d frames, %.1f s audio%s", self.peer,
                  stats.get("completion_tokens", 0), stats.get("frames", 0), stats.get("audio_seconds", 0.0),
                  " (cancelled)" if stats.get("cancelled") else "")
-
-    async def _recorded(self, answer: Answer, answer_id: str) -> dict[str, Any]:
-        """Save the answer as a bundle (record: true): stats.bundle names its
-        folder under --record-dir, stats.bundle_url its zip download."""
-        try:
-            path = await answer_inputs.save_bundle(self.state, self.entry, answer, answer_id, source="socket")
-        except (answer_inputs.RecordingOff, OSError) as exc:
-            await self.error(f"Could not save the recording: {exc}")
-            return {"bundle": None}
-        return {"bundle": path.relative_to(self.settings.record_dir).as_posix(),
-                "bundle_url": f"{answer_inputs.PATH_PREFIX}{answer_id}/bundle.zip"}
 
     async def _tell_queued(self, ahead: int) -> None:
         if not self._vidchat_events:

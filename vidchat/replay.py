@@ -455,11 +455,6 @@ class Output:
         print(text, file=self.stream, flush=True)
 
 
-async def _finish(answer) -> None:
-    async for _ in answer.reply:
-        pass
-
-
 # ---------------------------------------------------------------------------
 # Runs
 # ---------------------------------------------------------------------------
@@ -476,12 +471,13 @@ class Run:
 
 
 async def replay_file(run: Run, state, engine, path: str) -> int:
-    from vidchat import chat
+    from vidchat import chat, conversation
     from vidchat.engine import EngineError, Turn
 
     schedule = Schedule([(q.at, q.text) for q in run.args.ask], parse_every(run.args.every))
     entry = state.new_session("replay")
     session = entry.session
+    talking = conversation.of(state, entry)
     playback = Playback(session, run.args.watch_every if run.watch else None, name=os.path.basename(path))
     options = state.answer_defaults().updated(**run.changes.answer)
     try:
@@ -501,10 +497,8 @@ async def replay_file(run: Run, state, engine, path: str) -> int:
         if at_end and not q.periodic:
             log.warning("question at %g s is past the end of the file (%.3f s): asked at the end", q.at,
                         playback.end)
-        answer = None
         try:
-            answer = await chat.ask(engine, entry, q.text, options, history=tuple(history))
-            await _finish(answer)
+            done = await (await talking.ask(q.text, options, engine=engine, history=tuple(history))).finish()
         except chat.NoFrames:
             failures += 1
             run.output.failure(q.at, q.text, f"no video frame before {q.at:g} s of {path}", q.watch)
@@ -514,10 +508,13 @@ async def replay_file(run: Run, state, engine, path: str) -> int:
             run.output.failure(q.at, q.text, str(exc), q.watch)
             return
         finally:
-            if answer is not None:
-                chat.release(entry, answer)
             answer_s += time.perf_counter() - t0
-        if answer.reply.stats.cancelled or answer.reply.stats.finish_reason == "abort":
+        if done.error:
+            failures += 1
+            run.output.failure(q.at, q.text, done.error, q.watch)
+            return
+        answer = done.answer
+        if done.status == conversation.CANCELLED or answer.reply.stats.finish_reason == "abort":
             failures += 1
             run.output.failure(q.at, q.text, "the answer was aborted", q.watch)
             return
@@ -559,7 +556,7 @@ async def replay_file(run: Run, state, engine, path: str) -> int:
 
 
 async def reask_bundle(run: Run, state, engine, bundle) -> int:
-    from vidchat import chat
+    from vidchat import chat, conversation
     from vidchat.chat import AnswerOptions
     from vidchat.engine import EngineError
     from vidchat.session import SessionSettings, uniform_indices
@@ -611,18 +608,21 @@ async def reask_bundle(run: Run, state, engine, bundle) -> int:
     t = manifest.get("t")
     # The app's one answer path, with the bundle's frozen sample in place of a buffer's.
     entry = state.new_session("replay")
-    answer = None
     try:
-        answer = await chat.ask(engine, entry, bundle.question, options, history=history, sample=sample,
-                                spoken=bundle.spoken)
-        await _finish(answer)
+        done = await (await conversation.of(state, entry).ask(bundle.question, options, engine=engine,
+                                                              history=history, sample=sample,
+                                                              spoken=bundle.spoken)).finish()
     except EngineError as exc:
-        run.output.failure(t, bundle.question, str(exc))
-        return FAILED
+        done = None
+        error = str(exc)
     finally:
-        if answer is not None:
-            chat.release(entry, answer)
         await state.registry.close(entry.session.id, "re-ask finished")
+    if done is not None:
+        error = done.error
+    if error:
+        run.output.failure(t, bundle.question, error)
+        return FAILED
+    answer = done.answer
     rec = answer_record(answer, t=t, settings=settings, source=bundle.path)
     rec["bundle_inputs_sha256"] = bundle.inputs_sha256
     if run.out_dir:

@@ -224,11 +224,19 @@ def _listening(server: Server) -> bool:
         return False
 
 
+def per_worker(path: Path) -> Path:
+    """``path`` as this xdist worker's own (``server.gw1.log``): the workers
+    of one run start servers of the same name side by side."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER")
+    return path.with_name(f"{path.stem}.{worker}{path.suffix}") if worker else path
+
+
 def start_server(args: list[str], log_path: Path, timeout: float = 240, env_extra: dict | None = None,
                  token: str | None = None, cache_dir: Path | None = None, loaded: bool = True) -> Server:
     """Start app.py with ``args`` (plus ``--token`` when given) on a port of
     its own and return once ``/api/health`` says ok (``loaded`` false: as
     soon as the port answers, while the model may still be loading)."""
+    log_path = per_worker(log_path)
     for attempt in range(3):
         port = allocate_port()
         cmd = [sys.executable, str(ROOT / "app.py"), "--host", "127.0.0.1", "--port", str(port), *args]

@@ -29,8 +29,6 @@ import pytest
 TIERS = ("unit", "engine", "browser")
 UNIT_TIMEOUT_S = 30
 
-ENGINE_STARTS: collections.Counter = collections.Counter()
-
 
 def tiers_of(item: pytest.Item) -> set[str]:
     return {m.name for m in item.iter_markers() if m.name in TIERS}
@@ -106,8 +104,10 @@ from vidchat.engine import ENGINE_START_LOG_ENV  # noqa: E402
 
 
 def count_engine_start(kind: str) -> None:
-    """For engines that are not vidchat's own (a test's ``vllm serve``)."""
-    ENGINE_STARTS[kind] += 1
+    """For engines that are not vidchat's own (a test's ``vllm serve``). Noted
+    in the shared file, so a run split over xdist workers counts them too."""
+    with open(os.environ[ENGINE_START_LOG_ENV], "a") as f:
+        f.write(f"{kind.replace(' ', '_')} 0 -\n")
 
 
 def _engine_start_log(config: pytest.Config) -> str:
@@ -120,18 +120,31 @@ def _engine_start_log(config: pytest.Config) -> str:
             os.close(fd)
             os.environ[ENGINE_START_LOG_ENV] = path
         config._vidchat_engine_log = path
+        # Each pytest process (the run itself, or each xdist worker) notes its
+        # pid, so the summary can tell in-process engines from launched ones.
+        with open(path, "a") as f:
+            f.write(f"pytest {os.getpid()} -\n")
     return config._vidchat_engine_log
 
 
 def engine_starts(config: pytest.Config) -> collections.Counter:
-    counts = collections.Counter(ENGINE_STARTS)
     with open(_engine_start_log(config)) as f:
-        for line in f:
-            counts["in-process" if line.split()[0] == str(os.getpid()) else "in servers, replays, benches"] += 1
+        lines = [line.split() for line in f if line.strip()]
+    pytest_pids = {words[1] for words in lines if words[0] == "pytest"}
+    counts: collections.Counter = collections.Counter()
+    for first, *_ in lines:
+        if first == "pytest":
+            continue
+        if not first.isdigit():
+            counts[first.replace("_", " ")] += 1
+        else:
+            counts["in-process" if first in pytest_pids else "in servers, replays, benches"] += 1
     return counts
 
 
 def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:
+    if hasattr(config, "workerinput"):
+        return  # an xdist worker: the run's own process reports for all of them
     counts = engine_starts(config)
     if counts:
         parts = ", ".join(f"{kind} {n}" for kind, n in sorted(counts.items()))

@@ -15,8 +15,9 @@ from typing import Any, AsyncIterator
 
 import gradio as gr
 
-from vidchat import answer_inputs, chat, recording
-from vidchat.chat import Answer, OptionError
+from vidchat import answer_inputs, chat, conversation, recording
+from vidchat.chat import OptionError
+from vidchat.conversation import CANCELLED, Delta, Done, Queued, Started
 from vidchat.settings_table import SETTINGS, UNBOUNDED_MAX_TOKENS, page_number
 from vidchat.engine import EngineError, Turn
 from vidchat.markup import as_text
@@ -123,12 +124,11 @@ async def answer_stream(state, entry, question: str, request: PageRequest, past:
 
 async def _answer_updates(state, entry, question: str, request: PageRequest, past: list[Turn],
                           history: list[dict], event_start: float, spoken, pin) -> AsyncIterator[tuple]:
+    """The conversation's answer run as the chat's messages."""
     try:
-        answer = await chat.ask(state.engine, entry, question, request.options, history=past,
-                                queue=state.answer_gate, spoken=spoken,
-                                sample=None if pin is None else pin.sample)
-        if pin is not None:
-            answer.sampled_before_ms = (time.monotonic() - pin.at) * 1000
+        run = await conversation.of(state, entry).ask(question, request.options, history=past, spoken=spoken,
+                                                      sample=None if pin is None else pin.sample,
+                                                      record=request.record)
     except chat.Superseded:
         return  # a newer question owns this tab's chat now
     except EngineError as exc:  # NoFrames included
@@ -137,96 +137,65 @@ async def _answer_updates(state, entry, question: str, request: PageRequest, pas
         history.append(notice(str(exc) if isinstance(exc, chat.NoFrames) else f"⚠ {exc}"))
         yield history, gr.skip(), gr.skip()
         return
+    answer = run.answer
+    if pin is not None:
+        answer.sampled_before_ms = (time.monotonic() - pin.at) * 1000
     if spoken is not None:
         history.append(spoken_bubble(answer, answer_inputs.remember(entry, answer)))
     log.info("chat event -> engine call: %.2f ms", (time.perf_counter() - event_start) * 1000)
     reply = answer.reply
     history.append({"role": "assistant", "content": ""})
     yield history, gr.skip(), gr.skip()
-    error = None
-    try:
-        async for place in _wait_turn(answer):
-            history[-1] = notice(waiting_text(place))
-            yield history, gr.skip(), gr.skip()
-        if is_notice(history[-1]):
-            history[-1] = {"role": "assistant", "content": ""}
-        shown = 0.0
-        async for delta in reply:
-            if not history[-1]["content"]:
-                since_event = time.perf_counter() - event_start
-                # The event's wall-clock time lets a browser on this machine
-                # split its own Enter -> first token into before/after the server.
-                log.info("chat event -> first token: %.1f ms (%d of %d prompt tokens from the cache; "
-                         "event at %.3f)", since_event * 1000, reply.stats.cached_tokens,
-                         reply.stats.prompt_tokens, time.time() - since_event)
-            history[-1]["content"] += delta
-            # The first text at once, then at most STREAM_UPDATE_S apart: each
-            # update re-renders the whole message in the browser, and a fast
-            # model's every token would keep the tab (and the server) busy.
-            # The answer's last update below shows whatever is left.
-            if time.monotonic() - shown >= STREAM_UPDATE_S:
-                shown = time.monotonic()
+    shown = 0.0
+    async with contextlib.aclosing(run.events()) as events:
+        async for event in events:
+            if isinstance(event, Queued):
+                history[-1] = notice(waiting_text(event.ahead))
                 yield history, gr.skip(), gr.skip()
-    except EngineError as exc:
-        error = exc
-    except chat.Abandoned:
-        pass  # stopped or replaced while it waited
-    finally:
-        await reply.cancel()  # no-op when finished; aborts if the page went away
-        current = chat.release(entry, answer)
-    if not current:
-        return  # a newer question took over this tab's chat; its event owns it from now on
+            elif isinstance(event, Started):
+                if is_notice(history[-1]):
+                    history[-1] = {"role": "assistant", "content": ""}
+            elif isinstance(event, Delta):
+                if not history[-1]["content"]:
+                    since_event = time.perf_counter() - event_start
+                    # The event's wall-clock time lets a browser on this machine
+                    # split its own Enter -> first token into before/after the server.
+                    log.info("chat event -> first token: %.1f ms (%d of %d prompt tokens from the cache; "
+                             "event at %.3f)", since_event * 1000, reply.stats.cached_tokens,
+                             reply.stats.prompt_tokens, time.time() - since_event)
+                history[-1]["content"] += event.text
+                # The first text at once, then at most STREAM_UPDATE_S apart: each
+                # update re-renders the whole message in the browser, and a fast
+                # model's every token would keep the tab (and the server) busy.
+                # The answer's last update below shows whatever is left.
+                if time.monotonic() - shown >= STREAM_UPDATE_S:
+                    shown = time.monotonic()
+                    yield history, gr.skip(), gr.skip()
+            elif event.current:  # Done, and this chat's answer still: a newer question's event owns it otherwise
+                yield await _final_update(entry, event, history)
+
+
+async def _final_update(entry, done: Done, history: list[dict]) -> tuple:
+    """The answer's last update: its text (or why there is none), the
+    recording's note, and what the model got, folded under the answer.
+    Thumbnails are encoded after the answer, so they never delay its first
+    token, and in a worker thread, so they never stall the event loop."""
+    answer = done.answer
     if is_notice(history[-1]):
         history.pop()  # the "waiting" line
     if not history[-1]["content"]:
         history.pop()
-        history.append(notice(f"⚠ {error}" if error else STOPPED if reply.stats.cancelled else NO_TEXT))
-    elif error is not None:
-        history.append(notice(f"⚠ {error}"))
-    # What the model got, folded under the answer. Thumbnails are encoded
-    # after the answer, so they never delay its first token, and in a worker
-    # thread, so they never stall the event loop.
-    answer_id = answer_inputs.remember(entry, answer)
-    if request.record:
-        await _record(state, entry, answer, answer_id, history)
-    panel = await asyncio.to_thread(answer_inputs.details_html, answer, answer_id, answer_id in entry.bundles)
+        history.append(notice(f"⚠ {done.error}" if done.error else STOPPED if done.status == CANCELLED else NO_TEXT))
+    elif done.error is not None:
+        history.append(notice(f"⚠ {done.error}"))
+    if done.record_error:
+        history.append(notice(done.record_error if done.record_error.startswith("Not recorded")
+                              else f"⚠ {done.record_error}"))
+    panel = await asyncio.to_thread(answer_inputs.details_html, answer, done.answer_id,
+                                    done.answer_id in entry.bundles)
     history.append({"role": "assistant", "content": panel,
-                    "metadata": {"title": answer_inputs.title(answer), "status": "done", "id": answer_id}})
-    yield history, await asyncio.to_thread(frames_html, answer), answer.summary()
-
-
-async def _record(state, entry, answer: Answer, answer_id: str, history: list[dict]) -> None:
-    """Save the answer as a bundle when the server allows recording (--record-dir)."""
-    try:
-        await answer_inputs.save_bundle(state, entry, answer, answer_id, source="page")
-    except answer_inputs.RecordingOff:
-        history.append(notice("Not recorded: the server was started without --record-dir."))
-    except OSError as exc:
-        history.append(notice(f"⚠ Could not save the recording: {exc}"))
-
-
-async def _wait_turn(answer: Answer) -> AsyncIterator[int]:
-    """Yield the number of questions ahead while the answer waits for its
-    place (--max-concurrent-answers); raises chat.Abandoned when stopped."""
-    places: asyncio.Queue[int] = asyncio.Queue()
-
-    async def tell(ahead: int) -> None:
-        places.put_nowait(ahead)
-
-    waiting = asyncio.ensure_future(answer.wait_turn(tell))
-    try:
-        while not waiting.done():
-            getter = asyncio.ensure_future(places.get())
-            await asyncio.wait({waiting, getter}, return_when=asyncio.FIRST_COMPLETED)
-            if getter.done():
-                yield getter.result()
-            else:
-                getter.cancel()
-        waiting.result()
-    finally:
-        if not waiting.done():  # the page went away while it waited
-            await answer.cancel()
-            waiting.cancel()
+                    "metadata": {"title": answer_inputs.title(answer), "status": "done", "id": done.answer_id}})
+    return history, await asyncio.to_thread(frames_html, answer), answer.summary()
 
 
 async def _wait_for_model(state, history: list[dict]) -> AsyncIterator[tuple]:
@@ -395,30 +364,26 @@ async def reask(state, sid: str, answer_id: str, *raw_settings: Any, engine_choi
         # A bundle re-asked before any source started: a session of its own,
         # outside the registry (it holds no media), with its own cache salt.
         entry = Entry(Session("bundle-" + answer_id), kind="bundle")
-    slot = entry.side_slot()
     heading = "Re-asked" if engine is state.engine else "Re-asked on the second model"
     try:
-        again = await chat.ask(engine, slot, original.question, request.options, history=original.history,
-                               queue=state.answer_gate, sample=sample, spoken=original.spoken)
+        run = await conversation.of(state, entry).reask(original, request.options, sample, engine=engine,
+                                                        remember=entry.kind != "bundle")
     except chat.Superseded:
         return
     except EngineError as exc:
         yield f"<p class='vc-note'>⚠ {as_text(str(exc))}</p>"
         return
     yield compare_html(original, None, "", note, heading)
-    try:
-        async for _ in _wait_turn(again):
-            pass
-        async for _ in again.reply:
-            yield compare_html(original, None, again.reply.text, note, heading)
-    except (chat.Abandoned, EngineError) as exc:
-        note = f"⚠ {exc}" if isinstance(exc, EngineError) else "Stopped."
-    finally:
-        await again.reply.cancel()
-        chat.release(slot, again, continues_chat=False)
-    if entry.kind != "bundle":
-        answer_inputs.remember(entry, again)
-    yield compare_html(original, again, again.reply.text, note, heading)
+    async with contextlib.aclosing(run.events()) as events:
+        async for event in events:
+            if isinstance(event, Delta):
+                yield compare_html(original, None, run.answer.reply.text, note, heading)
+            elif isinstance(event, Done):
+                if event.error:
+                    note = f"⚠ {event.error}"
+                elif event.status == CANCELLED:
+                    note = "Stopped."
+                yield compare_html(original, event.answer, event.text, note, heading)
 
 
 # ---------------------------------------------------------------------------
