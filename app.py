@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 import sys
 
 
@@ -20,7 +21,7 @@ def main(argv: list[str] | None = None) -> int:
     from vidchat.engine import EngineError
     from vidchat.models import TINY_BANNER, resolve_model, resolve_preset
     from vidchat.presets import apply as apply_preset
-    from vidchat.server import create_app, parse_ice_servers
+    from vidchat.server import SHUTDOWN_GRACE_S, ClosingServer, create_app, parse_ice_servers
     from vidchat.state import AppState, default_session_settings
     from vidchat.sessions import SessionRegistry
     from vidchat.space import check_space_relay, space_settings
@@ -103,11 +104,25 @@ def main(argv: list[str] | None = None) -> int:
     trusted_proxies = forwarded_allow_ips(settings, on_space())
     if trusted_proxies.replace(" ", "") != "127.0.0.1,::1":
         log.info("client addresses from X-Forwarded-For / Forwarded of proxies at %s", trusted_proxies)
-    uvicorn.run(app, host=settings.host, port=settings.port, log_level=settings.log_level.lower(),
-                ws_max_size=ws_max_size, ws="websockets-sansio", proxy_headers=True,
-                forwarded_allow_ips=trusted_proxies)
+    config = uvicorn.Config(app, host=settings.host, port=settings.port, log_level=settings.log_level.lower(),
+                            ws_max_size=ws_max_size, ws="websockets-sansio", proxy_headers=True,
+                            forwarded_allow_ips=trusted_proxies, timeout_graceful_shutdown=SHUTDOWN_GRACE_S)
+    try:
+        ClosingServer(config, state).run()
+    except KeyboardInterrupt:
+        pass  # uvicorn re-raises the Ctrl-C it handled, once it has shut down
     return 0 if state.engine is not None else 1
 
 
+def exit_now(code: int) -> None:
+    """Exit once the server has shut down (sessions closed, the engine and
+    its process gone): skipping the interpreter's teardown of torch and
+    vLLM, which took 4-5 s here and kept Ctrl-C from returning promptly."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    logging.shutdown()
+    os._exit(code)
+
+
 if __name__ == "__main__":  # the guard also keeps vLLM's spawned engine process from re-running main
-    sys.exit(main())
+    exit_now(main())

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import subprocess
 import sys
 import urllib.request
@@ -18,6 +19,24 @@ def fetch(url: str) -> tuple[int, str]:
             return r.status, r.read().decode(errors="replace")
     except urllib.error.HTTPError as e:
         return e.code, e.read().decode(errors="replace")
+
+
+# Ctrl-C must not hang on open connections: a tab's Gradio stream, a peer, a
+# socket (they get vidchat.server.SHUTDOWN_GRACE_S while the engine shuts
+# down). Generous for a loaded CI machine; the test prints the time.
+SHUTDOWN_WITHIN_S = 8.0
+
+
+async def _received(ws) -> list[str]:
+    """What the server sent on ``ws`` until it closed it."""
+    import websockets
+
+    out = []
+    try:
+        while True:
+            out.append(await asyncio.wait_for(ws.recv(), 10))
+    except (websockets.ConnectionClosed, asyncio.TimeoutError):
+        return out
 
 
 @pytest.mark.engine
@@ -87,13 +106,20 @@ def test_vllm_parallelism_and_the_encoder_cache_size_reach_the_engine_options():
             parse_settings([flag, "0"])
 
 
-@pytest.mark.engine
+@pytest.mark.browser
 async def test_a_socket_session_runs_while_the_model_loads_and_ctrl_c_leaves_no_process(artifacts_dir,
-                                                                                       tiny_vl_path):
+                                                                                       tiny_vl_path, tmp_path):
     """Connected as soon as the port answers: the session takes and acks
     frames while the model loads, and a question asked then waits for the
     model (the client, opted into vidchat's events, is told) and is answered.
-    Then Ctrl-C shuts the engine down and leaves no process behind."""
+    Then, with a tab streaming its camera and a socket open, Ctrl-C tells
+    the socket why, exits within seconds and leaves no process behind."""
+    import time
+
+    from playwright.async_api import async_playwright
+
+    from vidchat.devtools.page import launch, open_and_start, write_wav, write_y4m
+
     import asyncio
     import base64
     import json
@@ -129,7 +155,26 @@ async def test_a_socket_session_runs_while_the_model_loads_and_ctrl_c_leaves_no_
         assert messages[-1]["stats"]["frames"] == 2
     children = psutil.Process(srv.proc.pid).children(recursive=True)
     assert children, "vLLM's engine core runs in a child process"
-    assert stop_server(srv) == 0
+    write_y4m(tmp_path / "cam.y4m", (200, 40, 40))
+    write_wav(tmp_path / "mic.wav")
+    async with async_playwright() as pw, websockets.connect(srv.ws_url) as open_socket:
+        browser = await launch(pw, tmp_path / "cam.y4m", tmp_path / "mic.wav", tmp_path)
+        try:
+            await open_and_start(browser, srv.url + "/", min_buffer=4)  # a tab streaming its camera
+            await open_socket.send(json.dumps({"type": "session.config"}))
+            await eventually_async(lambda: asyncio.to_thread(lambda: srv.get_json("/api/health")["sessions"] >= 2),
+                                   30, "the tab's and the socket's sessions are open")
+            began = time.monotonic()
+            code = await asyncio.to_thread(stop_server, srv)
+            took = time.monotonic() - began
+        finally:
+            await browser.close()
+        said = [json.loads(m) for m in await _received(open_socket)]
+    print(f"Ctrl-C with a tab and a socket open: exited in {took:.1f} s")
+    assert code == 0
+    assert took < SHUTDOWN_WITHIN_S, f"Ctrl-C took {took:.1f} s with a tab open"
+    assert {"type": "error", "message": "Session ended: closed at shutdown"} in said, said
+    assert open_socket.close_code == 1001
     gone, alive = psutil.wait_procs(children, timeout=10)
     assert not alive, f"stray processes after Ctrl-C: {alive}"
     assert "engine shut down" in srv.log()

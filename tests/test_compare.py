@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from gradio_client import Client, handle_file
 
-from vidchat.recording import read_bundle
+from vidchat.recording import png_bytes, read_bundle
 from vidchat.settings import Settings
 from vidchat.rtc_client import RtcClient, SyntheticVideo
 
@@ -179,3 +179,45 @@ async def test_a_socket_client_records_each_answer_as_a_bundle(two_models, tmp_p
         assert "bundle" not in done["stats"] and set(two_models.record_dir.rglob("manifest.json")) == manifests
     finally:
         await ws.close()
+
+
+@pytest.mark.engine
+async def test_the_page_the_socket_and_replay_give_the_same_record_for_the_same_inputs(two_models, tmp_path):
+    """One answer's frames through the three doors: asked in the page (its
+    API, on a WebRTC session), the same frames sent to the socket, and the
+    page's recording re-asked by replay. Each door goes through the same
+    conversation core: the same inputs_sha256 and the same record keys."""
+    import base64
+    import json
+
+    from test_protocol import check_answer, connect, send, until
+    from test_replay import ENGINE_ARGS, json_lines, replay
+
+    path, page_record = await _recorded_bundle(two_models, tmp_path)
+    bundle = read_bundle(path)
+    assert page_record["audio_seconds"] == 0 and len(bundle.frames) == 4
+
+    # The socket: the recorded frames, losslessly, with nothing dropped and all four sampled.
+    ws = await connect(two_models, evs_enabled=False, num_sample_frames=4, max_tokens=6, temperature=0.0)
+    try:
+        for frame in bundle.frames:
+            await send(ws, {"type": "video.frame", "data": base64.b64encode(png_bytes(frame)).decode()})
+        await send(ws, {"type": "video.query", "text": bundle.question})
+        socket_stats = check_answer(await until(ws, "response.text.done", timeout=60))["stats"]
+    finally:
+        await ws.close()
+
+    res = await asyncio.to_thread(replay, str(path), *ENGINE_ARGS, "--json", cwd=tmp_path)
+    assert res.returncode == 0, res.stderr[-3000:]
+    (replay_record,) = json_lines(res.stdout)
+
+    digests = {page_record["inputs_sha256"], socket_stats["inputs_sha256"], replay_record["inputs_sha256"]}
+    assert digests == {bundle.inputs_sha256}, json.dumps([page_record, socket_stats, replay_record])[:3000]
+    for record in (page_record, socket_stats, replay_record):
+        assert record["frames"] == 4 and record["frame_sizes"] == page_record["frame_sizes"]
+    # The answer record is the core's (Answer.summary): what each door adds is its own wrapping.
+    core = set(socket_stats) - {"answer_id"}
+    assert core <= set(page_record) and set(page_record) - core == {"id", "question", "answer"}
+    assert core <= set(replay_record)
+    assert set(replay_record) - core == {"t", "question", "answer", "watch", "settings", "bundle",
+                                         "bundle_inputs_sha256"}

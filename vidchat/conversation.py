@@ -25,7 +25,7 @@ import contextlib
 import logging
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, AsyncIterator, Sequence, Union
+from typing import Any, AsyncIterator, Callable, Sequence, Union
 
 from vidchat import answer_inputs, chat
 from vidchat.answer_queue import Abandoned
@@ -33,6 +33,7 @@ from vidchat.chat import Answer, AnswerOptions
 from vidchat.engine import ChatEngine, EngineError, Turn
 from vidchat.session import Sample
 from vidchat.sessions import Entry
+from vidchat.watch import SceneWatch
 
 log = logging.getLogger(__name__)
 
@@ -103,6 +104,7 @@ class AnswerRun:
         self.record, self.continues_chat, self.remember = record, continues_chat, remember
         self.finished = asyncio.Event()  # set once Done is delivered, or the reader stopped reading
         self.done: Done | None = None
+        self.superseded = False  # a newer question took its slot: its Done is not current
 
     async def cancel(self) -> None:
         """Stop generating (or waiting); the run still ends with its Done."""
@@ -115,8 +117,9 @@ class AnswerRun:
         current = True
         try:
             try:
-                async for ahead in _places(answer):
-                    yield Queued(ahead)
+                async with contextlib.aclosing(_places(answer)) as places:
+                    async for ahead in places:
+                        yield Queued(ahead)
                 started = True
                 yield Started(answer)
                 async for delta in reply:
@@ -134,7 +137,8 @@ class AnswerRun:
                     await asyncio.shield(reply.aclose())
                 except Exception:  # noqa: BLE001
                     log.debug("aborting the reply failed", exc_info=True)
-                current = chat.release(self.slot, answer, continues_chat=self.continues_chat)
+                released = chat.release(self.slot, answer, continues_chat=self.continues_chat)
+                current = released and not self.superseded
             done = await self._done(error, started, current)
             self.done = done
             yield done
@@ -211,6 +215,8 @@ class Conversation:
         Done delivered before this one starts. Raises NoFrames, Superseded
         (a newer question arrived while this one was prepared) or EngineError."""
         previous = self._chat_run
+        if previous is not None:
+            previous.superseded = True
         await self.entry.cancel_answer()
         if previous is not None and not previous.finished.is_set():
             try:
@@ -224,6 +230,21 @@ class Conversation:
         run = AnswerRun(self, self.entry, answer, record=record, continues_chat=continues_chat, remember=remember)
         self._chat_run = run
         return run
+
+    async def scene_changes(self, watcher: SceneWatch, stopped: Callable[[], bool]) -> AsyncIterator[float | None]:
+        """Watch mode's moments to ask the standing question, for every
+        door: each (rate-limited) scene change, none while the model loads,
+        and never one that cuts an answer short: a change during an answer
+        is asked about once that answer's Done is delivered. Ends when
+        ``stopped()`` says watching was switched off."""
+        async for t in watcher.changes(stopped):
+            if self.state.engine is None:
+                continue
+            while (run := self._chat_run) is not None and not run.finished.is_set() and not stopped():
+                await run.finished.wait()
+            if stopped():
+                return
+            yield t
 
     async def reask(self, original: Answer, options: AnswerOptions, sample: Sample, *,
                     engine: ChatEngine | None = None, remember: bool = True) -> AnswerRun:

@@ -129,7 +129,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import binascii
 import dataclasses
 import json
 import logging
@@ -139,14 +138,13 @@ from typing import TYPE_CHECKING, Any
 from vidchat import answer_inputs, chat, conversation, talk, wire
 from vidchat.access import login_of
 from vidchat.chat import AnswerOptions
-from vidchat.clock import ClientClock
 from vidchat.engine import NO_SPOKEN_QUESTIONS, EngineError, Turn
-from vidchat.evs import FrameError
 from vidchat.media import AUDIO_RATE
 from vidchat.protocol_config import (UPDATABLE_INFO, ConfigError, TurnDetection, WatchRequest, parse_config,
                                      wants_vidchat_events)
+from vidchat.socket_media import INLINE_PARSE_CHARS, Refused, SocketMedia, decode_b64
 from vidchat.workers import run_media
-from vidchat.session import MAX_AUDIO_SECONDS, Sample, SessionSettings
+from vidchat.session import MAX_AUDIO_SECONDS, SessionSettings
 from vidchat.sessions import Entry, TooManySessions
 from vidchat.vad import SpeechStarted, Utterance
 from vidchat.watch import SceneWatch
@@ -157,12 +155,6 @@ if TYPE_CHECKING:
     from vidchat.state import AppState
 
 log = logging.getLogger(__name__)
-
-# Messages longer than this are parsed and decoded in a worker thread, in
-# slices that yield the interpreter lock (vidchat.wire): a 640×480 frame's
-# JSON+base64 costs ~0.3 ms, an 8 MB one ~55 ms, which would stall every other
-# session's frames and streamed tokens.
-INLINE_PARSE_CHARS = 64 * 1024
 
 # How long before --session-time-limit the client is told (session.expiring).
 SESSION_END_WARNING_S = 30.0
@@ -179,36 +171,12 @@ RECORD_OFF = "record: the server was started without --record-dir (nothing is wr
 MAX_HISTORY_TURNS = 400
 WATCH_NEEDS_EVS = "watch needs evs_enabled: the frame filter is what sees scene changes"
 
-# Longest client frame_id (a string) echoed back in acks.
-MAX_FRAME_ID_CHARS = 256
-
-
-def _is_millis(value: Any) -> bool:
-    # A range check, not math.isfinite: that raises OverflowError for a huge JSON integer.
-    return not isinstance(value, bool) and isinstance(value, (int, float)) and -1e15 < value < 1e15
-
-
-def _is_frame_id(value: Any) -> bool:
-    if isinstance(value, str):
-        return 0 < len(value) <= MAX_FRAME_ID_CHARS
-    return isinstance(value, int) and not isinstance(value, bool) and -(1 << 63) <= value < (1 << 63)
-
-
 # ---------------------------------------------------------------------------
 # One connection
 # ---------------------------------------------------------------------------
 
 class _Disconnected(Exception):
     pass
-
-
-class _Refused(Exception):
-    """A message's media could not be used: ``message`` for the client's
-    error, ``reason`` for a video.frame.ack."""
-
-    def __init__(self, reason: str, message: str, size: int | None = None) -> None:
-        super().__init__(message)
-        self.reason, self.message, self.size = reason, message, size  # size: bytes, when too large
 
 
 class _Timeout:
@@ -228,7 +196,7 @@ class Connection:
         self.entry: Entry | None = None
         self.options: AnswerOptions = state.answer_defaults()
         self.peer = f"{websocket.client.host}:{websocket.client.port}" if websocket.client else "?"
-        self.clock = ClientClock()
+        self.media = SocketMedia(self)
         self._answer_task: asyncio.Task | None = None
         self._send_lock = asyncio.Lock()
         self._closed = False  # the socket is closed or broken: nothing more is sent
@@ -237,10 +205,6 @@ class Connection:
         self.client_host = websocket.client.host if websocket.client else None
         self._reservation = None
         self._expiry_task: asyncio.Task | None = None
-        # Kept frames by the session's kept-frame number (seq): the client's
-        # frame_id, pts_ms and capture_ts_ms, while the frame is in the buffer.
-        self._frame_meta: dict[int, dict[str, Any]] = {}
-        self._names_frames = False  # the client has sent a frame_id: acks and frames.consumed
         # The client knows vidchat (protocol_config.wants_vidchat_events): only
         # then is it sent response.queued and session.expiring.
         self._vidchat_events = False
@@ -300,8 +264,10 @@ class Connection:
     async def error(self, message: str) -> bool:
         if len(message) > 500:  # e.g. an engine error quoting its whole input
             message = message[:497] + "..."
-        log.info("ws %s: error sent: %s", self.peer, message)
-        return await self.send({"type": "error", "message": message})
+        sent = await self.send({"type": "error", "message": message})
+        if sent:
+            log.info("ws %s: error sent: %s", self.peer, message)
+        return sent
 
     async def close(self, code: int = CLOSE_NORMAL, reason: str = "") -> None:
         async with self._send_lock:
@@ -492,6 +458,8 @@ class Connection:
 
     async def _closed_by_server(self) -> None:
         """The registry ended this session (time limit, shutdown): say why, then close."""
+        if self._closed:
+            return  # the session ended from this side (video.done, the client left): nothing to say
         sid = self.entry.session.id if self.entry is not None else ""
         reason = self.state.registry.closed_reason(sid) or "closed by the server"
         await self.error(f"Session ended: {reason}")
@@ -590,132 +558,6 @@ class Connection:
                 await self.error(f"Internal error while handling {kind}: {type(exc).__name__}")
         return "client gone"
 
-    async def _media_time(self, msg: dict[str, Any], kind: str, arrived: float) -> tuple[bool, float | None]:
-        """(ok, time on the session's timeline) from the message's optional pts_ms."""
-        pts = msg.get("pts_ms")
-        if pts is None:
-            return True, None
-        # A range check, not math.isfinite: that raises OverflowError for a huge JSON integer.
-        if isinstance(pts, bool) or not isinstance(pts, (int, float)) or not -1e15 < pts < 1e15:
-            await self.error(f"{kind} 'pts_ms' must be a number of milliseconds, got {pts!r}")
-            return False, None
-        return True, self.clock.place(float(pts), arrived, "audio" if kind == "audio.chunk" else "video")
-
-    async def _on_frame(self, msg: dict[str, Any], arrived: float) -> None:
-        frame_id = msg.get("frame_id")
-        if frame_id is not None:
-            if not _is_frame_id(frame_id):
-                await self.error(f"video.frame 'frame_id' must be a non-empty string (at most {MAX_FRAME_ID_CHARS} "
-                                 f"characters) or an integer, got {type(frame_id).__name__}")
-                return
-            self._names_frames = True
-        ok, t = await self._media_time(msg, "video.frame", arrived)
-        if not ok:
-            await self._ack(msg, arrived, False, "invalid_pts")
-            return
-        capture = msg.get("capture_ts_ms")
-        if capture is not None and not _is_millis(capture):
-            await self.error(f"video.frame 'capture_ts_ms' must be a number of milliseconds, got {capture!r}")
-            await self._ack(msg, arrived, False, "invalid_capture_ts")
-            return
-        try:
-            data = await self._b64(msg, "video.frame", self.settings.ws_max_frame_bytes)
-        except _Refused as refused:
-            await self.error(refused.message)
-            await self._ack(msg, arrived, False, refused.reason)
-            return
-        session = self.entry.session
-        try:
-            # Even a 640×480 JPEG takes milliseconds to filter and store: never on the loop.
-            seq = await run_media(session.offer_jpeg, data, t)
-        except FrameError as exc:
-            await self.error(f"Invalid image in video.frame: {exc}")
-            await self._ack(msg, arrived, False, "invalid_image")
-            return
-        if seq is None:  # a near-duplicate of the frame before (EVS)
-            await self._ack(msg, arrived, False, "filtered")
-            return
-        self._frame_meta[seq] = {"frame_id": frame_id, "pts_ms": msg.get("pts_ms"), "capture_ts_ms": capture}
-        pushed_out = self._forget_evicted(session.oldest_seq)
-        await self._ack(msg, arrived, True, dropped_frame_id=pushed_out)
-
-    def _forget_evicted(self, oldest: int | None) -> Any:
-        """Drop the metadata of frames no longer in the buffer; the client's
-        id of the newest such frame that had one (None if none)."""
-        meta = self._frame_meta
-        pushed_out = None
-        while meta:
-            seq = next(iter(meta))  # insertion order is seq order
-            if oldest is not None and seq >= oldest:
-                break
-            gone = meta.pop(seq)
-            if gone["frame_id"] is not None:
-                pushed_out = gone["frame_id"]
-        return pushed_out
-
-    async def _ack(self, msg: dict[str, Any], arrived: float, accepted: bool, reason: str | None = None,
-                   dropped_frame_id: Any = None) -> None:
-        """video.frame.ack, for a frame that carries a (valid) frame_id."""
-        frame_id = msg.get("frame_id")
-        if frame_id is None or not _is_frame_id(frame_id) or self.entry is None:
-            return
-        ack: dict[str, Any] = {
-            "type": "video.frame.ack",
-            "frame_id": frame_id,
-            "accepted": accepted,
-            "buffered_frames": self.entry.session.frame_count,
-            "pts_ms": msg.get("pts_ms") if _is_millis(msg.get("pts_ms")) else None,
-            "capture_ts_ms": msg.get("capture_ts_ms") if _is_millis(msg.get("capture_ts_ms")) else None,
-            "server_receive_ts_ms": round(arrived * 1000, 1),
-        }
-        if reason is not None:
-            ack["reason"] = reason
-        if dropped_frame_id is not None:
-            ack["dropped_frame_id"] = dropped_frame_id
-        await self.send(ack)
-
-    async def _on_audio(self, msg: dict[str, Any], arrived: float) -> None:
-        ok, t = await self._media_time(msg, "audio.chunk", arrived)
-        if not ok:
-            return
-        try:
-            data = await self._b64(msg, "audio.chunk", None)
-        except _Refused as refused:
-            await self.error(refused.message)
-            return
-        try:
-            self.entry.session.add_pcm16(data, t)
-        except ValueError as exc:
-            await self.error(f"Invalid audio in audio.chunk: {exc}")
-
-    async def _b64(self, msg: dict[str, Any], kind: str, limit: int | None, key: str = "data",
-                   what: str = "Frame") -> bytes:
-        """Decode msg[key] (base64, optionally a data: URL); raises _Refused
-        with the error for the client. ``what`` names the thing over ``limit`` bytes."""
-        text = msg.get(key, "")
-        if not isinstance(text, (str, wire.BigText)):
-            raise _Refused("invalid_data", f"{kind} requires '{key}' as a base64 string, got {type(text).__name__}")
-        head = text.head(200) if isinstance(text, wire.BigText) else text[:200]
-        if head.startswith("data:") and "," in head:
-            comma = head.index(",") + 1
-            text = text.skip(comma) if isinstance(text, wire.BigText) else text[comma:]
-        if not text:
-            raise _Refused("invalid_data", f"{kind} has no data")
-        if limit is not None and len(text) > (limit + 2) // 3 * 4 + 64:  # too large even before decoding
-            estimate = len(text) * 3 // 4
-            raise _Refused("too_large", f"{what} too large: about {estimate} bytes (limit {limit})", estimate)
-        try:
-            if len(text) > INLINE_PARSE_CHARS:
-                data = await run_media(wire.b64decode, text)
-            else:
-                data = wire.b64decode(text)
-        except (binascii.Error, ValueError):
-            raise _Refused("invalid_data", f"Invalid base64 in {kind}" + ("" if key == "data" else f" '{key}'")) \
-                from None
-        if limit is not None and len(data) > limit:
-            raise _Refused("too_large", f"{what} too large: {len(data)} bytes (limit {limit})", len(data))
-        return data
-
     async def _on_query(self, msg: dict[str, Any]) -> None:
         if self.state.engine is None:  # the model is still loading
             await self._query_when_ready(msg)
@@ -767,8 +609,8 @@ class Connection:
         max_s = min(self.settings.ws_max_audio_seconds, MAX_AUDIO_SECONDS)
         limit = int(max_s * AUDIO_RATE) * 2
         try:
-            data = await self._b64(msg, "video.query", limit, key="audio_data")
-        except _Refused as refused:
+            data = await decode_b64(msg, "video.query", limit, key="audio_data")
+        except Refused as refused:
             message = refused.message
             if refused.size is not None:
                 message = (f"video.query 'audio_data' is too long: about {refused.size / (2 * AUDIO_RATE):.1f} s "
@@ -800,26 +642,10 @@ class Connection:
                 await self.error(str(exc))
                 return
             await self._finish_answer_task()  # its Done is delivered: the task only logs now
-            consumed = self._consumed(run.answer.sample) if self._names_frames else None
+            consumed = self.media.consumed(run.answer.sample) if self.media.names_frames else None
             self._answer_watched = watched
             self._answer_task = asyncio.create_task(self._answer(run, consumed, watched),
                                                     name=f"answer-{entry.session.id[:6]}")
-
-    def _consumed(self, sample: Sample) -> dict[str, Any]:
-        """video.frames.consumed for a question's sampled frames: the
-        client's ids of those that had one (in order), and the pts_ms of the
-        newest sampled frame (null when unknown)."""
-        metas = [self._frame_meta.get(seq) for seq in sample.seqs]
-        named = [m for m in metas if m is not None and m["frame_id"] is not None]
-        newest = metas[-1] if metas else None
-        pts = newest.get("pts_ms") if newest is not None else None
-        return {
-            "type": "video.frames.consumed",
-            "frame_ids": [m["frame_id"] for m in named],
-            "frames": [{"frame_id": m["frame_id"], "pts_ms": m["pts_ms"], "capture_ts_ms": m["capture_ts_ms"]}
-                       for m in named],
-            "latest_pts_ms": pts,
-        }
 
     async def _answer(self, run: conversation.AnswerRun, consumed: dict[str, Any] | None = None,
                       watched: bool = False) -> None:
@@ -1063,13 +889,8 @@ class Connection:
         answer already streaming (typed, spoken or watched) is never cut
         short by a scene change: the change is asked about once it ends."""
         try:
-            async for _ in watcher.changes(lambda: self._watch is not watch or self._asking_closed):
-                if self.state.engine is None:
-                    continue  # scene changes while the model loads ask nothing
-                while self._answering and self._watch is watch:
-                    await asyncio.wait({self._answer_task})
-                if self._watch is not watch or self._asking_closed:
-                    return
+            talking = conversation.of(self.state, self.entry)
+            async for _ in talking.scene_changes(watcher, lambda: self._watch is not watch or self._asking_closed):
                 await asyncio.shield(self._ask_logged(watch.question, watched=True))
         except asyncio.CancelledError:
             raise
@@ -1077,8 +898,8 @@ class Connection:
             log.exception("ws %s: watching failed", self.peer)
 
     _handlers = {
-        "video.frame": _on_frame,
-        "audio.chunk": _on_audio,
+        "video.frame": lambda self, msg, arrived: self.media.on_frame(msg, arrived),
+        "audio.chunk": lambda self, msg, arrived: self.media.on_audio(msg, arrived),
         "video.query": _on_query,
         "ping": _on_ping,
         "session.update": _on_update,

@@ -9,6 +9,7 @@ import logging
 from pathlib import Path
 from typing import Any, AsyncIterator
 
+import uvicorn
 from fastapi import FastAPI, WebSocket
 from fastapi.responses import JSONResponse
 from fastapi.staticfiles import StaticFiles
@@ -63,12 +64,50 @@ def parse_ice_servers(raw: str) -> list[dict[str, Any]]:
     return servers
 
 
+# Ctrl-C: open HTTP streams (a tab's Gradio queue) get this long to end
+# before uvicorn cuts them, so the server exits in a few seconds with a tab open.
+SHUTDOWN_GRACE_S = 1.5
+
+
+class ClosingServer(uvicorn.Server):
+    """uvicorn's server, which on Ctrl-C first ends every session with a
+    reason (peers and sockets are told "closed at shutdown" and close), so
+    its wait for open connections is short."""
+
+    def __init__(self, config: uvicorn.Config, state: AppState) -> None:
+        super().__init__(config)
+        self.vidchat_state = state
+
+    async def shutdown(self, sockets: Any = None) -> None:
+        state = self.vidchat_state
+        log.info("shutting down: closing %d session(s)", len(state.registry))
+        try:
+            if state.prewarmer is not None:
+                await state.prewarmer.stop()
+            await asyncio.wait_for(state.registry.close_all(), SHUTDOWN_GRACE_S)
+        except Exception:  # noqa: BLE001 - shutting down regardless
+            log.warning("closing the sessions at shutdown failed", exc_info=True)
+        # Nothing can ask the model now: its engine winds down (seconds of
+        # vLLM teardown) while open HTTP streams get their grace.
+        engines = asyncio.create_task(asyncio.to_thread(_shut_down_own_engines, state))
+        await super().shutdown(sockets)
+        await engines
+
+
+def _shut_down_own_engines(state: AppState) -> None:
+    """The engines the app started itself (not one a caller handed it)."""
+    if getattr(state, "owns_engines", False):
+        for engine in (state.engine, state.compare_engine):
+            if engine is not None:
+                engine.shutdown()
+
+
 def create_app(state: AppState) -> FastAPI:
     from vidchat import answer_inputs, media_dir, protocol, ui, webrtc
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        owns_engine = state.engine is None
+        owns_engine = state.owns_engines = state.engine is None
         if owns_engine:
             state.engine_options = engine_options(state.settings, state.model_path, state.tiny)
             loading = asyncio.create_task(_load_engine(state))
@@ -93,9 +132,7 @@ def create_app(state: AppState) -> FastAPI:
             if loading is not None:
                 await asyncio.gather(loading, return_exceptions=True)  # a start in progress finishes first
             if owns_engine:
-                for engine in (state.engine, state.compare_engine):
-                    if engine is not None:
-                        engine.shutdown()
+                _shut_down_own_engines(state)
 
     loop_watch = LoopWatch()
     app = FastAPI(title="vidchat", lifespan=lifespan, docs_url=None, redoc_url=None)

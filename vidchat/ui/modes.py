@@ -11,7 +11,7 @@ from typing import Any, AsyncIterator
 import gradio as gr
 
 from vidchat.chat import OptionError
-from vidchat import talk
+from vidchat import conversation, talk
 from vidchat.engine import NO_SPOKEN_QUESTIONS
 from vidchat.vad import TurnSettings
 from vidchat.watch import SceneWatch
@@ -67,7 +67,7 @@ async def watch_loop(state, on: bool, question: str, every: Any, history: list[d
 async def _watch_answers(state, entry, watcher: SceneWatch, stopped, question: str, history: list[dict],
                          raw_settings: tuple) -> AsyncIterator[tuple]:
     seen_clear = entry.chat_cleared
-    async for t in watcher.changes(stopped):
+    async for t in conversation.of(state, entry).scene_changes(watcher, stopped):
         seen_clear = _follow_clear(entry, history, seen_clear)
         try:
             request = applied_request(state, entry, raw_settings)

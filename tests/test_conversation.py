@@ -1,0 +1,108 @@
+"""The conversation core (vidchat.conversation) through real vLLM: an answer
+run's events, the one preemption rule for the chat, re-asks beside it, and
+runs that wait for a place."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+
+import pytest
+
+from vidchat import chat, conversation
+from vidchat.answer_queue import AnswerQueue
+from vidchat.conversation import CANCELLED, COMPLETED, Delta, Done, Queued, Started
+
+from conftest import eventually_async
+from test_answer_path import LONG, filled_entry
+
+pytestmark = pytest.mark.engine
+
+SHORT = chat.AnswerOptions(max_tokens=6, temperature=0.0)
+
+
+def kinds(events) -> list[str]:
+    return [type(e).__name__ for e in events]
+
+
+async def read(run, log: list, name: str):
+    async with contextlib.aclosing(run.events()) as events:
+        async for event in events:
+            log.append((name, event))
+
+
+async def test_a_run_streams_its_events_in_order_and_ends_with_one_done(omni_engine):
+    entry = filled_entry()
+    talking = conversation.of(conversation.Standalone(omni_engine), entry)
+    run = await talking.ask("What is there?", chat.AnswerOptions(max_tokens=8, temperature=0.0))
+    log: list = []
+    await read(run, log, "q")
+    names = kinds(e for _, e in log)
+    assert names[0] == "Started" and names[-1] == "Done" and names.count("Done") == 1, names
+    assert set(names[1:-1]) <= {"Delta"}
+    done = log[-1][1]
+    assert done.status == COMPLETED and done.started and done.current and done.error is None
+    assert done.text == "".join(e.text for _, e in log if isinstance(e, Delta))
+    assert done.answer_id in entry.answers  # its inputs are kept for the session's page
+    assert run.finished.is_set() and entry.answer is None and omni_engine.running_requests == 0
+
+
+async def test_a_newer_question_cancels_the_running_answer_whose_done_comes_first(omni_engine):
+    entry = filled_entry()
+    talking = conversation.of(conversation.Standalone(omni_engine), entry)
+    log: list = []
+    first = await talking.ask("Tell me everything.", LONG)
+    reading = asyncio.create_task(read(first, log, "first"))
+    await eventually_async(lambda: sum(isinstance(e, Delta) for _, e in log) >= 3, 60, "the first answer streams")
+    second = await talking.ask("And now?", SHORT)  # returns once the first run's Done was delivered
+    assert log[-1][0] == "first" and isinstance(log[-1][1], Done), kinds(e for _, e in log[-3:])
+    done = log[-1][1]
+    assert done.status == CANCELLED and done.started and not done.current
+    await reading
+    assert omni_engine.running_requests <= 1  # never the two at once
+    await read(second, log, "second")
+    assert [name for name, e in log if isinstance(e, Started)] == ["first", "second"]
+    assert log[-1][1].status == COMPLETED and log[-1][1].current
+    assert omni_engine.running_requests == 0
+
+
+async def test_a_reask_runs_beside_the_chat_and_leaves_its_answer_running(omni_engine):
+    entry = filled_entry()
+    talking = conversation.of(conversation.Standalone(omni_engine), entry)
+    log: list = []
+    chat_run = await talking.ask("Describe it.", chat.AnswerOptions(max_tokens=40, temperature=0.0, seed=1))
+    reading = asyncio.create_task(read(chat_run, log, "chat"))
+    await eventually_async(lambda: any(isinstance(e, Delta) for _, e in log), 60, "the chat's answer streams")
+    original = chat_run.answer
+    again = await talking.reask(original, SHORT, chat.frozen_sample(original))
+    assert entry.answer is original  # the chat's slot is untouched
+    await read(again, log, "reask")
+    await reading
+    chat_done = next(e for name, e in log if name == "chat" and isinstance(e, Done))
+    reask_done = next(e for name, e in log if name == "reask" and isinstance(e, Done))
+    assert chat_done.status == COMPLETED and not chat_done.answer.reply.stats.cancelled
+    assert reask_done.status == COMPLETED and reask_done.current
+    assert reask_done.answer.reply.stats.inputs_sha256 == original.reply.stats.inputs_sha256
+    assert entry.warm_history and entry.warm_history[-2].text == "Describe it."  # a re-ask is no chat turn
+
+
+async def test_a_run_waiting_for_its_place_says_so_and_a_cancel_there_ends_it_unstarted(omni_engine):
+    gate = AnswerQueue(1)
+    busy, waiting = filled_entry(), filled_entry()
+    holder = await conversation.of(conversation.Standalone(omni_engine, gate), busy).ask("Go on.", LONG)
+    holder_log: list = []
+    holding = asyncio.create_task(read(holder, holder_log, "holder"))
+    await eventually_async(lambda: any(isinstance(e, Started) for _, e in holder_log), 60, "the holder starts")
+    queued = await conversation.of(conversation.Standalone(omni_engine, gate), waiting).ask("Me too?", SHORT)
+    log: list = []
+    reading = asyncio.create_task(read(queued, log, "queued"))
+    await eventually_async(lambda: any(isinstance(e, Queued) for _, e in log), 30, "the second run is queued")
+    assert log[0][1] == Queued(ahead=0)  # first in line, behind the one generating
+    await queued.cancel()
+    await reading
+    done = log[-1][1]
+    assert isinstance(done, Done) and not done.started and done.status == CANCELLED
+    assert not any(isinstance(e, Started) for _, e in log)
+    await holder.cancel()
+    await holding
+    assert holder_log[-1][1].status == CANCELLED and omni_engine.running_requests == 0
