@@ -98,18 +98,20 @@ def mount(app, state):
                                            elem_id="vc-watch")
                     watch_question = gr.Textbox(value="What just changed?", label="Standing question", scale=4,
                                                 elem_id="vc-watch-question")
-                    watch_every = gr.Number(value=DEFAULT_EVERY_S, minimum=1, label="At most every (s)", scale=1,
+                    # No minimum/maximum on these numbers: Gradio's own check would replace the
+                    # chat with an error badge; vidchat checks them and names the field.
+                    watch_every = gr.Number(value=DEFAULT_EVERY_S, label="At most every (s)", scale=1,
                                             elem_id="vc-watch-every")
                 with gr.Row(elem_classes="vc-talk"):
                     talk_on = gr.Checkbox(value=False, label="Talk: ask by voice", scale=2, elem_id="vc-talk",
                                           info="Asks when you stop speaking; answers are read aloud")
                     barge_in = gr.Checkbox(value=True, label="Speaking stops the answer", scale=2,
                                            elem_id="vc-barge-in")
-                    talk_silence = gr.Number(value=round(TurnSettings.min_silence_s * 1000), minimum=100,
-                                             maximum=5000, label="Pause that ends a question (ms)", scale=1,
+                    talk_silence = gr.Number(value=round(TurnSettings.min_silence_s * 1000),
+                                             label="Pause that ends a question (ms)", scale=1,
                                              elem_id="vc-talk-silence")
-                    talk_min_speech = gr.Number(value=round(TurnSettings.min_speech_s * 1000), minimum=30,
-                                                maximum=5000, label="Shortest question (ms)", scale=1,
+                    talk_min_speech = gr.Number(value=round(TurnSettings.min_speech_s * 1000),
+                                                label="Shortest question (ms)", scale=1,
                                                 elem_id="vc-talk-min-speech")
                 gr.HTML(TALK_HTML, elem_id="vc-talk-panel")
                 clear = gr.Button("Clear chat", size="sm", elem_id="vc-clear")

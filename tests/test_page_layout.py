@@ -1,0 +1,118 @@
+"""The page's layout holds at desktop and phone width (Chromium, a fake
+camera, the shared server): a long unbroken answer wraps inside the chat and
+the compare view, and the checkboxes' borders can be seen (WCAG's non-text
+contrast, 3:1 against what is behind them)."""
+
+from __future__ import annotations
+
+import pytest
+from playwright.async_api import async_playwright
+
+from vidchat.devtools.page import ask, launch, open_and_start, set_setting, wait_for_answer, write_wav, write_y4m
+
+pytestmark = pytest.mark.browser
+
+LONG_RUN = 2000  # characters without a space: a URL, code, the random model's output
+
+# The newest answer's text and both compare columns hold a long unbroken run.
+FILL_LONG = """(n) => {
+  const bots = [...document.querySelectorAll('#vc-chat [data-testid="bot"]')]
+    .filter((m) => !m.querySelector('.thought-group'));
+  const answer = bots[bots.length - 1];
+  const leaves = [...answer.querySelectorAll('*')].filter((e) => e.children.length === 0 && e.textContent.trim());
+  (leaves[leaves.length - 1] || answer).textContent = 'x'.repeat(n);
+  const col = (c) => `<div class='vc-compare-col'><h4>${c}</h4><div class='vc-compare-text'>${c.repeat(n)}</div>`
+    + `<table><tr><th>prompt</th><td>${c.repeat(n)}</td></tr></table></div>`;
+  document.querySelector('#vc-compare').innerHTML = `<div class='vc-compare'>${col('y')}${col('z')}</div>`;
+}"""
+
+# Elements wider than their box (scrollWidth > clientWidth), by a short description.
+OVERFLOWING = """() => {
+  const picks = ['#vc-chat', '#vc-chat [data-testid="bot"]', '#vc-chat .message', '#vc-compare',
+                 '#vc-compare .vc-compare', '#vc-compare .vc-compare-col'];
+  const out = [];
+  for (const sel of picks) for (const e of document.querySelectorAll(sel)) {
+    if (e.clientWidth > 0 && e.scrollWidth > e.clientWidth + 1)
+      out.push(`${sel}: ${e.scrollWidth} > ${e.clientWidth}`);
+  }
+  return out;
+}"""
+
+# The lowest contrast of a visible checkbox's border against the first opaque
+# background behind it, with what it compared.
+CHECKBOX_CONTRAST = """() => {
+  const rgb = (s) => (s.match(/[\\d.]+/g) || []).map(Number);
+  const lum = ([r, g, b]) => {
+    const f = (c) => { c /= 255; return c <= 0.03928 ? c / 12.92 : ((c + 0.055) / 1.055) ** 2.4; };
+    return 0.2126 * f(r) + 0.7152 * f(g) + 0.0722 * f(b);
+  };
+  const behind = (e) => {
+    for (let p = e.parentElement; p; p = p.parentElement) {
+      const c = rgb(getComputedStyle(p).backgroundColor);
+      if (c.length >= 3 && (c.length < 4 || c[3] > 0.5)) return c.slice(0, 3);
+    }
+    return [255, 255, 255];
+  };
+  let worst = null;
+  for (const box of document.querySelectorAll('input[type="checkbox"]')) {
+    if (!box.offsetParent) continue;
+    const border = rgb(getComputedStyle(box).borderTopColor).slice(0, 3), back = behind(box);
+    const [hi, lo] = [lum(border), lum(back)].sort((a, b) => b - a);
+    const ratio = (hi + 0.05) / (lo + 0.05);
+    if (worst === null || ratio < worst.ratio) worst = { ratio, border, back, id: box.closest('[id]')?.id };
+  }
+  return worst;
+}"""
+
+
+@pytest.mark.parametrize("width, height", [(1280, 800), (390, 844)], ids=["desktop", "phone"])
+async def test_long_answers_wrap_and_checkboxes_can_be_seen(server, tmp_path, artifacts_dir, width, height):
+    write_y4m(tmp_path / "cam.y4m", (40, 120, 200))
+    write_wav(tmp_path / "mic.wav")
+    async with async_playwright() as pw:
+        browser = await launch(pw, tmp_path / "cam.y4m", tmp_path / "mic.wav", tmp_path)
+        try:
+            page = await open_and_start(browser, server.url + "/", viewport=(width, height), min_buffer=4)
+            await set_setting(page, "vc-max-tokens", "4")
+            await ask(page, "Anything there?")
+            await wait_for_answer(page, 1)
+            await page.click("#vc-reask-panel button")  # unfold the compare view
+            await page.evaluate(FILL_LONG, LONG_RUN)
+            assert await page.evaluate(OVERFLOWING) == []
+            worst = await page.evaluate(CHECKBOX_CONTRAST)
+            assert worst is not None and worst["ratio"] >= 3.0, worst
+            await page.screenshot(path=str(artifacts_dir / f"page-layout-{width}.png"), full_page=True)
+        finally:
+            await browser.close()
+
+
+# The chat's text, line by line.
+CHAT_LINES = ("[...document.querySelectorAll('#vc-chat [data-testid=\"user\"], #vc-chat [data-testid=\"bot\"]')]"
+              ".flatMap((m) => m.innerText.split('\\n')).map((l) => l.trim()).filter((l) => l)")
+
+
+async def test_a_refused_setting_names_its_field_and_leaves_the_chat_as_it_was(server, tmp_path):
+    """A 0 in "At most every (s)", then Watch ticked: vidchat's own notice
+    naming the setting joins the chat, no Gradio error badge or toast
+    replaces it, and the box unticks (ticking it again retries)."""
+    write_y4m(tmp_path / "cam.y4m", (40, 120, 200))
+    write_wav(tmp_path / "mic.wav")
+    async with async_playwright() as pw:
+        browser = await launch(pw, tmp_path / "cam.y4m", tmp_path / "mic.wav", tmp_path)
+        try:
+            page = await open_and_start(browser, server.url + "/", min_buffer=4)
+            await set_setting(page, "vc-max-tokens", "4")
+            await ask(page, "Anything there?")
+            await wait_for_answer(page, 1)
+            before = await page.evaluate(CHAT_LINES)
+            await page.fill("#vc-watch-every input", "0")
+            await page.click("#vc-watch input[type=checkbox]")
+            await page.get_by_text("watch interval must be a positive number").first.wait_for(timeout=30_000)
+            await page.wait_for_function("!document.querySelector('#vc-watch input[type=checkbox]').checked",
+                                         timeout=10_000)
+            after = await page.evaluate(CHAT_LINES)
+            # Everything that was there stays, in order; the notice comes last.
+            assert after[:len(before)] == before and after[-1].startswith("⚠ watch interval"), (before, after)
+            assert await page.locator("#vc-chat .error, .toast-body").count() == 0
+        finally:
+            await browser.close()
