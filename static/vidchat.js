@@ -22,6 +22,7 @@
     reconnecting: false,
   };
   const MAX_RECONNECTS = 4;
+  const RATE_WINDOW_MS = 3000; // the status line's fps and % kept: over about the last 3 s
 
   const $ = (sel) => document.querySelector(sel);
 
@@ -441,6 +442,7 @@
     }
     if (kind === "screen") watchScreenEnd(track);
     await sender.replaceTrack(track);
+    state.rateWindow = null;  // the new source's rate is measured afresh
     const audioSender = state.pc.getSenders().find((s) => s.track?.kind === "audio" || s.track === null);
     if (audio && audioSender) await audioSender.replaceTrack(audio);
     const olds = [state.stream.getVideoTracks()[0], ...(audio ? state.stream.getAudioTracks() : [])];
@@ -585,7 +587,7 @@
     if (!el) return;
     if (!s) {
       el.textContent = "No session";
-      state.last = null;
+      state.rateWindow = null;
       const view = $("#vc-live-view");
       if (view) view.hidden = true;
       return;
@@ -593,14 +595,25 @@
     const m = s.media || {};
     const now = performance.now();
     const rates = [];
-    if (state.last) {
-      const dt = (now - state.last.at) / 1000;
-      const seen = (m.video_frames_seen ?? s.frames_received) - state.last.seen;
-      const kept = s.frames_kept - state.last.kept;
-      if (dt > 0) rates.push(`${(seen / dt).toFixed(1)} fps in`);
-      if (seen > 0) rates.push(`${Math.round((100 * kept) / seen)} % kept`);
+    // Rates over the last few seconds of samples, never over a moment: two
+    // reports close together (a source switch, a restart) once showed
+    // "11029.4 fps in". A counter that went back (a new session or track)
+    // starts the window again; until it spans a second, no rate is shown.
+    const seenNow = m.video_frames_seen ?? s.frames_received;
+    let win = state.rateWindow;
+    const newest = win && win.points[win.points.length - 1];
+    if (!win || win.session !== state.sessionId || seenNow < newest.seen || s.frames_kept < newest.kept) {
+      win = state.rateWindow = { session: state.sessionId, points: [] };
     }
-    state.last = { at: now, seen: m.video_frames_seen ?? s.frames_received, kept: s.frames_kept };
+    win.points.push({ at: now, seen: seenNow, kept: s.frames_kept });
+    while (win.points.length > 2 && now - win.points[1].at >= RATE_WINDOW_MS) win.points.shift();
+    const oldest = win.points[0];
+    const dt = (now - oldest.at) / 1000;
+    if (dt >= 1) {
+      const seen = seenNow - oldest.seen;
+      rates.push(`${(seen / dt).toFixed(1)} fps in`);
+      if (seen > 0) rates.push(`${Math.round((100 * (s.frames_kept - oldest.kept)) / seen)} % kept`);
+    }
     const parts = [...rates,
       `${m.video_frames_seen ?? s.frames_received} frames received`,
       `${s.frames_kept} kept by the filter`,

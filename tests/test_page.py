@@ -26,6 +26,10 @@ from conftest import eventually_async, thumbnail_colours, until_idle
 pytestmark = pytest.mark.browser
 
 RED, BLUE = (210, 40, 40), (40, 60, 210)
+# Frames a second of the fake camera and the fake screen capture: at most
+# the devtools clips' rate (vidchat.devtools.page.FPS) and Chromium's
+# screen capture (it repeats frames only up to the requested rate).
+FAKE_FPS = 30
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -294,6 +298,18 @@ async def test_switching_to_screen_share_keeps_the_session_and_its_chat(server, 
             await stats_when(server, sid, lambda s: s["frames_kept"] > shared["frames_kept"] + 2,
                              "frames of the shared screen kept")
             assert await session_id(page) == sid, "switching source must keep the session"
+            # The status line's rate after the switch: the source's, never a
+            # burst over a moment (it once read "11029.4 fps in").
+            rates = []
+            for _ in range(4):
+                await page.wait_for_function(
+                    "(n) => { const m = document.querySelector('#vc-stats').textContent.match(/([\\d.]+) fps in/);"
+                    " return m && window.__rates_seen !== document.querySelector('#vc-stats').textContent"
+                    " && (window.__rates_seen = document.querySelector('#vc-stats').textContent); }", arg=0,
+                    timeout=15_000)
+                line = await page.inner_text("#vc-stats")
+                rates.append(float(re.search(r"([\d.]+) fps in", line).group(1)))
+            assert all(0 < r <= 2 * FAKE_FPS for r in rates), rates
             label = await page.evaluate("document.querySelector('#vc-preview').srcObject.getVideoTracks()[0].label")
             assert "screen" in label.lower() or "window" in label.lower() or "tab" in label.lower() or label, label
             await ask(page, "And now?")

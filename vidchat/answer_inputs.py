@@ -134,6 +134,17 @@ def title(answer: "Answer") -> str:
     return f"What the model got: {len(answer.sample.frames)} frames as {answer.options.frames_as}{audio}"
 
 
+def frame_caption(index: Any, t: float | None, source_pos: float | None) -> str:
+    """A frame's caption wherever the page shows one: its kept-frame number,
+    its time on the session's timeline (seconds since its first media, as
+    the record's frame_times) and, for a file, where in the file."""
+    at = "" if t is None else f" · {t:.2f} s"
+    if source_pos is not None:
+        pos = round(source_pos, 1)
+        at += f" · file {int(pos // 60)}:{pos % 60:04.1f}"
+    return f"#{as_text(index)}{at}"
+
+
 def details_html(answer: "Answer", answer_id: str, recorded: bool = False) -> str:
     """The collapsed panel under an answer. Thumbnails are inline (small);
     full frames, audio and the record are links to /inputs/<id>/."""
@@ -146,13 +157,12 @@ def details_html(answer: "Answer", answer_id: str, recorded: bool = False) -> st
     source_times = rec.get("frame_source_times") or [None] * len(rec["frame_times"])
     for k, (frame, t, idx, pos) in enumerate(zip(answer.sample.frames, rec["frame_times"], rec["frame_indices"],
                                                  source_times)):
-        at = "" if pos is None else f" · file {int(round(pos, 1) // 60)}:{round(pos, 1) % 60:04.1f}"
         tiles.append(
             f"<a href='{base}/frame/{k}.png' target='_blank' rel='noopener' title='open full size'>"
             # Inline sizes: the chat's own styles make message images full width.
             f"<figure style='margin:0;width:96px'><img src='{_thumb_data_url(frame)}' alt='frame {as_text(idx)}' "
             f"style='width:96px;height:auto;max-width:96px;border-radius:3px'>"
-            f"<figcaption style='font-size:0.7rem;text-align:center'>#{as_text(idx)} · {t:.2f} s{at}</figcaption></figure></a>"
+            f"<figcaption style='font-size:0.7rem;text-align:center'>{frame_caption(idx, t, pos)}</figcaption></figure></a>"
         )
     audio = ""
     if audio_used(answer) is not None and rec.get("audio_span"):

@@ -188,8 +188,12 @@ class Printer:
                 print(f"server error: {msg.get('message')}", file=sys.stderr, flush=True)
 
 
+def _count(n: Any, noun: str) -> str:
+    return f"? {noun}s" if n is None else f"{n} {noun}{'' if n == 1 else 's'}"
+
+
 def _describe_stats(stats: dict[str, Any]) -> str:
-    parts = [f"{stats.get('completion_tokens', '?')} tokens", f"{stats.get('frames', '?')} frames"]
+    parts = [_count(stats.get("completion_tokens"), "token"), _count(stats.get("frames"), "frame")]
     if stats.get("audio_seconds"):
         parts.append(f"{stats['audio_seconds']:.1f} s audio")
     if stats.get("ttft_s") is not None:

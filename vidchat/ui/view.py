@@ -157,16 +157,14 @@ def frames_html(answer) -> str:
         buf = io.BytesIO()
         img.save(buf, "JPEG", quality=80)
         src = base64.b64encode(buf.getvalue()).decode()
-        age = t - answer.sample.timestamps[-1]
         tiles.append(
             f"<figure><img src='data:image/jpeg;base64,{src}' alt='frame {as_text(idx)}'>"
-            f"<figcaption>#{as_text(idx)} · {age:+.1f} s{'' if pos is None else f' · file {pos:.1f} s'}"
-            "</figcaption></figure>"
+            f"<figcaption>{answer_inputs.frame_caption(idx, answer.sample.relative(t), pos)}</figcaption></figure>"
         )
     audio = answer.reply.stats.audio_seconds
     head = (
         f"<p>{len(tiles)} frame(s) as {as_text(answer.options.frames_as)}, "
-        f"{audio:.1f} s of audio{'' if audio else ' (none)'}; times relative to the newest frame.</p>"
+        f"{audio:.1f} s of audio{'' if audio else ' (none)'}; times in seconds since the session's first media.</p>"
     )
     return head + "<div class='vc-frames'>" + "".join(tiles) + "</div>"
 
