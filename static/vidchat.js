@@ -677,6 +677,8 @@
   // speech synthesis (no server cost), stopping at once on barge-in or Stop.
   const talk = {
     on: false,
+    run: 0,            // bumped by each Talk-on: the loop following the server's Talk state
+    stream: null,      // that loop's request (aborted when Talk goes off)
     timer: null,
     muted: false,
     speechStarts: 0,
@@ -758,32 +760,61 @@
     if (end > talk.spokenUpTo) { speak(text.slice(talk.spokenUpTo, end)); talk.spokenUpTo = end; }
   }
 
-  async function pollTalk() {
-    if (!talk.on) return;
-    try {
-      if (state.sessionId) {
-        const r = await fetch(`/webrtc/talk?session_id=${encodeURIComponent(state.sessionId)}`,
-                              { headers: authHeaders(), cache: "no-store" });
-        if (r.ok) {
-          const t = await r.json();
-          if (t.speech_starts > talk.speechStarts && talk.speaking) stopSpeaking();  // barge-in
-          talk.speechStarts = t.speech_starts;
-          readAloud(t.answer);
-          const a = t.answer;
-          const status = t.hearing ? "hearing" : talk.speaking ? "speaking"
-            : a && !a.done ? (a.text ? "answering" : "thinking") : t.listening ? "listening" : "off";
-          showTalkStatus(status);
+  // Talk's state comes pushed, a JSON line each time it changes, over one
+  // request for as long as Talk is on (/webrtc/talk/stream); polling it took
+  // seven requests a second and filled the server's access log.
+  function onTalkState(t) {
+    if (t.speech_starts > talk.speechStarts && talk.speaking) stopSpeaking();  // barge-in
+    talk.speechStarts = t.speech_starts;
+    readAloud(t.answer);
+    const a = t.answer;
+    const status = t.hearing ? "hearing" : talk.speaking ? "speaking"
+      : a && !a.done ? (a.text ? "answering" : "thinking") : t.listening ? "listening" : "off";
+    showTalkStatus(status);
+  }
+
+  async function followTalk() {
+    const run = ++talk.run;  // a newer Talk-on starts its own loop: this one ends
+    const mine = () => talk.on && talk.run === run;
+    while (mine()) {
+      if (!state.sessionId) {
+        showTalkStatus("off");
+        await new Promise((r) => { talk.timer = setTimeout(r, 500); });
+        continue;
+      }
+      const sid = state.sessionId;
+      const stop = talk.stream = new AbortController();
+      try {
+        const r = await fetch(`/webrtc/talk/stream?session_id=${encodeURIComponent(sid)}`,
+                              { headers: authHeaders(), cache: "no-store", signal: stop.signal });
+        if (r.ok && r.body) {
+          const reader = r.body.getReader();
+          const decoder = new TextDecoder();
+          let buffered = "";
+          for (;;) {
+            const { value, done } = await reader.read();
+            if (done || !mine() || state.sessionId !== sid) break;
+            buffered += decoder.decode(value, { stream: true });
+            let nl;
+            while ((nl = buffered.indexOf("\n")) >= 0) {
+              const line = buffered.slice(0, nl);
+              buffered = buffered.slice(nl + 1);
+              if (line.trim()) onTalkState(JSON.parse(line));
+            }
+          }
+          stop.abort();
         }
-      } else showTalkStatus("off");
-    } catch (_) { /* the server restarting: keep polling */ }
-    talk.timer = setTimeout(pollTalk, 150);
+      } catch (_) { /* stopped, or the server restarting: follow again below */ }
+      if (mine()) await new Promise((r) => { talk.timer = setTimeout(r, 1000); });
+    }
   }
 
   function setTalk(on) {
     if (on === talk.on) return;
     talk.on = on;
     clearTimeout(talk.timer);
-    if (on) { talk.firstN = null; pollTalk(); }
+    talk.stream?.abort();
+    if (on) { talk.firstN = null; followTalk(); }
     else { stopSpeaking(); showTalkStatus("off"); }
   }
 

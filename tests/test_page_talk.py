@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import json
 import re
+import time
 import urllib.request
 from pathlib import Path
 
@@ -34,6 +35,11 @@ def spoken_wav(tmp_path_factory) -> Path:
     track = sa.compose([(sa.silence(0.5), False), (question, True), (sa.silence(SILENCE_AFTER_S), False)])
     path.write_bytes(sa.wav_file_bytes(track.audio))
     return path
+
+
+def access_lines(server) -> int:
+    """Request lines in the server's access log so far."""
+    return sum(1 for ln in server.log().splitlines() if ' "GET ' in ln or ' "POST ' in ln)
 
 
 def fetch_json(server, path: str) -> dict:
@@ -68,6 +74,7 @@ async def test_talk_asks_by_voice_and_reads_the_answer_aloud(server, media, spok
             # page assumes a reading lasts 2 s + 90 ms a character). The tiny
             # model never stops early, so 48 tokens is always 48.
             await set_setting(page, "vc-max-tokens", "48")
+            log_lines_before, talk_began = access_lines(server), time.monotonic()
             await page.click("#vc-talk input[type=checkbox]")
             await page.wait_for_function("window.vidchat.talk.status !== 'off'", timeout=10_000)
             # A spoken question appears without typing, with a player of what the model heard.
@@ -107,6 +114,12 @@ async def test_talk_asks_by_voice_and_reads_the_answer_aloud(server, media, spok
             assert abs(record["spoken_question"]["seconds"] - seconds) <= 0.051
             assert record["question"] == "" and record["audio_seconds"] == pytest.approx(samples.size / 16000, abs=0.01)
             assert (await page.evaluate("window.__speech.spoken")) == state["spoken"]
+            # Talk's state is pushed to the page (one request), and what the
+            # open page polls stays out of the access log: a handful of lines
+            # for the whole of Talk so far, not seven a second.
+            added, talked = access_lines(server) - log_lines_before, time.monotonic() - talk_began
+            print(f"Talk on for {talked:.0f} s: {added} access-log lines")
+            assert added <= 12, (added, talked, server.log().splitlines()[-40:])
             await page.screenshot(path=str(artifacts_dir / "page-talk.png"), full_page=True)
             # Barge-in: the page is still reading the answer aloud when the
             # microphone's next question starts (the fake file loops); the
@@ -120,7 +133,7 @@ async def test_talk_asks_by_voice_and_reads_the_answer_aloud(server, media, spok
             await eventually_async(lambda: not fetch_json(server, f"/webrtc/talk?session_id={sid}")["listening"], 5,
                                    "the server stops listening")
             assert not fetch_json(server, f"/webrtc/talk?session_id={sid}")["listening"]
-            # The page learns it on its next poll of the server.
+            # The page learns it from its stream of Talk's state.
             await page.wait_for_function("window.vidchat.talk.status === 'off'", timeout=10_000)
         finally:
             await browser.close()

@@ -17,10 +17,16 @@ log = logging.getLogger(__name__)
 
 DEFAULT_GPU_MODEL = presets.PRESETS[presets.DEFAULT_GPU_PRESET].model
 DEFAULT_CPU_MODEL = presets.PRESETS[presets.DEFAULT_CPU_PRESET].model
-TINY_BANNER = (
-    "Replies come from a tiny model with RANDOM weights (gibberish, for testing the pipeline). "
-    "Start with --model <hub id or folder> for real answers, e.g. --model " + DEFAULT_GPU_MODEL + "."
-)
+TINY_BANNER = "Replies come from a tiny model with RANDOM weights (gibberish, for testing the pipeline)."
+
+
+def tiny_banner() -> str:
+    """The tiny model's banner, with a real model that fits this machine:
+    the GPU default on a GPU, the CPU default (small enough for a laptop)
+    on a CPU, where the GPU default would not run."""
+    preset = presets.DEFAULT_GPU_PRESET if on_gpu() else presets.DEFAULT_CPU_PRESET
+    return (f"{TINY_BANNER} Start with --model <preset, hub id or folder> for real answers, e.g. "
+            f"--model {preset} ({presets.PRESETS[preset].model}).")
 
 
 def resolve_preset(name: str) -> presets.Preset | None:
@@ -38,15 +44,15 @@ def resolve_model(name: str, cache_dir: str) -> tuple[str, str | None]:
     if preset is not None:
         return preset.model, None
     if name in ("tiny", "tiny-omni"):
-        return str(tinymodel.ensure(cache_dir, "omni")), TINY_BANNER
+        return str(tinymodel.ensure(cache_dir, "omni")), tiny_banner()
     if name == "tiny-vl":
-        return str(tinymodel.ensure(cache_dir, "vl")), TINY_BANNER
+        return str(tinymodel.ensure(cache_dir, "vl")), tiny_banner()
     if name == "auto":
         default = DEFAULT_GPU_MODEL if on_gpu() else DEFAULT_CPU_MODEL
         if _hub_model_available(default):
             return default, None
         log.warning("default model %s cannot be loaded (offline, not cached): using the tiny test model", default)
-        return str(tinymodel.ensure(cache_dir, "omni")), TINY_BANNER + f" ({default} could not be downloaded.)"
+        return str(tinymodel.ensure(cache_dir, "omni")), tiny_banner() + f" ({default} could not be downloaded.)"
     path = Path(name).expanduser()
     if path.exists() or name.startswith((".", "/", "~")):
         if not (path / "config.json").is_file():

@@ -40,7 +40,7 @@ import logging
 import math
 import posixpath
 import time
-from typing import Any, Callable
+from typing import Any, AsyncIterator, Callable
 
 import av
 import numpy as np
@@ -48,6 +48,7 @@ from aiortc import RTCConfiguration, RTCIceServer, RTCPeerConnection, RTCSession
 from aiortc.mediastreams import MediaStreamError
 from aiortc.rtp import RtcpSrPacket
 from fastapi import APIRouter, HTTPException, Request
+from fastapi.responses import StreamingResponse
 
 from vidchat.access import login_of
 from vidchat.clock import SOURCE_KINDS, SenderClock, TrackClock
@@ -422,6 +423,26 @@ def talk_answer(entry: Entry) -> dict[str, Any] | None:
             "cancelled": bool(stats.cancelled), "spoken": answer.spoken is not None}
 
 
+# How often the Talk stream looks at the state (a dict read, no I/O) and
+# how long it stays silent at most (a proxy may close an idle stream).
+TALK_STREAM_CHECK_S = 0.05
+TALK_KEEPALIVE_S = 15.0
+
+
+def talk_state_of(entry: Entry) -> dict[str, Any]:
+    """Talk mode's state for the page: whether speech is under way, counters
+    whose change means a turn began (the page stops reading aloud:
+    barge-in) or ended, and the answer being read aloud."""
+    listener = entry.talk
+    out: dict[str, Any] = {"listening": False, "hearing": False, "speech_starts": 0, "utterances": 0,
+                           "barge_ins": 0, "answer": talk_answer(entry)}
+    if listener is not None and listener.running:
+        out.update(listening=True, hearing=listener.hearing, speech_starts=listener.speech_starts,
+                   utterances=listener.stats.utterances, barge_ins=listener.stats.barge_ins,
+                   playback=listener.playback)
+    return out
+
+
 def router(state) -> APIRouter:
     api = APIRouter()
     peers: dict[str, Peer] = {}  # session id -> its current peer
@@ -512,18 +533,29 @@ def router(state) -> APIRouter:
 
     @api.get("/webrtc/talk")
     async def talk_state(request: Request, session_id: str) -> dict[str, Any]:
-        """Talk mode's state for the page (polled while Talk is on): whether
-        speech is under way, and counters whose change means a turn began
-        (the page stops reading aloud: barge-in) or ended."""
+        """Talk mode's state once (the page follows /webrtc/talk/stream)."""
+        return talk_state_of(mine(request, session_id))
+
+    @api.get("/webrtc/talk/stream")
+    async def talk_stream(request: Request, session_id: str) -> StreamingResponse:
+        """Talk mode's state pushed to the page while Talk is on, one JSON
+        line each time it changes (a line every TALK_KEEPALIVE_S at the
+        least), until the session ends or the page stops reading: one
+        request for the whole of Talk, not seven a second."""
         entry = mine(request, session_id)
-        listener = entry.talk
-        out: dict[str, Any] = {"listening": False, "hearing": False, "speech_starts": 0, "utterances": 0,
-                               "barge_ins": 0, "answer": talk_answer(entry)}
-        if listener is not None and listener.running:
-            out.update(listening=True, hearing=listener.hearing, speech_starts=listener.speech_starts,
-                       utterances=listener.stats.utterances, barge_ins=listener.stats.barge_ins,
-                       playback=listener.playback)
-        return out
+
+        async def lines() -> AsyncIterator[bytes]:
+            last, last_sent = None, 0.0
+            while state.registry.get(session_id) is entry:
+                now = time.monotonic()
+                current = talk_state_of(entry)
+                if current != last or now - last_sent >= TALK_KEEPALIVE_S:
+                    last, last_sent = current, now
+                    yield (json.dumps(current) + "\n").encode()
+                await asyncio.sleep(TALK_STREAM_CHECK_S)
+
+        return StreamingResponse(lines(), media_type="application/x-ndjson",
+                                 headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no"})
 
     @api.post("/webrtc/talk")
     async def talk_playback(request: Request) -> dict[str, Any]:
