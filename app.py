@@ -17,6 +17,10 @@ def main(argv: list[str] | None = None) -> int:
         datefmt="%H:%M:%S",
     )
     log = logging.getLogger("vidchat")
+    if settings.log_level.lower() != "debug":
+        from vidchat.console import quiet_libraries
+
+        quiet_libraries()
 
     from vidchat.engine import EngineError
     from vidchat.models import TINY_BANNER, resolve_model, resolve_preset

@@ -157,3 +157,22 @@ def test_on_a_space_the_page_signs_in_with_hugging_face(monkeypatch):
     token = hf_page_token(state, "alice")
     assert token.startswith("p.")
     assert client.get("/api/config", headers={"Authorization": f"Bearer {token}"}).status_code == 200
+
+
+def test_the_access_log_keeps_what_a_person_reads_not_what_a_page_polls():
+    import logging
+
+    from vidchat.access import QuietPolling
+
+    def kept(method, path, status):
+        record = logging.LogRecord("uvicorn.access", logging.INFO, __file__, 1, '%s - "%s %s HTTP/%s" %d',
+                                   ("127.0.0.1:1", method, path, "1.1", status), None)
+        return QuietPolling().filter(record)
+
+    for polled in ("/webrtc/stats?session_id=x", "/webrtc/live?session_id=x", "/webrtc/talk/stream?session_id=x",
+                   "/api/health", "/gradio_api/heartbeat/abc"):
+        assert not kept("GET", polled, 200), polled
+    assert not kept("GET", "/api/health", 503)  # "loading", asked again and again
+    assert kept("GET", "/webrtc/stats?session_id=x", 404)  # a failure is worth reading
+    assert kept("POST", "/webrtc/offer", 200) and kept("GET", "/", 200)
+    assert not kept("GET", "/readyz", 200)

@@ -230,3 +230,21 @@ def test_draining_is_refused_to_a_caller_on_another_machine():
     client = TestClient(create_app(state), base_url="http://127.0.0.1")  # its peer is "testclient", not loopback
     r = client.post("/api/drain", json={"draining": True})
     assert r.status_code == 403 and "own machine" in r.json()["detail"] and not state.registry.draining
+
+
+@pytest.mark.engine
+def test_the_console_says_what_the_user_needs_before_ready(server):
+    """From start to ready: the model, the URL, ready, the tiny model's
+    banner; none of the libraries' warnings a user can do nothing about,
+    and none of the health checks that waited for the model."""
+    lines = server.log().splitlines()
+    before_ready = lines[:next(i for i, ln in enumerate(lines) if "vidchat ready on http://" in ln) + 1]
+    print(f"{len(before_ready)} lines from start to ready")
+    text = "\n".join(before_ready)
+    for needed in ("starting vidchat with model", "RANDOM weights", "listening on http://127.0.0.1:",
+                   "engine ready:", "on CPU", "vidchat ready on http://127.0.0.1:"):
+        assert needed in text, needed
+    for noise in ("[transformers]", "libtcmalloc", "reduce_op", "Triton is not installed", "GET /api/health",
+                  "Initializing a V1 LLM engine"):
+        assert noise not in text, noise
+    assert len(before_ready) <= 20, text

@@ -262,9 +262,12 @@ class QuietPolling(logging.Filter):
                 logging.DEBUG):
             return True
         _, method, path, _, status = args[:5]
-        if method != "GET" or not isinstance(status, int) or status >= 400 or not isinstance(path, str):
+        if method != "GET" or not isinstance(status, int) or not isinstance(path, str):
             return True
-        return not path.split("?", 1)[0].startswith(POLLED_PATHS)
+        path = path.split("?", 1)[0]
+        if status == 503 and path in ("/api/health", "/readyz"):
+            return False  # "not ready yet", asked over and over while the model loads
+        return status >= 400 or not path.startswith(POLLED_PATHS)
 
 
 def install_log_redaction() -> None:

@@ -81,7 +81,6 @@ import math
 import os
 import sys
 import time
-import warnings
 from dataclasses import dataclass
 from typing import Any, Iterator, Sequence, TextIO
 
@@ -678,15 +677,9 @@ def _quiet(verbose: bool, level: str) -> None:
     # vLLM logs to stdout by default: keep stdout for results.
     os.environ["VLLM_LOGGING_STREAM"] = "ext://sys.stderr"
     if not verbose:
-        # Also for the engine-core child process, which inherits the environment.
-        os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
-        os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
-        os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")
-        os.environ.setdefault("TQDM_DISABLE", "1")  # the weight-loading progress bar
-        os.environ.setdefault("PYTHONWARNINGS", "ignore")
-        warnings.simplefilter("ignore")
-        for noisy in ("httpx", "huggingface_hub", "urllib3", "torch"):
-            logging.getLogger(noisy).setLevel(logging.ERROR)
+        from vidchat.console import quiet_libraries
+
+        quiet_libraries()
 
 
 def find_sources(paths: Sequence[str], is_bundle, read_bundle) -> list[tuple[str, Any]]:
