@@ -73,7 +73,7 @@ TALK_HTML = """
 """
 
 NOT_RUNNING = (
-    "The camera isn't running yet. Press **Start camera** on the left, allow access, "
+    "The camera isn't running yet. Press **Start camera** under the preview, allow access, "
     "and ask again once the preview shows."
 )
 STOPPED = "(stopped)"
@@ -102,7 +102,7 @@ SPOKEN = {"log": "vidchat spoken question"}
 
 def spoken_bubble(answer, answer_id: str) -> dict[str, Any]:
     label = chat.spoken_label(answer.spoken.seconds)
-    player = (f"<audio controls preload='none' class='vc-spoken-audio' "
+    player = (f"<audio controls preload='metadata' class='vc-spoken-audio' "
               f"src='{answer_inputs.PATH_PREFIX}{answer_id}/audio.wav'></audio>")
     return {"role": "user", "content": f"{label}\n\n{player}", "metadata": dict(SPOKEN)}
 
