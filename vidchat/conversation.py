@@ -33,6 +33,7 @@ from vidchat.chat import Answer, AnswerOptions
 from vidchat.engine import ChatEngine, EngineError, Turn
 from vidchat.session import Sample
 from vidchat.sessions import Entry
+from vidchat.vad import Utterance
 from vidchat.watch import SceneWatch
 
 log = logging.getLogger(__name__)
@@ -245,6 +246,28 @@ class Conversation:
             if stopped():
                 return
             yield t
+
+    async def heard(self, listener: Any, stale: Callable[[], bool] = lambda: False,
+                    starts: bool = False) -> AsyncIterator[Any]:
+        """Talk mode's turns for a door, from the session's listener
+        (vidchat.talk): each finished utterance (and, with ``starts``, each
+        speech start) until ``stale()`` says this reader no longer owns the
+        chat (looked at every second while nothing is heard). An utterance
+        heard just as the reader went stale is put back for the reader that
+        owns the chat now, never asked by this one nor dropped."""
+        while True:
+            waiter = asyncio.ensure_future(listener.next_event() if starts else listener.next_utterance())
+            try:
+                while not waiter.done():
+                    await asyncio.wait({waiter}, timeout=1.0)
+                    if stale():
+                        return
+            finally:
+                if waiter.done() and not waiter.cancelled() and waiter.exception() is None and stale() \
+                        and isinstance(waiter.result(), Utterance):
+                    listener.put_back(waiter.result())
+                waiter.cancel()
+            yield waiter.result()
 
     async def reask(self, original: Answer, options: AnswerOptions, sample: Sample, *,
                     engine: ChatEngine | None = None, remember: bool = True) -> AnswerRun:

@@ -739,8 +739,7 @@ class Connection:
         """Tell the client where its speech starts and stops, and ask each
         finished utterance, the way video.query asks a question."""
         try:
-            while True:
-                event = await listener.events.get()
+            async for event in conversation.of(self.state, self.entry).heard(listener, starts=True):
                 if isinstance(event, SpeechStarted):
                     await self.send({"type": "input_audio_buffer.speech_started",
                                      "audio_start_ms": self._timeline_ms(event.start)})

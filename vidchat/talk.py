@@ -99,6 +99,12 @@ class Listener:
             if isinstance(event, Utterance):
                 return event
 
+    async def next_event(self) -> Any:
+        """The next speech start or finished utterance (one put back comes first)."""
+        if self._returned:
+            return self._returned.popleft()
+        return await self.events.get()
+
     def put_back(self, utterance: Utterance) -> None:
         """An utterance taken by a loop that may no longer ask it (a newer
         loop owns the chat): the next caller of next_utterance gets it first."""

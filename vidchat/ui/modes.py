@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import time
 from typing import Any, AsyncIterator
@@ -151,32 +150,21 @@ async def talk_loop(state, on: bool, barge_in: bool, silence_ms: Any, min_speech
     def stale() -> bool:  # the session ended, a typed question took the chat, or Talk went off
         return state.registry.get(sid) is not entry or entry.talk_epoch != epoch or not listener.running
 
-    while True:
-        waiter = asyncio.ensure_future(listener.next_utterance())
-        try:
-            while not waiter.done():
-                await asyncio.wait({waiter}, timeout=1.0)
-                if stale():
+    # A stale loop never takes an utterance from the loop that owns the chat
+    # now (it would cancel the live answer and then drop the question).
+    async with contextlib.aclosing(conversation.of(state, entry).heard(listener, stale)) as heard:
+        async for spoken in heard:
+            seen_clear = _follow_clear(entry, history, seen_clear)
+            try:
+                request = applied_request(state, entry, raw_settings)
+            except ValueError as exc:
+                history.append(notice(f"⚠ Settings not accepted: {exc}"))
+                yield history, gr.skip(), gr.skip(), gr.skip()
+                continue
+            entry.watch_epoch += 1  # a running watch loop yields the chat to the spoken question
+            past = history_turns(history)
+            async for update in answer_stream(state, entry, "", request, past, history, time.perf_counter(),
+                                              spoken=spoken, chat_as_of=seen_clear):
+                if entry.talk_epoch != epoch:
                     return
-        finally:
-            if waiter.done() and not waiter.cancelled() and waiter.exception() is None and stale():
-                # Heard just as this loop went stale: the loop that owns the
-                # chat now asks it (this one would cancel the live answer and
-                # then drop the question).
-                listener.put_back(waiter.result())
-            waiter.cancel()
-        spoken = waiter.result()
-        seen_clear = _follow_clear(entry, history, seen_clear)
-        try:
-            request = applied_request(state, entry, raw_settings)
-        except ValueError as exc:
-            history.append(notice(f"⚠ Settings not accepted: {exc}"))
-            yield history, gr.skip(), gr.skip(), gr.skip()
-            continue
-        entry.watch_epoch += 1  # a running watch loop yields the chat to the spoken question
-        past = history_turns(history)
-        async for update in answer_stream(state, entry, "", request, past, history, time.perf_counter(),
-                                          spoken=spoken, chat_as_of=seen_clear):
-            if entry.talk_epoch != epoch:
-                return
-            yield (*update, gr.skip())
+                yield (*update, gr.skip())
