@@ -38,6 +38,21 @@ OVERFLOWING = """() => {
   return out;
 }"""
 
+# Labels cut short (wider than their box), in the chat's controls: the ask
+# row, Watch and Talk.
+CLIPPED_LABELS = """() => {
+  const out = [];
+  for (const e of document.querySelectorAll('.vc-ask *, .vc-watch label *, .vc-talk label *, .vc-watch label, .vc-talk label')) {
+    // (a 1-px box is a label kept for screen readers only, hidden on purpose)
+    if (e.clientWidth > 2 && e.scrollWidth > e.clientWidth + 1 && e.textContent.trim())
+      out.push(`${e.textContent.trim().slice(0, 40)}: ${e.scrollWidth} > ${e.clientWidth}`);
+  }
+  const send = document.querySelector('#vc-send').getBoundingClientRect();
+  const stop = document.querySelector('#vc-stop-answer').getBoundingClientRect();
+  if (Math.abs(send.top - stop.top) > 4) out.push('Stop is not beside Send');
+  return out;
+}"""
+
 # The lowest contrast of a visible checkbox's border against the first opaque
 # background behind it, with what it compared.
 CHECKBOX_CONTRAST = """() => {
@@ -77,8 +92,10 @@ async def test_long_answers_wrap_and_checkboxes_can_be_seen(server, tmp_path, ar
             await ask(page, "Anything there?")
             await wait_for_answer(page, 1)
             await page.click("#vc-reask-panel button")  # unfold the compare view
+            await page.wait_for_selector("#vc-compare", state="attached")
             await page.evaluate(FILL_LONG, LONG_RUN)
             assert await page.evaluate(OVERFLOWING) == []
+            assert await page.evaluate(CLIPPED_LABELS) == []
             worst = await page.evaluate(CHECKBOX_CONTRAST)
             assert worst is not None and worst["ratio"] >= 3.0, worst
             await page.screenshot(path=str(artifacts_dir / f"page-layout-{width}.png"), full_page=True)
