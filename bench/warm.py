@@ -214,7 +214,7 @@ async def load(engine, sessions: int, frames: int, rounds: int, prewarm: bool) -
     try:
         for _ in range(rounds):
             for entry in entries:
-                run = await conversation.of(conversation.Standalone(engine, gate), entry).ask("What changed?", options)
+                run = await conversation.of(state, entry).ask("What changed?", options)
                 t0 = time.perf_counter()
                 async for event in run.events():
                     if isinstance(event, conversation.Delta):

@@ -104,7 +104,6 @@ class AnswerRun:
         self.conversation, self.slot, self.answer = conversation, slot, answer
         self.record, self.continues_chat, self.remember = record, continues_chat, remember
         self.finished = asyncio.Event()  # set once Done is delivered, or the reader stopped reading
-        self.done: Done | None = None
         self.superseded = False  # a newer question took its slot: its Done is not current
 
     async def cancel(self) -> None:
@@ -140,9 +139,7 @@ class AnswerRun:
                     log.debug("aborting the reply failed", exc_info=True)
                 released = chat.release(self.slot, answer, continues_chat=self.continues_chat)
                 current = released and not self.superseded
-            done = await self._done(error, started, current)
-            self.done = done
-            yield done
+            yield await self._done(error, started, current)
         finally:
             self.finished.set()
 
@@ -201,12 +198,6 @@ class Conversation:
     def __init__(self, state: Any, entry: Entry) -> None:
         self.state, self.entry = state, entry
         self._chat_run: AnswerRun | None = None
-        self._side_run: AnswerRun | None = None
-
-    @property
-    def answering(self) -> bool:
-        run = self._chat_run
-        return run is not None and not run.finished.is_set()
 
     async def ask(self, question: str, options: AnswerOptions, *, engine: ChatEngine | None = None,
                   history: Sequence[Turn] = (), sample: Sample | None = None, spoken: Any = None,
@@ -278,9 +269,7 @@ class Conversation:
         answer = await chat.ask(engine or self.state.engine, slot, original.question, options,
                                 history=original.history, queue=self.state.answer_gate, sample=sample,
                                 spoken=original.spoken)
-        run = AnswerRun(self, slot, answer, record=False, continues_chat=False, remember=remember)
-        self._side_run = run
-        return run
+        return AnswerRun(self, slot, answer, record=False, continues_chat=False, remember=remember)
 
 
 @dataclass

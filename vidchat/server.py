@@ -96,7 +96,7 @@ class ClosingServer(uvicorn.Server):
 
 def _shut_down_own_engines(state: AppState) -> None:
     """The engines the app started itself (not one a caller handed it)."""
-    if getattr(state, "owns_engines", False):
+    if state.owns_engines:
         for engine in (state.engine, state.compare_engine):
             if engine is not None:
                 engine.shutdown()

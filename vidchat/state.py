@@ -39,6 +39,7 @@ class AppState:
     loading_since: float = field(default_factory=time.monotonic)
     # --compare-model: a second engine, loaded after the first, for Re-ask only.
     prewarmer: Any = None  # vidchat.prewarm.Prewarmer, started with the server
+    owns_engines: bool = False  # the app started its engines (and shuts them down), none was handed to it
     compare_model_path: str = ""
     compare_tiny: bool = False
     compare_engine: ChatEngine | None = None
