@@ -8,7 +8,7 @@ import sys
 
 
 def main(argv: list[str] | None = None) -> int:
-    from vidchat.settings import parse_settings
+    from vidchat.app.settings import parse_settings
 
     settings = parse_settings(argv)
     logging.basicConfig(
@@ -18,28 +18,28 @@ def main(argv: list[str] | None = None) -> int:
     )
     log = logging.getLogger("vidchat")
     if settings.log_level.lower() != "debug":
-        from vidchat.console import quiet_libraries
+        from vidchat.app.console import quiet_libraries
 
         quiet_libraries()
 
     from vidchat.engine import EngineError
-    from vidchat.models import TINY_BANNER, resolve_model, resolve_preset
-    from vidchat.presets import apply as apply_preset
-    from vidchat.server import SHUTDOWN_GRACE_S, ClosingServer, create_app, parse_ice_servers
-    from vidchat.state import AppState, default_session_settings
-    from vidchat.sessions import SessionRegistry
-    from vidchat.space import check_space_relay, space_settings
-    from vidchat.turn import minter_from
+    from vidchat.app.models import TINY_BANNER, resolve_model, resolve_preset
+    from vidchat.app.presets import apply as apply_preset
+    from vidchat.app.server import SHUTDOWN_GRACE_S, ClosingServer, create_app, parse_ice_servers
+    from vidchat.app.state import AppState, default_session_settings
+    from vidchat.conversation.sessions import SessionRegistry
+    from vidchat.app.space import check_space_relay, space_settings
+    from vidchat.app.turn import minter_from
 
     settings = space_settings(settings)
     if settings.model == "list":
-        from vidchat.presets import table
+        from vidchat.app.presets import table
 
         print(table())
         return 0
     try:
         if settings.engine_url and settings.model == "auto":
-            model_path, banner = "", None  # the remote server's model (vidchat.remote_engine)
+            model_path, banner = "", None  # the remote server's model (vidchat.engine.remote)
         else:
             model_path, banner = resolve_model(settings.model, settings.cache_dir)
         preset = resolve_preset(settings.preset or settings.model)
@@ -59,10 +59,10 @@ def main(argv: list[str] | None = None) -> int:
 
     import uvicorn
 
-    from vidchat.access import build_access, install_log_redaction, is_loopback
-    from vidchat.answer_queue import AnswerQueue
-    from vidchat.settings import forwarded_allow_ips, session_time_limit
-    from vidchat.space import on_space
+    from vidchat.app.access import build_access, install_log_redaction, is_loopback
+    from vidchat.conversation.answer_queue import AnswerQueue
+    from vidchat.app.settings import forwarded_allow_ips, session_time_limit
+    from vidchat.app.space import on_space
 
     try:
         access = build_access(settings)

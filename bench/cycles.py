@@ -11,7 +11,7 @@ One cycle is connect -> stream -> ask -> disconnect, alternating the doors
   even cycles  the WebSocket door: session.config, --size JPEG frames at --fps
                (bench/load.py's clip, every frame unique) for --stream-seconds,
                a `video.query`, then video.done and a clean close;
-  odd cycles   the page's door: an aiortc peer (vidchat.rtc_client) sending
+  odd cycles   the page's door: an aiortc peer (vidchat.devtools.rtc_client) sending
                live VP8, the question through the page's `/ask` chat endpoint
                (gradio_client, one per worker, as tests/test_webrtc.py does),
                then `/webrtc/close` (what the page's Stop does).

@@ -28,12 +28,13 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from vidchat import presets, tinymodel  # noqa: E402
+from vidchat.app import presets
+from vidchat.app.server import engine_options  # noqa: E402
+from vidchat.app.settings import Settings  # noqa: E402
+from vidchat.devtools import tinymodel  # noqa: E402
 from vidchat.engine import EngineOptions  # noqa: E402
-from vidchat.local_engine import LocalEngine  # noqa: E402
+from vidchat.engine.local import LocalEngine  # noqa: E402
 from vidchat.media import AUDIO_RATE  # noqa: E402
-from vidchat.server import engine_options  # noqa: E402
-from vidchat.settings import Settings  # noqa: E402
 
 FRAME_SIZE = (480, 640)
 
@@ -50,14 +51,14 @@ def preset_model(name: str, true_size: bool) -> Path:
         raise SystemExit(f"no preset {name!r}; see: python app.py --model list")
     cache = Settings().cache_dir
     if preset.family == "smolvlm":
-        from vidchat import archbuild_smolvlm
+        from vidchat.devtools import archbuild_smolvlm
 
         variant = archbuild_smolvlm.variant_of(name)
         layers = archbuild_smolvlm._true_config(variant)["text_config"]["num_hidden_layers"]
         if true_size:
             return archbuild_smolvlm.ensure(cache, variant, text_layers=layers, vision_layers=None)
         return archbuild_smolvlm.ensure(cache, variant)
-    from vidchat import archbuild_qwen
+    from vidchat.devtools import archbuild_qwen
 
     return archbuild_qwen.ensure(cache, name, true_size=true_size)
 

@@ -2,7 +2,7 @@
 
 Run: .venv/bin/python bench/evs.py   (about 20-40 s; prints a table, last line is a summary)
 
-On the same synthetic webcam clips (vidchat/synthetic.py, 640×480 and
+On the same synthetic webcam clips (vidchat/devtools/synthetic.py, 640×480 and
 1280×720) it measures:
   * filter cost per frame: vidchat from arrays and from JPEG bytes, against a
     re-implementation of the seed's filter (decode JPEG, 64×64 bilinear,
@@ -32,10 +32,10 @@ from PIL import Image
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
-from vidchat import synthetic  # noqa: E402
-from vidchat.evs import FrameFilter  # noqa: E402
+from vidchat.conversation.session import Session, SessionSettings, uniform_indices  # noqa: E402
+from vidchat.devtools import synthetic  # noqa: E402
 from vidchat.media import AUDIO_RATE
-from vidchat.session import Session, SessionSettings, uniform_indices  # noqa: E402
+from vidchat.media.evs import FrameFilter  # noqa: E402
 
 SIZES = [(480, 640), (720, 1280)]
 REPEATS = 5

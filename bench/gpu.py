@@ -48,15 +48,17 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from engine import preset_model  # noqa: E402  (bench/engine.py: random-weight true-size presets)
 from warm import rows as warm_rows  # noqa: E402  (bench/warm.py: the cold/warm/slid rows)
 
-from vidchat import conversation, presets, tinymodel  # noqa: E402
-from vidchat.chat import AnswerOptions  # noqa: E402
+from vidchat import conversation
+from vidchat.app import presets
+from vidchat.app.server import engine_options  # noqa: E402
+from vidchat.app.settings import Settings  # noqa: E402
+from vidchat.conversation.chat import AnswerOptions  # noqa: E402
+from vidchat.conversation.session import SessionSettings  # noqa: E402
+from vidchat.conversation.sessions import SessionRegistry  # noqa: E402
+from vidchat.devtools import tinymodel  # noqa: E402
 from vidchat.engine import EngineOptions  # noqa: E402
-from vidchat.local_engine import LocalEngine  # noqa: E402
+from vidchat.engine.local import LocalEngine  # noqa: E402
 from vidchat.media import AUDIO_RATE  # noqa: E402
-from vidchat.server import engine_options  # noqa: E402
-from vidchat.session import SessionSettings  # noqa: E402
-from vidchat.sessions import SessionRegistry  # noqa: E402
-from vidchat.settings import Settings  # noqa: E402
 
 log = logging.getLogger("bench.gpu")
 SIDE = 448

@@ -83,9 +83,8 @@ import aioice.ice  # noqa: E402
 from aiortc import MediaStreamTrack, RTCConfiguration, RTCPeerConnection, RTCRtpSender  # noqa: E402
 from aiortc.mediastreams import MediaStreamError  # noqa: E402
 
-from vidchat import synthetic  # noqa: E402
-from vidchat.devtools import harness  # noqa: E402
-from vidchat.rtc_client import VIDEO_CLOCK, RtcClient  # noqa: E402
+from vidchat.devtools import harness, synthetic  # noqa: E402
+from vidchat.devtools.rtc_client import RtcClient, VIDEO_CLOCK  # noqa: E402
 
 WIDTH, HEIGHT, FPS = 640, 480, 30
 CLIP_SECONDS = 10
@@ -414,7 +413,7 @@ def stage_costs(packets: list[bytes], frames: int = 150) -> dict[str, float]:
     """ms per frame for: VP8 decode (as aiortc's receiver does it), YUV->RGB
     (frame.to_ndarray(format="rgb24") as webrtc.py does), session.add_frame
     (EVS thumbnail + decision + stored copy at 320x240)."""
-    from vidchat.session import Session
+    from vidchat.conversation.session import Session
 
     dec = av.CodecContext.create("libvpx", "r")
     session = Session("bench")

@@ -14,7 +14,7 @@ What it does, on a fresh server (app.py --model tiny --max-sessions enough):
       number and encoded as it is sent (~1 ms each), so no picture repeats, as
       from a camera; a looped clip would let vLLM's multimodal cache answer
       for frames it has seen (--no-unique-frames does that, for comparison).
-  --webrtc (2) aiortc clients (vidchat.rtc_client) sending the same size and
+  --webrtc (2) aiortc clients (vidchat.devtools.rtc_client) sending the same size and
       rate as live VP8, asking through the page's chat endpoint (the Gradio
       `/ask` event the page uses) with gradio_client, as tests/test_webrtc.py does.
   Every client asks a question every --ask-every (4) s, staggered across
@@ -71,12 +71,12 @@ from _server import (  # noqa: E402
     RESULTS, Server, cpu_seconds, fmt, log_problem_summary, percentile, quiet_loggers, rss_mb, start_server,
     stop_server, token_args,
 )
-from vidchat import synthetic  # noqa: E402
-from vidchat.rtc_client import RtcClient, SyntheticVideo  # noqa: E402
+from vidchat.devtools import synthetic  # noqa: E402
+from vidchat.devtools.rtc_client import RtcClient, SyntheticVideo  # noqa: E402
 
 log = logging.getLogger("load")
 QUESTIONS = ["What is happening?", "Describe the scene.", "What moved just now?", "What colours do you see?"]
-NOTICE_LOG = "vidchat notice"  # vidchat.ui.NOTICE: the page's own messages in the chat
+NOTICE_LOG = "vidchat notice"  # vidchat.doors.page.NOTICE: the page's own messages in the chat
 STOPPED, NO_TEXT = "(stopped)", "(the model returned no text)"
 
 

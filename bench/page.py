@@ -150,7 +150,7 @@ async def _mode(page, server: harness.Server, questions: int, mode: str, samplin
     summary = summarise(*await _round(page, server, questions), questions)
     health = server.get_json("/api/health")
     # With warm-ups on, the page's Enter has the server take each question's
-    # sample at once and warm it (vidchat.prewarm question_now); off, never.
+    # sample at once and warm it (vidchat.conversation.prewarm question_now); off, never.
     taken_at_enter = health["prewarm"]["pins_used"] - pins_before
     summary.update(sampling=sampling, loop_lag_so_far=health["loop_lag"], samples_taken_at_enter=taken_at_enter)
     return summary

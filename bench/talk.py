@@ -1,5 +1,5 @@
 """Talk mode benchmark: from the end of a spoken question to its answer's
-first token, through vidchat's own listener (vidchat.talk), answer path and
+first token, through vidchat's own listener (vidchat.conversation.talk), answer path and
 real vLLM.
 
     .venv/bin/python bench/talk.py [--utterances 20] [--silence-ms 500]
@@ -43,14 +43,15 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from engine import add_model_args, engine_for  # noqa: E402  (bench/engine.py: the same model choice)
 
-from vidchat import conversation, talk  # noqa: E402
-from vidchat import synthetic_audio as sa  # noqa: E402
-from vidchat.chat import AnswerOptions  # noqa: E402
-from vidchat.local_engine import LocalEngine  # noqa: E402
+from vidchat import conversation
+from vidchat.conversation import talk  # noqa: E402
+from vidchat.conversation.chat import AnswerOptions  # noqa: E402
+from vidchat.conversation.session import SessionSettings  # noqa: E402
+from vidchat.conversation.sessions import SessionRegistry  # noqa: E402
+from vidchat.devtools import synthetic_audio as sa  # noqa: E402
+from vidchat.engine.local import LocalEngine  # noqa: E402
 from vidchat.media import AUDIO_RATE  # noqa: E402
-from vidchat.session import SessionSettings  # noqa: E402
-from vidchat.sessions import SessionRegistry  # noqa: E402
-from vidchat.vad import SpeechStarted, TurnDetector, TurnSettings, Utterance  # noqa: E402
+from vidchat.media.vad import SpeechStarted, TurnDetector, TurnSettings, Utterance  # noqa: E402
 
 log = logging.getLogger("bench.talk")
 PACKET = 320  # 20 ms

@@ -1,5 +1,5 @@
 """Warm-up benchmark: what keeping a session's frames prefilled buys, through
-real vLLM and vidchat's own answer path (vidchat.chat, vidchat.prewarm).
+real vLLM and vidchat's own answer path (vidchat.conversation.chat, vidchat.conversation.prewarm).
 
     .venv/bin/python bench/warm.py [--frames 16] [--repeats 5] [--sessions 16]
     .venv/bin/python bench/warm.py --preset smolvlm2-256m --true-size
@@ -15,7 +15,7 @@ Rows, each the median time to first token over --repeats questions:
 for frames as images and as one video. With a model that hears, an audio
 row: frames a second apart with the audio since the first, warmed, asked
 after one more second of audio, with the audio as one clip and in 2-s
-segments (vidchat.audio). Then a load run: --sessions sessions
+segments (vidchat.media.audio). Then a load run: --sessions sessions
 stream frames while each asks in turn, with the prewarmer on (idle mode) and
 off, in the same run: the p95 time to first token of each.
 
@@ -43,13 +43,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from engine import add_model_args, engine_for  # noqa: E402  (bench/engine.py: the same model choice)
 
-from vidchat import chat, conversation  # noqa: E402
-from vidchat.answer_queue import AnswerQueue  # noqa: E402
-from vidchat.chat import AnswerOptions  # noqa: E402
-from vidchat.local_engine import LocalEngine  # noqa: E402
-from vidchat.prewarm import Prewarmer  # noqa: E402
-from vidchat.session import SessionSettings  # noqa: E402
-from vidchat.sessions import SessionRegistry  # noqa: E402
+from vidchat import conversation  # noqa: E402
+from vidchat.conversation import chat
+from vidchat.conversation.answer_queue import AnswerQueue  # noqa: E402
+from vidchat.conversation.chat import AnswerOptions  # noqa: E402
+from vidchat.conversation.prewarm import Prewarmer  # noqa: E402
+from vidchat.conversation.session import SessionSettings  # noqa: E402
+from vidchat.conversation.sessions import SessionRegistry  # noqa: E402
+from vidchat.engine.local import LocalEngine  # noqa: E402
 
 log = logging.getLogger("bench.warm")
 FRAME = (240, 320)
@@ -148,7 +149,7 @@ async def audio_rows(engine, frames: int, repeats: int) -> dict[str, float]:
     """A question with `frames` frames a second apart and the audio since the
     first (about `frames` seconds), warmed, then asked after one more second
     of audio: with the audio as one clip (all of it new again) and in 2-s
-    segments (only the newest is new; vidchat.audio)."""
+    segments (only the newest is new; vidchat.media.audio)."""
     options = AnswerOptions(max_tokens=4, temperature=0.0, include_audio=True)
     registry = SessionRegistry(64)
     out: dict[str, list[float]] = {"cold": [], "one_clip": [], "segments": []}

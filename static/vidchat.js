@@ -1,5 +1,5 @@
 // vidchat's browser client: camera + microphone -> RTCPeerConnection -> server.
-// The page's markup comes from vidchat/ui/layout.py; this file only adds behaviour.
+// The page's markup comes from vidchat/doors/page/layout.py; this file only adds behaviour.
 // The session id the server returns is written into a hidden Gradio textbox,
 // so every chat question carries its own tab's session.
 (() => {
@@ -46,7 +46,7 @@
     }
   }
 
-  // The credential this page got when its user logged in (vidchat/access.py);
+  // The credential this page got when its user logged in (vidchat/app/access.py);
   // empty when the server asks for none.
   function pageToken() {
     const box = document.querySelector("#vidchat-page-token textarea, #vidchat-page-token input");
@@ -135,7 +135,7 @@
   // event and carries that moment (`at`, this page's clock): the video it
   // describes reaches the server later than the report (encoding, RTP), so
   // the server places the report among the frames by their capture times
-  // (vidchat/webrtc.py; tests/test_page.py prints the offsets on a seek).
+  // (vidchat/doors/webrtc.py; tests/test_page.py prints the offsets on a seek).
   // Reports go one at a time, in order.
   function reportSource() {
     if (!state.sessionId || !state.source) return;
@@ -173,7 +173,7 @@
   }
 
   // Typing a question: the server warms this session's prompt at once
-  // (vidchat/prewarm.py), so the answer starts sooner. At most every 1.5 s.
+  // (vidchat/conversation/prewarm.py), so the answer starts sooner. At most every 1.5 s.
   let lastTypingSignal = 0;
   document.addEventListener("input", (e) => {
     if (!e.target?.closest?.("#vc-question") || !state.sessionId) return;
@@ -186,7 +186,7 @@
 
   // Sending the question: the server takes its frames and audio now, as Enter
   // is pressed, and warms exactly them while Gradio carries the question over
-  // (vidchat/prewarm.py question_now). Listened for while the key travels
+  // (vidchat/conversation/prewarm.py question_now). Listened for while the key travels
   // down (capture), so this leaves before Gradio's own submit.
   function questionSent() {
     if (!state.sessionId) return;
@@ -196,7 +196,7 @@
   }
   // Each Enter (or Send) is one typed question's chat event: counted here,
   // as it happens, so window.vidchat.questions.asked is up before its answer
-  // can show (the event's end counts it finished, vidchat/ui/layout.py).
+  // can show (the event's end counts it finished, vidchat/doors/page/layout.py).
   function questionAsked() {
     if (window.vidchat?.questions) window.vidchat.questions.asked += 1;
   }
@@ -672,7 +672,7 @@
     else if (e.target.closest("#vc-stop")) stop();
   });
 
-  // ---- Talk mode: the server listens (vidchat/talk.py); this tab shows
+  // ---- Talk mode: the server listens (vidchat/conversation/talk.py); this tab shows
   // what it hears and reads the answers aloud with the browser's own
   // speech synthesis (no server cost), stopping at once on barge-in or Stop.
   const talk = {
@@ -880,7 +880,7 @@
     // Diagnostics: whether a reconnect loop (with its back-off wait) is still under way.
     get reconnecting() { return Boolean(state.reconnecting); },
     // Diagnostics: typed questions asked and whose chat event has ended
-    // (counted by the page's own events, vidchat/ui/layout.py): equal counts mean
+    // (counted by the page's own events, vidchat/doors/page/layout.py): equal counts mean
     // no typed question is still being answered.
     questions: { asked: 0, finished: 0 },
     // Diagnostics: the candidate types of the pair ICE chose, e.g.

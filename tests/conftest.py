@@ -15,8 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from vidchat import tinymodel
-from vidchat.devtools import harness
+from vidchat.devtools import harness, tinymodel
 from vidchat.devtools.harness import (  # noqa: F401 - re-exported for the test modules
     ROOT,
     NeverHappened,
@@ -27,7 +26,7 @@ from vidchat.devtools.harness import (  # noqa: F401 - re-exported for the test 
 )
 from vidchat.devtools.tiers import count_engine_start  # noqa: F401 - re-exported
 from vidchat.engine import EngineOptions
-from vidchat.local_engine import LocalEngine
+from vidchat.engine.local import LocalEngine
 
 CACHE_DIR = Path(os.environ.get("VIDCHAT_CACHE_DIR", Path.home() / ".cache" / "vidchat"))
 ARTIFACTS = ROOT / "test-artifacts"

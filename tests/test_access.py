@@ -18,8 +18,7 @@ import websockets
 from aiortc import RTCPeerConnection
 from playwright.async_api import async_playwright
 
-from vidchat.devtools.page import ask as page_ask
-from vidchat.devtools.page import launch, wait_for_answer, write_wav, write_y4m
+from vidchat.devtools.page import ask as page_ask, launch, wait_for_answer, write_wav, write_y4m
 
 from conftest import (CACHE_DIR, ROOT, SERVER_ARGS, TEST_MAX_IMAGES, TEST_MAX_MODEL_LEN, Server, free_port,
                       stop_server, eventually, eventually_async)
@@ -402,7 +401,7 @@ async def logged_in_tab(guarded):
     is that also presents the token: a session serves only the login that opened it (issue 21)."""
     from gradio_client import Client
 
-    from vidchat.rtc_client import RtcClient, SyntheticVideo
+    from vidchat.devtools.rtc_client import RtcClient, SyntheticVideo
 
     tab = RtcClient(f"http://127.0.0.1:{guarded.port}", SyntheticVideo(), token=TOKEN)
     await tab.connect()
@@ -472,7 +471,7 @@ async def test_recording_is_opt_in_and_bundles_download_with_the_same_inputs(gua
     import io
     import zipfile
 
-    from vidchat.recording import read_bundle
+    from vidchat.conversation.recording import read_bundle
 
     tab, gradio = await logged_in_tab(guarded)
     try:

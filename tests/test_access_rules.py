@@ -9,9 +9,9 @@ import time
 
 import pytest
 
-from vidchat.access import Access, AccessError, RedactAccessLog, default_allowed_hosts, parse_auth, redact_query
-from vidchat.answer_queue import Abandoned, AnswerQueue
-from vidchat.sessions import SessionRegistry, TooManySessions
+from vidchat.app.access import Access, AccessError, RedactAccessLog, default_allowed_hosts, parse_auth, redact_query
+from vidchat.conversation.answer_queue import Abandoned, AnswerQueue
+from vidchat.conversation.sessions import SessionRegistry, TooManySessions
 
 from conftest import eventually_async
 
@@ -120,8 +120,8 @@ async def test_unlimited_queue_never_waits():
 
 
 def test_hf_users_need_hf_sign_in():
-    from vidchat.access import build_access
-    from vidchat.settings import parse_settings
+    from vidchat.app.access import build_access
+    from vidchat.app.settings import parse_settings
 
     with pytest.raises(AccessError, match="--hf-users needs Hugging Face sign-in"):
         build_access(parse_settings(["--hf-users", "alice"]))
@@ -133,11 +133,11 @@ def test_on_a_space_the_page_signs_in_with_hugging_face(monkeypatch):
     import gradio.oauth
     from starlette.testclient import TestClient
 
-    from vidchat.access import build_access
-    from vidchat.server import create_app
-    from vidchat.settings import parse_settings
-    from vidchat.state import AppState
-    from vidchat.ui import access_mode, hf_page_token
+    from vidchat.app.access import build_access
+    from vidchat.app.server import create_app
+    from vidchat.app.settings import parse_settings
+    from vidchat.app.state import AppState
+    from vidchat.doors.page import access_mode, hf_page_token
 
     oauth_env = {"SYSTEM": "spaces", "SPACE_ID": "team/vidchat", "OAUTH_CLIENT_ID": "client", "OAUTH_CLIENT_SECRET": "secret",
                  "OAUTH_SCOPES": "openid profile", "OPENID_PROVIDER_URL": "https://hf.invalid"}
@@ -162,7 +162,7 @@ def test_on_a_space_the_page_signs_in_with_hugging_face(monkeypatch):
 def test_the_access_log_keeps_what_a_person_reads_not_what_a_page_polls():
     import logging
 
-    from vidchat.access import QuietPolling
+    from vidchat.app.access import QuietPolling
 
     def kept(method, path, status):
         record = logging.LogRecord("uvicorn.access", logging.INFO, __file__, 1, '%s - "%s %s HTTP/%s" %d',

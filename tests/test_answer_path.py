@@ -11,12 +11,12 @@ import types
 import numpy as np
 import pytest
 
-from vidchat import chat
-from vidchat.chat import AnswerOptions, OptionError
+from vidchat.conversation import chat
+from vidchat.conversation.chat import AnswerOptions, OptionError
+from vidchat.conversation.session import SessionSettings
+from vidchat.conversation.sessions import SessionRegistry
+from vidchat.doors.page import NOT_RUNNING, STOPPED, history_turns, notice, page_request
 from vidchat.engine import Turn
-from vidchat.session import SessionSettings
-from vidchat.sessions import SessionRegistry
-from vidchat.ui import NOT_RUNNING, STOPPED, history_turns, notice, page_request
 
 from conftest import TEST_MAX_IMAGES, eventually_async
 

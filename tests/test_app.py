@@ -22,7 +22,7 @@ def fetch(url: str) -> tuple[int, str]:
 
 
 # Ctrl-C must not hang on open connections: a tab's Gradio stream, a peer, a
-# socket (they get vidchat.server.SHUTDOWN_GRACE_S while the engine shuts
+# socket (they get vidchat.app.server.SHUTDOWN_GRACE_S while the engine shuts
 # down). Generous for a loaded CI machine; the test prints the time.
 SHUTDOWN_WITHIN_S = 8.0
 
@@ -71,7 +71,7 @@ def test_missing_model_folder_is_a_one_line_error():
 
 @pytest.mark.unit
 def test_help_lists_every_option_with_its_env_var():
-    from vidchat.settings import Settings
+    from vidchat.app.settings import Settings
 
     out = subprocess.run(
         [sys.executable, str(ROOT / "app.py"), "--help"], capture_output=True, text=True, timeout=60, cwd=ROOT
@@ -83,7 +83,7 @@ def test_help_lists_every_option_with_its_env_var():
 
 @pytest.mark.unit
 def test_env_var_sets_an_option_and_flag_wins(monkeypatch):
-    from vidchat.settings import parse_settings
+    from vidchat.app.settings import parse_settings
 
     monkeypatch.setenv("VIDCHAT_WS_IDLE_TIMEOUT", "12.5")
     monkeypatch.setenv("VIDCHAT_PORT", "9000")
@@ -93,8 +93,8 @@ def test_env_var_sets_an_option_and_flag_wins(monkeypatch):
 
 @pytest.mark.unit
 def test_vllm_parallelism_and_the_encoder_cache_size_reach_the_engine_options():
-    from vidchat import server
-    from vidchat.settings import parse_settings
+    from vidchat.app import server
+    from vidchat.app.settings import parse_settings
 
     s = parse_settings(["--tensor-parallel-size", "2", "--data-parallel-size", "4", "--max-sessions", "8",
                         "--frames-per-question", "12"])
@@ -126,7 +126,7 @@ async def test_a_socket_session_runs_while_the_model_loads_and_ctrl_c_leaves_no_
 
     import websockets
 
-    from vidchat import synthetic
+    from vidchat.devtools import synthetic
 
     srv = start_server(["--model", "tiny-vl", "--kv-cache-gb", "0.25", "--max-model-len", "2048"],
                        artifacts_dir / "server-shutdown.log", loaded=False)
@@ -191,7 +191,7 @@ async def test_engine_death_is_reported_and_the_server_stays_up(artifacts_dir, t
 
     import websockets
 
-    from vidchat import synthetic
+    from vidchat.devtools import synthetic
 
     srv = start_server(["--model", "tiny-vl", "--kv-cache-gb", "0.25", "--max-model-len", "2048"],
                        artifacts_dir / "server-engine-death.log")
@@ -222,9 +222,9 @@ async def test_engine_death_is_reported_and_the_server_stays_up(artifacts_dir, t
 def test_draining_is_refused_to_a_caller_on_another_machine():
     from starlette.testclient import TestClient
 
-    from vidchat.server import create_app
-    from vidchat.settings import Settings
-    from vidchat.state import AppState
+    from vidchat.app.server import create_app
+    from vidchat.app.settings import Settings
+    from vidchat.app.state import AppState
 
     state = AppState(settings=Settings(), model_path="none")
     client = TestClient(create_app(state), base_url="http://127.0.0.1")  # its peer is "testclient", not loopback

@@ -14,9 +14,9 @@ from pathlib import Path
 import pytest
 from gradio_client import Client, handle_file
 
-from vidchat.recording import png_bytes, read_bundle
-from vidchat.settings import Settings
-from vidchat.rtc_client import RtcClient, SyntheticVideo
+from vidchat.app.settings import Settings
+from vidchat.conversation.recording import png_bytes, read_bundle
+from vidchat.devtools.rtc_client import RtcClient, SyntheticVideo
 
 from conftest import (SERVER_ARGS, TEST_MAX_IMAGES, TEST_MAX_MODEL_LEN, start_server, stop_server, until_idle, eventually, eventually_async)
 

@@ -9,9 +9,9 @@ import contextlib
 
 import pytest
 
-from vidchat import chat, conversation
-from vidchat.answer_queue import AnswerQueue
-from vidchat.conversation import CANCELLED, COMPLETED, Delta, Done, Queued, Started
+from vidchat import conversation
+from vidchat.conversation import CANCELLED, COMPLETED, Delta, Done, Queued, Started, chat
+from vidchat.conversation.answer_queue import AnswerQueue
 
 from conftest import eventually_async
 from test_answer_path import LONG, filled_entry

@@ -14,10 +14,10 @@ import pytest
 
 from conftest import tiny_options
 from test_engine import collect, frames
-from vidchat.session import Session, SessionSettings
+from vidchat.conversation.session import Session, SessionSettings
 from vidchat.engine import (ENCODER_CACHE_FLOOR_TOKENS, ENCODER_CACHE_MAX_TOKENS, encoder_cache_budget,
                             tokens_per_frame)
-from vidchat.local_engine import LocalEngine
+from vidchat.engine.local import LocalEngine
 
 SESSIONS, PER_QUESTION = 8, 16
 

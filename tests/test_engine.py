@@ -9,7 +9,7 @@ import pytest
 from transformers import AutoProcessor
 
 from vidchat.engine import EngineError, Turn
-from vidchat.local_engine import LocalEngine
+from vidchat.engine.local import LocalEngine
 from vidchat.media import AUDIO_RATE
 
 from conftest import TEST_MAX_IMAGES, eventually_async

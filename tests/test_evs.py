@@ -9,8 +9,9 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from vidchat import evs, synthetic
-from vidchat.evs import FrameError, FrameFilter
+from vidchat.devtools import synthetic
+from vidchat.media import evs
+from vidchat.media.evs import FrameError, FrameFilter
 
 pytestmark = pytest.mark.unit
 

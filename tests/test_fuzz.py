@@ -36,7 +36,7 @@ from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 from PIL import Image
 
-from vidchat import synthetic
+from vidchat.devtools import synthetic
 
 pytestmark = pytest.mark.engine
 
@@ -510,7 +510,7 @@ def test_out_of_order_messages(server, server_log):
 # ---- hostile recording bundles (issue 21) -------------------------------------------
 
 import hostile_bundles as hb  # noqa: E402 - the bundle builders, shared with the hosting tests
-from vidchat import recording  # noqa: E402
+from vidchat.conversation import recording  # noqa: E402
 
 MANIFEST_FIELDS = ([("", k) for k in ("question", "answer", "history", "t", "source", "model", "model_option",
                                       "engine", "seed", "settings", "prompt", "timings", "tokens",
@@ -551,8 +551,8 @@ def shown_raw(page: str) -> list[str]:
           suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 @given(manifest_changes)
 def test_fuzz_bundle_manifests_are_refused_by_name_or_shown_as_text(tmp_path_factory, changes):
-    from vidchat import answer_inputs
-    from vidchat.ui import compare_html
+    from vidchat.doors import inputs as answer_inputs
+    from vidchat.doors.page import compare_html
 
     path, _ = mutated_bundle(tmp_path_factory.mktemp("bundle") / "b.zip", changes)
     try:

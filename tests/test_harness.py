@@ -104,9 +104,9 @@ def test_a_unit_test_that_starts_an_engine_a_server_or_chromium_fails(pytester):
     pytester.makepyfile(test_sneaky='''
 import pytest
 from playwright.async_api import async_playwright
-from vidchat.engine import EngineOptions
-from vidchat.local_engine import LocalEngine
 from vidchat.devtools import harness
+from vidchat.engine import EngineOptions
+from vidchat.engine.local import LocalEngine
 
 pytestmark = pytest.mark.unit
 

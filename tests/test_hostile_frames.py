@@ -13,10 +13,10 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from vidchat import evs, protocol
-from vidchat.media import DEFAULT_MAX_FRAME_PIXELS
-from vidchat.session import FrameError, Session
-from vidchat.settings import parse_settings
+from vidchat.app.settings import parse_settings
+from vidchat.conversation.session import FrameError, Session
+from vidchat.doors import protocol
+from vidchat.media import DEFAULT_MAX_FRAME_PIXELS, evs
 
 pytestmark = pytest.mark.unit
 

@@ -34,7 +34,7 @@ import hostile_bundles as hb
 from conftest import SERVER_ARGS, TEST_MAX_IMAGES, TEST_MAX_MODEL_LEN, start_server, stop_server, eventually_async
 from test_hosting_rules import build_app, sample_path
 from test_protocol import MOVING, check_answer, recv, send, until
-from vidchat.access import OPERATOR_ROUTES, PUBLIC_ROUTES, WS_PATH
+from vidchat.app.access import OPERATOR_ROUTES, PUBLIC_ROUTES, WS_PATH
 
 pytestmark = pytest.mark.engine
 
@@ -364,7 +364,7 @@ async def test_max_frames_over_the_session_budget_is_refused_everywhere(plain):
     assert await recv(ws) == {"type": "pong"}  # the session goes on, unchanged
     await ws.close()
     # The page: a live tab asking with the buffer set past the budget.
-    from vidchat.rtc_client import RtcClient, SyntheticVideo
+    from vidchat.devtools.rtc_client import RtcClient, SyntheticVideo
 
     tab = RtcClient(plain.url, SyntheticVideo(width=320, height=240))
     await tab.connect()

@@ -16,12 +16,13 @@ import pytest
 from starlette.routing import Mount
 
 import hostile_bundles as hb
-from vidchat import access, recording
-from vidchat.access import OPERATOR_ROUTES, PUBLIC_ROUTES, Access, Guard, PageLogins, route_kind, user_login
-from vidchat.markup import as_text
-from vidchat.protocol_config import wants_vidchat_events
-from vidchat.session import Session, SessionSettings, check_frame_budget, session_budget_bytes
-from vidchat.settings import forwarded_allow_ips, parse_settings
+from vidchat.app import access
+from vidchat.app.access import Access, Guard, OPERATOR_ROUTES, PageLogins, PUBLIC_ROUTES, route_kind, user_login
+from vidchat.app.settings import forwarded_allow_ips, parse_settings
+from vidchat.conversation import recording
+from vidchat.conversation.session import Session, SessionSettings, check_frame_budget, session_budget_bytes
+from vidchat.doors.markup import as_text
+from vidchat.doors.protocol_config import wants_vidchat_events
 
 pytestmark = pytest.mark.unit
 
@@ -32,8 +33,8 @@ HF_ONLY = {"/login/huggingface", "/login/callback"}
 
 def build_app(args: list[str], monkeypatch=None, space: bool = False):
     """The app as app.py assembles it (no engine is started)."""
-    from vidchat.server import create_app
-    from vidchat.state import AppState
+    from vidchat.app.server import create_app
+    from vidchat.app.state import AppState
 
     if space:
         import gradio.oauth
@@ -216,7 +217,7 @@ def test_only_clients_that_know_vidchat_get_its_extra_events():
 
 
 def test_vidchat_events_must_be_a_bool():
-    from vidchat.protocol_config import ConfigError, parse_config
+    from vidchat.doors.protocol_config import ConfigError, parse_config
 
     with pytest.raises(ConfigError, match="vidchat_events"):
         parse_config({"vidchat_events": "yes"})
@@ -248,7 +249,7 @@ def test_a_session_refuses_settings_over_its_budget_and_keeps_its_own():
 def test_markup_in_every_string_field_is_read_as_text(tmp_path):
     bundle = recording.read_bundle(hb.hostile_zip(tmp_path / "hostile.zip"))
     answer = recording.recorded_answer(bundle)
-    from vidchat.ui import compare_html
+    from vidchat.doors.page import compare_html
 
     page = compare_html(answer, None, "", "note")
     assert "<img" not in page and "<script" not in page and "<svg" not in page
@@ -326,14 +327,14 @@ def test_the_bundles_zip_is_streamed_in_pieces_and_reads_back(tmp_path):
 
 
 def test_a_sessions_bundles_are_bounded_in_memory(tmp_path):
-    from vidchat import answer_inputs
-    from vidchat.sessions import Entry
+    from vidchat.conversation import kept
+    from vidchat.conversation.sessions import Entry
 
     entry = Entry(Session("s"), kind="ws")
-    for n in range(answer_inputs.KEEP_BUNDLES_PER_SESSION + 5):
-        answer_inputs.keep_bundle(entry, f"a{n}", tmp_path / f"b{n}")
-    assert len(entry.bundles) == answer_inputs.KEEP_BUNDLES_PER_SESSION
-    assert "a0" not in entry.bundles and f"a{answer_inputs.KEEP_BUNDLES_PER_SESSION + 4}" in entry.bundles
+    for n in range(kept.KEEP_BUNDLES_PER_SESSION + 5):
+        kept.keep_bundle(entry, f"a{n}", tmp_path / f"b{n}")
+    assert len(entry.bundles) == kept.KEEP_BUNDLES_PER_SESSION
+    assert "a0" not in entry.bundles and f"a{kept.KEEP_BUNDLES_PER_SESSION + 4}" in entry.bundles
 
 
 def test_the_readme_documents_the_public_routes_and_the_new_limits():

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from vidchat import models
+from vidchat.app import models
 from vidchat.engine import EngineError
 
 pytestmark = pytest.mark.unit

@@ -152,7 +152,7 @@ async def test_page_streams_an_answer_and_two_tabs_use_their_own_frames(server, 
             answers += 1
             await red.wait_for_function(BOT_HAS_TEXT % answers, timeout=30_000)
             # The new question may first say it waits while the abort of the
-            # old one winds down (vidchat.chat); then exactly one generates.
+            # old one winds down (vidchat.conversation.chat); then exactly one generates.
             await eventually_async(lambda: asyncio.to_thread(lambda: server.running_requests() == 1), 10,
                                    "the new answer generates alone")
             await red.click("#vc-stop-answer")
@@ -501,7 +501,7 @@ async def newest_answer_panel(page: Page, n: int, known: set[str]) -> tuple[str,
 # 0.1 s the file shows it, beyond those ±0.05 s. Placed by arrival, frames
 # were within -0.103..+0.169 s except at a seek, where the last frames before
 # it were dated at its target (2 s off, twice in CI); placed by the browser's
-# clock (vidchat/webrtc.py) they are within about a frame either way (the
+# clock (vidchat/doors/webrtc.py) they are within about a frame either way (the
 # test prints the numbers with -s). The tolerance leaves room for a loaded CI.
 SOURCE_TIME_TOLERANCE_S = 0.25
 

@@ -1,6 +1,6 @@
 """The CPU default preset end to end through the page: a SmolVLM2-256M with
 its true configuration (random weights, reduced depth; see
-vidchat/archbuild_smolvlm.py) served with `--preset smolvlm2-256m`, driven in
+vidchat/devtools/archbuild_smolvlm.py) served with `--preset smolvlm2-256m`, driven in
 Chromium with a fake camera."""
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ PRESET = "smolvlm2-256m"
 
 @pytest.fixture(scope="module")
 def smol_server(artifacts_dir):
-    from vidchat import archbuild_smolvlm
+    from vidchat.devtools import archbuild_smolvlm
 
     path = archbuild_smolvlm.ensure(CACHE_DIR, PRESET)
     # The preset's own limits; only the KV cache is sized for a test machine.

@@ -1,6 +1,6 @@
 """The Qwen presets on their true architectures, through real vLLM.
 
-`vidchat.archbuild_qwen` writes, for each Qwen preset, a random-weight model
+`vidchat.devtools.archbuild_qwen` writes, for each Qwen preset, a random-weight model
 with the checkpoint's own configuration (widths, heads, KV heads, M-RoPE,
 vision tower, Omni audio encoder, vocabulary size, special-token ids, chat
 template, processor sizes); only the depth is cut (2 text layers, 2 vision
@@ -38,11 +38,12 @@ import os
 import numpy as np
 import pytest
 
-from vidchat import archbuild_qwen, presets, server
+from vidchat.app import presets, server
+from vidchat.app.settings import Settings
+from vidchat.devtools import archbuild_qwen
 from vidchat.engine import video_fps
-from vidchat.local_engine import LocalEngine
+from vidchat.engine.local import LocalEngine
 from vidchat.media import AUDIO_RATE
-from vidchat.settings import Settings
 
 from conftest import CACHE_DIR
 

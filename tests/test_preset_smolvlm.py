@@ -1,6 +1,6 @@
 """The SmolVLM2 presets on their true architecture, through real vLLM.
 
-`vidchat.archbuild_smolvlm` writes a random-weight SmolVLM2-256M-Video-Instruct
+`vidchat.devtools.archbuild_smolvlm` writes a random-weight SmolVLM2-256M-Video-Instruct
 folder with the published configuration (text depth cut to 2 layers; vision
 tower, widths, vocabulary, special-token ids and processor settings true).
 The engine is started with the preset's own settings, exactly as
@@ -24,12 +24,14 @@ import time
 import numpy as np
 import pytest
 
-from vidchat import archbuild_smolvlm, chat, presets, server
-from vidchat.chat import AnswerOptions, OptionError
+from vidchat.app import presets, server
+from vidchat.app.settings import Settings
+from vidchat.conversation import chat
+from vidchat.conversation.chat import AnswerOptions, OptionError
+from vidchat.conversation.session import SessionSettings
+from vidchat.devtools import archbuild_smolvlm
 from vidchat.engine import EngineError
-from vidchat.local_engine import LocalEngine
-from vidchat.session import SessionSettings
-from vidchat.settings import Settings
+from vidchat.engine.local import LocalEngine
 
 from conftest import CACHE_DIR
 

@@ -5,8 +5,9 @@ from __future__ import annotations
 import subprocess
 import sys
 
-from vidchat import families, presets
-from vidchat.settings import Settings, parse_settings
+from vidchat.app import presets
+from vidchat.app.settings import Settings, parse_settings
+from vidchat.engine import families
 
 from conftest import ROOT
 

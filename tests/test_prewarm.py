@@ -1,4 +1,4 @@
-"""Warm-ups (vidchat.prewarm) through real vLLM on the tiny omni model: a
+"""Warm-ups (vidchat.conversation.prewarm) through real vLLM on the tiny omni model: a
 warmed sample is a prefix-cache hit at question time, warm-ups give way to
 answers, stop with their session, and never cross sessions."""
 
@@ -12,12 +12,12 @@ import types
 import numpy as np
 import pytest
 
-from vidchat import chat, prewarm
-from vidchat.answer_queue import AnswerQueue
-from vidchat.chat import AnswerOptions
-from vidchat.prewarm import Prewarmer
-from vidchat.session import SessionSettings
-from vidchat.sessions import SessionRegistry
+from vidchat.conversation import chat, prewarm
+from vidchat.conversation.answer_queue import AnswerQueue
+from vidchat.conversation.chat import AnswerOptions
+from vidchat.conversation.prewarm import Prewarmer
+from vidchat.conversation.session import SessionSettings
+from vidchat.conversation.sessions import SessionRegistry
 
 from conftest import eventually_async
 
@@ -169,7 +169,7 @@ def test_unknown_mode_is_refused():
 
 @pytest.mark.unit
 def test_the_encoder_budget_swaps_the_oldest_new_frames_for_encoded_ones():
-    from vidchat.session import Session
+    from vidchat.conversation.session import Session
 
     session = Session("s", SessionSettings(evs_enabled=False, num_sample_frames=4, max_frames=64))
     rng = np.random.default_rng(0)
@@ -196,7 +196,7 @@ def test_the_encoder_budget_swaps_the_oldest_new_frames_for_encoded_ones():
 
 @pytest.mark.unit
 def test_the_budget_follows_the_measured_cost_of_a_new_frame():
-    from vidchat.session import Session
+    from vidchat.conversation.session import Session
 
     prewarmer = Prewarmer(types.SimpleNamespace(), "idle")
     session = Session("s", SessionSettings(num_sample_frames=16))
@@ -215,7 +215,7 @@ def add_audio(entry, seconds: float, t: float, seed: int = 0) -> None:
 @pytest.mark.engine
 async def test_finished_audio_segments_are_warmed_and_only_the_newest_is_new(omni_engine, monkeypatch):
     """With --audio-segments on, the audio goes as 2-s segments
-    (vidchat.audio): a warm-up takes the finished ones, and a question with
+    (vidchat.media.audio): a warm-up takes the finished ones, and a question with
     more audio since reuses them all."""
     monkeypatch.setattr(omni_engine.options, "split_audio", True)
     registry = SessionRegistry()
@@ -306,7 +306,7 @@ async def test_the_sample_taken_at_enter_is_warmed_whole_and_is_the_questions(om
 
 @pytest.mark.unit
 def test_speech_starting_in_talk_mode_warms_the_session_first():
-    from vidchat import talk
+    from vidchat.conversation import talk
 
     registry = SessionRegistry()
     entry = registry.create("webrtc", SessionSettings(evs_enabled=False))

@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 import websockets
 
-from vidchat import synthetic
+from vidchat.devtools import synthetic
 
 from conftest import ROOT, free_port, eventually_async
 

@@ -15,9 +15,9 @@ import base64
 import numpy as np
 import pytest
 
-from vidchat import synthetic_audio as sa
+from vidchat.devtools import synthetic_audio as sa
+from vidchat.doors.protocol import NO_AUDIO_OUTPUT_NOTICE
 from vidchat.media import AUDIO_RATE
-from vidchat.protocol import NO_AUDIO_OUTPUT_NOTICE
 
 from test_protocol import (MOVING, SHORT, STATIC_JPEG, answer, check_answer, connect, expect_closed, expect_error,
                            recv, send, still_alive, until)

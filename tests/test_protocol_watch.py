@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pytest
 
-from vidchat.protocol_config import ConfigError, parse_watch
+from vidchat.doors.protocol_config import ConfigError, parse_watch
 
 from test_protocol import MOVING, SHORT, check_answer, connect, expect_error, frames, recv, send, still_alive, until
 

@@ -19,10 +19,10 @@ from test_engine import collect, frames
 from test_protocol import LONG, SHORT, answer, check_answer, connect, send, until
 from test_protocol import frames as send_frames
 from test_webrtc import _enough, submit, wait_for
-from vidchat import tinymodel
-from vidchat.families import family_of
-from vidchat.remote_engine import RemoteEngine
-from vidchat.rtc_client import RtcClient, SyntheticVideo
+from vidchat.devtools import tinymodel
+from vidchat.devtools.rtc_client import RtcClient, SyntheticVideo
+from vidchat.engine.families import family_of
+from vidchat.engine.remote import RemoteEngine
 
 pytestmark = pytest.mark.engine
 

@@ -25,11 +25,11 @@ import numpy as np
 import pytest
 
 from conftest import CACHE_DIR, ROOT, TEST_MAX_IMAGES, TEST_MAX_MODEL_LEN
-from vidchat import recording
-from vidchat.chat import Answer, AnswerOptions
+from vidchat.conversation import recording
+from vidchat.conversation.chat import Answer, AnswerOptions
+from vidchat.conversation.session import Session
 from vidchat.engine import ReplyStats, Turn, inputs_digest
 from vidchat.media import AUDIO_RATE
-from vidchat.session import Session
 
 CLIP_SECONDS = 4.0
 CLIP_FPS = 10
@@ -259,7 +259,7 @@ def test_reasking_bundles_sends_the_same_inputs(reask_run, run_with_out):
         assert rec["inputs_sha256"] == rec["bundle_inputs_sha256"] == orig["inputs_sha256"]
         assert rec["frame_times"] == orig["frame_times"] and rec["frame_indices"] == orig["frame_indices"]
         assert rec["audio_seconds"] == orig["audio_seconds"] and rec["t"] == orig["t"]
-        # The audio goes back as the same clips (its 2-s segments, vidchat.audio).
+        # The audio goes back as the same clips (its 2-s segments, vidchat.media.audio).
         assert rec["audio_parts"] == orig["audio_parts"]
         assert rec["prompt"].count("<|AUDIO|>") == orig["prompt"].count("<|AUDIO|>") == max(1, len(orig["audio_parts"]))
         assert rec["frames_as"] == "video" and rec["video_fps"] and rec["answer"]
@@ -317,7 +317,7 @@ def test_missing_file_exits_2(tmp_path):
 
 @pytest.mark.unit
 def test_media_events_are_in_file_seconds_and_audio_is_cut_at_question_times(clip_dir):
-    from vidchat.replay import Schedule, media_events
+    from vidchat.qa.replay import Schedule, media_events
 
     schedule = Schedule([(1.5, "a"), (1.25, "b")], [(1.0, "c")])
     events = list(media_events(str(clip_dir / "clip.mp4"), schedule))
@@ -340,7 +340,7 @@ def test_media_events_are_in_file_seconds_and_audio_is_cut_at_question_times(cli
 
 def watch_times(path: Path, every_s: float) -> list[float]:
     """When replay's watch mode asks, for a file: a session fed as replay feeds it."""
-    from vidchat.replay import Playback, Schedule, media_events
+    from vidchat.qa.replay import Playback, Schedule, media_events
 
     playback = Playback(Session("watch"), watch_every=every_s)
     return [t for t, _, kind, payload in media_events(str(path), Schedule([], [])) if playback.feed(t, kind, payload)]
@@ -479,7 +479,7 @@ def test_a_bundle_reads_back_as_a_finished_answer_for_the_page(tmp_path):
 
 @pytest.mark.unit
 def test_periodic_questions_stop_with_the_file_but_later_asks_stay():
-    from vidchat.replay import Question, Schedule
+    from vidchat.qa.replay import Question, Schedule
 
     schedule = Schedule([(10.0, "late")], [(2.0, "tick")])
     assert [schedule.pop().at for _ in range(2)] == [2.0, 4.0]

@@ -9,10 +9,10 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from vidchat import synthetic
-from vidchat.evs import FrameError
+from vidchat.conversation.session import Session, SessionSettings, stable_indices, uniform_indices
+from vidchat.devtools import synthetic
 from vidchat.media import AUDIO_RATE
-from vidchat.session import Session, SessionSettings, stable_indices, uniform_indices
+from vidchat.media.evs import FrameError
 
 pytestmark = pytest.mark.unit
 
@@ -265,7 +265,7 @@ def test_audio_last_mode_and_cap():
     s.update_settings(audio_mode="frames")
     # Frames at t=0..2 are older than the 5 s kept (7..12 s): the audio that
     # is left, from the first boundary of its 2-s segments (the oldest samples
-    # are trimmed with every chunk; vidchat.audio steady_start).
+    # are trimmed with every chunk; vidchat.media.audio steady_start).
     sample = s.sample()
     assert sample.audio_start == pytest.approx(8.0) and [n for n, _ in sample.audio_parts] == [32000, 32000]
     s.add_audio(ramp_second(12), t=12.0)  # one more second: the trimmed front moves, the segments don't
@@ -289,7 +289,7 @@ def test_audio_gap_filled_with_silence_and_continuation():
 
 
 def test_untimed_audio_burst_and_pause(monkeypatch):
-    import vidchat.session as session_mod
+    import vidchat.conversation.session as session_mod
 
     clock = [100.0]
     monkeypatch.setattr(session_mod.time, "monotonic", lambda: clock[0])
@@ -427,7 +427,7 @@ def test_frames_added_from_a_thread_while_sampling():
 def test_luma_frames_render_rgb_only_when_kept():
     """The WebRTC door offers decoded frames by their luma plane; RGB is made
     only for kept frames, at the stored size."""
-    from vidchat import synthetic
+    from vidchat.devtools import synthetic
 
     clip = synthetic.static_clip(n=30)
     session = Session("luma", store_max_pixels=320 * 240)
@@ -453,7 +453,7 @@ def test_luma_frames_render_rgb_only_when_kept():
 
 
 def test_scene_changes_are_counted_and_watch_is_rate_limited():
-    from vidchat.watch import SceneWatch
+    from vidchat.conversation.watch import SceneWatch
 
     session = Session("watch", SessionSettings())
     colour = lambda c: np.full((120, 160, 3), c, np.uint8)  # noqa: E731

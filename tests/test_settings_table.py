@@ -1,4 +1,4 @@
-"""The one settings table (vidchat.settings_table): every question setting
+"""The one settings table (vidchat.conversation.settings_table): every question setting
 is refused for the same reason wherever it comes from (the page and its
 /ask API, session.config, replay's --set and a bundle's manifest); only the
 name differs: the page says its own label."""
@@ -9,11 +9,11 @@ import dataclasses
 
 import pytest
 
-from vidchat import chat
-from vidchat.chat import AnswerOptions
-from vidchat.protocol_config import ALIASES, FIELDS, VIDCHAT_FIELDS, parse_config
-from vidchat.session import SessionSettings
-from vidchat.settings_table import SETTINGS
+from vidchat.conversation import chat
+from vidchat.conversation.chat import AnswerOptions
+from vidchat.conversation.session import SessionSettings
+from vidchat.conversation.settings_table import SETTINGS
+from vidchat.doors.protocol_config import ALIASES, FIELDS, VIDCHAT_FIELDS, parse_config
 
 pytestmark = pytest.mark.unit
 

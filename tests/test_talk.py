@@ -1,4 +1,4 @@
-"""Talk mode (vidchat.talk) through real vLLM on the tiny omni model: an
+"""Talk mode (vidchat.conversation.talk) through real vLLM on the tiny omni model: an
 utterance heard in a session's audio becomes a question whose audio is
 exactly the utterance, speech during an answer aborts it in vLLM
 (barge-in), and the listener ends with its session."""
@@ -11,14 +11,14 @@ import time
 import numpy as np
 import pytest
 
-from vidchat import chat, talk
-from vidchat import synthetic_audio as sa
-from vidchat.chat import AnswerOptions
-from vidchat.engine import NO_SPOKEN_QUESTIONS, EngineError
+from vidchat.conversation import chat, talk
+from vidchat.conversation.chat import AnswerOptions
+from vidchat.conversation.session import SessionSettings
+from vidchat.conversation.sessions import SessionRegistry
+from vidchat.devtools import synthetic_audio as sa
+from vidchat.engine import EngineError, NO_SPOKEN_QUESTIONS
 from vidchat.media import AUDIO_RATE
-from vidchat.session import SessionSettings
-from vidchat.sessions import SessionRegistry
-from vidchat.vad import TurnSettings, Utterance
+from vidchat.media.vad import TurnSettings, Utterance
 
 from conftest import eventually_async
 
@@ -97,7 +97,7 @@ async def test_speech_during_an_answer_aborts_it_and_becomes_the_next_question(o
     registry = SessionRegistry()
     t0 = time.monotonic()
     entry = new_entry(registry, t0)
-    coming = []  # speech starting tells the warm-ups a question is coming (vidchat.prewarm)
+    coming = []  # speech starting tells the warm-ups a question is coming (vidchat.conversation.prewarm)
     listener = talk.listener(entry, TurnSettings(), barge_in=True, on_speech=lambda: coming.append(time.monotonic()))
     await vad_loaded(listener)
     feed(entry, sa.silence(0.5), t0 + 1.0)
@@ -145,7 +145,7 @@ async def test_a_model_that_hears_nothing_refuses_spoken_questions_and_says_what
     entry = new_entry(registry, t0)
     feed(entry, question, t0 + 1.0)
     monkeypatch.setattr(omni_engine, "accepts_audio", False)
-    from vidchat.vad import Utterance
+    from vidchat.media.vad import Utterance
 
     with pytest.raises(EngineError) as err:
         await chat.ask(omni_engine, entry, "", SHORT, spoken=Utterance(t0 + 1.0, t0 + 2.0, -20.0))
@@ -156,7 +156,7 @@ async def test_a_model_that_hears_nothing_refuses_spoken_questions_and_says_what
 
 async def test_a_spoken_question_is_recorded_and_re_asked_with_the_same_audio(omni_engine, question, tmp_path):
     """QA: a recorded spoken question replays as a spoken question, on exactly the same inputs."""
-    from vidchat import recording
+    from vidchat.conversation import recording
 
     registry = SessionRegistry()
     t0 = time.monotonic()
@@ -189,7 +189,7 @@ async def test_a_stale_page_talk_loop_hands_its_utterance_to_the_loop_that_owns_
     back to the listener, for the loop the page starts next."""
     import types
 
-    from vidchat import ui
+    from vidchat.doors import page as ui
 
     registry = SessionRegistry()
     t0 = time.monotonic()

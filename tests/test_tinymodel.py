@@ -5,7 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 
-from vidchat import tinymodel
+from vidchat.devtools import tinymodel
 
 import pytest
 

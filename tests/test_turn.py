@@ -14,8 +14,8 @@ from urllib.parse import parse_qs, urlparse
 import pytest
 from starlette.testclient import TestClient
 
-from vidchat.space import check_space_relay
-from vidchat.turn import TurnError, TurnMinter, minter_from
+from vidchat.app.space import check_space_relay
+from vidchat.app.turn import TurnError, TurnMinter, minter_from
 
 pytestmark = pytest.mark.unit
 
@@ -150,9 +150,9 @@ def test_turn_needs_a_secret_and_a_space_needs_a_relay(stand_in):
 
 
 def test_the_page_config_and_offers_use_minted_credentials(stand_in):
-    from vidchat.server import create_app
-    from vidchat.settings import Settings
-    from vidchat.state import AppState
+    from vidchat.app.server import create_app
+    from vidchat.app.settings import Settings
+    from vidchat.app.state import AppState
 
     turn = minter_from(settings(stand_in), {"TURN_KEY_ID": KEY_ID, "TURN_KEY_API_TOKEN": KEY_TOKEN})
     state = AppState(settings=Settings(), model_path="none", ice_servers=[{"urls": "stun:static.example"}], turn=turn)

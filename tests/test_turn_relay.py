@@ -19,7 +19,7 @@ from conftest import free_port, eventually, eventually_async
 from test_page import media  # noqa: F401  (the fake camera clip fixture)
 
 from vidchat.devtools.page import launch
-from vidchat.rtc_client import RtcClient, SyntheticVideo
+from vidchat.devtools.rtc_client import RtcClient, SyntheticVideo
 
 USER, PASSWORD = "vidchat", "relay-secret"
 

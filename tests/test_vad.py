@@ -1,4 +1,4 @@
-"""Turn detection (vidchat.vad) on speech generated offline by espeak-ng,
+"""Turn detection (vidchat.media.vad) on speech generated offline by espeak-ng,
 mixed with silence, room noise, music-like tones and the page's own voice."""
 
 from __future__ import annotations
@@ -6,9 +6,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from vidchat import synthetic_audio as sa
+from vidchat.devtools import synthetic_audio as sa
 from vidchat.media import AUDIO_RATE
-from vidchat.vad import SpeechStarted, TurnDetector, TurnSettings, Utterance
+from vidchat.media.vad import SpeechStarted, TurnDetector, TurnSettings, Utterance
 
 pytestmark = pytest.mark.unit
 

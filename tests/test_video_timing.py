@@ -35,7 +35,7 @@ import numpy as np
 import pytest
 
 from vidchat.engine import video_fps
-from vidchat.local_engine import LocalEngine
+from vidchat.engine.local import LocalEngine
 
 
 

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from gradio_client import Client
 
-from vidchat.rtc_client import RtcClient, SyntheticAudio, SyntheticVideo
+from vidchat.devtools.rtc_client import RtcClient, SyntheticAudio, SyntheticVideo
 
 from conftest import thumbnail_colours, until_idle, eventually_async
 

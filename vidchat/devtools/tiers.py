@@ -75,7 +75,7 @@ def _tier_guard(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch)
     """In the unit tier, starting vLLM, a vidchat server or Chromium raises."""
     if tier_of(request.node) == "unit":
         from vidchat.devtools import harness
-        from vidchat.local_engine import LocalEngine
+        from vidchat.engine.local import LocalEngine
 
         monkeypatch.setattr(LocalEngine, "start", _refuse("a vLLM engine"))
         monkeypatch.setattr(harness, "start_server", _refuse("a vidchat server"))

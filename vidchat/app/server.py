@@ -1,0 +1,291 @@
+"""The FastAPI app: engine lifecycle, routes, and the Gradio page mounted last."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+from pathlib import Path
+from typing import Any, AsyncIterator
+
+import uvicorn
+from fastapi import FastAPI, WebSocket
+from fastapi.responses import JSONResponse
+from fastapi.staticfiles import StaticFiles
+
+from vidchat.app.access import Guard, default_allowed_hosts, split_list
+from vidchat.app.loopwatch import LoopWatch
+from vidchat.app.settings import Settings
+from vidchat.app.state import AppState
+from vidchat.app.turn import TurnError
+from vidchat.conversation.prewarm import Prewarmer
+from vidchat.devtools import tinymodel
+from vidchat.engine import EngineError, EngineOptions
+from vidchat.engine.local import LocalEngine
+
+log = logging.getLogger(__name__)
+
+STATIC_DIR = Path(__file__).resolve().parents[2] / "static"
+
+
+# With --audio-segments on: room for 30 s of audio in 2-s clips (the oldest
+# are merged beyond this; vidchat.engine.audio_clips).
+SEGMENTED_MAX_AUDIOS = 16
+
+
+def engine_options(settings: Settings, model_path: str, tiny: bool) -> EngineOptions:
+    return EngineOptions(
+        model=model_path,
+        dtype="float32" if tiny and settings.dtype == "auto" else settings.dtype,
+        max_model_len=settings.max_model_len,
+        kv_cache_gb=settings.kv_cache_gb,
+        mm_cache_gb=settings.mm_cache_gb,
+        gpu_memory_utilization=settings.gpu_memory_utilization,
+        max_images=settings.max_images,
+        max_videos=settings.max_videos,
+        max_audios=max(settings.max_audios, SEGMENTED_MAX_AUDIOS) if settings.audio_segments == "on"
+        else settings.max_audios,
+        split_audio=settings.audio_segments == "on",
+        max_image_pixels=settings.max_image_pixels or (tinymodel.MAX_PIXELS if tiny else 0),
+        priority_scheduling=settings.prewarm != "off",
+        encoder_cache_frames=settings.max_sessions * settings.frames_per_question,
+        tensor_parallel_size=settings.tensor_parallel_size,
+        data_parallel_size=settings.data_parallel_size,
+    )
+
+
+def parse_ice_servers(raw: str) -> list[dict[str, Any]]:
+    if not raw.strip():
+        return []
+    servers = json.loads(raw)
+    if not isinstance(servers, list) or not all(isinstance(s, dict) and "urls" in s for s in servers):
+        raise ValueError("--ice-servers must be a JSON list of objects with a 'urls' key")
+    return servers
+
+
+# Ctrl-C: open HTTP streams (a tab's Gradio queue) get this long to end
+# before uvicorn cuts them, so the server exits in a few seconds with a tab open.
+SHUTDOWN_GRACE_S = 1.5
+
+
+class ClosingServer(uvicorn.Server):
+    """uvicorn's server, which on Ctrl-C first ends every session with a
+    reason (peers and sockets are told "closed at shutdown" and close), so
+    its wait for open connections is short."""
+
+    def __init__(self, config: uvicorn.Config, state: AppState) -> None:
+        super().__init__(config)
+        self.vidchat_state = state
+
+    async def shutdown(self, sockets: Any = None) -> None:
+        state = self.vidchat_state
+        log.info("shutting down: closing %d session(s)", len(state.registry))
+        try:
+            if state.prewarmer is not None:
+                await state.prewarmer.stop()
+            await asyncio.wait_for(state.registry.close_all(), SHUTDOWN_GRACE_S)
+        except Exception:  # noqa: BLE001 - shutting down regardless
+            log.warning("closing the sessions at shutdown failed", exc_info=True)
+        # Nothing can ask the model now: its engine winds down (seconds of
+        # vLLM teardown) while open HTTP streams get their grace.
+        engines = asyncio.create_task(asyncio.to_thread(_shut_down_own_engines, state))
+        await super().shutdown(sockets)
+        await engines
+
+
+def _shut_down_own_engines(state: AppState) -> None:
+    """The engines the app started itself (not one a caller handed it)."""
+    if state.owns_engines:
+        for engine in (state.engine, state.compare_engine):
+            if engine is not None:
+                engine.shutdown()
+
+
+def create_app(state: AppState) -> FastAPI:
+    from vidchat.doors import inputs as answer_inputs, media_dir, protocol, page as ui, webrtc
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        owns_engine = state.owns_engines = state.engine is None
+        if owns_engine:
+            state.engine_options = engine_options(state.settings, state.model_path, state.tiny)
+            loading = asyncio.create_task(_load_engine(state))
+        else:
+            loading = None
+            state.engine_settled(state.engine)
+        if state.banner:
+            log.warning(state.banner)
+        reaper = asyncio.create_task(_reap_idle_sessions(state))
+        state.prewarmer = Prewarmer(state, state.settings.prewarm)
+        state.prewarmer.start()
+        loop_watch.start()
+        log.info("vidchat listening on http://%s:%d%s", state.settings.host, state.settings.port,
+                 " (loading the model)" if owns_engine else "")
+        try:
+            yield
+        finally:
+            reaper.cancel()
+            await state.prewarmer.stop()
+            loop_watch.stop()
+            await state.registry.close_all()
+            if loading is not None:
+                await asyncio.gather(loading, return_exceptions=True)  # a start in progress finishes first
+            if owns_engine:
+                _shut_down_own_engines(state)
+
+    loop_watch = LoopWatch()
+    app = FastAPI(title="vidchat", lifespan=lifespan, docs_url=None, redoc_url=None)
+    app.state.vidchat = state
+
+    @app.get("/healthz")
+    async def healthz() -> dict[str, Any]:
+        """The process serves (whatever the model is doing)."""
+        return {"ok": True}
+
+    @app.get("/readyz")
+    async def readyz() -> JSONResponse:
+        """The engine is loaded and alive and the replica takes new sessions:
+        200; else 503 with the reason. A load balancer routes new sessions
+        only to replicas answering 200; ``draining`` and ``sessions`` tell
+        an operator when a drained replica is empty and can be stopped."""
+        ready, reason = state.readiness()
+        registry = state.registry
+        if ready and registry.draining:
+            ready, reason = False, f"draining: {len(registry)} session(s) still open"
+        return JSONResponse({"ready": ready, "reason": reason, "draining": registry.draining,
+                             "sessions": len(registry)}, status_code=200 if ready else 503)
+
+    @app.post("/api/drain")
+    async def drain(body: dict[str, Any]) -> JSONResponse:
+        """Start (``{"draining": true}``) or stop draining this replica: no
+        new sessions; open ones carry on. An operator route (vidchat.app.access):
+        the server token, or a call on this machine without a proxy."""
+        draining = body.get("draining") if isinstance(body, dict) else None
+        if not isinstance(draining, bool):
+            return JSONResponse({"detail": "draining must be true or false"}, status_code=400)
+        state.registry.draining = draining
+        log.info("replica %s: %d session(s) open", "draining" if draining else "taking new sessions again",
+                 len(state.registry))
+        return JSONResponse({"draining": draining, "sessions": len(state.registry)})
+
+    @app.get("/api/health")
+    async def health() -> JSONResponse:
+        engine = state.engine
+        ok = state.ready
+        body = {
+            "ok": ok,
+            "status": state.readiness()[1],
+            "model": state.model_path,
+            "banner": state.banner,
+            "sessions": len(state.registry),
+            "sessions_by_kind": state.registry.count_by_kind(),
+            "running_requests": engine.running_requests if ok else None,
+            "compare_model": ({"model": state.compare_model_path, "status": state.compare_readiness()[1],
+                               "running_requests": state.compare_engine.running_requests
+                               if state.compare_readiness()[0] else None}
+                              if state.compare_model_path else None),
+            "answers": state.answer_gate.snapshot(),
+            "questions_asked": state.answer_gate.asked,
+            "running_warmups": engine.running_warmups if ok else None,
+            "prewarm": state.prewarmer.snapshot() if state.prewarmer else None,
+            # How many frames vLLM's encoder cache holds (vidchat.engine.encoder_cache_budget).
+            "encoder_cache": ({"tokens": engine.encoder_cache_tokens, "tokens_per_frame": engine.tokens_per_frame,
+                               "frames": engine.encoder_cache_tokens // engine.tokens_per_frame}
+                              if ok and engine.tokens_per_frame and engine.encoder_cache_tokens else None),
+            "loop_lag": loop_watch.snapshot(),
+        }
+        return JSONResponse(body, status_code=200 if ok else 503)
+
+    @app.post("/api/prewarm")
+    async def set_prewarm(body: dict[str, Any]) -> JSONResponse:
+        """Switch warm-ups at run time (the latency report compares on and off in one run)."""
+        mode = body.get("mode") if isinstance(body, dict) else None
+        try:
+            await state.prewarmer.set_mode(mode)
+        except ValueError as exc:
+            return JSONResponse({"error": str(exc)}, status_code=400)
+        return JSONResponse(state.prewarmer.snapshot())
+
+    @app.post("/api/loop-lag/reset")
+    async def reset_loop_lag() -> dict[str, Any]:
+        """Start a new loop-lag window (for bench/looplag.py)."""
+        loop_watch.reset()
+        return {"reset": True}
+
+    @app.get("/api/config")
+    async def client_config() -> Any:
+        # Fetched when the user presses Start, so short-lived TURN credentials
+        # are fresh rather than baked into the page.
+        ready, status = state.readiness()
+        try:
+            servers = await state.ice_config()
+        except TurnError as exc:
+            log.error("%s", exc)
+            return JSONResponse({"detail": f"Cannot connect from behind NAT now: {exc}."}, status_code=503)
+        # Only what a browser's RTCPeerConnection uses: no other field of the
+        # configured servers (notes, account ids) reaches the page.
+        ice = [{k: v for k, v in server.items() if k in ("urls", "username", "credential")} for server in servers]
+        return {"iceServers": ice, "banner": state.banner, "ready": ready, "status": status,
+                "sessionTimeLimit": state.session_time_limit}
+
+    app.include_router(webrtc.router(state))
+    app.include_router(answer_inputs.router(state))
+    app.include_router(media_dir.router(state))
+
+    @app.websocket("/v1/video/chat/stream")
+    async def video_chat_stream(websocket: WebSocket) -> None:
+        await protocol.serve(state, websocket)
+
+    # StaticFiles refuses paths that resolve outside its directory.
+    app.mount("/static", StaticFiles(directory=STATIC_DIR), name="static")
+    settings = state.settings
+    app.add_middleware(
+        Guard,
+        access=state.access,
+        allowed_hosts=split_list(settings.allowed_hosts) or default_allowed_hosts(settings.host),
+        allowed_origins=split_list(settings.allowed_origins),
+        max_body_bytes=settings.max_body_bytes,
+        page=state.page_logins,
+        owner_of=state.registry.owner_of,
+    )
+    return ui.mount(app, state)
+
+
+async def _load_engine(state: AppState) -> None:
+    """Start vLLM in a worker thread while the port already answers."""
+    try:
+        if state.settings.engine_url:
+            from vidchat.engine.remote import RemoteEngine
+
+            engine = await asyncio.to_thread(RemoteEngine.start, state.engine_options, state.settings.engine_url)
+            state.model_path = engine.model_path
+        else:
+            engine = await asyncio.to_thread(LocalEngine.start, state.engine_options)
+    except Exception as exc:  # EngineError carries vLLM's own reason
+        log.error("the model failed to load: %s", exc, exc_info=not isinstance(exc, EngineError))
+        state.engine_settled(None, str(exc))
+        return
+    state.engine_settled(engine)
+    log.info("vidchat ready on http://%s:%d", state.settings.host, state.settings.port)
+    if state.compare_model_path:
+        # After the first: the page works meanwhile, and two loads at once
+        # would only compete for the same cores and memory.
+        options = engine_options(state.settings, state.compare_model_path, state.compare_tiny)
+        try:
+            state.compare_engine = await asyncio.to_thread(LocalEngine.start, options)
+        except Exception as exc:
+            log.error("the comparison model failed to load: %s", exc, exc_info=not isinstance(exc, EngineError))
+            state.compare_error = str(exc)
+
+
+async def _reap_idle_sessions(state: AppState) -> None:
+    """End WebRTC sessions whose media stopped: a stopped track on a live
+    connection sends nothing, and a killed browser is noticed late by ICE."""
+    while True:
+        await asyncio.sleep(2.0)
+        try:
+            await state.registry.expire(state.settings.session_idle_timeout, kind="webrtc")
+            await state.registry.end_overdue()
+        except Exception:
+            log.exception("session expiry failed")

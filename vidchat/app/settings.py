@@ -1,0 +1,293 @@
+"""Every server option in one place.
+
+Each option is a dataclass field carrying its help text; the command-line flag
+is the field name with dashes, and the environment variable is ``VIDCHAT_`` +
+the field name upper-cased. Precedence: flag > environment > default.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+from vidchat.media import DEFAULT_MAX_FRAME_BYTES, DEFAULT_MAX_FRAME_PIXELS, FRAMES_AS
+
+ENV_PREFIX = "VIDCHAT_"
+
+
+def _opt(default: Any, help: str, **extra: Any) -> Any:
+    return field(default=default, metadata={"help": help, **extra})
+
+
+@dataclass
+class Settings:
+    # --- model / engine -------------------------------------------------
+    model: str = _opt(
+        "auto",
+        "A preset name ('list' prints them), a model folder or a Hugging Face id. "
+        "'tiny' builds a random-weight test model (replies are gibberish); 'tiny-vl' "
+        "the vision-only one; 'auto' picks a preset for the hardware (qwen2.5-omni-3b "
+        "on GPU, smolvlm2-256m on CPU) and falls back to 'tiny' when it cannot be loaded.",
+    )
+    preset: str = _opt(
+        "", "Apply a preset's limits (see --model list) to the model --model names: for a local copy of a "
+        "preset's weights, e.g. --model /models/SmolVLM2-256M --preset smolvlm2-256m.",
+    )
+    compare_model: str = _opt(
+        "", "A second model (same forms as --model) loaded beside the first, so the page's Re-ask can put one "
+        "answer's exact inputs to both models. Needs memory for both engines; empty: one model.",
+    )
+    dtype: str = _opt("auto", "Weights/activation dtype passed to vLLM (auto, bfloat16, float16, float32).")
+    max_model_len: int = _opt(8192, "Longest prompt + reply in tokens.")
+    kv_cache_gb: float = _opt(
+        1.0, "KV-cache size in GiB on CPU (set explicitly: vLLM otherwise reserves most of the RAM)."
+    )
+    mm_cache_gb: float = _opt(
+        1.0, "GiB vLLM may keep of processed frames for reuse (its mm_processor_cache_gb, 4 by default). Live "
+        "video makes nearly every frame new, so this is memory the server grows into; 0 turns the cache off.",
+    )
+    gpu_memory_utilization: float = _opt(0.85, "Fraction of GPU memory vLLM may use (GPU only).")
+    engine_url: str = _opt(
+        "", "Use a remote vLLM server (e.g. 'http://gpu-host:8000' of `vllm serve MODEL`) instead of the "
+        "in-process engine: same page, protocol and records; --model then only names the model for its "
+        "processor (default: the served model's name). Engine sizing options are the server's own.",
+    )
+    tensor_parallel_size: int = _opt(1, "GPUs one copy of the model is split across (vLLM's "
+                                     "--tensor-parallel-size): for a model too large for one GPU.")
+    data_parallel_size: int = _opt(1, "Copies of the model vLLM runs side by side in this process's engine "
+                                   "(vLLM's --data-parallel-size), each on its own GPUs: more concurrent "
+                                   "sessions on one machine. Needs tensor x data parallel GPUs.")
+    max_images: int = _opt(32, "Most images one prompt may carry (vLLM limit_mm_per_prompt).")
+    max_videos: int = _opt(1, "Most videos one prompt may carry.")
+    max_audios: int = _opt(1, "Most audio clips one prompt may carry (omni models only; at least 16 with "
+                               "--audio-segments on).")
+    audio_segments: str = _opt(
+        "off", "Send a question's audio as 2-s segments, one clip each, named per session, instead of one clip: "
+        "a finished segment is then encoded and prefilled once, and warm-ups can take it. Off by default: on "
+        "CPU, vLLM 0.32's per-clip cost for Qwen2.5-Omni outweighed the prefill it saves (README, 'Warm-ups').",
+        choices=("off", "on"),
+    )
+    max_image_pixels: int = _opt(
+        0,
+        "Cap on pixels per frame given to the model's processor (0: the model's own "
+        "setting; 'tiny' uses 224x224).",
+    )
+    cache_dir: str = _opt(
+        os.path.join(os.path.expanduser("~"), ".cache", "vidchat"),
+        "Where the tiny test model is built on first use.",
+    )
+    # --- answers ----------------------------------------------------------
+    frames_per_question: int = _opt(16, "Frames sampled from the buffer for each question (the page and "
+                                    "the WebSocket protocol can change it per session).")
+    frames_as: str = _opt("images", "Send sampled frames as separate 'images' or as one 'video'.", choices=FRAMES_AS)
+    max_tokens: int = _opt(256, "Longest reply in tokens.")
+    temperature: float = _opt(0.7, "Sampling temperature (0 = greedy).")
+    system_prompt: str = _opt(
+        "You are a helpful assistant watching a live video. Answer about what you see and hear.",
+        "System prompt put before every conversation.",
+    )
+    prewarm: str = _opt(
+        "off", "Keep each session's next question prefilled in the engine (vidchat/conversation/prewarm.py): 'idle' sends "
+        "warm-ups only while no answer is generating, 'always' also beside answers (at lower priority), 'off' "
+        "never. With warm-ups on, the page's Enter also has the server take the question's frames and audio at "
+        "once and warm them while the question travels. Off by default: where the browser shares the server's "
+        "2 CPU cores, warm-ups slowed the page more than they saved (README, 'Warm-ups').",
+        choices=("off", "idle", "always"),
+    )
+    record_dir: str = _opt(
+        "", "Save every answer as a recording bundle (its frames as PNG, audio as WAV, question, chat history, "
+        "settings, prompt, answer, timings; layout in vidchat/conversation/recording.py) in a new folder under this one. "
+        "Empty: recording is off; nothing is written to disk unless this is set.",
+    )
+    # --- server -------------------------------------------------------
+    host: str = _opt("127.0.0.1", "Address to bind. Use 0.0.0.0 only when you mean to expose the app.")
+    port: int = _opt(7860, "TCP port for the page, the WebRTC offer endpoint and the WebSocket protocol.")
+    log_level: str = _opt("info", "Logging level (debug, info, warning, error).")
+    # --- sessions -------------------------------------------------------
+    max_sessions: int = _opt(16, "Most concurrent sessions (browser tabs + WebSocket clients). vLLM's encoder "
+                             "cache is sized to hold one sample per session (tokens per frame x frames per "
+                             "question x this; on CPU 2,048 tokens unless that needs more, at most 65,536), so "
+                             "a session's frames, once encoded, are not encoded again for its next question.")
+    session_idle_timeout: float = _opt(
+        30.0, "End a WebRTC session whose newest frame or audio is older than this (seconds); until then a "
+        "tab whose connection dropped can re-attach to it.",
+    )
+    # --- seed WebSocket protocol --------------------------------------
+    ws_idle_timeout: float = _opt(60.0, "WebSocket protocol: close a session after this many seconds without a message.")
+    ws_config_timeout: float = _opt(10.0, "WebSocket protocol: seconds a client has to send session.config.")
+    ws_max_frame_bytes: int = _opt(DEFAULT_MAX_FRAME_BYTES, "Largest encoded frame a session accepts, in bytes (the WebSocket protocol's JPEG frames).")
+    max_frame_pixels: int = _opt(
+        DEFAULT_MAX_FRAME_PIXELS, "Largest encoded frame (JPEG, PNG or WebP) a session accepts, in pixels (width x "
+        "height), read from the image header before decoding: protects memory and CPU from image bombs, small "
+        "files that decode to huge pictures.",
+    )
+    ws_max_audio_seconds: float = _opt(30.0, "WebSocket protocol: most seconds of audio kept per session.")
+    # --- WebRTC -------------------------------------------------------
+    ice_servers: str = _opt(
+        "",
+        "JSON list of RTCIceServer dicts given to browsers and the server peer "
+        '(e.g. [{"urls": "turn:turn.example:3478", "username": "u", "credential": "p"}]). '
+        "Empty on localhost.",
+    )
+
+    turn: str = _opt(
+        "off", "Short-lived TURN credentials for browsers behind NAT: 'cloudflare' mints them per Start camera "
+        "from a Cloudflare TURN key (TURN_KEY_ID + TURN_KEY_API_TOKEN) or HF_TOKEN in the environment, "
+        "cached until shortly before expiry. --ice-servers stays for static servers (coturn, Twilio).",
+        choices=("off", "cloudflare"),
+    )
+    turn_ttl: int = _opt(3600, "Lifetime of minted TURN credentials, in seconds.")
+    turn_api_url: str = _opt("https://rtc.live.cloudflare.com/v1/turn/keys",
+                             "Cloudflare's TURN key API (changed only to test against a stand-in).")
+    turn_hf_url: str = _opt("https://turn.fastrtc.org/credentials",
+                            "The TURN credential service reached with HF_TOKEN (FastRTC's).")
+
+    media_dir: str = _opt(
+        "", "A folder of video files the page lists as sources (played in the browser, sent like a camera). "
+        "Only files directly in it are served; empty: none.",
+    )
+    # --- access (see README "Hosting safely") ---------------------------
+    auth: tuple = _opt(
+        (), "Page login: USER:PASSWORD, or a file with one such line per user. Repeat the flag for more users; "
+        "the variable takes them separated by spaces.", repeat=True,
+    )
+    token: str = _opt(
+        "", "Token programs must present (Authorization: Bearer, or ?token= on the WebSocket URL) on every route "
+        "that is not public (vidchat/app/access.py PUBLIC_ROUTES: the page shell, logins, health checks): the "
+        "WebSocket protocol, /webrtc/*, /api/*, /inputs/*, the page's /gradio_api/*. It is also what the operator "
+        "routes (/api/drain, /api/prewarm, /api/loop-lag/reset) take from another machine. Without --auth, the "
+        "page's login takes it as the password.",
+    )
+    hf_oauth: str = _opt(
+        "auto", "Hugging Face sign-in for the page: 'auto' turns it on inside a Space with hf_oauth enabled.",
+        choices=("auto", "on", "off"),
+    )
+    hf_users: str = _opt("", "With Hugging Face sign-in: the user names allowed in (comma separated; empty: anyone "
+                         "signed in). Anyone else signed in is refused (403) on the page's API and every "
+                         "guarded route.")
+    allowed_origins: str = _opt(
+        "", "Other web origins (e.g. https://my.site) whose pages may open WebSocket sessions or post to /webrtc/* "
+        "and the operator routes; '*' allows any. Requests without an Origin header (programs) are always allowed.",
+    )
+    forwarded_allow_ips: str = _opt(
+        "", "Addresses of reverse proxies (nginx, Traefik, the Space's) whose X-Forwarded-For / Forwarded headers "
+        "name the real client (comma separated; '*' any), passed to uvicorn: per-client caps, logs and the "
+        "loopback checks then see the client, not the proxy. Empty: 127.0.0.1 and ::1 (a proxy on this machine), "
+        "and '*' on a Hugging Face Space, whose container only its proxy can reach.",
+    )
+    allowed_hosts: str = _opt(
+        "", "Host names this server answers to (comma separated; '*' any). Empty: only localhost names when bound "
+        "to a loopback address (this is what defeats DNS rebinding), any host otherwise.",
+    )
+    # --- limits ---------------------------------------------------------
+    max_body_bytes: int = _opt(64 * 1024, "Largest request body on /webrtc/* and /api/* (bytes); larger gets 413.")
+    connect_timeout: float = _opt(
+        15.0, "Seconds a WebRTC offer has to become a connected peer; a session that never connects is ended "
+        "and its place freed.",
+    )
+    max_sessions_per_client: int = _opt(
+        4, "Most concurrent sessions from one client address (0: no cap). Loopback clients are not capped while "
+        "the server is bound to a loopback address.",
+    )
+    session_time_limit: float = _opt(
+        -1.0, "End every session this many seconds after it starts (0: never). -1: never when bound to a "
+        "loopback address, 1800 otherwise. The page shows a countdown; the WebSocket protocol announces the end.",
+    )
+    max_session_mb: float = _opt(
+        0.0, "Memory one session's frame buffer may take, in MB (2^20 bytes): max_frames x the stored frame size "
+        "(width x height x 3) must fit, else session.config, session.update and the page get an error naming "
+        "this budget. 0: what 64 frames at the stored size need (a little over 15 MB at 320x240).",
+    )
+    max_concurrent_answers: int = _opt(
+        8, "Answers generated at once across all sessions (0: no cap); later questions wait in a fair queue "
+        "and are told their place.",
+    )
+
+    @classmethod
+    def option_names(cls) -> list[str]:
+        return [f.name for f in dataclasses.fields(cls)]
+
+
+def _coerce(kind: type, raw: str) -> Any:
+    if kind is bool:
+        return raw.strip().lower() in ("1", "true", "yes", "on")
+    return kind(raw)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="app.py",
+        description="vidchat: live video chat with a vision-language model.",
+        epilog=f"Every option can also be set by an environment variable {ENV_PREFIX}<OPTION> "
+        f"(e.g. {ENV_PREFIX}PORT=8000); a flag wins over the variable.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    hints = {f.name: f for f in dataclasses.fields(Settings)}
+    for name, f in hints.items():
+        kind = type(f.default)
+        env_name = ENV_PREFIX + name.upper()
+        default = f.default
+        if env_name in os.environ and not f.metadata.get("repeat"):
+            try:
+                default = _coerce(kind, os.environ[env_name])
+            except ValueError:
+                parser.error(f"{env_name}={os.environ[env_name]!r} is not a valid {kind.__name__}")
+        kwargs: dict[str, Any] = {"default": default, "help": f.metadata["help"] + f" [env {env_name}]"}
+        if "choices" in f.metadata:
+            kwargs["choices"] = f.metadata["choices"]
+        if f.metadata.get("repeat"):
+            kwargs["default"] = None  # flags replace the variable's list (parse_settings)
+            parser.add_argument("--" + name.replace("_", "-"), action="append", **kwargs)
+            continue
+        parser.add_argument("--" + name.replace("_", "-"), type=kind, **kwargs)
+    return parser
+
+
+# Limits that make no sense at zero or below: refused at start-up with the
+# flag's name, instead of failing every session later.
+AT_LEAST = {"max_sessions": 1, "max_frame_pixels": 1, "max_body_bytes": 1024, "ws_max_frame_bytes": 1024,
+            "max_sessions_per_client": 0, "max_concurrent_answers": 0, "connect_timeout": 0,
+            "session_idle_timeout": 1, "ws_idle_timeout": 1, "ws_config_timeout": 0.1,
+            "tensor_parallel_size": 1, "data_parallel_size": 1, "turn_ttl": 60,
+            "max_session_mb": 0}
+
+
+def parse_settings(argv: Sequence[str] | None = None) -> Settings:
+    parser = build_parser()
+    return settings_from_args(parser, parser.parse_args(argv))
+
+
+def settings_from_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> Settings:
+    """Settings from arguments parsed by ``parser`` (build_parser's, or one
+    built on it with options of its own, which are ignored here): the AT_LEAST
+    checks (``parser.error`` names the flag) and repeat options read from the
+    environment when no flag gave them."""
+    values = {f.name: getattr(args, f.name) for f in dataclasses.fields(Settings)}
+    for name, least in AT_LEAST.items():
+        if values[name] < least:
+            parser.error(f"--{name.replace('_', '-')} must be at least {least}, got {values[name]}")
+    for f in dataclasses.fields(Settings):
+        if f.metadata.get("repeat") and values[f.name] is None:
+            values[f.name] = tuple(os.environ.get(ENV_PREFIX + f.name.upper(), "").split())
+        elif f.metadata.get("repeat"):
+            values[f.name] = tuple(values[f.name])
+    return Settings(**values)
+
+
+def forwarded_allow_ips(settings: Settings, on_space: bool) -> str:
+    """--forwarded-allow-ips resolved, as uvicorn takes it."""
+    if settings.forwarded_allow_ips.strip():
+        return settings.forwarded_allow_ips
+    return "*" if on_space else "127.0.0.1,::1"
+
+
+def session_time_limit(settings: Settings) -> float:
+    """--session-time-limit resolved: seconds, 0 for none."""
+    from vidchat.app.access import is_loopback
+
+    if settings.session_time_limit >= 0:
+        return settings.session_time_limit
+    return 0.0 if is_loopback(settings.host) else 1800.0

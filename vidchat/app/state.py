@@ -1,0 +1,149 @@
+"""What the whole application shares: settings, the engine, the session
+registry. Its own module so the doors (protocol, webrtc, ui) and the server
+that assembles them all import it, and imports run one way."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from vidchat.app.access import Access, PageLogins
+from vidchat.app.models import TINY_BANNER
+from vidchat.app.settings import Settings
+from vidchat.conversation.answer_queue import AnswerQueue
+from vidchat.conversation.chat import AnswerOptions
+from vidchat.conversation.session import SessionSettings, check_frame_budget, session_budget_bytes
+from vidchat.conversation.sessions import Entry, SessionRegistry
+from vidchat.engine import ChatEngine, ENGINE_DEAD_MESSAGE, EngineError, EngineOptions
+from vidchat.media import DEFAULT_STORE_MAX_PIXELS, describe_store_limit
+
+
+@dataclass
+class AppState:
+    settings: Settings
+    model_path: str
+    banner: str | None = None
+    engine: ChatEngine | None = None
+    registry: SessionRegistry = field(default_factory=SessionRegistry)
+    ice_servers: list[dict[str, Any]] = field(default_factory=list)
+    turn: Any = None  # vidchat.app.turn.TurnMinter with --turn cloudflare
+    access: Access = field(default_factory=Access)
+    page_logins: PageLogins = field(default_factory=PageLogins)  # filled in by vidchat.doors.page.mount
+    answer_gate: AnswerQueue = field(default_factory=AnswerQueue)
+    session_time_limit: float = 0.0  # seconds, 0: none (settings.session_time_limit resolved)
+    engine_options: EngineOptions | None = None  # what the engine is (being) started with
+    # The engine loads after the port opens: until then the page says so and questions wait.
+    engine_error: str | None = None
+    loading_since: float = field(default_factory=time.monotonic)
+    # --compare-model: a second engine, loaded after the first, for Re-ask only.
+    prewarmer: Any = None  # vidchat.conversation.prewarm.Prewarmer, started with the server
+    owns_engines: bool = False  # the app started its engines (and shuts them down), none was handed to it
+    compare_model_path: str = ""
+    compare_tiny: bool = False
+    compare_engine: ChatEngine | None = None
+    compare_error: str | None = None
+    _engine_settled: asyncio.Event | None = field(default=None, repr=False)
+
+    @property
+    def ready(self) -> bool:
+        return self.engine is not None and not self.engine.is_dead
+
+    async def ice_config(self) -> list[dict[str, Any]]:
+        """ICE servers for a new peer: the static ones, then freshly minted
+        TURN (raises vidchat.app.turn.TurnError when it cannot be minted)."""
+        minted = await self.turn.ice_servers() if self.turn is not None else []
+        return [*self.ice_servers, *minted]
+
+    def readiness(self) -> tuple[bool, str]:
+        """(ready, reason) for /readyz and the page."""
+        if self.ready:
+            return True, "ready"
+        if self.engine_error:
+            return False, f"The model failed to load: {self.engine_error}"
+        if self.engine is not None:
+            return False, ENGINE_DEAD_MESSAGE
+        return False, f"Loading the model… {time.monotonic() - self.loading_since:.0f} s"
+
+    def _settled(self) -> asyncio.Event:
+        if self._engine_settled is None:
+            self._engine_settled = asyncio.Event()
+            if self.engine is not None or self.engine_error:
+                self._engine_settled.set()
+        return self._engine_settled
+
+    def engine_settled(self, engine: ChatEngine | None, error: str | None = None) -> None:
+        """The load finished, with an engine or an error."""
+        self.engine, self.engine_error = engine, error
+        self._settled().set()
+
+    async def wait_engine(self, timeout: float | None = None) -> ChatEngine:
+        """The running engine, waiting while it loads (raises EngineError when
+        it failed, stopped or is still loading after `timeout`)."""
+        if self.engine is None and not self.engine_error:
+            try:
+                await asyncio.wait_for(self._settled().wait(), timeout)
+            except asyncio.TimeoutError:
+                pass
+        ready, reason = self.readiness()
+        if not ready:
+            raise EngineError(reason)
+        return self.engine
+
+    def compare_readiness(self) -> tuple[bool, str]:
+        """(ready, reason) of the --compare-model engine."""
+        if not self.compare_model_path:
+            return False, "No second model: start vidchat with --compare-model to compare two models."
+        if self.compare_engine is not None and not self.compare_engine.is_dead:
+            return True, "ready"
+        if self.compare_error:
+            return False, f"The second model failed to load: {self.compare_error}"
+        if self.compare_engine is not None:
+            return False, "The second model's engine has stopped; restart vidchat."
+        return False, "The second model is still loading (it starts after the first)."
+
+    @property
+    def tiny(self) -> bool:
+        """Running on the random-weight test model (resolve_model's banner says so)."""
+        return self.banner is not None and self.banner.startswith(TINY_BANNER)
+
+    def answer_defaults(self) -> AnswerOptions:
+        s = self.settings
+        return AnswerOptions(
+            frames_as=s.frames_as,
+            max_tokens=s.max_tokens,
+            temperature=s.temperature,
+            system_prompt=s.system_prompt or None,
+        )
+
+    def store_max_pixels(self) -> int:
+        """Frames are kept at no more pixels than the model will look at (and
+        at most 320x240 unless --max-image-pixels asks for more), which bounds
+        a session's memory and the cost of preparing a question."""
+        options = self.engine.options if self.engine else self.engine_options
+        engine_cap = options.max_image_pixels if options else 0
+        return self.settings.max_image_pixels or engine_cap or DEFAULT_STORE_MAX_PIXELS
+
+    def store_limit_text(self) -> str:
+        return describe_store_limit(self.store_max_pixels())
+
+    def session_budget_bytes(self) -> int:
+        return session_budget_bytes(self.settings.max_session_mb, self.store_max_pixels())
+
+    def check_frame_budget(self, max_frames: Any) -> None:
+        """Raise ValueError when ``max_frames`` stored frames would not fit --max-session-mb."""
+        check_frame_budget(max_frames, self.store_max_pixels(), self.session_budget_bytes())
+
+    def new_session(self, kind: str, **kwargs: Any) -> Entry:
+        """Register a session with the server's storage size, frame cap and
+        memory budget (raises TooManySessions, or ValueError for settings over the budget)."""
+        return self.registry.create(kind, store_max_pixels=self.store_max_pixels(),
+                                    max_frame_bytes=self.settings.ws_max_frame_bytes,
+                                    max_frame_pixels=self.settings.max_frame_pixels,
+                                    max_bytes=self.session_budget_bytes(), **kwargs)
+
+
+def default_session_settings(settings: Settings) -> SessionSettings:
+    return SessionSettings(audio_seconds=settings.ws_max_audio_seconds,
+                           num_sample_frames=settings.frames_per_question)

@@ -1,0 +1,355 @@
+"""The answer path, shared by both doors: check the options, sample the
+session's buffer, prepare the prompt off the event loop, and make the result
+the session's one running answer (the one it replaces is aborted in vLLM).
+
+Every question, from the page or the socket, goes through :func:`ask` and
+yields one :class:`Answer` record; the page's details panel and the socket's
+``response.text.done`` stats both read :meth:`Answer.summary`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+import math
+import time
+from dataclasses import dataclass, field, replace
+from typing import Any, Sequence
+
+from vidchat.conversation.answer_queue import Abandoned, AnswerQueue, OnWait, Slot
+from vidchat.conversation.session import Sample, Session, SessionSettings, uniform_indices
+from vidchat.conversation.sessions import Entry
+from vidchat.conversation.settings_table import MAX_TEMPERATURE, SEED_RANGE, UNBOUNDED_MAX_TOKENS, check_all, read_settings  # noqa: F401
+from vidchat.engine import ChatEngine, EngineError, Prepared, Turn
+from vidchat.media import FRAMES_AS
+
+log = logging.getLogger(__name__)
+
+
+# What to do when a question comes before any frame, said the way each door's
+# user acts on it. The WebSocket wording is the seed protocol's, which its
+# clients may match on.
+_NO_FRAMES_HINT = {
+    "ws": "Send video.frame before video.query.",
+    "webrtc": "Wait a moment after **Start camera**, then ask again.",
+}
+
+
+def no_frames_message(kind: str) -> str:
+    return f"No frames available. {_NO_FRAMES_HINT.get(kind, _NO_FRAMES_HINT['ws'])}"
+
+
+class NoFrames(EngineError):
+    """A question arrived before the session had any frame."""
+
+
+class OptionError(ValueError):
+    """An answer option or sampling setting is out of range; the message names it."""
+
+
+class Superseded(EngineError):
+    """A newer question for the same session arrived while this one was prepared."""
+
+
+@dataclass
+class AnswerOptions:
+    frames_as: str = "images"
+    max_tokens: int = 256
+    temperature: float = 0.7
+    include_audio: bool = True
+    system_prompt: str | None = None
+    seed: int | None = None
+
+    def updated(self, **changes: Any) -> "AnswerOptions":
+        return replace(self, **changes)
+
+
+def check_options(options: AnswerOptions, engine: ChatEngine | None, sampling: SessionSettings | None = None) -> None:
+    """The one check of a question's options, for every door.
+
+    Raises OptionError naming the first bad value: temperature, max tokens,
+    seed (a signed 64-bit integer), frames as images/video (against what the
+    model takes) and, given the session's sampling settings, frames per
+    question against the engine's per-prompt limit."""
+    max_len = engine.options.max_model_len if engine is not None else UNBOUNDED_MAX_TOKENS
+    try:
+        check_all("answer", options, high={"max_tokens": max_len})
+    except ValueError as exc:
+        raise OptionError(str(exc)) from None
+    if engine is None:
+        return
+    if sampling is not None:
+        try:
+            sampling.validate()
+            engine.check_request(sampling.num_sample_frames, options.frames_as)
+        except (ValueError, EngineError) as exc:
+            raise OptionError(str(exc)) from None
+    elif options.frames_as == "video":
+        try:
+            engine.check_request(1, "video")
+        except EngineError as exc:
+            raise OptionError(str(exc)) from None
+
+
+def checked_settings(values: Any, defaults: AnswerOptions | None = None) -> tuple[AnswerOptions, SessionSettings]:
+    """Settings given as data, by the names session.config takes (a loaded
+    bundle's manifest), through the checks every door uses: the socket's
+    table for types (settings_table.read_settings, as session.config), then
+    SessionSettings.validate and check_options for ranges. Raises ValueError
+    naming the field; unknown names are ignored."""
+    if not isinstance(values, dict):
+        raise OptionError(f"settings must be an object, got {type(values).__name__}")
+    changes = read_settings(values)
+    sampling = dataclasses.replace(SessionSettings(), **changes["session"])
+    sampling.validate()
+    options = (defaults or AnswerOptions()).updated(**changes["answer"])
+    check_options(options, None, sampling)
+    return options, sampling
+
+
+def apply_settings(session: Session, engine: ChatEngine | None, options: AnswerOptions,
+                   sampling_changes: dict[str, Any]) -> None:
+    """Check a question's options against the sampling settings they will run
+    with, then apply those settings to the session; nothing changes on error
+    (raises OptionError or the settings' own ValueError)."""
+    check_options(options, engine, dataclasses.replace(session.settings, **sampling_changes))
+    if sampling_changes:
+        session.update_settings(**sampling_changes)
+
+
+@dataclass
+class Answer:
+    """One question with exactly what the model was given."""
+
+    question: str
+    reply: Any  # vidchat.engine.Reply
+    sample: Sample
+    options: AnswerOptions
+    prompt_text: str = ""
+    ticket: int = 0  # the session's question number, in arrival order
+    prep_ms: float = 0.0
+    video_fps: float | None = None
+    bundle_name: str = ""  # the recording this answer was read from (a bundle loaded into the page)
+    session_id: str = ""
+
+    queue: AnswerQueue | None = None
+    history: tuple[Turn, ...] = ()  # the earlier turns the model was given
+    spoken: Any = None  # vidchat.media.vad.Utterance: the audio was the question (Talk mode)
+    # The sample was taken as Enter was pressed, this long before the
+    # question was asked (vidchat.conversation.prewarm.Prewarmer.question_now); None: on arrival.
+    sampled_before_ms: float | None = None
+    _slot: Slot | None = field(default=None, repr=False)
+    _abandon: asyncio.Event = field(default_factory=asyncio.Event, repr=False)
+
+    async def wait_turn(self, on_wait: OnWait | None = None) -> None:
+        """Wait for a place among the answers generating at once
+        (--max-concurrent-answers); call before reading the reply. Raises
+        Abandoned when the answer is cancelled while it waits."""
+        if self.queue is None or self._slot is not None:
+            return
+        await self.queue.announce(self)
+        slot = await self.queue.acquire(on_wait, self._abandon)
+        if self._abandon.is_set():
+            slot.release()
+            raise Abandoned()
+        self._slot = slot
+
+    def free(self) -> None:
+        """Give the answer's place in the queue back (idempotent)."""
+        slot, self._slot = self._slot, None
+        if slot is not None:
+            slot.release()
+
+    async def cancel(self) -> None:
+        """Stop generating (or waiting); the vLLM request is aborted."""
+        self._abandon.set()
+        try:
+            await self.reply.aclose()
+        finally:
+            self.free()
+
+    def summary(self) -> dict[str, Any]:
+        sample = self.sample
+        stats = self.reply.stats.as_dict()
+        stats.update(
+            frame_indices=list(sample.indices),
+            frame_times=[sample.relative(t) for t in sample.timestamps],
+            frame_sizes=[f"{f.shape[1]}x{f.shape[0]}" for f in sample.frames],
+            audio_span=([sample.relative(sample.audio_start), sample.relative(sample.audio_end)]
+                        if sample.audio_start is not None and stats.get("audio_seconds") else None),
+            # Where in the played file (seconds of the file; null for a live source).
+            frame_source_times=[None if p is None else round(p, 3) for p in sample.frame_source_times()],
+            audio_source_span=([None if p is None else round(p, 3) for p in sample.audio_source_span]
+                               if sample.audio_source_span is not None and stats.get("audio_seconds") else None),
+            source=sample.source,
+            # Frames swapped for already-encoded ones to stay within the
+            # encoder budget (a CPU that encodes slower than frames are kept).
+            frames_substituted=sample.substituted,
+            sampled_at_enter_ms=None if self.sampled_before_ms is None else round(self.sampled_before_ms, 1),
+            frames_as=self.options.frames_as,
+            video_fps=None if self.video_fps is None else round(self.video_fps, 3),
+            seed=self.options.seed,
+            temperature=self.options.temperature,
+            max_tokens=self.options.max_tokens,
+            prep_ms=round(self.prep_ms, 2),
+            ttft_ms=None if stats.get("ttft_s") is None else round(stats["ttft_s"] * 1000, 1),
+            include_audio=self.options.include_audio or self.spoken is not None,
+            # A spoken question (Talk mode): its span on the timeline; the
+            # audio the model got is exactly that span (audio_span).
+            spoken_question=None if self.spoken is None else {
+                "seconds": round(self.spoken.seconds, 3),
+                "start": sample.relative(self.spoken.start),
+                "end": sample.relative(self.spoken.end),
+            },
+            system_prompt=self.options.system_prompt,
+            model=self.reply.engine.model_path,
+            model_revision=getattr(self.reply.engine, "model_revision", ""),
+            prompt=self.prompt_text,  # as the model's template rendered it, special tokens included
+        )
+        return stats
+
+
+async def ask(
+    engine: ChatEngine,
+    entry: Entry,
+    question: str,
+    options: AnswerOptions,
+    history: Sequence[Turn] = (),
+    queue: AnswerQueue | None = None,
+    sample: Sample | None = None,
+    spoken: Any = None,
+    question_audio: Any = None,
+) -> Answer:
+    """Answer a question about this session's buffer, replacing any answer it
+    is still generating.
+
+    The buffer is sampled now (frames that arrive later count for the next
+    question); the prompt and media are prepared in a worker thread. Questions
+    take effect in arrival order: one overtaken by a newer question while it
+    was prepared raises Superseded and never reaches vLLM. A given `sample`
+    (a re-ask of an earlier answer's exact inputs) replaces the buffer's."""
+    t0 = time.perf_counter()
+    entry.question_seq += 1
+    ticket = entry.question_seq
+    await entry.cancel_answer()
+    session = entry.session
+    if question_audio is not None:
+        sample, spoken = _with_question_audio(session, question_audio)
+    if sample is None:
+        sample = session.sample(span=None if spoken is None else (spoken.start, spoken.end))
+    if not sample.frames:
+        raise NoFrames(no_frames_message(entry.kind))
+    prepared = await asyncio.to_thread(prepare, engine, entry, sample, options, history, question,
+                                       spoken=spoken is not None)
+    if entry.closed:
+        raise Superseded("The session closed before this question started.")
+    if entry.question_seq != ticket:
+        raise Superseded("A newer question replaced this one.")
+    answer = Answer(question, engine.submit(prepared), sample, options, prompt_text=prepared.prompt_text,
+                    ticket=ticket, prep_ms=(time.perf_counter() - t0) * 1000, video_fps=prepared.video_fps,
+                    queue=queue, history=tuple(history), session_id=session.id, spoken=spoken)
+    # No await since the ticket check: no other question can have started.
+    entry.answer = answer
+    entry.warm_options = options  # the next warm-up (vidchat.conversation.prewarm) prepares for the same kind of question
+    log.info(
+        "session %s… question %d: %d frames as %s, %.1f s audio, prepared in %.1f ms",
+        session.id[:6], ticket, len(sample.frames), options.frames_as,
+        prepared.stats.audio_seconds, answer.prep_ms,
+    )
+    return answer
+
+
+def prepare(engine: ChatEngine, entry: Entry, sample: Sample, options: AnswerOptions, history: Sequence[Turn] = (),
+            question: str = "", warmup: bool = False, spoken: bool = False) -> Prepared:
+    """A sample and options as the engine's prompt, with the session's cache
+    salt: the one rule for questions and their warm-ups (vidchat.conversation.prewarm),
+    so a warm-up's prompt is exactly the question's minus the question."""
+    return engine.prepare(
+        question,
+        sample.frames,
+        sample.audio if options.include_audio or spoken else None,
+        frame_times=sample.timestamps,
+        history=history,
+        system_prompt=options.system_prompt,
+        frames_as=options.frames_as,
+        max_tokens=options.max_tokens,
+        temperature=options.temperature,
+        seed=options.seed,
+        cache_salt=entry.cache_salt,
+        # Kept-frame numbers name the frames in vLLM's encoder cache, per session.
+        frame_ids=[str(q) for q in sample.seqs] if len(sample.seqs) == len(sample.frames) else None,
+        warmup=warmup,
+        spoken=spoken,
+        audio_parts=sample.audio_parts,
+    )
+
+
+def _with_question_audio(session: Session, audio: Any) -> tuple[Sample, Any]:
+    """A sample for a question spoken in the query itself: frames over the
+    audio's duration up to the newest media, and exactly that audio."""
+    import numpy as np
+
+    from vidchat.media import AUDIO_RATE
+    from vidchat.media.vad import Utterance
+
+    audio = np.ascontiguousarray(audio, dtype=np.float32).reshape(-1)
+    end = session.newest_frame_time
+    if end is None:
+        end = time.monotonic()
+    start = end - audio.size / AUDIO_RATE
+    rms = float(np.sqrt(np.mean(np.square(audio, dtype=np.float64)))) if audio.size else 0.0
+    spoken = Utterance(start, end, 20.0 * math.log10(rms) if rms > 1e-9 else -120.0)
+    sample = session.sample(span=(start, end))
+    return dataclasses.replace(sample, audio=audio, audio_start=start, audio_end=end), spoken
+
+
+def spoken_text(answer: Answer) -> str:
+    """The question as later turns of the chat carry it: a spoken one can't
+    be heard again, so it stands as a note of itself."""
+    if answer.spoken is None:
+        return answer.question.strip()
+    return spoken_label(answer.spoken.seconds)
+
+
+def spoken_label(seconds: float) -> str:
+    return f"🎤 spoken question ({seconds:.1f} s)"
+
+
+def frozen_sample(answer: Answer, frames: int | None = None) -> Sample:
+    """An earlier answer's exact inputs, for asking again with other settings;
+    `frames` takes that many of its frames, spread evenly (never new ones)."""
+    original = answer.sample
+    n = len(original.frames)
+    if frames is None or frames >= n:
+        picks = list(range(n))
+    elif frames < 1:
+        raise OptionError(f"frames per question must be at least 1, got {frames}")
+    else:
+        picks = uniform_indices(n, frames)
+    source_times = original.frame_source_times()
+    return dataclasses.replace(
+        original,
+        frames=[original.frames[i] for i in picks],
+        timestamps=[original.timestamps[i] for i in picks],
+        indices=[original.indices[i] for i in picks],
+        source_times=[source_times[i] for i in picks],
+        seqs=[original.seqs[i] for i in picks] if len(original.seqs) == n else [],
+    )
+
+
+def release(entry: Entry, answer: Answer, continues_chat: bool = True) -> bool:
+    """Mark an answer finished; False when a newer question had replaced it.
+    ``continues_chat``: the answer joins the chat the next question carries
+    (the page's chat does; a re-ask and the socket protocol's queries don't)."""
+    answer.free()
+    if entry.answer is answer:
+        entry.answer = None
+        entry.answer_ended = time.monotonic()
+        if continues_chat and entry.kind == "webrtc" and answer.reply.text.strip() \
+                and not answer.reply.stats.cancelled:
+            # The conversation the next question will carry (the page sends
+            # its chat back as these turns), for the next warm-up.
+            entry.warm_history = (*answer.history, Turn("user", spoken_text(answer)),
+                                  Turn("assistant", answer.reply.text.strip()))
+    return entry.question_seq == answer.ticket

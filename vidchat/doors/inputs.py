@@ -1,0 +1,185 @@
+"""What the model got, for every answer, shown under the answer and served
+to the page (the answers are kept by vidchat.conversation.kept).
+
+Each answer's frames, audio and record are served at
+``/inputs/<id>/…`` to the login that opened its session (vidchat.app.access:
+the page's login cookie reaches them from ``<img>`` and ``<audio>`` tags,
+which cannot carry a token); any other login gets 403. The id is kept out
+of the access log. Nothing is written to disk: the files are encoded in
+memory when asked for, and a zip of recorded bundles is streamed.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import logging
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+from fastapi import APIRouter, HTTPException, Request
+from fastapi.responses import Response, StreamingResponse
+from PIL import Image
+
+# The same encoders as recording bundles: frames as lossless PNG; the audio the
+# engine got as 16-bit PCM WAV when that is exact (a session's audio always
+# is), else 32-bit float, so the served samples hash as what the model heard.
+from vidchat.app.access import login_of
+from vidchat.conversation.kept import KEEP_PER_SESSION, find, record
+from vidchat.conversation.recording import audio_used, iter_zip_bundles, png_bytes, wav_bytes
+from vidchat.doors.markup import as_text
+
+if TYPE_CHECKING:
+    from vidchat.conversation.chat import Answer
+    from vidchat.conversation.sessions import Entry
+
+log = logging.getLogger(__name__)
+
+PATH_PREFIX = "/inputs/"
+THUMB_SIZE = (128, 96)
+
+
+def _thumb_data_url(frame: np.ndarray) -> str:
+    import base64
+
+    img = Image.fromarray(frame)
+    img.thumbnail(THUMB_SIZE)
+    buf = io.BytesIO()
+    img.save(buf, "JPEG", quality=75)
+    return "data:image/jpeg;base64," + base64.b64encode(buf.getvalue()).decode()
+
+
+def live_view(entry: "Entry", n_frames: int = 6) -> dict[str, Any]:
+    """For the page's live view: the newest kept frames (small, inline) and
+    the time to first token and tokens/s of the session's recent answers."""
+    session = entry.session
+    start = session.timeline_start or 0.0
+    kept = [{"index": i, "t": round(t - start, 2), "src": _thumb_data_url(px)}
+            for i, t, px in session.recent_kept(n_frames)]
+    answers = [{"ttft_ms": a.summary().get("ttft_ms"), "tokens_per_s": a.reply.stats.tokens_per_s}
+               for a in entry.answers.values()]
+    return {"kept": kept, "answers": answers}
+
+
+def title(answer: "Answer") -> str:
+    stats = answer.reply.stats
+    audio = f" · {stats.audio_seconds:.1f} s audio" if stats.audio_seconds else ""
+    return f"What the model got: {len(answer.sample.frames)} frames as {answer.options.frames_as}{audio}"
+
+
+def frame_caption(index: Any, t: float | None, source_pos: float | None) -> str:
+    """A frame's caption wherever the page shows one: its kept-frame number,
+    its time on the session's timeline (seconds since its first media, as
+    the record's frame_times) and, for a file, where in the file."""
+    at = "" if t is None else f" · {t:.2f} s"
+    if source_pos is not None:
+        pos = round(source_pos, 1)
+        at += f" · file {int(pos // 60)}:{pos % 60:04.1f}"
+    return f"#{as_text(index)}{at}"
+
+
+def details_html(answer: "Answer", answer_id: str, recorded: bool = False) -> str:
+    """The collapsed panel under an answer. Thumbnails are inline (small);
+    full frames, audio and the record are links to /inputs/<id>/."""
+    rec = answer.summary()
+    base = f"{PATH_PREFIX}{answer_id}"
+    bundle_links = (f" · <a href='{base}/bundle.zip'>this answer's bundle (zip)</a> · "
+                    f"<a href='{base}/session-bundles.zip'>all recorded answers of this session (zip)</a>"
+                    if recorded else "")
+    tiles = []
+    source_times = rec.get("frame_source_times") or [None] * len(rec["frame_times"])
+    for k, (frame, t, idx, pos) in enumerate(zip(answer.sample.frames, rec["frame_times"], rec["frame_indices"],
+                                                 source_times)):
+        tiles.append(
+            f"<a href='{base}/frame/{k}.png' target='_blank' rel='noopener' title='open full size'>"
+            # Inline sizes: the chat's own styles make message images full width.
+            f"<figure style='margin:0;width:96px'><img src='{_thumb_data_url(frame)}' alt='frame {as_text(idx)}' "
+            f"style='width:96px;height:auto;max-width:96px;border-radius:3px'>"
+            f"<figcaption style='font-size:0.7rem;text-align:center'>{frame_caption(idx, t, pos)}</figcaption></figure></a>"
+        )
+    audio = ""
+    if audio_used(answer) is not None and rec.get("audio_span"):
+        start, end = rec["audio_span"]
+        audio = (f"<p>Audio {start:.2f}–{end:.2f} s ({rec['audio_seconds']:.1f} s): "
+                 f"<audio controls preload='metadata' src='{base}/audio.wav'></audio></p>")
+    params = {k: rec.get(k) for k in ("seed", "temperature", "max_tokens", "frames_as", "video_fps", "include_audio")}
+    cached = f" ({rec['cached_tokens']} from the cache)" if rec.get("cached_tokens") else ""
+    numbers = (f"{as_text(rec.get('prompt_tokens'))} prompt tokens{as_text(cached)} · first token "
+               f"{as_text(rec.get('ttft_ms'))} ms"
+               + (f" · {rec['tokens_per_s']:.1f} tokens/s" if rec.get("tokens_per_s") else ""))
+    return (
+        "<div class='vc-inputs'>"
+        f"<div class='vc-frames' style='display:flex;flex-wrap:wrap;gap:6px'>{''.join(tiles)}</div>{audio}"
+        f"<p class='vc-muted'>Model <code>{as_text(str(rec.get('model')))}</code>"
+        f"{' @ ' + as_text(rec['model_revision']) if rec.get('model_revision') else ''} · {numbers}</p>"
+        f"<p class='vc-muted'>Sampling: <code>{as_text(json.dumps(params))}</code></p>"
+        f"<p class='vc-muted'>inputs_sha256 <code>{as_text(rec.get('inputs_sha256'))}</code></p>"
+        f"<details><summary>Prompt as the model's template rendered it</summary>"
+        f"<pre class='vc-prompt'>{as_text(rec.get('prompt') or '')}</pre></details>"
+        f"<p><a href='{base}/record.json' download='vidchat-answer-{answer_id[:8]}.json'>Download the record"
+        f" (JSON)</a>{bundle_links}</p></div>"
+    )
+
+
+def router(state: Any) -> APIRouter:
+    api = APIRouter()
+
+    def owned(request: Request, entry: "Entry") -> None:
+        if entry.owner is not None and entry.owner != login_of(request.headers):
+            raise HTTPException(403, "this answer belongs to another login's session")
+
+    def lookup(request: Request, answer_id: str) -> "Answer":
+        entry, answer = find(state.registry, answer_id)
+        if answer is None:
+            raise HTTPException(404, "no such answer (its session ended, or it is older than the last "
+                                     f"{KEEP_PER_SESSION})")
+        owned(request, entry)
+        return answer
+
+    @api.get(PATH_PREFIX + "{answer_id}/frame/{k}.png")
+    async def frame(request: Request, answer_id: str, k: int) -> Response:
+        answer = lookup(request, answer_id)
+        if not 0 <= k < len(answer.sample.frames):
+            raise HTTPException(404, "no such frame")
+        import asyncio
+
+        data = await asyncio.to_thread(png_bytes, answer.sample.frames[k])
+        return Response(data, media_type="image/png", headers={"Cache-Control": "private, max-age=3600"})
+
+    @api.get(PATH_PREFIX + "{answer_id}/audio.wav")
+    async def audio(request: Request, answer_id: str) -> Response:
+        samples = audio_used(lookup(request, answer_id))
+        if samples is None:
+            raise HTTPException(404, "this answer got no audio")
+        data, _ = wav_bytes(samples)
+        return Response(data, media_type="audio/wav")
+
+    def recorded(request: Request, answer_id: str) -> tuple[list, list]:
+        for entry in state.registry.entries():
+            if answer_id in entry.bundles:
+                owned(request, entry)
+                return [entry.bundles[answer_id]], list(entry.bundles.values())
+        raise HTTPException(404, "this answer was not recorded (turn Record on; the server needs --record-dir)")
+
+    def zipped(paths: list, filename: str) -> StreamingResponse:
+        # A sync iterator: Starlette runs it in a worker thread, piece by piece.
+        return StreamingResponse(iter_zip_bundles(paths), media_type="application/zip",
+                                 headers={"Content-Disposition": f"attachment; filename={filename}"})
+
+    @api.get(PATH_PREFIX + "{answer_id}/bundle.zip")
+    async def bundle_zip(request: Request, answer_id: str) -> Response:
+        mine, _ = recorded(request, answer_id)
+        return zipped(mine, f"vidchat-bundle-{answer_id[:8]}.zip")
+
+    @api.get(PATH_PREFIX + "{answer_id}/session-bundles.zip")
+    async def session_zip(request: Request, answer_id: str) -> Response:
+        _, all_of_session = recorded(request, answer_id)
+        return zipped(all_of_session, "vidchat-session-bundles.zip")
+
+    @api.get(PATH_PREFIX + "{answer_id}/record.json")
+    async def record_json(request: Request, answer_id: str) -> Response:
+        rec = record(lookup(request, answer_id), answer_id)
+        return Response(json.dumps(rec, ensure_ascii=False, indent=1), media_type="application/json",
+                        headers={"Content-Disposition": f"attachment; filename=vidchat-answer-{answer_id[:8]}.json"})
+
+    return api

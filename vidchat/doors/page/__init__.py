@@ -1,0 +1,18 @@
+"""The Gradio page: live preview and chat side by side, settings folded away,
+and a panel showing exactly what the model was given for the last question.
+
+Browser behaviour (camera, WebRTC) lives in static/vidchat.js. Here:
+:mod:`~vidchat.doors.page.view` (how the chat shows things), :mod:`~vidchat.doors.page.answers`
+(the page's questions and re-asks through vidchat.conversation.chat, the same answer path
+the WebSocket door uses), :mod:`~vidchat.doors.page.modes` (Watch and Talk) and
+:mod:`~vidchat.doors.page.layout` (the controls and their events).
+"""
+
+from vidchat.doors.page.answers import clear_chat, page_request, reask, respond, stop_answer
+from vidchat.doors.page.layout import access_mode, hf_page_token, mount, password_page_token
+from vidchat.doors.page.modes import talk_loop, watch_loop
+from vidchat.doors.page.view import NOT_RUNNING, STOPPED, compare_html, history_turns, notice
+
+__all__ = ["NOT_RUNNING", "STOPPED", "access_mode", "clear_chat", "compare_html", "hf_page_token",
+           "history_turns", "mount", "notice", "page_request", "password_page_token", "reask", "respond",
+           "stop_answer", "talk_loop", "watch_loop"]

@@ -1,0 +1,426 @@
+"""The page's questions: its settings read through the one settings table,
+asked through vidchat.conversation.chat, streamed into the chat; re-asks beside the chat;
+Stop and Clear chat."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import logging
+import secrets
+import time
+from pathlib import Path
+from typing import Any, AsyncIterator
+
+import gradio as gr
+
+from vidchat import conversation
+from vidchat.conversation import CANCELLED, Delta, Done, Queued, Started, chat, kept, recording
+from vidchat.conversation.chat import OptionError
+from vidchat.conversation.session import Session
+from vidchat.conversation.sessions import Entry
+from vidchat.conversation.settings_table import SETTINGS, UNBOUNDED_MAX_TOKENS, page_number
+from vidchat.doors import inputs as answer_inputs
+from vidchat.doors.markup import as_text
+from vidchat.engine import EngineError, Turn
+from vidchat.doors.page.view import (
+    NOT_RUNNING, NO_TEXT, SPOKEN, STOPPED, _short, compare_html, frames_html, history_turns, is_notice,
+    model_label, notice, spoken_bubble, waiting_text,
+)
+
+log = logging.getLogger(__name__)
+
+CLEAR_WAIT_S = 5.0  # at most this long for answers streaming into a chat being cleared to stop
+
+
+def _number(label: str, value: Any) -> float:
+    """A number from a page widget that is not a question setting (the watch interval, Talk's pauses)."""
+    try:
+        return page_number(label, value)
+    except ValueError as exc:
+        raise OptionError(str(exc)) from None
+
+
+def _seed(value: Any) -> int | None:
+    """The page's Seed box: text; empty is a random seed."""
+    if value is None or (isinstance(value, str) and not value.strip()):
+        return None
+    text = value.strip() if isinstance(value, str) else value
+    try:
+        return SETTINGS["seed"].from_page(int(text) if isinstance(text, str) else text)
+    except ValueError as exc:
+        if isinstance(text, str) and not text.lstrip("+-").isdigit():
+            raise OptionError(f"Seed must be a whole number (or empty for a random one), got {value!r}") from None
+        raise OptionError(str(exc)) from None
+
+
+@dataclasses.dataclass
+class PageRequest:
+    """The chat panel's settings for one question, as the session and the answer path take them."""
+
+    sampling: dict[str, Any]
+    options: chat.AnswerOptions
+    record: bool = False  # save the answer as a bundle under --record-dir
+
+
+def page_request(state, k, sampling, seconds, evs_on, threshold, max_frames, frames_as, audio_on,
+                 max_tokens, temperature, seed, record=False, system_prompt=None) -> PageRequest:
+    """Turn the page's (or the public /ask API's) raw values into settings;
+    raises OptionError naming the field, so the chat can say what to fix."""
+    raw = dict(num_sample_frames=k, sampling=sampling, sample_seconds=seconds, evs_enabled=evs_on,
+               evs_threshold=threshold, max_frames=max_frames, frames_as=frames_as, include_audio=audio_on,
+               max_tokens=max_tokens, temperature=temperature)
+    engine = getattr(state, "engine", None)  # None while the model loads
+    high = {"max_tokens": engine.options.max_model_len if engine is not None else UNBOUNDED_MAX_TOKENS}
+    values = {}
+    try:
+        for name, value in raw.items():  # each read and checked by the one settings table
+            values[name] = SETTINGS[name].from_page(value, high=high.get(name))
+    except ValueError as exc:
+        raise OptionError(str(exc)) from None
+    sampling_changes = {name: v for name, v in values.items() if SETTINGS[name].target == "session"}
+    options = state.answer_defaults().updated(
+        seed=_seed(seed), **{name: v for name, v in values.items() if SETTINGS[name].target == "answer"})
+    if isinstance(system_prompt, str):  # None (an API caller that leaves it out): the server's default
+        options = options.updated(system_prompt=system_prompt.strip() or None)
+    return PageRequest(sampling_changes, options, record=bool(record))
+
+
+def applied_request(state, entry, raw_settings: tuple) -> PageRequest:
+    """The page's settings, applied to the session's sampling (raises
+    ValueError naming the field, and then changes nothing)."""
+    request = page_request(state, *raw_settings)
+    chat.apply_settings(entry.session, state.engine, request.options, request.sampling)
+    return request
+
+
+# Streamed text reaches the page at most this often (20 updates a second).
+STREAM_UPDATE_S = 0.05
+
+
+async def answer_stream(state, entry, question: str, request: PageRequest, past: list[Turn],
+                        history: list[dict], event_start: float, spoken=None, pin=None,
+                        chat_as_of: int | None = None) -> AsyncIterator[tuple]:
+    """Ask through the shared answer path and stream the reply into the chat.
+    ``spoken`` (Talk mode): the utterance is the question; its bubble, with
+    a player of exactly the audio the model got, goes into the chat here.
+    ``pin`` (vidchat.conversation.prewarm.Pin): the sample taken as Enter was pressed.
+    ``chat_as_of``: the Clear chat count that ``history`` reflects (default:
+    now). Once the chat is cleared after that, this stream shows nothing more."""
+    cleared = entry.chat_cleared if chat_as_of is None else chat_as_of
+    done = asyncio.Event()
+    entry.chat_streams.add(done)
+    try:
+        async with contextlib.aclosing(_answer_updates(state, entry, question, request, past, history,
+                                                       event_start, spoken, pin)) as updates:
+            async for update in updates:
+                if entry.chat_cleared != cleared:
+                    return  # closing the updates aborts the reply: nobody reads it now
+                yield update
+    finally:
+        entry.chat_streams.discard(done)
+        done.set()
+
+
+async def _answer_updates(state, entry, question: str, request: PageRequest, past: list[Turn],
+                          history: list[dict], event_start: float, spoken, pin) -> AsyncIterator[tuple]:
+    """The conversation's answer run as the chat's messages."""
+    try:
+        run = await conversation.of(state, entry).ask(question, request.options, history=past, spoken=spoken,
+                                                      sample=None if pin is None else pin.sample,
+                                                      record=request.record)
+    except chat.Superseded:
+        return  # a newer question owns this tab's chat now
+    except EngineError as exc:  # NoFrames included
+        if spoken is not None:
+            history.append({"role": "user", "content": chat.spoken_label(spoken.seconds), "metadata": dict(SPOKEN)})
+        history.append(notice(str(exc) if isinstance(exc, chat.NoFrames) else f"⚠ {exc}"))
+        yield history, gr.skip(), gr.skip()
+        return
+    answer = run.answer
+    if pin is not None:
+        answer.sampled_before_ms = (time.monotonic() - pin.at) * 1000
+    if spoken is not None:
+        history.append(spoken_bubble(answer, kept.remember(entry, answer)))
+    log.info("chat event -> engine call: %.2f ms", (time.perf_counter() - event_start) * 1000)
+    reply = answer.reply
+    history.append({"role": "assistant", "content": ""})
+    yield history, gr.skip(), gr.skip()
+    shown = 0.0
+    async with contextlib.aclosing(run.events()) as events:
+        async for event in events:
+            if isinstance(event, Queued):
+                history[-1] = notice(waiting_text(event.ahead))
+                yield history, gr.skip(), gr.skip()
+            elif isinstance(event, Started):
+                if is_notice(history[-1]):
+                    history[-1] = {"role": "assistant", "content": ""}
+            elif isinstance(event, Delta):
+                if not history[-1]["content"]:
+                    since_event = time.perf_counter() - event_start
+                    # The event's wall-clock time lets a browser on this machine
+                    # split its own Enter -> first token into before/after the server.
+                    log.info("chat event -> first token: %.1f ms (%d of %d prompt tokens from the cache; "
+                             "event at %.3f)", since_event * 1000, reply.stats.cached_tokens,
+                             reply.stats.prompt_tokens, time.time() - since_event)
+                history[-1]["content"] += event.text
+                # The first text at once, then at most STREAM_UPDATE_S apart: each
+                # update re-renders the whole message in the browser, and a fast
+                # model's every token would keep the tab (and the server) busy.
+                # The answer's last update below shows whatever is left.
+                if time.monotonic() - shown >= STREAM_UPDATE_S:
+                    shown = time.monotonic()
+                    yield history, gr.skip(), gr.skip()
+            elif event.current:  # Done, and this chat's answer still: a newer question's event owns it otherwise
+                yield await _final_update(entry, event, history)
+
+
+async def _final_update(entry, done: Done, history: list[dict]) -> tuple:
+    """The answer's last update: its text (or why there is none), the
+    recording's note, and what the model got, folded under the answer.
+    Thumbnails are encoded after the answer, so they never delay its first
+    token, and in a worker thread, so they never stall the event loop."""
+    answer = done.answer
+    if is_notice(history[-1]):
+        history.pop()  # the "waiting" line
+    if not history[-1]["content"]:
+        history.pop()
+        history.append(notice(f"⚠ {done.error}" if done.error else STOPPED if done.status == CANCELLED else NO_TEXT))
+    elif done.error is not None:
+        history.append(notice(f"⚠ {done.error}"))
+    if done.record_error:
+        history.append(notice(done.record_error if done.record_error.startswith("Not recorded")
+                              else f"⚠ {done.record_error}"))
+    panel = await asyncio.to_thread(answer_inputs.details_html, answer, done.answer_id,
+                                    done.answer_id in entry.bundles)
+    history.append({"role": "assistant", "content": panel,
+                    "metadata": {"title": answer_inputs.title(answer), "status": "done", "id": done.answer_id}})
+    return history, await asyncio.to_thread(frames_html, answer), answer.summary()
+
+
+async def _wait_for_model(state, history: list[dict]) -> AsyncIterator[tuple]:
+    """While the model loads, show how long it has been loading; raises EngineError if it fails."""
+    if state.ready:
+        return
+    history.append(notice(""))
+    while True:
+        try:
+            await state.wait_engine(timeout=1.0)
+            history.pop()
+            return
+        except EngineError:
+            if state.engine_error or state.engine is not None:
+                history.pop()
+                raise
+        history[-1] = notice(f"⏳ {state.readiness()[1]} Your question will be answered once it is ready.")
+        yield history, gr.skip(), gr.skip()
+
+
+async def respond(state, message: str, history: list[dict], sid: str, *raw_settings: Any) -> AsyncIterator[tuple]:
+    """The chat event: one question from the page (or the public /ask API)."""
+    event_start = time.perf_counter()
+    text = (message or "").strip() if isinstance(message, str) else ""
+    history = list(history or [])
+    if not text:
+        yield history, gr.skip(), gr.skip()
+        return
+    past = history_turns(history)
+    history.append({"role": "user", "content": text})
+    entry = state.registry.get(sid) if isinstance(sid, str) else None
+    if entry is not None:
+        entry.watch_epoch += 1  # a running watch loop yields the chat to this question
+        entry.talk_epoch += 1  # so does the talk loop (the listener goes on; the page restarts the loop)
+        chat_as_of = entry.chat_cleared  # the chat this event was sent with
+        entry.typed_question_at = time.monotonic()
+    if entry is None:
+        history.append(notice(NOT_RUNNING))
+        yield history, gr.skip(), gr.skip()
+        return
+    try:
+        async for update in _wait_for_model(state, history):
+            yield update
+    except EngineError as exc:
+        history.append(notice(f"⚠ {exc}"))
+        yield history, gr.skip(), gr.skip()
+        return
+    try:
+        request = applied_request(state, entry, raw_settings)
+    except ValueError as exc:  # OptionError or the session's own validation
+        history.append(notice(f"⚠ Settings not accepted: {exc}"))
+        yield history, gr.skip(), gr.skip()
+        return
+    # The sample taken as Enter was pressed (vidchat.conversation.prewarm), already warmed.
+    pin = state.prewarmer.take_pin(entry) if getattr(state, "prewarmer", None) is not None else None
+    async for update in answer_stream(state, entry, text, request, past, history, event_start, pin=pin,
+                                      chat_as_of=chat_as_of):
+        yield update
+
+
+# ---------------------------------------------------------------------------
+# Re-ask and compare: an earlier answer's exact inputs, other settings
+# ---------------------------------------------------------------------------
+
+MAX_LOADED_BUNDLES = 8
+MAX_BUNDLE_BYTES = 256 << 20  # a bundle of 64 frames at 1280×720 is ~100 MB of PNG
+
+
+def reask_choices(state, sid: str, loaded: dict | None = None) -> list[tuple[str, str]]:
+    """The session's remembered answers, newest first, then bundles loaded
+    into this tab, as (label, answer id)."""
+    entry = state.registry.get(sid) if isinstance(sid, str) else None
+    out = []
+    if entry is not None:
+        for n, (answer_id, answer) in enumerate(reversed(entry.answers.items())):
+            out.append((f"{'latest: ' if n == 0 else ''}{_short(answer.question)} ({len(answer.sample.frames)} "
+                        f"frames, T={answer.options.temperature:g})", answer_id))
+    for answer_id, answer in reversed((loaded or {}).items()):
+        out.append((f"bundle: {_short(answer.question)} ({len(answer.sample.frames)} frames, "
+                    f"{answer.bundle_name})", answer_id))
+    return out
+
+
+def reask_engines(state) -> list[tuple[str, str]]:
+    """The models a re-ask can go to, as (label, value) for the page's radio."""
+    out = [(f"{model_label(state)} (this server's model)", "main")]
+    if state.compare_model_path:
+        name = state.compare_model_path.rstrip("/").rsplit("/", 1)[-1]
+        out.append((f"{'tiny test model (vision only)' if state.compare_tiny and 'vl' in name else name} "
+                    "(--compare-model)", "compare"))
+    return out
+
+
+async def _reask_engine(state, which: str):
+    if which == "compare":
+        ready, reason = state.compare_readiness()
+        if not ready:
+            raise EngineError(reason)
+        return state.compare_engine
+    return await state.wait_engine(timeout=0)
+
+
+async def load_bundle(state, path: Any, loaded: dict | None) -> tuple[dict, list[tuple[str, str]], str, str]:
+    """Read an uploaded bundle zip into this tab: (loaded, its choice list, the
+    id to select, a message). The upload is deleted once read."""
+    loaded = dict(loaded or {})
+    if not path:
+        return loaded, [], "", ""
+    path = str(getattr(path, "path", path))
+    try:
+        size = Path(path).stat().st_size
+        if size > MAX_BUNDLE_BYTES:
+            raise recording.BundleError(f"the file is {size / 2**20:.0f} MiB; a bundle may be at most "
+                                        f"{MAX_BUNDLE_BYTES >> 20} MiB")
+        bundle = await asyncio.to_thread(recording.read_bundle, path)
+        intact = await asyncio.to_thread(lambda: bundle.digest() == bundle.inputs_sha256)
+    except (recording.BundleError, OSError) as exc:
+        return loaded, [], "", f"<p class='vc-note'>⚠ Not a bundle vidchat can read: {as_text(str(exc))}</p>"
+    finally:
+        try:  # Gradio kept the upload on disk; nothing of it stays once read
+            Path(path).unlink()
+        except OSError:
+            pass
+    answer = recording.recorded_answer(bundle)
+    answer_id = "bundle-" + secrets.token_urlsafe(12)
+    loaded[answer_id] = answer
+    while len(loaded) > MAX_LOADED_BUNDLES:
+        loaded.pop(next(iter(loaded)))
+    warn = ("" if intact else " Its frames and audio do not hash to the inputs_sha256 it records: the files were "
+            "changed after recording.")
+    message = compare_html(answer, None, "", f"Loaded the bundle ({len(answer.sample.frames)} frames"
+                           f"{', audio' if answer.sample.audio is not None else ''}). Choose settings and a model, "
+                           "then Re-ask." + warn)
+    return loaded, [], answer_id, message
+
+
+async def reask(state, sid: str, answer_id: str, *raw_settings: Any, engine_choice: str = "main",
+                loaded: dict | None = None) -> AsyncIterator[str]:
+    """Ask an earlier answer's (or a loaded bundle's) question again on its
+    exact frames, audio and history, with the page's current settings and
+    the chosen model; yields the comparison."""
+    entry = state.registry.get(sid) if isinstance(sid, str) else None
+    original = None
+    if isinstance(answer_id, str):
+        original = (entry.answers.get(answer_id) if entry is not None else None) or (loaded or {}).get(answer_id)
+    if original is None:
+        yield ("<p class='vc-note'>Pick an answer of this session (answers are kept while the session runs) or "
+               "load a recorded bundle to re-ask.</p>")
+        return
+    try:
+        engine = await _reask_engine(state, engine_choice if engine_choice in ("main", "compare") else "main")
+    except EngineError as exc:
+        yield f"<p class='vc-note'>⚠ {as_text(str(exc))}</p>"
+        return
+    try:
+        request = page_request(state, *raw_settings)
+        chat.check_options(request.options, engine)
+        wanted = request.sampling["num_sample_frames"]
+        sample = chat.frozen_sample(original, wanted)
+    except ValueError as exc:
+        yield f"<p class='vc-note'>⚠ Settings not accepted: {as_text(str(exc))}</p>"
+        return
+    note = (f"The original had {len(original.sample.frames)} frames; all of them are used."
+            if wanted > len(original.sample.frames) else "")
+    if entry is None:
+        # A bundle re-asked before any source started: a session of its own,
+        # outside the registry (it holds no media), with its own cache salt.
+        entry = Entry(Session("bundle-" + answer_id), kind="bundle")
+    heading = "Re-asked" if engine is state.engine else "Re-asked on the second model"
+    try:
+        run = await conversation.of(state, entry).reask(original, request.options, sample, engine=engine,
+                                                        remember=entry.kind != "bundle")
+    except chat.Superseded:
+        return
+    except EngineError as exc:
+        yield f"<p class='vc-note'>⚠ {as_text(str(exc))}</p>"
+        return
+    yield compare_html(original, None, "", note, heading)
+    async with contextlib.aclosing(run.events()) as events:
+        async for event in events:
+            if isinstance(event, Delta):
+                yield compare_html(original, None, run.answer.reply.text, note, heading)
+            elif isinstance(event, Done):
+                if event.error:
+                    note = f"⚠ {event.error}"
+                elif event.status == CANCELLED:
+                    note = "Stopped."
+                yield compare_html(original, event.answer, event.text, note, heading)
+
+
+# ---------------------------------------------------------------------------
+async def clear_chat(state, sid: str) -> None:
+    """Clear chat: the answer streaming into the old chat stops (nobody reads
+    it now) and nothing of the old chat comes back: not that answer's last
+    update, nor a watch or talk loop's copy of the chat. Watch and Talk go on."""
+    entry = state.registry.get(sid) if isinstance(sid, str) else None
+    if entry is not None:
+        entry.chat_cleared += 1
+        entry.warm_history = ()  # the next question carries no chat: nor does its warm-up
+        streams = [asyncio.ensure_future(done.wait()) for done in entry.chat_streams]
+        await entry.cancel_answer()
+        # Returned only once each stream into the old chat has stopped: its
+        # updates already sent reach the page before the empty chat does.
+        if streams:
+            _, late = await asyncio.wait(streams, timeout=CLEAR_WAIT_S)
+            for waiter in late:
+                waiter.cancel()
+
+
+async def stop_answer(state, sid: str) -> None:
+    """Stop: the running answer ends, and so does watching (the page unticks Watch)."""
+    entry = state.registry.get(sid) if isinstance(sid, str) else None
+    if entry is not None:
+        entry.watch_epoch += 1
+        await entry.cancel_answer()
+
+
+def watch_switched(state, on: bool, sid: str) -> None:
+    """Watch unticked: the running watch loop ends at once, even while it
+    waits for a scene change (its event would otherwise hold the switch's
+    queue, so the "off" never ran and watching went on)."""
+    entry = state.registry.get(sid) if isinstance(sid, str) else None
+    if entry is not None and not on:
+        entry.watch_epoch += 1
+
+
+# ---------------------------------------------------------------------------

@@ -1,0 +1,335 @@
+"""The page's layout and events: what each control is and which function
+of vidchat.doors.page it runs, the access tokens the page carries."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import gradio as gr
+from starlette.routing import Mount
+
+from vidchat.app.access import login_of
+from vidchat.conversation.session import SAMPLING_STRATEGIES
+from vidchat.conversation.watch import DEFAULT_EVERY_S
+from vidchat.doors.markup import as_text
+from vidchat.doors.page.view import HEAD, PREVIEW_HTML, TALK_HTML, frames_html, model_label
+from vidchat.media import FRAMES_AS, evs
+from vidchat.media.vad import TurnSettings
+from vidchat.doors.page.answers import (
+    MAX_BUNDLE_BYTES, clear_chat, load_bundle, reask, reask_choices, reask_engines, respond, stop_answer,
+    watch_switched,
+)
+from vidchat.doors.page.modes import TALK_NEEDS_AUDIO, talk_loop, watch_loop
+
+log = logging.getLogger(__name__)
+
+
+def _header(state) -> None:
+    with gr.Row(elem_classes="vc-header"):
+        gr.HTML(
+            "<div class='vc-title'><h1>vidchat</h1>"
+            f"<span class='vc-model' title='{as_text(state.model_path)}'>"
+            f"{as_text(model_label(state))}</span></div>"
+        )
+        if state.access.hf_oauth:
+            gr.LoginButton(size="sm", scale=0, min_width=160)
+    if state.banner:
+        gr.HTML(f"<div class='vc-banner' role='alert'>{as_text(state.banner)}</div>")
+
+
+def _settings_panel(state) -> list[gr.components.Component]:
+    """The settings accordion; returns its inputs in respond()'s order."""
+    s = state.settings
+    max_images = max(1, s.max_images)
+    with gr.Accordion("Settings", open=False, elem_id="vc-settings"):
+        with gr.Row():
+            k = gr.Slider(1, max_images, value=min(s.frames_per_question, max_images), step=1,
+                          label="Frames per question")
+            sampling = gr.Dropdown(list(SAMPLING_STRATEGIES), value="uniform", label="Sampling", elem_id="vc-sampling",
+                                   info="stable: spread like uniform, but a new frame changes only the newest pick, "
+                                        "so questions share their prompt prefix")
+            seconds = gr.Slider(1, 60, value=10, step=1, label="Window for latest_seconds (s)")
+        with gr.Row():
+            evs_on = gr.Checkbox(value=True, label="Drop near-duplicate frames")
+            threshold = gr.Slider(
+                0.5, 1.0, value=evs.DEFAULT_THRESHOLD, step=0.005, label="Filter threshold",
+                info="A frame is kept when more than (1 − threshold) of the picture changed: 0.95 → 5 %.",
+            )
+            # More than --max-session-mb holds at the stored size is refused
+            # when asked, with the budget named (the model's size is known then).
+            max_frames = gr.Slider(4, 256, value=64, step=1, label="Max frames kept",
+                                   info="At most what the server's --max-session-mb holds")
+        with gr.Row():
+            frames_as = gr.Radio(list(FRAMES_AS), value=s.frames_as, label="Send frames as")
+            audio_on = gr.Checkbox(value=True, label="Include audio (models that take it)")
+            max_tokens = gr.Slider(1, 2048, value=s.max_tokens, step=1, label="Max tokens", elem_id="vc-max-tokens")
+            temperature = gr.Slider(0.0, 1.5, value=s.temperature, step=0.05, label="Temperature",
+                                    elem_id="vc-temperature")
+            seed = gr.Textbox(value="", label="Seed", placeholder="random", elem_id="vc-seed",
+                              info="A whole number makes sampling repeatable; empty picks a new one each time.")
+        allowed = bool(s.record_dir)
+        record = gr.Checkbox(value=False, interactive=allowed, elem_id="vc-record",
+                             label="Record each answer as a bundle on the server" if allowed else
+                             "Record (off: the server was started without --record-dir)")
+        system_prompt = gr.Textbox(value=s.system_prompt, label="System prompt", lines=2, max_lines=6,
+                                   elem_id="vc-system-prompt", info="Put before every conversation; empty: none.")
+    return [k, sampling, seconds, evs_on, threshold, max_frames, frames_as, audio_on, max_tokens, temperature, seed,
+            record, system_prompt]
+
+
+def mount(app, state):
+    with gr.Blocks(title="vidchat") as blocks:
+        _header(state)
+        with gr.Row(equal_height=False, elem_classes="vc-main"):
+            with gr.Column(scale=5, min_width=300):
+                gr.HTML(PREVIEW_HTML.replace("{store_limit}", as_text(state.store_limit_text()))
+                        .replace("{access_mode}", access_mode(state)), elem_id="vc-live-panel")
+            with gr.Column(scale=6, min_width=300):
+                chatbot = gr.Chatbot(label="Chat", height=440, elem_id="vc-chat", buttons=["copy"])
+                with gr.Row(elem_classes="vc-ask"):
+                    question = gr.Textbox(placeholder="Ask about what the camera sees…", show_label=False, scale=8,
+                                          lines=1, max_lines=4, elem_id="vc-question")
+                    send = gr.Button("Send", variant="primary", scale=1, min_width=70, elem_id="vc-send")
+                    stop = gr.Button("Stop", scale=1, min_width=70, elem_id="vc-stop-answer")
+                with gr.Row(elem_classes="vc-watch"):
+                    watch_on = gr.Checkbox(value=False, label="Watch: ask on scene changes", scale=2,
+                                           elem_id="vc-watch")
+                    watch_question = gr.Textbox(value="What just changed?", label="Standing question", scale=4,
+                                                elem_id="vc-watch-question")
+                    # No minimum/maximum on these numbers: Gradio's own check would replace the
+                    # chat with an error badge; vidchat checks them and names the field.
+                    watch_every = gr.Number(value=DEFAULT_EVERY_S, label="At most every (s)", scale=1,
+                                            elem_id="vc-watch-every")
+                with gr.Row(elem_classes="vc-talk"):
+                    talk_on = gr.Checkbox(value=False, label="Talk: ask by voice", scale=2, elem_id="vc-talk",
+                                          info="Asks when you stop speaking; answers are read aloud")
+                    barge_in = gr.Checkbox(value=True, label="Speaking stops the answer", scale=2,
+                                           elem_id="vc-barge-in")
+                    talk_silence = gr.Number(value=round(TurnSettings.min_silence_s * 1000),
+                                             label="Pause that ends a question (ms)", scale=1,
+                                             elem_id="vc-talk-silence")
+                    talk_min_speech = gr.Number(value=round(TurnSettings.min_speech_s * 1000),
+                                                label="Shortest question (ms)", scale=1,
+                                                elem_id="vc-talk-min-speech")
+                gr.HTML(TALK_HTML, elem_id="vc-talk-panel")
+                clear = gr.Button("Clear chat", size="sm", elem_id="vc-clear")
+        settings_inputs = _settings_panel(state)
+        with gr.Accordion("What the model got (last question)", open=False, elem_id="vc-inputs"):
+            inputs_view = gr.HTML(frames_html(None))
+            details = gr.JSON(label="Reply details", value=None)
+        with gr.Accordion("Re-ask and compare", open=False, elem_id="vc-reask-panel"):
+            two_models = bool(state.compare_model_path)
+            gr.Markdown("Ask an earlier question again on **exactly the same frames, audio and history**, with the "
+                        "settings above (frames per question takes that many of the original frames; the system "
+                        "prompt is in Settings too), and see both answers side by side. A recorded bundle (.zip) "
+                        "can be loaded and re-asked the same way. "
+                        + ("Choose which model answers." if two_models else
+                           "To put the same inputs to two models, start vidchat with `--compare-model MODEL` "
+                           "(memory for both), or run two servers and re-ask a recorded bundle on each "
+                           "(`python -m vidchat.replay BUNDLE --model …`)."), elem_classes="vc-muted")
+            with gr.Row():
+                # Custom values: the list is per session (refreshed after each answer), and the
+                # API takes any answer id; reask() checks it belongs to the session or the tab.
+                reask_from = gr.Dropdown(choices=[], label="Answer to re-ask", scale=4, elem_id="vc-reask-from",
+                                         allow_custom_value=True)
+                reask_btn = gr.Button("Re-ask with these settings", scale=1, elem_id="vc-reask")
+            with gr.Row():
+                reask_engine = gr.Radio(reask_engines(state), value="main", label="Model", visible=two_models,
+                                        elem_id="vc-reask-model", scale=3)
+                bundle_file = gr.File(label="Load a recorded bundle (.zip)", file_types=[".zip"], type="filepath",
+                                      elem_id="vc-bundle-file", scale=2, height=130)
+            comparison = gr.HTML("", elem_id="vc-compare")
+            loaded_bundles = gr.State({})
+        session_id = gr.Textbox(visible="hidden", elem_id="vidchat-session-id")
+        # Filled when the page loads, for a logged-in user only (Gradio runs
+        # no event for a page that has not logged in).
+        page_token = gr.Textbox(visible="hidden", elem_id="vidchat-page-token")
+        if state.access.hf_oauth:
+            def issue_token(profile: gr.OAuthProfile | None) -> str:
+                return hf_page_token(state, profile.username if profile else None)
+        else:
+            def issue_token(request: gr.Request) -> str:
+                return password_page_token(state, request.username)
+        blocks.load(issue_token, None, page_token, queue=False, api_visibility="private")
+
+        # Every function that takes the session id gets it only when the
+        # caller's login opened that session (vidchat.app.access already refused
+        # the call with 403 otherwise); else it is as if no session ran.
+        def own(request: gr.Request, sid: Any) -> str | None:
+            return sid if state.registry.get_for(sid, login_of(request.headers)) is not None else None
+
+        async def on_question(request: gr.Request, message, history, sid, *raw):
+            async for update in respond(state, message, history, own(request, sid), *raw):
+                yield update
+
+        async def on_page_question(request: gr.Request, message, history, sid, *raw):
+            async for update in on_question(request, message, history, sid, *raw):
+                yield update
+            yield LAST_UPDATE_IS_NOTHING
+
+        async def on_stop(request: gr.Request, sid):
+            await stop_answer(state, own(request, sid))
+            return False  # Stop ends watching too: the Watch box says so
+
+        # The question box is not an output of the (long) answer event, so it
+        # stays editable while an answer streams: a new question then
+        # replaces the running answer. A separate instant event clears it.
+        outputs = [chatbot, inputs_view, details]
+        inputs = [question, chatbot, session_id, *settings_inputs]
+        answer_events = dict(concurrency_limit=None, show_progress="minimal", trigger_mode="multiple")
+        # The page counts typed questions asked (static/vidchat.js, at the
+        # key press) and finished (below): a question refused with a notice
+        # has no "what the model got" panel, so only the event's end says its
+        # reply is whole (tests, QA scripts).
+        submit_evt = question.submit(on_page_question, inputs, outputs, api_visibility="private", **answer_events)
+        click_evt = send.click(on_page_question, inputs, outputs, api_visibility="private", **answer_events)
+        # The public /ask: the same answer, whose last message is the whole
+        # reply (what an API client reads as the result).
+        ask_api = gr.Button(visible=False, elem_id="vc-ask-api")
+        ask_api.click(on_question, inputs, outputs, api_name="ask", concurrency_limit=None)
+        for trigger in (question.submit, send.click):
+            trigger(lambda: "", None, question, queue=False, trigger_mode="multiple", api_visibility="private")
+        for evt in (submit_evt, click_evt):
+            evt.then(None, None, None, js=QUESTION_FINISHED_JS, queue=False, api_visibility="private")
+        stop.click(on_stop, [session_id], watch_on, cancels=[submit_evt, click_evt], concurrency_limit=None,
+                   api_name="stop")
+        async def on_clear(request: gr.Request, sid):
+            await clear_chat(state, own(request, sid))
+            return [], None
+
+        clear.click(on_clear, [session_id], [chatbot, details], api_visibility="private")
+
+        async def on_watch(request: gr.Request, on, q, every, history, sid, *raw):
+            async for update in watch_loop(state, on, q, every, history, own(request, sid), *raw):
+                yield update
+            yield (*LAST_UPDATE_IS_NOTHING, gr.skip())
+
+        watch_inputs = [watch_on, watch_question, watch_every, chatbot, session_id, *settings_inputs]
+        watch_events = dict(concurrency_limit=None, show_progress="hidden", trigger_mode="always_last")
+        def on_watch_switched(request: gr.Request, on, sid):
+            watch_switched(state, on, own(request, sid))
+
+        watch_on.change(on_watch_switched, [watch_on, session_id], None, queue=False, trigger_mode="multiple",
+                        api_visibility="private")
+        watch_outputs = [*outputs, watch_on]  # a refused Watch unticks
+        watch_on.change(on_watch, watch_inputs, watch_outputs, api_name="watch", **watch_events)
+        for evt in (submit_evt, click_evt):  # after a typed question, watching goes on from the new chat
+            evt.then(on_watch, watch_inputs, watch_outputs, api_visibility="private", **watch_events)
+
+        async def on_talk(request: gr.Request, on, barge, silence, min_speech, history, sid, *raw):
+            async for update in talk_loop(state, on, barge, silence, min_speech, history, own(request, sid), *raw):
+                yield update
+            yield (*LAST_UPDATE_IS_NOTHING, gr.skip())
+
+        talk_inputs = [talk_on, barge_in, talk_silence, talk_min_speech, chatbot, session_id, *settings_inputs]
+        # "multiple": switching Talk off must run while the loop it ends is
+        # still waiting for speech; a newer loop takes over from an older
+        # one through the session's talk_epoch.
+        talk_events = dict(concurrency_limit=None, show_progress="hidden", trigger_mode="multiple")
+        talk_outputs = [*outputs, talk_on]  # a refused Talk unticks
+        talk_on.change(on_talk, talk_inputs, talk_outputs, api_name="talk", **talk_events)
+        for evt in (submit_evt, click_evt):  # after a typed question, Talk goes on from the new chat
+            evt.then(on_talk, talk_inputs, talk_outputs, api_visibility="private", **talk_events)
+        for control in (barge_in, talk_silence, talk_min_speech):  # new settings take effect at once
+            control.change(on_talk, talk_inputs, talk_outputs, api_visibility="private", **talk_events)
+
+        async def talk_availability():
+            """Once the model is loaded: Talk is unavailable (and says why) for a model that hears nothing."""
+            try:
+                await state.wait_engine(timeout=3600)
+            except Exception:
+                return gr.skip()
+            if state.engine.accepts_audio:
+                return gr.skip()
+            return gr.Checkbox(value=False, interactive=False, label="Talk: unavailable", info=TALK_NEEDS_AUDIO)
+
+        blocks.load(talk_availability, None, talk_on, api_visibility="private", show_progress="hidden")
+
+        def refresh_reask(request: gr.Request, sid, loaded):
+            choices = reask_choices(state, own(request, sid), loaded)
+            return gr.Dropdown(choices=choices, value=choices[0][1] if choices else None)
+
+        for evt in (submit_evt, click_evt):
+            evt.then(refresh_reask, [session_id, loaded_bundles], reask_from, api_visibility="private")
+
+        async def on_load_bundle(request: gr.Request, path, sid, loaded):
+            loaded, _, chosen, message = await load_bundle(state, path, loaded)
+            choices = reask_choices(state, own(request, sid), loaded)
+            return (loaded, gr.Dropdown(choices=choices, value=chosen or (choices[0][1] if choices else None)),
+                    message, None)
+
+        bundle_file.upload(on_load_bundle, [bundle_file, session_id, loaded_bundles],
+                           [loaded_bundles, reask_from, comparison, bundle_file], api_name="load_bundle",
+                           concurrency_limit=4)
+
+        async def on_reask(request: gr.Request, sid, answer_id, *raw):
+            *settings, which, loaded = raw
+            async for update in reask(state, own(request, sid), answer_id, *settings, engine_choice=which, loaded=loaded):
+                yield update
+
+        reask_btn.click(on_reask, [session_id, reask_from, *settings_inputs, reask_engine, loaded_bundles],
+                        comparison, api_name="reask", concurrency_limit=None, show_progress="minimal")
+
+    app = gr.mount_gradio_app(app, blocks, path="/", head=HEAD, max_file_size=MAX_BUNDLE_BYTES,
+                              theme=gr.themes.Soft(), footer_links=[], auth=state.access.gradio_auth(),
+                              auth_message=_auth_message(state))
+    gradio_app = next(r.app for r in app.routes if isinstance(r, Mount) and r.path == "")
+    state.page_logins.attach(gradio_app, *page_functions(blocks, session_id))
+    return app
+
+
+def page_functions(blocks: gr.Blocks, session_id: gr.components.Component) -> tuple[dict[int, int], dict[str, int]]:
+    """For the access guard: the page's functions that take the session id
+    (fn_index -> its place in their inputs), and the fn_index of each API name."""
+    takes_session = {}
+    by_name = {}
+    for fn in blocks.fns.values():
+        for position, component in enumerate(fn.inputs):
+            if component is session_id:
+                takes_session[fn._id] = position
+        if isinstance(fn.api_name, str):
+            by_name[fn.api_name] = fn._id
+    return takes_session, by_name
+
+
+# A streaming event's last message repeats its last update in full, so it
+# could put back a chat that Clear chat emptied after that update: the page's
+# answer events end on an update that changes nothing. (A generator that
+# yields nothing at all would blank the chat.)
+LAST_UPDATE_IS_NOTHING = (gr.skip(), gr.skip(), gr.skip())
+
+QUESTION_FINISHED_JS = "() => { if (window.vidchat) window.vidchat.questions.finished += 1; }"
+
+
+def access_mode(state) -> str:
+    """How this page gets its credential: 'none', 'login' (password) or 'hf'."""
+    if not state.access.required:
+        return "none"
+    return "hf" if state.access.hf_oauth else "login"
+
+
+def _auth_message(state) -> str | None:
+    if state.access.passwords:
+        return "This vidchat needs a login."
+    if state.access.token:
+        return "This vidchat needs its access token: type it as the password (any user name)."
+    return None
+
+
+def password_page_token(state, username: str | None) -> str:
+    access = state.access
+    if not access.required or access.hf_oauth:
+        return ""
+    # The name Gradio's login recorded, as it recorded it: the guard reads the
+    # same name from the login cookie, and both must name one login.
+    return access.page_token(username if username is not None else "user")
+
+
+def hf_page_token(state, username: str | None) -> str:
+    """A page token for a signed-in Hugging Face user on the allow-list; else none."""
+    if not state.access.hf_user_allowed(username):
+        if username:
+            log.info("Hugging Face user %r is not on --hf-users", username)
+        return ""
+    return state.access.page_token(username)

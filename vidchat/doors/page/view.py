@@ -1,0 +1,232 @@
+"""How the page shows things: the chat's own messages (notices, spoken
+questions), what the model got, the re-ask comparison, the model's label.
+No events here."""
+
+from __future__ import annotations
+
+import base64
+import io
+from typing import Any
+
+from PIL import Image
+
+from vidchat.conversation import chat
+from vidchat.conversation.chat import Answer
+from vidchat.doors import inputs as answer_inputs
+from vidchat.doors.markup import as_text
+from vidchat.engine import Turn
+
+
+HEAD = '<link rel="stylesheet" href="/static/vidchat.css"><script src="/static/vidchat.js" defer></script>'
+
+PREVIEW_HTML = """
+<div class="vc-live" id="vc-live-access" data-mode="{access_mode}">
+  <div class="vc-ready" id="vc-ready" role="status"></div>
+  <div class="vc-video-wrap">
+    <video id="vc-preview" autoplay playsinline muted></video>
+    <div class="vc-conn" id="vc-conn" data-tone="idle">Not started</div>
+  </div>
+  <div class="vc-controls">
+    <button id="vc-start" class="vc-btn vc-primary">Start camera</button>
+    <button id="vc-stop" class="vc-btn" disabled>Stop camera</button>
+  </div>
+  <div class="vc-devices">
+    <label>Source <select id="vc-source" title="Switching keeps the session: same buffer, same chat">
+      <option value="camera" selected>Camera</option>
+      <option value="screen">Screen, window or tab</option>
+      <option value="file">Video file</option></select></label>
+    <label>Camera <select id="vc-camera"><option value="">Default</option></select></label>
+    <label>Microphone <select id="vc-mic"><option value="">Default</option></select></label>
+    <label>Resolution <select id="vc-res">
+      <option value="320x240">320×240</option>
+      <option value="640x480" selected>640×480</option>
+      <option value="1280x720">1280×720</option></select></label>
+    <label>Frame rate <select id="vc-fps">
+      <option value="5">5 fps</option><option value="15" selected>15 fps</option>
+      <option value="30">30 fps</option></select></label>
+  </div>
+  <div class="vc-file-row" id="vc-file-row" hidden>
+    <label>Video file <input type="file" id="vc-file" accept="video/*,audio/*"></label>
+    <label>or from the server <select id="vc-media"><option value="">(none listed)</option></select></label>
+    <span class="vc-muted">Plays here (pause, seek and loop with its controls) and goes to the model like a camera;
+      it is never uploaded.</span>
+  </div>
+  <div class="vc-stats" id="vc-stats">No session</div>
+  <div class="vc-live-view" id="vc-live-view" hidden>
+    <div class="vc-kept" id="vc-kept" title="The newest frames the filter kept"></div>
+    <svg class="vc-chart" id="vc-chart" viewBox="0 0 200 40" preserveAspectRatio="none" role="img"
+         aria-label="time to first token and tokens per second of recent answers"></svg>
+    <div class="vc-chart-legend vc-muted" id="vc-chart-legend"></div>
+  </div>
+  <div class="vc-store vc-muted" id="vc-store">{store_limit}</div>
+  <div class="vc-note" id="vc-note" role="status"></div>
+</div>
+"""
+
+# Browser-side Talk controls (static/vidchat.js): the answers are read aloud
+# with the browser's own speech synthesis, so they cost the server nothing.
+TALK_HTML = """
+<div class="vc-talk-bar" id="vc-talk-bar">
+  <span class="vc-talk-status" id="vc-talk-status" data-state="off" role="status">Talk is off</span>
+  <label class="vc-muted">Voice <select id="vc-voice"><option value="">browser default</option></select></label>
+  <button class="vc-btn" id="vc-mute" type="button" aria-pressed="false">🔊 Read aloud</button>
+</div>
+"""
+
+NOT_RUNNING = (
+    "The camera isn't running yet. Press **Start camera** under the preview, allow access, "
+    "and ask again once the preview shows."
+)
+STOPPED = "(stopped)"
+# The model may end its answer at once (its end token first): say so rather
+# than leave an empty bubble that looks like a hang.
+NO_TEXT = "(the model returned no text)"
+
+# Page notices are chat messages too, but not the model's words: they carry
+# this marker (Gradio keeps a message's metadata across the round trip, and a
+# metadata without a title renders as an ordinary bubble) and never go back
+# to the model as assistant turns.
+NOTICE = {"log": "vidchat notice"}
+
+
+def notice(text: str) -> dict[str, Any]:
+    return {"role": "assistant", "content": text, "metadata": dict(NOTICE)}
+
+
+def is_notice(message: dict[str, Any]) -> bool:
+    return (message.get("metadata") or {}).get("log") == NOTICE["log"]
+
+
+# A spoken question's bubble (Talk mode): its label, then a player.
+SPOKEN = {"log": "vidchat spoken question"}
+
+
+def spoken_bubble(answer, answer_id: str) -> dict[str, Any]:
+    label = chat.spoken_label(answer.spoken.seconds)
+    player = (f"<audio controls preload='metadata' class='vc-spoken-audio' "
+              f"src='{answer_inputs.PATH_PREFIX}{answer_id}/audio.wav'></audio>")
+    return {"role": "user", "content": f"{label}\n\n{player}", "metadata": dict(SPOKEN)}
+
+
+def _is_spoken(message: dict[str, Any]) -> bool:
+    return (message.get("metadata") or {}).get("log") == SPOKEN["log"]
+
+
+def _message_text(content: Any) -> str:
+    """Gradio 6 gives message content as a string or a list of typed parts."""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return "".join(p.get("text", "") for p in content if isinstance(p, dict))
+    if isinstance(content, dict):
+        return content.get("text", "")
+    return ""
+
+
+def history_turns(history: list[dict]) -> list[Turn]:
+    """The conversation as the model had it: user questions and its own
+    answers, without the page's notices (and without thoughts or other
+    titled messages)."""
+    turns: list[Turn] = []
+    for m in history:
+        text = _message_text(m.get("content")).strip()
+        if _is_spoken(m):
+            text = text.split("\n", 1)[0].strip()  # its label: the audio can't be heard again
+        role = m.get("role")
+        if role == "assistant" and is_notice(m) and turns and turns[-1].role == "user":
+            turns.pop()  # a question the model never answered (no camera, an error...)
+            continue
+        if role not in ("user", "assistant") or not text or is_notice(m) or (m.get("metadata") or {}).get("title"):
+            continue
+        if role == "user" and turns and turns[-1].role == "user":
+            turns.pop()  # asked again before an answer came
+        turns.append(Turn(role, text))
+    if turns and turns[-1].role == "user":
+        turns.pop()
+    return turns
+
+
+def frames_html(answer) -> str:
+    """Thumbnails of the frames sent, inline as data URLs: nothing touches disk."""
+    if answer is None:
+        return "<p class='vc-muted'>Ask a question to see the frames and audio the model received.</p>"
+    tiles = []
+    positions = answer.sample.frame_source_times()
+    for frame, t, idx, pos in zip(answer.sample.frames, answer.sample.timestamps, answer.sample.indices, positions):
+        img = Image.fromarray(frame)
+        img.thumbnail((160, 120))
+        buf = io.BytesIO()
+        img.save(buf, "JPEG", quality=80)
+        src = base64.b64encode(buf.getvalue()).decode()
+        tiles.append(
+            f"<figure><img src='data:image/jpeg;base64,{src}' alt='frame {as_text(idx)}'>"
+            f"<figcaption>{answer_inputs.frame_caption(idx, answer.sample.relative(t), pos)}</figcaption></figure>"
+        )
+    audio = answer.reply.stats.audio_seconds
+    head = (
+        f"<p>{len(tiles)} frame(s) as {as_text(answer.options.frames_as)}, "
+        f"{audio:.1f} s of audio{'' if audio else ' (none)'}; times in seconds since the session's first media.</p>"
+    )
+    return head + "<div class='vc-frames'>" + "".join(tiles) + "</div>"
+
+
+def model_label(state) -> str:
+    """The model as a person would name it: a hub id, a folder's name, or the test model."""
+    if state.tiny:
+        return "tiny test model (random weights)"
+    path = state.model_path.rstrip("/")
+    return path.rsplit("/", 1)[-1] if path.startswith(("/", ".", "~")) else path
+
+
+# ---------------------------------------------------------------------------
+
+def _short(text: str, n: int = 48) -> str:
+    return text if len(text) <= n else text[: n - 1] + "…"
+
+
+def _model_cell(answer: Answer) -> str:
+    engine = answer.reply.engine
+    name = str(engine.model_path).rstrip("/").rsplit("/", 1)[-1]
+    revision = getattr(engine, "model_revision", "")
+    return (f"<span title='{as_text(str(engine.model_path))}'>{as_text(name)}</span>"
+            + (f"<br><small>{as_text(revision)}</small>" if revision else ""))
+
+
+def _column(heading: str, answer: Answer | None, text: str) -> str:
+    rows = ""
+    if answer is not None:
+        rec = answer.summary()
+        cells = (("frames", f"{rec['frames']} as {rec['frames_as']}"),
+                 ("audio", f"{rec['audio_seconds']:.1f} s"),
+                 ("temperature", rec["temperature"]),
+                 ("seed", rec["seed"] if rec["seed"] is not None else "random"),
+                 ("max tokens", rec["max_tokens"]),
+                 ("system prompt", _short(rec.get("system_prompt") or "(none)", 60)),
+                 ("prompt tokens", rec["prompt_tokens"]),
+                 ("first token", f"{rec['ttft_ms']} ms" if rec.get("ttft_ms") is not None else "–"),
+                 ("tokens/s", f"{rec['tokens_per_s']:.1f}" if rec.get("tokens_per_s") else "–"))
+        rows = f"<tr><th>model</th><td>{_model_cell(answer)}</td></tr>"
+        rows += "".join(f"<tr><th>{label}</th><td>{as_text(value)}</td></tr>" for label, value in cells)
+        rows += f"<tr><th>inputs_sha256</th><td><code>{as_text(str(rec['inputs_sha256'])[:16])}…</code></td></tr>"
+    return (f"<div class='vc-compare-col'><h4>{as_text(heading)}</h4>"
+            f"<div class='vc-compare-text'>{as_text(text) or '…'}</div><table>{rows}</table></div>")
+
+
+def compare_html(original: Answer, again: Answer | None, text: str, note: str = "",
+                 again_heading: str = "Re-asked") -> str:
+    same = again is not None and again.reply.stats.inputs_sha256 == original.reply.stats.inputs_sha256
+    verdict = ("" if again is None or not again.reply.stats.inputs_sha256 else
+               "<p class='vc-muted'>Same inputs (inputs_sha256 matches).</p>" if same else
+               "<p class='vc-muted'>Different inputs: a subset of the original frames, audio left out, or a "
+               "model that does not take audio.</p>")
+    heading = f"Recorded ({original.bundle_name})" if original.bundle_name else "Original"
+    return (f"<p><b>{as_text(original.question)}</b></p>{verdict}"
+            f"{'<p class=vc-muted>' + as_text(note) + '</p>' if note else ''}"
+            f"<div class='vc-compare' id='vc-compare-cols'>{_column(heading, original, original.reply.text)}"
+            f"{_column(again_heading, again, text)}</div>")
+
+
+def waiting_text(ahead: int) -> str:
+    if ahead <= 0:
+        return "⏳ waiting: yours is the next question to be answered"
+    return f"⏳ waiting: {ahead} question{'s' if ahead != 1 else ''} ahead"

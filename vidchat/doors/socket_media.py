@@ -1,0 +1,216 @@
+"""The seed protocol's media, as a socket session takes it in: video.frame
+(base64 images with the client's frame_id, pts_ms and capture_ts_ms, acked)
+and audio.chunk (base64 PCM16), placed on the session's timeline by the
+client's clock, and the client's names for the frames a question consumed.
+
+Kept apart from the connection (vidchat.doors.protocol), which owns the transport
+and the conversation: this is only what turns a message's media into the
+session's frames and audio, and says so to the client.
+"""
+
+from __future__ import annotations
+
+import binascii
+from typing import Any, Protocol
+
+from vidchat.conversation.session import Sample
+from vidchat.doors import wire
+from vidchat.media.clock import ClientClock
+from vidchat.media.evs import FrameError
+from vidchat.media.workers import run_media
+
+# Messages longer than this are parsed and decoded in a worker thread, in
+# slices that yield the interpreter lock (vidchat.doors.wire): a 640×480 frame's
+# JSON+base64 costs ~0.3 ms, an 8 MB one ~55 ms, which would stall every other
+# session's frames and streamed tokens.
+INLINE_PARSE_CHARS = 64 * 1024
+
+# Longest client frame_id (a string) echoed back in acks.
+MAX_FRAME_ID_CHARS = 256
+
+
+def is_millis(value: Any) -> bool:
+    # A range check, not math.isfinite: that raises OverflowError for a huge JSON integer.
+    return not isinstance(value, bool) and isinstance(value, (int, float)) and -1e15 < value < 1e15
+
+
+def is_frame_id(value: Any) -> bool:
+    if isinstance(value, str):
+        return 0 < len(value) <= MAX_FRAME_ID_CHARS
+    return isinstance(value, int) and not isinstance(value, bool) and -(1 << 63) <= value < (1 << 63)
+
+
+class Refused(Exception):
+    """A message's media could not be used: ``message`` for the client's
+    error, ``reason`` for a video.frame.ack."""
+
+    def __init__(self, reason: str, message: str, size: int | None = None) -> None:
+        super().__init__(message)
+        self.reason, self.message, self.size = reason, message, size  # size: bytes, when too large
+
+
+async def decode_b64(msg: dict[str, Any], kind: str, limit: int | None, key: str = "data",
+                     what: str = "Frame") -> bytes:
+    """Decode msg[key] (base64, optionally a data: URL); raises Refused
+    with the error for the client. ``what`` names the thing over ``limit`` bytes."""
+    text = msg.get(key, "")
+    if not isinstance(text, (str, wire.BigText)):
+        raise Refused("invalid_data", f"{kind} requires '{key}' as a base64 string, got {type(text).__name__}")
+    head = text.head(200) if isinstance(text, wire.BigText) else text[:200]
+    if head.startswith("data:") and "," in head:
+        comma = head.index(",") + 1
+        text = text.skip(comma) if isinstance(text, wire.BigText) else text[comma:]
+    if not text:
+        raise Refused("invalid_data", f"{kind} has no data")
+    if limit is not None and len(text) > (limit + 2) // 3 * 4 + 64:  # too large even before decoding
+        estimate = len(text) * 3 // 4
+        raise Refused("too_large", f"{what} too large: about {estimate} bytes (limit {limit})", estimate)
+    try:
+        if len(text) > INLINE_PARSE_CHARS:
+            data = await run_media(wire.b64decode, text)
+        else:
+            data = wire.b64decode(text)
+    except (binascii.Error, ValueError):
+        raise Refused("invalid_data", f"Invalid base64 in {kind}" + ("" if key == "data" else f" '{key}'")) \
+            from None
+    if limit is not None and len(data) > limit:
+        raise Refused("too_large", f"{what} too large: {len(data)} bytes (limit {limit})", len(data))
+    return data
+
+
+class Client(Protocol):
+    """What the intake needs of its connection (vidchat.doors.protocol.Connection)."""
+
+    entry: Any  # vidchat.conversation.sessions.Entry, None before the session opens
+    settings: Any  # vidchat.app.settings.Settings
+
+    async def send(self, msg: dict[str, Any]) -> bool: ...
+
+    async def error(self, message: str) -> bool: ...
+
+
+class SocketMedia:
+    """One connection's media intake."""
+
+    def __init__(self, conn: Client) -> None:
+        self.conn = conn
+        self.clock = ClientClock()
+        # Kept frames by the session's kept-frame number (seq): the client's
+        # frame_id, pts_ms and capture_ts_ms, while the frame is in the buffer.
+        self.frame_meta: dict[int, dict[str, Any]] = {}
+        self.names_frames = False  # the client has sent a frame_id: acks and frames.consumed
+
+    async def media_time(self, msg: dict[str, Any], kind: str, arrived: float) -> tuple[bool, float | None]:
+        """(ok, time on the session's timeline) from the message's optional pts_ms."""
+        pts = msg.get("pts_ms")
+        if pts is None:
+            return True, None
+        # A range check, not math.isfinite: that raises OverflowError for a huge JSON integer.
+        if isinstance(pts, bool) or not isinstance(pts, (int, float)) or not -1e15 < pts < 1e15:
+            await self.conn.error(f"{kind} 'pts_ms' must be a number of milliseconds, got {pts!r}")
+            return False, None
+        return True, self.clock.place(float(pts), arrived, "audio" if kind == "audio.chunk" else "video")
+
+    async def on_frame(self, msg: dict[str, Any], arrived: float) -> None:
+        frame_id = msg.get("frame_id")
+        if frame_id is not None:
+            if not is_frame_id(frame_id):
+                await self.conn.error(f"video.frame 'frame_id' must be a non-empty string (at most {MAX_FRAME_ID_CHARS} "
+                                 f"characters) or an integer, got {type(frame_id).__name__}")
+                return
+            self.names_frames = True
+        ok, t = await self.media_time(msg, "video.frame", arrived)
+        if not ok:
+            await self.ack(msg, arrived, False, "invalid_pts")
+            return
+        capture = msg.get("capture_ts_ms")
+        if capture is not None and not is_millis(capture):
+            await self.conn.error(f"video.frame 'capture_ts_ms' must be a number of milliseconds, got {capture!r}")
+            await self.ack(msg, arrived, False, "invalid_capture_ts")
+            return
+        try:
+            data = await decode_b64(msg, "video.frame", self.conn.settings.ws_max_frame_bytes)
+        except Refused as refused:
+            await self.conn.error(refused.message)
+            await self.ack(msg, arrived, False, refused.reason)
+            return
+        session = self.conn.entry.session
+        try:
+            # Even a 640×480 JPEG takes milliseconds to filter and store: never on the loop.
+            seq = await run_media(session.offer_jpeg, data, t)
+        except FrameError as exc:
+            await self.conn.error(f"Invalid image in video.frame: {exc}")
+            await self.ack(msg, arrived, False, "invalid_image")
+            return
+        if seq is None:  # a near-duplicate of the frame before (EVS)
+            await self.ack(msg, arrived, False, "filtered")
+            return
+        self.frame_meta[seq] = {"frame_id": frame_id, "pts_ms": msg.get("pts_ms"), "capture_ts_ms": capture}
+        pushed_out = self.forget_evicted(session.oldest_seq)
+        await self.ack(msg, arrived, True, dropped_frame_id=pushed_out)
+
+    def forget_evicted(self, oldest: int | None) -> Any:
+        """Drop the metadata of frames no longer in the buffer; the client's
+        id of the newest such frame that had one (None if none)."""
+        meta = self.frame_meta
+        pushed_out = None
+        while meta:
+            seq = next(iter(meta))  # insertion order is seq order
+            if oldest is not None and seq >= oldest:
+                break
+            gone = meta.pop(seq)
+            if gone["frame_id"] is not None:
+                pushed_out = gone["frame_id"]
+        return pushed_out
+
+    async def ack(self, msg: dict[str, Any], arrived: float, accepted: bool, reason: str | None = None,
+                   dropped_frame_id: Any = None) -> None:
+        """video.frame.ack, for a frame that carries a (valid) frame_id."""
+        frame_id = msg.get("frame_id")
+        if frame_id is None or not is_frame_id(frame_id) or self.conn.entry is None:
+            return
+        ack: dict[str, Any] = {
+            "type": "video.frame.ack",
+            "frame_id": frame_id,
+            "accepted": accepted,
+            "buffered_frames": self.conn.entry.session.frame_count,
+            "pts_ms": msg.get("pts_ms") if is_millis(msg.get("pts_ms")) else None,
+            "capture_ts_ms": msg.get("capture_ts_ms") if is_millis(msg.get("capture_ts_ms")) else None,
+            "server_receive_ts_ms": round(arrived * 1000, 1),
+        }
+        if reason is not None:
+            ack["reason"] = reason
+        if dropped_frame_id is not None:
+            ack["dropped_frame_id"] = dropped_frame_id
+        await self.conn.send(ack)
+
+    async def on_audio(self, msg: dict[str, Any], arrived: float) -> None:
+        ok, t = await self.media_time(msg, "audio.chunk", arrived)
+        if not ok:
+            return
+        try:
+            data = await decode_b64(msg, "audio.chunk", None)
+        except Refused as refused:
+            await self.conn.error(refused.message)
+            return
+        try:
+            self.conn.entry.session.add_pcm16(data, t)
+        except ValueError as exc:
+            await self.conn.error(f"Invalid audio in audio.chunk: {exc}")
+
+
+    def consumed(self, sample: Sample) -> dict[str, Any]:
+        """video.frames.consumed for a question's sampled frames: the
+        client's ids of those that had one (in order), and the pts_ms of the
+        newest sampled frame (null when unknown)."""
+        metas = [self.frame_meta.get(seq) for seq in sample.seqs]
+        named = [m for m in metas if m is not None and m["frame_id"] is not None]
+        newest = metas[-1] if metas else None
+        pts = newest.get("pts_ms") if newest is not None else None
+        return {
+            "type": "video.frames.consumed",
+            "frame_ids": [m["frame_id"] for m in named],
+            "frames": [{"frame_id": m["frame_id"], "pts_ms": m["pts_ms"], "capture_ts_ms": m["capture_ts_ms"]}
+                       for m in named],
+            "latest_pts_ms": pts,
+        }

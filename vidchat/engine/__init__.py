@@ -1,0 +1,493 @@
+"""The engine's interface (:class:`ChatEngine`), what every engine shares
+(:class:`ModelEngine`: the model's prompt, limits, history budget and input
+checks) and the records that cross it (options, turns, prepared questions,
+reply stats, errors).
+
+Two engines implement it, neither a kind of the other: the in-process vLLM
+`AsyncLLM` (:mod:`vidchat.engine.local`) and a remote ``vllm serve``
+(:mod:`vidchat.engine.remote`). Doors and the conversation code import only
+this module, never an implementation.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import logging
+import math
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol, Sequence, runtime_checkable
+
+import numpy as np
+from PIL import Image
+
+from vidchat.engine.families import Family, family_of
+from vidchat.media import AUDIO_RATE, FRAMES_AS, MIN_AUDIO_SAMPLES
+
+# vLLM (and numpy's random generator under it) takes a signed 64-bit seed.
+SEED_RANGE = (-(2**63), 2**63 - 1)
+
+log = logging.getLogger(__name__)
+
+
+# vLLM's priority scheduling handles lower values first; answers use 0.
+WARMUP_PRIORITY = 10
+
+
+class EngineError(RuntimeError):
+    """A question could not be answered; the message tells the user what to change."""
+
+
+class EngineDead(EngineError):
+    """The engine process is gone; the server must be restarted."""
+
+
+# vLLM's encoder cache is as large as its per-step token budget
+# (max_num_batched_tokens; 2,048 on CPU, at least 8,192 on a GPU), which
+# cannot be set apart. Raised only when a sample per session needs more, and
+# never past this: a step that large is as long as the budget allows.
+ENCODER_CACHE_FLOOR_TOKENS = {"cpu": 2048, "gpu": 8192}
+ENCODER_CACHE_MAX_TOKENS = 65536
+# The frame the page sends from a webcam before any pixel cap.
+TYPICAL_FRAME = (640, 480)
+
+ENGINE_DEAD_MESSAGE = "The model engine has stopped; restart vidchat (see the server log for the cause)."
+
+
+@dataclass
+class EngineOptions:
+    model: str
+    dtype: str = "auto"
+    max_model_len: int = 8192
+    kv_cache_gb: float = 1.0
+    mm_cache_gb: float = 1.0  # vLLM's processed-frame cache (mm_processor_cache_gb)
+    gpu_memory_utilization: float = 0.85
+    max_images: int = 32
+    max_videos: int = 1
+    max_audios: int = 1
+    split_audio: bool = False  # the audio's segments, one clip each (see audio_clips)
+    # 0 keeps the model's own processor setting.
+    max_image_pixels: int = 0
+    enforce_eager: bool = True
+    seed: int = 0
+    priority_scheduling: bool = False  # vLLM's priority policy (for warm-ups)
+    # Frames vLLM's encoder cache must hold (frames per question x sessions);
+    # 0 leaves vLLM's own size. See encoder_cache_budget.
+    encoder_cache_frames: int = 0
+    video_pruning_rate: float = 0.0  # vLLM's video token pruning (Qwen2.5-VL, Qwen3-VL); 0: off
+    tensor_parallel_size: int = 1  # vLLM's own parallelism, passed through (GPU)
+    data_parallel_size: int = 1
+
+
+@dataclass
+class Turn:
+    role: str  # "user" | "assistant"
+    text: str
+
+
+@dataclass
+class ReplyStats:
+    prompt_tokens: int = 0
+    cached_tokens: int = 0  # prompt tokens vLLM took from its prefix cache
+    completion_tokens: int = 0
+    frames: int = 0
+    audio_seconds: float = 0.0
+    ttft_s: float | None = None
+    tokens_per_s: float | None = None
+    total_s: float = 0.0
+    finish_reason: str | None = None
+    cancelled: bool = False
+    inputs_sha256: str = ""  # see inputs_digest
+    # The audio's segments as the engine got them (samples each, oldest
+    # first; see audio_clips); empty when it went as one clip.
+    audio_parts: list[int] = field(default_factory=list)
+    # Chat turns the prompt carried, of those the question came with: the
+    # oldest are left out when the whole chat no longer fits (Engine.fit_history).
+    history_turns: int = 0
+    history_turns_total: int = 0
+
+    def as_dict(self) -> dict[str, Any]:
+        return dict(self.__dict__)
+
+    def ended(self, started: float) -> None:
+        """Total time and decode rate, for an answer started at ``started``
+        (time.perf_counter) and ending now."""
+        self.total_s = time.perf_counter() - started
+        if self.ttft_s is not None and self.completion_tokens > 1:
+            gen_time = self.total_s - self.ttft_s
+            if gen_time > 0:
+                self.tokens_per_s = (self.completion_tokens - 1) / gen_time
+
+
+# What a page or client asking by voice is told when the model hears nothing.
+NO_SPOKEN_QUESTIONS = (
+    "This model does not take audio, so it can't be asked by voice. For Talk mode run a model "
+    "that hears: --preset qwen2.5-omni-3b on a GPU (or --model tiny-omni to try the pipeline "
+    "with random weights)."
+)
+
+
+def inputs_digest(frames: Sequence[np.ndarray | Image.Image], audio: np.ndarray | None) -> str:
+    """SHA-256 of exactly the pixels and samples handed to the engine, with
+    their shapes and types, in order: two answers with the same digest saw the
+    same input (the QA workbench compares runs by it)."""
+    digest = hashlib.sha256()
+    for frame in frames:
+        array = np.ascontiguousarray(np.asarray(frame))
+        digest.update(f"frame {array.shape} {array.dtype}\n".encode())
+        digest.update(memoryview(array).cast("B"))
+    if audio is not None:
+        samples = np.ascontiguousarray(audio)
+        digest.update(f"audio {samples.shape} {samples.dtype}\n".encode())
+        digest.update(memoryview(samples).cast("B"))
+    return digest.hexdigest()
+
+
+def audio_clips(audio: np.ndarray, parts: Sequence[tuple[int, str | None]],
+                max_clips: int) -> list[tuple[np.ndarray, str | None]]:
+    """The audio as the engine's items: one per segment of ``parts``
+    (vidchat.media.audio.AudioWindow.parts), the oldest merged so that there are at
+    most ``max_clips``; one clip when the parts don't describe this audio. A
+    merged clip's name joins its first and last segments' names (segments
+    are contiguous, so the pair names exactly those samples)."""
+    sizes = [size for size, _ in parts]
+    if len(parts) < 2 or max_clips < 2 or sum(sizes) != audio.size or min(sizes) <= 0:
+        return [(audio, None)]
+    spans = [[size, name, name] for size, name in parts]
+    while len(spans) > max_clips:
+        first, second = spans.pop(0), spans[0]
+        second[0] += first[0]
+        second[1] = first[1]
+    clips, offset = [], 0
+    for size, first_name, last_name in spans:
+        name = None if first_name is None or last_name is None else (
+            first_name if first_name == last_name else f"{first_name}~{last_name}")
+        clips.append((audio[offset:offset + size], name))
+        offset += size
+    return clips
+
+
+def cpu_has_native_bf16(cpuinfo: str | None = None) -> bool:
+    """Whether this CPU computes bfloat16 natively (x86 avx512_bf16 or
+    amx_bf16, Arm's bf16 feature). Unknown platforms count as yes, so vLLM's
+    own choice stands there."""
+    if cpuinfo is None:
+        try:
+            cpuinfo = Path("/proc/cpuinfo").read_text()
+        except OSError:
+            return True
+    flags = set()
+    for line in cpuinfo.splitlines():
+        key, _, value = line.partition(":")
+        if key.strip().lower() in ("flags", "features"):
+            flags.update(value.split())
+    if not flags:
+        return True
+    return bool(flags & {"avx512_bf16", "amx_bf16", "bf16"})
+
+
+def on_gpu() -> bool:
+    try:
+        import torch
+
+        return bool(torch.cuda.is_available())
+    except Exception:  # a CPU-only torch may not even have the CUDA module
+        return False
+
+
+def _to_pil(frame: np.ndarray | Image.Image) -> Image.Image:
+    if isinstance(frame, Image.Image):
+        return frame.convert("RGB") if frame.mode != "RGB" else frame
+    return Image.fromarray(np.ascontiguousarray(frame), "RGB")
+
+
+def _as_video(frames: Sequence[np.ndarray | Image.Image]) -> np.ndarray:
+    """Stack frames into a (T, H, W, 3) video; a resolution change mid-buffer
+    (browsers drop resolution under load) is resized to the newest frame's size."""
+    arrays = [np.asarray(f.convert("RGB")) if isinstance(f, Image.Image) else f for f in frames]
+    h, w = arrays[-1].shape[:2]
+    same = [
+        a if a.shape[:2] == (h, w) else np.asarray(Image.fromarray(a).resize((w, h), Image.BILINEAR)) for a in arrays
+    ]
+    return np.stack(same)
+
+
+def video_fps(frame_times: Sequence[float] | None, n_frames: int) -> float | None:
+    """The frames' real rate for the model's processor: frames per second of
+    media time between the first and the last. The filter makes spacing
+    irregular; Qwen-family processors take one rate per video (their temporal
+    positions advance by ``temporal_patch_size / fps`` seconds per step), so the
+    mean rate is what can be expressed. None when it cannot be known."""
+    if frame_times is None or n_frames < 2 or len(frame_times) != n_frames:
+        return None
+    span = frame_times[-1] - frame_times[0]
+    if not span > 0:
+        return None
+    # Bounded so a burst (or a still scene held for minutes) stays a sane rate.
+    return min(max((n_frames - 1) / span, 0.1), 240.0)
+
+
+@dataclass
+class Prepared:
+    """A question made ready for vLLM: the rendered prompt and its media."""
+
+    prompt: dict[str, Any]
+    prompt_text: str
+    params: Any
+    stats: "ReplyStats"
+    video_fps: float | None = None
+
+
+def tokens_per_frame(processor: Any, max_image_pixels: int = 0, processor_kwargs: dict | None = None) -> int:
+    """Prompt tokens one webcam frame costs with this processor: a 640x480
+    frame as sent, and as sessions store it (scaled down to
+    ``max_image_pixels``), run through the model's own processor, minus the
+    same prompt without it; the larger of the two (the processor's rounding
+    to its patch grid can make the smaller frame cost more)."""
+    sizes = [TYPICAL_FRAME]
+    width, height = TYPICAL_FRAME
+    if max_image_pixels and width * height > max_image_pixels:
+        scale = (max_image_pixels / (width * height)) ** 0.5
+        sizes.append((max(1, int(width * scale)), max(1, int(height * scale))))
+    question = {"type": "text", "text": "?"}
+    with_frame = processor.apply_chat_template([{"role": "user", "content": [{"type": "image"}, question]}],
+                                               tokenize=False, add_generation_prompt=True)
+    without = processor.apply_chat_template([{"role": "user", "content": [question]}],
+                                            tokenize=False, add_generation_prompt=True)
+    base = len(processor.tokenizer(without)["input_ids"])
+    costs = []
+    for size in sizes:
+        ids = processor(text=[with_frame], images=[Image.new("RGB", size, (90, 90, 90))],
+                        return_tensors="np", **(processor_kwargs or {}))["input_ids"]
+        costs.append(int(len(ids[0]) - base))
+    return max(costs)
+
+
+def encoder_cache_budget(per_frame: int, frames: int, gpu: bool) -> int | None:
+    """vLLM's ``max_num_batched_tokens`` that makes its encoder cache hold
+    ``frames`` frames of ``per_frame`` tokens; None where its default does."""
+    floor = ENCODER_CACHE_FLOOR_TOKENS["gpu" if gpu else "cpu"]
+    need = per_frame * frames
+    if need <= floor:
+        return None
+    if need > ENCODER_CACHE_MAX_TOKENS:
+        log.warning("vLLM's encoder cache would need %d tokens for %d frames of %d tokens; capped at %d "
+                    "(%d frames): lower --max-sessions or frames per question to keep every session's "
+                    "frames encoded", need, frames, per_frame, ENCODER_CACHE_MAX_TOKENS,
+                    ENCODER_CACHE_MAX_TOKENS // per_frame)
+        return ENCODER_CACHE_MAX_TOKENS
+    return need
+
+
+# The test suite counts every vLLM engine a run starts, in its own process and
+# in the servers, replays and benchmarks it launches (vidchat.devtools.tiers):
+# each start appends a line to this file when the variable names one.
+ENGINE_START_LOG_ENV = "VIDCHAT_ENGINE_START_LOG"
+
+# The history budget (Engine.fit_history): audio encoders of the supported
+# families give at most 25 tokens a second; a turn's chat-template markup
+# costs a few tokens beyond its text; a small margin absorbs the rest.
+AUDIO_TOKENS_PER_S = 25
+TURN_TEMPLATE_TOKENS = 8
+HISTORY_MARGIN_TOKENS = 32
+
+
+def _note_engine_start(model: str, start_s: float) -> None:
+    path = os.environ.get(ENGINE_START_LOG_ENV)
+    if path:
+        with open(path, "a") as f:
+            f.write(f"{os.getpid()} {start_s:.1f} {model}\n")
+
+
+@runtime_checkable
+class ChatEngine(Protocol):
+    """What the doors, the conversation code, replay and the benchmarks may
+    use of an engine. Both engines implement it; nothing else is public."""
+
+    options: EngineOptions
+    model_path: str
+    model_revision: str
+    start_s: float
+    family: Family
+    accepts_audio: bool
+    accepts_video: bool
+    processor_kwargs: dict[str, Any]
+    tokens_per_frame: int | None
+
+    @property
+    def splits_audio(self) -> bool: ...
+    @property
+    def running_requests(self) -> int: ...
+    @property
+    def running_warmups(self) -> int: ...
+    @property
+    def is_dead(self) -> bool: ...
+    @property
+    def encoder_cache_tokens(self) -> int | None: ...
+
+    def check_request(self, n_frames: int, frames_as: str) -> None: ...
+    def prepare(self, question: str, frames: Sequence[np.ndarray | Image.Image] = (),
+                audio: np.ndarray | None = None, **options: Any) -> Prepared: ...
+    def submit(self, prepared: Prepared, request_id: str | None = None) -> Any: ...
+    async def warm(self, prepared: Prepared) -> ReplyStats: ...
+    def ask(self, question: str, frames: Sequence[np.ndarray | Image.Image] = (),
+            audio: np.ndarray | None = None, *, request_id: str | None = None, **options: Any) -> Any: ...
+    def shutdown(self) -> None: ...
+
+
+class ModelEngine:
+    """What every engine shares: the model's chat template, its limits, the
+    history budget and the checks made before a question is built. An
+    implementation adds how questions reach vLLM (prepare, submit, warm) and
+    its lifecycle; ``accepts_audio``/``accepts_video`` are what it found the
+    model takes."""
+
+    def __init__(self, options: EngineOptions, processor: Any, model_path: str, start_s: float,
+                 family: Family | None, revision: str, accepts_audio: bool, accepts_video: bool) -> None:
+        self.options = options
+        self.model_path = model_path
+        self.model_revision = revision  # vidchat.engine.revision.model_revision: which exact weights
+        self.start_s = start_s
+        self.family = family or family_of(None)
+        self._processor = processor
+        self._ids = itertools.count(1)
+        self.accepts_audio = accepts_audio
+        self.accepts_video = accepts_video and self.family.video is not None
+        # The engine-wide processor settings (pixel cap, tiling), for anyone
+        # who must reproduce vLLM's preprocessing (tests, token budgets).
+        self.processor_kwargs = self.family.processor_kwargs(options.max_image_pixels)
+        self.tokens_per_frame: int | None = None  # measured at start when the encoder cache is sized
+
+    @property
+    def splits_audio(self) -> bool:
+        """Whether a question's audio goes as its segments (--audio-segments)."""
+        return self.accepts_audio and self.options.split_audio and self.options.max_audios > 1
+
+    def build_prompt(
+        self,
+        question: str,
+        *,
+        n_frames: int = 0,
+        frames_as: str = "images",
+        with_audio: bool | int = False,
+        history: Sequence[Turn] = (),
+        system_prompt: str | None = None,
+    ) -> str:
+        """The prompt text from the model's own chat template. ``with_audio``:
+        whether (or, as a number, how many clips of) audio follows the frames."""
+        # Frames, then audio, then the question: what changes least between
+        # two questions of a session comes first, so a later question (or a
+        # warm-up, vidchat.conversation.prewarm) shares the longest prefix with this one.
+        # The audio window grows with every chunk received: placed before the
+        # frames, it would make every frame token new each time.
+        parts: list[dict[str, Any]] = []
+        if n_frames:
+            if frames_as == "video":
+                parts.append({"type": "video"})
+            else:
+                parts.extend({"type": "image"} for _ in range(n_frames))
+        parts.extend({"type": "audio"} for _ in range(int(with_audio)))
+        if question:
+            parts.append({"type": "text", "text": question})
+        messages: list[dict[str, Any]] = []
+        if system_prompt:
+            messages.append({"role": "system", "content": [{"type": "text", "text": system_prompt}]})
+        for turn in history:
+            messages.append({"role": turn.role, "content": [{"type": "text", "text": turn.text}]})
+        messages.append({"role": "user", "content": parts})
+        return self._processor.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+
+    def check_request(self, n_frames: int, frames_as: str) -> None:
+        """Raise EngineError for a frame count or form this engine would refuse."""
+        if frames_as not in FRAMES_AS:
+            raise EngineError(f"frames_as must be one of {', '.join(FRAMES_AS)}, not {frames_as!r}.")
+        if frames_as == "video" and n_frames and (not self.accepts_video or self.options.max_videos < 1):
+            raise EngineError("This model does not take video; send frames as images.")
+        # A video's frames are counted against the same cap as images: each
+        # one is encoded, and the cap is what --max-images promises to hold.
+        if n_frames > self.options.max_images:
+            form = "images" if frames_as == "images" else "video frames"
+            raise EngineError(
+                f"This question carries {n_frames} frames but the engine takes at most "
+                f"{self.options.max_images} {form} per prompt: lower 'frames per question' "
+                f"or restart with --max-images {n_frames}."
+            )
+
+    def fit_history(self, history: Sequence[Turn], question: str, n_frames: int, frames_as: str, clips: int,
+                    audio_s: float, max_tokens: int, system_prompt: str | None) -> Sequence[Turn]:
+        """The newest whole turns of ``history`` that fit --max-model-len
+        beside what this question needs first: its frames, audio, the
+        question and room for the answer. The oldest question-and-answer
+        pairs go first, so a long chat (watch mode adds an answer every few
+        seconds) never makes every later question fail for length."""
+        tokenizer = getattr(self._processor, "tokenizer", None)
+        if not history or tokenizer is None:
+            return history
+        base = self.build_prompt(question, n_frames=n_frames, frames_as=frames_as, with_audio=clips,
+                                 system_prompt=system_prompt)
+        # Frame and audio placeholders expand inside vLLM: counted at their
+        # expanded size (an upper bound for video, whose frames merge in time).
+        reserved = (len(tokenizer(base)["input_ids"]) + n_frames * (self.tokens_per_frame or 0)
+                    + math.ceil(audio_s * AUDIO_TOKENS_PER_S) + max_tokens + HISTORY_MARGIN_TOKENS)
+        budget = self.options.max_model_len - reserved
+        costs = [len(tokenizer(turn.text)["input_ids"]) + TURN_TEMPLATE_TOKENS for turn in history]
+        start = 0
+        while start < len(history) and sum(costs[start:]) > budget:
+            start += 1
+            while start < len(history) and history[start].role != "user":
+                start += 1  # whole turns: a kept answer keeps its question
+        return history[start:]
+
+    def ask(self, question: str, frames: Sequence[np.ndarray | Image.Image] = (),
+            audio: np.ndarray | None = None, *, request_id: str | None = None, **options: Any) -> Any:
+        """prepare() and submit() in one call (benchmarks and tests; the app
+        prepares off the event loop)."""
+        return self.submit(self.prepare(question, frames, audio, **options), request_id)
+
+    def _checked_inputs(self, question: str, n_frames: int, audio: np.ndarray | None, frames_as: str,
+                        max_tokens: int, temperature: float, seed: int | None,
+                        warmup: bool, spoken: bool = False) -> tuple[str, int, float, int | None, np.ndarray | None]:
+        """The checks every engine makes before building a question (raising
+        EngineError for what it would refuse), and the warm-up's settings:
+        (question, max_tokens, temperature, seed, usable audio)."""
+        if self.is_dead:
+            raise EngineDead(ENGINE_DEAD_MESSAGE)
+        usable = self._usable_audio(audio)
+        if spoken and not self.accepts_audio:
+            raise EngineError(NO_SPOKEN_QUESTIONS)
+        if spoken and usable is None:
+            raise EngineError("The spoken question is too short for the model's audio encoder "
+                              f"(at least {MIN_AUDIO_SAMPLES / AUDIO_RATE * 1000:.0f} ms of audio).")
+        if warmup:
+            question, max_tokens, temperature, seed = "", 1, 0.0, None
+        elif not spoken and (not question or not question.strip()):
+            raise EngineError("The question is empty.")
+        self.check_request(n_frames, frames_as)
+        if seed is not None and not SEED_RANGE[0] <= seed <= SEED_RANGE[1]:
+            raise EngineError(f"seed must fit a signed 64-bit integer, got {seed}.")
+        return question, max_tokens, temperature, seed, usable
+
+    def _usable_audio(self, audio: np.ndarray | None) -> np.ndarray | None:
+        if audio is None or audio.size == 0 or not self.accepts_audio:
+            return None  # a vision-only model still gets its frames
+        if audio.size < MIN_AUDIO_SAMPLES:
+            # A sliver of audio (e.g. a chunk that arrived just before the
+            # question) is too short for the audio encoder and fails the
+            # whole request; the question is still worth answering from frames.
+            log.debug("dropping %d audio samples: below the %d-sample minimum", audio.size, MIN_AUDIO_SAMPLES)
+            return None
+        return np.ascontiguousarray(audio, dtype=np.float32).reshape(-1)
+
+    @property
+    def is_dead(self) -> bool:
+        raise NotImplementedError
+
+    def prepare(self, question: str, frames: Sequence[np.ndarray | Image.Image] = (),
+                audio: np.ndarray | None = None, **options: Any) -> Prepared:
+        raise NotImplementedError
+
+    def submit(self, prepared: Prepared, request_id: str | None = None) -> Any:
+        raise NotImplementedError

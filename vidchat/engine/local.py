@@ -1,0 +1,438 @@
+"""The in-process engine: one vLLM `AsyncLLM`, questions in, text deltas out.
+Frames reach vLLM as arrays/PIL images, never through base64 or JSON."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import time
+import uuid
+from typing import Any, AsyncIterator, Sequence
+
+import numpy as np
+from PIL import Image
+
+from vidchat.engine import (
+    ENGINE_DEAD_MESSAGE, WARMUP_PRIORITY, EngineDead, EngineError, EngineOptions, ModelEngine, Prepared,
+    ReplyStats, Turn, _as_video, _note_engine_start, _to_pil, audio_clips, cpu_has_native_bf16,
+    encoder_cache_budget, inputs_digest, on_gpu, tokens_per_frame, video_fps,
+)
+from vidchat.engine.families import Family, family_of, model_type_of
+from vidchat.engine.revision import model_revision
+from vidchat.media import AUDIO_RATE
+
+log = logging.getLogger(__name__)
+
+
+class Reply:
+    """One streamed answer. Iterate for text deltas; `stats` is final after the
+    stream ends. Leaving the stream early (break, `aclose`, `cancel`, or the
+    task being cancelled) aborts the request inside vLLM."""
+
+    def __init__(self, engine: "LocalEngine", request_id: str, prompt: dict, params: Any, stats: ReplyStats):
+        self.engine = engine
+        self.request_id = request_id
+        self.stats = stats
+        self.text = ""
+        self._prompt = prompt
+        self._params = params
+        self._gen: AsyncIterator | None = None
+        self._done = False
+        self._busy = False
+        self._abort_requested = False
+        self._idle = asyncio.Event()  # set while no task is inside __anext__
+        self._idle.set()
+        self._started = time.perf_counter()
+
+    def __aiter__(self) -> "Reply":
+        return self
+
+    async def __anext__(self) -> str:
+        if self._done:
+            raise StopAsyncIteration
+        if self._gen is None:
+            self._gen = self.engine._llm.generate(self._prompt, self._params, self.request_id)
+        self._busy = True
+        self._idle.clear()
+        try:
+            while True:
+                out = await self._gen.__anext__()
+                if self._abort_requested:
+                    # An abort sent while vLLM was still registering the
+                    # request (its input processing runs in a thread) finds
+                    # nothing to abort: repeat it now that the request exists.
+                    await self.engine._llm.abort(self.request_id)
+                    self.stats.cancelled = True
+                    raise StopAsyncIteration
+                completion = out.outputs[0]
+                delta = completion.text[len(self.text) :]
+                if out.prompt_token_ids is not None:
+                    self.stats.prompt_tokens = len(out.prompt_token_ids)
+                if out.num_cached_tokens:
+                    self.stats.cached_tokens = out.num_cached_tokens
+                self.stats.completion_tokens = len(completion.token_ids)
+                if out.finished:
+                    self.stats.finish_reason = completion.finish_reason
+                    if completion.finish_reason == "abort":
+                        self.stats.cancelled = True
+                if delta:
+                    if self.stats.ttft_s is None:
+                        self.stats.ttft_s = time.perf_counter() - self._started
+                    self.text = completion.text
+                    return delta
+                if out.finished:
+                    raise StopAsyncIteration
+        except StopAsyncIteration:
+            self._finish()
+            raise
+        except (asyncio.CancelledError, GeneratorExit):
+            self.stats.cancelled = True
+            self._finish()
+            raise
+        except Exception as exc:
+            self._finish()
+            raise self.engine._translate(exc, self.request_id) from exc
+        finally:
+            self._busy = False
+            self._idle.set()
+
+    def _finish(self) -> None:
+        if self._done:
+            return
+        self._done = True
+        self.stats.ended(self._started)
+
+    async def aclose(self) -> None:
+        """Stop the answer and abort its vLLM request. Safe from any task: when
+        another task is iterating, the abort ends its stream (no more deltas)."""
+        self._abort_requested = True
+        if not self._done:
+            self.stats.cancelled = True
+        await self.engine._llm.abort(self.request_id)  # no-op if already finished
+        if self._busy:
+            # Wait until the iterating task has seen the end, so a caller that
+            # starts a new request next never has two generating at once.
+            try:
+                await asyncio.wait_for(self._idle.wait(), 10.0)
+            except asyncio.TimeoutError:
+                log.warning("request %s: still streaming 10 s after its abort", self.request_id)
+        else:
+            self._finish()
+            if self._gen is not None:
+                gen, self._gen = self._gen, None
+                await gen.aclose()
+
+    cancel = aclose
+
+
+class LocalEngine(ModelEngine):
+    """The model in this process: one vLLM `AsyncLLM`. Create once per
+    process with `LocalEngine.start`."""
+
+    def __init__(self, options: EngineOptions, llm: Any, processor: Any, model_path: str, start_s: float,
+                 family: Family | None = None, revision: str = ""):
+        # What vLLM itself accepts for this model (a processor may have a
+        # video processor that vLLM never calls: SmolVLM), within our limits.
+        limits = _allowed_mm_limits(llm)
+        if limits is None:
+            audio = getattr(processor, "feature_extractor", None) is not None
+            video = getattr(processor, "video_processor", None) is not None
+        else:
+            audio, video = limits.get("audio", 0) > 0, limits.get("video", 0) > 0
+        super().__init__(options, processor, model_path, start_s, family, revision, audio, video)
+        self._llm = llm
+        self._warming: set[str] = set()  # request ids of warm-ups in flight
+
+    @property
+    def encoder_cache_tokens(self) -> int | None:
+        """The size of vLLM's encoder cache, in tokens (None if not known)."""
+        config = getattr(self._llm, "vllm_config", None)
+        size = getattr(getattr(config, "scheduler_config", None), "encoder_cache_size", None)
+        return size if isinstance(size, int) else None
+
+    # ---- lifecycle ---------------------------------------------------
+    @classmethod
+    def start(cls, options: EngineOptions) -> "LocalEngine":
+        """Load the model and start vLLM (blocking; seconds on the tiny model)."""
+        # One engine-core child process, with the model worker inside it: the
+        # fastest start, and nothing more to clean up at exit.
+        os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+        from transformers import AutoProcessor
+        from vllm.engine.arg_utils import AsyncEngineArgs
+        from vllm.v1.engine.async_llm import AsyncLLM
+
+        t0 = time.perf_counter()
+        gpu = on_gpu()
+        limits = {"image": options.max_images, "video": options.max_videos, "audio": options.max_audios}
+        dtype = options.dtype
+        if dtype == "auto" and not gpu and not cpu_has_native_bf16():
+            # vLLM's "auto" runs a bfloat16 checkpoint in bfloat16 on a CPU
+            # too; without native bf16 instructions every matmul is emulated,
+            # about 100x slower than float32 here (AVX2: 2.7 s against 21 ms).
+            dtype = "float32"
+            log.info("this CPU has no native bfloat16 (avx512_bf16, amx_bf16 or Arm bf16): running the model in "
+                     "float32, which is many times faster here; --dtype bfloat16 overrides")
+        kwargs: dict[str, Any] = dict(
+            model=options.model,
+            dtype=dtype,
+            max_model_len=options.max_model_len,
+            limit_mm_per_prompt=limits,
+            enforce_eager=options.enforce_eager,
+            disable_log_stats=True,
+            seed=options.seed,
+        )
+        # vLLM keeps processed frames for reuse (4 GiB by default): bounded
+        # here, since live video makes every frame new and the cache only grows.
+        kwargs["mm_processor_cache_gb"] = options.mm_cache_gb
+        # Warm-ups (vidchat.conversation.prewarm) run at a lower priority than answers, so
+        # a question never waits behind a queued warm-up. Only when warm-ups
+        # are on from the start: otherwise vLLM schedules first come, first
+        # served, exactly as before warm-ups existed.
+        if options.priority_scheduling:
+            kwargs["scheduling_policy"] = "priority"
+        family = family_of(model_type_of(options.model))
+        processor_kwargs = family.processor_kwargs(options.max_image_pixels)
+        if options.max_image_pixels and family.pixel_cap is None:
+            log.info("%s: the per-frame pixel cap is not passed to this model family's processor "
+                     "(frames are still stored at no more than %d pixels)", family.name, options.max_image_pixels)
+        if processor_kwargs:
+            kwargs["mm_processor_kwargs"] = processor_kwargs
+        try:
+            processor = AutoProcessor.from_pretrained(options.model)
+        except ImportError as exc:  # e.g. SmolVLM's processor needs num2words
+            raise EngineError(f"the processor of {options.model!r} needs a package that is missing: {exc}") from exc
+        # Measured always: the history budget (fit_history) reserves each
+        # frame's tokens; the encoder cache is sized by it when asked.
+        per_frame = None
+        try:
+            per_frame = tokens_per_frame(processor, options.max_image_pixels, processor_kwargs)
+        except Exception as exc:  # a processor with other call conventions: vLLM's size stays
+            log.warning("could not measure tokens per frame for %s (%s); vLLM's encoder cache keeps "
+                        "its default size", options.model, exc)
+        if options.encoder_cache_frames > 0:
+            if per_frame:
+                budget = encoder_cache_budget(per_frame, options.encoder_cache_frames, gpu)
+                if budget is not None:
+                    kwargs["max_num_batched_tokens"] = budget
+        if gpu:
+            kwargs["gpu_memory_utilization"] = options.gpu_memory_utilization
+        if options.video_pruning_rate > 0:
+            kwargs["video_pruning_rate"] = options.video_pruning_rate
+        if options.tensor_parallel_size > 1:
+            kwargs["tensor_parallel_size"] = options.tensor_parallel_size
+        if options.data_parallel_size > 1:
+            kwargs["data_parallel_size"] = options.data_parallel_size
+        else:
+            # Unset, vLLM on CPU reserves most of the RAM and starts slowly.
+            kwargs["kv_cache_memory_bytes"] = int(options.kv_cache_gb * (1 << 30))
+            kwargs["distributed_executor_backend"] = "uni"
+        try:
+            llm = AsyncLLM.from_engine_args(AsyncEngineArgs(**kwargs))
+        except Exception as exc:
+            raise EngineError(f"vLLM could not start model {options.model!r}: {exc}") from exc
+        revision = model_revision(options.model)
+        start_s = time.perf_counter() - t0
+        log.info("engine ready: %s (%s) on %s in %.1f s", options.model, revision, "GPU" if gpu else "CPU", start_s)
+        _note_engine_start(options.model, start_s)
+        engine = cls(options, llm, processor, options.model, start_s, family, revision)
+        engine.tokens_per_frame = per_frame
+        if per_frame and options.encoder_cache_frames > 0 and engine.encoder_cache_tokens:
+            log.info("vLLM's encoder cache: %d tokens, %d frames of %d tokens (asked for %d frames)",
+                     engine.encoder_cache_tokens, engine.encoder_cache_tokens // per_frame, per_frame,
+                     options.encoder_cache_frames)
+        return engine
+
+    def shutdown(self) -> None:
+        llm, self._llm = self._llm, None
+        if llm is not None:
+            llm.shutdown()
+            # AsyncLLM.__del__ calls shutdown() again, which fails noisily when
+            # it runs during interpreter teardown; once is enough.
+            llm.shutdown = lambda *args, **kwargs: None
+            log.info("engine shut down")
+
+    # ---- state ---------------------------------------------------------
+    @property
+    def running_requests(self) -> int:
+        """Answers vLLM still holds (0 after every answer ends or is
+        aborted); warm-ups are counted apart, in :attr:`running_warmups`."""
+        return max(0, self._llm.get_num_unfinished_requests() - len(self._warming))
+
+    @property
+    def is_dead(self) -> bool:
+        return self._llm is None or bool(self._llm.errored)
+
+    # ---- questions -------------------------------------------------------
+    def prepare(
+        self,
+        question: str,
+        frames: Sequence[np.ndarray | Image.Image] = (),
+        audio: np.ndarray | None = None,
+        *,
+        frame_times: Sequence[float] | None = None,
+        history: Sequence[Turn] = (),
+        system_prompt: str | None = None,
+        frames_as: str = "images",
+        max_tokens: int = 256,
+        temperature: float = 0.7,
+        seed: int | None = None,
+        ignore_eos: bool = False,
+        cache_salt: str | None = None,
+        frame_ids: Sequence[str] | None = None,
+        warmup: bool = False,
+        spoken: bool = False,
+        audio_parts: Sequence[tuple[int, str | None]] = (),
+    ) -> Prepared:
+        """Render the prompt and build the media for one question (CPU work:
+        run it off the event loop). Raises EngineError for input the engine
+        would refuse, so the caller can tell the user before anything streams.
+
+        ``warmup``: the same prompt without the question (the prefix a
+        question will share), for :meth:`warm`; `question` is ignored.
+
+        ``frame_ids``: each frame's name, unique within ``cache_salt`` and
+        never reused for other pixels (a session's kept-frame numbers). vLLM
+        then caches each frame's encoding under salt and name instead of a
+        hash of its pixels: no time spent hashing, and two sessions showing
+        the same picture never share an encoding (no timing side channel).
+
+        ``spoken``: the audio is the question (Talk mode); `question` may
+        then be empty, and a model that takes no audio refuses it.
+
+        ``audio_parts``: the audio's segments, (samples, name) each
+        (vidchat.conversation.session.Sample.audio_parts): with --audio-segments on, each
+        goes as its own clip, up to ``--max-audios``, named like the frames.
+        A finished segment is then encoded and prefilled once."""
+        question, max_tokens, temperature, seed, audio = self._checked_inputs(
+            question, len(frames), audio, frames_as, max_tokens, temperature, seed, warmup, spoken)
+        clips = [] if audio is None else audio_clips(audio, audio_parts if self.splits_audio else (),
+                                                     self.options.max_audios)
+        total_turns = len(history)
+        history = self.fit_history(history, question, len(frames), frames_as, len(clips),
+                                   0.0 if audio is None else audio.size / AUDIO_RATE, max_tokens, system_prompt)
+        prompt_text = self.build_prompt(
+            question,
+            n_frames=len(frames),
+            frames_as=frames_as,
+            with_audio=len(clips),
+            history=history,
+            system_prompt=system_prompt,
+        )
+        prompt: dict[str, Any] = {"prompt": prompt_text}
+        if cache_salt:
+            # vLLM mixes the salt into the first block's hash: prefix-cache
+            # hits then only happen between requests with the same salt.
+            prompt["cache_salt"] = cache_salt
+        fps = video_fps(frame_times, len(frames)) if frames_as == "video" else None
+        mm = self._multi_modal_data(frames, frames_as, [clip for clip, _ in clips], fps)
+        if mm:
+            prompt["multi_modal_data"] = mm
+        uuids: dict[str, list[str]] = {}
+        if cache_salt and frames and frame_ids is not None and len(frame_ids) == len(frames):
+            if frames_as == "video":
+                uuids["video"] = [f"{cache_salt}/video/{','.join(map(str, frame_ids))}"]
+            else:
+                uuids["image"] = [f"{cache_salt}/{fid}" for fid in frame_ids]
+        if cache_salt and clips and all(name is not None for _, name in clips):
+            uuids["audio"] = [f"{cache_salt}/audio/{name}" for _, name in clips]
+        if uuids:
+            prompt["multi_modal_uuids"] = uuids
+        if fps is not None and self.family.fps_kwarg:
+            prompt["mm_processor_kwargs"] = {"fps": fps}
+        from vllm import SamplingParams
+
+        params = SamplingParams(
+            max_tokens=max_tokens,
+            temperature=temperature,
+            seed=seed,
+            ignore_eos=ignore_eos,  # benchmarks and tests need replies of a known length
+        )
+        audio_s = 0.0 if audio is None else audio.size / AUDIO_RATE
+        stats = ReplyStats(frames=len(frames), audio_seconds=audio_s, inputs_sha256=inputs_digest(frames, audio),
+                           audio_parts=[clip.size for clip, _ in clips] if len(clips) > 1 else [],
+                           history_turns=len(history), history_turns_total=total_turns)
+        return Prepared(prompt, prompt_text, params, stats, video_fps=fps)
+
+    async def warm(self, prepared: Prepared) -> ReplyStats:
+        """Run a warm-up (a prepared ``warmup=True`` prompt): vLLM encodes its
+        frames and fills the prefix cache, generating one token, behind every
+        real question (lower scheduling priority). Cancelling aborts it."""
+        if self.is_dead:
+            raise EngineDead(ENGINE_DEAD_MESSAGE)
+        rid = f"vidchat-warm-{next(self._ids)}-{uuid.uuid4().hex[:8]}"
+        stats = prepared.stats
+        started = time.perf_counter()
+        self._warming.add(rid)
+        try:
+            priority = WARMUP_PRIORITY if self.options.priority_scheduling else 0
+            async for out in self._llm.generate(prepared.prompt, prepared.params, rid, priority=priority):
+                if out.prompt_token_ids is not None:
+                    stats.prompt_tokens = len(out.prompt_token_ids)
+                stats.cached_tokens = out.num_cached_tokens or 0
+                if out.finished:
+                    stats.finish_reason = out.outputs[0].finish_reason
+        except (asyncio.CancelledError, GeneratorExit):
+            stats.cancelled = True
+            await self._llm.abort(rid)
+            raise
+        except Exception as exc:
+            raise self._translate(exc, rid) from exc
+        finally:
+            self._warming.discard(rid)
+            stats.total_s = time.perf_counter() - started
+        return stats
+
+    @property
+    def running_warmups(self) -> int:
+        return len(self._warming)
+
+    def submit(self, prepared: Prepared, request_id: str | None = None) -> Reply:
+        """A Reply for a prepared question; vLLM starts on its first iteration."""
+        if self.is_dead:
+            raise EngineDead(ENGINE_DEAD_MESSAGE)
+        rid = request_id or f"vidchat-{next(self._ids)}-{uuid.uuid4().hex[:8]}"
+        return Reply(self, rid, prepared.prompt, prepared.params, prepared.stats)
+
+    def _multi_modal_data(self, frames: Sequence[np.ndarray | Image.Image], frames_as: str,
+                          clips: Sequence[np.ndarray], fps: float | None) -> dict[str, Any]:
+        mm: dict[str, Any] = {}
+        if frames:
+            if frames_as == "video":
+                mm["video"] = self.family.video_item(_as_video(frames), fps)
+            else:
+                mm["image"] = [_to_pil(f) for f in frames]
+        if clips:
+            mm["audio"] = [(clip, AUDIO_RATE) for clip in clips]
+        return mm
+
+    def _translate(self, exc: BaseException, request_id: str) -> EngineError:
+        """vLLM's exceptions, reworded so a user knows what to change."""
+        from vllm.v1.engine.exceptions import EngineDeadError, EngineGenerateError
+
+        cause = exc.__cause__ if isinstance(exc, EngineGenerateError) and exc.__cause__ else exc
+        text = str(cause)
+        if isinstance(exc, EngineDeadError) or self.is_dead:
+            return EngineDead(ENGINE_DEAD_MESSAGE)
+        if "longer than the maximum model length" in text or "maximum context length" in text:
+            return EngineError(
+                f"The question with its frames and chat history is too long for the model "
+                f"(limit {self.options.max_model_len} tokens): send fewer frames, clear the "
+                f"chat, or restart with a larger --max-model-len. ({text.splitlines()[0]})"
+            )
+        if "may be provided in one prompt" in text:
+            return EngineError(f"{text.splitlines()[0]} Lower 'frames per question' or raise --max-images.")
+        log.exception("request %s failed", request_id, exc_info=exc)
+        return EngineError(f"The model failed to answer: {text.splitlines()[0] if text else type(cause).__name__}")
+
+
+def _allowed_mm_limits(llm: Any) -> dict[str, int] | None:
+    """Items per prompt vLLM allows for each modality of this model (its own
+    support within limit_mm_per_prompt), or None when it can't be read."""
+    try:
+        from vllm.multimodal import MULTIMODAL_REGISTRY
+
+        return dict(MULTIMODAL_REGISTRY.get_processing_info(llm.model_config).allowed_mm_limits)
+    except Exception:
+        log.debug("could not read vLLM's multimodal limits", exc_info=True)
+        return None

@@ -1,0 +1,216 @@
+"""A session's audio window: int16 mono 16 kHz samples placed on the media timeline.
+
+Chunks are placed by their timestamp, not appended end to end: audio that
+arrives faster than real time (a replay, ``vidchat.qa.client --fast``) lands
+where its timestamps say, so a question gets the same audio span as in a
+real-time run. Gaps are filled with silence so audio stays aligned with frame
+times; small jitter keeps the stream contiguous; an overlap drops the part
+already held; a jump far back means a new stream and restarts the window.
+Only the newest ``cap_s`` seconds are kept, stored as the chunks that came
+(no copy of the whole window per chunk).
+
+A question's audio goes to the engine in segments (:meth:`AudioWindow.parts`):
+cut on a fixed grid of the stream's samples, each named by the stream and
+its exact sample range. A finished segment never changes, so the engine
+encodes and prefills it once (a warm-up can do it before the question);
+only the newest, still growing segment is new at each question.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+
+import numpy as np
+
+from vidchat.media import AUDIO_RATE
+
+# Differences between a chunk's timestamp and the end of the window smaller
+# than this are jitter: the chunk continues the stream.
+JITTER_S = 0.05
+# A chunk starting this much before the window's end belongs to a new stream.
+RESET_S = 1.0
+# The segment grid. Qwen2.5-Omni's audio encoder attends within windows of
+# 2 s (n_window 100 mel frames x 2) anyway, so cutting on this grid changes
+# little of what it computes.
+SEGMENT_S = 2.0
+
+
+def segment_samples(segment_s: float = SEGMENT_S) -> int:
+    """Samples per segment of the grid."""
+    return max(1, int(round(segment_s * AUDIO_RATE)))
+
+
+def to_int16(samples: np.ndarray) -> np.ndarray:
+    """Mono float (-1..1) or int16 samples as a new int16 array."""
+    samples = np.asarray(samples)
+    if samples.ndim == 2 and 1 in samples.shape:
+        samples = samples.reshape(-1)
+    if samples.ndim != 1:
+        raise ValueError(f"audio must be mono (1-D), got shape {samples.shape}")
+    if samples.dtype == np.int16:
+        return samples.copy()
+    if not np.issubdtype(samples.dtype, np.floating):
+        raise ValueError(f"audio must be float (-1..1) or int16 samples, got {samples.dtype}")
+    clean = np.nan_to_num(samples.astype(np.float32), nan=0.0, posinf=1.0, neginf=-1.0)
+    return (np.clip(clean, -1.0, 1.0) * 32767.0).astype(np.int16)
+
+
+class AudioWindow:
+    """The newest ``cap_s`` seconds of a session's audio; ``end`` anchors the timeline."""
+
+    def __init__(self, cap_s: float) -> None:
+        self.cap_samples = int(round(cap_s * AUDIO_RATE))
+        self.chunks: deque[np.ndarray] = deque()
+        self.length = 0
+        self.end: float | None = None
+        # Which stream (never reused in the window's life: a reset or clear
+        # starts a new one) and how many samples it has had: a sample's
+        # absolute number names the segment it is in.
+        self.stream = 0
+        self.total = 0
+
+    @property
+    def start(self) -> float | None:
+        return None if self.end is None else self.end - self.length / AUDIO_RATE
+
+    @property
+    def seconds(self) -> float:
+        return self.length / AUDIO_RATE
+
+    @property
+    def nbytes(self) -> int:
+        return self.length * 2
+
+    def clear(self) -> None:
+        self.chunks.clear()
+        self.length = 0
+        self.end = None
+        self.stream += 1
+        self.total = 0
+
+    def set_cap(self, cap_s: float) -> None:
+        self.cap_samples = int(round(cap_s * AUDIO_RATE))
+        self._trim()
+
+    def add(self, pcm: np.ndarray, t: float | None, now: float) -> None:
+        """Place int16 samples whose first one was captured at ``t``.
+
+        Untimed chunks continue the previous one (also when chunks come in a
+        burst after a network stall); after a pause they end ``now``."""
+        if pcm.size == 0:
+            return
+        duration = pcm.size / AUDIO_RATE
+        if t is None:
+            if self.end is not None and self.end >= now - duration - RESET_S:
+                t = self.end
+            else:
+                t = now - duration
+        if self.end is not None:
+            gap = t - self.end
+            if gap < -RESET_S or gap * AUDIO_RATE >= self.cap_samples:
+                self.clear()
+            elif gap > JITTER_S:
+                self._append(np.zeros(int(round(gap * AUDIO_RATE)), dtype=np.int16))
+            elif gap < -JITTER_S:
+                # Overlaps what is held (a resent or early chunk): keep only what is new.
+                pcm = pcm[int(round(-gap * AUDIO_RATE)):]
+                if pcm.size == 0:
+                    return
+        if self.end is None:
+            self.end = t
+        self._append(pcm)
+
+    def _append(self, pcm: np.ndarray) -> None:
+        self.chunks.append(pcm)
+        self.length += pcm.size
+        self.total += pcm.size
+        self.end += pcm.size / AUDIO_RATE
+        self._trim()
+
+    def _trim(self) -> None:
+        excess = self.length - self.cap_samples
+        while excess > 0 and self.chunks:
+            first = self.chunks[0]
+            if first.size <= excess:
+                self.chunks.popleft()
+                self.length -= first.size
+                excess -= first.size
+            else:
+                self.chunks[0] = first[excess:].copy()  # copy so the dropped part is freed
+                self.length -= excess
+                excess = 0
+        if self.length == 0:
+            self.chunks.clear()
+
+    def window(self, start: float, end: float | None = None) -> tuple[np.ndarray, float, float] | None:
+        """Float32 samples from ``start`` to ``end`` (default: the newest),
+        clamped to what is kept; None when that span holds no audio."""
+        span = self._span(start, end)
+        if span is None:
+            return None
+        first, last = span
+        window_start = self.start
+        return self._samples(first, last), window_start + first / AUDIO_RATE, window_start + last / AUDIO_RATE
+
+    def parts(self, start: float, end: float | None = None, segment_s: float = SEGMENT_S,
+              min_samples: int = 1) -> tuple[tuple[int, str], ...]:
+        """How :meth:`window` of the same span splits into segments: (samples,
+        name) per segment, oldest first. Cuts fall on the stream's grid of
+        ``segment_s``; the span's first and last segments may be partial. A
+        name (stream, first sample, count) is only ever given to the same
+        samples. Parts shorter than ``min_samples`` join their neighbour."""
+        span = self._span(start, end)
+        if span is None:
+            return ()
+        base = self.total - self.length  # the stream's number of the first sample held
+        first, last = base + span[0], base + span[1]
+        step = segment_samples(segment_s)
+        cuts = [first, *range((first // step + 1) * step, last, step), last]
+        bounds = [[a, b] for a, b in zip(cuts, cuts[1:])]
+        if len(bounds) > 1 and bounds[-1][1] - bounds[-1][0] < min_samples:
+            tail = bounds.pop()
+            bounds[-1][1] = tail[1]
+        if len(bounds) > 1 and bounds[0][1] - bounds[0][0] < min_samples:
+            head = bounds.pop(0)
+            bounds[0][0] = head[0]
+        return tuple((b - a, f"{self.stream}:{a}+{b - a}") for a, b in bounds)
+
+    @property
+    def ends_segment(self) -> bool:
+        """The newest sample ends a segment of the grid: that segment is finished."""
+        return self.total > 0 and self.total % segment_samples() == 0
+
+    def steady_start(self, start: float, segment_s: float = SEGMENT_S) -> float:
+        """``start``, unless it is before the oldest sample held: then the
+        first grid point after that sample. The oldest audio is trimmed with
+        every chunk, so a span from there would start at another sample each
+        time and make every segment after it new; from the grid, the
+        segments stay the same (up to ``segment_s`` less audio)."""
+        if self.end is None or self.length == 0 or start > self.start:
+            return start
+        step = segment_samples(segment_s)
+        base = self.total - self.length
+        first_grid = -(-base // step) * step  # the first grid point at or after the oldest sample held
+        return self.start + (first_grid - base) / AUDIO_RATE
+
+    def _span(self, start: float, end: float | None) -> tuple[int, int] | None:
+        """Sample indices (into what is held) of a span; None when empty."""
+        if self.end is None or self.length == 0:
+            return None
+        first = max(0, int(round((start - self.start) * AUDIO_RATE)))
+        last = self.length if end is None else min(self.length, int(round((end - self.start) * AUDIO_RATE)))
+        return None if last - first <= 0 else (first, last)
+
+    def _samples(self, first: int, last: int) -> np.ndarray:
+        # Only the chunks the span needs, walking back from the newest.
+        parts, offset = [], self.length
+        for chunk in reversed(self.chunks):
+            chunk_start = offset - chunk.size
+            if chunk_start < last:
+                parts.append(chunk)
+            offset = chunk_start
+            if offset <= first:
+                break
+        pcm = np.concatenate(parts[::-1])
+        pcm = pcm[first - offset: last - offset]
+        return pcm.astype(np.float32) * (1.0 / 32768.0)

@@ -1,0 +1,2 @@
+"""Quality assurance from outside the server: replaying a file or a recorded
+bundle through the same pipeline (replay), and a scripted protocol client."""
