@@ -26,6 +26,21 @@ from typing import Any
 
 import pytest
 
+def _share_the_cores() -> None:
+    """Split over N xdist workers, each worker's engines get cores/N compute
+    threads. Left at their default (every core) each vLLM engine's OpenMP
+    threads wait at barriers for threads that another worker's engine has
+    descheduled: two workers on 2 cores then spent half as much CPU again
+    for the same tests. Set before torch is imported here or in a server."""
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT") or 1)
+    if workers > 1:
+        threads = max(1, (os.cpu_count() or 1) // workers)
+        for name in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
+            os.environ.setdefault(name, str(threads))
+
+
+_share_the_cores()
+
 TIERS = ("unit", "engine", "browser")
 UNIT_TIMEOUT_S = 30
 
