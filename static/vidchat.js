@@ -560,21 +560,33 @@
     } catch (_) { /* next tick */ }
   }
 
+  // One slot per answer, at least CHART_SLOTS of them, so the first answer is
+  // one bar among empty places, not a block filling the chart; the axis on
+  // the left says what the top of the bars is.
+  const CHART_SLOTS = 12;
   function drawChart(answers) {
-    const svg = $("#vc-chart"), legend = $("#vc-chart-legend");
+    const svg = $("#vc-chart"), legend = $("#vc-chart-legend"), top = $("#vc-chart-top");
     if (!svg || !legend) return;
     const done = answers.filter((a) => a.ttft_ms != null);
-    if (!done.length) { svg.innerHTML = ""; legend.textContent = "Answer timings appear after the first answer."; return; }
+    if (!done.length) {
+      svg.innerHTML = ""; if (top) top.textContent = "";
+      legend.textContent = "Answer timings appear after the first answer."; return;
+    }
     const maxTtft = Math.max(...done.map((a) => a.ttft_ms), 1);
     const maxTps = Math.max(...done.map((a) => a.tokens_per_s || 0), 1);
-    const w = 200 / done.length;
+    const w = 200 / Math.max(done.length, CHART_SLOTS);
+    const h = (v, max) => (36 * v) / max;
     const bars = done.map((a, i) =>
-      `<rect x="${i * w + 1}" y="${40 - (36 * a.ttft_ms) / maxTtft}" width="${Math.max(w - 2, 1)}" height="${(36 * a.ttft_ms) / maxTtft}" class="vc-bar"><title>${Math.round(a.ttft_ms)} ms to first token</title></rect>`).join("");
-    const pts = done.map((a, i) => `${i * w + w / 2},${40 - (36 * (a.tokens_per_s || 0)) / maxTps}`).join(" ");
-    svg.innerHTML = bars + `<polyline points="${pts}" class="vc-line" fill="none"/>`;
+      `<rect x="${i * w + w * 0.15}" y="${40 - h(a.ttft_ms, maxTtft)}" width="${w * 0.7}" height="${h(a.ttft_ms, maxTtft)}" class="vc-bar"><title>${Math.round(a.ttft_ms)} ms to first token</title></rect>`).join("");
+    const pts = done.map((a, i) => `${i * w + w / 2},${40 - h(a.tokens_per_s || 0, maxTps)}`).join(" ");
+    const grid = `<line x1="0" y1="4" x2="200" y2="4" class="vc-grid"/><line x1="0" y1="39.5" x2="200" y2="39.5" class="vc-axis"/>`;
+    svg.innerHTML = grid + bars + (done.length > 1 ? `<polyline points="${pts}" class="vc-line" fill="none"/>` : "");
+    if (top) top.textContent = `${Math.round(maxTtft)} ms`;
     const last = done[done.length - 1];
     legend.textContent = `Last answer: first token ${Math.round(last.ttft_ms)} ms, ` +
-      `${(last.tokens_per_s || 0).toFixed(1)} tokens/s (bars: first token, up to ${Math.round(maxTtft)} ms; line: tokens/s, up to ${maxTps.toFixed(1)})`;
+      `${(last.tokens_per_s || 0).toFixed(1)} tokens/s. Bars: time to first token of the last ${done.length} ` +
+      `answer${done.length === 1 ? "" : "s"}, oldest on the left` +
+      (done.length > 1 ? `; line: tokens/s, top ${maxTps.toFixed(1)}` : "");
   }
 
   function stopStatsPolling() {
@@ -618,6 +630,7 @@
       `${m.video_frames_seen ?? s.frames_received} frames received`,
       `${s.frames_kept} kept by the filter`,
       `buffer ${s.frames_in_buffer}/${s.max_frames}`,
+      ...(s.frame_size ? [`stored ${s.frame_size.replace("x", "×")}`] : []),
       `${(s.audio_seconds || 0).toFixed(1)} s audio`,
     ];
     if (m.lag_ms_p95 != null) parts.push(`lag p95 ${Math.round(m.lag_ms_p95)} ms`);

@@ -342,7 +342,7 @@ async def test_foreign_origin_is_refused_own_origin_and_programs_are_not(server)
 
 @pytest.mark.engine
 def test_foreign_host_is_refused(server):
-    for path in ("/", "/api/health", "/static/vidchat.css"):
+    for path in ("/", "/api/health", "/static/vidchat/vidchat.css"):
         status, body = call(server, "GET", path, host="evil.example")
         assert status == 400 and "--allowed-hosts" in body["detail"], (path, body)
     assert call(server, "GET", "/healthz", host=f"localhost:{server.port}")[0] == 200

@@ -51,7 +51,7 @@ def test_serves_page_health_and_banner(server):
 
 @pytest.mark.engine
 def test_static_files_only_from_static_dir(server):
-    assert fetch(server.url + "/static/vidchat.css")[0] == 200
+    assert fetch(server.url + "/static/vidchat/vidchat.css")[0] == 200
     for path in ("/static/../app.py", "/static/%2e%2e/app.py", "/static/..%2fpyproject.toml"):
         status, body = fetch(server.url + path)
         assert status == 404 and "ws_idle_timeout" not in body and "[project]" not in body

@@ -243,7 +243,7 @@ def test_the_page_shell_still_loads_for_a_visitor(guarded):
     with client(guarded) as anonymous:
         assert anonymous.get("/").status_code == 200
         assert anonymous.get("/healthz").status_code == 200 and anonymous.get("/readyz").status_code == 200
-        assert anonymous.get("/static/vidchat.js").status_code == 200
+        assert anonymous.get("/static/vidchat/vidchat.js").status_code == 200
         # A path that climbs out of the static folder reaches nothing (the
         # client may resolve it to /gradio_api/upload, which is guarded).
         assert anonymous.get("/static/../gradio_api/upload").status_code in (401, 404)

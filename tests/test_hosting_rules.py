@@ -106,7 +106,7 @@ def test_anything_not_listed_needs_a_login(path):
 
 def test_operator_routes_and_public_routes():
     assert {route_kind(p) for p in OPERATOR_ROUTES} == {"operator"}
-    for path in ("/", "/healthz", "/readyz", "/api/health", "/static/vidchat.js", "/assets/index-1.js",
+    for path in ("/", "/healthz", "/readyz", "/api/health", "/static/vidchat/vidchat.js", "/assets/index-1.js",
                  "/login", "/login/huggingface", "/config"):
         assert route_kind(path) == "public", path
 

@@ -399,6 +399,9 @@ async def test_a_video_file_plays_through_the_same_pipeline_with_pause_and_seek(
             line = await page.inner_text("#vc-stats")
             assert "fps in" in line and "% kept" in line, line
             assert "first token" in await page.inner_text("#vc-chart-legend")
+            # One answer is one bar among the empty places, under an axis saying what its top is.
+            bar_width = await page.evaluate("document.querySelector('#vc-chart rect').getAttribute('width')")
+            assert float(bar_width) < 200 / 4 and (await page.inner_text("#vc-chart-top")).endswith(" ms")
             await page.click("#vc-inputs button, #vc-inputs .label-wrap")
             await page.wait_for_selector("#vc-inputs .vc-frames img")
             for c in thumbnail_colours(await page.inner_html("#vc-inputs")):

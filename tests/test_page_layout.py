@@ -1,9 +1,12 @@
 """The page's layout holds at desktop and phone width (Chromium, a fake
 camera, the shared server): a long unbroken answer wraps inside the chat and
-the compare view, and the checkboxes' borders can be seen (WCAG's non-text
-contrast, 3:1 against what is behind them)."""
+the compare view, the checkboxes' borders can be seen (WCAG's non-text
+contrast, 3:1 against what is behind them), nothing the page loads is
+missing, and a refused setting is named by vidchat and leaves the chat be."""
 
 from __future__ import annotations
+
+import re
 
 import pytest
 from playwright.async_api import async_playwright
@@ -80,6 +83,27 @@ CHECKBOX_CONTRAST = """() => {
 }"""
 
 
+# The connection pill in each tone: its text against its fill (WCAG AA, 4.5:1)
+# and its fill against the black preview behind it (3:1).
+PILL_CONTRAST = """() => {
+  const rgb = (s) => (s.match(/[\\d.]+/g) || []).map(Number).slice(0, 3);
+  const lum = ([r, g, b]) => {
+    const f = (c) => { c /= 255; return c <= 0.03928 ? c / 12.92 : ((c + 0.055) / 1.055) ** 2.4; };
+    return 0.2126 * f(r) + 0.7152 * f(g) + 0.0722 * f(b);
+  };
+  const ratio = (a, b) => { const [hi, lo] = [lum(a), lum(b)].sort((x, y) => y - x); return (hi + 0.05) / (lo + 0.05); };
+  const pill = document.querySelector('#vc-conn'), was = pill.dataset.tone, out = {};
+  const behind = rgb(getComputedStyle(pill.parentElement).backgroundColor);
+  for (const tone of ['idle', 'live', 'busy', 'error']) {
+    pill.dataset.tone = tone;
+    const st = getComputedStyle(pill), fill = rgb(st.backgroundColor);
+    out[tone] = { text: ratio(rgb(st.color), fill), edge: ratio(fill, behind) };
+  }
+  pill.dataset.tone = was;
+  return out;
+}"""
+
+
 @pytest.mark.parametrize("width, height", [(1280, 800), (390, 844)], ids=["desktop", "phone"])
 async def test_long_answers_wrap_and_checkboxes_can_be_seen(server, tmp_path, artifacts_dir, width, height):
     write_y4m(tmp_path / "cam.y4m", (40, 120, 200))
@@ -87,7 +111,12 @@ async def test_long_answers_wrap_and_checkboxes_can_be_seen(server, tmp_path, ar
     async with async_playwright() as pw:
         browser = await launch(pw, tmp_path / "cam.y4m", tmp_path / "mic.wav", tmp_path)
         try:
-            page = await open_and_start(browser, server.url + "/", viewport=(width, height), min_buffer=4)
+            failures: list[str] = []
+            page = await open_and_start(browser, server.url + "/", viewport=(width, height), min_buffer=4,
+                                        failures=failures)
+            assert failures == []  # nothing the page loads is missing (no 404), and no script error
+            # The stats line says what frames are really stored at (the camera decides, not the rule's example).
+            assert re.search(r"stored \d+×\d+", await page.text_content("#vc-stats"))
             await set_setting(page, "vc-max-tokens", "4")
             await ask(page, "Anything there?")
             await wait_for_answer(page, 1)
@@ -98,6 +127,8 @@ async def test_long_answers_wrap_and_checkboxes_can_be_seen(server, tmp_path, ar
             assert await page.evaluate(CLIPPED_LABELS) == []
             worst = await page.evaluate(CHECKBOX_CONTRAST)
             assert worst is not None and worst["ratio"] >= 3.0, worst
+            pill = await page.evaluate(PILL_CONTRAST)
+            assert all(t["text"] >= 4.5 for t in pill.values()) and pill["idle"]["edge"] >= 3.0, pill
             await page.screenshot(path=str(artifacts_dir / f"page-layout-{width}.png"), full_page=True)
         finally:
             await browser.close()

@@ -76,7 +76,7 @@ async def test_talk_asks_by_voice_and_reads_the_answer_aloud(server, media, spok
             await set_setting(page, "vc-max-tokens", "48")
             log_lines_before, talk_began = access_lines(server), time.monotonic()
             await page.click("#vc-talk input[type=checkbox]")
-            await page.wait_for_function("window.vidchat.conversation.talk.status !== 'off'", timeout=10_000)
+            await page.wait_for_function("window.vidchat.talk.status !== 'off'", timeout=10_000)
             # A spoken question appears without typing, with a player of what the model heard.
             bubble = page.locator("#vc-chat [data-testid='user']", has_text="spoken question")
             await bubble.first.wait_for(timeout=40_000)
@@ -98,7 +98,7 @@ async def test_talk_asks_by_voice_and_reads_the_answer_aloud(server, media, spok
                 talk = await asyncio.to_thread(fetch_json, server, f"/webrtc/talk?session_id={sid}")
                 if talk["answer"] and talk["answer"]["done"] and not talk["answer"]["cancelled"]:
                     finished[talk["answer"]["n"]] = talk["answer"]
-                state = await page.evaluate("window.vidchat.conversation.talk")
+                state = await page.evaluate("window.vidchat.talk")
                 read = [a for a in finished.values() if state["spoken"] and read_last(state, a["text"])]
                 return (talk, state, read[-1]) if read else None
 
@@ -124,9 +124,9 @@ async def test_talk_asks_by_voice_and_reads_the_answer_aloud(server, media, spok
             # Barge-in: the page is still reading the answer aloud when the
             # microphone's next question starts (the fake file loops); the
             # reading stops at once, and the question is heard over it.
-            assert (await page.evaluate("window.vidchat.conversation.talk"))["speaking"] is True
+            assert (await page.evaluate("window.vidchat.talk"))["speaking"] is True
             await page.wait_for_function("window.__speech.cancels > 0", timeout=30_000)
-            assert (await page.evaluate("window.vidchat.conversation.talk"))["speaking"] is False
+            assert (await page.evaluate("window.vidchat.talk"))["speaking"] is False
             await bubble.nth(1).wait_for(timeout=30_000)  # and it became the next question
             # Talk off: the server stops listening.
             await page.click("#vc-talk input[type=checkbox]")
@@ -134,6 +134,6 @@ async def test_talk_asks_by_voice_and_reads_the_answer_aloud(server, media, spok
                                    "the server stops listening")
             assert not fetch_json(server, f"/webrtc/talk?session_id={sid}")["listening"]
             # The page learns it from its stream of Talk's state.
-            await page.wait_for_function("window.vidchat.conversation.talk.status === 'off'", timeout=10_000)
+            await page.wait_for_function("window.vidchat.talk.status === 'off'", timeout=10_000)
         finally:
             await browser.close()

@@ -50,6 +50,8 @@ def test_first_kept_identical_dropped_different_kept():
     assert st["drop_rate"] == pytest.approx(1 / 3)
     assert st["evs"] == {"retained_count": 2, "dropped_count": 1, "total_count": 3, "drop_rate": pytest.approx(1 / 3)}
     assert s.newest_frame_time == 0.2
+    h, w = s.recent_kept(1)[0][2].shape[:2]
+    assert st["frame_size"] == f"{w}x{h}" and Session("empty").stats["frame_size"] is None
 
 
 def test_evs_off_keeps_everything():

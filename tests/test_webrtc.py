@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 from gradio_client import Client
 
+from vidchat.conversation.settings_table import SETTINGS
 from vidchat.devtools.rtc_client import RtcClient, SyntheticAudio, SyntheticVideo
 
 from conftest import thumbnail_colours, until_idle, eventually_async
@@ -89,6 +90,28 @@ async def test_media_arrives_and_question_uses_this_sessions_frames(server):
 async def _enough(client: RtcClient, frames: int, audio_s: float = 0.0):
     s = await client.stats()
     return s if s["frames_received"] >= frames and s["audio_seconds"] >= audio_s else None
+
+
+async def test_an_out_of_range_slider_value_is_refused_by_vidchat_naming_the_field(server):
+    """The page's sliders clamp what is typed into them, but the /ask API
+    takes any value: Gradio's own bounds check would fail the event with
+    "Value 0 is less than minimum value 1." (no field named, the chat
+    replaced by an error). vidchat's settings table refuses it instead, as
+    a notice naming the slider's label, and asks the model nothing."""
+    client = RtcClient(server.url, SyntheticVideo())
+    await client.connect()
+    try:
+        await wait_for(lambda: _enough(client, frames=4), timeout=20)
+        asked = server.get_json("/api/health")["questions_asked"]
+        for field, change in (("max_tokens", {"max_tokens": 0}), ("temperature", {"temperature": -1.0}),
+                              ("num_sample_frames", {"k": 0})):
+            history, _, _ = await asyncio.to_thread(ask, server, client.session_id, "Anything there?", **change)
+            assert [m["role"] for m in history] == ["user", "assistant"], history
+            text = str(history[-1]["content"])
+            assert f"{SETTINGS[field].label} must be" in text and "minimum value" not in text, text
+        assert server.get_json("/api/health")["questions_asked"] == asked
+    finally:
+        await client.close()
 
 
 async def test_question_without_camera_gets_a_friendly_message(server):

@@ -27,6 +27,9 @@ from vidchat.engine.local import LocalEngine
 log = logging.getLogger(__name__)
 
 STATIC_DIR = Path(__file__).resolve().parents[2] / "static"
+# Below Gradio's own /static/ (its fonts, icons and scripts), not over it:
+# mounted at /static, vidchat's files answered 404 for every Gradio asset.
+STATIC_URL = "/static/vidchat"
 
 
 # With --audio-segments on: room for 30 s of audio in 2-s clips (the oldest
@@ -238,7 +241,7 @@ def create_app(state: AppState) -> FastAPI:
         await protocol.serve(state, websocket)
 
     # StaticFiles refuses paths that resolve outside its directory.
-    app.mount("/static", StaticFiles(directory=STATIC_DIR), name="static")
+    app.mount(STATIC_URL, StaticFiles(directory=STATIC_DIR), name="static")
     settings = state.settings
     app.add_middleware(
         Guard,

@@ -736,11 +736,15 @@ class Session:
         with self._lock:
             received, kept = self._received, self._kept
             dropped = received - kept
+            newest = self._frames[-1].pixels if self._frames else None
             return {
                 "frames_received": received,
                 "frames_kept": kept,
                 "frames_dropped": dropped,
                 "frames_in_buffer": len(self._frames),
+                # What the newest kept frame is stored (and sent to the model) at: the
+                # page shows it beside the rule, since cameras deliver what they like.
+                "frame_size": f"{newest.shape[1]}x{newest.shape[0]}" if newest is not None else None,
                 "scene_changes": self.scene_changes,
                 "max_frames": self.settings.max_frames,
                 "audio_seconds": self._audio.seconds,

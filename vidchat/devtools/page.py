@@ -94,9 +94,15 @@ async def launch(pw: Any, video: Path, audio: Path, tmp: Path | None = None) -> 
     )
 
 
-async def open_and_start(browser: Any, url: str, viewport: tuple[int, int] = (1280, 800), min_buffer: int = 16) -> Any:
-    """A new tab on ``url`` with the camera started and ``min_buffer`` kept frames."""
+async def open_and_start(browser: Any, url: str, viewport: tuple[int, int] = (1280, 800), min_buffer: int = 16,
+                         failures: list[str] | None = None) -> Any:
+    """A new tab on ``url`` with the camera started and ``min_buffer`` kept
+    frames. ``failures``, when given, collects every HTTP answer of 400 or
+    more and every console error the tab sees, from its first request on."""
     page = await browser.new_page(viewport={"width": viewport[0], "height": viewport[1]})
+    if failures is not None:
+        page.on("response", lambda r: failures.append(f"HTTP {r.status} {r.url}") if r.status >= 400 else None)
+        page.on("console", lambda m: failures.append(f"console error: {m.text}") if m.type == "error" else None)
     await page.goto(url)
     await page.click("#vc-start")
     await page.wait_for_function("document.querySelector('#vc-conn')?.dataset.tone === 'live'", timeout=30_000)

@@ -97,6 +97,12 @@ def applied_request(state, entry, raw_settings: tuple) -> PageRequest:
 
 # Streamed text reaches the page at most this often (20 updates a second).
 STREAM_UPDATE_S = 0.05
+# The browser re-renders the whole message at each update, so a long answer's
+# updates come further apart (up to this), its rendering work growing with its
+# length rather than with its length squared: a 2,000-token answer at 20
+# updates a second kept a tab on a loaded 2-core machine from taking a key.
+STREAM_MAX_UPDATE_S = 0.4
+STREAM_CHARS_PER_S = 20_000
 
 
 async def answer_stream(state, entry, question: str, request: PageRequest, past: list[Turn],
@@ -165,11 +171,12 @@ async def _answer_updates(state, entry, question: str, request: PageRequest, pas
                              "event at %.3f)", since_event * 1000, reply.stats.cached_tokens,
                              reply.stats.prompt_tokens, time.time() - since_event)
                 history[-1]["content"] += event.text
-                # The first text at once, then at most STREAM_UPDATE_S apart: each
+                # The first text at once, then STREAM_UPDATE_S apart or more: each
                 # update re-renders the whole message in the browser, and a fast
                 # model's every token would keep the tab (and the server) busy.
                 # The answer's last update below shows whatever is left.
-                if time.monotonic() - shown >= STREAM_UPDATE_S:
+                every = min(STREAM_MAX_UPDATE_S, STREAM_UPDATE_S + len(history[-1]["content"]) / STREAM_CHARS_PER_S)
+                if time.monotonic() - shown >= every:
                     shown = time.monotonic()
                     yield history, gr.skip(), gr.skip()
             elif event.current:  # Done, and this chat's answer still: a newer question's event owns it otherwise

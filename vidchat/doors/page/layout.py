@@ -74,8 +74,22 @@ def _settings_panel(state) -> list[gr.components.Component]:
                              "Record (off: the server was started without --record-dir)")
         system_prompt = gr.Textbox(value=s.system_prompt, label="System prompt", lines=2, max_lines=6,
                                    elem_id="vc-system-prompt", info="Put before every conversation; empty: none.")
+    _checked_by_vidchat(k, seconds, threshold, max_frames, max_tokens, temperature)
     return [k, sampling, seconds, evs_on, threshold, max_frames, frames_as, audio_on, max_tokens, temperature, seed,
             record, system_prompt]
+
+
+def _checked_by_vidchat(*sliders: gr.Slider) -> None:
+    """A value typed into a slider's box outside its range would be refused
+    by Gradio before vidchat sees it: an error badge in place of the chat and
+    a toast that names no field. Its value goes to vidchat's settings table
+    instead, which refuses it with the field's label and leaves the chat be."""
+    for slider in sliders:
+        slider.preprocess = _as_sent
+
+
+def _as_sent(payload):
+    return payload
 
 
 def mount(app, state):

@@ -17,7 +17,7 @@ from vidchat.doors.markup import as_text
 from vidchat.engine import Turn
 
 
-HEAD = '<link rel="stylesheet" href="/static/vidchat.css"><script src="/static/vidchat.js" defer></script>'
+HEAD = '<link rel="stylesheet" href="/static/vidchat/vidchat.css"><script src="/static/vidchat/vidchat.js" defer></script>'
 
 PREVIEW_HTML = """
 <div class="vc-live" id="vc-live-access" data-mode="{access_mode}">
@@ -54,8 +54,11 @@ PREVIEW_HTML = """
   <div class="vc-stats" id="vc-stats">No session</div>
   <div class="vc-live-view" id="vc-live-view" hidden>
     <div class="vc-kept" id="vc-kept" title="The newest frames the filter kept"></div>
-    <svg class="vc-chart" id="vc-chart" viewBox="0 0 200 40" preserveAspectRatio="none" role="img"
-         aria-label="time to first token and tokens per second of recent answers"></svg>
+    <div class="vc-chart-box">
+      <div class="vc-chart-axis" aria-hidden="true"><span id="vc-chart-top"></span><span>0</span></div>
+      <svg class="vc-chart" id="vc-chart" viewBox="0 0 200 40" preserveAspectRatio="none" role="img"
+           aria-label="time to first token and tokens per second of recent answers"></svg>
+    </div>
     <div class="vc-chart-legend vc-muted" id="vc-chart-legend"></div>
   </div>
   <div class="vc-store vc-muted" id="vc-store">{store_limit}</div>
