@@ -53,7 +53,7 @@ WS_PATH = "/v1/video/chat/stream"
 PUBLIC_ROUTES = (
     "/", "/config", "/config/", "/favicon.ico", "/theme.css", "/gradio_api/theme.css", "/robots.txt",
     "/manifest.json", "/pwa_icon", "/pwa_icon/{size}",
-    "/static/{path:path}", "/assets/{path:path}", "/svelte/{path:path}",
+    "/static/vidchat/{path:path}", "/static/{path:path}", "/assets/{path:path}", "/svelte/{path:path}",
     "/login", "/login/", "/logout", "/login/huggingface", "/login/callback",
     "/gradio_api/login_check", "/gradio_api/login_check/",
     "/healthz", "/readyz", "/api/health",
