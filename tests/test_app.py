@@ -52,9 +52,14 @@ def test_serves_page_health_and_banner(server):
 @pytest.mark.engine
 def test_static_files_only_from_static_dir(server):
     assert fetch(server.url + "/static/vidchat/vidchat.css")[0] == 200
-    for path in ("/static/../app.py", "/static/%2e%2e/app.py", "/static/..%2fpyproject.toml"):
+    # Under vidchat's mount and under Gradio's /static/ beside it: refused (404,
+    # or Gradio's 403 for a path that climbs out), never the file.
+    for path in ("/static/../app.py", "/static/%2e%2e/app.py", "/static/..%2fpyproject.toml",
+                 "/static/vidchat/../../app.py", "/static/vidchat/%2e%2e/%2e%2e/app.py",
+                 "/static/vidchat/..%2f..%2fpyproject.toml"):
         status, body = fetch(server.url + path)
-        assert status == 404 and "ws_idle_timeout" not in body and "[project]" not in body
+        assert status in (403, 404), (path, status)
+        assert "ws_idle_timeout" not in body and "[project]" not in body and "def main" not in body, path
 
 
 @pytest.mark.unit
