@@ -12,8 +12,8 @@ import pytest
 from vidchat.conversation import chat
 from vidchat.conversation.chat import AnswerOptions
 from vidchat.conversation.session import SessionSettings
-from vidchat.conversation.settings_table import SETTINGS
-from vidchat.doors.protocol_config import ALIASES, FIELDS, VIDCHAT_FIELDS, parse_config
+from vidchat.conversation.settings_table import ALIASES, SETTINGS
+from vidchat.doors.protocol_config import FIELDS, VIDCHAT_FIELDS, parse_config
 
 pytestmark = pytest.mark.unit
 

@@ -20,9 +20,8 @@ from typing import Any, Sequence
 from vidchat.conversation.answer_queue import Abandoned, AnswerQueue, OnWait, Slot
 from vidchat.conversation.session import Sample, Session, SessionSettings, uniform_indices
 from vidchat.conversation.sessions import Entry
-from vidchat.conversation.settings_table import MAX_TEMPERATURE, SEED_RANGE, UNBOUNDED_MAX_TOKENS, check_all, read_settings  # noqa: F401
+from vidchat.conversation.settings_table import UNBOUNDED_MAX_TOKENS, check_all, read_settings
 from vidchat.engine import ChatEngine, EngineError, Prepared, Turn
-from vidchat.media import FRAMES_AS
 
 log = logging.getLogger(__name__)
 

@@ -10,7 +10,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
-from vidchat.conversation.settings_table import ALIASES, SETTINGS, SettingTypeError, check_json_type, read_settings  # noqa: F401 (ALIASES: re-exported)
+from vidchat.conversation.settings_table import SETTINGS, SettingTypeError, check_json_type, read_settings
 from vidchat.conversation.watch import DEFAULT_EVERY_S
 from vidchat.media.vad import TurnSettings
 

@@ -179,7 +179,8 @@ def parse_sets(items: Sequence[str]) -> Changes:
         changes = parse_config(raw)
     except ConfigError as exc:
         raise UsageError(f"--set: {exc}") from None
-    from vidchat.doors.protocol_config import ALIASES, FIELDS
+    from vidchat.conversation.settings_table import ALIASES
+    from vidchat.doors.protocol_config import FIELDS
 
     unknown = sorted(k for k in raw if ALIASES.get(k, k) not in FIELDS)
     if unknown:
