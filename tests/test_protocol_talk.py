@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 from vidchat.devtools import synthetic_audio as sa
-from vidchat.doors.protocol import NO_AUDIO_OUTPUT_NOTICE
+from vidchat.doors.socket_config import NO_AUDIO_OUTPUT_NOTICE
 from vidchat.media import AUDIO_RATE
 
 from test_protocol import (MOVING, SHORT, STATIC_JPEG, answer, check_answer, connect, expect_closed, expect_error,

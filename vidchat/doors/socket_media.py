@@ -1,7 +1,8 @@
 """The seed protocol's media, as a socket session takes it in: video.frame
 (base64 images with the client's frame_id, pts_ms and capture_ts_ms, acked)
 and audio.chunk (base64 PCM16), placed on the session's timeline by the
-client's clock, and the client's names for the frames a question consumed.
+client's clock, the audio of a spoken video.query, and the client's names for
+the frames a question consumed.
 
 Kept apart from the connection (vidchat.doors.protocol), which owns the transport
 and the conversation: this is only what turns a message's media into the
@@ -13,8 +14,9 @@ from __future__ import annotations
 import binascii
 from typing import Any, Protocol
 
-from vidchat.conversation.session import Sample
+from vidchat.conversation.session import MAX_AUDIO_SECONDS, Sample
 from vidchat.doors import wire
+from vidchat.media import AUDIO_RATE
 from vidchat.media.clock import ClientClock
 from vidchat.media.evs import FrameError
 from vidchat.media.workers import run_media
@@ -197,6 +199,26 @@ class SocketMedia:
             self.conn.entry.session.add_pcm16(data, t)
         except ValueError as exc:
             await self.conn.error(f"Invalid audio in audio.chunk: {exc}")
+
+    async def question_audio(self, msg: dict[str, Any]) -> Any:
+        """video.query's audio_data as float32 samples; None (error sent) when unusable."""
+        import numpy as np
+
+        max_s = min(self.conn.settings.ws_max_audio_seconds, MAX_AUDIO_SECONDS)
+        limit = int(max_s * AUDIO_RATE) * 2
+        try:
+            data = await decode_b64(msg, "video.query", limit, key="audio_data")
+        except Refused as refused:
+            message = refused.message
+            if refused.size is not None:
+                message = (f"video.query 'audio_data' is too long: about {refused.size / (2 * AUDIO_RATE):.1f} s "
+                           f"of audio (at most {max_s:g} s of PCM16 mono 16 kHz)")
+            await self.conn.error(message)
+            return None
+        if len(data) % 2:
+            await self.conn.error(f"video.query 'audio_data' must be PCM16 (2 bytes a sample), got {len(data)} bytes")
+            return None
+        return np.frombuffer(data, dtype="<i2").astype(np.float32) / 32768.0
 
 
     def consumed(self, sample: Sample) -> dict[str, Any]:

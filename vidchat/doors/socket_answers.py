@@ -1,0 +1,247 @@
+"""A socket session's questions and their answers: video.query (typed or
+spoken, also while the model loads) in, the conversation's answer run out as
+the seed protocol's ``response.*`` messages.
+
+Kept apart from the connection (vidchat.doors.protocol), which owns the
+session's lifetime and the message loop: this is one question at a time
+being set up, its answer streamed as a task, and what each answer carries
+(the session's history and recording switches).
+
+Guarantees: every ``response.start`` is followed by exactly one
+``response.text.done`` (also on errors and cancellation, then preceded by an
+``error``); a new question's ``response.start`` comes after the previous
+answer's ``response.text.done``, whether it was typed, spoken or heard.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from typing import Any, Protocol
+
+from vidchat import conversation
+from vidchat.conversation import chat
+from vidchat.doors import inputs as answer_inputs
+from vidchat.doors.protocol_config import ConfigError
+from vidchat.engine import EngineError, Turn
+
+log = logging.getLogger(__name__)
+
+RECORD_OFF = "record: the server was started without --record-dir (nothing is written to disk without it)"
+# What a socket session keeps of its chat (history: true); what is sent is
+# trimmed further to the model's context.
+MAX_HISTORY_TURNS = 400
+
+
+class Client(Protocol):
+    """What the answers need of their connection (vidchat.doors.protocol.Connection)."""
+
+    state: Any  # vidchat.app.state.AppState
+    settings: Any  # vidchat.app.settings.Settings
+    entry: Any  # vidchat.conversation.sessions.Entry, None before the session opens
+    options: chat.AnswerOptions
+    media: Any  # vidchat.doors.socket_media.SocketMedia
+    peer: str
+    vidchat_events: bool
+    last_input: float
+
+    async def send(self, msg: dict[str, Any]) -> bool: ...
+
+    async def error(self, message: str) -> bool: ...
+
+
+class SocketAnswers:
+    """One connection's questions: at most one answer task at a time."""
+
+    def __init__(self, conn: Client) -> None:
+        self.conn = conn
+        self.task: asyncio.Task | None = None
+        # One question is set up at a time (typed, spoken in the query, or
+        # heard by the listener); closed when the session ends.
+        self._lock = asyncio.Lock()
+        self.closed = False
+        self.watched = False  # the running answer was asked by the watch
+        self.notice: str | None = None  # said once, in the next response.start
+        # record: each answer saved as a bundle. history: earlier questions
+        # and answers go with each question, within the model's context.
+        self.record = False
+        self.keep_history = False
+        self.history: list[Turn] = []
+        self.waiting: asyncio.Task | None = None  # a question asked while the model loads
+
+    @property
+    def answering(self) -> bool:
+        return self.task is not None and not self.task.done()
+
+    def set_history(self, on: bool) -> None:
+        self.keep_history = bool(on)
+        if not on:
+            self.history.clear()  # off forgets: turned on again, the chat starts afresh
+
+    def set_record(self, on: bool) -> None:
+        if on and not self.conn.settings.record_dir:
+            raise ConfigError(RECORD_OFF)
+        self.record = bool(on)
+
+    async def on_query(self, msg: dict[str, Any]) -> None:
+        """video.query: a typed question, or a spoken one (audio_data)."""
+        conn = self.conn
+        if conn.state.engine is None:  # the model is still loading
+            await self._query_when_ready(msg)
+            return
+        text = msg.get("text", "")
+        spoken = msg.get("audio_data")
+        if spoken is None or spoken == "":  # the seed's typed question (vllm-omni also ignores an empty one)
+            if not isinstance(text, str) or not text.strip():
+                await conn.error("video.query requires a non-empty 'text' field")
+                return
+            await self.ask(text)
+            return
+        # A spoken question: the audio is the question; text, if any, follows it in the prompt.
+        if text is None:
+            text = ""
+        if not isinstance(text, str):
+            await conn.error(f"video.query 'text' must be a string, got {type(text).__name__}")
+            return
+        audio = await conn.media.question_audio(msg)
+        if audio is not None:
+            await self.ask(text if text.strip() else "", question_audio=audio)
+
+    async def _query_when_ready(self, msg: dict[str, Any]) -> None:
+        """A question asked while the model loads waits for it, in a task of
+        its own (frames keep arriving and are acked meanwhile); a newer
+        question replaces it. A client that opted into vidchat's events is
+        told it waits (response.waiting)."""
+        conn = self.conn
+        previous, self.waiting = self.waiting, None
+        if previous is not None:
+            previous.cancel()
+        if conn.vidchat_events:
+            await conn.send({"type": "response.waiting", "reason": "model_loading",
+                             "message": conn.state.readiness()[1]})
+
+        async def when_ready() -> None:
+            try:
+                await conn.state.wait_engine()
+            except EngineError as exc:
+                await conn.error(str(exc))
+                return
+            await self.on_query(msg)
+
+        self.waiting = asyncio.create_task(when_ready(), name="query-waits-for-the-model")
+
+    async def ask(self, text: str, watched: bool = False, **how: Any) -> None:
+        """Ask a question about the session (typed, or spoken: ``how`` is
+        the conversation's question_audio= or spoken=) and stream its answer
+        as a task. One question is set up at a time; the conversation's
+        preemption rule ends the running answer, with its
+        response.text.done, before the new one's response.start."""
+        conn = self.conn
+        async with self._lock:
+            entry = conn.entry
+            if self.closed or entry is None:
+                return
+            try:
+                # Samples the buffer now: frames arriving from here on count for the next question.
+                run = await conversation.of(conn.state, entry).ask(
+                    text, conn.options, history=tuple(self.history), record=self.record, **how)
+            except chat.Superseded:
+                return  # a newer question from elsewhere took over this session
+            except EngineError as exc:  # NoFrames and NO_SPOKEN_QUESTIONS included
+                await conn.error(str(exc))
+                return
+            await self.finish()  # its Done is delivered: the task only logs now
+            consumed = conn.media.consumed(run.answer.sample) if conn.media.names_frames else None
+            self.watched = watched
+            self.task = asyncio.create_task(self._stream(run, consumed, watched),
+                                            name=f"answer-{entry.session.id[:6]}")
+
+    async def ask_logged(self, text: str, **how: Any) -> None:
+        """ask(), for questions nobody typed (heard, watched): a failure is logged, not raised."""
+        try:
+            await self.ask(text, **how)
+        except Exception:
+            log.exception("ws %s: asking a spoken question failed", self.conn.peer)
+
+    async def _stream(self, run: conversation.AnswerRun, consumed: dict[str, Any] | None = None,
+                      watched: bool = False) -> None:
+        """The run's events as the seed protocol's messages. Done is handled
+        inside the loop: the run counts as delivered (a newer question may
+        start) only once its response.text.done is sent."""
+        send = self.conn.send
+        try:
+            async with contextlib.aclosing(run.events()) as events:
+                async for event in events:
+                    if isinstance(event, conversation.Queued):
+                        await self._tell_queued(event.ahead)
+                    elif isinstance(event, conversation.Started):
+                        start: dict[str, Any] = {"type": "response.start"}
+                        if watched:  # asked by the standing question, not by the client
+                            start["watch"] = True
+                        if self.notice is not None:
+                            start["notice"], self.notice = self.notice, None
+                        await send(start)
+                    elif isinstance(event, conversation.Delta):
+                        if consumed is not None:  # as vllm-omni: at the model's first output
+                            consumed, message = None, consumed
+                            await send(message)
+                        if not await send({"type": "response.text.delta", "delta": event.text}):
+                            await run.cancel()  # the client is gone: stop generating
+                    elif event.started:  # Done; one that never started (replaced while it waited) says nothing
+                        if consumed is not None:  # no output at all (cancelled, failed): still said once
+                            await send(consumed)
+                        await self._answered(event)
+        except asyncio.CancelledError:
+            pass  # the session's end: the run has aborted its reply
+
+    async def _answered(self, done: conversation.Done) -> None:
+        conn = self.conn
+        if done.error:
+            await conn.error(done.error)
+        stats = done.answer.summary()
+        stats["answer_id"] = done.answer_id
+        if self.record:
+            if done.bundle is not None:
+                stats["bundle"] = done.bundle.relative_to(conn.settings.record_dir).as_posix()
+                stats["bundle_url"] = f"{answer_inputs.PATH_PREFIX}{done.answer_id}/bundle.zip"
+            else:
+                await conn.error(done.record_error or "Could not save the recording.")
+                stats["bundle"] = None
+        text = done.text
+        if self.keep_history and text.strip() and done.status == conversation.COMPLETED:
+            self.history[:] = [*self.history, Turn("user", chat.spoken_text(done.answer)),
+                               Turn("assistant", text.strip())][-MAX_HISTORY_TURNS:]
+        await conn.send({"type": "response.text.done", "text": text, "stats": stats})
+        conn.last_input = time.monotonic()
+        log.info("ws %s: answered: %d tokens, %d frames, %.1f s audio%s", conn.peer,
+                 stats.get("completion_tokens", 0), stats.get("frames", 0), stats.get("audio_seconds", 0.0),
+                 " (cancelled)" if stats.get("cancelled") else "")
+
+    async def _tell_queued(self, ahead: int) -> None:
+        if not self.conn.vidchat_events:
+            return  # a seed or vllm-omni client just waits for its response.start
+        await self.conn.send({"type": "response.queued", "position": ahead + 1, "ahead": ahead})
+
+    async def finish(self) -> None:
+        """Wait for the answer task to send its response.text.done (its reply is already aborted)."""
+        task, self.task = self.task, None
+        if task is not None:
+            try:
+                await task
+            except (asyncio.CancelledError, Exception):
+                log.debug("ws %s: answer task ended with an error", self.conn.peer, exc_info=True)
+
+    async def end_watched(self) -> None:
+        """Cancel a watched answer still streaming, once a watched question
+        being set up is set up, and wait for its response.text.done."""
+        async with self._lock:
+            if self.watched and self.answering:
+                await self.conn.entry.cancel_answer()
+                await self.finish()
+
+    async def close(self) -> None:
+        """No more questions; a question being set up finishes first."""
+        async with self._lock:
+            self.closed = True
