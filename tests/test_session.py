@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from vidchat.conversation.session import Session, SessionSettings, stable_indices, uniform_indices
+from vidchat.conversation.session import Session, SessionSettings
+from vidchat.media.sampling import stable_indices, uniform_indices
 from vidchat.devtools import synthetic
 from vidchat.media import AUDIO_RATE
 from vidchat.media.evs import FrameError

@@ -18,7 +18,8 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Sequence
 
 from vidchat.conversation.answer_queue import Abandoned, AnswerQueue, OnWait, Slot
-from vidchat.conversation.session import Sample, Session, SessionSettings, uniform_indices
+from vidchat.conversation.session import Sample, Session, SessionSettings
+from vidchat.media.sampling import uniform_indices
 from vidchat.conversation.sessions import Entry
 from vidchat.conversation.settings_table import UNBOUNDED_MAX_TOKENS, check_all, read_settings
 from vidchat.engine import ChatEngine, EngineError, Prepared, Turn

@@ -2,7 +2,7 @@
 
 The filter already measures how much of the picture changed for every frame
 it keeps; a kept frame where most of it changed is a scene change
-(vidchat.conversation.session.SCENE_CHANGE_SHARE). This module turns the session's count
+(vidchat.media.frame_buffer.SCENE_CHANGE_SHARE). This module turns the session's count
 of those into "ask now" moments, at most one every ``every_s`` seconds; a
 change during the pause fires when the pause ends (several coalesce into one).
 It knows nothing about doors: the page's watch event and ``vidchat.qa.replay

@@ -142,6 +142,17 @@ class AudioWindow:
         if self.length == 0:
             self.chunks.clear()
 
+    def since(self, t: float | None) -> tuple[np.ndarray, float, float] | None:
+        """The audio after timeline time ``t`` (float32, start, end) for a
+        listener that follows the stream; None when there is none yet. ``t``
+        None, or later than the window's end (the stream restarted earlier):
+        nothing before now counts."""
+        if self.end is None:
+            return None
+        if t is None or t > self.end + 0.05:
+            return np.zeros(0, np.float32), self.end, self.end
+        return self.window(max(t, self.start))
+
     def window(self, start: float, end: float | None = None) -> tuple[np.ndarray, float, float] | None:
         """Float32 samples from ``start`` to ``end`` (default: the newest),
         clamped to what is kept; None when that span holds no audio."""

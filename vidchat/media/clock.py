@@ -24,10 +24,13 @@ reports so any timeline time can be turned back into a position in the file.
 from __future__ import annotations
 
 import bisect
+import logging
 import math
 import threading
 import time
 from typing import Any, NamedTuple
+
+log = logging.getLogger(__name__)
 
 # Media time and arrival may drift apart by network jitter and decoder delay;
 # beyond this they are not the same stream any more.
@@ -131,6 +134,11 @@ class SenderClock:
 
 
 SOURCE_KINDS = ("camera", "screen", "file")
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
 # About four minutes of once-a-second reports: more than the frame ring spans
 # while a file plays; frames keep the position they were given at ingest.
 SOURCE_HISTORY = 256
@@ -162,6 +170,39 @@ class SourceTimeline:
         self._segments: list[SourceSegment] = []
         self._max = max_segments
         self._lock = threading.Lock()
+        # Timeline time minus the browser's clock for the newest video frame
+        # (SenderClock); None until the browser's first sender report.
+        self.sender_offset: float | None = None
+
+    def place_report(self, kind: str, name: str | None = None, position: float | None = None,
+                     playing: bool = True, rate: float = 1.0, t: float | None = None, *,
+                     duration: float | None = None, loop: bool = False, at_sender_s: float | None = None,
+                     now: float | None = None, who: str = "") -> tuple[float, bool]:
+        """Record a source report that comes from the sender: the source is
+        ``"camera"``, ``"screen"``, or a ``"file"`` named ``name`` at
+        ``position`` seconds, playing at ``rate`` or paused, from timeline
+        time ``t`` on. Without ``t``, the report is placed at ``at_sender_s``
+        (the sender's clock, where :attr:`sender_offset` says how that maps
+        onto the timeline and the result is within SENDER_PLACEMENT_MAX_S of
+        ``now``), else at ``now`` (default: the monotonic clock's now).
+        Returns the timeline time used and whether the sender's clock placed it."""
+        if kind == "file" and (position is None or not _is_number(position) or position < 0):
+            raise ValueError(f"a file source needs a position in seconds >= 0, got {position!r}")
+        if not _is_number(rate) or rate <= 0:
+            raise ValueError(f"rate must be a positive number, got {rate!r}")
+        by_sender = False
+        if t is None:
+            t = time.monotonic() if now is None else now
+            offset = self.sender_offset
+            if at_sender_s is not None and offset is not None:
+                placed = at_sender_s + offset
+                if abs(placed - t) <= SENDER_PLACEMENT_MAX_S:
+                    t, by_sender = placed, True
+                else:
+                    log.debug("session %s: sender clock is %.3f s off arrival; report placed on arrival",
+                              who, placed - t)
+        self.report(t, kind, name, position, playing, rate, duration, loop)
+        return t, by_sender
 
     def report(self, t: float, kind: str, name: str | None = None, position: float | None = None,
                playing: bool = True, rate: float = 1.0, duration: float | None = None,
