@@ -317,7 +317,7 @@ def test_missing_file_exits_2(tmp_path):
 
 @pytest.mark.unit
 def test_media_events_are_in_file_seconds_and_audio_is_cut_at_question_times(clip_dir):
-    from vidchat.qa.replay import Schedule, media_events
+    from vidchat.qa.playback import Schedule, media_events
 
     schedule = Schedule([(1.5, "a"), (1.25, "b")], [(1.0, "c")])
     events = list(media_events(str(clip_dir / "clip.mp4"), schedule))
@@ -340,7 +340,7 @@ def test_media_events_are_in_file_seconds_and_audio_is_cut_at_question_times(cli
 
 def watch_times(path: Path, every_s: float) -> list[float]:
     """When replay's watch mode asks, for a file: a session fed as replay feeds it."""
-    from vidchat.qa.replay import Playback, Schedule, media_events
+    from vidchat.qa.playback import Playback, Schedule, media_events
 
     playback = Playback(Session("watch"), watch_every=every_s)
     return [t for t, _, kind, payload in media_events(str(path), Schedule([], [])) if playback.feed(t, kind, payload)]
@@ -479,7 +479,7 @@ def test_a_bundle_reads_back_as_a_finished_answer_for_the_page(tmp_path):
 
 @pytest.mark.unit
 def test_periodic_questions_stop_with_the_file_but_later_asks_stay():
-    from vidchat.qa.replay import Question, Schedule
+    from vidchat.qa.playback import Question, Schedule
 
     schedule = Schedule([(10.0, "late")], [(2.0, "tick")])
     assert [schedule.pop().at for _ in range(2)] == [2.0, 4.0]

@@ -36,7 +36,7 @@ only with a fixed seed (``--set seed=1``).
 
 Watch mode (``--watch QUESTION``, with or without --ask/--every) asks
 QUESTION whenever the session's filter counts a scene change (a kept frame
-where at least ``vidchat.conversation.session.SCENE_CHANGE_SHARE`` of the picture changed;
+where at least ``vidchat.media.frame_buffer.SCENE_CHANGE_SHARE`` of the picture changed;
 :class:`vidchat.conversation.watch.SceneWatch`), at most once every ``--watch-every``
 seconds of the file (default ``vidchat.conversation.watch.DEFAULT_EVERY_S``); changes
 during that pause are asked about once, at the first frame after it. The
@@ -47,7 +47,7 @@ model gets; the audio is what has been fed by then), its ``t`` is that
 frame's time, and its record says ``"watch": true`` (false for the others).
 
 A bundle (a folder or zip written by ``--out`` or the server's
-``--record-dir``, layout in :mod:`vidchat.conversation.recording`; or a folder of bundles,
+``--record-dir``, layout in :mod:`vidchat.conversation.bundle_format`; or a folder of bundles,
 each in turn) is re-asked with its exact frames, audio and chat history: its
 recorded settings, changed by ``--set`` (and by the app's answer flags given
 explicitly), on its recorded model unless ``--model`` names another. Frame
@@ -74,324 +74,23 @@ from __future__ import annotations
 import argparse
 import asyncio
 import dataclasses
-import heapq
 import json
 import logging
-import math
 import os
 import sys
 import time
 from dataclasses import dataclass
-from typing import Any, Iterator, Sequence, TextIO
+from typing import Any, Sequence, TextIO
 
-import numpy as np
-
-from vidchat.conversation.session import SCENE_CHANGE_SHARE
-from vidchat.conversation.watch import DEFAULT_EVERY_S, SceneWatch
-from vidchat.media import AUDIO_RATE
-from vidchat.qa.client import parse_ask
+from vidchat.qa.playback import EPS, Playback, Question, Schedule, media_events
+from vidchat.qa.replay_options import Changes, UsageError, build_parser, parse_every, parse_sets, parse_watch
 
 log = logging.getLogger("vidchat.qa.replay")
 
 USAGE = 2
 FAILED = 1
-# Times closer than this are the same instant (float pts arithmetic).
-EPS = 1e-6
 # Keys of the answer options the app also sets by flags (--temperature ...).
 _ANSWER_FLAGS = ("frames_as", "max_tokens", "temperature", "system_prompt")
-
-
-class UsageError(ValueError):
-    pass
-
-
-# ---------------------------------------------------------------------------
-# Options
-# ---------------------------------------------------------------------------
-
-def build_parser() -> argparse.ArgumentParser:
-    """The app's parser (every model, engine and session option) plus replay's own."""
-    from vidchat.app.settings import ENV_PREFIX, build_parser as app_parser
-
-    parser = app_parser()
-    parser.prog = "python -m vidchat.replay"
-    parser.description = (
-        "Play a video file through vidchat's pipeline as fast as the machine allows, on the file's own "
-        "timestamps, asking questions when playback reaches their second; or re-ask a recorded bundle.")
-    parser.epilog = (
-        "Exit status: 0 all answered, 1 a question failed or the engine did not start, 2 bad usage. "
-        "The app's options apply as in app.py (--model tiny, --frames-per-question, --temperature ...). "
-        f"Every app option can also be set by an environment variable {ENV_PREFIX}<OPTION>.")
-    if ENV_PREFIX + "LOG_LEVEL" not in os.environ:
-        parser.set_defaults(log_level="warning")  # quiet by default; results go to stdout
-    g = parser.add_argument_group("replay")
-    g.add_argument("sources", nargs="+", metavar="FILE|BUNDLE",
-                   help="a video file (anything PyAV/FFmpeg reads), a bundle folder or zip to re-ask, or a folder "
-                   "of bundles; several may be given")
-    g.add_argument("--ask", action="append", type=parse_ask, default=[], metavar="T:QUESTION",
-                   help="ask QUESTION when playback reaches second T of the file (repeatable)")
-    g.add_argument("--every", nargs=2, action="append", default=[], metavar=("SECONDS", "QUESTION"),
-                   help="ask QUESTION at SECONDS, 2×SECONDS, … until the file ends (repeatable)")
-    g.add_argument("--watch", metavar="QUESTION", default=None,
-                   help="watch mode: ask QUESTION whenever the filter sees a scene change (a kept frame where at "
-                   f"least {SCENE_CHANGE_SHARE * 100:g}%% of the picture changed), at most once every "
-                   "--watch-every seconds of the file")
-    g.add_argument("--watch-every", type=float, default=DEFAULT_EVERY_S, metavar="SECONDS",
-                   help="with --watch: the fewest seconds of the file between two watch questions (changes in "
-                   "between are asked about once, when the pause ends)")
-    g.add_argument("--set", dest="set_", action="append", default=[], metavar="KEY=VALUE",
-                   help="an answer or sampling setting, named as in the WebSocket session.config (temperature, "
-                   "frames_as, max_tokens, seed, system_prompt, include_audio, num_sample_frames, sampling, "
-                   "evs_threshold, …); VALUE is JSON (0.5, true, null, \"text\") or else plain text (repeatable)")
-    g.add_argument("--json", action="store_true", help="print one JSON object per answer, one per line")
-    g.add_argument("--out", metavar="DIR", default=None,
-                   help="write each answer's recording bundle into a new folder under DIR (--record-dir does "
-                   "the same); nothing is written to disk when neither is set")
-    g.add_argument("--no-history", action="store_true",
-                   help="ask each question alone, without the earlier questions and answers")
-    g.add_argument("-v", "--verbose", action="store_true", help="log progress (and vLLM's own log) on stderr")
-    return parser
-
-
-@dataclass
-class Changes:
-    """--set, split the way the WebSocket door splits session.config."""
-
-    session: dict[str, Any]
-    answer: dict[str, Any]
-
-
-def parse_sets(items: Sequence[str]) -> Changes:
-    from vidchat.doors.protocol_config import ConfigError, parse_config
-
-    raw: dict[str, Any] = {}
-    for item in items:
-        key, sep, text = item.partition("=")
-        key = key.strip()
-        if not sep or not key:
-            raise UsageError(f"--set expects KEY=VALUE, got {item!r}")
-        try:
-            value = json.loads(text)
-        except json.JSONDecodeError:
-            value = text  # plain text: frames_as=video, system_prompt=Be brief.
-        raw[key] = value
-    try:
-        changes = parse_config(raw)
-    except ConfigError as exc:
-        raise UsageError(f"--set: {exc}") from None
-    from vidchat.conversation.settings_table import ALIASES
-    from vidchat.doors.protocol_config import FIELDS
-
-    unknown = sorted(k for k in raw if ALIASES.get(k, k) not in FIELDS)
-    if unknown:
-        names = ", ".join(sorted(k for k, f in FIELDS.items() if f.target != "info"))
-        raise UsageError(f"--set: unknown setting(s) {', '.join(unknown)}; known: {names}")
-    if changes.info:
-        raise UsageError(f"--set: {', '.join(sorted(changes.info))} cannot be set here (use --model)")
-    return Changes(dict(changes.session), dict(changes.answer))
-
-
-def parse_every(items: Sequence[Sequence[str]]) -> list[tuple[float, str]]:
-    out = []
-    for seconds, question in items:
-        try:
-            every = float(seconds)
-        except ValueError:
-            every = -1.0
-        if not (math.isfinite(every) and every > 0) or not question.strip():
-            raise UsageError(f"--every expects a positive number of seconds and a question, got {seconds!r} "
-                             f"{question!r}")
-        out.append((every, question.strip()))
-    return out
-
-
-def parse_watch(question: str | None, every_s: float) -> str | None:
-    """--watch's question (None: no watch mode), with --watch-every checked."""
-    if question is None:
-        return None
-    if not question.strip():
-        raise UsageError("--watch expects a question")
-    if not (math.isfinite(every_s) and every_s > 0):
-        raise UsageError(f"--watch-every expects a positive number of seconds, got {every_s:g}")
-    return question.strip()
-
-
-# ---------------------------------------------------------------------------
-# When to ask
-# ---------------------------------------------------------------------------
-
-@dataclass(frozen=True)
-class Question:
-    at: float  # seconds of the file
-    text: str
-    periodic: bool = False
-    watch: bool = False  # asked by watch mode, on a scene change
-
-
-class Schedule:
-    """The questions in time order (ties: in the order given); --every ones
-    come back at k×S, computed as k*S so the audio cuts land on the same times."""
-
-    def __init__(self, asks: Sequence[tuple[float, str]], every: Sequence[tuple[float, str]]):
-        self._heap: list[tuple[float, int, str, float, int]] = []
-        for order, (at, text) in enumerate(asks):
-            self._heap.append((at, order, text, 0.0, 0))
-        for j, (period, text) in enumerate(every):
-            self._heap.append((period, len(asks) + j, text, period, 1))
-        heapq.heapify(self._heap)
-        self._asks = sorted(at for at, _ in asks)
-        self._periods = [period for period, _ in every]
-
-    def peek(self) -> Question | None:
-        if not self._heap:
-            return None
-        at, _, text, period, _ = self._heap[0]
-        return Question(at, text, period > 0)
-
-    def pop(self) -> Question:
-        at, order, text, period, k = heapq.heappop(self._heap)
-        if period > 0:
-            heapq.heappush(self._heap, ((k + 1) * period, order, text, period, k + 1))
-        return Question(at, text, period > 0)
-
-    def stop_periodic(self) -> None:
-        """Drop the --every questions (the file has ended); the others stay."""
-        self._heap = [e for e in self._heap if e[3] == 0]
-        heapq.heapify(self._heap)
-
-    def cuts(self, start: float, end: float) -> list[float]:
-        """Question times strictly inside (start, end): where an audio chunk is split."""
-        found = [a for a in self._asks if start < a < end]
-        for period in self._periods:
-            k = math.floor(start / period) + 1
-            while k * period < end:
-                if k * period > start:
-                    found.append(k * period)
-                k += 1
-        return sorted(set(found))
-
-
-# ---------------------------------------------------------------------------
-# Media: (t, rank, kind, payload) in time order, t in seconds of the file
-# ---------------------------------------------------------------------------
-
-def _file_start(container) -> float:
-    import av
-
-    start = container.start_time
-    return start / av.time_base if start is not None else 0.0
-
-
-def video_events(path: str) -> Iterator[tuple]:
-    """Every decoded video frame as RGB, at its presentation time."""
-    import av
-
-    with av.open(path) as container:
-        if not container.streams.video:
-            raise UsageError(f"{path} has no video stream")
-        stream = container.streams.video[0]
-        stream.thread_type = "AUTO"  # frame threads: faster, same pictures
-        start = _file_start(container)
-        rate = float(stream.average_rate) if stream.average_rate else 30.0
-        last = None
-        for frame in container.decode(stream):
-            if frame.time is not None:
-                t = frame.time - start
-            else:  # no pts: continue at the stream's rate
-                t = 0.0 if last is None else last + 1.0 / rate
-            if t < -EPS:
-                log.debug("skipping a video frame before the file's start (%.3f s)", t)
-                continue
-            last = t = max(t, 0.0)
-            # rank 0: a frame before audio of the same instant (ties in a fixed order).
-            yield t, 0, "frame", frame.to_ndarray(format="rgb24")
-
-
-def audio_events(path: str, schedule: Schedule) -> Iterator[tuple]:
-    """The audio track as float32 mono 16 kHz chunks, placed from the first
-    frame's time on by sample count, split at question times."""
-    import av
-
-    with av.open(path) as container:
-        if not container.streams.audio:
-            return
-        stream = container.streams.audio[0]
-        start = _file_start(container)
-        resampler = av.AudioResampler(format="flt", layout="mono", rate=AUDIO_RATE)
-        origin: float | None = None
-        count = 0  # samples placed so far
-
-        def pieces(samples: np.ndarray) -> Iterator[tuple]:
-            nonlocal count
-            t0 = origin + count / AUDIO_RATE
-            if t0 < 0:  # priming before the file's start
-                skip = min(samples.size, math.ceil(-t0 * AUDIO_RATE - EPS))
-                samples, count = samples[skip:], count + skip
-                t0 = origin + count / AUDIO_RATE
-            if samples.size == 0:
-                return
-            for cut in schedule.cuts(t0 + EPS, t0 + samples.size / AUDIO_RATE - EPS):
-                k = round((cut - origin) * AUDIO_RATE) - count
-                if 0 < k < samples.size:
-                    yield origin + count / AUDIO_RATE, 1, "audio", samples[:k]
-                    samples, count = samples[k:], count + k
-            yield origin + count / AUDIO_RATE, 1, "audio", samples
-            count += samples.size
-
-        for frame in container.decode(stream):
-            if origin is None:
-                origin = frame.time - start if frame.time is not None else 0.0
-            for out in resampler.resample(frame):
-                yield from pieces(out.to_ndarray().reshape(-1).astype(np.float32))
-        if origin is not None:
-            for out in resampler.resample(None):
-                yield from pieces(out.to_ndarray().reshape(-1).astype(np.float32))
-
-
-def media_events(path: str, schedule: Schedule) -> Iterator[tuple]:
-    """Video and audio of one file merged by time (each stream decoded on its
-    own, so the file's interleaving does not matter)."""
-    return heapq.merge(video_events(path), audio_events(path, schedule), key=lambda e: (e[0], e[1]))
-
-
-class Playback:
-    """One file's media into a session, event by event in time order, and
-    watch mode's decision: after each frame, whether the scene changed (the
-    session counts scene changes) and the watch question may be asked now,
-    rate-limited on the file's clock, so it is the same on every run."""
-
-    def __init__(self, session, watch_every: float | None = None, name: str | None = None):
-        self.session = session
-        # The file's start is the session timeline's start: answer records then
-        # give frame and audio times in seconds of the file.
-        session.timeline_start = 0.0
-        # The timeline is the file's own clock, so its position is the identity:
-        # records carry frame_source_times as the page's file source does.
-        # Audio primed before the start may begin a fraction of a sample
-        # before 0; until 0 the file is at its start.
-        session.set_source("file", name, 0.0, playing=False, t=-math.inf)
-        session.set_source("file", name, 0.0, playing=True, rate=1.0, t=0.0)
-        self.watch = SceneWatch(session, watch_every) if watch_every is not None else None
-        self.frames = self.bad_frames = 0
-        self.end = 0.0  # seconds of media fed so far
-
-    def feed(self, t: float, kind: str, payload) -> bool:
-        """Put one event from :func:`media_events` into the session; True
-        when the watch question is due at ``t`` (only ever after a frame)."""
-        from vidchat.media.evs import FrameError
-
-        if kind != "frame":
-            self.end = max(self.end, t + payload.size / AUDIO_RATE)
-            self.session.add_audio(payload, t)
-            return False
-        self.frames += 1
-        self.end = max(self.end, t)
-        try:
-            self.session.add_frame(payload, t=t)
-        except FrameError as exc:
-            self.bad_frames += 1
-            log.warning("frame at %.3f s dropped: %s", t, exc)
-        return self.watch is not None and self.watch.due(t)
 
 
 # ---------------------------------------------------------------------------
@@ -470,15 +169,72 @@ class Run:
     watch: str | None = None  # watch mode's question
 
 
+class _FileAsker:
+    """Asks one file's questions in turn through the conversation, each with
+    the chat so far, and prints (and records) each answer or failure."""
+
+    def __init__(self, run: Run, engine, talking, options, settings: dict[str, Any], path: str,
+                 playback: Playback) -> None:
+        from vidchat.engine import Turn
+
+        self.run, self.engine, self.talking, self.options = run, engine, talking, options
+        self.settings, self.path, self.playback = settings, path, playback
+        self.history: list[Turn] = []
+        self.failures = 0
+        self.answer_s = 0.0  # seconds spent answering, apart from decoding and filtering
+
+    def _failed(self, q: Question, reason: str) -> None:
+        self.failures += 1
+        self.run.output.failure(q.at, q.text, reason, q.watch)
+
+    async def ask(self, q: Question, at_end: bool = False) -> None:
+        from vidchat import conversation
+        from vidchat.conversation import chat
+        from vidchat.engine import EngineError, Turn
+
+        run, path = self.run, self.path
+        t0 = time.perf_counter()
+        if at_end and not q.periodic:
+            log.warning("question at %g s is past the end of the file (%.3f s): asked at the end", q.at,
+                        self.playback.end)
+        try:
+            answer_run = await self.talking.ask(q.text, self.options, engine=self.engine, history=tuple(self.history))
+            done = await answer_run.finish()
+        except chat.NoFrames:
+            self._failed(q, f"no video frame before {q.at:g} s of {path}")
+            return
+        except EngineError as exc:
+            self._failed(q, str(exc))
+            return
+        finally:
+            self.answer_s += time.perf_counter() - t0
+        if done.error:
+            self._failed(q, done.error)
+            return
+        answer = done.answer
+        if done.status == conversation.CANCELLED or answer.reply.stats.finish_reason == "abort":
+            self._failed(q, "the answer was aborted")
+            return
+        rec = answer_record(answer, t=q.at, settings=self.settings, source=path, watch=q.watch)
+        if run.out_dir:
+            from vidchat.conversation.recording import write_bundle
+
+            rec["bundle"] = str(write_bundle(run.out_dir, answer, history=self.history, settings=self.settings,
+                                             t=q.at, source=path, model_option=run.model_option,
+                                             engine_options=self.engine.options))
+        run.output.answer(rec)
+        if not run.args.no_history and answer.reply.text:
+            self.history.extend([Turn("user", q.text), Turn("assistant", answer.reply.text)])
+
+
 async def replay_file(run: Run, state, engine, path: str) -> int:
-    from vidchat.conversation import chat
+    """Play one file into a new session, asking each question when playback reaches it."""
     from vidchat import conversation
-    from vidchat.engine import EngineError, Turn
+    from vidchat.conversation import chat
 
     schedule = Schedule([(q.at, q.text) for q in run.args.ask], parse_every(run.args.every))
     entry = state.new_session("replay")
     session = entry.session
-    talking = conversation.of(state, entry)
     playback = Playback(session, run.args.watch_every if run.watch else None, name=os.path.basename(path))
     options = state.answer_defaults().updated(**run.changes.answer)
     try:
@@ -487,73 +243,31 @@ async def replay_file(run: Run, state, engine, path: str) -> int:
         print(f"vidchat.replay: {exc}", file=sys.stderr)
         return USAGE
     settings = effective_settings(options, session.settings, session.store_max_pixels)
-    history: list[Turn] = []
-    failures = 0
-    answer_s = 0.0
+    asker = _FileAsker(run, engine, conversation.of(state, entry), options, settings, path, playback)
     t_start = time.perf_counter()
-
-    async def ask(q: Question, at_end: bool = False) -> None:
-        nonlocal failures, answer_s
-        t0 = time.perf_counter()
-        if at_end and not q.periodic:
-            log.warning("question at %g s is past the end of the file (%.3f s): asked at the end", q.at,
-                        playback.end)
-        try:
-            done = await (await talking.ask(q.text, options, engine=engine, history=tuple(history))).finish()
-        except chat.NoFrames:
-            failures += 1
-            run.output.failure(q.at, q.text, f"no video frame before {q.at:g} s of {path}", q.watch)
-            return
-        except EngineError as exc:
-            failures += 1
-            run.output.failure(q.at, q.text, str(exc), q.watch)
-            return
-        finally:
-            answer_s += time.perf_counter() - t0
-        if done.error:
-            failures += 1
-            run.output.failure(q.at, q.text, done.error, q.watch)
-            return
-        answer = done.answer
-        if done.status == conversation.CANCELLED or answer.reply.stats.finish_reason == "abort":
-            failures += 1
-            run.output.failure(q.at, q.text, "the answer was aborted", q.watch)
-            return
-        rec = answer_record(answer, t=q.at, settings=settings, source=path, watch=q.watch)
-        if run.out_dir:
-            from vidchat.conversation.recording import write_bundle
-
-            rec["bundle"] = str(write_bundle(run.out_dir, answer, history=history, settings=settings, t=q.at,
-                                             source=path, model_option=run.model_option,
-                                             engine_options=engine.options))
-        run.output.answer(rec)
-        if not run.args.no_history and answer.reply.text:
-            history.extend([Turn("user", q.text), Turn("assistant", answer.reply.text)])
-
-    t_feed = time.perf_counter()
     for t, _, kind, payload in media_events(path, schedule):
         # Playback has reached T: what starts at T or later is for later questions.
         while (q := schedule.peek()) is not None and q.at <= t + EPS:
-            await ask(schedule.pop())
+            await asker.ask(schedule.pop())
         # Watch mode: asked at the frame that (after the pause) shows the changed scene.
         if playback.feed(t, kind, payload):
-            await ask(Question(t, run.watch, watch=True))
-    feed_s = time.perf_counter() - t_feed - answer_s
+            await asker.ask(Question(t, run.watch, watch=True))
+    feed_s = time.perf_counter() - t_start - asker.answer_s
     end = playback.end
     # Questions left: explicit ones past the end are asked at the end; periodic ones stop with the file.
     while (q := schedule.peek()) is not None:
         if q.periodic and q.at > end + EPS:
             schedule.stop_periodic()
             continue
-        await ask(schedule.pop(), at_end=q.at > end + EPS)
+        await asker.ask(schedule.pop(), at_end=q.at > end + EPS)
     stats = session.stats
     wall = time.perf_counter() - t_start
     log.info("replayed %s: %d frames (%d kept, %d bad, %d scene changes) over %.2f s of media; decoding and "
              "filtering took %.2f s (%.1f× real time), answering %.2f s; %.2f s in all", path, playback.frames,
              stats["frames_kept"], playback.bad_frames, session.scene_changes, end, feed_s,
-             end / feed_s if feed_s > 0 else float("inf"), answer_s, wall)
+             end / feed_s if feed_s > 0 else float("inf"), asker.answer_s, wall)
     await state.registry.close(session.id, "replay finished")
-    return FAILED if failures else 0
+    return FAILED if asker.failures else 0
 
 
 async def reask_bundle(run: Run, state, engine, bundle) -> int:
@@ -561,7 +275,8 @@ async def reask_bundle(run: Run, state, engine, bundle) -> int:
     from vidchat import conversation
     from vidchat.conversation.chat import AnswerOptions
     from vidchat.engine import EngineError
-    from vidchat.conversation.session import SessionSettings, uniform_indices
+    from vidchat.conversation.session import SessionSettings
+    from vidchat.media.sampling import uniform_indices
     from vidchat.app.settings import Settings
 
     manifest = bundle.manifest
