@@ -99,7 +99,7 @@ class Settings:
     )
     record_dir: str = _opt(
         "", "Save every answer as a recording bundle (its frames as PNG, audio as WAV, question, chat history, "
-        "settings, prompt, answer, timings; layout in vidchat/conversation/recording.py) in a new folder under this one. "
+        "settings, prompt, answer, timings; layout in vidchat/conversation/bundle_format.py) in a new folder under this one. "
         "Empty: recording is off; nothing is written to disk unless this is set.",
     )
     # --- server -------------------------------------------------------

@@ -1,368 +1,48 @@
-"""Recording bundles: one answer with exactly what the model was given, on disk.
+"""Recorded bundles read back, and the one module callers name for bundles.
 
-A bundle is written only when someone asks for it (``--record-dir`` on the
-server, ``--out`` on ``python -m vidchat.replay``); nothing in this module
-writes otherwise, so with recording off nothing touches the disk. Its media
-encoders (:func:`audio_used`, :func:`wav_bytes`, :func:`png_bytes`) also
-serve the page's ``/inputs/<id>/`` files, in memory
-(:mod:`vidchat.doors.inputs`), so a bundle and the page hold the same bytes.
-
-Layout (``BUNDLE_VERSION`` 1)::
-
-    0001-t3.0/                 one folder per answer: sequence number, and the
-    │                           media time asked (seconds) when known
-    ├── manifest.json          everything but the pixels and samples (below)
-    ├── frame-0001.png         the frames handed to the engine, oldest first,
-    ├── frame-0002.png         lossless RGB PNG at the stored size (exactly the
-    ├── …                      uint8 arrays the engine got)
-    └── audio.wav              the audio handed to the engine (absent if none)
-
-``manifest.json``::
-
-    version         1 (a reader refuses versions it does not know)
-    kind            "vidchat.bundle"
-    created         UTC time the bundle was written (ISO 8601; informational)
-    question        the question text
-    history         the chat before it: [{"role": "user"|"assistant", "content": text}, …]
-    answer          the answer text
-    t               media time at which the question was asked (seconds), or null
-    source          where the media came from (a file name, "camera", a bundle…), or null
-    model           the model path or hub id the engine ran
-    model_option    the --model value it was resolved from ("tiny", a preset…), or null
-    engine          the engine options (dtype, max_model_len, max_images, pixel cap, …), or null
-    seed            the sampling seed (null: vLLM's own)
-    settings        the effective answer and sampling settings, flat, with the
-                    names ``vidchat.qa.replay --set`` and the WebSocket
-                    session.config take (frames_as, temperature, max_tokens,
-                    seed, system_prompt, include_audio, num_sample_frames,
-                    sampling, evs_threshold, …) plus store_max_pixels
-    prompt          the prompt as the model's chat template rendered it
-    timings         prep_ms, ttft_ms, total_s, tokens_per_s
-    tokens          prompt_tokens, cached_tokens, completion_tokens, finish_reason
-    inputs_sha256   vidchat.engine.inputs_digest of the frames and audio below
-    frames_as       "images" or "video"; video_fps for video
-    frames          [{"file", "t", "index", "width", "height", "source_t"}, …]: t in
-                    seconds on the session's timeline (a replayed file: seconds
-                    of the file), index into the session's frame buffer when
-                    sampled, source_t the frame's position in the played file
-                    (seconds; null for a live source). Bundles written before
-                    source_t existed lack it: readers treat it as null.
-    audio           {"file", "format", "sample_rate", "samples", "seconds", "span"} or null
-    record          the answer record as vidchat.conversation.chat.Answer.summary() gave it
-
-Audio format. The engine gets float32 samples at 16 kHz mono. A session stores
-audio as 16-bit PCM and hands out ``int16 / 32768``, so those samples are
-exactly representable as 16-bit PCM: the bundle then holds a plain 16-bit PCM
-WAV (``"format": "pcm16"``), which every player opens, and reading it back as
-``int16 / 32768`` gives the engine's float32 samples bit for bit. Audio that
-is not 16-bit exact (another producer) is written as a 32-bit IEEE-float WAV
-(``"format": "float32"``, WAVE_FORMAT_IEEE_FLOAT; the stdlib ``wave`` module
-writes PCM only, so both are written here with ``struct``). Either way
-:func:`read_bundle` returns the very samples that were hashed, and
-``inputs_digest(bundle.frames, bundle.audio) == manifest["inputs_sha256"]``.
-
-A bundle folder is written under a temporary name and renamed when complete,
-so a reader never sees half a bundle. :func:`zip_bundles` packs bundles into
-one zip (one folder each), :func:`iter_zip_bundles` streams it; :func:`read_bundle` reads a folder or a
-zip holding one bundle, without extracting it.
+:func:`read_bundle` reads a bundle folder, or a zip holding one, into the
+engine's exact inputs and the manifest, without extracting a zip; a manifest
+from elsewhere is checked value by value before a frame is decoded
+(:func:`check_manifest`); :func:`recorded_answer` makes a bundle a finished
+answer the page can list and re-ask. The format (layout, manifest fields,
+audio encoding) is :mod:`vidchat.conversation.bundle_format`; writing and
+zipping bundles is :mod:`vidchat.conversation.bundle_write`. Both are named
+here too (``__all__``), so a caller imports one module for bundles.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import datetime as _dt
-import io
 import json
-import logging
 import math
 import os
 import re
-import struct
 import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from types import SimpleNamespace
-from typing import Any, Callable, Iterable, Iterator, Sequence
+from typing import Any, Callable
 
 import numpy as np
-from PIL import Image
 
+from vidchat.conversation.bundle_format import (
+    AUDIO_FILE, BUNDLE_VERSION, KIND, MANIFEST, MAX_BUNDLE_DECODED_BYTES, MAX_BUNDLE_FRAMES, MAX_FRAME_PIXELS,
+    MAX_MEMBER_BYTES, BundleError, audio_used, png_bytes, read_png, read_wav, wav_bytes,
+)
+from vidchat.conversation.bundle_write import history_dicts, iter_zip_bundles, write_bundle, zip_bundles
 from vidchat.engine import ReplyStats, Turn, inputs_digest
 from vidchat.media import AUDIO_RATE
 
-log = logging.getLogger(__name__)
+__all__ = [
+    "AUDIO_FILE", "BUNDLE_VERSION", "KIND", "MANIFEST", "MAX_BUNDLE_DECODED_BYTES", "MAX_BUNDLE_FRAMES",
+    "MAX_FRAME_PIXELS", "MAX_MEMBER_BYTES", "Bundle", "BundleError", "RecordedReply", "audio_used",
+    "check_manifest", "history_dicts", "is_bundle", "iter_zip_bundles", "png_bytes", "read_bundle", "read_png",
+    "read_wav", "recorded_answer", "wav_bytes", "write_bundle", "zip_bundles",
+]
 
-BUNDLE_VERSION = 1
-MANIFEST = "manifest.json"
-AUDIO_FILE = "audio.wav"
-KIND = "vidchat.bundle"
-
-_WAVE_FORMAT_PCM = 1
-_WAVE_FORMAT_IEEE_FLOAT = 3
-_PCM_SCALE = 32768.0  # vidchat.media.audio.AudioWindow hands out int16 / 32768
+# A bundle's file names: no path, nothing hidden.
 _SAFE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
-# Most pixels one stored frame of a bundle may have when read (an untrusted
-# zip must not decode to gigabytes); far above any stored size vidchat uses.
-MAX_FRAME_PIXELS = 4096 * 4096
-# Most bytes one file of a bundle may unpack to, and most frames it may hold.
-MAX_MEMBER_BYTES = 128 << 20
-MAX_BUNDLE_FRAMES = 1024
-# Most bytes all of a bundle's frames may decode to (width x height x 3 summed
-# over the manifest's frames), checked before any frame is decoded: a zip of
-# uniform 4096x4096 PNGs is small and would decode to gigabytes. A recording
-# at the stored size (320x240) of 64 frames needs 15 MB.
-MAX_BUNDLE_DECODED_BYTES = 512 << 20
 
-
-class BundleError(ValueError):
-    """A bundle that cannot be read (missing file, unknown version, bad data)."""
-
-
-# ---------------------------------------------------------------------------
-# Media: what the engine got, as WAV (16-bit PCM or 32-bit float, mono) and PNG
-# ---------------------------------------------------------------------------
-
-def audio_used(answer: Any) -> np.ndarray | None:
-    """The audio samples the engine got for an answer (a :class:`vidchat.conversation.chat.Answer`),
-    float32 mono; None when it got none: include_audio off, or audio the engine
-    dropped (a vision-only model, a sliver under 0.1 s), which it reports as 0 seconds."""
-    if not answer.reply.stats.audio_seconds or answer.sample.audio is None:
-        return None
-    return np.ascontiguousarray(answer.sample.audio, dtype=np.float32).reshape(-1)
-
-
-def _is_pcm16_exact(audio: np.ndarray) -> bool:
-    scaled = audio.astype(np.float64) * _PCM_SCALE
-    return bool(np.all(scaled == np.round(scaled)) and scaled.min(initial=0) >= -32768 and
-                scaled.max(initial=0) <= 32767)
-
-
-def wav_bytes(audio: np.ndarray, rate: int = AUDIO_RATE) -> tuple[bytes, str]:
-    """A mono WAV of float32 samples: (bytes, "pcm16" | "float32"); lossless either way."""
-    samples = np.ascontiguousarray(audio, dtype=np.float32).reshape(-1)
-    if _is_pcm16_exact(samples):
-        data = np.round(samples.astype(np.float64) * _PCM_SCALE).astype("<i2").tobytes()
-        fmt, tag, bits = "pcm16", _WAVE_FORMAT_PCM, 16
-    else:
-        data = samples.astype("<f4").tobytes()
-        fmt, tag, bits = "float32", _WAVE_FORMAT_IEEE_FLOAT, 32
-    block = bits // 8
-    fmt_chunk = struct.pack("<HHIIHH", tag, 1, rate, rate * block, block, bits)
-    if tag != _WAVE_FORMAT_PCM:
-        fmt_chunk += struct.pack("<H", 0)  # cbSize: non-PCM formats carry it
-    chunks = b"fmt " + struct.pack("<I", len(fmt_chunk)) + fmt_chunk
-    if tag != _WAVE_FORMAT_PCM:
-        chunks += b"fact" + struct.pack("<II", 4, samples.size)  # required for non-PCM
-    chunks += b"data" + struct.pack("<I", len(data)) + data
-    if len(data) % 2:
-        chunks += b"\0"
-    return b"RIFF" + struct.pack("<I", 4 + len(chunks)) + b"WAVE" + chunks, fmt
-
-
-def read_wav(data: bytes) -> tuple[np.ndarray, int]:
-    """(float32 mono samples, rate) from a 16-bit PCM or 32-bit float mono WAV."""
-    if len(data) < 12 or data[:4] != b"RIFF" or data[8:12] != b"WAVE":
-        raise BundleError("audio is not a WAV file")
-    pos, fmt, payload = 12, None, None
-    while pos + 8 <= len(data):
-        cid, size = data[pos:pos + 4], struct.unpack("<I", data[pos + 4:pos + 8])[0]
-        body = data[pos + 8:pos + 8 + size]
-        if cid == b"fmt ":
-            if len(body) < 16:
-                raise BundleError("WAV fmt chunk too short")
-            fmt = struct.unpack("<HHIIHH", body[:16])
-        elif cid == b"data":
-            payload = body
-        pos += 8 + size + (size % 2)
-    if fmt is None or payload is None:
-        raise BundleError("WAV file without fmt or data chunk")
-    tag, channels, rate, _, _, bits = fmt
-    if channels != 1:
-        raise BundleError(f"WAV must be mono, has {channels} channels")
-    if tag == _WAVE_FORMAT_PCM and bits == 16:
-        pcm = np.frombuffer(payload[: len(payload) // 2 * 2], "<i2")
-        return pcm.astype(np.float32) * np.float32(1.0 / _PCM_SCALE), rate
-    if tag == _WAVE_FORMAT_IEEE_FLOAT and bits == 32:
-        return np.frombuffer(payload[: len(payload) // 4 * 4], "<f4").astype(np.float32), rate
-    raise BundleError(f"unsupported WAV encoding (format {tag}, {bits} bits): expected 16-bit PCM or 32-bit float")
-
-
-def png_bytes(frame: np.ndarray) -> bytes:
-    buf = io.BytesIO()
-    Image.fromarray(np.ascontiguousarray(frame, dtype=np.uint8), "RGB").save(buf, format="PNG")
-    return buf.getvalue()
-
-
-def read_png(data: bytes, size: tuple[int, int] | None = None) -> np.ndarray:
-    """A PNG's RGB pixels; ``size`` (width, height): what its header must say, checked before decoding."""
-    try:
-        with Image.open(io.BytesIO(data)) as img:
-            if img.format != "PNG":
-                raise BundleError(f"frame is {img.format}, not PNG")
-            if img.width * img.height > MAX_FRAME_PIXELS:
-                raise BundleError(f"frame of {img.width}x{img.height} is larger than a bundle frame may be")
-            if size is not None and img.size != size:
-                raise BundleError(f"frame is {img.width}x{img.height}, the manifest says {size[0]}x{size[1]}")
-            return np.asarray(img.convert("RGB"))
-    except (OSError, Image.DecompressionBombError) as exc:
-        raise BundleError(f"frame is not a readable PNG: {exc}") from None
-
-
-# ---------------------------------------------------------------------------
-# Writing
-# ---------------------------------------------------------------------------
-
-def _json_safe(value: Any) -> Any:
-    if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        return _json_safe(dataclasses.asdict(value))
-    if isinstance(value, dict):
-        return {str(k): _json_safe(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_json_safe(v) for v in value]
-    if isinstance(value, np.generic):
-        return value.item()
-    if isinstance(value, float) and not np.isfinite(value):
-        return None
-    return value
-
-
-def history_dicts(history: Iterable[Turn | dict]) -> list[dict[str, str]]:
-    """Chat history as [{"role", "content"}] (from engine Turns or such dicts)."""
-    out = []
-    for turn in history:
-        if isinstance(turn, Turn):
-            out.append({"role": turn.role, "content": turn.text})
-        else:
-            out.append({"role": str(turn["role"]), "content": str(turn["content"])})
-    return out
-
-
-def _bundle_name(seq: int, t: float | None) -> str:
-    if t is None:
-        return f"{seq:04d}"
-    return f"{seq:04d}-t{t:.1f}" if round(t, 1) == round(t, 3) else f"{seq:04d}-t{t:.3f}"
-
-
-def _next_seq(root: Path) -> int:
-    seqs = [int(m.group(1)) for p in root.iterdir() if (m := re.match(r"^(\d{4,})(?:-|$)", p.name))]
-    return max(seqs, default=0) + 1
-
-
-def write_bundle(
-    root: str | os.PathLike,
-    answer: Any,
-    *,
-    history: Sequence[Turn | dict] | None = None,
-    settings: dict[str, Any] | None = None,
-    t: float | None = None,
-    source: str | None = None,
-    model_option: str | None = None,
-    engine_options: Any = None,
-    name: str | None = None,
-) -> Path:
-    """Write one finished answer (a :class:`vidchat.conversation.chat.Answer`) as a bundle
-    folder under ``root`` (created if missing) and return its path.
-
-    ``settings``: the effective answer and sampling settings, flat (default:
-    the answer's options); ``history``: the chat before the question (engine
-    Turns or {"role", "content"} dicts; default: the answer's own ``history``
-    where it keeps one); ``t``/``source``: when and where the
-    question was asked; ``model_option``/``engine_options``: how the model was
-    chosen and started, so a re-ask can start the same. ``name`` overrides the
-    folder name (default: the next free sequence number, plus ``-tT``)."""
-    record = answer.summary()
-    sample = answer.sample
-    frames = [np.ascontiguousarray(f) for f in sample.frames]
-    audio = audio_used(answer)
-    digest = inputs_digest(frames, audio)
-    if record.get("inputs_sha256") and digest != record["inputs_sha256"]:
-        log.warning("bundle: the stored frames/audio hash to %s…, the engine reported %s…",
-                    digest[:12], record["inputs_sha256"][:12])
-    if settings is None:
-        settings = dataclasses.asdict(answer.options)
-    if history is None:
-        history = getattr(answer, "history", None) or ()
-
-    root = Path(root)
-    root.mkdir(parents=True, exist_ok=True)
-    frame_entries = []
-    files: dict[str, bytes] = {}
-    times = record.get("frame_times") or [None] * len(frames)
-    indices = record.get("frame_indices") or [None] * len(frames)
-    source_times = record.get("frame_source_times") or [None] * len(frames)
-    for i, frame in enumerate(frames):
-        fname = f"frame-{i + 1:04d}.png"
-        files[fname] = png_bytes(frame)
-        frame_entries.append({"file": fname, "t": times[i], "index": indices[i],
-                              "width": int(frame.shape[1]), "height": int(frame.shape[0]),
-                              "source_t": source_times[i]})
-    audio_entry = None
-    if audio is not None:
-        files[AUDIO_FILE], fmt = wav_bytes(audio)
-        audio_entry = {"file": AUDIO_FILE, "format": fmt, "sample_rate": AUDIO_RATE, "samples": int(audio.size),
-                       "seconds": round(audio.size / AUDIO_RATE, 6), "span": record.get("audio_span")}
-    manifest = {
-        "version": BUNDLE_VERSION,
-        "kind": KIND,
-        "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
-        "question": answer.question,
-        "history": history_dicts(history),
-        "answer": answer.reply.text,
-        "t": t,
-        "source": source,
-        "model": record.get("model"),
-        "model_option": model_option,
-        "engine": engine_options,
-        "seed": record.get("seed"),
-        "settings": settings,
-        "prompt": record.get("prompt"),
-        "timings": {k: record.get(k) for k in ("prep_ms", "ttft_ms", "total_s", "tokens_per_s")},
-        "tokens": {k: record.get(k) for k in ("prompt_tokens", "cached_tokens", "completion_tokens",
-                                              "finish_reason")},
-        "inputs_sha256": digest,
-        # Talk mode: the audio was the question ({seconds, start, end}); null for a typed one.
-        "spoken_question": record.get("spoken_question"),
-        "frames_as": record.get("frames_as"),
-        "video_fps": record.get("video_fps"),
-        "frames": frame_entries,
-        "audio": audio_entry,
-        "record": record,
-    }
-    files[MANIFEST] = (json.dumps(_json_safe(manifest), indent=2, ensure_ascii=False) + "\n").encode()
-
-    # Under a temporary name, renamed when whole: a reader never sees half a bundle.
-    while True:
-        final = root / (name or _bundle_name(_next_seq(root), t))
-        tmp = root / f".{final.name}.{os.getpid()}.partial"
-        tmp.mkdir()
-        try:
-            for fname, data in files.items():
-                (tmp / fname).write_bytes(data)
-            try:
-                os.rename(tmp, final)  # fails if final exists (a folder that is not empty)
-            except OSError:
-                if final.exists() and name is None:  # another writer took the number: take the next
-                    _remove_tree(tmp)
-                    continue
-                raise
-        except BaseException:
-            _remove_tree(tmp)
-            raise
-        log.info("bundle written: %s (%d frames%s)", final, len(frames), ", audio" if audio is not None else "")
-        return final
-
-
-def _remove_tree(path: Path) -> None:
-    if not path.exists():
-        return
-    for child in path.iterdir():
-        child.unlink()
-    path.rmdir()
-
-
-# ---------------------------------------------------------------------------
-# Reading
-# ---------------------------------------------------------------------------
 
 @dataclass
 class Bundle:
@@ -664,64 +344,3 @@ def _read(src: _Folder | _Zip, where: str) -> Bundle:
     if any(t is None for t in times):  # recorded without times: evenly spaced, for a video's rate only
         times = [float(i) for i in range(len(frames))]
     return Bundle(where, manifest, frames, audio, times, [i if i is not None else n for n, i in enumerate(indices)])
-
-
-# ---------------------------------------------------------------------------
-# Zip (the page's download)
-# ---------------------------------------------------------------------------
-
-def zip_bundles(paths: Iterable[str | os.PathLike]) -> bytes:
-    """Bundle folders packed into one zip, in memory (one folder per bundle,
-    under its own name). A zip of one bundle can be re-asked as it is."""
-    return b"".join(iter_zip_bundles(paths))
-
-
-class _Pipe(io.RawIOBase):
-    """A write-only, unseekable stream whose bytes are taken as they come:
-    zipfile then writes each member's sizes after its data, as a stream can."""
-
-    def __init__(self) -> None:
-        self._chunks: list[bytes] = []
-
-    def writable(self) -> bool:
-        return True
-
-    def write(self, data: Any) -> int:
-        self._chunks.append(bytes(data))
-        return len(data)
-
-    def take(self) -> bytes:
-        out, self._chunks = b"".join(self._chunks), []
-        return out
-
-
-def iter_zip_bundles(paths: Iterable[str | os.PathLike], chunk: int = 1 << 20) -> Iterator[bytes]:
-    """The zip of :func:`zip_bundles` as it is written, a piece at a time, so
-    a download of many bundles never holds them all in memory. The folders
-    are checked before the first piece (raises BundleError)."""
-    members: list[tuple[Path, str]] = []
-    seen: set[str] = set()
-    for path in paths:
-        p = Path(path)
-        if not (p / MANIFEST).is_file():
-            raise BundleError(f"{p}: not a bundle folder")
-        if p.name in seen:
-            raise BundleError(f"two bundles named {p.name}")
-        seen.add(p.name)
-        members += [(child, f"{p.name}/{child.name}") for child in sorted(p.iterdir()) if child.is_file()]
-    return _zip_pieces(members, chunk)
-
-
-def _zip_pieces(members: list[tuple[Path, str]], chunk: int) -> Iterator[bytes]:
-    pipe = _Pipe()
-    with zipfile.ZipFile(pipe, "w", zipfile.ZIP_DEFLATED) as zf:
-        for child, arcname in members:
-            info = zipfile.ZipInfo.from_file(child, arcname)
-            # PNGs are already compressed: stored as they are.
-            info.compress_type = zipfile.ZIP_STORED if child.suffix == ".png" else zipfile.ZIP_DEFLATED
-            with open(child, "rb") as src, zf.open(info, "w") as dst:
-                while data := src.read(chunk):
-                    dst.write(data)
-                    yield pipe.take()
-            yield pipe.take()
-    yield pipe.take()
