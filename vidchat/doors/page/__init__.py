@@ -4,8 +4,9 @@ and a panel showing exactly what the model was given for the last question.
 Browser behaviour (camera, WebRTC) lives in static/vidchat.js. Here:
 :mod:`~vidchat.doors.page.view` (how the chat shows things), :mod:`~vidchat.doors.page.answers`
 (the page's questions and re-asks through vidchat.conversation.chat, the same answer path
-the WebSocket door uses), :mod:`~vidchat.doors.page.modes` (Watch and Talk) and
-:mod:`~vidchat.doors.page.layout` (the controls and their events).
+the WebSocket door uses), :mod:`~vidchat.doors.page.modes` (Watch and Talk),
+:mod:`~vidchat.doors.page.layout` (the controls) and :mod:`~vidchat.doors.page.events`
+(which function each runs).
 """
 
 from vidchat.doors.page.answers import clear_chat, page_request, reask, respond, stop_answer

@@ -1,5 +1,6 @@
-"""The page's layout and events: what each control is and which function
-of vidchat.doors.page it runs, the access tokens the page carries."""
+"""The page's layout: what each control is and where it sits, and the
+access tokens the page carries. Which function each control runs is
+vidchat.doors.page.events."""
 
 from __future__ import annotations
 
@@ -9,18 +10,14 @@ from typing import Any
 import gradio as gr
 from starlette.routing import Mount
 
-from vidchat.app.access import login_of
 from vidchat.conversation.session import SAMPLING_STRATEGIES
 from vidchat.conversation.watch import DEFAULT_EVERY_S
 from vidchat.doors.markup import as_text
 from vidchat.doors.page.view import HEAD, PREVIEW_HTML, TALK_HTML, frames_html, model_label
 from vidchat.media import FRAMES_AS, evs
 from vidchat.media.vad import TurnSettings
-from vidchat.doors.page.answers import (
-    MAX_BUNDLE_BYTES, clear_chat, load_bundle, reask, reask_choices, reask_engines, respond, stop_answer,
-    watch_switched,
-)
-from vidchat.doors.page.modes import TALK_NEEDS_AUDIO, talk_loop, watch_loop
+from vidchat.doors.page.answers import MAX_BUNDLE_BYTES, reask_engines
+from vidchat.doors.page.events import Controls, wire
 
 log = logging.getLogger(__name__)
 
@@ -93,204 +90,112 @@ def _as_sent(payload):
 
 
 def mount(app, state):
+    """Mount the page at / on ``app`` (behind Gradio's login when access
+    needs one) and tell the access guard which of its functions take the
+    session id; returns the app."""
     with gr.Blocks(title="vidchat") as blocks:
         _header(state)
-        with gr.Row(equal_height=False, elem_classes="vc-main"):
-            with gr.Column(scale=5, min_width=300):
-                gr.HTML(PREVIEW_HTML.replace("{store_limit}", as_text(state.store_limit_text()))
-                        .replace("{access_mode}", access_mode(state)), elem_id="vc-live-panel")
-            with gr.Column(scale=6, min_width=300):
-                chatbot = gr.Chatbot(label="Chat", height=440, elem_id="vc-chat", buttons=["copy"])
-                with gr.Row(elem_classes="vc-ask"):
-                    question = gr.Textbox(placeholder="Ask about what the camera sees…", show_label=False, scale=8,
-                                          lines=1, max_lines=4, elem_id="vc-question")
-                    send = gr.Button("Send", variant="primary", scale=1, min_width=70, elem_id="vc-send")
-                    stop = gr.Button("Stop", scale=1, min_width=70, elem_id="vc-stop-answer")
-                with gr.Row(elem_classes="vc-watch"):
-                    watch_on = gr.Checkbox(value=False, label="Watch: ask on scene changes", scale=2,
-                                           elem_id="vc-watch")
-                    watch_question = gr.Textbox(value="What just changed?", label="Standing question", scale=4,
-                                                elem_id="vc-watch-question")
-                    # No minimum/maximum on these numbers: Gradio's own check would replace the
-                    # chat with an error badge; vidchat checks them and names the field.
-                    watch_every = gr.Number(value=DEFAULT_EVERY_S, label="At most every (s)", scale=1,
-                                            elem_id="vc-watch-every")
-                with gr.Row(elem_classes="vc-talk"):
-                    talk_on = gr.Checkbox(value=False, label="Talk: ask by voice", scale=2, elem_id="vc-talk",
-                                          info="Asks when you stop speaking; answers are read aloud")
-                    barge_in = gr.Checkbox(value=True, label="Speaking stops the answer", scale=2,
-                                           elem_id="vc-barge-in")
-                    talk_silence = gr.Number(value=round(TurnSettings.min_silence_s * 1000),
-                                             label="Pause that ends a question (ms)", scale=1,
-                                             elem_id="vc-talk-silence")
-                    talk_min_speech = gr.Number(value=round(TurnSettings.min_speech_s * 1000),
-                                                label="Shortest question (ms)", scale=1,
-                                                elem_id="vc-talk-min-speech")
-                gr.HTML(TALK_HTML, elem_id="vc-talk-panel")
-                clear = gr.Button("Clear chat", size="sm", elem_id="vc-clear")
-        settings_inputs = _settings_panel(state)
-        with gr.Accordion("What the model got (last question)", open=False, elem_id="vc-inputs"):
-            inputs_view = gr.HTML(frames_html(None))
-            details = gr.JSON(label="Reply details", value=None)
-        with gr.Accordion("Re-ask and compare", open=False, elem_id="vc-reask-panel"):
-            two_models = bool(state.compare_model_path)
-            gr.Markdown("Ask an earlier question again on **exactly the same frames, audio and history**, with the "
-                        "settings above (frames per question takes that many of the original frames; the system "
-                        "prompt is in Settings too), and see both answers side by side. A recorded bundle (.zip) "
-                        "can be loaded and re-asked the same way. "
-                        + ("Choose which model answers." if two_models else
-                           "To put the same inputs to two models, start vidchat with `--compare-model MODEL` "
-                           "(memory for both), or run two servers and re-ask a recorded bundle on each "
-                           "(`python -m vidchat.replay BUNDLE --model …`)."), elem_classes="vc-muted")
-            with gr.Row():
-                # Custom values: the list is per session (refreshed after each answer), and the
-                # API takes any answer id; reask() checks it belongs to the session or the tab.
-                reask_from = gr.Dropdown(choices=[], label="Answer to re-ask", scale=4, elem_id="vc-reask-from",
-                                         allow_custom_value=True)
-                reask_btn = gr.Button("Re-ask with these settings", scale=1, elem_id="vc-reask")
-            with gr.Row():
-                reask_engine = gr.Radio(reask_engines(state), value="main", label="Model", visible=two_models,
-                                        elem_id="vc-reask-model", scale=3)
-                bundle_file = gr.File(label="Load a recorded bundle (.zip)", file_types=[".zip"], type="filepath",
-                                      elem_id="vc-bundle-file", scale=2, height=130)
-            comparison = gr.HTML("", elem_id="vc-compare")
-            loaded_bundles = gr.State({})
-        session_id = gr.Textbox(visible="hidden", elem_id="vidchat-session-id")
-        # Filled when the page loads, for a logged-in user only (Gradio runs
-        # no event for a page that has not logged in).
-        page_token = gr.Textbox(visible="hidden", elem_id="vidchat-page-token")
-        if state.access.hf_oauth:
-            def issue_token(profile: gr.OAuthProfile | None) -> str:
-                return hf_page_token(state, profile.username if profile else None)
-        else:
-            def issue_token(request: gr.Request) -> str:
-                return password_page_token(state, request.username)
-        blocks.load(issue_token, None, page_token, queue=False, api_visibility="private")
-
-        # Every function that takes the session id gets it only when the
-        # caller's login opened that session (vidchat.app.access already refused
-        # the call with 403 otherwise); else it is as if no session ran.
-        def own(request: gr.Request, sid: Any) -> str | None:
-            return sid if state.registry.get_for(sid, login_of(request.headers)) is not None else None
-
-        async def on_question(request: gr.Request, message, history, sid, *raw):
-            async for update in respond(state, message, history, own(request, sid), *raw):
-                yield update
-
-        async def on_page_question(request: gr.Request, message, history, sid, *raw):
-            async for update in on_question(request, message, history, sid, *raw):
-                yield update
-            yield LAST_UPDATE_IS_NOTHING
-
-        async def on_stop(request: gr.Request, sid):
-            await stop_answer(state, own(request, sid))
-            return False  # Stop ends watching too: the Watch box says so
-
-        # The question box is not an output of the (long) answer event, so it
-        # stays editable while an answer streams: a new question then
-        # replaces the running answer. A separate instant event clears it.
-        outputs = [chatbot, inputs_view, details]
-        inputs = [question, chatbot, session_id, *settings_inputs]
-        answer_events = dict(concurrency_limit=None, show_progress="minimal", trigger_mode="multiple")
-        # The page counts typed questions asked (static/vidchat.js, at the
-        # key press) and finished (below): a question refused with a notice
-        # has no "what the model got" panel, so only the event's end says its
-        # reply is whole (tests, QA scripts).
-        submit_evt = question.submit(on_page_question, inputs, outputs, api_visibility="private", **answer_events)
-        click_evt = send.click(on_page_question, inputs, outputs, api_visibility="private", **answer_events)
-        # The public /ask: the same answer, whose last message is the whole
-        # reply (what an API client reads as the result).
-        ask_api = gr.Button(visible=False, elem_id="vc-ask-api")
-        ask_api.click(on_question, inputs, outputs, api_name="ask", concurrency_limit=None)
-        for trigger in (question.submit, send.click):
-            trigger(lambda: "", None, question, queue=False, trigger_mode="multiple", api_visibility="private")
-        for evt in (submit_evt, click_evt):
-            evt.then(None, None, None, js=QUESTION_FINISHED_JS, queue=False, api_visibility="private")
-        stop.click(on_stop, [session_id], watch_on, cancels=[submit_evt, click_evt], concurrency_limit=None,
-                   api_name="stop")
-        async def on_clear(request: gr.Request, sid):
-            await clear_chat(state, own(request, sid))
-            return [], None
-
-        clear.click(on_clear, [session_id], [chatbot, details], api_visibility="private")
-
-        async def on_watch(request: gr.Request, on, q, every, history, sid, *raw):
-            async for update in watch_loop(state, on, q, every, history, own(request, sid), *raw):
-                yield update
-            yield (*LAST_UPDATE_IS_NOTHING, gr.skip())
-
-        watch_inputs = [watch_on, watch_question, watch_every, chatbot, session_id, *settings_inputs]
-        watch_events = dict(concurrency_limit=None, show_progress="hidden", trigger_mode="always_last")
-        def on_watch_switched(request: gr.Request, on, sid):
-            watch_switched(state, on, own(request, sid))
-
-        watch_on.change(on_watch_switched, [watch_on, session_id], None, queue=False, trigger_mode="multiple",
-                        api_visibility="private")
-        watch_outputs = [*outputs, watch_on]  # a refused Watch unticks
-        watch_on.change(on_watch, watch_inputs, watch_outputs, api_name="watch", **watch_events)
-        for evt in (submit_evt, click_evt):  # after a typed question, watching goes on from the new chat
-            evt.then(on_watch, watch_inputs, watch_outputs, api_visibility="private", **watch_events)
-
-        async def on_talk(request: gr.Request, on, barge, silence, min_speech, history, sid, *raw):
-            async for update in talk_loop(state, on, barge, silence, min_speech, history, own(request, sid), *raw):
-                yield update
-            yield (*LAST_UPDATE_IS_NOTHING, gr.skip())
-
-        talk_inputs = [talk_on, barge_in, talk_silence, talk_min_speech, chatbot, session_id, *settings_inputs]
-        # "multiple": switching Talk off must run while the loop it ends is
-        # still waiting for speech; a newer loop takes over from an older
-        # one through the session's talk_epoch.
-        talk_events = dict(concurrency_limit=None, show_progress="hidden", trigger_mode="multiple")
-        talk_outputs = [*outputs, talk_on]  # a refused Talk unticks
-        talk_on.change(on_talk, talk_inputs, talk_outputs, api_name="talk", **talk_events)
-        for evt in (submit_evt, click_evt):  # after a typed question, Talk goes on from the new chat
-            evt.then(on_talk, talk_inputs, talk_outputs, api_visibility="private", **talk_events)
-        for control in (barge_in, talk_silence, talk_min_speech):  # new settings take effect at once
-            control.change(on_talk, talk_inputs, talk_outputs, api_visibility="private", **talk_events)
-
-        async def talk_availability():
-            """Once the model is loaded: Talk is unavailable (and says why) for a model that hears nothing."""
-            try:
-                await state.wait_engine(timeout=3600)
-            except Exception:
-                return gr.skip()
-            if state.engine.accepts_audio:
-                return gr.skip()
-            return gr.Checkbox(value=False, interactive=False, label="Talk: unavailable", info=TALK_NEEDS_AUDIO)
-
-        blocks.load(talk_availability, None, talk_on, api_visibility="private", show_progress="hidden")
-
-        def refresh_reask(request: gr.Request, sid, loaded):
-            choices = reask_choices(state, own(request, sid), loaded)
-            return gr.Dropdown(choices=choices, value=choices[0][1] if choices else None)
-
-        for evt in (submit_evt, click_evt):
-            evt.then(refresh_reask, [session_id, loaded_bundles], reask_from, api_visibility="private")
-
-        async def on_load_bundle(request: gr.Request, path, sid, loaded):
-            loaded, _, chosen, message = await load_bundle(state, path, loaded)
-            choices = reask_choices(state, own(request, sid), loaded)
-            return (loaded, gr.Dropdown(choices=choices, value=chosen or (choices[0][1] if choices else None)),
-                    message, None)
-
-        bundle_file.upload(on_load_bundle, [bundle_file, session_id, loaded_bundles],
-                           [loaded_bundles, reask_from, comparison, bundle_file], api_name="load_bundle",
-                           concurrency_limit=4)
-
-        async def on_reask(request: gr.Request, sid, answer_id, *raw):
-            *settings, which, loaded = raw
-            async for update in reask(state, own(request, sid), answer_id, *settings, engine_choice=which, loaded=loaded):
-                yield update
-
-        reask_btn.click(on_reask, [session_id, reask_from, *settings_inputs, reask_engine, loaded_bundles],
-                        comparison, api_name="reask", concurrency_limit=None, show_progress="minimal")
-
+        page = _controls(state)
+        _page_token(blocks, state)
+        wire(blocks, state, page)
     app = gr.mount_gradio_app(app, blocks, path="/", head=HEAD, max_file_size=MAX_BUNDLE_BYTES,
                               theme=gr.themes.Soft(), footer_links=[], auth=state.access.gradio_auth(),
                               auth_message=_auth_message(state))
     gradio_app = next(r.app for r in app.routes if isinstance(r, Mount) and r.path == "")
-    state.page_logins.attach(gradio_app, *page_functions(blocks, session_id))
+    state.page_logins.attach(gradio_app, *page_functions(blocks, page.session_id))
     return app
+
+
+def _controls(state) -> Controls:
+    """Every control of the page, laid out: the live preview beside the
+    chat, then settings, what the model got, and re-ask."""
+    with gr.Row(equal_height=False, elem_classes="vc-main"):
+        with gr.Column(scale=5, min_width=300):
+            gr.HTML(PREVIEW_HTML.replace("{store_limit}", as_text(state.store_limit_text()))
+                    .replace("{access_mode}", access_mode(state)), elem_id="vc-live-panel")
+        with gr.Column(scale=6, min_width=300):
+            chat = _chat_column()
+    settings_inputs = _settings_panel(state)
+    with gr.Accordion("What the model got (last question)", open=False, elem_id="vc-inputs"):
+        inputs_view = gr.HTML(frames_html(None))
+        details = gr.JSON(label="Reply details", value=None)
+    reasking = _reask_panel(state)
+    session_id = gr.Textbox(visible="hidden", elem_id="vidchat-session-id")
+    return Controls(**chat, settings_inputs=settings_inputs, inputs_view=inputs_view, details=details, **reasking,
+                    session_id=session_id)
+
+
+def _chat_column() -> dict[str, Any]:
+    """The chat, the question box, and the Watch and Talk switches under it."""
+    chatbot = gr.Chatbot(label="Chat", height=440, elem_id="vc-chat", buttons=["copy"])
+    with gr.Row(elem_classes="vc-ask"):
+        question = gr.Textbox(placeholder="Ask about what the camera sees…", show_label=False, scale=8,
+                              lines=1, max_lines=4, elem_id="vc-question")
+        send = gr.Button("Send", variant="primary", scale=1, min_width=70, elem_id="vc-send")
+        stop = gr.Button("Stop", scale=1, min_width=70, elem_id="vc-stop-answer")
+    with gr.Row(elem_classes="vc-watch"):
+        watch_on = gr.Checkbox(value=False, label="Watch: ask on scene changes", scale=2, elem_id="vc-watch")
+        watch_question = gr.Textbox(value="What just changed?", label="Standing question", scale=4,
+                                    elem_id="vc-watch-question")
+        # No minimum/maximum on these numbers: Gradio's own check would replace the
+        # chat with an error badge; vidchat checks them and names the field.
+        watch_every = gr.Number(value=DEFAULT_EVERY_S, label="At most every (s)", scale=1, elem_id="vc-watch-every")
+    with gr.Row(elem_classes="vc-talk"):
+        talk_on = gr.Checkbox(value=False, label="Talk: ask by voice", scale=2, elem_id="vc-talk",
+                              info="Asks when you stop speaking; answers are read aloud")
+        barge_in = gr.Checkbox(value=True, label="Speaking stops the answer", scale=2, elem_id="vc-barge-in")
+        talk_silence = gr.Number(value=round(TurnSettings.min_silence_s * 1000), label="Pause that ends a question (ms)",
+                                 scale=1, elem_id="vc-talk-silence")
+        talk_min_speech = gr.Number(value=round(TurnSettings.min_speech_s * 1000), label="Shortest question (ms)",
+                                    scale=1, elem_id="vc-talk-min-speech")
+    gr.HTML(TALK_HTML, elem_id="vc-talk-panel")
+    clear = gr.Button("Clear chat", size="sm", elem_id="vc-clear")
+    return dict(chatbot=chatbot, question=question, send=send, stop=stop, watch_on=watch_on,
+                watch_question=watch_question, watch_every=watch_every, talk_on=talk_on, barge_in=barge_in,
+                talk_silence=talk_silence, talk_min_speech=talk_min_speech, clear=clear)
+
+
+def _reask_panel(state) -> dict[str, Any]:
+    """Re-ask and compare: an earlier answer (or a loaded bundle) asked again on the same inputs."""
+    with gr.Accordion("Re-ask and compare", open=False, elem_id="vc-reask-panel"):
+        two_models = bool(state.compare_model_path)
+        gr.Markdown("Ask an earlier question again on **exactly the same frames, audio and history**, with the "
+                    "settings above (frames per question takes that many of the original frames; the system "
+                    "prompt is in Settings too), and see both answers side by side. A recorded bundle (.zip) "
+                    "can be loaded and re-asked the same way. "
+                    + ("Choose which model answers." if two_models else
+                       "To put the same inputs to two models, start vidchat with `--compare-model MODEL` "
+                       "(memory for both), or run two servers and re-ask a recorded bundle on each "
+                       "(`python -m vidchat.replay BUNDLE --model …`)."), elem_classes="vc-muted")
+        with gr.Row():
+            # Custom values: the list is per session (refreshed after each answer), and the
+            # API takes any answer id; reask() checks it belongs to the session or the tab.
+            reask_from = gr.Dropdown(choices=[], label="Answer to re-ask", scale=4, elem_id="vc-reask-from",
+                                     allow_custom_value=True)
+            reask_btn = gr.Button("Re-ask with these settings", scale=1, elem_id="vc-reask")
+        with gr.Row():
+            reask_engine = gr.Radio(reask_engines(state), value="main", label="Model", visible=two_models,
+                                    elem_id="vc-reask-model", scale=3)
+            bundle_file = gr.File(label="Load a recorded bundle (.zip)", file_types=[".zip"], type="filepath",
+                                  elem_id="vc-bundle-file", scale=2, height=130)
+        comparison = gr.HTML("", elem_id="vc-compare")
+        loaded_bundles = gr.State({})
+    return dict(reask_from=reask_from, reask_btn=reask_btn, reask_engine=reask_engine, bundle_file=bundle_file,
+                comparison=comparison, loaded_bundles=loaded_bundles)
+
+
+def _page_token(blocks: gr.Blocks, state) -> None:
+    """The hidden field the page's own calls carry their access token in;
+    filled when the page loads, for a logged-in user only (Gradio runs no
+    event for a page that has not logged in)."""
+    page_token = gr.Textbox(visible="hidden", elem_id="vidchat-page-token")
+    if state.access.hf_oauth:
+        def issue_token(profile: gr.OAuthProfile | None) -> str:
+            return hf_page_token(state, profile.username if profile else None)
+    else:
+        def issue_token(request: gr.Request) -> str:
+            return password_page_token(state, request.username)
+    blocks.load(issue_token, None, page_token, queue=False, api_visibility="private")
 
 
 def page_functions(blocks: gr.Blocks, session_id: gr.components.Component) -> tuple[dict[int, int], dict[str, int]]:
@@ -305,15 +210,6 @@ def page_functions(blocks: gr.Blocks, session_id: gr.components.Component) -> tu
         if isinstance(fn.api_name, str):
             by_name[fn.api_name] = fn._id
     return takes_session, by_name
-
-
-# A streaming event's last message repeats its last update in full, so it
-# could put back a chat that Clear chat emptied after that update: the page's
-# answer events end on an update that changes nothing. (A generator that
-# yields nothing at all would blank the chat.)
-LAST_UPDATE_IS_NOTHING = (gr.skip(), gr.skip(), gr.skip())
-
-QUESTION_FINISHED_JS = "() => { if (window.vidchat) window.vidchat.questions.finished += 1; }"
 
 
 def access_mode(state) -> str:
