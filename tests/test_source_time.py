@@ -10,11 +10,12 @@ import pytest
 from fastapi import FastAPI
 from starlette.testclient import TestClient
 
-from vidchat.app.access import Access, Guard
+from vidchat.app.access import Access
+from vidchat.app.guard import Guard
 from vidchat.conversation.chat import Answer, AnswerOptions, frozen_sample
 from vidchat.conversation.session import Session, SessionSettings
 from vidchat.conversation.sessions import SessionRegistry
-from vidchat.doors.webrtc import router
+from vidchat.doors.webrtc_routes import router
 from vidchat.media.clock import NTP_TO_UNIX_S, SenderClock, SourceTimeline, ntp_to_unix
 
 pytestmark = pytest.mark.unit

@@ -7,14 +7,15 @@ import contextlib
 import json
 import logging
 from pathlib import Path
-from typing import Any, AsyncIterator
+from typing import Any, AsyncContextManager, AsyncIterator, Callable
 
 import uvicorn
 from fastapi import FastAPI, WebSocket
 from fastapi.responses import JSONResponse
 from fastapi.staticfiles import StaticFiles
 
-from vidchat.app.access import Guard, default_allowed_hosts, split_list
+from vidchat.app.access import default_allowed_hosts, split_list
+from vidchat.app.guard import Guard
 from vidchat.app.loopwatch import LoopWatch
 from vidchat.app.settings import Settings
 from vidchat.app.state import AppState
@@ -106,7 +107,34 @@ def _shut_down_own_engines(state: AppState) -> None:
 
 
 def create_app(state: AppState) -> FastAPI:
-    from vidchat.doors import inputs as answer_inputs, media_dir, protocol, page as ui, webrtc
+    """The app: the engine loads in its lifespan while the port already
+    answers; then the status routes, the doors' routes, vidchat's static
+    files, the access guard in front of every route, and the page mounted last."""
+    from vidchat.doors import inputs as answer_inputs, media_dir, protocol, page as ui, webrtc_routes
+
+    loop_watch = LoopWatch()
+    app = FastAPI(title="vidchat", lifespan=_lifespan(state, loop_watch), docs_url=None, redoc_url=None)
+    app.state.vidchat = state
+    _replica_routes(app, state)
+    _running_routes(app, state, loop_watch)
+    _client_config_route(app, state)
+    app.include_router(webrtc_routes.router(state))
+    app.include_router(answer_inputs.router(state))
+    app.include_router(media_dir.router(state))
+
+    @app.websocket("/v1/video/chat/stream")
+    async def video_chat_stream(websocket: WebSocket) -> None:
+        await protocol.serve(state, websocket)
+
+    # StaticFiles refuses paths that resolve outside its directory.
+    app.mount(STATIC_URL, StaticFiles(directory=STATIC_DIR), name="static")
+    _guard(app, state)
+    return ui.mount(app, state)
+
+
+def _lifespan(state: AppState, loop_watch: LoopWatch) -> Callable[[FastAPI], AsyncContextManager[None]]:
+    """What runs while the app serves: the engine's load (unless one was
+    handed in), the idle reaper, warm-ups and the loop-lag watch."""
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -137,9 +165,11 @@ def create_app(state: AppState) -> FastAPI:
             if owns_engine:
                 _shut_down_own_engines(state)
 
-    loop_watch = LoopWatch()
-    app = FastAPI(title="vidchat", lifespan=lifespan, docs_url=None, redoc_url=None)
-    app.state.vidchat = state
+    return lifespan
+
+
+def _replica_routes(app: FastAPI, state: AppState) -> None:
+    """What a load balancer and an operator ask of a replica: is it up, is it ready, drain it."""
 
     @app.get("/healthz")
     async def healthz() -> dict[str, Any]:
@@ -171,6 +201,10 @@ def create_app(state: AppState) -> FastAPI:
         log.info("replica %s: %d session(s) open", "draining" if draining else "taking new sessions again",
                  len(state.registry))
         return JSONResponse({"draining": draining, "sessions": len(state.registry)})
+
+
+def _running_routes(app: FastAPI, state: AppState, loop_watch: LoopWatch) -> None:
+    """What runs and how well: health (engine, answers, warm-ups, loop lag) and the switches the benchmarks use."""
 
     @app.get("/api/health")
     async def health() -> JSONResponse:
@@ -216,6 +250,10 @@ def create_app(state: AppState) -> FastAPI:
         loop_watch.reset()
         return {"reset": True}
 
+
+def _client_config_route(app: FastAPI, state: AppState) -> None:
+    """What the page needs to connect: ICE servers, the banner, readiness and the session's time limit."""
+
     @app.get("/api/config")
     async def client_config() -> Any:
         # Fetched when the user presses Start, so short-lived TURN credentials
@@ -232,16 +270,9 @@ def create_app(state: AppState) -> FastAPI:
         return {"iceServers": ice, "banner": state.banner, "ready": ready, "status": status,
                 "sessionTimeLimit": state.session_time_limit}
 
-    app.include_router(webrtc.router(state))
-    app.include_router(answer_inputs.router(state))
-    app.include_router(media_dir.router(state))
 
-    @app.websocket("/v1/video/chat/stream")
-    async def video_chat_stream(websocket: WebSocket) -> None:
-        await protocol.serve(state, websocket)
-
-    # StaticFiles refuses paths that resolve outside its directory.
-    app.mount(STATIC_URL, StaticFiles(directory=STATIC_DIR), name="static")
+def _guard(app: FastAPI, state: AppState) -> None:
+    """Access in front of every route, Gradio's included (vidchat.app.access)."""
     settings = state.settings
     app.add_middleware(
         Guard,
@@ -252,7 +283,6 @@ def create_app(state: AppState) -> FastAPI:
         page=state.page_logins,
         owner_of=state.registry.owner_of,
     )
-    return ui.mount(app, state)
 
 
 async def _load_engine(state: AppState) -> None:

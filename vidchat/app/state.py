@@ -9,7 +9,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from vidchat.app.access import Access, PageLogins
+from vidchat.app.access import Access
+from vidchat.app.guard import PageLogins
 from vidchat.app.models import TINY_BANNER
 from vidchat.app.settings import Settings
 from vidchat.conversation.answer_queue import AnswerQueue

@@ -27,6 +27,9 @@ the browser's own clock: the browser's RTCP sender reports pair RTP time with
 its wall clock, so each frame's capture moment is known on that clock too
 (:class:`~vidchat.media.clock.SenderClock`). Before the first sender report, or if
 the two clocks disagree by more than a second, the arrival time is used.
+
+This module is the peer and its media; the page's HTTP routes (the offer,
+source reports, Talk's state) are :mod:`vidchat.doors.webrtc_routes`.
 """
 
 from __future__ import annotations
@@ -34,33 +37,23 @@ from __future__ import annotations
 import asyncio
 import collections
 import functools
-import hmac
-import json
 import logging
-import math
-import posixpath
 import time
-from typing import Any, AsyncIterator, Callable
+from typing import Any, Callable
 
 import av
 import numpy as np
 from aiortc import RTCConfiguration, RTCIceServer, RTCPeerConnection, RTCSessionDescription
 from aiortc.mediastreams import MediaStreamError
 from aiortc.rtp import RtcpSrPacket
-from fastapi import APIRouter, HTTPException, Request
-from fastapi.responses import StreamingResponse
 
-from vidchat.app.access import login_of
-from vidchat.app.turn import TurnError
-from vidchat.conversation.sessions import Entry, TooManySessions
+from vidchat.conversation.sessions import Entry
 from vidchat.media import AUDIO_RATE
-from vidchat.media.clock import SenderClock, SOURCE_KINDS, TrackClock
+from vidchat.media.clock import SenderClock, TrackClock
 from vidchat.media.evs import FrameError
 from vidchat.media.workers import run_media
 
 log = logging.getLogger(__name__)
-# Tasks started by a request and outliving it (held so they are not collected).
-_background: set[asyncio.Task] = set()
 
 # Decoder outputs whose first plane is 8-bit luma at full size.
 LUMA_FIRST_FORMATS = frozenset({"yuv420p", "yuvj420p", "nv12", "yuv422p", "yuv444p"})
@@ -236,17 +229,6 @@ async def run_consumer(consume, track, entry: Entry, stats: MediaStats, on_failu
         await on_failure(reason)
 
 
-async def _read_json(request: Request) -> dict[str, Any]:
-    # sendBeacon posts text/plain, so parse the body whatever its type says.
-    try:
-        body = json.loads(await request.body() or b"{}")
-    except json.JSONDecodeError:
-        raise HTTPException(400, "body must be JSON")
-    if not isinstance(body, dict):
-        raise HTTPException(400, "body must be a JSON object")
-    return body
-
-
 class Peer:
     """One aiortc peer feeding one session; a resumed session gets a new Peer."""
 
@@ -330,268 +312,3 @@ class Peer:
         await self.pc.close()
 
 
-async def _read_offer(request: Request) -> dict[str, Any]:
-    body = await _read_json(request)
-    if body.get("type") != "offer" or not isinstance(body.get("sdp"), str):
-        raise HTTPException(400, "expected {type: 'offer', sdp: '...'}")
-    sections = [line.split(None, 1)[0][2:] for line in body["sdp"].splitlines() if line.startswith("m=") and " " in line]
-    counts = collections.Counter(sections)
-    if not counts["video"] and not counts["audio"]:
-        raise HTTPException(400, "the offer carries no audio or video track")
-    if counts["video"] > 1 or counts["audio"] > 1 or len(sections) > counts["video"] + counts["audio"]:
-        raise HTTPException(400, f"an offer may carry one video and one audio track; this one has "
-                                 f"{', '.join(f'{n} {kind}' for kind, n in counts.items())}")
-    return body
-
-
-SOURCE_NAME_MAX = 200
-SOURCE_RATE_MAX = 16.0  # browsers refuse playbackRate above 16
-
-
-def _finite(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
-
-
-def parse_source_report(body: dict[str, Any]) -> dict[str, Any]:
-    """A page's /webrtc/source report as :meth:`vidchat.conversation.session.Session.set_source`
-    arguments; raises ValueError naming the first bad field."""
-    sid = body.get("session_id")
-    if not isinstance(sid, str) or not sid:
-        raise ValueError("session_id must be the session's id (text)")
-    kind = body.get("kind")
-    if kind not in SOURCE_KINDS:
-        raise ValueError(f"kind must be one of {', '.join(SOURCE_KINDS)}, got {kind!r}")
-    out: dict[str, Any] = {"session_id": sid, "kind": kind}
-    at = body.get("at")
-    if at is not None:
-        if not _finite(at) or at <= 0:
-            raise ValueError(f"at must be the page's time in ms since the Unix epoch, or null, got {at!r}")
-        out["at_sender_s"] = float(at) / 1000.0
-    if kind != "file":
-        return out
-    name = body.get("name")
-    if name is not None and not isinstance(name, str):
-        raise ValueError(f"name must be the file's name (text) or null, got {type(name).__name__}")
-    if name:
-        # Only the base name: a path would say more about the viewer's disk than the record needs.
-        name = posixpath.basename(name.replace("\\", "/")).strip()[:SOURCE_NAME_MAX] or None
-    position = body.get("position")
-    if not _finite(position) or position < 0:
-        raise ValueError(f"position must be a number of seconds >= 0, got {position!r}")
-    playing = body.get("playing", True)
-    if not isinstance(playing, bool):
-        raise ValueError(f"playing must be true or false, got {playing!r}")
-    rate = body.get("rate", 1.0)
-    if not _finite(rate) or not 0 < rate <= SOURCE_RATE_MAX:
-        raise ValueError(f"rate must be a number in (0, {SOURCE_RATE_MAX:g}], got {rate!r}")
-    duration = body.get("duration")
-    if duration is not None and (not _finite(duration) or duration <= 0):
-        raise ValueError(f"duration must be a positive number of seconds or null, got {duration!r}")
-    loop = body.get("loop", False)
-    if not isinstance(loop, bool):
-        raise ValueError(f"loop must be true or false, got {loop!r}")
-    out.update(name=name, position_s=float(position), playing=playing, rate=float(rate),
-               duration_s=None if duration is None else float(duration), loop=loop)
-    return out
-
-
-def _resumable(state, body: dict[str, Any], login: str | None) -> Entry | None:
-    """The session a reconnecting tab proves it owns, or None."""
-    resume = body.get("resume")
-    if not isinstance(resume, dict):
-        return None
-    sid, token = resume.get("session_id"), resume.get("token")
-    if not isinstance(sid, str) or not isinstance(token, str):
-        return None
-    entry = state.registry.get_for(sid, login)
-    if entry is None or entry.kind != "webrtc":
-        return None
-    return entry if hmac.compare_digest(token.encode(), entry.resume_token.encode()) else None
-
-
-def talk_answer(entry: Entry) -> dict[str, Any] | None:
-    """The session's answer being generated, else its last one, as the page
-    reads it aloud: its question number, its text so far, and whether it is done."""
-    answer = entry.answer
-    done = answer is None
-    if answer is None and entry.answers:
-        answer = next(reversed(entry.answers.values()))
-    if answer is None:
-        return None
-    stats = answer.reply.stats
-    return {"n": answer.ticket, "text": answer.reply.text, "done": done or stats.finish_reason is not None,
-            "cancelled": bool(stats.cancelled), "spoken": answer.spoken is not None}
-
-
-# How often the Talk stream looks at the state (a dict read, no I/O) and
-# how long it stays silent at most (a proxy may close an idle stream).
-TALK_STREAM_CHECK_S = 0.05
-TALK_KEEPALIVE_S = 15.0
-
-
-def talk_state_of(entry: Entry) -> dict[str, Any]:
-    """Talk mode's state for the page: whether speech is under way, counters
-    whose change means a turn began (the page stops reading aloud:
-    barge-in) or ended, and the answer being read aloud."""
-    listener = entry.talk
-    out: dict[str, Any] = {"listening": False, "hearing": False, "speech_starts": 0, "utterances": 0,
-                           "barge_ins": 0, "answer": talk_answer(entry)}
-    if listener is not None and listener.running:
-        out.update(listening=True, hearing=listener.hearing, speech_starts=listener.speech_starts,
-                   utterances=listener.stats.utterances, barge_ins=listener.stats.barge_ins,
-                   playback=listener.playback)
-    return out
-
-
-def router(state) -> APIRouter:
-    api = APIRouter()
-    peers: dict[str, Peer] = {}  # session id -> its current peer
-
-    def mine(request: Request, sid: Any) -> Entry:
-        """The session a request names, if its login opened it: else 403 (another's) or 404."""
-        entry = state.registry.get(sid) if isinstance(sid, str) else None
-        if entry is None:
-            raise HTTPException(404, "no such session (stopped or expired)")
-        if state.registry.get_for(sid, login_of(request.headers)) is None:
-            raise HTTPException(403, "this session belongs to another login")
-        return entry
-
-    @api.post("/webrtc/offer")
-    async def offer(request: Request) -> dict[str, Any]:
-        body = await _read_offer(request)
-        try:
-            # Before any session exists: a relay that can't be had leaves nothing behind.
-            ice_servers = await state.ice_config()
-        except TurnError as exc:
-            raise HTTPException(503, f"Cannot connect from behind NAT now: {exc}.")
-        entry = _resumable(state, body, login_of(request.headers))
-        resumed = entry is not None
-        if resumed:
-            old = peers.get(entry.session.id)
-            if old is not None:
-                await old.close()
-        else:
-            try:
-                entry = state.new_session("webrtc", client=request.client.host if request.client else None,
-                                          owner=login_of(request.headers))
-            except TooManySessions as exc:
-                raise HTTPException(503, str(exc))
-        sid = entry.session.id
-        peer = Peer(state, entry, peers, ice_servers)
-        try:
-            local = await peer.answer(body["sdp"])
-        except Exception as exc:
-            await state.registry.close(sid, "bad offer")
-            raise HTTPException(400, f"could not use this offer: {exc}")
-        entry.session.last_activity = time.monotonic()
-        peer.watch_connect(state.settings.connect_timeout)
-        log.info("session %s… %s", sid[:6], "resumed by its tab" if resumed else "peer created")
-        return {"sdp": local.sdp, "type": local.type, "session_id": sid,
-                "resume_token": entry.resume_token, "resumed": resumed}
-
-    @api.post("/webrtc/close")
-    async def close(request: Request) -> dict[str, Any]:
-        body = await _read_json(request)
-        sid = str(body.get("session_id", ""))
-        if state.registry.get(sid) is not None:
-            mine(request, sid)
-        closed = await state.registry.close(sid, "stopped by the page")
-        return {"closed": closed}
-
-    @api.post("/webrtc/source")
-    async def source(request: Request) -> dict[str, Any]:
-        """Where the page's video source is: a file's position, or a switch to camera or screen."""
-        body = await _read_json(request)
-        try:
-            report = parse_source_report(body)
-        except ValueError as exc:
-            raise HTTPException(400, str(exc))
-        entry = mine(request, report.pop("session_id"))
-        # Placed by the page's clock when the session knows how it maps onto
-        # the frames' (see the module's docstring), else by arrival.
-        arrival = time.monotonic()
-        placed, by_sender = entry.session.set_source(**report)
-        # Where the report landed relative to its arrival: the video path's lead.
-        return {"ok": True, "placed_by": "sender clock" if by_sender else "arrival",
-                "placed_ms": round((placed - arrival) * 1000, 1)}
-
-    @api.post("/webrtc/typing")
-    async def typing(request: Request) -> dict[str, Any]:
-        """The page's user is typing a question: warm this session's prompt now
-        (vidchat.conversation.prewarm). ``"enter": true``: the question was just sent; its
-        sample is taken now, as the user pressed Enter, and warmed."""
-        body = await _read_json(request)
-        entry = mine(request, str(body.get("session_id", "")))
-        if state.prewarmer is not None:
-            state.prewarmer.question_coming(entry.session.id)
-            if body.get("enter") is True:
-                # Answered at once: the page's few connections are for its question.
-                task = asyncio.ensure_future(state.prewarmer.question_now(entry.session.id))
-                _background.add(task)
-                task.add_done_callback(_background.discard)
-        return {"ok": True, "prewarm": state.prewarmer.mode if state.prewarmer else "off"}
-
-    @api.get("/webrtc/talk")
-    async def talk_state(request: Request, session_id: str) -> dict[str, Any]:
-        """Talk mode's state once (the page follows /webrtc/talk/stream)."""
-        return talk_state_of(mine(request, session_id))
-
-    @api.get("/webrtc/talk/stream")
-    async def talk_stream(request: Request, session_id: str) -> StreamingResponse:
-        """Talk mode's state pushed to the page while Talk is on, one JSON
-        line each time it changes (a line every TALK_KEEPALIVE_S at the
-        least), until the session ends or the page stops reading: one
-        request for the whole of Talk, not seven a second."""
-        entry = mine(request, session_id)
-
-        async def lines() -> AsyncIterator[bytes]:
-            last, last_sent = None, 0.0
-            while state.registry.get(session_id) is entry:
-                now = time.monotonic()
-                current = talk_state_of(entry)
-                if current != last or now - last_sent >= TALK_KEEPALIVE_S:
-                    last, last_sent = current, now
-                    yield (json.dumps(current) + "\n").encode()
-                await asyncio.sleep(TALK_STREAM_CHECK_S)
-
-        return StreamingResponse(lines(), media_type="application/x-ndjson",
-                                 headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no"})
-
-    @api.post("/webrtc/talk")
-    async def talk_playback(request: Request) -> dict[str, Any]:
-        """The page started or stopped reading an answer aloud: its own voice,
-        coming back through the microphone, must not be taken for a question."""
-        body = await _read_json(request)
-        entry = mine(request, str(body.get("session_id", "")))
-        speaking = body.get("speaking")
-        if not isinstance(speaking, bool):
-            raise HTTPException(400, "'speaking' must be true or false")
-        if entry.talk is not None:
-            entry.talk.set_playback(speaking)
-        return {"ok": True, "listening": entry.talk is not None and entry.talk.running}
-
-    @api.get("/webrtc/live")
-    async def live(request: Request, session_id: str) -> dict[str, Any]:
-        """The live view's strip of kept frames and answer timings (polled every few seconds)."""
-        from vidchat.doors.inputs import live_view
-
-        entry = mine(request, session_id)
-        return await asyncio.to_thread(live_view, entry)
-
-    @api.get("/webrtc/stats")
-    async def session_stats(request: Request, session_id: str) -> dict[str, Any]:
-        entry = state.registry.get(session_id)
-        if entry is not None:
-            mine(request, session_id)
-        else:
-            reason = state.registry.closed_reason(session_id)
-            raise HTTPException(404, f"session ended: {reason}" if reason else "no such session (stopped or expired)")
-        out = dict(entry.session.stats)
-        left = entry.time_left()
-        out["time_left_s"] = None if left is None else round(left, 1)
-        out["watching"] = entry.watching
-        if entry.media is not None:
-            out["media"] = entry.media.as_dict()
-        return out
-
-    return api
