@@ -104,6 +104,115 @@ class PrewarmStats:
         busy = sum(d for end, d in self.recent if end > now - SHARE_WINDOW_S)
         return busy / SHARE_WINDOW_S
 
+    def counts(self) -> dict[str, Any]:
+        """The counters as /api/health shows them."""
+        return {"warmups": self.warmups, "skipped_same_inputs": self.skipped_same_inputs,
+                "skipped_busy": self.skipped_busy, "skipped_budget": self.skipped_budget, "aborted": self.aborted,
+                "yielded": self.yielded, "awaited": self.awaited, "pinned": self.pinned, "pins_used": self.pins_used,
+                "late_enter_reports": self.late_enter_reports,
+                "failed": self.failed, "busy_s": round(self.busy_s, 3)}
+
+
+@dataclass
+class FrameCost:
+    """What a frame new to the engine costs it (warm-up time per frame it
+    had not seen, a moving average), and the encoder budget that follows."""
+
+    per_frame_s: float | None = None
+
+    def learn(self, session: Any, took_s: float, new_frames: int) -> None:
+        """Where a new frame is slow (a CPU: the vision encoder takes most of
+        a second a frame), limit how many new frames a question may carry so
+        it answers within ENCODE_BUDGET_S."""
+        if new_frames < 2:
+            return  # too few to tell encoding from the fixed cost of a request
+        per_frame = took_s / new_frames
+        self.per_frame_s = per_frame if self.per_frame_s is None else 0.7 * self.per_frame_s + 0.3 * per_frame
+        budget = int(ENCODE_BUDGET_S / self.per_frame_s)
+        session.encode_budget = max(1, budget) if budget < session.settings.num_sample_frames else None
+
+
+def warm_candidates(state: Any, warm_states: dict[str, WarmState], pins: "EnterPins",
+                    now: float, interval_s: float) -> list[tuple[bool, float, Any, tuple]]:
+    """The sessions worth a warm-up now, most urgent first, as (not urgent,
+    last warmed, entry, sample key): a pinned Enter before anything, then
+    sessions whose user is typing, then the longest unwarmed. Forgets the
+    warm states and pins of sessions that ended."""
+    live = {}
+    out = []
+    segments = getattr(state.engine, "splits_audio", False)
+    for entry in state.registry.entries():
+        sid = entry.session.id
+        live[sid] = entry
+        if pins.unwarmed(entry, now):
+            out.append((False, -1.0, entry, sample_key(entry, segments)))  # Enter was pressed: first of all
+            continue
+        if entry.answer is not None or entry.session.frame_count == 0:
+            continue  # its own answer is filling the cache; nothing to warm yet
+        if now - entry.answer_ended < SETTLE_S:
+            continue
+        key = sample_key(entry, segments)
+        warm = warm_states.get(sid)
+        if warm is not None and warm.key == key:
+            continue
+        urgent = warm is not None and warm.urgent_until > now
+        interval = URGENT_INTERVAL_S if urgent else interval_s
+        if warm is not None and now - warm.at < interval:
+            continue
+        out.append((not urgent, warm.at if warm else 0.0, entry, key))
+    for sid in [s for s in warm_states if s not in live]:
+        del warm_states[sid]  # the session ended
+    pins.prune(live, now)
+    out.sort(key=lambda c: (c[0], c[1]))
+    return out
+
+
+def warm_sample(engine: Any, entry: Any, pin: Pin | None) -> tuple[Any, bool]:
+    """What a warm-up of this session sends, and whether it is the sample taken at Enter."""
+    if pin is not None and not pin.warmed:
+        pin.warmed = True
+        return pin.sample, True  # all of it: the question will carry exactly this
+    if getattr(engine, "splits_audio", False):
+        # The audio's finished segments, not the newest one if it is still
+        # growing: the question's will be longer (vidchat.media.audio).
+        return entry.session.sample().without_audio_tail(), False
+    # As one clip the audio grows with every chunk, so it is never a
+    # question's prefix: warming it would double the work for nothing.
+    return entry.session.sample().without_audio(), False
+
+
+class EnterPins:
+    """The samples taken as Enter was pressed, one per session, each for the question on its way."""
+
+    def __init__(self) -> None:
+        self._pins: dict[str, Pin] = {}
+
+    def put(self, session_id: str, pin: Pin) -> None:
+        self._pins[session_id] = pin
+
+    def get(self, session_id: str) -> Pin | None:
+        return self._pins.get(session_id)
+
+    def take(self, entry: Any) -> Pin | None:
+        """The pin for this question (None when there is none, it is older
+        than PIN_S, or the question came with other sampling settings): used once."""
+        pin = self._pins.pop(entry.session.id, None)
+        if (pin is None or time.monotonic() - pin.at > PIN_S or pin.settings != entry.session.settings
+                or pin.question_seq != entry.question_seq):
+            return None
+        return pin
+
+    def unwarmed(self, entry: Any, now: float) -> bool:
+        """A fresh pin of this session's coming question, not warmed yet: warmed before anything else."""
+        pin = self._pins.get(entry.session.id)
+        return pin is not None and not pin.warmed and now - pin.at < PIN_S and pin.question_seq == entry.question_seq
+
+    def prune(self, live: dict[str, Any], now: float) -> None:
+        """Forget the pins of ended sessions, stale ones, and those a question overtook."""
+        for sid in [s for s in self._pins if s not in live or now - self._pins[s].at > PIN_S
+                    or self._pins[s].question_seq != live[s].question_seq]:
+            del self._pins[sid]
+
 
 def lead_digest(frames: Any, frames_as: str) -> str:
     """What a warm-up must share with a question to be worth it: all frames
@@ -136,12 +245,12 @@ class Prewarmer:
         self.max_share = max_share
         self.stats = PrewarmStats()
         self._warm: dict[str, WarmState] = {}
-        self._pins: dict[str, Pin] = {}
+        self._pins = EnterPins()
         self._wake = asyncio.Event()
         self._task: asyncio.Task | None = None
         self.current: tuple[str, asyncio.Task, str] | None = None  # (session id, warm-up, its inputs) in flight
         self._yielding: asyncio.Task | None = None  # a warm-up cancelled to make way for an answer
-        self.frame_cost_s: float | None = None  # engine seconds per frame new to it (moving average)
+        self.frame_cost = FrameCost()
 
     # -- lifecycle -----------------------------------------------------------
     def start(self) -> None:
@@ -195,7 +304,7 @@ class Prewarmer:
         sample = await asyncio.to_thread(session.sample)
         if entry.question_seq != asked:
             return  # its question overtook it: nothing left to warm for
-        self._pins[session_id] = Pin(time.monotonic(), sample, session.settings, asked)
+        self._pins.put(session_id, Pin(time.monotonic(), sample, session.settings, asked))
         self.stats.pinned += 1
         current = self.current
         if current is not None and self._yielding is not current[1]:
@@ -208,11 +317,9 @@ class Prewarmer:
         """The sample taken at Enter for this question (None when there is
         none, it is older than PIN_S, or the question came with other
         sampling settings): used once."""
-        pin = self._pins.pop(entry.session.id, None)
-        if (pin is None or time.monotonic() - pin.at > PIN_S or pin.settings != entry.session.settings
-                or pin.question_seq != entry.question_seq):
-            return None
-        self.stats.pins_used += 1
+        pin = self._pins.take(entry)
+        if pin is not None:
+            self.stats.pins_used += 1
         return pin
 
     async def answer_arriving(self, answer: Any) -> None:
@@ -244,14 +351,11 @@ class Prewarmer:
         return self._warm.get(session_id)
 
     def snapshot(self) -> dict[str, Any]:
-        s = self.stats
-        return {"mode": self.mode, "warmups": s.warmups, "skipped_same_inputs": s.skipped_same_inputs,
-                "skipped_busy": s.skipped_busy, "skipped_budget": s.skipped_budget, "aborted": s.aborted,
-                "yielded": s.yielded, "awaited": s.awaited, "pinned": s.pinned, "pins_used": s.pins_used,
-                "late_enter_reports": s.late_enter_reports,
-                "failed": s.failed, "busy_s": round(s.busy_s, 3),
-                "frame_cost_ms": None if self.frame_cost_s is None else round(self.frame_cost_s * 1000, 1),
-                "share": round(s.share(time.monotonic()), 3),
+        """What /api/health shows of warm-ups."""
+        cost = self.frame_cost.per_frame_s
+        return {"mode": self.mode, **self.stats.counts(),
+                "frame_cost_ms": None if cost is None else round(cost * 1000, 1),
+                "share": round(self.stats.share(time.monotonic()), 3),
                 "running": self.current is not None}
 
     # -- the loop --------------------------------------------------------------
@@ -278,36 +382,7 @@ class Prewarmer:
                 or any(e.answer is not None for e in self.state.registry.entries()))
 
     def _candidates(self, now: float) -> list[tuple[bool, float, Any, tuple]]:
-        live = {}
-        out = []
-        segments = getattr(self.state.engine, "splits_audio", False)
-        for entry in self.state.registry.entries():
-            sid = entry.session.id
-            live[sid] = entry
-            pin = self._pins.get(sid)
-            if pin is not None and not pin.warmed and now - pin.at < PIN_S and pin.question_seq == entry.question_seq:
-                out.append((False, -1.0, entry, sample_key(entry, segments)))  # Enter was pressed: first of all
-                continue
-            if entry.answer is not None or entry.session.frame_count == 0:
-                continue  # its own answer is filling the cache; nothing to warm yet
-            if now - entry.answer_ended < SETTLE_S:
-                continue
-            key = sample_key(entry, segments)
-            warm = self._warm.get(sid)
-            if warm is not None and warm.key == key:
-                continue
-            urgent = warm is not None and warm.urgent_until > now
-            interval = URGENT_INTERVAL_S if urgent else self.interval_s
-            if warm is not None and now - warm.at < interval:
-                continue
-            out.append((not urgent, warm.at if warm else 0.0, entry, key))
-        for sid in [s for s in self._warm if s not in live]:
-            del self._warm[sid]  # the session ended
-        for sid in [s for s in self._pins if s not in live or now - self._pins[s].at > PIN_S
-                    or self._pins[s].question_seq != live[s].question_seq]:
-            del self._pins[sid]
-        out.sort(key=lambda c: (c[0], c[1]))
-        return out
+        return warm_candidates(self.state, self._warm, self._pins, now, self.interval_s)
 
     async def _step(self) -> None:
         engine = self.state.engine
@@ -329,16 +404,7 @@ class Prewarmer:
             self._wake.set()
 
     def _budget(self, session: Any, took_s: float, new_frames: int) -> None:
-        """Learn what a new frame costs the engine (warm-up time per frame it
-        had not seen) and, where that is slow (a CPU: the vision encoder
-        takes most of a second a frame), limit how many new frames a question
-        may carry so it answers within ENCODE_BUDGET_S."""
-        if new_frames < 2:
-            return  # too few to tell encoding from the fixed cost of a request
-        per_frame = took_s / new_frames
-        self.frame_cost_s = per_frame if self.frame_cost_s is None else 0.7 * self.frame_cost_s + 0.3 * per_frame
-        budget = int(ENCODE_BUDGET_S / self.frame_cost_s)
-        session.encode_budget = max(1, budget) if budget < session.settings.num_sample_frames else None
+        self.frame_cost.learn(session, took_s, new_frames)
 
     async def _warm_entry(self, engine: Any, entry: Any, key: tuple) -> None:
         from vidchat.conversation import chat
@@ -348,18 +414,7 @@ class Prewarmer:
         warm.at = time.monotonic()
         options = entry.warm_options or self.state.answer_defaults()
         pin = self._pins.get(sid)
-        at_enter = pin is not None and not pin.warmed
-        if at_enter:
-            pin.warmed = True
-            sample = pin.sample  # all of it: the question will carry exactly this
-        elif getattr(engine, "splits_audio", False):
-            # The audio's finished segments, not the newest one if it is still
-            # growing: the question's will be longer (vidchat.media.audio).
-            sample = entry.session.sample().without_audio_tail()
-        else:
-            # As one clip the audio grows with every chunk, so it is never a
-            # question's prefix: warming it would double the work for nothing.
-            sample = entry.session.sample().without_audio()
+        sample, at_enter = warm_sample(engine, entry, pin)
         if not sample.frames:
             warm.key = key
             return

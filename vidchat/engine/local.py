@@ -164,40 +164,12 @@ class LocalEngine(ModelEngine):
 
         t0 = time.perf_counter()
         gpu = on_gpu()
-        limits = {"image": options.max_images, "video": options.max_videos, "audio": options.max_audios}
-        dtype = options.dtype
-        if dtype == "auto" and not gpu and not cpu_has_native_bf16():
-            # vLLM's "auto" runs a bfloat16 checkpoint in bfloat16 on a CPU
-            # too; without native bf16 instructions every matmul is emulated,
-            # about 100x slower than float32 here (AVX2: 2.7 s against 21 ms).
-            dtype = "float32"
-            log.info("this CPU has no native bfloat16 (avx512_bf16, amx_bf16 or Arm bf16): running the model in "
-                     "float32, which is many times faster here; --dtype bfloat16 overrides")
-        kwargs: dict[str, Any] = dict(
-            model=options.model,
-            dtype=dtype,
-            max_model_len=options.max_model_len,
-            limit_mm_per_prompt=limits,
-            enforce_eager=options.enforce_eager,
-            disable_log_stats=True,
-            seed=options.seed,
-        )
-        # vLLM keeps processed frames for reuse (4 GiB by default): bounded
-        # here, since live video makes every frame new and the cache only grows.
-        kwargs["mm_processor_cache_gb"] = options.mm_cache_gb
-        # Warm-ups (vidchat.conversation.prewarm) run at a lower priority than answers, so
-        # a question never waits behind a queued warm-up. Only when warm-ups
-        # are on from the start: otherwise vLLM schedules first come, first
-        # served, exactly as before warm-ups existed.
-        if options.priority_scheduling:
-            kwargs["scheduling_policy"] = "priority"
+        dtype = _dtype_for(options.dtype, gpu)
         family = family_of(model_type_of(options.model))
         processor_kwargs = family.processor_kwargs(options.max_image_pixels)
         if options.max_image_pixels and family.pixel_cap is None:
             log.info("%s: the per-frame pixel cap is not passed to this model family's processor "
                      "(frames are still stored at no more than %d pixels)", family.name, options.max_image_pixels)
-        if processor_kwargs:
-            kwargs["mm_processor_kwargs"] = processor_kwargs
         try:
             processor = AutoProcessor.from_pretrained(options.model)
         except ImportError as exc:  # e.g. SmolVLM's processor needs num2words
@@ -210,23 +182,7 @@ class LocalEngine(ModelEngine):
         except Exception as exc:  # a processor with other call conventions: vLLM's size stays
             log.warning("could not measure tokens per frame for %s (%s); vLLM's encoder cache keeps "
                         "its default size", options.model, exc)
-        if options.encoder_cache_frames > 0:
-            if per_frame:
-                budget = encoder_cache_budget(per_frame, options.encoder_cache_frames, gpu)
-                if budget is not None:
-                    kwargs["max_num_batched_tokens"] = budget
-        if gpu:
-            kwargs["gpu_memory_utilization"] = options.gpu_memory_utilization
-        if options.video_pruning_rate > 0:
-            kwargs["video_pruning_rate"] = options.video_pruning_rate
-        if options.tensor_parallel_size > 1:
-            kwargs["tensor_parallel_size"] = options.tensor_parallel_size
-        if options.data_parallel_size > 1:
-            kwargs["data_parallel_size"] = options.data_parallel_size
-        else:
-            # Unset, vLLM on CPU reserves most of the RAM and starts slowly.
-            kwargs["kv_cache_memory_bytes"] = int(options.kv_cache_gb * (1 << 30))
-            kwargs["distributed_executor_backend"] = "uni"
+        kwargs = vllm_engine_kwargs(options, dtype, gpu, processor_kwargs, per_frame)
         try:
             llm = AsyncLLM.from_engine_args(AsyncEngineArgs(**kwargs))
         except Exception as exc:
@@ -319,27 +275,8 @@ class LocalEngine(ModelEngine):
             history=history,
             system_prompt=system_prompt,
         )
-        prompt: dict[str, Any] = {"prompt": prompt_text}
-        if cache_salt:
-            # vLLM mixes the salt into the first block's hash: prefix-cache
-            # hits then only happen between requests with the same salt.
-            prompt["cache_salt"] = cache_salt
         fps = video_fps(frame_times, len(frames)) if frames_as == "video" else None
-        mm = self._multi_modal_data(frames, frames_as, [clip for clip, _ in clips], fps)
-        if mm:
-            prompt["multi_modal_data"] = mm
-        uuids: dict[str, list[str]] = {}
-        if cache_salt and frames and frame_ids is not None and len(frame_ids) == len(frames):
-            if frames_as == "video":
-                uuids["video"] = [f"{cache_salt}/video/{','.join(map(str, frame_ids))}"]
-            else:
-                uuids["image"] = [f"{cache_salt}/{fid}" for fid in frame_ids]
-        if cache_salt and clips and all(name is not None for _, name in clips):
-            uuids["audio"] = [f"{cache_salt}/audio/{name}" for _, name in clips]
-        if uuids:
-            prompt["multi_modal_uuids"] = uuids
-        if fps is not None and self.family.fps_kwarg:
-            prompt["mm_processor_kwargs"] = {"fps": fps}
+        prompt = self._vllm_prompt(prompt_text, frames, frames_as, clips, fps, cache_salt, frame_ids)
         from vllm import SamplingParams
 
         params = SamplingParams(
@@ -353,6 +290,25 @@ class LocalEngine(ModelEngine):
                            audio_parts=[clip.size for clip, _ in clips] if len(clips) > 1 else [],
                            history_turns=len(history), history_turns_total=total_turns)
         return Prepared(prompt, prompt_text, params, stats, video_fps=fps)
+
+    def _vllm_prompt(self, prompt_text: str, frames: Sequence[np.ndarray | Image.Image], frames_as: str,
+                     clips: Sequence[tuple[np.ndarray, str | None]], fps: float | None, cache_salt: str | None,
+                     frame_ids: Sequence[str] | None) -> dict[str, Any]:
+        """The prompt as vLLM takes it: text, media, the media's cache names and the salt."""
+        prompt: dict[str, Any] = {"prompt": prompt_text}
+        if cache_salt:
+            # vLLM mixes the salt into the first block's hash: prefix-cache
+            # hits then only happen between requests with the same salt.
+            prompt["cache_salt"] = cache_salt
+        mm = self._multi_modal_data(frames, frames_as, [clip for clip, _ in clips], fps)
+        if mm:
+            prompt["multi_modal_data"] = mm
+        uuids = _media_uuids(cache_salt, len(frames), frame_ids, frames_as, clips)
+        if uuids:
+            prompt["multi_modal_uuids"] = uuids
+        if fps is not None and self.family.fps_kwarg:
+            prompt["mm_processor_kwargs"] = {"fps": fps}
+        return prompt
 
     async def warm(self, prepared: Prepared) -> ReplyStats:
         """Run a warm-up (a prepared ``warmup=True`` prompt): vLLM encodes its
@@ -408,22 +364,7 @@ class LocalEngine(ModelEngine):
 
     def _translate(self, exc: BaseException, request_id: str) -> EngineError:
         """vLLM's exceptions, reworded so a user knows what to change."""
-        from vllm.v1.engine.exceptions import EngineDeadError, EngineGenerateError
-
-        cause = exc.__cause__ if isinstance(exc, EngineGenerateError) and exc.__cause__ else exc
-        text = str(cause)
-        if isinstance(exc, EngineDeadError) or self.is_dead:
-            return EngineDead(ENGINE_DEAD_MESSAGE)
-        if "longer than the maximum model length" in text or "maximum context length" in text:
-            return EngineError(
-                f"The question with its frames and chat history is too long for the model "
-                f"(limit {self.options.max_model_len} tokens): send fewer frames, clear the "
-                f"chat, or restart with a larger --max-model-len. ({text.splitlines()[0]})"
-            )
-        if "may be provided in one prompt" in text:
-            return EngineError(f"{text.splitlines()[0]} Lower 'frames per question' or raise --max-images.")
-        log.exception("request %s failed", request_id, exc_info=exc)
-        return EngineError(f"The model failed to answer: {text.splitlines()[0] if text else type(cause).__name__}")
+        return reworded_error(exc, request_id, self.options.max_model_len, lambda: self.is_dead)
 
 
 def _allowed_mm_limits(llm: Any) -> dict[str, int] | None:
@@ -436,3 +377,96 @@ def _allowed_mm_limits(llm: Any) -> dict[str, int] | None:
     except Exception:
         log.debug("could not read vLLM's multimodal limits", exc_info=True)
         return None
+
+
+def _dtype_for(dtype: str, gpu: bool) -> str:
+    """The dtype vLLM runs the model in: ``auto`` means float32 on a CPU without native bfloat16."""
+    if dtype == "auto" and not gpu and not cpu_has_native_bf16():
+        # vLLM's "auto" runs a bfloat16 checkpoint in bfloat16 on a CPU
+        # too; without native bf16 instructions every matmul is emulated,
+        # about 100x slower than float32 here (AVX2: 2.7 s against 21 ms).
+        log.info("this CPU has no native bfloat16 (avx512_bf16, amx_bf16 or Arm bf16): running the model in "
+                 "float32, which is many times faster here; --dtype bfloat16 overrides")
+        return "float32"
+    return dtype
+
+
+def vllm_engine_kwargs(options: EngineOptions, dtype: str, gpu: bool, processor_kwargs: dict[str, Any],
+                       per_frame: int | None) -> dict[str, Any]:
+    """vLLM's engine arguments for these options on this machine (``per_frame``:
+    the processor's tokens per frame, which sizes the encoder cache when asked)."""
+    limits = {"image": options.max_images, "video": options.max_videos, "audio": options.max_audios}
+    kwargs: dict[str, Any] = dict(
+        model=options.model,
+        dtype=dtype,
+        max_model_len=options.max_model_len,
+        limit_mm_per_prompt=limits,
+        enforce_eager=options.enforce_eager,
+        disable_log_stats=True,
+        seed=options.seed,
+    )
+    # vLLM keeps processed frames for reuse (4 GiB by default): bounded
+    # here, since live video makes every frame new and the cache only grows.
+    kwargs["mm_processor_cache_gb"] = options.mm_cache_gb
+    # Warm-ups (vidchat.conversation.prewarm) run at a lower priority than answers, so
+    # a question never waits behind a queued warm-up. Only when warm-ups
+    # are on from the start: otherwise vLLM schedules first come, first
+    # served, exactly as before warm-ups existed.
+    if options.priority_scheduling:
+        kwargs["scheduling_policy"] = "priority"
+    if processor_kwargs:
+        kwargs["mm_processor_kwargs"] = processor_kwargs
+    if options.encoder_cache_frames > 0:
+        if per_frame:
+            budget = encoder_cache_budget(per_frame, options.encoder_cache_frames, gpu)
+            if budget is not None:
+                kwargs["max_num_batched_tokens"] = budget
+    if gpu:
+        kwargs["gpu_memory_utilization"] = options.gpu_memory_utilization
+    if options.video_pruning_rate > 0:
+        kwargs["video_pruning_rate"] = options.video_pruning_rate
+    if options.tensor_parallel_size > 1:
+        kwargs["tensor_parallel_size"] = options.tensor_parallel_size
+    if options.data_parallel_size > 1:
+        kwargs["data_parallel_size"] = options.data_parallel_size
+    else:
+        # Unset, vLLM on CPU reserves most of the RAM and starts slowly.
+        kwargs["kv_cache_memory_bytes"] = int(options.kv_cache_gb * (1 << 30))
+        kwargs["distributed_executor_backend"] = "uni"
+    return kwargs
+
+
+def _media_uuids(cache_salt: str | None, n_frames: int, frame_ids: Sequence[str] | None, frames_as: str,
+                 clips: Sequence[tuple[Any, str | None]]) -> dict[str, list[str]]:
+    """The names vLLM caches each frame's (or the video's) and each audio
+    clip's encoding under, within the session's salt; none without a salt or names."""
+    uuids: dict[str, list[str]] = {}
+    if cache_salt and n_frames and frame_ids is not None and len(frame_ids) == n_frames:
+        if frames_as == "video":
+            uuids["video"] = [f"{cache_salt}/video/{','.join(map(str, frame_ids))}"]
+        else:
+            uuids["image"] = [f"{cache_salt}/{fid}" for fid in frame_ids]
+    if cache_salt and clips and all(name is not None for _, name in clips):
+        uuids["audio"] = [f"{cache_salt}/audio/{name}" for _, name in clips]
+    return uuids
+
+
+def reworded_error(exc: BaseException, request_id: str, max_model_len: int, dead: Any) -> EngineError:
+    """vLLM's exception as the error a user reads: what to change, where
+    something can be changed. ``dead()``: whether the engine has died."""
+    from vllm.v1.engine.exceptions import EngineDeadError, EngineGenerateError
+
+    cause = exc.__cause__ if isinstance(exc, EngineGenerateError) and exc.__cause__ else exc
+    text = str(cause)
+    if isinstance(exc, EngineDeadError) or dead():
+        return EngineDead(ENGINE_DEAD_MESSAGE)
+    if "longer than the maximum model length" in text or "maximum context length" in text:
+        return EngineError(
+            f"The question with its frames and chat history is too long for the model "
+            f"(limit {max_model_len} tokens): send fewer frames, clear the "
+            f"chat, or restart with a larger --max-model-len. ({text.splitlines()[0]})"
+        )
+    if "may be provided in one prompt" in text:
+        return EngineError(f"{text.splitlines()[0]} Lower 'frames per question' or raise --max-images.")
+    log.exception("request %s failed", request_id, exc_info=exc)
+    return EngineError(f"The model failed to answer: {text.splitlines()[0] if text else type(cause).__name__}")
