@@ -3,11 +3,10 @@
 .PHONY: run test test-fast flakes
 ARGS ?=
 PYTEST_ARGS ?=
-# pytest workers: one per two cores (each module stays on one worker, with
-# its own servers). On a 2-core machine that is one: two workers there were
-# only ~10% faster (CPU time grew by half under contention) and timing-bound
-# page tests began to fail (measured in clean clones; README "Tests").
-TEST_WORKERS ?= $(shell n=$$(nproc 2>/dev/null || echo 2); echo $$(( n / 2 > 1 ? n / 2 : 1 )))
+# pytest workers: one per core, at most 4 (each holds its own servers and
+# engines). Work is handed out by module (modules that share an expensive
+# fixture go together; tests/conftest.py), longest first.
+TEST_WORKERS ?= $(shell n=$$(nproc 2>/dev/null || echo 2); echo $$(( n > 4 ? 4 : n )))
 XDIST = $(if $(filter-out 1,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist loadfile)
 
 run:

@@ -39,18 +39,52 @@ SERVER_ARGS = ["--ws-idle-timeout", "4", "--ws-config-timeout", "2", "--session-
 
 free_port = allocate_port  # the name the older test modules use
 
-# The modules that take longest (seconds of a two-worker run, measured),
-# run first: xdist hands modules out in collection order, and a long module
-# left for last keeps one worker busy while the other has nothing to do.
-LONGEST_MODULES = ["test_webrtc", "test_preset_qwen", "test_hosting", "test_access", "test_page", "test_replay",
-                   "test_app", "test_preset_smolvlm", "test_compare", "test_page_cpu_default", "test_bench_talk"]
+# How `make test` spreads the suite over xdist workers (--dist loadfile, with
+# the scheduler below): a module is a unit of work, except that modules
+# sharing an expensive session fixture travel together, so one worker starts
+# it once instead of each worker starting its own.
+SHARED_FIXTURE_GROUPS = {
+    # the suite's `vllm serve` (tiny_vllm_serve)
+    "test_hosting": "vllm-serve", "test_hosting_page": "vllm-serve", "test_space": "vllm-serve",
+    "test_remote_engine": "vllm-serve",
+    # the in-process tiny engines (omni_engine, vl_engine)
+    "test_engine": "tiny-engines", "test_answer_path": "tiny-engines", "test_video_timing": "tiny-engines",
+    "test_conversation": "tiny-engines", "test_prewarm": "tiny-engines", "test_talk": "tiny-engines",
+}
+# Units of work, longest first (seconds of a serial run, measured; the
+# rest are shorter): workers take them in this order as they free up, so no
+# long unit is left for the end while the other worker idles.
+LONGEST_FIRST = ["test_preset_qwen", "vllm-serve", "test_webrtc", "test_replay", "test_compare",
+                 "test_preset_smolvlm", "test_page", "test_access", "test_app", "tiny-engines",
+                 "test_page_cpu_default", "test_bench_talk", "test_bench_page", "test_page_watch", "test_bench_gpu",
+                 "test_page_talk", "test_protocol", "test_encoder_cache", "test_page_layout", "test_fuzz"]
+
+
+def work_unit(nodeid: str) -> str:
+    module = Path(nodeid.split("::")[0]).stem
+    return SHARED_FIXTURE_GROUPS.get(module, module)
 
 
 def pytest_collection_modifyitems(config, items) -> None:
-    rank = {name: i for i, name in enumerate(LONGEST_MODULES)}
+    rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
     order = {id(item): i for i, item in enumerate(items)}
-    items.sort(key=lambda item: (rank.get(item.module.__name__, len(rank)) if item.module else len(rank),
-                                 order[id(item)]))
+    items.sort(key=lambda item: (rank.get(work_unit(item.nodeid), len(rank)), order[id(item)]))
+
+
+def pytest_xdist_make_scheduler(config, log):
+    """With --dist loadfile: hand out work units (a module, or the modules of
+    one group) in collection order. xdist's own loadgroup can't be used: it
+    renames test ids, which pytest 9 no longer allows."""
+    if config.getvalue("dist") != "loadfile":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class ByWorkUnit(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return work_unit(nodeid)
+
+    config.option.loadscopereorder = False  # keep the longest-first order
+    return ByWorkUnit(config, log)
 
 
 # ---- models and engines ----
@@ -93,6 +127,28 @@ def vl_engine(tiny_vl_path):
     engine = LocalEngine.start(tiny_options(tiny_vl_path))
     yield engine
     engine.shutdown()
+
+
+@pytest.fixture(scope="session")
+def tiny_vllm_serve(tiny_omni_path, artifacts_dir) -> str:
+    """One `vllm serve` of the tiny omni model (loopback), shared by the
+    remote-engine tests and by the servers whose tests are about access, not
+    the engine (hosting modes, a Space's start): they run app.py with
+    ``--engine-url`` on it instead of each loading a model of their own."""
+    import json
+
+    from vidchat.engine.families import family_of
+
+    kwargs = family_of("qwen2_5_omni").processor_kwargs(tinymodel.MAX_PIXELS)
+    serve = harness.start_vllm_serve(tiny_omni_path, artifacts_dir / "vllm-serve.log", [
+        "--dtype", "float32", "--max-model-len", str(TEST_MAX_MODEL_LEN), "--enforce-eager",
+        "--kv-cache-memory-bytes", str(256 << 20),
+        "--limit-mm-per-prompt", json.dumps({"image": TEST_MAX_IMAGES, "video": 1, "audio": 1}),
+        "--mm-processor-kwargs", json.dumps(kwargs), "--enable-prompt-tokens-details",
+        "--distributed-executor-backend", "uni"])
+    count_engine_start("vllm serve")
+    yield serve.url
+    harness.stop_vllm_serve(serve)
 
 
 @pytest.fixture(scope="session")

@@ -1,5 +1,5 @@
 """Hosting, round 2 (issue 21), through the real server (uvicorn subprocess,
-real vLLM on the tiny model) and Gradio's real HTTP API, raw (no
+answered by real vLLM on the tiny model: the suite's shared `vllm serve`) and Gradio's real HTTP API, raw (no
 gradio_client for the refusals), in each access mode:
 
 * none (loopback, --forwarded-allow-ips): clients behind a local proxy get
@@ -54,29 +54,32 @@ GUARDED_MODES = {
 }
 
 
-def start(name: str, args: list[str], artifacts_dir: Path, tmp: Path, env: dict | None = None):
+def start(name: str, args: list[str], artifacts_dir: Path, tmp: Path, engine_url: str, env: dict | None = None):
+    """app.py in one access mode. What these tests check is the guard in front
+    of the engine, so the answers come from the suite's shared `vllm serve`
+    (``--engine-url``) instead of a model loaded by each of the four servers."""
     uploads = tmp / "gradio-uploads"
     uploads.mkdir(parents=True, exist_ok=True)
-    srv = start_server([*BASE_ARGS, *args], artifacts_dir / f"server-hosting-{name}.log",
+    srv = start_server([*BASE_ARGS, "--engine-url", engine_url, *args], artifacts_dir / f"server-hosting-{name}.log",
                        env_extra={"GRADIO_TEMP_DIR": str(uploads), **(env or {})})
     srv.uploads = uploads
     return srv
 
 
 @pytest.fixture(scope="module")
-def plain(tiny_omni_path, artifacts_dir, tmp_path_factory):
+def plain(tiny_vllm_serve, artifacts_dir, tmp_path_factory):
     """No credentials (loopback), proxies on this machine trusted, one session per client address."""
     srv = start("none", ["--forwarded-allow-ips", "127.0.0.1", "--max-sessions-per-client", "1",
                          "--max-concurrent-answers", "4", "--max-sessions", "24"],
-                artifacts_dir, tmp_path_factory.mktemp("none"))
+                artifacts_dir, tmp_path_factory.mktemp("none"), tiny_vllm_serve)
     yield srv
     stop_server(srv)
 
 
 @pytest.fixture(scope="module", params=list(GUARDED_MODES))
-def guarded(request, tiny_omni_path, artifacts_dir, tmp_path_factory):
+def guarded(request, tiny_vllm_serve, artifacts_dir, tmp_path_factory):
     mode = request.param
-    srv = start(mode, GUARDED_MODES[mode], artifacts_dir, tmp_path_factory.mktemp(mode),
+    srv = start(mode, GUARDED_MODES[mode], artifacts_dir, tmp_path_factory.mktemp(mode), tiny_vllm_serve,
                 SPACE_ENV if mode == "hf" else None)
     srv.mode = mode
     yield srv
@@ -431,8 +434,10 @@ async def test_only_a_client_that_opted_in_is_told_its_place_in_the_queue(plain)
         await eventually_async(lambda: health(plain)["answers"]["waiting"] >= 2, 15, "both questions wait")
         assert health(plain)["answers"]["waiting"] == 2
     finally:
+        # Hung up, not closed: these clients read nothing after response.start,
+        # so a polite close would wait (10 s each) behind the deltas they left unread.
         for ws in busy:
-            await ws.close()
+            ws.transport.abort()
     check_answer(await until(seed, "response.text.done", timeout=120))  # waited, and was told nothing
     check_answer([m for m in await until(opted, "response.text.done", timeout=120) if m["type"] != "response.queued"])
     await opted.close()

