@@ -146,3 +146,21 @@ def test_both():
     err = result.stderr.str() + result.stdout.str()
     assert "no tier marker (unit, engine or browser): test_untiered.py::test_nothing" in err, err
     assert "more than one tier marker" in err and "test_both" in err, err
+
+
+def test_work_units_name_real_modules_and_keep_shared_fixtures_on_one_worker():
+    """The xdist scheduler's table (conftest): every module it names exists,
+    the longest-first list names only real units, and modules sharing a
+    session fixture form one unit."""
+    from pathlib import Path
+
+    import conftest
+
+    modules = {p.stem for p in Path(conftest.__file__).parent.glob("test_*.py")}
+    assert set(conftest.SHARED_FIXTURE_GROUPS) <= modules
+    units = {conftest.work_unit(f"tests/{m}.py::t") for m in modules}
+    assert set(conftest.LONGEST_FIRST) <= units, set(conftest.LONGEST_FIRST) - units
+    assert len(conftest.LONGEST_FIRST) == len(set(conftest.LONGEST_FIRST))
+    assert conftest.work_unit("tests/test_hosting.py::test_x[token]") == conftest.work_unit(
+        "tests/test_remote_engine.py::test_y") == "vllm-serve"
+    assert conftest.work_unit("tests/test_page.py::test_z") == "test_page"
