@@ -21,8 +21,8 @@ TOKEN_VALUE = "document.querySelector('#vidchat-page-token textarea, #vidchat-pa
 
 @pytest.fixture(scope="module")
 def space(tiny_vllm_serve, artifacts_dir):
-    srv = start_server([*BASE_ARGS, "--engine-url", tiny_vllm_serve, *GUARDED_MODES["hf"]], artifacts_dir / "server-hosting-page-hf.log",
-                       env_extra=SPACE_ENV)
+    srv = start_server([*BASE_ARGS, "--engine-url", tiny_vllm_serve, *GUARDED_MODES["hf"]],
+                       artifacts_dir / "server-hosting-page-hf.log", env_extra=SPACE_ENV)
     yield srv
     stop_server(srv)
 

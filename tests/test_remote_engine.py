@@ -21,11 +21,6 @@ from vidchat.engine.remote import RemoteEngine
 pytestmark = pytest.mark.engine
 
 
-@pytest.fixture(scope="module")
-def vllm_server(tiny_vllm_serve):
-    return tiny_vllm_serve
-
-
 def remote_running(url: str) -> float:
     """Requests the remote vLLM server is generating (its Prometheus metrics)."""
     with urllib.request.urlopen(url + "/metrics", timeout=5) as r:
@@ -39,8 +34,8 @@ async def until_remote_idle(url: str, within: float = 3.0) -> None:
                            "the remote request is aborted")
 
 
-async def test_the_remote_engine_answers_with_the_same_stats_and_cache_hits(vllm_server, tiny_omni_path):
-    engine = await asyncio.to_thread(RemoteEngine.start, tiny_options(tiny_omni_path), vllm_server)
+async def test_the_remote_engine_answers_with_the_same_stats_and_cache_hits(tiny_vllm_serve, tiny_omni_path):
+    engine = await asyncio.to_thread(RemoteEngine.start, tiny_options(tiny_omni_path), tiny_vllm_serve)
     try:
         assert engine.served_model == str(tiny_omni_path) and engine.accepts_audio
         shown = frames(4, seed=5)
@@ -65,16 +60,16 @@ async def test_the_remote_engine_answers_with_the_same_stats_and_cache_hits(vllm
         long = engine.ask("Talk.", frames=shown[:1], max_tokens=3000, temperature=0.0)
         async for _ in long:
             break
-        assert engine.running_requests == 1 and await asyncio.to_thread(remote_running, vllm_server) == 1
+        assert engine.running_requests == 1 and await asyncio.to_thread(remote_running, tiny_vllm_serve) == 1
         await long.cancel()
         assert long.stats.cancelled and engine.running_requests == 0
-        await until_remote_idle(vllm_server)
+        await until_remote_idle(tiny_vllm_serve)
     finally:
         engine.shutdown()
 
 
-async def test_vidchat_in_front_of_a_remote_server_over_the_protocol(vllm_server, tiny_omni_path, artifacts_dir):
-    srv = await asyncio.to_thread(start_server, ["--model", "tiny", "--engine-url", vllm_server,
+async def test_vidchat_in_front_of_a_remote_server_over_the_protocol(tiny_vllm_serve, tiny_omni_path, artifacts_dir):
+    srv = await asyncio.to_thread(start_server, ["--model", "tiny", "--engine-url", tiny_vllm_serve,
                                                  "--ws-idle-timeout", "4", "--ws-config-timeout", "2"],
                                   artifacts_dir / "server-remote.log")
     try:
@@ -98,9 +93,9 @@ async def test_vidchat_in_front_of_a_remote_server_over_the_protocol(vllm_server
         await send(ws, {"type": "session.update", "max_tokens": LONG["max_tokens"]})
         await send(ws, {"type": "video.query", "text": "Talk again."})
         await until(ws, "response.text.delta")
-        assert await asyncio.to_thread(remote_running, vllm_server) == 1
+        assert await asyncio.to_thread(remote_running, tiny_vllm_serve) == 1
         ws.transport.abort()
-        await until_remote_idle(vllm_server)
+        await until_remote_idle(tiny_vllm_serve)
         # The page's door: a WebRTC session asks through the chat and gets the same QA record.
         client = RtcClient(srv.url, SyntheticVideo())
         await client.connect()
