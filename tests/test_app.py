@@ -163,10 +163,12 @@ async def test_a_socket_session_runs_while_the_model_loads_and_ctrl_c_leaves_no_
     write_y4m(tmp_path / "cam.y4m", (200, 40, 40))
     write_wav(tmp_path / "mic.wav")
     async with async_playwright() as pw, websockets.connect(srv.ws_url) as open_socket:
+        # Configured at once: a socket left unconfigured while Chromium starts
+        # is closed by the server's config timeout on a loaded machine.
+        await open_socket.send(json.dumps({"type": "session.config"}))
         browser = await launch(pw, tmp_path / "cam.y4m", tmp_path / "mic.wav", tmp_path)
         try:
             await open_and_start(browser, srv.url + "/", min_buffer=4)  # a tab streaming its camera
-            await open_socket.send(json.dumps({"type": "session.config"}))
             await eventually_async(lambda: asyncio.to_thread(lambda: srv.get_json("/api/health")["sessions"] >= 2),
                                    30, "the tab's and the socket's sessions are open")
             began = time.monotonic()
