@@ -59,8 +59,12 @@ fi
 
 start=$(date +%s)
 [[ -x .venv/bin/python ]] || "$python" -m venv .venv
+# --no-compile: pip would byte-compile every installed file (3 GB, most of
+# it never imported here) at install; Python compiles and caches what is
+# actually imported, on first import.
 pip=(.venv/bin/python -m pip --disable-pip-version-check -q)
-"${pip[@]}" install -U pip >/dev/null
+pip_install=("${pip[@]}" install --no-compile)
+"${pip_install[@]}" -U pip >/dev/null
 
 pip_args=()
 if [[ $flavour == cpu ]]; then
@@ -72,7 +76,7 @@ if [[ $flavour == cpu ]]; then
     fi
 fi
 echo "setup: installing vidchat[$extras] into .venv (first time takes a few minutes)" >&2
-"${pip[@]}" install "${pip_args[@]}" -e ".[$extras]"
+"${pip_install[@]}" "${pip_args[@]}" -e ".[$extras]"
 
 if [[ $flavour == cpu ]]; then
     # PyPI's torchaudio/torchcodec/torchvision are CUDA builds that fail to load

@@ -35,7 +35,12 @@ ARTIFACTS = ROOT / "test-artifacts"
 TEST_MAX_MODEL_LEN = 4096
 TEST_MAX_IMAGES = 16
 # Short protocol timeouts so the idle/config timeout tests run in seconds.
-SERVER_ARGS = ["--ws-idle-timeout", "4", "--ws-config-timeout", "2", "--session-idle-timeout", "8"]
+# A WebRTC session outlives 20 s without media, not 8: with two workers on
+# 2 cores, a tab's Chromium starved beside the other worker's engines once
+# sent nothing for 8 s and its session expired mid-test.
+SESSION_IDLE_TIMEOUT = 20
+SERVER_ARGS = ["--ws-idle-timeout", "4", "--ws-config-timeout", "2",
+               "--session-idle-timeout", str(SESSION_IDLE_TIMEOUT)]
 
 free_port = allocate_port  # the name the older test modules use
 

@@ -14,7 +14,7 @@ from gradio_client import Client
 from vidchat.conversation.settings_table import SETTINGS
 from vidchat.devtools.rtc_client import RtcClient, SyntheticAudio, SyntheticVideo
 
-from conftest import thumbnail_colours, until_idle, eventually_async
+from conftest import SESSION_IDLE_TIMEOUT, eventually_async, thumbnail_colours, until_idle
 
 pytestmark = pytest.mark.engine
 
@@ -171,8 +171,8 @@ async def test_dropped_connection_is_noticed_and_session_freed(server):
         return "detail" in await asyncio.to_thread(server.get_json, f"/webrtc/stats?session_id={sid}")
 
     # The server's peer sees the DTLS close at once, or the media stop
-    # within --session-idle-timeout (8 s in the test server).
-    await wait_for(gone, 15, "the server ended the vanished client's session")
+    # within --session-idle-timeout (conftest.SESSION_IDLE_TIMEOUT).
+    await wait_for(gone, SESSION_IDLE_TIMEOUT + 10, "the server ended the vanished client's session")
 
 
 async def test_bad_offer_is_refused_with_a_message(server):
