@@ -249,9 +249,14 @@ def test_the_console_says_what_the_user_needs_before_ready(server):
     print(f"{len(before_ready)} lines from start to ready")
     text = "\n".join(before_ready)
     for needed in ("starting vidchat with model", "RANDOM weights", "listening on http://127.0.0.1:",
-                   "engine ready:", "on CPU", "vidchat ready on http://127.0.0.1:"):
+                   "engine ready:", "on CPU", "warm-ups: off (auto: a 320x240 frame took",
+                   "vidchat ready on http://127.0.0.1:"):
         assert needed in text, needed
     for noise in ("[transformers]", "libtcmalloc", "reduce_op", "Triton is not installed", "GET /api/health",
-                  "Initializing a V1 LLM engine"):
+                  "Initializing a V1 LLM engine", "processor_kwargs", "Warning", "warn("):
         assert noise not in text, noise
     assert len(before_ready) <= 20, text
+    # --prewarm auto (the default) timed a frame of the tiny model: cheap, so warm-ups are off, and says so.
+    prewarm = server.get_json("/api/health")["prewarm"]
+    assert (prewarm["setting"], prewarm["chosen"]) == ("auto", "off"), prewarm
+    assert prewarm["frame_encode_ms"] is not None and "less than 150 ms" in prewarm["reason"], prewarm

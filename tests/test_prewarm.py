@@ -12,7 +12,7 @@ import types
 import numpy as np
 import pytest
 
-from vidchat.conversation import chat, prewarm
+from vidchat.conversation import chat, prewarm, prewarm_auto
 from vidchat.conversation.answer_queue import AnswerQueue
 from vidchat.conversation.chat import AnswerOptions
 from vidchat.conversation.prewarm import Prewarmer
@@ -204,7 +204,58 @@ def test_the_budget_follows_the_measured_cost_of_a_new_frame():
     assert session.encode_budget is None
     for _ in range(10):
         prewarmer._budget(session, 16 * 0.8, 16)  # the true-size CPU default: 0.8 s a frame
-    assert session.encode_budget == 1 and prewarmer.snapshot()["frame_cost_ms"] > 700
+    # Slower than ENCODE_BUDGET_S a frame: a question carries only frames a warm-up encoded.
+    assert session.encode_budget == 0 and prewarmer.snapshot()["frame_cost_ms"] > 700
+    assert prewarmer.frame_cost.slow
+
+
+@pytest.mark.unit
+def test_auto_turns_warm_ups_on_only_where_a_frame_is_slow_to_encode():
+    cheap, slow = prewarm_auto.choose(6.0), prewarm_auto.choose(480.0)  # the tiny model; the CPU default
+    assert cheap.chosen == "off" and slow.chosen == "idle"
+    assert "6 ms" in cheap.reason and "150 ms" in cheap.reason and "480 ms" in slow.reason
+    assert prewarm_auto.explicit("always").chosen == "always"
+
+
+@pytest.mark.unit
+async def test_auto_stays_off_until_its_choice_then_seeds_the_encoder_budget():
+    registry = SessionRegistry()
+    prewarmer = Prewarmer(fake_state(None, registry), "auto")
+    prewarmer.start()
+    assert prewarmer.mode == "off" and prewarmer.snapshot()["setting"] == "auto"
+    await prewarmer.apply_choice(prewarm_auto.choose(480.0))
+    snap = prewarmer.snapshot()
+    assert (snap["mode"], snap["chosen"], snap["frame_encode_ms"]) == ("idle", "idle", 480.0)
+    assert "more than 150 ms" in snap["reason"] and prewarmer.frame_cost.slow
+    assert prewarmer.frame_cost.budget(4) == 0  # a question carries no frame new to the engine
+    await prewarmer.stop()
+
+
+@pytest.mark.engine
+async def test_slow_frames_are_encoded_as_they_arrive_but_not_while_the_user_types(omni_engine):
+    """Where a frame is slow to encode, each new kept frame is worth a
+    warm-up (on the tiny model one is skipped, see above); a question then
+    carries only encoded frames; while the user types, a warm-up encodes
+    nothing new, so a question never waits behind a frame's encoding."""
+    registry = SessionRegistry()
+    entry = entry_with_frames(registry, seed=11)
+    prewarmer = Prewarmer(fake_state(omni_engine, registry), "idle", interval_s=0.0)
+    prewarmer.frame_cost.per_frame_s = 0.5  # as --prewarm auto measured on the CPU default
+    session = entry.session
+    await prewarmer._step()
+    assert prewarmer.stats.warmups == 1 and session.encoded_count(session.sample().seqs) == 16
+    add_frames(entry, 1, seed=12, t0=200.0)  # one new kept frame
+    await prewarmer._step()
+    assert prewarmer.stats.warmups == 2 and prewarmer.stats.skipped_same_inputs == 0
+    question = session.sample()
+    assert session.encode_budget == 0 and session.encoded_count(question.seqs) == len(question.seqs)
+    prewarmer.question_coming(session.id)  # a key pressed
+    add_frames(entry, 1, seed=13, t0=300.0)
+    newest = session.sample(new_frames=None).seqs[-1]
+    await prewarmer._step()
+    assert session.encoded_count([newest]) == 0  # left for after the question
+    question = session.sample()
+    assert newest not in question.seqs and session.encoded_count(question.seqs) == len(question.seqs)
 
 
 def add_audio(entry, seconds: float, t: float, seed: int = 0) -> None:

@@ -20,6 +20,7 @@ from vidchat.app.loopwatch import LoopWatch
 from vidchat.app.settings import Settings
 from vidchat.app.state import AppState
 from vidchat.app.turn import TurnError
+from vidchat.conversation import prewarm_auto
 from vidchat.conversation.prewarm import Prewarmer
 from vidchat.devtools import tinymodel
 from vidchat.engine import EngineError, EngineOptions
@@ -150,6 +151,8 @@ def _lifespan(state: AppState, loop_watch: LoopWatch) -> Callable[[FastAPI], Asy
         reaper = asyncio.create_task(_reap_idle_sessions(state))
         state.prewarmer = Prewarmer(state, state.settings.prewarm)
         state.prewarmer.start()
+        if not owns_engine:
+            await prewarm_auto.settle(state, measure=False)
         loop_watch.start()
         log.info("vidchat listening on http://%s:%d%s", state.settings.host, state.settings.port,
                  " (loading the model)" if owns_engine else "")
@@ -299,6 +302,7 @@ async def _load_engine(state: AppState) -> None:
         log.error("the model failed to load: %s", exc, exc_info=not isinstance(exc, EngineError))
         state.engine_settled(None, str(exc))
         return
+    await prewarm_auto.settle(state, engine)  # --prewarm auto times a frame here, before the server is ready
     state.engine_settled(engine)
     log.info("vidchat ready on http://%s:%d", state.settings.host, state.settings.port)
     if state.compare_model_path:

@@ -90,12 +90,14 @@ class Settings:
         "System prompt put before every conversation.",
     )
     prewarm: str = _opt(
-        "off", "Keep each session's next question prefilled in the engine (vidchat/conversation/prewarm.py): 'idle' sends "
+        "auto", "Keep each session's next question prefilled in the engine (vidchat/conversation/prewarm.py): 'idle' sends "
         "warm-ups only while no answer is generating, 'always' also beside answers (at lower priority), 'off' "
         "never. With warm-ups on, the page's Enter also has the server take the question's frames and audio at "
-        "once and warm them while the question travels. Off by default: where the browser shares the server's "
-        "2 CPU cores, warm-ups slowed the page more than they saved (README, 'Warm-ups').",
-        choices=("off", "idle", "always"),
+        "once and warm them while the question travels. 'auto' times one encode of a stored-size frame at "
+        "start-up: above 150 ms a frame (the CPU default, ~0.5 s) it chooses 'idle' and each kept frame is "
+        "encoded as it arrives; below (the tiny model, a GPU) 'off', where warm-ups slowed the page more than "
+        "they saved (README, 'Warm-ups'). The start-up log and /api/health say which and why.",
+        choices=("auto", "off", "idle", "always"),
     )
     record_dir: str = _opt(
         "", "Save every answer as a recording bundle (its frames as PNG, audio as WAV, question, chat history, "

@@ -23,6 +23,10 @@ The rules that keep it cheap and harmless:
   (``max_share`` of a sliding window).
 * With the session's own cache salt, so no session warms another's cache;
   a warm-up of a session that ends is aborted.
+* Where a frame is slow to encode (the CPU default: ~0.5 s), each kept frame
+  is encoded as it arrives, a question carries only frames already encoded
+  (``ENCODE_BUDGET_S``), and while the user types only those are prefilled.
+  ``--prewarm auto`` turns warm-ups on only there (vidchat.conversation.prewarm_auto).
 """
 
 from __future__ import annotations
@@ -34,6 +38,10 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from vidchat.conversation.enter_pins import PIN_S, EnterPins, Pin
+from vidchat.conversation.prewarm_auto import ENCODE_BUDGET_S, FrameCost, PrewarmChoice, explicit, pending
+
+__all__ = ["ENCODE_BUDGET_S", "PIN_S", "EnterPins", "FrameCost", "Pin", "Prewarmer", "PrewarmStats"]
 log = logging.getLogger(__name__)
 
 MODES = ("off", "idle", "always")
@@ -50,12 +58,6 @@ SHARE_WINDOW_S = 30.0
 # shares, a warm-up then would hold them back), and the next question is
 # seconds away.
 SETTLE_S = 0.5
-# A sample taken as Enter is pressed (question_now) serves the question that
-# reaches the server within this long; later, the question samples anew.
-PIN_S = 2.0
-# Where new frames are slow to encode, a question may carry only as many as
-# the engine encodes in this time; the rest are swapped for encoded ones.
-ENCODE_BUDGET_S = 1.0
 
 
 @dataclass
@@ -70,17 +72,6 @@ class WarmState:
     warmed: int = 0
     last_cached_tokens: int = 0
     last_prompt_tokens: int = 0
-
-
-@dataclass
-class Pin:
-    """The sample taken as Enter was pressed, for the question on its way."""
-
-    at: float  # time.monotonic()
-    sample: Any
-    settings: Any  # the session's settings it was taken with
-    question_seq: int  # the session's questions asked by then: a later question makes the pin stale
-    warmed: bool = False
 
 
 @dataclass
@@ -111,25 +102,6 @@ class PrewarmStats:
                 "yielded": self.yielded, "awaited": self.awaited, "pinned": self.pinned, "pins_used": self.pins_used,
                 "late_enter_reports": self.late_enter_reports,
                 "failed": self.failed, "busy_s": round(self.busy_s, 3)}
-
-
-@dataclass
-class FrameCost:
-    """What a frame new to the engine costs it (warm-up time per frame it
-    had not seen, a moving average), and the encoder budget that follows."""
-
-    per_frame_s: float | None = None
-
-    def learn(self, session: Any, took_s: float, new_frames: int) -> None:
-        """Where a new frame is slow (a CPU: the vision encoder takes most of
-        a second a frame), limit how many new frames a question may carry so
-        it answers within ENCODE_BUDGET_S."""
-        if new_frames < 2:
-            return  # too few to tell encoding from the fixed cost of a request
-        per_frame = took_s / new_frames
-        self.per_frame_s = per_frame if self.per_frame_s is None else 0.7 * self.per_frame_s + 0.3 * per_frame
-        budget = int(ENCODE_BUDGET_S / self.per_frame_s)
-        session.encode_budget = max(1, budget) if budget < session.settings.num_sample_frames else None
 
 
 def warm_candidates(state: Any, warm_states: dict[str, WarmState], pins: "EnterPins",
@@ -167,51 +139,21 @@ def warm_candidates(state: Any, warm_states: dict[str, WarmState], pins: "EnterP
     return out
 
 
-def warm_sample(engine: Any, entry: Any, pin: Pin | None) -> tuple[Any, bool]:
-    """What a warm-up of this session sends, and whether it is the sample taken at Enter."""
+def warm_sample(engine: Any, entry: Any, pin: Pin | None, new_frames: int | None = -1) -> tuple[Any, bool]:
+    """What a warm-up of this session sends, and whether it is the sample
+    taken at Enter. ``new_frames``: at most this many frames new to the
+    engine (-1: the session's encode budget, as its question)."""
     if pin is not None and not pin.warmed:
         pin.warmed = True
         return pin.sample, True  # all of it: the question will carry exactly this
+    sample = entry.session.sample(new_frames=new_frames)
     if getattr(engine, "splits_audio", False):
         # The audio's finished segments, not the newest one if it is still
         # growing: the question's will be longer (vidchat.media.audio).
-        return entry.session.sample().without_audio_tail(), False
+        return sample.without_audio_tail(), False
     # As one clip the audio grows with every chunk, so it is never a
     # question's prefix: warming it would double the work for nothing.
-    return entry.session.sample().without_audio(), False
-
-
-class EnterPins:
-    """The samples taken as Enter was pressed, one per session, each for the question on its way."""
-
-    def __init__(self) -> None:
-        self._pins: dict[str, Pin] = {}
-
-    def put(self, session_id: str, pin: Pin) -> None:
-        self._pins[session_id] = pin
-
-    def get(self, session_id: str) -> Pin | None:
-        return self._pins.get(session_id)
-
-    def take(self, entry: Any) -> Pin | None:
-        """The pin for this question (None when there is none, it is older
-        than PIN_S, or the question came with other sampling settings): used once."""
-        pin = self._pins.pop(entry.session.id, None)
-        if (pin is None or time.monotonic() - pin.at > PIN_S or pin.settings != entry.session.settings
-                or pin.question_seq != entry.question_seq):
-            return None
-        return pin
-
-    def unwarmed(self, entry: Any, now: float) -> bool:
-        """A fresh pin of this session's coming question, not warmed yet: warmed before anything else."""
-        pin = self._pins.get(entry.session.id)
-        return pin is not None and not pin.warmed and now - pin.at < PIN_S and pin.question_seq == entry.question_seq
-
-    def prune(self, live: dict[str, Any], now: float) -> None:
-        """Forget the pins of ended sessions, stale ones, and those a question overtook."""
-        for sid in [s for s in self._pins if s not in live or now - self._pins[s].at > PIN_S
-                    or self._pins[s].question_seq != live[s].question_seq]:
-            del self._pins[sid]
+    return sample.without_audio(), False
 
 
 def lead_digest(frames: Any, frames_as: str) -> str:
@@ -237,10 +179,13 @@ def sample_key(entry: Any, audio_segments: bool = False) -> tuple:
 class Prewarmer:
     def __init__(self, state: Any, mode: str = "idle", interval_s: float = DEFAULT_INTERVAL_S,
                  max_share: float = 0.5) -> None:
-        if mode not in MODES:
-            raise ValueError(f"prewarm mode must be one of {', '.join(MODES)}, got {mode!r}")
+        if mode not in MODES and mode != "auto":
+            raise ValueError(f"prewarm mode must be one of auto, {', '.join(MODES)}, got {mode!r}")
         self.state = state
-        self.mode = mode
+        # --prewarm auto stays off until the engine is up and a frame is timed (apply_choice).
+        self.setting = mode
+        self.choice: PrewarmChoice = pending() if mode == "auto" else explicit(mode)
+        self.mode = self.choice.chosen
         self.interval_s = interval_s
         self.max_share = max_share
         self.stats = PrewarmStats()
@@ -259,7 +204,10 @@ class Prewarmer:
             self.state.answer_gate.arrival_hooks.append(self.answer_arriving)
 
     async def set_mode(self, mode: Any) -> None:
-        """Change the mode while running ('off' stops the loop; a warm-up in flight finishes)."""
+        """Change the mode while running ('off' stops the loop; a warm-up in
+        flight finishes; 'auto': what --prewarm auto chose at start-up)."""
+        if mode == "auto" and self.setting == "auto":
+            mode = self.choice.chosen
         if mode not in MODES:
             raise ValueError(f"prewarm mode must be one of {', '.join(MODES)}, got {mode!r}")
         if mode == "off":
@@ -268,6 +216,14 @@ class Prewarmer:
             return
         self.mode = mode
         self.start()
+
+    async def apply_choice(self, choice: PrewarmChoice) -> None:
+        """What --prewarm resolved to (vidchat.conversation.prewarm_auto): its
+        measured frame cost seeds the encoder budget, its mode runs."""
+        self.choice = choice
+        if choice.frame_encode_ms is not None and choice.chosen != "off":
+            self.frame_cost.per_frame_s = choice.frame_encode_ms / 1000
+        await self.set_mode(choice.chosen)
 
     async def stop(self) -> None:
         if self.answer_arriving in self.state.answer_gate.arrival_hooks:
@@ -353,7 +309,9 @@ class Prewarmer:
     def snapshot(self) -> dict[str, Any]:
         """What /api/health shows of warm-ups."""
         cost = self.frame_cost.per_frame_s
-        return {"mode": self.mode, **self.stats.counts(),
+        return {"mode": self.mode, "setting": self.setting, "chosen": self.choice.chosen,
+                "reason": self.choice.reason, "frame_encode_ms": self.choice.frame_encode_ms,
+                "threshold_ms": self.choice.threshold_ms, **self.stats.counts(),
                 "frame_cost_ms": None if cost is None else round(cost * 1000, 1),
                 "share": round(self.stats.share(time.monotonic()), 3),
                 "running": self.current is not None}
@@ -404,7 +362,20 @@ class Prewarmer:
             self._wake.set()
 
     def _budget(self, session: Any, took_s: float, new_frames: int) -> None:
-        self.frame_cost.learn(session, took_s, new_frames)
+        self.frame_cost.learn(took_s, new_frames)
+        self.frame_cost.apply(session)
+
+    def _ahead(self, warm: WarmState) -> int | None:
+        """New frames a background warm-up of this session may encode (-1: as
+        many as its question may carry). Where frames are slow to encode, at
+        least the newest: each kept frame is encoded as it arrives, so the
+        question finds its frames encoded. But not while the user types: a
+        question is coming, and a frame's encoding in flight would hold it
+        up; the warm-up then prefills the frames already encoded."""
+        if not self.frame_cost.slow or warm.urgent_until > time.monotonic():
+            return -1
+        budget = self.frame_cost.budget(0x7FFFFFFF)
+        return max(1, budget or 0)
 
     async def _warm_entry(self, engine: Any, entry: Any, key: tuple) -> None:
         from vidchat.conversation import chat
@@ -414,7 +385,8 @@ class Prewarmer:
         warm.at = time.monotonic()
         options = entry.warm_options or self.state.answer_defaults()
         pin = self._pins.get(sid)
-        sample, at_enter = warm_sample(engine, entry, pin)
+        self.frame_cost.apply(entry.session)
+        sample, at_enter = warm_sample(engine, entry, pin, self._ahead(warm))
         if not sample.frames:
             warm.key = key
             return
@@ -427,7 +399,10 @@ class Prewarmer:
             return
         prompt_key = (prepared.prompt_text, options.frames_as, sample.audio_parts if options.include_audio else ())
         lead = await asyncio.to_thread(lead_digest, sample.frames, options.frames_as)
-        if lead == warm.inputs_sha256 and prompt_key == warm.prompt_key:
+        new_frames = len(sample.seqs) - entry.session.encoded_count(sample.seqs)
+        # One new frame is not worth a warm-up where encoding is cheap (the
+        # question encodes it in no time); where it is slow, it is the point.
+        if lead == warm.inputs_sha256 and prompt_key == warm.prompt_key and not (self.frame_cost.slow and new_frames):
             warm.key = key
             self.stats.skipped_same_inputs += 1
             return
@@ -469,15 +444,18 @@ class Prewarmer:
             took = time.monotonic() - started
             self.stats.busy_s += took
             self.stats.recent.append((time.monotonic(), took))
-        new_frames = len(sample.seqs) - entry.session.encoded_count(sample.seqs)
         entry.session.mark_encoded(sample.seqs)
         self._budget(entry.session, took, new_frames)
         warm.key, warm.inputs_sha256, warm.prompt_key = key, lead, prompt_key
         warm.warmed += 1
         warm.last_cached_tokens, warm.last_prompt_tokens = stats.cached_tokens, stats.prompt_tokens
         self.stats.warmups += 1
-        log.log(logging.INFO if at_enter else logging.DEBUG,
-                "session %s…: warmed %s%d frames, %d prompt tokens (%d already cached) in %.0f ms, "
-                "%.0f ms after Enter", sid[:6], "the sample taken at Enter: " if at_enter else "",
-                len(sample.frames), stats.prompt_tokens, stats.cached_tokens, took * 1000,
-                (time.monotonic() - pin.at) * 1000 if at_enter else float("nan"))
+        _log_warmed(sid, sample, stats, took, pin if at_enter else None, new_frames)
+
+
+def _log_warmed(sid: str, sample: Any, stats: Any, took: float, pin: Pin | None, new_frames: int) -> None:
+    log.log(logging.INFO if pin is not None else logging.DEBUG,
+            "session %s…: warmed %s%d frames (%d new), %d prompt tokens (%d already cached) in %.0f ms, "
+            "%.0f ms after Enter", sid[:6], "the sample taken at Enter: " if pin is not None else "",
+            len(sample.frames), new_frames, stats.prompt_tokens, stats.cached_tokens, took * 1000,
+            (time.monotonic() - pin.at) * 1000 if pin is not None else float("nan"))

@@ -268,7 +268,7 @@ class Session:
     # -- questions ---------------------------------------------------------
 
     def sample(self, k: int | None = None, strategy: str | None = None,
-               span: tuple[float, float] | None = None) -> Sample:
+               span: tuple[float, float] | None = None, new_frames: int | None = -1) -> Sample:
         """Frames (and audio) for one question; defaults come from the settings.
 
         Which frames: ``strategy`` (or, for a spoken question, ``span``:
@@ -282,6 +282,10 @@ class Session:
         audio kept, from the first 2-s segment boundary of what is kept
         (AudioWindow.steady_start), and ``audio_parts`` gives the segments.
         A spoken question gets exactly its span's audio.
+
+        ``new_frames``: at most this many frames new to the engine (None: no
+        limit); -1, the default: the session's ``encode_budget`` (a warm-up
+        that encodes ahead asks for more than a question may carry).
         """
         with self._lock:
             s = self.settings
@@ -294,7 +298,8 @@ class Session:
             frames = list(self._buffer.frames)
             candidates, picked, window_start = pick(frames, k, strategy, span=span, sample_seconds=s.sample_seconds,
                                                     newest_received_t=self._buffer.newest_received_t)
-            picked, substituted = within_encode_budget(frames, candidates, picked, self._encoded, self.encode_budget)
+            budget = self.encode_budget if new_frames == -1 else new_frames
+            picked, substituted = within_encode_budget(frames, candidates, picked, self._encoded, budget)
             audio, audio_parts = _question_audio(self._audio, frames, picked, window_start, span, s)
             origin = self.timeline_start if self.timeline_start is not None else 0.0
             tail_open = not self._audio.ends_segment

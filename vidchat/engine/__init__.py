@@ -241,6 +241,16 @@ class Prepared:
     video_fps: float | None = None
 
 
+def chat_template_kwargs(processor_kwargs: dict | None) -> dict[str, Any]:
+    """The processor's kwargs as transformers 5 wants them at apply_chat_template:
+    in ``processor_kwargs``. SmolVLM's processor otherwise puts its video
+    defaults (num_frames, fps) in ``**kwargs``, and transformers then warns
+    "Kwargs passed to processor.__call__ have to be in processor_kwargs
+    dict" at every prompt built: once per question and warm-up. A copy each
+    time: SmolVLM's processor adds those defaults to the dict it is given."""
+    return {"processor_kwargs": dict(processor_kwargs)} if processor_kwargs else {}
+
+
 def tokens_per_frame(processor: Any, max_image_pixels: int = 0, processor_kwargs: dict | None = None) -> int:
     """Prompt tokens one webcam frame costs with this processor: a 640x480
     frame as sent, and as sessions store it (scaled down to
@@ -254,9 +264,11 @@ def tokens_per_frame(processor: Any, max_image_pixels: int = 0, processor_kwargs
         sizes.append((max(1, int(width * scale)), max(1, int(height * scale))))
     question = {"type": "text", "text": "?"}
     with_frame = processor.apply_chat_template([{"role": "user", "content": [{"type": "image"}, question]}],
-                                               tokenize=False, add_generation_prompt=True)
+                                               tokenize=False, add_generation_prompt=True,
+                                               **chat_template_kwargs(processor_kwargs))
     without = processor.apply_chat_template([{"role": "user", "content": [question]}],
-                                            tokenize=False, add_generation_prompt=True)
+                                            tokenize=False, add_generation_prompt=True,
+                                            **chat_template_kwargs(processor_kwargs))
     base = len(processor.tokenizer(without)["input_ids"])
     costs = []
     for size in sizes:
@@ -398,7 +410,8 @@ class ModelEngine:
         for turn in history:
             messages.append({"role": turn.role, "content": [{"type": "text", "text": turn.text}]})
         messages.append({"role": "user", "content": parts})
-        return self._processor.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        return self._processor.apply_chat_template(messages, tokenize=False, add_generation_prompt=True,
+                                                   **chat_template_kwargs(self.processor_kwargs))
 
     def check_request(self, n_frames: int, frames_as: str) -> None:
         """Raise EngineError for a frame count or form this engine would refuse."""
