@@ -1,25 +1,27 @@
 """The page's latency: Enter -> first token visible, in headless Chromium with
 a fake camera, against a real server (real vLLM).
 
-    .venv/bin/python bench/page.py [--questions 20] [--still-questions 10]
-    .venv/bin/python bench/page.py --server-arg=--preset=NAME   # any app.py option for its server
+    .venv/bin/python bench/page.py [--questions 20] [--still-questions 20]
+    .venv/bin/python bench/page.py --preset smolvlm2-256m --true-size   # the CPU default, random weights
+    .venv/bin/python bench/page.py --server-arg=--frames-per-question=8  # any app.py option for its server
 
-Rows, each over --questions questions with 16 frames each, every question on a
-fresh chat (so every question costs the same):
+Rows, each over --questions questions (the model's frames per question:
+16 on the tiny model, 4 on the SmolVLM presets), every question on a fresh
+chat (so every question costs the same), the session's default sampling:
 
-* moving scene, warm-ups off (uniform sampling);
-* moving scene, warm-ups on (idle mode, stable sampling: the question shares
-  the warm-up's prefix);
-* mostly still scene (moves 2 s in every 8), warm-ups off and on, and on
-  without audio (--still-questions each);
+* moving scene, warm-ups off;
+* moving scene, warm-ups ``auto`` (what --prewarm auto chose at start-up for
+  this model: off on the tiny model, encode-ahead on the CPU default);
+* mostly still scene (moves 2 s in every 8), off and auto (--still-questions each);
 
 each split into Enter -> server event (the browser's and Gradio's share),
 server event -> first token (vidchat and vLLM) and first token -> visible.
 The full report is written to bench/results/page.json.
 
 Last lines: `latency: {…json…}` (the whole report) and
-`page: preset=… questions=… median_ms_off=… median_ms_idle=… p95_ms_idle=…
-still_median_ms_off=… still_median_ms_idle=…`.
+`page: preset=… median_ms_off=… median_ms_auto=… p95_ms_auto=… still_median_ms_auto=…`
+(with the ratio auto/off and the still scene's off median before it, on
+the line `ratios:`).
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from vidchat.devtools import harness  # noqa: E402
 from vidchat.devtools.page import (  # noqa: E402
@@ -44,7 +47,6 @@ from vidchat.devtools.page import (  # noqa: E402
 log = logging.getLogger("bench.page")
 RESULTS = Path(__file__).resolve().parent / "results"
 RED = (210, 40, 40)
-FRAMES = 16
 
 
 async def _observe_latency(page) -> None:
@@ -140,19 +142,17 @@ def summarise(timed: list, prep: list, server: list, questions: int) -> dict:
     }
 
 
-async def _mode(page, server: harness.Server, questions: int, mode: str, sampling: str) -> dict:
-    await page.locator("#vc-sampling input").fill(sampling)
-    await page.keyboard.press("Enter")
-    await next_frame(page)
-    if server.post_json("/api/prewarm", {"mode": mode}).get("mode") != mode:
-        raise RuntimeError(f"the server refused warm-up mode {mode}")
+async def _mode(page, server: harness.Server, questions: int, mode: str) -> dict:
+    switched = server.post_json("/api/prewarm", {"mode": mode})
+    if switched.get("mode") != mode and not (mode == "auto" and switched.get("setting") == "auto"):
+        raise RuntimeError(f"the server refused warm-up mode {mode}: {switched}")
     pins_before = server.get_json("/api/health")["prewarm"]["pins_used"]
     summary = summarise(*await _round(page, server, questions), questions)
     health = server.get_json("/api/health")
     # With warm-ups on, the page's Enter has the server take each question's
     # sample at once and warm it (vidchat.conversation.prewarm question_now); off, never.
     taken_at_enter = health["prewarm"]["pins_used"] - pins_before
-    summary.update(sampling=sampling, loop_lag_so_far=health["loop_lag"], samples_taken_at_enter=taken_at_enter)
+    summary.update(mode_run=switched["mode"], loop_lag_so_far=health["loop_lag"], samples_taken_at_enter=taken_at_enter)
     return summary
 
 
@@ -163,43 +163,28 @@ async def measure(server: harness.Server, questions: int, still_questions: int, 
     write_y4m(media["moving"], RED)
     write_y4m(media["still"], RED, seconds=8.0, moving_s=2.0)
     write_wav(media["tone"])
-    report: dict = {"questions": questions, "still_questions": still_questions, "frames_per_question": FRAMES}
+    report: dict = {"questions": questions, "still_questions": still_questions}
     async with async_playwright() as pw:
-        browser = await launch(pw, media["moving"], media["tone"])
-        try:
-            page = await open_and_start(browser, server.url + "/")
-            await set_setting(page, "vc-max-tokens", "8")
-            await _observe_latency(page)
-            # Warm-ups with the sampling that lets a question share their prefix.
-            for mode, sampling in (("off", "uniform"), ("idle", "stable")):
-                report[f"prewarm_{mode}"] = await _mode(page, server, questions, mode, sampling)
-            # A scene that is mostly still while the question is typed: the
-            # sample then changes little between the warm-up and Enter. A
-            # sliding window over a scene in constant motion changes at both
-            # ends every few kept frames, so warm-ups can't keep up with it.
-            await browser.close()
-            browser = await launch(pw, media["still"], media["tone"])
-            page = await open_and_start(browser, server.url + "/")
-            await set_setting(page, "vc-max-tokens", "8")
-            await _observe_latency(page)
-            for mode in ("off", "idle"):
-                report[f"still_prewarm_{mode}"] = await _mode(page, server, still_questions, mode, "stable")
-            # The same without audio: the audio since the first sampled frame
-            # grows with every chunk, so it is prefilled anew at each
-            # question, warm-ups or not; this is what the frames alone cost.
-            await page.click("#vc-settings label:has-text('Include audio')")
-            report["still_prewarm_idle_no_audio"] = await _mode(page, server, still_questions, "idle", "stable")
-            report["prewarm"] = server.get_json("/api/health")["prewarm"]
-        finally:
-            if server.post_json("/api/prewarm", {"mode": "off"}).get("mode") != "off":  # the default
-                log.error("could not switch warm-ups back off")
-            await browser.close()
+        for scene, n in (("moving", questions), ("still", still_questions)):
+            # A mostly still scene changes little between a warm-up and Enter;
+            # a scene in constant motion brings new frames all the time.
+            browser = await launch(pw, media[scene], media["tone"])
+            try:
+                page = await open_and_start(browser, server.url + "/")
+                await set_setting(page, "vc-max-tokens", "8")
+                await _observe_latency(page)
+                for mode in ("off", "auto"):
+                    key = f"prewarm_{mode}" if scene == "moving" else f"still_prewarm_{mode}"
+                    report[key] = await _mode(page, server, n, mode)
+            finally:
+                await browser.close()
+        report["prewarm"] = server.get_json("/api/health")["prewarm"]
+        server.post_json("/api/prewarm", {"mode": "auto"})  # back to the server's own choice
     return report
 
 
-ROWS = [("moving, warm-ups off", "prewarm_off"), ("moving, warm-ups on", "prewarm_idle"),
-        ("still, warm-ups off", "still_prewarm_off"), ("still, warm-ups on", "still_prewarm_idle"),
-        ("still, warm-ups on, no audio", "still_prewarm_idle_no_audio")]
+ROWS = [("moving, warm-ups off", "prewarm_off"), ("moving, warm-ups auto", "prewarm_auto"),
+        ("still, warm-ups off", "still_prewarm_off"), ("still, warm-ups auto", "still_prewarm_auto")]
 
 
 def print_report(report: dict, preset: str) -> None:
@@ -211,15 +196,31 @@ def print_report(report: dict, preset: str) -> None:
               f"{parts['server_event_to_first_token']:>9.1f}{parts['first_token_to_visible']:>9.1f}")
     print("latency:", json.dumps(report))
     med = {key: report[key]["enter_to_first_token_ms"]["median"] for _, key in ROWS}
-    print(f"page: preset={preset} questions={report['questions']} median_ms_off={med['prewarm_off']} "
-          f"median_ms_idle={med['prewarm_idle']} p95_ms_idle={report['prewarm_idle']['enter_to_first_token_ms']['p95']} "
-          f"still_median_ms_off={med['still_prewarm_off']} still_median_ms_idle={med['still_prewarm_idle']}")
+    chosen = report.get("prewarm", {}).get("reason", "")
+    print(f"ratios: moving auto/off={med['prewarm_auto'] / med['prewarm_off']:.2f} still auto/off="
+          f"{med['still_prewarm_auto'] / med['still_prewarm_off']:.2f} still_median_ms_off={med['still_prewarm_off']} "
+          f"questions={report['questions']} ({chosen})")
+    print(f"page: preset={preset} median_ms_off={med['prewarm_off']} median_ms_auto={med['prewarm_auto']} "
+          f"p95_ms_auto={report['prewarm_auto']['enter_to_first_token_ms']['p95']} "
+          f"still_median_ms_auto={med['still_prewarm_auto']}")
+
+
+def server_args(preset: str, true_size: bool) -> list[str]:
+    """app.py's model options: the tiny model, or a preset's random-weight build (bench/engine.py)."""
+    if not preset:
+        return list(harness.TINY_ARGS)
+    from engine import preset_model  # bench/engine.py
+
+    return ["--model", str(preset_model(preset, true_size)), "--preset", preset]
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--questions", type=int, default=20, help="questions in each moving-scene row")
-    parser.add_argument("--still-questions", type=int, default=10, help="questions in each still-scene row")
+    parser.add_argument("--still-questions", type=int, default=20, help="questions in each still-scene row")
+    parser.add_argument("--preset", default="", help="the server runs this preset's true architecture "
+                        "(random weights; bench/engine.py), e.g. smolvlm2-256m; default: the tiny model")
+    parser.add_argument("--true-size", action="store_true", help="with --preset: every layer, not a reduced depth")
     parser.add_argument("--server-arg", action="append", default=[],
                         help="an extra app.py argument for the server this starts (repeatable)")
     args = parser.parse_args()
@@ -228,14 +229,14 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="vidchat-page-bench-") as tmp:
         work = Path(tmp)
         # The report reads the server's own timings from its log: it starts the server itself.
-        server = harness.start_server([*harness.TINY_ARGS, *args.server_arg], RESULTS / "page-server.log")
+        server = harness.start_server([*server_args(args.preset, args.true_size), *args.server_arg],
+                                      RESULTS / "page-server.log", timeout=600)
         try:
             report = asyncio.run(measure(server, args.questions, args.still_questions, work))
         finally:
             harness.stop_server(server)
     (RESULTS / "page.json").write_text(json.dumps(report, indent=2))
-    preset = next((a.split("=", 1)[1] for a in args.server_arg if a.startswith("--preset=")), "tiny")
-    print_report(report, preset)
+    print_report(report, (args.preset or "tiny") + ("" if not args.preset or args.true_size else "-reduced"))
 
 
 if __name__ == "__main__":
