@@ -40,7 +40,7 @@ import pytest
 
 from vidchat.app import presets, server
 from vidchat.app.settings import Settings
-from vidchat.devtools import archbuild_qwen
+from vidchat.devtools import archbuild_qwen, qwen_vocab
 from vidchat.engine import video_fps
 from vidchat.engine.local import LocalEngine
 from vidchat.media import AUDIO_RATE
@@ -172,8 +172,8 @@ def test_folder_has_the_true_configuration_at_reduced_depth(name):
     from transformers import AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(path)
-    for offset, (token, _) in enumerate(archbuild_qwen.special_tokens(arch.kind)):
-        assert tok.convert_tokens_to_ids(token) == archbuild_qwen.FIRST_SPECIAL_ID + offset, token
+    for offset, (token, _) in enumerate(qwen_vocab.special_tokens(arch.kind)):
+        assert tok.convert_tokens_to_ids(token) == qwen_vocab.FIRST_SPECIAL_ID + offset, token
 
 
 # Parameters of the full-depth architecture: the Hub's safetensors counts for

@@ -91,6 +91,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from vidchat.devtools.qwen_vocab import build_tokenizer, chat_template
 from vidchat.engine.modelcache import build_once
 
 log = logging.getLogger(__name__)
@@ -102,214 +103,6 @@ SEED = 1234
 TEXT_LAYERS = 2
 VISION_DEPTH = 2
 AUDIO_LAYERS = 2
-
-# ---- special tokens at their real ids ---------------------------------------
-FIRST_SPECIAL_ID = 151643
-
-# Qwen2.5 (VL) tokenizer: 151643..151664. `True` marks special tokens.
-_QWEN25_TOKENS = [
-    ("<|endoftext|>", True),
-    ("<|im_start|>", True),
-    ("<|im_end|>", True),
-    ("<|object_ref_start|>", True),
-    ("<|object_ref_end|>", True),
-    ("<|box_start|>", True),
-    ("<|box_end|>", True),
-    ("<|quad_start|>", True),
-    ("<|quad_end|>", True),
-    ("<|vision_start|>", True),
-    ("<|vision_end|>", True),
-    ("<|vision_pad|>", True),
-    ("<|image_pad|>", True),
-    ("<|video_pad|>", True),
-    ("<tool_call>", False),
-    ("</tool_call>", False),
-    ("<|fim_prefix|>", False),
-    ("<|fim_middle|>", False),
-    ("<|fim_suffix|>", False),
-    ("<|fim_pad|>", False),
-    ("<|repo_name|>", False),
-    ("<|file_sep|>", False),
-]
-# Qwen2.5-Omni renames the audio/vision tokens (same ids as the VL names above).
-_OMNI_RENAME = {
-    "<|object_ref_start|>": "<|AUDIO|>",
-    "<|object_ref_end|>": "<|audio_bos|>",
-    "<|box_start|>": "<|audio_eos|>",
-    "<|vision_start|>": "<|vision_bos|>",
-    "<|vision_end|>": "<|vision_eos|>",
-    "<|image_pad|>": "<|IMAGE|>",
-    "<|video_pad|>": "<|VIDEO|>",
-}
-_OMNI_TOKENS = [(_OMNI_RENAME.get(t, t), s) for t, s in _QWEN25_TOKENS]
-_QWEN3_TOKENS = _QWEN25_TOKENS + [
-    ("<tool_response>", False),
-    ("</tool_response>", False),
-    ("<think>", False),
-    ("</think>", False),
-]
-
-# ---- the families' own chat templates ---------------------------------------
-# Qwen2.5-Omni: verbatim from the checkpoint's chat_template (a copy of the
-# official file in sophgo/LLM-TPU).
-OMNI_CHAT_TEMPLATE = (
-    "{% set audio_count = namespace(value=0) %}{% set image_count = namespace(value=0) %}"
-    "{% set video_count = namespace(value=0) %}{% for message in messages %}"
-    "{% if loop.first and message['role'] != 'system' %}<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n"
-    "{% endif %}<|im_start|>{{ message['role'] }}\n{% if message['content'] is string %}"
-    "{{ message['content'] }}<|im_end|>\n{% else %}{% for content in message['content'] %}"
-    "{% if content['type'] == 'image' or 'image' in content or 'image_url' in content %}"
-    "{% set image_count.value = image_count.value + 1 %}{% if add_vision_id %}Picture {{ image_count.value }}: "
-    "{% endif %}<|vision_bos|><|IMAGE|><|vision_eos|>"
-    "{% elif content['type'] == 'audio' or 'audio' in content or 'audio_url' in content %}"
-    "{% set audio_count.value = audio_count.value + 1 %}{% if add_audio_id %}Audio {{ audio_count.value }}: "
-    "{% endif %}<|audio_bos|><|AUDIO|><|audio_eos|>"
-    "{% elif content['type'] == 'video' or 'video' in content %}"
-    "{% set video_count.value = video_count.value + 1 %}{% if add_vision_id %}Video {{ video_count.value }}: "
-    "{% endif %}<|vision_bos|><|VIDEO|><|vision_eos|>{% elif 'text' in content %}{{ content['text'] }}"
-    "{% endif %}{% endfor %}<|im_end|>\n{% endif %}{% endfor %}"
-    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
-)
-
-# Qwen2-VL / Qwen2.5-VL [A]: the template published with Qwen2-VL-Instruct.
-QWEN25_VL_CHAT_TEMPLATE = (
-    "{% set image_count = namespace(value=0) %}{% set video_count = namespace(value=0) %}"
-    "{% for message in messages %}{% if loop.first and message['role'] != 'system' %}"
-    "<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n{% endif %}"
-    "<|im_start|>{{ message['role'] }}\n{% if message['content'] is string %}{{ message['content'] }}<|im_end|>\n"
-    "{% else %}{% for content in message['content'] %}"
-    "{% if content['type'] == 'image' or 'image' in content or 'image_url' in content %}"
-    "{% set image_count.value = image_count.value + 1 %}{% if add_vision_id %}Picture {{ image_count.value }}: "
-    "{% endif %}<|vision_start|><|image_pad|><|vision_end|>"
-    "{% elif content['type'] == 'video' or 'video' in content %}"
-    "{% set video_count.value = video_count.value + 1 %}{% if add_vision_id %}Video {{ video_count.value }}: "
-    "{% endif %}<|vision_start|><|video_pad|><|vision_end|>{% elif 'text' in content %}{{ content['text'] }}"
-    "{% endif %}{% endfor %}<|im_end|>\n{% endif %}{% endfor %}"
-    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
-)
-
-# Qwen3-VL-Instruct: verbatim from chat_template.json (copy in sophgo/LLM-TPU).
-QWEN3_VL_CHAT_TEMPLATE = """{%- if tools %}
-    {{- '<|im_start|>system\\n' }}
-    {%- if messages[0].role == 'system' %}
-        {%- if messages[0].content is string %}
-            {{- messages[0].content }}
-        {%- else %}
-            {%- for content in messages[0].content %}
-                {%- if 'text' in content %}
-                    {{- content.text }}
-                {%- endif %}
-            {%- endfor %}
-        {%- endif %}
-        {{- '\\n\\n' }}
-    {%- endif %}
-    {{- "# Tools\\n\\nYou may call one or more functions to assist with the user query.\\n\\nYou are provided with function signatures within <tools></tools> XML tags:\\n<tools>" }}
-    {%- for tool in tools %}
-        {{- "\\n" }}
-        {{- tool | tojson }}
-    {%- endfor %}
-    {{- "\\n</tools>\\n\\nFor each function call, return a json object with function name and arguments within <tool_call></tool_call> XML tags:\\n<tool_call>\\n{\\"name\\": <function-name>, \\"arguments\\": <args-json-object>}\\n</tool_call><|im_end|>\\n" }}
-{%- else %}
-    {%- if messages[0].role == 'system' %}
-        {{- '<|im_start|>system\\n' }}
-        {%- if messages[0].content is string %}
-            {{- messages[0].content }}
-        {%- else %}
-            {%- for content in messages[0].content %}
-                {%- if 'text' in content %}
-                    {{- content.text }}
-                {%- endif %}
-            {%- endfor %}
-        {%- endif %}
-        {{- '<|im_end|>\\n' }}
-    {%- endif %}
-{%- endif %}
-{%- set image_count = namespace(value=0) %}
-{%- set video_count = namespace(value=0) %}
-{%- for message in messages %}
-    {%- if message.role == "user" %}
-        {{- '<|im_start|>' + message.role + '\\n' }}
-        {%- if message.content is string %}
-            {{- message.content }}
-        {%- else %}
-            {%- for content in message.content %}
-                {%- if content.type == 'image' or 'image' in content or 'image_url' in content %}
-                    {%- set image_count.value = image_count.value + 1 %}
-                    {%- if add_vision_id %}Picture {{ image_count.value }}: {% endif -%}
-                    <|vision_start|><|image_pad|><|vision_end|>
-                {%- elif content.type == 'video' or 'video' in content %}
-                    {%- set video_count.value = video_count.value + 1 %}
-                    {%- if add_vision_id %}Video {{ video_count.value }}: {% endif -%}
-                    <|vision_start|><|video_pad|><|vision_end|>
-                {%- elif 'text' in content %}
-                    {{- content.text }}
-                {%- endif %}
-            {%- endfor %}
-        {%- endif %}
-        {{- '<|im_end|>\\n' }}
-    {%- elif message.role == "assistant" %}
-        {{- '<|im_start|>' + message.role + '\\n' }}
-        {%- if message.content is string %}
-            {{- message.content }}
-        {%- else %}
-            {%- for content_item in message.content %}
-                {%- if 'text' in content_item %}
-                    {{- content_item.text }}
-                {%- endif %}
-            {%- endfor %}
-        {%- endif %}
-        {%- if message.tool_calls %}
-            {%- for tool_call in message.tool_calls %}
-                {%- if (loop.first and message.content) or (not loop.first) %}
-                    {{- '\\n' }}
-                {%- endif %}
-                {%- if tool_call.function %}
-                    {%- set tool_call = tool_call.function %}
-                {%- endif %}
-                {{- '<tool_call>\\n{"name": "' }}
-                {{- tool_call.name }}
-                {{- '", "arguments": ' }}
-                {%- if tool_call.arguments is string %}
-                    {{- tool_call.arguments }}
-                {%- else %}
-                    {{- tool_call.arguments | tojson }}
-                {%- endif %}
-                {{- '}\\n</tool_call>' }}
-            {%- endfor %}
-        {%- endif %}
-        {{- '<|im_end|>\\n' }}
-    {%- elif message.role == "tool" %}
-        {%- if loop.first or (messages[loop.index0 - 1].role != "tool") %}
-            {{- '<|im_start|>user' }}
-        {%- endif %}
-        {{- '\\n<tool_response>\\n' }}
-        {%- if message.content is string %}
-            {{- message.content }}
-        {%- else %}
-            {%- for content in message.content %}
-                {%- if content.type == 'image' or 'image' in content or 'image_url' in content %}
-                    {%- set image_count.value = image_count.value + 1 %}
-                    {%- if add_vision_id %}Picture {{ image_count.value }}: {% endif -%}
-                    <|vision_start|><|image_pad|><|vision_end|>
-                {%- elif content.type == 'video' or 'video' in content %}
-                    {%- set video_count.value = video_count.value + 1 %}
-                    {%- if add_vision_id %}Video {{ video_count.value }}: {% endif -%}
-                    <|vision_start|><|video_pad|><|vision_end|>
-                {%- elif 'text' in content %}
-                    {{- content.text }}
-                {%- endif %}
-            {%- endfor %}
-        {%- endif %}
-        {{- '\\n</tool_response>' }}
-        {%- if loop.last or (messages[loop.index0 + 1].role != "tool") %}
-            {{- '<|im_end|>\\n' }}
-        {%- endif %}
-    {%- endif %}
-{%- endfor %}
-{%- if add_generation_prompt %}
-    {{- '<|im_start|>assistant\\n' }}
-{%- endif %}
-"""
 
 # ---- processor defaults --------------------------------------------------------
 CLIP_MEAN = [0.48145466, 0.4578275, 0.40821073]
@@ -376,61 +169,6 @@ def depth_of(arch: Arch, true_size: bool = False) -> Depth:
     return Depth(TEXT_LAYERS, VISION_DEPTH, AUDIO_LAYERS, (VISION_DEPTH - 1,), (0,), TEXT_LAYERS)
 
 
-def special_tokens(kind: str) -> list[tuple[str, bool]]:
-    return {"omni": _OMNI_TOKENS, "qwen2.5-vl": _QWEN25_TOKENS, "qwen3-vl": _QWEN3_TOKENS}[kind]
-
-
-def chat_template(kind: str) -> str:
-    return {"omni": OMNI_CHAT_TEMPLATE, "qwen2.5-vl": QWEN25_VL_CHAT_TEMPLATE,
-            "qwen3-vl": QWEN3_VL_CHAT_TEMPLATE}[kind]
-
-
-# ---- tokenizer ------------------------------------------------------------------
-def build_tokenizer(kind: str, model_max_length: int, out_dir: Path):
-    """A small trained byte-level BPE whose vocabulary is padded with
-    unreachable fillers so the family's special tokens land at their real ids."""
-    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import PreTrainedTokenizerFast
-
-    from vidchat.devtools.tinymodel import _training_text, qwen_processor_tokens
-
-    trained = Tokenizer(models.BPE())
-    trained.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    trainer = trainers.BpeTrainer(vocab_size=1024, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-                                  show_progress=False)
-    trained.train_from_iterator(_training_text(SEED), trainer=trainer)
-    model = json.loads(trained.to_str())["model"]
-    vocab: dict[str, int] = dict(model["vocab"])
-    merges = [tuple(m.split(" ", 1)) if isinstance(m, str) else tuple(m) for m in model["merges"]]
-    # Fillers: strings no merge ever produces, so they are never emitted by
-    # encoding; a (random) model that samples one decodes to its text.
-    n = len(vocab)
-    for i in range(n, FIRST_SPECIAL_ID):
-        vocab[f"<filler_{i}>"] = i
-    tok = Tokenizer(models.BPE(vocab=vocab, merges=merges))
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    for content, special in special_tokens(kind):  # one at a time: ids follow the list order
-        token = AddedToken(content, special=special, normalized=False)
-        (tok.add_special_tokens if special else tok.add_tokens)([token])
-    for offset, (content, _) in enumerate(special_tokens(kind)):
-        got = tok.token_to_id(content)
-        if got != FIRST_SPECIAL_ID + offset:
-            raise RuntimeError(f"{content} got id {got}, expected {FIRST_SPECIAL_ID + offset}")
-
-    extra = qwen_processor_tokens(omni=kind == "omni")
-    fast = PreTrainedTokenizerFast(
-        tokenizer_object=tok,
-        eos_token="<|im_end|>",
-        pad_token="<|endoftext|>",
-        extra_special_tokens=extra,
-        model_max_length=model_max_length,
-        chat_template=chat_template(kind),
-    )
-    fast.save_pretrained(out_dir)
-    return fast
-
-
 # ---- configs ----------------------------------------------------------------------
 def _qwen25_vision(arch: Arch, depth: Depth, tokens_per_second: int) -> dict[str, Any]:
     return {
@@ -476,54 +214,62 @@ def _qwen25_text(arch: Arch, depth: Depth) -> dict[str, Any]:
 
 
 def _config(arch: Arch, depth: Depth):
-    if arch.kind == "omni":
-        from transformers import Qwen2_5OmniConfig
+    return {"omni": _omni_config, "qwen2.5-vl": _qwen25_vl_config, "qwen3-vl": _qwen3_vl_config}[arch.kind](arch, depth)
 
-        thinker = {
-            "text_config": _qwen25_text(arch, depth),
-            "vision_config": _qwen25_vision(arch, depth, tokens_per_second=25),
-            "audio_config": {
-                "num_mel_bins": 128,
-                "encoder_layers": depth.audio,
-                "encoder_attention_heads": 20,
-                "encoder_ffn_dim": 5120,
-                "d_model": 1280,
-                "activation_function": "gelu",
-                "scale_embedding": False,
-                "max_source_positions": 1500,
-                "n_window": 100,
-                "output_dim": arch.hidden,
-            },
-            "audio_token_index": 151646,
-            "image_token_index": 151655,
-            "video_token_index": 151656,
-            "audio_start_token_id": 151647,
-            "audio_end_token_id": 151648,
-            "vision_start_token_id": 151652,
-            "vision_end_token_id": 151653,
-            "vision_token_id": 151654,
-            "bos_token_id": 151644,
-            "eos_token_id": 151645,
-            "pad_token_id": 151643,
-            "user_token_id": 872,
-            "position_id_per_seconds": 25,
-            "seconds_per_chunk": 2,
-            "tie_word_embeddings": arch.tie,
-        }
-        return Qwen2_5OmniConfig(thinker_config=thinker, enable_audio_output=False)
-    if arch.kind == "qwen2.5-vl":
-        from transformers import Qwen2_5_VLConfig
 
-        return Qwen2_5_VLConfig(
-            text_config=_qwen25_text(arch, depth),
-            vision_config=_qwen25_vision(arch, depth, tokens_per_second=2),
-            image_token_id=151655,
-            video_token_id=151656,
-            vision_start_token_id=151652,
-            vision_end_token_id=151653,
-            vision_token_id=151654,
-            tie_word_embeddings=arch.tie,
-        )
+def _omni_config(arch: Arch, depth: Depth):
+    from transformers import Qwen2_5OmniConfig
+
+    thinker = {
+        "text_config": _qwen25_text(arch, depth),
+        "vision_config": _qwen25_vision(arch, depth, tokens_per_second=25),
+        "audio_config": {
+            "num_mel_bins": 128,
+            "encoder_layers": depth.audio,
+            "encoder_attention_heads": 20,
+            "encoder_ffn_dim": 5120,
+            "d_model": 1280,
+            "activation_function": "gelu",
+            "scale_embedding": False,
+            "max_source_positions": 1500,
+            "n_window": 100,
+            "output_dim": arch.hidden,
+        },
+        "audio_token_index": 151646,
+        "image_token_index": 151655,
+        "video_token_index": 151656,
+        "audio_start_token_id": 151647,
+        "audio_end_token_id": 151648,
+        "vision_start_token_id": 151652,
+        "vision_end_token_id": 151653,
+        "vision_token_id": 151654,
+        "bos_token_id": 151644,
+        "eos_token_id": 151645,
+        "pad_token_id": 151643,
+        "user_token_id": 872,
+        "position_id_per_seconds": 25,
+        "seconds_per_chunk": 2,
+        "tie_word_embeddings": arch.tie,
+    }
+    return Qwen2_5OmniConfig(thinker_config=thinker, enable_audio_output=False)
+
+
+def _qwen25_vl_config(arch: Arch, depth: Depth):
+    from transformers import Qwen2_5_VLConfig
+
+    return Qwen2_5_VLConfig(
+        text_config=_qwen25_text(arch, depth),
+        vision_config=_qwen25_vision(arch, depth, tokens_per_second=2),
+        image_token_id=151655,
+        video_token_id=151656,
+        vision_start_token_id=151652,
+        vision_end_token_id=151653,
+        vision_token_id=151654,
+        tie_word_embeddings=arch.tie,
+    )
+
+
+def _qwen3_vl_config(arch: Arch, depth: Depth):
     from transformers import Qwen3VLConfig
 
     return Qwen3VLConfig(
@@ -695,6 +441,7 @@ def build(preset_name: str, out_dir: str | os.PathLike, seed: int = SEED, *, tru
 
 def _source_hash() -> str:
     h = hashlib.sha256(Path(__file__).read_bytes())
+    h.update(Path(__file__).with_name("qwen_vocab.py").read_bytes())
     h.update(Path(__file__).with_name("tinymodel.py").read_bytes())  # the training text lives there
     return h.hexdigest()[:12]
 
