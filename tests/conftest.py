@@ -51,7 +51,7 @@ free_port = allocate_port  # the name the older test modules use
 SHARED_FIXTURE_GROUPS = {
     # the suite's `vllm serve` (tiny_vllm_serve)
     "test_hosting": "vllm-serve", "test_hosting_page": "vllm-serve", "test_space": "vllm-serve",
-    "test_remote_engine": "vllm-serve",
+    "test_remote_engine": "vllm-serve", "test_realtime": "vllm-serve",
     # the in-process tiny engines (omni_engine, vl_engine)
     "test_engine": "tiny-engines", "test_answer_path": "tiny-engines", "test_video_timing": "tiny-engines",
     "test_conversation": "tiny-engines", "test_prewarm": "tiny-engines", "test_talk": "tiny-engines",

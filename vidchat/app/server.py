@@ -111,7 +111,7 @@ def create_app(state: AppState) -> FastAPI:
     """The app: the engine loads in its lifespan while the port already
     answers; then the status routes, the doors' routes, vidchat's static
     files, the access guard in front of every route, and the page mounted last."""
-    from vidchat.doors import inputs as answer_inputs, media_dir, protocol, page as ui, webrtc_routes
+    from vidchat.doors import inputs as answer_inputs, media_dir, protocol, page as ui, realtime, webrtc_routes
 
     loop_watch = LoopWatch()
     app = FastAPI(title="vidchat", lifespan=_lifespan(state, loop_watch), docs_url=None, redoc_url=None)
@@ -126,6 +126,11 @@ def create_app(state: AppState) -> FastAPI:
     @app.websocket("/v1/video/chat/stream")
     async def video_chat_stream(websocket: WebSocket) -> None:
         await protocol.serve(state, websocket)
+
+    @app.websocket("/v1/realtime")
+    async def realtime_api(websocket: WebSocket) -> None:
+        """The OpenAI Realtime API (vidchat.doors.realtime), for the official SDK."""
+        await realtime.serve(state, websocket)
 
     # StaticFiles refuses paths that resolve outside its directory.
     app.mount(STATIC_URL, StaticFiles(directory=STATIC_DIR), name="static")

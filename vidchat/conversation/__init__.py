@@ -47,7 +47,7 @@ PREEMPT_GRACE_S = 5.0
 COMPLETED, CANCELLED, FAILED = "completed", "cancelled", "failed"
 
 # A bundle's manifest names the door its answer came through.
-_RECORDED_FROM = {"webrtc": "page", "ws": "socket"}
+_RECORDED_FROM = {"webrtc": "page", "ws": "socket", "realtime": "realtime"}
 
 
 @dataclass(frozen=True)
@@ -202,7 +202,7 @@ class Conversation:
     async def ask(self, question: str, options: AnswerOptions, *, engine: ChatEngine | None = None,
                   history: Sequence[Turn] = (), sample: Sample | None = None, spoken: Any = None,
                   question_audio: Any = None, record: bool = False, continues_chat: bool = True,
-                  remember: bool = True) -> AnswerRun:
+                  remember: bool = True, frames_optional: bool = False) -> AnswerRun:
         """A question in the chat: the running answer is cancelled and its
         Done delivered before this one starts. Raises NoFrames, Superseded
         (a newer question arrived while this one was prepared) or EngineError."""
@@ -218,7 +218,7 @@ class Conversation:
                          self.entry.session.id[:6])
         answer = await chat.ask(engine or self.state.engine, self.entry, question, options, history=history,
                                 queue=self.state.answer_gate, sample=sample, spoken=spoken,
-                                question_audio=question_audio)
+                                question_audio=question_audio, frames_optional=frames_optional)
         run = AnswerRun(self, self.entry, answer, record=record, continues_chat=continues_chat, remember=remember)
         self._chat_run = run
         return run

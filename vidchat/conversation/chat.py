@@ -220,6 +220,7 @@ async def ask(
     sample: Sample | None = None,
     spoken: Any = None,
     question_audio: Any = None,
+    frames_optional: bool = False,
 ) -> Answer:
     """Answer a question about this session's buffer, replacing any answer it
     is still generating.
@@ -228,7 +229,9 @@ async def ask(
     question); the prompt and media are prepared in a worker thread. Questions
     take effect in arrival order: one overtaken by a newer question while it
     was prepared raises Superseded and never reaches vLLM. A given `sample`
-    (a re-ask of an earlier answer's exact inputs) replaces the buffer's."""
+    (a re-ask of an earlier answer's exact inputs) replaces the buffer's.
+    ``frames_optional``: a question with no frame yet is asked on its text
+    (and audio) alone instead of raising NoFrames (the Realtime API allows it)."""
     t0 = time.perf_counter()
     entry.question_seq += 1
     ticket = entry.question_seq
@@ -238,7 +241,7 @@ async def ask(
         sample, spoken = _with_question_audio(session, question_audio)
     if sample is None:
         sample = session.sample(span=None if spoken is None else (spoken.start, spoken.end))
-    if not sample.frames:
+    if not sample.frames and not frames_optional:
         raise NoFrames(no_frames_message(entry.kind))
     prepared = await asyncio.to_thread(prepare, engine, entry, sample, options, history, question,
                                        spoken=spoken is not None)

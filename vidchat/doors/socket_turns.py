@@ -74,32 +74,40 @@ class SocketTurns:
             task.cancel()
             await asyncio.wait({task})
 
-    def _timeline_ms(self, t: float) -> int | None:
+    def timeline_ms(self, t: float) -> int | None:
+        """A time on the session's timeline in ms since its first media (None before any)."""
         entry = self.conn.entry
         start = entry.session.timeline_start if entry is not None else None
         return None if start is None else round((t - start) * 1000)
 
     async def _talk(self, listener: talk.Listener) -> None:
-        """Tell the client where its speech starts and stops, and ask each
-        finished utterance, the way video.query asks a question."""
+        """Say where the client's speech starts and stops, and ask each
+        finished utterance: the loop every socket door shares; what is said
+        is the door's (:meth:`speech_started`, :meth:`utterance`)."""
         conn = self.conn
         try:
             async for event in conversation.of(conn.state, conn.entry).heard(listener, starts=True):
                 if isinstance(event, SpeechStarted):
-                    await conn.send({"type": "input_audio_buffer.speech_started",
-                                     "audio_start_ms": self._timeline_ms(event.start)})
-                    continue
-                if not isinstance(event, Utterance):
-                    continue
-                await conn.send({"type": "input_audio_buffer.speech_stopped",
-                                 "audio_start_ms": self._timeline_ms(event.start),
-                                 "audio_end_ms": self._timeline_ms(event.end), "cut": event.cut})
-                turns = self.turns
-                if turns is not None and turns.create_response:
-                    # Shielded: the session's end waits for a question being
-                    # set up (SocketAnswers.close) instead of cutting it in half.
-                    await asyncio.shield(self.answers.ask_logged("", spoken=event))
+                    await self.speech_started(event)
+                elif isinstance(event, Utterance):
+                    await self.utterance(event)
         except asyncio.CancelledError:
             raise
         except Exception:
             log.exception("ws %s: turn detection failed", conn.peer)
+
+    async def speech_started(self, event: SpeechStarted) -> None:
+        """The seed door's word for it (another door overrides this)."""
+        await self.conn.send({"type": "input_audio_buffer.speech_started",
+                              "audio_start_ms": self.timeline_ms(event.start)})
+
+    async def utterance(self, event: Utterance) -> None:
+        """Say the speech stopped, and ask the utterance the way video.query asks a question."""
+        await self.conn.send({"type": "input_audio_buffer.speech_stopped",
+                              "audio_start_ms": self.timeline_ms(event.start),
+                              "audio_end_ms": self.timeline_ms(event.end), "cut": event.cut})
+        turns = self.turns
+        if turns is not None and turns.create_response:
+            # Shielded: the session's end waits for a question being
+            # set up (SocketAnswers.close) instead of cutting it in half.
+            await asyncio.shield(self.answers.ask_logged("", spoken=event))

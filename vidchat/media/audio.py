@@ -19,6 +19,7 @@ only the newest, still growing segment is new at each question.
 from __future__ import annotations
 
 from collections import deque
+from typing import Any
 
 import numpy as np
 
@@ -225,3 +226,32 @@ class AudioWindow:
         pcm = np.concatenate(parts[::-1])
         pcm = pcm[first - offset: last - offset]
         return pcm.astype(np.float32) * (1.0 / 32768.0)
+
+
+class Pcm16Resampler:
+    """One stream of PCM16 little-endian mono chunks at ``rate`` as float32
+    samples at AUDIO_RATE, in order: a client that sends audio at another
+    rate (the OpenAI Realtime door's 24 kHz). One resampler per stream, so
+    the filter's state carries from chunk to chunk (no click at each seam)."""
+
+    def __init__(self, rate: int) -> None:
+        self.rate = rate
+        self._resampler: Any = None
+        self._pts = 0
+
+    def feed(self, data: bytes) -> np.ndarray:
+        """Raises ValueError for an odd number of bytes."""
+        if len(data) % 2:
+            raise ValueError(f"PCM16 data must have an even number of bytes, got {len(data)}")
+        pcm = np.frombuffer(data, dtype="<i2")
+        if self.rate == AUDIO_RATE or pcm.size == 0:
+            return pcm.astype(np.float32) / 32768.0
+        import av
+
+        if self._resampler is None:
+            self._resampler = av.AudioResampler(format="flt", layout="mono", rate=AUDIO_RATE)
+        frame = av.AudioFrame.from_ndarray(pcm.astype(np.int16).reshape(1, -1), format="s16", layout="mono")
+        frame.sample_rate, frame.pts = self.rate, self._pts
+        self._pts += pcm.size
+        out = [f.to_ndarray().reshape(-1).astype(np.float32, copy=False) for f in self._resampler.resample(frame)]
+        return np.concatenate(out) if out else np.zeros(0, dtype=np.float32)

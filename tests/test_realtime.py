@@ -1,0 +1,363 @@
+"""The OpenAI Realtime door (/v1/realtime, vidchat.doors.realtime) with the
+official ``openai`` SDK as its client, against the real server (uvicorn
+subprocess, real vLLM on the tiny random omni model): session events, frames
+as input_image items, text and spoken questions, responses and their events
+in order, cancel, server VAD with barge-in, errors that leave the session
+going, the token, and the answer record. Replies are gibberish: shapes,
+counts and order are checked, never the words."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import io
+import json
+
+import httpx
+import numpy as np
+import pytest
+import websockets
+from openai import AsyncOpenAI
+from PIL import Image
+
+from vidchat.devtools import synthetic_audio as sa
+from vidchat.doors import realtime_events as rt
+from vidchat.doors.socket_config import NO_AUDIO_OUTPUT_NOTICE
+from vidchat.media import AUDIO_RATE
+
+from conftest import SERVER_ARGS, start_server, stop_server, until_idle
+from test_protocol import MOVING
+
+pytestmark = pytest.mark.engine
+
+RATE = 24_000
+TOKEN = "realtime-test-token"
+# What one response says, in order (the deltas between content_part.added and output_text.done).
+RESPONSE_EVENTS = ["response.created", "response.output_item.added", "conversation.item.added",
+                   "response.content_part.added", "response.output_text.delta", "response.output_text.done",
+                   "response.content_part.done", "response.output_item.done", "conversation.item.done",
+                   "response.done"]
+
+
+def image_item(b64_jpeg: str, pts_ms: int | None = None) -> dict:
+    part = {"type": "input_image", "image_url": "data:image/jpeg;base64," + b64_jpeg}
+    if pts_ms is not None:
+        part["pts_ms"] = pts_ms  # vidchat's extra field: the frame's time
+    return {"type": "conversation.item.create", "item": {"type": "message", "role": "user", "content": [part]}}
+
+
+def text_item(text: str) -> dict:
+    return {"type": "conversation.item.create",
+            "item": {"type": "message", "role": "user", "content": [{"type": "input_text", "text": text}]}}
+
+
+def pcm24k_b64(audio16k: np.ndarray) -> str:
+    """16 kHz float samples as base64 PCM16 at 24 kHz (the API's default input format)."""
+    n = int(round(audio16k.size * RATE / AUDIO_RATE))
+    up = np.interp(np.arange(n) * AUDIO_RATE / RATE, np.arange(audio16k.size), audio16k)
+    return base64.b64encode((np.clip(up, -1, 1) * 32767).astype("<i2").tobytes()).decode()
+
+
+def client(srv, token: str | None = None) -> AsyncOpenAI:
+    return AsyncOpenAI(base_url=f"{srv.url}/v1", api_key=token or "no-token-needed")
+
+
+async def until(conn, kind: str, timeout: float = 60.0) -> list:
+    """Events up to and including the first of type ``kind``."""
+    out = []
+    async with asyncio.timeout(timeout):
+        while not out or out[-1].type != kind:
+            out.append(await conn.recv())
+    return out
+
+
+def collapsed(types: list[str]) -> list[str]:
+    """Runs of deltas as one."""
+    return [t for i, t in enumerate(types) if not (t == "response.output_text.delta" and i and types[i - 1] == t)]
+
+
+async def configured(conn, **vidchat) -> object:
+    created = await conn.recv()
+    assert created.type == "session.created"
+    await conn.send({"type": "session.update", "session": {"type": "realtime", "vidchat": vidchat}})
+    return (await until(conn, "session.updated"))[-1]
+
+
+def check_response(events: list) -> object:
+    """One whole response in order; returns its response.done."""
+    types = [e.type for e in events]
+    assert collapsed(types) == RESPONSE_EVENTS, types
+    done = events[-1]
+    deltas = "".join(e.delta for e in events if e.type == "response.output_text.delta")
+    text_done = next(e for e in events if e.type == "response.output_text.done")
+    assert text_done.text == deltas and done.response.output[0].content[0].text == deltas
+    rid = events[0].response.id
+    assert all(getattr(e, "response_id", rid) == rid for e in events) and done.response.id == rid
+    usage = done.response.usage
+    assert usage.output_tokens >= 1
+    assert usage.input_tokens > 0 and usage.input_token_details.cached_tokens >= 0
+    assert usage.total_tokens == usage.input_tokens + usage.output_tokens
+    finished = done.vidchat["finish_reason"]
+    assert done.response.status == ("incomplete" if finished == "length" else "completed"), finished
+    return done
+
+
+# ---- the translation itself (no server) ------------------------------------
+
+@pytest.mark.unit
+def test_session_update_is_read_by_the_settings_table_and_refusals_name_the_field():
+    update = rt.parse_session({"type": "realtime", "instructions": "Be brief.", "max_output_tokens": "inf",
+                               "audio": {"input": {"format": {"type": "audio/pcm", "rate": 24000},
+                                                   "turn_detection": {"type": "server_vad",
+                                                                      "silence_duration_ms": 400}}},
+                               "vidchat": {"num_frames": 4, "frames_as": "video", "record": False}})
+    assert update.instructions == "Be brief." and update.max_output_tokens is None and update.input_rate == 24000
+    assert update.turn_detection.settings.min_silence_s == pytest.approx(0.4) and update.record is False
+    assert update.settings == {"session": {"num_sample_frames": 4}, "answer": {"frames_as": "video"}}
+    assert rt.parse_session({"type": "realtime"}).instructions is rt.UNSET
+    for session, param in [({"vidchat": {"num_sample_frames": "4"}}, "session.vidchat"),
+                           ({"vidchat": {"bogus": 1}}, "session.vidchat"),
+                           ({"max_output_tokens": 0}, "session.max_output_tokens"),
+                           ({"audio": {"input": {"format": {"type": "audio/pcmu"}}}}, "session.audio.input.format"),
+                           ({"audio": {"input": {"turn_detection": {"type": "semantic_vad"}}}},
+                            "session.audio.input.turn_detection"),
+                           ({"output_modalities": ["video"]}, "session.output_modalities")]:
+        with pytest.raises(rt.EventError) as refused:
+            rt.parse_session({"type": "realtime", **session})
+        assert refused.value.param.startswith(param), (session, refused.value.param)
+
+
+@pytest.mark.unit
+def test_user_items_are_checked_before_anything_is_taken_in():
+    parts = rt.user_parts({"type": "message", "role": "user", "content": [
+        {"type": "input_text", "text": "hi"}, {"type": "input_image", "image_url": "data:image/png;base64,AA",
+                                               "pts_ms": 40}]})
+    assert [(p.kind, p.pts_ms, p.index) for p in parts] == [("input_text", None, 0), ("input_image", 40, 1)]
+    acked = rt.acked_item("item_1", parts)
+    assert acked["content"] == [{"type": "input_text", "text": "hi"}, {"type": "input_image"}]  # no image echoed
+    for item, code in [({"type": "message", "role": "assistant", "content": []}, "unsupported_item"),
+                       ({"type": "message", "role": "user", "content": []}, "invalid_value"),
+                       ({"type": "message", "role": "user", "content": [{"type": "input_image",
+                                                                        "image_url": "https://x/y.jpg"}]},
+                        "invalid_image"),
+                       ({"type": "message", "role": "user", "content": [{"type": "output_text", "text": "x"}]},
+                        "unsupported_content")]:
+        with pytest.raises(rt.EventError) as refused:
+            rt.user_parts(item)
+        assert refused.value.code == code
+
+
+@pytest.mark.unit
+def test_usage_and_the_response_object_have_the_sdk_shapes():
+    stats = {"prompt_tokens": 120, "cached_tokens": 100, "completion_tokens": 7}
+    body = rt.response("resp_1", "cancelled", max_output_tokens=None, stats=stats, reason="client_cancelled")
+    assert body["usage"]["input_tokens"] == 120 and body["usage"]["output_tokens"] == 7
+    assert body["usage"]["input_token_details"]["cached_tokens"] == 100 and body["usage"]["total_tokens"] == 127
+    assert body["status_details"] == {"type": "cancelled", "reason": "client_cancelled", "error": None}
+    assert body["max_output_tokens"] == "inf"
+    assert rt.response("resp_2", "completed")["status_details"] is None
+    event = rt.error_event("event_9", rt.EventError("no", "unknown_event", "type"), "evt_client")
+    assert event["error"] == {"type": "invalid_request_error", "code": "unknown_event", "message": "no",
+                              "param": "type", "event_id": "evt_client"}
+
+
+# ---- through the server ----------------------------------------------------
+
+async def test_session_created_then_updated_with_the_effective_session(server):
+    async with client(server).realtime.connect(model="tiny") as conn:
+        created = await conn.recv()
+        assert created.type == "session.created" and created.session.type == "realtime"
+        assert created.session.model == "tiny" and created.session.output_modalities == ["text"]
+        assert created.session.audio.input.format.rate == RATE
+        assert created.session.audio.input.turn_detection is None
+        await conn.send({"type": "session.update", "session": {
+            "type": "realtime", "instructions": "Answer in one word.", "max_output_tokens": 12,
+            "output_modalities": ["audio"],
+            "vidchat": {"num_sample_frames": 3, "temperature": 0.0, "seed": 7, "evs_threshold": 0.5}}})
+        updated = (await until(conn, "session.updated"))[-1]
+        session = updated.session
+        assert session.instructions == "Answer in one word." and session.max_output_tokens == 12
+        assert session.output_modalities == ["text"]  # text only: said once, in a notice
+        assert updated.vidchat == {"notice": NO_AUDIO_OUTPUT_NOTICE}
+        assert session.vidchat["num_sample_frames"] == 3 and session.vidchat["seed"] == 7
+        assert session.vidchat["temperature"] == 0.0 and session.vidchat["evs_threshold"] == 0.5
+        await conn.send({"type": "session.update", "session": {"type": "realtime", "output_modalities": ["audio"]}})
+        again = (await until(conn, "session.updated"))[-1]
+        assert getattr(again, "vidchat", None) is None and again.session.vidchat["num_sample_frames"] == 3
+
+
+async def test_frames_then_text_then_response_create_streams_an_answer_on_those_frames(server):
+    sent = MOVING[:4]
+    async with client(server).realtime.connect(model="tiny") as conn:
+        await configured(conn, num_sample_frames=4, temperature=0.0, max_tokens=8)
+        added = []
+        for i, frame in enumerate([*sent, sent[-1]]):  # the last one twice: a near-duplicate
+            await conn.send(image_item(frame, pts_ms=i * 200))
+            added.append((await until(conn, "conversation.item.added"))[-1])
+        assert [a.vidchat["frames"][0]["accepted"] for a in added] == [True] * 4 + [False]
+        assert added[-1].vidchat["frames"][0] == {"accepted": False, "reason": "filtered", "buffered_frames": 4}
+        assert added[0].item.role == "user" and added[0].item.content[0].type == "input_image"
+        assert added[0].item.content[0].image_url is None  # acknowledged compactly: no image sent back
+        await conn.send(text_item("What do you see?"))
+        item_events = await until(conn, "conversation.item.done")
+        assert [e.type for e in item_events] == ["conversation.item.added", "conversation.item.done"]
+        assert item_events[0].previous_item_id == added[-1].item.id
+        await conn.send({"type": "response.create"})
+        done = check_response(await until(conn, "response.done"))
+        record = done.vidchat
+        assert record["frames"] == 4 and record["frame_indices"] == [0, 1, 2, 3]
+        assert record["frame_times"] == pytest.approx([0.0, 0.2, 0.4, 0.6], abs=0.02)
+        assert len(record["inputs_sha256"]) == 64 and record["answer_id"]
+
+    # The whole record, and the frames the model got are the ones sent.
+    async with httpx.AsyncClient(base_url=server.url, timeout=30) as http:
+        full = (await http.get(record["record_url"])).json()
+        assert full["question"] == "What do you see?" and full["inputs_sha256"] == record["inputs_sha256"]
+        for k, b64 in enumerate(sent):
+            got = np.asarray(Image.open(io.BytesIO((await http.get(f"/inputs/{record['answer_id']}/frame/{k}.png"))
+                                                   .content)).convert("RGB"), dtype=np.float32)
+            want = np.asarray(Image.open(io.BytesIO(base64.b64decode(b64))).convert("RGB"), dtype=np.float32)
+            assert got.shape == want.shape and np.abs(got - want).mean() < 1.0, k
+
+
+async def test_a_text_question_without_frames_is_answered(server):
+    async with client(server).realtime.connect(model="tiny") as conn:
+        await configured(conn, temperature=0.0, max_tokens=4)
+        await conn.send(text_item("Hello?"))
+        await until(conn, "conversation.item.done")
+        await conn.send({"type": "response.create", "response": {"instructions": "Be terse.",
+                                                                  "max_output_tokens": 3}})
+        done = check_response(await until(conn, "response.done"))
+        assert done.vidchat["frames"] == 0 and done.response.max_output_tokens == 3
+        assert done.response.usage.output_tokens <= 3
+
+
+async def test_response_cancel_ends_the_response_as_cancelled_and_aborts_the_generation(server):
+    async with client(server).realtime.connect(model="tiny") as conn:
+        await configured(conn, temperature=0.0)
+        await conn.send({"type": "response.cancel", "event_id": "evt_nothing"})
+        refused = (await until(conn, "error"))[-1]
+        assert refused.error.code == "response_cancel_not_active" and refused.error.event_id == "evt_nothing"
+        await conn.send(image_item(MOVING[0]))
+        await conn.send(text_item("Tell me a long story."))
+        await conn.send({"type": "response.create", "response": {"max_output_tokens": 3000}})
+        await until(conn, "response.output_text.delta")
+        await conn.send({"type": "response.create"})  # one at a time: refused, the answer goes on
+        await conn.send({"type": "response.cancel"})
+        events = await until(conn, "response.done")
+        errors = [e for e in events if e.type == "error"]
+        assert [e.error.code for e in errors] == ["conversation_already_has_active_response"]
+        done = events[-1]
+        assert done.response.status == "cancelled" and done.response.status_details.reason == "client_cancelled"
+        assert done.response.output[0].status == "incomplete" and done.response.usage.output_tokens < 3000
+        assert await until_idle(server, 10) == 0  # the abort reached vLLM
+        await conn.send({"type": "response.create", "response": {"max_output_tokens": 2}})
+        assert (await until(conn, "response.done"))[-1].response.status in ("completed", "incomplete")
+
+
+async def test_bad_events_get_an_error_and_the_session_goes_on(server):
+    async with client(server).realtime.connect(model="tiny") as conn:
+        await configured(conn, max_tokens=2)
+        bad = [({"type": "no.such.event", "event_id": "evt_1"}, "unknown_event"),
+               (image_item(base64.b64encode(b"not a picture").decode()), "invalid_image"),
+               ({"type": "conversation.item.create", "item": {"type": "message", "role": "user", "content": [
+                   {"type": "input_image", "image_url": "https://example.com/a.jpg"}]}}, "invalid_image"),
+               ({"type": "session.update", "session": {"type": "realtime", "vidchat": {"max_frames": 0}}},
+                "invalid_value"),
+               ({"type": "input_audio_buffer.append", "audio": "***"}, "invalid_data"),
+               ({"type": "input_audio_buffer.commit"}, "input_audio_buffer_commit_empty"),
+               ({"type": "response.create"}, "empty_conversation")]
+        errors = []
+        for event, code in bad:
+            await conn.send(event)
+            errors.append((await until(conn, "error"))[-1].error)
+            assert errors[-1].code == code and errors[-1].type == "invalid_request_error", (event, errors[-1])
+            assert errors[-1].message
+        assert errors[0].event_id == "evt_1" and errors[1].event_id is None  # the client's event named
+        assert errors[2].param == "item.content[0].image_url"
+        await conn.send(image_item(MOVING[1]))
+        assert (await until(conn, "conversation.item.added"))[-1].vidchat["frames"][0]["accepted"] is True
+        await conn.send({"type": "response.create"})
+        check_response(await until(conn, "response.done"))
+    # Not JSON at all (the SDK can't send that): the same error, the session goes on.
+    async with websockets.connect(server.url.replace("http", "ws") + "/v1/realtime?model=tiny") as ws:
+        assert json.loads(await ws.recv())["type"] == "session.created"
+        await ws.send("{not json")
+        assert json.loads(await ws.recv())["error"]["code"] == "invalid_json"
+        await ws.send(json.dumps({"type": "input_audio_buffer.clear"}))
+        assert json.loads(await ws.recv())["type"] == "input_audio_buffer.cleared"
+
+
+async def test_server_vad_answers_speech_and_speech_during_a_response_cancels_it(server):
+    track = sa.compose([(sa.silence(0.5), False), (sa.speech("What is on the table in front of me?"), True),
+                        (sa.silence(1.2), False)])
+    speech_start, speech_end = track.speech[0]
+    async with client(server).realtime.connect(model="tiny") as conn:
+        await conn.recv()
+        await conn.send({"type": "session.update", "session": {
+            "type": "realtime", "max_output_tokens": 4, "vidchat": {"temperature": 0.0, "num_sample_frames": 2},
+            "audio": {"input": {"format": {"type": "audio/pcm", "rate": RATE}, "turn_detection": {
+                "type": "server_vad", "silence_duration_ms": 500, "prefix_padding_ms": 50,
+                "interrupt_response": True, "create_response": True}}}}})
+        updated = (await until(conn, "session.updated"))[-1]
+        assert updated.session.audio.input.turn_detection.type == "server_vad"
+        for i, frame in enumerate(MOVING[:3]):
+            await conn.send(image_item(frame, pts_ms=i * 200))
+        await conn.send(text_item("Tell me a long story."))
+        await conn.send({"type": "response.create", "response": {"max_output_tokens": 3000}})
+        await until(conn, "response.output_text.delta")
+        chunk = AUDIO_RATE // 10  # 100 ms, sent as fast as it goes: the listener follows from where it started
+        for i in range(0, track.audio.size, chunk):
+            await conn.send({"type": "input_audio_buffer.append", "audio": pcm24k_b64(track.audio[i:i + chunk])})
+        events = await until(conn, "input_audio_buffer.committed")
+        types = [e.type for e in events]
+        assert types.count("input_audio_buffer.speech_started") == 1, types
+        assert types.index("input_audio_buffer.speech_started") < types.index("input_audio_buffer.speech_stopped")
+        barged = next(e for e in events if e.type == "response.done")
+        assert barged.response.status == "cancelled" and barged.response.status_details.reason == "turn_detected"
+        started = next(e for e in events if e.type == "input_audio_buffer.speech_started")
+        assert events[-1].item_id == started.item_id == events[-2].item_id
+        # The utterance is committed as an item, then answered on its own.
+        answered = await until(conn, "response.done")
+        assert [e.type for e in answered[:2]] == ["conversation.item.added", "conversation.item.done"]
+        assert answered[0].item.id == started.item_id and answered[0].item.content[0].type == "input_audio"
+        done = check_response(answered[2:])
+        spoken = done.vidchat["spoken_question"]
+        assert spoken["seconds"] == pytest.approx(speech_end - speech_start, abs=0.3)
+        assert done.vidchat["audio_seconds"] == pytest.approx(spoken["seconds"], abs=0.01)
+
+
+# ---- the token ----------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def guarded(tiny_vllm_serve, artifacts_dir):
+    """A server that asks for --token, answering through the suite's shared `vllm serve`."""
+    srv = start_server(["--model", "tiny", "--engine-url", tiny_vllm_serve, "--max-images", "16",
+                        "--max-model-len", "4096", *SERVER_ARGS, "--max-tokens", "4", "--max-sessions", "1"],
+                       artifacts_dir / "server-realtime-token.log", token=TOKEN)
+    yield srv
+    stop_server(srv)
+
+
+async def test_the_token_is_asked_for_and_the_session_counts_against_max_sessions(guarded):
+    for key, status in [(None, 401), ("wrong-token", 403)]:
+        api = AsyncOpenAI(base_url=f"{guarded.url}/v1", api_key=key or "")
+        with pytest.raises(websockets.InvalidStatus) as refused:
+            async with api.realtime.connect(model="tiny"):
+                pass
+        assert refused.value.response.status_code == status
+    async with client(guarded, TOKEN).realtime.connect(model="tiny") as conn:
+        assert (await conn.recv()).type == "session.created"
+        # --max-sessions 1: a second client is told, and closed.
+        async with client(guarded, TOKEN).realtime.connect(model="tiny") as second:
+            refused = await second.recv()
+            assert refused.type == "error" and refused.error.code == "session_refused"
+        await conn.send(image_item(MOVING[2]))
+        await conn.send(text_item("What is this?"))
+        await conn.send({"type": "response.create"})
+        done = check_response(await until(conn, "response.done"))
+        assert done.vidchat["frames"] == 1
+    url = done.vidchat["record_url"]
+    async with httpx.AsyncClient(base_url=guarded.url, timeout=30) as http:
+        assert (await http.get(url)).status_code == 401
+        assert (await http.get(url, headers={"Authorization": f"Bearer {TOKEN}"})).status_code == 200

@@ -1,0 +1,323 @@
+"""The OpenAI Realtime door's wire format: what its client events may hold,
+and its server events, as the official SDK's types (``openai.types.realtime``,
+GA names) define them. Pure translation, no I/O: the door
+(:mod:`vidchat.doors.realtime`) reads and sends them.
+
+vidchat's additions are extra fields, never renamed events: ``session.vidchat``
+(the settings table's fields, and ``record``), ``pts_ms`` on an
+``input_image`` part, ``vidchat`` on ``conversation.item.added`` (what became
+of each frame) and on ``response.done`` (the answer record).
+"""
+
+from __future__ import annotations
+
+import itertools
+import secrets
+from dataclasses import dataclass, field
+from typing import Any
+
+from vidchat.conversation.settings_table import ALIASES, SETTINGS, SettingTypeError, read_settings
+from vidchat.doors.protocol_config import ConfigError, TurnDetection, parse_turn_detection
+
+INPUT_RATES = (24_000, 16_000)  # audio/pcm rates taken (24 kHz is the API's; 16 kHz is the session's own)
+IMAGE_TYPES = ("data:image/jpeg", "data:image/png", "data:image/webp")
+UNSET: Any = object()  # a field the event did not carry
+# What of the answer record rides on response.done (the whole one is /inputs/<answer_id>/record.json).
+RECORD_KEYS = ("frames", "frame_indices", "frame_times", "frame_sizes", "inputs_sha256", "audio_seconds",
+               "audio_span", "spoken_question", "prompt_tokens", "cached_tokens", "completion_tokens", "ttft_ms",
+               "finish_reason", "frames_as", "temperature", "seed", "model")
+
+
+class EventError(Exception):
+    """A client event refused: sent as ``error {error: {type, code, message, param, event_id}}``."""
+
+    def __init__(self, message: str, code: str = "invalid_value", param: str | None = None,
+                 kind: str = "invalid_request_error") -> None:
+        super().__init__(message)
+        self.message, self.code, self.param, self.kind = message, code, param, kind
+
+
+def error_event(event_id: str, exc: EventError, client_event_id: Any = None) -> dict[str, Any]:
+    return {"type": "error", "event_id": event_id,
+            "error": {"type": exc.kind, "code": exc.code, "message": exc.message, "param": exc.param,
+                      "event_id": client_event_id if isinstance(client_event_id, str) else None}}
+
+
+class Ids:
+    """The session's ids: ``event_…`` numbered, items and responses unguessable."""
+
+    def __init__(self) -> None:
+        self._events = itertools.count(1)
+
+    def event(self) -> str:
+        return f"event_{next(self._events)}"
+
+    @staticmethod
+    def new(prefix: str) -> str:
+        return f"{prefix}_{secrets.token_hex(8)}"
+
+
+# ---- session.update ----------------------------------------------------------
+
+@dataclass
+class SessionUpdate:
+    """What a session.update changes; UNSET fields stay as they are."""
+
+    instructions: Any = UNSET
+    output_modalities: Any = UNSET
+    max_output_tokens: Any = UNSET
+    input_rate: Any = UNSET
+    turn_detection: Any = UNSET  # TurnDetection or None (off)
+    record: Any = UNSET
+    settings: dict[str, dict[str, Any]] = field(default_factory=lambda: {"session": {}, "answer": {}})
+
+
+def max_tokens(value: Any, param: str) -> int | None:
+    """max_output_tokens as an int, or None for "inf" (the server's default)."""
+    if value == "inf":
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise EventError(f"{param} must be a positive integer or \"inf\", got {value!r}", param=param)
+    return value
+
+
+def modalities(value: Any, param: str) -> list[str]:
+    if not isinstance(value, list) or not value or any(m not in ("text", "audio") for m in value):
+        raise EventError(f"{param} must be a list of \"text\" and/or \"audio\", got {value!r}", param=param)
+    return value
+
+
+def instructions_of(value: Any, param: str) -> str | None:
+    if value is not None and not isinstance(value, str):
+        raise EventError(f"{param} must be a string, got {type(value).__name__}", param=param)
+    return value or None
+
+
+def parse_session(session: Any) -> SessionUpdate:
+    """session.update's ``session``, checked; raises EventError naming the bad field."""
+    if not isinstance(session, dict):
+        raise EventError("session.update needs a 'session' object", param="session")
+    if session.get("type", "realtime") != "realtime":
+        raise EventError(f"only realtime sessions are served, got type {session.get('type')!r}", param="session.type")
+    update = SessionUpdate()
+    if "instructions" in session:
+        update.instructions = instructions_of(session["instructions"], "session.instructions")
+    if "output_modalities" in session:
+        update.output_modalities = modalities(session["output_modalities"], "session.output_modalities")
+    if "max_output_tokens" in session:
+        update.max_output_tokens = max_tokens(session["max_output_tokens"], "session.max_output_tokens")
+    audio_in = ((session.get("audio") or {}).get("input") or {}) if isinstance(session.get("audio"), dict) else {}
+    if not isinstance(audio_in, dict):
+        raise EventError("session.audio.input must be an object", param="session.audio.input")
+    if "format" in audio_in:
+        update.input_rate = _input_rate(audio_in["format"])
+    if "turn_detection" in audio_in:
+        update.turn_detection = _turn_detection(audio_in["turn_detection"])
+    if "vidchat" in session:
+        _vidchat(session["vidchat"], update)
+    return update
+
+
+def _input_rate(fmt: Any) -> int:
+    param = "session.audio.input.format"
+    if not isinstance(fmt, dict) or fmt.get("type", "audio/pcm") != "audio/pcm":
+        raise EventError(f"{param}: only audio/pcm (PCM16 mono) is taken", code="unsupported_audio_format",
+                         param=param)
+    rate = fmt.get("rate", INPUT_RATES[0])
+    if rate not in INPUT_RATES:
+        raise EventError(f"{param}.rate must be one of {', '.join(map(str, INPUT_RATES))}, got {rate!r}",
+                         code="unsupported_audio_format", param=f"{param}.rate")
+    return rate
+
+
+def _turn_detection(value: Any) -> TurnDetection | None:
+    if value is not None and not isinstance(value, dict):
+        raise EventError("turn_detection must be an object or null", param="session.audio.input.turn_detection")
+    try:
+        return parse_turn_detection(value)  # the seed door's server_vad, whose names are OpenAI's
+    except ConfigError as exc:
+        raise EventError(str(exc), param="session.audio.input.turn_detection") from None
+
+
+def _vidchat(values: Any, update: SessionUpdate) -> None:
+    """session.vidchat: the settings table's fields (by name or alias) and ``record``."""
+    if not isinstance(values, dict):
+        raise EventError("session.vidchat must be an object", param="session.vidchat")
+    unknown = sorted(k for k in values if k not in SETTINGS and k not in ALIASES and k != "record")
+    if unknown:
+        raise EventError(f"session.vidchat: unknown setting(s) {', '.join(unknown)}; known: "
+                         f"{', '.join([*SETTINGS, 'record'])}", param="session.vidchat")
+    if "record" in values:
+        if not isinstance(values["record"], bool):
+            raise EventError("session.vidchat.record must be true or false", param="session.vidchat.record")
+        update.record = values["record"]
+    try:
+        update.settings = read_settings(values)
+    except SettingTypeError as exc:
+        raise EventError(f"session.vidchat: {exc}", param="session.vidchat") from None
+
+
+def session_object(session_id: str, model: str, settings: Any, options: Any, input_rate: int,
+                   turn_detection: dict[str, Any] | None, record: bool) -> dict[str, Any]:
+    """The effective session, as session.created/updated carry it (``settings``:
+    the SessionSettings, ``options``: the AnswerOptions; the table's fields of
+    both are ``vidchat``)."""
+    vidchat = {name: getattr(settings if spec.target == "session" else options, name)
+               for name, spec in SETTINGS.items()}
+    return {"type": "realtime", "object": "realtime.session", "id": session_id, "model": model,
+            "instructions": options.system_prompt or "", "output_modalities": ["text"],
+            "max_output_tokens": options.max_tokens, "tools": [], "tool_choice": "auto",
+            "audio": {"input": {"format": {"type": "audio/pcm", "rate": input_rate},
+                                "turn_detection": turn_detection, "transcription": None}},
+            "vidchat": {**vidchat, "record": record}}
+
+
+def response_options(params: Any, options: Any, default_max_tokens: int) -> Any:
+    """response.create's ``response``: this response's AnswerOptions (raises EventError)."""
+    params = {} if params is None else params
+    if not isinstance(params, dict):
+        raise EventError("response must be an object", param="response")
+    if "instructions" in params:
+        options = options.updated(system_prompt=instructions_of(params["instructions"], "response.instructions"))
+    if "max_output_tokens" in params:
+        most = max_tokens(params["max_output_tokens"], "response.max_output_tokens")
+        options = options.updated(max_tokens=most or default_max_tokens)
+    if "output_modalities" in params:
+        modalities(params["output_modalities"], "response.output_modalities")
+    if params.get("input"):
+        raise EventError("response.input is not supported: add items to the conversation", "unsupported",
+                         "response.input")
+    return options
+
+
+# ---- conversation.item.create ----------------------------------------------------
+
+@dataclass(frozen=True)
+class Part:
+    kind: str  # "input_text", "input_audio" or "input_image"
+    value: Any  # the text, the base64 audio, or the image's data URL
+    pts_ms: Any = None
+    index: int = 0
+
+
+def user_parts(item: Any) -> list[Part]:
+    """A user message's content, checked before anything is taken in; raises EventError."""
+    if not isinstance(item, dict):
+        raise EventError("conversation.item.create needs an 'item' object", param="item")
+    if item.get("type", "message") != "message" or item.get("role") != "user":
+        raise EventError("only user messages are taken (item.type \"message\", item.role \"user\")",
+                         code="unsupported_item", param="item.role")
+    content = item.get("content")
+    if not isinstance(content, list) or not content:
+        raise EventError("item.content must be a non-empty list", param="item.content")
+    parts = []
+    for i, part in enumerate(content):
+        kind = part.get("type") if isinstance(part, dict) else None
+        key = {"input_text": "text", "input_audio": "audio", "input_image": "image_url"}.get(kind)
+        param = f"item.content[{i}]"
+        if key is None:
+            raise EventError(f"{param}.type must be input_text, input_audio or input_image, got {kind!r}",
+                             code="unsupported_content", param=f"{param}.type")
+        value = part.get(key)
+        if not isinstance(value, str) or (kind != "input_text" and not value):
+            raise EventError(f"{param}.{key} must be a {'string' if kind == 'input_text' else 'non-empty string'}",
+                             param=f"{param}.{key}")
+        if kind == "input_image" and not value[:20].lower().startswith(IMAGE_TYPES):
+            raise EventError(f"{param}.image_url must be a data URL of a JPEG, PNG or WebP image "
+                             "(data:image/jpeg;base64,…)", code="invalid_image", param=f"{param}.image_url")
+        parts.append(Part(kind, value, part.get("pts_ms"), i))
+    return parts
+
+
+def acked_item(item_id: str, parts: list[Part], status: str = "completed") -> dict[str, Any]:
+    """The user item as conversation.item.added/done say it: its parts without
+    their media (an image is not sent back; an audio part is named, not echoed)."""
+    content = [{"type": p.kind, "text": p.value} if p.kind == "input_text" else {"type": p.kind}
+               for p in parts]
+    return {"id": item_id, "object": "realtime.item", "type": "message", "role": "user", "status": status,
+            "content": content}
+
+
+# ---- responses ---------------------------------------------------------------------
+
+def assistant_item(item_id: str, text: str | None, status: str) -> dict[str, Any]:
+    content = [] if text is None else [{"type": "output_text", "text": text}]
+    return {"id": item_id, "object": "realtime.item", "type": "message", "role": "assistant", "status": status,
+            "content": content}
+
+
+def usage(stats: dict[str, Any] | None) -> dict[str, Any] | None:
+    if stats is None:
+        return None
+    given, made = stats.get("prompt_tokens", 0), stats.get("completion_tokens", 0)
+    return {"total_tokens": given + made, "input_tokens": given, "output_tokens": made,
+            "input_token_details": {"cached_tokens": stats.get("cached_tokens", 0), "text_tokens": None,
+                                    "image_tokens": None, "audio_tokens": None},
+            "output_token_details": {"text_tokens": made, "audio_tokens": 0}}
+
+
+def response(response_id: str, status: str, *, output: list[dict[str, Any]] = (), max_output_tokens: Any = None,
+             stats: dict[str, Any] | None = None, reason: str | None = None,
+             error: str | None = None) -> dict[str, Any]:
+    """The realtime.response object of response.created (in_progress) and response.done."""
+    details = None
+    if status in ("cancelled", "failed", "incomplete"):
+        details = {"type": status, "reason": reason,
+                   "error": {"type": "server_error", "code": "answer_failed", "message": error} if error else None}
+    return {"id": response_id, "object": "realtime.response", "status": status, "status_details": details,
+            "output": list(output), "output_modalities": ["text"], "conversation_id": None,
+            "max_output_tokens": "inf" if max_output_tokens is None else max_output_tokens,
+            "usage": usage(stats), "metadata": None}
+
+
+def answer_record(summary: dict[str, Any], answer_id: str | None) -> dict[str, Any]:
+    """response.done's vidchat extra: what the model was given, and where the whole record is."""
+    record = {key: summary.get(key) for key in RECORD_KEYS}
+    record["answer_id"] = answer_id
+    record["record_url"] = f"/inputs/{answer_id}/record.json" if answer_id else None
+    return record
+
+
+class ResponseEvents:
+    """One response's server events, in the order the API sends them: created;
+    output item, conversation item and content part added; text deltas; text,
+    part, item done; response.done (always, once)."""
+
+    def __init__(self, response_id: str, max_output_tokens: int | None) -> None:
+        self.id, self.max_output_tokens = response_id, max_output_tokens
+        self.item_id = Ids.new("item")
+        self.at = {"response_id": response_id, "item_id": self.item_id, "output_index": 0}
+
+    def created(self) -> dict[str, Any]:
+        return {"type": "response.created",
+                "response": response(self.id, "in_progress", max_output_tokens=self.max_output_tokens)}
+
+    def started(self, previous_item: str | None) -> list[dict[str, Any]]:
+        item = assistant_item(self.item_id, None, "in_progress")
+        return [{"type": "response.output_item.added", "response_id": self.id, "output_index": 0, "item": item},
+                {"type": "conversation.item.added", "previous_item_id": previous_item, "item": item},
+                {"type": "response.content_part.added", **self.at, "content_index": 0,
+                 "part": {"type": "text", "text": ""}}]
+
+    def delta(self, text: str) -> dict[str, Any]:
+        return {"type": "response.output_text.delta", **self.at, "content_index": 0, "delta": text}
+
+    def done(self, status: str, *, text: str | None, reason: str | None = None, error: str | None = None,
+             stats: dict[str, Any] | None = None, record: dict[str, Any] | None = None) -> list[dict[str, Any]]:
+        """``text`` None: the response never started (nothing was generated)."""
+        events: list[dict[str, Any]] = []
+        output = []
+        if text is not None:
+            item = assistant_item(self.item_id, text, "completed" if status == "completed" else "incomplete")
+            output.append(item)
+            events += [{"type": "response.output_text.done", **self.at, "content_index": 0, "text": text},
+                       {"type": "response.content_part.done", **self.at, "content_index": 0,
+                        "part": {"type": "text", "text": text}},
+                       {"type": "response.output_item.done", "response_id": self.id, "output_index": 0, "item": item},
+                       {"type": "conversation.item.done", "previous_item_id": None, "item": item}]
+        done: dict[str, Any] = {"type": "response.done", "response": response(
+            self.id, status, output=output, max_output_tokens=self.max_output_tokens, stats=stats, reason=reason,
+            error=error)}
+        if record is not None:
+            done["vidchat"] = record
+        return [*events, done]
