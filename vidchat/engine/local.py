@@ -408,6 +408,9 @@ def vllm_engine_kwargs(options: EngineOptions, dtype: str, gpu: bool, processor_
     # vLLM keeps processed frames for reuse (4 GiB by default): bounded
     # here, since live video makes every frame new and the cache only grows.
     kwargs["mm_processor_cache_gb"] = options.mm_cache_gb
+    # No "Loading safetensors checkpoint shards" progress bar on the console:
+    # the model loads in seconds and "engine ready" says when it has.
+    kwargs["use_tqdm_on_load"] = False
     # Warm-ups (vidchat.conversation.prewarm) run at a lower priority than answers, so
     # a question never waits behind a queued warm-up. Only when warm-ups
     # are on from the start: otherwise vLLM schedules first come, first
