@@ -192,10 +192,13 @@ def _replica_routes(app: FastAPI, state: AppState) -> None:
         an operator when a drained replica is empty and can be stopped."""
         ready, reason = state.readiness()
         registry = state.registry
+        replicas = await _replica_health(state)
+        if ready and replicas is not None and not any(r["healthy"] for r in replicas):
+            ready, reason = False, "no model server of --engine-url answers"
         if ready and registry.draining:
             ready, reason = False, f"draining: {len(registry)} session(s) still open"
         return JSONResponse({"ready": ready, "reason": reason, "draining": registry.draining,
-                             "sessions": len(registry)}, status_code=200 if ready else 503)
+                             "sessions": len(registry), "replicas": replicas}, status_code=200 if ready else 503)
 
     @app.post("/api/drain")
     async def drain(body: dict[str, Any]) -> JSONResponse:
@@ -239,6 +242,8 @@ def _running_routes(app: FastAPI, state: AppState, loop_watch: LoopWatch) -> Non
                                "frames": engine.encoder_cache_tokens // engine.tokens_per_frame}
                               if ok and engine.tokens_per_frame and engine.encoder_cache_tokens else None),
             "loop_lag": loop_watch.snapshot(),
+            # --engine-url: each model server's health (null in-process).
+            "replicas": await _replica_health(state),
         }
         return JSONResponse(body, status_code=200 if ok else 503)
 
@@ -293,13 +298,25 @@ def _guard(app: FastAPI, state: AppState) -> None:
     )
 
 
+async def _replica_health(state: AppState) -> list[dict[str, Any]] | None:
+    """Each model server's health (--engine-url), or None (in-process, or still loading)."""
+    engine = state.engine
+    if engine is None or engine.is_dead:
+        return None
+    return await engine.replica_health()
+
+
 async def _load_engine(state: AppState) -> None:
     """Start vLLM in a worker thread while the port already answers."""
     try:
         if state.settings.engine_url:
             from vidchat.engine.remote import RemoteEngine
 
-            engine = await asyncio.to_thread(RemoteEngine.start, state.engine_options, state.settings.engine_url)
+            settings = state.settings
+            engine = await asyncio.to_thread(
+                RemoteEngine.start, state.engine_options, settings.engine_url,
+                session_header=settings.engine_session_header, connect_timeout=settings.engine_connect_timeout,
+                first_byte_timeout=settings.engine_first_byte_timeout)
             state.model_path = engine.model_path
         else:
             engine = await asyncio.to_thread(LocalEngine.start, state.engine_options)

@@ -53,7 +53,20 @@ class Settings:
     engine_url: str = _opt(
         "", "Use a remote vLLM server (e.g. 'http://gpu-host:8000' of `vllm serve MODEL`) instead of the "
         "in-process engine: same page, protocol and records; --model then only names the model for its "
-        "processor (default: the served model's name). Engine sizing options are the server's own.",
+        "processor (default: the served model's name). Engine sizing options are the server's own. A router "
+        "(vllm-router --policy consistent_hash) is one URL; several URLs, comma separated "
+        "('http://a:8000,http://b:8000'), are replicas vidchat itself spreads sessions over by consistent "
+        "hashing, each session pinned to one (README, 'Beyond one machine').",
+    )
+    engine_session_header: str = _opt(
+        "X-Session-ID", "With --engine-url: the header that carries each session's routing key (an opaque hash, "
+        "the same on every request and warm-up of a session) for a router's session affinity.",
+    )
+    engine_connect_timeout: float = _opt(5.0, "With --engine-url: seconds to connect to a model server; one "
+                                         "that refuses or times out is skipped while others answer.")
+    engine_first_byte_timeout: float = _opt(
+        60.0, "With --engine-url: seconds a model server may take to start answering, and may then stay silent "
+        "mid-answer, before the answer ends with an error (a hung replica never holds a session).",
     )
     tensor_parallel_size: int = _opt(1, "GPUs one copy of the model is split across (vLLM's "
                                      "--tensor-parallel-size): for a model too large for one GPU.")
@@ -254,7 +267,7 @@ AT_LEAST = {"max_sessions": 1, "max_frame_pixels": 1, "max_body_bytes": 1024, "w
             "max_sessions_per_client": 0, "max_concurrent_answers": 0, "connect_timeout": 0,
             "session_idle_timeout": 1, "ws_idle_timeout": 1, "ws_config_timeout": 0.1,
             "tensor_parallel_size": 1, "data_parallel_size": 1, "turn_ttl": 60,
-            "max_session_mb": 0}
+            "max_session_mb": 0, "engine_connect_timeout": 0.1, "engine_first_byte_timeout": 0.1}
 
 
 def parse_settings(argv: Sequence[str] | None = None) -> Settings:

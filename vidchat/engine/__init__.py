@@ -108,6 +108,11 @@ class ReplyStats:
     # oldest are left out when the whole chat no longer fits (Engine.fit_history).
     history_turns: int = 0
     history_turns_total: int = 0
+    # --engine-url: the model server that answered (a router counts as one),
+    # and, when the session's previous question went to another replica
+    # (which failed), {"from", "to", "caches": "cold"} (vidchat.engine.replicas).
+    replica: str | None = None
+    session_moved: dict[str, str] | None = None
 
     def as_dict(self) -> dict[str, Any]:
         return dict(self.__dict__)
@@ -239,6 +244,9 @@ class Prepared:
     params: Any
     stats: "ReplyStats"
     video_fps: float | None = None
+    # The session's routing key (vidchat.engine.replicas.routing_key): what
+    # pins its requests, warm-ups included, to one model server.
+    routing_key: str | None = None
 
 
 def chat_template_kwargs(processor_kwargs: dict | None) -> dict[str, Any]:
@@ -345,6 +353,7 @@ class ChatEngine(Protocol):
                 audio: np.ndarray | None = None, **options: Any) -> Prepared: ...
     def submit(self, prepared: Prepared, request_id: str | None = None) -> Any: ...
     async def warm(self, prepared: Prepared) -> ReplyStats: ...
+    async def replica_health(self) -> list[dict[str, Any]] | None: ...
     def ask(self, question: str, frames: Sequence[np.ndarray | Image.Image] = (),
             audio: np.ndarray | None = None, *, request_id: str | None = None, **options: Any) -> Any: ...
     def shutdown(self) -> None: ...
@@ -497,6 +506,10 @@ class ModelEngine:
     @property
     def is_dead(self) -> bool:
         raise NotImplementedError
+
+    async def replica_health(self) -> list[dict[str, Any]] | None:
+        """Each model server's health (--engine-url); None in-process."""
+        return None
 
     def prepare(self, question: str, frames: Sequence[np.ndarray | Image.Image] = (),
                 audio: np.ndarray | None = None, **options: Any) -> Prepared:

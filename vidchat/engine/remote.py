@@ -11,6 +11,11 @@ vLLM's extra fields for what vidchat relies on: ``cache_salt``,
 events; closing the stream (a cancel, a new question, a page that went away)
 makes vLLM abort the request.
 
+Past one machine (README, "Beyond one machine"): every request carries the
+session's routing key in a header (``X-Session-ID`` by default) for a router
+such as vllm-router's ``consistent_hash``; with several URLs and no router,
+vidchat hashes sessions over them itself (vidchat.engine.replicas).
+
 The model's processor is loaded here too (from ``--model`` or the served
 model's name), to know what it accepts. Frames as one video are not sent
 this way: a video would have to be encoded first, so questions ask for images.
@@ -20,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import collections
 import io
 import json
 import logging
@@ -35,12 +41,22 @@ from PIL import Image
 from vidchat.engine import (ENGINE_DEAD_MESSAGE, EngineDead, EngineError, EngineOptions, ModelEngine, Prepared,
                             ReplyStats, Turn, WARMUP_PRIORITY, inputs_digest, tokens_per_frame)
 from vidchat.engine.families import family_of, model_type_of
+from vidchat.engine.replicas import (DEFAULT_SESSION_HEADER, ReplicaPool, routing_key, shown_url,
+                                     split_urls)
 from vidchat.engine.revision import model_revision
 from vidchat.media import AUDIO_RATE
 
 log = logging.getLogger(__name__)
 
-CONNECT_TIMEOUT_S = 10.0
+# Defaults of --engine-connect-timeout and --engine-first-byte-timeout.
+CONNECT_TIMEOUT_S = 5.0
+# Also the longest silence between two parts of a streamed answer: a
+# replica that stops sending (hung, drained without a close) ends the answer
+# with an error instead of holding its session forever. A cold question on a
+# CPU takes ~15 s before its first token (README, the true-size figures).
+FIRST_BYTE_TIMEOUT_S = 60.0
+# Sessions whose last replica is remembered (to say when one moved).
+MAX_HOMES = 10_000
 
 
 def png_data_url(frame: np.ndarray | Image.Image) -> str:
@@ -89,12 +105,16 @@ class RemoteReply:
     """One streamed answer from the remote server; the same interface as
     :class:`vidchat.engine.Reply` (iterate for deltas, ``stats``, ``cancel``)."""
 
-    def __init__(self, engine: "RemoteEngine", request_id: str, body: dict[str, Any], stats: ReplyStats):
+    def __init__(self, engine: "RemoteEngine", request_id: str, body: dict[str, Any], stats: ReplyStats,
+                 key: str | None = None, warmup: bool = False):
         self.engine = engine
         self.request_id = request_id
         self.stats = stats
         self.text = ""
+        self.url: str | None = None  # the replica answering, once connected
         self._body = body
+        self._key = key
+        self._warmup = warmup
         self._response: httpx.Response | None = None
         self._lines: Any = None
         self._done = False
@@ -108,7 +128,8 @@ class RemoteReply:
             raise StopAsyncIteration
         try:
             if self._response is None:
-                self._response = await self.engine._open(self.request_id, self._body)
+                self._response, self.url = await self.engine._open(self.request_id, self._body, self._key,
+                                                                   self._warmup, self.stats)
                 self._lines = self._response.aiter_lines()
             async for line in self._lines:
                 if not line.startswith("data:"):
@@ -142,7 +163,10 @@ class RemoteReply:
             if self._done and self.stats.cancelled:
                 raise StopAsyncIteration  # another task cancelled it: the stream was closed on purpose
             await self._finish()
-            raise EngineError(f"The model server at {self.engine.url} failed mid-answer: {exc}") from exc
+            if isinstance(exc, ValueError) or self.url is None:
+                raise EngineError(f"The model server at {shown_url(self.url or self.engine.url)} sent a reply "
+                                  f"vidchat cannot read: {exc}") from exc
+            raise EngineError(self.engine._failed_mid_answer(self.url, exc)) from exc
 
     async def _finish(self) -> None:
         if self._done:
@@ -164,33 +188,41 @@ class RemoteReply:
 
 
 class RemoteEngine(ModelEngine):
-    """:class:`vidchat.engine.ChatEngine`, answered by a remote vLLM server."""
+    """:class:`vidchat.engine.ChatEngine`, answered by remote vLLM servers
+    (one, a router in front of several, or several hashed by session)."""
 
-    def __init__(self, options: EngineOptions, url: str, served_model: str, processor: Any, start_s: float,
-                 revision: str) -> None:
+    def __init__(self, options: EngineOptions, url: str | list[str], served_model: str, processor: Any,
+                 start_s: float, revision: str, *, session_header: str = DEFAULT_SESSION_HEADER,
+                 connect_timeout: float = CONNECT_TIMEOUT_S,
+                 first_byte_timeout: float = FIRST_BYTE_TIMEOUT_S) -> None:
         family = family_of(model_type_of(options.model))
         # What the model takes, as its processor says (the server's own
         # limits can't be read); frames go as images (see the module's docstring).
         hears = getattr(processor, "feature_extractor", None) is not None
         super().__init__(options, processor, options.model, start_s, family, revision, hears, False)
-        self.url = url.rstrip("/")
+        self.pool = ReplicaPool(split_urls(url))
+        self.url = self.pool.urls[0]
         self.served_model = served_model
-        self._client = httpx.AsyncClient(base_url=self.url, timeout=httpx.Timeout(CONNECT_TIMEOUT_S, read=None))
+        self.session_header = session_header
+        self.first_byte_timeout = first_byte_timeout
+        self._client = httpx.AsyncClient(timeout=httpx.Timeout(first_byte_timeout, connect=connect_timeout))
         self._running: set[str] = set()
+        self._homes: collections.OrderedDict[str, str] = collections.OrderedDict()  # routing key -> replica
         self._closed = False
 
     @classmethod
-    def start(cls, options: EngineOptions, url: str) -> "RemoteEngine":  # type: ignore[override]
-        """Find the served model and load its processor (blocking)."""
+    def start(cls, options: EngineOptions, url: str | list[str], *,  # type: ignore[override]
+              session_header: str = DEFAULT_SESSION_HEADER, connect_timeout: float = CONNECT_TIMEOUT_S,
+              first_byte_timeout: float = FIRST_BYTE_TIMEOUT_S) -> "RemoteEngine":
+        """Find the served model and load its processor (blocking). ``url``:
+        one URL or several (a list, or comma separated); one answering is enough."""
         from transformers import AutoProcessor
 
         t0 = time.perf_counter()
-        url = url.rstrip("/")
-        try:
-            models = httpx.get(f"{url}/v1/models", timeout=CONNECT_TIMEOUT_S).raise_for_status().json()
-            served = models["data"][0]["id"]
-        except (httpx.HTTPError, KeyError, IndexError, ValueError) as exc:
-            raise EngineError(f"no vLLM server answers at --engine-url {url}: {exc}") from exc
+        urls = split_urls(url)
+        if not urls:
+            raise EngineError("--engine-url names no URL")
+        served = _served_model(urls, connect_timeout)
         name = options.model or served
         try:
             processor = AutoProcessor.from_pretrained(name)
@@ -199,12 +231,15 @@ class RemoteEngine(ModelEngine):
                               f"what the model takes): pass --model with its hub id or a local copy "
                               f"({exc})") from exc
         options = EngineOptions(**{**options.__dict__, "model": name})
-        engine = cls(options, url, served, processor, time.perf_counter() - t0, model_revision(name))
+        engine = cls(options, urls, served, processor, time.perf_counter() - t0, model_revision(name),
+                     session_header=session_header, connect_timeout=connect_timeout,
+                     first_byte_timeout=first_byte_timeout)
         try:  # what a frame costs, for the history budget (the processor's own count)
             engine.tokens_per_frame = tokens_per_frame(processor, options.max_image_pixels, engine.processor_kwargs)
         except Exception:
             log.debug("could not measure the tokens a frame costs", exc_info=True)
-        log.info("engine ready: %s served by %s (%s)", served, url, engine.model_revision)
+        log.info("engine ready: %s served by %s (%s); sessions keyed by %s", served,
+                 ", ".join(shown_url(u) for u in urls), engine.model_revision, session_header)
         return engine
 
     def shutdown(self) -> None:
@@ -231,6 +266,9 @@ class RemoteEngine(ModelEngine):
     @property
     def encoder_cache_tokens(self) -> int | None:
         return None  # the remote server's own business
+
+    async def replica_health(self) -> list[dict[str, Any]]:
+        return await self.pool.health(self._client)
 
     def prepare(self, question: str, frames: Sequence[np.ndarray | Image.Image] = (),
                 audio: np.ndarray | None = None, *, frame_times: Sequence[float] | None = None,
@@ -275,7 +313,7 @@ class RemoteEngine(ModelEngine):
         audio_s = 0.0 if audio is None else audio.size / AUDIO_RATE
         stats = ReplyStats(frames=len(frames), audio_seconds=audio_s, inputs_sha256=inputs_digest(frames, audio),
                            history_turns=len(history), history_turns_total=total_turns)
-        return Prepared(body, messages_text(messages), None, stats)
+        return Prepared(body, messages_text(messages), None, stats, routing_key=routing_key(cache_salt))
 
     def check_request(self, n_frames: int, frames_as: str) -> None:
         if frames_as == "video" and n_frames:
@@ -286,17 +324,66 @@ class RemoteEngine(ModelEngine):
         if self.is_dead:
             raise EngineDead(ENGINE_DEAD_MESSAGE)
         rid = request_id or f"vidchat-{next(self._ids)}-{uuid.uuid4().hex[:8]}"
-        return RemoteReply(self, rid, prepared.prompt, prepared.stats)
+        return RemoteReply(self, rid, prepared.prompt, prepared.stats, prepared.routing_key)
 
-    async def _open(self, request_id: str, body: dict[str, Any]) -> httpx.Response:
+    async def _open(self, request_id: str, body: dict[str, Any], key: str | None, warmup: bool,
+                    stats: ReplyStats) -> tuple[httpx.Response, str]:
+        """Send the request to the session's replica, or where the ring
+        sends it while that one is down. Only a refused connection moves on
+        to the next replica (nothing reached the failed one); any later
+        failure ends this answer with an error and the session's next
+        question moves."""
         self._running.add(request_id)
-        try:
-            request = self._client.build_request("POST", "/v1/chat/completions", json=body,
-                                                 headers={"X-Request-Id": request_id})
-            response = await self._client.send(request, stream=True)
-        except httpx.HTTPError as exc:
-            self._running.discard(request_id)
-            raise EngineError(f"The model server at {self.url} could not be reached: {exc}") from exc
+        headers = {"X-Request-Id": request_id}
+        if key:
+            headers[self.session_header] = key
+        errors: list[str] = []
+        for url in self.pool.candidates(key, request_id):
+            try:
+                request = self._client.build_request("POST", f"{url}/v1/chat/completions", json=body,
+                                                     headers=headers)
+                response = await self._client.send(request, stream=True)
+            except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
+                self.pool.mark_down(url, f"{type(exc).__name__}: {exc}")
+                errors.append(f"{shown_url(url)}: {exc}")
+                continue
+            except httpx.HTTPError as exc:
+                self._running.discard(request_id)
+                raise EngineError(self._failed_mid_answer(url, exc, before_answer=True)) from exc
+            self.pool.mark_up(url)
+            self._placed(key, url, warmup, stats)
+            return await self._checked(response, request_id), url
+        self._running.discard(request_id)
+        raise EngineError(f"The model server could not be reached ({'; '.join(errors)}).")
+
+    def _placed(self, key: str | None, url: str, warmup: bool, stats: ReplyStats) -> None:
+        """Note which replica answers; say so when the session moved. Warm-ups
+        don't move a session: the question after them says it moved."""
+        stats.replica = shown_url(url)
+        if key is None or warmup:
+            return
+        before = self._homes.get(key)
+        if before is not None and before != url:
+            stats.session_moved = {"from": shown_url(before), "to": shown_url(url), "caches": "cold"}
+            log.info("a session moved from replica %s to %s: its caches there are cold",
+                     shown_url(before), shown_url(url))
+        self._homes[key] = url
+        self._homes.move_to_end(key)
+        while len(self._homes) > MAX_HOMES:
+            self._homes.popitem(last=False)
+
+    def _failed_mid_answer(self, url: str, exc: Exception, before_answer: bool = False) -> str:
+        """Mark the replica down and say what happened, in words for the user."""
+        what = (f"did not answer within {self.first_byte_timeout:g} s" if isinstance(exc, httpx.TimeoutException)
+                else f"stopped answering ({type(exc).__name__}: {exc})".replace(" ()", ""))
+        self.pool.mark_down(url, what)
+        where = "before answering" if before_answer else "mid-answer"
+        text = f"The model server at {shown_url(url)} {what} {where}."
+        if len(self.pool.urls) > 1:
+            text += " Ask again: this session's next question goes to another replica (its caches start cold)."
+        return text
+
+    async def _checked(self, response: httpx.Response, request_id: str) -> httpx.Response:
         if response.status_code != 200:
             text = _error_text(response, await response.aread())
             await response.aclose()
@@ -314,10 +401,32 @@ class RemoteEngine(ModelEngine):
         body = dict(prepared.prompt)
         if self.options.priority_scheduling:
             body["priority"] = WARMUP_PRIORITY
-        reply = RemoteReply(self, f"vidchat-warm-{next(self._ids)}-{uuid.uuid4().hex[:8]}", body, prepared.stats)
+        reply = RemoteReply(self, f"vidchat-warm-{next(self._ids)}-{uuid.uuid4().hex[:8]}", body, prepared.stats,
+                            prepared.routing_key, warmup=True)
         try:
             async for _ in reply:
                 pass
         finally:
             await reply.aclose()
         return reply.stats
+
+
+def _served_model(urls: list[str], timeout: float) -> str:
+    """The model the first answering URL serves (the others may be down now:
+    questions find out); a replica serving another model is an error."""
+    served: dict[str, str] = {}
+    errors = []
+    for url in urls:
+        try:
+            models = httpx.get(f"{url}/v1/models", timeout=timeout).raise_for_status().json()
+            served[url] = models["data"][0]["id"]
+        except (httpx.HTTPError, KeyError, IndexError, ValueError) as exc:
+            errors.append(f"{shown_url(url)}: {exc}")
+    if not served:
+        raise EngineError(f"no vLLM server answers at --engine-url ({'; '.join(errors)})")
+    if len(set(served.values())) > 1:
+        raise EngineError("the --engine-url servers serve different models: " +
+                          ", ".join(f"{shown_url(u)}: {m}" for u, m in served.items()))
+    for error in errors:
+        log.warning("--engine-url: %s does not answer now (questions will skip it while it is down)", error)
+    return next(iter(served.values()))
