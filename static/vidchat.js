@@ -642,18 +642,33 @@
     el.dataset.ending = s.time_left_s != null && s.time_left_s < 60 ? "soon" : "";
   }
 
-  async function listServerMedia() {
+  // The server's --media-dir, listed again each time the picker is about to
+  // open (focus, a press) or the file source is chosen: a file added there
+  // shows without reloading the page. The choice made stays chosen.
+  let mediaListing = null;
+  function listServerMedia() {
+    if (!mediaListing) mediaListing = fetchServerMedia().finally(() => { mediaListing = null; });
+    return mediaListing;
+  }
+  async function fetchServerMedia() {
     const sel = $("#vc-media");
-    if (!sel || sel.dataset.loaded) return;
+    if (!sel) return;
     try {
       const r = await fetch("/api/media", { cache: "no-store", headers: authHeaders() });
       const files = r.ok ? (await r.json()).files : [];
-      sel.dataset.loaded = "1";
+      const names = files.map((f) => encodeURIComponent(f.name));
+      const listed = [...sel.options].map((o) => o.value).filter(Boolean);
+      if (listed.length && listed.join("/") === names.join("/")) return;  // unchanged: an open picker stays open
+      const chosen = sel.value;
       sel.innerHTML = files.length
-        ? '<option value="">choose…</option>' + files.map((f) =>
-            `<option value="${encodeURIComponent(f.name)}">${f.name.replace(/</g, "&lt;")}</option>`).join("")
+        ? '<option value="">choose…</option>' + files.map((f, i) =>
+            `<option value="${names[i]}">${f.name.replace(/</g, "&lt;")}</option>`).join("")
         : '<option value="">(none: the server has no --media-dir)</option>';
+      sel.value = names.includes(chosen) ? chosen : "";
     } catch (_) { /* the list is optional */ }
+  }
+  for (const type of ["focusin", "pointerdown"]) {
+    document.addEventListener(type, (e) => { if (e.target?.closest?.("#vc-media")) listServerMedia(); }, true);
   }
 
   function fileChosen(url, name) {

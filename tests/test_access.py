@@ -82,6 +82,7 @@ def guarded(tiny_omni_path, artifacts_dir, tmp_path_factory):
     srv = Server(proc, port, log_path)
     srv.while_loading = None
     srv.record_dir = media.parent / "recordings"
+    srv.media_dir = media
 
     def ready() -> bool:
         assert proc.poll() is None, srv.log()[-3000:]
@@ -199,9 +200,18 @@ async def test_password_page_logs_in_starts_the_camera_and_answers(guarded, tmp_
             stats = await page.locator("#vc-stats").inner_text()
             assert "session ends in" in stats  # --session-time-limit shows as a countdown
             await page.screenshot(path=str(artifacts_dir / "page-logged-in.png"))
+            # The server's files: one added to --media-dir shows once the picker is
+            # opened again, without reloading the page.
+            await page.select_option("#vc-source", "file")
+            media_names = "[...document.querySelectorAll('#vc-media option')].map((o) => o.textContent)"
+            await page.wait_for_function(f"{media_names}.includes('clip.webm')", timeout=10_000)
+            (guarded.media_dir / "added.webm").write_bytes(b"\x1aE\xdf\xa3 added later")
+            await page.focus("#vc-media")
+            await page.wait_for_function(f"{media_names}.includes('added.webm')", timeout=10_000)
             await page.click("#vc-stop")
         finally:
             await browser.close()
+            (guarded.media_dir / "added.webm").unlink(missing_ok=True)  # the listing test expects clip.webm alone
     log = guarded.log()
     assert "session_id=" not in log.replace("session_id=…", ""), "session ids must stay out of the access log"
 

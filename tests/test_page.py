@@ -19,6 +19,7 @@ from vidchat.devtools.page import (  # noqa: F401 - re-exported for the other br
     BOT_HAS_TEXT, BOT_MESSAGES, CHROMIUM, ask, launch, next_frame, open_and_start,
     session_id, set_setting, wait_for_answer, write_wav, write_y4m,
 )
+from vidchat.doors.page import STOPPED
 from vidchat.engine import inputs_digest
 
 from conftest import eventually_async, thumbnail_colours, until_idle
@@ -48,6 +49,11 @@ def media(tmp_path_factory) -> dict[str, Path]:
     write_y4m(files["still"], RED, seconds=8.0, moving_s=2.0)
     write_wav(files["tone"])
     return files
+
+
+async def user_texts(page: Page) -> list[str]:
+    return await page.evaluate("[...document.querySelectorAll('#vc-chat [data-testid=\"user\"]')]"
+                               ".map((m) => m.innerText.trim())")
 
 
 def fetch_bytes(server, path: str) -> bytes:
@@ -145,21 +151,29 @@ async def test_page_streams_an_answer_and_two_tabs_use_their_own_frames(server, 
             # tokens are zeroed; sampled, it may pick one): 2000 tokens run long.
             await set_setting(red, "vc-temperature", "0")
             await ask(red, "Tell me everything.")
-            answers = 2
             # Deadlines, not expected times: a tab rendering a long streaming
             # answer beside the other xdist worker's engines can take a
             # minute to show the next question's first words.
-            await red.wait_for_function(BOT_HAS_TEXT % answers, timeout=90_000)
+            await red.wait_for_function(BOT_HAS_TEXT % 2, timeout=90_000)
             assert await asyncio.to_thread(server.running_requests) == 1
+            # Sent, while its answer runs: the box is empty, the question is in the chat.
+            assert await red.input_value("#vc-question textarea") == ""
+            assert (await user_texts(red))[-1] == "Tell me everything."
             await ask(red, "Actually, just one word?")
-            answers += 1
-            await red.wait_for_function(BOT_HAS_TEXT % answers, timeout=90_000)
+            # The answer it cut short is marked stopped (the mark is the 3rd
+            # bot message), and the new one starts.
+            await red.wait_for_function(BOT_HAS_TEXT % 4, timeout=90_000)
             # The new question may first say it waits while the abort of the
             # old one winds down (vidchat.conversation.chat); then exactly one generates.
             await eventually_async(lambda: asyncio.to_thread(lambda: server.running_requests() == 1), 10,
                                    "the new answer generates alone")
             await red.click("#vc-stop-answer")
             assert await until_idle(server, within=1.0) == 0, "Stop left the request running"
+            # Stopped, it is marked too, then what the model got is folded under it.
+            texts = await wait_for_answer(red, 5, timeout=90)
+            assert [t.strip() for t in texts[1:]] == [texts[1].strip(), STOPPED, texts[3].strip(), STOPPED], texts
+            assert texts[1].strip() and texts[3].strip() and STOPPED not in texts[1] + texts[3]
+            await red.screenshot(path=str(artifacts_dir / "page-stopped.png"))
 
             # Stop ends the peer on the server.
             before = (await asyncio.to_thread(server.get_json, "/api/health"))["sessions"]

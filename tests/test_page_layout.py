@@ -2,7 +2,9 @@
 camera, the shared server): a long unbroken answer wraps inside the chat and
 the compare view, the checkboxes' borders can be seen (WCAG's non-text
 contrast, 3:1 against what is behind them), nothing the page loads is
-missing, and a refused setting is named by vidchat and leaves the chat be."""
+missing, and a refused setting is named by vidchat and leaves the chat be.
+The settings show labels, not identifiers, and the re-ask list tells a
+repeated question apart and forgets a cleared chat."""
 
 from __future__ import annotations
 
@@ -11,6 +13,7 @@ import re
 import pytest
 from playwright.async_api import async_playwright
 
+from vidchat.conversation.settings_table import SETTINGS
 from vidchat.devtools.page import ask, launch, open_and_start, set_setting, wait_for_answer, write_wav, write_y4m
 
 pytestmark = pytest.mark.browser
@@ -120,7 +123,16 @@ async def test_long_answers_wrap_and_checkboxes_can_be_seen(server, tmp_path, ar
             await set_setting(page, "vc-max-tokens", "4")
             await ask(page, "Anything there?")
             await wait_for_answer(page, 1)
+            await _settings_speak_in_labels(page)
+            # The same question again (its strategy sent by name, not by label:
+            # refused, it would get a notice), then the re-ask list tells them apart.
+            await ask(page, "Anything there?")
+            texts = await wait_for_answer(page, 2)
+            assert "⚠" not in "".join(texts), texts
             await page.click("#vc-reask-panel button")  # unfold the compare view
+            await page.wait_for_function(f"{REASK_SHOWN}.startsWith('latest: Anything there?')", timeout=30_000)
+            labels = await _reask_labels(page)
+            assert len(labels) == 2 and len(set(labels)) == 2 and all("asked at" in x for x in labels), labels
             await page.wait_for_selector("#vc-compare", state="attached")
             await page.evaluate(FILL_LONG, LONG_RUN)
             assert await page.evaluate(OVERFLOWING) == []
@@ -130,8 +142,41 @@ async def test_long_answers_wrap_and_checkboxes_can_be_seen(server, tmp_path, ar
             pill = await page.evaluate(PILL_CONTRAST)
             assert all(t["text"] >= 4.5 for t in pill.values()) and pill["idle"]["edge"] >= 3.0, pill
             await page.screenshot(path=str(artifacts_dir / f"page-layout-{width}.png"), full_page=True)
+            # Clear chat empties the re-ask list too: nothing of the old chat is offered.
+            await page.click("#vc-clear")
+            await page.wait_for_function(f"{REASK_SHOWN} === ''", timeout=30_000)
+            assert await _reask_labels(page) == []
         finally:
             await browser.close()
+
+
+# The re-ask list's shown choice.
+REASK_SHOWN = "document.querySelector('#vc-reask-from input').value"
+
+
+async def _reask_labels(page) -> list[str]:
+    """The re-ask list's choices, as the open list shows them."""
+    await page.click("#vc-reask-from input")
+    options = page.locator("[data-testid=dropdown-option]")
+    labels = [re.sub(r"^✓\s*", "", t).strip() for t in await options.all_inner_texts()]
+    await page.keyboard.press("Escape")
+    return labels
+
+
+async def _settings_speak_in_labels(page) -> None:
+    """No identifier shows in the settings (the Sampling picker shows labels),
+    and the Sampling help follows the strategy chosen."""
+    sampling = SETTINGS["sampling"]
+    label_of = {value: label for label, value in sampling.page_choices()}
+    shown = await page.inner_text("#vc-settings")
+    assert "_" not in shown, [line for line in shown.splitlines() if "_" in line]
+    assert await page.input_value("#vc-sampling input") == label_of["uniform"]
+    assert sampling.choice_help("uniform") in shown
+    await page.click("#vc-sampling input")
+    await page.locator("[data-testid=dropdown-option]", has_text=label_of["latest_frames"]).click()
+    await page.wait_for_function("(help) => document.querySelector('#vc-sampling').innerText.includes(help)",
+                                 arg=sampling.choice_help("latest_frames"), timeout=10_000)
+    assert sampling.choice_help("uniform") not in await page.inner_text("#vc-sampling")
 
 
 # The chat's text, line by line.

@@ -223,6 +223,12 @@ class Conversation:
         self._chat_run = run
         return run
 
+    @property
+    def answering(self) -> bool:
+        """A chat answer runs whose Done has not been delivered yet (a newer question would cut it short)."""
+        run = self._chat_run
+        return run is not None and not run.finished.is_set()
+
     async def scene_changes(self, watcher: SceneWatch, stopped: Callable[[], bool]) -> AsyncIterator[float | None]:
         """Watch mode's moments to ask the standing question, for every
         door: each (rate-limited) scene change, none while the model loads,

@@ -139,6 +139,7 @@ class Answer:
     # The sample was taken as Enter was pressed, this long before the
     # question was asked (vidchat.conversation.prewarm.Prewarmer.question_now); None: on arrival.
     sampled_before_ms: float | None = None
+    asked_at: float = field(default_factory=time.monotonic)  # on the session's clock (its timeline)
     _slot: Slot | None = field(default=None, repr=False)
     _abandon: asyncio.Event = field(default_factory=asyncio.Event, repr=False)
 

@@ -43,6 +43,19 @@ def remember(entry: "Entry", answer: "Answer") -> str:
     return answer_id
 
 
+def chat_answers(entry: "Entry") -> list[tuple[str, "Answer"]]:
+    """The kept answers of the chat as it is now, newest first, as (id,
+    answer): those of a cleared chat are left out (their inputs stay served
+    while kept, and the live view's timings still count them)."""
+    return [(answer_id, answer) for answer_id, answer in reversed(entry.answers.items())
+            if answer_id not in entry.cleared_answers]
+
+
+def chat_cleared(entry: "Entry") -> None:
+    """Clear chat: every answer kept so far belongs to the old chat."""
+    entry.cleared_answers = set(entry.answers)
+
+
 async def save_bundle(state: Any, entry: "Entry", answer: "Answer", answer_id: str, source: str) -> Path:
     """Save a finished answer as a bundle under --record-dir, in its
     session's folder, and keep it for the session's download links: the one

@@ -82,6 +82,12 @@ class Entry:
     # stops showing (and generating), and a watch or talk loop starts its
     # next answer on the empty chat instead of its own copy of the old one.
     chat_cleared: int = 0
+    # Bumped by the page's Stop: a chat question still waiting (for the model
+    # to load, or while it is prepared) ends stopped instead of being answered.
+    chat_stops: int = 0
+    # The kept answers' ids as the chat was last cleared: no longer the chat's
+    # (vidchat.conversation.kept.chat_answers).
+    cleared_answers: set = field(default_factory=set, repr=False)
     # time.monotonic() when the page's last typed question arrived: an Enter
     # report arriving after it is that question's, late (vidchat.conversation.prewarm).
     typed_question_at: float = float("-inf")

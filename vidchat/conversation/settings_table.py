@@ -23,6 +23,18 @@ from vidchat.media import FRAMES_AS
 
 MAX_FRAMES_LIMIT = 1024  # frames a session may keep, and sample for one question
 SAMPLING_STRATEGIES = ("uniform", "stable", "latest_frames", "latest_seconds")
+# What the page shows for each strategy (its value stays the name above, which
+# every door and the protocol use), and what it does, shown while it is chosen.
+SAMPLING_CHOICES = (
+    ("uniform", "Spread over all kept frames",
+     "Frames spread evenly over everything kept, oldest to newest."),
+    ("stable", "Spread, reusing the last picks",
+     "Spread over everything kept like the first choice, but a new frame changes only the newest pick, "
+     "so questions share their prompt's start and answer sooner."),
+    ("latest_frames", "The newest frames", "The newest kept frames, one after another."),
+    ("latest_seconds", "Spread over the last seconds",
+     "Frames spread over the last seconds set below (and the frame on screen as they began)."),
+)
 AUDIO_MODES = ("frames", "last")
 MAX_TEMPERATURE = 100.0
 
@@ -52,11 +64,22 @@ class Setting:
     low_open: bool = False
     nullable: bool = False
     choices: tuple[str, ...] = ()
+    # (value, what the page shows, what it does) for each of ``choices`` the page offers by name.
+    choice_labels: tuple[tuple[str, str, str], ...] = ()
     aliases: tuple[str, ...] = ()  # upstream's later names for it (session.config)
 
     def json_kinds(self) -> tuple[type, ...]:
         """The JSON types session.config takes for it (ranges come later)."""
         return {"int": (int,), "number": (int, float), "bool": (bool,), "choice": (str,), "text": (str,)}[self.kind]
+
+    def page_choices(self) -> list[tuple[str, str]]:
+        """The page's (label, value) pairs: a picker shows the label and sends the value."""
+        labels = {value: label for value, label, _ in self.choice_labels}
+        return [(labels.get(value, value), value) for value in self.choices]
+
+    def choice_help(self, value: Any) -> str:
+        """What the chosen value does, as the page's help under the picker says it."""
+        return next((help_text for v, _, help_text in self.choice_labels if v == value), "")
 
     def problem(self, value: Any, high: float | None = None) -> str | None:
         """Why ``value`` is refused (None: it is good). ``high``: a bound known
@@ -142,8 +165,8 @@ SETTINGS: dict[str, Setting] = _table(
     Setting("evs_threshold", "session", "number", "Filter threshold", "a number in [0, 1]", origin="seed",
             low=0.0, high=1.0, aliases=("frame_filter_threshold",)),
     Setting("sampling", "session", "choice", "Sampling", "one of " + ", ".join(SAMPLING_STRATEGIES),
-            choices=SAMPLING_STRATEGIES),
-    Setting("sample_seconds", "session", "number", "Window for latest_seconds", "a positive number",
+            choices=SAMPLING_STRATEGIES, choice_labels=SAMPLING_CHOICES),
+    Setting("sample_seconds", "session", "number", "Window of the last seconds", "a positive number",
             low=0.0, low_open=True),
     Setting("keepalive_s", "session", "number", "Keep-alive", "null or a positive number of seconds",
             low=0.0, low_open=True, nullable=True),

@@ -26,7 +26,7 @@ from vidchat.doors.markup import as_text
 from vidchat.engine import EngineError, Turn
 from vidchat.doors.page.view import (
     NOT_RUNNING, NO_TEXT, SPOKEN, STOPPED, _short, compare_html, frames_html, history_turns, is_notice,
-    model_label, notice, spoken_bubble, waiting_text,
+    mark_stopped, model_label, notice, spoken_bubble, waiting_text,
 )
 
 log = logging.getLogger(__name__)
@@ -107,19 +107,21 @@ STREAM_CHARS_PER_S = 20_000
 
 async def answer_stream(state, entry, question: str, request: PageRequest, past: list[Turn],
                         history: list[dict], event_start: float, spoken=None, pin=None,
-                        chat_as_of: int | None = None) -> AsyncIterator[tuple]:
+                        chat_as_of: int | None = None, stops_as_of: int | None = None) -> AsyncIterator[tuple]:
     """Ask through the shared answer path and stream the reply into the chat.
     ``spoken`` (Talk mode): the utterance is the question; its bubble, with
     a player of exactly the audio the model got, goes into the chat here.
     ``pin`` (vidchat.conversation.prewarm.Pin): the sample taken as Enter was pressed.
     ``chat_as_of``: the Clear chat count that ``history`` reflects (default:
-    now). Once the chat is cleared after that, this stream shows nothing more."""
+    now). Once the chat is cleared after that, this stream shows nothing more.
+    ``stops_as_of``: the Stop count when the question arrived; a Stop since
+    (while the question waited to start) stops its answer at once."""
     cleared = entry.chat_cleared if chat_as_of is None else chat_as_of
     done = asyncio.Event()
     entry.chat_streams.add(done)
     try:
         async with contextlib.aclosing(_answer_updates(state, entry, question, request, past, history,
-                                                       event_start, spoken, pin)) as updates:
+                                                       event_start, spoken, pin, stops_as_of)) as updates:
             async for update in updates:
                 if entry.chat_cleared != cleared:
                     return  # closing the updates aborts the reply: nobody reads it now
@@ -130,12 +132,15 @@ async def answer_stream(state, entry, question: str, request: PageRequest, past:
 
 
 async def _answer_updates(state, entry, question: str, request: PageRequest, past: list[Turn],
-                          history: list[dict], event_start: float, spoken, pin) -> AsyncIterator[tuple]:
+                          history: list[dict], event_start: float, spoken, pin,
+                          stops_as_of: int | None = None) -> AsyncIterator[tuple]:
     """The conversation's answer run as the chat's messages."""
     try:
         run = await conversation.of(state, entry).ask(question, request.options, history=past, spoken=spoken,
                                                       sample=None if pin is None else pin.sample,
                                                       record=request.record)
+        if stops_as_of is not None and entry.chat_stops != stops_as_of:
+            await run.cancel()  # Stop came while it was prepared: it ends at once, marked stopped
     except chat.Superseded:
         return  # a newer question owns this tab's chat now
     except EngineError as exc:  # NoFrames included
@@ -196,6 +201,8 @@ async def _final_update(entry, done: Done, history: list[dict]) -> tuple:
         history.append(notice(f"⚠ {done.error}" if done.error else STOPPED if done.status == CANCELLED else NO_TEXT))
     elif done.error is not None:
         history.append(notice(f"⚠ {done.error}"))
+    elif done.status == CANCELLED:  # Stop, Clear or barge-in: the text so far, then the mark
+        history.append(notice(STOPPED))
     if done.record_error:
         history.append(notice(done.record_error if done.record_error.startswith("Not recorded")
                               else f"⚠ {done.record_error}"))
@@ -233,20 +240,33 @@ async def respond(state, message: str, history: list[dict], sid: str, *raw_setti
         yield history, gr.skip(), gr.skip()
         return
     past = history_turns(history)
-    history.append({"role": "user", "content": text})
     entry = state.registry.get(sid) if isinstance(sid, str) else None
-    if entry is not None:
-        entry.watch_epoch += 1  # a running watch loop yields the chat to this question
-        entry.talk_epoch += 1  # so does the talk loop (the listener goes on; the page restarts the loop)
-        chat_as_of = entry.chat_cleared  # the chat this event was sent with
-        entry.typed_question_at = time.monotonic()
     if entry is None:
-        history.append(notice(NOT_RUNNING))
+        history += [{"role": "user", "content": text}, notice(NOT_RUNNING)]
         yield history, gr.skip(), gr.skip()
         return
+    cutting = conversation.of(state, entry).answering
+    if cutting:
+        mark_stopped(history)  # this question cuts the running answer short
+    history.append({"role": "user", "content": text})
+    entry.watch_epoch += 1  # a running watch loop yields the chat to this question
+    entry.talk_epoch += 1  # so does the talk loop (the listener goes on; the page restarts the loop)
+    chat_as_of = entry.chat_cleared  # the chat this event was sent with
+    stops_as_of = entry.chat_stops
+    entry.typed_question_at = time.monotonic()
+    if not cutting:
+        # The question shows in the chat as it is sent, not with its answer's
+        # first words. (An answer it cuts short would still write its own
+        # chat over it: then the question shows once that answer has stopped.)
+        yield history, gr.skip(), gr.skip()
     try:
-        async for update in _wait_for_model(state, history):
-            yield update
+        async with contextlib.aclosing(_wait_for_model(state, history)) as loading:
+            async for update in loading:
+                if entry.chat_stops != stops_as_of:  # Stop while the model loads: not asked
+                    history[-1] = notice(STOPPED)
+                    yield history, gr.skip(), gr.skip()
+                    return
+                yield update
     except EngineError as exc:
         history.append(notice(f"⚠ {exc}"))
         yield history, gr.skip(), gr.skip()
@@ -260,7 +280,7 @@ async def respond(state, message: str, history: list[dict], sid: str, *raw_setti
     # The sample taken as Enter was pressed (vidchat.conversation.prewarm), already warmed.
     pin = state.prewarmer.take_pin(entry) if getattr(state, "prewarmer", None) is not None else None
     async for update in answer_stream(state, entry, text, request, past, history, event_start, pin=pin,
-                                      chat_as_of=chat_as_of):
+                                      chat_as_of=chat_as_of, stops_as_of=stops_as_of):
         yield update
 
 
@@ -273,18 +293,26 @@ MAX_BUNDLE_BYTES = 256 << 20  # a bundle of 64 frames at 1280×720 is ~100 MB of
 
 
 def reask_choices(state, sid: str, loaded: dict | None = None) -> list[tuple[str, str]]:
-    """The session's remembered answers, newest first, then bundles loaded
-    into this tab, as (label, answer id)."""
+    """The answers of the session's chat (not of a cleared one), newest
+    first, then bundles loaded into this tab, as (label, answer id). A label
+    says when the question was asked, on the session's timeline (seconds
+    since its first media, as the frames' captions), so the same question
+    asked twice reads as two."""
     entry = state.registry.get(sid) if isinstance(sid, str) else None
     out = []
     if entry is not None:
-        for n, (answer_id, answer) in enumerate(reversed(entry.answers.items())):
+        start = entry.session.timeline_start
+        for n, (answer_id, answer) in enumerate(kept.chat_answers(entry)):
+            when = "" if start is None else f", asked at {answer.asked_at - start:.1f} s"
             out.append((f"{'latest: ' if n == 0 else ''}{_short(answer.question)} ({len(answer.sample.frames)} "
-                        f"frames, T={answer.options.temperature:g})", answer_id))
-    for answer_id, answer in reversed((loaded or {}).items()):
-        out.append((f"bundle: {_short(answer.question)} ({len(answer.sample.frames)} frames, "
-                    f"{answer.bundle_name})", answer_id))
-    return out
+                        f"frames, T={answer.options.temperature:g}{when})", answer_id))
+    return out + bundle_choices(loaded)
+
+
+def bundle_choices(loaded: dict | None) -> list[tuple[str, str]]:
+    """The bundles loaded into this tab, newest first, as (label, answer id)."""
+    return [(f"bundle: {_short(answer.question)} ({len(answer.sample.frames)} frames, {answer.bundle_name})",
+             answer_id) for answer_id, answer in reversed((loaded or {}).items())]
 
 
 def reask_engines(state) -> list[tuple[str, str]]:
@@ -334,9 +362,12 @@ async def load_bundle(state, path: Any, loaded: dict | None) -> tuple[dict, list
         loaded.pop(next(iter(loaded)))
     warn = ("" if intact else " Its frames and audio do not hash to the inputs_sha256 it records: the files were "
             "changed after recording.")
+    # Only what this page offers: a model to choose only when a second one is served.
+    choose = ("Choose the model, change Settings above if you like" if state.compare_model_path else
+              "Change Settings above if you like")
     message = compare_html(answer, None, "", f"Loaded the bundle ({len(answer.sample.frames)} frames"
-                           f"{', audio' if answer.sample.audio is not None else ''}). Choose settings and a model, "
-                           "then Re-ask." + warn)
+                           f"{', audio' if answer.sample.audio is not None else ''}). {choose}, then press "
+                           "“Re-ask with these settings”." + warn)
     return loaded, [], answer_id, message
 
 
@@ -411,6 +442,8 @@ async def clear_chat(state, sid: str) -> None:
             _, late = await asyncio.wait(streams, timeout=CLEAR_WAIT_S)
             for waiter in late:
                 waiter.cancel()
+        # Once the stopped answer is kept too: none of the old chat is offered for re-asking.
+        kept.chat_cleared(entry)
 
 
 async def stop_answer(state, sid: str) -> None:
@@ -418,6 +451,7 @@ async def stop_answer(state, sid: str) -> None:
     entry = state.registry.get(sid) if isinstance(sid, str) else None
     if entry is not None:
         entry.watch_epoch += 1
+        entry.chat_stops += 1  # a question not started yet ends too (respond)
         await entry.cancel_answer()
 
 

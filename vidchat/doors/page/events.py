@@ -14,8 +14,9 @@ from typing import Any, Callable
 import gradio as gr
 
 from vidchat.app.access import login_of
+from vidchat.conversation.settings_table import SETTINGS
 from vidchat.doors.page.answers import (
-    clear_chat, load_bundle, reask, reask_choices, respond, stop_answer, watch_switched,
+    bundle_choices, clear_chat, load_bundle, reask, reask_choices, respond, stop_answer, watch_switched,
 )
 from vidchat.doors.page.modes import TALK_NEEDS_AUDIO, talk_loop, watch_loop
 
@@ -26,6 +27,8 @@ from vidchat.doors.page.modes import TALK_NEEDS_AUDIO, talk_loop, watch_loop
 LAST_UPDATE_IS_NOTHING = (gr.skip(), gr.skip(), gr.skip())
 
 QUESTION_FINISHED_JS = "() => { if (window.vidchat) window.vidchat.questions.finished += 1; }"
+# Sending empties the question box into the field the answer event reads.
+SEND_JS = "(question) => ['', question]"
 
 
 @dataclass
@@ -34,6 +37,7 @@ class Controls:
 
     chatbot: gr.Chatbot
     question: gr.Textbox
+    sent_question: gr.Textbox  # hidden: the question as sent, which the answer event reads
     send: gr.Button
     stop: gr.Button
     watch_on: gr.Checkbox
@@ -74,6 +78,17 @@ def wire(blocks: gr.Blocks, state: Any, page: Controls) -> None:
     _watch(state, page, own, asked)
     _talk(blocks, state, page, own, asked)
     _reask(state, page, own, asked)
+    _settings_help(page)
+
+
+def _settings_help(page: Controls) -> None:
+    """The Sampling picker's help says what the chosen strategy does (the settings table's words)."""
+    sampling = next(c for c in page.settings_inputs if c.elem_id == "vc-sampling")
+
+    def explain(chosen):
+        return gr.update(info=SETTINGS["sampling"].choice_help(chosen))
+
+    sampling.change(explain, sampling, sampling, queue=False, show_progress="hidden", api_visibility="private")
 
 
 def _questions(state: Any, page: Controls, own: Callable) -> tuple[Any, Any]:
@@ -96,32 +111,42 @@ def _questions(state: Any, page: Controls, own: Callable) -> tuple[Any, Any]:
 
     # The question box is not an output of the (long) answer event, so it
     # stays editable while an answer streams: a new question then
-    # replaces the running answer. A separate instant event clears it.
+    # replaces the running answer. The box empties as the question is sent:
+    # a step in the browser moves its text into a hidden field, and the
+    # answer event, which follows, reads it from there. (Gradio's page runs
+    # one trigger's events one after another, each to its end: an event
+    # emptying the box after the answer's would wait for the whole answer.)
     outputs = page.outputs
-    inputs = [page.question, page.chatbot, page.session_id, *page.settings_inputs]
+    inputs = [page.sent_question, page.chatbot, page.session_id, *page.settings_inputs]
     answer_events = dict(concurrency_limit=None, show_progress="minimal", trigger_mode="multiple")
     # The page counts typed questions asked (static/vidchat.js, at the
     # key press) and finished (below): a question refused with a notice
     # has no "what the model got" panel, so only the event's end says its
     # reply is whole (tests, QA scripts).
-    submit_evt = page.question.submit(on_page_question, inputs, outputs, api_visibility="private", **answer_events)
-    click_evt = page.send.click(on_page_question, inputs, outputs, api_visibility="private", **answer_events)
+    submit_evt, click_evt = (
+        trigger(None, page.question, [page.question, page.sent_question], js=SEND_JS, queue=False,
+                trigger_mode="multiple", api_visibility="private")
+        .then(on_page_question, inputs, outputs, api_visibility="private", **answer_events)
+        for trigger in (page.question.submit, page.send.click))
     # The public /ask: the same answer, whose last message is the whole
     # reply (what an API client reads as the result).
     ask_api = gr.Button(visible=False, elem_id="vc-ask-api")
-    ask_api.click(on_question, inputs, outputs, api_name="ask", concurrency_limit=None)
-    for trigger in (page.question.submit, page.send.click):
-        trigger(lambda: "", None, page.question, queue=False, trigger_mode="multiple", api_visibility="private")
+    ask_api.click(on_question, [page.question, *inputs[1:]], outputs, api_name="ask", concurrency_limit=None)
     for evt in (submit_evt, click_evt):
         evt.then(None, None, None, js=QUESTION_FINISHED_JS, queue=False, api_visibility="private")
-    page.stop.click(on_stop, [page.session_id], page.watch_on, cancels=[submit_evt, click_evt],
-                    concurrency_limit=None, api_name="stop")
+    # Stop ends the answer on the server (stop_answer), not the answer's
+    # event: that event goes on to its last update, which marks the answer
+    # stopped and folds what the model got under it (a cancelled event ends
+    # where it was, with no mark).
+    page.stop.click(on_stop, [page.session_id], page.watch_on, concurrency_limit=None, api_name="stop")
 
-    async def on_clear(request: gr.Request, sid):
+    async def on_clear(request: gr.Request, sid, loaded):
         await clear_chat(state, own(request, sid))
-        return [], None
+        choices = bundle_choices(loaded)  # the old chat's answers are no longer offered; loaded bundles are
+        return [], None, gr.Dropdown(choices=choices, value=choices[0][1] if choices else None)
 
-    page.clear.click(on_clear, [page.session_id], [page.chatbot, page.details], api_visibility="private")
+    page.clear.click(on_clear, [page.session_id, page.loaded_bundles], [page.chatbot, page.details, page.reask_from],
+                     api_visibility="private")
     return submit_evt, click_evt
 
 

@@ -10,7 +10,7 @@ from typing import Any
 import gradio as gr
 from starlette.routing import Mount
 
-from vidchat.conversation.session import SAMPLING_STRATEGIES
+from vidchat.conversation.settings_table import SETTINGS
 from vidchat.conversation.watch import DEFAULT_EVERY_S
 from vidchat.doors.markup import as_text
 from vidchat.doors.page.view import HEAD, PREVIEW_HTML, TALK_HTML, frames_html, model_label
@@ -42,34 +42,40 @@ def _settings_panel(state) -> list[gr.components.Component]:
     with gr.Accordion("Settings", open=False, elem_id="vc-settings"):
         with gr.Row():
             k = gr.Slider(1, max_images, value=min(s.frames_per_question, max_images), step=1,
-                          label="Frames per question")
-            sampling = gr.Dropdown(list(SAMPLING_STRATEGIES), value="uniform", label="Sampling", elem_id="vc-sampling",
-                                   info="stable: spread like uniform, but a new frame changes only the newest pick, "
-                                        "so questions share their prompt prefix")
-            seconds = gr.Slider(1, 60, value=10, step=1, label="Window for latest_seconds (s)")
+                          label=SETTINGS["num_sample_frames"].label)
+            # The picker shows each strategy's label and sends its name (the
+            # protocol's); its help says what the chosen one does (events.py).
+            strategy = SETTINGS["sampling"]
+            sampling = gr.Dropdown(strategy.page_choices(), value="uniform", label=strategy.label,
+                                   elem_id="vc-sampling", info=strategy.choice_help("uniform"))
+            window = SETTINGS["sample_seconds"]
+            by_value = {value: label for label, value in strategy.page_choices()}
+            seconds = gr.Slider(1, 60, value=10, step=1, label=f"{window.label} (s)", elem_id="vc-sample-seconds",
+                                info=f"Used by “{by_value['latest_seconds']}”")
         with gr.Row():
-            evs_on = gr.Checkbox(value=True, label="Drop near-duplicate frames")
+            evs_on = gr.Checkbox(value=True, label=SETTINGS["evs_enabled"].label)
             threshold = gr.Slider(
-                0.5, 1.0, value=evs.DEFAULT_THRESHOLD, step=0.005, label="Filter threshold",
+                0.5, 1.0, value=evs.DEFAULT_THRESHOLD, step=0.005, label=SETTINGS["evs_threshold"].label,
                 info="A frame is kept when more than (1 − threshold) of the picture changed: 0.95 → 5 %.",
             )
             # More than --max-session-mb holds at the stored size is refused
             # when asked, with the budget named (the model's size is known then).
-            max_frames = gr.Slider(4, 256, value=64, step=1, label="Max frames kept",
+            max_frames = gr.Slider(4, 256, value=64, step=1, label=SETTINGS["max_frames"].label,
                                    info="At most what the server's --max-session-mb holds")
         with gr.Row():
-            frames_as = gr.Radio(list(FRAMES_AS), value=s.frames_as, label="Send frames as")
-            audio_on = gr.Checkbox(value=True, label="Include audio (models that take it)")
-            max_tokens = gr.Slider(1, 2048, value=s.max_tokens, step=1, label="Max tokens", elem_id="vc-max-tokens")
-            temperature = gr.Slider(0.0, 1.5, value=s.temperature, step=0.05, label="Temperature",
+            frames_as = gr.Radio(list(FRAMES_AS), value=s.frames_as, label=SETTINGS["frames_as"].label)
+            audio_on = gr.Checkbox(value=True, label=f"{SETTINGS['include_audio'].label} (models that take it)")
+            max_tokens = gr.Slider(1, 2048, value=s.max_tokens, step=1, label=SETTINGS["max_tokens"].label,
+                                   elem_id="vc-max-tokens")
+            temperature = gr.Slider(0.0, 1.5, value=s.temperature, step=0.05, label=SETTINGS["temperature"].label,
                                     elem_id="vc-temperature")
-            seed = gr.Textbox(value="", label="Seed", placeholder="random", elem_id="vc-seed",
+            seed = gr.Textbox(value="", label=SETTINGS["seed"].label, placeholder="random", elem_id="vc-seed",
                               info="A whole number makes sampling repeatable; empty picks a new one each time.")
         allowed = bool(s.record_dir)
         record = gr.Checkbox(value=False, interactive=allowed, elem_id="vc-record",
                              label="Record each answer as a bundle on the server" if allowed else
                              "Record (off: the server was started without --record-dir)")
-        system_prompt = gr.Textbox(value=s.system_prompt, label="System prompt", lines=2, max_lines=6,
+        system_prompt = gr.Textbox(value=s.system_prompt, label=SETTINGS["system_prompt"].label, lines=2, max_lines=6,
                                    elem_id="vc-system-prompt", info="Put before every conversation; empty: none.")
     _checked_by_vidchat(k, seconds, threshold, max_frames, max_tokens, temperature)
     return [k, sampling, seconds, evs_on, threshold, max_frames, frames_as, audio_on, max_tokens, temperature, seed,
@@ -133,6 +139,7 @@ def _chat_column() -> dict[str, Any]:
                               lines=1, max_lines=4, elem_id="vc-question")
         send = gr.Button("Send", variant="primary", scale=1, min_width=70, elem_id="vc-send")
         stop = gr.Button("Stop", scale=1, min_width=70, elem_id="vc-stop-answer")
+    sent_question = gr.Textbox(visible="hidden", elem_id="vc-sent-question")
     with gr.Row(elem_classes="vc-watch"):
         watch_on = gr.Checkbox(value=False, label="Watch: ask on scene changes", scale=2, elem_id="vc-watch")
         watch_question = gr.Textbox(value="What just changed?", label="Standing question", scale=4,
@@ -150,9 +157,9 @@ def _chat_column() -> dict[str, Any]:
                                     scale=1, elem_id="vc-talk-min-speech")
     gr.HTML(TALK_HTML, elem_id="vc-talk-panel")
     clear = gr.Button("Clear chat", size="sm", elem_id="vc-clear")
-    return dict(chatbot=chatbot, question=question, send=send, stop=stop, watch_on=watch_on,
-                watch_question=watch_question, watch_every=watch_every, talk_on=talk_on, barge_in=barge_in,
-                talk_silence=talk_silence, talk_min_speech=talk_min_speech, clear=clear)
+    return dict(chatbot=chatbot, question=question, sent_question=sent_question, send=send, stop=stop,
+                watch_on=watch_on, watch_question=watch_question, watch_every=watch_every, talk_on=talk_on,
+                barge_in=barge_in, talk_silence=talk_silence, talk_min_speech=talk_min_speech, clear=clear)
 
 
 def _reask_panel(state) -> dict[str, Any]:

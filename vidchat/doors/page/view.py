@@ -115,6 +115,27 @@ def _is_spoken(message: dict[str, Any]) -> bool:
     return (message.get("metadata") or {}).get("log") == SPOKEN["log"]
 
 
+def mark_stopped(history: list[dict[str, Any]]) -> None:
+    """The chat's unfinished answer, cut short (a newer question replaced
+    it), marked as stopped, as a finished answer stopped by Stop is: its
+    "waiting" line or empty bubble becomes the mark, text it already has
+    stays, followed by the mark. A whole answer (its panel of what the model
+    got follows it) or a notice is left as it is."""
+    if not history:
+        return
+    last = history[-1]
+    if (last.get("metadata") or {}).get("title"):
+        return
+    text = _message_text(last.get("content")).strip()
+    if is_notice(last):
+        if text.startswith("⏳"):
+            history[-1] = notice(STOPPED)
+    elif last.get("role") == "assistant" and not text:
+        history[-1] = notice(STOPPED)
+    else:  # the answer's text so far, or the question it had not started on
+        history.append(notice(STOPPED))
+
+
 def _message_text(content: Any) -> str:
     """Gradio 6 gives message content as a string or a list of typed parts."""
     if isinstance(content, str):

@@ -1,0 +1,97 @@
+"""State the page shows, as a new user reads it (issue 23): a stopped answer
+carries a mark, the re-ask list holds only the chat's answers and tells
+the same question asked twice apart, a loaded bundle's message names only
+what the page offers, and the settings speak in labels, not identifiers.
+Server-side rules, without a model; the browser tests check they show."""
+
+from __future__ import annotations
+
+import types
+
+import pytest
+
+from vidchat.conversation import kept
+from vidchat.conversation.session import SessionSettings
+from vidchat.conversation.sessions import SessionRegistry
+from vidchat.conversation.settings_table import SAMPLING_STRATEGIES, SETTINGS
+from vidchat.doors.page import STOPPED, history_turns, notice
+from vidchat.doors.page.answers import bundle_choices, load_bundle, reask_choices
+from vidchat.doors.page.view import mark_stopped
+from vidchat.engine import Turn
+
+import hostile_bundles as hb
+
+pytestmark = pytest.mark.unit
+
+QUESTION = {"role": "user", "content": "Talk at length"}
+PANEL = {"role": "assistant", "content": "<div>frames</div>", "metadata": {"title": "What the model got", "id": "a"}}
+
+
+@pytest.mark.parametrize("tail, expected", [
+    ([{"role": "assistant", "content": "So far"}], [{"role": "assistant", "content": "So far"}, notice(STOPPED)]),
+    ([{"role": "assistant", "content": ""}], [notice(STOPPED)]),
+    ([notice("⏳ waiting: 1 question ahead")], [notice(STOPPED)]),
+    ([], [notice(STOPPED)]),  # cut before its first words
+    ([{"role": "assistant", "content": "Whole."}, PANEL], [{"role": "assistant", "content": "Whole."}, PANEL]),
+    ([notice("⚠ boom")], [notice("⚠ boom")]),
+], ids=["text so far", "empty bubble", "waiting", "not started", "whole answer", "error"])
+def test_an_answer_cut_short_is_marked_stopped_and_a_whole_one_is_not(tail, expected):
+    history = [QUESTION, *tail]
+    mark_stopped(history)
+    assert history == [QUESTION, *expected]
+
+
+def test_a_stopped_answers_text_still_reaches_the_model_but_its_mark_does_not():
+    history = [QUESTION, {"role": "assistant", "content": "So far"}]
+    mark_stopped(history)
+    history.append({"role": "user", "content": "Shorter?"})
+    assert history_turns(history) == [Turn("user", "Talk at length"), Turn("assistant", "So far")]
+
+
+def _answer(question: str, asked_at: float, temperature: float = 0.7):
+    """What the re-ask list reads of an answer."""
+    return types.SimpleNamespace(question=question, asked_at=asked_at, sample=types.SimpleNamespace(frames=[0] * 16),
+                                 options=types.SimpleNamespace(temperature=temperature), bundle_name="b.zip")
+
+
+def test_the_reask_list_tells_repeated_questions_apart_and_forgets_a_cleared_chat():
+    registry = SessionRegistry()
+    entry = registry.create("webrtc", SessionSettings())
+    entry.session.timeline_start = 100.0
+    state = types.SimpleNamespace(registry=registry)
+    for t in (112.0, 118.5):
+        kept.remember(entry, _answer("What just changed?", t))
+    labels = [label for label, _ in reask_choices(state, entry.session.id)]
+    assert labels == ["latest: What just changed? (16 frames, T=0.7, asked at 18.5 s)",
+                      "What just changed? (16 frames, T=0.7, asked at 12.0 s)"]
+
+    loaded = {"bundle-x": _answer("Recorded?", 0.0)}
+    kept.chat_cleared(entry)
+    assert reask_choices(state, entry.session.id, loaded) == bundle_choices(loaded) == [
+        ("bundle: Recorded? (16 frames, b.zip)", "bundle-x")]
+    kept.remember(entry, _answer("After the clear", 130.0))
+    assert [label for label, _ in reask_choices(state, entry.session.id)] == [
+        "latest: After the clear (16 frames, T=0.7, asked at 30.0 s)"]
+    assert len(entry.answers) == 3  # still kept: their inputs stay served, the timings chart counts them
+
+
+@pytest.mark.parametrize("second_model", [None, "tiny-vl"], ids=["one model", "two models"])
+async def test_a_loaded_bundle_says_what_this_page_lets_you_do(tmp_path, second_model):
+    pixels = hb.frames()
+    path = hb.write_zip(tmp_path / "b.zip", pixels, hb.manifest(pixels))
+    state = types.SimpleNamespace(compare_model_path=second_model)
+    _, _, chosen, message = await load_bundle(state, str(path), {})
+    assert chosen.startswith("bundle-") and "Loaded the bundle (2 frames)" in message
+    assert "“Re-ask with these settings”" in message
+    assert ("Choose the model" in message) == (second_model is not None)
+
+
+def test_the_sampling_picker_shows_labels_and_sends_the_protocols_names():
+    sampling = SETTINGS["sampling"]
+    choices = sampling.page_choices()
+    assert [value for _, value in choices] == list(SAMPLING_STRATEGIES)  # what the page sends is unchanged
+    helps = [sampling.choice_help(value) for value in SAMPLING_STRATEGIES]
+    for label, value in choices:
+        assert label != value and "_" not in label, label
+    assert all(helps) and len(set(helps)) == len(helps)  # each choice has its own help
+    assert "_" not in SETTINGS["sample_seconds"].label  # "Window for latest_seconds" was an identifier
