@@ -51,7 +51,7 @@ free_port = allocate_port  # the name the older test modules use
 SHARED_FIXTURE_GROUPS = {
     # the suite's `vllm serve` (tiny_vllm_serve)
     "test_hosting": "vllm-serve", "test_hosting_page": "vllm-serve", "test_space": "vllm-serve",
-    "test_remote_engine": "vllm-serve", "test_realtime": "vllm-serve",
+    "test_remote_engine": "vllm-serve", "test_realtime": "vllm-serve", "test_router": "vllm-serve",
     # the in-process tiny engines (omni_engine, vl_engine)
     "test_engine": "tiny-engines", "test_answer_path": "tiny-engines", "test_video_timing": "tiny-engines",
     "test_conversation": "tiny-engines", "test_prewarm": "tiny-engines", "test_talk": "tiny-engines",
@@ -140,17 +140,8 @@ def tiny_vllm_serve(tiny_omni_path, artifacts_dir) -> str:
     remote-engine tests and by the servers whose tests are about access, not
     the engine (hosting modes, a Space's start): they run app.py with
     ``--engine-url`` on it instead of each loading a model of their own."""
-    import json
-
-    from vidchat.engine.families import family_of
-
-    kwargs = family_of("qwen2_5_omni").processor_kwargs(tinymodel.MAX_PIXELS)
-    serve = harness.start_vllm_serve(tiny_omni_path, artifacts_dir / "vllm-serve.log", [
-        "--dtype", "float32", "--max-model-len", str(TEST_MAX_MODEL_LEN), "--enforce-eager",
-        "--kv-cache-memory-bytes", str(256 << 20),
-        "--limit-mm-per-prompt", json.dumps({"image": TEST_MAX_IMAGES, "video": 1, "audio": 1}),
-        "--mm-processor-kwargs", json.dumps(kwargs), "--enable-prompt-tokens-details",
-        "--distributed-executor-backend", "uni"])
+    serve = harness.start_vllm_serve(tiny_omni_path, artifacts_dir / "vllm-serve.log",
+                                     harness.tiny_serve_args(TEST_MAX_MODEL_LEN, TEST_MAX_IMAGES))
     count_engine_start("vllm serve")
     yield serve.url
     harness.stop_vllm_serve(serve)

@@ -338,3 +338,103 @@ def stop_vllm_serve(serve: VllmServe, timeout: float = 30) -> None:
     except subprocess.TimeoutExpired:
         serve.proc.kill()
         serve.proc.wait(timeout=10)
+
+
+def kill_vllm_serve(serve: VllmServe) -> None:
+    """The machine dies: SIGKILL for the server, then for its engine core
+    (a child process that would otherwise live on as an orphan)."""
+    import psutil
+
+    try:
+        children = psutil.Process(serve.proc.pid).children(recursive=True)
+    except psutil.Error:
+        children = []
+    serve.proc.kill()
+    serve.proc.wait(timeout=10)
+    for child in children:
+        try:
+            child.kill()
+            child.wait(timeout=10)
+        except psutil.Error:
+            pass
+
+
+def tiny_serve_args(max_model_len: int = 4096, max_images: int = 16) -> list[str]:
+    """`vllm serve` arguments for the tiny omni model as the suite and the
+    benchmarks run it: small KV cache, one process, cached-token counts on."""
+    from vidchat.devtools import tinymodel
+    from vidchat.engine.families import family_of
+
+    kwargs = family_of("qwen2_5_omni").processor_kwargs(tinymodel.MAX_PIXELS)
+    return ["--dtype", "float32", "--max-model-len", str(max_model_len), "--enforce-eager",
+            "--kv-cache-memory-bytes", str(256 << 20),
+            "--limit-mm-per-prompt", json.dumps({"image": max_images, "video": 1, "audio": 1}),
+            "--mm-processor-kwargs", json.dumps(kwargs), "--enable-prompt-tokens-details",
+            "--distributed-executor-backend", "uni"]
+
+
+# ---- vLLM's router (vllm-router, a Rust binary in its wheel) ----
+
+
+@dataclass
+class Router:
+    """A running vllm-router in front of ``vllm serve`` workers."""
+
+    proc: subprocess.Popen
+    url: str
+    log_path: Path
+    policy: str
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+
+def router_binary() -> str:
+    """The vllm-router beside this Python (the test extras install it)."""
+    found = Path(sys.executable).with_name("vllm-router")
+    if not found.exists():
+        raise FileNotFoundError("vllm-router is not installed: scripts/setup.sh --test installs it "
+                                "(pip package vllm-router, in the test extras)")
+    return str(found)
+
+
+def start_router(workers: list[str], policy: str, log_path: Path, port: int | None = None,
+                 timeout: float = 60) -> Router:
+    """vllm-router on loopback with ``--policy`` over ``workers``; returns
+    once it answers /v1/models (it has found a healthy worker). ``port``:
+    a given one, so a router with another policy can take the place of one
+    stopped (the clients keep their URL)."""
+    log_path = per_worker(log_path)
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    port = port or allocate_port()
+    cmd = [router_binary(), "--host", "127.0.0.1", "--port", str(port), "--worker-urls", *workers,
+           "--policy", policy, "--prometheus-port", str(allocate_port()), "--health-check-interval-secs", "5"]
+    log.info("starting vllm-router: %s", " ".join(cmd[1:]))
+    with open(log_path, "w") as log_file:
+        proc = subprocess.Popen(cmd, cwd=ROOT, stdout=log_file, stderr=subprocess.STDOUT)
+    router = Router(proc, f"http://127.0.0.1:{port}", log_path, policy)
+
+    def answers() -> bool:
+        if proc.poll() is not None:
+            raise AssertionError(f"vllm-router exited with {proc.returncode}:\n{router.log()[-3000:]}")
+        try:
+            with urllib.request.urlopen(router.url + "/v1/models", timeout=2) as r:
+                return r.status == 200
+        except OSError:
+            return False
+
+    try:
+        eventually(answers, timeout, f"vllm-router ({policy}) answers /v1/models", interval=0.2)
+    except BaseException:
+        stop_router(router)
+        raise
+    return router
+
+
+def stop_router(router: Router, timeout: float = 10) -> None:
+    router.proc.terminate()
+    try:
+        router.proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        router.proc.kill()
+        router.proc.wait(timeout=10)
