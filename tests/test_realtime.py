@@ -25,10 +25,8 @@ from vidchat.doors import realtime_events as rt
 from vidchat.doors.socket_config import NO_AUDIO_OUTPUT_NOTICE
 from vidchat.media import AUDIO_RATE
 
-from conftest import SERVER_ARGS, start_server, stop_server, until_idle
+from conftest import SERVER_ARGS, TINY_SERVER_ARGS, start_server, stop_server, until_idle
 from test_protocol import MOVING
-
-pytestmark = pytest.mark.engine
 
 RATE = 24_000
 TOKEN = "realtime-test-token"
@@ -163,6 +161,7 @@ def test_usage_and_the_response_object_have_the_sdk_shapes():
 
 # ---- through the server ----------------------------------------------------
 
+@pytest.mark.engine
 async def test_session_created_then_updated_with_the_effective_session(server):
     async with client(server).realtime.connect(model="tiny") as conn:
         created = await conn.recv()
@@ -186,6 +185,7 @@ async def test_session_created_then_updated_with_the_effective_session(server):
         assert getattr(again, "vidchat", None) is None and again.session.vidchat["num_sample_frames"] == 3
 
 
+@pytest.mark.engine
 async def test_frames_then_text_then_response_create_streams_an_answer_on_those_frames(server):
     sent = MOVING[:4]
     async with client(server).realtime.connect(model="tiny") as conn:
@@ -209,17 +209,18 @@ async def test_frames_then_text_then_response_create_streams_an_answer_on_those_
         assert record["frame_times"] == pytest.approx([0.0, 0.2, 0.4, 0.6], abs=0.02)
         assert len(record["inputs_sha256"]) == 64 and record["answer_id"]
 
-    # The whole record, and the frames the model got are the ones sent.
-    async with httpx.AsyncClient(base_url=server.url, timeout=30) as http:
-        full = (await http.get(record["record_url"])).json()
-        assert full["question"] == "What do you see?" and full["inputs_sha256"] == record["inputs_sha256"]
-        for k, b64 in enumerate(sent):
-            got = np.asarray(Image.open(io.BytesIO((await http.get(f"/inputs/{record['answer_id']}/frame/{k}.png"))
-                                                   .content)).convert("RGB"), dtype=np.float32)
-            want = np.asarray(Image.open(io.BytesIO(base64.b64decode(b64))).convert("RGB"), dtype=np.float32)
-            assert got.shape == want.shape and np.abs(got - want).mean() < 1.0, k
+        # The whole record (kept while its session is open), and the frames the model got are the ones sent.
+        async with httpx.AsyncClient(base_url=server.url, timeout=30) as http:
+            full = (await http.get(record["record_url"])).json()
+            assert full["question"] == "What do you see?" and full["inputs_sha256"] == record["inputs_sha256"]
+            for k, b64 in enumerate(sent):
+                png = (await http.get(f"/inputs/{record['answer_id']}/frame/{k}.png")).content
+                got = np.asarray(Image.open(io.BytesIO(png)).convert("RGB"), dtype=np.float32)
+                want = np.asarray(Image.open(io.BytesIO(base64.b64decode(b64))).convert("RGB"), dtype=np.float32)
+                assert got.shape == want.shape and np.abs(got - want).mean() < 1.0, k
 
 
+@pytest.mark.engine
 async def test_a_text_question_without_frames_is_answered(server):
     async with client(server).realtime.connect(model="tiny") as conn:
         await configured(conn, temperature=0.0, max_tokens=4)
@@ -232,6 +233,7 @@ async def test_a_text_question_without_frames_is_answered(server):
         assert done.response.usage.output_tokens <= 3
 
 
+@pytest.mark.engine
 async def test_response_cancel_ends_the_response_as_cancelled_and_aborts_the_generation(server):
     async with client(server).realtime.connect(model="tiny") as conn:
         await configured(conn, temperature=0.0)
@@ -255,6 +257,7 @@ async def test_response_cancel_ends_the_response_as_cancelled_and_aborts_the_gen
         assert (await until(conn, "response.done"))[-1].response.status in ("completed", "incomplete")
 
 
+@pytest.mark.engine
 async def test_bad_events_get_an_error_and_the_session_goes_on(server):
     async with client(server).realtime.connect(model="tiny") as conn:
         await configured(conn, max_tokens=2)
@@ -288,6 +291,7 @@ async def test_bad_events_get_an_error_and_the_session_goes_on(server):
         assert json.loads(await ws.recv())["type"] == "input_audio_buffer.cleared"
 
 
+@pytest.mark.engine
 async def test_server_vad_answers_speech_and_speech_during_a_response_cancels_it(server):
     track = sa.compose([(sa.silence(0.5), False), (sa.speech("What is on the table in front of me?"), True),
                         (sa.silence(1.2), False)])
@@ -332,13 +336,14 @@ async def test_server_vad_answers_speech_and_speech_during_a_response_cancels_it
 @pytest.fixture(scope="module")
 def guarded(tiny_vllm_serve, artifacts_dir):
     """A server that asks for --token, answering through the suite's shared `vllm serve`."""
-    srv = start_server(["--model", "tiny", "--engine-url", tiny_vllm_serve, "--max-images", "16",
-                        "--max-model-len", "4096", *SERVER_ARGS, "--max-tokens", "4", "--max-sessions", "1"],
+    srv = start_server([*TINY_SERVER_ARGS, "--engine-url", tiny_vllm_serve, *SERVER_ARGS, "--max-tokens", "4",
+                        "--max-sessions", "1", "--connect-timeout", "60"],
                        artifacts_dir / "server-realtime-token.log", token=TOKEN)
     yield srv
     stop_server(srv)
 
 
+@pytest.mark.engine
 async def test_the_token_is_asked_for_and_the_session_counts_against_max_sessions(guarded):
     for key, status in [(None, 401), ("wrong-token", 403)]:
         api = AsyncOpenAI(base_url=f"{guarded.url}/v1", api_key=key or "")
@@ -357,7 +362,7 @@ async def test_the_token_is_asked_for_and_the_session_counts_against_max_session
         await conn.send({"type": "response.create"})
         done = check_response(await until(conn, "response.done"))
         assert done.vidchat["frames"] == 1
-    url = done.vidchat["record_url"]
-    async with httpx.AsyncClient(base_url=guarded.url, timeout=30) as http:
-        assert (await http.get(url)).status_code == 401
-        assert (await http.get(url, headers={"Authorization": f"Bearer {TOKEN}"})).status_code == 200
+        url = done.vidchat["record_url"]
+        async with httpx.AsyncClient(base_url=guarded.url, timeout=30) as http:
+            assert (await http.get(url)).status_code == 401
+            assert (await http.get(url, headers={"Authorization": f"Bearer {TOKEN}"})).status_code == 200

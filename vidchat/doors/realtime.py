@@ -35,7 +35,7 @@ from vidchat.conversation.sessions import Entry, TooManySessions
 from vidchat.doors import realtime_events as rt
 from vidchat.doors.socket_answers import RECORD_OFF
 from vidchat.doors.socket_config import NO_AUDIO_OUTPUT_NOTICE
-from vidchat.doors.socket_media import Refused, SocketMedia, decode_b64, is_millis
+from vidchat.doors.socket_media import Refused, SocketMedia, decode_b64
 from vidchat.doors.socket_transport import (CLOSE_ERROR, CLOSE_NORMAL, CLOSE_TRY_LATER, TIMEOUT, Disconnected,
                                             SocketTransport, parse_message)
 from vidchat.doors.socket_turns import SocketTurns
@@ -249,14 +249,17 @@ class RealtimeConnection(SocketTransport):
         item = msg.get("item")
         parts = rt.user_parts(item)
         item_id = item["id"] if isinstance(item.get("id"), str) and item["id"] else rt.Ids.new("item")
-        for p in parts:
-            if p.pts_ms is not None and not is_millis(p.pts_ms):
-                raise rt.EventError(f"pts_ms must be a number of milliseconds, got {p.pts_ms!r}",
-                                    param=f"item.content[{p.index}].pts_ms")
+        texts = [p.value for p in parts if p.kind == "input_text" and p.value.strip()]
+        if sum(map(len, self.pending_text + texts)) > rt.MAX_QUESTION_CHARS:
+            raise rt.EventError(f"the next response's question would pass {rt.MAX_QUESTION_CHARS} characters",
+                                "question_too_long", "item.content")
         spoken = [await self._audio(p.value, f"item.content[{p.index}].audio", fresh=True)
                   for p in parts if p.kind == "input_audio"]
+        if sum(a.size for a in self.pending_audio + spoken) > self.settings.ws_max_audio_seconds * AUDIO_RATE:
+            raise rt.EventError(f"the next response's spoken question would pass {self.settings.ws_max_audio_seconds:g}"
+                                " s of audio", "question_too_long", "item.content")
         frames = [await self._frame(p, arrived) for p in parts if p.kind == "input_image"]
-        self.pending_text += [p.value for p in parts if p.kind == "input_text" and p.value.strip()]
+        self.pending_text += texts
         self.pending_audio += spoken
         previous, self.last_item = self.last_item, item_id
         added: dict[str, Any] = {"type": "conversation.item.added", "previous_item_id": previous,

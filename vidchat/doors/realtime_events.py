@@ -18,9 +18,11 @@ from typing import Any
 
 from vidchat.conversation.settings_table import ALIASES, SETTINGS, SettingTypeError, read_settings
 from vidchat.doors.protocol_config import ConfigError, TurnDetection, parse_turn_detection
+from vidchat.doors.socket_media import is_millis
 
 INPUT_RATES = (24_000, 16_000)  # audio/pcm rates taken (24 kHz is the API's; 16 kHz is the session's own)
 IMAGE_TYPES = ("data:image/jpeg", "data:image/png", "data:image/webp")
+MAX_QUESTION_CHARS = 64 * 1024  # text items waiting for the next response, all together
 UNSET: Any = object()  # a field the event did not carry
 # What of the answer record rides on response.done (the whole one is /inputs/<answer_id>/record.json).
 RECORD_KEYS = ("frames", "frame_indices", "frame_times", "frame_sizes", "inputs_sha256", "audio_seconds",
@@ -225,7 +227,11 @@ def user_parts(item: Any) -> list[Part]:
         if kind == "input_image" and not value[:20].lower().startswith(IMAGE_TYPES):
             raise EventError(f"{param}.image_url must be a data URL of a JPEG, PNG or WebP image "
                              "(data:image/jpeg;base64,…)", code="invalid_image", param=f"{param}.image_url")
-        parts.append(Part(kind, value, part.get("pts_ms"), i))
+        pts = part.get("pts_ms")
+        if pts is not None and (kind != "input_image" or not is_millis(pts)):
+            raise EventError(f"{param}.pts_ms must be a number of milliseconds on an input_image, got {pts!r}",
+                             param=f"{param}.pts_ms")
+        parts.append(Part(kind, value, pts, i))
     return parts
 
 
