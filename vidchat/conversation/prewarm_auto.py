@@ -83,7 +83,9 @@ class FrameCost:
         Where a new frame is slow (a CPU: the vision encoder takes about half
         a second a frame) only as many as encode within ENCODE_BUDGET_S,
         possibly none: warm-ups encode the frames as they arrive."""
-        if self.per_frame_s is None:
+        if not self.slow:
+            # A GPU or the tiny model (tens of ms a frame): a question's new
+            # frames cost less than the page's own round trip; every one goes.
             return None
         budget = int(ENCODE_BUDGET_S / self.per_frame_s)
         return budget if budget < frames else None
