@@ -62,8 +62,8 @@ def test_the_reask_list_tells_repeated_questions_apart_and_forgets_a_cleared_cha
     for t in (112.0, 118.5):
         kept.remember(entry, _answer("What just changed?", t))
     labels = [label for label, _ in reask_choices(state, entry.session.id)]
-    assert labels == ["latest: What just changed? (16 frames, T=0.7, asked at 18.5 s)",
-                      "What just changed? (16 frames, T=0.7, asked at 12.0 s)"]
+    assert labels == ["latest, at 18.5 s: What just changed? (16 frames, T=0.7)",
+                      "at 12.0 s: What just changed? (16 frames, T=0.7)"]
 
     loaded = {"bundle-x": _answer("Recorded?", 0.0)}
     kept.chat_cleared(entry)
@@ -71,7 +71,7 @@ def test_the_reask_list_tells_repeated_questions_apart_and_forgets_a_cleared_cha
         ("bundle: Recorded? (16 frames, b.zip)", "bundle-x")]
     kept.remember(entry, _answer("After the clear", 130.0))
     assert [label for label, _ in reask_choices(state, entry.session.id)] == [
-        "latest: After the clear (16 frames, T=0.7, asked at 30.0 s)"]
+        "latest, at 30.0 s: After the clear (16 frames, T=0.7)"]
     assert len(entry.answers) == 3  # still kept: their inputs stay served, the timings chart counts them
 
 

@@ -295,17 +295,18 @@ MAX_BUNDLE_BYTES = 256 << 20  # a bundle of 64 frames at 1280×720 is ~100 MB of
 def reask_choices(state, sid: str, loaded: dict | None = None) -> list[tuple[str, str]]:
     """The answers of the session's chat (not of a cleared one), newest
     first, then bundles loaded into this tab, as (label, answer id). A label
-    says when the question was asked, on the session's timeline (seconds
-    since its first media, as the frames' captions), so the same question
-    asked twice reads as two."""
+    starts with when the question was asked, on the session's timeline
+    (seconds since its first media, as the frames' captions), so the same
+    question asked twice reads as two even where a phone cuts the label short."""
     entry = state.registry.get(sid) if isinstance(sid, str) else None
     out = []
     if entry is not None:
         start = entry.session.timeline_start
         for n, (answer_id, answer) in enumerate(kept.chat_answers(entry)):
-            when = "" if start is None else f", asked at {answer.asked_at - start:.1f} s"
-            out.append((f"{'latest: ' if n == 0 else ''}{_short(answer.question)} ({len(answer.sample.frames)} "
-                        f"frames, T={answer.options.temperature:g}{when})", answer_id))
+            when = [] if start is None else [f"at {answer.asked_at - start:.1f} s"]
+            head = ", ".join((["latest"] if n == 0 else []) + when)
+            out.append((f"{head + ': ' if head else ''}{_short(answer.question)} ({len(answer.sample.frames)} "
+                        f"frames, T={answer.options.temperature:g})", answer_id))
     return out + bundle_choices(loaded)
 
 
