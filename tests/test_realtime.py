@@ -253,6 +253,9 @@ async def test_response_cancel_ends_the_response_as_cancelled_and_aborts_the_gen
         assert done.response.status == "cancelled" and done.response.status_details.reason == "client_cancelled"
         assert done.response.output[0].status == "incomplete" and done.response.usage.output_tokens < 3000
         assert await until_idle(server, 10) == 0  # the abort reached vLLM
+        await conn.send({"type": "response.create"})  # its question was answered: none is pending now
+        assert (await until(conn, "error"))[-1].error.code == "empty_conversation"
+        await conn.send(text_item("And then?"))
         await conn.send({"type": "response.create", "response": {"max_output_tokens": 2}})
         assert (await until(conn, "response.done"))[-1].response.status in ("completed", "incomplete")
 

@@ -355,9 +355,9 @@ class RealtimeConnection(SocketTransport):
             chat.check_options(options, self.state.engine)
         except ValueError as exc:
             raise rt.EventError(str(exc), param="response") from None
-        if not self.pending_text and not self.pending_audio and not self.entry.session.frame_count:
-            raise rt.EventError("nothing to answer: add an input_text, input_audio or input_image item first",
-                                "empty_conversation")
+        if not self.pending_text and not self.pending_audio:  # frames alone are no question for the model
+            raise rt.EventError("no question: add an input_text or input_audio item (or commit the audio buffer) "
+                                "before response.create", "empty_conversation")
         text, self.pending_text = "\n".join(self.pending_text), []
         audio, self.pending_audio = self.pending_audio, []
         await self._respond(text, options, question_audio=np.concatenate(audio) if audio else None)
