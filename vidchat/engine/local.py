@@ -15,10 +15,11 @@ from PIL import Image
 
 from vidchat.engine import (
     ENGINE_DEAD_MESSAGE, WARMUP_PRIORITY, EngineDead, EngineError, EngineOptions, ModelEngine, Prepared,
-    ReplyStats, Turn, _as_video, _note_engine_start, _to_pil, audio_clips, cpu_has_native_bf16,
+    ReplyStats, Turn, _note_engine_start, audio_clips, cpu_has_native_bf16,
     encoder_cache_budget, inputs_digest, on_gpu, tokens_per_frame, video_fps,
 )
 from vidchat.engine.families import Family, family_of, model_type_of
+from vidchat.engine.payload import as_video, to_pil
 from vidchat.engine.revision import model_revision
 from vidchat.media import AUDIO_RATE
 
@@ -355,9 +356,9 @@ class LocalEngine(ModelEngine):
         mm: dict[str, Any] = {}
         if frames:
             if frames_as == "video":
-                mm["video"] = self.family.video_item(_as_video(frames), fps)
+                mm["video"] = self.family.video_item(as_video(frames), fps)
             else:
-                mm["image"] = [_to_pil(f) for f in frames]
+                mm["image"] = [to_pil(f) for f in frames]
         if clips:
             mm["audio"] = [(clip, AUDIO_RATE) for clip in clips]
         return mm
