@@ -7,12 +7,12 @@ PYTEST_ARGS ?=
 # PYTHONDONTWRITEBYTECODE is set: a test set-up leaves compiling to the
 # first imports (scripts/setup.sh), instead of compiling all 3 GB up front.
 PY = env -u PYTHONDONTWRITEBYTECODE .venv/bin/python
-# pytest workers: one per two cores. Work is handed out by module (modules
-# that share an expensive fixture go together; tests/conftest.py), longest
-# first. On a 2-core machine that is one: two workers there ran the suite
-# in about 16 min, but the two-tab page test's Chromium was starved
-# (no media for 8 s, its session expired) in 2 of 3 runs (README "Tests").
-TEST_WORKERS ?= $(shell n=$$(nproc 2>/dev/null || echo 2); echo $$(( n / 2 > 1 ? n / 2 : 1 )))
+# pytest workers: one per two cores, and two on a 2-core machine (this
+# project's and CI's). Work is handed out by module (modules that share an
+# expensive fixture go together; tests/conftest.py), longest first. Two
+# workers on 2 cores take about 60% of the serial time; three took longer
+# than two and starved the browser tests (README "Tests").
+TEST_WORKERS ?= $(shell n=$$(nproc 2>/dev/null || echo 2); echo $$(( n / 2 > 2 ? n / 2 : (n > 1 ? 2 : 1) )))
 XDIST = $(if $(filter-out 1,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist loadfile)
 
 run:
