@@ -174,7 +174,8 @@ TINY_SERVER_ARGS = ["--model", "tiny", "--max-images", str(TEST_MAX_IMAGES), "--
 @pytest.fixture(scope="session")
 def server(tiny_omni_path, artifacts_dir) -> Server:
     """The loopback server every test shares unless it needs other flags."""
-    srv = start_server([*TINY_SERVER_ARGS, *SERVER_ARGS], artifacts_dir / "server.log")
+    # --prewarm auto: the start-up choice runs here (on the tiny model it comes out off).
+    srv = start_server([*TINY_SERVER_ARGS, *SERVER_ARGS, "--prewarm", "auto"], artifacts_dir / "server.log")
     yield srv
     stop_server(srv)
 

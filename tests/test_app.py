@@ -256,7 +256,7 @@ def test_the_console_says_what_the_user_needs_before_ready(server):
                   "Initializing a V1 LLM engine", "processor_kwargs", "Warning", "warn("):
         assert noise not in text, noise
     assert len(before_ready) <= 20, text
-    # --prewarm auto (the default) timed a frame of the tiny model: cheap, so warm-ups are off, and says so.
+    # --prewarm auto (the shared server's) timed a frame of the tiny model: cheap, so warm-ups are off, and says so.
     prewarm = server.get_json("/api/health")["prewarm"]
     assert (prewarm["setting"], prewarm["chosen"]) == ("auto", "off"), prewarm
     assert prewarm["frame_encode_ms"] is not None and "less than 150 ms" in prewarm["reason"], prewarm
