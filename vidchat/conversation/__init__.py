@@ -106,9 +106,10 @@ class AnswerRun:
         self.finished = asyncio.Event()  # set once Done is delivered, or the reader stopped reading
         self.superseded = False  # a newer question took its slot: its Done is not current
 
-    async def cancel(self) -> None:
-        """Stop generating (or waiting); the run still ends with its Done."""
-        await self.answer.cancel()
+    async def cancel(self, why: str | None = None) -> None:
+        """Stop generating (or waiting); the run still ends with its Done
+        (``why``: its answer's cancelled_by, when it is the first cause)."""
+        await self.answer.cancel(why)
 
     async def events(self) -> AsyncIterator[RunEvent]:
         answer, reply = self.answer, self.answer.reply

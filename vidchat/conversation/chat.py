@@ -140,6 +140,7 @@ class Answer:
     # question was asked (vidchat.conversation.prewarm.Prewarmer.question_now); None: on arrival.
     sampled_before_ms: float | None = None
     asked_at: float = field(default_factory=time.monotonic)  # on the session's clock (its timeline)
+    cancelled_by: str | None = None  # why it was cancelled, when the canceller said (the first cause)
     _slot: Slot | None = field(default=None, repr=False)
     _abandon: asyncio.Event = field(default_factory=asyncio.Event, repr=False)
 
@@ -162,8 +163,11 @@ class Answer:
         if slot is not None:
             slot.release()
 
-    async def cancel(self) -> None:
-        """Stop generating (or waiting); the vLLM request is aborted."""
+    async def cancel(self, why: str | None = None) -> None:
+        """Stop generating (or waiting); the vLLM request is aborted. ``why``:
+        the reason a door reports (vidchat.conversation.talk.BARGED_IN …)."""
+        if not self._abandon.is_set():
+            self.cancelled_by = why
         self._abandon.set()
         try:
             await self.reply.aclose()

@@ -112,13 +112,14 @@ class Entry:
     def time_left(self) -> float | None:
         return None if self.deadline is None else max(0.0, self.deadline - time.monotonic())
 
-    async def cancel_answer(self) -> None:
+    async def cancel_answer(self, why: str | None = None) -> None:
         """Abort the running answer (its vLLM request included), if any, and
-        return only once no earlier answer of this session is still generating."""
+        return only once no earlier answer of this session is still generating
+        (``why``: see chat.Answer.cancel)."""
         async with self._cancelling:
             answer, self.answer = self.answer, None
             if answer is not None:
-                await answer.cancel()
+                await answer.cancel(why)
 
 
 class Reservation:

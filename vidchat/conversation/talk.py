@@ -30,6 +30,9 @@ log = logging.getLogger(__name__)
 POLL_S = 0.04
 # Utterances waiting for a door to ask them; older ones are dropped.
 MAX_QUEUED = 4
+# Why an answer cut short by the client's speech (barge-in) was cancelled:
+# chat.Answer.cancelled_by, in OpenAI Realtime's word, which its door reports.
+BARGED_IN = "turn_detected"
 
 Event = SpeechStarted | Utterance
 
@@ -143,7 +146,7 @@ class Listener:
             if self.barge_in and self.entry.answer is not None:
                 self.stats.barge_ins += 1
                 log.info("session %s… barge-in: speech at %.2f s stops the answer", sid, event.start)
-                await self.entry.cancel_answer()
+                await self.entry.cancel_answer(BARGED_IN)
         else:
             self.hearing = False
             self.stats.utterances += 1
