@@ -12,6 +12,7 @@ import asyncio
 import base64
 import io
 import json
+from types import SimpleNamespace
 
 import httpx
 import numpy as np
@@ -20,8 +21,12 @@ import websockets
 from openai import AsyncOpenAI
 from PIL import Image
 
+from vidchat.app.settings import Settings
+from vidchat.conversation.chat import AnswerOptions
 from vidchat.devtools import synthetic_audio as sa
 from vidchat.doors import realtime_events as rt
+from vidchat.doors.realtime import RealtimeConnection
+from vidchat.doors.socket_transport import Disconnected
 from vidchat.doors.socket_config import NO_AUDIO_OUTPUT_NOTICE
 from vidchat.media import AUDIO_RATE
 
@@ -160,6 +165,91 @@ def test_usage_and_the_response_object_have_the_sdk_shapes():
                               "param": "type", "event_id": "evt_client"}
 
 
+@pytest.mark.unit
+def test_what_is_not_served_is_refused_by_name():
+    for kind in ("conversation.item.retrieve", "conversation.item.delete", "conversation.item.truncate",
+                 "output_audio_buffer.clear"):
+        refused = rt.not_served(kind)
+        assert refused.code == "unsupported_event" and refused.message.startswith(f"{kind} is not served here: ")
+    # Fields that ask for what is not served are refused, never silently ignored; empty ones ask for nothing.
+    for session, param in [({"tools": [{"type": "function", "name": "f"}]}, "session.tools"),
+                           ({"audio": {"input": {"transcription": {"model": "whisper-1"}}}},
+                            "session.audio.input.transcription")]:
+        with pytest.raises(rt.EventError) as refused:
+            rt.parse_session({"type": "realtime", **session})
+        assert refused.value.code == "unsupported" and refused.value.param == param
+    rt.parse_session({"type": "realtime", "tools": [], "audio": {"input": {"transcription": None}}})
+    with pytest.raises(rt.EventError) as refused:
+        rt.response_options({"tools": [{"type": "function", "name": "f"}]}, AnswerOptions(), 16)
+    assert refused.value.param == "response.tools"
+
+
+@pytest.mark.unit
+def test_the_input_audio_buffer_and_the_pending_question():
+    audio = rt.InputAudio(max_s=1.0, rate=16_000)
+    pcm = (np.full(AUDIO_RATE // 2, 1000, "<i2")).tobytes()  # 0.5 s
+    for _ in range(4):
+        audio.append(audio.samples(pcm, "audio"))
+    # Whole chunks: the oldest goes while the rest still hold more than max_s.
+    assert len(audio.buffer) == 3 and audio.commit().size == 3 * AUDIO_RATE // 2 and audio.buffer == []
+    with pytest.raises(rt.EventError) as refused:
+        audio.commit()
+    assert refused.value.code == "input_audio_buffer_commit_empty"
+    with pytest.raises(rt.EventError) as refused:
+        audio.samples(b"\x00", "audio")
+    assert refused.value.code == "invalid_audio"
+
+    question = rt.Question()
+    assert not question
+    question.add(["What is this?", "And that?"], [np.zeros(AUDIO_RATE, np.float32)])
+    with pytest.raises(rt.EventError) as refused:
+        question.check([], [np.zeros(AUDIO_RATE, np.float32)], max_audio_s=1.5)
+    assert refused.value.code == "question_too_long"
+    with pytest.raises(rt.EventError):
+        question.check(["x" * rt.MAX_QUESTION_CHARS], [], max_audio_s=30)
+    text, spoken = question.take()
+    assert text == "What is this?\nAnd that?" and spoken.size == AUDIO_RATE and not question
+
+
+class FakeSocket:
+    """Just enough of a Starlette WebSocket to drive a connection's event loop without a server."""
+
+    client = SimpleNamespace(host="127.0.0.1", port=1)
+    headers: dict = {}
+    query_params = {"model": "tiny"}
+
+    def __init__(self, *texts: str) -> None:
+        self.incoming = [{"type": "websocket.receive", "text": t} for t in texts]
+        self.incoming.append({"type": "websocket.disconnect", "code": 1000})
+        self.sent: list[dict] = []
+
+    async def receive(self) -> dict:
+        return self.incoming.pop(0)
+
+    async def send_text(self, text: str) -> None:
+        self.sent.append(json.loads(text))
+
+
+@pytest.mark.unit
+async def test_the_shared_event_loop_answers_every_bad_event_with_an_error_and_goes_on():
+    # The loop is vidchat.doors.socket_session's (the seed door's too); the errors are shaped by this door.
+    events = [{"type": "conversation.item.retrieve", "item_id": "item_1", "event_id": "evt_1"},
+              {"type": "conversation.item.delete", "item_id": "item_1"},
+              {"type": "conversation.item.truncate", "item_id": "item_1", "content_index": 0, "audio_end_ms": 0},
+              {"type": "output_audio_buffer.clear"}, {"type": "no.such.event"}, [1, 2]]
+    ws = FakeSocket(*map(json.dumps, events), "{not json")
+    state = SimpleNamespace(settings=Settings(), model_path="tiny", answer_defaults=AnswerOptions)
+    with pytest.raises(Disconnected):
+        await RealtimeConnection(state, ws)._loop()
+    assert [e["type"] for e in ws.sent] == ["error"] * 7
+    errors = [e["error"] for e in ws.sent]
+    assert [e["code"] for e in errors] == ["unsupported_event"] * 4 + ["unknown_event", "invalid_event", "invalid_json"]
+    for event, error in zip(events[:4], errors):
+        assert error["message"].startswith(f"{event['type']} is not served here") and error["param"] == "type"
+    assert errors[0]["event_id"] == "evt_1" and errors[1]["event_id"] is None
+    assert "no.such.event" in errors[4]["message"]
+
+
 # ---- through the server ----------------------------------------------------
 
 @pytest.mark.engine
@@ -273,7 +363,15 @@ async def test_bad_events_get_an_error_and_the_session_goes_on(server):
                 "invalid_value"),
                ({"type": "input_audio_buffer.append", "audio": "***"}, "invalid_data"),
                ({"type": "input_audio_buffer.commit"}, "input_audio_buffer_commit_empty"),
-               ({"type": "response.create"}, "empty_conversation")]
+               ({"type": "response.create"}, "empty_conversation"),
+               # The API's events this server does not serve: each named in its error.
+               ({"type": "conversation.item.retrieve", "item_id": "item_1"}, "unsupported_event"),
+               ({"type": "conversation.item.delete", "item_id": "item_1"}, "unsupported_event"),
+               ({"type": "conversation.item.truncate", "item_id": "item_1", "content_index": 0,
+                 "audio_end_ms": 0}, "unsupported_event"),
+               ({"type": "output_audio_buffer.clear"}, "unsupported_event"),
+               ({"type": "session.update", "session": {"type": "realtime", "tools": [
+                   {"type": "function", "name": "lookup", "parameters": {"type": "object"}}]}}, "unsupported")]
         errors = []
         for event, code in bad:
             await conn.send(event)
@@ -282,6 +380,9 @@ async def test_bad_events_get_an_error_and_the_session_goes_on(server):
             assert errors[-1].message
         assert errors[0].event_id == "evt_1" and errors[1].event_id is None  # the client's event named
         assert errors[2].param == "item.content[0].image_url"
+        for (event, code), error in zip(bad, errors):
+            if code == "unsupported_event":
+                assert error.message.startswith(f"{event['type']} is not served here"), error.message
         await conn.send(image_item(MOVING[1]))
         assert (await until(conn, "conversation.item.added"))[-1].vidchat["frames"][0]["accepted"] is True
         await conn.send(text_item("Still there?"))

@@ -125,12 +125,12 @@ def create_app(state: AppState) -> FastAPI:
 
     @app.websocket("/v1/video/chat/stream")
     async def video_chat_stream(websocket: WebSocket) -> None:
-        await protocol.serve(state, websocket)
+        await protocol.Connection.serve(state, websocket)
 
     @app.websocket("/v1/realtime")
     async def realtime_api(websocket: WebSocket) -> None:
         """The OpenAI Realtime API (vidchat.doors.realtime), for the official SDK."""
-        await realtime.serve(state, websocket)
+        await realtime.RealtimeConnection.serve(state, websocket)
 
     # StaticFiles refuses paths that resolve outside its directory.
     app.mount(STATIC_URL, StaticFiles(directory=STATIC_DIR), name="static")

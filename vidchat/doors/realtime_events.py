@@ -1,7 +1,8 @@
 """The OpenAI Realtime door's wire format: what its client events may hold,
 and its server events, as the official SDK's types (``openai.types.realtime``,
-GA names) define them. Pure translation, no I/O: the door
-(:mod:`vidchat.doors.realtime`) reads and sends them.
+GA names) define them, and what the client events build up between two
+responses (the input audio buffer, the pending question). Pure, no I/O: the
+door (:mod:`vidchat.doors.realtime`) reads and sends them.
 
 vidchat's additions are extra fields, never renamed events: ``session.vidchat``
 (the settings table's fields, and ``record``), ``pts_ms`` on an
@@ -16,9 +17,15 @@ import secrets
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
+
+from vidchat.conversation import CANCELLED, COMPLETED
 from vidchat.conversation.settings_table import ALIASES, SETTINGS, SettingTypeError, read_settings
 from vidchat.doors.protocol_config import ConfigError, TurnDetection, parse_turn_detection
 from vidchat.doors.socket_media import is_millis
+from vidchat.doors.socket_session import Refusal
+from vidchat.media import AUDIO_RATE, MIN_AUDIO_SAMPLES
+from vidchat.media.audio import Pcm16Resampler
 
 INPUT_RATES = (24_000, 16_000)  # audio/pcm rates taken (24 kHz is the API's; 16 kHz is the session's own)
 IMAGE_TYPES = ("data:image/jpeg", "data:image/png", "data:image/webp")
@@ -30,13 +37,25 @@ RECORD_KEYS = ("frames", "frame_indices", "frame_times", "frame_sizes", "inputs_
                "finish_reason", "frames_as", "temperature", "seed", "model")
 
 
-class EventError(Exception):
+# The API's client events this server does not serve, and why: each is
+# answered with an error naming it (code unsupported_event), and the session goes on.
+_NO_ITEMS = ("items are not kept as a conversation: an image item is a frame in the session's buffer, "
+             "text and audio items wait for the next response.create")
+NOT_SERVED = {
+    "conversation.item.retrieve": _NO_ITEMS,
+    "conversation.item.delete": _NO_ITEMS,
+    "conversation.item.truncate": "answers are text only: there is no audio to truncate",
+    "output_audio_buffer.clear": "answers are text only: there is no output audio",
+    "transcription_session.update": "transcription is not served",
+}
+
+
+class EventError(Refusal):
     """A client event refused: sent as ``error {error: {type, code, message, param, event_id}}``."""
 
-    def __init__(self, message: str, code: str = "invalid_value", param: str | None = None,
-                 kind: str = "invalid_request_error") -> None:
-        super().__init__(message)
-        self.message, self.code, self.param, self.kind = message, code, param, kind
+
+def not_served(kind: str) -> EventError:
+    return EventError(f"{kind} is not served here: {NOT_SERVED[kind]}", "unsupported_event", "type")
 
 
 def error_event(event_id: str, exc: EventError, client_event_id: Any = None) -> dict[str, Any]:
@@ -73,6 +92,15 @@ class SessionUpdate:
     record: Any = UNSET
     settings: dict[str, dict[str, Any]] = field(default_factory=lambda: {"session": {}, "answer": {}})
 
+    def options(self, options: Any, default_max_tokens: int) -> Any:
+        """The session's AnswerOptions with this update's changes (checked by the door)."""
+        options = options.updated(**self.settings["answer"])
+        if self.instructions is not UNSET:
+            options = options.updated(system_prompt=self.instructions)
+        if self.max_output_tokens is not UNSET:
+            options = options.updated(max_tokens=self.max_output_tokens or default_max_tokens)
+        return options
+
 
 def max_tokens(value: Any, param: str) -> int | None:
     """max_output_tokens as an int, or None for "inf" (the server's default)."""
@@ -101,6 +129,7 @@ def parse_session(session: Any) -> SessionUpdate:
         raise EventError("session.update needs a 'session' object", param="session")
     if session.get("type", "realtime") != "realtime":
         raise EventError(f"only realtime sessions are served, got type {session.get('type')!r}", param="session.type")
+    unserved(session, "tools", "session.tools", "function calling (tools) is not served here")
     update = SessionUpdate()
     if "instructions" in session:
         update.instructions = instructions_of(session["instructions"], "session.instructions")
@@ -111,6 +140,8 @@ def parse_session(session: Any) -> SessionUpdate:
     audio_in = ((session.get("audio") or {}).get("input") or {}) if isinstance(session.get("audio"), dict) else {}
     if not isinstance(audio_in, dict):
         raise EventError("session.audio.input must be an object", param="session.audio.input")
+    unserved(audio_in, "transcription", "session.audio.input.transcription",
+             "transcription is not served here (spoken questions reach the model as audio)")
     if "format" in audio_in:
         update.input_rate = _input_rate(audio_in["format"])
     if "turn_detection" in audio_in:
@@ -186,10 +217,15 @@ def response_options(params: Any, options: Any, default_max_tokens: int) -> Any:
         options = options.updated(max_tokens=most or default_max_tokens)
     if "output_modalities" in params:
         modalities(params["output_modalities"], "response.output_modalities")
-    if params.get("input"):
-        raise EventError("response.input is not supported: add items to the conversation", "unsupported",
-                         "response.input")
+    unserved(params, "input", "response.input", "not supported: add items to the conversation")
+    unserved(params, "tools", "response.tools", "function calling (tools) is not served here")
     return options
+
+
+def unserved(values: dict[str, Any], key: str, param: str, why: str) -> None:
+    """A field asking for what is not served is refused, never silently ignored (empty or null: nothing asked)."""
+    if values.get(key):
+        raise EventError(f"{param}: {why}", "unsupported", param)
 
 
 # ---- conversation.item.create ----------------------------------------------------
@@ -242,6 +278,77 @@ def acked_item(item_id: str, parts: list[Part], status: str = "completed") -> di
                for p in parts]
     return {"id": item_id, "object": "realtime.item", "type": "message", "role": "user", "status": status,
             "content": content}
+
+
+class InputAudio:
+    """The client's audio: PCM16 mono at its input rate (audio.input.format)
+    as 16 kHz float samples, and input_audio_buffer, what was appended since
+    its last commit or clear (in whole chunks: the oldest goes while the rest
+    still hold more than ``max_s``)."""
+
+    def __init__(self, max_s: float, rate: int = INPUT_RATES[0]) -> None:
+        self.max_samples = int(max_s * AUDIO_RATE)
+        self.rate, self._stream = rate, Pcm16Resampler(rate)
+        self.buffer: list[np.ndarray] = []
+
+    def set_rate(self, rate: int) -> None:
+        if rate != self.rate:
+            self.rate, self._stream = rate, Pcm16Resampler(rate)
+
+    def samples(self, pcm16: bytes, param: str, clip: bool = False) -> np.ndarray:
+        """The appended stream's next samples, or (``clip``) a clip of its own; raises EventError."""
+        try:
+            return (Pcm16Resampler(self.rate) if clip else self._stream).feed(pcm16)
+        except ValueError as exc:
+            raise EventError(str(exc), "invalid_audio", param) from None
+
+    def append(self, samples: np.ndarray) -> None:
+        self.buffer.append(samples)
+        while sum(b.size for b in self.buffer) - self.buffer[0].size > self.max_samples:
+            self.buffer.pop(0)
+
+    def commit(self) -> np.ndarray:
+        """The buffer's audio (the buffer is emptied); raises EventError when it is too short to be a question."""
+        audio = np.concatenate(self.buffer) if self.buffer else np.zeros(0, np.float32)
+        self.buffer.clear()
+        if audio.size < MIN_AUDIO_SAMPLES:
+            raise EventError(f"buffer too small: {audio.size / AUDIO_RATE * 1000:.0f} ms of audio, at least "
+                             f"{MIN_AUDIO_SAMPLES * 1000 // AUDIO_RATE} ms", "input_audio_buffer_commit_empty")
+        return audio
+
+
+class Question:
+    """The text and audio items added since the last response: the next
+    response's question. An item that would pass a limit is refused whole."""
+
+    def __init__(self) -> None:
+        self.texts: list[str] = []
+        self.audio: list[np.ndarray] = []  # 16 kHz float samples, one array an item
+
+    def __bool__(self) -> bool:
+        return bool(self.texts or self.audio)
+
+    def check(self, texts: list[str], audio: list[np.ndarray], max_audio_s: float) -> None:
+        """Raises EventError when an item's text and audio would make the question too long."""
+        if sum(map(len, self.texts + texts)) > MAX_QUESTION_CHARS:
+            raise EventError(f"the next response's question would pass {MAX_QUESTION_CHARS} characters",
+                             "question_too_long", "item.content")
+        if sum(a.size for a in self.audio + audio) > max_audio_s * AUDIO_RATE:
+            raise EventError(f"the next response's spoken question would pass {max_audio_s:g} s of audio",
+                             "question_too_long", "item.content")
+
+    def add(self, texts: list[str], audio: list[np.ndarray]) -> None:
+        self.texts += texts
+        self.audio += audio
+
+    def take_text(self) -> str:
+        text, self.texts = "\n".join(self.texts), []
+        return text
+
+    def take(self) -> tuple[str, np.ndarray | None]:
+        """The question's text and its audio (None without any), and a fresh start."""
+        audio, self.audio = self.audio, []
+        return self.take_text(), np.concatenate(audio) if audio else None
 
 
 # ---- responses ---------------------------------------------------------------------
@@ -307,6 +414,24 @@ class ResponseEvents:
 
     def delta(self, text: str) -> dict[str, Any]:
         return {"type": "response.output_text.delta", **self.at, "content_index": 0, "delta": text}
+
+    def finished(self, done: Any, cancelled_by: str | None, recording: bool) -> list[dict[str, Any]]:
+        """The events that end the response, from the conversation's Done
+        (``cancelled_by``: the reason, if it was cancelled; ``recording``: the
+        session asked for a bundle)."""
+        summary = done.answer.summary()
+        status, reason = done.status, None
+        if status == CANCELLED:
+            reason = cancelled_by
+        elif status == COMPLETED and summary.get("finish_reason") == "length":
+            status, reason = "incomplete", "max_output_tokens"
+        record = answer_record(summary, done.answer_id)
+        if done.bundle is not None:
+            record["bundle_url"] = f"/inputs/{done.answer_id}/bundle.zip"
+        elif recording and done.started:
+            record["record_error"] = done.record_error
+        return self.done(status, text=done.text if done.started else None, reason=reason, error=done.error,
+                         stats=summary if done.started else None, record=record)
 
     def done(self, status: str, *, text: str | None, reason: str | None = None, error: str | None = None,
              stats: dict[str, Any] | None = None, record: dict[str, Any] | None = None) -> list[dict[str, Any]]:

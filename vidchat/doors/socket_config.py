@@ -15,7 +15,6 @@ import dataclasses
 import logging
 from typing import Any
 
-from vidchat.app.access import login_of
 from vidchat.conversation import chat
 from vidchat.conversation.chat import AnswerOptions
 from vidchat.conversation.session import MAX_AUDIO_SECONDS, SessionSettings
@@ -80,24 +79,20 @@ class SessionConfig:
             return await self._refuse(str(exc), CLOSE_POLICY, "invalid session.config")
         # While the model loads the session is already a session: it takes
         # and acks frames, and a question waits for the model (SocketAnswers).
-        # Only a model that failed to load, or has stopped, turns it away.
-        ready, reason = state.readiness()
-        if not ready and (state.engine_error or state.engine is not None):
-            return await self._refuse(reason, CLOSE_TRY_LATER, "engine not running")
+        down = conn.model_down()
+        if down is not None:
+            return await self._refuse(down, CLOSE_TRY_LATER, "engine not running")
         try:
             # Checked against the engine's limits once it runs (see _after_load).
             options = self._answer_options(changes.answer, settings)
         except ValueError as exc:  # OptionError
             return await self._refuse(str(exc), CLOSE_POLICY, "invalid session.config")
         try:
-            conn.entry = state.new_session("ws", settings=settings, reservation=conn.reservation,
-                                           owner=login_of(conn.ws.headers))
+            conn.start_session(settings=settings)  # in the handshake's place; told when the server ends it
         except TooManySessions as exc:
             return await self._refuse(str(exc), CLOSE_TRY_LATER, "too many sessions")
-        conn.reservation = None
         conn.options = options
         conn.vidchat_events = wants_vidchat_events(msg)
-        conn.entry.closers.append(conn.closed_by_server)
         if "audio" in (changes.info.get("modalities") or []):
             conn.answers.notice = NO_AUDIO_OUTPUT_NOTICE
         try:

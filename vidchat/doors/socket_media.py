@@ -130,19 +130,12 @@ class SocketMedia:
             await self.conn.error(f"video.frame 'capture_ts_ms' must be a number of milliseconds, got {capture!r}")
             await self.ack(msg, arrived, False, "invalid_capture_ts")
             return
+        session = self.conn.entry.session
         try:
-            data = await decode_b64(msg, "video.frame", self.conn.settings.ws_max_frame_bytes)
+            seq = await self.take_image(msg, "video.frame", t)
         except Refused as refused:
             await self.conn.error(refused.message)
             await self.ack(msg, arrived, False, refused.reason)
-            return
-        session = self.conn.entry.session
-        try:
-            # Even a 640×480 JPEG takes milliseconds to filter and store: never on the loop.
-            seq = await run_media(session.offer_jpeg, data, t)
-        except FrameError as exc:
-            await self.conn.error(f"Invalid image in video.frame: {exc}")
-            await self.ack(msg, arrived, False, "invalid_image")
             return
         if seq is None:  # a near-duplicate of the frame before (EVS)
             await self.ack(msg, arrived, False, "filtered")
@@ -150,6 +143,18 @@ class SocketMedia:
         self.frame_meta[seq] = {"frame_id": frame_id, "pts_ms": msg.get("pts_ms"), "capture_ts_ms": capture}
         pushed_out = self.forget_evicted(session.oldest_seq)
         await self.ack(msg, arrived, True, dropped_frame_id=pushed_out)
+
+    async def take_image(self, msg: dict[str, Any], kind: str, t: float | None, key: str = "data") -> int | None:
+        """The image in ``msg[key]`` (base64, or a data URL) onto the session's
+        timeline at ``t``, through its filter: the kept frame's number, None
+        for a near-duplicate (dropped). Raises Refused (bad base64, too large,
+        not an image), for every socket door alike."""
+        data = await decode_b64(msg, kind, self.conn.settings.ws_max_frame_bytes, key=key)
+        try:
+            # Even a 640×480 JPEG takes milliseconds to filter and store: never on the loop.
+            return await run_media(self.conn.entry.session.offer_jpeg, data, t)
+        except FrameError as exc:
+            raise Refused("invalid_image", f"Invalid image in {kind}: {exc}") from None
 
     def forget_evicted(self, oldest: int | None) -> Any:
         """Drop the metadata of frames no longer in the buffer; the client's
