@@ -204,7 +204,7 @@ def echo_table() -> None:
         print(f"  {gain:+4d} dB     {counts[0]:>10d}               {counts[1]:>6d}")
 
 
-async def main() -> None:
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     add_model_args(parser, kv_cache_gb=1.0)
     parser.add_argument("--utterances", type=int, default=20)
@@ -213,7 +213,37 @@ async def main() -> None:
     parser.add_argument("--frames", type=int, default=8, help="frames per question (sampled over the utterance)")
     parser.add_argument("--silence-ms", type=float, default=TurnSettings.min_silence_s * 1000,
                         help="the pause that ends a question")
-    args = parser.parse_args()
+    return parser.parse_args(argv)
+
+
+async def report(engine: LocalEngine, args: argparse.Namespace) -> str:
+    """Run the rows on a started engine, print the table; return the last line."""
+    if not engine.accepts_audio:
+        sys.exit(f"bench/talk.py: {engine.options.model} takes no audio; Talk mode needs a model that hears")
+    print(f"model {engine.options.model} ({engine.model_revision}), {args.utterances} spoken questions in real "
+          f"time, {args.frames} frames each, pause {args.silence_ms:.0f} ms", flush=True)
+    times = await spoken_round(engine, args)
+    print(f"{'ms':34s} {'p50':>8s} {'p95':>8s}")
+    for key, label in (("decision", "speech end -> utterance (VAD)"), ("engine", "utterance -> first token"),
+                       ("total", "speech end -> first token"), ("typed", "typed question -> first token")):
+        print(f"{label:34s} {statistics.median(times[key]):8.1f} {pct(times[key], 0.95):8.1f}")
+    typed = statistics.median(times["typed"])
+    if times["extra"]:
+        print(f"extra utterances (speech split by a pause): {len(times['extra'])}")
+    print(f"engine part vs a typed question: {statistics.median(times['engine']) / typed:.2f}x; "
+          f"decision beyond the {args.silence_ms:.0f} ms pause: "
+          f"{statistics.median(times['decision']) - args.silence_ms:.1f} ms")
+    print("detector alone, 40 s of sounds that are not a question:")
+    vad_ms, false_triggers, _ = detector_only()
+    print("the page's own voice coming back through the microphone (after the browser's echo cancellation):")
+    echo_table()
+    return (f"talk: end_to_first_token_ms={statistics.median(times['total']):.1f} vad_ms_per_s={vad_ms:.2f} "
+            f"false_triggers={false_triggers} p95_ms={pct(times['total'], 0.95):.1f} "
+            f"typed_ttft_ms={typed:.1f} silence_ms={args.silence_ms:.0f}")
+
+
+async def main() -> None:
+    args = parse_args()
     logging.basicConfig(level=logging.WARNING)
     if args.verbose:
         log.setLevel(logging.INFO)
@@ -221,28 +251,7 @@ async def main() -> None:
     options.max_images = max(options.max_images, args.frames)
     engine = await asyncio.to_thread(LocalEngine.start, options)
     try:
-        if not engine.accepts_audio:
-            sys.exit(f"bench/talk.py: {options.model} takes no audio; Talk mode needs a model that hears")
-        print(f"model {options.model} ({engine.model_revision}), {args.utterances} spoken questions in real time, "
-              f"{args.frames} frames each, pause {args.silence_ms:.0f} ms", flush=True)
-        times = await spoken_round(engine, args)
-        print(f"{'ms':34s} {'p50':>8s} {'p95':>8s}")
-        for key, label in (("decision", "speech end -> utterance (VAD)"), ("engine", "utterance -> first token"),
-                           ("total", "speech end -> first token"), ("typed", "typed question -> first token")):
-            print(f"{label:34s} {statistics.median(times[key]):8.1f} {pct(times[key], 0.95):8.1f}")
-        typed = statistics.median(times["typed"])
-        if times["extra"]:
-            print(f"extra utterances (speech split by a pause): {len(times['extra'])}")
-        print(f"engine part vs a typed question: {statistics.median(times['engine']) / typed:.2f}x; "
-              f"decision beyond the {args.silence_ms:.0f} ms pause: "
-              f"{statistics.median(times['decision']) - args.silence_ms:.1f} ms")
-        print("detector alone, 40 s of sounds that are not a question:")
-        vad_ms, false_triggers, _ = detector_only()
-        print("the page's own voice coming back through the microphone (after the browser's echo cancellation):")
-        echo_table()
-        last = (f"talk: end_to_first_token_ms={statistics.median(times['total']):.1f} vad_ms_per_s={vad_ms:.2f} "
-                f"false_triggers={false_triggers} p95_ms={pct(times['total'], 0.95):.1f} "
-                f"typed_ttft_ms={typed:.1f} silence_ms={args.silence_ms:.0f}")
+        last = await report(engine, args)
     finally:
         engine.shutdown()
     sys.stdout.flush()

@@ -148,35 +148,29 @@ async def test_page_streams_an_answer_and_two_tabs_use_their_own_frames(server, 
             # request is aborted), and "Stop" aborts the new one.
             await set_setting(red, "vc-max-tokens", "2000")
             # Greedy, the tiny model never ends an answer on its own (its end
-            # tokens are zeroed; sampled, it may pick one): 2000 tokens run long.
+            # tokens are zeroed; sampled, it may pick one): 2000 tokens run
+            # for seconds. The steps below follow the server's state of the
+            # session's answer (GET /webrtc/talk: its number, done, cancelled),
+            # not the tab's rendering, which on a loaded machine can show the
+            # words after a 2000-token answer has already ended.
             await set_setting(red, "vc-temperature", "0")
             await ask(red, "Tell me everything.")
-            # Deadlines, not expected times: a tab rendering a long streaming
-            # answer beside the other xdist worker's engines can take a
-            # minute to show the next question's first words.
-            await red.wait_for_function(BOT_HAS_TEXT % 2, timeout=90_000)
-            assert await asyncio.to_thread(server.running_requests) == 1
-            # Sent, while its answer runs: the box is empty, the question is in the chat.
-            assert await red.input_value("#vc-question textarea") == ""
-            assert (await user_texts(red))[-1] == "Tell me everything."
+            old = await answer_state(server, red_sid, "the long answer generates", after=0)
             await ask(red, "Actually, just one word?")
-            # The answer it cut short is marked stopped (the mark is the 3rd
-            # bot message), and the new one starts.
-            # (180 s: in a two-worker clean run the cut answer's last update and
-            # the new answer's first words took over 90 s to show in this tab,
-            # which had rendered 2,000 tokens' worth of updates beside the other
-            # worker's engines; alone it takes seconds.)
-            await red.wait_for_function(BOT_HAS_TEXT % 4, timeout=180_000)
-            # The new question may first say it waits while the abort of the
-            # old one winds down (vidchat.conversation.chat); then exactly one generates.
-            # (60 s: in two-worker clean runs the old answer's abort took more
-            # than 10 s to wind down in the loaded server.)
-            await eventually_async(lambda: asyncio.to_thread(lambda: server.running_requests() == 1), 60,
+            new = await answer_state(server, red_sid, "the new answer generates", after=old["n"])
+            # The old answer was aborted before the new one started: exactly one generates.
+            await eventually_async(lambda: asyncio.to_thread(running_exactly, server, 1), 10,
                                    "the new answer generates alone")
             await red.click("#vc-stop-answer")
-            assert await until_idle(server, within=1.0) == 0, "Stop left the request running"
-            # Stopped, it is marked too, then what the model got is folded under it.
-            texts = await wait_for_answer(red, 5, timeout=90)
+            stopped = await answer_state(server, red_sid, "Stop ends the answer", after=new["n"] - 1, done=True)
+            assert stopped["n"] == new["n"] and stopped["cancelled"], stopped
+            assert await until_idle(server, within=10) == 0, "Stop left the request running"
+            # Sent, its question is in the chat and the box is empty again.
+            asked = ["Tell me everything.", "Actually, just one word?"]
+            await eventually_async(lambda: _sent(red, asked), 30, "the box is empty and both questions show")
+            # Each answer cut short is marked stopped (the old one by the new
+            # question, the new one by Stop), then what the model got is folded under it.
+            texts = await wait_for_answer(red, 5, timeout=120)
             assert [t.strip() for t in texts[1:]] == [texts[1].strip(), STOPPED, texts[3].strip(), STOPPED], texts
             assert texts[1].strip() and texts[3].strip() and STOPPED not in texts[1] + texts[3]
             await red.screenshot(path=str(artifacts_dir / "page-stopped.png"))
@@ -185,7 +179,7 @@ async def test_page_streams_an_answer_and_two_tabs_use_their_own_frames(server, 
             before = (await asyncio.to_thread(server.get_json, "/api/health"))["sessions"]
             await blue.click("#vc-stop")
             await blue.wait_for_function("document.querySelector('#vc-conn').dataset.tone === 'idle'")
-            await session_gone(server, blue_sid, within=5)
+            await session_gone(server, blue_sid, within=10)
             assert (await asyncio.to_thread(server.get_json, "/api/health"))["sessions"] == before - 1
             assert await session_id(blue) == ""
 
@@ -220,9 +214,35 @@ async def test_refused_microphone_runs_with_the_camera_and_closing_the_tab_frees
 
             # Closing the tab (pagehide beacon) frees the server's session at once.
             await page.close(run_before_unload=True)
-            await session_gone(server, sid, within=3)  # else closing the tab left its session open
+            await session_gone(server, sid, within=10)  # else the tab left it open until the 20-s idle timeout
         finally:
             await browser.close()
+
+
+async def _sent(page: Page, questions: list[str]) -> bool:
+    return (await page.input_value("#vc-question textarea") == ""
+            and (await user_texts(page))[-len(questions):] == questions)
+
+
+async def answer_state(server, sid: str, what: str, after: int, done: bool = False, within: float = 60) -> dict:
+    """The session's answer as the server has it (GET /webrtc/talk: number,
+    text so far, done, cancelled), once it is one numbered after ``after``
+    that is generating (with text) or, with ``done``, has ended."""
+    def check() -> dict:
+        answer = server.get_json(f"/webrtc/talk?session_id={sid}").get("answer")
+        if answer and answer["n"] > after and (answer["done"] if done else (answer["text"] and not answer["done"])):
+            return answer
+        raise LookupError(answer and {k: answer[k] for k in ("n", "done", "cancelled")})
+
+    return await eventually_async(lambda: asyncio.to_thread(check), within, what)
+
+
+def running_exactly(server, count: int) -> bool:
+    """True once vLLM holds ``count`` answers; else raises with the count seen (shown at the deadline)."""
+    running = server.running_requests()
+    if running != count:
+        raise LookupError(f"running_requests={running}")
+    return True
 
 
 async def _stats(server, sid: str) -> dict:

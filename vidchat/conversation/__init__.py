@@ -158,6 +158,13 @@ class AnswerRun:
                 record_error = f"Not recorded: {exc}."
             except OSError as exc:
                 record_error = f"Could not save the recording: {exc}"
+        stats = answer.reply.stats
+        # One line per answer, whichever door asked: what ran, how it ended and why.
+        log.info("session %s…: answer %s %s: %d of %d tokens (%s), prompt %d tokens (%d cached), "
+                 "%d frames, history %d of %d turns%s", answer.session_id[:6], answer_id or "-", status,
+                 stats.completion_tokens, answer.options.max_tokens, stats.finish_reason or "no finish",
+                 stats.prompt_tokens, stats.cached_tokens, stats.frames, stats.history_turns,
+                 stats.history_turns_total, f", {answer.cancelled_by}" if answer.cancelled_by else "")
         return Done(answer, status, error, started, current, answer_id, bundle, record_error)
 
     async def finish(self) -> Done:
