@@ -56,7 +56,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Awaitable, Callable
 
 import numpy as np
 import psutil
@@ -161,6 +161,16 @@ class Answer:
         if self.stats.get("cancelled"):
             return "answer cancelled by the server"
         return None
+
+    async def wait(self, timeout: float, awaited: str) -> Answer:
+        """Wait up to ``timeout`` s for the answer to end; past that it fails
+        as "no ``awaited`` in N s", ``awaited`` naming what would have ended it."""
+        try:
+            await asyncio.wait_for(self.done.wait(), timeout)
+        except asyncio.TimeoutError:
+            self.failure = f"no {awaited} in {timeout:.0f} s"
+            self.done.set()
+        return self
 
 
 # ---------------------------------------------------------------------------
@@ -274,12 +284,7 @@ class WsClient:
 
     async def ask(self, text: str, timeout: float) -> Answer:
         a = await self.send_question(text)
-        try:
-            await asyncio.wait_for(a.done.wait(), timeout)
-        except asyncio.TimeoutError:
-            a.failure = f"no complete answer in {timeout:.0f} s"
-            a.done.set()
-        return a
+        return await a.wait(timeout, "complete answer")
 
     async def finish(self, timeout: float = 15) -> None:
         """video.done, wait for session.done, close."""
@@ -492,22 +497,35 @@ async def asker(name: str, ask, tally: Tally, start_at: float, end_at: float, ev
         await asyncio.sleep(next_at - now)
 
 
-async def run_ws(idx: int, c: WsClient, args: argparse.Namespace, tally: Tally, start_at: float,
-                 end_at: float) -> WsClient:
+async def ask_while_streaming(client: Any, door: str, connect: Callable[[], Awaitable[Any]], name: str,
+                              ask: Callable[[str], Awaitable[Answer]], end: Callable[[], Awaitable[None]],
+                              args: argparse.Namespace, tally: Tally, start_at: float, end_at: float) -> None:
+    """One streaming client's run: ``connect`` (a failure counts against
+    ``door``), then its frames in the background while :func:`asker` asks,
+    then ``end`` the session."""
     try:
-        await c.open()
+        await connect()
     except Exception as exc:  # noqa: BLE001
-        tally.problems[f"WebSocket connect failed: {exc!r}"[:160]] += 1
-        return c
+        tally.problems[f"{door} connect failed: {exc!r}"[:160]] += 1
+        return
     stop = asyncio.Event()
-    sender = asyncio.create_task(c.stream(stop))
+    sender = asyncio.create_task(client.stream(stop))
     try:
-        await asker(f"ws{idx}", lambda q: c.ask(q, args.answer_timeout), tally, start_at, end_at, args.ask_every)
+        await asker(name, ask, tally, start_at, end_at, args.ask_every)
     finally:
         stop.set()
         await sender
+        await end()
+
+
+async def run_ws(idx: int, c: WsClient, args: argparse.Namespace, tally: Tally, start_at: float,
+                 end_at: float) -> WsClient:
+    async def end() -> None:
         await c.finish()
         tally.problems.update(c.problems)
+
+    await ask_while_streaming(c, "WebSocket", c.open, f"ws{idx}", lambda q: c.ask(q, args.answer_timeout), end,
+                              args, tally, start_at, end_at)
     return c
 
 

@@ -40,7 +40,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "bench")]
 
 from _server import RESULTS, fmt, percentile, quiet_loggers, start_server, stop_server  # noqa: E402
-from load import Answer, Frames, Tally, WsClient, asker, run_ws  # noqa: E402
+from load import Answer, Frames, Tally, WsClient, ask_while_streaming, run_ws  # noqa: E402
 from openai import AsyncOpenAI  # noqa: E402
 
 log = logging.getLogger("bench.realtime")
@@ -119,12 +119,7 @@ class RealtimeClient:
             "type": "message", "role": "user", "content": [{"type": "input_text", "text": text}]}})
         a.sent = time.monotonic()
         await self.conn.send({"type": "response.create", "response": {"max_output_tokens": max_tokens}})
-        try:
-            await asyncio.wait_for(a.done.wait(), timeout)
-        except asyncio.TimeoutError:
-            a.failure = f"no response.done in {timeout:.0f} s"
-            a.done.set()
-        return a
+        return await a.wait(timeout, "response.done")
 
     async def close(self) -> None:
         if self.manager is not None:
@@ -135,20 +130,9 @@ class RealtimeClient:
 
 async def run_realtime(i: int, c: RealtimeClient, args: argparse.Namespace, tally: Tally, start_at: float,
                        end_at: float) -> RealtimeClient:
-    try:
-        await c.open({"num_sample_frames": args.frames, "temperature": 0.7})
-    except Exception as exc:  # noqa: BLE001
-        tally.problems[f"realtime connect failed: {exc!r}"[:160]] += 1
-        return c
-    stop = asyncio.Event()
-    sender = asyncio.create_task(c.stream(stop))
-    try:
-        await asker(f"rt{i}", lambda q: c.ask(q, args.max_tokens, args.answer_timeout), tally, start_at, end_at,
-                    args.ask_every)
-    finally:
-        stop.set()
-        await sender
-        await c.close()
+    await ask_while_streaming(c, "realtime", lambda: c.open({"num_sample_frames": args.frames, "temperature": 0.7}),
+                              f"rt{i}", lambda q: c.ask(q, args.max_tokens, args.answer_timeout), c.close, args,
+                              tally, start_at, end_at)
     return c
 
 
