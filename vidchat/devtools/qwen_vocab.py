@@ -232,13 +232,12 @@ def chat_template(kind: str) -> str:
 
 
 # ---- tokenizer ------------------------------------------------------------------
-def build_tokenizer(kind: str, model_max_length: int, out_dir: Path):
+def build_tokenizer(kind: str, model_max_length: int, out_dir: Path) -> "PreTrainedTokenizerFast":  # noqa: F821
     """A small trained byte-level BPE whose vocabulary is padded with
     unreachable fillers so the family's special tokens land at their real ids."""
     from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import PreTrainedTokenizerFast
 
-    from vidchat.devtools.tinymodel import _training_text, qwen_processor_tokens
+    from vidchat.devtools.tinymodel import _training_text, save_qwen_tokenizer
 
     trained = Tokenizer(models.BPE())
     trained.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
@@ -263,15 +262,4 @@ def build_tokenizer(kind: str, model_max_length: int, out_dir: Path):
         got = tok.token_to_id(content)
         if got != FIRST_SPECIAL_ID + offset:
             raise RuntimeError(f"{content} got id {got}, expected {FIRST_SPECIAL_ID + offset}")
-
-    extra = qwen_processor_tokens(omni=kind == "omni")
-    fast = PreTrainedTokenizerFast(
-        tokenizer_object=tok,
-        eos_token="<|im_end|>",
-        pad_token="<|endoftext|>",
-        extra_special_tokens=extra,
-        model_max_length=model_max_length,
-        chat_template=chat_template(kind),
-    )
-    fast.save_pretrained(out_dir)
-    return fast
+    return save_qwen_tokenizer(tok, kind == "omni", model_max_length, chat_template(kind), out_dir)

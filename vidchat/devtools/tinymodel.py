@@ -150,7 +150,6 @@ def qwen_processor_tokens(omni: bool) -> dict[str, str]:
 
 def build_tokenizer(family: str, out_dir: Path) -> "PreTrainedTokenizerFast":  # noqa: F821
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import PreTrainedTokenizerFast
 
     specials = _QWEN_TOKENS + (_OMNI_TOKENS if family == "omni" else [])
     tok = Tokenizer(models.BPE())
@@ -163,15 +162,22 @@ def build_tokenizer(family: str, out_dir: Path) -> "PreTrainedTokenizerFast":  #
         show_progress=False,
     )
     tok.train_from_iterator(_training_text(SEED), trainer=trainer)
+    return save_qwen_tokenizer(tok, family == "omni", 32768, chat_template(family), out_dir)
 
-    extra = qwen_processor_tokens(omni=family == "omni")
+
+def save_qwen_tokenizer(tok: "Tokenizer", omni: bool, model_max_length: int, template: str,  # noqa: F821
+                        out_dir: Path) -> "PreTrainedTokenizerFast":  # noqa: F821
+    """``tok`` as a Qwen family's fast tokenizer (its end and padding tokens,
+    the special tokens its processor reads), saved into ``out_dir``."""
+    from transformers import PreTrainedTokenizerFast
+
     fast = PreTrainedTokenizerFast(
         tokenizer_object=tok,
         eos_token="<|im_end|>",
         pad_token="<|endoftext|>",
-        extra_special_tokens=extra,
-        model_max_length=32768,
-        chat_template=chat_template(family),
+        extra_special_tokens=qwen_processor_tokens(omni=omni),
+        model_max_length=model_max_length,
+        chat_template=template,
     )
     fast.save_pretrained(out_dir)
     return fast
