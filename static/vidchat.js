@@ -568,6 +568,9 @@
     const svg = $("#vc-chart"), legend = $("#vc-chart-legend"), top = $("#vc-chart-top");
     if (!svg || !legend) return;
     const done = answers.filter((a) => a.ttft_ms != null);
+    const box = svg.closest(".vc-chart-box");
+    // No empty axis before there is anything to draw: just the sentence.
+    if (box) box.hidden = !done.length;
     if (!done.length) {
       svg.innerHTML = ""; if (top) top.textContent = "";
       legend.textContent = "Answer timings appear after the first answer."; return;

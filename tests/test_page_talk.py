@@ -23,6 +23,16 @@ from test_page import media, wav_samples  # noqa: F401 (media is a fixture)
 
 pytestmark = pytest.mark.browser
 
+# (text width, room for it): the selected option's text measured in the
+# select's own font, against the select's width less its padding (the arrow).
+VOICE_TEXT_ROOM = """() => {
+  const el = document.querySelector('#vc-voice'), css = getComputedStyle(el);
+  const ctx = document.createElement('canvas').getContext('2d');
+  ctx.font = `${css.fontWeight} ${css.fontSize} ${css.fontFamily}`;
+  const text = ctx.measureText(el.options[el.selectedIndex].text).width;
+  return {text, box: el.clientWidth - parseFloat(css.paddingLeft) - parseFloat(css.paddingRight)};
+}"""
+
 # The fake microphone loops this: a question, then a long silence (Talk is
 # switched on at some point of the loop; the next question is heard whole).
 SILENCE_AFTER_S = 7.0
@@ -121,6 +131,9 @@ async def test_talk_asks_by_voice_and_reads_the_answer_aloud(server, media, spok
             print(f"Talk on for {talked:.0f} s: {added} access-log lines")
             assert added <= 12, (added, talked, server.log().splitlines()[-40:])
             await page.screenshot(path=str(artifacts_dir / "page-talk.png"), full_page=True)
+            # The voice picker's chosen name is whole, not cut under its arrow.
+            room = await page.evaluate(VOICE_TEXT_ROOM)
+            assert room["text"] <= room["box"], room
             # Barge-in: the page is still reading the answer aloud when the
             # microphone's next question starts (the fake file loops); the
             # reading stops at once, and the question is heard over it.
