@@ -152,7 +152,9 @@ async def test_long_answers_wrap_and_checkboxes_can_be_seen(server, tmp_path, ar
 
 
 # The re-ask list's shown choice.
-REASK_SHOWN = "document.querySelector('#vc-reask-from input').value"
+# ('' until the compare view has rendered its picker: a predicate that threw
+# on the missing element would end the wait at once instead of retrying.)
+REASK_SHOWN = "(document.querySelector('#vc-reask-from input')?.value ?? '')"
 
 
 async def _reask_labels(page) -> list[str]:
