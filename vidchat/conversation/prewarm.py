@@ -27,6 +27,9 @@ The rules that keep it cheap and harmless:
   is encoded as it arrives, a question carries only frames already encoded
   (``ENCODE_BUDGET_S``), and while the user types only those are prefilled.
   ``--prewarm auto`` turns warm-ups on only there (vidchat.conversation.prewarm_auto).
+
+Which session is warmed next and with what is decided in
+vidchat.conversation.warm_plan; this module schedules and runs the warm-ups.
 """
 
 from __future__ import annotations
@@ -40,38 +43,20 @@ from typing import Any
 
 from vidchat.conversation.enter_pins import PIN_S, EnterPins, Pin
 from vidchat.conversation.prewarm_auto import ENCODE_BUDGET_S, FrameCost, PrewarmChoice, explicit, pending
+from vidchat.conversation.warm_plan import (WarmPlan, WarmState, frames_ahead, lead_digest, plan_warmup,
+                                            warm_candidates)
 
 __all__ = ["ENCODE_BUDGET_S", "PIN_S", "EnterPins", "FrameCost", "Pin", "Prewarmer", "PrewarmStats"]
 log = logging.getLogger(__name__)
 
 MODES = ("off", "idle", "always")
 DEFAULT_INTERVAL_S = 1.0
-URGENT_INTERVAL_S = 0.2
 # A keystroke makes the session urgent for this long: long enough to be
 # warmed first and at once, short enough that a user typing on a moving scene
 # does not keep the engine warming until Enter (a warm-up in flight then
 # delays the question by what is left of it).
 URGENT_FOR_S = 0.5
 SHARE_WINDOW_S = 30.0
-# After an answer ends, its session is not warmed for this long: the answer's
-# last tokens reach the page first (on a machine whose cores the browser
-# shares, a warm-up then would hold them back), and the next question is
-# seconds away.
-SETTLE_S = 0.5
-
-
-@dataclass
-class WarmState:
-    """What was last warmed for one session."""
-
-    key: tuple | None = None  # the sample key it was warmed for
-    inputs_sha256: str = ""  # lead_digest of the frames it warmed
-    prompt_key: tuple | None = None
-    at: float = 0.0  # time.monotonic() of the last warm-up start
-    urgent_until: float = 0.0
-    warmed: int = 0
-    last_cached_tokens: int = 0
-    last_prompt_tokens: int = 0
 
 
 @dataclass
@@ -104,76 +89,60 @@ class PrewarmStats:
                 "failed": self.failed, "busy_s": round(self.busy_s, 3)}
 
 
-def warm_candidates(state: Any, warm_states: dict[str, WarmState], pins: "EnterPins",
-                    now: float, interval_s: float) -> list[tuple[bool, float, Any, tuple]]:
-    """The sessions worth a warm-up now, most urgent first, as (not urgent,
-    last warmed, entry, sample key): a pinned Enter before anything, then
-    sessions whose user is typing, then the longest unwarmed. Forgets the
-    warm states and pins of sessions that ended."""
-    live = {}
-    out = []
-    segments = getattr(state.engine, "splits_audio", False)
-    for entry in state.registry.entries():
-        sid = entry.session.id
-        live[sid] = entry
-        if pins.unwarmed(entry, now):
-            out.append((False, -1.0, entry, sample_key(entry, segments)))  # Enter was pressed: first of all
-            continue
-        if entry.answer is not None or entry.session.frame_count == 0:
-            continue  # its own answer is filling the cache; nothing to warm yet
-        if now - entry.answer_ended < SETTLE_S:
-            continue
-        key = sample_key(entry, segments)
-        warm = warm_states.get(sid)
-        if warm is not None and warm.key == key:
-            continue
-        urgent = warm is not None and warm.urgent_until > now
-        interval = URGENT_INTERVAL_S if urgent else interval_s
-        if warm is not None and now - warm.at < interval:
-            continue
-        out.append((not urgent, warm.at if warm else 0.0, entry, key))
-    for sid in [s for s in warm_states if s not in live]:
-        del warm_states[sid]  # the session ended
-    pins.prune(live, now)
-    out.sort(key=lambda c: (c[0], c[1]))
-    return out
+class WarmupInFlight:
+    """The one warm-up the engine runs at a time: it is aborted as its
+    session ends or to make way for an answer, and its engine time counts
+    against the prewarmer's share."""
 
+    def __init__(self, stats: PrewarmStats) -> None:
+        self.stats = stats
+        self.current: tuple[str, asyncio.Task, str] | None = None  # (session id, warm-up, its inputs)
+        self.yielding: asyncio.Task | None = None  # a warm-up cancelled to make way for an answer
 
-def warm_sample(engine: Any, entry: Any, pin: Pin | None, new_frames: int | None = -1) -> tuple[Any, bool]:
-    """What a warm-up of this session sends, and whether it is the sample
-    taken at Enter. ``new_frames``: at most this many frames new to the
-    engine (-1: the session's encode budget, as its question)."""
-    if pin is not None and not pin.warmed:
-        pin.warmed = True
-        return pin.sample, True  # all of it: the question will carry exactly this
-    sample = entry.session.sample(new_frames=new_frames)
-    if getattr(engine, "splits_audio", False):
-        # The audio's finished segments, not the newest one if it is still
-        # growing: the question's will be longer (vidchat.media.audio).
-        return sample.without_audio_tail(), False
-    # As one clip the audio grows with every chunk, so it is never a
-    # question's prefix: warming it would double the work for nothing.
-    return sample.without_audio(), False
+    async def give_way(self, task: asyncio.Task) -> None:
+        """Abort this warm-up for an answer, returning once the abort is done
+        (so it reaches vLLM before the answer does)."""
+        self.yielding = task
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
 
+    async def run(self, engine: Any, entry: Any, plan: WarmPlan) -> tuple[Any, float] | None:
+        """Send the planned warm-up of this session and wait for it: the
+        engine's stats and the seconds it took, or None when it was aborted
+        (its session ended) or gave way to an answer. An engine error is
+        raised; cancelling this cancels the warm-up."""
+        task = asyncio.ensure_future(engine.warm(plan.prepared))
+        ended = False
 
-def lead_digest(frames: Any, frames_as: str) -> str:
-    """What a warm-up must share with a question to be worth it: all frames
-    but the newest, as separate images. Only the newest frame (and the audio
-    after the frames) is then left for the question to prefill, a frame's
-    worth of work; warming again for each new newest frame would cost more
-    than it saves. A video is one item: any new frame makes all of it new."""
-    from vidchat.engine import inputs_digest
+        async def session_ended() -> None:
+            # Called by the registry as the session closes: the warm-up is work for nobody.
+            nonlocal ended
+            ended = True
+            task.cancel()
 
-    return inputs_digest(frames if frames_as == "video" or len(frames) < 2 else frames[:-1], None)
-
-
-def sample_key(entry: Any, audio_segments: bool = False) -> tuple:
-    """Changes whenever the next question's warmed inputs may have: a kept
-    frame, new settings, a finished answer (new history or options), and,
-    where the engine takes the audio in segments, a finished segment."""
-    session = entry.session
-    segments = session.audio_segments if audio_segments else None
-    return (session.kept_count, segments, session.settings, entry.warm_options, entry.warm_history)
+        entry.closers.append(session_ended)
+        self.current = (entry.session.id, task, plan.lead)
+        started = time.monotonic()
+        try:
+            stats = await asyncio.shield(task)
+        except asyncio.CancelledError:
+            if ended:
+                self.stats.aborted += 1
+                return None
+            if self.yielding is task:
+                self.stats.yielded += 1
+                return None
+            task.cancel()  # the prewarmer itself is stopping
+            await asyncio.gather(task, return_exceptions=True)
+            raise
+        finally:
+            if session_ended in entry.closers:
+                entry.closers.remove(session_ended)
+            self.current = None
+            took = time.monotonic() - started
+            self.stats.busy_s += took
+            self.stats.recent.append((time.monotonic(), took))
+        return stats, took
 
 
 class Prewarmer:
@@ -193,8 +162,7 @@ class Prewarmer:
         self._pins = EnterPins()
         self._wake = asyncio.Event()
         self._task: asyncio.Task | None = None
-        self.current: tuple[str, asyncio.Task, str] | None = None  # (session id, warm-up, its inputs) in flight
-        self._yielding: asyncio.Task | None = None  # a warm-up cancelled to make way for an answer
+        self._flight = WarmupInFlight(self.stats)
         self.frame_cost = FrameCost()
 
     # -- lifecycle -----------------------------------------------------------
@@ -262,11 +230,9 @@ class Prewarmer:
             return  # its question overtook it: nothing left to warm for
         self._pins.put(session_id, Pin(time.monotonic(), sample, session.settings, asked))
         self.stats.pinned += 1
-        current = self.current
-        if current is not None and self._yielding is not current[1]:
-            self._yielding = current[1]
-            current[1].cancel()
-            await asyncio.gather(current[1], return_exceptions=True)
+        current = self._flight.current
+        if current is not None and self._flight.yielding is not current[1]:
+            await self._flight.give_way(current[1])
         self._wake.set()
 
     def take_pin(self, entry: Any) -> Pin | None:
@@ -286,7 +252,7 @@ class Prewarmer:
         is left to finish. A warm-up of other frames of the same session is
         work for nothing; one of another session gives way in idle mode (in
         always mode it stays, behind the question's priority)."""
-        current = self.current
+        current = self._flight.current
         if current is None:
             return
         sid, task, warming = current
@@ -296,9 +262,7 @@ class Prewarmer:
                 return
         elif self.mode != "idle":
             return
-        self._yielding = task
-        task.cancel()
-        await asyncio.gather(task, return_exceptions=True)
+        await self._flight.give_way(task)
 
     def poke(self) -> None:
         self._wake.set()
@@ -314,7 +278,7 @@ class Prewarmer:
                 "threshold_ms": self.choice.threshold_ms, **self.stats.counts(),
                 "frame_cost_ms": None if cost is None else round(cost * 1000, 1),
                 "share": round(self.stats.share(time.monotonic()), 3),
-                "running": self.current is not None}
+                "running": self._flight.current is not None}
 
     # -- the loop --------------------------------------------------------------
     async def _run(self) -> None:
@@ -365,92 +329,38 @@ class Prewarmer:
         self.frame_cost.learn(took_s, new_frames)
         self.frame_cost.apply(session)
 
-    def _ahead(self, warm: WarmState) -> int | None:
-        """New frames a background warm-up of this session may encode (-1: as
-        many as its question may carry). Where frames are slow to encode, at
-        least the newest: each kept frame is encoded as it arrives, so the
-        question finds its frames encoded. But not while the user types: a
-        question is coming, and a frame's encoding in flight would hold it
-        up; the warm-up then prefills the frames already encoded."""
-        if not self.frame_cost.slow or warm.urgent_until > time.monotonic():
-            return -1
-        budget = self.frame_cost.budget(0x7FFFFFFF)
-        return max(1, budget or 0)
-
     async def _warm_entry(self, engine: Any, entry: Any, key: tuple) -> None:
-        from vidchat.conversation import chat
-
         sid = entry.session.id
         warm = self._warm.setdefault(sid, WarmState())
         warm.at = time.monotonic()
-        options = entry.warm_options or self.state.answer_defaults()
         pin = self._pins.get(sid)
         self.frame_cost.apply(entry.session)
-        sample, at_enter = warm_sample(engine, entry, pin, self._ahead(warm))
-        if not sample.frames:
+        plan = await plan_warmup(engine, entry, entry.warm_options or self.state.answer_defaults(), pin,
+                                 frames_ahead(self.frame_cost, warm, time.monotonic()))
+        if plan is None:
             warm.key = key
             return
-        try:
-            prepared = await asyncio.to_thread(chat.prepare, engine, entry, sample, options, entry.warm_history,
-                                               "", True)
-        except Exception as exc:  # settings this engine refuses: the question will say so
-            log.debug("session %s…: no warm-up: %s", sid[:6], exc)
-            warm.key = key
-            return
-        prompt_key = (prepared.prompt_text, options.frames_as, sample.audio_parts if options.include_audio else ())
-        lead = await asyncio.to_thread(lead_digest, sample.frames, options.frames_as)
-        new_frames = len(sample.seqs) - entry.session.encoded_count(sample.seqs)
-        # One new frame is not worth a warm-up where encoding is cheap (the
-        # question encodes it in no time); where it is slow, it is the point.
-        if lead == warm.inputs_sha256 and prompt_key == warm.prompt_key and not (self.frame_cost.slow and new_frames):
+        if plan.repeats(warm, self.frame_cost.slow):
             warm.key = key
             self.stats.skipped_same_inputs += 1
             return
         if self.state.registry.get(sid) is not entry:
             return  # the session ended while its prompt was prepared
-        task = asyncio.ensure_future(engine.warm(prepared))
-        ended = False
-
-        async def session_ended() -> None:
-            # Called by the registry as the session closes: the warm-up is work for nobody.
-            nonlocal ended
-            ended = True
-            task.cancel()
-
-        entry.closers.append(session_ended)
-        self.current = (sid, task, lead)
-        started = time.monotonic()
         try:
-            stats = await asyncio.shield(task)
-        except asyncio.CancelledError:
-            if ended:
-                self.stats.aborted += 1
-                return
-            if self._yielding is task:  # gave way to an answer: warmed again when the engine is idle
-                self.stats.yielded += 1
-                return
-            task.cancel()  # the prewarmer itself is stopping
-            await asyncio.gather(task, return_exceptions=True)
-            raise
+            done = await self._flight.run(engine, entry, plan)
         except Exception as exc:
             self.stats.failed += 1
             log.warning("session %s…: warm-up failed: %s", sid[:6], exc)
             warm.key = key
             return
-        finally:
-            if session_ended in entry.closers:
-                entry.closers.remove(session_ended)
-            self.current = None
-            took = time.monotonic() - started
-            self.stats.busy_s += took
-            self.stats.recent.append((time.monotonic(), took))
-        entry.session.mark_encoded(sample.seqs)
-        self._budget(entry.session, took, new_frames)
-        warm.key, warm.inputs_sha256, warm.prompt_key = key, lead, prompt_key
-        warm.warmed += 1
-        warm.last_cached_tokens, warm.last_prompt_tokens = stats.cached_tokens, stats.prompt_tokens
+        if done is None:
+            return  # aborted, or gave way to an answer: warmed again when the engine is idle
+        stats, took = done
+        entry.session.mark_encoded(plan.sample.seqs)
+        self._budget(entry.session, took, plan.new_frames)
+        warm.record(key, plan, stats)
         self.stats.warmups += 1
-        _log_warmed(sid, sample, stats, took, pin if at_enter else None, new_frames)
+        _log_warmed(sid, plan.sample, stats, took, pin if plan.at_enter else None, plan.new_frames)
 
 
 def _log_warmed(sid: str, sample: Any, stats: Any, took: float, pin: Pin | None, new_frames: int) -> None:

@@ -78,7 +78,7 @@ def check_frame_budget(max_frames: Any, store_max_pixels: int | None, budget_byt
                          f"({store_max_pixels:,} pixels); this server's budget is {budget_bytes / 2**20:.1f} MB "
                          f"per session (--max-session-mb), at most {most} frames")
 MAX_AUDIO_SECONDS = 600.0
-__all__ = ["FrameError", "Session", "SessionSettings", "Sample"]
+__all__ = ["FrameError", "Session", "SessionMedia", "SessionSettings", "Sample"]
 
 
 # ---------------------------------------------------------------------------
@@ -163,19 +163,16 @@ def _sample_of(frames: list[StoredFrame], picked: list[int], audio: tuple[np.nda
 # The session
 # ---------------------------------------------------------------------------
 
-class Session:
-    """Frames and audio of one viewer, filtered, bounded and sampled for questions.
+class SessionMedia:
+    """What producers put on one viewer's timeline: kept frames (filtered
+    and bounded), audio, and the played file's clock. :class:`Session`
+    adds the settings' rules and the questions' samples.
 
-    ``settings`` is read-only from outside: change it with :meth:`update_settings`.
+    ``settings`` is read-only from outside: change it with :meth:`Session.update_settings`.
     """
 
-    def __init__(self, session_id: str, settings: SessionSettings | None = None, *,
-                 store_max_pixels: int | None = DEFAULT_STORE_MAX_PIXELS,
-                 max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES,
-                 max_frame_pixels: int = DEFAULT_MAX_FRAME_PIXELS, max_bytes: int | None = None) -> None:
-        settings = dataclasses.replace(settings) if settings is not None else SessionSettings()
-        settings.validate()
-        check_frame_budget(settings.max_frames, store_max_pixels, max_bytes)
+    def __init__(self, session_id: str, settings: SessionSettings, *, store_max_pixels: int | None,
+                 max_frame_bytes: int, max_frame_pixels: int, max_bytes: int | None) -> None:
         self.id = session_id
         self.settings = settings
         self.store_max_pixels = store_max_pixels
@@ -192,10 +189,6 @@ class Session:
                                    position_at=self.source_timeline.position_at)
         self._audio = AudioWindow(settings.audio_seconds)
         self.timeline_start: float | None = None
-        # Kept frames a warm-up has put in the engine's caches, and how many
-        # new ones a question may carry (None: no limit; vidchat.conversation.prewarm sets it).
-        self._encoded: set[int] = set()
-        self.encode_budget: int | None = None
 
     def _on_media(self, t: float | None, now: float) -> None:
         # Media captured at t (None: not placed) arrived now; the caller holds _lock.
@@ -265,6 +258,51 @@ class Session:
         with self._lock:
             return self._audio.since(t)
 
+    # -- source ------------------------------------------------------------
+
+    def note_sender_clock(self, offset_s: float) -> None:
+        """Timeline time minus the sender's clock, for the newest video frame
+        (the WebRTC door measures it from the browser's sender reports)."""
+        self.source_timeline.sender_offset = offset_s
+
+    def set_source(self, kind: str, name: str | None = None, position_s: float | None = None,
+                   playing: bool = True, rate: float = 1.0, t: float | None = None, *,
+                   duration_s: float | None = None, loop: bool = False,
+                   at_sender_s: float | None = None) -> tuple[float, bool]:
+        """Say what the video source is from timeline time ``t`` on, placed
+        as :meth:`SourceTimeline.place_report` says (the time used and
+        whether the sender's clock placed it are returned). Frames stamped
+        from then on carry their position in the file, including frames
+        that arrived before the report but were captured after it. Not
+        media activity: it keeps no session alive."""
+        t, by_sender = self.source_timeline.place_report(kind, name, position_s, playing, rate, t,
+                                                         duration=duration_s, loop=loop, at_sender_s=at_sender_s,
+                                                         now=time.monotonic(), who=self.id)
+        with self._lock:
+            self._buffer.redate(t)
+        return t, by_sender
+
+
+class Session(SessionMedia):
+    """Frames and audio of one viewer, filtered, bounded and sampled for questions.
+
+    ``settings`` is read-only from outside: change it with :meth:`update_settings`.
+    """
+
+    def __init__(self, session_id: str, settings: SessionSettings | None = None, *,
+                 store_max_pixels: int | None = DEFAULT_STORE_MAX_PIXELS,
+                 max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES,
+                 max_frame_pixels: int = DEFAULT_MAX_FRAME_PIXELS, max_bytes: int | None = None) -> None:
+        settings = dataclasses.replace(settings) if settings is not None else SessionSettings()
+        settings.validate()
+        check_frame_budget(settings.max_frames, store_max_pixels, max_bytes)
+        super().__init__(session_id, settings, store_max_pixels=store_max_pixels, max_frame_bytes=max_frame_bytes,
+                         max_frame_pixels=max_frame_pixels, max_bytes=max_bytes)
+        # Kept frames a warm-up has put in the engine's caches, and how many
+        # new ones a question may carry (None: no limit; vidchat.conversation.prewarm sets it).
+        self._encoded: set[int] = set()
+        self.encode_budget: int | None = None
+
     # -- questions ---------------------------------------------------------
 
     def sample(self, k: int | None = None, strategy: str | None = None,
@@ -316,30 +354,6 @@ class Session:
     def encoded_count(self, seqs: Sequence[int]) -> int:
         with self._lock:
             return sum(q in self._encoded for q in seqs)
-
-    # -- source ------------------------------------------------------------
-
-    def note_sender_clock(self, offset_s: float) -> None:
-        """Timeline time minus the sender's clock, for the newest video frame
-        (the WebRTC door measures it from the browser's sender reports)."""
-        self.source_timeline.sender_offset = offset_s
-
-    def set_source(self, kind: str, name: str | None = None, position_s: float | None = None,
-                   playing: bool = True, rate: float = 1.0, t: float | None = None, *,
-                   duration_s: float | None = None, loop: bool = False,
-                   at_sender_s: float | None = None) -> tuple[float, bool]:
-        """Say what the video source is from timeline time ``t`` on, placed
-        as :meth:`SourceTimeline.place_report` says (the time used and
-        whether the sender's clock placed it are returned). Frames stamped
-        from then on carry their position in the file, including frames
-        that arrived before the report but were captured after it. Not
-        media activity: it keeps no session alive."""
-        t, by_sender = self.source_timeline.place_report(kind, name, position_s, playing, rate, t,
-                                                         duration=duration_s, loop=loop, at_sender_s=at_sender_s,
-                                                         now=time.monotonic(), who=self.id)
-        with self._lock:
-            self._buffer.redate(t)
-        return t, by_sender
 
     # -- settings and lifecycle --------------------------------------------
 
