@@ -115,6 +115,7 @@
     video.srcObject = null;
     if (video.src !== new URL(state.fileUrl, location.href).href) video.src = state.fileUrl;
     Object.assign(video, { loop: true, controls: true, muted: false });
+    watchPresented(video);
     await video.play();
     const captured = video.captureStream();
     if (!captured.getVideoTracks().length) {
@@ -137,22 +138,26 @@
   // the server places the report among the frames by their capture times
   // (vidchat/doors/webrtc.py; tests/test_page.py prints the offsets on a seek).
   // Reports go one at a time, in order.
-  function reportSource() {
+  function reportSource(jump) {
     if (!state.sessionId || !state.source) return;
     const body = { session_id: state.sessionId, kind: state.source,
-                   at: performance.timeOrigin + performance.now() };
+                   at: jump ? jump.at : performance.timeOrigin + performance.now() };
     if (state.source === "file") {
       const video = $("#vc-preview");
       if (!video) return;
       const rate = video.playbackRate;
+      const seeking = video.seeking && !jump;
       Object.assign(body, {
         name: state.fileName || null,
-        // From "seeking" on, currentTime is the target: the picture stands
-        // still until the target's first frame, which Chromium captures just
-        // before "seeked" fires. So the jump is reported when it starts.
-        position: Math.max(0, video.currentTime || 0),
+        // While seeking, currentTime is already the target but the picture
+        // still shows the last frame presented (under load, for a while):
+        // that frame stands still until the target's first frame is
+        // presented, which the frame callback reports (watchPresented).
+        position: Math.max(0, jump ? jump.position
+          : (seeking && presented.mediaTime !== null ? presented.mediaTime : video.currentTime || 0)),
         // Seeking or stalled for data (readyState < 3), the picture stands still, as when paused.
-        playing: !video.paused && !video.seeking && !video.ended && video.readyState >= 3 && rate > 0,
+        playing: jump ? !video.paused && rate > 0
+          : !video.paused && !video.seeking && !video.ended && video.readyState >= 3 && rate > 0,
         rate: rate > 0 ? Math.min(rate, 16) : 1,
         duration: Number.isFinite(video.duration) && video.duration > 0 ? video.duration : null,
         loop: !!video.loop,
@@ -161,6 +166,33 @@
     state.reports.push(body);
     if (state.reports.length > 32) state.reports.shift();  // a stalled server: keep the newest
     sendReports();
+  }
+
+  // The preview's newest presented frame (its place in the file), and the
+  // target of a seek whose first frame has not been presented yet. A seek's
+  // jump is reported at that frame's presentation (a millisecond before, so
+  // the frame itself is placed after it): a report at "seeking" would give
+  // the target's position to old pictures still captured after it, and one
+  // at "seeked" the old position to the target's first frame, which Chromium
+  // captures just before "seeked" fires.
+  const presented = { mediaTime: null, seekTarget: null };
+  function watchPresented(video) {
+    if (!video.requestVideoFrameCallback || video.dataset.vcPresented) return;
+    video.dataset.vcPresented = "1";
+    const onFrame = (_now, meta) => {
+      presented.mediaTime = meta.mediaTime;
+      const target = presented.seekTarget;
+      if (target !== null && Math.abs(meta.mediaTime - target) < 0.25) {
+        presented.seekTarget = null;
+        if (state.source === "file") {
+          reportSource({ position: meta.mediaTime, at: performance.timeOrigin + meta.presentationTime - 1 });
+        }
+      } else if (target !== null && !video.seeking) {
+        presented.seekTarget = null;  // the seek ended on another frame: its "seeked" report stands
+      }
+      video.requestVideoFrameCallback(onFrame);
+    };
+    video.requestVideoFrameCallback(onFrame);
   }
 
   function sendReports() {
@@ -216,7 +248,9 @@
   // Media events do not bubble, so listen while they travel down (capture).
   for (const type of ["play", "playing", "pause", "seeking", "seeked", "ratechange", "waiting", "ended"]) {
     document.addEventListener(type, (e) => {
-      if (e.target?.id === "vc-preview" && state.source === "file" && state.wantRunning) reportSource();
+      if (e.target?.id !== "vc-preview" || state.source !== "file" || !state.wantRunning) return;
+      if (type === "seeking" && e.target.requestVideoFrameCallback) presented.seekTarget = e.target.currentTime;
+      reportSource();
     }, true);
   }
 

@@ -198,6 +198,17 @@ def thumbnail_colours(inputs_html: str) -> list:
     return colours
 
 
+async def until_running(server, count: int, within: float, what: str) -> bool:
+    """Wait until vLLM holds exactly ``count`` requests; the failure names the count seen last."""
+    async def holds() -> bool:
+        running = await _asyncio.to_thread(server.running_requests)
+        if running != count:
+            raise LookupError(f"running_requests={running}")
+        return True
+
+    return await eventually_async(holds, within, what)
+
+
 async def until_idle(server, within: float = 1.0) -> int:
     """Wait until the engine runs nothing; returns what still runs after ``within`` s (0 when it went idle)."""
     async def idle() -> bool:

@@ -22,7 +22,7 @@ from vidchat.devtools.page import (  # noqa: F401 - re-exported for the other br
 from vidchat.doors.page import STOPPED
 from vidchat.engine import inputs_digest
 
-from conftest import eventually_async, thumbnail_colours, until_idle
+from conftest import eventually_async, thumbnail_colours, until_idle, until_running
 
 pytestmark = pytest.mark.browser
 
@@ -177,8 +177,7 @@ async def test_page_streams_an_answer_and_two_tabs_use_their_own_frames(server, 
             await ask(red, "Actually, just one word?")
             new = await answer_state(server, red_sid, "the new answer generates", after=old["n"])
             # The old answer was aborted before the new one started: exactly one generates.
-            await eventually_async(lambda: asyncio.to_thread(running_exactly, server, 1), 10,
-                                   "the new answer generates alone")
+            await until_running(server, 1, 10, "the new answer generates alone")
             await red.click("#vc-stop-answer")
             stopped = await answer_state(server, red_sid, "Stop ends the answer", after=new["n"] - 1, done=True)
             assert stopped["n"] == new["n"] and stopped["cancelled"], stopped
@@ -241,14 +240,6 @@ async def answer_state(server, sid: str, what: str, after: int, done: bool = Fal
         raise LookupError(answer and {k: answer[k] for k in ("n", "done", "cancelled")})
 
     return await eventually_async(lambda: asyncio.to_thread(check), within, what)
-
-
-def running_exactly(server, count: int) -> bool:
-    """True once vLLM holds ``count`` answers; else raises with the count seen (shown at the deadline)."""
-    running = server.running_requests()
-    if running != count:
-        raise LookupError(f"running_requests={running}")
-    return True
 
 
 async def _stats(server, sid: str) -> dict:

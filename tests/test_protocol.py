@@ -19,7 +19,7 @@ import websockets
 
 from vidchat.devtools import synthetic
 
-from conftest import ROOT, free_port, eventually_async
+from conftest import ROOT, SESSION_IDLE_TIMEOUT, free_port, eventually_async
 
 NO_FRAMES = "No frames available. Send video.frame before video.query."
 EVS_KEYS = {"retained_count", "dropped_count", "total_count", "drop_rate"}
@@ -547,6 +547,14 @@ async def test_a_drained_replica_takes_no_new_sessions_and_keeps_its_open_ones(s
         except urllib.error.HTTPError as err:
             return err.code, json.loads(err.read())
 
+    # The drain counts every open session: a tab or peer of an earlier test
+    # on this shared server may still be ending (a vanished peer lasts until
+    # its idle timeout).
+    def no_session_at_all() -> bool:
+        return sum(server.get_json("/api/health")["sessions_by_kind"].values()) == 0
+
+    await eventually_async(lambda: asyncio.to_thread(no_session_at_all), SESSION_IDLE_TIMEOUT + 10,
+                           "no session of an earlier test is left on the shared server")
     open_ws = await connect(server, **SHORT)
     await frames(open_ws, n=2)
     # The server reads a socket's messages in order: its pong means the

@@ -14,7 +14,7 @@ from gradio_client import Client
 from vidchat.conversation.settings_table import SETTINGS
 from vidchat.devtools.rtc_client import RtcClient, SyntheticAudio, SyntheticVideo
 
-from conftest import SESSION_IDLE_TIMEOUT, eventually_async, thumbnail_colours, until_idle
+from conftest import SESSION_IDLE_TIMEOUT, eventually_async, thumbnail_colours, until_idle, until_running
 
 pytestmark = pytest.mark.engine
 
@@ -42,10 +42,6 @@ async def wait_for(predicate, timeout: float, what: str = "the session's media a
 async def running(server) -> int:
     return await asyncio.to_thread(server.running_requests)
 
-
-
-async def _equals(value, expected) -> bool:
-    return await value == expected
 
 
 async def _frames_seen_beyond(client, n: int) -> bool:
@@ -129,7 +125,7 @@ async def test_newest_frame_lag_stays_bounded_while_the_model_answers(server):
         await wait_for(lambda: _enough(client, frames=30), timeout=20)
         asked = time.monotonic()
         job = submit(server, client.session_id, "Talk at length.", k=16, max_tokens=1500, temperature=0.0)
-        await wait_for(lambda: _equals(running(server), 1), 30, "the answer generates")
+        await until_running(server, 1, 30, "the answer generates")
         seen = (await client.stats())["media"]["video_frames_seen"]
         # 60 frames (2 s of camera) go through the consumer while the answer generates.
         await wait_for(lambda: _frames_seen_beyond(client, seen + 60), 30, "60 more frames processed")
@@ -352,7 +348,7 @@ async def test_a_reask_while_the_chat_answers_leaves_the_chat_answer_running(ser
         # The tiny model never ends early: the chat's answer runs its 600 tokens
         # unless something cancels it.
         chatting = submit(server, client.session_id, "Talk at length.", k=8, max_tokens=600, gradio=gradio)
-        await wait_for(lambda: _equals(running(server), 1), 30, "the chat's answer generates")
+        await until_running(server, 1, 30, "the chat's answer generates")
         again = await asyncio.to_thread(_reask, gradio, client.session_id, answer_id, 8, 0.0)
         assert "Same inputs (inputs_sha256 matches)" in again and again.count("class='vc-compare-col'") == 2
         _, _, stats = await asyncio.to_thread(chatting.result, 180)

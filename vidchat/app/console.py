@@ -23,6 +23,9 @@ def quiet_libraries() -> None:
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
     os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")
+    # torch sets its own loggers' levels from TORCH_LOGS when it is imported,
+    # over the one set below ("Triton not available" on every CPU start).
+    os.environ.setdefault("TORCH_LOGS", "-torch")
     os.environ.setdefault("TQDM_DISABLE", "1")  # the weight-loading progress bar
     os.environ.setdefault("PYTHONWARNINGS", "ignore")
     warnings.simplefilter("ignore")
