@@ -26,9 +26,11 @@ from vidchat.conversation.chat import AnswerOptions
 from vidchat.devtools import synthetic_audio as sa
 from vidchat.doors import realtime_events as rt
 from vidchat.doors.realtime import RealtimeConnection
+from vidchat.doors.socket_media import Refused, pcm16_audio
 from vidchat.doors.socket_transport import Disconnected
 from vidchat.doors.socket_config import NO_AUDIO_OUTPUT_NOTICE
 from vidchat.media import AUDIO_RATE
+from vidchat.media.audio import Pcm16Resampler
 
 from conftest import SERVER_ARGS, TINY_SERVER_ARGS, start_server, stop_server, until_idle
 from test_protocol import MOVING
@@ -115,10 +117,10 @@ def test_session_update_is_read_by_the_settings_table_and_refusals_name_the_fiel
                                                    "turn_detection": {"type": "server_vad",
                                                                       "silence_duration_ms": 400}}},
                                "vidchat": {"num_frames": 4, "frames_as": "video", "record": False}})
-    assert update.instructions == "Be brief." and update.max_output_tokens is None and update.input_rate == 24000
+    assert update.answer == {"instructions": "Be brief.", "max_output_tokens": None} and update.input_rate == 24000
     assert update.turn_detection.settings.min_silence_s == pytest.approx(0.4) and update.record is False
     assert update.settings == {"session": {"num_sample_frames": 4}, "answer": {"frames_as": "video"}}
-    assert rt.parse_session({"type": "realtime"}).instructions is rt.UNSET
+    assert rt.parse_session({"type": "realtime"}).answer == {} and rt.parse_session({}).input_rate is rt.UNSET
     for session, param in [({"vidchat": {"num_sample_frames": "4"}}, "session.vidchat"),
                            ({"vidchat": {"bogus": 1}}, "session.vidchat"),
                            ({"max_output_tokens": 0}, "session.max_output_tokens"),
@@ -185,19 +187,24 @@ def test_what_is_not_served_is_refused_by_name():
 
 
 @pytest.mark.unit
-def test_the_input_audio_buffer_and_the_pending_question():
+async def test_the_input_audio_buffer_and_the_pending_question():
     audio = rt.InputAudio(max_s=1.0, rate=16_000)
-    pcm = (np.full(AUDIO_RATE // 2, 1000, "<i2")).tobytes()  # 0.5 s
+    pcm = {"audio": base64.b64encode(np.full(AUDIO_RATE // 2, 1000, "<i2").tobytes()).decode()}  # 0.5 s
     for _ in range(4):
-        audio.append(audio.samples(pcm, "audio"))
+        audio.append(await pcm16_audio(pcm, "input_audio_buffer.append", "audio", 30, audio.stream))
     # Whole chunks: the oldest goes while the rest still hold more than max_s.
     assert len(audio.buffer) == 3 and audio.commit().size == 3 * AUDIO_RATE // 2 and audio.buffer == []
     with pytest.raises(rt.EventError) as refused:
         audio.commit()
     assert refused.value.code == "input_audio_buffer_commit_empty"
-    with pytest.raises(rt.EventError) as refused:
-        audio.samples(b"\x00", "audio")
-    assert refused.value.code == "invalid_audio"
+    # The PCM16 rules are the seed door's (video.query's audio_data): one shared reader.
+    for data, reason in [("AA==", "invalid_audio"), ("***", "invalid_data"),
+                         (base64.b64encode(bytes(2 * 24_000 + 2)).decode(), "too_large")]:
+        with pytest.raises(Refused) as refused:
+            await pcm16_audio({"audio": data}, "input_audio_buffer.append", "audio", 1.0, Pcm16Resampler(24_000))
+        assert refused.value.reason == reason
+    audio.set_rate(24_000)
+    assert audio.rate == 24_000 and audio.stream.rate == 24_000
 
     question = rt.Question()
     assert not question

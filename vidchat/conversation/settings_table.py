@@ -195,6 +195,14 @@ def check_all(target: str, values: Any, high: dict[str, float] | None = None) ->
             setting.check(getattr(values, setting.name), high=(high or {}).get(setting.name))
 
 
+def current_values(settings: Any, options: Any) -> dict[str, Any]:
+    """Every field's value now, by its name: from ``settings`` (a
+    SessionSettings) or ``options`` (an AnswerOptions), as a door reports
+    the effective session (the seed's session.updated, the Realtime API's
+    session.vidchat)."""
+    return {name: getattr(settings if spec.target == "session" else options, name) for name, spec in SETTINGS.items()}
+
+
 # ---- settings given as data (session.config, session.update, a bundle's manifest) ----
 
 # Upstream's later names for the seed's fields (use_audio_in_video is

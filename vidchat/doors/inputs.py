@@ -39,6 +39,11 @@ PATH_PREFIX = "/inputs/"
 THUMB_SIZE = (128, 96)
 
 
+def answer_url(answer_id: str, name: str) -> str:
+    """Where a kept answer's ``name`` (record.json, bundle.zip, …) is served, as the doors link it."""
+    return f"{PATH_PREFIX}{answer_id}/{name}"
+
+
 def _thumb_data_url(frame: np.ndarray) -> str:
     import base64
 

@@ -92,10 +92,6 @@ class Connection(SocketSession):
     async def open(self) -> bool:
         return await self.config.open()  # session.config first
 
-    @property
-    def answering(self) -> bool:
-        return self.answers.answering
-
     async def stop_asking(self) -> None:
         if self._expiry_task is not None:
             self._expiry_task.cancel()
@@ -103,9 +99,6 @@ class Connection(SocketSession):
             if task is not None:
                 task.cancel()
         await self._stop_asking()
-
-    async def answered(self) -> None:
-        await self.answers.finish()
 
     async def _stop_asking(self) -> None:
         """No more questions: turn detection and watch stop, and a question being set up finishes first."""
@@ -134,7 +127,7 @@ class Connection(SocketSession):
             await asyncio.wait({waiting})
         await self._stop_asking()
         # Like the seed, an answer still streaming is finished before the stats.
-        task = self.answers.task
+        task = self.answer_task
         if task is not None:
             try:
                 await asyncio.shield(task)

@@ -174,13 +174,16 @@ class TurnDetection:
         return out
 
 
-def parse_turn_detection(value: dict[str, Any] | None) -> TurnDetection | None:
-    """``turn_detection`` as sent (null: off); raises ConfigError naming the bad field.
+def parse_turn_detection(value: Any) -> TurnDetection | None:
+    """``turn_detection`` as sent (null: off), by both socket doors (its
+    names are OpenAI Realtime's); raises ConfigError naming the bad field.
 
     Missing fields keep vidchat's defaults (vidchat.media.vad.TurnSettings); ranges
     are TurnSettings.validate()'s; unknown keys are ignored."""
     if value is None:
         return None
+    if not isinstance(value, dict):
+        raise ConfigError("turn_detection must be an object or null")
     kind = value.get("type", "server_vad")
     if kind != "server_vad":
         raise ConfigError(f"Invalid value for 'turn_detection.type': only 'server_vad' is supported, got {kind!r}")

@@ -18,22 +18,24 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import logging
-import time
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from vidchat import conversation
 from vidchat.conversation import chat
+from vidchat.conversation.settings_table import current_values
 from vidchat.conversation.sessions import TooManySessions
 from vidchat.doors import realtime_events as rt
 from vidchat.doors.socket_answers import RECORD_OFF
 from vidchat.doors.socket_config import NO_AUDIO_OUTPUT_NOTICE
-from vidchat.doors.socket_media import Refused, SocketMedia, decode_b64
+from vidchat.doors.socket_media import Refused, SocketMedia, pcm16_audio
 from vidchat.doors.socket_session import SocketSession
 from vidchat.doors.socket_turns import SocketTurns
 from vidchat.engine import NO_SPOKEN_QUESTIONS, EngineError
+from vidchat.media.audio import Pcm16Resampler
 from vidchat.media.vad import SpeechStarted, Utterance
 
 if TYPE_CHECKING:
@@ -49,34 +51,35 @@ class RealtimeTurns(SocketTurns):
 
     async def speech_started(self, event: SpeechStarted) -> None:
         conn = self.conn
-        conn.speech_item = rt.Ids.new("item")
+        conn.speech_item = rt.new_id("item")
         await conn.emit({"type": "input_audio_buffer.speech_started", "item_id": conn.speech_item,
                          "audio_start_ms": self.timeline_ms(event.start)})
 
     async def utterance(self, event: Utterance) -> None:
         """Server VAD heard an utterance: committed as an item, then (create_response) answered."""
         conn, turns = self.conn, self.turns
-        item_id, conn.speech_item = conn.speech_item or rt.Ids.new("item"), None
+        item_id, conn.speech_item = conn.speech_item or rt.new_id("item"), None
         await conn.emit({"type": "input_audio_buffer.speech_stopped", "item_id": item_id,
                          "audio_end_ms": self.timeline_ms(event.end)})
         conn.audio.buffer.clear()
         await conn.committed(item_id)
         if turns is not None and turns.create_response:
-            if not turns.interrupt_response and conn.responses.task is not None:
-                await asyncio.wait({conn.responses.task})  # the answer streaming goes on to its end first
+            if not turns.interrupt_response and conn.answer_task is not None:
+                await asyncio.wait({conn.answer_task})  # the answer streaming goes on to its end first
             # Shielded: the session's end waits for the response being set up.
             await asyncio.shield(conn.responses.start(conn.question.take_text(), conn.options, spoken=event))
 
 
 class RealtimeConnection(SocketSession):
-    """One SDK client: the socket session's event loop, and at most one response task."""
+    """One SDK client: the socket session's event loop and answer task, said as Realtime events."""
 
     door, noun = "realtime", "event"
 
     def __init__(self, state: "AppState", websocket: "WebSocket") -> None:
         super().__init__(state, websocket)
         self.model = websocket.query_params.get("model") or state.model_path
-        self.ids, self.session_id = rt.Ids(), rt.Ids.new("sess")
+        self.session_id = rt.new_id("sess")
+        self.event_ids = (f"event_{n}" for n in itertools.count(1))  # numbered: the log of one connection
         self.media = SocketMedia(self)  # the frame intake; its client clock places pts_ms
         self.turns = RealtimeTurns(self, None)
         self.audio = rt.InputAudio(self.settings.ws_max_audio_seconds)
@@ -90,22 +93,27 @@ class RealtimeConnection(SocketSession):
         """Send server events, in order, each with its event_id; False once the client is gone."""
         sent = True
         for event in events:
-            sent = await self.send({"event_id": self.ids.event(), **event})
+            sent = await self.send({"event_id": next(self.event_ids), **event})
         return sent
 
     async def refuse(self, message: str, code: str = "invalid_value", param: str | None = None,
                      kind: str = "invalid_request_error", event_id: Any = None) -> bool:
         """An ``error`` event (``event_id``: the client event refused); the session goes on."""
-        exc = rt.EventError(message[:500], code, param, kind)
-        log.info("realtime %s: error sent: %s (%s)", self.peer, exc.message, code)
-        return await self.send(rt.error_event(self.ids.event(), exc, event_id))
+        return await super().error(message, lambda cut: rt.error_event(
+            next(self.event_ids), rt.EventError(cut, code, param, kind), event_id))
 
     error = refuse  # a shared part's bare error message is an error event here too
 
     def describe(self) -> dict[str, Any]:
-        """The effective session, as session.created/updated carry it."""
-        return rt.session_object(self.session_id, self.model, self.entry.session.settings, self.options,
-                                 self.audio.rate, self.turns.describe(), self.record)
+        """The effective session, as session.created/updated carry it (the
+        settings table's fields, of the session and its answers, are ``vidchat``)."""
+        options = self.options
+        return {"type": "realtime", "object": "realtime.session", "id": self.session_id, "model": self.model,
+                "instructions": options.system_prompt or "", "output_modalities": ["text"],
+                "max_output_tokens": options.max_tokens, "tools": [], "tool_choice": "auto",
+                "audio": {"input": {"format": {"type": "audio/pcm", "rate": self.audio.rate},
+                                    "turn_detection": self.turns.describe(), "transcription": None}},
+                "vidchat": {**current_values(self.entry.session.settings, options), "record": self.record}}
 
     def next_item(self, item_id: str) -> str | None:
         """``item_id`` joins the conversation: the previous_item_id it follows."""
@@ -126,22 +134,16 @@ class RealtimeConnection(SocketSession):
         log.info("realtime %s: session %s… started (model %r)", self.peer, self.entry.session.id[:6], self.model)
         return True
 
-    @property
-    def answering(self) -> bool:
-        return self.responses.active
-
     async def stop_asking(self) -> None:
         await self.turns.stop()
-
-    async def answered(self) -> None:
-        await self.responses.end()
 
     # -- session.update -----------------------------------------------------------
 
     async def _on_session_update(self, msg: dict[str, Any], arrived: float) -> None:
         """Every change is checked before any is made; then session.updated with the effective session."""
         update, state = rt.parse_session(msg.get("session")), self.state
-        options = update.options(self.options, state.answer_defaults().max_tokens)
+        options = rt.answer_options(self.options.updated(**update.settings["answer"]), update.answer,
+                                    state.answer_defaults().max_tokens)
         if update.turn_detection not in (rt.UNSET, None):
             if state.engine is None:
                 raise rt.EventError("turn_detection: the model is still loading; set it once it runs", "not_ready")
@@ -159,7 +161,7 @@ class RealtimeConnection(SocketSession):
         if update.record is not rt.UNSET:
             self.record = update.record
         event: dict[str, Any] = {"type": "session.updated"}
-        if update.output_modalities is not rt.UNSET and "audio" in update.output_modalities and not self.told_no_audio:
+        if "audio" in update.answer.get("output_modalities", ()) and not self.told_no_audio:
             self.told_no_audio = True  # said once (vidchat extra), as the seed door says it
             event["vidchat"] = {"notice": NO_AUDIO_OUTPUT_NOTICE}
         if update.turn_detection is not rt.UNSET:
@@ -174,61 +176,56 @@ class RealtimeConnection(SocketSession):
         The question's limits are checked before any frame is taken in."""
         item = msg.get("item")
         parts = rt.user_parts(item)
-        item_id = item["id"] if isinstance(item.get("id"), str) and item["id"] else rt.Ids.new("item")
+        item_id = item["id"] if isinstance(item.get("id"), str) and item["id"] else rt.new_id("item")
         texts = [p.value for p in parts if p.kind == "input_text" and p.value.strip()]
-        spoken = [await self._audio(p.value, f"item.content[{p.index}].audio", clip=True)
-                  for p in parts if p.kind == "input_audio"]
+        spoken = [await self._audio({"audio": p.value}, "input_audio", f"item.content[{p.index}].audio",
+                                    Pcm16Resampler(self.audio.rate)) for p in parts if p.kind == "input_audio"]
         self.question.check(texts, spoken, self.settings.ws_max_audio_seconds)
         frames = [await self._frame(p, arrived) for p in parts if p.kind == "input_image"]
         self.question.add(texts, spoken)
-        said = {"previous_item_id": self.next_item(item_id), "item": rt.acked_item(item_id, parts)}
-        added = {"type": "conversation.item.added", **said}
+        # Frames only: acknowledged by .added alone (5 fps stays light).
+        stages = ("added", "done") if len(frames) < len(parts) else ("added",)
+        added, *done = rt.item_events(rt.acked_item(item_id, parts), self.next_item(item_id), *stages)
         if frames:
             added["vidchat"] = {"frames": frames}
-        await self.emit(added)
-        if len(frames) < len(parts):  # frames only: acknowledged by .added alone (5 fps stays light)
-            await self.emit({"type": "conversation.item.done", **said})
+        await self.emit(added, *done)
 
     async def _frame(self, part: rt.Part, arrived: float) -> dict[str, Any]:
         """An input_image part as a frame on the timeline, and what became of it (the vidchat extra)."""
-        t = None if part.pts_ms is None else self.media.clock.place(float(part.pts_ms), arrived, "video")
+        t = self.media.place(part.pts_ms, arrived)
         try:
             seq = await self.media.take_image({"image_url": part.value}, "input_image", t, key="image_url")
         except Refused as refused:
             code = "invalid_image" if refused.reason == "invalid_data" else refused.reason
             raise rt.EventError(refused.message, code, f"item.content[{part.index}].image_url") from None
-        frame: dict[str, Any] = {"accepted": seq is not None, "buffered_frames": self.entry.session.frame_count}
-        if seq is None:
-            frame["reason"] = "filtered"  # a near-duplicate of the frame before: not stored
-        return frame
+        # None: a near-duplicate of the frame before, not stored.
+        return self.media.outcome(seq is not None, None if seq is not None else "filtered")
 
-    async def _audio(self, b64: Any, param: str, clip: bool = False) -> np.ndarray:
-        """Base64 PCM16 at the input rate as 16 kHz float samples (``clip``: a clip of its own)."""
-        limit = int(self.settings.ws_max_audio_seconds * self.audio.rate) * 2
+    async def _audio(self, values: dict[str, Any], kind: str, param: str, stream: Pcm16Resampler) -> np.ndarray:
+        """``values["audio"]``, base64 PCM16 at the input rate, as 16 kHz float
+        samples (``stream``: the input buffer's, or one of a clip's own)."""
         try:
-            data = await decode_b64({"audio": b64}, param, limit, key="audio", what="Audio")
+            return await pcm16_audio(values, kind, "audio", self.settings.ws_max_audio_seconds, stream)
         except Refused as refused:
             raise rt.EventError(refused.message, refused.reason, param) from None
-        return self.audio.samples(data, param, clip)
 
     # -- input_audio_buffer ----------------------------------------------------------
 
     async def _on_append(self, msg: dict[str, Any], arrived: float) -> None:
-        samples = await self._audio(msg.get("audio"), "audio")
+        samples = await self._audio(msg, "input_audio_buffer.append", "audio", self.audio.stream)
         self.entry.session.add_audio(samples)  # what the listener hears, and frames' audio
         self.audio.append(samples)
 
     async def _on_commit(self, msg: dict[str, Any], arrived: float) -> None:
         self.question.add([], [self.audio.commit()])
-        await self.committed(rt.Ids.new("item"))
+        await self.committed(rt.new_id("item"))
 
     async def committed(self, item_id: str) -> None:
         """Audio from the buffer (committed, or heard by server VAD) is an item of the question."""
-        said = {"previous_item_id": self.next_item(item_id),
-                "item": rt.acked_item(item_id, [rt.Part("input_audio", None)])}
-        await self.emit({"type": "input_audio_buffer.committed", "item_id": item_id,
-                         "previous_item_id": said["previous_item_id"]},
-                        {"type": "conversation.item.added", **said}, {"type": "conversation.item.done", **said})
+        previous = self.next_item(item_id)
+        await self.emit({"type": "input_audio_buffer.committed", "item_id": item_id, "previous_item_id": previous},
+                        *rt.item_events(rt.acked_item(item_id, [rt.Part("input_audio", None)]), previous,
+                                        "added", "done"))
 
     async def _on_clear(self, msg: dict[str, Any], arrived: float) -> None:
         self.audio.buffer.clear()
@@ -237,7 +234,7 @@ class RealtimeConnection(SocketSession):
     # -- responses (RealtimeResponses) ---------------------------------------------------
 
     async def _on_response_create(self, msg: dict[str, Any], arrived: float) -> None:
-        if self.responses.active:
+        if self.answering:
             raise rt.EventError("a response is in progress: cancel it first, or wait for its response.done",
                                 "conversation_already_has_active_response")
         options = rt.response_options(msg.get("response"), self.options, self.state.answer_defaults().max_tokens)
@@ -252,7 +249,7 @@ class RealtimeConnection(SocketSession):
         await self.responses.start(text, options, question_audio=audio)
 
     async def _on_response_cancel(self, msg: dict[str, Any], arrived: float) -> None:
-        if not self.responses.active:
+        if not self.answering:
             raise rt.EventError("no response is in progress", "response_cancel_not_active")
         await self.responses.cancel("client_cancelled")  # its response.done says cancelled
 
@@ -272,20 +269,15 @@ class RealtimeConnection(SocketSession):
 
 
 class RealtimeResponses:
-    """One connection's responses, one at a time: each a task that asks the
-    conversation and says its answer run as response events. Every
-    ``response.created`` is followed by exactly one ``response.done``; a new
-    response starts only after the previous one's."""
+    """One connection's responses, one at a time: each the connection's answer
+    task, which asks the conversation and says its answer run as response
+    events. Every ``response.created`` is followed by exactly one
+    ``response.done``; a new response starts only after the previous one's."""
 
     def __init__(self, conn: RealtimeConnection) -> None:
         self.conn = conn
-        self.task: asyncio.Task | None = None  # response.created to response.done
         self.run: conversation.AnswerRun | None = None
         self.cancel_reason: str | None = None  # the client cancelled a response still being set up
-
-    @property
-    def active(self) -> bool:
-        return self.task is not None and not self.task.done()
 
     async def cancel(self, why: str) -> None:
         self.cancel_reason = why
@@ -293,24 +285,16 @@ class RealtimeResponses:
             await self.run.cancel(why)
 
     async def start(self, question: str, options: chat.AnswerOptions, **how: Any) -> None:
-        """Start a response as a task, once the previous one has sent its response.done."""
-        await self.end()
+        """Start a response, once the previous one has sent its response.done (cancelled, if it still runs)."""
         conn = self.conn
+        if conn.answering and self.run is not None:
+            await self.run.cancel()
+        await conn.finish_answer()
         if conn.entry is None or conn.closed:
             return
         self.cancel_reason, self.run = None, None
-        say = rt.ResponseEvents(rt.Ids.new("resp"), options.max_tokens)
-        self.task = asyncio.create_task(self._answer(say, question, options, how), name=f"realtime-{say.id}")
-
-    async def end(self) -> None:
-        """Cancel the running response, if any, and wait for its response.done."""
-        task, run = self.task, self.run
-        if task is None:
-            return
-        if not task.done() and run is not None:
-            await run.cancel()
-        with contextlib.suppress(asyncio.CancelledError, Exception):
-            await task
+        say = rt.ResponseEvents(rt.new_id("resp"), options.max_tokens)
+        conn.stream_answer(self._answer(say, question, options, how), f"realtime-{say.id}")
 
     async def _answer(self, say: rt.ResponseEvents, question: str, options: chat.AnswerOptions,
                       how: dict[str, Any]) -> None:
@@ -330,10 +314,7 @@ class RealtimeResponses:
         self.run = run
         if self.cancel_reason is not None:  # cancelled while it was set up
             await run.cancel(self.cancel_reason)
-        try:
-            await self._stream(say, run)
-        finally:
-            conn.last_input = time.monotonic()  # the idle timer counts from the end of the answer
+        await self._stream(say, run)
 
     async def _stream(self, say: rt.ResponseEvents, run: conversation.AnswerRun) -> None:
         """The run's events as the Realtime API's response events."""

@@ -12,7 +12,6 @@ of each frame) and on ``response.done`` (the answer record).
 
 from __future__ import annotations
 
-import itertools
 import secrets
 from dataclasses import dataclass, field
 from typing import Any
@@ -21,6 +20,7 @@ import numpy as np
 
 from vidchat.conversation import CANCELLED, COMPLETED
 from vidchat.conversation.settings_table import ALIASES, SETTINGS, SettingTypeError, read_settings
+from vidchat.doors.inputs import answer_url
 from vidchat.doors.protocol_config import ConfigError, TurnDetection, parse_turn_detection
 from vidchat.doors.socket_media import is_millis
 from vidchat.doors.socket_session import Refusal
@@ -64,18 +64,9 @@ def error_event(event_id: str, exc: EventError, client_event_id: Any = None) -> 
                       "event_id": client_event_id if isinstance(client_event_id, str) else None}}
 
 
-class Ids:
-    """The session's ids: ``event_…`` numbered, items and responses unguessable."""
-
-    def __init__(self) -> None:
-        self._events = itertools.count(1)
-
-    def event(self) -> str:
-        return f"event_{next(self._events)}"
-
-    @staticmethod
-    def new(prefix: str) -> str:
-        return f"{prefix}_{secrets.token_hex(8)}"
+def new_id(prefix: str) -> str:
+    """An item's, response's or session's id: unguessable (event ids are numbered, per connection)."""
+    return f"{prefix}_{secrets.token_hex(8)}"
 
 
 # ---- session.update ----------------------------------------------------------
@@ -84,22 +75,11 @@ class Ids:
 class SessionUpdate:
     """What a session.update changes; UNSET fields stay as they are."""
 
-    instructions: Any = UNSET
-    output_modalities: Any = UNSET
-    max_output_tokens: Any = UNSET
+    answer: dict[str, Any]  # instructions, max_output_tokens, output_modalities (answer_fields)
     input_rate: Any = UNSET
     turn_detection: Any = UNSET  # TurnDetection or None (off)
     record: Any = UNSET
     settings: dict[str, dict[str, Any]] = field(default_factory=lambda: {"session": {}, "answer": {}})
-
-    def options(self, options: Any, default_max_tokens: int) -> Any:
-        """The session's AnswerOptions with this update's changes (checked by the door)."""
-        options = options.updated(**self.settings["answer"])
-        if self.instructions is not UNSET:
-            options = options.updated(system_prompt=self.instructions)
-        if self.max_output_tokens is not UNSET:
-            options = options.updated(max_tokens=self.max_output_tokens or default_max_tokens)
-        return options
 
 
 def max_tokens(value: Any, param: str) -> int | None:
@@ -123,20 +103,32 @@ def instructions_of(value: Any, param: str) -> str | None:
     return value or None
 
 
+# What a session and a response both take, each with its check; "tools" is refused in both.
+ANSWER_FIELDS = {"instructions": instructions_of, "max_output_tokens": max_tokens, "output_modalities": modalities}
+
+
+def answer_fields(values: dict[str, Any], where: str) -> dict[str, Any]:
+    """``values``' ANSWER_FIELDS, checked (``where``: "session" or "response", as refusals name them)."""
+    unserved(values, "tools", f"{where}.tools", "function calling (tools) is not served here")
+    return {key: check(values[key], f"{where}.{key}") for key, check in ANSWER_FIELDS.items() if key in values}
+
+
+def answer_options(options: Any, fields: dict[str, Any], default_max_tokens: int) -> Any:
+    """AnswerOptions with a session's or a response's answer_fields (max_output_tokens "inf": the server's default)."""
+    if "instructions" in fields:
+        options = options.updated(system_prompt=fields["instructions"])
+    if "max_output_tokens" in fields:
+        options = options.updated(max_tokens=fields["max_output_tokens"] or default_max_tokens)
+    return options
+
+
 def parse_session(session: Any) -> SessionUpdate:
     """session.update's ``session``, checked; raises EventError naming the bad field."""
     if not isinstance(session, dict):
         raise EventError("session.update needs a 'session' object", param="session")
     if session.get("type", "realtime") != "realtime":
         raise EventError(f"only realtime sessions are served, got type {session.get('type')!r}", param="session.type")
-    unserved(session, "tools", "session.tools", "function calling (tools) is not served here")
-    update = SessionUpdate()
-    if "instructions" in session:
-        update.instructions = instructions_of(session["instructions"], "session.instructions")
-    if "output_modalities" in session:
-        update.output_modalities = modalities(session["output_modalities"], "session.output_modalities")
-    if "max_output_tokens" in session:
-        update.max_output_tokens = max_tokens(session["max_output_tokens"], "session.max_output_tokens")
+    update = SessionUpdate(answer_fields(session, "session"))
     audio_in = ((session.get("audio") or {}).get("input") or {}) if isinstance(session.get("audio"), dict) else {}
     if not isinstance(audio_in, dict):
         raise EventError("session.audio.input must be an object", param="session.audio.input")
@@ -164,8 +156,6 @@ def _input_rate(fmt: Any) -> int:
 
 
 def _turn_detection(value: Any) -> TurnDetection | None:
-    if value is not None and not isinstance(value, dict):
-        raise EventError("turn_detection must be an object or null", param="session.audio.input.turn_detection")
     try:
         return parse_turn_detection(value)  # the seed door's server_vad, whose names are OpenAI's
     except ConfigError as exc:
@@ -190,36 +180,13 @@ def _vidchat(values: Any, update: SessionUpdate) -> None:
         raise EventError(f"session.vidchat: {exc}", param="session.vidchat") from None
 
 
-def session_object(session_id: str, model: str, settings: Any, options: Any, input_rate: int,
-                   turn_detection: dict[str, Any] | None, record: bool) -> dict[str, Any]:
-    """The effective session, as session.created/updated carry it (``settings``:
-    the SessionSettings, ``options``: the AnswerOptions; the table's fields of
-    both are ``vidchat``)."""
-    vidchat = {name: getattr(settings if spec.target == "session" else options, name)
-               for name, spec in SETTINGS.items()}
-    return {"type": "realtime", "object": "realtime.session", "id": session_id, "model": model,
-            "instructions": options.system_prompt or "", "output_modalities": ["text"],
-            "max_output_tokens": options.max_tokens, "tools": [], "tool_choice": "auto",
-            "audio": {"input": {"format": {"type": "audio/pcm", "rate": input_rate},
-                                "turn_detection": turn_detection, "transcription": None}},
-            "vidchat": {**vidchat, "record": record}}
-
-
 def response_options(params: Any, options: Any, default_max_tokens: int) -> Any:
     """response.create's ``response``: this response's AnswerOptions (raises EventError)."""
     params = {} if params is None else params
     if not isinstance(params, dict):
         raise EventError("response must be an object", param="response")
-    if "instructions" in params:
-        options = options.updated(system_prompt=instructions_of(params["instructions"], "response.instructions"))
-    if "max_output_tokens" in params:
-        most = max_tokens(params["max_output_tokens"], "response.max_output_tokens")
-        options = options.updated(max_tokens=most or default_max_tokens)
-    if "output_modalities" in params:
-        modalities(params["output_modalities"], "response.output_modalities")
     unserved(params, "input", "response.input", "not supported: add items to the conversation")
-    unserved(params, "tools", "response.tools", "function calling (tools) is not served here")
-    return options
+    return answer_options(options, answer_fields(params, "response"), default_max_tokens)
 
 
 def unserved(values: dict[str, Any], key: str, param: str, why: str) -> None:
@@ -271,36 +238,42 @@ def user_parts(item: Any) -> list[Part]:
     return parts
 
 
-def acked_item(item_id: str, parts: list[Part], status: str = "completed") -> dict[str, Any]:
-    """The user item as conversation.item.added/done say it: its parts without
-    their media (an image is not sent back; an audio part is named, not echoed)."""
-    content = [{"type": p.kind, "text": p.value} if p.kind == "input_text" else {"type": p.kind}
-               for p in parts]
-    return {"id": item_id, "object": "realtime.item", "type": "message", "role": "user", "status": status,
+def message_item(item_id: str, role: str, status: str, content: list[dict[str, Any]]) -> dict[str, Any]:
+    """A conversation item (realtime.item): the user's, or the assistant's answer."""
+    return {"id": item_id, "object": "realtime.item", "type": "message", "role": role, "status": status,
             "content": content}
 
 
+def acked_item(item_id: str, parts: list[Part]) -> dict[str, Any]:
+    """The user item as conversation.item.added/done say it: its parts without
+    their media (an image is not sent back; an audio part is named, not echoed)."""
+    return message_item(item_id, "user", "completed", [{"type": p.kind, "text": p.value} if p.kind == "input_text"
+                                                        else {"type": p.kind} for p in parts])
+
+
+def item_events(item: dict[str, Any], previous: str | None, *stages: str) -> list[dict[str, Any]]:
+    """conversation.item.<stage> ("added", "done") for ``item``, which follows ``previous`` in the conversation."""
+    return [{"type": f"conversation.item.{stage}", "previous_item_id": previous, "item": item} for stage in stages]
+
+
 class InputAudio:
-    """The client's audio: PCM16 mono at its input rate (audio.input.format)
-    as 16 kHz float samples, and input_audio_buffer, what was appended since
-    its last commit or clear (in whole chunks: the oldest goes while the rest
-    still hold more than ``max_s``)."""
+    """input_audio_buffer: what was appended since its last commit or clear,
+    as 16 kHz float samples (in whole chunks: the oldest goes while the rest
+    still hold more than ``max_s``), and the stream that resamples the
+    appended PCM16 from the client's input rate (audio.input.format)."""
 
     def __init__(self, max_s: float, rate: int = INPUT_RATES[0]) -> None:
         self.max_samples = int(max_s * AUDIO_RATE)
-        self.rate, self._stream = rate, Pcm16Resampler(rate)
+        self.stream = Pcm16Resampler(rate)
         self.buffer: list[np.ndarray] = []
+
+    @property
+    def rate(self) -> int:
+        return self.stream.rate
 
     def set_rate(self, rate: int) -> None:
         if rate != self.rate:
-            self.rate, self._stream = rate, Pcm16Resampler(rate)
-
-    def samples(self, pcm16: bytes, param: str, clip: bool = False) -> np.ndarray:
-        """The appended stream's next samples, or (``clip``) a clip of its own; raises EventError."""
-        try:
-            return (Pcm16Resampler(self.rate) if clip else self._stream).feed(pcm16)
-        except ValueError as exc:
-            raise EventError(str(exc), "invalid_audio", param) from None
+            self.stream = Pcm16Resampler(rate)
 
     def append(self, samples: np.ndarray) -> None:
         self.buffer.append(samples)
@@ -353,12 +326,6 @@ class Question:
 
 # ---- responses ---------------------------------------------------------------------
 
-def assistant_item(item_id: str, text: str | None, status: str) -> dict[str, Any]:
-    content = [] if text is None else [{"type": "output_text", "text": text}]
-    return {"id": item_id, "object": "realtime.item", "type": "message", "role": "assistant", "status": status,
-            "content": content}
-
-
 def usage(stats: dict[str, Any] | None) -> dict[str, Any] | None:
     if stats is None:
         return None
@@ -387,7 +354,7 @@ def answer_record(summary: dict[str, Any], answer_id: str | None) -> dict[str, A
     """response.done's vidchat extra: what the model was given, and where the whole record is."""
     record = {key: summary.get(key) for key in RECORD_KEYS}
     record["answer_id"] = answer_id
-    record["record_url"] = f"/inputs/{answer_id}/record.json" if answer_id else None
+    record["record_url"] = answer_url(answer_id, "record.json") if answer_id else None
     return record
 
 
@@ -398,22 +365,30 @@ class ResponseEvents:
 
     def __init__(self, response_id: str, max_output_tokens: int | None) -> None:
         self.id, self.max_output_tokens = response_id, max_output_tokens
-        self.item_id = Ids.new("item")
-        self.at = {"response_id": response_id, "item_id": self.item_id, "output_index": 0}
+        self.item_id = new_id("item")
+
+    def _item(self, stage: str, text: str | None, status: str, previous: str | None) -> list[dict[str, Any]]:
+        """The answer's item ``stage`` ("added", "done"): as the response's output and as the conversation's item."""
+        item = message_item(self.item_id, "assistant", status, [] if text is None else
+                            [{"type": "output_text", "text": text}])
+        return [{"type": f"response.output_item.{stage}", "response_id": self.id, "output_index": 0, "item": item},
+                *item_events(item, previous, stage)]
+
+    def _part(self, kind: str, **fields: Any) -> dict[str, Any]:
+        """An event of the answer's one text part."""
+        return {"type": kind, "response_id": self.id, "item_id": self.item_id, "output_index": 0,
+                "content_index": 0, **fields}
 
     def created(self) -> dict[str, Any]:
         return {"type": "response.created",
                 "response": response(self.id, "in_progress", max_output_tokens=self.max_output_tokens)}
 
     def started(self, previous_item: str | None) -> list[dict[str, Any]]:
-        item = assistant_item(self.item_id, None, "in_progress")
-        return [{"type": "response.output_item.added", "response_id": self.id, "output_index": 0, "item": item},
-                {"type": "conversation.item.added", "previous_item_id": previous_item, "item": item},
-                {"type": "response.content_part.added", **self.at, "content_index": 0,
-                 "part": {"type": "text", "text": ""}}]
+        return [*self._item("added", None, "in_progress", previous_item),
+                self._part("response.content_part.added", part={"type": "text", "text": ""})]
 
     def delta(self, text: str) -> dict[str, Any]:
-        return {"type": "response.output_text.delta", **self.at, "content_index": 0, "delta": text}
+        return self._part("response.output_text.delta", delta=text)
 
     def finished(self, done: Any, cancelled_by: str | None, recording: bool) -> list[dict[str, Any]]:
         """The events that end the response, from the conversation's Done
@@ -427,7 +402,7 @@ class ResponseEvents:
             status, reason = "incomplete", "max_output_tokens"
         record = answer_record(summary, done.answer_id)
         if done.bundle is not None:
-            record["bundle_url"] = f"/inputs/{done.answer_id}/bundle.zip"
+            record["bundle_url"] = answer_url(done.answer_id, "bundle.zip")
         elif recording and done.started:
             record["record_error"] = done.record_error
         return self.done(status, text=done.text if done.started else None, reason=reason, error=done.error,
@@ -437,18 +412,13 @@ class ResponseEvents:
              stats: dict[str, Any] | None = None, record: dict[str, Any] | None = None) -> list[dict[str, Any]]:
         """``text`` None: the response never started (nothing was generated)."""
         events: list[dict[str, Any]] = []
-        output = []
         if text is not None:
-            item = assistant_item(self.item_id, text, "completed" if status == "completed" else "incomplete")
-            output.append(item)
-            events += [{"type": "response.output_text.done", **self.at, "content_index": 0, "text": text},
-                       {"type": "response.content_part.done", **self.at, "content_index": 0,
-                        "part": {"type": "text", "text": text}},
-                       {"type": "response.output_item.done", "response_id": self.id, "output_index": 0, "item": item},
-                       {"type": "conversation.item.done", "previous_item_id": None, "item": item}]
+            events = [self._part("response.output_text.done", text=text),
+                      self._part("response.content_part.done", part={"type": "text", "text": text}),
+                      *self._item("done", text, "completed" if status == "completed" else "incomplete", None)]
         done: dict[str, Any] = {"type": "response.done", "response": response(
-            self.id, status, output=output, max_output_tokens=self.max_output_tokens, stats=stats, reason=reason,
-            error=error)}
+            self.id, status, output=[events[-1]["item"]] if events else [], max_output_tokens=self.max_output_tokens,
+            stats=stats, reason=reason, error=error)}
         if record is not None:
             done["vidchat"] = record
         return [*events, done]

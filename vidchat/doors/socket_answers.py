@@ -18,7 +18,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import time
 from typing import Any, Protocol
 
 from vidchat import conversation
@@ -45,19 +44,22 @@ class Client(Protocol):
     media: Any  # vidchat.doors.socket_media.SocketMedia
     peer: str
     vidchat_events: bool
-    last_input: float
+    answering: bool  # its answer task streams (vidchat.doors.socket_session.SocketSession)
 
     async def send(self, msg: dict[str, Any]) -> bool: ...
 
     async def error(self, message: str) -> bool: ...
 
+    def stream_answer(self, answer: Any, name: str) -> None: ...
+
+    async def finish_answer(self) -> None: ...
+
 
 class SocketAnswers:
-    """One connection's questions: at most one answer task at a time."""
+    """One connection's questions, each answer streamed as its answer task."""
 
     def __init__(self, conn: Client) -> None:
         self.conn = conn
-        self.task: asyncio.Task | None = None
         # One question is set up at a time (typed, spoken in the query, or
         # heard by the listener); closed when the session ends.
         self._lock = asyncio.Lock()
@@ -70,10 +72,6 @@ class SocketAnswers:
         self.keep_history = False
         self.history: list[Turn] = []
         self.waiting: asyncio.Task | None = None  # a question asked while the model loads
-
-    @property
-    def answering(self) -> bool:
-        return self.task is not None and not self.task.done()
 
     def set_history(self, on: bool) -> None:
         self.keep_history = bool(on)
@@ -152,11 +150,10 @@ class SocketAnswers:
             except EngineError as exc:  # NoFrames and NO_SPOKEN_QUESTIONS included
                 await conn.error(str(exc))
                 return
-            await self.finish()  # its Done is delivered: the task only logs now
+            await conn.finish_answer()  # its Done is delivered: the task only logs now
             consumed = conn.media.consumed(run.answer.sample) if conn.media.names_frames else None
             self.watched = watched
-            self.task = asyncio.create_task(self._stream(run, consumed, watched),
-                                            name=f"answer-{entry.session.id[:6]}")
+            conn.stream_answer(self._stream(run, consumed, watched), f"answer-{entry.session.id[:6]}")
 
     async def ask_logged(self, text: str, **how: Any) -> None:
         """ask(), for questions nobody typed (heard, watched): a failure is logged, not raised."""
@@ -205,7 +202,7 @@ class SocketAnswers:
         if self.record:
             if done.bundle is not None:
                 stats["bundle"] = done.bundle.relative_to(conn.settings.record_dir).as_posix()
-                stats["bundle_url"] = f"{answer_inputs.PATH_PREFIX}{done.answer_id}/bundle.zip"
+                stats["bundle_url"] = answer_inputs.answer_url(done.answer_id, "bundle.zip")
             else:
                 await conn.error(done.record_error or "Could not save the recording.")
                 stats["bundle"] = None
@@ -214,7 +211,6 @@ class SocketAnswers:
             self.history[:] = [*self.history, Turn("user", chat.spoken_text(done.answer)),
                                Turn("assistant", text.strip())][-MAX_HISTORY_TURNS:]
         await conn.send({"type": "response.text.done", "text": text, "stats": stats})
-        conn.last_input = time.monotonic()
         log.info("ws %s: answered: %d tokens, %d frames, %.1f s audio%s", conn.peer,
                  stats.get("completion_tokens", 0), stats.get("frames", 0), stats.get("audio_seconds", 0.0),
                  " (cancelled)" if stats.get("cancelled") else "")
@@ -224,22 +220,13 @@ class SocketAnswers:
             return  # a seed or vllm-omni client just waits for its response.start
         await self.conn.send({"type": "response.queued", "position": ahead + 1, "ahead": ahead})
 
-    async def finish(self) -> None:
-        """Wait for the answer task to send its response.text.done (its reply is already aborted)."""
-        task, self.task = self.task, None
-        if task is not None:
-            try:
-                await task
-            except (asyncio.CancelledError, Exception):
-                log.debug("ws %s: answer task ended with an error", self.conn.peer, exc_info=True)
-
     async def end_watched(self) -> None:
         """Cancel a watched answer still streaming, once a watched question
         being set up is set up, and wait for its response.text.done."""
         async with self._lock:
-            if self.watched and self.answering:
+            if self.watched and self.conn.answering:
                 await self.conn.entry.cancel_answer()
-                await self.finish()
+                await self.conn.finish_answer()
 
     async def close(self) -> None:
         """No more questions; a question being set up finishes first."""

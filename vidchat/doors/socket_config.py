@@ -18,6 +18,7 @@ from typing import Any
 from vidchat.conversation import chat
 from vidchat.conversation.chat import AnswerOptions
 from vidchat.conversation.session import MAX_AUDIO_SECONDS, SessionSettings
+from vidchat.conversation.settings_table import current_values
 from vidchat.conversation.sessions import TooManySessions
 from vidchat.doors.protocol_config import UPDATABLE_INFO, ConfigError, parse_config, wants_vidchat_events
 from vidchat.doors.socket_answers import RECORD_OFF
@@ -188,11 +189,8 @@ class SessionConfig:
     def describe(self) -> dict[str, Any]:
         """The session's settings as session.updated reports them."""
         conn = self.conn
-        settings = dataclasses.asdict(conn.entry.session.settings)
-        options = conn.options
-        settings.update(frames_as=options.frames_as, max_tokens=options.max_tokens,
-                        temperature=options.temperature, include_audio=options.include_audio,
-                        system_prompt=options.system_prompt, seed=options.seed,
-                        turn_detection=conn.turns.describe(), watch=conn.watch.describe(),
-                        record=conn.answers.record, history=conn.answers.keep_history)
-        return settings
+        session = conn.entry.session.settings
+        # Beyond the table's fields, the session's own (audio_seconds …) as the seed reported them.
+        return {**dataclasses.asdict(session), **current_values(session, conn.options),
+                "turn_detection": conn.turns.describe(), "watch": conn.watch.describe(),
+                "record": conn.answers.record, "history": conn.answers.keep_history}

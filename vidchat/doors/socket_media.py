@@ -14,9 +14,12 @@ from __future__ import annotations
 import binascii
 from typing import Any, Protocol
 
+import numpy as np
+
 from vidchat.conversation.session import MAX_AUDIO_SECONDS, Sample
 from vidchat.doors import wire
 from vidchat.media import AUDIO_RATE
+from vidchat.media.audio import Pcm16Resampler
 from vidchat.media.clock import ClientClock
 from vidchat.media.evs import FrameError
 from vidchat.media.workers import run_media
@@ -51,10 +54,9 @@ class Refused(Exception):
         self.reason, self.message, self.size = reason, message, size  # size: bytes, when too large
 
 
-async def decode_b64(msg: dict[str, Any], kind: str, limit: int | None, key: str = "data",
-                     what: str = "Frame") -> bytes:
+async def decode_b64(msg: dict[str, Any], kind: str, limit: int | None, key: str = "data") -> bytes:
     """Decode msg[key] (base64, optionally a data: URL); raises Refused
-    with the error for the client. ``what`` names the thing over ``limit`` bytes."""
+    with the error for the client."""
     text = msg.get(key, "")
     if not isinstance(text, (str, wire.BigText)):
         raise Refused("invalid_data", f"{kind} requires '{key}' as a base64 string, got {type(text).__name__}")
@@ -66,7 +68,7 @@ async def decode_b64(msg: dict[str, Any], kind: str, limit: int | None, key: str
         raise Refused("invalid_data", f"{kind} has no data")
     if limit is not None and len(text) > (limit + 2) // 3 * 4 + 64:  # too large even before decoding
         estimate = len(text) * 3 // 4
-        raise Refused("too_large", f"{what} too large: about {estimate} bytes (limit {limit})", estimate)
+        raise Refused("too_large", f"Frame too large: about {estimate} bytes (limit {limit})", estimate)
     try:
         if len(text) > INLINE_PARSE_CHARS:
             data = await run_media(wire.b64decode, text)
@@ -76,8 +78,29 @@ async def decode_b64(msg: dict[str, Any], kind: str, limit: int | None, key: str
         raise Refused("invalid_data", f"Invalid base64 in {kind}" + ("" if key == "data" else f" '{key}'")) \
             from None
     if limit is not None and len(data) > limit:
-        raise Refused("too_large", f"{what} too large: {len(data)} bytes (limit {limit})", len(data))
+        raise Refused("too_large", f"Frame too large: {len(data)} bytes (limit {limit})", len(data))
     return data
+
+
+async def pcm16_audio(msg: dict[str, Any], kind: str, key: str, max_s: float,
+                      stream: Pcm16Resampler | None = None) -> np.ndarray:
+    """msg[key], base64 PCM16 mono at the stream's rate (16 kHz without
+    one) and at most ``max_s`` long, as 16 kHz float samples: a spoken
+    question (video.query's audio_data, a Realtime input_audio item) or the
+    Realtime input buffer's next chunk (its stream: the resampler's state
+    carries from chunk to chunk). Raises Refused (invalid_data, too_large,
+    invalid_audio), for every socket door alike."""
+    rate = AUDIO_RATE if stream is None else stream.rate
+    try:
+        data = await decode_b64(msg, kind, int(max_s * rate) * 2, key=key)
+    except Refused as refused:
+        if refused.size is None:
+            raise
+        raise Refused("too_large", f"{kind} '{key}' is too long: about {refused.size / (2 * rate):.1f} s of audio "
+                      f"(at most {max_s:g} s of PCM16 mono {rate / 1000:g} kHz)", refused.size) from None
+    if len(data) % 2:
+        raise Refused("invalid_audio", f"{kind} '{key}' must be PCM16 (2 bytes a sample), got {len(data)} bytes")
+    return (stream or Pcm16Resampler(rate)).feed(data)
 
 
 class Client(Protocol):
@@ -105,13 +128,15 @@ class SocketMedia:
     async def media_time(self, msg: dict[str, Any], kind: str, arrived: float) -> tuple[bool, float | None]:
         """(ok, time on the session's timeline) from the message's optional pts_ms."""
         pts = msg.get("pts_ms")
-        if pts is None:
-            return True, None
-        # A range check, not math.isfinite: that raises OverflowError for a huge JSON integer.
-        if isinstance(pts, bool) or not isinstance(pts, (int, float)) or not -1e15 < pts < 1e15:
+        if pts is not None and not is_millis(pts):
             await self.conn.error(f"{kind} 'pts_ms' must be a number of milliseconds, got {pts!r}")
             return False, None
-        return True, self.clock.place(float(pts), arrived, "audio" if kind == "audio.chunk" else "video")
+        return True, self.place(pts, arrived, "audio" if kind == "audio.chunk" else "video")
+
+    def place(self, pts_ms: Any, arrived: float, kind: str = "video") -> float | None:
+        """A client's pts_ms (checked by :func:`is_millis`) on the session's
+        timeline, by the client's clock; None without one."""
+        return None if pts_ms is None else self.clock.place(float(pts_ms), arrived, kind)
 
     async def on_frame(self, msg: dict[str, Any], arrived: float) -> None:
         frame_id = msg.get("frame_id")
@@ -179,17 +204,22 @@ class SocketMedia:
         ack: dict[str, Any] = {
             "type": "video.frame.ack",
             "frame_id": frame_id,
-            "accepted": accepted,
-            "buffered_frames": self.conn.entry.session.frame_count,
+            **self.outcome(accepted, reason),
             "pts_ms": msg.get("pts_ms") if is_millis(msg.get("pts_ms")) else None,
             "capture_ts_ms": msg.get("capture_ts_ms") if is_millis(msg.get("capture_ts_ms")) else None,
             "server_receive_ts_ms": round(arrived * 1000, 1),
         }
-        if reason is not None:
-            ack["reason"] = reason
         if dropped_frame_id is not None:
             ack["dropped_frame_id"] = dropped_frame_id
         await self.conn.send(ack)
+
+    def outcome(self, accepted: bool, reason: str | None = None) -> dict[str, Any]:
+        """What became of a frame, as every socket door reports it (the seed's
+        video.frame.ack, the Realtime door's conversation.item.added extra)."""
+        said: dict[str, Any] = {"accepted": accepted, "buffered_frames": self.conn.entry.session.frame_count}
+        if reason is not None:
+            said["reason"] = reason
+        return said
 
     async def on_audio(self, msg: dict[str, Any], arrived: float) -> None:
         ok, t = await self.media_time(msg, "audio.chunk", arrived)
@@ -205,26 +235,14 @@ class SocketMedia:
         except ValueError as exc:
             await self.conn.error(f"Invalid audio in audio.chunk: {exc}")
 
-    async def question_audio(self, msg: dict[str, Any]) -> Any:
+    async def question_audio(self, msg: dict[str, Any]) -> np.ndarray | None:
         """video.query's audio_data as float32 samples; None (error sent) when unusable."""
-        import numpy as np
-
         max_s = min(self.conn.settings.ws_max_audio_seconds, MAX_AUDIO_SECONDS)
-        limit = int(max_s * AUDIO_RATE) * 2
         try:
-            data = await decode_b64(msg, "video.query", limit, key="audio_data")
+            return await pcm16_audio(msg, "video.query", "audio_data", max_s)
         except Refused as refused:
-            message = refused.message
-            if refused.size is not None:
-                message = (f"video.query 'audio_data' is too long: about {refused.size / (2 * AUDIO_RATE):.1f} s "
-                           f"of audio (at most {max_s:g} s of PCM16 mono 16 kHz)")
-            await self.conn.error(message)
+            await self.conn.error(refused.message)
             return None
-        if len(data) % 2:
-            await self.conn.error(f"video.query 'audio_data' must be PCM16 (2 bytes a sample), got {len(data)} bytes")
-            return None
-        return np.frombuffer(data, dtype="<i2").astype(np.float32) / 32768.0
-
 
     def consumed(self, sample: Sample) -> dict[str, Any]:
         """video.frames.consumed for a question's sampled frames: the

@@ -64,6 +64,7 @@ class SocketSession(SocketTransport):
         self.reservation = None  # the place taken at the handshake, until the session holds it
         self.options = state.answer_defaults()
         self.last_input = time.monotonic()
+        self.answer_task: asyncio.Task | None = None  # the answer streaming (stream_answer), one at a time
 
     @classmethod
     async def serve(cls, state: "AppState", websocket: "WebSocket") -> None:
@@ -81,11 +82,6 @@ class SocketSession(SocketTransport):
         """Open the session (start_session); False when it was refused and closed."""
         raise NotImplementedError
 
-    @property
-    def answering(self) -> bool:
-        """An answer streams: the idle timer waits for its end."""
-        return False
-
     async def refuse(self, message: str, code: str = "invalid_value", param: str | None = None,
                      kind: str = "invalid_request_error", event_id: Any = None) -> bool:
         """Tell the client what was refused: the seed protocol's ``error
@@ -95,8 +91,34 @@ class SocketSession(SocketTransport):
     async def stop_asking(self) -> None:
         """At the session's end, before it closes: nothing asks any more (turn detection, watch)."""
 
-    async def answered(self) -> None:
-        """At the session's end, after it closed: the aborted answer's last event is sent."""
+    # -- the answer streaming ----------------------------------------------------
+
+    @property
+    def answering(self) -> bool:
+        """An answer streams: the idle timer waits for its end."""
+        return self.answer_task is not None and not self.answer_task.done()
+
+    def stream_answer(self, answer: Awaitable[None], name: str) -> None:
+        """Stream an answer (the door's coroutine that says its run) as a task,
+        so the client's messages go on meanwhile; the idle timer counts from its end.
+        A door starts one only after :meth:`finish_answer`: its events never interleave."""
+
+        async def streamed() -> None:
+            try:
+                await answer
+            finally:
+                self.last_input = time.monotonic()
+
+        self.answer_task = asyncio.create_task(streamed(), name=name)
+
+    async def finish_answer(self) -> None:
+        """Wait for the answer task to send its last event (its reply aborted, or ending)."""
+        task, self.answer_task = self.answer_task, None
+        if task is not None:
+            try:
+                await task
+            except (asyncio.CancelledError, Exception):
+                log.debug("%s %s: answer task ended with an error", self.door, self.peer, exc_info=True)
 
     # -- the lifecycle -----------------------------------------------------------
 
@@ -163,7 +185,7 @@ class SocketSession(SocketTransport):
         if self.entry is not None:
             # Aborts the running answer's vLLM request and runs the closers.
             await self.state.registry.close(self.entry.session.id, reason)
-        await self.answered()
+        await self.finish_answer()  # the aborted answer's last event is sent
         self.entry = None
         await self.close(CLOSE_NORMAL, reason)
 

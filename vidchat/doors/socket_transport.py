@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Callable
 
 from vidchat.doors import wire
 from vidchat.doors.socket_media import INLINE_PARSE_CHARS
@@ -70,6 +70,8 @@ class SocketTransport:
     """Sends and receives one client's messages. One lock serialises all
     sends; once the socket is closed or broken nothing more is sent."""
 
+    door = "ws"  # the logs' name for the door (each socket door's session says its own)
+
     def __init__(self, websocket: "WebSocket") -> None:
         self.ws = websocket
         self.peer = f"{websocket.client.host}:{websocket.client.port}" if websocket.client else "?"
@@ -107,13 +109,15 @@ class SocketTransport:
                 self._closed = True
                 return False
 
-    async def error(self, message: str) -> bool:
-        """Send an ``error`` message; False if the client is gone."""
+    async def error(self, message: str, event: Callable[[str], dict[str, Any]] | None = None) -> bool:
+        """Send an error, its message cut to MAX_ERROR_CHARS: the seed's
+        ``error {message}``, or the door's ``event`` for the message; False
+        if the client is gone."""
         if len(message) > MAX_ERROR_CHARS:
             message = message[:MAX_ERROR_CHARS - 3] + "..."
-        sent = await self.send({"type": "error", "message": message})
+        sent = await self.send({"type": "error", "message": message} if event is None else event(message))
         if sent:
-            log.info("ws %s: error sent: %s", self.peer, message)
+            log.info("%s %s: error sent: %s", self.door, self.peer, message)
         return sent
 
     async def close(self, code: int = CLOSE_NORMAL, reason: str = "") -> None:
