@@ -255,3 +255,41 @@ async def test_server_vad_asks_what_the_client_says_without_a_query(server, ques
     await send(ws, {"type": "video.done"})
     assert (await until(ws, "session.done"))[-1] == {"type": "session.done"}
     await expect_closed(ws)
+
+
+async def test_without_interrupt_response_speech_is_answered_after_the_answer_streaming(server, question_speech):
+    """interrupt_response false: the client's speech neither cuts the answer
+    streaming (no barge-in) nor cancels it by being asked (as any newer
+    question would): its utterance is answered once that answer has ended."""
+    ws = await connect(server, evs_enabled=False, num_sample_frames=2, max_tokens=1500, temperature=0.0,
+                       turn_detection={"type": "server_vad", "silence_duration_ms": 500,
+                                       "prefix_padding_ms": 50, "interrupt_response": False})
+    lead = 2.0
+    track = sa.compose([(sa.silence(lead), False), (question_speech, True), (sa.silence(1.5), False)])
+    chunk = AUDIO_RATE // 10  # 100 ms
+    lead_chunks = int(lead * 10)
+    chunks = [(i * 100, pcm16_b64(track.audio[i * chunk:(i + 1) * chunk])) for i in range(track.audio.size // chunk)]
+    # The lead at about real time, while the listener starts (as in the test above).
+    for ms, data in chunks[:lead_chunks]:
+        if ms % 200 == 0:
+            await send(ws, {"type": "video.frame", "data": MOVING[(ms // 200) % len(MOVING)], "pts_ms": ms})
+        await send(ws, {"type": "audio.chunk", "data": data, "pts_ms": ms})
+        await asyncio.sleep(0.1)
+    await send(ws, {"type": "video.query", "text": "Describe everything you see."})
+    msgs = await until(ws, "response.start")
+    # The question while the typed answer streams.
+    for ms, data in chunks[lead_chunks:]:
+        await send(ws, {"type": "audio.chunk", "data": data, "pts_ms": ms})
+    while sum(m["type"] == "response.text.done" for m in msgs) < 2:
+        msgs.append(await recv(ws, timeout=120))
+    types = [m["type"] for m in msgs if m["type"] != "response.text.delta"]
+    first_done = types.index("response.text.done")
+    assert "input_audio_buffer.speech_stopped" in types[:first_done], \
+        f"the utterance must end while the typed answer streams, for this test to say anything: {types}"
+    typed = msgs[[m["type"] for m in msgs].index("response.text.done")]["stats"]
+    assert not typed.get("cancelled") and typed["completion_tokens"] == 1500, typed
+    # The spoken question's answer starts only after the typed one's end.
+    assert types[first_done + 1:] == ["response.start", "response.text.done"], types
+    spoken = msgs[-1]["stats"]
+    assert spoken["spoken_question"] is not None and not spoken.get("cancelled"), spoken
+    await ws.close()

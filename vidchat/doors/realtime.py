@@ -64,8 +64,7 @@ class RealtimeTurns(SocketTurns):
         conn.audio.buffer.clear()
         await conn.committed(item_id)
         if turns is not None and turns.create_response:
-            if not turns.interrupt_response and conn.answer_task is not None:
-                await asyncio.wait({conn.answer_task})  # the answer streaming goes on to its end first
+            await self.answer_streams_on()
             # Shielded: the session's end waits for the response being set up.
             await asyncio.shield(conn.responses.start(conn.question.take_text(), conn.options, spoken=event))
 

@@ -45,6 +45,7 @@ class Client(Protocol):
     peer: str
     vidchat_events: bool
     answering: bool  # its answer task streams (vidchat.doors.socket_session.SocketSession)
+    answer_task: asyncio.Task | None  # that task
 
     async def send(self, msg: dict[str, Any]) -> bool: ...
 

@@ -108,6 +108,15 @@ class SocketTurns:
                               "audio_end_ms": self.timeline_ms(event.end), "cut": event.cut})
         turns = self.turns
         if turns is not None and turns.create_response:
+            await self.answer_streams_on()
             # Shielded: the session's end waits for a question being
             # set up (SocketAnswers.close) instead of cutting it in half.
             await asyncio.shield(self.answers.ask_logged("", spoken=event))
+
+    async def answer_streams_on(self) -> None:
+        """Without ``interrupt_response`` the client's speech does not cut the
+        answer streaming: its utterance is asked once that answer has ended
+        (asking at once would cancel it, as any newer question does)."""
+        task = self.conn.answer_task
+        if self.turns is not None and not self.turns.interrupt_response and task is not None:
+            await asyncio.wait({task})
