@@ -378,7 +378,10 @@ async def test_bad_events_get_an_error_and_the_session_goes_on(server):
                  "audio_end_ms": 0}, "unsupported_event"),
                ({"type": "output_audio_buffer.clear"}, "unsupported_event"),
                ({"type": "session.update", "session": {"type": "realtime", "tools": [
-                   {"type": "function", "name": "lookup", "parameters": {"type": "object"}}]}}, "unsupported")]
+                   {"type": "function", "name": "lookup", "parameters": {"type": "object"}}]}}, "unsupported"),
+               # The suite's shared server has no --record-dir.
+               ({"type": "session.update", "session": {"type": "realtime", "vidchat": {"record": True}}},
+                "invalid_value")]
         errors = []
         for event, code in bad:
             await conn.send(event)
@@ -387,6 +390,7 @@ async def test_bad_events_get_an_error_and_the_session_goes_on(server):
             assert errors[-1].message
         assert errors[0].event_id == "evt_1" and errors[1].event_id is None  # the client's event named
         assert errors[2].param == "item.content[0].image_url"
+        assert errors[-1].param == "session.vidchat.record" and "--record-dir" in errors[-1].message, errors[-1]
         for (event, code), error in zip(bad, errors):
             if code == "unsupported_event":
                 assert error.message.startswith(f"{event['type']} is not served here"), error.message

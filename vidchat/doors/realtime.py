@@ -29,7 +29,8 @@ from vidchat.conversation import chat
 from vidchat.conversation.settings_table import current_values
 from vidchat.conversation.sessions import TooManySessions
 from vidchat.doors import realtime_events as rt
-from vidchat.doors.socket_answers import RECORD_OFF
+from vidchat.doors.protocol_config import ConfigError
+from vidchat.doors.socket_answers import check_record
 from vidchat.doors.socket_config import NO_AUDIO_OUTPUT_NOTICE
 from vidchat.doors.socket_media import Refused, SocketMedia, pcm16_audio
 from vidchat.doors.socket_session import SocketSession
@@ -148,8 +149,10 @@ class RealtimeConnection(SocketSession):
                 raise rt.EventError("turn_detection: the model is still loading; set it once it runs", "not_ready")
             if not self.turns.hears():
                 raise rt.EventError(f"turn_detection: {NO_SPOKEN_QUESTIONS}", "audio_not_supported")
-        if update.record is True and not self.settings.record_dir:
-            raise rt.EventError(RECORD_OFF, param="session.vidchat.record")
+        try:
+            check_record(self.settings, update.record is True)
+        except ConfigError as exc:
+            raise rt.EventError(str(exc), param="session.vidchat.record") from None
         try:
             chat.apply_settings(self.entry.session, state.engine, options, update.settings["session"])
         except ValueError as exc:  # OptionError or the settings' own check: nothing was changed

@@ -29,6 +29,13 @@ from vidchat.engine import EngineError, Turn
 log = logging.getLogger(__name__)
 
 RECORD_OFF = "record: the server was started without --record-dir (nothing is written to disk without it)"
+
+
+def check_record(settings: Any, on: Any) -> None:
+    """Recording is taken only where the server was told where to write
+    (--record-dir), at every door that can switch it on; raises ConfigError."""
+    if on and not settings.record_dir:
+        raise ConfigError(RECORD_OFF)
 # What a socket session keeps of its chat (history: true); what is sent is
 # trimmed further to the model's context.
 MAX_HISTORY_TURNS = 400
@@ -80,8 +87,7 @@ class SocketAnswers:
             self.history.clear()  # off forgets: turned on again, the chat starts afresh
 
     def set_record(self, on: bool) -> None:
-        if on and not self.conn.settings.record_dir:
-            raise ConfigError(RECORD_OFF)
+        check_record(self.conn.settings, on)
         self.record = bool(on)
 
     async def on_query(self, msg: dict[str, Any]) -> None:

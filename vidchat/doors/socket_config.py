@@ -21,7 +21,7 @@ from vidchat.conversation.session import MAX_AUDIO_SECONDS, SessionSettings
 from vidchat.conversation.settings_table import current_values
 from vidchat.conversation.sessions import TooManySessions
 from vidchat.doors.protocol_config import UPDATABLE_INFO, ConfigError, parse_config, wants_vidchat_events
-from vidchat.doors.socket_answers import RECORD_OFF
+from vidchat.doors.socket_answers import check_record
 from vidchat.doors.socket_transport import CLOSE_POLICY, CLOSE_TRY_LATER, TIMEOUT, parse_message
 from vidchat.doors.socket_watch import WATCH_NEEDS_EVS
 from vidchat.engine import EngineError, NO_SPOKEN_QUESTIONS
@@ -158,8 +158,7 @@ class SessionConfig:
             loading = conn.state.engine is None
             if turns is not None and not loading and not conn.turns.hears():
                 raise ConfigError(f"turn_detection: {NO_SPOKEN_QUESTIONS}")
-            if changes.info.get("record") and not conn.settings.record_dir:
-                raise ConfigError(RECORD_OFF)
+            check_record(conn.settings, changes.info.get("record"))
             watch = changes.info["watch"] if "watch" in changes.info else conn.watch.request
             if watch is not None and not changes.session.get("evs_enabled", conn.entry.session.settings.evs_enabled):
                 raise ConfigError(WATCH_NEEDS_EVS)
