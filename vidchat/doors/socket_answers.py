@@ -36,6 +36,8 @@ def check_record(settings: Any, on: Any) -> None:
     (--record-dir), at every door that can switch it on; raises ConfigError."""
     if on and not settings.record_dir:
         raise ConfigError(RECORD_OFF)
+
+
 # What a socket session keeps of its chat (history: true); what is sent is
 # trimmed further to the model's context.
 MAX_HISTORY_TURNS = 400
