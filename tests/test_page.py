@@ -82,6 +82,9 @@ def wav_samples(data: bytes) -> np.ndarray:
     raise AssertionError("no data chunk")
 
 
+LONG_TOKENS = 2000
+
+
 async def test_page_streams_an_answer_and_two_tabs_use_their_own_frames(server, media, tmp_path, artifacts_dir):
     async with async_playwright() as pw:
         red_browser = await launch(pw, media["red"], media["tone"], tmp_path)
@@ -165,7 +168,7 @@ async def test_page_streams_an_answer_and_two_tabs_use_their_own_frames(server, 
 
             # A question asked while an answer streams replaces it (the old
             # request is aborted), and "Stop" aborts the new one.
-            await set_setting(red, "vc-max-tokens", "2000")
+            await set_setting(red, "vc-max-tokens", str(LONG_TOKENS))
             # Greedy, the tiny model never ends an answer on its own (its end
             # tokens are zeroed; sampled, it may pick one): 2000 tokens run
             # for seconds. The steps below follow the server's state of the
@@ -173,29 +176,42 @@ async def test_page_streams_an_answer_and_two_tabs_use_their_own_frames(server, 
             # not the tab's rendering, which on a loaded machine can show the
             # words after a 2000-token answer has already ended.
             await set_setting(red, "vc-temperature", "0")
-            await ask(red, "Tell me everything.")
-            old = await answer_state(server, red_sid, "the long answer generates", after=0)
-            await ask(red, "Actually, just one word?")
-            new = await answer_state(server, red_sid, "the new answer generates", after=old["n"])
-            # The old answer was aborted before the new one started: exactly one generates.
-            await until_running(server, 1, 10, "the new answer generates alone")
-            clicking = time.monotonic()
-            await red.click("#vc-stop-answer")
-            click_s = time.monotonic() - clicking
-            stopped = await answer_state(server, red_sid, "Stop ends the answer", after=new["n"] - 1, done=True)
-            # Once in the flake hunt (1 of 5 runs), the answer ran its 2000 tokens before
-            # Stop reached the server: the timings say on which side of the click it lingered.
-            assert stopped["n"] == new["n"] and stopped["cancelled"], \
-                (f"Playwright's click on Stop took {click_s:.2f} s", stopped["n"], stopped["cancelled"])
-            assert await until_idle(server, within=10) == 0, "Stop left the request running"
-            # Sent, its question is in the chat and the box is empty again.
             asked = ["Tell me everything.", "Actually, just one word?"]
+            shown, last_n, tries = 1, 0, []
+            # A tab starved of CPU (a second test worker) has sent its Enter or
+            # its Stop after the 2000-token answer had ended on its own. Such a
+            # try shows nothing either way and is made again; an answer that
+            # stopped short of its tokens without being cancelled fails at once.
+            for _ in range(3):
+                await ask(red, asked[0])
+                old = await answer_state(server, red_sid, "the long answer generates", after=last_n)
+                await ask(red, asked[1])
+                new = await answer_state(server, red_sid, "the new answer generates", after=old["n"])
+                # Once the old one is aborted (or over), exactly one generates.
+                await until_running(server, 1, 10, "the new answer generates alone")
+                clicking = time.monotonic()
+                await red.click("#vc-stop-answer")
+                click_s = time.monotonic() - clicking
+                stopped = await answer_state(server, red_sid, "Stop ends the answer", after=new["n"] - 1, done=True)
+                assert stopped["n"] == new["n"], ("Stop ended another answer", stopped)
+                assert await until_idle(server, within=10) == 0, "Stop left the request running"
+                cut = [await kept_answer(server, red_sid, n) for n in (old["n"], new["n"])]
+                for answer in cut:
+                    assert answer["cancelled"] or answer["tokens"] == LONG_TOKENS, ("ended short, not cancelled", answer)
+                tries.append((f"Playwright's click on Stop took {click_s:.2f} s", cut))
+                shown += 2 + sum(answer["cancelled"] for answer in cut)
+                last_n = new["n"]
+                if all(answer["cancelled"] for answer in cut):
+                    break
+            else:
+                pytest.fail(f"in three tries the answers were never both cut short: {tries}")
+            # Sent, its question is in the chat and the box is empty again.
             await eventually_async(lambda: _sent(red, asked), 30, "the box is empty and both questions show")
             # Each answer cut short is marked stopped (the old one by the new
             # question, the new one by Stop), then what the model got is folded under it.
-            texts = await wait_for_answer(red, 5, timeout=120)
-            assert [t.strip() for t in texts[1:]] == [texts[1].strip(), STOPPED, texts[3].strip(), STOPPED], texts
-            assert texts[1].strip() and texts[3].strip() and STOPPED not in texts[1] + texts[3]
+            texts = await wait_for_answer(red, shown, timeout=120)
+            assert [t.strip() for t in texts[-4:]] == [texts[-4].strip(), STOPPED, texts[-2].strip(), STOPPED], texts
+            assert texts[-4].strip() and texts[-2].strip() and STOPPED not in texts[-4] + texts[-2]
             await red.screenshot(path=str(artifacts_dir / "page-stopped.png"))
 
             await red.click("#vc-stop")
@@ -246,6 +262,19 @@ async def answer_state(server, sid: str, what: str, after: int, done: bool = Fal
         raise LookupError(answer and {k: answer[k] for k in ("n", "done", "cancelled")})
 
     return await eventually_async(lambda: asyncio.to_thread(check), within, what)
+
+
+async def kept_answer(server, sid: str, n: int, within: float = 30) -> dict:
+    """Question ``n``'s answer as the session keeps it once it has ended
+    (GET /webrtc/live: its tokens and whether it was cancelled)."""
+    def check() -> dict:
+        answers = server.get_json(f"/webrtc/live?session_id={sid}")["answers"]
+        found = [answer for answer in answers if answer["n"] == n]
+        if found:
+            return found[0]
+        raise LookupError([answer["n"] for answer in answers])
+
+    return await eventually_async(lambda: asyncio.to_thread(check), within, f"answer {n} is kept")
 
 
 async def _stats(server, sid: str) -> dict:

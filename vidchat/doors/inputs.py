@@ -56,12 +56,15 @@ def _thumb_data_url(frame: np.ndarray) -> str:
 
 def live_view(entry: "Entry", n_frames: int = 6) -> dict[str, Any]:
     """For the page's live view: the newest kept frames (small, inline) and
-    the time to first token and tokens/s of the session's recent answers."""
+    the time to first token, tokens/s and tokens of the session's recent answers."""
     session = entry.session
     start = session.timeline_start or 0.0
     kept = [{"index": i, "t": round(t - start, 2), "src": _thumb_data_url(px)}
             for i, t, px in session.recent_kept(n_frames)]
-    answers = [{"ttft_ms": a.summary().get("ttft_ms"), "tokens_per_s": a.reply.stats.tokens_per_s}
+    # A cut-short answer's tokens/s is not comparable with a finished one's:
+    # each row says which it was, and which question (its number) it answered.
+    answers = [{"n": a.ticket, "ttft_ms": a.summary().get("ttft_ms"), "tokens_per_s": a.reply.stats.tokens_per_s,
+                "tokens": a.reply.stats.completion_tokens, "cancelled": bool(a.reply.stats.cancelled)}
                for a in entry.answers.values()]
     return {"kept": kept, "answers": answers}
 
