@@ -28,7 +28,8 @@ test-fast:
 	@scripts/setup.sh --test
 	$(PY) -m pytest -m unit -q $(PYTEST_ARGS)
 
-# Reruns the tests with the most waits and timing checks (scripts/flakes.sh).
+# Reruns the tests with the most waits and timing checks (scripts/flakes.sh),
+# on make test's workers.
 flakes:
 	@scripts/setup.sh --test
-	env -u PYTHONDONTWRITEBYTECODE scripts/flakes.sh
+	env -u PYTHONDONTWRITEBYTECODE scripts/flakes.sh --workers $(TEST_WORKERS)

@@ -1,6 +1,6 @@
 """Flake hunt: rerun the tests with the most waits and timing checks, several times.
 
-    scripts/flakes.sh [--top 30] [--runs 5] [--list]
+    scripts/flakes.sh [--top 30] [--runs 5] [--workers 1] [--list]
 
 A test's score counts, in its own body and in the module helpers it calls,
 the places where the outcome can depend on timing: waits for a condition
@@ -69,6 +69,9 @@ def main() -> int:
     parser.add_argument("--top", type=int, default=30)
     parser.add_argument("--runs", type=int, default=5)
     parser.add_argument("--list", action="store_true", help="print the chosen tests and their scores, run nothing")
+    # The same load as make test's (its TEST_WORKERS): a test that only fails
+    # beside another worker is found where CI would find it.
+    parser.add_argument("--workers", type=int, default=1, help="pytest-xdist workers (make flakes: make test's)")
     args = parser.parse_args()
     chosen = scores()[: args.top]
     if args.list:
@@ -80,7 +83,8 @@ def main() -> int:
     for run in range(1, args.runs + 1):
         with tempfile.TemporaryDirectory() as tmp:
             report = Path(tmp) / "report.xml"
-            proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+            xdist = ["-n", str(args.workers), "--dist", "loadfile"] if args.workers > 1 else []
+            proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *xdist,
                                    f"--junitxml={report}", *[t for _, t in chosen]], cwd=ROOT)
             import xml.etree.ElementTree as ET
 
@@ -91,7 +95,7 @@ def main() -> int:
                     failures[test] += 1
         print(f"flakes: run {run}/{args.runs} exit {proc.returncode}; failing so far: {dict(failures)}", flush=True)
     print(json.dumps({"tests": len(runs_of), "runs": args.runs, "failed": dict(failures)}, indent=2))
-    print(f"flakes: tests={len(chosen)} runs={args.runs} executions={sum(runs_of.values())} "
+    print(f"flakes: tests={len(chosen)} runs={args.runs} workers={args.workers} executions={sum(runs_of.values())} "
           f"failures={sum(failures.values())} flaky={len(failures)}")
     return 1 if failures else 0
 
