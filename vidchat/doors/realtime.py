@@ -300,6 +300,7 @@ class RealtimeResponses:
 
     async def _answer(self, say: rt.ResponseEvents, question: str, options: chat.AnswerOptions,
                       how: dict[str, Any]) -> None:
+        """Ask the conversation, and say its answer run as the Realtime API's response events."""
         conn = self.conn
         await conn.emit(say.created())
         try:
@@ -316,11 +317,6 @@ class RealtimeResponses:
         self.run = run
         if self.cancel_reason is not None:  # cancelled while it was set up
             await run.cancel(self.cancel_reason)
-        await self._stream(say, run)
-
-    async def _stream(self, say: rt.ResponseEvents, run: conversation.AnswerRun) -> None:
-        """The run's events as the Realtime API's response events."""
-        conn = self.conn
         async with contextlib.aclosing(run.events()) as events:
             async for event in events:
                 if isinstance(event, conversation.Started):

@@ -21,7 +21,7 @@ import numpy as np
 from vidchat.conversation import CANCELLED, COMPLETED
 from vidchat.conversation.settings_table import ALIASES, SETTINGS, SettingTypeError, read_settings
 from vidchat.doors.inputs import answer_url
-from vidchat.doors.protocol_config import ConfigError, TurnDetection, parse_turn_detection
+from vidchat.doors.protocol_config import ConfigError, parse_turn_detection
 from vidchat.doors.socket_media import is_millis
 from vidchat.doors.socket_session import Refusal
 from vidchat.media import AUDIO_RATE, MIN_AUDIO_SAMPLES
@@ -50,8 +50,8 @@ NOT_SERVED = {
 }
 
 
-class EventError(Refusal):
-    """A client event refused: sent as ``error {error: {type, code, message, param, event_id}}``."""
+# A client event refused: the shared loop's Refusal, sent as ``error {error: {type, code, message, param, event_id}}``.
+EventError = Refusal
 
 
 def not_served(kind: str) -> EventError:
@@ -137,7 +137,10 @@ def parse_session(session: Any) -> SessionUpdate:
     if "format" in audio_in:
         update.input_rate = _input_rate(audio_in["format"])
     if "turn_detection" in audio_in:
-        update.turn_detection = _turn_detection(audio_in["turn_detection"])
+        try:  # the seed door's server_vad, whose names are OpenAI's
+            update.turn_detection = parse_turn_detection(audio_in["turn_detection"])
+        except ConfigError as exc:
+            raise EventError(str(exc), param="session.audio.input.turn_detection") from None
     if "vidchat" in session:
         _vidchat(session["vidchat"], update)
     return update
@@ -146,20 +149,12 @@ def parse_session(session: Any) -> SessionUpdate:
 def _input_rate(fmt: Any) -> int:
     param = "session.audio.input.format"
     if not isinstance(fmt, dict) or fmt.get("type", "audio/pcm") != "audio/pcm":
-        raise EventError(f"{param}: only audio/pcm (PCM16 mono) is taken", code="unsupported_audio_format",
-                         param=param)
+        raise EventError(f"{param}: only audio/pcm (PCM16 mono) is taken", "unsupported_audio_format", param)
     rate = fmt.get("rate", INPUT_RATES[0])
     if rate not in INPUT_RATES:
         raise EventError(f"{param}.rate must be one of {', '.join(map(str, INPUT_RATES))}, got {rate!r}",
-                         code="unsupported_audio_format", param=f"{param}.rate")
+                         "unsupported_audio_format", f"{param}.rate")
     return rate
-
-
-def _turn_detection(value: Any) -> TurnDetection | None:
-    try:
-        return parse_turn_detection(value)  # the seed door's server_vad, whose names are OpenAI's
-    except ConfigError as exc:
-        raise EventError(str(exc), param="session.audio.input.turn_detection") from None
 
 
 def _vidchat(values: Any, update: SessionUpdate) -> None:
@@ -350,14 +345,6 @@ def response(response_id: str, status: str, *, output: list[dict[str, Any]] = ()
             "usage": usage(stats), "metadata": None}
 
 
-def answer_record(summary: dict[str, Any], answer_id: str | None) -> dict[str, Any]:
-    """response.done's vidchat extra: what the model was given, and where the whole record is."""
-    record = {key: summary.get(key) for key in RECORD_KEYS}
-    record["answer_id"] = answer_id
-    record["record_url"] = answer_url(answer_id, "record.json") if answer_id else None
-    return record
-
-
 class ResponseEvents:
     """One response's server events, in the order the API sends them: created;
     output item, conversation item and content part added; text deltas; text,
@@ -400,7 +387,9 @@ class ResponseEvents:
             reason = cancelled_by
         elif status == COMPLETED and summary.get("finish_reason") == "length":
             status, reason = "incomplete", "max_output_tokens"
-        record = answer_record(summary, done.answer_id)
+        # The vidchat extra: what the model was given, and where the whole record is.
+        record = {**{key: summary.get(key) for key in RECORD_KEYS}, "answer_id": done.answer_id,
+                  "record_url": answer_url(done.answer_id, "record.json") if done.answer_id else None}
         if done.bundle is not None:
             record["bundle_url"] = answer_url(done.answer_id, "bundle.zip")
         elif recording and done.started:
