@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import io
+import logging
 import re
 import statistics
 import time
@@ -23,7 +24,7 @@ from vidchat.devtools.page import (  # noqa: F401 - re-exported for the other br
 from vidchat.doors.page import STOPPED
 from vidchat.engine import inputs_digest
 
-from conftest import eventually_async, thumbnail_colours, until_idle, until_running
+from conftest import eventually_async, thumbnail_colours, until_idle
 
 pytestmark = pytest.mark.browser
 
@@ -177,34 +178,42 @@ async def test_page_streams_an_answer_and_two_tabs_use_their_own_frames(server, 
             # words after a 2000-token answer has already ended.
             await set_setting(red, "vc-temperature", "0")
             asked = ["Tell me everything.", "Actually, just one word?"]
-            shown, last_n, tries = 1, 0, []
+            shown, tries = 1, []
+            last_n = (await asyncio.to_thread(server.get_json, f"/webrtc/talk?session_id={red_sid}"))["answer"]["n"]
             # A tab starved of CPU (a second test worker) has sent its Enter or
             # its Stop after the 2000-token answer had ended on its own. Such a
             # try shows nothing either way and is made again; an answer that
             # stopped short of its tokens without being cancelled fails at once.
+            # Each try keeps when its steps reached the server, for the message.
             for _ in range(3):
+                steps, began = {}, time.monotonic()
+                tries.append(steps)
                 await ask(red, asked[0])
-                old = await answer_state(server, red_sid, "the long answer generates", after=last_n)
+                old = await answer_state(server, red_sid, "the long answer starts", after=last_n, tries=tries)
+                steps["old_started_s"] = round(time.monotonic() - began, 1)
                 await ask(red, asked[1])
-                new = await answer_state(server, red_sid, "the new answer generates", after=old["n"])
-                # Once the old one is aborted (or over), exactly one generates.
-                await until_running(server, 1, 10, "the new answer generates alone")
-                clicking = time.monotonic()
+                new = await answer_state(server, red_sid, "the new answer starts", after=old["n"], tries=tries)
+                steps["new_started_s"] = round(time.monotonic() - began, 1)
+                # Once the old one is aborted (or over), it no longer runs beside the new one.
+                await until_running_at_most(server, 1, "the old request stops beside the new one")
                 await red.click("#vc-stop-answer")
-                click_s = time.monotonic() - clicking
-                stopped = await answer_state(server, red_sid, "Stop ends the answer", after=new["n"] - 1, done=True)
-                assert stopped["n"] == new["n"], ("Stop ended another answer", stopped)
+                steps["stop_clicked_s"] = round(time.monotonic() - began, 1)
+                stopped = await answer_state(server, red_sid, "Stop ends the answer", after=new["n"] - 1, done=True,
+                                             tries=tries)
+                steps["stopped_s"] = round(time.monotonic() - began, 1)
+                assert stopped["n"] == new["n"], ("Stop ended another answer", stopped, tries)
                 assert await until_idle(server, within=10) == 0, "Stop left the request running"
                 cut = [await kept_answer(server, red_sid, n) for n in (old["n"], new["n"])]
+                steps["answers"] = [{k: answer[k] for k in ("n", "tokens", "cancelled")} for answer in cut]
                 for answer in cut:
-                    assert answer["cancelled"] or answer["tokens"] == LONG_TOKENS, ("ended short, not cancelled", answer)
-                tries.append((f"Playwright's click on Stop took {click_s:.2f} s", cut))
+                    assert answer["cancelled"] or answer["tokens"] == LONG_TOKENS, ("ended short, not cancelled", tries)
                 shown += 2 + sum(answer["cancelled"] for answer in cut)
                 last_n = new["n"]
                 if all(answer["cancelled"] for answer in cut):
                     break
             else:
                 pytest.fail(f"in three tries the answers were never both cut short: {tries}")
+            logging.getLogger(__name__).info("cut-short tries: %s", tries)
             # Sent, its question is in the chat and the box is empty again.
             await eventually_async(lambda: _sent(red, asked), 30, "the box is empty and both questions show")
             # Each answer cut short is marked stopped (the old one by the new
@@ -251,17 +260,30 @@ async def _sent(page: Page, questions: list[str]) -> bool:
             and (await user_texts(page))[-len(questions):] == questions)
 
 
-async def answer_state(server, sid: str, what: str, after: int, done: bool = False, within: float = 60) -> dict:
+async def answer_state(server, sid: str, what: str, after: int, done: bool = False, within: float = 60,
+                       tries: list | None = None) -> dict:
     """The session's answer as the server has it (GET /webrtc/talk: number,
     text so far, done, cancelled), once it is one numbered after ``after``
-    that is generating (with text) or, with ``done``, has ended."""
+    that has started (it has text, or has already ended) or, with ``done``,
+    has ended. ``tries``: what the caller has seen so far, for the message."""
     def check() -> dict:
         answer = server.get_json(f"/webrtc/talk?session_id={sid}").get("answer")
-        if answer and answer["n"] > after and (answer["done"] if done else (answer["text"] and not answer["done"])):
+        if answer and answer["n"] > after and (answer["done"] or (not done and answer["text"])):
             return answer
         raise LookupError(answer and {k: answer[k] for k in ("n", "done", "cancelled")})
 
-    return await eventually_async(lambda: asyncio.to_thread(check), within, what)
+    return await eventually_async(lambda: asyncio.to_thread(check), within,
+                                  what if tries is None else f"{what} (tries so far: {tries})")
+
+
+async def until_running_at_most(server, count: int, what: str, within: float = 10) -> None:
+    async def few() -> bool:
+        running = await asyncio.to_thread(server.running_requests)
+        if running > count:
+            raise LookupError(f"running_requests={running}")
+        return True
+
+    await eventually_async(few, within, what)
 
 
 async def kept_answer(server, sid: str, n: int, within: float = 30) -> dict:

@@ -368,22 +368,28 @@ def stop_vllm_serve(serve: VllmServe, timeout: float = 30) -> None:
 
 
 def kill_vllm_serve(serve: VllmServe) -> None:
-    """The machine dies: SIGKILL for the server, then for its engine core
-    (a child process that would otherwise live on as an orphan)."""
+    """The machine dies: SIGKILL for the server and its engine core (a child
+    process that would otherwise live on as an orphan) at once, then wait
+    for both. A killed process still hands back its memory before it is
+    gone: with a second test worker loading the machine that took more
+    than 10 s once, so the wait is a minute."""
     import psutil
 
     try:
-        children = psutil.Process(serve.proc.pid).children(recursive=True)
+        procs = [psutil.Process(serve.proc.pid)]
+        procs += procs[0].children(recursive=True)
     except psutil.Error:
-        children = []
-    serve.proc.kill()
-    serve.proc.wait(timeout=10)
-    for child in children:
+        procs = []
+    for proc in procs:
         try:
-            child.kill()
-            child.wait(timeout=10)
+            proc.kill()
         except psutil.Error:
             pass
+    serve.proc.kill()
+    serve.proc.wait(timeout=60)
+    _gone, alive = psutil.wait_procs(procs[1:], timeout=60)
+    if alive:
+        raise RuntimeError(f"vllm serve's processes outlived SIGKILL by a minute: {alive}")
 
 
 def tiny_serve_args(max_model_len: int = 4096, max_images: int = 16) -> list[str]:
