@@ -41,7 +41,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from vidchat.devtools import harness  # noqa: E402
 from vidchat.devtools.page import (  # noqa: E402
-    BOT_MESSAGES, launch, next_frame, open_and_start, set_setting, wait_for_answer, write_wav, write_y4m,
+    BOT_MESSAGES, WEBCAM_SIZE, launch, next_frame, open_and_start, set_setting, wait_for_answer, write_wav, write_y4m,
 )
 
 log = logging.getLogger("bench.page")
@@ -160,8 +160,8 @@ async def measure(server: harness.Server, questions: int, still_questions: int, 
     from playwright.async_api import async_playwright
 
     media = {"moving": work / "moving.y4m", "still": work / "still.y4m", "tone": work / "tone.wav"}
-    write_y4m(media["moving"], RED)
-    write_y4m(media["still"], RED, seconds=8.0, moving_s=2.0)
+    write_y4m(media["moving"], RED, size=WEBCAM_SIZE)
+    write_y4m(media["still"], RED, seconds=8.0, moving_s=2.0, size=WEBCAM_SIZE)
     write_wav(media["tone"])
     report: dict = {"questions": questions, "still_questions": still_questions}
     async with async_playwright() as pw:

@@ -17,6 +17,7 @@
     ticks: 0,
     last: null,        // the previous stats poll, for rates
     statsTimer: null,
+    statsLoop: null,  // the running poll loop; a new one (or none) ends the old
     wantRunning: false,
     run: 0,            // bumped by Start and Stop: a reconnect loop of an older run gives up
     reconnecting: false,
@@ -554,27 +555,37 @@
     }
   }
 
+  // Stats every second, the live view every third time. The next poll is
+  // set once this one has its answer: on a loaded machine, where an answer
+  // can take longer than the interval, polls would otherwise pile up and
+  // take the browser's few connections to the server from the questions.
   function startStatsPolling() {
     stopStatsPolling();
-    state.statsTimer = setInterval(async () => {
-      if (!state.sessionId) return;
-      if (state.source === "file") reportSource();
-      try {
-        const r = await fetch(`/webrtc/stats?session_id=${encodeURIComponent(state.sessionId)}`,
-                              { cache: "no-store", headers: authHeaders() });
-        if (r.status === 404 && state.wantRunning) {
-          const detail = (await r.json().catch(() => ({}))).detail || "";
-          const why = detail.startsWith("session ended: ") ? detail.slice("session ended: ".length) : "";
-          setStatus(why ? `Stopped: ${why.split(":")[0]}` : "Session ended by the server", "error");
-          setNote(why ? `The server ended this session: ${why}. Press Start camera to begin again.`
-                      : "The server closed this session (idle or restarted). Press Start again.");
-          await stop(true);
-          return;
-        }
-        if (r.ok) renderStats(await r.json());
-        if (++state.ticks % 3 === 0) refreshLiveView();
-      } catch (_) { /* transient: next tick */ }
-    }, 1000);
+    const loop = {};
+    state.statsLoop = loop;
+    const tick = async () => {
+      if (state.statsLoop !== loop) return;
+      if (state.sessionId) {
+        if (state.source === "file") reportSource();
+        try {
+          const r = await fetch(`/webrtc/stats?session_id=${encodeURIComponent(state.sessionId)}`,
+                                { cache: "no-store", headers: authHeaders() });
+          if (r.status === 404 && state.wantRunning) {
+            const detail = (await r.json().catch(() => ({}))).detail || "";
+            const why = detail.startsWith("session ended: ") ? detail.slice("session ended: ".length) : "";
+            setStatus(why ? `Stopped: ${why.split(":")[0]}` : "Session ended by the server", "error");
+            setNote(why ? `The server ended this session: ${why}. Press Start camera to begin again.`
+                        : "The server closed this session (idle or restarted). Press Start again.");
+            await stop(true);
+            return;
+          }
+          if (r.ok) renderStats(await r.json());
+          if (++state.ticks % 3 === 0) await refreshLiveView();
+        } catch (_) { /* transient: next tick */ }
+      }
+      if (state.statsLoop === loop) state.statsTimer = setTimeout(tick, 1000);
+    };
+    state.statsTimer = setTimeout(tick, 1000);
   }
 
   // The live view: the newest kept frames, and a small chart of time to first
@@ -627,8 +638,9 @@
   }
 
   function stopStatsPolling() {
-    if (state.statsTimer) clearInterval(state.statsTimer);
+    clearTimeout(state.statsTimer);
     state.statsTimer = null;
+    state.statsLoop = null;
   }
 
   function renderStats(s) {

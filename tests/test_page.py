@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import io
-import logging
+import json
 import re
 import statistics
 import time
@@ -192,10 +192,12 @@ async def test_page_streams_an_answer_and_two_tabs_use_their_own_frames(server, 
                 old = await answer_state(server, red_sid, "the long answer starts", after=last_n, tries=tries)
                 steps["old_started_s"] = round(time.monotonic() - began, 1)
                 await ask(red, asked[1])
+                steps["new_asked_s"] = round(time.monotonic() - began, 1)
                 new = await answer_state(server, red_sid, "the new answer starts", after=old["n"], tries=tries)
                 steps["new_started_s"] = round(time.monotonic() - began, 1)
                 # Once the old one is aborted (or over), it no longer runs beside the new one.
                 await until_running_at_most(server, 1, "the old request stops beside the new one")
+                steps["stop_clicking_s"] = round(time.monotonic() - began, 1)
                 await red.click("#vc-stop-answer")
                 steps["stop_clicked_s"] = round(time.monotonic() - began, 1)
                 stopped = await answer_state(server, red_sid, "Stop ends the answer", after=new["n"] - 1, done=True,
@@ -213,7 +215,8 @@ async def test_page_streams_an_answer_and_two_tabs_use_their_own_frames(server, 
                     break
             else:
                 pytest.fail(f"in three tries the answers were never both cut short: {tries}")
-            logging.getLogger(__name__).info("cut-short tries: %s", tries)
+            # What each try took, for a look at how starved the tab was in this run.
+            (artifacts_dir / "two-tab-tries.json").write_text(json.dumps(tries, indent=1))
             # Sent, its question is in the chat and the box is empty again.
             await eventually_async(lambda: _sent(red, asked), 30, "the box is empty and both questions show")
             # Each answer cut short is marked stopped (the old one by the new

@@ -18,7 +18,13 @@ CHROMIUM = "/usr/bin/chromium"
 # Flags that keep Chromium off this machine's closed network and quiet.
 CHROMIUM_FLAGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
                   "--disable-background-networking", "--disable-component-update", "--disable-sync"]
-W, H, FPS = 640, 480, 15
+FPS = 15
+# The fake camera's picture in tests: the size sessions store frames at
+# (vidchat.media), so Chromium's encoder and the server's decoder handle a
+# quarter of a webcam's pixels for the same stored frames. The page
+# benchmark passes WEBCAM_SIZE: what a user's browser sends.
+TEST_CAMERA_SIZE = (320, 240)
+WEBCAM_SIZE = (640, 480)
 
 # The model's messages in the chat, without the "What the model got" panels
 # folded under them (titled messages, which Gradio renders as a thought group).
@@ -41,13 +47,15 @@ ANSWER_FINAL = ("(() => { const all = [...document.querySelectorAll('#vc-chat [d
 
 
 def write_y4m(path: Path, colour: tuple[int, int, int], seconds: float = 4.0, moving_s: float | None = None,
-              cuts: list[tuple[int, int, int]] | None = None, cut_every_s: float = 1.0) -> None:
+              cuts: list[tuple[int, int, int]] | None = None, cut_every_s: float = 1.0,
+              size: tuple[int, int] = TEST_CAMERA_SIZE) -> None:
     """A clip Chromium plays as its fake camera: a coloured room with a white
     square sliding across it (real motion, so the filter keeps frames).
     ``moving_s``: the square slides only during the first moving_s of each
     loop and then stands still (someone who moved, then sits and types).
     ``cuts``: the room's colour goes through these, one every ``cut_every_s``
-    (scene changes, for Watch)."""
+    (scene changes, for Watch). ``size``: width, height."""
+    W, H = size
     n = int(seconds * FPS)
     moving = n if moving_s is None else int(moving_s * FPS)
     with open(path, "wb") as f:
