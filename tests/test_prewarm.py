@@ -211,9 +211,14 @@ def test_the_budget_follows_the_measured_cost_of_a_new_frame():
 
 @pytest.mark.unit
 def test_auto_turns_warm_ups_on_only_where_a_frame_is_slow_to_encode():
-    cheap, slow = prewarm_auto.choose(6.0), prewarm_auto.choose(480.0)  # the tiny model; the CPU default
+    cheap, slow = prewarm_auto.choose(6.0), prewarm_auto.choose(480.0)  # the tiny model; a faster CPU
     assert cheap.chosen == "off" and slow.chosen == "idle"
     assert "6 ms" in cheap.reason and "150 ms" in cheap.reason and "480 ms" in slow.reason
+    # The true-size CPU default on 2 cores (~1 s a frame): a question would
+    # wait a whole frame's encode behind a warm-up, so they stay off.
+    slowest = prewarm_auto.choose(994.0)
+    assert slowest.chosen == "off" and "994 ms" in slowest.reason and "500 ms" in slowest.reason
+    assert "preempt" in slowest.reason
     assert prewarm_auto.explicit("always").chosen == "always"
 
 

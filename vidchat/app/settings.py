@@ -107,11 +107,11 @@ class Settings:
         "warm-ups only while no answer is generating, 'always' also beside answers (at lower priority), 'off' "
         "never. With warm-ups on, the page's Enter also has the server take the question's frames and audio at "
         "once and warm them while the question travels. 'auto' times one encode of a stored-size frame at "
-        "start-up: above 150 ms a frame it chooses 'idle' and each kept frame is encoded as it arrives; below "
-        "(the tiny model, a GPU) 'off'. The default is 'off': on the CPU default at true size on 2 cores, "
-        "bench/page.py measured a moving scene's median Enter -> first token at 0.40 s off and 3.55 s with auto "
-        "(a question waits for the frame encode a warm-up has in flight; README, 'Warm-ups'). The start-up log "
-        "and /api/health say which mode runs and why.",
+        "start-up: from 150 ms to 500 ms a frame it chooses 'idle' and each kept frame is encoded as it "
+        "arrives; below (the tiny model, a GPU) 'off', and above it 'off' too: a question arriving during a "
+        "warm-up waits for its encode (vLLM cannot preempt it). On the CPU default at true size on 2 cores (about "
+        "1 s a frame) bench/page.py measured a moving scene's median Enter -> first token at 0.40 s off and "
+        "3.55 s with warm-ups (README, 'Warm-ups'). The start-up log and /api/health say which mode runs and why.",
         choices=("auto", "off", "idle", "always"),
     )
     record_dir: str = _opt(

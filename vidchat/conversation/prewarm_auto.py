@@ -10,8 +10,12 @@ were encoded as they arrived. So at start-up the server times one encode of
 a frame at the size sessions store them and chooses:
 
 * ``idle`` (encode ahead) where that frame took more than
-  :data:`AUTO_THRESHOLD_MS`;
-* ``off`` where it took less.
+  :data:`AUTO_THRESHOLD_MS` and at most :data:`AUTO_CEILING_MS`;
+* ``off`` where it took less (the frames cost the question little), and
+  where it took more than the ceiling: vLLM cannot preempt a warm-up's
+  encode, so a question that arrives during one waits for it, and on the
+  true-size CPU default on 2 cores (about a second a frame) that wait cost
+  more than encoding ahead saved (README, 'What to expect on a laptop CPU').
 
 The measurement is the difference between two one-token requests that differ
 only by the frame (after one untimed request, so neither pays the engine's
@@ -42,6 +46,13 @@ log = logging.getLogger(__name__)
 # with the browser for the cores. The two sides measured here are 50-100x
 # apart, so the threshold is far from both.
 AUTO_THRESHOLD_MS = 150.0
+# Above this a frame's encode, which a question arriving during a warm-up
+# waits for, is longer than the page's target from Enter to the first token
+# (400 ms on 2 cores) plus the page's own round trip: warm-ups then make
+# the typical question slower, as bench/page.py measured on the CPU default
+# at true size (994 ms a frame: a moving scene's median 3,555 ms with
+# warm-ups against 402 ms without).
+AUTO_CEILING_MS = 500.0
 # What the encoder gets: a frame at the size sessions store them
 # (vidchat.media DEFAULT store size, 320x240), noise so it compresses to nothing.
 PROBE_FRAME_HW = (240, 320)
@@ -117,8 +128,15 @@ def pending() -> PrewarmChoice:
     return PrewarmChoice("auto", "off", "auto: the model is loading; warm-ups stay off until a frame is timed")
 
 
-def choose(frame_ms: float, threshold_ms: float = AUTO_THRESHOLD_MS) -> PrewarmChoice:
+def choose(frame_ms: float, threshold_ms: float = AUTO_THRESHOLD_MS,
+           ceiling_ms: float = AUTO_CEILING_MS) -> PrewarmChoice:
     """The mode for a measured per-frame encoding cost."""
+    size = f"{PROBE_FRAME_HW[1]}x{PROBE_FRAME_HW[0]}"
+    if frame_ms > ceiling_ms:
+        return PrewarmChoice(
+            "auto", "off", f"auto: a {size} frame took {frame_ms:.0f} ms to encode, more than {ceiling_ms:.0f} ms: "
+            "a question arriving during a warm-up would wait that long for it (vLLM cannot preempt it), more than "
+            "encoding ahead saves", round(frame_ms, 1), threshold_ms)
     if frame_ms > threshold_ms:
         return PrewarmChoice(
             "auto", AUTO_ON_MODE, f"auto: a {PROBE_FRAME_HW[1]}x{PROBE_FRAME_HW[0]} frame took {frame_ms:.0f} ms "
