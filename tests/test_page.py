@@ -198,7 +198,13 @@ async def test_page_streams_an_answer_and_two_tabs_use_their_own_frames(server, 
                 # Once the old one is aborted (or over), it no longer runs beside the new one.
                 await until_running_at_most(server, 1, "the old request stops beside the new one")
                 steps["stop_clicking_s"] = round(time.monotonic() - began, 1)
-                await red.click("#vc-stop-answer")
+                # A real pointer click, without Playwright's wait for the button
+                # to stand still: in two-worker runs that wait took 4-10 s while
+                # the chat streamed (the click itself, forced, lands at once), and
+                # the answer ran out first. Covered or hidden, the click would
+                # miss the button and the check below would fail.
+                assert await red.locator("#vc-stop-answer").is_visible()
+                await red.click("#vc-stop-answer", force=True)
                 steps["stop_clicked_s"] = round(time.monotonic() - began, 1)
                 stopped = await answer_state(server, red_sid, "Stop ends the answer", after=new["n"] - 1, done=True,
                                              tries=tries)
@@ -213,6 +219,9 @@ async def test_page_streams_an_answer_and_two_tabs_use_their_own_frames(server, 
                 last_n = new["n"]
                 if all(answer["cancelled"] for answer in cut):
                     break
+                # The next try starts from a settled tab: not while it renders
+                # this try's 2,000-token answer and its panel of 16 frames.
+                await wait_for_answer(red, shown, timeout=120)
             else:
                 pytest.fail(f"in three tries the answers were never both cut short: {tries}")
             # What each try took, for a look at how starved the tab was in this run.
