@@ -24,6 +24,7 @@ from vidchat.devtools.harness import (  # noqa: F401 - re-exported for the test 
     eventually,
     eventually_async,
 )
+from vidchat.devtools.machine_share import MachineShare
 from vidchat.devtools.tiers import count_engine_start  # noqa: F401 - re-exported
 from vidchat.engine import EngineOptions
 from vidchat.engine.local import LocalEngine
@@ -91,6 +92,20 @@ def pytest_xdist_make_scheduler(config, log):
 
     config.option.loadscopereorder = False  # keep the longest-first order
     return ByWorkUnit(config, log)
+
+
+# Each test, set-up to teardown, shares the machine with the other workers'
+# tests; a step that must have it to itself asks MACHINE.alone().
+MACHINE = MachineShare.for_this_process()
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    MACHINE.test_starts()
+    try:
+        return (yield)
+    finally:
+        MACHINE.test_ends()
 
 
 # ---- models and engines ----

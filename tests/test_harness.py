@@ -10,6 +10,7 @@ import pytest
 
 from vidchat.devtools import harness
 from vidchat.devtools.harness import NeverHappened, allocate_port, eventually, eventually_async
+from vidchat.devtools.machine_share import MachineShare
 
 pytestmark = pytest.mark.unit
 
@@ -164,3 +165,68 @@ def test_work_units_name_real_modules_and_keep_shared_fixtures_on_one_worker():
     assert conftest.work_unit("tests/test_hosting.py::test_x[token]") == conftest.work_unit(
         "tests/test_remote_engine.py::test_y") == "vllm-serve"
     assert conftest.work_unit("tests/test_page.py::test_z") == "test_page"
+
+
+OTHER_WORKER = """
+import sys
+from pathlib import Path
+from vidchat.devtools.machine_share import MachineShare
+share = MachineShare(sys.argv[1], Path(sys.argv[2]))
+share.test_starts()
+print("holding", flush=True)
+sys.stdin.readline()  # until told its test is over
+(Path(sys.argv[2]) / "other-test-ended").write_text("yes")
+share.test_ends()
+"""
+
+
+async def test_a_step_alone_waits_for_the_other_workers_running_test(tmp_path):
+    import subprocess
+    import sys
+
+    other = subprocess.Popen([sys.executable, "-c", OTHER_WORKER, "run-1", str(tmp_path)],
+                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert other.stdout.readline().strip() == "holding"
+        share = MachineShare("run-1", tmp_path)
+        share.test_starts()  # two tests share the machine
+
+        seen_inside: list[bool] = []
+
+        async def step_alone() -> None:
+            async with share.alone():
+                seen_inside.append((tmp_path / "other-test-ended").exists())
+
+        task = asyncio.create_task(step_alone())
+
+        def turnstile_taken() -> bool:  # held while the step waits for the other test
+            import fcntl
+
+            with open(tmp_path / "vidchat-tests-run-1.turnstile", "ab") as f:
+                try:
+                    fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                except BlockingIOError:
+                    return True
+                fcntl.flock(f, fcntl.LOCK_UN)
+                return False
+
+        await eventually_async(lambda: asyncio.to_thread(turnstile_taken), 10, "the step waits its turn")
+        assert not task.done()
+        other.stdin.write("done\n")
+        other.stdin.flush()
+        await asyncio.wait_for(task, 10)
+        assert seen_inside == [True], "the step ran while the other worker's test still held the machine"
+        share.test_ends()
+        share.close()
+    finally:
+        other.kill()
+        other.wait()
+
+
+async def test_without_workers_alone_locks_nothing(tmp_path):
+    share = MachineShare(None, tmp_path)
+    share.test_starts()
+    async with share.alone():
+        pass
+    share.test_ends()
+    assert list(tmp_path.iterdir()) == []
