@@ -8,7 +8,7 @@ PYTEST_ARGS ?=
 # first imports (scripts/setup.sh), instead of compiling all 3 GB up front.
 PY = env -u PYTHONDONTWRITEBYTECODE .venv/bin/python
 # pytest workers: two on a 2-core machine (this project's and CI's: about
-# 12 min, against about 19 serial), one per two cores above that. Work is
+# 15 min here, against about 19 serial), one per two cores above that. Work is
 # handed out by module (modules that share an expensive fixture go
 # together; tests/conftest.py), longest first.
 TEST_WORKERS ?= $(shell n=$$(nproc 2>/dev/null || echo 2); echo $$(( n / 2 > 2 ? n / 2 : (n > 1 ? 2 : 1) )))
