@@ -10,7 +10,9 @@ addopts.
 from __future__ import annotations
 
 import asyncio as _asyncio
+import json
 import os
+import time
 from pathlib import Path
 
 import pytest
@@ -102,10 +104,28 @@ MACHINE = MachineShare.for_this_process()
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_protocol(item, nextitem):
     MACHINE.test_starts()
+    started = time.time()
     try:
         return (yield)
     finally:
         MACHINE.test_ends()
+        _timeline_line(item.nodeid, started)
+
+
+def pytest_sessionstart(session) -> None:
+    if not hasattr(session.config, "workerinput"):  # the run's controller, before any worker writes
+        for old in ARTIFACTS.glob("timeline-*.jsonl"):
+            old.unlink()
+
+
+def _timeline_line(nodeid: str, started: float) -> None:
+    """Where a run's wall time went, test by test and worker by worker
+    (scripts/timeline.py reads test-artifacts/timeline-*.jsonl)."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "main")
+    ARTIFACTS.mkdir(exist_ok=True)
+    line = {"worker": worker, "unit": work_unit(nodeid), "test": nodeid, "start": started, "end": time.time()}
+    with open(ARTIFACTS / f"timeline-{worker}.jsonl", "a") as f:
+        f.write(json.dumps(line) + "\n")
 
 
 # ---- models and engines ----

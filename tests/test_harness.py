@@ -230,3 +230,26 @@ async def test_without_workers_alone_locks_nothing(tmp_path):
         pass
     share.test_ends()
     assert list(tmp_path.iterdir()) == []
+
+
+def test_the_timeline_names_each_workers_idle_tail_and_the_longest_units():
+    import importlib.util
+    from pathlib import Path
+
+    import conftest
+
+    script = Path(conftest.__file__).parents[1] / "scripts" / "timeline.py"
+    spec = importlib.util.spec_from_file_location("timeline", script)
+    timeline = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(timeline)
+    lines = [
+        {"worker": "gw0", "unit": "test_page", "test": "a", "start": 100.0, "end": 160.0},
+        {"worker": "gw0", "unit": "test_page", "test": "b", "start": 160.0, "end": 190.0},
+        {"worker": "gw1", "unit": "vllm-serve", "test": "c", "start": 101.0, "end": 130.0},
+    ]
+    out = timeline.report(lines, top=5)
+    assert out[0].startswith("run: 90 s")
+    assert "gw0: 2 tests, busy 90 s, idle at the end 0 s" in out
+    assert "gw1: 1 tests, busy 29 s, idle at the end 60 s" in out
+    units = [line.split()[:2] for line in out[4:]]
+    assert units == [["gw0", "test_page"], ["gw1", "vllm-serve"]]
