@@ -14,6 +14,7 @@
     fileName: "",      // its name, for the answer records (never a path)
     reporting: false,  // a /webrtc/source report is in flight
     reports: [],  // reports read at their events, waiting their turn
+    fileClock: null,  // the file's last report: where the server puts its frames until the next
     ticks: 0,
     last: null,        // the previous stats poll, for rates
     statsTimer: null,
@@ -141,6 +142,7 @@
   // Reports go one at a time, in order.
   function reportSource(jump) {
     if (!state.sessionId || !state.source) return;
+    if (!jump) jump = presentedNow();
     const body = { session_id: state.sessionId, kind: state.source,
                    at: jump ? jump.at : performance.timeOrigin + performance.now() };
     if (state.source === "file") {
@@ -164,6 +166,7 @@
         loop: !!video.loop,
       });
     }
+    if (state.source === "file") state.fileClock = body;  // what the server extrapolates from
     state.reports.push(body);
     if (state.reports.length > 32) state.reports.shift();  // a stalled server: keep the newest
     sendReports();
@@ -176,12 +179,28 @@
   // the target's position to old pictures still captured after it, and one
   // at "seeked" the old position to the target's first frame, which Chromium
   // captures just before "seeked" fires.
-  const presented = { mediaTime: null, seekTarget: null };
+  const presented = { mediaTime: null, at: null, seekTarget: null };
+
+  // A playing file's place, read from its newest presented frame (the frame
+  // and the moment it was shown) rather than from currentTime and now: a
+  // starved tab's currentTime can lag the picture, and one such report put
+  // the frames after it 0.36 s before their place in the file. Null where
+  // that frame is not known, older than the last report, or the file is
+  // not simply playing (paused, seeking, stalled: the picture stands still).
+  function presentedNow() {
+    const video = $("#vc-preview");
+    if (state.source !== "file" || !video || presented.at === null || presented.mediaTime === null) return null;
+    if (video.paused || video.seeking || video.ended || video.readyState < 3 || !(video.playbackRate > 0)) return null;
+    const now = performance.timeOrigin + performance.now();
+    if (now - presented.at > 1000 || (state.fileClock && presented.at <= state.fileClock.at)) return null;
+    return { position: presented.mediaTime, at: presented.at };
+  }
   function watchPresented(video) {
     if (!video.requestVideoFrameCallback || video.dataset.vcPresented) return;
     video.dataset.vcPresented = "1";
     const onFrame = (_now, meta) => {
       presented.mediaTime = meta.mediaTime;
+      presented.at = performance.timeOrigin + meta.presentationTime;
       const target = presented.seekTarget;
       if (target !== null && Math.abs(meta.mediaTime - target) < 0.25) {
         presented.seekTarget = null;
@@ -190,10 +209,34 @@
         }
       } else if (target !== null && !video.seeking) {
         presented.seekTarget = null;  // the seek ended on another frame: its "seeked" report stands
+      } else if (target === null && state.source === "file") {
+        reportDrift(meta);
       }
       video.requestVideoFrameCallback(onFrame);
     };
     video.requestVideoFrameCallback(onFrame);
+  }
+
+  // Between reports the server extrapolates the file's position from the
+  // last one by the wall clock. A starved tab's video stalls, then skips
+  // ahead to catch up with its audio: in a two-worker test run a frame was
+  // placed 0.36 s before where it is in the file, between two of the
+  // once-a-second reports. So a presented frame that is further than
+  // DRIFT_S from where the last report puts it is reported at once, at its
+  // presentation (at most every DRIFT_EVERY_MS).
+  const DRIFT_S = 0.15, DRIFT_EVERY_MS = 300;
+  let lastDriftReport = 0;
+  function reportDrift(meta) {
+    const clock = state.fileClock;
+    const at = performance.timeOrigin + meta.presentationTime;
+    if (!clock || !clock.playing || at - lastDriftReport < DRIFT_EVERY_MS) return;
+    let off = meta.mediaTime - (clock.position + (at - clock.at) / 1000 * clock.rate);
+    if (clock.loop && clock.duration) {  // a position past the end has wrapped: compare on the circle
+      off = ((off % clock.duration) + clock.duration * 1.5) % clock.duration - clock.duration / 2;
+    }
+    if (Math.abs(off) <= DRIFT_S) return;
+    lastDriftReport = at;
+    reportSource({ position: meta.mediaTime, at: at - 1 });
   }
 
   function sendReports() {
