@@ -36,16 +36,16 @@ def report(lines: list[dict], top: int) -> list[str]:
         busy = sum(line["end"] - line["start"] for line in mine)
         last = max(line["end"] for line in mine)
         out.append(f"{worker}: {len(mine)} tests, busy {busy:.0f} s, idle at the end {end - last:.0f} s")
-    units: dict[str, list[float]] = defaultdict(lambda: [0.0, float("inf"), 0.0, 0])
+    by_unit: dict[str, list[dict]] = defaultdict(list)
     for line in lines:
-        unit = units[f"{line['worker']} {line['unit']}"]
-        unit[0] += line["end"] - line["start"]
-        unit[1] = min(unit[1], line["start"] - start)
-        unit[2] = max(unit[2], line["end"] - start)
-        unit[3] += 1
+        by_unit[f"{line['worker']} {line['unit']}"].append(line)
     out.append(f"{'worker unit':<44}{'tests':>6}{'seconds':>9}{'from':>7}{'to':>7}")
-    for name, (seconds, first, last, count) in sorted(units.items(), key=lambda kv: -kv[1][0])[:top]:
-        out.append(f"{name:<44}{count:>6}{seconds:>9.0f}{first:>7.0f}{last:>7.0f}")
+    busiest = sorted(by_unit.items(), key=lambda kv: -sum(line["end"] - line["start"] for line in kv[1]))
+    for name, mine in busiest[:top]:
+        seconds = sum(line["end"] - line["start"] for line in mine)
+        first = min(line["start"] for line in mine) - start
+        last = max(line["end"] for line in mine) - start
+        out.append(f"{name:<44}{len(mine):>6}{seconds:>9.0f}{first:>7.0f}{last:>7.0f}")
     return out
 
 

@@ -200,17 +200,17 @@
     video.dataset.vcPresented = "1";
     const onFrame = (_now, meta) => {
       presented.mediaTime = meta.mediaTime;
-      presented.at = performance.timeOrigin + meta.presentationTime;
+      presented.at = performance.timeOrigin + meta.presentationTime;  // this page's clock, as reports
       const target = presented.seekTarget;
       if (target !== null && Math.abs(meta.mediaTime - target) < 0.25) {
         presented.seekTarget = null;
         if (state.source === "file") {
-          reportSource({ position: meta.mediaTime, at: performance.timeOrigin + meta.presentationTime - 1 });
+          reportSource({ position: meta.mediaTime, at: presented.at - 1 });
         }
       } else if (target !== null && !video.seeking) {
         presented.seekTarget = null;  // the seek ended on another frame: its "seeked" report stands
       } else if (target === null && state.source === "file") {
-        reportDrift(meta);
+        reportDrift();
       }
       video.requestVideoFrameCallback(onFrame);
     };
@@ -226,17 +226,16 @@
   // presentation (at most every DRIFT_EVERY_MS).
   const DRIFT_S = 0.15, DRIFT_EVERY_MS = 300;
   let lastDriftReport = 0;
-  function reportDrift(meta) {
-    const clock = state.fileClock;
-    const at = performance.timeOrigin + meta.presentationTime;
+  function reportDrift() {
+    const clock = state.fileClock, at = presented.at;
     if (!clock || !clock.playing || at - lastDriftReport < DRIFT_EVERY_MS) return;
-    let off = meta.mediaTime - (clock.position + (at - clock.at) / 1000 * clock.rate);
+    let off = presented.mediaTime - (clock.position + (at - clock.at) / 1000 * clock.rate);
     if (clock.loop && clock.duration) {  // a position past the end has wrapped: compare on the circle
       off = ((off % clock.duration) + clock.duration * 1.5) % clock.duration - clock.duration / 2;
     }
     if (Math.abs(off) <= DRIFT_S) return;
     lastDriftReport = at;
-    reportSource({ position: meta.mediaTime, at: at - 1 });
+    reportSource({ position: presented.mediaTime, at: at - 1 });
   }
 
   function sendReports() {

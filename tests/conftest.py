@@ -112,8 +112,10 @@ def pytest_runtest_protocol(item, nextitem):
         _timeline_line(item.nodeid, started)
 
 
+@pytest.hookimpl(tryfirst=True)
 def pytest_sessionstart(session) -> None:
-    if not hasattr(session.config, "workerinput"):  # the run's controller, before any worker writes
+    ARTIFACTS.mkdir(exist_ok=True)
+    if not hasattr(session.config, "workerinput"):  # the run's controller, before its workers start
         for old in ARTIFACTS.glob("timeline-*.jsonl"):
             old.unlink()
 
@@ -122,7 +124,6 @@ def _timeline_line(nodeid: str, started: float) -> None:
     """Where a run's wall time went, test by test and worker by worker
     (scripts/timeline.py reads test-artifacts/timeline-*.jsonl)."""
     worker = os.environ.get("PYTEST_XDIST_WORKER", "main")
-    ARTIFACTS.mkdir(exist_ok=True)
     line = {"worker": worker, "unit": work_unit(nodeid), "test": nodeid, "start": started, "end": time.time()}
     with open(ARTIFACTS / f"timeline-{worker}.jsonl", "a") as f:
         f.write(json.dumps(line) + "\n")
