@@ -358,9 +358,12 @@ async def test_a_reask_while_the_chat_answers_leaves_the_chat_answer_running(ser
         await client.close()
 
 
-# A hundred answers through the page's API. One frame and at most 40 tokens
-# an answer keep it short (the whole chat still outgrows the context after
-# about 60 turns, so the last third of the questions are trimmed).
+# A hundred answers through the page's API. One frame and 8-token answers
+# keep each turn quick; the questions are long instead, so the whole chat
+# still outgrows the context after about 50 turns and the last half of the
+# questions are trimmed.
+LONG_QUESTION = ("what do you see now, which colours and shapes are in the picture, where are they, "
+                 "and what has moved since the question before this one?")
 @pytest.mark.timeout(600)
 async def test_a_hundred_questions_in_one_chat_all_answer_within_the_context(server):
     """The page sends its whole chat with each question; once that outgrows
@@ -374,7 +377,7 @@ async def test_a_hundred_questions_in_one_chat_all_answer_within_the_context(ser
         history, records = [], []
         for i in range(100):
             history, _, stats = await asyncio.to_thread(
-                lambda: submit(server, client.session_id, f"Question {i}: what do you see now?", k=1, max_tokens=40,
+                lambda: submit(server, client.session_id, f"Question {i}: {LONG_QUESTION}", k=1, max_tokens=8,
                                temperature=1.0, history=history, gradio=gradio).result(120))
             # Sampled, not greedy: greedy decoding of the random model drifts
             # into tokens that decode to no text, and an empty answer is not
@@ -386,7 +389,8 @@ async def test_a_hundred_questions_in_one_chat_all_answer_within_the_context(ser
         trimmed = [i for i, (n, total) in enumerate(sent) if n < total]
         assert trimmed and trimmed == list(range(trimmed[0], 100)), (sent[-3:], [r["prompt_tokens"] for r in records][-3:])  # once full, the oldest always go
         assert all(n % 2 == 0 for n, _ in sent)  # whole question-and-answer pairs
-        assert max(r["prompt_tokens"] for r in records) + 40 <= 4096
+        print(f"the oldest turns were left out from question {trimmed[0]} on")
+        assert max(r["prompt_tokens"] for r in records) + 8 <= 4096
     finally:
         await client.close()
 
