@@ -125,6 +125,7 @@ def test_session_update_is_read_by_the_settings_table_and_refusals_name_the_fiel
                            ({"vidchat": {"bogus": 1}}, "session.vidchat"),
                            ({"max_output_tokens": 0}, "session.max_output_tokens"),
                            ({"audio": {"input": {"format": {"type": "audio/pcmu"}}}}, "session.audio.input.format"),
+                           ({"audio": "pcm16"}, "session.audio"), ({"audio": {"input": 5}}, "session.audio.input"),
                            ({"audio": {"input": {"turn_detection": {"type": "semantic_vad"}}}},
                             "session.audio.input.turn_detection"),
                            ({"output_modalities": ["video"]}, "session.output_modalities")]:
@@ -170,7 +171,7 @@ def test_usage_and_the_response_object_have_the_sdk_shapes():
 @pytest.mark.unit
 def test_what_is_not_served_is_refused_by_name():
     for kind in ("conversation.item.retrieve", "conversation.item.delete", "conversation.item.truncate",
-                 "output_audio_buffer.clear"):
+                 "output_audio_buffer.clear", "transcription_session.update"):
         refused = rt.not_served(kind)
         assert refused.code == "unsupported_event" and refused.message.startswith(f"{kind} is not served here: ")
     # Fields that ask for what is not served are refused, never silently ignored; empty ones ask for nothing.

@@ -129,7 +129,10 @@ def parse_session(session: Any) -> SessionUpdate:
     if session.get("type", "realtime") != "realtime":
         raise EventError(f"only realtime sessions are served, got type {session.get('type')!r}", param="session.type")
     update = SessionUpdate(answer_fields(session, "session"))
-    audio_in = ((session.get("audio") or {}).get("input") or {}) if isinstance(session.get("audio"), dict) else {}
+    audio = session.get("audio") or {}
+    if not isinstance(audio, dict):
+        raise EventError("session.audio must be an object", param="session.audio")
+    audio_in = audio.get("input") or {}
     if not isinstance(audio_in, dict):
         raise EventError("session.audio.input must be an object", param="session.audio.input")
     unserved(audio_in, "transcription", "session.audio.input.transcription",
