@@ -47,6 +47,7 @@ from vidchat.devtools.page import (  # noqa: E402
 log = logging.getLogger("bench.page")
 RESULTS = Path(__file__).resolve().parent / "results"
 RED = (210, 40, 40)
+TYPING_MS = 60  # between key presses: the question is typed as a person types it
 
 
 async def _observe_latency(page) -> None:
@@ -67,8 +68,9 @@ async def _observe_latency(page) -> None:
     )
 
 
-async def _round(page, server: harness.Server, questions: int) -> tuple[list, list, list]:
-    """Enter -> first token visible for ``questions`` questions, each on a fresh chat."""
+async def _round(page, server: harness.Server, questions: int, typing_ms: int) -> tuple[list, list, list]:
+    """Enter -> first token visible for ``questions`` questions, each on a fresh chat, each typed
+    key by key (``typing_ms`` apart, as a person types)."""
     box = page.locator("#vc-question textarea")
     log_start = len(server.log())
     await page.evaluate("() => { window.__lat.results = []; }")
@@ -81,7 +83,7 @@ async def _round(page, server: harness.Server, questions: int) -> tuple[list, li
         await next_frame(page)
         # Typed at 60 ms a key (a fast typist): the page tells the server a
         # question is coming at the first key.
-        await box.press_sequentially(f"Question {i}: what is moving?", delay=60)
+        await box.press_sequentially(f"Question {i}: what is moving?", delay=typing_ms)
         await page.evaluate("() => { Object.assign(window.__lat, "
                             "{t0: performance.now(), wall0: Date.now(), waiting: true, expect: 1}); }")
         await box.press("Enter")
@@ -142,12 +144,12 @@ def summarise(timed: list, prep: list, server: list, questions: int) -> dict:
     }
 
 
-async def _mode(page, server: harness.Server, questions: int, mode: str) -> dict:
+async def _mode(page, server: harness.Server, questions: int, mode: str, typing_ms: int) -> dict:
     switched = server.post_json("/api/prewarm", {"mode": mode})
     if switched.get("mode") != mode and not (mode == "auto" and switched.get("setting") == "auto"):
         raise RuntimeError(f"the server refused warm-up mode {mode}: {switched}")
     pins_before = server.get_json("/api/health")["prewarm"]["pins_used"]
-    summary = summarise(*await _round(page, server, questions), questions)
+    summary = summarise(*await _round(page, server, questions, typing_ms), questions)
     health = server.get_json("/api/health")
     # With warm-ups on, the page's Enter has the server take each question's
     # sample at once and warm it (vidchat.conversation.prewarm question_now); off, never.
@@ -156,7 +158,8 @@ async def _mode(page, server: harness.Server, questions: int, mode: str) -> dict
     return summary
 
 
-async def measure(server: harness.Server, questions: int, still_questions: int, work: Path) -> dict:
+async def measure(server: harness.Server, questions: int, still_questions: int, work: Path,
+                  typing_ms: int = TYPING_MS) -> dict:
     from playwright.async_api import async_playwright
 
     media = {"moving": work / "moving.y4m", "still": work / "still.y4m", "tone": work / "tone.wav"}
@@ -175,7 +178,7 @@ async def measure(server: harness.Server, questions: int, still_questions: int, 
                 await _observe_latency(page)
                 for mode in ("off", "auto"):
                     key = f"prewarm_{mode}" if scene == "moving" else f"still_prewarm_{mode}"
-                    report[key] = await _mode(page, server, n, mode)
+                    report[key] = await _mode(page, server, n, mode, typing_ms)
             finally:
                 await browser.close()
         report["prewarm"] = server.get_json("/api/health")["prewarm"]
