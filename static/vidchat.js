@@ -207,10 +207,12 @@
         if (state.source === "file") {
           reportSource({ position: meta.mediaTime, at: presented.at - 1 });
         }
-      } else if (target !== null && !video.seeking) {
-        presented.seekTarget = null;  // the seek ended on another frame: its "seeked" report stands
-      } else if (target === null && state.source === "file") {
-        reportDrift();
+      } else {
+        // The seek ended on another frame (a starved tab skips frames; a
+        // loop's first frames can go unseen): the drift check below reports
+        // where the picture really is.
+        if (target !== null && !video.seeking) presented.seekTarget = null;
+        if (presented.seekTarget === null && state.source === "file") reportDrift();
       }
       video.requestVideoFrameCallback(onFrame);
     };
@@ -218,22 +220,29 @@
   }
 
   // Between reports the server extrapolates the file's position from the
-  // last one by the wall clock. A starved tab's video stalls, then skips
-  // ahead to catch up with its audio: in a two-worker test run a frame was
-  // placed 0.36 s before where it is in the file, between two of the
-  // once-a-second reports. So a presented frame that is further than
-  // DRIFT_S from where the last report puts it is reported at once, at its
-  // presentation (at most every DRIFT_EVERY_MS).
+  // last one by the wall clock, or holds it where a report said the picture
+  // stands (paused, seeking, stalled). A starved tab's video stalls, then
+  // skips ahead to catch up with its audio: in a two-worker test run a
+  // frame was placed 0.36 s before where it is in the file, between two of
+  // the once-a-second reports; and at a loop the "seeked" report, made
+  // before the file had data again, said the picture stood at 0 s while it
+  // played on (a frame 0.65 s in was placed at 0). So a presented frame
+  // that is further than DRIFT_S from where the last report puts it is
+  // reported at once, at its presentation (at most every DRIFT_EVERY_MS).
   const DRIFT_S = 0.15, DRIFT_EVERY_MS = 300;
   let lastDriftReport = 0;
   function reportDrift() {
-    const clock = state.fileClock, at = presented.at;
-    if (!clock || !clock.playing || at - lastDriftReport < DRIFT_EVERY_MS) return;
-    let off = presented.mediaTime - (clock.position + (at - clock.at) / 1000 * clock.rate);
+    const clock = state.fileClock, at = presented.at, video = $("#vc-preview");
+    if (!clock || !video || video.paused || video.seeking || at <= clock.at || at - lastDriftReport < DRIFT_EVERY_MS) {
+      return;  // (a frame presented before the last report: that report is newer news)
+    }
+    const expected = clock.playing ? clock.position + (at - clock.at) / 1000 * clock.rate : clock.position;
+    let off = presented.mediaTime - expected;
     if (clock.loop && clock.duration) {  // a position past the end has wrapped: compare on the circle
       off = ((off % clock.duration) + clock.duration * 1.5) % clock.duration - clock.duration / 2;
     }
-    if (Math.abs(off) <= DRIFT_S) return;
+    // A picture the last report has standing still that moves at all has started to play.
+    if (Math.abs(off) <= (clock.playing ? DRIFT_S : 0.02)) return;
     lastDriftReport = at;
     reportSource({ position: presented.mediaTime, at: at - 1 });
   }
