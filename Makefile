@@ -7,10 +7,11 @@ PYTEST_ARGS ?=
 # PYTHONDONTWRITEBYTECODE is set: a test set-up leaves compiling to the
 # first imports (scripts/setup.sh), instead of compiling all 3 GB up front.
 PY = env -u PYTHONDONTWRITEBYTECODE .venv/bin/python
-# pytest workers: two on a 2-core machine (this project's and CI's: about
-# 15 min here, against about 19 serial), one per two cores above that. Work is
-# handed out by module (modules that share an expensive fixture go
-# together; tests/conftest.py), longest first.
+# pytest workers: two on a 2-core machine (this project's and CI's:
+# 15-19 min here by the day, against about 19 serial; three were no
+# faster), one per two cores above that. Work is handed out by module
+# (modules that share an expensive fixture go together; tests/conftest.py),
+# longest first.
 TEST_WORKERS ?= $(shell n=$$(nproc 2>/dev/null || echo 2); echo $$(( n / 2 > 2 ? n / 2 : (n > 1 ? 2 : 1) )))
 XDIST = $(if $(filter-out 1,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist loadfile)
 
