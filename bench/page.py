@@ -81,8 +81,8 @@ async def _round(page, server: harness.Server, questions: int, typing_ms: int) -
         await page.click("#vc-clear")
         await page.wait_for_function("!document.querySelector('#vc-chat [data-testid=\"bot\"]')")
         await next_frame(page)
-        # Typed at 60 ms a key (a fast typist): the page tells the server a
-        # question is coming at the first key.
+        # Typed key by key (TYPING_MS apart by default, a fast typist): the
+        # page tells the server a question is coming at the first key.
         await box.press_sequentially(f"Question {i}: what is moving?", delay=typing_ms)
         await page.evaluate("() => { Object.assign(window.__lat, "
                             "{t0: performance.now(), wall0: Date.now(), waiting: true, expect: 1}); }")
