@@ -40,9 +40,8 @@ def report(lines: list[dict], top: int) -> list[str]:
     for line in lines:
         by_unit[f"{line['worker']} {line['unit']}"].append(line)
     out.append(f"{'worker unit':<44}{'tests':>6}{'seconds':>9}{'from':>7}{'to':>7}")
-    busiest = sorted(by_unit.items(), key=lambda kv: -sum(line["end"] - line["start"] for line in kv[1]))
-    for name, mine in busiest[:top]:
-        seconds = sum(line["end"] - line["start"] for line in mine)
+    rows = [(sum(line["end"] - line["start"] for line in mine), name, mine) for name, mine in by_unit.items()]
+    for seconds, name, mine in sorted(rows, key=lambda row: -row[0])[:top]:
         first = min(line["start"] for line in mine) - start
         last = max(line["end"] for line in mine) - start
         out.append(f"{name:<44}{len(mine):>6}{seconds:>9.0f}{first:>7.0f}{last:>7.0f}")

@@ -364,6 +364,9 @@ async def test_a_reask_while_the_chat_answers_leaves_the_chat_answer_running(ser
 # questions are trimmed.
 LONG_QUESTION = ("what do you see now, which colours and shapes are in the picture, where are they, "
                  "and what has moved since the question before this one?")
+ANSWER_TOKENS = 8
+
+
 @pytest.mark.timeout(600)
 async def test_a_hundred_questions_in_one_chat_all_answer_within_the_context(server):
     """The page sends its whole chat with each question; once that outgrows
@@ -377,7 +380,7 @@ async def test_a_hundred_questions_in_one_chat_all_answer_within_the_context(ser
         history, records = [], []
         for i in range(100):
             history, _, stats = await asyncio.to_thread(
-                lambda: submit(server, client.session_id, f"Question {i}: {LONG_QUESTION}", k=1, max_tokens=8,
+                lambda: submit(server, client.session_id, f"Question {i}: {LONG_QUESTION}", k=1, max_tokens=ANSWER_TOKENS,
                                temperature=1.0, history=history, gradio=gradio).result(120))
             # Sampled, not greedy: greedy decoding of the random model drifts
             # into tokens that decode to no text, and an empty answer is not
@@ -390,7 +393,7 @@ async def test_a_hundred_questions_in_one_chat_all_answer_within_the_context(ser
         assert trimmed and trimmed == list(range(trimmed[0], 100)), (sent[-3:], [r["prompt_tokens"] for r in records][-3:])  # once full, the oldest always go
         assert all(n % 2 == 0 for n, _ in sent)  # whole question-and-answer pairs
         print(f"the oldest turns were left out from question {trimmed[0]} on")
-        assert max(r["prompt_tokens"] for r in records) + 8 <= 4096
+        assert max(r["prompt_tokens"] for r in records) + ANSWER_TOKENS <= 4096
     finally:
         await client.close()
 
