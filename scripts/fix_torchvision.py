@@ -44,7 +44,12 @@ def main() -> int:
     anchor = "\n@"  # insert the helper before the first decorated function
     at = text.index(anchor)
     text = text[:at] + "\n" + GUARD + text[at + 1 :]
-    path.write_text(text)
+    # A new file in its place, never a write into the old one: uv installs
+    # by hard-linking its cache's files, and an in-place write would patch
+    # the cache (and every environment linked to it) as well.
+    patched = path.with_name(path.name + ".vidchat-new")
+    patched.write_text(text)
+    patched.replace(path)
     print(f"fix_torchvision: patched {path}", file=sys.stderr)
     return 0
 
