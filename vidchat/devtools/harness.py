@@ -303,7 +303,7 @@ S = TypeVar("S", bound=Spawned)
 
 def _spawn_until_answers(name: str, cmd: list[str], port: int, log_path: Path,
                          make: Callable[[subprocess.Popen, str, Path], S], probe: str, timeout: float,
-                         interval: float, stop: Callable[[S], None]) -> S:
+                         interval: float, stop: Callable[[S], None], env: dict[str, str] | None = None) -> S:
     """Run ``cmd`` (listening on loopback ``port``) with its output in this
     worker's ``log_path`` and return it, as ``make`` wraps it, once GET
     ``probe`` answers 200. If it exits or never answers it is stopped with
@@ -311,7 +311,7 @@ def _spawn_until_answers(name: str, cmd: list[str], port: int, log_path: Path,
     log_path = per_worker(log_path)
     log_path.parent.mkdir(parents=True, exist_ok=True)
     with open(log_path, "w") as log_file:
-        proc = subprocess.Popen(cmd, cwd=ROOT, stdout=log_file, stderr=subprocess.STDOUT)
+        proc = subprocess.Popen(cmd, cwd=ROOT, stdout=log_file, stderr=subprocess.STDOUT, env=env)
     spawned = make(proc, f"http://127.0.0.1:{port}", log_path)
 
     def answers() -> bool:
@@ -359,8 +359,12 @@ def start_vllm_serve(model: Path, log_path: Path, extra_args: list[str], timeout
     cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model),
            "--host", "127.0.0.1", "--port", str(port), *extra_args]
     log.info("starting vllm serve: %s", " ".join(cmd[2:]))
+    # As vidchat's own engine runs (vidchat.engine.local): the model worker
+    # inside the engine-core process. Otherwise vLLM's CPU platform turns
+    # "uni" into a third process, which imports vLLM once more (~12 s of CPU).
+    env = {**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
     return _spawn_until_answers("vllm serve", cmd, port, log_path, VllmServe, "/health", timeout, 0.25,
-                                stop_vllm_serve)
+                                stop_vllm_serve, env)
 
 
 def stop_vllm_serve(serve: VllmServe, timeout: float = 30) -> None:
