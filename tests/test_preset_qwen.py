@@ -21,8 +21,8 @@ VIDCHAT_TEST_7B=1.
 Overridden for a CPU test machine, nothing else:
   * kv_cache_gb 0.5 (default 1 GiB): at 2 layers even the 16k context of the
     3B presets needs at most 128 MiB of KV; the rest would only take shared RAM.
-The dtype stays "auto" (bfloat16 from the config, which vLLM's CPU backend
-runs), max_model_len, max_images, max_audios and the pixel cap are the
+The dtype stays "auto" (float32 on a CPU without native bfloat16, such as
+this project's machines; the config's bfloat16 where the CPU has it), max_model_len, max_images, max_audios and the pixel cap are the
 preset's.
 
 One engine runs at a time: the fixture is module-scoped and parametrized, so

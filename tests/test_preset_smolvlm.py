@@ -11,8 +11,9 @@ gibberish, so no test looks at words.
 
 Only one setting is overridden: the KV cache (0.5 GiB instead of the
 default 1 GiB), to leave the shared 24 GB test machine room; it changes
-nothing that is checked here. The dtype stays "auto" (vLLM picks bfloat16 on
-this CPU, as it would for the real checkpoint).
+nothing that is checked here. The dtype stays "auto", as for the real
+checkpoint: float32 on a CPU without native bfloat16 (this project's
+machines; vidchat.engine.local), bfloat16 where the CPU has it.
 """
 
 from __future__ import annotations
