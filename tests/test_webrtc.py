@@ -392,7 +392,17 @@ async def test_a_hundred_questions_in_one_chat_all_answer_within_the_context(ser
         trimmed = [i for i, (n, total) in enumerate(sent) if n < total]
         assert trimmed and trimmed == list(range(trimmed[0], 100)), (sent[-3:], [r["prompt_tokens"] for r in records][-3:])  # once full, the oldest always go
         assert all(n % 2 == 0 for n, _ in sent)  # whole question-and-answer pairs
-        print(f"the oldest turns were left out from question {trimmed[0]} on")
+        # The kept turns are cut a step at a time (vidchat.engine.history_cut):
+        # between two cuts they are the prompt's unchanged prefix, served
+        # from vLLM's cache; only a question that moves the cut prefills it.
+        full = records[trimmed[0]:]
+        cut_moved = sum(a["history_turns_total"] - a["history_turns"] != b["history_turns_total"] - b["history_turns"]
+                        for a, b in zip(full, full[1:]))
+        mostly_cached = [r["cached_tokens"] >= r["prompt_tokens"] // 2 for r in full]
+        print(f"the oldest turns were left out from question {trimmed[0]} on; the cut moved {cut_moved} times "
+              f"in {len(full)} questions, {sum(mostly_cached)} of them served mostly from the cache")
+        assert cut_moved * 3 < len(full), cut_moved
+        assert sum(mostly_cached) >= len(full) // 2, [(r["cached_tokens"], r["prompt_tokens"]) for r in full]
         assert max(r["prompt_tokens"] for r in records) + ANSWER_TOKENS <= 4096
     finally:
         await client.close()

@@ -38,8 +38,8 @@ def check_record(settings: Any, on: Any) -> None:
         raise ConfigError(RECORD_OFF)
 
 
-# What a socket session keeps of its chat (history: true); what is sent is
-# trimmed further to the model's context.
+# What a socket session keeps of its chat (history: true; an even number,
+# whole pairs); what is sent is trimmed further to the model's context.
 MAX_HISTORY_TURNS = 400
 
 
@@ -217,8 +217,11 @@ class SocketAnswers:
                 stats["bundle"] = None
         text = done.text
         if self.keep_history and text.strip() and done.status == conversation.COMPLETED:
-            self.history[:] = [*self.history, Turn("user", chat.spoken_text(done.answer)),
-                               Turn("assistant", text.strip())][-MAX_HISTORY_TURNS:]
+            self.history += [Turn("user", chat.spoken_text(done.answer)), Turn("assistant", text.strip())]
+            if len(self.history) > MAX_HISTORY_TURNS:
+                # A quarter at a time, not a pair every answer: what is sent
+                # keeps its cached prefix (vidchat.engine.history_cut).
+                del self.history[:len(self.history) - MAX_HISTORY_TURNS * 3 // 4]
         await conn.send({"type": "response.text.done", "text": text, "stats": stats})
         log.info("ws %s: answered: %d tokens, %d frames, %.1f s audio%s", conn.peer,
                  stats.get("completion_tokens", 0), stats.get("frames", 0), stats.get("audio_seconds", 0.0),

@@ -24,6 +24,7 @@ import numpy as np
 from PIL import Image
 
 from vidchat.engine.families import Family, family_of
+from vidchat.engine.history_cut import cut_step, history_start
 from vidchat.engine.payload import audio_clips, inputs_digest, video_fps  # noqa: F401  (part of the interface)
 from vidchat.media import AUDIO_RATE, FRAMES_AS, MIN_AUDIO_SAMPLES
 
@@ -372,7 +373,8 @@ class ModelEngine:
         beside what this question needs first: its frames, audio, the
         question and room for the answer. The oldest question-and-answer
         pairs go first, so a long chat (watch mode adds an answer every few
-        seconds) never makes every later question fail for length."""
+        seconds) never makes every later question fail for length; they go a
+        step at a time, so that what is kept stays cached (vidchat.engine.history_cut)."""
         tokenizer = getattr(self._processor, "tokenizer", None)
         if not history or tokenizer is None:
             return history
@@ -380,15 +382,27 @@ class ModelEngine:
                                  system_prompt=system_prompt)
         # Frame and audio placeholders expand inside vLLM: counted at their
         # expanded size (an upper bound for video, whose frames merge in time).
-        reserved = (len(tokenizer(base)["input_ids"]) + n_frames * (self.tokens_per_frame or 0)
-                    + math.ceil(audio_s * AUDIO_TOKENS_PER_S) + max_tokens + HISTORY_MARGIN_TOKENS)
-        budget = self.options.max_model_len - reserved
+        expanded = (n_frames * (self.tokens_per_frame or 0) + math.ceil(audio_s * AUDIO_TOKENS_PER_S)
+                    + max_tokens + HISTORY_MARGIN_TOKENS)
+        budget = self.options.max_model_len - len(tokenizer(base)["input_ids"]) - expanded
         costs = [len(tokenizer(turn.text)["input_ids"]) + TURN_TEMPLATE_TOKENS for turn in history]
-        start = 0
-        while start < len(history) and sum(costs[start:]) > budget:
-            start += 1
-            while start < len(history) and history[start].role != "user":
-                start += 1  # whole turns: a kept answer keeps its question
+        is_question = [turn.role == "user" for turn in history]
+        step = cut_step(self.options.max_model_len)
+        start = history_start(costs, is_question, budget, step)
+        # Each turn is counted alone; inside the chat template a turn can
+        # tokenize a little longer (about a token in two on the tiny model's
+        # small vocabulary), which a hundred turns add up to. The prompt
+        # itself is the check: the budget shrinks by what it was over.
+        for _ in range(3):
+            if start >= len(history):
+                break
+            prompt = self.build_prompt(question, n_frames=n_frames, frames_as=frames_as, with_audio=clips,
+                                       history=history[start:], system_prompt=system_prompt)
+            over = len(tokenizer(prompt)["input_ids"]) + expanded - self.options.max_model_len
+            if over <= 0:
+                break
+            budget -= over
+            start = history_start(costs, is_question, budget, step)
         return history[start:]
 
     def ask(self, question: str, frames: Sequence[np.ndarray | Image.Image] = (),
