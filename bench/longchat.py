@@ -95,13 +95,12 @@ async def run(args: argparse.Namespace) -> None:
         moved = sum(a != b for a, b in zip(left_out, left_out[1:]))
         figures[rule] = statistics.median(ttft), cached
         print(f"{rule:10}{statistics.median(ttft):12.1f}{pct(ttft, .95):10.1f}{cached:9.0%}{moved:11d}")
-    preset = args.preset or args.model
-    print(f"longchat: preset={preset} true_size={int(args.true_size)} questions={args.questions} "
-          f"max_model_len={engine.options.max_model_len} median_ttft_ms={figures['step'][0]:.1f} "
-          f"latest_cut_median_ttft_ms={figures['latest'][0]:.1f} "
-          f"ttft_ratio={figures['latest'][0] / figures['step'][0]:.2f} cached_share={figures['step'][1]:.2f} "
-          f"latest_cut_cached_share={figures['latest'][1]:.2f}")
-
+    (step_ms, step_cached), (latest_ms, latest_cached) = figures["step"], figures["latest"]
+    summary = {"preset": args.preset or args.model, "true_size": int(args.true_size), "questions": args.questions,
+               "max_model_len": engine.options.max_model_len, "median_ttft_ms": f"{step_ms:.1f}",
+               "latest_cut_median_ttft_ms": f"{latest_ms:.1f}", "ttft_ratio": f"{latest_ms / step_ms:.2f}",
+               "cached_share": f"{step_cached:.2f}", "latest_cut_cached_share": f"{latest_cached:.2f}"}
+    print("longchat: " + " ".join(f"{key}={value}" for key, value in summary.items()))
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
