@@ -8,7 +8,7 @@ PYTEST_ARGS ?=
 # first imports (scripts/setup.sh), instead of compiling all 3 GB up front.
 PY = env -u PYTHONDONTWRITEBYTECODE .venv/bin/python
 # pytest workers: two on a 2-core machine (this project's and CI's:
-# 15-19 min here by the day, against about 19 serial; three were no
+# 15-21 min here by the day, against about 19 serial; three were no
 # faster), one per two cores above that. Work is handed out by module
 # (modules that share an expensive fixture go together; tests/conftest.py),
 # longest first.

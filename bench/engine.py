@@ -71,6 +71,8 @@ def add_model_args(parser: argparse.ArgumentParser, kv_cache_gb: float = 0.5) ->
                         help="run with this preset's settings on its true architecture (random weights)")
     parser.add_argument("--true-size", action="store_true", help="with --preset: every layer, not a reduced depth")
     parser.add_argument("--kv-cache-gb", type=float, default=kv_cache_gb)
+    parser.add_argument("--dtype", default="", help="the engine's dtype (default: the model's own choice, "
+                        "vidchat.engine.local: float32 on a CPU without native bfloat16)")
 
 
 def engine_for(args: argparse.Namespace) -> EngineOptions:
@@ -81,11 +83,14 @@ def engine_for(args: argparse.Namespace) -> EngineOptions:
         settings = presets.apply(Settings(kv_cache_gb=args.kv_cache_gb), presets.get(args.preset))
         options = engine_options(settings, str(path), tiny=False)
         options.max_images = max(options.max_images, args.frames)
+        if args.dtype:
+            options.dtype = args.dtype
         return options
     tiny = args.model.startswith("tiny")
     family = "vl" if args.model == "tiny-vl" else "omni"
     path = tinymodel.ensure(Settings().cache_dir, family) if tiny else args.model
-    return EngineOptions(model=str(path), dtype="float32" if tiny else "auto", max_model_len=8192, kv_cache_gb=0.5,
+    dtype = args.dtype or ("float32" if tiny else "auto")
+    return EngineOptions(model=str(path), dtype=dtype, max_model_len=8192, kv_cache_gb=0.5,
                          max_images=max(16, args.frames), max_image_pixels=tinymodel.MAX_PIXELS if tiny else 320 * 240)
 
 
