@@ -102,6 +102,7 @@ async def run(args: argparse.Namespace) -> None:
                "cached_share": f"{step_cached:.2f}", "latest_cut_cached_share": f"{latest_cached:.2f}"}
     print("longchat: " + " ".join(f"{key}={value}" for key, value in summary.items()))
 
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--questions", type=int, default=24)
