@@ -1,8 +1,11 @@
 """The SmolVLM2 presets on their true architecture, through real vLLM.
 
 `vidchat.devtools.archbuild_smolvlm` writes a random-weight SmolVLM2-256M-Video-Instruct
-folder with the published configuration (text depth cut to 2 layers; vision
-tower, widths, vocabulary, special-token ids and processor settings true).
+folder with the published configuration (depth cut to 2 text layers and 2
+vision layers; widths, heads, vocabulary, special-token ids and processor
+settings true: depth changes no shape and no token count, and the full
+12-layer tower costs ~2 s a frame here, which the benchmarks' --true-size
+measure).
 The engine is started with the preset's own settings, exactly as
 ``app.py --model smolvlm2-256m`` would, so these tests prove that the preset
 loads, streams a full 16-frame question, costs the expected tokens a frame,
@@ -112,8 +115,10 @@ def test_the_folder_has_the_true_architecture(smol_path):
     assert (text.hidden_size, text.intermediate_size, text.num_attention_heads, text.num_key_value_heads,
             text.vocab_size) == (576, 1536, 9, 3, 49280)
     assert text.num_hidden_layers == archbuild_smolvlm.TEXT_LAYERS  # reduced from 30
-    assert (vision.hidden_size, vision.intermediate_size, vision.num_attention_heads, vision.num_hidden_layers,
-            vision.image_size, vision.patch_size) == (768, 3072, 12, 12, 512, 16)
+    assert (vision.hidden_size, vision.intermediate_size, vision.num_attention_heads,
+            vision.image_size, vision.patch_size) == (768, 3072, 12, 512, 16)
+    assert vision.num_hidden_layers == archbuild_smolvlm.DEFAULT_VISION_LAYERS["256m"] == 2
+    assert archbuild_smolvlm._true_config("256m")["vision_config"]["num_hidden_layers"] == 12  # the true depth
 
 
 @pytest.mark.engine
@@ -188,3 +193,6 @@ async def test_2_2b_preset_streams():
         print(f"2.2B: {one.stats.prompt_tokens} prompt tokens for 1 frame, {two.stats.prompt_tokens} for 2")
     finally:
         engine.shutdown()
+    # The EngineCore exited by itself once torn down, not killed after vLLM's
+    # 5-s grace (vidchat.engine.core_exit).
+    assert engine.core_exit_codes == [0], engine.core_exit_codes

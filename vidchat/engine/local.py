@@ -144,6 +144,7 @@ class LocalEngine(ModelEngine):
         super().__init__(options, processor, model_path, start_s, family, revision, audio, video)
         self._llm = llm
         self._warming: set[str] = set()  # request ids of warm-ups in flight
+        self.core_exit_codes: list[int | None] | None = None  # set by shutdown
 
     @property
     def encoder_cache_tokens(self) -> int | None:
@@ -163,6 +164,9 @@ class LocalEngine(ModelEngine):
         from vllm.engine.arg_utils import AsyncEngineArgs
         from vllm.v1.engine.async_llm import AsyncLLM
 
+        from vidchat.engine import core_exit
+
+        core_exit.install()
         t0 = time.perf_counter()
         gpu = on_gpu()
         dtype = _dtype_for(options.dtype, gpu)
@@ -204,6 +208,7 @@ class LocalEngine(ModelEngine):
         llm, self._llm = self._llm, None
         if llm is not None:
             llm.shutdown()
+            self.core_exit_codes = core_exit_codes(llm)
             # AsyncLLM.__del__ calls shutdown() again, which fails noisily when
             # it runs during interpreter teardown; once is enough.
             llm.shutdown = lambda *args, **kwargs: None
@@ -366,6 +371,15 @@ class LocalEngine(ModelEngine):
     def _translate(self, exc: BaseException, request_id: str) -> EngineError:
         """vLLM's exceptions, reworded so a user knows what to change."""
         return reworded_error(exc, request_id, self.options.max_model_len, lambda: self.is_dead)
+
+
+def core_exit_codes(llm: Any) -> list[int | None] | None:
+    """How vLLM's EngineCore processes ended (0: by themselves; -9: killed
+    after vLLM's grace), or None when this vLLM does not say."""
+    try:
+        return [proc.exitcode for proc in llm.engine_core.resources.engine_manager.processes]
+    except AttributeError:
+        return None
 
 
 def _allowed_mm_limits(llm: Any) -> dict[str, int] | None:
