@@ -2,7 +2,7 @@
 
     .venv/bin/python bench/gpu.py                 # on a GPU: the default presets at true size
     .venv/bin/python bench/gpu.py --presets qwen2.5-vl-3b --repeats 5
-    .venv/bin/python bench/gpu.py --cpu-smoke     # the same rows on the tiny model, on CPU (the test suite runs it)
+    .venv/bin/python bench/gpu.py --cpu-smoke     # the same rows on the tiny model, on CPU (as the suite does)
 
 No weights are downloaded: each preset is built here with its true
 configuration and random weights (bench/engine.py's preset_model), so the
@@ -146,22 +146,27 @@ async def case(engine: LocalEngine, repeats: int, frames: int, *, tokens: int, f
 
 async def measure(options: EngineOptions, label: str, repeats: int, tokens: int) -> dict[str, dict[str, float]]:
     engine = await asyncio.to_thread(LocalEngine.start, options)
-    rows: dict[str, dict[str, float]] = {}
     try:
-        print(f"\n{label}: {options.model} ({engine.model_revision}), started in {engine.start_s:.1f} s, "
-              f"{SIDE}x{SIDE} frames, median of {repeats}", flush=True)
-        await case(engine, 1, 1, tokens=2)  # first-request costs (kernels, allocator) out of the rows
-        for n in (1, 8, 16):
-            rows[f"{n} frames"] = await case(engine, repeats, n, tokens=tokens)
-        rows["16 frames, re-ask"] = await case(engine, repeats, 16, tokens=tokens, reask=True)
-        if engine.accepts_video:
-            rows["16 frames as video"] = await case(engine, repeats, 16, tokens=tokens, frames_as="video")
-        if engine.accepts_audio:
-            rows["16 frames + 5 s audio"] = await case(engine, repeats, 16, tokens=tokens, audio_s=5.0)
-        warm = await warm_rows(engine, 16, repeats, "images", "stable", frame=(SIDE, SIDE))
-        rows["warm-ups"] = {f"warm_{k}": v for k, v in warm.items()}
+        return await engine_rows(engine, label, repeats, tokens)
     finally:
         engine.shutdown()
+
+
+async def engine_rows(engine: LocalEngine, label: str, repeats: int, tokens: int) -> dict[str, dict[str, float]]:
+    """The rows on a running engine (the suite runs them on its shared tiny engine)."""
+    rows: dict[str, dict[str, float]] = {}
+    print(f"\n{label}: {engine.model_path} ({engine.model_revision}), started in {engine.start_s:.1f} s, "
+          f"{SIDE}x{SIDE} frames, median of {repeats}", flush=True)
+    await case(engine, 1, 1, tokens=2)  # first-request costs (kernels, allocator) out of the rows
+    for n in (1, 8, 16):
+        rows[f"{n} frames"] = await case(engine, repeats, n, tokens=tokens)
+    rows["16 frames, re-ask"] = await case(engine, repeats, 16, tokens=tokens, reask=True)
+    if engine.accepts_video:
+        rows["16 frames as video"] = await case(engine, repeats, 16, tokens=tokens, frames_as="video")
+    if engine.accepts_audio:
+        rows["16 frames + 5 s audio"] = await case(engine, repeats, 16, tokens=tokens, audio_s=5.0)
+    warm = await warm_rows(engine, 16, repeats, "images", "stable", frame=(SIDE, SIDE))
+    rows["warm-ups"] = {f"warm_{k}": v for k, v in warm.items()}
     return rows
 
 
@@ -212,10 +217,15 @@ async def main() -> None:
         table(rows)
         first = first or rows
     assert first is not None
-    print(f"gpu: device={device} ttft16_ms={first['16 frames']['ttft']:.1f} "
-          f"reask_ttft16_ms={first['16 frames, re-ask']['ttft']:.1f} "
-          f"overhead_ms={first['16 frames']['overhead']:.2f} tok_s16={first['16 frames']['tok_s']:.1f} "
-          f"model={models[0]} " + " ".join(f"{k}_ms={v:.1f}" for k, v in first["warm-ups"].items()))
+    print(summary(device, models[0], first))
+
+
+def summary(device: str, model: str, rows: dict[str, dict[str, float]]) -> str:
+    """The last line: the first model's 16-frame and warm-up figures."""
+    return (f"gpu: device={device} ttft16_ms={rows['16 frames']['ttft']:.1f} "
+            f"reask_ttft16_ms={rows['16 frames, re-ask']['ttft']:.1f} "
+            f"overhead_ms={rows['16 frames']['overhead']:.2f} tok_s16={rows['16 frames']['tok_s']:.1f} "
+            f"model={model} " + " ".join(f"{k}_ms={v:.1f}" for k, v in rows["warm-ups"].items()))
 
 
 if __name__ == "__main__":

@@ -58,14 +58,14 @@ SHARED_FIXTURE_GROUPS = {
     # the in-process tiny engines (omni_engine, vl_engine)
     "test_engine": "tiny-engines", "test_answer_path": "tiny-engines", "test_video_timing": "tiny-engines",
     "test_conversation": "tiny-engines", "test_prewarm": "tiny-engines", "test_talk": "tiny-engines",
-    "test_bench_talk": "tiny-engines",
+    "test_bench_talk": "tiny-engines", "test_bench_gpu": "tiny-engines",
 }
 # Units of work, longest first (seconds of a serial run, measured; the
 # rest are shorter): workers take them in this order as they free up, so no
 # long unit is left for the end while the other worker idles.
 LONGEST_FIRST = ["test_preset_qwen", "vllm-serve", "test_webrtc", "test_replay", "test_compare",
                  "test_preset_smolvlm", "test_page", "test_access", "test_app", "tiny-engines",
-                 "test_page_cpu_default", "test_bench_page", "test_page_watch", "test_bench_gpu",
+                 "test_page_cpu_default", "test_bench_page", "test_page_watch",
                  "test_page_talk", "test_protocol", "test_encoder_cache", "test_page_layout", "test_fuzz"]
 
 

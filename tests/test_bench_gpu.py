@@ -1,37 +1,50 @@
-"""bench/gpu.py runs end to end on CPU (--cpu-smoke, the tiny model through
-real vLLM), so the GPU benchmark is known to work before a GPU is lent."""
+"""bench/gpu.py's rows run end to end on CPU, so the GPU benchmark is known
+to work before a GPU is lent: the same rows and last line as
+``bench/gpu.py --cpu-smoke``, on the suite's shared tiny omni engine (the
+script itself starts its own)."""
 
 from __future__ import annotations
 
+import importlib.util
 import re
-import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
-pytestmark = pytest.mark.engine  # bench/gpu.py starts vLLM in its own process
+from conftest import ROOT
 
-ROOT = Path(__file__).resolve().parent.parent
+pytestmark = pytest.mark.engine
 
 
-def test_the_gpu_benchmark_runs_its_rows_on_cpu():
-    out = subprocess.run([sys.executable, str(ROOT / "bench" / "gpu.py"), "--cpu-smoke"], cwd=ROOT,
-                         capture_output=True, text=True, timeout=600)
-    assert out.returncode == 0, out.stderr[-3000:]
-    lines = out.stdout.splitlines()
-    rows = {}
+def _bench_gpu():
+    spec = importlib.util.spec_from_file_location("bench_gpu", ROOT / "bench" / "gpu.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+async def test_the_gpu_benchmarks_rows_run_on_cpu(omni_engine, capsys):
+    bench = _bench_gpu()
+    # --cpu-smoke's settings: one repeat, 8-token answers.
+    rows = await bench.engine_rows(omni_engine, "tiny", repeats=1, tokens=8)
+    bench.table(rows)
+    print(bench.summary(bench.device_name(), "tiny", rows))
+    output = capsys.readouterr().out
+    sys.stdout.write(output)  # shown with -s, and in the report of a failure
+    lines = output.splitlines()
+    table = {}
     for line in lines:
         found = re.match(r"^(\d+ frames.*?)\s{2,}([\d.]+)\s+([\d.]+)\s+(\d+)\s+(\d+)\s+([\d.]+)$", line)
         if found:
-            rows[found.group(1)] = [float(x) for x in found.groups()[1:]]
-    assert list(rows) == ["1 frames", "8 frames", "16 frames", "16 frames, re-ask", "16 frames as video",
-                          "16 frames + 5 s audio"], out.stdout
-    prompt = {name: r[2] for name, r in rows.items()}
+            table[found.group(1)] = [float(x) for x in found.groups()[1:]]
+    assert list(table) == ["1 frames", "8 frames", "16 frames", "16 frames, re-ask", "16 frames as video",
+                           "16 frames + 5 s audio"], output
+    prompt = {name: r[2] for name, r in table.items()}
     assert prompt["1 frames"] < prompt["8 frames"] < prompt["16 frames"] < prompt["16 frames + 5 s audio"]
-    # The re-ask finds the first question's 16 frames in the prefix cache.
-    assert rows["16 frames"][3] == 0 and rows["16 frames, re-ask"][3] >= 0.9 * prompt["16 frames"]
-    assert all(r[0] > 0 and r[1] > 0 for r in rows.values())
+    # The re-ask finds the first question's 16 frames in the prefix cache;
+    # a new session finds nothing of another's.
+    assert table["16 frames"][3] == 0 and table["16 frames, re-ask"][3] >= 0.9 * prompt["16 frames"]
+    assert all(r[0] > 0 and r[1] > 0 for r in table.values())
     last = lines[-1]
     assert re.fullmatch(r"gpu: device=cpu ttft16_ms=[\d.]+ reask_ttft16_ms=[\d.]+ overhead_ms=[\d.]+ "
                         r"tok_s16=[\d.]+ model=tiny warm_cold_ms=[\d.]+ warm_warm_ms=[\d.]+ warm_slid1_ms=[\d.]+ "
