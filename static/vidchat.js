@@ -174,12 +174,17 @@
 
   // The preview's newest presented frame (its place in the file), and the
   // target of a seek whose first frame has not been presented yet. A seek's
-  // jump is reported at that frame's presentation (a millisecond before, so
-  // the frame itself is placed after it): a report at "seeking" would give
-  // the target's position to old pictures still captured after it, and one
-  // at "seeked" the old position to the target's first frame, which Chromium
-  // captures just before "seeked" fires.
-  const presented = { mediaTime: null, at: null, seekTarget: null };
+  // jump is reported just before that frame's presentation: a report at
+  // "seeking" would give the target's position to old pictures still
+  // captured after it, and one at "seeked" the old position to the target's
+  // first frame, which Chromium captures just before "seeked" fires. Its
+  // capture can also come a little before its presentation time (a starved
+  // tab in a two-worker test run: the target's first frame kept the old
+  // position with a report 1 ms before it), so the report goes up to
+  // SEEK_LEAD_MS earlier, never before the last old picture was presented
+  // (nothing new is captured from a picture that stands still).
+  const presented = { mediaTime: null, at: null, previousAt: null, seekTarget: null };
+  const SEEK_LEAD_MS = 100;
 
   // A playing file's place, read from its newest presented frame (the frame
   // and the moment it was shown) rather than from currentTime and now: a
@@ -199,13 +204,21 @@
     if (!video.requestVideoFrameCallback || video.dataset.vcPresented) return;
     video.dataset.vcPresented = "1";
     const onFrame = (_now, meta) => {
+      presented.previousAt = presented.at;
       presented.mediaTime = meta.mediaTime;
       presented.at = performance.timeOrigin + meta.presentationTime;  // this page's clock, as reports
       const target = presented.seekTarget;
       if (target !== null && Math.abs(meta.mediaTime - target) < 0.25) {
         presented.seekTarget = null;
         if (state.source === "file") {
-          reportSource({ position: meta.mediaTime, at: presented.at - 1 });
+          // Placed earlier, a playing file's position is where it then was
+          // (the server extrapolates it forward to this frame); a paused
+          // one's picture stands where it is.
+          const rate = !video.paused && video.playbackRate > 0 ? video.playbackRate : 0;
+          const oldPicture = presented.previousAt === null ? -Infinity : presented.previousAt + 1;
+          const lead = rate ? Math.min(SEEK_LEAD_MS, meta.mediaTime / rate * 1000) : SEEK_LEAD_MS;
+          const at = Math.max(oldPicture, presented.at - lead);
+          reportSource({ position: meta.mediaTime - (presented.at - at) / 1000 * rate, at });
         }
       } else {
         // The seek ended on another frame (a starved tab skips frames; a

@@ -112,3 +112,14 @@ def test_a_chat_of_many_turns_is_cut_to_what_the_prompt_itself_can_hold(tiny_omn
         assert kept and kept[0].role == "user" and len(kept) < len(history)
         assert needed <= options.max_model_len, (frames, needed)
         assert needed > options.max_model_len - cut_step(options.max_model_len) - 200  # not cut far short
+
+    # The rendered prompt is the check only near the limit: a chat that
+    # surely fits is sent whole after one render (the prompt without it).
+    renders = []
+    build_prompt = engine.build_prompt
+    engine.build_prompt = lambda *args, **kwargs: renders.append(kwargs.get("history")) or build_prompt(*args, **kwargs)
+    assert engine.fit_history(history[:40], "What now?", 4, "images", 0, 0.0, 16, None) == history[:40]
+    assert renders == [None]
+    renders.clear()
+    engine.fit_history(history, "What now?", 4, "images", 0, 0.0, 16, None)
+    assert len(renders) >= 2 and renders[1]  # near the limit: the kept turns rendered and counted

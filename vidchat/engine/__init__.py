@@ -242,6 +242,13 @@ ENGINE_START_LOG_ENV = "VIDCHAT_ENGINE_START_LOG"
 AUDIO_TOKENS_PER_S = 25
 TURN_TEMPLATE_TOKENS = 8
 HISTORY_MARGIN_TOKENS = 32
+# Inside the chat template a turn tokenizes at most this much longer than
+# counted alone plus its markup allowance (about half a token on the tiny
+# model's small vocabulary). While the kept turns leave this much room each,
+# they fit for certain and the rendered prompt is not checked: rendering and
+# tokenizing a long chat costs tens of milliseconds a question.
+TURN_SLACK_TOKENS = 4
+TURN_TOKENS_REMEMBERED = 2048  # turns' token counts kept (all sessions' chats together)
 
 
 def _note_engine_start(model: str, start_s: float) -> None:
@@ -310,6 +317,9 @@ class ModelEngine:
         # who must reproduce vLLM's preprocessing (tests, token budgets).
         self.processor_kwargs = self.family.processor_kwargs(options.max_image_pixels)
         self.tokens_per_frame: int | None = None  # measured at start when the encoder cache is sized
+        # A turn's token count, by its text: a long chat's turns are counted
+        # for every question, and never change (fit_history).
+        self._turn_tokens: dict[str, int] = {}
 
     @property
     def splits_audio(self) -> bool:
@@ -385,7 +395,7 @@ class ModelEngine:
         expanded = (n_frames * (self.tokens_per_frame or 0) + math.ceil(audio_s * AUDIO_TOKENS_PER_S)
                     + max_tokens + HISTORY_MARGIN_TOKENS)
         budget = self.options.max_model_len - len(tokenizer(base)["input_ids"]) - expanded
-        costs = [len(tokenizer(turn.text)["input_ids"]) + TURN_TEMPLATE_TOKENS for turn in history]
+        costs = [self._turn_cost(tokenizer, turn.text) for turn in history]
         is_question = [turn.role == "user" for turn in history]
         step = cut_step(self.options.max_model_len)
         start = history_start(costs, is_question, budget, step)
@@ -394,7 +404,8 @@ class ModelEngine:
         # small vocabulary), which a hundred turns add up to. The prompt
         # itself is the check: the budget shrinks by what it was over.
         for _ in range(3):
-            if start >= len(history):
+            kept = len(history) - start
+            if kept == 0 or budget - sum(costs[start:]) >= TURN_SLACK_TOKENS * kept:
                 break
             prompt = self.build_prompt(question, n_frames=n_frames, frames_as=frames_as, with_audio=clips,
                                        history=history[start:], system_prompt=system_prompt)
@@ -404,6 +415,15 @@ class ModelEngine:
             budget -= over
             start = history_start(costs, is_question, budget, step)
         return history[start:]
+
+    def _turn_cost(self, tokenizer: Any, text: str) -> int:
+        """A turn's tokens alone, and the allowance for its markup."""
+        tokens = self._turn_tokens.get(text)
+        if tokens is None:
+            if len(self._turn_tokens) >= TURN_TOKENS_REMEMBERED:
+                self._turn_tokens.clear()
+            tokens = self._turn_tokens[text] = len(tokenizer(text)["input_ids"])
+        return tokens + TURN_TEMPLATE_TOKENS
 
     def ask(self, question: str, frames: Sequence[np.ndarray | Image.Image] = (),
             audio: np.ndarray | None = None, *, request_id: str | None = None, **options: Any) -> Any:
