@@ -134,10 +134,22 @@ async def bot_texts(page: Any) -> list[str]:
     return await page.evaluate(f"{BOT_MESSAGES}.map((m) => m.innerText)")
 
 
+class AnswerNotShown(AssertionError):
+    """The page never showed the answer waited for; the message says what it showed instead."""
+
+
 async def wait_for_answer(page: Any, n: int, timeout: float = 60) -> list[str]:
     """Wait until the n-th bot message is final (ANSWER_FINAL) and return all bot texts."""
-    await page.wait_for_function(BOT_HAS_TEXT % n, timeout=timeout * 1000)
-    await page.wait_for_function(ANSWER_FINAL % {"n": n}, timeout=timeout * 1000)
+    from playwright.async_api import TimeoutError as PlaywrightTimeout
+
+    try:
+        await page.wait_for_function(BOT_HAS_TEXT % n, timeout=timeout * 1000)
+        await page.wait_for_function(ANSWER_FINAL % {"n": n}, timeout=timeout * 1000)
+    except PlaywrightTimeout:
+        shown = [text[:80] for text in await bot_texts(page)]
+        questions = await page.evaluate("window.vidchat?.questions ?? null")
+        raise AnswerNotShown(f"within {timeout:g} s the page never showed bot message {n} as final; "
+                             f"it shows {len(shown)}: {shown}; questions {questions}") from None
     return await bot_texts(page)
 
 
