@@ -10,6 +10,7 @@ addopts.
 from __future__ import annotations
 
 import asyncio as _asyncio
+import importlib.util
 import json
 import os
 import time
@@ -33,6 +34,14 @@ from vidchat.engine.local import LocalEngine
 
 CACHE_DIR = Path(os.environ.get("VIDCHAT_CACHE_DIR", Path.home() / ".cache" / "vidchat"))
 ARTIFACTS = ROOT / "test-artifacts"
+
+
+def load_bench(name: str):
+    """bench/NAME.py as a module, so a test runs a benchmark's rows on the suite's own engine or server."""
+    spec = importlib.util.spec_from_file_location(f"bench_{name}", ROOT / "bench" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 # Small enough to start fast on 2 cores, large enough for 16 frames + audio.
 TEST_MAX_MODEL_LEN = 4096

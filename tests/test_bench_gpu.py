@@ -5,26 +5,18 @@ script itself starts its own)."""
 
 from __future__ import annotations
 
-import importlib.util
 import re
 import sys
 
 import pytest
 
-from conftest import ROOT
+from conftest import load_bench
 
 pytestmark = pytest.mark.engine
 
 
-def _bench_gpu():
-    spec = importlib.util.spec_from_file_location("bench_gpu", ROOT / "bench" / "gpu.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 async def test_the_gpu_benchmarks_rows_run_on_cpu(omni_engine, capsys):
-    bench = _bench_gpu()
+    bench = load_bench("gpu")
     # --cpu-smoke's settings: one repeat, 8-token answers.
     rows = await bench.engine_rows(omni_engine, "tiny", repeats=1, tokens=8)
     bench.table(rows)

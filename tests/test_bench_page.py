@@ -3,25 +3,17 @@ short run of it on the suite's shared server, in Chromium."""
 
 from __future__ import annotations
 
-import importlib.util
 import re
 
 import pytest
 
-from conftest import ROOT
+from conftest import load_bench
 
 pytestmark = pytest.mark.browser
 
 
-def _bench_page():
-    spec = importlib.util.spec_from_file_location("bench_page", ROOT / "bench" / "page.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 async def test_the_page_report_runs_its_rows_and_prints_its_line(server, tmp_path, capsys):
-    bench = _bench_page()
+    bench = load_bench("page")
     # Typed at once, not at a person's pace: the rows are timed from Enter.
     report = await bench.measure(server, questions=2, still_questions=2, work=tmp_path, typing_ms=0)
     bench.print_report(report, "tiny")

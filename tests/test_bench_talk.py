@@ -4,26 +4,18 @@ the last line reviewers read)."""
 
 from __future__ import annotations
 
-import importlib.util
 import re
 import sys
 
 import pytest
 
-from conftest import ROOT
+from conftest import load_bench
 
 pytestmark = pytest.mark.engine
 
 
-def _bench_talk():
-    spec = importlib.util.spec_from_file_location("bench_talk", ROOT / "bench" / "talk.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 async def test_the_talk_benchmark_reports_its_rows_and_last_line(omni_engine, capsys):
-    bench = _bench_talk()
+    bench = load_bench("talk")
     last = await bench.report(omni_engine, bench.parse_args(["--utterances", "3", "--warmup", "1"]))
     print(last)
     output = capsys.readouterr().out
