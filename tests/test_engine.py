@@ -6,7 +6,6 @@ import asyncio
 
 import numpy as np
 import pytest
-from transformers import AutoProcessor
 
 from vidchat.engine import EngineError, Turn
 from vidchat.engine.local import LocalEngine
@@ -78,6 +77,8 @@ async def test_prompt_tokens_match_the_transformers_processor(omni_engine: Local
     fr, audio, as_ = kw.get("frames", []), kw.get("audio"), kw.get("frames_as", "images")
     reply = omni_engine.ask("How many people?", max_tokens=1, system_prompt="Be brief.", **kw)
     await collect(reply)
+
+    from transformers import AutoProcessor  # here, not at the top: its import is most of collecting the suite
 
     processor = AutoProcessor.from_pretrained(tiny_omni_path)
     prompt = omni_engine.build_prompt(
