@@ -181,8 +181,11 @@
   // capture can also come a little before its presentation time (a starved
   // tab in a two-worker test run: the target's first frame kept the old
   // position with a report 1 ms before it), so the report goes up to
-  // SEEK_LEAD_MS earlier, never before the last old picture was presented
-  // (nothing new is captured from a picture that stands still).
+  // SEEK_LEAD_MS earlier. An old picture's capture can come late too (a
+  // clean run placed the last old frame, shown 1 ms before such a report,
+  // among the new ones), so the report goes at most halfway back to the last
+  // old picture's presentation: a capture that strays either way by less
+  // than half the gap between the two pictures gets the right position.
   const presented = { mediaTime: null, at: null, previousAt: null, seekTarget: null };
   const SEEK_LEAD_MS = 100;
 
@@ -215,9 +218,9 @@
           // (the server extrapolates it forward to this frame); a paused
           // one's picture stands where it is.
           const rate = !video.paused && video.playbackRate > 0 ? video.playbackRate : 0;
-          const oldPicture = presented.previousAt === null ? -Infinity : presented.previousAt + 1;
-          const lead = rate ? Math.min(SEEK_LEAD_MS, meta.mediaTime / rate * 1000) : SEEK_LEAD_MS;
-          const at = Math.max(oldPicture, presented.at - lead);
+          const gap = presented.previousAt === null ? Infinity : presented.at - presented.previousAt;
+          const lead = Math.min(SEEK_LEAD_MS, gap / 2, rate ? meta.mediaTime / rate * 1000 : Infinity);
+          const at = presented.at - lead;
           reportSource({ position: meta.mediaTime - (presented.at - at) / 1000 * rate, at });
         }
       } else {

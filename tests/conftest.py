@@ -43,6 +43,7 @@ def load_bench(name: str):
     spec.loader.exec_module(module)
     return module
 
+
 # Small enough to start fast on 2 cores, large enough for 16 frames + audio.
 TEST_MAX_MODEL_LEN = 4096
 TEST_MAX_IMAGES = 16
