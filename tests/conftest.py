@@ -36,9 +36,11 @@ CACHE_DIR = Path(os.environ.get("VIDCHAT_CACHE_DIR", Path.home() / ".cache" / "v
 ARTIFACTS = ROOT / "test-artifacts"
 
 
-def load_bench(name: str):
-    """bench/NAME.py as a module, so a test runs a benchmark's rows on the suite's own engine or server."""
-    spec = importlib.util.spec_from_file_location(f"bench_{name}", ROOT / "bench" / f"{name}.py")
+def load_script(relative: str):
+    """A script of this repository (``bench/page.py``, ``scripts/timeline.py``) as a module, so a test
+    runs its parts, a benchmark's rows on the suite's own engine or server."""
+    path = ROOT / relative
+    spec = importlib.util.spec_from_file_location(f"{path.parent.name}_{path.stem}", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module

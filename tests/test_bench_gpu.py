@@ -10,13 +10,13 @@ import sys
 
 import pytest
 
-from conftest import load_bench
+from conftest import load_script
 
 pytestmark = pytest.mark.engine
 
 
 async def test_the_gpu_benchmarks_rows_run_on_cpu(omni_engine, capsys):
-    bench = load_bench("gpu")
+    bench = load_script("bench/gpu.py")
     # --cpu-smoke's settings: one repeat, 8-token answers.
     rows = await bench.engine_rows(omni_engine, "tiny", repeats=1, tokens=8)
     bench.table(rows)

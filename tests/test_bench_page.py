@@ -7,13 +7,13 @@ import re
 
 import pytest
 
-from conftest import load_bench
+from conftest import load_script
 
 pytestmark = pytest.mark.browser
 
 
 async def test_the_page_report_runs_its_rows_and_prints_its_line(server, tmp_path, capsys):
-    bench = load_bench("page")
+    bench = load_script("bench/page.py")
     # Typed at once, not at a person's pace: the rows are timed from Enter.
     report = await bench.measure(server, questions=2, still_questions=2, work=tmp_path, typing_ms=0)
     bench.print_report(report, "tiny")

@@ -9,13 +9,13 @@ import sys
 
 import pytest
 
-from conftest import load_bench
+from conftest import load_script
 
 pytestmark = pytest.mark.engine
 
 
 async def test_the_talk_benchmark_reports_its_rows_and_last_line(omni_engine, capsys):
-    bench = load_bench("talk")
+    bench = load_script("bench/talk.py")
     last = await bench.report(omni_engine, bench.parse_args(["--utterances", "3", "--warmup", "1"]))
     print(last)
     output = capsys.readouterr().out

@@ -233,15 +233,9 @@ async def test_without_workers_alone_locks_nothing(tmp_path):
 
 
 def test_the_timeline_names_each_workers_idle_tail_and_the_longest_units():
-    import importlib.util
-    from pathlib import Path
+    from conftest import load_script
 
-    import conftest
-
-    script = Path(conftest.__file__).parents[1] / "scripts" / "timeline.py"
-    spec = importlib.util.spec_from_file_location("timeline", script)
-    timeline = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(timeline)
+    timeline = load_script("scripts/timeline.py")
     lines = [
         {"worker": "gw0", "unit": "test_page", "test": "a", "start": 100.0, "end": 160.0},
         {"worker": "gw0", "unit": "test_page", "test": "b", "start": 160.0, "end": 190.0},
