@@ -73,6 +73,22 @@ def test_history_is_bounded_and_out_of_order_reports_land_in_time_order():
     assert tl.position_at(7.7) == 0.0 and tl.position_at(8.0) == 108.0
 
 
+def test_a_seek_is_a_jump_and_frames_captured_near_it_are_marked_but_drift_and_a_loop_are_not():
+    tl = SourceTimeline()
+    tl.report(0.0, "file", "a.webm", position=0.0, duration=8.0, loop=True)
+    tl.report(1.0, "file", "a.webm", position=1.1, duration=8.0, loop=True)  # drift: 0.1 s off
+    tl.report(8.0, "file", "a.webm", position=0.05, duration=8.0, loop=True)  # the loop, as extrapolated
+    tl.report(10.0, "file", "a.webm", position=6.0, duration=8.0, loop=True)  # a seek from 2 s to 6 s
+    assert [tl.at_jump(t) for t in (1.0, 8.0, 9.84, 9.86, 10.0, 10.14, 10.16)] == [
+        False, False, False, True, True, True, False]
+    tl.report(12.0, "file", "a.webm", position=8.0, playing=False)  # paused: where it stands, no jump
+    tl.report(13.0, "file", "a.webm", position=3.0, playing=False)  # a seek while paused is one
+    assert not tl.at_jump(12.0) and tl.at_jump(13.0)
+    tl.report(20.0, "file", "b.webm", position=0.0)  # another file: a new source, not a seek
+    tl.report(21.0, "camera")
+    assert not tl.at_jump(20.0) and not tl.at_jump(21.0) and not tl.at_jump(None)
+
+
 # ---- the session ------------------------------------------------------------
 
 def frame(i: int) -> np.ndarray:
@@ -198,12 +214,29 @@ def test_the_record_says_where_in_the_file_frames_and_audio_came_from():
     sample = s.sample()
     rec = Answer("q", _Reply(), sample, AnswerOptions()).summary()
     assert rec["frame_source_times"] == [3.0, 4.0, 5.0, 6.0]
+    assert rec["frame_source_at_jump"] == [False] * 4
     assert rec["frame_times"] == [0.0, 1.0, 2.0, 3.0]
     assert rec["audio_source_span"] == [3.0, 6.0]
     assert rec["source"] == {"kind": "file", "name": "clip.webm"}
     # A re-ask on fewer of the same frames keeps their positions.
     two = frozen_sample(Answer("q", _Reply(), sample, AnswerOptions()), frames=2)
     assert two.source_times == [3.0, 6.0] and two.timestamps == [50.0, 53.0]
+
+
+def test_the_record_marks_the_frames_captured_at_a_seek_and_a_re_ask_keeps_the_marks():
+    s = session()
+    s.set_source("file", "clip.webm", 0.0, t=10.0)
+    s.set_source("file", "clip.webm", 5.0, t=12.0)  # the seek: 2 s -> 5 s
+    for t in (11.0, 11.9, 12.05, 12.5):
+        s.add_frame(frame(int(t * 100)), t=t)
+    sample = s.sample()
+    rec = Answer("q", _Reply(), sample, AnswerOptions()).summary()
+    assert rec["frame_source_times"] == [1.0, 1.9, 5.05, 5.5]
+    assert rec["frame_source_at_jump"] == [False, True, True, False]
+    two = frozen_sample(Answer("q", _Reply(), sample, AnswerOptions()), frames=2)
+    assert two.source_at_jump == [False, False] and two.timestamps == [11.0, 12.5]
+    three = frozen_sample(Answer("q", _Reply(), sample, AnswerOptions()), frames=3)
+    assert three.frame_source_at_jump() == [False, True, False]  # frames 0, 1 and 3
 
 
 def test_a_sample_without_positions_records_nulls():
@@ -214,6 +247,7 @@ def test_a_sample_without_positions_records_nulls():
     sample.source_times = []  # as a bundle read back from disk
     rec = Answer("q", _Reply(), sample, AnswerOptions()).summary()
     assert rec["frame_source_times"] == [None, None] and rec["source"] is None and rec["audio_source_span"] is None
+    assert rec["frame_source_at_jump"] == [False, False]
 
 
 # ---- the endpoint, behind the access guard -----------------------------------

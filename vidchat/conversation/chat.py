@@ -185,6 +185,8 @@ class Answer:
                         if sample.audio_start is not None and stats.get("audio_seconds") else None),
             # Where in the played file (seconds of the file; null for a live source).
             frame_source_times=[None if p is None else round(p, 3) for p in sample.frame_source_times()],
+            # Captured within a few tenths of a seek: that frame's position may be the other side's.
+            frame_source_at_jump=sample.frame_source_at_jump(),
             audio_source_span=([None if p is None else round(p, 3) for p in sample.audio_source_span]
                                if sample.audio_source_span is not None and stats.get("audio_seconds") else None),
             source=sample.source,
@@ -335,13 +337,14 @@ def frozen_sample(answer: Answer, frames: int | None = None) -> Sample:
         raise OptionError(f"frames per question must be at least 1, got {frames}")
     else:
         picks = uniform_indices(n, frames)
-    source_times = original.frame_source_times()
+    source_times, at_jump = original.frame_source_times(), original.frame_source_at_jump()
     return dataclasses.replace(
         original,
         frames=[original.frames[i] for i in picks],
         timestamps=[original.timestamps[i] for i in picks],
         indices=[original.indices[i] for i in picks],
         source_times=[source_times[i] for i in picks],
+        source_at_jump=[at_jump[i] for i in picks],
         seqs=[original.seqs[i] for i in picks] if len(original.seqs) == n else [],
     )
 

@@ -91,6 +91,10 @@ class Bundle:
         span = (self.manifest.get("audio") or {}).get("span") or [None, None]
         record = self.manifest.get("record") or {}
         positions = [f.get("source_t") for f in self.manifest.get("frames") or []]
+        at_jump = record.get("frame_source_at_jump")
+        if not (isinstance(at_jump, list) and len(at_jump) == len(self.frames)
+                and all(isinstance(b, bool) for b in at_jump)):
+            at_jump = []  # a bundle from before the field: nothing known
         source_span = record.get("audio_source_span")
         # The audio's segments as the engine got them, so a re-ask sends the
         # same clips; unnamed, so vLLM tells them apart by their samples.
@@ -103,6 +107,7 @@ class Bundle:
                       indices=list(self.frame_indices), audio=self.audio,
                       audio_start=span[0], audio_end=span[1], origin=0.0,
                       source_times=positions if len(positions) == len(self.frames) else [],
+                      source_at_jump=at_jump,
                       audio_source_span=tuple(source_span) if isinstance(source_span, list) and
                       len(source_span) == 2 else None,
                       source=record.get("source") if isinstance(record.get("source"), dict) else None,

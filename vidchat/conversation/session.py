@@ -152,6 +152,7 @@ def _sample_of(frames: list[StoredFrame], picked: list[int], audio: tuple[np.nda
         audio_start=audio[1] if audio else None,
         audio_end=audio[2] if audio else None,
         source_times=[frames[i].source_t for i in picked],
+        source_at_jump=[frames[i].source_t is not None and sources.at_jump(frames[i].t) for i in picked],
         audio_source_span=audio_span,
         source=sources.source_at(frames[picked[-1]].t if picked else None),
         seqs=[frames[i].seq for i in picked],

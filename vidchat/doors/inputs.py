@@ -75,14 +75,16 @@ def title(answer: "Answer") -> str:
     return f"What the model got: {len(answer.sample.frames)} frames as {answer.options.frames_as}{audio}"
 
 
-def frame_caption(index: Any, t: float | None, source_pos: float | None) -> str:
+def frame_caption(index: Any, t: float | None, source_pos: float | None, at_jump: bool = False) -> str:
     """A frame's caption wherever the page shows one: its kept-frame number,
     its time on the session's timeline (seconds since its first media, as
-    the record's frame_times) and, for a file, where in the file."""
+    the record's frame_times) and, for a file, where in the file (marked
+    "≈" where the frame was captured at a seek and may show its other side)."""
     at = "" if t is None else f" · {t:.2f} s"
     if source_pos is not None:
         pos = round(source_pos, 1)
-        at += f" · file {int(pos // 60)}:{pos % 60:04.1f}"
+        near = ("<span title='captured at a seek: it may show the other side of it'>≈</span>" if at_jump else "")
+        at += f" · file {near}{int(pos // 60)}:{pos % 60:04.1f}"
     return f"#{as_text(index)}{at}"
 
 
@@ -96,14 +98,15 @@ def details_html(answer: "Answer", answer_id: str, recorded: bool = False) -> st
                     if recorded else "")
     tiles = []
     source_times = rec.get("frame_source_times") or [None] * len(rec["frame_times"])
-    for k, (frame, t, idx, pos) in enumerate(zip(answer.sample.frames, rec["frame_times"], rec["frame_indices"],
-                                                 source_times)):
+    at_jump = rec.get("frame_source_at_jump") or [False] * len(rec["frame_times"])
+    for k, (frame, t, idx, pos, near) in enumerate(zip(answer.sample.frames, rec["frame_times"],
+                                                       rec["frame_indices"], source_times, at_jump)):
         tiles.append(
             f"<a href='{base}/frame/{k}.png' target='_blank' rel='noopener' title='open full size'>"
             # Inline sizes: the chat's own styles make message images full width.
             f"<figure style='margin:0;width:96px'><img src='{_thumb_data_url(frame)}' alt='frame {as_text(idx)}' "
             f"style='width:96px;height:auto;max-width:96px;border-radius:3px'>"
-            f"<figcaption style='font-size:0.7rem;text-align:center'>{frame_caption(idx, t, pos)}</figcaption></figure></a>"
+            f"<figcaption style='font-size:0.7rem;text-align:center'>{frame_caption(idx, t, pos, near)}</figcaption></figure></a>"
         )
     audio = ""
     if audio_used(answer) is not None and rec.get("audio_span"):

@@ -142,6 +142,15 @@ def _is_number(value: Any) -> bool:
 # About four minutes of once-a-second reports: more than the frame ring spans
 # while a file plays; frames keep the position they were given at ingest.
 SOURCE_HISTORY = 256
+# A report that puts the file more than this away from where the previous one
+# had it by now is a jump (a seek, or a loop the page saw late), not drift.
+JUMP_MIN_S = 0.25
+# How far a frame's capture can stray from the moment its picture was shown,
+# either way, in a busy browser tab (tests/test_page.py measured 30-60 ms
+# both ways on 2 busy cores). A frame captured this close to a jump may have
+# been shown on either side of it: its position is a best guess, and records
+# say so (frame_source_at_jump).
+JUMP_WINDOW_S = 0.15
 
 
 class SourceSegment(NamedTuple):
@@ -153,6 +162,28 @@ class SourceSegment(NamedTuple):
     rate: float
     duration: float | None
     loop: bool
+    jumped: bool = False  # the position jumped here (JUMP_MIN_S or more from the previous report's)
+
+
+def _extrapolate(seg: SourceSegment, t: float) -> float | None:
+    """Where ``seg`` puts the file at timeline time ``t`` (None: not a file)."""
+    if seg.position is None or not seg.playing:
+        return seg.position
+    pos = seg.position + (t - seg.t) * seg.rate
+    if seg.duration:
+        # A looping file wraps before the page's next report says so;
+        # one that does not loop stops at its end.
+        pos = math.fmod(pos, seg.duration) if seg.loop else min(pos, seg.duration)
+    return pos
+
+
+def _apart(a: float | None, b: float | None, seg: SourceSegment) -> float:
+    """Seconds between two positions in ``seg``'s file (on the circle where
+    it loops: its extrapolation wrapped at the end)."""
+    if a is None or b is None:
+        return 0.0
+    off = abs(a - b)
+    return min(off, seg.duration - off) if seg.loop and seg.duration else off
 
 
 class SourceTimeline:
@@ -216,16 +247,32 @@ class SourceTimeline:
         seg = SourceSegment(float(t), kind, name, None if position is None else float(position), bool(playing),
                             float(rate), duration, bool(loop))
         with self._lock:
+            before = self._segment_at_locked(seg.t)
+            if before is not None and before.kind == kind == "file" and before.name == name:
+                seg = seg._replace(jumped=_apart(_extrapolate(before, seg.t), seg.position, before) >= JUMP_MIN_S)
             # Reports normally arrive in time order; one that does not (a
             # caller-given t) still lands where its time says.
             bisect.insort(self._segments, seg, key=lambda s: s.t)
             if len(self._segments) > self._max:
                 del self._segments[: len(self._segments) - self._max]
 
+    def _segment_at_locked(self, t: float) -> SourceSegment | None:
+        i = bisect.bisect_right(self._segments, t, key=lambda s: s.t)
+        return self._segments[i - 1] if i else None
+
     def _segment_at(self, t: float) -> SourceSegment | None:
         with self._lock:
-            i = bisect.bisect_right(self._segments, t, key=lambda s: s.t)
-            return self._segments[i - 1] if i else None
+            return self._segment_at_locked(t)
+
+    def at_jump(self, t: float | None) -> bool:
+        """Whether timeline time ``t`` is within JUMP_WINDOW_S of a jump in
+        the file's position: a frame captured then may show either side."""
+        if t is None:
+            return False
+        with self._lock:
+            lo = bisect.bisect_left(self._segments, t - JUMP_WINDOW_S, key=lambda s: s.t)
+            hi = bisect.bisect_right(self._segments, t + JUMP_WINDOW_S, key=lambda s: s.t)
+            return any(seg.jumped for seg in self._segments[lo:hi])
 
     def position_at(self, t: float | None) -> float | None:
         """Seconds into the file at timeline time ``t``; None for a live
@@ -233,16 +280,7 @@ class SourceTimeline:
         if t is None:
             return None
         seg = self._segment_at(t)
-        if seg is None or seg.position is None:
-            return None
-        if not seg.playing:
-            return seg.position
-        pos = seg.position + (t - seg.t) * seg.rate
-        if seg.duration:
-            # A looping file wraps before the page's next report says so;
-            # one that does not loop stops at its end.
-            pos = math.fmod(pos, seg.duration) if seg.loop else min(pos, seg.duration)
-        return pos
+        return None if seg is None else _extrapolate(seg, t)
 
     def source_at(self, t: float | None) -> dict[str, Any] | None:
         """``{"kind", "name"}`` of the source at ``t`` (the newest if ``t`` is None); None before any report."""

@@ -42,6 +42,9 @@ class Sample:
     # Where in the played file each frame was (seconds; None for a live
     # source), parallel to timestamps; empty when nobody knew (an old bundle).
     source_times: list[float | None] = field(default_factory=list)
+    # Parallel to source_times: the frame was captured so close to a seek
+    # (vidchat.media.clock.JUMP_WINDOW_S) that it may show either side of it.
+    source_at_jump: list[bool] = field(default_factory=list)
     audio_source_span: tuple[float | None, float | None] | None = None
     source: dict[str, Any] | None = None  # {"kind", "name"} of the newest frame's source
     seqs: list[int] = field(default_factory=list)  # the frames' kept numbers
@@ -81,6 +84,12 @@ class Sample:
         if len(self.source_times) != len(self.timestamps):
             return [None] * len(self.timestamps)
         return list(self.source_times)
+
+    def frame_source_at_jump(self) -> list[bool]:
+        """``source_at_jump`` parallel to ``timestamps`` (all False when unknown)."""
+        if len(self.source_at_jump) != len(self.timestamps):
+            return [False] * len(self.timestamps)
+        return list(self.source_at_jump)
 
 
 def _trivial_pick(n: int, k: int) -> list[int] | None:

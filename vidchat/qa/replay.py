@@ -302,11 +302,12 @@ async def reask_bundle(run: Run, state, engine, bundle) -> int:
                   file=sys.stderr)
             return USAGE
         pick = uniform_indices(len(sample.frames), n_frames)
-        source_times = sample.frame_source_times()
+        source_times, at_jump = sample.frame_source_times(), sample.frame_source_at_jump()
         sample = dataclasses.replace(sample, frames=[sample.frames[i] for i in pick],
                                      timestamps=[sample.timestamps[i] for i in pick],
                                      indices=[sample.indices[i] for i in pick],
-                                     source_times=[source_times[i] for i in pick])
+                                     source_times=[source_times[i] for i in pick],
+                                     source_at_jump=[at_jump[i] for i in pick])
     try:
         chat.check_options(options, engine)
         engine.check_request(len(sample.frames), options.frames_as)

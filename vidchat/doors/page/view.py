@@ -175,8 +175,9 @@ def frames_html(answer) -> str:
     if answer is None:
         return "<p class='vc-muted'>Ask a question to see the frames and audio the model received.</p>"
     tiles = []
-    positions = answer.sample.frame_source_times()
-    for frame, t, idx, pos in zip(answer.sample.frames, answer.sample.timestamps, answer.sample.indices, positions):
+    positions, at_jump = answer.sample.frame_source_times(), answer.sample.frame_source_at_jump()
+    for frame, t, idx, pos, near in zip(answer.sample.frames, answer.sample.timestamps, answer.sample.indices,
+                                        positions, at_jump):
         img = Image.fromarray(frame)
         img.thumbnail((160, 120))
         buf = io.BytesIO()
@@ -184,7 +185,7 @@ def frames_html(answer) -> str:
         src = base64.b64encode(buf.getvalue()).decode()
         tiles.append(
             f"<figure><img src='data:image/jpeg;base64,{src}' alt='frame {as_text(idx)}'>"
-            f"<figcaption>{answer_inputs.frame_caption(idx, answer.sample.relative(t), pos)}</figcaption></figure>"
+            f"<figcaption>{answer_inputs.frame_caption(idx, answer.sample.relative(t), pos, near)}</figcaption></figure>"
         )
     audio = answer.reply.stats.audio_seconds
     head = (
