@@ -223,6 +223,19 @@ def test_auto_turns_warm_ups_on_only_where_a_frame_is_slow_to_encode():
 
 
 @pytest.mark.unit
+def test_auto_is_the_default_and_its_engine_schedules_answers_before_warm_ups():
+    from vidchat.app.server import engine_options
+    from vidchat.app.settings import parse_settings
+
+    settings = parse_settings([])
+    assert settings.prewarm == "auto"
+    # auto may turn warm-ups on after start-up, so the engine is built with
+    # priority scheduling from the start; only an explicit off leaves it out.
+    assert engine_options(settings, "tiny", tiny=True).priority_scheduling
+    assert not engine_options(parse_settings(["--prewarm", "off"]), "tiny", tiny=True).priority_scheduling
+
+
+@pytest.mark.unit
 async def test_auto_stays_off_until_its_choice_then_seeds_the_encoder_budget():
     registry = SessionRegistry()
     prewarmer = Prewarmer(fake_state(None, registry), "auto")

@@ -103,10 +103,10 @@ class Settings:
         "System prompt put before every conversation.",
     )
     prewarm: str = _opt(
-        "off", "Keep each session's next question prefilled in the engine (vidchat/conversation/prewarm.py): 'idle' sends "
+        "auto", "Keep each session's next question prefilled in the engine (vidchat/conversation/prewarm.py): 'idle' sends "
         "warm-ups only while no answer is generating, 'always' also beside answers (at lower priority), 'off' "
         "never. With warm-ups on, the page's Enter also has the server take the question's frames and audio at "
-        "once and warm them while the question travels. 'auto' times one encode of a stored-size frame at "
+        "once and warm them while the question travels. 'auto' (the default) times one encode of a stored-size frame at "
         "start-up: from 150 ms to 500 ms a frame it chooses 'idle' and each kept frame is encoded as it "
         "arrives; below (the tiny model, a GPU) 'off', and above it 'off' too: a question arriving during a "
         "warm-up waits for its encode (vLLM cannot preempt it). On the CPU default at true size on 2 cores (about "
