@@ -337,16 +337,7 @@ def frozen_sample(answer: Answer, frames: int | None = None) -> Sample:
         raise OptionError(f"frames per question must be at least 1, got {frames}")
     else:
         picks = uniform_indices(n, frames)
-    source_times, at_jump = original.frame_source_times(), original.frame_source_at_jump()
-    return dataclasses.replace(
-        original,
-        frames=[original.frames[i] for i in picks],
-        timestamps=[original.timestamps[i] for i in picks],
-        indices=[original.indices[i] for i in picks],
-        source_times=[source_times[i] for i in picks],
-        source_at_jump=[at_jump[i] for i in picks],
-        seqs=[original.seqs[i] for i in picks] if len(original.seqs) == n else [],
-    )
+    return original.frames_at(picks)
 
 
 def release(entry: Entry, answer: Answer, continues_chat: bool = True) -> bool:

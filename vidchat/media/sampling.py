@@ -85,6 +85,20 @@ class Sample:
             return [None] * len(self.timestamps)
         return list(self.source_times)
 
+    def frames_at(self, picks: Sequence[int]) -> "Sample":
+        """The same sample with only the frames at ``picks`` (with their
+        times, indices, positions and marks); the audio stays whole."""
+        source_times, at_jump = self.frame_source_times(), self.frame_source_at_jump()
+        return dataclasses.replace(
+            self,
+            frames=[self.frames[i] for i in picks],
+            timestamps=[self.timestamps[i] for i in picks],
+            indices=[self.indices[i] for i in picks],
+            source_times=[source_times[i] for i in picks],
+            source_at_jump=[at_jump[i] for i in picks],
+            seqs=[self.seqs[i] for i in picks] if len(self.seqs) == len(self.frames) else [],
+        )
+
     def frame_source_at_jump(self) -> list[bool]:
         """``source_at_jump`` parallel to ``timestamps`` (all False when unknown)."""
         if len(self.source_at_jump) != len(self.timestamps):

@@ -301,13 +301,7 @@ async def reask_bundle(run: Run, state, engine, bundle) -> int:
             print(f"vidchat.replay: num_sample_frames must be a positive integer, got {n_frames!r}",
                   file=sys.stderr)
             return USAGE
-        pick = uniform_indices(len(sample.frames), n_frames)
-        source_times, at_jump = sample.frame_source_times(), sample.frame_source_at_jump()
-        sample = dataclasses.replace(sample, frames=[sample.frames[i] for i in pick],
-                                     timestamps=[sample.timestamps[i] for i in pick],
-                                     indices=[sample.indices[i] for i in pick],
-                                     source_times=[source_times[i] for i in pick],
-                                     source_at_jump=[at_jump[i] for i in pick])
+        sample = sample.frames_at(uniform_indices(len(sample.frames), n_frames))
     try:
         chat.check_options(options, engine)
         engine.check_request(len(sample.frames), options.frames_as)
