@@ -383,3 +383,28 @@ def test_speech_starting_in_talk_mode_warms_the_session_first():
     talk.speech_warms(types.SimpleNamespace(prewarmer=prewarmer), entry)()
     assert prewarmer.state_of(entry.session.id).urgent_until > time.monotonic()
     assert talk.speech_warms(types.SimpleNamespace(prewarmer=None), entry) is None
+
+
+@pytest.mark.engine
+async def test_an_enter_sample_with_nothing_new_for_a_model_that_hears_nothing_is_not_warmed_again(vl_engine,
+                                                                                                  monkeypatch):
+    """The sample taken at Enter carries the audio; a background warm-up
+    does not. For a model that takes no audio the two prompts are the same,
+    so once a warm-up has warmed these frames the Enter sample has nothing
+    new, and its question must not wait for a second warm-up of it (the
+    true-size CPU default's still scene: 130-250 ms of waiting for nothing)."""
+    monkeypatch.setattr(prewarm, "PIN_S", 60.0)
+    assert not vl_engine.accepts_audio
+    registry = SessionRegistry()
+    entry = entry_with_frames(registry, seed=21)
+    add_audio(entry, 16.5, 99.5, seed=5)
+    entry.warm_options = AnswerOptions(max_tokens=2, temperature=0.0, include_audio=True)
+    sid = entry.session.id
+    prewarmer = Prewarmer(fake_state(vl_engine, registry), "idle", interval_s=0.0)
+    await prewarmer._step()  # the background warm-up of these frames
+    assert prewarmer.stats.warmups == 1
+    await prewarmer.question_now(sid)
+    await prewarmer._step()  # the Enter sample: the same frames, and audio this model does not take
+    assert prewarmer.stats.warmups == 1 and prewarmer.stats.skipped_same_inputs == 1, prewarmer.snapshot()
+    pin = prewarmer.take_pin(entry)
+    assert pin is not None and pin.sample.audio is not None  # the question still takes the sample from Enter

@@ -148,7 +148,12 @@ async def plan_warmup(engine: Any, entry: Any, options: Any, pin: Pin | None,
     except Exception as exc:
         log.debug("session %s…: no warm-up: %s", entry.session.id[:6], exc)
         return None
-    prompt_key = (prepared.prompt_text, options.frames_as, sample.audio_parts if options.include_audio else ())
+    # The audio is part of the prompt only where the engine hears it: for a
+    # model that takes none, the sample taken at Enter (with audio) and a
+    # background warm-up (without) send the same prompt, and the Enter one
+    # would make its question wait for a warm-up of nothing new.
+    hears = options.include_audio and getattr(engine, "accepts_audio", True)
+    prompt_key = (prepared.prompt_text, options.frames_as, sample.audio_parts if hears else ())
     lead = await asyncio.to_thread(lead_digest, sample.frames, options.frames_as)
     new = len(sample.seqs) - entry.session.encoded_count(sample.seqs)
     return WarmPlan(sample, at_enter, prepared, prompt_key, lead, new)
