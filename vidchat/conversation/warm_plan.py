@@ -148,12 +148,13 @@ async def plan_warmup(engine: Any, entry: Any, options: Any, pin: Pin | None,
     except Exception as exc:
         log.debug("session %s…: no warm-up: %s", entry.session.id[:6], exc)
         return None
-    # The audio is part of the prompt only where the engine hears it: for a
-    # model that takes none, the sample taken at Enter (with audio) and a
+    # The audio's parts count only where the prompt carries audio, as the
+    # engine's prepare decided (a model that hears nothing, a sliver too short
+    # for the encoder): otherwise the sample taken at Enter (with audio) and a
     # background warm-up (without) send the same prompt, and the Enter one
     # would make its question wait for a warm-up of nothing new.
-    hears = options.include_audio and getattr(engine, "accepts_audio", True)
-    prompt_key = (prepared.prompt_text, options.frames_as, sample.audio_parts if hears else ())
+    prompt_key = (prepared.prompt_text, options.frames_as,
+                  sample.audio_parts if prepared.stats.audio_seconds else ())
     lead = await asyncio.to_thread(lead_digest, sample.frames, options.frames_as)
     new = len(sample.seqs) - entry.session.encoded_count(sample.seqs)
     return WarmPlan(sample, at_enter, prepared, prompt_key, lead, new)
