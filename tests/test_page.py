@@ -682,7 +682,7 @@ async def test_a_video_file_source_records_the_files_own_time_through_seek_and_l
                     for t, (second, number) in zip(times, seen):
                         true_t = (number + 0.5) / fps  # the middle of the tenth it is shown for
                         # A position extrapolated across the loop's end wraps: compare on the circle.
-                        mine.append((t - true_t + duration / 2) % duration - duration / 2)
+                        mine.append(off_on_circle(t, true_t))
                     print(f"\nanswer {asked}: (file position, frame shown, second by colour, offset):",
                           [(t, n, s, round(o, 3)) for t, (s, n), o in zip(times, seen, mine)])
                     offsets.extend(mine)

@@ -81,9 +81,11 @@ class Sample:
 
     def frame_source_times(self) -> list[float | None]:
         """``source_times`` parallel to ``timestamps`` (all None when unknown)."""
-        if len(self.source_times) != len(self.timestamps):
-            return [None] * len(self.timestamps)
-        return list(self.source_times)
+        return self._per_frame(self.source_times, None)
+
+    def _per_frame(self, values: list, unknown: Any) -> list:
+        """``values`` where there is one per frame, else ``unknown`` for each (nobody knew)."""
+        return list(values) if len(values) == len(self.timestamps) else [unknown] * len(self.timestamps)
 
     def frames_at(self, picks: Sequence[int]) -> "Sample":
         """The same sample with only the frames at ``picks`` (with their
@@ -101,9 +103,7 @@ class Sample:
 
     def frame_source_at_jump(self) -> list[bool]:
         """``source_at_jump`` parallel to ``timestamps`` (all False when unknown)."""
-        if len(self.source_at_jump) != len(self.timestamps):
-            return [False] * len(self.timestamps)
-        return list(self.source_at_jump)
+        return self._per_frame(self.source_at_jump, False)
 
 
 def _trivial_pick(n: int, k: int) -> list[int] | None:
