@@ -97,6 +97,22 @@ def test_env_var_sets_an_option_and_flag_wins(monkeypatch):
 
 
 @pytest.mark.unit
+def test_the_audio_a_session_keeps_is_bounded_at_start_up_for_every_door(capsys):
+    """--ws-max-audio-seconds is the one cap on a socket session's audio and
+    a spoken question (seed and Realtime doors alike): a value no session
+    could hold is refused at start-up, naming the flag."""
+    from vidchat.app.settings import parse_settings
+    from vidchat.conversation.session import MAX_AUDIO_SECONDS, SessionSettings
+
+    assert parse_settings(["--ws-max-audio-seconds", str(MAX_AUDIO_SECONDS)]).ws_max_audio_seconds == 600
+    SessionSettings(audio_seconds=MAX_AUDIO_SECONDS).validate()
+    for value in ("0", "601"):
+        with pytest.raises(SystemExit):
+            parse_settings(["--ws-max-audio-seconds", value])
+        assert "--ws-max-audio-seconds must be at" in capsys.readouterr().err
+
+
+@pytest.mark.unit
 def test_vllm_parallelism_and_the_encoder_cache_size_reach_the_engine_options():
     from vidchat.app import server
     from vidchat.app.settings import parse_settings

@@ -19,7 +19,9 @@ import numpy as np
 import pytest
 import websockets
 from openai import AsyncOpenAI
+from openai.types.realtime import RealtimeServerEvent
 from PIL import Image
+from pydantic import TypeAdapter
 
 from vidchat.app.settings import Settings
 from vidchat.conversation.chat import AnswerOptions
@@ -30,7 +32,7 @@ from vidchat.doors.socket_media import Refused, pcm16_audio
 from vidchat.doors.socket_transport import Disconnected
 from vidchat.doors.socket_config import NO_AUDIO_OUTPUT_NOTICE
 from vidchat.media import AUDIO_RATE
-from vidchat.media.audio import Pcm16Resampler
+from vidchat.media.audio import AudioInput, ClipTooShort, Pcm16Resampler
 
 from conftest import SERVER_ARGS, TINY_SERVER_ARGS, start_server, stop_server, until_idle
 from test_protocol import MOVING
@@ -67,12 +69,24 @@ def client(srv, token: str | None = None) -> AsyncOpenAI:
     return AsyncOpenAI(base_url=f"{srv.url}/v1", api_key=token or "no-token-needed")
 
 
+# The SDK's own union of server events: what the SDK's connection builds
+# leniently, validated here field by field (types, literals, what is required).
+SERVER_EVENT = TypeAdapter(RealtimeServerEvent)
+
+
+async def recv(conn) -> object:
+    """The next server event, checked against the SDK's types (vidchat's extras ride as extra fields)."""
+    event = await conn.recv()
+    assert not isinstance(SERVER_EVENT.validate_python(event.to_dict()), dict), event.type
+    return event
+
+
 async def until(conn, kind: str, timeout: float = 60.0) -> list:
     """Events up to and including the first of type ``kind``."""
     out = []
     async with asyncio.timeout(timeout):
         while not out or out[-1].type != kind:
-            out.append(await conn.recv())
+            out.append(await recv(conn))
     return out
 
 
@@ -82,7 +96,7 @@ def collapsed(types: list[str]) -> list[str]:
 
 
 async def configured(conn, **vidchat) -> object:
-    created = await conn.recv()
+    created = await recv(conn)
     assert created.type == "session.created"
     await conn.send({"type": "session.update", "session": {"type": "realtime", "vidchat": vidchat}})
     return (await until(conn, "session.updated"))[-1]
@@ -183,21 +197,20 @@ def test_what_is_not_served_is_refused_by_name():
         assert refused.value.code == "unsupported" and refused.value.param == param
     rt.parse_session({"type": "realtime", "tools": [], "audio": {"input": {"transcription": None}}})
     with pytest.raises(rt.EventError) as refused:
-        rt.response_options({"tools": [{"type": "function", "name": "f"}]}, AnswerOptions(), 16)
+        rt.response_fields({"tools": [{"type": "function", "name": "f"}]})
     assert refused.value.param == "response.tools"
 
 
 @pytest.mark.unit
 async def test_the_input_audio_buffer_and_the_pending_question():
-    audio = rt.InputAudio(max_s=1.0, rate=16_000)
+    audio = AudioInput(max_s=1.0, rate=16_000)
     pcm = {"audio": base64.b64encode(np.full(AUDIO_RATE // 2, 1000, "<i2").tobytes()).decode()}  # 0.5 s
     for _ in range(4):
         audio.append(await pcm16_audio(pcm, "input_audio_buffer.append", "audio", 30, audio.stream))
     # Whole chunks: the oldest goes while the rest still hold more than max_s.
-    assert len(audio.buffer) == 3 and audio.commit().size == 3 * AUDIO_RATE // 2 and audio.buffer == []
-    with pytest.raises(rt.EventError) as refused:
-        audio.commit()
-    assert refused.value.code == "input_audio_buffer_commit_empty"
+    assert len(audio.chunks) == 3 and audio.take().size == 3 * AUDIO_RATE // 2 and audio.chunks == []
+    with pytest.raises(ClipTooShort, match="buffer too small: 0 ms of audio, at least 100 ms"):
+        audio.take()
     # The PCM16 rules are the seed door's (video.query's audio_data): one shared reader.
     for data, reason in [("AA==", "invalid_audio"), ("***", "invalid_data"),
                          (base64.b64encode(bytes(2 * 24_000 + 2)).decode(), "too_large")]:
@@ -263,7 +276,7 @@ async def test_the_shared_event_loop_answers_every_bad_event_with_an_error_and_g
 @pytest.mark.engine
 async def test_session_created_then_updated_with_the_effective_session(server):
     async with client(server).realtime.connect(model="tiny") as conn:
-        created = await conn.recv()
+        created = await recv(conn)
         assert created.type == "session.created" and created.session.type == "realtime"
         assert created.session.model == "tiny" and created.session.output_modalities == ["text"]
         assert created.session.audio.input.format.rate == RATE
@@ -326,10 +339,16 @@ async def test_a_text_question_without_frames_is_answered(server):
         await conn.send(text_item("Hello?"))
         await until(conn, "conversation.item.done")
         await conn.send({"type": "response.create", "response": {"instructions": "Be terse.",
-                                                                  "max_output_tokens": 3}})
-        done = check_response(await until(conn, "response.done"))
+                                                                  "max_output_tokens": 3,
+                                                                  "output_modalities": ["audio"]}})
+        events = await until(conn, "response.done")
+        done = check_response(events)
         assert done.vidchat["frames"] == 0 and done.response.max_output_tokens == 3
         assert done.response.usage.output_tokens <= 3
+        # Spoken answers asked for per response: told once, on its response.created, and answered in text.
+        created = next(e for e in events if e.type == "response.created")
+        assert created.vidchat == {"notice": NO_AUDIO_OUTPUT_NOTICE}
+        assert done.response.output_modalities == ["text"]
 
 
 @pytest.mark.engine
@@ -415,7 +434,7 @@ async def test_server_vad_answers_speech_and_speech_during_a_response_cancels_it
                         (sa.silence(1.2), False)])
     speech_start, speech_end = track.speech[0]
     async with client(server).realtime.connect(model="tiny") as conn:
-        await conn.recv()
+        await recv(conn)
         await conn.send({"type": "session.update", "session": {
             "type": "realtime", "max_output_tokens": 4, "vidchat": {"temperature": 0.0, "num_sample_frames": 2},
             "audio": {"input": {"format": {"type": "audio/pcm", "rate": RATE}, "turn_detection": {
@@ -477,7 +496,7 @@ async def test_the_token_is_asked_for_and_the_session_counts_against_max_session
             pass
     assert refused.value.response.status_code == 403
     async with client(guarded, TOKEN).realtime.connect(model="tiny") as conn:
-        assert (await conn.recv()).type == "session.created"
+        assert (await recv(conn)).type == "session.created"
         # --max-sessions 1: a second client is told, and closed.
         async with client(guarded, TOKEN).realtime.connect(model="tiny") as second:
             refused = await second.recv()

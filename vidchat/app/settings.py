@@ -13,6 +13,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
+from vidchat.conversation.session import MAX_AUDIO_SECONDS
 from vidchat.media import DEFAULT_MAX_FRAME_BYTES, DEFAULT_MAX_FRAME_PIXELS, FRAMES_AS
 
 ENV_PREFIX = "VIDCHAT_"
@@ -269,7 +270,10 @@ AT_LEAST = {"max_sessions": 1, "max_frame_pixels": 1, "max_body_bytes": 1024, "w
             "max_sessions_per_client": 0, "max_concurrent_answers": 0, "connect_timeout": 0,
             "session_idle_timeout": 1, "ws_idle_timeout": 1, "ws_config_timeout": 0.1,
             "tensor_parallel_size": 1, "data_parallel_size": 1, "turn_ttl": 60,
-            "max_session_mb": 0, "engine_connect_timeout": 0.1, "engine_first_byte_timeout": 0.1}
+            "max_session_mb": 0, "engine_connect_timeout": 0.1, "engine_first_byte_timeout": 0.1,
+            "ws_max_audio_seconds": 0.1}
+# And above: a session keeps at most MAX_AUDIO_SECONDS of audio, at every door.
+AT_MOST = {"ws_max_audio_seconds": MAX_AUDIO_SECONDS}
 
 
 def parse_settings(argv: Sequence[str] | None = None) -> Settings:
@@ -286,6 +290,9 @@ def settings_from_args(parser: argparse.ArgumentParser, args: argparse.Namespace
     for name, least in AT_LEAST.items():
         if values[name] < least:
             parser.error(f"--{name.replace('_', '-')} must be at least {least}, got {values[name]}")
+    for name, most in AT_MOST.items():
+        if values[name] > most:
+            parser.error(f"--{name.replace('_', '-')} must be at most {most:g}, got {values[name]}")
     for f in dataclasses.fields(Settings):
         if f.metadata.get("repeat") and values[f.name] is None:
             values[f.name] = tuple(os.environ.get(ENV_PREFIX + f.name.upper(), "").split())

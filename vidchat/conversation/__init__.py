@@ -25,7 +25,7 @@ import contextlib
 import logging
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, AsyncIterator, Callable, Sequence, Union
+from typing import Any, AsyncIterator, Callable, Protocol, Sequence, Union
 
 from vidchat.conversation import chat, kept
 from vidchat.conversation.answer_queue import Abandoned
@@ -94,6 +94,20 @@ class Done:
 
 
 RunEvent = Union[Queued, Started, Delta, Done]
+
+
+class Words(Protocol):
+    """How a door says one answer run (:meth:`AnswerRun.say`): the socket
+    doors' answer loop, written once."""
+
+    async def queued(self, ahead: int) -> None: ...
+
+    async def started(self, answer: Answer) -> None: ...
+
+    async def delta(self, text: str) -> bool:
+        """False: the client is gone (the run stops generating)."""
+
+    async def done(self, done: Done) -> None: ...
 
 
 class AnswerRun:
@@ -166,6 +180,21 @@ class AnswerRun:
                  stats.prompt_tokens, stats.cached_tokens, stats.frames, stats.history_turns,
                  stats.history_turns_total, f", {answer.cancelled_by}" if answer.cancelled_by else "")
         return Done(answer, status, error, started, current, answer_id, bundle, record_error)
+
+    async def say(self, words: "Words") -> None:
+        """Read the run to its end in a door's words; a door that can no longer
+        say a delta (its client is gone) stops the generation."""
+        async with contextlib.aclosing(self.events()) as events:
+            async for event in events:
+                if isinstance(event, Queued):
+                    await words.queued(event.ahead)
+                elif isinstance(event, Started):
+                    await words.started(event.answer)
+                elif isinstance(event, Delta):
+                    if not await words.delta(event.text):
+                        await self.cancel()
+                else:
+                    await words.done(event)
 
     async def finish(self) -> Done:
         """Read the run to its end without a door (replay, benchmarks)."""

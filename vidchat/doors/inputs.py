@@ -30,6 +30,7 @@ from vidchat.conversation.recording import audio_used, iter_zip_bundles, png_byt
 from vidchat.doors.markup import as_text
 
 if TYPE_CHECKING:
+    from vidchat.conversation import Done
     from vidchat.conversation.chat import Answer
     from vidchat.conversation.sessions import Entry
 
@@ -42,6 +43,21 @@ THUMB_SIZE = (128, 96)
 def answer_url(answer_id: str, name: str) -> str:
     """Where a kept answer's ``name`` (record.json, bundle.zip, …) is served, as the doors link it."""
     return f"{PATH_PREFIX}{answer_id}/{name}"
+
+
+def record_links(done: "Done", recording: bool, record_dir: Any) -> dict[str, Any]:
+    """Where an answer's record is, as each socket door's last event of an
+    answer says it: its answer_id and record_url; when the session records,
+    its bundle (path under --record-dir, bundle_url), or record_error."""
+    links: dict[str, Any] = {"answer_id": done.answer_id,
+                             "record_url": answer_url(done.answer_id, "record.json") if done.answer_id else None}
+    if recording and done.started:
+        if done.bundle is not None:
+            links.update(bundle=done.bundle.relative_to(record_dir).as_posix(),
+                         bundle_url=answer_url(done.answer_id, "bundle.zip"))
+        else:
+            links.update(bundle=None, record_error=done.record_error or "Could not save the recording.")
+    return links
 
 
 def _thumb_data_url(frame: np.ndarray) -> str:

@@ -17,7 +17,6 @@ them is the README's "Realtime API".
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import itertools
 import logging
 from typing import TYPE_CHECKING, Any
@@ -30,13 +29,14 @@ from vidchat.conversation.settings_table import current_values
 from vidchat.conversation.sessions import TooManySessions
 from vidchat.doors import realtime_events as rt
 from vidchat.doors.protocol_config import ConfigError
+from vidchat.doors.inputs import record_links
 from vidchat.doors.socket_answers import check_record
 from vidchat.doors.socket_config import NO_AUDIO_OUTPUT_NOTICE
 from vidchat.doors.socket_media import Refused, SocketMedia, pcm16_audio
 from vidchat.doors.socket_session import SocketSession
 from vidchat.doors.socket_turns import SocketTurns
 from vidchat.engine import NO_SPOKEN_QUESTIONS, EngineError
-from vidchat.media.audio import Pcm16Resampler
+from vidchat.media.audio import AudioInput, ClipTooShort, Pcm16Resampler
 from vidchat.media.vad import SpeechStarted, Utterance
 
 if TYPE_CHECKING:
@@ -62,7 +62,7 @@ class RealtimeTurns(SocketTurns):
         item_id, conn.speech_item = conn.speech_item or rt.new_id("item"), None
         await conn.emit({"type": "input_audio_buffer.speech_stopped", "item_id": item_id,
                          "audio_end_ms": self.timeline_ms(event.end)})
-        conn.audio.buffer.clear()
+        conn.audio.clear()
         await conn.committed(item_id)
         if turns is not None and turns.create_response:
             await self.answer_streams_on()
@@ -82,7 +82,7 @@ class RealtimeConnection(SocketSession):
         self.event_ids = (f"event_{n}" for n in itertools.count(1))  # numbered: the log of one connection
         self.media = SocketMedia(self)  # the frame intake; its client clock places pts_ms
         self.turns = RealtimeTurns(self, None)
-        self.audio = rt.InputAudio(self.settings.ws_max_audio_seconds)
+        self.audio = AudioInput(self.settings.ws_max_audio_seconds, rt.INPUT_RATES[0])  # input_audio_buffer
         self.record = self.told_no_audio = False
         self.question = rt.Question()  # the text and audio items since the last response
         self.last_item: str | None = None  # the next item's previous_item_id
@@ -162,13 +162,17 @@ class RealtimeConnection(SocketSession):
             self.audio.set_rate(update.input_rate)
         if update.record is not rt.UNSET:
             self.record = update.record
-        event: dict[str, Any] = {"type": "session.updated"}
-        if "audio" in update.answer.get("output_modalities", ()) and not self.told_no_audio:
-            self.told_no_audio = True  # said once (vidchat extra), as the seed door says it
-            event["vidchat"] = {"notice": NO_AUDIO_OUTPUT_NOTICE}
         if update.turn_detection is not rt.UNSET:
             await self.turns.set(update.turn_detection)
-        await self.emit({**event, "session": self.describe()})
+        await self.emit({"type": "session.updated", **self.audio_notice(update.answer), "session": self.describe()})
+
+    def audio_notice(self, fields: dict[str, Any]) -> dict[str, Any]:
+        """The first session.update or response.create whose output_modalities
+        asks for audio is told, in a vidchat extra, that answers are text."""
+        if "audio" not in fields.get("output_modalities", ()) or self.told_no_audio:
+            return {}
+        self.told_no_audio = True
+        return {"vidchat": {"notice": NO_AUDIO_OUTPUT_NOTICE}}
 
     # -- conversation.item.create: frames, text and spoken questions ------------------
 
@@ -219,7 +223,10 @@ class RealtimeConnection(SocketSession):
         self.audio.append(samples)
 
     async def _on_commit(self, msg: dict[str, Any], arrived: float) -> None:
-        self.question.add([], [self.audio.commit()])
+        try:
+            self.question.add([], [self.audio.take()])
+        except ClipTooShort as exc:
+            raise rt.EventError(str(exc), "input_audio_buffer_commit_empty") from None
         await self.committed(rt.new_id("item"))
 
     async def committed(self, item_id: str) -> None:
@@ -230,7 +237,7 @@ class RealtimeConnection(SocketSession):
                                         "added", "done"))
 
     async def _on_clear(self, msg: dict[str, Any], arrived: float) -> None:
-        self.audio.buffer.clear()
+        self.audio.clear()
         await self.emit({"type": "input_audio_buffer.cleared"})
 
     # -- responses (RealtimeResponses) ---------------------------------------------------
@@ -239,7 +246,8 @@ class RealtimeConnection(SocketSession):
         if self.answering:
             raise rt.EventError("a response is in progress: cancel it first, or wait for its response.done",
                                 "conversation_already_has_active_response")
-        options = rt.response_options(msg.get("response"), self.options, self.state.answer_defaults().max_tokens)
+        fields = rt.response_fields(msg.get("response"))
+        options = rt.answer_options(self.options, fields, self.state.answer_defaults().max_tokens)
         try:
             chat.check_options(options, self.state.engine)
         except ValueError as exc:
@@ -248,7 +256,7 @@ class RealtimeConnection(SocketSession):
             raise rt.EventError("no question: add an input_text or input_audio item (or commit the audio buffer) "
                                 "before response.create", "empty_conversation")
         text, audio = self.question.take()
-        await self.responses.start(text, options, question_audio=audio)
+        await self.responses.start(text, options, self.audio_notice(fields), question_audio=audio)
 
     async def _on_response_cancel(self, msg: dict[str, Any], arrived: float) -> None:
         if not self.answering:
@@ -271,14 +279,16 @@ class RealtimeConnection(SocketSession):
 
 
 class RealtimeResponses:
-    """One connection's responses, one at a time: each the connection's answer
-    task, which asks the conversation and says its answer run as response
-    events. Every ``response.created`` is followed by exactly one
-    ``response.done``; a new response starts only after the previous one's."""
+    """One connection's responses, one at a time, each the connection's
+    answer task: it asks the conversation and says the run (its Words, the
+    response under way) as response events. Every ``response.created`` is
+    followed by exactly one ``response.done``; a new response starts only
+    after the previous one's."""
 
     def __init__(self, conn: RealtimeConnection) -> None:
         self.conn = conn
         self.run: conversation.AnswerRun | None = None
+        self.say = rt.ResponseEvents("", None)  # the response under way
         self.cancel_reason: str | None = None  # the client cancelled a response still being set up
 
     async def cancel(self, why: str) -> None:
@@ -286,8 +296,10 @@ class RealtimeResponses:
         if self.run is not None:
             await self.run.cancel(why)
 
-    async def start(self, question: str, options: chat.AnswerOptions, **how: Any) -> None:
-        """Start a response, once the previous one has sent its response.done (cancelled, if it still runs)."""
+    async def start(self, question: str, options: chat.AnswerOptions, notice: dict[str, Any] | None = None,
+                    **how: Any) -> None:
+        """Start a response, once the previous one has sent its response.done
+        (cancelled, if it still runs); ``notice`` rides on its response.created."""
         conn = self.conn
         if conn.answering and self.run is not None:
             await self.run.cancel()
@@ -295,18 +307,17 @@ class RealtimeResponses:
         if conn.entry is None or conn.closed:
             return
         self.cancel_reason, self.run = None, None
-        say = rt.ResponseEvents(rt.new_id("resp"), options.max_tokens)
-        conn.stream_answer(self._answer(say, question, options, how), f"realtime-{say.id}")
+        self.say = rt.ResponseEvents(rt.new_id("resp"), options.max_tokens)
+        conn.stream_answer(self._answer(question, options, notice or {}, how), f"realtime-{self.say.id}")
 
-    async def _answer(self, say: rt.ResponseEvents, question: str, options: chat.AnswerOptions,
+    async def _answer(self, question: str, options: chat.AnswerOptions, notice: dict[str, Any],
                       how: dict[str, Any]) -> None:
-        """Ask the conversation, and say its answer run as the Realtime API's response events."""
-        conn = self.conn
-        await conn.emit(say.created())
+        conn, say = self.conn, self.say
+        await conn.emit({**say.created(), **notice})
         try:
             await conn.state.wait_engine()
-            run = await conversation.of(conn.state, conn.entry).ask(question, options, record=conn.record,
-                                                                   frames_optional=True, **how)
+            self.run = await conversation.of(conn.state, conn.entry).ask(
+                question, options, record=conn.record, frames_optional=True, **how)
         except chat.Superseded:
             await conn.emit(*say.done("cancelled", text=None))
             return
@@ -314,21 +325,28 @@ class RealtimeResponses:
             await conn.refuse(str(exc), "answer_failed", kind="server_error")
             await conn.emit(*say.done("failed", text=None, error=str(exc)))
             return
-        self.run = run
         if self.cancel_reason is not None:  # cancelled while it was set up
-            await run.cancel(self.cancel_reason)
-        async with contextlib.aclosing(run.events()) as events:
-            async for event in events:
-                if isinstance(event, conversation.Started):
-                    await conn.emit(*say.started(conn.next_item(say.item_id)))
-                elif isinstance(event, conversation.Delta):
-                    if not await conn.emit(say.delta(event.text)):
-                        await run.cancel()  # the client is gone: stop generating
-                elif isinstance(event, conversation.Done):
-                    if event.error:
-                        await conn.refuse(event.error, "answer_failed", kind="server_error")
-                    # Why it was cancelled, if it was (the first cause): the client's
-                    # response.cancel, or speech (server VAD's barge-in, talk.BARGED_IN).
-                    ending = say.finished(event, event.answer.cancelled_by, conn.record)
-                    await conn.emit(*ending)
-                    log.info("realtime %s: response %s: %s", conn.peer, say.id, ending[-1]["response"]["status"])
+            await self.run.cancel(self.cancel_reason)
+        await self.run.say(self)
+
+    # -- the run's Words (vidchat.conversation.Words) ---------------------------------------
+
+    async def queued(self, ahead: int) -> None:
+        pass  # the response was created; it starts when it has its place
+
+    async def started(self, answer: Any) -> None:
+        await self.conn.emit(*self.say.started(self.conn.next_item(self.say.item_id)))
+
+    async def delta(self, text: str) -> bool:
+        return await self.conn.emit(self.say.delta(text))
+
+    async def done(self, done: conversation.Done) -> None:
+        conn = self.conn
+        if done.error:
+            await conn.refuse(done.error, "answer_failed", kind="server_error")
+        # Why it was cancelled, if it was (the first cause): the client's
+        # response.cancel, or speech (server VAD's barge-in, talk.BARGED_IN).
+        record = record_links(done, conn.record, conn.settings.record_dir)
+        ending = self.say.finished(done, done.answer.cancelled_by, record)
+        await conn.emit(*ending)
+        log.info("realtime %s: response %s: %s", conn.peer, self.say.id, ending[-1]["response"]["status"])

@@ -1,7 +1,7 @@
 """The OpenAI Realtime door's wire format: what its client events may hold,
 and its server events, as the official SDK's types (``openai.types.realtime``,
 GA names) define them, and what the client events build up between two
-responses (the input audio buffer, the pending question). Pure, no I/O: the
+responses (the pending question). Pure, no I/O: the
 door (:mod:`vidchat.doors.realtime`) reads and sends them.
 
 vidchat's additions are extra fields, never renamed events: ``session.vidchat``
@@ -20,12 +20,10 @@ import numpy as np
 
 from vidchat.conversation import CANCELLED, COMPLETED
 from vidchat.conversation.settings_table import ALIASES, SETTINGS, SettingTypeError, read_settings
-from vidchat.doors.inputs import answer_url
 from vidchat.doors.protocol_config import ConfigError, parse_turn_detection
 from vidchat.doors.socket_media import is_millis
 from vidchat.doors.socket_session import Refusal
-from vidchat.media import AUDIO_RATE, MIN_AUDIO_SAMPLES
-from vidchat.media.audio import Pcm16Resampler
+from vidchat.media import AUDIO_RATE
 
 INPUT_RATES = (24_000, 16_000)  # audio/pcm rates taken (24 kHz is the API's; 16 kHz is the session's own)
 IMAGE_TYPES = ("data:image/jpeg", "data:image/png", "data:image/webp")
@@ -178,13 +176,13 @@ def _vidchat(values: Any, update: SessionUpdate) -> None:
         raise EventError(f"session.vidchat: {exc}", param="session.vidchat") from None
 
 
-def response_options(params: Any, options: Any, default_max_tokens: int) -> Any:
-    """response.create's ``response``: this response's AnswerOptions (raises EventError)."""
+def response_fields(params: Any) -> dict[str, Any]:
+    """response.create's ``response``: this response's answer_fields (raises EventError)."""
     params = {} if params is None else params
     if not isinstance(params, dict):
         raise EventError("response must be an object", param="response")
     unserved(params, "input", "response.input", "not supported: add items to the conversation")
-    return answer_options(options, answer_fields(params, "response"), default_max_tokens)
+    return answer_fields(params, "response")
 
 
 def unserved(values: dict[str, Any], key: str, param: str, why: str) -> None:
@@ -252,40 +250,6 @@ def acked_item(item_id: str, parts: list[Part]) -> dict[str, Any]:
 def item_events(item: dict[str, Any], previous: str | None, *stages: str) -> list[dict[str, Any]]:
     """conversation.item.<stage> ("added", "done") for ``item``, which follows ``previous`` in the conversation."""
     return [{"type": f"conversation.item.{stage}", "previous_item_id": previous, "item": item} for stage in stages]
-
-
-class InputAudio:
-    """input_audio_buffer: what was appended since its last commit or clear,
-    as 16 kHz float samples (in whole chunks: the oldest goes while the rest
-    still hold more than ``max_s``), and the stream that resamples the
-    appended PCM16 from the client's input rate (audio.input.format)."""
-
-    def __init__(self, max_s: float, rate: int = INPUT_RATES[0]) -> None:
-        self.max_samples = int(max_s * AUDIO_RATE)
-        self.stream = Pcm16Resampler(rate)
-        self.buffer: list[np.ndarray] = []
-
-    @property
-    def rate(self) -> int:
-        return self.stream.rate
-
-    def set_rate(self, rate: int) -> None:
-        if rate != self.rate:
-            self.stream = Pcm16Resampler(rate)
-
-    def append(self, samples: np.ndarray) -> None:
-        self.buffer.append(samples)
-        while sum(b.size for b in self.buffer) - self.buffer[0].size > self.max_samples:
-            self.buffer.pop(0)
-
-    def commit(self) -> np.ndarray:
-        """The buffer's audio (the buffer is emptied); raises EventError when it is too short to be a question."""
-        audio = np.concatenate(self.buffer) if self.buffer else np.zeros(0, np.float32)
-        self.buffer.clear()
-        if audio.size < MIN_AUDIO_SAMPLES:
-            raise EventError(f"buffer too small: {audio.size / AUDIO_RATE * 1000:.0f} ms of audio, at least "
-                             f"{MIN_AUDIO_SAMPLES * 1000 // AUDIO_RATE} ms", "input_audio_buffer_commit_empty")
-        return audio
 
 
 class Question:
@@ -380,10 +344,10 @@ class ResponseEvents:
     def delta(self, text: str) -> dict[str, Any]:
         return self._part("response.output_text.delta", delta=text)
 
-    def finished(self, done: Any, cancelled_by: str | None, recording: bool) -> list[dict[str, Any]]:
+    def finished(self, done: Any, cancelled_by: str | None, links: dict[str, Any]) -> list[dict[str, Any]]:
         """The events that end the response, from the conversation's Done
-        (``cancelled_by``: the reason, if it was cancelled; ``recording``: the
-        session asked for a bundle)."""
+        (``cancelled_by``: the reason, if it was cancelled; ``links``: where
+        its record is, vidchat.doors.inputs.record_links)."""
         summary = done.answer.summary()
         status, reason = done.status, None
         if status == CANCELLED:
@@ -391,12 +355,7 @@ class ResponseEvents:
         elif status == COMPLETED and summary.get("finish_reason") == "length":
             status, reason = "incomplete", "max_output_tokens"
         # The vidchat extra: what the model was given, and where the whole record is.
-        record = {**{key: summary.get(key) for key in RECORD_KEYS}, "answer_id": done.answer_id,
-                  "record_url": answer_url(done.answer_id, "record.json") if done.answer_id else None}
-        if done.bundle is not None:
-            record["bundle_url"] = answer_url(done.answer_id, "bundle.zip")
-        elif recording and done.started:
-            record["record_error"] = done.record_error
+        record = {**{key: summary.get(key) for key in RECORD_KEYS}, **links}
         return self.done(status, text=done.text if done.started else None, reason=reason, error=done.error,
                          stats=summary if done.started else None, record=record)
 

@@ -173,32 +173,9 @@ class SocketAnswers:
 
     async def _stream(self, run: conversation.AnswerRun, consumed: dict[str, Any] | None = None,
                       watched: bool = False) -> None:
-        """The run's events as the seed protocol's messages. Done is handled
-        inside the loop: the run counts as delivered (a newer question may
-        start) only once its response.text.done is sent."""
-        send = self.conn.send
+        """The run said as the seed protocol's messages (SeedWords)."""
         try:
-            async with contextlib.aclosing(run.events()) as events:
-                async for event in events:
-                    if isinstance(event, conversation.Queued):
-                        await self._tell_queued(event.ahead)
-                    elif isinstance(event, conversation.Started):
-                        start: dict[str, Any] = {"type": "response.start"}
-                        if watched:  # asked by the standing question, not by the client
-                            start["watch"] = True
-                        if self.notice is not None:
-                            start["notice"], self.notice = self.notice, None
-                        await send(start)
-                    elif isinstance(event, conversation.Delta):
-                        if consumed is not None:  # as vllm-omni: at the model's first output
-                            consumed, message = None, consumed
-                            await send(message)
-                        if not await send({"type": "response.text.delta", "delta": event.text}):
-                            await run.cancel()  # the client is gone: stop generating
-                    elif event.started:  # Done; one that never started (replaced while it waited) says nothing
-                        if consumed is not None:  # no output at all (cancelled, failed): still said once
-                            await send(consumed)
-                        await self._answered(event)
+            await run.say(SeedWords(self, consumed, watched))
         except asyncio.CancelledError:
             pass  # the session's end: the run has aborted its reply
 
@@ -206,15 +183,9 @@ class SocketAnswers:
         conn = self.conn
         if done.error:
             await conn.error(done.error)
-        stats = done.answer.summary()
-        stats["answer_id"] = done.answer_id
-        if self.record:
-            if done.bundle is not None:
-                stats["bundle"] = done.bundle.relative_to(conn.settings.record_dir).as_posix()
-                stats["bundle_url"] = answer_inputs.answer_url(done.answer_id, "bundle.zip")
-            else:
-                await conn.error(done.record_error or "Could not save the recording.")
-                stats["bundle"] = None
+        stats = {**done.answer.summary(), **answer_inputs.record_links(done, self.record, conn.settings.record_dir)}
+        if "record_error" in stats:
+            await conn.error(stats["record_error"])
         text = done.text
         if self.keep_history and text.strip() and done.status == conversation.COMPLETED:
             self.history += [Turn("user", chat.spoken_text(done.answer)), Turn("assistant", text.strip())]
@@ -244,3 +215,38 @@ class SocketAnswers:
         """No more questions; a question being set up finishes first."""
         async with self._lock:
             self.closed = True
+
+
+class SeedWords:
+    """One answer run in the seed protocol's messages. Its Done is said
+    within the run's loop: the run counts as delivered (a newer question may
+    start) only once its response.text.done is sent."""
+
+    def __init__(self, answers: SocketAnswers, consumed: dict[str, Any] | None, watched: bool) -> None:
+        self.answers, self.send = answers, answers.conn.send
+        self.consumed, self.watched = consumed, watched
+
+    async def queued(self, ahead: int) -> None:
+        await self.answers._tell_queued(ahead)
+
+    async def started(self, answer: Any) -> None:
+        start: dict[str, Any] = {"type": "response.start"}
+        if self.watched:  # asked by the standing question, not by the client
+            start["watch"] = True
+        if self.answers.notice is not None:
+            start["notice"], self.answers.notice = self.answers.notice, None
+        await self.send(start)
+
+    async def delta(self, text: str) -> bool:
+        await self._consumed()  # as vllm-omni: at the model's first output
+        return await self.send({"type": "response.text.delta", "delta": text})
+
+    async def done(self, done: conversation.Done) -> None:
+        if done.started:  # one that never started (replaced while it waited) says nothing
+            await self._consumed()  # no output at all (cancelled, failed): still said once
+            await self.answers._answered(done)
+
+    async def _consumed(self) -> None:
+        if self.consumed is not None:
+            message, self.consumed = self.consumed, None
+            await self.send(message)

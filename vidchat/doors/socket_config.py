@@ -17,7 +17,7 @@ from typing import Any
 
 from vidchat.conversation import chat
 from vidchat.conversation.chat import AnswerOptions
-from vidchat.conversation.session import MAX_AUDIO_SECONDS, SessionSettings
+from vidchat.conversation.session import SessionSettings
 from vidchat.conversation.settings_table import current_values
 from vidchat.conversation.sessions import TooManySessions
 from vidchat.doors.protocol_config import UPDATABLE_INFO, ConfigError, parse_config, wants_vidchat_events
@@ -133,8 +133,8 @@ class SessionConfig:
             await conn.turns.start(conn.turns.after_load)
 
     def _session_settings(self, changes: dict[str, Any]) -> SessionSettings:
-        cap = min(self.conn.settings.ws_max_audio_seconds, MAX_AUDIO_SECONDS)
-        settings = dataclasses.replace(SessionSettings(audio_seconds=cap), **changes)
+        settings = dataclasses.replace(SessionSettings(audio_seconds=self.conn.settings.ws_max_audio_seconds),
+                                       **changes)
         settings.validate()
         self.conn.state.check_frame_budget(settings.max_frames)
         return settings

@@ -16,7 +16,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from vidchat.conversation.session import MAX_AUDIO_SECONDS, Sample
+from vidchat.conversation.session import Sample
 from vidchat.doors import wire
 from vidchat.media import AUDIO_RATE
 from vidchat.media.audio import Pcm16Resampler
@@ -237,7 +237,7 @@ class SocketMedia:
 
     async def question_audio(self, msg: dict[str, Any]) -> np.ndarray | None:
         """video.query's audio_data as float32 samples; None (error sent) when unusable."""
-        max_s = min(self.conn.settings.ws_max_audio_seconds, MAX_AUDIO_SECONDS)
+        max_s = self.conn.settings.ws_max_audio_seconds
         try:
             return await pcm16_audio(msg, "video.query", "audio_data", max_s)
         except Refused as refused:

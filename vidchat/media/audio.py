@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from vidchat.media import AUDIO_RATE
+from vidchat.media import AUDIO_RATE, MIN_AUDIO_SAMPLES
 
 # Differences between a chunk's timestamp and the end of the window smaller
 # than this are jitter: the chunk continues the stream.
@@ -255,3 +255,44 @@ class Pcm16Resampler:
         self._pts += pcm.size
         out = [f.to_ndarray().reshape(-1).astype(np.float32, copy=False) for f in self._resampler.resample(frame)]
         return np.concatenate(out) if out else np.zeros(0, dtype=np.float32)
+
+
+class ClipTooShort(ValueError):
+    """A clip committed from an :class:`AudioInput` is too short to be heard as a question."""
+
+
+class AudioInput:
+    """A client's audio appended in chunks until it is taken as one clip
+    (the Realtime API's input audio buffer): 16 kHz float samples, resampled
+    from the client's rate by one stream, and at most ``max_s`` long (whole
+    chunks: the oldest goes while the rest still hold more)."""
+
+    def __init__(self, max_s: float, rate: int) -> None:
+        self.max_samples = int(max_s * AUDIO_RATE)
+        self.stream = Pcm16Resampler(rate)
+        self.chunks: list[np.ndarray] = []
+
+    @property
+    def rate(self) -> int:
+        return self.stream.rate
+
+    def set_rate(self, rate: int) -> None:
+        if rate != self.rate:
+            self.stream = Pcm16Resampler(rate)
+
+    def append(self, samples: np.ndarray) -> None:
+        self.chunks.append(samples)
+        while sum(c.size for c in self.chunks) - self.chunks[0].size > self.max_samples:
+            self.chunks.pop(0)
+
+    def clear(self) -> None:
+        self.chunks.clear()
+
+    def take(self) -> np.ndarray:
+        """The clip (the input is emptied); raises ClipTooShort under MIN_AUDIO_SAMPLES."""
+        clip = np.concatenate(self.chunks) if self.chunks else np.zeros(0, np.float32)
+        self.chunks.clear()
+        if clip.size < MIN_AUDIO_SAMPLES:
+            raise ClipTooShort(f"buffer too small: {clip.size / AUDIO_RATE * 1000:.0f} ms of audio, at least "
+                               f"{MIN_AUDIO_SAMPLES * 1000 // AUDIO_RATE} ms")
+        return clip
