@@ -12,6 +12,7 @@ import asyncio
 import base64
 import io
 import json
+import re
 from types import SimpleNamespace
 
 import httpx
@@ -29,7 +30,10 @@ from vidchat.devtools import synthetic_audio as sa
 from vidchat.doors import realtime_events as rt
 from vidchat.doors.realtime import RealtimeConnection
 from vidchat.doors.socket_media import Refused, pcm16_audio
+from vidchat.doors.protocol_config import ConfigError, TurnDetection
 from vidchat.doors.socket_transport import Disconnected
+from vidchat.doors.socket_turns import SocketTurns
+from vidchat.engine import NO_SPOKEN_QUESTIONS
 from vidchat.doors.socket_config import NO_AUDIO_OUTPUT_NOTICE
 from vidchat.media import AUDIO_RATE
 from vidchat.media.audio import AudioInput, ClipTooShort, Pcm16Resampler
@@ -230,6 +234,41 @@ async def test_the_input_audio_buffer_and_the_pending_question():
         question.check(["x" * rt.MAX_QUESTION_CHARS], [], max_audio_s=30)
     text, spoken = question.take()
     assert text == "What is this?\nAnd that?" and spoken.size == AUDIO_RATE and not question
+
+
+@pytest.mark.unit
+async def test_turn_detection_asked_while_the_model_loads_waits_for_it_at_both_socket_doors():
+    """One rule for the seed and Realtime doors (vidchat.doors.socket_turns):
+    turn_detection asked for while the model loads is kept (and described)
+    and set once it runs; a model that takes no spoken questions is then an
+    error, and the session goes on. Refused at once when the model runs."""
+    loaded = asyncio.Event()
+    state = SimpleNamespace(engine=None)
+
+    async def wait_engine():
+        await loaded.wait()
+        return state.engine
+
+    errors = []
+
+    async def error(message):
+        errors.append(message)
+        return True
+
+    state.wait_engine = wait_engine
+    turns = SocketTurns(SimpleNamespace(state=state, entry=object(), error=error), None)
+    asked = TurnDetection()
+    turns.check(asked)  # while it loads, what it hears is not known yet
+    await turns.request(asked)
+    waiting = turns._loading
+    assert waiting is not None and turns.describe() == asked.describe() and errors == []
+    state.engine = SimpleNamespace(accepts_audio=False)
+    loaded.set()
+    await waiting
+    assert errors == [f"turn_detection is off: {NO_SPOKEN_QUESTIONS}"] and turns.describe() is None
+    with pytest.raises(ConfigError, match=re.escape(f"turn_detection: {NO_SPOKEN_QUESTIONS}")):
+        turns.check(asked)
+    turns.check(None)  # off is always taken
 
 
 class FakeSocket:

@@ -35,7 +35,7 @@ from vidchat.doors.socket_config import NO_AUDIO_OUTPUT_NOTICE
 from vidchat.doors.socket_media import Refused, SocketMedia, pcm16_audio
 from vidchat.doors.socket_session import SocketSession
 from vidchat.doors.socket_turns import SocketTurns
-from vidchat.engine import NO_SPOKEN_QUESTIONS, EngineError
+from vidchat.engine import EngineError
 from vidchat.media.audio import AudioInput, ClipTooShort, Pcm16Resampler
 from vidchat.media.vad import SpeechStarted, Utterance
 
@@ -144,11 +144,10 @@ class RealtimeConnection(SocketSession):
         update, state = rt.parse_session(msg.get("session")), self.state
         options = rt.answer_options(self.options.updated(**update.settings["answer"]), update.answer,
                                     state.answer_defaults().max_tokens)
-        if update.turn_detection not in (rt.UNSET, None):
-            if state.engine is None:
-                raise rt.EventError("turn_detection: the model is still loading; set it once it runs", "not_ready")
-            if not self.turns.hears():
-                raise rt.EventError(f"turn_detection: {NO_SPOKEN_QUESTIONS}", "audio_not_supported")
+        try:
+            self.turns.check(None if update.turn_detection is rt.UNSET else update.turn_detection)
+        except ConfigError as exc:
+            raise rt.EventError(str(exc), "audio_not_supported", "session.audio.input.turn_detection") from None
         try:
             check_record(self.settings, update.record is True)
         except ConfigError as exc:
@@ -163,7 +162,7 @@ class RealtimeConnection(SocketSession):
         if update.record is not rt.UNSET:
             self.record = update.record
         if update.turn_detection is not rt.UNSET:
-            await self.turns.set(update.turn_detection)
+            await self.turns.request(update.turn_detection)
         await self.emit({"type": "session.updated", **self.audio_notice(update.answer), "session": self.describe()})
 
     def audio_notice(self, fields: dict[str, Any]) -> dict[str, Any]:

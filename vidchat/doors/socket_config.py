@@ -24,7 +24,7 @@ from vidchat.doors.protocol_config import UPDATABLE_INFO, ConfigError, parse_con
 from vidchat.doors.socket_answers import check_record
 from vidchat.doors.socket_transport import CLOSE_POLICY, CLOSE_TRY_LATER, TIMEOUT, parse_message
 from vidchat.doors.socket_watch import WATCH_NEEDS_EVS
-from vidchat.engine import EngineError, NO_SPOKEN_QUESTIONS
+from vidchat.engine import EngineError
 
 log = logging.getLogger(__name__)
 
@@ -102,12 +102,10 @@ class SessionConfig:
             await conn.watch.set(changes.info.get("watch"))
         except ValueError as exc:  # the session goes on, as with turn_detection
             await conn.error(str(exc))
-        turns = changes.info.get("turn_detection")
-        if state.engine is None:  # what the model hears is known once it runs
-            conn.turns.after_load = turns
+        if state.engine is None:  # its limits are known once it runs
             self.loading_task = asyncio.create_task(self._after_load())
-        else:
-            await conn.turns.start(turns)
+        if changes.info.get("turn_detection") is not None:
+            await conn.turns.request(changes.info["turn_detection"])
         if conn.vidchat_events:
             conn.announce_end()
         log.info("ws %s: session %s… started: model=%r max_frames=%d sample=%d(%s) evs=%s/%.2f frames_as=%s",
@@ -118,7 +116,7 @@ class SessionConfig:
 
     async def _after_load(self) -> None:
         """A session opened while the model loaded: once it runs, the
-        options are checked against its limits and turn detection starts."""
+        options are checked against its limits (turn detection waits by itself)."""
         conn = self.conn
         try:
             engine = await conn.state.wait_engine()
@@ -129,8 +127,6 @@ class SessionConfig:
             chat.check_options(conn.options, engine, conn.entry.session.settings)
         except ValueError as exc:  # the session goes on: its questions get the same error
             await conn.error(f"session.config: {exc}")
-        if not conn.answers.closed:
-            await conn.turns.start(conn.turns.after_load)
 
     def _session_settings(self, changes: dict[str, Any]) -> SessionSettings:
         settings = dataclasses.replace(SessionSettings(audio_seconds=self.conn.settings.ws_max_audio_seconds),
@@ -153,11 +149,7 @@ class SessionConfig:
             fixed = sorted(set(changes.info) - set(UPDATABLE_INFO))
             if fixed:
                 raise ConfigError(f"{', '.join(fixed)} can only be set in session.config")
-            turns_given = "turn_detection" in changes.info
-            turns = changes.info.get("turn_detection")
-            loading = conn.state.engine is None
-            if turns is not None and not loading and not conn.turns.hears():
-                raise ConfigError(f"turn_detection: {NO_SPOKEN_QUESTIONS}")
+            conn.turns.check(changes.info.get("turn_detection"))
             check_record(conn.settings, changes.info.get("record"))
             watch = changes.info["watch"] if "watch" in changes.info else conn.watch.request
             if watch is not None and not changes.session.get("evs_enabled", conn.entry.session.settings.evs_enabled):
@@ -179,10 +171,8 @@ class SessionConfig:
         conn.vidchat_events = wants_vidchat_events(msg, already=True)
         if conn.vidchat_events and not known:
             conn.announce_end()
-        if turns_given and loading:
-            conn.turns.after_load = turns  # started once the model runs (_after_load)
-        elif turns_given and not conn.answers.closed:
-            await conn.turns.set(turns)
+        if "turn_detection" in changes.info and not conn.answers.closed:
+            await conn.turns.request(changes.info["turn_detection"])
         await conn.send({"type": "session.updated", "settings": self.describe()})
 
     def describe(self) -> dict[str, Any]:

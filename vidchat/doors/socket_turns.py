@@ -15,9 +15,9 @@ from typing import Any
 
 from vidchat import conversation
 from vidchat.conversation import talk
-from vidchat.doors.protocol_config import TurnDetection
+from vidchat.doors.protocol_config import ConfigError, TurnDetection
 from vidchat.doors.socket_answers import Client, SocketAnswers
-from vidchat.engine import NO_SPOKEN_QUESTIONS
+from vidchat.engine import NO_SPOKEN_QUESTIONS, EngineError
 from vidchat.media.vad import SpeechStarted, Utterance
 
 log = logging.getLogger(__name__)
@@ -32,6 +32,7 @@ class SocketTurns:
         self.turns: TurnDetection | None = None
         # Asked for while the model loads: started once it runs (what the model hears is known then).
         self.after_load: TurnDetection | None = None
+        self._loading: asyncio.Task | None = None
         self._listener: talk.Listener | None = None
         self._task: asyncio.Task | None = None
 
@@ -40,16 +41,37 @@ class SocketTurns:
         return bool(getattr(self.conn.state.engine, "accepts_audio", False))
 
     def describe(self) -> dict[str, Any] | None:
-        return self.turns.describe() if self.turns is not None else None
+        turns = self.turns if self.turns is not None else self.after_load
+        return turns.describe() if turns is not None else None
 
-    async def start(self, turns: TurnDetection | None) -> None:
-        """session.config's turn_detection, once the model runs."""
-        if turns is None:
-            return
-        if self.hears():
-            await self.set(turns)
-        else:  # typed questions still work: the session goes on
+    def check(self, turns: TurnDetection | None) -> None:
+        """Raises ConfigError when the running model takes no spoken questions
+        (while it loads that is known only once it runs: :meth:`request`)."""
+        if turns is not None and self.conn.state.engine is not None and not self.hears():
+            raise ConfigError(f"turn_detection: {NO_SPOKEN_QUESTIONS}")
+
+    async def request(self, turns: TurnDetection | None) -> None:
+        """A door's turn_detection (null: off), for every socket door: set
+        now, or, while the model loads, once it runs; then a model that
+        takes no spoken questions is said in an error, and the session goes on."""
+        if self.conn.state.engine is None:
+            self.after_load = turns
+            if self._loading is None:
+                self._loading = asyncio.create_task(self._when_loaded(), name="turns-wait-for-the-model")
+        elif turns is not None and not self.hears():  # typed questions still work
             await self.conn.error(f"turn_detection is off: {NO_SPOKEN_QUESTIONS}")
+        else:
+            await self.set(turns)
+
+    async def _when_loaded(self) -> None:
+        try:
+            await self.conn.state.wait_engine()
+        except EngineError:
+            return  # the model failed: the door ends the session
+        self._loading = None  # done waiting (set() below stops tasks: never this one)
+        turns, self.after_load = self.after_load, None
+        if self.conn.entry is not None and turns is not None:
+            await self.request(turns)
 
     async def set(self, turns: TurnDetection | None) -> None:
         """Start, change or stop server-side turn detection."""
@@ -68,7 +90,9 @@ class SocketTurns:
             self._task = asyncio.create_task(self._talk(listener), name=f"talk-ws-{entry.session.id[:6]}")
 
     async def stop(self) -> None:
-        """End the task that asks utterances (the session's listener stays)."""
+        """End the task that asks utterances (the session's listener stays), or waits to start it."""
+        if self._loading is not None:
+            self._loading.cancel()
         task, self._task = self._task, None
         if task is not None:
             task.cancel()
