@@ -534,6 +534,13 @@ async def test_the_token_is_asked_for_and_the_session_counts_against_max_session
         async with client(guarded, "wrong-token").realtime.connect(model="tiny"):
             pass
     assert refused.value.response.status_code == 403
+    # The right token from a page of another origin (a browser sends Origin): the guard's Origin check.
+    with pytest.raises(websockets.InvalidStatus) as refused:
+        async with websockets.connect(guarded.url.replace("http", "ws") + "/v1/realtime?model=tiny",
+                                      origin="http://evil.example",
+                                      additional_headers={"Authorization": f"Bearer {TOKEN}"}):
+            pass
+    assert refused.value.response.status_code == 403
     async with client(guarded, TOKEN).realtime.connect(model="tiny") as conn:
         assert (await recv(conn)).type == "session.created"
         # --max-sessions 1: a second client is told, and closed.

@@ -16,7 +16,6 @@ answer's ``response.text.done``, whether it was typed, spoken or heard.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from typing import Any, Protocol
 
