@@ -68,7 +68,7 @@ class SocketTurns:
             await self.conn.state.wait_engine()
         except EngineError:
             return  # the model failed: the door ends the session
-        self._loading = None  # done waiting (set() below stops tasks: never this one)
+        self._loading = None
         turns, self.after_load = self.after_load, None
         if self.conn.entry is not None and turns is not None:
             await self.request(turns)
@@ -78,21 +78,25 @@ class SocketTurns:
         self.turns = turns
         entry = self.conn.entry
         if turns is None:
-            await self.stop()
+            await self._stop_asking()
             if entry is not None:
                 await talk.stop(entry)
             return
         listener = talk.listener(entry, turns.settings, turns.interrupt_response,
                                  on_speech=talk.speech_warms(self.conn.state, entry))
         if listener is not self._listener or self._task is None or self._task.done():
-            await self.stop()
+            await self._stop_asking()
             self._listener = listener
             self._task = asyncio.create_task(self._talk(listener), name=f"talk-ws-{entry.session.id[:6]}")
 
     async def stop(self) -> None:
-        """End the task that asks utterances (the session's listener stays), or waits to start it."""
+        """At the session's end: no more turns, asked or waiting for the model (the session's listener stays)."""
         if self._loading is not None:
             self._loading.cancel()
+        await self._stop_asking()
+
+    async def _stop_asking(self) -> None:
+        """End the task that asks utterances."""
         task, self._task = self._task, None
         if task is not None:
             task.cancel()
