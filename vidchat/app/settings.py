@@ -142,7 +142,7 @@ class Settings:
         "height), read from the image header before decoding: protects memory and CPU from image bombs, small "
         "files that decode to huge pictures.",
     )
-    ws_max_audio_seconds: float = _opt(30.0, "WebSocket protocol: most seconds of audio kept per session.")
+    ws_max_audio_seconds: float = _opt(30.0, "Socket doors (WebSocket protocol, Realtime API): most seconds of audio kept per session, and of a spoken question (at most 600).")
     # --- WebRTC -------------------------------------------------------
     ice_servers: str = _opt(
         "",
