@@ -403,9 +403,16 @@ def test_frames_added_from_a_thread_while_sampling():
     n = 2000
     errors: list[str] = []
 
+    # The producer waits midway until the sampler has sampled twice, so the
+    # two threads overlap by an event, not by how fast this machine is: on a
+    # slow CI host the producer once finished before the first sample did.
+    sampled_twice = threading.Event()
+
     def produce():
         for i in range(n):
             s.add_frame(marked(i, 8), t=float(i))
+            if i == n // 2 and not sampled_twice.wait(timeout=60):
+                errors.append("the sampler never sampled twice")
 
     thread = threading.Thread(target=produce)
     thread.start()
@@ -413,6 +420,8 @@ def test_frames_added_from_a_thread_while_sampling():
     while thread.is_alive() or samples == 0:
         sample = s.sample(k=8)
         samples += 1
+        if samples == 2:
+            sampled_twice.set()
         if not (len(sample.frames) == len(sample.timestamps) == len(sample.indices)):
             errors.append("length mismatch")
         if sample.timestamps != sorted(sample.timestamps):
