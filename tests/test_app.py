@@ -133,6 +133,8 @@ async def test_a_socket_session_runs_while_the_model_loads_and_ctrl_c_leaves_no_
     """Connected as soon as the port answers: the session takes and acks
     frames while the model loads, and a question asked then waits for the
     model (the client, opted into vidchat's events, is told) and is answered.
+    Server VAD asked for on /v1/realtime meanwhile waits for the model too,
+    and is refused once it runs, as this model hears nothing.
     Then, with a tab streaming its camera and a socket open, Ctrl-C tells
     the socket why, exits within seconds and leaves no process behind."""
     import time
@@ -155,7 +157,17 @@ async def test_a_socket_session_runs_while_the_model_loads_and_ctrl_c_leaves_no_
     async def recv(ws) -> dict:
         return json.loads(await asyncio.wait_for(ws.recv(), 120))
 
-    async with websockets.connect(srv.ws_url) as ws:
+    realtime_url = srv.url.replace("http", "ws") + "/v1/realtime?model=tiny-vl"
+    async with websockets.connect(realtime_url) as realtime, websockets.connect(srv.ws_url) as ws:
+        # Server VAD asked for while the model loads is kept, and said in
+        # session.updated; what the model hears is known only once it runs.
+        assert (await recv(realtime))["type"] == "session.created"
+        vad = {"type": "server_vad", "silence_duration_ms": 300}
+        await realtime.send(json.dumps({"type": "session.update", "session": {
+            "type": "realtime", "audio": {"input": {"turn_detection": vad}}}}))
+        updated = await recv(realtime)
+        assert updated["type"] == "session.updated", updated
+        assert updated["session"]["audio"]["input"]["turn_detection"]["type"] == "server_vad"
         await ws.send(json.dumps({"type": "session.config", "vidchat_events": True, "max_tokens": 4}))
         for i, jpeg in enumerate(synthetic.cuts_clip(120, 160, cuts=2, hold=1).jpegs()):
             await ws.send(json.dumps({"type": "video.frame", "frame_id": f"f{i}", "data": base64.b64encode(jpeg).decode()}))
@@ -174,6 +186,15 @@ async def test_a_socket_session_runs_while_the_model_loads_and_ctrl_c_leaves_no_
         kinds = [m["type"] for m in messages]
         assert kinds[0] == "response.start" and "error" not in kinds, kinds
         assert messages[-1]["stats"]["frames"] == 2
+        # The model ran, and it hears nothing (tiny-vl): the kept server VAD
+        # is refused in an error, and the session goes on with it off.
+        refused = await recv(realtime)
+        assert refused["type"] == "error", refused
+        assert refused["error"]["message"].startswith("turn_detection is off: "), refused
+        await realtime.send(json.dumps({"type": "session.update", "session": {"type": "realtime"}}))
+        updated = await recv(realtime)
+        assert updated["type"] == "session.updated", updated
+        assert updated["session"]["audio"]["input"]["turn_detection"] is None
     children = psutil.Process(srv.proc.pid).children(recursive=True)
     assert children, "vLLM's engine core runs in a child process"
     write_y4m(tmp_path / "cam.y4m", (200, 40, 40))

@@ -391,6 +391,39 @@ async def test_a_text_question_without_frames_is_answered(server):
 
 
 @pytest.mark.engine
+async def test_a_committed_buffer_and_an_input_audio_item_are_spoken_questions(server):
+    """Without server VAD, the client says when a spoken question ends:
+    appended audio committed, or one input_audio item; response.create
+    answers it with that audio as the question (and no text)."""
+    speech = sa.speech("Where is my cup?")
+    async with client(server).realtime.connect(model="tiny") as conn:
+        await configured(conn, temperature=0.0, max_tokens=3)
+        for frame in MOVING[:2]:
+            await conn.send(image_item(frame))
+        chunk = AUDIO_RATE // 5
+        for i in range(0, speech.size, chunk):
+            await conn.send({"type": "input_audio_buffer.append", "audio": pcm24k_b64(speech[i:i + chunk])})
+        await conn.send({"type": "input_audio_buffer.commit"})
+        committed = await until(conn, "conversation.item.done")
+        types = [e.type for e in committed]
+        assert types[-3:] == ["input_audio_buffer.committed", "conversation.item.added", "conversation.item.done"]
+        assert committed[-3].item_id == committed[-1].item.id
+        assert committed[-1].item.content[0].type == "input_audio"
+        await conn.send({"type": "response.create"})
+        first = check_response(await until(conn, "response.done")).vidchat
+        assert first["frames"] == 2
+        assert first["spoken_question"]["seconds"] == pytest.approx(speech.size / AUDIO_RATE, abs=0.05)
+
+        await conn.send({"type": "conversation.item.create", "item": {
+            "type": "message", "role": "user", "content": [{"type": "input_audio", "audio": pcm24k_b64(speech)}]}})
+        await until(conn, "conversation.item.done")
+        await conn.send({"type": "response.create"})
+        second = check_response(await until(conn, "response.done")).vidchat
+        assert second["spoken_question"]["seconds"] == pytest.approx(first["spoken_question"]["seconds"], abs=0.01)
+        assert second["answer_id"] != first["answer_id"]
+
+
+@pytest.mark.engine
 async def test_response_cancel_ends_the_response_as_cancelled_and_aborts_the_generation(server):
     async with client(server).realtime.connect(model="tiny") as conn:
         await configured(conn, temperature=0.0)
