@@ -151,8 +151,10 @@ async def test_a_socket_session_runs_while_the_model_loads_and_ctrl_c_leaves_no_
 
     from vidchat.devtools import synthetic
 
-    srv = start_server(["--model", "tiny-vl", "--kv-cache-gb", "0.25", "--max-model-len", "2048"],
-                       artifacts_dir / "server-shutdown.log", loaded=False)
+    # The Realtime socket sends nothing while the model loads and answers:
+    # an idle timeout longer than a slow machine's load keeps it open.
+    srv = start_server(["--model", "tiny-vl", "--kv-cache-gb", "0.25", "--max-model-len", "2048",
+                        "--ws-idle-timeout", "600"], artifacts_dir / "server-shutdown.log", loaded=False)
 
     async def recv(ws) -> dict:
         return json.loads(await asyncio.wait_for(ws.recv(), 120))
