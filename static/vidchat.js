@@ -1027,6 +1027,9 @@
     // (counted by the page's own events, vidchat/doors/page/layout.py): equal counts mean
     // no typed question is still being answered.
     questions: { asked: 0, finished: 0 },
+    // Diagnostics: Clear chat events ended (vidchat/doors/page/events.py),
+    // each once its empty chat is shown.
+    clears: 0,
     // Diagnostics: the candidate types of the pair ICE chose, e.g.
     // {local: "relay", remote: "host"} when media goes through a TURN relay.
     async selectedPair() {

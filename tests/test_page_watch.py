@@ -150,7 +150,9 @@ async def test_clear_chat_stops_the_answer_and_nothing_of_the_old_chat_comes_bac
                 return (await asyncio.to_thread(_health, server))["running_requests"] == 0
 
             await eventually_async(nothing_generating, 30, "Clear stops the answer's generation", interval=0.05)
-            await page.wait_for_function(EVENTS_ENDED, timeout=30_000)
+            # Both events ended, in either order: Clear waits for the answer
+            # it stops, so the question's event may end before Clear's empty chat shows.
+            await page.wait_for_function(f"{EVENTS_ENDED} && window.vidchat.clears === 1", timeout=30_000)
             await next_frame(page)
             assert await page.evaluate(BOT_COUNT) == 0, ("the cleared chat came back", await bot_texts(page))
             await _stats(server, sid)  # the session itself goes on (a 404 once it ended)

@@ -27,6 +27,9 @@ from vidchat.doors.page.modes import TALK_NEEDS_AUDIO, talk_loop, watch_loop
 LAST_UPDATE_IS_NOTHING = (gr.skip(), gr.skip(), gr.skip())
 
 QUESTION_FINISHED_JS = "() => { if (window.vidchat) window.vidchat.questions.finished += 1; }"
+# Clear chat's event has ended (its empty chat is shown): the question's
+# event may end first, as Clear waits for the answer it stops.
+CLEAR_FINISHED_JS = "() => { if (window.vidchat) window.vidchat.clears += 1; }"
 # Sending empties the question box into the field the answer event reads.
 SEND_JS = "(question) => ['', question]"
 
@@ -146,7 +149,8 @@ def _questions(state: Any, page: Controls, own: Callable) -> tuple[Any, Any]:
         return [], None, gr.Dropdown(choices=choices, value=choices[0][1] if choices else None)
 
     page.clear.click(on_clear, [page.session_id, page.loaded_bundles], [page.chatbot, page.details, page.reask_from],
-                     api_visibility="private")
+                     api_visibility="private").then(None, None, None, js=CLEAR_FINISHED_JS, queue=False,
+                                                    api_visibility="private")
     return submit_evt, click_evt
 
 
