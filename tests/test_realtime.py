@@ -334,6 +334,16 @@ async def test_session_created_then_updated_with_the_effective_session(server):
         await conn.send({"type": "session.update", "session": {"type": "realtime", "output_modalities": ["audio"]}})
         again = (await until(conn, "session.updated"))[-1]
         assert getattr(again, "vidchat", None) is None and again.session.vidchat["num_sample_frames"] == 3
+        # 16 kHz input is taken too; the GA type's PCM rate is 24000 only, so it is said in an extra
+        # (and a format said that way is read back the same).
+        for fmt in ({"type": "audio/pcm", "rate": 16_000}, {"type": "audio/pcm", "vidchat": {"rate": 16_000}}):
+            await conn.send({"type": "session.update", "session": {"type": "realtime", "audio": {"input": {
+                "format": fmt}}}})
+            said = (await until(conn, "session.updated"))[-1].session.audio.input.format
+            assert said.type == "audio/pcm" and said.rate is None and said.vidchat == {"rate": 16_000}
+        await conn.send({"type": "session.update", "session": {"type": "realtime", "audio": {"input": {
+            "format": {"type": "audio/pcm", "rate": RATE}}}}})
+        assert (await until(conn, "session.updated"))[-1].session.audio.input.format.rate == RATE
 
 
 @pytest.mark.engine
@@ -483,6 +493,19 @@ async def test_bad_events_get_an_error_and_the_session_goes_on(server):
         assert errors[0].event_id == "evt_1" and errors[1].event_id is None  # the client's event named
         assert errors[2].param == "item.content[0].image_url"
         assert errors[-1].param == "session.vidchat.record" and "--record-dir" in errors[-1].message, errors[-1]
+        # A value the settings table refuses is pointed at where the client set it.
+        for event, param, start in [
+                ({"type": "response.create", "response": {"max_output_tokens": 10 ** 6}},
+                 "response.max_output_tokens", "max_output_tokens must be"),
+                ({"type": "session.update", "session": {"type": "realtime", "max_output_tokens": 10 ** 6}},
+                 "session.max_output_tokens", "max_output_tokens must be"),
+                ({"type": "session.update", "session": {"type": "realtime", "vidchat": {"max_tokens": 10 ** 6}}},
+                 "session.vidchat.max_tokens", "max_tokens must be"),
+                ({"type": "session.update", "session": {"type": "realtime", "vidchat": {"evs_threshold": 7}}},
+                 "session.vidchat.evs_threshold", "evs_threshold must be")]:
+            await conn.send(event)
+            error = (await until(conn, "error"))[-1].error
+            assert error.param == param and error.message.startswith(start), (event, error)
         for (event, code), error in zip(bad, errors):
             if code == "unsupported_event":
                 assert error.message.startswith(f"{event['type']} is not served here"), error.message

@@ -45,7 +45,12 @@ class NoFrames(EngineError):
 
 
 class OptionError(ValueError):
-    """An answer option or sampling setting is out of range; the message names it."""
+    """An answer option or sampling setting is out of range; the message names
+    it, and ``field`` is its name in the settings table where one field is at fault."""
+
+    def __init__(self, message: str, field: str | None = None) -> None:
+        super().__init__(message)
+        self.field = field
 
 
 class Superseded(EngineError):
@@ -76,7 +81,7 @@ def check_options(options: AnswerOptions, engine: ChatEngine | None, sampling: S
     try:
         check_all("answer", options, high={"max_tokens": max_len})
     except ValueError as exc:
-        raise OptionError(str(exc)) from None
+        raise OptionError(str(exc), getattr(exc, "field", None)) from None
     if engine is None:
         return
     if sampling is not None:
@@ -84,7 +89,7 @@ def check_options(options: AnswerOptions, engine: ChatEngine | None, sampling: S
             sampling.validate()
             engine.check_request(sampling.num_sample_frames, options.frames_as)
         except (ValueError, EngineError) as exc:
-            raise OptionError(str(exc)) from None
+            raise OptionError(str(exc), getattr(exc, "field", None)) from None
     elif options.frames_as == "video":
         try:
             engine.check_request(1, "video")

@@ -47,6 +47,15 @@ def is_number(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
+class SettingValueError(ValueError):
+    """A field's value out of its range or choices; ``field`` is its name in
+    the table, so a door can point at the field as its own client set it."""
+
+    def __init__(self, message: str, field: str) -> None:
+        super().__init__(message)
+        self.field = field
+
+
 @dataclass(frozen=True)
 class Setting:
     """One field. ``kind``: int, number, bool, choice or text; ``low``/``high``
@@ -107,7 +116,7 @@ class Setting:
             rule = self.rule.format(high=f"{high:g}" if isinstance(high, float) else high) if high is not None \
                 else self.rule
             shown = type(value).__name__ if self.kind == "text" else repr(value)
-            raise ValueError(f"{name or self.name} must be {rule}, got {shown}")
+            raise SettingValueError(f"{name or self.name} must be {rule}, got {shown}", self.name)
 
     def from_page(self, raw: Any, high: float | None = None) -> Any:
         """A page widget's (or the /ask API's) value, read as this field's

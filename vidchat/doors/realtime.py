@@ -111,7 +111,7 @@ class RealtimeConnection(SocketSession):
         return {"type": "realtime", "object": "realtime.session", "id": self.session_id, "model": self.model,
                 "instructions": options.system_prompt or "", "output_modalities": ["text"],
                 "max_output_tokens": options.max_tokens, "tools": [], "tool_choice": "auto",
-                "audio": {"input": {"format": {"type": "audio/pcm", "rate": self.audio.rate},
+                "audio": {"input": {"format": rt.input_format(self.audio.rate),
                                     "turn_detection": self.turns.describe(), "transcription": None}},
                 "vidchat": {**current_values(self.entry.session.settings, options), "record": self.record}}
 
@@ -155,7 +155,7 @@ class RealtimeConnection(SocketSession):
         try:
             chat.apply_settings(self.entry.session, state.engine, options, update.settings["session"])
         except ValueError as exc:  # OptionError or the settings' own check: nothing was changed
-            raise rt.EventError(str(exc), param="session") from None
+            raise rt.setting_refused(exc, "session", update.answer) from None
         self.options = options
         if update.input_rate is not rt.UNSET:
             self.audio.set_rate(update.input_rate)
@@ -250,7 +250,7 @@ class RealtimeConnection(SocketSession):
         try:
             chat.check_options(options, self.state.engine)
         except ValueError as exc:
-            raise rt.EventError(str(exc), param="response") from None
+            raise rt.setting_refused(exc, "response", fields) from None
         if not self.question:  # frames alone are no question for the model
             raise rt.EventError("no question: add an input_text or input_audio item (or commit the audio buffer) "
                                 "before response.create", "empty_conversation")

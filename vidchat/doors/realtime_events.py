@@ -120,6 +120,16 @@ def answer_options(options: Any, fields: dict[str, Any], default_max_tokens: int
     return options
 
 
+def setting_refused(exc: ValueError, where: str, fields: dict[str, Any]) -> EventError:
+    """A value the one settings check refused, pointed at as this door's
+    client set it: max_tokens as ``<where>.max_output_tokens`` when that is
+    what it sent, another field of a session.update under session.vidchat."""
+    field, message = getattr(exc, "field", None), str(exc)
+    if field == "max_tokens" and "max_output_tokens" in fields:
+        return EventError(message.replace("max_tokens", "max_output_tokens", 1), param=f"{where}.max_output_tokens")
+    return EventError(message, param=f"session.vidchat.{field}" if field and where == "session" else where)
+
+
 def parse_session(session: Any) -> SessionUpdate:
     """session.update's ``session``, checked; raises EventError naming the bad field."""
     if not isinstance(session, dict):
@@ -147,11 +157,20 @@ def parse_session(session: Any) -> SessionUpdate:
     return update
 
 
+def input_format(rate: int) -> dict[str, Any]:
+    """audio.input.format as the session describes it. The GA type's PCM
+    rate is 24000 only: another rate taken is said in a vidchat extra."""
+    if rate == INPUT_RATES[0]:
+        return {"type": "audio/pcm", "rate": rate}
+    return {"type": "audio/pcm", "vidchat": {"rate": rate}}
+
+
 def _input_rate(fmt: Any) -> int:
     param = "session.audio.input.format"
     if not isinstance(fmt, dict) or fmt.get("type", "audio/pcm") != "audio/pcm":
         raise EventError(f"{param}: only audio/pcm (PCM16 mono) is taken", "unsupported_audio_format", param)
-    rate = fmt.get("rate", INPUT_RATES[0])
+    extra = fmt.get("vidchat")
+    rate = fmt.get("rate", extra.get("rate", INPUT_RATES[0]) if isinstance(extra, dict) else INPUT_RATES[0])
     if rate not in INPUT_RATES:
         raise EventError(f"{param}.rate must be one of {', '.join(map(str, INPUT_RATES))}, got {rate!r}",
                          "unsupported_audio_format", f"{param}.rate")
