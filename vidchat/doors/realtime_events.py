@@ -169,8 +169,8 @@ def _input_rate(fmt: Any) -> int:
     param = "session.audio.input.format"
     if not isinstance(fmt, dict) or fmt.get("type", "audio/pcm") != "audio/pcm":
         raise EventError(f"{param}: only audio/pcm (PCM16 mono) is taken", "unsupported_audio_format", param)
-    extra = fmt.get("vidchat")
-    rate = fmt.get("rate", extra.get("rate", INPUT_RATES[0]) if isinstance(extra, dict) else INPUT_RATES[0])
+    extra = fmt.get("vidchat") if isinstance(fmt.get("vidchat"), dict) else {}  # how input_format says 16 kHz
+    rate = fmt.get("rate", extra.get("rate", INPUT_RATES[0]))
     if rate not in INPUT_RATES:
         raise EventError(f"{param}.rate must be one of {', '.join(map(str, INPUT_RATES))}, got {rate!r}",
                          "unsupported_audio_format", f"{param}.rate")
