@@ -212,7 +212,7 @@ async def test_the_input_audio_buffer_and_the_pending_question():
     for _ in range(4):
         audio.append(await pcm16_audio(pcm, "input_audio_buffer.append", "audio", 30, audio.stream))
     # Whole chunks: the oldest goes while the rest still hold more than max_s.
-    assert len(audio.chunks) == 3 and audio.take().size == 3 * AUDIO_RATE // 2 and audio.chunks == []
+    assert len(audio.chunks) == 3 and audio.take().size == 3 * AUDIO_RATE // 2 and not audio.chunks
     with pytest.raises(ClipTooShort, match="buffer too small: 0 ms of audio, at least 100 ms"):
         audio.take()
     # The PCM16 rules are the seed door's (video.query's audio_data): one shared reader.
@@ -234,6 +234,43 @@ async def test_the_input_audio_buffer_and_the_pending_question():
         question.check(["x" * rt.MAX_QUESTION_CHARS], [], max_audio_s=30)
     text, spoken = question.take()
     assert text == "What is this?\nAnd that?" and spoken.size == AUDIO_RATE and not question
+
+
+@pytest.mark.unit
+def test_input_audio_appends_cost_the_same_however_much_is_held():
+    """Review item 7: each append summed every chunk held (quadratic on the
+    event loop for a client streaming tiny chunks) and kept empty arrays
+    (the resampler holding samples back). Now: a running total, no empty
+    chunk kept, small chunks kept merged, so the arrays held stay few."""
+    audio = AudioInput(max_s=1.0, rate=16_000)
+    for _ in range(1000):
+        audio.append(np.zeros(0, np.float32))
+    assert audio.samples == 0 and not audio.chunks
+    ramp = np.arange(3 * AUDIO_RATE, dtype=np.float32)  # 3 s, one sample per append: each sample's place is checked
+    for sample in np.split(ramp, ramp.size):
+        audio.append(sample)
+        audio.append(np.zeros(0, np.float32))
+    # Whole chunks of at least MERGE_SAMPLES, and a bounded list however many appends came.
+    merged = AudioInput.MERGE_SAMPLES
+    assert len(audio.chunks) <= audio.max_samples // merged + 2, len(audio.chunks)
+    assert all(c.size >= merged for c in audio.chunks)
+    held = audio.samples
+    assert audio.max_samples <= held <= audio.max_samples + merged
+    clip = audio.take()
+    assert clip.size == held and np.array_equal(clip, ramp[-held:])  # the newest, in order
+    assert audio.samples == 0 and not audio.chunks
+
+    # The review's case: 2-byte appends at 24 kHz, where the resampler often returns nothing.
+    audio = AudioInput(max_s=30.0, rate=24_000)
+    pcm = (np.sin(np.arange(24_000) / 5) * 8000).astype("<i2").tobytes()
+    out = 0
+    for i in range(0, len(pcm), 2):
+        samples = audio.stream.feed(pcm[i:i + 2])
+        out += samples.size
+        audio.append(samples)
+    assert out > 0 and audio.samples == out and len(audio.chunks) <= out // merged + 1
+    assert all(c.size > 0 for c in audio.chunks)
+    assert audio.take().size == out
 
 
 @pytest.mark.unit
@@ -354,7 +391,9 @@ async def test_frames_then_text_then_response_create_streams_an_answer_on_those_
         added = []
         for i, frame in enumerate([*sent, sent[-1]]):  # the last one twice: a near-duplicate
             await conn.send(image_item(frame, pts_ms=i * 200))
-            added.append((await until(conn, "conversation.item.added"))[-1])
+            acked = await until(conn, "conversation.item.done")
+            assert [e.type for e in acked] == ["conversation.item.added", "conversation.item.done"]
+            added.append(acked[0])
         assert [a.vidchat["frames"][0]["accepted"] for a in added] == [True] * 4 + [False]
         assert added[-1].vidchat["frames"][0] == {"accepted": False, "reason": "filtered", "buffered_frames": 4}
         assert added[0].item.role == "user" and added[0].item.content[0].type == "input_image"
@@ -379,6 +418,34 @@ async def test_frames_then_text_then_response_create_streams_an_answer_on_those_
                 got = np.asarray(Image.open(io.BytesIO(png)).convert("RGB"), dtype=np.float32)
                 want = np.asarray(Image.open(io.BytesIO(base64.b64decode(b64))).convert("RGB"), dtype=np.float32)
                 assert got.shape == want.shape and np.abs(got - want).mean() < 1.0, k
+
+
+@pytest.mark.engine
+async def test_an_sdk_client_that_waits_for_each_items_done_gets_it_for_image_only_items(server):
+    """Issue 43 point 15: as vllm-omni's Realtime server does, every item is
+    conversation.item.added then conversation.item.done (the GA sequence).
+    A published client sends a frame and waits for its .done before the
+    next; without one for an image-only item it waited until the idle timeout."""
+    async with client(server).realtime.connect(model="tiny") as conn:
+        await configured(conn, num_sample_frames=8, temperature=0.0, max_tokens=2)
+        ids = []
+        for i, frame in enumerate(MOVING[:8]):
+            await conn.send(image_item(frame, pts_ms=i * 200))
+            # Without a .done, the suite's 4 s idle timeout ends the waiting client (the SDK raises).
+            events = await until(conn, "conversation.item.done", timeout=30.0)
+            assert [e.type for e in events] == ["conversation.item.added", "conversation.item.done"], events
+            added, done = events
+            assert done.item.id == added.item.id and done.previous_item_id == added.previous_item_id
+            assert added.previous_item_id == (ids[-1] if ids else None)
+            assert done.item.status == "completed" and [c.type for c in done.item.content] == ["input_image"]
+            assert added.vidchat["frames"][0]["accepted"] is True
+            ids.append(done.item.id)
+        assert len(set(ids)) == 8
+        await conn.send(text_item("What changed?"))
+        text_events = await until(conn, "conversation.item.done")
+        assert text_events[0].previous_item_id == ids[-1]
+        await conn.send({"type": "response.create"})
+        assert check_response(await until(conn, "response.done")).vidchat["frames"] == 8
 
 
 @pytest.mark.engine
@@ -410,6 +477,7 @@ async def test_a_committed_buffer_and_an_input_audio_item_are_spoken_questions(s
         await configured(conn, temperature=0.0, max_tokens=3)
         for frame in MOVING[:2]:
             await conn.send(image_item(frame))
+            await until(conn, "conversation.item.done")  # each item is added, then done
         chunk = AUDIO_RATE // 5
         for i in range(0, speech.size, chunk):
             await conn.send({"type": "input_audio_buffer.append", "audio": pcm24k_b64(speech[i:i + chunk])})

@@ -188,12 +188,12 @@ class RealtimeConnection(SocketSession):
         self.question.check(texts, spoken, self.settings.ws_max_audio_seconds)
         frames = [await self._frame(p, arrived) for p in parts if p.kind == "input_image"]
         self.question.add(texts, spoken)
-        # Frames only: acknowledged by .added alone (5 fps stays light).
-        stages = ("added", "done") if len(frames) < len(parts) else ("added",)
-        added, *done = rt.item_events(rt.acked_item(item_id, parts), self.next_item(item_id), *stages)
+        # Every item is added, then done, as the GA event sequence has it:
+        # SDK clients wait for each item's .done, frames-only ones included.
+        added, done = rt.item_events(rt.acked_item(item_id, parts), self.next_item(item_id), "added", "done")
         if frames:
             added["vidchat"] = {"frames": frames}
-        await self.emit(added, *done)
+        await self.emit(added, done)
 
     async def _frame(self, part: rt.Part, arrived: float) -> dict[str, Any]:
         """An input_image part as a frame on the timeline, and what became of it (the vidchat extra)."""
@@ -242,7 +242,7 @@ class RealtimeConnection(SocketSession):
     # -- responses (RealtimeResponses) ---------------------------------------------------
 
     async def _on_response_create(self, msg: dict[str, Any], arrived: float) -> None:
-        if self.answering:
+        if self.responses.busy:
             raise rt.EventError("a response is in progress: cancel it first, or wait for its response.done",
                                 "conversation_already_has_active_response")
         fields = rt.response_fields(msg.get("response"))
@@ -258,7 +258,7 @@ class RealtimeConnection(SocketSession):
         await self.responses.start(text, options, self.audio_notice(fields), question_audio=audio)
 
     async def _on_response_cancel(self, msg: dict[str, Any], arrived: float) -> None:
-        if not self.answering:
+        if not self.responses.busy:
             raise rt.EventError("no response is in progress", "response_cancel_not_active")
         await self.responses.cancel("client_cancelled")  # its response.done says cancelled
 
@@ -279,56 +279,103 @@ class RealtimeConnection(SocketSession):
 
 class RealtimeResponses:
     """One connection's responses, one at a time, each the connection's
-    answer task: it asks the conversation and says the run (its Words, the
-    response under way) as response events. Every ``response.created`` is
-    followed by exactly one ``response.done``; a new response starts only
-    after the previous one's."""
+    answer task: it asks the conversation and says the run as response
+    events (:class:`RealtimeResponse`). Every ``response.created`` is followed by
+    exactly one ``response.done``; a new response starts only after the
+    previous one's, whoever starts it (the client, server VAD)."""
 
     def __init__(self, conn: RealtimeConnection) -> None:
         self.conn = conn
-        self.run: conversation.AnswerRun | None = None
-        self.say = rt.ResponseEvents("", None)  # the response under way
-        self.cancel_reason: str | None = None  # the client cancelled a response still being set up
+        # Starting a response waits (for the previous one to wind down) with
+        # no answer task to show for it: the lock is what says one is starting.
+        self._lock = asyncio.Lock()
+        self.current: RealtimeResponse | None = None  # the newest response started
+
+    @property
+    def busy(self) -> bool:
+        """A response is under way, or being started: a client's response.create is refused."""
+        return self.conn.answering or self._lock.locked()
 
     async def cancel(self, why: str) -> None:
-        self.cancel_reason = why
-        if self.run is not None:
-            await self.run.cancel(why)
+        if self.current is not None:
+            await self.current.cancel(why)
 
     async def start(self, question: str, options: chat.AnswerOptions, notice: dict[str, Any] | None = None,
                     **how: Any) -> None:
         """Start a response, once the previous one has sent its response.done
         (cancelled, if it still runs); ``notice`` rides on its response.created."""
         conn = self.conn
-        if conn.answering and self.run is not None:
-            await self.run.cancel()
-        await conn.finish_answer()
-        if conn.entry is None or conn.closed:
-            return
-        self.cancel_reason, self.run = None, None
-        self.say = rt.ResponseEvents(rt.new_id("resp"), options.max_tokens)
-        conn.stream_answer(self._answer(question, options, notice or {}, how), f"realtime-{self.say.id}")
+        async with self._lock:
+            previous = self.current
+            if previous is not None and conn.answering:
+                await previous.cancel()
+            await conn.finish_answer()
+            if conn.entry is None or conn.closed:
+                return
+            response = self.current = RealtimeResponse(conn, options.max_tokens)
+            conn.stream_answer(response.answer(question, options, notice or {}, how), f"realtime-{response.say.id}")
 
-    async def _answer(self, question: str, options: chat.AnswerOptions, notice: dict[str, Any],
-                      how: dict[str, Any]) -> None:
+
+class RealtimeResponse:
+    """One response: its ids, its answer run once asked, and the run's
+    Words (vidchat.conversation.Words). Bound to this response, so its
+    events carry its own ids whatever starts after it."""
+
+    def __init__(self, conn: RealtimeConnection, max_output_tokens: int | None) -> None:
+        self.conn = conn
+        self.say = rt.ResponseEvents(rt.new_id("resp"), max_output_tokens)
+        self.run: conversation.AnswerRun | None = None
+        # Cancelled while it was set up (no run yet): the run is cancelled once there is one.
+        self.cancelled = False
+        self.cancel_reason: str | None = None
+        self.ended = False  # its response.done was sent
+
+    async def cancel(self, why: str | None = None) -> None:
+        if not self.cancelled:
+            self.cancelled, self.cancel_reason = True, why
+        if self.run is not None:
+            await self.run.cancel(why)
+
+    async def answer(self, question: str, options: chat.AnswerOptions, notice: dict[str, Any],
+                     how: dict[str, Any]) -> None:
+        """The response from its response.created to its response.done, whatever breaks between."""
         conn, say = self.conn, self.say
         await conn.emit({**say.created(), **notice})
         try:
-            await conn.state.wait_engine()
+            await self._answer(question, options, how)
+        except EngineError as exc:
+            await self._failed(str(exc))
+        except Exception as exc:  # noqa: BLE001 - the client still gets its response.done, and the session goes on
+            log.exception("realtime %s: response %s failed", conn.peer, say.id)
+            await self._failed(f"Query processing failed ({type(exc).__name__})")  # the log has the traceback
+
+    async def _answer(self, question: str, options: chat.AnswerOptions, how: dict[str, Any]) -> None:
+        conn = self.conn
+        await conn.state.wait_engine()
+        try:
             self.run = await conversation.of(conn.state, conn.entry).ask(
                 question, options, record=conn.record, frames_optional=True, **how)
         except chat.Superseded:
-            await conn.emit(*say.done("cancelled", text=None))
+            await self._end(self.say.done("cancelled", text=None, reason=self.cancel_reason))
             return
-        except EngineError as exc:
-            await conn.refuse(str(exc), "answer_failed", kind="server_error")
-            await conn.emit(*say.done("failed", text=None, error=str(exc)))
-            return
-        if self.cancel_reason is not None:  # cancelled while it was set up
+        if self.cancelled:
             await self.run.cancel(self.cancel_reason)
         await self.run.say(self)
 
-    # -- the run's Words (vidchat.conversation.Words) ---------------------------------------
+    async def _end(self, events: list[dict[str, Any]]) -> None:
+        """Send the events that end the response (the last is its response.done), once."""
+        if not self.ended:
+            self.ended = True
+            await self.conn.emit(*events)
+
+    async def _failed(self, why: str) -> None:
+        if self.ended:
+            return  # it broke after its response.done: the client has its end
+        await self.conn.refuse(why, "answer_failed", kind="server_error")
+        # Why, as the API says it: status_details.error (its reason is for cancelled and incomplete ones).
+        await self._end(self.say.done("failed", text=None, error=why))
+
+    # -- the run's Words ---------------------------------------------------------------
 
     async def queued(self, ahead: int) -> None:
         pass  # the response was created; it starts when it has its place
@@ -347,5 +394,5 @@ class RealtimeResponses:
         # response.cancel, or speech (server VAD's barge-in, talk.BARGED_IN).
         record = record_links(done, conn.record, conn.settings.record_dir)
         ending = self.say.finished(done, done.answer.cancelled_by, record)
-        await conn.emit(*ending)
+        await self._end(ending)
         log.info("realtime %s: response %s: %s", conn.peer, self.say.id, ending[-1]["response"]["status"])

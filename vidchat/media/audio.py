@@ -265,12 +265,22 @@ class AudioInput:
     """A client's audio appended in chunks until it is taken as one clip
     (the Realtime API's input audio buffer): 16 kHz float samples, resampled
     from the client's rate by one stream, and at most ``max_s`` long (whole
-    chunks: the oldest goes while the rest still hold more)."""
+    chunks: the oldest goes while the rest still hold more).
+
+    An append costs the same however much is held: the length is a running
+    total, empty chunks (the resampler holding samples back) are not kept,
+    and chunks under MERGE_SAMPLES are gathered and kept as one, so a client
+    streaming tiny appends holds a few hundred arrays, not one per append."""
+
+    MERGE_SAMPLES = AUDIO_RATE // 10  # 100 ms: what a held chunk is at least (but the newest)
 
     def __init__(self, max_s: float, rate: int) -> None:
         self.max_samples = int(max_s * AUDIO_RATE)
         self.stream = Pcm16Resampler(rate)
-        self.chunks: list[np.ndarray] = []
+        self.chunks: deque[np.ndarray] = deque()  # oldest first; the small ones gathering are not among them
+        self.samples = 0  # held in all, the small ones gathering included
+        self._small: list[np.ndarray] = []
+        self._small_samples = 0
 
     @property
     def rate(self) -> int:
@@ -281,17 +291,37 @@ class AudioInput:
             self.stream = Pcm16Resampler(rate)
 
     def append(self, samples: np.ndarray) -> None:
-        self.chunks.append(samples)
-        while sum(c.size for c in self.chunks) - self.chunks[0].size > self.max_samples:
-            self.chunks.pop(0)
+        if samples.size == 0:
+            return
+        self.samples += samples.size
+        if samples.size < self.MERGE_SAMPLES:
+            self._small.append(samples)
+            self._small_samples += samples.size
+            if self._small_samples >= self.MERGE_SAMPLES:
+                self._keep_small()
+        else:
+            self._keep_small()  # in order: what gathered before this chunk goes first
+            self.chunks.append(samples)
+        while self.chunks and self.samples - self.chunks[0].size > self.max_samples:
+            self.samples -= self.chunks.popleft().size
+
+    def _keep_small(self) -> None:
+        """The small chunks gathered so far, kept as one (each sample copied once)."""
+        if self._small:
+            self.chunks.append(np.concatenate(self._small) if len(self._small) > 1 else self._small[0])
+            self._small.clear()
+            self._small_samples = 0
 
     def clear(self) -> None:
         self.chunks.clear()
+        self._small.clear()
+        self.samples = self._small_samples = 0
 
     def take(self) -> np.ndarray:
         """The clip (the input is emptied); raises ClipTooShort under MIN_AUDIO_SAMPLES."""
+        self._keep_small()
         clip = np.concatenate(self.chunks) if self.chunks else np.zeros(0, np.float32)
-        self.chunks.clear()
+        self.clear()
         if clip.size < MIN_AUDIO_SAMPLES:
             raise ClipTooShort(f"buffer too small: {clip.size / AUDIO_RATE * 1000:.0f} ms of audio, at least "
                                f"{MIN_AUDIO_SAMPLES * 1000 // AUDIO_RATE} ms")
