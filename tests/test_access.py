@@ -367,16 +367,19 @@ async def test_foreign_host_websocket_is_refused(server):
 
 @pytest.mark.engine
 def test_oversized_bodies_get_413(server):
-    big = b'{"type": "offer", "sdp": "' + b"a" * (70 * 1024) + b'"}'
-    status, body = call(server, "POST", "/webrtc/offer", big, {"Content-Type": "application/json"})
-    assert status == 413 and "--max-body-bytes" in body["detail"]
+    # The default --max-body-bytes is 1 MiB, on the page's API as on /webrtc/* and /api/*.
+    big = b'{"type": "offer", "sdp": "' + b"a" * (1100 * 1024) + b'"}'
+    for path in ("/webrtc/offer", "/gradio_api/queue/join"):
+        status, body = call(server, "POST", path, big, {"Content-Type": "application/json"})
+        assert status == 413 and "--max-body-bytes" in body["detail"], path
     # Without a Content-Length (chunked), counted as it arrives.
-    conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=15)
-    conn.request("POST", "/webrtc/close", body=iter([b"x" * 40_000, b"y" * 40_000]),
-                 headers={"Content-Type": "application/json"}, encode_chunked=True)
-    r = conn.getresponse()
-    assert r.status == 413, r.read()
-    conn.close()
+    for path in ("/webrtc/close", "/gradio_api/call/ask"):
+        conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=15)
+        conn.request("POST", path, body=iter([b"x" * 600_000, b"y" * 600_000]),
+                     headers={"Content-Type": "application/json"}, encode_chunked=True)
+        r = conn.getresponse()
+        assert r.status == 413, (path, r.read())
+        conn.close()
 
 
 @pytest.mark.engine

@@ -28,6 +28,7 @@ Keeping credentials out of the server's own logs is :mod:`vidchat.app.log_redact
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import hashlib
 import hmac
@@ -66,6 +67,16 @@ LOOPBACK_NAMES = ("localhost", "127.0.0.1", "::1")
 PAGE_TOKEN_TTL_S = 12 * 3600
 # Query parameters whose values are credentials or session handles: never in a log line.
 SECRET_PARAMS = ("token", "session_id", "resume_token")
+# Gradio's cleaning of its cache (gr.Blocks delete_cache): every 5 minutes, the
+# page's files older than 15 minutes are deleted. The page reads an upload at
+# once (a bundle is loaded as it arrives, then deleted), so the 15 minutes are
+# for an API client between its upload and its call; it is also the longest an
+# unread upload counts against its login's --max-upload-mb.
+UPLOAD_DELETE_CACHE = (300, 900)
+UPLOAD_ROUTE = "/gradio_api/upload"
+# Each uploaded file counts at least this much: a flood of tiny files costs
+# inodes and directories on disk, and records here, that its bytes would not.
+MIN_UPLOAD_CHARGE = 64 << 10
 
 
 class AccessError(ValueError):
@@ -137,6 +148,8 @@ class Access:
     passwords: dict[str, str] = field(default_factory=dict)
     hf_oauth: bool = False
     hf_users: frozenset[str] = frozenset()
+    # What one login may keep of its uploads at once (--max-upload-mb), in bytes.
+    upload_bytes: int = 64 << 20
     # Signs page tokens; new each start, so a restart logs every page out.
     secret: bytes = field(default_factory=lambda: secrets.token_bytes(32))
 
@@ -175,13 +188,20 @@ class Access:
     def _sign(self, body: str) -> str:
         return hmac.new(self.secret, body.encode(), hashlib.sha256).hexdigest()[:32]
 
-    def page_user(self, token: str, now: float | None = None) -> str | None:
+    def page_user(self, token: str | bytes, now: float | None = None) -> str | None:
         """The user a page token was issued to, or None (forged, expired, malformed)."""
+        # A presented token is whatever a client sent: a page token is ASCII,
+        # and anything else is simply not one (compare_digest raises on a
+        # non-ASCII str, which would make a bad token a server error).
+        if isinstance(token, bytes):
+            if not token.isascii():
+                return None
+            token = token.decode("ascii")
         try:
             prefix, body, signature = token.split(".")
         except ValueError:
             return None
-        if prefix != "p" or not hmac.compare_digest(signature, self._sign(body)):
+        if prefix != "p" or not hmac.compare_digest(signature.encode(), self._sign(body).encode()):
             return None
         try:
             user, expires = json.loads(base64.urlsafe_b64decode(body + "=" * (-len(body) % 4)))
@@ -191,12 +211,13 @@ class Access:
             return None
         return str(user)
 
-    def accepts(self, presented: str | None) -> bool:
+    def accepts(self, presented: str | bytes | None) -> bool:
         if not self.required:
             return True
         if not presented:
             return False
-        if self.token and hmac.compare_digest(self.token.encode(), presented.encode()):
+        raw = presented if isinstance(presented, bytes) else presented.encode()
+        if self.token and hmac.compare_digest(self.token.encode(), raw):
             return True
         return self.page_user(presented) is not None
 
@@ -208,7 +229,8 @@ def build_access(settings: Any) -> Access:
     users = frozenset(u.lower() for u in split_list(settings.hf_users))
     if users and not hf_oauth:
         raise AccessError("--hf-users needs Hugging Face sign-in (--hf-oauth on, or a Space with hf_oauth: true)")
-    return Access(token=settings.token, passwords=parse_auth(settings.auth), hf_oauth=hf_oauth, hf_users=users)
+    return Access(token=settings.token, passwords=parse_auth(settings.auth), hf_oauth=hf_oauth, hf_users=users,
+                  upload_bytes=int(settings.max_upload_mb * 2**20))
 
 
 def default_allowed_hosts(bind_host: str) -> list[str]:
@@ -229,3 +251,73 @@ def login_of(headers: Any) -> str | None:
 
 def is_forwarded(headers: Any) -> bool:
     return any(headers.get(name) for name in FORWARDING_HEADERS)
+
+
+@dataclass
+class _Upload:
+    at: float
+    charged: int
+    paths: tuple[str, ...]
+
+
+def _all_gone(groups: list[tuple[str, ...]]) -> list[bool]:
+    return [not any(os.path.lexists(p) for p in paths) for paths in groups]
+
+
+class UploadQuota:
+    """What each login keeps of its uploads, against --max-upload-mb.
+
+    An upload stays on disk until something deletes it (vidchat once a bundle
+    is read, Gradio's cache cleaning once it is older than its age, a restart),
+    and none of them tells the guard. So each upload is recorded with the paths
+    Gradio answered and the bytes it took, and counts until none of its files
+    is left: looked up (in a worker thread) when its login uploads again, and
+    dropped without a look once older than the cleaning's age plus a round,
+    when Gradio has deleted it, so logins that never come back leave nothing
+    here. Bytes still arriving count too: two uploads at once cannot both
+    pass. Keyed by the guard (a login, or the client address when the server
+    asks for none)."""
+
+    def __init__(self, limit: int, lifetime_s: float = sum(UPLOAD_DELETE_CACHE) + 60,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.limit = limit
+        self.lifetime_s = lifetime_s
+        self._clock = clock
+        self._kept: dict[str, list[_Upload]] = {}
+        self._arriving: dict[str, int] = {}
+
+    def held(self, key: str) -> int:
+        """Bytes counted against ``key`` now (kept and arriving)."""
+        return sum(u.charged for u in self._kept.get(key, ())) + self._arriving.get(key, 0)
+
+    async def refresh(self, key: str) -> int:
+        """held(key), after forgetting uploads that are gone."""
+        oldest = self._clock() - self.lifetime_s
+        for name in list(self._kept):
+            self._kept[name] = [u for u in self._kept[name] if u.at >= oldest]
+            if not self._kept[name]:
+                del self._kept[name]
+        uploads = list(self._kept.get(key, ()))
+        if uploads:
+            gone = await asyncio.to_thread(_all_gone, [u.paths for u in uploads])
+            dropped = {id(u) for u, g in zip(uploads, gone) if g}
+            left = [u for u in self._kept.get(key, ()) if id(u) not in dropped]
+            if left:
+                self._kept[key] = left
+            else:
+                self._kept.pop(key, None)
+        return self.held(key)
+
+    def arriving(self, key: str, n: int) -> None:
+        """Count ``n`` more bytes (fewer, when negative) of uploads on their way."""
+        total = self._arriving.get(key, 0) + n
+        if total > 0:
+            self._arriving[key] = total
+        else:
+            self._arriving.pop(key, None)
+
+    def record(self, key: str, paths: list[str], received: int) -> None:
+        """An upload Gradio stored: its files, and the request's bytes."""
+        if paths:
+            charged = max(received, MIN_UPLOAD_CHARGE * len(paths))
+            self._kept.setdefault(key, []).append(_Upload(self._clock(), charged, tuple(paths)))

@@ -1,22 +1,27 @@
 """The access rules enforced: one ASGI middleware in front of the whole app
 (Gradio's routes included) that checks Host and Origin, works out the
 caller's login, asks what the route needs (vidchat.app.access.route_kind),
-checks whose session a page call names, and limits body sizes."""
+checks whose session (vidchat's, and Gradio's session hashes and event ids) a
+request names, limits body sizes and each login's uploads."""
 
 from __future__ import annotations
 
+import asyncio
 import hmac
 import json
 import logging
 import re
 import time
+from collections import OrderedDict
 from typing import Any, Awaitable, Callable
-from urllib.parse import parse_qsl, quote, urlsplit
+from urllib.parse import parse_qsl, quote, unquote_to_bytes, urlsplit
 
+from starlette.formparsers import MultiPartException
 from starlette.requests import cookie_parser
 
 from vidchat.app.access import (
-    LOGIN_HEADER, OPERATOR_ROUTES, TOKEN_LOGIN, Access, is_forwarded, is_loopback, route_kind, user_login,
+    LOGIN_HEADER, OPERATOR_ROUTES, TOKEN_LOGIN, UPLOAD_DELETE_CACHE, UPLOAD_ROUTE, Access, UploadQuota,
+    is_forwarded, is_loopback, route_kind, user_login,
 )
 
 log = logging.getLogger(__name__)
@@ -26,8 +31,11 @@ Receive = Callable[[], Awaitable[dict[str, Any]]]
 Send = Callable[[dict[str, Any]], Awaitable[None]]
 
 
-class BodyTooLarge(Exception):
-    pass
+class UploadStopped(MultiPartException):
+    """Raised into Gradio's upload parser to end an upload: being its own
+    parse error, it makes the parser delete the part files it has written
+    (for any other exception, a client gone included, it leaves them on disk,
+    where nothing would ever delete them)."""
 
 
 def _host_name(host_header: str) -> str:
@@ -47,10 +55,15 @@ class PageLogins:
         self._session_middleware: Any = None
         self.session_inputs: dict[int, int] = {}  # fn_index -> position of the session id in its inputs
         self.fn_by_name: dict[str, int] = {}  # api_name -> fn_index
+        self.session_params: dict[int, str] = {}  # fn_index -> the session id's name in /call/v2's named arguments
 
     def attach(self, gradio_app: Any, session_inputs: dict[int, int], fn_by_name: dict[str, int]) -> None:
         self.gradio_app = gradio_app
         self.session_inputs, self.fn_by_name = dict(session_inputs), dict(fn_by_name)
+        try:
+            self.session_params = _session_params(gradio_app.get_blocks(), self.session_inputs, self.fn_by_name)
+        except Exception:  # noqa: BLE001 - the guard then checks every named argument instead
+            log.warning("could not read the page's API parameter names", exc_info=True)
         # The HF sign-in session is the cookie of the SessionMiddleware Gradio
         # added for OAuth: read with that very middleware and its settings.
         for middleware in getattr(gradio_app, "user_middleware", []):
@@ -90,6 +103,51 @@ class PageLogins:
         return name if isinstance(name, str) and name else None
 
 
+def _session_params(blocks: Any, session_inputs: dict[int, int], fn_by_name: dict[str, int]) -> dict[int, str]:
+    """fn_index -> the name /call/v2 takes the session id by: the API info
+    Gradio maps named arguments through, which lists a function's inputs
+    in order, leaving out those hidden from the API."""
+    fns = {fn._id: fn for fn in blocks.fns.values()}
+    names = {}
+    for endpoint, spec in blocks.get_api_info().get("named_endpoints", {}).items():
+        fn = fns.get(fn_by_name.get(endpoint.lstrip("/"), -1))
+        position = session_inputs.get(fn._id) if fn is not None else None
+        if position is None or fn.inputs[position].skip_api:
+            continue
+        index = sum(1 for block in fn.inputs[:position] if not block.skip_api)
+        params = spec.get("parameters", [])
+        if index < len(params) and isinstance(params[index].get("parameter_name"), str):
+            names[fn._id] = params[index]["parameter_name"]
+    return names
+
+
+class GradioHandles:
+    """Which login first named each Gradio session hash and event id.
+
+    Gradio's own routes take these from anyone: /cancel stops, /queue/data
+    and /call/<name>/<id> stream out, /heartbeat closes whatever they name.
+    Each is random and first named by the tab or client that made it, so the
+    first login to name one owns it, and any other is refused. The oldest are
+    forgotten past ``limit`` (finished events, closed tabs) to bound memory."""
+
+    def __init__(self, limit: int = 16384) -> None:
+        self.limit = limit
+        self._owners: OrderedDict[str, str] = OrderedDict()
+
+    def claim(self, handle: Any, login: str | None) -> bool:
+        """Whether ``login`` may name ``handle`` (it owns it from now on if nobody did)."""
+        if login is None or not isinstance(handle, str) or not handle:
+            return True  # no logins to tell apart
+        owner = self._owners.get(handle)
+        if owner is None:
+            self._owners[handle] = login
+            if len(self._owners) > self.limit:
+                self._owners.popitem(last=False)
+            return True
+        self._owners.move_to_end(handle)
+        return owner == login
+
+
 async def _no_receive() -> dict[str, Any]:
     return {"type": "http.disconnect"}
 
@@ -100,15 +158,23 @@ async def _no_send(message: dict[str, Any]) -> None:
 
 
 # Page API routes that run one of the page's functions with the inputs in
-# their JSON body; the body is read (up to this size) to see whose session it names.
-_CALL_ROUTE = re.compile(r"/gradio_api/(?:queue/join|(?:call/v2|call|run|api)/(?P<name>[^/]+))/?")
-MAX_CALL_BODY = 32 << 20
+# their JSON body, read to see whose session it names (/call/v2: by name).
+_CALL_ROUTE = re.compile(r"/gradio_api/(?:queue/join|(?P<v2>call/v2/)(?P<v2name>[^/]+)|(?:call|run|api)/(?P<name>[^/]+))/?")
+# Of those, the ones that answer with the event id they queued.
+_QUEUES = re.compile(r"/gradio_api/(?:queue/join|call/(?:v2/)?[^/]+)/?")
+# Gradio session hashes and event ids named in a URL (GET, or a stream's POST).
+_HANDLE_IN_PATH = re.compile(r"/gradio_api/(?:heartbeat/(?P<hash>[^/]+)|call/(?:v2/)?[^/]+/(?P<event>[^/]+)"
+                             r"|stream/(?P<stream>[^/]+)(?:/close)?)/?")
+# Bodies up to this size are parsed on the event loop (well under a millisecond);
+# larger ones, up to --max-body-bytes, in a worker thread.
+PARSE_ON_LOOP_BYTES = 64 << 10
+_SAFE_METHODS = ("GET", "HEAD")
 
 
 class Guard:
     """ASGI middleware: Host, Origin, the caller's login, what the route
-    needs (route_kind), whose session a page call names, and body size, in
-    that order."""
+    needs (route_kind), body size, and whose session a request names, in
+    that order; uploads against the login's quota."""
 
     def __init__(self, app: Callable, access: Access, allowed_hosts: list[str], allowed_origins: list[str],
                  max_body_bytes: int, page: PageLogins | None = None,
@@ -122,6 +188,8 @@ class Guard:
         self.max_body_bytes = max_body_bytes
         self.page = page or PageLogins()
         self.owner_of = owner_of or (lambda sid: None)
+        self.handles = GradioHandles()
+        self.uploads = UploadQuota(access.upload_bytes)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         kind = scope["type"]
@@ -135,12 +203,14 @@ class Guard:
             await _deny(scope, receive, send, 400, f"Host {host!r} is not served here (see --allowed-hosts)")
             return
         origin = headers.get("origin")
-        # Pages of other sites can make a browser post to this server (a local
-        # one included): the doors that start sessions or change the replica
-        # take posts from this server's own page only.
-        checks_origin = kind == "websocket" or (scope.get("method") == "POST" and (
-            path.startswith("/webrtc/") or path in OPERATOR_ROUTES))
-        if origin is not None and checks_origin and not self._origin_ok(origin, host, scope):
+        method = scope.get("method", "GET")
+        # Pages of other sites can make a browser send this server requests (a
+        # local one included), "simple" ones with no preflight: anything that
+        # may change something (starts a session, runs a page function,
+        # stores an upload, changes the replica) comes from this server's own
+        # page or an allowed origin only.
+        if (origin is not None and (kind == "websocket" or method not in _SAFE_METHODS)
+                and not self._origin_ok(origin, host, scope)):
             await _deny(scope, receive, send, 403, f"Origin {origin} is not allowed (add it to --allowed-origins)")
             return
         login, refusal = await self._login(scope, headers)
@@ -159,20 +229,34 @@ class Guard:
                                                 "'Authorization: Bearer <token>' or ?token=<token>"))
             await _deny(scope, receive, send, status, message)
             return
-        if kind == "http" and scope.get("method") == "POST" and (call := _CALL_ROUTE.fullmatch(path)):
-            await self._page_call(scope, receive, send, login, call.group("name"))
+        if kind == "websocket":
+            await self.app(scope, receive, send)
             return
-        if kind == "http" and (path.startswith("/webrtc/") or path.startswith("/api/")):
-            await self._limited(scope, receive, send, headers)
+        if not all(self.handles.claim(h, login) for h in _handles_in_url(scope, path)):
+            await _deny(scope, receive, send, 403, "This page session belongs to another login")
             return
-        await self.app(scope, receive, send)
+        if method == "POST" and path == UPLOAD_ROUTE:
+            await _upload(self.app, self.uploads, scope, receive, send, headers, login)
+            return
+        body = await self._body(scope, receive, send, headers)
+        if body is None:
+            return
+        if method == "POST" and path.startswith("/gradio_api/"):
+            if not await self._may_send(body, login, _CALL_ROUTE.fullmatch(path)):
+                log.info("refused a page call naming another login's session")
+                await _deny(scope, receive, send, 403, "This session belongs to another login")
+                return
+            if login is not None and _QUEUES.fullmatch(path):
+                scope, send = _uncompressed(scope), self._claiming_event_ids(send, login)
+        await self.app(scope, _replay(body, receive), send)
 
     async def _login(self, scope: Scope, headers: dict[str, str]) -> tuple[str | None, tuple[int, str] | None]:
         """(the caller's login, or None; why a credential it presented was refused)."""
         access = self.access
         presented = _presented_token(headers, scope)
         if presented:
-            if access.token and hmac.compare_digest(access.token.encode(), presented.encode()):
+            # Bytes, as sent: a token is compared whatever characters it holds.
+            if access.token and hmac.compare_digest(access.token.encode(), presented):
                 return TOKEN_LOGIN, None
             user = access.page_user(presented)
             if user is not None:
@@ -198,56 +282,86 @@ class Guard:
         client = (scope.get("client") or ("", 0))[0]
         return is_loopback(client or "") and not is_forwarded(headers)
 
-    async def _page_call(self, scope: Scope, receive: Receive, send: Send, login: str | None,
-                         api_name: str | None) -> None:
-        """A page function run over HTTP: refused (403) when it names a
-        session that another login opened; else passed on with its body."""
+    async def _body(self, scope: Scope, receive: Receive, send: Send, headers: dict[str, str]) -> bytes | None:
+        """The whole request body, at most --max-body-bytes of it; None when
+        it was refused (413, answered) or the client went away."""
+        limit = self.max_body_bytes
+        declared = headers.get("content-length")
+        if declared is not None and declared.isdigit() and int(declared) > limit:
+            await _deny(scope, receive, send, 413, f"Request body too large: {declared} bytes (limit {limit}, "
+                                                   f"--max-body-bytes)")
+            return None
         buffered = bytearray()
         while True:
             message = await receive()
             if message["type"] != "http.request":
-                return  # the client went away
+                return None
             buffered += message.get("body", b"")
-            if len(buffered) > MAX_CALL_BODY:
-                await _deny(scope, receive, send, 413, f"Request body too large (limit {MAX_CALL_BODY} bytes)")
-                return
+            if len(buffered) > limit:
+                await _deny(scope, receive, send, 413, f"Request body too large (limit {limit} bytes, "
+                                                       f"--max-body-bytes)")
+                return None
             if not message.get("more_body"):
-                break
-        body = bytes(buffered)
-        if not self._may_call(body, login, api_name):
-            log.info("refused a page call naming another login's session")
-            await _deny(scope, receive, send, 403, "This session belongs to another login")
-            return
-        replayed = False
+                return bytes(buffered)
 
-        async def replay() -> dict[str, Any]:
-            nonlocal replayed
-            if replayed:
-                return await receive()
-            replayed = True
-            return {"type": "http.request", "body": body, "more_body": False}
-
-        await self.app(scope, replay, send)
-
-    def _may_call(self, body: bytes, login: str | None, api_name: str | None) -> bool:
+    async def _may_send(self, body: bytes, login: str | None, call: re.Match | None) -> bool:
+        """Whether a page API body names only what ``login`` may use: no
+        Gradio session or event of another login, and (a page function's
+        call) no vidchat session another login opened."""
+        if login is None and not call:
+            return True  # nothing to tell apart
         try:
-            payload = json.loads(body or b"{}")
+            payload = json.loads(body or b"{}") if len(body) <= PARSE_ON_LOOP_BYTES else \
+                await asyncio.to_thread(json.loads, body)
         except ValueError:
             return True  # Gradio refuses it itself
-        if not isinstance(payload, dict) or not isinstance(payload.get("data"), list):
+        if not isinstance(payload, dict):
             return True
+        v2 = bool(call and call.group("v2"))
+        if not v2 and not all(self.handles.claim(payload.get(k), login) for k in ("session_hash", "event_id")):
+            return False
+        if not call:
+            return True
+        api_name = call.group("v2name") or call.group("name")
         fns = {self.page.fn_by_name.get(api_name)} if api_name else set()
-        if isinstance(payload.get("fn_index"), int):
+        if not v2 and isinstance(payload.get("fn_index"), int):
             fns.add(payload["fn_index"])
-        data = payload["data"]
-        for fn in fns:
-            position = self.page.session_inputs.get(fn)
-            if position is None or position >= len(data) or not isinstance(data[position], str):
-                continue
-            owner = self.owner_of(data[position])
-            if owner is not None and owner != login:
-                return False
+        for fn in fns - {None}:
+            for sid in self._session_args(fn, payload, v2):
+                owner = self.owner_of(sid)
+                if owner is not None and owner != login:
+                    return False
         return True
+
+    def _session_args(self, fn: int, payload: dict, v2: bool) -> list[str]:
+        """The session ids a call of page function ``fn`` names."""
+        position = self.page.session_inputs.get(fn)
+        if position is None:
+            return []
+        if v2:  # named arguments
+            name = self.page.session_params.get(fn)
+            values = [payload.get(name)] if name is not None else list(payload.values())
+        else:
+            data = payload.get("data")
+            values = [data[position]] if isinstance(data, list) and position < len(data) else []
+        return [v for v in values if isinstance(v, str)]
+
+    def _claiming_event_ids(self, send: Send, login: str) -> Send:
+        """``send``, noting the event id a queued call answers with as ``login``'s."""
+        answer = bytearray()
+
+        async def claiming_send(message: dict[str, Any]) -> None:
+            if message["type"] == "http.response.body" and len(answer) < 4096:
+                answer.extend(message.get("body", b""))
+                if not message.get("more_body"):
+                    try:
+                        event_id = json.loads(answer).get("event_id")
+                    except (ValueError, AttributeError):
+                        event_id = None
+                    self.handles.claim(event_id, login)
+            await send(message)
+
+        return claiming_send
 
     def _origin_ok(self, origin: str, host: str, scope: Scope) -> bool:
         origin = origin.lower().rstrip("/")
@@ -257,35 +371,104 @@ class Guard:
         # Same origin: the page this server served, on the name it was reached by.
         return bool(parts.netloc) and parts.netloc == host.lower()
 
-    async def _limited(self, scope: Scope, receive: Receive, send: Send, headers: dict[str, str]) -> None:
-        limit = self.max_body_bytes
-        declared = headers.get("content-length")
-        if declared is not None and declared.isdigit() and int(declared) > limit:
-            await _deny(scope, receive, send, 413, f"Request body too large: {declared} bytes (limit {limit}, --max-body-bytes)")
-            return
-        received = 0
-        started = False
 
-        async def counting_receive() -> dict[str, Any]:
-            nonlocal received
-            message = await receive()
-            if message["type"] == "http.request":
-                received += len(message.get("body", b""))
-                if received > limit:
-                    raise BodyTooLarge()
-            return message
+async def _upload(app: Callable, quota: UploadQuota, scope: Scope, receive: Receive, send: Send,
+                  headers: dict[str, str], login: str | None) -> None:
+    """Gradio's upload, streamed to it (the one route --max-body-bytes
+    leaves out) within what the login may keep (--max-upload-mb)."""
+    key = login or "client:" + str((scope.get("client") or ("",))[0])
+    held = await quota.refresh(key)
+    declared = headers.get("content-length")
+    size = int(declared) if declared is not None and declared.isdigit() else 0
+    if held + size > quota.limit or quota.limit == 0:
+        await _deny(scope, receive, send, 413, _over_quota(quota.limit, held, size))
+        return
+    received, done, stopped = 0, False, ""
+    status, answer = 0, bytearray()
 
-        async def tracking_send(message: dict[str, Any]) -> None:
-            nonlocal started
-            if message["type"] == "http.response.start":
-                started = True
-            await send(message)
+    async def counting_receive() -> dict[str, Any]:
+        nonlocal received, done, stopped
+        message = await receive()
+        if message["type"] == "http.disconnect" and not done:
+            stopped = "gone"
+            raise UploadStopped("the client went away")
+        if message["type"] == "http.request":
+            chunk = len(message.get("body", b""))
+            received += chunk
+            quota.arriving(key, chunk)
+            done = not message.get("more_body")
+            if quota.held(key) > quota.limit:
+                stopped = "quota"
+                raise UploadStopped("over the upload quota")
+        return message
 
+    async def tracking_send(message: dict[str, Any]) -> None:
+        nonlocal status
+        if stopped:
+            return  # Gradio's answer to the stop; the guard's goes instead
+        if message["type"] == "http.response.start":
+            status = message["status"]
+        elif len(answer) < 1 << 20:
+            answer.extend(message.get("body", b""))
+        await send(message)
+
+    try:
+        await app(_uncompressed(scope), counting_receive, tracking_send)
+    except UploadStopped:
+        pass  # raised past Gradio's parser; its files are already deleted
+    finally:
+        quota.arriving(key, -received)
+    if stopped == "quota":
+        await _deny(scope, receive, send, 413, _over_quota(quota.limit, quota.held(key), max(size, received)))
+    elif status == 200:
         try:
-            await self.app(scope, counting_receive, tracking_send)
-        except BodyTooLarge:
-            if not started:
-                await _deny(scope, receive, send, 413, f"Request body too large (limit {limit} bytes, --max-body-bytes)")
+            paths = [p for p in json.loads(answer) if isinstance(p, str)]
+        except (ValueError, TypeError):
+            paths = []
+        quota.record(key, paths, received)
+
+
+def _over_quota(limit: int, held: int, size: int) -> str:
+    if limit == 0:
+        return "Uploads are off on this server (--max-upload-mb 0)"
+    return (f"Upload refused: a login keeps at most {_size(limit)} of uploads here (--max-upload-mb); "
+            f"{_size(held)} of its uploads are kept now and this one is {_size(size)}. An upload is deleted "
+            f"once it is read (a bundle), any other within {sum(UPLOAD_DELETE_CACHE) // 60} minutes.")
+
+
+def _size(n: int) -> str:
+    return f"{n / 2**20:.1f} MB" if n >= 1 << 20 else f"{max(n, 0) / 1024:.0f} KB"
+
+
+def _uncompressed(scope: Scope) -> Scope:
+    """The scope without Accept-Encoding: an answer the guard reads (a few
+    paths or an event id) must not come back compressed by Gradio."""
+    return dict(scope, headers=[(k, v) for k, v in scope["headers"] if k.lower() != b"accept-encoding"])
+
+
+def _replay(body: bytes, receive: Receive) -> Receive:
+    """A receive that gives the buffered body first, then the client's own messages."""
+    replayed = False
+
+    async def replay() -> dict[str, Any]:
+        nonlocal replayed
+        if replayed:
+            return await receive()
+        replayed = True
+        return {"type": "http.request", "body": body, "more_body": False}
+
+    return replay
+
+
+def _handles_in_url(scope: Scope, path: str) -> list[str]:
+    """The Gradio session hashes and event ids a request's URL names."""
+    found = []
+    if path == "/gradio_api/queue/data":
+        found += [v for k, v in parse_qsl(scope.get("query_string", b"").decode("latin-1")) if k == "session_hash"]
+    elif path.startswith("/gradio_api/") and (match := _HANDLE_IN_PATH.fullmatch(path)):
+        if scope.get("method") in _SAFE_METHODS or match.group("stream"):
+            found += [h for h in match.groups() if h]
+    return found
 
 
 def _with_login(scope: Scope, login: str | None) -> Scope:
@@ -296,13 +479,16 @@ def _with_login(scope: Scope, login: str | None) -> Scope:
     return dict(scope, headers=kept)
 
 
-def _presented_token(headers: dict[str, str], scope: Scope) -> str | None:
+def _presented_token(headers: dict[str, str], scope: Scope) -> bytes | None:
+    """The token a request presents, as the bytes it sent (a ?token= percent-decoded)."""
     auth = headers.get("authorization", "")
     if auth.lower().startswith("bearer "):
-        return auth[7:].strip()
-    for key, value in parse_qsl(scope.get("query_string", b"").decode("latin-1")):
-        if key == "token":
-            return value
+        return auth[7:].strip().encode("latin-1")  # the header's own bytes back
+    # Read from the raw query: parse_qsl cannot give bytes back for a query with non-ASCII in it.
+    for pair in scope.get("query_string", b"").split(b"&"):
+        key, _, value = pair.partition(b"=")
+        if unquote_to_bytes(key.replace(b"+", b" ")) == b"token":
+            return unquote_to_bytes(value.replace(b"+", b" "))
     return None
 
 

@@ -187,8 +187,10 @@ class Settings:
                          "signed in). Anyone else signed in is refused (403) on the page's API and every "
                          "guarded route.")
     allowed_origins: str = _opt(
-        "", "Other web origins (e.g. https://my.site) whose pages may open WebSocket sessions or post to /webrtc/* "
-        "and the operator routes; '*' allows any. Requests without an Origin header (programs) are always allowed.",
+        "", "Other web origins (e.g. https://my.site) whose pages may send this server any request but GET or HEAD: "
+        "WebSocket sessions, /webrtc/*, the page's API (/gradio_api/*, uploads included) and the operator routes; "
+        "'*' allows any. This server's own page is always allowed, and so are requests without an Origin header "
+        "(programs).",
     )
     forwarded_allow_ips: str = _opt(
         "", "Addresses of reverse proxies (nginx, Traefik, the Space's) whose X-Forwarded-For / Forwarded headers "
@@ -201,7 +203,17 @@ class Settings:
         "to a loopback address (this is what defeats DNS rebinding), any host otherwise.",
     )
     # --- limits ---------------------------------------------------------
-    max_body_bytes: int = _opt(64 * 1024, "Largest request body on /webrtc/* and /api/* (bytes); larger gets 413.")
+    max_body_bytes: int = _opt(
+        1 << 20, "Largest request body on every route but the page's file upload (bytes): /webrtc/*, /api/* and the "
+        "page's API (/gradio_api/*, whose questions carry the chat so far); larger gets 413 before anything of it "
+        "is parsed. Uploads are bounded by --max-upload-mb instead.",
+    )
+    max_upload_mb: float = _opt(
+        64.0, "Uploads one login keeps on the server at once (files sent to the page's /gradio_api/upload, such as "
+        "a bundle to re-ask), in MB (2^20 bytes); without credentials, per client address. An upload counts until "
+        "it is deleted: a bundle once it is read, any other within 20 minutes (Gradio's cache cleaning). One that "
+        "would pass this gets 413 naming it; 0: no uploads.",
+    )
     connect_timeout: float = _opt(
         15.0, "Seconds a WebRTC offer has to become a connected peer; a session that never connects is ended "
         "and its place freed.",
@@ -271,7 +283,7 @@ AT_LEAST = {"max_sessions": 1, "max_frame_pixels": 1, "max_body_bytes": 1024, "w
             "session_idle_timeout": 1, "ws_idle_timeout": 1, "ws_config_timeout": 0.1,
             "tensor_parallel_size": 1, "data_parallel_size": 1, "turn_ttl": 60,
             "max_session_mb": 0, "engine_connect_timeout": 0.1, "engine_first_byte_timeout": 0.1,
-            "ws_max_audio_seconds": 0.1}
+            "ws_max_audio_seconds": 0.1, "max_upload_mb": 0}
 # And above: a session keeps at most MAX_AUDIO_SECONDS of audio, at every door.
 AT_MOST = {"ws_max_audio_seconds": MAX_AUDIO_SECONDS}
 

@@ -10,6 +10,7 @@ from typing import Any
 import gradio as gr
 from starlette.routing import Mount
 
+from vidchat.app.access import UPLOAD_DELETE_CACHE
 from vidchat.conversation.settings_table import SETTINGS
 from vidchat.conversation.watch import DEFAULT_EVERY_S
 from vidchat.doors.markup import as_text
@@ -99,12 +100,15 @@ def mount(app, state):
     """Mount the page at / on ``app`` (behind Gradio's login when access
     needs one) and tell the access guard which of its functions take the
     session id; returns the app."""
-    with gr.Blocks(title="vidchat") as blocks:
+    # Uploads are deleted by Gradio once old (delete_cache; each counts against
+    # its login's --max-upload-mb until then), and none is larger than a login may keep.
+    with gr.Blocks(title="vidchat", delete_cache=UPLOAD_DELETE_CACHE) as blocks:
         _header(state)
         page = _controls(state)
         _page_token(blocks, state)
         wire(blocks, state, page)
-    app = gr.mount_gradio_app(app, blocks, path="/", head=HEAD, max_file_size=MAX_BUNDLE_BYTES,
+    app = gr.mount_gradio_app(app, blocks, path="/", head=HEAD,
+                              max_file_size=min(MAX_BUNDLE_BYTES, state.access.upload_bytes),
                               theme=gr.themes.Soft(), footer_links=[], auth=state.access.gradio_auth(),
                               auth_message=_auth_message(state))
     gradio_app = next(r.app for r in app.routes if isinstance(r, Mount) and r.path == "")
