@@ -8,7 +8,9 @@ On the same synthetic webcam clips (vidchat/devtools/synthetic.py, 640×480 and
     re-implementation of the seed's filter (decode JPEG, 64×64 bilinear,
     1 − MSE/255² against the last kept frame, drop if ≥ 0.95);
   * decision quality on the labelled clips (static drop rate, motion kept
-    share, scene cuts kept);
+    share, scene cuts kept) and on two colour clips of 10 solid frames each:
+    the colours vllm-omni's streaming client sends when given no video, and
+    10 hues of equal brightness (every frame should be kept);
   * cost of building a question's 16 frames from the buffer against the
     seed's path (ring of JPEG bytes → base64 data URLs → decoded again);
   * memory per session at max_frames=64 with 640×480 input.
@@ -135,16 +137,38 @@ def decisions(items: Iterable, make_fn: Callable[[], Callable]) -> list[bool]:
     return [bool(fn(x)) for x in items]
 
 
+def seed_client_colours(n: int = 10) -> list[tuple[int, int, int]]:
+    # vllm-omni's streaming_video_client.py without --video.
+    return [((i * 37) % 256, (i * 73) % 256, (i * 113) % 256) for i in range(n)]
+
+
+def equal_luma_hues(n: int = 10, y: float = 120.0, c: float = 50.0) -> list[tuple[int, int, int]]:
+    # n hues around the Cb/Cr circle at one luma: brightness cannot tell them apart.
+    out = []
+    for k in range(n):
+        cb, cr = c * np.cos(2 * np.pi * k / n), c * np.sin(2 * np.pi * k / n)
+        out.append(tuple(round(v) for v in (y + 1.402 * cr, y - 0.344136 * cb - 0.714136 * cr, y + 1.772 * cb)))
+    return out
+
+
+def solid_frames(colours: list[tuple[int, int, int]], height: int, width: int) -> list[np.ndarray]:
+    return [np.full((height, width, 3), c, np.uint8) for c in colours]
+
+
 def quality(clips: dict[str, synthetic.Clip], inputs: dict[str, list], make_fn) -> dict[str, float | str]:
     static = decisions(inputs["static"], make_fn)
     motion = decisions(inputs["motion"], make_fn)
     cuts = decisions(inputs["cuts"], make_fn)
+    colours = decisions(inputs["colours"], make_fn)
+    hues = decisions(inputs["hues"], make_fn)
     starts = clips["cuts"].cuts
     return {
         "static_drop": 1.0 - sum(static) / len(static),
         "motion_kept": sum(motion) / len(motion),
         "cuts_kept": f"{sum(cuts[i] for i in starts)}/{len(starts)}",
         "cuts_total": sum(cuts),
+        "colours_kept": f"{sum(colours)}/{len(colours)}",
+        "hues_kept": f"{sum(hues)}/{len(hues)}",
     }
 
 
@@ -160,6 +184,11 @@ def filter_section(height: int, width: int) -> dict:
     }
     arrays = {k: c.frames for k, c in clips.items()}
     jpegs = {k: c.jpegs() for k, c in clips.items()}
+    # The colour clips are judged, not timed: the cost rows stay comparable with earlier runs.
+    arrays["colours"] = solid_frames(seed_client_colours(), height, width)
+    arrays["hues"] = solid_frames(equal_luma_hues(), height, width)
+    for k in ("colours", "hues"):
+        jpegs[k] = [synthetic.encode_jpeg(f) for f in arrays[k]]
     all_arrays = [f for k in clips for f in arrays[k]]
     all_jpegs = [j for k in clips for j in jpegs[k]]
     cost = interleaved_ms({
@@ -243,12 +272,14 @@ def main() -> None:
               f"seed JPEG / vidchat JPEG = {c['seed_jpeg'] / c['ours_jpeg']:.1f}x")
 
     print("\nDecision quality on labelled clips (static: 60 frames noise σ=3 + flicker; motion: 40 frames,"
-          " object 15% of area moving 10% of width/frame; cuts: 12 scenes x 5 frames)")
-    print(f"{'':20}{'size':>10}{'static drop':>13}{'motion kept':>13}{'cuts kept':>11}{'kept in cuts clip':>19}")
+          " object 15% of area moving 10% of width/frame; cuts: 12 scenes x 5 frames;\n"
+          " colours: the seed client's 10 solid colours; hues: 10 solid hues of equal luma; all should be kept)")
+    print(f"{'':20}{'size':>10}{'static drop':>13}{'motion kept':>13}{'cuts kept':>11}{'kept in cuts clip':>19}"
+          f"{'colours':>9}{'hues':>7}")
     for s in SIZES:
         for label, q in results[s]["quality"].items():
             print(f"{label:20}{f'{s[1]}x{s[0]}':>10}{q['static_drop']:13.2f}{q['motion_kept']:13.2f}"
-                  f"{q['cuts_kept']:>11}{q['cuts_total']:>19}")
+                  f"{q['cuts_kept']:>11}{q['cuts_total']:>19}{q['colours_kept']:>9}{q['hues_kept']:>7}")
 
     print(f"\nBuilding a question's {QUERY_FRAMES} frames from a 64-frame buffer, 640x480 input (ms)")
     print(f"  vidchat, stored {query['ours_shape'][1]}x{query['ours_shape'][0]}: arrays {query['ours_arrays']:.4f}, "
@@ -269,7 +300,8 @@ def main() -> None:
           f"filter_ratio={c['seed_jpeg'] / c['ours_array']:.1f} query_ms={query['ours_pil']:.4f} "
           f"seed_query_ms={query['seed']:.3f} query_ratio={query['seed'] / query['ours_pil']:.1f} "
           f"mem_mb={mem['total'] / mb:.2f} static_drop={q['static_drop']:.2f} "
-          f"motion_kept={q['motion_kept']:.2f} cuts_kept={q['cuts_kept']}")
+          f"motion_kept={q['motion_kept']:.2f} cuts_kept={q['cuts_kept']} colours_kept={q['colours_kept']} "
+          f"hues_kept={q['hues_kept']}")
 
 
 if __name__ == "__main__":

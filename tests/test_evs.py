@@ -176,8 +176,12 @@ def test_jpeg_and_array_thumbnails_agree():
     x = clip("static", 480, 640).frames[0]
     a = evs.thumbnail(x)
     j = evs.thumbnail(synthetic.encode_jpeg(x))
-    assert a.shape == j.shape == (evs.GRID_ROWS, evs.GRID_COLS)
+    assert a.shape == j.shape == (3, evs.GRID_ROWS, evs.GRID_COLS)
     assert np.mean(np.abs(a - j)) < 4.0
+    # Video planes come in limited ("TV") range, 16..235: close, not equal.
+    # The filter only compares frames of one stream with each other.
+    p = evs.thumbnail_from_planes(*yuv420p(x))
+    assert np.mean(np.abs(a - p)) < 8.0
 
 
 def test_non_contiguous_and_pil_inputs():
@@ -188,7 +192,8 @@ def test_non_contiguous_and_pil_inputs():
     np.testing.assert_allclose(evs.thumbnail(Image.fromarray(x)), evs.thumbnail(x))
     f = FrameFilter()
     assert f.check(Image.fromarray(x).convert("L"), 0.0)
-    assert f.check(x, 0.1) is False
+    assert f.check(np.asarray(Image.fromarray(x).convert("L").convert("RGB")), 0.1) is False
+    assert f.check(x, 0.2) is True  # the same picture in colour: its colour changed
 
 
 def _truncated_jpeg() -> bytes:
@@ -228,3 +233,159 @@ def test_png_bytes_accepted():
     f = FrameFilter()
     assert f.check(buf.getvalue(), 0.0)
     assert f.check(frame(1), 0.1) is False
+
+
+# -- colour ---------------------------------------------------------------------
+
+def yuv420p(rgb: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The Y, U and V planes a WebRTC decoder hands out for this picture."""
+    av = pytest.importorskip("av")
+    from vidchat.doors.webrtc import yuv_planes
+
+    luma, (u, v) = yuv_planes(av.VideoFrame.from_ndarray(np.ascontiguousarray(rgb), format="rgb24")
+                              .reformat(format="yuv420p"))
+    return luma, u, v
+
+
+def seed_client_frame(i: int) -> bytes:
+    # vllm-omni's streaming video client sends these when given no video.
+    buf = io.BytesIO()
+    Image.new("RGB", (320, 240), ((i * 37) % 256, (i * 73) % 256, (i * 113) % 256)).save(buf, "JPEG", quality=80)
+    return buf.getvalue()
+
+
+def equal_luma_colour(k: int, n: int = 10, y: float = 120.0, c: float = 50.0) -> tuple[int, int, int]:
+    # n hues around the colour wheel, all at the same luma and saturation.
+    angle = 2 * np.pi * k / n
+    cb, cr = c * np.cos(angle), c * np.sin(angle)
+    rgb = (y + 1.402 * cr, y - 0.344136 * cb - 0.714136 * cr, y + 1.772 * cb)
+    assert all(0 <= ch <= 255 for ch in rgb)
+    return tuple(round(ch) for ch in rgb)
+
+
+def solid(rgb: tuple[int, int, int], height: int = 240, width: int = 320) -> np.ndarray:
+    return np.full((height, width, 3), rgb, np.uint8)
+
+
+def offer(path: str, rgb: np.ndarray):
+    """A filter input for ``rgb`` as each door delivers it."""
+    if path == "array":
+        return rgb
+    if path == "jpeg":
+        return synthetic.encode_jpeg(rgb)
+    return yuv420p(rgb)
+
+
+def check(f: FrameFilter, path: str, rgb: np.ndarray, t: float) -> bool:
+    x = offer(path, rgb)
+    return f.check_thumbnail(evs.thumbnail_from_planes(*x), t) if path == "planes" else f.check(x, t)
+
+
+PATHS = ["array", "jpeg", "planes"]
+
+
+def test_seed_client_colour_frames_all_kept():
+    # The issue's count: vidchat kept 6 of these 10, the seed keeps all.
+    f = FrameFilter()
+    assert [f.check(seed_client_frame(i), i / 10) for i in range(10)] == [True] * 10
+    f = FrameFilter()
+    frames = [np.asarray(Image.open(io.BytesIO(seed_client_frame(i))).convert("RGB")) for i in range(10)]
+    assert [check(f, "planes", x, i / 10) for i, x in enumerate(frames)] == [True] * 10
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_equal_luma_colours_all_kept(path):
+    colours = [equal_luma_colour(k) for k in range(10)]
+    lumas = [0.299 * r + 0.587 * g + 0.114 * b for r, g, b in colours]
+    assert max(lumas) - min(lumas) < 1.5  # brightness alone cannot tell them apart
+    f = FrameFilter()
+    assert [check(f, path, solid(c), i / 10) for i, c in enumerate(colours)] == [True] * 10
+    assert check(f, path, solid(colours[-1]), 1.0) is False
+
+
+def test_screen_share_theme_switch_kept():
+    # Light theme to another light theme of the same brightness: only the colour changes.
+    page = np.full((240, 320, 3), equal_luma_colour(0, y=200, c=25), np.uint8)
+    page[20:220:20, 20:300] = 30  # lines of text, the same in both
+    themed = page.copy()
+    themed[page[..., 0] != 30] = equal_luma_colour(5, y=200, c=25)
+    f = FrameFilter()
+    assert f.check(page, 0.0)
+    assert f.check(themed, 0.1) is True
+    assert f.last_similarity < 0.5
+
+
+@pytest.mark.parametrize("path", PATHS)
+@pytest.mark.parametrize("change", ["shift+30", "shift-30", "gain1.25", "gain0.8"])
+def test_uniform_brightness_changes_still_dropped(path, change):
+    # Auto-exposure and lighting, on a colourful scene and on a saturated solid colour.
+    kind, amount = change[:-3].rstrip("+-"), float(change[len(change.rstrip("0123456789.")):])
+    for picture in (frame(7, 240, 320), solid(equal_luma_colour(2, y=110, c=60))):
+        base = picture.astype(np.float32)
+        lit = base + (amount if "+" in change else -amount) if kind == "shift" else base * amount
+        f = FrameFilter()
+        assert check(f, path, picture, 0.0)
+        assert check(f, path, np.clip(lit, 0, 255).astype(np.uint8), 0.1) is False, f.last_similarity
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_colourful_static_clip_with_flicker_dropped(path):
+    c = clip("static", 480, 640)
+    f = FrameFilter()
+    keeps = [check(f, path, x, t) for x, t in zip(c.frames, c.times)]
+    assert keeps[0] and f.stats["drop_rate"] >= 0.90, f.stats
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_colour_change_over_a_small_share_dropped_over_a_large_share_kept(path):
+    # An equal-luma hue change over one row of grid cells (1/24, 4 % of the
+    # picture) stays under the default threshold's 5 %; over three rows (12.5 %)
+    # it is kept.
+    before = frame(3, 240, 320)
+    for share, expect in [(1 / 24, False), (3 / 24, True)]:
+        after = before.copy()
+        rows = round(240 * share)
+        after[:rows, :] = equal_luma_colour(3, y=120, c=60)
+        before_patch = before.copy()
+        before_patch[:rows, :] = equal_luma_colour(8, y=120, c=60)
+        f = FrameFilter()
+        assert check(f, path, before_patch, 0.0)
+        assert check(f, path, after, 0.1) is expect, (share, f.last_similarity)
+        assert 1.0 - f.last_similarity == pytest.approx(share, abs=0.02)
+
+
+def test_luma_plane_alone_is_judged_on_brightness():
+    # A producer without chroma planes keeps the old, luma-only judgement.
+    red, blue = solid(equal_luma_colour(0)), solid(equal_luma_colour(5))
+    f = FrameFilter()
+    assert f.check_thumbnail(evs.thumbnail_from_array(yuv420p(red)[0]), 0.0)
+    assert f.check_thumbnail(evs.thumbnail_from_array(yuv420p(blue)[0]), 0.1) is False
+    assert f.check_thumbnail(evs.thumbnail_from_planes(*yuv420p(blue)), 0.2) is False  # no colour to compare with
+    assert f.check_thumbnail(evs.thumbnail_from_planes(*yuv420p(red)), 0.3) is False
+    assert f.check_thumbnail(evs.thumbnail_from_planes(*yuv420p(blue)), 0.4) is False  # the reference is still luma-only
+
+
+def test_session_luma_frames_with_chroma_planes_keep_colour_changes():
+    from vidchat.conversation.session import Session
+
+    session = Session("colour", store_max_pixels=320 * 240)
+    colours = [equal_luma_colour(k) for k in range(10)]
+    for i, c in enumerate(colours + colours[-1:]):
+        luma, u, v = yuv420p(solid(c))
+        session.add_luma_frame(luma, lambda w, h, c=c: solid(c, h, w), t=i / 10, chroma=(u, v))
+    assert session.stats["frames_kept"] == 10 and session.stats["frames_dropped"] == 1
+    with pytest.raises(FrameError, match="U plane"):
+        session.add_luma_frame(luma, lambda w, h: solid(c, h, w), t=2.0, chroma=(np.zeros((0, 4), np.uint8), v))
+
+
+def test_nv12_planes_are_split():
+    av = pytest.importorskip("av")
+    from vidchat.doors.webrtc import yuv_planes
+
+    rgb = np.ascontiguousarray(frame(5, 48, 64))
+    planar = av.VideoFrame.from_ndarray(rgb, format="rgb24").reformat(format="yuv420p")
+    luma, (u, v) = yuv_planes(av.VideoFrame.from_ndarray(rgb, format="rgb24").reformat(format="nv12"))
+    ref_luma, (ref_u, ref_v) = yuv_planes(planar)
+    assert u.shape == ref_u.shape == (24, 32)
+    np.testing.assert_array_equal(luma, ref_luma)
+    assert np.abs(u.astype(int) - ref_u).max() <= 1 and np.abs(v.astype(int) - ref_v).max() <= 1

@@ -104,7 +104,7 @@ def test_jpeg_png_and_webp_are_accepted(fmt, mode, kw):
     assert s.add_jpeg(encode(fmt, 64, 48, mode, **kw))
     sample = s.sample()
     assert len(sample.frames) == 1 and sample.frames[0].shape == (48, 64, 3)
-    assert evs.thumbnail_from_bytes(encode(fmt, 64, 48, mode, **kw)).shape == (evs.GRID_ROWS, evs.GRID_COLS)
+    assert evs.thumbnail_from_bytes(encode(fmt, 64, 48, mode, **kw)).shape == (3, evs.GRID_ROWS, evs.GRID_COLS)
 
 
 def test_broken_data_in_an_accepted_format_is_a_frame_error():

@@ -213,12 +213,14 @@ class SessionMedia:
         return self._buffer.add_array(frame, t) is not None
 
     def add_luma_frame(self, luma: np.ndarray, render_rgb: Callable[[int, int], np.ndarray],
-                       t: float | None = None) -> bool:
+                       t: float | None = None, chroma: tuple[np.ndarray, np.ndarray] | None = None) -> bool:
         """Offer a decoded video frame by its luma plane (H×W uint8, may be
-        strided); ``render_rgb(width, height)`` is called only if the frame is
-        kept, at the stored size. For decoders that hold YUV: the filter needs
-        only luma, so most frames (the dropped ones) never pay for RGB."""
-        return self._buffer.add_luma(luma, render_rgb, t) is not None
+        strided) and, so that the filter sees colour, its U and V planes
+        (``chroma``, any subsampling); ``render_rgb(width, height)`` is called
+        only if the frame is kept, at the stored size. For decoders that hold
+        YUV: the filter reads the planes in place, so most frames (the dropped
+        ones) never pay for RGB."""
+        return self._buffer.add_luma(luma, render_rgb, t, chroma) is not None
 
     def add_jpeg(self, data: bytes | bytearray | memoryview, t: float | None = None) -> bool:
         """Offer an encoded frame (JPEG, PNG or WebP); decoded in full only if kept.

@@ -55,7 +55,7 @@ from vidchat.media.workers import run_media
 
 log = logging.getLogger(__name__)
 
-# Decoder outputs whose first plane is 8-bit luma at full size.
+# Decoder outputs with 8-bit luma at full size first, then U and V (NV12: interleaved).
 LUMA_FIRST_FORMATS = frozenset({"yuv420p", "yuvj420p", "nv12", "yuv422p", "yuv444p"})
 # What the page calls each track when it stops.
 TRACK_NAMES = {"video": "camera", "audio": "microphone"}
@@ -127,6 +127,19 @@ def watch_sender_reports(receiver) -> Callable[[av.VideoFrame], float | None] | 
     return capture_time
 
 
+def yuv_planes(frame: av.VideoFrame) -> tuple[np.ndarray, tuple[np.ndarray, np.ndarray]]:
+    """Views of a planar or NV12 frame's Y plane and its U and V planes (no copy)."""
+    def plane(i: int, width_bytes: int) -> np.ndarray:
+        p = frame.planes[i]
+        return np.frombuffer(p, np.uint8).reshape(p.height, p.line_size)[:, :width_bytes]
+
+    luma = plane(0, frame.width)
+    if len(frame.planes) == 2:  # NV12: U and V interleaved in one plane
+        uv = plane(1, 2 * frame.planes[1].width)
+        return luma, (uv[:, 0::2], uv[:, 1::2])
+    return luma, (plane(1, frame.planes[1].width), plane(2, frame.planes[2].width))
+
+
 async def consume_video(track, entry: Entry, stats: MediaStats,
                         capture_time: Callable[[av.VideoFrame], float | None] | None = None) -> None:
     session = entry.session
@@ -163,11 +176,10 @@ async def consume_video(track, entry: Entry, stats: MediaStats,
     def process(frame: av.VideoFrame, due: float) -> None:
         try:
             if frame.format.name in LUMA_FIRST_FORMATS:
-                # The filter needs only luma: the Y plane, read in place. Most
-                # frames are dropped and never pay for conversion to RGB.
-                plane = frame.planes[0]
-                luma = np.frombuffer(plane, np.uint8).reshape(frame.height, plane.line_size)[:, : frame.width]
-                session.add_luma_frame(luma, lambda w, h: render_rgb(frame, w, h), t=due)
+                # The filter reads the Y, U and V planes in place. Most frames
+                # are dropped and never pay for conversion to RGB.
+                luma, chroma = yuv_planes(frame)
+                session.add_luma_frame(luma, lambda w, h: render_rgb(frame, w, h), t=due, chroma=chroma)
             else:
                 session.add_frame(frame.to_ndarray(format="rgb24"), t=due)
         except FrameError as exc:

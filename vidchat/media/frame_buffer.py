@@ -127,11 +127,14 @@ class FrameBuffer:
         return self.ingest(lambda: evs.thumbnail_from_array(arr), lambda: store_array(arr, self.store_max_pixels), t)
 
     def add_luma(self, luma: np.ndarray, render_rgb: Callable[[int, int], np.ndarray],
-                 t: float | None) -> int | None:
-        """Offer a frame by its luma plane; ``render_rgb(width, height)`` runs
-        only for a kept frame, at the stored size."""
-        if not isinstance(luma, np.ndarray) or luma.ndim != 2 or luma.dtype != np.uint8 or 0 in luma.shape:
-            raise FrameError(f"luma plane must be a non-empty H×W uint8 array, got {getattr(luma, 'shape', luma)!r}")
+                 t: float | None, chroma: tuple[np.ndarray, np.ndarray] | None = None) -> int | None:
+        """Offer a frame by its luma plane, and its U and V planes where the
+        decoder has them (without them the filter cannot see colour);
+        ``render_rgb(width, height)`` runs only for a kept frame, at the stored size."""
+        for name, plane in (("luma", luma), *(zip(("U", "V"), chroma) if chroma is not None else ())):
+            if not isinstance(plane, np.ndarray) or plane.ndim != 2 or plane.dtype != np.uint8 or 0 in plane.shape:
+                raise FrameError(f"{name} plane must be a non-empty H×W uint8 array, "
+                                 f"got {getattr(plane, 'shape', plane)!r}")
         h, w = luma.shape
         size = stored_size(w, h, self.store_max_pixels)
 
@@ -141,7 +144,10 @@ class FrameBuffer:
                 raise FrameError(f"render_rgb returned {rgb.shape[1]}x{rgb.shape[0]}, expected {size[0]}x{size[1]}")
             return freeze(np.array(rgb, dtype=np.uint8, order="C", copy=True))
 
-        return self.ingest(lambda: evs.thumbnail_from_array(luma), stored, t)
+        if chroma is None:
+            return self.ingest(lambda: evs.thumbnail_from_array(luma), stored, t)
+        u, v = chroma
+        return self.ingest(lambda: evs.thumbnail_from_planes(luma, u, v), stored, t)
 
     def add_encoded(self, data: bytes | bytearray | memoryview, t: float | None) -> int | None:
         """Offer an encoded frame (JPEG, PNG or WebP), refused with FrameError
