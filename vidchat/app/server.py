@@ -89,7 +89,7 @@ class ClosingServer(uvicorn.Server):
         try:
             if state.prewarmer is not None:
                 await state.prewarmer.stop()
-            await asyncio.wait_for(state.registry.close_all(), SHUTDOWN_GRACE_S)
+            await state.registry.close_all(timeout=SHUTDOWN_GRACE_S)
         except Exception:  # noqa: BLE001 - shutting down regardless
             log.warning("closing the sessions at shutdown failed", exc_info=True)
         # Nothing can ask the model now: its engine winds down (seconds of
@@ -167,7 +167,8 @@ def _lifespan(state: AppState, loop_watch: LoopWatch) -> Callable[[FastAPI], Asy
             reaper.cancel()
             await state.prewarmer.stop()
             loop_watch.stop()
-            await state.registry.close_all()
+            # Empty after ClosingServer.shutdown; not when the app is served another way (tests, ASGI servers).
+            await state.registry.close_all(timeout=SHUTDOWN_GRACE_S)
             if loading is not None:
                 await asyncio.gather(loading, return_exceptions=True)  # a start in progress finishes first
             if owns_engine:

@@ -142,6 +142,10 @@ class Settings:
         "height), read from the image header before decoding: protects memory and CPU from image bombs, small "
         "files that decode to huge pictures.",
     )
+    ws_send_timeout: float = _opt(
+        10.0, "Socket doors: a client that reads nothing for this many seconds while messages wait for it "
+        "(its outbound queue full, or one send stuck) is closed with 1008; frame acks are dropped first.",
+    )
     ws_max_audio_seconds: float = _opt(30.0, "Socket doors (WebSocket protocol, Realtime API): most seconds of audio kept per session, and of a spoken question (at most 600).")
     # --- WebRTC -------------------------------------------------------
     ice_servers: str = _opt(
@@ -280,7 +284,7 @@ def build_parser() -> argparse.ArgumentParser:
 # flag's name, instead of failing every session later.
 AT_LEAST = {"max_sessions": 1, "max_frame_pixels": 1, "max_body_bytes": 1024, "ws_max_frame_bytes": 1024,
             "max_sessions_per_client": 0, "max_concurrent_answers": 0, "connect_timeout": 0,
-            "session_idle_timeout": 1, "ws_idle_timeout": 1, "ws_config_timeout": 0.1,
+            "session_idle_timeout": 1, "ws_idle_timeout": 1, "ws_config_timeout": 0.1, "ws_send_timeout": 0.5,
             "tensor_parallel_size": 1, "data_parallel_size": 1, "turn_ttl": 60,
             "max_session_mb": 0, "engine_connect_timeout": 0.1, "engine_first_byte_timeout": 0.1,
             "ws_max_audio_seconds": 0.1, "max_upload_mb": 0}

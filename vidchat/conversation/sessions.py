@@ -22,6 +22,20 @@ log = logging.getLogger(__name__)
 
 Closer = Callable[[], Awaitable[None]]
 
+# The most one step of a session's close may take (aborting its answer, each
+# closer): a socket closer itself gives up on a client that reads nothing
+# after --ws-send-timeout plus its flush, so this is only the last resort.
+CLOSE_STEP_S = 15.0
+
+
+async def _bounded(step: Awaitable[None], what: str, sid: str) -> None:
+    try:
+        await asyncio.wait_for(step, CLOSE_STEP_S)
+    except asyncio.TimeoutError:
+        log.warning("%s session %s… took over %g s; going on without it", what, sid[:6], CLOSE_STEP_S)
+    except Exception:
+        log.debug("%s session %s… failed", what, sid[:6], exc_info=True)
+
 
 class TooManySessions(RuntimeError):
     pass
@@ -147,6 +161,7 @@ class SessionRegistry:
         self._entries: dict[str, Entry] = {}
         self._pending: set[Reservation] = set()
         self._closed_reasons: dict[str, str] = {}
+        self._closing: set[asyncio.Task] = set()  # closes started by close_soon, still running
         # A replica being drained (POST /api/drain) takes no new sessions;
         # open ones, and tabs re-attaching to them, carry on until they end.
         self.draining = False
@@ -236,18 +251,25 @@ class SessionRegistry:
         self._closed_reasons[sid] = reason
         while len(self._closed_reasons) > 256:  # a recent-history hint, not a log
             self._closed_reasons.pop(next(iter(self._closed_reasons)))
-        await entry.cancel_answer()  # nobody is left to read it: abort the generation
+        # Each step is bounded: a closer that hangs (a client that reads
+        # nothing, a peer that never answers) delays this session's end by at
+        # most CLOSE_STEP_S, and no other session's.
+        await _bounded(entry.cancel_answer(), "aborting the answer of", sid)  # nobody is left to read it
         if entry._side is not None:
             entry._side.closed = True
             entry._side.question_seq += 1
-            await entry._side.cancel_answer()
+            await _bounded(entry._side.cancel_answer(), "aborting the re-ask of", sid)
         for closer in list(entry.closers):  # a closer may unregister itself
-            try:
-                await closer()
-            except Exception:
-                log.debug("closer of session %s failed", sid[:6], exc_info=True)
+            await _bounded(closer(), "a closer of", sid)
         log.info("session %s… %s, %d open", sid[:6], reason, len(self._entries))
         return True
+
+    def close_soon(self, sid: str, reason: str) -> None:
+        """Close a session in a task of its own, so the caller (the reaper)
+        goes on to the next session whatever this one's closers do."""
+        task = asyncio.create_task(self.close(sid, reason), name=f"close {sid[:6]}")
+        self._closing.add(task)
+        task.add_done_callback(self._closing.discard)
 
     async def expire(self, max_idle_s: float, kind: str | None = None) -> list[str]:
         """Close sessions (of `kind`) with no frame, audio or question for `max_idle_s`."""
@@ -258,7 +280,7 @@ class SessionRegistry:
             if (kind is None or e.kind == kind) and now - e.session.last_activity > max_idle_s
         ]
         for sid in stale:
-            await self.close(sid, f"expired after {max_idle_s:.0f} s without input")
+            self.close_soon(sid, f"expired after {max_idle_s:.0f} s without input")
         return stale
 
     async def end_overdue(self) -> list[str]:
@@ -267,10 +289,18 @@ class SessionRegistry:
         overdue = [sid for sid, e in self._entries.items() if e.deadline is not None and now >= e.deadline]
         for sid in overdue:
             limit = self.time_limit_s
-            await self.close(sid, "reached the session time limit "
-                             + (f"({limit:g} s)" if limit < 120 else f"({limit / 60:g} min)"))
+            self.close_soon(sid, "reached the session time limit "
+                            + (f"({limit:g} s)" if limit < 120 else f"({limit / 60:g} min)"))
         return overdue
 
-    async def close_all(self) -> None:
-        for sid in list(self._entries):
-            await self.close(sid, "closed at shutdown")
+    async def close_all(self, timeout: float = CLOSE_STEP_S) -> None:
+        """Close every session at once (shutdown), and wait at most ``timeout``
+        for them and for closes already under way."""
+        closing = [asyncio.ensure_future(self.close(sid, "closed at shutdown")) for sid in list(self._entries)]
+        closing += list(self._closing)
+        if closing:
+            _, late = await asyncio.wait(closing, timeout=timeout)
+            for task in late:
+                task.cancel()
+            if late:
+                log.warning("%d session(s) did not close within %g s at shutdown", len(late), timeout)

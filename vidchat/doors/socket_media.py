@@ -109,7 +109,7 @@ class Client(Protocol):
     entry: Any  # vidchat.conversation.sessions.Entry, None before the session opens
     settings: Any  # vidchat.app.settings.Settings
 
-    async def send(self, msg: dict[str, Any]) -> bool: ...
+    async def send(self, msg: dict[str, Any], droppable: bool = False) -> bool: ...
 
     async def error(self, message: str) -> bool: ...
 
@@ -211,7 +211,8 @@ class SocketMedia:
         }
         if dropped_frame_id is not None:
             ack["dropped_frame_id"] = dropped_frame_id
-        await self.conn.send(ack)
+        # The first thing a client that reads too slowly goes without (vidchat.doors.socket_transport).
+        await self.conn.send(ack, droppable=True)
 
     def outcome(self, accepted: bool, reason: str | None = None) -> dict[str, Any]:
         """What became of a frame, as every socket door reports it (the seed's

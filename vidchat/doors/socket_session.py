@@ -58,7 +58,7 @@ class SocketSession(SocketTransport):
     handlers: dict[str, Handler] = {}
 
     def __init__(self, state: "AppState", websocket: "WebSocket") -> None:
-        super().__init__(websocket)
+        super().__init__(websocket, send_timeout=state.settings.ws_send_timeout)
         self.state, self.settings = state, state.settings
         self.entry: Entry | None = None
         self.reservation = None  # the place taken at the handshake, until the session holds it
@@ -135,7 +135,7 @@ class SocketSession(SocketTransport):
             if await self.open():
                 reason = await self._loop()
         except Disconnected:
-            reason = "client disconnected"
+            reason = self.stuck or "client disconnected"
         except asyncio.CancelledError:
             reason = "server shutting down"
             raise

@@ -8,8 +8,10 @@ and how a large message is parsed without stalling the event loop.
 from __future__ import annotations
 
 import asyncio
+import collections
 import json
 import logging
+import time
 from typing import TYPE_CHECKING, Any, Callable
 
 from vidchat.doors import wire
@@ -66,48 +68,170 @@ async def parse_message(raw: str) -> Any:
     return parse(False)
 
 
+# What may wait for a slow client, in serialised bytes: a few answers'
+# worth of deltas. Past it, acks are dropped and other messages wait.
+MAX_QUEUED_BYTES = 1 << 20
+# How long close() waits for the queued messages and the close frame.
+CLOSE_FLUSH_S = 2.0
+
+
+class _CloseFrame:
+    def __init__(self, code: int, reason: str) -> None:
+        self.code, self.reason = code, reason
+
+
 class SocketTransport:
-    """Sends and receives one client's messages. One lock serialises all
-    sends; once the socket is closed or broken nothing more is sent."""
+    """Sends and receives one client's messages.
+
+    Sends go through a bounded queue that one writer task empties, so a
+    client that stops reading never blocks the code that sends to it: its
+    frame acks are dropped once the queue is full, other messages wait for
+    room, and a client that stays full for ``send_timeout`` seconds is
+    closed with 1008 (:attr:`stuck`). Without that, one stalled reader held
+    its session's handler in a send for good, and with it the reaper that
+    tried to tell it its session had ended."""
 
     door = "ws"  # the logs' name for the door (each socket door's session says its own)
 
-    def __init__(self, websocket: "WebSocket") -> None:
+    def __init__(self, websocket: "WebSocket", send_timeout: float = 10.0) -> None:
         self.ws = websocket
         self.peer = f"{websocket.client.host}:{websocket.client.port}" if websocket.client else "?"
         self.client_host = websocket.client.host if websocket.client else None
-        self._send_lock = asyncio.Lock()
+        self.send_timeout = send_timeout
+        self._queue: collections.deque[tuple[str | _CloseFrame, bool]] = collections.deque()
+        self._queued_bytes = 0
+        self._has_work = asyncio.Event()
+        self._has_room = asyncio.Event()
+        self._has_room.set()
+        self._full_since: float | None = None
+        self._writer: asyncio.Task | None = None
+        self._gone = asyncio.Event()  # no more sends: the client left, was closed, or is stuck
         self._closed = False
         self._recv: asyncio.Future | None = None
+        self.dropped_acks = 0
+        self.stuck: str | None = None  # why the server gave up on a client that reads nothing
+        self._closing: asyncio.Task | None = None
 
     @property
     def closed(self) -> bool:
         return self._closed
 
-    async def send(self, msg: dict[str, Any]) -> bool:
-        """Send one message; False if the client is gone.
+    async def send(self, msg: dict[str, Any], droppable: bool = False) -> bool:
+        """Queue one message; False if the client is gone.
 
-        Shielded, so a message whose sending began is sent whole even if the
-        caller is cancelled meanwhile."""
-        return await asyncio.shield(self._send(msg))
-
-    async def _send(self, msg: dict[str, Any]) -> bool:
-        async with self._send_lock:
+        ``droppable``: a message the client can do without (a frame's ack),
+        dropped rather than queued while the client reads too slowly. Other
+        messages wait for room, at most until the client is given up on.
+        Whatever is queued is sent whole and in order, even if the caller
+        is cancelled meanwhile."""
+        if self._closed:
+            return False
+        text = _serialised(msg)
+        if self._queued_bytes + len(text) > MAX_QUEUED_BYTES and self._queue:
+            self._evict_droppable()
+            while self._queued_bytes + len(text) > MAX_QUEUED_BYTES and self._queue and not self._closed:
+                if droppable:
+                    self.dropped_acks += 1
+                    self._mark_full()
+                    return True
+                self._mark_full()
+                self._has_room.clear()
+                await self._wait_for_room()
             if self._closed:
                 return False
-            text = json.dumps(msg, ensure_ascii=False)
-            if not text.isascii():
-                try:
-                    text.encode("utf-8")
-                except UnicodeEncodeError:  # a lone surrogate from the client, echoed back
-                    text = json.dumps(msg)  # escaped as \ud800: still valid JSON
+        self._put(text, droppable)
+        return True
+
+    def _put(self, item: str | _CloseFrame, droppable: bool) -> None:
+        self._queue.append((item, droppable))
+        self._queued_bytes += len(item) if isinstance(item, str) else 0
+        self._has_work.set()
+        if self._writer is None:
+            self._writer = asyncio.create_task(self._write(), name=f"ws-writer {self.peer}")
+
+    def _evict_droppable(self) -> None:
+        kept = collections.deque(item for item in self._queue if not item[1])
+        evicted = len(self._queue) - len(kept)
+        if evicted:
+            self.dropped_acks += evicted
+            self._queue = kept
+            self._queued_bytes = sum(len(i) for i, _ in kept if isinstance(i, str))
+
+    def _mark_full(self) -> None:
+        now = time.monotonic()
+        if self._full_since is None:
+            self._full_since = now
+        elif now - self._full_since >= self.send_timeout:
+            self._give_up(f"the client read nothing for {self.send_timeout:g} s (--ws-send-timeout)")
+
+    async def _wait_for_room(self) -> None:
+        left = self.send_timeout - (time.monotonic() - (self._full_since or time.monotonic()))
+        waits = {asyncio.ensure_future(self._has_room.wait()), asyncio.ensure_future(self._gone.wait())}
+        try:
+            await asyncio.wait(waits, timeout=max(left, 0.0), return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for wait in waits:
+                wait.cancel()
+
+    async def _write(self) -> None:
+        """The writer task: sends what is queued, in order, each send bounded by ``send_timeout``."""
+        while True:
+            if not self._queue:
+                if self._closed:
+                    return  # the client left: nothing more will be queued
+                self._has_work.clear()
+                await self._has_work.wait()
+                continue
+            item, _ = self._queue.popleft()
+            if isinstance(item, _CloseFrame):
+                await self._send_close(item)
+                return
+            self._queued_bytes -= len(item)
+            if self._queued_bytes <= MAX_QUEUED_BYTES // 2:
+                self._full_since = None
+                self._has_room.set()
             try:
-                await self.ws.send_text(text)
-                return True
+                # uvicorn's send waits for the transport to take more before it
+                # writes anything, so a timed-out send leaves no half frame.
+                await asyncio.wait_for(self.ws.send_text(item), self.send_timeout)
+            except asyncio.TimeoutError:
+                self._give_up(f"the client read nothing for {self.send_timeout:g} s (--ws-send-timeout)")
+                return
             except Exception as exc:  # the client went away mid-send
                 log.debug("ws %s: send failed: %r", self.peer, exc)
-                self._closed = True
-                return False
+                self._mark_gone()
+                return
+
+    def _mark_gone(self) -> None:
+        """The client is gone: nothing more is sent, and whoever waits to send or to receive is let go."""
+        self._closed = True
+        self._gone.set()
+        self._has_room.set()
+        self._has_work.set()
+
+    def _give_up(self, why: str) -> None:
+        """Close a client that reads nothing: 1008 with the reason if the
+        close frame gets through at once, else the connection is cut."""
+        if self.stuck is not None:
+            return
+        self.stuck = why
+        log.warning("%s %s: closing: %s (%d acks dropped)", self.door, self.peer, why, self.dropped_acks)
+        self._queue.clear()
+        self._queued_bytes = 0
+        self._mark_gone()
+        if self._writer is not None and self._writer is not asyncio.current_task():
+            self._writer.cancel()
+        self._closing = asyncio.create_task(self._send_close(_CloseFrame(CLOSE_POLICY, why), flush_s=0.5))
+
+    async def _send_close(self, frame: _CloseFrame, flush_s: float = CLOSE_FLUSH_S) -> None:
+        try:
+            await asyncio.wait_for(self.ws.close(code=frame.code, reason=frame.reason[:120]), flush_s)
+        except asyncio.TimeoutError:
+            _abort_transport(self.ws)
+        except Exception:
+            pass
+        finally:
+            self._gone.set()
 
     async def error(self, message: str, event: Callable[[str], dict[str, Any]] | None = None) -> bool:
         """Send an error, its message cut to MAX_ERROR_CHARS: the seed's
@@ -121,27 +245,45 @@ class SocketTransport:
         return sent
 
     async def close(self, code: int = CLOSE_NORMAL, reason: str = "") -> None:
-        """Close the socket once (later calls do nothing)."""
-        async with self._send_lock:
-            if self._closed:
-                return
-            self._closed = True
-            try:
-                await self.ws.close(code=code, reason=reason[:120])
-            except Exception:
-                pass
+        """Close the socket once (later calls do nothing), after what is queued
+        is sent: at most CLOSE_FLUSH_S for both, then the connection is cut."""
+        if self._closed:
+            if self._writer is not None and self.stuck is None and not await self._finished_writing(CLOSE_FLUSH_S):
+                self._writer.cancel()
+            return
+        self._closed = True
+        self._has_room.set()
+        self._put(_CloseFrame(code, reason), False)
+        if not await self._finished_writing(CLOSE_FLUSH_S + self.send_timeout):
+            self._writer.cancel()
+            _abort_transport(self.ws)
+        self._gone.set()
+
+    async def _finished_writing(self, timeout: float) -> bool:
+        writer = self._writer
+        if writer is None or writer.done():
+            return True
+        done, _ = await asyncio.wait({writer}, timeout=timeout)
+        return bool(done)
 
     async def receive(self, timeout: float) -> str | _Timeout:
         """The next text message, or TIMEOUT. A pending receive is kept across timeouts."""
         if self._recv is None:
             self._recv = asyncio.ensure_future(self.ws.receive())
-        done, _ = await asyncio.wait({self._recv}, timeout=max(timeout, 0.0))
-        if not done:
+        gone = asyncio.ensure_future(self._gone.wait())
+        try:
+            done, _ = await asyncio.wait({self._recv, gone}, timeout=max(timeout, 0.0),
+                                         return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            gone.cancel()
+        if self._recv not in done:
+            if self.stuck is not None:
+                raise Disconnected(CLOSE_POLICY)
             return TIMEOUT
         recv, self._recv = self._recv, None
         message = recv.result()
         if message["type"] == "websocket.disconnect":
-            self._closed = True
+            self._mark_gone()
             raise Disconnected(message.get("code"))
         if message.get("text") is not None:
             return message["text"]
@@ -154,3 +296,43 @@ class SocketTransport:
     def stop_receiving(self) -> None:
         if self._recv is not None:
             self._recv.cancel()
+
+
+def _serialised(msg: dict[str, Any]) -> str:
+    text = json.dumps(msg, ensure_ascii=False)
+    if not text.isascii():
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError:  # a lone surrogate from the client, echoed back
+            text = json.dumps(msg)  # escaped as \ud800: still valid JSON
+    return text
+
+
+def _abort_transport(websocket: "WebSocket") -> None:
+    """Cut the TCP connection of a client whose close frame cannot get
+    through: a closed asyncio transport waits for its buffer to drain, which
+    a peer that reads nothing never lets happen, so the socket would stay
+    open for nobody. ASGI has no call for it: this finds uvicorn's protocol
+    behind the send callable (Starlette wraps it in closures on the way) and
+    does nothing on a server where there is none."""
+    abort = _find_abort(getattr(websocket, "_send", None), depth=6)
+    if abort is not None:
+        abort()
+
+
+def _find_abort(send: Any, depth: int) -> Callable[[], None] | None:
+    if send is None or depth == 0:
+        return None
+    transport = getattr(getattr(send, "__self__", None), "transport", None)
+    if callable(getattr(transport, "abort", None)):
+        return transport.abort
+    for cell in getattr(send, "__closure__", None) or ():
+        try:
+            inner = cell.cell_contents
+        except ValueError:  # an empty cell
+            continue
+        if callable(inner):
+            found = _find_abort(inner, depth - 1)
+            if found is not None:
+                return found
+    return None

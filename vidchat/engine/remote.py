@@ -206,6 +206,8 @@ class RemoteEngine(ModelEngine):
         self.session_header = session_header
         self.first_byte_timeout = first_byte_timeout
         self._client = httpx.AsyncClient(timeout=httpx.Timeout(first_byte_timeout, connect=connect_timeout))
+        self._client_loop: asyncio.AbstractEventLoop | None = None  # where its connections live (shutdown)
+        self._closing: asyncio.Task | None = None
         self._running: set[str] = set()
         self._homes: collections.OrderedDict[str, str] = collections.OrderedDict()  # routing key -> replica
         self._closed = False
@@ -243,12 +245,26 @@ class RemoteEngine(ModelEngine):
         return engine
 
     def shutdown(self) -> None:
+        """Close the HTTP client, once, on the loop that owns its connections
+        (a shutdown may run in a worker thread: closing them on a loop of its
+        own would touch another loop's sockets)."""
+        if self._closed:
+            return
         self._closed = True
-        client = self._client
+        client, owner = self._client, self._client_loop
         try:
-            asyncio.get_running_loop().create_task(client.aclose())
+            running = asyncio.get_running_loop()
         except RuntimeError:
-            asyncio.run(client.aclose())
+            running = None
+        if running is not None and (owner is None or owner is running):
+            self._closing = running.create_task(client.aclose())
+        elif owner is not None and owner.is_running():
+            try:
+                asyncio.run_coroutine_threadsafe(client.aclose(), owner).result(timeout=5.0)
+            except Exception:  # noqa: BLE001 - the process is ending; the sockets go with it
+                log.debug("closing the remote engine's client failed", exc_info=True)
+        else:
+            asyncio.run(client.aclose())  # no loop runs it any more: nothing else owns its sockets
         log.info("remote engine closed")
 
     @property
@@ -268,6 +284,7 @@ class RemoteEngine(ModelEngine):
         return None  # the remote server's own business
 
     async def replica_health(self) -> list[dict[str, Any]]:
+        self._client_loop = asyncio.get_running_loop()
         return await self.pool.health(self._client)
 
     def prepare(self, question: str, frames: Sequence[np.ndarray | Image.Image] = (),
@@ -342,6 +359,7 @@ class RemoteEngine(ModelEngine):
             try:
                 request = self._client.build_request("POST", f"{url}/v1/chat/completions", json=body,
                                                      headers=headers)
+                self._client_loop = asyncio.get_running_loop()
                 response = await self._client.send(request, stream=True)
             except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
                 self.pool.mark_down(url, f"{type(exc).__name__}: {exc}")

@@ -1,0 +1,129 @@
+"""A socket client that never reads, against the real server (real vLLM on
+the tiny model): it must not hold its session, its place or the server's
+reaper. Beside it another client's frames are acked, its question answered
+and its --session-time-limit enforced; the one that reads nothing is closed
+once it has stayed full for --ws-send-timeout (issue 43, item 1)."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+import socket
+import threading
+import time
+
+import pytest
+import websockets
+from websockets.client import ClientProtocol
+from websockets.uri import parse_uri
+
+from vidchat.devtools import synthetic
+
+from conftest import SERVER_ARGS, TINY_SERVER_ARGS, eventually_async
+from vidchat.devtools.harness import start_server, stop_server
+
+pytestmark = pytest.mark.engine
+
+SEND_TIMEOUT_S = 3
+TIME_LIMIT_S = 20
+FRAME = base64.b64encode(synthetic.encode_jpeg(synthetic.static_clip(48, 64, n=1).frames[0])).decode()
+
+
+@pytest.fixture(scope="module")
+def slow_server(tiny_omni_path, artifacts_dir):
+    # A long idle timeout: only the send timeout may end the client that reads nothing.
+    args = [*TINY_SERVER_ARGS, *SERVER_ARGS, "--ws-idle-timeout", "120", "--ws-send-timeout", str(SEND_TIMEOUT_S),
+            "--session-time-limit", str(TIME_LIMIT_S)]
+    srv = start_server(args, artifacts_dir / "server-slow-client.log")
+    yield srv
+    stop_server(srv)
+
+
+class NeverReads:
+    """A WebSocket client with a 4 KB receive buffer that sends frames, each
+    asking for an ack, and never reads one."""
+
+    def __init__(self, url: str) -> None:
+        self.sock = socket.socket()
+        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        uri = parse_uri(url)
+        self.sock.connect((uri.host, uri.port))
+        self.protocol = ClientProtocol(uri)
+        self.protocol.send_request(self.protocol.connect())
+        self._flush()
+        while self.protocol.handshake_exc is None and not self.protocol.events_received():
+            self.protocol.receive_data(self.sock.recv(4096))  # the 101 response: the last read
+        self.cut = threading.Event()  # the server closed the connection
+        self.sent = 0
+
+    def _flush(self) -> None:
+        self.sock.sendall(b"".join(self.protocol.data_to_send()))
+
+    def send(self, msg: dict) -> None:
+        self.protocol.send_text(json.dumps(msg).encode())
+        self._flush()
+
+    def send_frames_until_cut(self, within: float) -> None:
+        deadline = time.monotonic() + within
+        try:
+            while time.monotonic() < deadline:
+                self.send({"type": "video.frame", "data": FRAME, "frame_id": self.sent})
+                self.sent += 1
+        except OSError:  # reset or broken pipe: the server cut the connection
+            self.cut.set()
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+async def recv(ws, timeout: float = 30.0) -> dict:
+    return json.loads(await asyncio.wait_for(ws.recv(), timeout))
+
+
+async def sessions_are(srv, count: int) -> bool:
+    health = await asyncio.to_thread(srv.get_json, "/api/health")
+    return health["sessions_by_kind"].get("ws", 0) == count
+
+
+async def test_a_client_that_never_reads_is_closed_and_holds_nobody_up(slow_server):
+    stuck = NeverReads(slow_server.ws_url)
+    stuck.send({"type": "session.config"})
+    blast_started = time.monotonic()
+    blaster = threading.Thread(target=stuck.send_frames_until_cut, args=(SEND_TIMEOUT_S + 30,), daemon=True)
+    blaster.start()
+    try:
+        ws = await websockets.connect(slow_server.ws_url, max_size=None)
+        opened = time.monotonic()
+        await ws.send(json.dumps({"type": "session.config", "max_tokens": 6, "temperature": 0}))
+        moving = [base64.b64encode(j).decode() for j in synthetic.cuts_clip(120, 160, cuts=6, hold=1).jpegs()]
+        for n, data in enumerate(moving):
+            await ws.send(json.dumps({"type": "video.frame", "data": data, "frame_id": f"f{n}"}))
+            ack = await recv(ws)
+            assert ack["type"] == "video.frame.ack" and ack["frame_id"] == f"f{n}", ack
+        await ws.send(json.dumps({"type": "video.query", "text": "What is happening?"}))
+        kinds = []
+        while not kinds or kinds[-1] != "response.text.done":
+            kinds.append((await recv(ws))["type"])
+        assert kinds[0] == "response.start" and set(kinds[1:-1]) <= {"response.text.delta", "video.frames.consumed"}, kinds
+
+        # The stuck one is cut, and its place given back, within the send timeout and a few seconds.
+        await asyncio.to_thread(stuck.cut.wait, SEND_TIMEOUT_S + 20)
+        assert stuck.cut.is_set(), f"still connected after {time.monotonic() - blast_started:.1f} s, " \
+                                   f"{stuck.sent} frames sent"
+        await eventually_async(lambda: sessions_are(slow_server, 1), 10, "only the client that reads is left")
+        assert "--ws-send-timeout" in slow_server.log()
+
+        # The reader's time limit is still enforced: the reaper was never held up.
+        messages = []
+        with pytest.raises(websockets.ConnectionClosed):
+            while True:
+                messages.append(await recv(ws, timeout=TIME_LIMIT_S + 15))
+        ended = time.monotonic() - opened
+        kinds = [m["type"] for m in messages]
+        assert kinds[-1] == "error" and "time limit" in messages[-1]["message"], messages
+        assert ended <= TIME_LIMIT_S + 8, ended
+        await eventually_async(lambda: sessions_are(slow_server, 0), 10, "no session left")
+    finally:
+        stuck.close()
+        blaster.join(timeout=10)

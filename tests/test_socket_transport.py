@@ -1,0 +1,135 @@
+"""The socket doors' transport (vidchat.doors.socket_transport) against a
+fake WebSocket whose sends can be held: a client that reads nothing never
+blocks the code that sends to it, its acks are dropped first, it is closed
+with 1008 once it stays full for the send timeout, and a normal close sends
+what was queued, in order, before the close frame."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from types import SimpleNamespace
+
+import pytest
+
+from vidchat.conversation.sessions import SessionRegistry
+from vidchat.doors import socket_transport
+from vidchat.doors.socket_transport import CLOSE_POLICY, Disconnected, SocketTransport
+
+pytestmark = pytest.mark.unit
+
+
+class HeldSocket:
+    """A WebSocket whose client reads only while ``reading`` is set."""
+
+    def __init__(self) -> None:
+        self.client = SimpleNamespace(host="127.0.0.1", port=5000)
+        self.reading = asyncio.Event()
+        self.reading.set()
+        self.sent: list[str] = []
+        self.closed_with: tuple[int, str] | None = None
+        self.aborted = asyncio.Event()
+        self.incoming: asyncio.Queue = asyncio.Queue()
+        # What uvicorn's protocol offers behind the send callable (found by _abort_transport).
+        self.transport = SimpleNamespace(abort=self.aborted.set)
+        self._send = self.asgi_send
+
+    async def asgi_send(self, message: dict) -> None:
+        await self.reading.wait()
+
+    async def send_text(self, text: str) -> None:
+        await self.reading.wait()
+        self.sent.append(text)
+
+    async def close(self, code: int = 1000, reason: str = "") -> None:
+        self.close_asked = (code, reason)
+        await self.reading.wait()
+        self.closed_with = (code, reason)
+
+    async def receive(self) -> dict:
+        return await self.incoming.get()
+
+
+async def test_sends_go_out_in_order_and_close_flushes_them_first():
+    ws = HeldSocket()
+    transport = SocketTransport(ws, send_timeout=5)
+    for n in range(50):
+        assert await transport.send({"n": n})
+    await transport.close(1000, "bye")
+    assert [int(t.split(":")[1].strip(" }")) for t in ws.sent] == list(range(50))
+    assert ws.closed_with == (1000, "bye")
+    assert not await transport.send({"n": "late"})  # nothing after the close
+
+
+async def test_a_client_that_reads_nothing_never_blocks_acks_and_is_closed_after_the_timeout():
+    ws = HeldSocket()
+    ws.reading.clear()  # the client stops reading: every send of the socket would wait
+    transport = SocketTransport(ws, send_timeout=0.5)
+    ack = {"type": "video.frame.ack", "frame_id": 1, "pad": "x" * 1000}
+    # More acks than the queue holds: each returns at once (the excess dropped).
+    for _ in range(socket_transport.MAX_QUEUED_BYTES // 1000 + 200):
+        assert await asyncio.wait_for(transport.send(ack, droppable=True), 1.0)
+    assert transport.dropped_acks > 0
+    # The session's message loop waits in receive; it is let go once the client is given up on.
+    with pytest.raises(Disconnected):
+        await asyncio.wait_for(transport.receive(timeout=60), 10)
+    assert transport.stuck and "--ws-send-timeout" in transport.stuck
+    assert transport.closed
+    await asyncio.wait_for(ws.aborted.wait(), 5)  # the close frame could not get through: the connection is cut
+    assert ws.close_asked[0] == CLOSE_POLICY and "--ws-send-timeout" in ws.close_asked[1]
+    assert not await transport.send({"type": "error", "message": "too late"})
+
+
+async def test_a_message_that_must_go_waits_for_room_then_is_refused_once_the_client_is_given_up():
+    ws = HeldSocket()
+    ws.reading.clear()
+    transport = SocketTransport(ws, send_timeout=0.5)
+    delta = {"type": "response.text.delta", "delta": "y" * 4000}
+    results = []
+    for _ in range(socket_transport.MAX_QUEUED_BYTES // 4000 + 50):
+        results.append(await asyncio.wait_for(transport.send(delta), 5.0))
+    assert results[0] is True and results[-1] is False  # the later ones found the client given up
+    assert transport.stuck is not None
+
+
+async def test_queued_acks_give_way_to_a_message_that_must_go():
+    ws = HeldSocket()
+    ws.reading.clear()
+    transport = SocketTransport(ws, send_timeout=30)
+    ack = {"type": "video.frame.ack", "pad": "x" * 1000}
+    while transport._queued_bytes + 1100 <= socket_transport.MAX_QUEUED_BYTES:
+        await transport.send(ack, droppable=True)
+    assert await asyncio.wait_for(transport.send({"type": "response.text.done", "text": "t" * 5000}), 1.0)
+    assert transport.dropped_acks > 0 and transport.stuck is None
+    ws.reading.set()  # the client reads again: the answer's end arrives, after what was sent first
+    await transport.close()
+    assert '"response.text.done"' in ws.sent[-1]
+
+
+async def test_the_reaper_goes_on_while_one_session_closer_hangs():
+    registry = SessionRegistry(max_sessions=4, time_limit_s=60)
+    hung, other = registry.create("ws"), registry.create("ws")
+    hung.deadline = other.deadline = time.monotonic() - 1  # both past their limit
+    never = asyncio.Event()
+    released = asyncio.Event()
+
+    async def hangs() -> None:
+        try:
+            await never.wait()
+        finally:
+            released.set()
+
+    closed_other = asyncio.Event()
+
+    async def closes() -> None:
+        closed_other.set()
+
+    hung.closers.append(hangs)
+    other.closers.append(closes)
+    overdue = await asyncio.wait_for(registry.end_overdue(), 1.0)  # returns at once: closes run in tasks
+    assert set(overdue) == {hung.session.id, other.session.id}
+    await asyncio.wait_for(closed_other.wait(), 5)
+    assert len(registry) == 0
+    await asyncio.wait_for(registry.close_all(timeout=0.2), 5)  # shutdown gives up on the hung closer
+    await asyncio.wait_for(released.wait(), 5)
+
