@@ -408,3 +408,72 @@ async def test_an_enter_sample_with_nothing_new_for_a_model_that_hears_nothing_i
     assert prewarmer.stats.warmups == 1 and prewarmer.stats.skipped_same_inputs == 1, prewarmer.snapshot()
     pin = prewarmer.take_pin(entry)
     assert pin is not None and pin.sample.audio is not None  # the question still takes the sample from Enter
+
+
+class SeedClient:
+    """What SocketAnswers needs of its connection (vidchat.doors.socket_answers.Client), minus the socket."""
+
+    def __init__(self, state, entry, options) -> None:
+        self.state, self.entry, self.options = state, entry, options
+        self.settings = types.SimpleNamespace(record_dir=None)
+        self.media = types.SimpleNamespace(names_frames=False, audio_dated=True)
+        self.peer, self.vidchat_events = "test", False
+        self.answer_task: asyncio.Task | None = None
+        self.sent: list[dict] = []
+
+    @property
+    def answering(self) -> bool:
+        return self.answer_task is not None and not self.answer_task.done()
+
+    async def send(self, msg: dict) -> bool:
+        self.sent.append(msg)
+        return True
+
+    async def error(self, message: str) -> bool:
+        return await self.send({"type": "error", "message": message})
+
+    def stream_answer(self, answer, name: str) -> None:
+        self.answer_task = asyncio.create_task(answer, name=name)
+
+    async def finish_answer(self) -> None:
+        task, self.answer_task = self.answer_task, None
+        if task is not None:
+            await task
+
+
+@pytest.mark.engine
+async def test_a_seed_session_with_history_is_warmed_with_it(omni_engine, monkeypatch):
+    """history: true on the seed socket: the next question carries the chat
+    before its frames, so its warm-up must too, or it shares nothing but the
+    system prompt. Without history, the warm-up carries none."""
+    from vidchat.conversation import warm_plan
+    from vidchat.doors.socket_answers import SocketAnswers
+
+    monkeypatch.setattr(warm_plan, "SETTLE_S", 0.0)  # warmed as soon as the answer ends
+    registry = SessionRegistry()
+    entry = registry.create("ws", SessionSettings(evs_enabled=False, num_sample_frames=16))
+    add_frames(entry, 16, seed=31, t0=100.0)
+    state = fake_state(omni_engine, registry)
+    talk = AnswerOptions(max_tokens=8, temperature=0.0, include_audio=False)
+    answers = SocketAnswers(SeedClient(state, entry, talk))
+    answers.set_history(True)
+    await answers.ask("What is there?")
+    await answers.conn.finish_answer()
+    assert len(answers.history) == 2, answers.conn.sent  # the tiny model said something
+    assert entry.warm_history == tuple(answers.history)  # what the next question carries
+    prewarmer = Prewarmer(state, "idle", interval_s=0.0)
+    await prewarmer._step()
+    warmed = prewarmer.state_of(entry.session.id)
+    assert prewarmer.stats.warmups == 1
+    await answers.ask("And now?")
+    await answers.conn.finish_answer()
+    stats = answers.conn.sent[-1]["stats"]
+    assert stats["history_turns"] == 2
+    # The whole warm-up but its last, partial cache block: history and frames.
+    assert stats["cached_tokens"] >= warmed.last_prompt_tokens - 128 > 16 * 10, (stats, warmed)
+
+    answers.set_history(False)
+    assert entry.warm_history == ()  # the next question carries no chat: nor does its warm-up
+    await answers.ask("What now?")
+    await answers.conn.finish_answer()
+    assert entry.warm_history == ()

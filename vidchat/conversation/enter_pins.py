@@ -28,6 +28,20 @@ class EnterPins:
 
     def __init__(self) -> None:
         self._pins: dict[str, Pin] = {}
+        self._taking: set[str] = set()  # sessions whose Enter sample is being taken
+
+    def begin(self, entry: Any, now: float) -> bool:
+        """Whether an Enter report of this session may take a pin (then call
+        :meth:`end` once its sample is taken): not while a report's sample is
+        being taken, nor while the session's pin waits for its question."""
+        sid = entry.session.id
+        if sid in self._taking or self.waiting(entry, now):
+            return False
+        self._taking.add(sid)  # at once: reports posted together, each awaiting its sample, pass one by one
+        return True
+
+    def end(self, session_id: str) -> None:
+        self._taking.discard(session_id)
 
     def put(self, session_id: str, pin: Pin) -> None:
         self._pins[session_id] = pin
@@ -44,10 +58,16 @@ class EnterPins:
             return None
         return pin
 
+    def waiting(self, entry: Any, now: float) -> bool:
+        """A fresh pin of this session waits for its question (warmed or not):
+        another Enter before that question arrives takes no new one."""
+        pin = self._pins.get(entry.session.id)
+        return pin is not None and now - pin.at < PIN_S and pin.question_seq == entry.question_seq
+
     def unwarmed(self, entry: Any, now: float) -> bool:
         """A fresh pin of this session's coming question, not warmed yet: warmed before anything else."""
         pin = self._pins.get(entry.session.id)
-        return pin is not None and not pin.warmed and now - pin.at < PIN_S and pin.question_seq == entry.question_seq
+        return pin is not None and not pin.warmed and self.waiting(entry, now)
 
     def prune(self, live: dict[str, Any], now: float) -> None:
         """Forget the pins of ended sessions, stale ones, and those a question overtook."""

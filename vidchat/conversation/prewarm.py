@@ -71,6 +71,7 @@ class PrewarmStats:
     pinned: int = 0  # samples taken as Enter was pressed (question_now)
     pins_used: int = 0  # ...that their question took (take_pin)
     late_enter_reports: int = 0  # Enter reports that came after their question: ignored
+    repeated_enter_reports: int = 0  # Enter reports while that session's pin still waits for its question: ignored
     failed: int = 0
     busy_s: float = 0.0
     recent: collections.deque = field(default_factory=lambda: collections.deque(maxlen=512))  # (end, seconds)
@@ -86,6 +87,7 @@ class PrewarmStats:
                 "skipped_busy": self.skipped_busy, "skipped_budget": self.skipped_budget, "aborted": self.aborted,
                 "yielded": self.yielded, "awaited": self.awaited, "pinned": self.pinned, "pins_used": self.pins_used,
                 "late_enter_reports": self.late_enter_reports,
+                "repeated_enter_reports": self.repeated_enter_reports,
                 "failed": self.failed, "busy_s": round(self.busy_s, 3)}
 
 
@@ -98,6 +100,9 @@ class WarmupInFlight:
         self.stats = stats
         self.current: tuple[str, asyncio.Task, str] | None = None  # (session id, warm-up, its inputs)
         self.yielding: asyncio.Task | None = None  # a warm-up cancelled to make way for an answer
+        # Answers announced so far (Prewarmer.answer_arriving): a warm-up planned
+        # while one arrived is not started in idle mode (it saw no warm-up to stop).
+        self.arrivals = 0
 
     async def give_way(self, task: asyncio.Task) -> None:
         """Abort this warm-up for an answer, returning once the abort is done
@@ -210,28 +215,39 @@ class Prewarmer:
 
     async def question_now(self, session_id: str) -> None:
         """Enter was pressed in the page: take the question's sample now
-        (what was on screen and heard at Enter) and warm exactly it, ahead of
-        any other warm-up, which gives way. The question reaches the server
-        a browser-and-Gradio round trip later, takes this sample
-        (:meth:`take_pin`) and finds its whole prompt but the question
-        prefilled. Not in ``off`` mode: there, a question samples on arrival."""
+        (what was on screen and heard at Enter) and warm exactly it, before
+        any background warm-up; this session's warm-up in flight gives way
+        (never another's). The question reaches the server a browser-and-Gradio
+        round trip later, takes this sample (:meth:`take_pin`) and finds its
+        whole prompt but the question prefilled. One pin per question on its
+        way (EnterPins.begin): a page posting Enter in a loop gets one warm-up
+        per PIN_S. Not in ``off`` mode: there, a question samples on arrival."""
         entry = self.state.registry.get(session_id)
         if self.mode == "off" or entry is None or entry.session.frame_count == 0:
             return
-        if time.monotonic() - entry.typed_question_at < PIN_S:
+        now = time.monotonic()
+        if now - entry.typed_question_at < PIN_S:
             # A report normally comes a round trip before its question. One
             # after it is that question's, late: pinned now, it would hand
             # the next question a sample from before it was asked.
             self.stats.late_enter_reports += 1
             return
-        session, asked = entry.session, entry.question_seq
-        sample = await asyncio.to_thread(session.sample)
+        if not self._pins.begin(entry, now):
+            self.stats.repeated_enter_reports += 1
+            return
+        try:
+            session, asked = entry.session, entry.question_seq
+            sample = await asyncio.to_thread(session.sample)
+        finally:
+            self._pins.end(session_id)
         if entry.question_seq != asked:
             return  # its question overtook it: nothing left to warm for
         self._pins.put(session_id, Pin(time.monotonic(), sample, session.settings, asked))
         self.stats.pinned += 1
         current = self._flight.current
-        if current is not None and self._flight.yielding is not current[1]:
+        # Another session's warm-up finishes first: it gives way to this
+        # question itself, when it comes, by answer_arriving's rule.
+        if current is not None and current[0] == session_id and self._flight.yielding is not current[1]:
             await self._flight.give_way(current[1])
         self._wake.set()
 
@@ -252,6 +268,7 @@ class Prewarmer:
         is left to finish. A warm-up of other frames of the same session is
         work for nothing; one of another session gives way in idle mode (in
         always mode it stays, behind the question's priority)."""
+        self._flight.arrivals += 1  # before any await: a warm-up being planned sees it (_warm_entry)
         current = self._flight.current
         if current is None:
             return
@@ -321,7 +338,7 @@ class Prewarmer:
             self.stats.skipped_budget += 1
             return
         _, _, entry, key = candidates[0]
-        await self._warm_entry(engine, entry, key)
+        await self._warm_entry(engine, entry, key, self._flight.arrivals)
         if len(candidates) > 1:
             self._wake.set()
 
@@ -329,7 +346,9 @@ class Prewarmer:
         self.frame_cost.learn(took_s, new_frames)
         self.frame_cost.apply(session)
 
-    async def _warm_entry(self, engine: Any, entry: Any, key: tuple) -> None:
+    async def _warm_entry(self, engine: Any, entry: Any, key: tuple, arrivals: int) -> None:
+        """Plan and run one warm-up of this session; ``arrivals``: the count
+        of answers announced when the engine was found idle."""
         sid = entry.session.id
         warm = self._warm.setdefault(sid, WarmState())
         warm.at = time.monotonic()
@@ -346,15 +365,22 @@ class Prewarmer:
             return
         if self.state.registry.get(sid) is not entry:
             return  # the session ended while its prompt was prepared
+        # A question that came while the prompt was prepared found no warm-up
+        # to stop: none starts beside it. No await from here to _flight.run,
+        # which makes the warm-up current: a later question makes it give way.
+        busy = self.mode == "idle" and (self._flight.arrivals != arrivals or self._engine_busy(engine))
+        self.stats.skipped_busy += int(busy)
         try:
-            done = await self._flight.run(engine, entry, plan)
+            done = None if busy else await self._flight.run(engine, entry, plan)
         except Exception as exc:
             self.stats.failed += 1
             log.warning("session %s…: warm-up failed: %s", sid[:6], exc)
             warm.key = key
             return
-        if done is None:
-            return  # aborted, or gave way to an answer: warmed again when the engine is idle
+        if done is None:  # put off, aborted, or gave way to an answer: warmed again when the engine is idle
+            if plan.at_enter:
+                pin.warmed = False  # its question may still come: the sample taken at Enter is warmed then
+            return
         stats, took = done
         entry.session.mark_encoded(plan.sample.seqs)
         self._budget(entry.session, took, plan.new_frames)

@@ -70,17 +70,20 @@ class WarmPlan:
 def warm_candidates(state: Any, warm_states: dict[str, WarmState], pins: EnterPins,
                     now: float, interval_s: float) -> list[tuple[bool, float, Any, tuple]]:
     """The sessions worth a warm-up now, most urgent first, as (not urgent,
-    last warmed, entry, sample key): a pinned Enter before anything, then
-    sessions whose user is typing, then the longest unwarmed. Forgets the
-    warm states and pins of sessions that ended."""
+    last warmed, entry, sample key): a pinned Enter before anything (the
+    longest unwarmed of those first, so no session's Enters crowd out
+    another's), then sessions whose user is typing, then the longest
+    unwarmed. Forgets the warm states and pins of sessions that ended."""
     live = {}
     out = []
+    pinned = []
     segments = getattr(state.engine, "splits_audio", False)
     for entry in state.registry.entries():
         sid = entry.session.id
         live[sid] = entry
         if pins.unwarmed(entry, now):
-            out.append((False, -1.0, entry, sample_key(entry, segments)))  # Enter was pressed: first of all
+            warm = warm_states.get(sid)
+            pinned.append((warm.at if warm else 0.0, entry, sample_key(entry, segments)))  # Enter: first of all
             continue
         if entry.answer is not None or entry.session.frame_count == 0:
             continue  # its own answer is filling the cache; nothing to warm yet
@@ -99,7 +102,8 @@ def warm_candidates(state: Any, warm_states: dict[str, WarmState], pins: EnterPi
         del warm_states[sid]  # the session ended
     pins.prune(live, now)
     out.sort(key=lambda c: (c[0], c[1]))
-    return out
+    pinned.sort(key=lambda c: c[0])
+    return [(False, -1.0, entry, key) for _, entry, key in pinned] + out
 
 
 def frames_ahead(frame_cost: FrameCost, warm: WarmState, now: float) -> int | None:

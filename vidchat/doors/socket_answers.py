@@ -86,6 +86,8 @@ class SocketAnswers:
         self.keep_history = bool(on)
         if not on:
             self.history.clear()  # off forgets: turned on again, the chat starts afresh
+            if self.conn.entry is not None:
+                self.conn.entry.warm_history = ()  # nor does the next warm-up carry it
 
     def set_record(self, on: bool) -> None:
         check_record(self.conn.settings, on)
@@ -151,8 +153,11 @@ class SocketAnswers:
                 return
             try:
                 # Samples the buffer now: frames arriving from here on count for the next question.
+                # continues_chat: with history on, the next question carries
+                # this one's turn, so its warm-up is prepared with it.
                 run = await conversation.of(conn.state, entry).ask(
-                    text, conn.options, history=tuple(self.history), record=self.record, **how)
+                    text, conn.options, history=tuple(self.history), record=self.record,
+                    continues_chat=self.keep_history, **how)
             except chat.Superseded:
                 return  # a newer question from elsewhere took over this session
             except EngineError as exc:  # NoFrames and NO_SPOKEN_QUESTIONS included
@@ -192,6 +197,8 @@ class SocketAnswers:
                 # A quarter at a time, not a pair every answer: what is sent
                 # keeps its cached prefix (vidchat.engine.history_cut).
                 del self.history[:len(self.history) - MAX_HISTORY_TURNS * 3 // 4]
+                if conn.entry is not None:
+                    conn.entry.warm_history = tuple(self.history)  # the next warm-up starts as the question will
         await conn.send({"type": "response.text.done", "text": text, "stats": stats})
         log.info("ws %s: answered: %d tokens, %d frames, %.1f s audio%s", conn.peer,
                  stats.get("completion_tokens", 0), stats.get("frames", 0), stats.get("audio_seconds", 0.0),

@@ -1,0 +1,206 @@
+"""Warm-up scheduling (vidchat.conversation.prewarm) against a fake engine:
+a question that arrives while a warm-up is planned never runs beside it in
+idle mode, one session's Enter reports neither abort nor crowd out another
+session's warm-ups, and the history a door's next question carries is the
+history its warm-up is prepared with.
+
+The fake engine blocks where a test holds it (a threading event for the
+prompt's preparation, which runs in a worker thread; an asyncio event for
+the warm-up itself), so each race is driven step by step, not by timing."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import types
+
+import numpy as np
+import pytest
+
+from vidchat.conversation import chat
+from vidchat.conversation.answer_queue import AnswerQueue
+from vidchat.conversation.chat import AnswerOptions
+from vidchat.conversation.prewarm import Prewarmer
+from vidchat.conversation.session import SessionSettings
+from vidchat.conversation.sessions import SessionRegistry
+from vidchat.engine import Turn
+
+pytestmark = pytest.mark.unit
+
+OPTIONS = AnswerOptions(max_tokens=2, temperature=0.0, include_audio=False)
+
+
+class FakeEngine:
+    """What the prewarmer uses of an engine: prepare (in a worker thread) and warm."""
+
+    splits_audio = False
+    is_dead = False
+
+    def __init__(self) -> None:
+        self.running_requests = 0
+        self.preparing = threading.Event()  # a prompt is being prepared
+        self.prepare_may_end = threading.Event()
+        self.prepare_may_end.set()
+        self.warm_started = asyncio.Event()
+        self.warm_may_end = asyncio.Event()
+        self.warm_may_end.set()
+        self.warmed: list[str] = []  # cache salts of the warm-ups sent, in order
+        self.cancelled: list[str] = []
+
+    def prepare(self, question, frames, audio, *, cache_salt, history=(), **_):
+        self.preparing.set()
+        assert self.prepare_may_end.wait(10), "the test never let the prompt's preparation end"
+        return types.SimpleNamespace(prompt_text=f"{len(history)} turns, {len(frames)} frames",
+                                     stats=types.SimpleNamespace(audio_seconds=0.0), cache_salt=cache_salt)
+
+    async def warm(self, prepared):
+        self.warmed.append(prepared.cache_salt)
+        self.warm_started.set()
+        try:
+            await self.warm_may_end.wait()
+        except asyncio.CancelledError:
+            self.cancelled.append(prepared.cache_salt)
+            raise
+        return types.SimpleNamespace(prompt_tokens=100, cached_tokens=0)
+
+
+def entry_with_frames(registry: SessionRegistry, seed: int = 0, kind: str = "webrtc"):
+    entry = registry.create(kind, SessionSettings(evs_enabled=False, num_sample_frames=4))
+    rng = np.random.default_rng(seed)
+    for i in range(4):
+        entry.session.add_frame(rng.integers(0, 255, (24, 32, 3), dtype=np.uint8), t=100.0 + i)
+    return entry
+
+
+def prewarmer_for(engine: FakeEngine, registry: SessionRegistry, mode: str = "idle") -> Prewarmer:
+    state = types.SimpleNamespace(engine=engine, registry=registry, answer_gate=AnswerQueue(0),
+                                  answer_defaults=lambda: OPTIONS)
+    prewarmer = Prewarmer(state, mode, interval_s=0.0)
+    state.answer_gate.arrival_hooks.append(prewarmer.answer_arriving)
+    return prewarmer
+
+
+def arriving(entry) -> types.SimpleNamespace:
+    """An answer as the arrival hooks see it."""
+    return types.SimpleNamespace(session_id=entry.session.id, sample=entry.session.sample(), options=OPTIONS)
+
+
+# -- (a) the idle rule and a question arriving while a warm-up is planned ------
+
+
+@pytest.mark.parametrize("which", ["the chat's question", "a re-ask beside the chat"])
+async def test_a_question_arriving_while_a_warm_up_is_planned_is_not_run_beside_it(which):
+    """In idle mode the engine is found idle, the warm-up's prompt is
+    prepared in a worker thread, and a question arrives meanwhile: it finds
+    no warm-up in flight to stop, so the warm-up must not start after it."""
+    engine, registry = FakeEngine(), SessionRegistry()
+    entry_with_frames(registry, seed=1)
+    asking = entry_with_frames(registry, seed=2)
+    prewarmer = prewarmer_for(engine, registry)
+    engine.prepare_may_end.clear()
+    step = asyncio.create_task(prewarmer._step())
+    assert await asyncio.to_thread(engine.preparing.wait, 10), "the warm-up's prompt is being prepared"
+    answer = arriving(asking)
+    if which == "the chat's question":
+        asking.answer = answer  # as chat.ask leaves it before the answer asks for its turn
+    # (a re-ask runs in the session's side slot, which the registry does not list)
+    await prewarmer.state.answer_gate.announce(answer)
+    engine.prepare_may_end.set()
+    await step
+    assert engine.warmed == [] and prewarmer.stats.skipped_busy == 1, prewarmer.snapshot()
+    asking.answer = None  # the answer ended: the engine is idle again
+    await prewarmer._step()
+    assert prewarmer.stats.warmups == 1  # put off, not lost
+
+
+# -- (b) Enter reports: only a session's own warm-up gives way, pins take turns ---
+
+
+async def test_one_sessions_enter_leaves_another_sessions_warm_up_running():
+    engine, registry = FakeEngine(), SessionRegistry()
+    theirs = entry_with_frames(registry, seed=3)  # first in line: warmed first
+    mine = entry_with_frames(registry, seed=4)
+    prewarmer = prewarmer_for(engine, registry)
+    engine.warm_may_end.clear()
+    step = asyncio.create_task(prewarmer._step())
+    await engine.warm_started.wait()
+    assert engine.warmed == [theirs.cache_salt]
+    await prewarmer.question_now(mine.session.id)
+    assert engine.cancelled == [] and prewarmer.stats.yielded == 0, prewarmer.snapshot()
+    engine.warm_may_end.set()
+    await step
+    await prewarmer._step()  # then the pin, before anything else
+    assert engine.warmed == [theirs.cache_salt, mine.cache_salt] and prewarmer.stats.warmups == 2
+
+
+async def test_a_sessions_enter_still_stops_its_own_warm_up():
+    engine, registry = FakeEngine(), SessionRegistry()
+    mine = entry_with_frames(registry, seed=5)
+    prewarmer = prewarmer_for(engine, registry)
+    engine.warm_may_end.clear()
+    step = asyncio.create_task(prewarmer._step())
+    await engine.warm_started.wait()
+    await prewarmer.question_now(mine.session.id)
+    await step
+    assert engine.cancelled == [mine.cache_salt] and prewarmer.stats.yielded == 1
+
+
+async def test_a_page_posting_enter_in_a_loop_does_not_starve_another_sessions_pin():
+    engine, registry = FakeEngine(), SessionRegistry()
+    looping = entry_with_frames(registry, seed=6)  # first in the registry
+    other = entry_with_frames(registry, seed=7)
+    prewarmer = prewarmer_for(engine, registry)
+    await prewarmer.question_now(other.session.id)
+    for _ in range(3):
+        await prewarmer.question_now(looping.session.id)
+        await prewarmer._step()
+    assert other.cache_salt in engine.warmed, engine.warmed
+    assert engine.warmed.count(looping.cache_salt) == 1  # one pin for the question on its way
+    assert prewarmer.stats.repeated_enter_reports == 2 and prewarmer.stats.pinned == 2
+    # Reports posted together (each waits on the sample in a worker thread) take one pin.
+    third = entry_with_frames(registry, seed=8)
+    await asyncio.gather(*(prewarmer.question_now(third.session.id) for _ in range(5)))
+    assert prewarmer.stats.pinned == 3 and prewarmer.stats.repeated_enter_reports == 6
+
+
+async def test_pins_are_warmed_longest_unwarmed_session_first():
+    engine, registry = FakeEngine(), SessionRegistry()
+    recent = entry_with_frames(registry, seed=9)  # first in the registry, and warmed just now
+    waited = entry_with_frames(registry, seed=10)
+    prewarmer = prewarmer_for(engine, registry)
+    prewarmer.interval_s = 3600.0  # only pins are warmed from here on
+    await prewarmer._step()
+    assert engine.warmed == [recent.cache_salt]
+    await prewarmer.question_now(recent.session.id)
+    await prewarmer.question_now(waited.session.id)
+    await prewarmer._step()
+    assert engine.warmed == [recent.cache_salt, waited.cache_salt]
+
+
+# -- (c) the warm history follows what the door's next question carries ---------
+
+
+def finished(question: str, text: str, history: tuple = ()) -> chat.Answer:
+    reply = types.SimpleNamespace(text=text, stats=types.SimpleNamespace(cancelled=False))
+    return chat.Answer(question, reply, sample=None, options=OPTIONS, history=history)
+
+
+@pytest.mark.parametrize("kind", ["webrtc", "ws", "replay"])
+def test_a_door_whose_questions_carry_the_chat_is_warmed_with_it(kind):
+    registry = SessionRegistry()
+    entry = registry.create(kind)
+    earlier = (Turn("user", "Hi?"), Turn("assistant", "Hello."))
+    answer = entry.answer = finished("What is there?", " A cat. ", earlier)
+    chat.release(entry, answer, continues_chat=True)
+    assert entry.warm_history == (*earlier, Turn("user", "What is there?"), Turn("assistant", "A cat."))
+
+
+@pytest.mark.parametrize("kind, continues_chat", [("ws", False), ("realtime", True)])
+def test_a_door_that_sends_no_history_is_warmed_without(kind, continues_chat):
+    """A socket session without history: true says continues_chat=False;
+    the Realtime door sends no history (and asks with the default)."""
+    registry = SessionRegistry()
+    entry = registry.create(kind)
+    answer = entry.answer = finished("What is there?", "A cat.")
+    chat.release(entry, answer, continues_chat=continues_chat)
+    assert entry.warm_history == ()
