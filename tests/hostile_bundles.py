@@ -68,12 +68,32 @@ def with_value(base: dict[str, Any], group: str, name: str, value: Any) -> dict[
     return out
 
 
-def write_zip(path: Path, pixels: list[np.ndarray], meta: dict[str, Any], folder: str = "0001-t1.5") -> Path:
+def write_zip(path: Path, pixels: list[np.ndarray], meta: dict[str, Any], folder: str = "0001-t1.5",
+              wav: bytes | None = None) -> Path:
     with zipfile.ZipFile(path, "w", zipfile.ZIP_DEFLATED) as zf:
         zf.writestr(f"{folder}/manifest.json", json.dumps(meta))
         for i, frame in enumerate(pixels):  # the files, whatever the manifest says of them
             zf.writestr(f"{folder}/frame-{i + 1:04d}.png", _png(frame))
+        if wav is not None:
+            zf.writestr(f"{folder}/audio.wav", wav)
     return path
+
+
+def with_audio(meta: dict[str, Any], pixels: list[np.ndarray], seconds: float,
+               says: float | None = None) -> tuple[dict[str, Any], bytes]:
+    """``meta`` with ``seconds`` of silence as its audio, whose manifest says
+    it lasts ``says`` seconds (default: the truth); (the manifest, the WAV)."""
+    from vidchat.conversation.bundle_format import wav_bytes
+    from vidchat.media import AUDIO_RATE
+
+    audio = np.zeros(round(seconds * AUDIO_RATE), np.float32)
+    wav, fmt = wav_bytes(audio)
+    out = copy.deepcopy(meta)
+    told = seconds if says is None else says
+    out["audio"] = {"file": "audio.wav", "format": fmt, "sample_rate": AUDIO_RATE,
+                    "samples": round(told * AUDIO_RATE), "seconds": told, "span": [0.0, told]}
+    out["inputs_sha256"] = inputs_digest(pixels, audio)
+    return out, wav
 
 
 def hostile_zip(path: Path) -> Path:

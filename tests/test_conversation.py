@@ -106,3 +106,40 @@ async def test_a_run_waiting_for_its_place_says_so_and_a_cancel_there_ends_it_un
     await holder.cancel()
     await holding
     assert holder_log[-1][1].status == CANCELLED and omni_engine.running_requests == 0
+
+
+async def test_a_question_or_history_beyond_the_caps_is_refused_naming_the_field_and_changes_nothing(omni_engine):
+    """Issue 43 point 4: one cap for a question's text and one for its
+    history, in the settings table, checked in the core every door asks
+    through, before the running answer is touched."""
+    from vidchat.conversation.settings_table import MAX_HISTORY_CHARS, MAX_HISTORY_TURNS, MAX_QUESTION_CHARS
+    from vidchat.engine import Turn
+
+    entry = filled_entry()
+    talking = conversation.of(conversation.Standalone(omni_engine), entry)
+    log: list = []
+    running = await talking.ask("Tell me everything.", LONG)
+    reading = asyncio.create_task(read(running, log, "running"))
+    await eventually_async(lambda: any(isinstance(e, Delta) for _, e in log), 60, "the answer streams")
+    refusals = [
+        (dict(question="x" * (MAX_QUESTION_CHARS + 1)),
+         f"question must be at most {MAX_QUESTION_CHARS} characters, got {MAX_QUESTION_CHARS + 1}", "question"),
+        (dict(question="Short?", history=[Turn("user", "hi")] * (MAX_HISTORY_TURNS + 1)),
+         f"history must be at most {MAX_HISTORY_TURNS} turns", "history"),
+        (dict(question="Short?", history=[Turn("user", "y" * (MAX_HISTORY_CHARS // 2 + 1))] * 2),
+         f"history must be at most {MAX_HISTORY_CHARS} characters in all", "history"),
+    ]
+    for kwargs, message, field in refusals:
+        question = kwargs.pop("question")
+        with pytest.raises(chat.QuestionTooLarge) as refused:
+            await talking.ask(question, SHORT, **kwargs)
+        assert message in str(refused.value) and refused.value.field == field
+    # The answer that was running was not cancelled by the refusals.
+    assert not any(isinstance(e, Done) for _, e in log) and talking.answering
+    await running.cancel()
+    await reading
+    # A question within the caps is answered, with the longest history allowed (cut to the model's context).
+    ok = await talking.ask("And now?", SHORT, history=[Turn("user", "hi"), Turn("assistant", "yo")]
+                           * (MAX_HISTORY_TURNS // 2))
+    await read(ok, log, "ok")
+    assert log[-1][1].status == COMPLETED

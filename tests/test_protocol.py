@@ -596,3 +596,40 @@ async def test_a_drained_replica_takes_no_new_sessions_and_keeps_its_open_ones(s
     with pytest.raises(urllib.error.HTTPError) as err:
         urllib.request.urlopen(req, timeout=10)
     assert err.value.code == 400
+
+
+# ---- issue 43: the question cap, and undated audio (the seed's rule) -----------------
+
+@pytest.mark.engine
+async def test_an_oversize_query_is_refused_naming_the_field_and_the_session_goes_on(server):
+    from vidchat.conversation.settings_table import MAX_QUESTION_CHARS
+
+    ws = await connect(server, **SHORT)
+    await frames(ws, n=2)
+    await send(ws, {"type": "video.query", "text": "x" * (MAX_QUESTION_CHARS + 1)})
+    await expect_error(ws, f"question must be at most {MAX_QUESTION_CHARS} characters")
+    check_answer(await answer(ws))
+    await ws.close()
+    await no_sessions_left(server)
+
+
+@pytest.mark.engine
+async def test_undated_audio_sent_in_a_burst_after_the_frames_all_reaches_the_model(server):
+    """vllm-omni's streaming client sends its frames, then its audio as 1-s
+    chunks all at once, without pts_ms. The seed sends the model all audio
+    received since the previous query: so does vidchat for such a client
+    (a client that dates its audio keeps the aligned audio, test above)."""
+    ws = await connect(server, evs_enabled=False, num_sample_frames=4, max_tokens=2, temperature=0.0)
+    second = base64.b64encode(np.full(16_000, 2000, np.int16).tobytes()).decode()
+    await frames(ws, n=4)
+    for _ in range(6):
+        await send(ws, {"type": "audio.chunk", "data": second})
+    stats = check_answer(await answer(ws))["stats"]
+    assert stats["audio_seconds"] == pytest.approx(6.0, abs=0.02), stats
+    # The next question gets what arrived since this one: 2 s more.
+    for _ in range(2):
+        await send(ws, {"type": "audio.chunk", "data": second})
+    stats = check_answer(await answer(ws))["stats"]
+    assert stats["audio_seconds"] == pytest.approx(2.0, abs=0.02), stats
+    await ws.close()
+    await no_sessions_left(server)

@@ -15,7 +15,8 @@ The one preemption rule: a newer question in the chat (any door, any kind:
 typed, spoken, watched) cancels the running answer, and the newer run starts
 only once the older run's Done has been delivered (or a short grace has
 passed, for a reader that stopped reading). A re-ask runs beside the chat
-(its own slot): it never cancels the chat's answer and is never read aloud.
+(its own slot): it never cancels the chat's answer, is never kept among the
+chat's answers, and so is never read aloud nor offered as chat history.
 """
 
 from __future__ import annotations
@@ -242,7 +243,9 @@ class Conversation:
                   remember: bool = True, frames_optional: bool = False) -> AnswerRun:
         """A question in the chat: the running answer is cancelled and its
         Done delivered before this one starts. Raises NoFrames, Superseded
-        (a newer question arrived while this one was prepared) or EngineError."""
+        (a newer question arrived while this one was prepared) or EngineError
+        (QuestionTooLarge before anything is cancelled)."""
+        chat.check_question(question, history)
         previous = self._chat_run
         if previous is not None:
             previous.superseded = True
@@ -304,15 +307,18 @@ class Conversation:
             yield waiter.result()
 
     async def reask(self, original: Answer, options: AnswerOptions, sample: Sample, *,
-                    engine: ChatEngine | None = None, remember: bool = True) -> AnswerRun:
+                    engine: ChatEngine | None = None) -> AnswerRun:
         """An earlier answer's question again on ``sample`` (its frozen
         inputs), beside the chat: the chat's answer goes on; a newer re-ask
-        replaces a running one."""
+        replaces a running one. A re-ask is not kept among the session's
+        answers: those are the chat's (Talk reads the newest aloud, the
+        re-ask list and the timings chart read them), and a re-ask of a
+        loaded bundle would keep its decoded frames with the session."""
         slot = self.entry.side_slot()
         answer = await chat.ask(engine or self.state.engine, slot, original.question, options,
                                 history=original.history, queue=self.state.answer_gate, sample=sample,
                                 spoken=original.spoken)
-        return AnswerRun(self, slot, answer, record=False, continues_chat=False, remember=remember)
+        return AnswerRun(self, slot, answer, record=False, continues_chat=False, remember=False)
 
 
 @dataclass

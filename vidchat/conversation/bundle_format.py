@@ -87,15 +87,27 @@ MAX_FRAME_PIXELS = 4096 * 4096
 # Most bytes one file of a bundle may unpack to, and most frames it may hold.
 MAX_MEMBER_BYTES = 128 << 20
 MAX_BUNDLE_FRAMES = 1024
-# Most bytes all of a bundle's frames may decode to (width x height x 3 summed
-# over the manifest's frames), checked before any frame is decoded: a zip of
-# uniform 4096x4096 PNGs is small and would decode to gigabytes. A recording
-# at the stored size (320x240) of 64 frames needs 15 MB.
+# Most bytes a bundle may decode to: its frames (width x height x 3 summed
+# over the manifest's frames) and its audio as float32 (the manifest's
+# audio.seconds at 16 kHz, 4 bytes a sample), checked before anything is
+# decoded: a zip of uniform 4096x4096 PNGs is small and would decode to
+# gigabytes. A bundle loaded into the page holds no more than this either
+# (its frames' PNG bytes and its audio). A recording at the stored size
+# (320x240) of 64 frames and 30 s of audio needs 17 MB.
 MAX_BUNDLE_DECODED_BYTES = 512 << 20
+AUDIO_SAMPLE_BYTES = 4  # float32, as the engine gets it
 
 
 class BundleError(ValueError):
     """A bundle that cannot be read (missing file, unknown version, bad data)."""
+
+
+class WavTooLong(BundleError):
+    """A WAV holding more samples than its reader allows (``samples`` at ``rate`` Hz)."""
+
+    def __init__(self, samples: int, rate: int) -> None:
+        super().__init__(f"the WAV holds {samples} samples at {rate} Hz, more than allowed")
+        self.samples, self.rate = samples, rate
 
 
 # ---------------------------------------------------------------------------
@@ -139,8 +151,10 @@ def wav_bytes(audio: np.ndarray, rate: int = AUDIO_RATE) -> tuple[bytes, str]:
     return b"RIFF" + struct.pack("<I", 4 + len(chunks)) + b"WAVE" + chunks, fmt
 
 
-def read_wav(data: bytes) -> tuple[np.ndarray, int]:
-    """(float32 mono samples, rate) from a 16-bit PCM or 32-bit float mono WAV."""
+def read_wav(data: bytes, max_samples: int | None = None) -> tuple[np.ndarray, int]:
+    """(float32 mono samples, rate) from a 16-bit PCM or 32-bit float mono WAV;
+    ``max_samples``: a WAV holding more is refused before it is converted
+    (a 128 MiB member of 16-bit PCM would be 256 MiB of float32)."""
     if len(data) < 12 or data[:4] != b"RIFF" or data[8:12] != b"WAVE":
         raise BundleError("audio is not a WAV file")
     pos, fmt, payload = 12, None, None
@@ -159,6 +173,10 @@ def read_wav(data: bytes) -> tuple[np.ndarray, int]:
     tag, channels, rate, _, _, bits = fmt
     if channels != 1:
         raise BundleError(f"WAV must be mono, has {channels} channels")
+    if tag in (_WAVE_FORMAT_PCM, _WAVE_FORMAT_IEEE_FLOAT) and bits in (16, 32) and max_samples is not None:
+        held = len(payload) // (bits // 8)
+        if held > max_samples:
+            raise WavTooLong(held, rate)
     if tag == _WAVE_FORMAT_PCM and bits == 16:
         pcm = np.frombuffer(payload[: len(payload) // 2 * 2], "<i2")
         return pcm.astype(np.float32) * np.float32(1.0 / _PCM_SCALE), rate

@@ -21,7 +21,7 @@ from vidchat.conversation.answer_queue import Abandoned, AnswerQueue, OnWait, Sl
 from vidchat.conversation.session import Sample, Session, SessionSettings
 from vidchat.media.sampling import uniform_indices
 from vidchat.conversation.sessions import Entry
-from vidchat.conversation.settings_table import UNBOUNDED_MAX_TOKENS, check_all, read_settings
+from vidchat.conversation.settings_table import UNBOUNDED_MAX_TOKENS, check_all, question_problem, read_settings
 from vidchat.engine import ChatEngine, EngineError, Prepared, Turn
 
 log = logging.getLogger(__name__)
@@ -51,6 +51,23 @@ class OptionError(ValueError):
     def __init__(self, message: str, field: str | None = None) -> None:
         super().__init__(message)
         self.field = field
+
+
+class QuestionTooLarge(EngineError):
+    """A question's text or its history beyond the settings table's caps;
+    ``field`` is "question" or "history"."""
+
+    def __init__(self, message: str, field: str) -> None:
+        super().__init__(message)
+        self.field = field
+
+
+def check_question(question: str, history: Sequence[Turn] = ()) -> None:
+    """Refuse a question beyond the caps (QuestionTooLarge naming the field):
+    the one check every door's questions pass, before anything is cancelled."""
+    problem = question_problem(question, history)
+    if problem is not None:
+        raise QuestionTooLarge(str(problem), problem.field)
 
 
 class Superseded(EngineError):
@@ -245,6 +262,7 @@ async def ask(
     ``frames_optional``: a question with no frame yet is asked on its text
     (and audio) alone instead of raising NoFrames (the Realtime API allows it)."""
     t0 = time.perf_counter()
+    check_question(question, history)  # before the running answer is cancelled: a refusal changes nothing
     entry.question_seq += 1
     ticket = entry.question_seq
     await entry.cancel_answer()

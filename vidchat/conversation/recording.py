@@ -17,7 +17,10 @@ import json
 import math
 import os
 import re
+import threading
+import weakref
 import zipfile
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from types import SimpleNamespace
@@ -26,22 +29,81 @@ from typing import Any, Callable
 import numpy as np
 
 from vidchat.conversation.bundle_format import (
-    AUDIO_FILE, BUNDLE_VERSION, KIND, MANIFEST, MAX_BUNDLE_DECODED_BYTES, MAX_BUNDLE_FRAMES, MAX_FRAME_PIXELS,
-    MAX_MEMBER_BYTES, BundleError, audio_used, png_bytes, read_png, read_wav, wav_bytes,
+    AUDIO_FILE, AUDIO_SAMPLE_BYTES, BUNDLE_VERSION, KIND, MANIFEST, MAX_BUNDLE_DECODED_BYTES, MAX_BUNDLE_FRAMES,
+    MAX_FRAME_PIXELS, MAX_MEMBER_BYTES, BundleError, WavTooLong, audio_used, png_bytes, read_png, read_wav,
+    wav_bytes,
 )
 from vidchat.conversation.bundle_write import history_dicts, iter_zip_bundles, write_bundle, zip_bundles
+from vidchat.conversation.session import MAX_AUDIO_SECONDS
 from vidchat.engine import ReplyStats, Turn, inputs_digest
 from vidchat.media import AUDIO_RATE
 
 __all__ = [
-    "AUDIO_FILE", "BUNDLE_VERSION", "KIND", "MANIFEST", "MAX_BUNDLE_DECODED_BYTES", "MAX_BUNDLE_FRAMES",
-    "MAX_FRAME_PIXELS", "MAX_MEMBER_BYTES", "Bundle", "BundleError", "RecordedReply", "audio_used",
-    "check_manifest", "history_dicts", "is_bundle", "iter_zip_bundles", "png_bytes", "read_bundle", "read_png",
-    "read_wav", "recorded_answer", "wav_bytes", "write_bundle", "zip_bundles",
+    "AUDIO_FILE", "BUNDLE_VERSION", "KIND", "MANIFEST", "MAX_AUDIO_SECONDS", "MAX_BUNDLE_DECODED_BYTES",
+    "MAX_BUNDLE_FRAMES", "MAX_FRAME_PIXELS", "MAX_MEMBER_BYTES", "Bundle", "BundleError", "LazyFrames",
+    "RecordedReply", "audio_used", "check_manifest", "history_dicts", "is_bundle", "iter_zip_bundles", "png_bytes",
+    "read_bundle", "read_png", "read_wav", "recorded_answer", "wav_bytes", "with_frames_decoded", "write_bundle",
+    "zip_bundles",
 ]
 
 # A bundle's file names: no path, nothing hidden.
 _SAFE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+
+
+class _Decoded(list):
+    """A LazyFrames' frames decoded (a list that can be referred to weakly)."""
+
+
+class LazyFrames(Sequence[np.ndarray]):
+    """A bundle's frames kept as their PNG bytes and decoded when read, for a
+    bundle the page holds between re-asks: a small zip of uniform frames may
+    decode to 512 MB, and a tab would hold that for as long as it is open.
+
+    An index decodes that one frame; :meth:`decoded` decodes them all once
+    and shares the list while anyone holds it (concurrent re-asks of one
+    bundle decode it once), so that iterating, while it is held, decodes
+    nothing again."""
+
+    def __init__(self, pngs: list[bytes], sizes: list[tuple[int, int]]) -> None:
+        self._pngs, self._sizes = pngs, sizes
+        self._held: weakref.ref | None = None
+        self._lock = threading.Lock()
+
+    @property
+    def held_bytes(self) -> int:
+        """What the frames take while nobody decodes them: their PNG bytes."""
+        return sum(len(png) for png in self._pngs)
+
+    def __len__(self) -> int:
+        return len(self._pngs)
+
+    def _shared(self) -> "_Decoded | None":
+        return self._held() if self._held is not None else None
+
+    def __getitem__(self, index):  # type: ignore[override]
+        if isinstance(index, slice):
+            return [self[i] for i in range(*index.indices(len(self)))]
+        shared = self._shared()
+        if shared is not None:
+            return shared[index]
+        index = range(len(self))[index]  # negative indices, and IndexError past the end
+        return read_png(self._pngs[index], self._sizes[index])
+
+    def __iter__(self):
+        # One pass decodes each frame once; a held decoded list is reused.
+        shared = self._shared()
+        if shared is not None:
+            return iter(list(shared))
+        return (read_png(png, size) for png, size in zip(self._pngs, self._sizes))
+
+    def decoded(self) -> list[np.ndarray]:
+        """All the frames as arrays; hold the list while using them."""
+        with self._lock:
+            shared = self._shared()
+            if shared is None:
+                shared = _Decoded(read_png(png, size) for png, size in zip(self._pngs, self._sizes))
+                self._held = weakref.ref(shared)
+            return shared
 
 
 @dataclass
@@ -50,10 +112,11 @@ class Bundle:
 
     path: str
     manifest: dict[str, Any]
-    frames: list[np.ndarray]  # RGB uint8 H×W×3, oldest first
+    frames: Sequence[np.ndarray]  # RGB uint8 H×W×3, oldest first (a LazyFrames when read lazily)
     audio: np.ndarray | None  # float32 mono 16 kHz, or None
     frame_times: list[float] = field(default_factory=list)
     frame_indices: list[int] = field(default_factory=list)
+    _digest: str | None = field(default=None, repr=False)  # computed as the frames were read (lazily read)
 
     @property
     def question(self) -> str:
@@ -78,6 +141,8 @@ class Bundle:
 
     def digest(self) -> str:
         """The hash of the frames and audio as read back (equals inputs_sha256 for an intact bundle)."""
+        if self._digest is not None:
+            return self._digest
         return inputs_digest(self.frames, self.audio)
 
     def history(self) -> list[Turn]:
@@ -103,7 +168,9 @@ class Bundle:
         if (self.audio is not None and isinstance(parts, list) and parts
                 and all(isinstance(n, int) and n > 0 for n in parts) and sum(parts) == self.audio.size):
             audio_parts = tuple((n, None) for n in parts)
-        return Sample(frames=list(self.frames), timestamps=list(self.frame_times),
+        # Lazy frames are shared, not copied: copying would decode them all.
+        frames = self.frames if isinstance(self.frames, LazyFrames) else list(self.frames)
+        return Sample(frames=frames, timestamps=list(self.frame_times),
                       indices=list(self.frame_indices), audio=self.audio,
                       audio_start=span[0], audio_end=span[1], origin=0.0,
                       source_times=positions if len(positions) == len(self.frames) else [],
@@ -144,6 +211,16 @@ class RecordedReply:
         return None
 
     aclose = cancel
+
+
+def with_frames_decoded(answer: Any) -> Any:
+    """``answer`` with its frames as arrays, for one use of them all (a
+    re-ask): a loaded bundle's lazy frames are decoded once and shared with
+    any other use under way; any other answer is returned as it is."""
+    frames = answer.sample.frames
+    if not isinstance(frames, LazyFrames):
+        return answer
+    return dataclasses.replace(answer, sample=dataclasses.replace(answer.sample, frames=frames.decoded()))
 
 
 def recorded_answer(bundle: Bundle):
@@ -215,12 +292,14 @@ def _text(value: Any) -> bool:
     return isinstance(value, str)
 
 
-def check_manifest(manifest: dict[str, Any], where: str = "bundle") -> None:
+def check_manifest(manifest: dict[str, Any], where: str = "bundle",
+                   max_audio_seconds: float = MAX_AUDIO_SECONDS) -> None:
     """A manifest from elsewhere, value by value: its settings through the
     checks every door uses (vidchat.conversation.chat.checked_settings), everything else
-    the page shows or uses by type and range, and the decoded size of its
-    frames against MAX_BUNDLE_DECODED_BYTES, all before a frame is read.
-    Raises BundleError naming the field."""
+    the page shows or uses by type and range, its audio.seconds against
+    ``max_audio_seconds`` (a server's --ws-max-audio-seconds), and the
+    decoded size of its frames and audio against MAX_BUNDLE_DECODED_BYTES,
+    all before a frame is read. Raises BundleError naming the field."""
     from vidchat.conversation.chat import checked_settings
 
     settings = manifest.get("settings") or {}
@@ -257,7 +336,14 @@ def check_manifest(manifest: dict[str, Any], where: str = "bundle") -> None:
     for name in ("start", "seconds"):
         _check(where, f"spoken_question.{name}", spoken.get(name), _number, "a number or null")
     audio = manifest.get("audio") or {}
-    _check(where, "audio.seconds", audio.get("seconds"), lambda v: _number(v, 0), "a number >= 0")
+    # Its WAV is then held to it (_read_audio): a bundle says how long its audio is.
+    _check(where, "audio.seconds", audio.get("seconds"), lambda v: _number(v, 0), "a number >= 0",
+           nullable=not audio)
+    _check(where, "audio.samples", audio.get("samples"), _count, "a whole number >= 0")
+    seconds = audio.get("seconds") or 0.0
+    if seconds > max_audio_seconds:
+        raise BundleError(f"{where}: manifest field 'audio.seconds' is {seconds:g} s; a bundle's audio may be at "
+                          f"most {max_audio_seconds:g} s here (the server's --ws-max-audio-seconds)")
     _check(where, "audio.span", audio.get("span"), lambda v: isinstance(v, list) and len(v) == 2 and all(
         x is None or _number(x) for x in v), "[start, end] in seconds")
     listed = manifest.get("frames") or []
@@ -274,9 +360,12 @@ def check_manifest(manifest: dict[str, Any], where: str = "bundle") -> None:
             _check(where, f"frames[{n}].{name}", entry.get(name), _number, "a number or null")
         _check(where, f"frames[{n}].index", entry.get("index"), _count, "a whole number >= 0 or null")
         decoded += entry["width"] * entry["height"] * 3
-    if decoded > MAX_BUNDLE_DECODED_BYTES:
-        raise BundleError(f"{where}: its {len(listed)} frames would decode to {decoded / 2**20:.0f} MB; a bundle's "
-                          f"frames may decode to at most {MAX_BUNDLE_DECODED_BYTES >> 20} MB")
+    audio_bytes = round(seconds * AUDIO_RATE) * AUDIO_SAMPLE_BYTES
+    if decoded + audio_bytes > MAX_BUNDLE_DECODED_BYTES:
+        with_audio = f" and {seconds:g} s of audio" if audio_bytes else ""
+        raise BundleError(f"{where}: its {len(listed)} frames{with_audio} would decode to "
+                          f"{(decoded + audio_bytes) / 2**20:.0f} MB; a bundle's frames and audio may decode to at "
+                          f"most {MAX_BUNDLE_DECODED_BYTES >> 20} MB")
 
 
 def _safe_file(name: Any) -> str:
@@ -303,22 +392,51 @@ def _manifests(zf: zipfile.ZipFile) -> list[str]:
     return [n for n in zf.namelist() if PurePosixPath(n).name == MANIFEST and len(PurePosixPath(n).parts) <= 2]
 
 
-def read_bundle(path: str | os.PathLike) -> Bundle:
-    """Read a bundle folder (or a zip holding one bundle) into memory; raises BundleError."""
+def read_bundle(path: str | os.PathLike, *, lazy: bool = False,
+                max_audio_seconds: float = MAX_AUDIO_SECONDS) -> Bundle:
+    """Read a bundle folder (or a zip holding one bundle) into memory; raises
+    BundleError. ``lazy``: its frames stay PNG bytes (:class:`LazyFrames`),
+    each decoded once here to check it; ``max_audio_seconds``: longer audio
+    is refused (a server passes its --ws-max-audio-seconds)."""
     p = Path(path)
     if p.is_dir():
-        return _read(_Folder(p), str(p))
+        return _read(_Folder(p), str(p), lazy, max_audio_seconds)
     if p.is_file() and zipfile.is_zipfile(p):
         with zipfile.ZipFile(p) as zf:
             found = _manifests(zf)
             if len(found) != 1:
                 raise BundleError(f"{p}: a zip with {len(found)} bundles; unpack it and name one folder")
             prefix = found[0][: -len(MANIFEST)]
-            return _read(_Zip(zf, prefix), str(p))
+            return _read(_Zip(zf, prefix), str(p), lazy, max_audio_seconds)
     raise BundleError(f"{p}: not a bundle folder or zip")
 
 
-def _read(src: _Folder | _Zip, where: str) -> Bundle:
+def _read_audio(src: _Folder | _Zip, where: str, entry: dict[str, Any]) -> np.ndarray:
+    """A bundle's audio, held to what its manifest says (audio.seconds, and
+    audio.samples when given): a WAV longer than the manifest says is refused
+    before it is converted, so the checked seconds bound what is decoded."""
+    seconds = entry["seconds"]
+    expected = round(seconds * AUDIO_RATE)
+    try:
+        audio, rate = read_wav(src.read(_safe_file(entry.get("file"))), max_samples=expected + 1)
+    except WavTooLong as exc:
+        raise BundleError(f"{where}: its audio file holds {exc.samples / exc.rate:g} s of audio; the manifest "
+                          f"field 'audio.seconds' says {seconds:g} s") from None
+    if rate != AUDIO_RATE:
+        raise BundleError(f"{where}: audio at {rate} Hz; bundles hold {AUDIO_RATE} Hz")
+    # Within a sample: the writer rounds seconds to the microsecond.
+    if abs(audio.size - seconds * AUDIO_RATE) > 1:
+        raise BundleError(f"{where}: its audio file holds {audio.size / AUDIO_RATE:g} s of audio; the manifest "
+                          f"field 'audio.seconds' says {seconds:g} s")
+    samples = entry.get("samples")
+    if samples is not None and samples != audio.size:
+        raise BundleError(f"{where}: its audio file holds {audio.size} samples; the manifest field "
+                          f"'audio.samples' says {samples}")
+    return audio
+
+
+def _read(src: _Folder | _Zip, where: str, lazy: bool = False,
+          max_audio_seconds: float = MAX_AUDIO_SECONDS) -> Bundle:
     try:
         manifest = json.loads(src.read(MANIFEST).decode("utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
@@ -331,21 +449,37 @@ def _read(src: _Folder | _Zip, where: str) -> Bundle:
     spoken = isinstance(manifest.get("spoken_question"), dict) and manifest.get("audio")
     if not isinstance(manifest.get("question"), str) or not (manifest["question"].strip() or spoken):
         raise BundleError(f"{where}: the manifest has no question (neither text nor a spoken question's audio)")
-    check_manifest(manifest, where)
-    frames, times, indices = [], [], []
-    for entry in manifest.get("frames") or []:
-        frame = read_png(src.read(_safe_file(entry.get("file"))), (entry["width"], entry["height"]))
-        frames.append(frame)
-        times.append(entry.get("t"))
-        indices.append(entry.get("index"))
-    if not frames:
+    check_manifest(manifest, where, max_audio_seconds)
+    listed = manifest.get("frames") or []
+    if not listed:
         raise BundleError(f"{where}: the bundle has no frames")
-    audio = None
     audio_entry = manifest.get("audio")
-    if audio_entry:
-        audio, rate = read_wav(src.read(_safe_file(audio_entry.get("file"))))
-        if rate != AUDIO_RATE:
-            raise BundleError(f"{where}: audio at {rate} Hz; bundles hold {AUDIO_RATE} Hz")
+    audio = _read_audio(src, where, audio_entry) if audio_entry else None
+    times = [entry.get("t") for entry in listed]
+    indices = [entry.get("index") for entry in listed]
+    sizes = [(entry["width"], entry["height"]) for entry in listed]
+    digest = None
+    if lazy:
+        pngs: list[bytes] = []
+        held = 0 if audio is None else audio.nbytes
+
+        def checked():  # each frame decoded once, to check it and hash it, then dropped
+            nonlocal held
+            for entry, size in zip(listed, sizes):
+                png = src.read(_safe_file(entry.get("file")))
+                held += len(png)
+                # A PNG far larger than its pixels (padding chunks) would make the kept bytes the bomb.
+                if held > MAX_BUNDLE_DECODED_BYTES:
+                    raise BundleError(f"{where}: its frame files and audio take more than "
+                                      f"{MAX_BUNDLE_DECODED_BYTES >> 20} MB")
+                pngs.append(png)
+                yield read_png(png, size)
+
+        digest = inputs_digest(checked(), audio)
+        frames: Sequence[np.ndarray] = LazyFrames(pngs, sizes)
+    else:
+        frames = [read_png(src.read(_safe_file(entry.get("file"))), size) for entry, size in zip(listed, sizes)]
     if any(t is None for t in times):  # recorded without times: evenly spaced, for a video's rate only
         times = [float(i) for i in range(len(frames))]
-    return Bundle(where, manifest, frames, audio, times, [i if i is not None else n for n, i in enumerate(indices)])
+    return Bundle(where, manifest, frames, audio, times, [i if i is not None else n for n, i in enumerate(indices)],
+                  _digest=digest)

@@ -120,10 +120,16 @@ class SessionSettings:
 
 def _question_audio(window: AudioWindow, frames: list[StoredFrame], picked: list[int],
                     window_start: float | None, span: tuple[float, float] | None,
-                    s: SessionSettings) -> tuple[tuple[np.ndarray, float, float] | None, tuple]:
+                    s: SessionSettings, audio_after: float | None = None,
+                    ) -> tuple[tuple[np.ndarray, float, float] | None, tuple]:
     """The audio that goes with a question's frames, and its segments (see Session.sample)."""
     if span is not None:
         return window.window(span[0], span[1]), ()  # a spoken question: one clip
+    if audio_after is not None:
+        if window.end is None:
+            return None, ()
+        start = max(audio_after, window.start)  # all of it since then, as much as is kept
+        return window.window(start), window.parts(start, min_samples=MIN_AUDIO_SAMPLES)
     if s.audio_mode == "frames" and picked:
         start = frames[picked[0]].t
         if window_start is not None:
@@ -309,7 +315,8 @@ class Session(SessionMedia):
     # -- questions ---------------------------------------------------------
 
     def sample(self, k: int | None = None, strategy: str | None = None,
-               span: tuple[float, float] | None = None, new_frames: int | None = -1) -> Sample:
+               span: tuple[float, float] | None = None, new_frames: int | None = -1,
+               audio_after: float | None = None) -> Sample:
         """Frames (and audio) for one question; defaults come from the settings.
 
         Which frames: ``strategy`` (or, for a spoken question, ``span``:
@@ -322,7 +329,10 @@ class Session(SessionMedia):
         the last ``audio_last_seconds``. Where that start is older than the
         audio kept, from the first 2-s segment boundary of what is kept
         (AudioWindow.steady_start), and ``audio_parts`` gives the segments.
-        A spoken question gets exactly its span's audio.
+        A spoken question gets exactly its span's audio. ``audio_after``: all
+        the audio after that timeline time instead, as much as is kept (the
+        seed protocol's rule for clients that send no timestamps: what
+        arrived since the previous question).
 
         ``new_frames``: at most this many frames new to the engine (None: no
         limit); -1, the default: the session's ``encode_budget`` (a warm-up
@@ -341,7 +351,7 @@ class Session(SessionMedia):
                                                     newest_received_t=self._buffer.newest_received_t)
             budget = self.encode_budget if new_frames == -1 else new_frames
             picked, substituted = within_encode_budget(frames, candidates, picked, self._encoded, budget)
-            audio, audio_parts = _question_audio(self._audio, frames, picked, window_start, span, s)
+            audio, audio_parts = _question_audio(self._audio, frames, picked, window_start, span, s, audio_after)
             origin = self.timeline_start if self.timeline_start is not None else 0.0
             tail_open = not self._audio.ends_segment
             self.last_activity = time.monotonic()

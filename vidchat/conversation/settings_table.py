@@ -195,6 +195,39 @@ SETTINGS: dict[str, Setting] = _table(
 # Where the model's context is not known (a bundle read without a model), max_tokens is only bounded by this.
 UNBOUNDED_MAX_TOKENS = 1 << 20
 
+# ---- what one question may carry, at every door ----
+# A question's text and the chat history sent with it. Without a cap, a seed
+# client's video.query could be as large as a WebSocket message (18 MB) and
+# the page's history whatever its client posts; each question tokenizes all
+# of it. The caps are far above any chat a model's context holds (the engine
+# cuts history to fit): 64 K characters is ~16 K tokens, and 1 MiB of history
+# is several hundred long answers.
+MAX_QUESTION_CHARS = 64 * 1024
+MAX_HISTORY_TURNS = 1024
+MAX_HISTORY_CHARS = 1 << 20
+
+
+def question_problem(question: str, history: Any = ()) -> SettingValueError | None:
+    """Why a question (its text, and the history sent with it) is refused,
+    naming the field ("question" or "history"); None when it is within the caps.
+    ``history``: turns with a ``text`` (or role/content dicts)."""
+    if isinstance(question, str) and len(question) > MAX_QUESTION_CHARS:
+        return SettingValueError(f"question must be at most {MAX_QUESTION_CHARS} characters, "
+                                 f"got {len(question)}", "question")
+    turns = list(history or ())
+    if len(turns) > MAX_HISTORY_TURNS:
+        return SettingValueError(f"history must be at most {MAX_HISTORY_TURNS} turns, got {len(turns)}", "history")
+    chars = sum(len(_turn_text(turn)) for turn in turns)
+    if chars > MAX_HISTORY_CHARS:
+        return SettingValueError(f"history must be at most {MAX_HISTORY_CHARS} characters in all, got {chars}",
+                                 "history")
+    return None
+
+
+def _turn_text(turn: Any) -> str:
+    text = turn.get("content", "") if isinstance(turn, dict) else getattr(turn, "text", "")
+    return text if isinstance(text, str) else str(text)
+
 
 def check_all(target: str, values: Any, high: dict[str, float] | None = None) -> None:
     """Check every field of ``target`` ("session" or "answer") that ``values``

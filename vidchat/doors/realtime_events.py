@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 
 from vidchat.conversation import CANCELLED, COMPLETED
-from vidchat.conversation.settings_table import ALIASES, SETTINGS, SettingTypeError, read_settings
+from vidchat.conversation.settings_table import ALIASES, MAX_QUESTION_CHARS, SETTINGS, SettingTypeError, read_settings
 from vidchat.doors.protocol_config import ConfigError, parse_turn_detection
 from vidchat.doors.socket_media import is_millis
 from vidchat.doors.socket_session import Refusal
@@ -27,7 +27,6 @@ from vidchat.media import AUDIO_RATE
 
 INPUT_RATES = (24_000, 16_000)  # audio/pcm rates taken (24 kHz is the API's; 16 kHz is the session's own)
 IMAGE_TYPES = ("data:image/jpeg", "data:image/png", "data:image/webp")
-MAX_QUESTION_CHARS = 64 * 1024  # text items waiting for the next response, all together
 UNSET: Any = object()  # a field the event did not carry
 # What of the answer record rides on response.done (the whole one is /inputs/<answer_id>/record.json).
 RECORD_KEYS = ("frames", "frame_indices", "frame_times", "frame_sizes", "inputs_sha256", "audio_seconds",

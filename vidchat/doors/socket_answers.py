@@ -81,6 +81,7 @@ class SocketAnswers:
         self.keep_history = False
         self.history: list[Turn] = []
         self.waiting: asyncio.Task | None = None  # a question asked while the model loads
+        self.audio_mark = float("-inf")  # where the last question's audio ended (undated audio: the seed's rule)
 
     def set_history(self, on: bool) -> None:
         self.keep_history = bool(on)
@@ -151,6 +152,9 @@ class SocketAnswers:
             entry = conn.entry
             if self.closed or entry is None:
                 return
+            if not how and not conn.media.audio_dated and entry.session.settings.audio_mode == "frames":
+                # Undated audio (the seed's clients): all of it since the previous question.
+                how["sample"] = entry.session.sample(audio_after=self.audio_mark)
             try:
                 # Samples the buffer now: frames arriving from here on count for the next question.
                 # continues_chat: with history on, the next question carries
@@ -163,6 +167,9 @@ class SocketAnswers:
             except EngineError as exc:  # NoFrames and NO_SPOKEN_QUESTIONS included
                 await conn.error(str(exc))
                 return
+            sample = run.answer.sample
+            if sample.audio_end is not None:
+                self.audio_mark = sample.audio_end
             await conn.finish_answer()  # its Done is delivered: the task only logs now
             consumed = conn.media.consumed(run.answer.sample) if conn.media.names_frames else None
             self.watched = watched

@@ -124,6 +124,11 @@ class SocketMedia:
         # frame_id, pts_ms and capture_ts_ms, while the frame is in the buffer.
         self.frame_meta: dict[int, dict[str, Any]] = {}
         self.names_frames = False  # the client has sent a frame_id: acks and frames.consumed
+        # The client has dated an audio.chunk (pts_ms): its audio is placed
+        # by its clock and goes with the frames it was captured with. Until
+        # then a question gets all the audio since the previous one, as the
+        # seed does (vllm-omni's client sends its audio in a burst, undated).
+        self.audio_dated = False
 
     async def media_time(self, msg: dict[str, Any], kind: str, arrived: float) -> tuple[bool, float | None]:
         """(ok, time on the session's timeline) from the message's optional pts_ms."""
@@ -177,7 +182,8 @@ class SocketMedia:
         data = await decode_b64(msg, kind, self.conn.settings.ws_max_frame_bytes, key=key)
         try:
             # Even a 640×480 JPEG takes milliseconds to filter and store: never on the loop.
-            return await run_media(self.conn.entry.session.offer_jpeg, data, t)
+            session = self.conn.entry.session
+            return await run_media(session.offer_jpeg, data, t, share=session.id)
         except FrameError as exc:
             raise Refused("invalid_image", f"Invalid image in {kind}: {exc}") from None
 
@@ -226,6 +232,7 @@ class SocketMedia:
         ok, t = await self.media_time(msg, "audio.chunk", arrived)
         if not ok:
             return
+        self.audio_dated = self.audio_dated or t is not None
         try:
             data = await decode_b64(msg, "audio.chunk", None)
         except Refused as refused:

@@ -196,7 +196,7 @@ async def consume_video(track, entry: Entry, stats: MediaStats,
             if item is not None:
                 # Off the event loop: pixel conversion and the filter must not
                 # stall signalling, other sessions or streamed answers.
-                await run_media(process, *item)
+                await run_media(process, *item, share=session.id)
             elif ended:
                 break
     finally:

@@ -293,8 +293,38 @@ async def respond(state, message: str, history: list[dict], sid: str, *raw_setti
 # Re-ask and compare: an earlier answer's exact inputs, other settings
 # ---------------------------------------------------------------------------
 
-MAX_LOADED_BUNDLES = 8
+# A tab holds one loaded bundle; loading another replaces it. (It held 8,
+# each up to 512 MB decoded plus its audio, and an API client can open tabs
+# at will.) Its frames stay PNG bytes until re-asked (recording.LazyFrames).
+MAX_LOADED_BUNDLES = 1
 MAX_BUNDLE_BYTES = 256 << 20  # a bundle of 64 frames at 1280×720 is ~100 MB of PNG
+
+
+class TabBundles(dict):
+    """A tab's loaded bundle by answer id, and ``slot``: where all the tab's
+    re-asks run while it has no session, kept across loads, so a re-ask
+    replaces the tab's running one and a tab holds one answer place at most
+    (a fresh slot per call let one tab take every --max-concurrent-answers place)."""
+
+    def __init__(self, *args: Any, slot: Entry | None = None, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.slot = slot
+
+
+def _tab_slot(loaded: dict | None) -> Entry:
+    """The entry a tab's re-asks run on when it has no session (see TabBundles)."""
+    slot = getattr(loaded, "slot", None)
+    if slot is None:
+        # Outside the registry (it holds no media), with its own cache salt.
+        slot = Entry(Session("bundle-" + secrets.token_urlsafe(9)), kind="bundle")
+        if isinstance(loaded, TabBundles):
+            loaded.slot = slot
+    return slot
+
+
+def _audio_cap(state: Any) -> float:
+    """Most seconds of audio a loaded bundle may hold: the socket doors' --ws-max-audio-seconds."""
+    return getattr(getattr(state, "settings", None), "ws_max_audio_seconds", recording.MAX_AUDIO_SECONDS)
 
 
 def reask_choices(state, sid: str, loaded: dict | None = None) -> list[tuple[str, str]]:
@@ -341,9 +371,10 @@ async def _reask_engine(state, which: str):
 
 
 async def load_bundle(state, path: Any, loaded: dict | None) -> tuple[dict, list[tuple[str, str]], str, str]:
-    """Read an uploaded bundle zip into this tab: (loaded, its choice list, the
-    id to select, a message). The upload is deleted once read."""
-    loaded = dict(loaded or {})
+    """Read an uploaded bundle zip into this tab, in place of the one it held:
+    (loaded, its choice list, the id to select, a message). The upload is
+    deleted once read."""
+    loaded = TabBundles(loaded or {}, slot=getattr(loaded, "slot", None))
     if not path:
         return loaded, [], "", ""
     path = str(getattr(path, "path", path))
@@ -352,7 +383,8 @@ async def load_bundle(state, path: Any, loaded: dict | None) -> tuple[dict, list
         if size > MAX_BUNDLE_BYTES:
             raise recording.BundleError(f"the file is {size / 2**20:.0f} MiB; a bundle may be at most "
                                         f"{MAX_BUNDLE_BYTES >> 20} MiB")
-        bundle = await asyncio.to_thread(recording.read_bundle, path)
+        bundle = await asyncio.to_thread(recording.read_bundle, path, lazy=True,
+                                         max_audio_seconds=_audio_cap(state))
         intact = await asyncio.to_thread(lambda: bundle.digest() == bundle.inputs_sha256)
     except (recording.BundleError, OSError) as exc:
         return loaded, [], "", f"<p class='vc-note'>⚠ Not a bundle vidchat can read: {as_text(str(exc))}</p>"
@@ -364,16 +396,18 @@ async def load_bundle(state, path: Any, loaded: dict | None) -> tuple[dict, list
     answer = recording.recorded_answer(bundle)
     answer_id = "bundle-" + secrets.token_urlsafe(12)
     loaded[answer_id] = answer
-    while len(loaded) > MAX_LOADED_BUNDLES:
+    while len(loaded) > MAX_LOADED_BUNDLES:  # the one loaded before goes (a re-ask of it running ends on its own)
         loaded.pop(next(iter(loaded)))
     warn = ("" if intact else " Its frames and audio do not hash to the inputs_sha256 it records: the files were "
             "changed after recording.")
     # Only what this page offers: a model to choose only when a second one is served.
     choose = ("Choose the model, change Settings above if you like" if state.compare_model_path else
               "Change Settings above if you like")
-    message = compare_html(answer, None, "", f"Loaded the bundle ({len(answer.sample.frames)} frames"
-                           f"{', audio' if answer.sample.audio is not None else ''}). {choose}, then press "
-                           "“Re-ask with these settings”." + warn)
+    # In a worker: its record reads every frame's size, which decodes the lazy frames.
+    message = await asyncio.to_thread(
+        compare_html, answer, None, "", f"Loaded the bundle ({len(answer.sample.frames)} frames"
+        f"{', audio' if answer.sample.audio is not None else ''}). {choose}, then press "
+        "“Re-ask with these settings”." + warn)
     return loaded, [], answer_id, message
 
 
@@ -395,6 +429,8 @@ async def reask(state, sid: str, answer_id: str, *raw_settings: Any, engine_choi
     except EngineError as exc:
         yield f"<p class='vc-note'>⚠ {as_text(str(exc))}</p>"
         return
+    # A loaded bundle's frames, decoded for this re-ask (its comparison reads each frame's size at every update).
+    original = await asyncio.to_thread(recording.with_frames_decoded, original)
     try:
         request = page_request(state, *raw_settings)
         chat.check_options(request.options, engine)
@@ -406,13 +442,12 @@ async def reask(state, sid: str, answer_id: str, *raw_settings: Any, engine_choi
     note = (f"The original had {len(original.sample.frames)} frames; all of them are used."
             if wanted > len(original.sample.frames) else "")
     if entry is None:
-        # A bundle re-asked before any source started: a session of its own,
-        # outside the registry (it holds no media), with its own cache salt.
-        entry = Entry(Session("bundle-" + answer_id), kind="bundle")
+        # A bundle re-asked before any source started: the tab's own slot,
+        # which each of its re-asks shares (one answer place per tab).
+        entry = _tab_slot(loaded)
     heading = "Re-asked" if engine is state.engine else "Re-asked on the second model"
     try:
-        run = await conversation.of(state, entry).reask(original, request.options, sample, engine=engine,
-                                                        remember=entry.kind != "bundle")
+        run = await conversation.of(state, entry).reask(original, request.options, sample, engine=engine)
     except chat.Superseded:
         return
     except EngineError as exc:
@@ -424,6 +459,8 @@ async def reask(state, sid: str, answer_id: str, *raw_settings: Any, engine_choi
             if isinstance(event, Delta):
                 yield compare_html(original, None, run.answer.reply.text, note, heading)
             elif isinstance(event, Done):
+                if not event.current:
+                    return  # a newer re-ask of this tab replaced it: the comparison is that one's now
                 if event.error:
                     note = f"⚠ {event.error}"
                 elif event.status == CANCELLED:

@@ -236,6 +236,9 @@ def _reask(state: Any, page: Controls, own: Callable, asked: tuple[Any, Any]) ->
         async for update in reask(state, own(request, sid), answer_id, *settings, engine_choice=which, loaded=loaded):
             yield update
 
+    # No cap on the event (Gradio's would be one count for every tab): what
+    # bounds re-asks is their answer place, one per session or tab, since
+    # each re-ask replaces that one's running re-ask (answers.reask).
     page.reask_btn.click(on_reask, [page.session_id, page.reask_from, *page.settings_inputs, page.reask_engine,
                                     page.loaded_bundles],
                          page.comparison, api_name="reask", concurrency_limit=None, show_progress="minimal")
