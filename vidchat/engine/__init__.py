@@ -11,6 +11,7 @@ this module, never an implementation.
 
 from __future__ import annotations
 
+import hashlib
 import itertools
 import logging
 import math
@@ -319,7 +320,7 @@ class ModelEngine:
         self.tokens_per_frame: int | None = None  # measured at start when the encoder cache is sized
         # A turn's token count, by its text: a long chat's turns are counted
         # for every question, and never change (fit_history).
-        self._turn_tokens: dict[str, int] = {}
+        self._turn_tokens: dict[bytes, int] = {}  # by the turn's hash: the texts themselves are not kept
 
     @property
     def splits_audio(self) -> bool:
@@ -418,11 +419,12 @@ class ModelEngine:
 
     def _turn_cost(self, tokenizer: Any, text: str) -> int:
         """A turn's tokens alone, and the allowance for its markup."""
-        tokens = self._turn_tokens.get(text)
+        key = hashlib.blake2b(text.encode("utf-8", "surrogatepass"), digest_size=16).digest()
+        tokens = self._turn_tokens.get(key)
         if tokens is None:
             if len(self._turn_tokens) >= TURN_TOKENS_REMEMBERED:
                 self._turn_tokens.clear()
-            tokens = self._turn_tokens[text] = len(tokenizer(text)["input_ids"])
+            tokens = self._turn_tokens[key] = len(tokenizer(text)["input_ids"])
         return tokens + TURN_TEMPLATE_TOKENS
 
     def ask(self, question: str, frames: Sequence[np.ndarray | Image.Image] = (),
