@@ -24,7 +24,7 @@ from vidchat.conversation.answer_queue import AnswerQueue
 from vidchat.conversation.chat import AnswerOptions
 from vidchat.conversation.session import SessionSettings
 from vidchat.conversation.sessions import SessionRegistry
-from vidchat.doors.page.answers import load_bundle, reask, reask_choices
+from vidchat.doors.page.reask import load_bundle, reask, reask_choices
 from vidchat.doors.webrtc_routes import talk_state_of
 
 import hostile_bundles as hb

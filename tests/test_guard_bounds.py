@@ -28,7 +28,8 @@ from starlette.testclient import TestClient
 from test_hosting_rules import build_app
 from vidchat.app import guard as guard_module
 from vidchat.app.access import MIN_UPLOAD_CHARGE, Access, UploadQuota, user_login
-from vidchat.app.guard import Guard, PageLogins
+from vidchat.app.gradio_logins import PageLogins
+from vidchat.app.guard import Guard
 
 pytestmark = pytest.mark.unit
 

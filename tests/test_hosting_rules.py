@@ -18,7 +18,8 @@ from starlette.routing import Mount
 import hostile_bundles as hb
 from vidchat.app import access
 from vidchat.app.access import Access, OPERATOR_ROUTES, PUBLIC_ROUTES, route_kind, user_login
-from vidchat.app.guard import Guard, PageLogins
+from vidchat.app.gradio_logins import PageLogins
+from vidchat.app.guard import Guard
 from vidchat.app.settings import forwarded_allow_ips, parse_settings
 from vidchat.conversation import recording
 from vidchat.conversation.session import Session, SessionSettings, check_frame_budget, session_budget_bytes

@@ -15,7 +15,7 @@ from vidchat.conversation.session import SessionSettings
 from vidchat.conversation.sessions import SessionRegistry
 from vidchat.conversation.settings_table import SAMPLING_STRATEGIES, SETTINGS
 from vidchat.doors.page import STOPPED, history_turns, notice
-from vidchat.doors.page.answers import bundle_choices, load_bundle, reask_choices
+from vidchat.doors.page.reask import bundle_choices, load_bundle, reask_choices
 from vidchat.doors.page.view import mark_stopped
 from vidchat.engine import Turn
 

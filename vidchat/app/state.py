@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from vidchat.app.access import Access
-from vidchat.app.guard import PageLogins
+from vidchat.app.gradio_logins import PageLogins
 from vidchat.app.models import TINY_BANNER
 from vidchat.app.settings import Settings
 from vidchat.conversation.answer_queue import AnswerQueue

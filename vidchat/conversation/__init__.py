@@ -6,23 +6,30 @@ beside it) and gets an :class:`AnswerRun`: a typed stream of events that
 mirrors a realtime API's response — :class:`Queued` while it waits for a
 place, :class:`Started`, a :class:`Delta` per piece of text, and always one
 :class:`Done` last, with its status (``completed``, ``cancelled`` or
-``failed``). The run itself waits for its place, streams, aborts the vLLM
-request when nobody reads on, gives its place back, remembers the answer's
-inputs and records it when asked to. A door only turns those events into
-its wire format.
+``failed``). The run is driven by a task of the conversation from the
+moment it is asked (LiveKit's SpeechHandle): it waits for its place,
+streams, gives its place back, remembers the answer's inputs and records it
+when asked to, and ends with its Done whether anyone reads it or not. Doors
+listen (:meth:`AnswerRun.events`) and only turn the events into their wire
+format; a door that leaves unsubscribes, and when the last one leaves before
+the Done the answer is cancelled. :meth:`AnswerRun.cancel` is the one way to
+stop it; a cancelled run whose engine does not let go is force-done after
+CANCEL_GRACE_S.
 
 The one preemption rule: a newer question in the chat (any door, any kind:
 typed, spoken, watched) cancels the running answer, and the newer run starts
-only once the older run's Done has been delivered (or a short grace has
-passed, for a reader that stopped reading). A re-ask runs beside the chat
-(its own slot): it never cancels the chat's answer, is never kept among the
-chat's answers, and so is never read aloud nor offered as chat history.
+only once the older run's Done has been taken by its readers (at once when
+nobody reads it; a reader that stopped reading holds it at most
+PREEMPT_GRACE_S). A re-ask runs beside the chat (its own slot): it never
+cancels the chat's answer, is never kept among the chat's answers, and so is
+never read aloud nor offered as chat history.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 from dataclasses import dataclass
 from pathlib import Path
@@ -44,6 +51,11 @@ log = logging.getLogger(__name__)
 # effect at vLLM's next step), short enough that a reader that went away
 # without closing its run never holds the chat.
 PREEMPT_GRACE_S = 5.0
+# How long a cancelled answer may take to end before its Done is made
+# without it (LiveKit's interruption timeout): vLLM's abort takes effect at
+# its next step, so only an engine that hangs ever needs this.
+CANCEL_GRACE_S = 3.0
+_RUNNING: set[asyncio.Task] = set()  # the answer runs' tasks, held until they end
 
 COMPLETED, CANCELLED, FAILED = "completed", "cancelled", "failed"
 
@@ -112,21 +124,45 @@ class Words(Protocol):
 
 
 class AnswerRun:
-    """One question's answer, as events (:meth:`events`, read once)."""
+    """One question's answer, run by a task of the conversation from the
+    moment it is asked: it waits for its place, streams, gives its place
+    back and ends with its Done whether or not anyone reads it. Doors
+    listen (:meth:`events`, any number of readers, each from the first
+    event); a reader that leaves unsubscribes, and when the last one
+    leaves before the Done the answer is cancelled (nobody is left to read
+    it: abort-on-disconnect)."""
 
     def __init__(self, conversation: "Conversation", slot: Entry, answer: Answer, *, record: bool,
                  continues_chat: bool, remember: bool) -> None:
         self.conversation, self.slot, self.answer = conversation, slot, answer
         self.record, self.continues_chat, self.remember = record, continues_chat, remember
-        self.finished = asyncio.Event()  # set once Done is delivered, or the reader stopped reading
+        self.ended = asyncio.Event()  # set by the run as its Done is made: it always comes
+        self.finished = asyncio.Event()  # set once every reader has taken the Done (at once with no reader)
         self.superseded = False  # a newer question took its slot: its Done is not current
+        self._events: list[RunEvent] = []
+        self._more = asyncio.Event()  # replaced at each event: readers wait on the one of their time
+        self._readers = 0
+        self._forced: asyncio.TimerHandle | None = None
+        self._task = asyncio.get_running_loop().create_task(self._run())
+        _RUNNING.add(self._task)  # asyncio keeps only weak references to tasks
+        self._task.add_done_callback(_RUNNING.discard)
 
     async def cancel(self, why: str | None = None) -> None:
-        """Stop generating (or waiting); the run still ends with its Done
-        (``why``: its answer's cancelled_by, when it is the first cause)."""
+        """The one way to stop it: stop generating (or waiting). The run
+        still ends with its Done; if the engine does not let it end within
+        CANCEL_GRACE_S, the Done is made without it (force-done)."""
+        if not self.ended.is_set() and self._forced is None:
+            self._forced = asyncio.get_running_loop().call_later(CANCEL_GRACE_S, self._force_done)
         await self.answer.cancel(why)
 
-    async def events(self) -> AsyncIterator[RunEvent]:
+    # -- the run -----------------------------------------------------------
+
+    def _publish(self, event: RunEvent) -> None:
+        self._events.append(event)
+        more, self._more = self._more, asyncio.Event()
+        more.set()
+
+    async def _run(self) -> None:
         answer, reply = self.answer, self.answer.reply
         error: str | None = None
         started = False
@@ -135,11 +171,11 @@ class AnswerRun:
             try:
                 async with contextlib.aclosing(_places(answer)) as places:
                     async for ahead in places:
-                        yield Queued(ahead)
+                        self._publish(Queued(ahead))
                 started = True
-                yield Started(answer)
+                self._publish(Started(answer))
                 async for delta in reply:
-                    yield Delta(delta)
+                    self._publish(Delta(delta))
             except Abandoned:
                 pass  # replaced or stopped while it waited: it never started
             except EngineError as exc:
@@ -149,26 +185,52 @@ class AnswerRun:
                 error = "Query processing failed"
             finally:
                 try:
-                    # Aborts the vLLM request if nobody read it to the end.
-                    await asyncio.shield(reply.aclose())
+                    await asyncio.shield(reply.aclose())  # aborts the vLLM request if it did not end
                 except Exception:  # noqa: BLE001
                     log.debug("aborting the reply failed", exc_info=True)
                 released = chat.release(self.slot, answer, continues_chat=self.continues_chat)
                 current = released and not self.superseded
-            yield await self._done(error, started, current)
+            if not self.ended.is_set():
+                self._end(await self._done(error, started, current))
         finally:
+            if not self.ended.is_set():  # the task itself was cancelled (shutdown)
+                self._end(self._plain_done(None, started, False, cancelled=True))
+
+    def _force_done(self) -> None:
+        """The cancelled answer did not end within the grace: its Done now
+        (the engine's abort goes on in the background; its place is given back)."""
+        if self.ended.is_set():
+            return
+        log.info("session %s…: a cancelled answer did not end within %.0f s; done without it",
+                 self.answer.session_id[:6], CANCEL_GRACE_S)
+        chat.release(self.slot, self.answer, continues_chat=False)
+        self._end(self._plain_done(None, True, False, cancelled=True))
+
+    def _end(self, done: Done) -> None:
+        if self._forced is not None:
+            self._forced.cancel()
+        self._publish(done)
+        self.ended.set()
+        if self._readers == 0:
             self.finished.set()
 
-    async def _done(self, error: str | None, started: bool, current: bool) -> Done:
+    def _plain_done(self, error: str | None, started: bool, current: bool, cancelled: bool = False) -> Done:
+        """The run's Done without a recording, its inputs kept as asked."""
         answer = self.answer
-        status = FAILED if error else CANCELLED if (answer.reply.stats.cancelled or not started) else COMPLETED
+        status = FAILED if error else CANCELLED if (cancelled or answer.reply.stats.cancelled or not started) \
+            else COMPLETED
+        answer_id = kept.remember(self.conversation.entry, answer) if self.remember else None
+        return Done(answer, status, error, started, current, answer_id)
+
+    async def _done(self, error: str | None, started: bool, current: bool) -> Done:
+        done = self._plain_done(error, started, current)
+        answer, answer_id = self.answer, done.answer_id
         conversation = self.conversation
-        answer_id = kept.remember(conversation.entry, answer) if self.remember else None
         bundle = record_error = None
         if self.record and started and answer_id is not None:
             try:
                 bundle = await kept.save_bundle(conversation.state, conversation.entry, answer, answer_id,
-                                                         source=_RECORDED_FROM.get(conversation.entry.kind, "socket"))
+                                                source=_RECORDED_FROM.get(conversation.entry.kind, "socket"))
             except kept.RecordingOff as exc:
                 record_error = f"Not recorded: {exc}."
             except OSError as exc:
@@ -176,11 +238,31 @@ class AnswerRun:
         stats = answer.reply.stats
         # One line per answer, whichever door asked: what ran, how it ended and why.
         log.info("session %s…: answer %s %s: %d of %d tokens (%s), prompt %d tokens (%d cached), "
-                 "%d frames, history %d of %d turns%s", answer.session_id[:6], answer_id or "-", status,
+                 "%d frames, history %d of %d turns%s", answer.session_id[:6], answer_id or "-", done.status,
                  stats.completion_tokens, answer.options.max_tokens, stats.finish_reason or "no finish",
                  stats.prompt_tokens, stats.cached_tokens, stats.frames, stats.history_turns,
                  stats.history_turns_total, f", {answer.cancelled_by}" if answer.cancelled_by else "")
-        return Done(answer, status, error, started, current, answer_id, bundle, record_error)
+        return dataclasses.replace(done, bundle=bundle, record_error=record_error)
+
+    # -- listening ---------------------------------------------------------
+
+    def events(self) -> "RunReader":
+        """A reader of the run's events, from its first to its Done,
+        subscribed from this call on (close it to unsubscribe: the last
+        reader to leave before the Done cancels the answer)."""
+        return RunReader(self)
+
+    def _reader_left(self, took_done: bool) -> None:
+        self._readers -= 1
+        if self._readers:
+            return
+        if self.ended.is_set():
+            self.finished.set()
+        elif not took_done and not self.answer._abandon.is_set():
+            # The last door listening went away: nobody reads this answer now.
+            self._leaving = asyncio.get_running_loop().create_task(self.cancel())
+            _RUNNING.add(self._leaving)
+            self._leaving.add_done_callback(_RUNNING.discard)
 
     async def say(self, words: "Words") -> None:
         """Read the run to its end in a door's words; a door that can no longer
@@ -198,12 +280,53 @@ class AnswerRun:
                     await words.done(event)
 
     async def finish(self) -> Done:
-        """Read the run to its end without a door (replay, benchmarks)."""
-        async with contextlib.aclosing(self.events()) as events:
-            async for event in events:
-                if isinstance(event, Done):
-                    return event
-        raise AssertionError("an answer run ends with Done")
+        """Wait for the run's Done without a door (replay, benchmarks)."""
+        await self.ended.wait()
+        done = self._events[-1]
+        assert isinstance(done, Done), "an answer run ends with Done"
+        return done
+
+
+class RunReader:
+    """One door's subscription to an answer run (:meth:`AnswerRun.events`):
+    an async iterator of its events from the first; once the Done has been
+    taken, the next step (or closing it) tells the run it was delivered."""
+
+    def __init__(self, run: AnswerRun) -> None:
+        self._run = run
+        self._seen = 0
+        self._took_done = False
+        self._left = False
+        run._readers += 1
+
+    def __aiter__(self) -> "RunReader":
+        return self
+
+    async def __anext__(self) -> RunEvent:
+        run = self._run
+        if self._took_done or self._left:
+            await self.aclose()
+            raise StopAsyncIteration
+        while self._seen >= len(run._events):
+            await run._more.wait()
+        event = run._events[self._seen]
+        self._seen += 1
+        self._took_done = isinstance(event, Done)
+        return event
+
+    async def aclose(self) -> None:
+        if not self._left:
+            self._left = True
+            self._run._reader_left(self._took_done)
+
+    def __del__(self) -> None:
+        # A reader dropped without closing it (a door's task torn down) still unsubscribes.
+        if not self._left:
+            self._left = True
+            try:
+                self._run._reader_left(self._took_done)
+            except RuntimeError:  # no running loop any more (interpreter shutdown)
+                pass
 
 
 async def _places(answer: Answer) -> AsyncIterator[int]:
@@ -249,6 +372,8 @@ class Conversation:
         previous = self._chat_run
         if previous is not None:
             previous.superseded = True
+            if not previous.ended.is_set():
+                await previous.cancel()  # arms its force-done: its Done comes within the grace
         await self.entry.cancel_answer()
         if previous is not None and not previous.finished.is_set():
             try:

@@ -3,13 +3,14 @@ and a panel showing exactly what the model was given for the last question.
 
 Browser behaviour (camera, WebRTC) lives in static/vidchat.js. Here:
 :mod:`~vidchat.doors.page.view` (how the chat shows things), :mod:`~vidchat.doors.page.answers`
-(the page's questions and re-asks through vidchat.conversation.chat, the same answer path
-the WebSocket door uses), :mod:`~vidchat.doors.page.modes` (Watch and Talk),
+(the page's questions through the conversation, the same answer path the
+WebSocket door uses), :mod:`~vidchat.doors.page.reask` (re-ask and compare), :mod:`~vidchat.doors.page.modes` (Watch and Talk),
 :mod:`~vidchat.doors.page.layout` (the controls) and :mod:`~vidchat.doors.page.events`
 (which function each runs).
 """
 
-from vidchat.doors.page.answers import clear_chat, page_request, reask, respond, stop_answer
+from vidchat.doors.page.answers import clear_chat, page_request, respond, stop_answer
+from vidchat.doors.page.reask import reask
 from vidchat.doors.page.layout import access_mode, hf_page_token, mount, password_page_token
 from vidchat.doors.page.modes import talk_loop, watch_loop
 from vidchat.doors.page.view import NOT_RUNNING, STOPPED, compare_html, history_turns, notice

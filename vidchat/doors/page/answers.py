@@ -1,6 +1,6 @@
 """The page's questions: its settings read through the one settings table,
-asked through vidchat.conversation.chat, streamed into the chat; re-asks beside the chat;
-Stop and Clear chat."""
+asked through the conversation, streamed into the chat; Stop and Clear chat.
+(Re-asks beside the chat: vidchat.doors.page.reask.)"""
 
 from __future__ import annotations
 
@@ -8,25 +8,20 @@ import asyncio
 import contextlib
 import dataclasses
 import logging
-import secrets
 import time
-from pathlib import Path
 from typing import Any, AsyncIterator
 
 import gradio as gr
 
 from vidchat import conversation
-from vidchat.conversation import CANCELLED, Delta, Done, Queued, Started, chat, kept, recording
+from vidchat.conversation import CANCELLED, Delta, Done, Queued, Started, chat, kept
 from vidchat.conversation.chat import OptionError
-from vidchat.conversation.session import Session
-from vidchat.conversation.sessions import Entry
 from vidchat.conversation.settings_table import SETTINGS, UNBOUNDED_MAX_TOKENS, page_number
 from vidchat.doors import inputs as answer_inputs
-from vidchat.doors.markup import as_text
 from vidchat.engine import EngineError, Turn
 from vidchat.doors.page.view import (
-    NOT_RUNNING, NO_TEXT, SPOKEN, STOPPED, _short, compare_html, frames_html, history_turns, is_notice,
-    mark_stopped, model_label, notice, spoken_bubble, waiting_text,
+    NOT_RUNNING, NO_TEXT, SPOKEN, STOPPED, frames_html, history_turns, is_notice, mark_stopped, notice,
+    spoken_bubble, waiting_text,
 )
 
 log = logging.getLogger(__name__)
@@ -154,17 +149,19 @@ async def _answer_updates(state, entry, question: str, request: PageRequest, pas
         history.append(notice(str(exc) if isinstance(exc, chat.NoFrames) else f"⚠ {exc}"))
         yield history, gr.skip(), gr.skip()
         return
-    answer = run.answer
-    if pin is not None:
-        answer.sampled_before_ms = (time.monotonic() - pin.at) * 1000
-    if spoken is not None:
-        history.append(spoken_bubble(answer, kept.remember(entry, answer)))
-    log.info("chat event -> engine call: %.2f ms", (time.perf_counter() - event_start) * 1000)
-    reply = answer.reply
-    history.append({"role": "assistant", "content": ""})
-    yield history, gr.skip(), gr.skip()
-    shown = 0.0
+    # Listening from here: if this stream is closed before its answer's Done
+    # (Clear, the tab gone), the answer is cancelled, whatever it waits for.
     async with contextlib.aclosing(run.events()) as events:
+        answer = run.answer
+        if pin is not None:
+            answer.sampled_before_ms = (time.monotonic() - pin.at) * 1000
+        if spoken is not None:
+            history.append(spoken_bubble(answer, kept.remember(entry, answer)))
+        log.info("chat event -> engine call: %.2f ms", (time.perf_counter() - event_start) * 1000)
+        reply = answer.reply
+        history.append({"role": "assistant", "content": ""})
+        yield history, gr.skip(), gr.skip()
+        shown = 0.0
         async for event in events:
             if isinstance(event, Queued):
                 history[-1] = notice(waiting_text(event.ahead))
@@ -276,6 +273,8 @@ async def respond(state, message: str, history: list[dict], sid: str, *raw_setti
         history.append(notice(f"⚠ {exc}"))
         yield history, gr.skip(), gr.skip()
         return
+    if entry.chat_cleared != chat_as_of:
+        return  # Clear chat while the model loaded: the question went with the old chat
     try:
         request = applied_request(state, entry, raw_settings)
     except ValueError as exc:  # OptionError or the session's own validation
@@ -290,185 +289,6 @@ async def respond(state, message: str, history: list[dict], sid: str, *raw_setti
 
 
 # ---------------------------------------------------------------------------
-# Re-ask and compare: an earlier answer's exact inputs, other settings
-# ---------------------------------------------------------------------------
-
-# A tab holds one loaded bundle; loading another replaces it. (It held 8,
-# each up to 512 MB decoded plus its audio, and an API client can open tabs
-# at will.) Its frames stay PNG bytes until re-asked (recording.LazyFrames).
-MAX_LOADED_BUNDLES = 1
-MAX_BUNDLE_BYTES = 256 << 20  # a bundle of 64 frames at 1280×720 is ~100 MB of PNG
-
-
-class TabBundles(dict):
-    """A tab's loaded bundle by answer id, and ``slot``: where all the tab's
-    re-asks run while it has no session, kept across loads, so a re-ask
-    replaces the tab's running one and a tab holds one answer place at most
-    (a fresh slot per call let one tab take every --max-concurrent-answers place)."""
-
-    def __init__(self, *args: Any, slot: Entry | None = None, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self.slot = slot
-
-
-def _tab_slot(loaded: dict | None) -> Entry:
-    """The entry a tab's re-asks run on when it has no session (see TabBundles)."""
-    slot = getattr(loaded, "slot", None)
-    if slot is None:
-        # Outside the registry (it holds no media), with its own cache salt.
-        slot = Entry(Session("bundle-" + secrets.token_urlsafe(9)), kind="bundle")
-        if isinstance(loaded, TabBundles):
-            loaded.slot = slot
-    return slot
-
-
-def _audio_cap(state: Any) -> float:
-    """Most seconds of audio a loaded bundle may hold: the socket doors' --ws-max-audio-seconds."""
-    return getattr(getattr(state, "settings", None), "ws_max_audio_seconds", recording.MAX_AUDIO_SECONDS)
-
-
-def reask_choices(state, sid: str, loaded: dict | None = None) -> list[tuple[str, str]]:
-    """The answers of the session's chat (not of a cleared one), newest
-    first, then bundles loaded into this tab, as (label, answer id). A label
-    starts with when the question was asked, on the session's timeline
-    (seconds since its first media, as the frames' captions), so the same
-    question asked twice reads as two even where a phone cuts the label short."""
-    entry = state.registry.get(sid) if isinstance(sid, str) else None
-    out = []
-    if entry is not None:
-        start = entry.session.timeline_start
-        for n, (answer_id, answer) in enumerate(kept.chat_answers(entry)):
-            when = [] if start is None else [f"at {answer.asked_at - start:.1f} s"]
-            head = ", ".join((["latest"] if n == 0 else []) + when)
-            out.append((f"{head + ': ' if head else ''}{_short(answer.question)} ({len(answer.sample.frames)} "
-                        f"frames, T={answer.options.temperature:g})", answer_id))
-    return out + bundle_choices(loaded)
-
-
-def bundle_choices(loaded: dict | None) -> list[tuple[str, str]]:
-    """The bundles loaded into this tab, newest first, as (label, answer id)."""
-    return [(f"bundle: {_short(answer.question)} ({len(answer.sample.frames)} frames, {answer.bundle_name})",
-             answer_id) for answer_id, answer in reversed((loaded or {}).items())]
-
-
-def reask_engines(state) -> list[tuple[str, str]]:
-    """The models a re-ask can go to, as (label, value) for the page's radio."""
-    out = [(f"{model_label(state)} (this server's model)", "main")]
-    if state.compare_model_path:
-        name = state.compare_model_path.rstrip("/").rsplit("/", 1)[-1]
-        out.append((f"{'tiny test model (vision only)' if state.compare_tiny and 'vl' in name else name} "
-                    "(--compare-model)", "compare"))
-    return out
-
-
-async def _reask_engine(state, which: str):
-    if which == "compare":
-        ready, reason = state.compare_readiness()
-        if not ready:
-            raise EngineError(reason)
-        return state.compare_engine
-    return await state.wait_engine(timeout=0)
-
-
-async def load_bundle(state, path: Any, loaded: dict | None) -> tuple[dict, list[tuple[str, str]], str, str]:
-    """Read an uploaded bundle zip into this tab, in place of the one it held:
-    (loaded, its choice list, the id to select, a message). The upload is
-    deleted once read."""
-    loaded = TabBundles(loaded or {}, slot=getattr(loaded, "slot", None))
-    if not path:
-        return loaded, [], "", ""
-    path = str(getattr(path, "path", path))
-    try:
-        size = Path(path).stat().st_size
-        if size > MAX_BUNDLE_BYTES:
-            raise recording.BundleError(f"the file is {size / 2**20:.0f} MiB; a bundle may be at most "
-                                        f"{MAX_BUNDLE_BYTES >> 20} MiB")
-        bundle = await asyncio.to_thread(recording.read_bundle, path, lazy=True,
-                                         max_audio_seconds=_audio_cap(state))
-        intact = await asyncio.to_thread(lambda: bundle.digest() == bundle.inputs_sha256)
-    except (recording.BundleError, OSError) as exc:
-        return loaded, [], "", f"<p class='vc-note'>⚠ Not a bundle vidchat can read: {as_text(str(exc))}</p>"
-    finally:
-        try:  # Gradio kept the upload on disk; nothing of it stays once read
-            Path(path).unlink()
-        except OSError:
-            pass
-    answer = recording.recorded_answer(bundle)
-    answer_id = "bundle-" + secrets.token_urlsafe(12)
-    loaded[answer_id] = answer
-    while len(loaded) > MAX_LOADED_BUNDLES:  # the one loaded before goes (a re-ask of it running ends on its own)
-        loaded.pop(next(iter(loaded)))
-    warn = ("" if intact else " Its frames and audio do not hash to the inputs_sha256 it records: the files were "
-            "changed after recording.")
-    # Only what this page offers: a model to choose only when a second one is served.
-    choose = ("Choose the model, change Settings above if you like" if state.compare_model_path else
-              "Change Settings above if you like")
-    # In a worker: its record reads every frame's size, which decodes the lazy frames.
-    message = await asyncio.to_thread(
-        compare_html, answer, None, "", f"Loaded the bundle ({len(answer.sample.frames)} frames"
-        f"{', audio' if answer.sample.audio is not None else ''}). {choose}, then press "
-        "“Re-ask with these settings”." + warn)
-    return loaded, [], answer_id, message
-
-
-async def reask(state, sid: str, answer_id: str, *raw_settings: Any, engine_choice: str = "main",
-                loaded: dict | None = None) -> AsyncIterator[str]:
-    """Ask an earlier answer's (or a loaded bundle's) question again on its
-    exact frames, audio and history, with the page's current settings and
-    the chosen model; yields the comparison."""
-    entry = state.registry.get(sid) if isinstance(sid, str) else None
-    original = None
-    if isinstance(answer_id, str):
-        original = (entry.answers.get(answer_id) if entry is not None else None) or (loaded or {}).get(answer_id)
-    if original is None:
-        yield ("<p class='vc-note'>Pick an answer of this session (answers are kept while the session runs) or "
-               "load a recorded bundle to re-ask.</p>")
-        return
-    try:
-        engine = await _reask_engine(state, engine_choice if engine_choice in ("main", "compare") else "main")
-    except EngineError as exc:
-        yield f"<p class='vc-note'>⚠ {as_text(str(exc))}</p>"
-        return
-    # A loaded bundle's frames, decoded for this re-ask (its comparison reads each frame's size at every update).
-    original = await asyncio.to_thread(recording.with_frames_decoded, original)
-    try:
-        request = page_request(state, *raw_settings)
-        chat.check_options(request.options, engine)
-        wanted = request.sampling["num_sample_frames"]
-        sample = chat.frozen_sample(original, wanted)
-    except ValueError as exc:
-        yield f"<p class='vc-note'>⚠ Settings not accepted: {as_text(str(exc))}</p>"
-        return
-    note = (f"The original had {len(original.sample.frames)} frames; all of them are used."
-            if wanted > len(original.sample.frames) else "")
-    if entry is None:
-        # A bundle re-asked before any source started: the tab's own slot,
-        # which each of its re-asks shares (one answer place per tab).
-        entry = _tab_slot(loaded)
-    heading = "Re-asked" if engine is state.engine else "Re-asked on the second model"
-    try:
-        run = await conversation.of(state, entry).reask(original, request.options, sample, engine=engine)
-    except chat.Superseded:
-        return
-    except EngineError as exc:
-        yield f"<p class='vc-note'>⚠ {as_text(str(exc))}</p>"
-        return
-    yield compare_html(original, None, "", note, heading)
-    async with contextlib.aclosing(run.events()) as events:
-        async for event in events:
-            if isinstance(event, Delta):
-                yield compare_html(original, None, run.answer.reply.text, note, heading)
-            elif isinstance(event, Done):
-                if not event.current:
-                    return  # a newer re-ask of this tab replaced it: the comparison is that one's now
-                if event.error:
-                    note = f"⚠ {event.error}"
-                elif event.status == CANCELLED:
-                    note = "Stopped."
-                yield compare_html(original, event.answer, event.text, note, heading)
-
-
-# ---------------------------------------------------------------------------
 async def clear_chat(state, sid: str) -> None:
     """Clear chat: the answer streaming into the old chat stops (nobody reads
     it now) and nothing of the old chat comes back: not that answer's last
@@ -476,6 +296,7 @@ async def clear_chat(state, sid: str) -> None:
     entry = state.registry.get(sid) if isinstance(sid, str) else None
     if entry is not None:
         entry.chat_cleared += 1
+        entry.question_seq += 1  # a question still being prepared for the old chat never starts
         entry.warm_history = ()  # the next question carries no chat: nor does its warm-up
         streams = [asyncio.ensure_future(done.wait()) for done in entry.chat_streams]
         await entry.cancel_answer()

@@ -15,9 +15,8 @@ import gradio as gr
 
 from vidchat.app.access import login_of
 from vidchat.conversation.settings_table import SETTINGS
-from vidchat.doors.page.answers import (
-    bundle_choices, clear_chat, load_bundle, reask, reask_choices, respond, stop_answer, watch_switched,
-)
+from vidchat.doors.page.answers import clear_chat, respond, stop_answer, watch_switched
+from vidchat.doors.page.reask import bundle_choices, load_bundle, reask, reask_choices
 from vidchat.doors.page.modes import TALK_NEEDS_AUDIO, talk_loop, watch_loop
 
 # A streaming event's last message repeats its last update in full, so it
@@ -238,7 +237,7 @@ def _reask(state: Any, page: Controls, own: Callable, asked: tuple[Any, Any]) ->
 
     # No cap on the event (Gradio's would be one count for every tab): what
     # bounds re-asks is their answer place, one per session or tab, since
-    # each re-ask replaces that one's running re-ask (answers.reask).
+    # each re-ask replaces that one's running re-ask (reask.reask).
     page.reask_btn.click(on_reask, [page.session_id, page.reask_from, *page.settings_inputs, page.reask_engine,
                                     page.loaded_bundles],
                          page.comparison, api_name="reask", concurrency_limit=None, show_progress="minimal")

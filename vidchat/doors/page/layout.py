@@ -17,7 +17,7 @@ from vidchat.doors.markup import as_text
 from vidchat.doors.page.view import HEAD, PREVIEW_HTML, TALK_HTML, frames_html, model_label
 from vidchat.media import FRAMES_AS, evs
 from vidchat.media.vad import TurnSettings
-from vidchat.doors.page.answers import MAX_BUNDLE_BYTES, reask_engines
+from vidchat.doors.page.reask import MAX_BUNDLE_BYTES, reask_engines
 from vidchat.doors.page.events import Controls, wire
 
 log = logging.getLogger(__name__)
