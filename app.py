@@ -23,6 +23,10 @@ def main(argv: list[str] | None = None) -> int:
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
         datefmt="%H:%M:%S",
     )
+    if settings.log_format == "json":
+        from vidchat.app.json_logs import use_json_logs
+
+        use_json_logs()
     log = logging.getLogger("vidchat")
     if settings.log_level.lower() != "debug":
         from vidchat.app.console import quiet_libraries
@@ -146,7 +150,9 @@ def _serve(state: "AppState", log: logging.Logger) -> int:
         log.info("client addresses from X-Forwarded-For / Forwarded of proxies at %s", trusted_proxies)
     config = uvicorn.Config(app, host=settings.host, port=settings.port, log_level=settings.log_level.lower(),
                             ws_max_size=ws_max_size, ws="websockets-sansio", proxy_headers=True,
-                            forwarded_allow_ips=trusted_proxies, timeout_graceful_shutdown=SHUTDOWN_GRACE_S)
+                            forwarded_allow_ips=trusted_proxies, timeout_graceful_shutdown=SHUTDOWN_GRACE_S,
+                            # JSON logs: uvicorn's loggers write through the root's JSON handler.
+                            **({"log_config": None} if settings.log_format == "json" else {}))
     try:
         ClosingServer(config, state).run()
     except KeyboardInterrupt:

@@ -228,8 +228,10 @@ async def test_a_socket_session_runs_while_the_model_loads_and_ctrl_c_leaves_no_
 
 @pytest.mark.engine
 async def test_engine_death_is_reported_and_the_server_stays_up(artifacts_dir, tiny_vl_path):
-    """Kill vLLM's engine process: health says so, a question gets a clear
-    error instead of hanging, and the page and protocol keep answering."""
+    """Kill vLLM's engine process with --engine-restarts 0: it stays down,
+    health and /readyz say why, a question gets a clear error instead of
+    hanging, and the server keeps serving. With --log-format json every line
+    the server logs is one JSON object."""
     import asyncio
     import base64
     import json
@@ -239,7 +241,8 @@ async def test_engine_death_is_reported_and_the_server_stays_up(artifacts_dir, t
 
     from vidchat.devtools import synthetic
 
-    srv = start_server(["--model", "tiny-vl", "--kv-cache-gb", "0.25", "--max-model-len", "2048"],
+    srv = start_server(["--model", "tiny-vl", "--kv-cache-gb", "0.25", "--max-model-len", "2048",
+                        "--engine-restarts", "0", "--log-format", "json"],
                        artifacts_dir / "server-engine-death.log")
     try:
         for child in psutil.Process(srv.proc.pid).children(recursive=True):
@@ -257,8 +260,15 @@ async def test_engine_death_is_reported_and_the_server_stays_up(artifacts_dir, t
             while not any(m.get("type") in ("response.text.done", "error") for m in messages):
                 messages.append(json.loads(await asyncio.wait_for(ws.recv(), 15)))
             errors = [m["message"] for m in messages if m["type"] == "error"]
-            assert errors and "engine has stopped" in errors[0] and "restart" in errors[0]
+            assert errors and "stays down" in errors[0] and "--engine-restarts is 0" in errors[0], errors
         assert fetch(srv.url + "/")[0] == 200  # the server itself is still up
+        ready = srv.get_json("/readyz")
+        assert "stays down" in json.dumps(ready), ready
+        lines = [line for line in srv.log().splitlines() if line.strip()]
+        records = [json.loads(line) for line in lines]  # each line one JSON object
+        assert all({"time", "level", "logger", "message"} <= set(r) for r in records)
+        assert any(r["level"] == "ERROR" and "stays down" in r["message"] for r in records)
+        assert any(r.get("door") == "socket" and len(r.get("session", "")) == 8 for r in records)
     finally:
         srv.proc.kill()
         srv.proc.wait(timeout=30)

@@ -12,12 +12,14 @@ from __future__ import annotations
 import asyncio
 import collections
 import time
-from typing import Any
+from typing import Any, Callable
 
 
 class LoopWatch:
-    def __init__(self, interval_s: float = 0.01, keep: int = 6_000) -> None:
+    def __init__(self, interval_s: float = 0.01, keep: int = 6_000,
+                 observe: Callable[[float], None] | None = None) -> None:
         self.interval_s = interval_s
+        self._observe = observe  # each lag in seconds (the /metrics histogram)
         self._lags_ms: collections.deque[float] = collections.deque(maxlen=keep)
         self._task: asyncio.Task | None = None
 
@@ -34,7 +36,10 @@ class LoopWatch:
         while True:
             due = time.perf_counter() + self.interval_s
             await asyncio.sleep(self.interval_s)
-            self._lags_ms.append(max(0.0, (time.perf_counter() - due) * 1000))
+            lag_s = max(0.0, time.perf_counter() - due)
+            self._lags_ms.append(lag_s * 1000)
+            if self._observe is not None:
+                self._observe(lag_s)
 
     def reset(self) -> None:
         """Start a new measurement window (the benchmark calls this before loading the server)."""

@@ -6,15 +6,18 @@ import asyncio
 import contextlib
 import json
 import logging
+import threading
 from pathlib import Path
 from typing import Any, AsyncContextManager, AsyncIterator, Callable
 
 import uvicorn
 from fastapi import FastAPI, WebSocket
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
 from fastapi.staticfiles import StaticFiles
 
+from vidchat.app import metrics as app_metrics
 from vidchat.app.access import default_allowed_hosts, split_list
+from vidchat.app.engine_keeper import EngineKeeper
 from vidchat.app.guard import Guard
 from vidchat.app.loopwatch import LoopWatch
 from vidchat.app.settings import Settings
@@ -39,7 +42,8 @@ STATIC_URL = "/static/vidchat"
 SEGMENTED_MAX_AUDIOS = 16
 
 
-def engine_options(settings: Settings, model_path: str, tiny: bool) -> EngineOptions:
+def engine_options(settings: Settings, model_path: str, tiny: bool, main: bool = True) -> EngineOptions:
+    """The engine's options (``main``: the main engine, whose vLLM stats feed /metrics)."""
     return EngineOptions(
         model=model_path,
         dtype="float32" if tiny and settings.dtype == "auto" else settings.dtype,
@@ -57,6 +61,7 @@ def engine_options(settings: Settings, model_path: str, tiny: bool) -> EngineOpt
         encoder_cache_frames=settings.max_sessions * settings.frames_per_question,
         tensor_parallel_size=settings.tensor_parallel_size,
         data_parallel_size=settings.data_parallel_size,
+        prometheus_stats=main,
     )
 
 
@@ -113,7 +118,8 @@ def create_app(state: AppState) -> FastAPI:
     files, the access guard in front of every route, and the page mounted last."""
     from vidchat.doors import inputs as answer_inputs, media_dir, protocol, page as ui, realtime, webrtc_routes
 
-    loop_watch = LoopWatch()
+    state.metrics = app_metrics.attach(state)
+    loop_watch = LoopWatch(observe=state.metrics.loop_lag.observe)
     app = FastAPI(title="vidchat", lifespan=_lifespan(state, loop_watch), docs_url=None, redoc_url=None)
     app.state.vidchat = state
     _replica_routes(app, state)
@@ -171,6 +177,9 @@ def _lifespan(state: AppState, loop_watch: LoopWatch) -> Callable[[FastAPI], Asy
             await state.registry.close_all(timeout=SHUTDOWN_GRACE_S)
             if loading is not None:
                 await asyncio.gather(loading, return_exceptions=True)  # a start in progress finishes first
+            if state.keeping is not None:
+                state.keeping.cancel()  # a restart in progress finishes, and its engine is shut down
+                await asyncio.gather(state.keeping, return_exceptions=True)
             if owns_engine:
                 _shut_down_own_engines(state)
 
@@ -243,10 +252,17 @@ def _running_routes(app: FastAPI, state: AppState, loop_watch: LoopWatch) -> Non
                                "frames": engine.encoder_cache_tokens // engine.tokens_per_frame}
                               if ok and engine.tokens_per_frame and engine.encoder_cache_tokens else None),
             "loop_lag": loop_watch.snapshot(),
+            # What a leak would grow (bench/soak.py samples it with the process's RSS and fds).
+            "process": {"asyncio_tasks": len(asyncio.all_tasks()), "threads": threading.active_count()},
             # --engine-url: each model server's health (null in-process).
             "replicas": await _replica_health(state),
         }
         return JSONResponse(body, status_code=200 if ok else 503)
+
+    @app.get("/metrics")
+    async def prometheus_metrics() -> Response:
+        """Prometheus's text format: vidchat's families and the engine's vllm: ones (vidchat.app.metrics)."""
+        return Response(app_metrics.exposition(), media_type=app_metrics.CONTENT_TYPE)
 
     @app.post("/api/prewarm")
     async def set_prewarm(body: dict[str, Any]) -> JSONResponse:
@@ -328,15 +344,39 @@ async def _load_engine(state: AppState) -> None:
     await prewarm_auto.settle(state, engine)  # --prewarm auto times a frame here, before the server is ready
     state.engine_settled(engine)
     log.info("vidchat ready on http://%s:%d", state.settings.host, state.settings.port)
+    keepers = [] if state.settings.engine_url else [_keeper(state, main=True)]
     if state.compare_model_path:
         # After the first: the page works meanwhile, and two loads at once
         # would only compete for the same cores and memory.
-        options = engine_options(state.settings, state.compare_model_path, state.compare_tiny)
+        options = engine_options(state.settings, state.compare_model_path, state.compare_tiny, main=False)
         try:
             state.compare_engine = await asyncio.to_thread(LocalEngine.start, options)
         except Exception as exc:
             log.error("the comparison model failed to load: %s", exc, exc_info=not isinstance(exc, EngineError))
             state.compare_error = str(exc)
+        else:
+            keepers.append(_keeper(state, main=False))
+    # Until the app shuts down (the lifespan cancels it) or every engine stays down.
+    state.keeping = asyncio.create_task(_keep(keepers), name="engine-keepers")
+
+
+async def _keep(keepers: list[EngineKeeper]) -> None:
+    await asyncio.gather(*(keeper.run() for keeper in keepers))
+
+
+def _keeper(state: AppState, main: bool) -> EngineKeeper:
+    """The watch over an in-process engine: started again when it dies."""
+    if main:
+        return EngineKeeper(state, state.engine_life, lambda: state.engine, state.put_engine,
+                            lambda: state.engine_options, LocalEngine.start, state.settings.engine_restarts,
+                            stays_down=state.engine_stays_down)
+
+    def put_compare(engine: Any) -> None:
+        state.compare_engine = engine
+
+    options = engine_options(state.settings, state.compare_model_path, state.compare_tiny, main=False)
+    return EngineKeeper(state, state.compare_life, lambda: state.compare_engine, put_compare, lambda: options,
+                        LocalEngine.start, state.settings.engine_restarts)
 
 
 async def _reap_idle_sessions(state: AppState) -> None:

@@ -124,6 +124,12 @@ class Settings:
     host: str = _opt("127.0.0.1", "Address to bind. Use 0.0.0.0 only when you mean to expose the app.")
     port: int = _opt(7860, "TCP port for the page, the WebRTC offer endpoint and the WebSocket protocol.")
     log_level: str = _opt("info", "Logging level (debug, info, warning, error).")
+    log_format: str = _opt("console", "How log lines look: console (for a person) or json (one object per "
+                           "line: time, level, logger, message, and session, door, answer_id where there is one).",
+                           choices=("console", "json"))
+    engine_restarts: int = _opt(3, "Times an hour the in-process engine (and --compare-model's) is started again "
+                                "after it dies (an OOM, a CUDA error, its process killed), 2 s, 4 s, 8 s … apart; "
+                                "past that it stays down and says why. 0: never.")
     # --- sessions -------------------------------------------------------
     max_sessions: int = _opt(16, "Most concurrent sessions (browser tabs + WebSocket clients). vLLM's encoder "
                              "cache is sized to hold one sample per session (tokens per frame x frames per "
@@ -208,9 +214,10 @@ class Settings:
     )
     # --- limits ---------------------------------------------------------
     max_body_bytes: int = _opt(
-        1 << 20, "Largest request body on every route but the page's file upload (bytes): /webrtc/*, /api/* and the "
-        "page's API (/gradio_api/*, whose questions carry the chat so far); larger gets 413 before anything of it "
-        "is parsed. Uploads are bounded by --max-upload-mb instead.",
+        16 << 20, "Largest request body on every route but the page's file upload (bytes): /webrtc/*, /api/* and "
+        "the page's API (/gradio_api/*, whose questions carry the chat so far, each answer with its 'What the model "
+        "got' fold: a 100-question chat passed 1 MiB); larger gets 413 before anything of it is parsed, and large "
+        "bodies are parsed off the event loop. Uploads are bounded by --max-upload-mb instead.",
     )
     max_upload_mb: float = _opt(
         64.0, "Uploads one login keeps on the server at once (files sent to the page's /gradio_api/upload, such as "
@@ -287,7 +294,7 @@ AT_LEAST = {"max_sessions": 1, "max_frame_pixels": 1, "max_body_bytes": 1024, "w
             "session_idle_timeout": 1, "ws_idle_timeout": 1, "ws_config_timeout": 0.1, "ws_send_timeout": 0.5,
             "tensor_parallel_size": 1, "data_parallel_size": 1, "turn_ttl": 60,
             "max_session_mb": 0, "engine_connect_timeout": 0.1, "engine_first_byte_timeout": 0.1,
-            "ws_max_audio_seconds": 0.1, "max_upload_mb": 0}
+            "ws_max_audio_seconds": 0.1, "max_upload_mb": 0, "engine_restarts": 0}
 # And above: a session keeps at most MAX_AUDIO_SECONDS of audio, at every door.
 AT_MOST = {"ws_max_audio_seconds": MAX_AUDIO_SECONDS}
 

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from vidchat.app.access import Access
+from vidchat.app.engine_keeper import EngineLife
 from vidchat.app.gradio_logins import PageLogins
 from vidchat.app.models import TINY_BANNER
 from vidchat.app.settings import Settings
@@ -46,6 +47,11 @@ class AppState:
     compare_engine: ChatEngine | None = None
     compare_error: str | None = None
     _engine_settled: asyncio.Event | None = field(default=None, repr=False)
+    # While an engine restarts or stays down after dying (vidchat.app.engine_keeper).
+    engine_life: EngineLife = field(default_factory=lambda: EngineLife("main"))
+    compare_life: EngineLife = field(default_factory=lambda: EngineLife("compare"))
+    metrics: Any = None  # vidchat.app.metrics.Metrics once the app serves /metrics
+    keeping: asyncio.Task | None = None  # the engine keepers' task (vidchat.app.engine_keeper)
 
     @property
     def ready(self) -> bool:
@@ -61,6 +67,9 @@ class AppState:
         """(ready, reason) for /readyz and the page."""
         if self.ready:
             return True, "ready"
+        life = self.engine_life.status()
+        if life:
+            return False, life
         if self.engine_error:
             return False, f"The model failed to load: {self.engine_error}"
         if self.engine is not None:
@@ -79,14 +88,47 @@ class AppState:
         self.engine, self.engine_error = engine, error
         self._settled().set()
 
+    def put_engine(self, engine: ChatEngine | None) -> None:
+        """The engine keeper's: None while a dead engine restarts (questions
+        wait, as while the model first loads), then the new engine."""
+        if engine is not None:
+            self.engine_settled(engine)
+            return
+        self.engine = None
+        if self._engine_settled is not None and self._engine_settled.is_set():
+            self._engine_settled = asyncio.Event()
+
+    def engine_stays_down(self) -> None:
+        """The keeper gave up: whoever waits for the engine is told why."""
+        self._settled().set()
+
+    @property
+    def engine_down(self) -> bool:
+        """The engine failed to load or died for good: no point waiting for
+        it. A dead engine that its keeper restarts is not down (questions wait)."""
+        if self.engine_error or self.engine_life.down_because:
+            return True
+        kept = self.keeping is not None and not self.keeping.done()
+        return self.engine is not None and self.engine.is_dead and not kept
+
     async def wait_engine(self, timeout: float | None = None) -> ChatEngine:
-        """The running engine, waiting while it loads (raises EngineError when
-        it failed, stopped or is still loading after `timeout`)."""
-        if self.engine is None and not self.engine_error:
-            try:
-                await asyncio.wait_for(self._settled().wait(), timeout)
-            except asyncio.TimeoutError:
-                pass
+        """The running engine, waiting while it loads or restarts (raises
+        EngineError when it failed, stays down or is not up after `timeout`)."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while not self.ready and not self.engine_down:
+            left = None if deadline is None else deadline - time.monotonic()
+            if left is not None and left <= 0:
+                break
+            if self.engine is None:
+                settled = self._settled()
+                if settled.is_set():
+                    break  # settled without an engine: readiness says why
+                try:
+                    await asyncio.wait_for(settled.wait(), left)
+                except asyncio.TimeoutError:
+                    break
+            else:  # it just died: its keeper takes it within WATCH_INTERVAL_S
+                await asyncio.sleep(0.05 if left is None else min(0.05, left))
         ready, reason = self.readiness()
         if not ready:
             raise EngineError(reason)
@@ -98,10 +140,14 @@ class AppState:
             return False, "No second model: start vidchat with --compare-model to compare two models."
         if self.compare_engine is not None and not self.compare_engine.is_dead:
             return True, "ready"
+        life = self.compare_life.status()
+        if life:
+            return False, life.replace("The model engine", "The second model's engine").replace(
+                "Restarting the model", "Restarting the second model")
         if self.compare_error:
             return False, f"The second model failed to load: {self.compare_error}"
         if self.compare_engine is not None:
-            return False, "The second model's engine has stopped; restart vidchat."
+            return False, "The second model's engine has stopped (see the server log for the cause)."
         return False, "The second model is still loading (it starts after the first)."
 
     @property
@@ -139,10 +185,13 @@ class AppState:
     def new_session(self, kind: str, **kwargs: Any) -> Entry:
         """Register a session with the server's storage size, frame cap and
         memory budget (raises TooManySessions, or ValueError for settings over the budget)."""
-        return self.registry.create(kind, store_max_pixels=self.store_max_pixels(),
-                                    max_frame_bytes=self.settings.ws_max_frame_bytes,
-                                    max_frame_pixels=self.settings.max_frame_pixels,
-                                    max_bytes=self.session_budget_bytes(), **kwargs)
+        entry = self.registry.create(kind, store_max_pixels=self.store_max_pixels(),
+                                     max_frame_bytes=self.settings.ws_max_frame_bytes,
+                                     max_frame_pixels=self.settings.max_frame_pixels,
+                                     max_bytes=self.session_budget_bytes(), **kwargs)
+        if self.metrics is not None:
+            entry.session.on_frame = self.metrics.frame_counter(kind)
+        return entry
 
 
 def default_session_settings(settings: Settings) -> SessionSettings:

@@ -31,11 +31,12 @@ import asyncio
 import contextlib
 import dataclasses
 import logging
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, AsyncIterator, Callable, Protocol, Sequence, Union
 
-from vidchat.conversation import chat, kept
+from vidchat.conversation import chat, kept, log_context
 from vidchat.conversation.answer_queue import Abandoned
 from vidchat.conversation.chat import Answer, AnswerOptions
 from vidchat.conversation.session import Sample
@@ -143,6 +144,7 @@ class AnswerRun:
         self._more = asyncio.Event()  # replaced at each event: readers wait on the one of their time
         self._readers = 0
         self._forced: asyncio.TimerHandle | None = None
+        self._first_token_at: float | None = None
         self._task = asyncio.get_running_loop().create_task(self._run())
         _RUNNING.add(self._task)  # asyncio keeps only weak references to tasks
         self._task.add_done_callback(_RUNNING.discard)
@@ -164,6 +166,7 @@ class AnswerRun:
 
     async def _run(self) -> None:
         answer, reply = self.answer, self.answer.reply
+        log_context.bind(self.conversation.entry.session.id, self.conversation.entry.kind)  # this task's log lines
         error: str | None = None
         started = False
         current = True
@@ -175,6 +178,8 @@ class AnswerRun:
                 started = True
                 self._publish(Started(answer))
                 async for delta in reply:
+                    if self._first_token_at is None:
+                        self._first_token_at = time.monotonic()
                     self._publish(Delta(delta))
             except Abandoned:
                 pass  # replaced or stopped while it waited: it never started
@@ -209,10 +214,26 @@ class AnswerRun:
     def _end(self, done: Done) -> None:
         if self._forced is not None:
             self._forced.cancel()
+        self._count(done)
         self._publish(done)
         self.ended.set()
         if self._readers == 0:
             self.finished.set()
+
+    def _count(self, done: Done) -> None:
+        """Tell the app's metrics (when it keeps any) how the answer ended."""
+        metrics = getattr(self.conversation.state, "metrics", None)
+        if metrics is None:
+            return
+        answer = self.answer
+        # Received: when the question was taken, before its preparation.
+        received = answer.asked_at - answer.prep_ms / 1000
+        first_token_s = self._first_token_at - received if self._first_token_at is not None else None
+        try:
+            metrics.answer_done(self.conversation.entry.kind, done.status, first_token_s,
+                                answer.reply.stats.completion_tokens)
+        except Exception:  # noqa: BLE001 - a metric never breaks an answer
+            log.debug("counting the answer failed", exc_info=True)
 
     def _plain_done(self, error: str | None, started: bool, current: bool, cancelled: bool = False) -> Done:
         """The run's Done without a recording, its inputs kept as asked."""
@@ -236,6 +257,7 @@ class AnswerRun:
             except OSError as exc:
                 record_error = f"Could not save the recording: {exc}"
         stats = answer.reply.stats
+        log_context.bind_answer(answer_id)
         # One line per answer, whichever door asked: what ran, how it ended and why.
         log.info("session %s…: answer %s %s: %d of %d tokens (%s), prompt %d tokens (%d cached), "
                  "%d frames, history %d of %d turns%s", answer.session_id[:6], answer_id or "-", done.status,

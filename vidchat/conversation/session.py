@@ -197,6 +197,15 @@ class SessionMedia:
         self._audio = AudioWindow(settings.audio_seconds)
         self.timeline_start: float | None = None
 
+    @property
+    def on_frame(self) -> Callable[[bool], None] | None:
+        """Told of each frame the filter judged (True: kept): the app's metrics."""
+        return self._buffer.on_judged
+
+    @on_frame.setter
+    def on_frame(self, hook: Callable[[bool], None] | None) -> None:
+        self._buffer.on_judged = hook
+
     def _on_media(self, t: float | None, now: float) -> None:
         # Media captured at t (None: not placed) arrived now; the caller holds _lock.
         if t is not None and (self.timeline_start is None or t < self.timeline_start):
@@ -204,10 +213,6 @@ class SessionMedia:
         self.last_activity = now
 
     # -- frames ------------------------------------------------------------
-
-    def _ingest(self, make_thumb: Callable[[], np.ndarray], make_stored: Callable[[], np.ndarray],
-                t: float | None) -> int | None:
-        return self._buffer.ingest(make_thumb, make_stored, t)  # what every add_* ends in
 
     def add_frame(self, frame: np.ndarray | Image.Image, t: float | None = None) -> bool:
         """Offer a frame captured at ``t`` (default: now); True if it was kept.

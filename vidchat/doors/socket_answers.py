@@ -97,7 +97,7 @@ class SocketAnswers:
     async def on_query(self, msg: dict[str, Any]) -> None:
         """video.query: a typed question, or a spoken one (audio_data)."""
         conn = self.conn
-        if conn.state.engine is None:  # the model is still loading
+        if not conn.state.ready:  # the model loads or restarts (or stays down: the wait says why)
             await self._query_when_ready(msg)
             return
         text = msg.get("text", "")

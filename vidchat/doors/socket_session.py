@@ -23,6 +23,7 @@ import time
 from typing import TYPE_CHECKING, Any, Awaitable, Callable
 
 from vidchat.app.access import login_of
+from vidchat.conversation import log_context
 from vidchat.conversation.sessions import Entry, TooManySessions
 from vidchat.doors.socket_transport import (CLOSE_ERROR, CLOSE_NORMAL, CLOSE_TRY_LATER, TIMEOUT, Disconnected,
                                             SocketTransport, parse_message)
@@ -154,17 +155,18 @@ class SocketSession(SocketTransport):
         return False
 
     def model_down(self) -> str | None:
-        """Why no session may open: the model failed to load or has stopped.
-        None while it runs, and while it loads: a session opened then is
-        already a session (it takes frames; its questions wait for the model)."""
+        """Why no session may open: the model failed to load or stays down.
+        None while it runs, and while it loads or restarts: a session opened
+        then is already a session (it takes frames; its questions wait for the model)."""
         ready, why = self.state.readiness()
-        return why if not ready and (self.state.engine_error or self.state.engine is not None) else None
+        return why if not ready and self.state.engine_down else None
 
     def start_session(self, **settings: Any) -> Entry:
         """The session, in the place taken at the handshake (raises TooManySessions)."""
         self.entry = self.state.new_session(self.door, reservation=self.reservation,
                                             owner=login_of(self.ws.headers), **settings)
         self.reservation = None
+        log_context.bind(self.entry.session.id, self.door)  # the rest of this connection's log lines
         self.entry.closers.append(self.closed_by_server)
         return self.entry
 

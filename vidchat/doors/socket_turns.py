@@ -54,7 +54,7 @@ class SocketTurns:
         """A door's turn_detection (null: off), for every socket door: set
         now, or, while the model loads, once it runs; then a model that
         takes no spoken questions is said in an error, and the session goes on."""
-        if self.conn.state.engine is None:
+        if not self.conn.state.ready:
             self.after_load = turns
             if self._loading is None:
                 self._loading = asyncio.create_task(self._when_loaded(), name="turns-wait-for-the-model")

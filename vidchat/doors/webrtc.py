@@ -47,6 +47,7 @@ from aiortc import RTCConfiguration, RTCIceServer, RTCPeerConnection, RTCSession
 from aiortc.mediastreams import MediaStreamError
 from aiortc.rtp import RtcpSrPacket
 
+from vidchat.conversation import log_context
 from vidchat.conversation.sessions import Entry
 from vidchat.media import AUDIO_RATE
 from vidchat.media.clock import SenderClock, TrackClock
@@ -228,6 +229,7 @@ def media_time(frame: av.frame.Frame) -> float | None:
 async def run_consumer(consume, track, entry: Entry, stats: MediaStats, on_failure) -> None:
     """Run one track's consumer; the track ending is normal, anything else
     ends the session with the cause (never a frozen picture with live audio)."""
+    log_context.bind(entry.session.id, entry.kind)  # this consumer task's log lines
     try:
         await consume(track, entry, stats)
     except MediaStreamError:

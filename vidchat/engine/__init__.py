@@ -44,7 +44,7 @@ class EngineError(RuntimeError):
 
 
 class EngineDead(EngineError):
-    """The engine process is gone; the server must be restarted."""
+    """The engine process is gone (vidchat.app.engine_keeper starts a new one)."""
 
 
 # vLLM's encoder cache is as large as its per-step token budget
@@ -56,7 +56,12 @@ ENCODER_CACHE_MAX_TOKENS = 65536
 # The frame the page sends from a webcam before any pixel cap.
 TYPICAL_FRAME = (640, 480)
 
-ENGINE_DEAD_MESSAGE = "The model engine has stopped; restart vidchat (see the server log for the cause)."
+ENGINE_DEAD_MESSAGE = "The model engine has stopped (see the server log for the cause)."
+
+
+def engine_dead_message(cause: str | None) -> str:
+    """What an answer in flight says when the engine dies: one failure naming the cause."""
+    return f"The model engine has stopped: {cause}." if cause else ENGINE_DEAD_MESSAGE
 
 
 @dataclass
@@ -82,6 +87,10 @@ class EngineOptions:
     video_pruning_rate: float = 0.0  # vLLM's video token pruning (Qwen2.5-VL, Qwen3-VL); 0: off
     tensor_parallel_size: int = 1  # vLLM's own parallelism, passed through (GPU)
     data_parallel_size: int = 1
+    # vLLM's Prometheus stat logger (its vllm: families in the process's
+    # default registry, as `vllm serve` has them): the main engine's only,
+    # since a second engine's would replace them.
+    prometheus_stats: bool = False
 
 
 @dataclass
@@ -440,7 +449,7 @@ class ModelEngine:
         EngineError for what it would refuse), and the warm-up's settings:
         (question, max_tokens, temperature, seed, usable audio)."""
         if self.is_dead:
-            raise EngineDead(ENGINE_DEAD_MESSAGE)
+            raise EngineDead(engine_dead_message(self.death_cause()))
         usable = self._usable_audio(audio)
         if spoken and not self.accepts_audio:
             raise EngineError(NO_SPOKEN_QUESTIONS)
@@ -470,6 +479,10 @@ class ModelEngine:
     @property
     def is_dead(self) -> bool:
         raise NotImplementedError
+
+    def death_cause(self) -> str | None:
+        """Why the engine died, in words, where it knows (None: it runs, or it cannot say)."""
+        return None
 
     async def replica_health(self) -> list[dict[str, Any]] | None:
         """Each model server's health (--engine-url); None in-process."""

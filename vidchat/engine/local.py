@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import signal
 import time
 import uuid
 from typing import Any, AsyncIterator, Sequence
@@ -14,8 +15,8 @@ import numpy as np
 from PIL import Image
 
 from vidchat.engine import (
-    ENGINE_DEAD_MESSAGE, WARMUP_PRIORITY, EngineDead, EngineError, EngineOptions, ModelEngine, Prepared,
-    ReplyStats, Turn, _note_engine_start, audio_clips, cpu_has_native_bf16,
+    WARMUP_PRIORITY, EngineDead, EngineError, EngineOptions, ModelEngine, Prepared,
+    ReplyStats, Turn, _note_engine_start, audio_clips, cpu_has_native_bf16, engine_dead_message,
     encoder_cache_budget, inputs_digest, on_gpu, tokens_per_frame, video_fps,
 )
 from vidchat.engine.families import Family, family_of, model_type_of
@@ -188,8 +189,14 @@ class LocalEngine(ModelEngine):
             log.warning("could not measure tokens per frame for %s (%s); vLLM's encoder cache keeps "
                         "its default size", options.model, exc)
         kwargs = vllm_engine_kwargs(options, dtype, gpu, processor_kwargs, per_frame)
+        stat_loggers = None
+        if options.prometheus_stats:
+            from vllm.v1.metrics.loggers import PrometheusStatLogger
+
+            # Only this logger: vLLM's default one prints a stats line every few seconds.
+            stat_loggers = [PrometheusStatLogger]
         try:
-            llm = AsyncLLM.from_engine_args(AsyncEngineArgs(**kwargs))
+            llm = AsyncLLM.from_engine_args(AsyncEngineArgs(**kwargs), stat_loggers=stat_loggers)
         except Exception as exc:
             raise EngineError(f"vLLM could not start model {options.model!r}: {exc}") from exc
         revision = model_revision(options.model)
@@ -224,6 +231,22 @@ class LocalEngine(ModelEngine):
     @property
     def is_dead(self) -> bool:
         return self._llm is None or bool(self._llm.errored)
+
+    def death_cause(self) -> str | None:
+        """Why the engine died, in words (None while it runs)."""
+        if not self.is_dead:
+            return None
+        codes = core_exit_codes(self._llm) if self._llm is not None else self.core_exit_codes
+        for code in codes or ():
+            if code is not None and code < 0:
+                try:
+                    name = signal.Signals(-code).name
+                except ValueError:
+                    name = f"signal {-code}"
+                return f"its process was killed ({name})"
+            if code:
+                return f"its process exited with code {code}"
+        return "its process stopped" if self._llm is not None else "it was shut down"
 
     # ---- questions -------------------------------------------------------
     def prepare(
@@ -321,7 +344,7 @@ class LocalEngine(ModelEngine):
         frames and fills the prefix cache, generating one token, behind every
         real question (lower scheduling priority). Cancelling aborts it."""
         if self.is_dead:
-            raise EngineDead(ENGINE_DEAD_MESSAGE)
+            raise EngineDead(engine_dead_message(self.death_cause()))
         rid = f"vidchat-warm-{next(self._ids)}-{uuid.uuid4().hex[:8]}"
         stats = prepared.stats
         started = time.perf_counter()
@@ -352,7 +375,7 @@ class LocalEngine(ModelEngine):
     def submit(self, prepared: Prepared, request_id: str | None = None) -> Reply:
         """A Reply for a prepared question; vLLM starts on its first iteration."""
         if self.is_dead:
-            raise EngineDead(ENGINE_DEAD_MESSAGE)
+            raise EngineDead(engine_dead_message(self.death_cause()))
         rid = request_id or f"vidchat-{next(self._ids)}-{uuid.uuid4().hex[:8]}"
         return Reply(self, rid, prepared.prompt, prepared.params, prepared.stats)
 
@@ -370,7 +393,8 @@ class LocalEngine(ModelEngine):
 
     def _translate(self, exc: BaseException, request_id: str) -> EngineError:
         """vLLM's exceptions, reworded so a user knows what to change."""
-        return reworded_error(exc, request_id, self.options.max_model_len, lambda: self.is_dead)
+        return reworded_error(exc, request_id, self.options.max_model_len, lambda: self.is_dead,
+                              self.death_cause)
 
 
 def core_exit_codes(llm: Any) -> list[int | None] | None:
@@ -469,15 +493,17 @@ def _media_uuids(cache_salt: str | None, n_frames: int, frame_ids: Sequence[str]
     return uuids
 
 
-def reworded_error(exc: BaseException, request_id: str, max_model_len: int, dead: Any) -> EngineError:
+def reworded_error(exc: BaseException, request_id: str, max_model_len: int, dead: Any,
+                   why_dead: Any = lambda: None) -> EngineError:
     """vLLM's exception as the error a user reads: what to change, where
-    something can be changed. ``dead()``: whether the engine has died."""
+    something can be changed. ``dead()``: whether the engine has died;
+    ``why_dead()``: why, in words."""
     from vllm.v1.engine.exceptions import EngineDeadError, EngineGenerateError
 
     cause = exc.__cause__ if isinstance(exc, EngineGenerateError) and exc.__cause__ else exc
     text = str(cause)
     if isinstance(exc, EngineDeadError) or dead():
-        return EngineDead(ENGINE_DEAD_MESSAGE)
+        return EngineDead(engine_dead_message(why_dead()))
     if "longer than the maximum model length" in text or "maximum context length" in text:
         return EngineError(
             f"The question with its frames and chat history is too long for the model "

@@ -112,6 +112,7 @@ class FrameBuffer:
         self._position_at = position_at
         self.received = 0
         self.kept = 0
+        self.on_judged: Callable[[bool], None] | None = None  # each frame judged (True: kept), for metrics
         # Each kept frame's number, never reused in the session's life (not
         # even after clear): the engine caches its encoding under that name.
         self.seq = 0
@@ -188,6 +189,8 @@ class FrameBuffer:
                 self._on_media(t, now)
                 self.newest_received_t = t
                 self.newest_arrival = now
+        if self.on_judged is not None:
+            self.on_judged(seq is not None)
         return seq
 
     def _keep(self, filt: evs.FrameFilter | None, stored: np.ndarray, t: float) -> int:

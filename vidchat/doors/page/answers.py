@@ -14,7 +14,7 @@ from typing import Any, AsyncIterator
 import gradio as gr
 
 from vidchat import conversation
-from vidchat.conversation import CANCELLED, Delta, Done, Queued, Started, chat, kept
+from vidchat.conversation import CANCELLED, Delta, Done, Queued, Started, chat, kept, log_context
 from vidchat.conversation.chat import OptionError
 from vidchat.conversation.settings_table import SETTINGS, UNBOUNDED_MAX_TOKENS, page_number
 from vidchat.doors import inputs as answer_inputs
@@ -226,7 +226,7 @@ async def _wait_for_model(state, history: list[dict]) -> AsyncIterator[tuple]:
             history.pop()
             return
         except EngineError:
-            if state.engine_error or state.engine is not None:
+            if state.engine_down or state.ready:
                 history.pop()
                 raise
         history[-1] = notice(f"⏳ {state.readiness()[1]} Your question will be answered once it is ready.")
@@ -247,6 +247,7 @@ async def respond(state, message: str, history: list[dict], sid: str, *raw_setti
         history += [{"role": "user", "content": text}, notice(NOT_RUNNING)]
         yield history, gr.skip(), gr.skip()
         return
+    log_context.bind(entry.session.id, entry.kind)
     cutting = conversation.of(state, entry).answering
     if cutting:
         mark_stopped(history)  # this question cuts the running answer short

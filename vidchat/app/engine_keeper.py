@@ -1,0 +1,150 @@
+"""The in-process engines' lives: loaded after the port opens, watched, and
+started again when they die (an OOM, a CUDA error, the EngineCore killed).
+
+While an engine restarts, the app is as it is while the model first loads:
+``/readyz`` says 503 with the reason, questions wait and are answered once
+it is back, sessions keep their buffers, chats and settings. Answers in
+flight when it died end at once with one failure naming the cause (the
+engine's reply raises EngineDead). Restarts back off (2 s, 4 s, 8 s, …) and
+are capped per hour (``--engine-restarts``); past the cap the engine stays
+down and ``/readyz``, the page and the log say why. A remote engine
+(``--engine-url``) is its model server's to restart, not vidchat's.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from vidchat.engine import ChatEngine, EngineError, EngineOptions
+
+log = logging.getLogger(__name__)
+
+WATCH_INTERVAL_S = 0.5  # how often the engines' health is read (an attribute read)
+FIRST_BACKOFF_S = 2.0
+MAX_BACKOFF_S = 60.0
+RESTART_WINDOW_S = 3600.0
+SHUTDOWN_TIMEOUT_S = 15.0  # a dead engine's tear-down; past it the restart goes on anyway
+
+
+@dataclass
+class EngineLife:
+    """What the app says of one engine while it is not up: since when it
+    restarts, why it stopped, and why it stays down (past the cap)."""
+
+    name: str  # "main" or "compare": the metrics' label
+    restarting_since: float | None = None
+    stopped_because: str | None = None
+    down_because: str | None = None
+    restarts: int = 0
+    _recent: collections.deque = field(default_factory=collections.deque, repr=False)
+
+    def may_restart(self, limit_per_hour: int, now: float) -> bool:
+        while self._recent and self._recent[0] < now - RESTART_WINDOW_S:
+            self._recent.popleft()
+        return len(self._recent) < limit_per_hour
+
+    def note_restart(self, now: float) -> None:
+        self._recent.append(now)
+
+    def status(self) -> str | None:
+        """The reason the engine is not up, as /readyz and the page say it (None: nothing to say)."""
+        if self.down_because:
+            return f"The model engine stopped ({self.stopped_because}) and stays down: {self.down_because}"
+        if self.restarting_since is not None:
+            return (f"Restarting the model… {time.monotonic() - self.restarting_since:.0f} s "
+                    f"(the engine stopped: {self.stopped_because})")
+        return None
+
+
+def death_cause(engine: Any) -> str:
+    """Why an engine died, in words (its process's exit, where known)."""
+    cause = getattr(engine, "death_cause", None)
+    return cause() if callable(cause) else "the engine process ended"
+
+
+class EngineKeeper:
+    """Watches one in-process engine and starts it again when it dies.
+
+    ``get``/``put`` read and replace the app's engine; ``start`` builds a new
+    one from ``options`` (blocking: it runs in a worker thread)."""
+
+    def __init__(self, state: Any, life: EngineLife, get: Callable[[], ChatEngine | None],
+                 put: Callable[[ChatEngine | None], None], options: Callable[[], EngineOptions],
+                 start: Callable[[EngineOptions], ChatEngine], limit_per_hour: int,
+                 stays_down: Callable[[], None] | None = None) -> None:
+        self.state, self.life = state, life
+        self._get, self._put, self._options, self._start = get, put, options, start
+        self.limit_per_hour = limit_per_hour
+        self._stays_down = stays_down
+
+    async def run(self) -> None:
+        """Until cancelled (the app's shutdown) or the engine stays down."""
+        while True:
+            await asyncio.sleep(WATCH_INTERVAL_S)
+            engine = self._get()
+            if engine is None or not engine.is_dead:
+                continue
+            if not await self._restart(engine):
+                return
+
+    async def _restart(self, dead: ChatEngine) -> bool:
+        life = self.life
+        life.stopped_because = death_cause(dead)
+        log.error("the %s model engine stopped: %s", life.name, life.stopped_because)
+        delay = FIRST_BACKOFF_S
+        shut = asyncio.ensure_future(asyncio.to_thread(_shut_down, dead))
+        while True:
+            now = time.monotonic()
+            if not life.may_restart(self.limit_per_hour, now):
+                life.restarting_since = None
+                life.down_because = (
+                    "--engine-restarts is 0 (never restarted)" if self.limit_per_hour == 0 else
+                    f"it was restarted {self.limit_per_hour} times within the hour (--engine-restarts); "
+                    "restart vidchat once the cause is fixed")
+                log.error("the %s model engine stays down: %s", life.name, life.down_because)
+                if self._stays_down is not None:
+                    self._stays_down()
+                return False
+            life.note_restart(now)
+            if life.restarting_since is None:
+                life.restarting_since = now
+                self._put(None)  # questions now wait for the new engine, as while the model first loads
+            log.warning("restarting the %s model engine in %.0f s", life.name, delay)
+            await asyncio.sleep(delay)
+            await asyncio.wait({shut}, timeout=SHUTDOWN_TIMEOUT_S)  # the dead one's memory first
+            starting = asyncio.ensure_future(asyncio.to_thread(self._start, self._options()))
+            try:
+                engine = await asyncio.shield(starting)
+            except asyncio.CancelledError:
+                # Shutting down mid-start: the start finishes (a thread cannot
+                # be stopped), and the engine it made is shut down, not leaked.
+                started = await asyncio.gather(starting, return_exceptions=True)
+                if not isinstance(started[0], BaseException):
+                    await asyncio.to_thread(_shut_down, started[0])
+                raise
+            except Exception as exc:  # noqa: BLE001 - an EngineError carries vLLM's own reason
+                log.error("the %s model engine did not start again: %s", life.name, exc,
+                          exc_info=not isinstance(exc, EngineError))
+                delay = min(delay * 2, MAX_BACKOFF_S)
+                continue
+            life.restarts += 1
+            life.restarting_since = None
+            life.stopped_because = None
+            metrics = getattr(self.state, "metrics", None)
+            if metrics is not None:
+                metrics.engine_restarts.labels(life.name).inc()
+            self._put(engine)
+            log.warning("the %s model engine is back (restart %d)", life.name, life.restarts)
+            return True
+
+
+def _shut_down(engine: ChatEngine) -> None:
+    try:
+        engine.shutdown()
+    except Exception:  # noqa: BLE001 - it is dead already; what is left is its memory
+        log.debug("shutting the dead engine down failed", exc_info=True)

@@ -1,0 +1,42 @@
+"""Which session, door and answer a log line is about, for logs a machine
+reads (``--log-format json``): context variables set where a session's
+work runs (a door's task, an answer's run), read by the log formatter, so
+no log call has to pass them. The session is named by a short hash of its
+id, never the id (which is a credential)."""
+
+from __future__ import annotations
+
+import contextvars
+import hashlib
+
+# The registry's session kinds as the doors operators know them (metrics, logs).
+DOORS = {"webrtc": "page", "ws": "socket", "realtime": "realtime"}
+
+_session: contextvars.ContextVar[str | None] = contextvars.ContextVar("vidchat_session", default=None)
+_door: contextvars.ContextVar[str | None] = contextvars.ContextVar("vidchat_door", default=None)
+_answer: contextvars.ContextVar[str | None] = contextvars.ContextVar("vidchat_answer", default=None)
+
+
+def session_hash(session_id: str) -> str:
+    """A session's name in logs: 8 hex digits of a hash of its id."""
+    return hashlib.blake2b(session_id.encode(), digest_size=4).hexdigest()
+
+
+def bind(session_id: str, kind: str) -> None:
+    """From here on in this task (and the tasks it starts), log lines are this session's."""
+    _session.set(session_hash(session_id))
+    _door.set(DOORS.get(kind, kind))
+
+
+def bind_answer(answer_id: str | None) -> None:
+    _answer.set(answer_id)
+
+
+def current() -> dict[str, str]:
+    """The fields known here: session, door, answer_id."""
+    out = {}
+    for key, var in (("session", _session), ("door", _door), ("answer_id", _answer)):
+        value = var.get()
+        if value:
+            out[key] = value
+    return out
