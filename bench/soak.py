@@ -194,7 +194,7 @@ class Soak:
                 self.watched += getattr(client, "watched", 0)
             streaming = client
         else:
-            client = RealtimeClient(f"ws://127.0.0.1:{self.server.port}", self.frames, args.fps,
+            client = RealtimeClient(self.server.url, self.frames, args.fps,
                                     next(self.offsets), self.server.token)
             try:
                 await client.open({"num_sample_frames": args.frames, "temperature": 0.7})

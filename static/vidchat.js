@@ -750,6 +750,11 @@
       `${(s.audio_seconds || 0).toFixed(1)} s audio`,
     ];
     if (m.lag_ms_p95 != null) parts.push(`lag p95 ${Math.round(m.lag_ms_p95)} ms`);
+    for (const g of s.gpu || []) {  // on a GPU server only
+      const gib = (n) => (n / 2 ** 30).toFixed(1);
+      parts.push(`GPU${(s.gpu.length > 1) ? " " + g.gpu : ""} ${gib(g.memory_used_bytes)}/${gib(g.memory_total_bytes)} GiB, ` +
+                 `${Math.round(100 * g.utilization_ratio)} % busy`);
+    }
     if (s.time_left_s != null) {
       const left = Math.max(0, Math.round(s.time_left_s));
       parts.push(`session ends in ${Math.floor(left / 60)}:${String(left % 60).padStart(2, "0")}`);

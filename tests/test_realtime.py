@@ -280,7 +280,7 @@ async def test_turn_detection_asked_while_the_model_loads_waits_for_it_at_both_s
     and set once it runs; a model that takes no spoken questions is then an
     error, and the session goes on. Refused at once when the model runs."""
     loaded = asyncio.Event()
-    state = SimpleNamespace(engine=None)
+    state = SimpleNamespace(engine=None, ready=False)
 
     async def wait_engine():
         await loaded.wait()
@@ -299,7 +299,7 @@ async def test_turn_detection_asked_while_the_model_loads_waits_for_it_at_both_s
     await turns.request(asked)
     waiting = turns._loading
     assert waiting is not None and turns.describe() == asked.describe() and errors == []
-    state.engine = SimpleNamespace(accepts_audio=False)
+    state.engine, state.ready = SimpleNamespace(accepts_audio=False), True
     loaded.set()
     await waiting
     assert errors == [f"turn_detection is off: {NO_SPOKEN_QUESTIONS}"] and turns.describe() is None

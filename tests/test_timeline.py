@@ -320,7 +320,7 @@ def test_settings_change_does_not_wait_for_a_decode_in_progress():
         release.wait(10)  # a 4K JPEG taking its time
         return np.zeros((24, 32), np.float32)
 
-    worker = threading.Thread(target=s._ingest, args=(slow_thumbnail, lambda: np.zeros((4, 4, 3), np.uint8), 1.0))
+    worker = threading.Thread(target=s._buffer.ingest, args=(slow_thumbnail, lambda: np.zeros((4, 4, 3), np.uint8), 1.0))
     worker.start()
     assert decoding.wait(5)
     try:

@@ -89,6 +89,8 @@ class EngineKeeper:
             engine = self._get()
             if engine is None or not engine.is_dead:
                 continue
+            if getattr(engine, "closed", False):
+                return  # shut down on purpose (the app is stopping): nothing to heal
             if not await self._restart(engine):
                 return
 

@@ -155,6 +155,12 @@ class AppState:
         """Running on the random-weight test model (resolve_model's banner says so)."""
         return self.banner is not None and self.banner.startswith(TINY_BANNER)
 
+    def gpu_figures(self) -> list[dict[str, Any]]:
+        """Each GPU's memory and utilisation now (NVML), for the page's live figures; empty without a GPU."""
+        from vidchat.app.metrics import gpu_snapshot
+
+        return gpu_snapshot()
+
     def answer_defaults(self) -> AnswerOptions:
         s = self.settings
         return AnswerOptions(

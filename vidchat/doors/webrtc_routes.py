@@ -331,4 +331,5 @@ def _view_routes(api: APIRouter, state, mine: Callable[[Request, Any], Entry]) -
         out["watching"] = entry.watching
         if entry.media is not None:
             out["media"] = entry.media.as_dict()
+        out["gpu"] = state.gpu_figures()  # empty without a GPU
         return out

@@ -145,6 +145,7 @@ class LocalEngine(ModelEngine):
         super().__init__(options, processor, model_path, start_s, family, revision, audio, video)
         self._llm = llm
         self._warming: set[str] = set()  # request ids of warm-ups in flight
+        self.closed = False  # shut down on purpose (shutdown)
         self.core_exit_codes: list[int | None] | None = None  # set by shutdown
 
     @property
@@ -212,6 +213,7 @@ class LocalEngine(ModelEngine):
         return engine
 
     def shutdown(self) -> None:
+        self.closed = True  # on purpose: not a death for vidchat.app.engine_keeper to heal
         llm, self._llm = self._llm, None
         if llm is not None:
             llm.shutdown()
