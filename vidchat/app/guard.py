@@ -18,7 +18,7 @@ from starlette.formparsers import MultiPartException
 from starlette.requests import cookie_parser
 
 from vidchat.app.access import (
-    LOGIN_HEADER, OPERATOR_ROUTES, TOKEN_LOGIN, UPLOAD_DELETE_CACHE, UPLOAD_ROUTE, Access, UploadQuota,
+    LOGIN_HEADER, TOKEN_LOGIN, UPLOAD_DELETE_CACHE, UPLOAD_ROUTE, Access, UploadQuota,
     is_forwarded, is_loopback, route_kind, user_login,
 )
 from vidchat.app.gradio_logins import GradioHandles, PageLogins, Receive, Scope, Send

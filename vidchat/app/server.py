@@ -247,7 +247,7 @@ def _running_routes(app: FastAPI, state: AppState, loop_watch: LoopWatch) -> Non
             "questions_asked": state.answer_gate.asked,
             "running_warmups": engine.running_warmups if ok else None,
             "prewarm": state.prewarmer.snapshot() if state.prewarmer else None,
-            # How many frames vLLM's encoder cache holds (vidchat.engine.encoder_cache_budget).
+            # How many frames vLLM's encoder cache holds (vidchat.engine.vllm_args.encoder_cache_budget).
             "encoder_cache": ({"tokens": engine.encoder_cache_tokens, "tokens_per_frame": engine.tokens_per_frame,
                                "frames": engine.encoder_cache_tokens // engine.tokens_per_frame}
                               if ok and engine.tokens_per_frame and engine.encoder_cache_tokens else None),

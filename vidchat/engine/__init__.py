@@ -47,12 +47,6 @@ class EngineDead(EngineError):
     """The engine process is gone (vidchat.app.engine_keeper starts a new one)."""
 
 
-# vLLM's encoder cache is as large as its per-step token budget
-# (max_num_batched_tokens; 2,048 on CPU, at least 8,192 on a GPU), which
-# cannot be set apart. Raised only when a sample per session needs more, and
-# never past this: a step that large is as long as the budget allows.
-ENCODER_CACHE_FLOOR_TOKENS = {"cpu": 2048, "gpu": 8192}
-ENCODER_CACHE_MAX_TOKENS = 65536
 # The frame the page sends from a webcam before any pixel cap.
 TYPICAL_FRAME = (640, 480)
 
@@ -223,22 +217,6 @@ def tokens_per_frame(processor: Any, max_image_pixels: int = 0, processor_kwargs
                         return_tensors="np", **(processor_kwargs or {}))["input_ids"]
         costs.append(int(len(ids[0]) - base))
     return max(costs)
-
-
-def encoder_cache_budget(per_frame: int, frames: int, gpu: bool) -> int | None:
-    """vLLM's ``max_num_batched_tokens`` that makes its encoder cache hold
-    ``frames`` frames of ``per_frame`` tokens; None where its default does."""
-    floor = ENCODER_CACHE_FLOOR_TOKENS["gpu" if gpu else "cpu"]
-    need = per_frame * frames
-    if need <= floor:
-        return None
-    if need > ENCODER_CACHE_MAX_TOKENS:
-        log.warning("vLLM's encoder cache would need %d tokens for %d frames of %d tokens; capped at %d "
-                    "(%d frames): lower --max-sessions or frames per question to keep every session's "
-                    "frames encoded", need, frames, per_frame, ENCODER_CACHE_MAX_TOKENS,
-                    ENCODER_CACHE_MAX_TOKENS // per_frame)
-        return ENCODER_CACHE_MAX_TOKENS
-    return need
 
 
 # The test suite counts every vLLM engine a run starts, in its own process and

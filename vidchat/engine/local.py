@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-import signal
 import time
 import uuid
 from typing import Any, AsyncIterator, Sequence
@@ -16,12 +15,14 @@ from PIL import Image
 
 from vidchat.engine import (
     WARMUP_PRIORITY, EngineDead, EngineError, EngineOptions, ModelEngine, Prepared,
-    ReplyStats, Turn, _note_engine_start, audio_clips, cpu_has_native_bf16, engine_dead_message,
-    encoder_cache_budget, inputs_digest, on_gpu, tokens_per_frame, video_fps,
+    ReplyStats, Turn, _note_engine_start, audio_clips, engine_dead_message, inputs_digest, on_gpu,
+    tokens_per_frame, video_fps,
 )
 from vidchat.engine.families import Family, family_of, model_type_of
 from vidchat.engine.payload import as_video, to_pil
 from vidchat.engine.revision import model_revision
+from vidchat.engine.vllm_args import dtype_for, load_processor, stat_loggers, vllm_engine_kwargs
+from vidchat.engine.vllm_errors import core_exit_codes, death_cause, reworded_error
 from vidchat.media import AUDIO_RATE
 
 log = logging.getLogger(__name__)
@@ -162,7 +163,6 @@ class LocalEngine(ModelEngine):
         # One engine-core child process, with the model worker inside it: the
         # fastest start, and nothing more to clean up at exit.
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
-        from transformers import AutoProcessor
         from vllm.engine.arg_utils import AsyncEngineArgs
         from vllm.v1.engine.async_llm import AsyncLLM
 
@@ -171,33 +171,12 @@ class LocalEngine(ModelEngine):
         core_exit.install()
         t0 = time.perf_counter()
         gpu = on_gpu()
-        dtype = _dtype_for(options.dtype, gpu)
+        dtype = dtype_for(options.dtype, gpu)
         family = family_of(model_type_of(options.model))
-        processor_kwargs = family.processor_kwargs(options.max_image_pixels)
-        if options.max_image_pixels and family.pixel_cap is None:
-            log.info("%s: the per-frame pixel cap is not passed to this model family's processor "
-                     "(frames are still stored at no more than %d pixels)", family.name, options.max_image_pixels)
-        try:
-            processor = AutoProcessor.from_pretrained(options.model)
-        except ImportError as exc:  # e.g. SmolVLM's processor needs num2words
-            raise EngineError(f"the processor of {options.model!r} needs a package that is missing: {exc}") from exc
-        # Measured always: the history budget (fit_history) reserves each
-        # frame's tokens; the encoder cache is sized by it when asked.
-        per_frame = None
-        try:
-            per_frame = tokens_per_frame(processor, options.max_image_pixels, processor_kwargs)
-        except Exception as exc:  # a processor with other call conventions: vLLM's size stays
-            log.warning("could not measure tokens per frame for %s (%s); vLLM's encoder cache keeps "
-                        "its default size", options.model, exc)
+        processor, processor_kwargs, per_frame = load_processor(options, family)
         kwargs = vllm_engine_kwargs(options, dtype, gpu, processor_kwargs, per_frame)
-        stat_loggers = None
-        if options.prometheus_stats:
-            from vllm.v1.metrics.loggers import PrometheusStatLogger
-
-            # Only this logger: vLLM's default one prints a stats line every few seconds.
-            stat_loggers = [PrometheusStatLogger]
         try:
-            llm = AsyncLLM.from_engine_args(AsyncEngineArgs(**kwargs), stat_loggers=stat_loggers)
+            llm = AsyncLLM.from_engine_args(AsyncEngineArgs(**kwargs), stat_loggers=stat_loggers(options))
         except Exception as exc:
             raise EngineError(f"vLLM could not start model {options.model!r}: {exc}") from exc
         revision = model_revision(options.model)
@@ -238,17 +217,9 @@ class LocalEngine(ModelEngine):
         """Why the engine died, in words (None while it runs)."""
         if not self.is_dead:
             return None
-        codes = core_exit_codes(self._llm) if self._llm is not None else self.core_exit_codes
-        for code in codes or ():
-            if code is not None and code < 0:
-                try:
-                    name = signal.Signals(-code).name
-                except ValueError:
-                    name = f"signal {-code}"
-                return f"its process was killed ({name})"
-            if code:
-                return f"its process exited with code {code}"
-        return "its process stopped" if self._llm is not None else "it was shut down"
+        if self._llm is None:
+            return death_cause(self.core_exit_codes) if not self.closed else "it was shut down"
+        return death_cause(core_exit_codes(self._llm))
 
     # ---- questions -------------------------------------------------------
     def prepare(
@@ -399,15 +370,6 @@ class LocalEngine(ModelEngine):
                               self.death_cause)
 
 
-def core_exit_codes(llm: Any) -> list[int | None] | None:
-    """How vLLM's EngineCore processes ended (0: by themselves; -9: killed
-    after vLLM's grace), or None when this vLLM does not say."""
-    try:
-        return [proc.exitcode for proc in llm.engine_core.resources.engine_manager.processes]
-    except AttributeError:
-        return None
-
-
 def _allowed_mm_limits(llm: Any) -> dict[str, int] | None:
     """Items per prompt vLLM allows for each modality of this model (its own
     support within limit_mm_per_prompt), or None when it can't be read."""
@@ -418,66 +380,6 @@ def _allowed_mm_limits(llm: Any) -> dict[str, int] | None:
     except Exception:
         log.debug("could not read vLLM's multimodal limits", exc_info=True)
         return None
-
-
-def _dtype_for(dtype: str, gpu: bool) -> str:
-    """The dtype vLLM runs the model in: ``auto`` means float32 on a CPU without native bfloat16."""
-    if dtype == "auto" and not gpu and not cpu_has_native_bf16():
-        # vLLM's "auto" runs a bfloat16 checkpoint in bfloat16 on a CPU
-        # too; without native bf16 instructions every matmul is emulated,
-        # about 100x slower than float32 here (AVX2: 2.7 s against 21 ms).
-        log.info("this CPU has no native bfloat16 (avx512_bf16, amx_bf16 or Arm bf16): running the model in "
-                 "float32, which is many times faster here; --dtype bfloat16 overrides")
-        return "float32"
-    return dtype
-
-
-def vllm_engine_kwargs(options: EngineOptions, dtype: str, gpu: bool, processor_kwargs: dict[str, Any],
-                       per_frame: int | None) -> dict[str, Any]:
-    """vLLM's engine arguments for these options on this machine (``per_frame``:
-    the processor's tokens per frame, which sizes the encoder cache when asked)."""
-    limits = {"image": options.max_images, "video": options.max_videos, "audio": options.max_audios}
-    kwargs: dict[str, Any] = dict(
-        model=options.model,
-        dtype=dtype,
-        max_model_len=options.max_model_len,
-        limit_mm_per_prompt=limits,
-        enforce_eager=options.enforce_eager,
-        disable_log_stats=True,
-        seed=options.seed,
-    )
-    # vLLM keeps processed frames for reuse (4 GiB by default): bounded
-    # here, since live video makes every frame new and the cache only grows.
-    kwargs["mm_processor_cache_gb"] = options.mm_cache_gb
-    # No "Loading safetensors checkpoint shards" progress bar on the console:
-    # the model loads in seconds and "engine ready" says when it has.
-    kwargs["use_tqdm_on_load"] = False
-    # Warm-ups (vidchat.conversation.prewarm) run at a lower priority than answers, so
-    # a question never waits behind a queued warm-up. Only when warm-ups
-    # are on from the start: otherwise vLLM schedules first come, first
-    # served, exactly as before warm-ups existed.
-    if options.priority_scheduling:
-        kwargs["scheduling_policy"] = "priority"
-    if processor_kwargs:
-        kwargs["mm_processor_kwargs"] = processor_kwargs
-    if options.encoder_cache_frames > 0:
-        if per_frame:
-            budget = encoder_cache_budget(per_frame, options.encoder_cache_frames, gpu)
-            if budget is not None:
-                kwargs["max_num_batched_tokens"] = budget
-    if gpu:
-        kwargs["gpu_memory_utilization"] = options.gpu_memory_utilization
-    if options.video_pruning_rate > 0:
-        kwargs["video_pruning_rate"] = options.video_pruning_rate
-    if options.tensor_parallel_size > 1:
-        kwargs["tensor_parallel_size"] = options.tensor_parallel_size
-    if options.data_parallel_size > 1:
-        kwargs["data_parallel_size"] = options.data_parallel_size
-    else:
-        # Unset, vLLM on CPU reserves most of the RAM and starts slowly.
-        kwargs["kv_cache_memory_bytes"] = int(options.kv_cache_gb * (1 << 30))
-        kwargs["distributed_executor_backend"] = "uni"
-    return kwargs
 
 
 def _media_uuids(cache_salt: str | None, n_frames: int, frame_ids: Sequence[str] | None, frames_as: str,
@@ -493,26 +395,3 @@ def _media_uuids(cache_salt: str | None, n_frames: int, frame_ids: Sequence[str]
     if cache_salt and clips and all(name is not None for _, name in clips):
         uuids["audio"] = [f"{cache_salt}/audio/{name}" for _, name in clips]
     return uuids
-
-
-def reworded_error(exc: BaseException, request_id: str, max_model_len: int, dead: Any,
-                   why_dead: Any = lambda: None) -> EngineError:
-    """vLLM's exception as the error a user reads: what to change, where
-    something can be changed. ``dead()``: whether the engine has died;
-    ``why_dead()``: why, in words."""
-    from vllm.v1.engine.exceptions import EngineDeadError, EngineGenerateError
-
-    cause = exc.__cause__ if isinstance(exc, EngineGenerateError) and exc.__cause__ else exc
-    text = str(cause)
-    if isinstance(exc, EngineDeadError) or dead():
-        return EngineDead(engine_dead_message(why_dead()))
-    if "longer than the maximum model length" in text or "maximum context length" in text:
-        return EngineError(
-            f"The question with its frames and chat history is too long for the model "
-            f"(limit {max_model_len} tokens): send fewer frames, clear the "
-            f"chat, or restart with a larger --max-model-len. ({text.splitlines()[0]})"
-        )
-    if "may be provided in one prompt" in text:
-        return EngineError(f"{text.splitlines()[0]} Lower 'frames per question' or raise --max-images.")
-    log.exception("request %s failed", request_id, exc_info=exc)
-    return EngineError(f"The model failed to answer: {text.splitlines()[0] if text else type(cause).__name__}")

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 import secrets
 from pathlib import Path
 from typing import Any, AsyncIterator
