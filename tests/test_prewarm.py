@@ -12,6 +12,7 @@ import types
 import numpy as np
 import pytest
 
+from vidchat import conversation
 from vidchat.conversation import chat, prewarm, prewarm_auto
 from vidchat.conversation.answer_queue import AnswerQueue
 from vidchat.conversation.chat import AnswerOptions
@@ -459,8 +460,9 @@ async def test_a_seed_session_with_history_is_warmed_with_it(omni_engine, monkey
     answers.set_history(True)
     await answers.ask("What is there?")
     await answers.conn.finish_answer()
-    assert len(answers.history) == 2, answers.conn.sent  # the tiny model said something
-    assert entry.warm_history == tuple(answers.history)  # what the next question carries
+    chat_turns = conversation.of(state, entry).history.turns()  # the chat, kept on the server
+    assert len(chat_turns) == 2, answers.conn.sent  # the tiny model said something
+    assert entry.warm_history == chat_turns  # what the next question carries
     prewarmer = Prewarmer(state, "idle", interval_s=0.0)
     await prewarmer._step()
     warmed = prewarmer.state_of(entry.session.id)

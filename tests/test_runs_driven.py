@@ -159,3 +159,33 @@ async def test_a_cancelled_run_whose_engine_hangs_is_force_done_after_the_grace(
     assert run.ended.is_set() and run.finished.is_set() and entry.answer is None and reply.aclosed.is_set()
     assert sum(isinstance(e, Done) for e in log) == 1
     run._task.cancel()  # the stuck stream itself (an engine that hangs) is not the run's to end
+
+
+@pytest.mark.engine
+async def test_the_chat_lives_on_the_server_and_clear_empties_it(omni_engine):
+    """Issue 44 point 2: the page sends only its question; the model gets
+    the conversation's own chat (kept on the server, appended at each Done),
+    and Clear chat empties it. Here the page's event is given no chat at all."""
+    entry = filled_entry()
+    registry = types.SimpleNamespace(get=lambda sid: entry if sid == entry.session.id else None)
+    state = types.SimpleNamespace(engine=omni_engine, answer_gate=None, ready=True, registry=registry,
+                                  answer_defaults=AnswerOptions, settings=None, prewarmer=None)
+    settings = [4, "uniform", 10, False, 0.95, 64, "images", False, 6, 1.0, "5"]
+
+    async def ask_on_page(text: str) -> dict:
+        last = None
+        async for update in page_answers.respond(state, text, [], entry.session.id, *settings):
+            last = update
+        return last[2]  # the answer's details: its stats
+
+    first = await ask_on_page("What is there?")
+    assert first["history_turns"] == 0 and first["completion_tokens"] >= 1
+    second = await ask_on_page("And now?")
+    assert second["history_turns_total"] == 2  # the first exchange, from the server's chat
+    talking = conversation.of(state, entry)
+    assert [turn.role for turn in talking.history.turns()] == ["user", "assistant"] * 2
+    assert entry.warm_history == talking.history.turns()  # the next warm-up starts as the question will
+    await page_answers.clear_chat(state, entry.session.id)
+    assert talking.history.turns() == () and entry.warm_history == ()
+    third = await ask_on_page("Anything else?")
+    assert third["history_turns_total"] == 0

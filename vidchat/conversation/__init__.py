@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import Any, AsyncIterator, Callable, Protocol, Sequence, Union
 
 from vidchat.conversation import chat, kept, log_context
+from vidchat.conversation.history import ChatHistory
 from vidchat.conversation.answer_queue import Abandoned
 from vidchat.conversation.chat import Answer, AnswerOptions
 from vidchat.conversation.session import Sample
@@ -145,6 +146,7 @@ class AnswerRun:
         self._readers = 0
         self._forced: asyncio.TimerHandle | None = None
         self._first_token_at: float | None = None
+        self.generation = conversation.generation  # the chat it belongs to (Clear starts another)
         self._task = asyncio.get_running_loop().create_task(self._run())
         _RUNNING.add(self._task)  # asyncio keeps only weak references to tasks
         self._task.add_done_callback(_RUNNING.discard)
@@ -193,7 +195,7 @@ class AnswerRun:
                     await asyncio.shield(reply.aclose())  # aborts the vLLM request if it did not end
                 except Exception:  # noqa: BLE001
                     log.debug("aborting the reply failed", exc_info=True)
-                released = chat.release(self.slot, answer, continues_chat=self.continues_chat)
+                released = chat.release(self.slot, answer)
                 current = released and not self.superseded
             if not self.ended.is_set():
                 self._end(await self._done(error, started, current))
@@ -208,13 +210,14 @@ class AnswerRun:
             return
         log.info("session %s…: a cancelled answer did not end within %.0f s; done without it",
                  self.answer.session_id[:6], CANCEL_GRACE_S)
-        chat.release(self.slot, self.answer, continues_chat=False)
+        chat.release(self.slot, self.answer)
         self._end(self._plain_done(None, True, False, cancelled=True))
 
     def _end(self, done: Done) -> None:
         if self._forced is not None:
             self._forced.cancel()
         self._count(done)
+        self.conversation._answered(self, done)
         self._publish(done)
         self.ended.set()
         if self._readers == 0:
@@ -381,16 +384,40 @@ class Conversation:
     def __init__(self, state: Any, entry: Entry) -> None:
         self.state, self.entry = state, entry
         self._chat_run: AnswerRun | None = None
+        self.history = ChatHistory()  # the chat, on the server, for every door and the warm-ups
+        self.generation = 0  # the chat's number: Clear starts a new one
+
+    def clear(self) -> None:
+        """Clear chat: the history goes, and an answer of the old chat ending
+        later is not added to the new one (nor does the next warm-up carry it)."""
+        self.generation += 1
+        self.history.clear()
+        self.entry.warm_history = ()
+
+    def _answered(self, run: AnswerRun, done: Done) -> None:
+        """The one rule for what the chat keeps: an answer of this chat, in its
+        slot, that the door continues the chat with, and that said something
+        (a stopped answer's text too: the user saw it)."""
+        text = done.answer.reply.text.strip()
+        if (not run.continues_chat or run.slot is not self.entry or run.generation != self.generation
+                or not done.started or not text):
+            return
+        self.history.add(done.answer_id, chat.spoken_text(done.answer), text)
+        # History comes before the frames in the prompt: the next warm-up
+        # prepares the next question's start, chat included.
+        self.entry.warm_history = self.history.turns()
 
     async def ask(self, question: str, options: AnswerOptions, *, engine: ChatEngine | None = None,
-                  history: Sequence[Turn] = (), sample: Sample | None = None, spoken: Any = None,
+                  history: Sequence[Turn] | None = None, sample: Sample | None = None, spoken: Any = None,
                   question_audio: Any = None, record: bool = False, continues_chat: bool = True,
                   remember: bool = True, frames_optional: bool = False) -> AnswerRun:
         """A question in the chat: the running answer is cancelled and its
-        Done delivered before this one starts. Raises NoFrames, Superseded
+        Done delivered before this one starts. ``history``: None, the
+        conversation's own chat (``continues_chat``; none otherwise), taken
+        once the replaced answer has ended. Raises NoFrames, Superseded
         (a newer question arrived while this one was prepared) or EngineError
         (QuestionTooLarge before anything is cancelled)."""
-        chat.check_question(question, history)
+        chat.check_question(question, history or ())
         previous = self._chat_run
         if previous is not None:
             previous.superseded = True
@@ -403,6 +430,8 @@ class Conversation:
             except asyncio.TimeoutError:
                 log.info("session %s…: the replaced answer's reader did not finish; going on",
                          self.entry.session.id[:6])
+        if history is None:
+            history = self.history.turns() if continues_chat else ()
         answer = await chat.ask(engine or self.state.engine, self.entry, question, options, history=history,
                                 queue=self.state.answer_gate, sample=sample, spoken=spoken,
                                 question_audio=question_audio, frames_optional=frames_optional)

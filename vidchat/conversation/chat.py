@@ -363,22 +363,11 @@ def frozen_sample(answer: Answer, frames: int | None = None) -> Sample:
     return original.frames_at(picks)
 
 
-def release(entry: Entry, answer: Answer, continues_chat: bool = True) -> bool:
+def release(entry: Entry, answer: Answer) -> bool:
     """Mark an answer finished; False when a newer question had replaced it.
-    ``continues_chat``: the door's word that its next question carries this
-    answer as chat history (the page's chat, a socket session with history
-    on); a re-ask and a door that keeps no chat say False."""
+    (What the chat keeps of it is the conversation's: Conversation._answered.)"""
     answer.free()
     if entry.answer is answer:
         entry.answer = None
         entry.answer_ended = time.monotonic()
-        # The Realtime door sends no history yet still asks with the default
-        # continues_chat: warming it with this turn would miss its prefix.
-        if continues_chat and entry.kind != "realtime" and answer.reply.text.strip() \
-                and not answer.reply.stats.cancelled:
-            # The conversation the next question will carry (the door sends
-            # it back as these turns), for the next warm-up: history comes
-            # before the frames in the prompt, so without it nothing is shared.
-            entry.warm_history = (*answer.history, Turn("user", spoken_text(answer)),
-                                  Turn("assistant", answer.reply.text.strip()))
     return entry.question_seq == answer.ticket

@@ -353,8 +353,10 @@ class RealtimeResponse:
         conn = self.conn
         await conn.state.wait_engine()
         try:
+            # continues_chat=False: this door keeps no chat yet (each response
+            # is asked on its own items), so none is kept or warmed for it.
             self.run = await conversation.of(conn.state, conn.entry).ask(
-                question, options, record=conn.record, frames_optional=True, **how)
+                question, options, record=conn.record, frames_optional=True, continues_chat=False, **how)
         except chat.Superseded:
             await self._end(self.say.done("cancelled", text=None, reason=self.cancel_reason))
             return

@@ -23,7 +23,7 @@ from vidchat import conversation
 from vidchat.conversation import chat
 from vidchat.doors import inputs as answer_inputs
 from vidchat.doors.protocol_config import ConfigError
-from vidchat.engine import EngineError, Turn
+from vidchat.engine import EngineError
 
 log = logging.getLogger(__name__)
 
@@ -35,11 +35,6 @@ def check_record(settings: Any, on: Any) -> None:
     (--record-dir), at every door that can switch it on; raises ConfigError."""
     if on and not settings.record_dir:
         raise ConfigError(RECORD_OFF)
-
-
-# What a socket session keeps of its chat (history: true; an even number,
-# whole pairs); what is sent is trimmed further to the model's context.
-MAX_HISTORY_TURNS = 400
 
 
 class Client(Protocol):
@@ -76,19 +71,18 @@ class SocketAnswers:
         self.watched = False  # the running answer was asked by the watch
         self.notice: str | None = None  # said once, in the next response.start
         # record: each answer saved as a bundle. history: earlier questions
-        # and answers go with each question, within the model's context.
+        # and answers (the conversation's, on the server) go with each
+        # question, within the model's context.
         self.record = False
         self.keep_history = False
-        self.history: list[Turn] = []
         self.waiting: asyncio.Task | None = None  # a question asked while the model loads
         self.audio_mark = float("-inf")  # where the last question's audio ended (undated audio: the seed's rule)
 
     def set_history(self, on: bool) -> None:
         self.keep_history = bool(on)
-        if not on:
-            self.history.clear()  # off forgets: turned on again, the chat starts afresh
-            if self.conn.entry is not None:
-                self.conn.entry.warm_history = ()  # nor does the next warm-up carry it
+        if not on and self.conn.entry is not None:
+            # Off forgets: turned on again, the chat starts afresh (nor does the next warm-up carry it).
+            conversation.of(self.conn.state, self.conn.entry).clear()
 
     def set_record(self, on: bool) -> None:
         check_record(self.conn.settings, on)
@@ -157,11 +151,10 @@ class SocketAnswers:
                 how["sample"] = entry.session.sample(audio_after=self.audio_mark)
             try:
                 # Samples the buffer now: frames arriving from here on count for the next question.
-                # continues_chat: with history on, the next question carries
-                # this one's turn, so its warm-up is prepared with it.
+                # continues_chat: with history on, the question carries the
+                # conversation's chat, and its own turn is kept for the next.
                 run = await conversation.of(conn.state, entry).ask(
-                    text, conn.options, history=tuple(self.history), record=self.record,
-                    continues_chat=self.keep_history, **how)
+                    text, conn.options, record=self.record, continues_chat=self.keep_history, **how)
             except chat.Superseded:
                 return  # a newer question from elsewhere took over this session
             except EngineError as exc:  # NoFrames and NO_SPOKEN_QUESTIONS included
@@ -198,14 +191,6 @@ class SocketAnswers:
         if "record_error" in stats:
             await conn.error(stats["record_error"])
         text = done.text
-        if self.keep_history and text.strip() and done.status == conversation.COMPLETED:
-            self.history += [Turn("user", chat.spoken_text(done.answer)), Turn("assistant", text.strip())]
-            if len(self.history) > MAX_HISTORY_TURNS:
-                # A quarter at a time, not a pair every answer: what is sent
-                # keeps its cached prefix (vidchat.engine.history_cut).
-                del self.history[:len(self.history) - MAX_HISTORY_TURNS * 3 // 4]
-                if conn.entry is not None:
-                    conn.entry.warm_history = tuple(self.history)  # the next warm-up starts as the question will
         await conn.send({"type": "response.text.done", "text": text, "stats": stats})
         log.info("ws %s: answered: %d tokens, %d frames, %.1f s audio%s", conn.peer,
                  stats.get("completion_tokens", 0), stats.get("frames", 0), stats.get("audio_seconds", 0.0),

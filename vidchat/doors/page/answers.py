@@ -18,9 +18,9 @@ from vidchat.conversation import CANCELLED, Delta, Done, Queued, Started, chat, 
 from vidchat.conversation.chat import OptionError
 from vidchat.conversation.settings_table import SETTINGS, UNBOUNDED_MAX_TOKENS, page_number
 from vidchat.doors import inputs as answer_inputs
-from vidchat.engine import EngineError, Turn
+from vidchat.engine import EngineError
 from vidchat.doors.page.view import (
-    NOT_RUNNING, NO_TEXT, SPOKEN, STOPPED, frames_html, history_turns, is_notice, mark_stopped, notice,
+    NOT_RUNNING, NO_TEXT, SPOKEN, STOPPED, frames_html, is_notice, mark_stopped, notice,
     spoken_bubble, waiting_text,
 )
 
@@ -105,9 +105,9 @@ STREAM_MAX_UPDATE_S = 1.0
 STREAM_CHARS_PER_S = 8_000
 
 
-async def answer_stream(state, entry, question: str, request: PageRequest, past: list[Turn],
-                        history: list[dict], event_start: float, spoken=None, pin=None,
-                        chat_as_of: int | None = None, stops_as_of: int | None = None) -> AsyncIterator[tuple]:
+async def answer_stream(state, entry, question: str, request: PageRequest, history: list[dict],
+                        event_start: float, spoken=None, pin=None, chat_as_of: int | None = None,
+                        stops_as_of: int | None = None) -> AsyncIterator[tuple]:
     """Ask through the shared answer path and stream the reply into the chat.
     ``spoken`` (Talk mode): the utterance is the question; its bubble, with
     a player of exactly the audio the model got, goes into the chat here.
@@ -120,7 +120,7 @@ async def answer_stream(state, entry, question: str, request: PageRequest, past:
     done = asyncio.Event()
     entry.chat_streams.add(done)
     try:
-        async with contextlib.aclosing(_answer_updates(state, entry, question, request, past, history,
+        async with contextlib.aclosing(_answer_updates(state, entry, question, request, history,
                                                        event_start, spoken, pin, stops_as_of)) as updates:
             async for update in updates:
                 if entry.chat_cleared != cleared:
@@ -131,12 +131,13 @@ async def answer_stream(state, entry, question: str, request: PageRequest, past:
         done.set()
 
 
-async def _answer_updates(state, entry, question: str, request: PageRequest, past: list[Turn],
-                          history: list[dict], event_start: float, spoken, pin,
-                          stops_as_of: int | None = None) -> AsyncIterator[tuple]:
+async def _answer_updates(state, entry, question: str, request: PageRequest, history: list[dict],
+                          event_start: float, spoken, pin, stops_as_of: int | None = None) -> AsyncIterator[tuple]:
     """The conversation's answer run as the chat's messages."""
     try:
-        run = await conversation.of(state, entry).ask(question, request.options, history=past, spoken=spoken,
+        # The chat the model gets is the conversation's, kept on the server;
+        # ``history`` is only the page's picture of it.
+        run = await conversation.of(state, entry).ask(question, request.options, spoken=spoken,
                                                       sample=None if pin is None else pin.sample,
                                                       record=request.record)
         if stops_as_of is not None and entry.chat_stops != stops_as_of:
@@ -241,7 +242,6 @@ async def respond(state, message: str, history: list[dict], sid: str, *raw_setti
     if not text:
         yield history, gr.skip(), gr.skip()
         return
-    past = history_turns(history)
     entry = state.registry.get(sid) if isinstance(sid, str) else None
     if entry is None:
         history += [{"role": "user", "content": text}, notice(NOT_RUNNING)]
@@ -284,7 +284,7 @@ async def respond(state, message: str, history: list[dict], sid: str, *raw_setti
         return
     # The sample taken as Enter was pressed (vidchat.conversation.prewarm), already warmed.
     pin = state.prewarmer.take_pin(entry) if getattr(state, "prewarmer", None) is not None else None
-    async for update in answer_stream(state, entry, text, request, past, history, event_start, pin=pin,
+    async for update in answer_stream(state, entry, text, request, history, event_start, pin=pin,
                                       chat_as_of=chat_as_of, stops_as_of=stops_as_of):
         yield update
 
@@ -298,7 +298,7 @@ async def clear_chat(state, sid: str) -> None:
     if entry is not None:
         entry.chat_cleared += 1
         entry.question_seq += 1  # a question still being prepared for the old chat never starts
-        entry.warm_history = ()  # the next question carries no chat: nor does its warm-up
+        conversation.of(state, entry).clear()  # the model's chat too (and the next warm-up's)
         streams = [asyncio.ensure_future(done.wait()) for done in entry.chat_streams]
         await entry.cancel_answer()
         # Returned only once each stream into the old chat has stopped: its

@@ -14,7 +14,7 @@ from vidchat.conversation import talk
 from vidchat.conversation.chat import OptionError
 from vidchat.conversation.watch import SceneWatch
 from vidchat.doors.page.answers import _number, answer_stream, applied_request, watch_switched
-from vidchat.doors.page.view import history_turns, notice
+from vidchat.doors.page.view import notice
 from vidchat.engine import NO_SPOKEN_QUESTIONS
 from vidchat.media.vad import TurnSettings
 
@@ -75,7 +75,6 @@ async def _watch_answers(state, entry, watcher: SceneWatch, stopped, question: s
             history.append(notice(f"⚠ Watch stopped, settings not accepted: {exc}"))
             yield history, gr.skip(), gr.skip(), False
             return
-        past = history_turns(history)
         start = entry.session.timeline_start
         when = f" at {t - start:.1f} s" if t is not None and start is not None else ""
         if stopped():  # switched off while the settings were read
@@ -84,7 +83,7 @@ async def _watch_answers(state, entry, watcher: SceneWatch, stopped, question: s
         history.append({"role": "user", "content": question})
         # Closed explicitly when watching stops mid-answer: its reply is
         # cancelled then, not whenever the generator happens to be collected.
-        async with contextlib.aclosing(answer_stream(state, entry, question, request, past, history,
+        async with contextlib.aclosing(answer_stream(state, entry, question, request, history,
                                                      time.perf_counter(), chat_as_of=seen_clear)) as stream:
             async for update in stream:
                 if stopped():
@@ -163,8 +162,7 @@ async def talk_loop(state, on: bool, barge_in: bool, silence_ms: Any, min_speech
                 yield history, gr.skip(), gr.skip(), gr.skip()
                 continue
             entry.watch_epoch += 1  # a running watch loop yields the chat to the spoken question
-            past = history_turns(history)
-            async for update in answer_stream(state, entry, "", request, past, history, time.perf_counter(),
+            async for update in answer_stream(state, entry, "", request, history, time.perf_counter(),
                                               spoken=spoken, chat_as_of=seen_clear):
                 if entry.talk_epoch != epoch:
                     return
