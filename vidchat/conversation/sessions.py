@@ -92,10 +92,6 @@ class Entry:
     # bumped by each typed question: the page's talk loop yields the chat.
     talk: Any = None
     talk_epoch: int = 0
-    # Bumped by the page's Clear chat: an answer streaming into the old chat
-    # stops showing (and generating), and a watch or talk loop starts its
-    # next answer on the empty chat instead of its own copy of the old one.
-    chat_cleared: int = 0
     # Bumped by the page's Stop: a chat question still waiting (for the model
     # to load, or while it is prepared) ends stopped instead of being answered.
     chat_stops: int = 0

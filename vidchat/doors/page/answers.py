@@ -116,14 +116,15 @@ async def answer_stream(state, entry, question: str, request: PageRequest, histo
     now). Once the chat is cleared after that, this stream shows nothing more.
     ``stops_as_of``: the Stop count when the question arrived; a Stop since
     (while the question waited to start) stops its answer at once."""
-    cleared = entry.chat_cleared if chat_as_of is None else chat_as_of
+    talking = conversation.of(state, entry)
+    cleared = talking.generation if chat_as_of is None else chat_as_of
     done = asyncio.Event()
     entry.chat_streams.add(done)
     try:
         async with contextlib.aclosing(_answer_updates(state, entry, question, request, history,
                                                        event_start, spoken, pin, stops_as_of)) as updates:
             async for update in updates:
-                if entry.chat_cleared != cleared:
+                if talking.generation != cleared:
                     return  # closing the updates aborts the reply: nobody reads it now
                 yield update
     finally:
@@ -254,7 +255,7 @@ async def respond(state, message: str, history: list[dict], sid: str, *raw_setti
     history.append({"role": "user", "content": text})
     entry.watch_epoch += 1  # a running watch loop yields the chat to this question
     entry.talk_epoch += 1  # so does the talk loop (the listener goes on; the page restarts the loop)
-    chat_as_of = entry.chat_cleared  # the chat this event was sent with
+    chat_as_of = conversation.of(state, entry).generation  # the chat this event was sent with
     stops_as_of = entry.chat_stops
     entry.typed_question_at = time.monotonic()
     if not cutting:
@@ -274,7 +275,7 @@ async def respond(state, message: str, history: list[dict], sid: str, *raw_setti
         history.append(notice(f"⚠ {exc}"))
         yield history, gr.skip(), gr.skip()
         return
-    if entry.chat_cleared != chat_as_of:
+    if conversation.of(state, entry).generation != chat_as_of:
         return  # Clear chat while the model loaded: the question went with the old chat
     try:
         request = applied_request(state, entry, raw_settings)
@@ -296,9 +297,8 @@ async def clear_chat(state, sid: str) -> None:
     update, nor a watch or talk loop's copy of the chat. Watch and Talk go on."""
     entry = state.registry.get(sid) if isinstance(sid, str) else None
     if entry is not None:
-        entry.chat_cleared += 1
+        conversation.of(state, entry).clear()  # a new chat: the model's (and the next warm-up's) too
         entry.question_seq += 1  # a question still being prepared for the old chat never starts
-        conversation.of(state, entry).clear()  # the model's chat too (and the next warm-up's)
         streams = [asyncio.ensure_future(done.wait()) for done in entry.chat_streams]
         await entry.cancel_answer()
         # Returned only once each stream into the old chat has stopped: its

@@ -66,9 +66,9 @@ async def watch_loop(state, on: bool, question: str, every: Any, history: list[d
 
 async def _watch_answers(state, entry, watcher: SceneWatch, stopped, question: str, history: list[dict],
                          raw_settings: tuple) -> AsyncIterator[tuple]:
-    seen_clear = entry.chat_cleared
+    seen_clear = conversation.of(state, entry).generation
     async for t in conversation.of(state, entry).scene_changes(watcher, stopped):
-        seen_clear = _follow_clear(entry, history, seen_clear)
+        seen_clear = _follow_clear(state, entry, history, seen_clear)
         try:
             request = applied_request(state, entry, raw_settings)
         except ValueError as exc:
@@ -98,12 +98,13 @@ async def _watch_answers(state, entry, watcher: SceneWatch, stopped, question: s
 TALK_NEEDS_AUDIO = "Talk needs a model that hears: " + NO_SPOKEN_QUESTIONS.split(". ", 1)[1]
 
 
-def _follow_clear(entry, history: list[dict], seen: int) -> int:
+def _follow_clear(state, entry, history: list[dict], seen: int) -> int:
     """A loop's own copy of the chat empties when the page's chat was cleared
-    since ``seen``; returns the clear count to compare with next time."""
-    if entry.chat_cleared != seen:
+    since ``seen`` (the conversation's chat number); returns the number to compare with next time."""
+    now = conversation.of(state, entry).generation
+    if now != seen:
         history.clear()
-    return entry.chat_cleared
+    return now
 
 
 def talk_settings(silence_ms: Any, min_speech_ms: Any) -> TurnSettings:
@@ -146,7 +147,7 @@ async def talk_loop(state, on: bool, barge_in: bool, silence_ms: Any, min_speech
     listener = talk.listener(entry, settings, bool(barge_in), on_speech=talk.speech_warms(state, entry))
     entry.talk_epoch += 1
     epoch = entry.talk_epoch
-    seen_clear = entry.chat_cleared
+    seen_clear = conversation.of(state, entry).generation
     def stale() -> bool:  # the session ended, a typed question took the chat, or Talk went off
         return state.registry.get(sid) is not entry or entry.talk_epoch != epoch or not listener.running
 
@@ -154,7 +155,7 @@ async def talk_loop(state, on: bool, barge_in: bool, silence_ms: Any, min_speech
     # now (it would cancel the live answer and then drop the question).
     async with contextlib.aclosing(conversation.of(state, entry).heard(listener, stale)) as heard:
         async for spoken in heard:
-            seen_clear = _follow_clear(entry, history, seen_clear)
+            seen_clear = _follow_clear(state, entry, history, seen_clear)
             try:
                 request = applied_request(state, entry, raw_settings)
             except ValueError as exc:
