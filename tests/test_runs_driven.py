@@ -142,7 +142,7 @@ class _StuckReply:
 
 @pytest.mark.unit
 async def test_a_cancelled_run_whose_engine_hangs_is_force_done_after_the_grace(monkeypatch):
-    monkeypatch.setattr(conversation, "CANCEL_GRACE_S", 0.2)
+    monkeypatch.setattr(conversation.runs, "CANCEL_GRACE_S", 0.2)
     entry = filled_entry()
     reply = _StuckReply()
     answer = chat.Answer("q", reply, entry.session.sample(), SHORT, session_id=entry.session.id)

@@ -17,6 +17,7 @@ import types
 import numpy as np
 import pytest
 
+from vidchat import conversation
 from vidchat.conversation import chat
 from vidchat.conversation.answer_queue import AnswerQueue
 from vidchat.conversation.chat import AnswerOptions
@@ -177,30 +178,42 @@ async def test_pins_are_warmed_longest_unwarmed_session_first():
     assert engine.warmed == [recent.cache_salt, waited.cache_salt]
 
 
-# -- (c) the warm history follows what the door's next question carries ---------
+# -- (c) the warm history is the chat the conversation keeps on the server -------
 
 
-def finished(question: str, text: str, history: tuple = ()) -> chat.Answer:
+def finished(question: str, text: str) -> chat.Answer:
     reply = types.SimpleNamespace(text=text, stats=types.SimpleNamespace(cancelled=False))
-    return chat.Answer(question, reply, sample=None, options=OPTIONS, history=history)
+    return chat.Answer(question, reply, sample=None, options=OPTIONS)
+
+
+def answered(talking, answer: chat.Answer, *, continues_chat: bool = True, slot=None, generation=None) -> None:
+    """The conversation's rule at a run's Done (what AnswerRun._end calls)."""
+    run = types.SimpleNamespace(continues_chat=continues_chat, slot=slot or talking.entry,
+                                generation=talking.generation if generation is None else generation)
+    talking._answered(run, conversation.Done(answer, conversation.COMPLETED, None, True, True, "answer-id"))
 
 
 @pytest.mark.parametrize("kind", ["webrtc", "ws", "replay"])
-def test_a_door_whose_questions_carry_the_chat_is_warmed_with_it(kind):
-    registry = SessionRegistry()
-    entry = registry.create(kind)
-    earlier = (Turn("user", "Hi?"), Turn("assistant", "Hello."))
-    answer = entry.answer = finished("What is there?", " A cat. ", earlier)
-    chat.release(entry, answer, continues_chat=True)
-    assert entry.warm_history == (*earlier, Turn("user", "What is there?"), Turn("assistant", "A cat."))
+def test_a_chat_answer_is_kept_on_the_server_and_warmed_with(kind):
+    entry = SessionRegistry().create(kind)
+    talking = conversation.of(conversation.Standalone(engine=None), entry)
+    talking.history.add("a0", "Hi?", "Hello.")
+    answered(talking, finished("What is there?", " A cat. "))
+    expected = (Turn("user", "Hi?"), Turn("assistant", "Hello."), Turn("user", "What is there?"),
+                Turn("assistant", "A cat."))
+    assert talking.history.turns() == expected and entry.warm_history == expected
 
 
-@pytest.mark.parametrize("kind, continues_chat", [("ws", False), ("realtime", True)])
-def test_a_door_that_sends_no_history_is_warmed_without(kind, continues_chat):
-    """A socket session without history: true says continues_chat=False;
-    the Realtime door sends no history (and asks with the default)."""
-    registry = SessionRegistry()
-    entry = registry.create(kind)
-    answer = entry.answer = finished("What is there?", "A cat.")
-    chat.release(entry, answer, continues_chat=continues_chat)
-    assert entry.warm_history == ()
+@pytest.mark.parametrize("kind, how", [("ws", "no history"), ("realtime", "no history"), ("webrtc", "re-ask"),
+                                        ("webrtc", "cleared"), ("webrtc", "said nothing")])
+def test_an_answer_the_chat_does_not_continue_with_is_not_kept(kind, how):
+    """A socket session without history: true and the Realtime door say
+    continues_chat=False; a re-ask runs in the side slot; an answer of a
+    chat cleared since it was asked, or one with no text, is not the chat's."""
+    entry = SessionRegistry().create(kind)
+    talking = conversation.of(conversation.Standalone(engine=None), entry)
+    answer = finished("What is there?", "" if how == "said nothing" else "A cat.")
+    answered(talking, answer, continues_chat=how != "no history",
+             slot=entry.side_slot() if how == "re-ask" else None,
+             generation=talking.generation - 1 if how == "cleared" else None)
+    assert talking.history.turns() == () and entry.warm_history == ()

@@ -50,6 +50,7 @@ from vidchat.media.frame_buffer import FrameBuffer, StoredFrame
 from vidchat.media.sampling import Sample, pick, within_encode_budget
 from vidchat.media import (AUDIO_RATE, DEFAULT_MAX_FRAME_BYTES, DEFAULT_MAX_FRAME_PIXELS, DEFAULT_STORE_MAX_PIXELS,
                            MIN_AUDIO_SAMPLES)
+from vidchat.media.numbers import is_int, is_number
 
 logger = logging.getLogger(__name__)
 
@@ -69,7 +70,7 @@ def session_budget_bytes(budget_mb: float, store_max_pixels: int) -> int:
 def check_frame_budget(max_frames: Any, store_max_pixels: int | None, budget_bytes: int | None) -> None:
     """Raise ValueError naming max_frames and the budget when a full buffer
     of ``max_frames`` stored frames would not fit the session's budget."""
-    if budget_bytes is None or store_max_pixels is None or not _is_int(max_frames):
+    if budget_bytes is None or store_max_pixels is None or not is_int(max_frames):
         return
     need = max_frames * store_max_pixels * BYTES_PER_PIXEL
     if need > budget_bytes:
@@ -85,12 +86,6 @@ __all__ = ["FrameError", "Session", "SessionMedia", "SessionSettings", "Sample"]
 # Settings
 # ---------------------------------------------------------------------------
 
-def _is_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def _is_number(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
 @dataclass
@@ -111,7 +106,7 @@ class SessionSettings:
     def validate(self) -> None:
         """Raise ValueError naming the first bad field (vidchat.conversation.settings_table's rules)."""
         check_all("session", self)
-        if not _is_number(self.audio_seconds) or not 0 < self.audio_seconds <= MAX_AUDIO_SECONDS:
+        if not is_number(self.audio_seconds) or not 0 < self.audio_seconds <= MAX_AUDIO_SECONDS:
             raise ValueError(f"audio_seconds must be a number in (0, {MAX_AUDIO_SECONDS:g}], "
                              f"got {self.audio_seconds!r}")
 
@@ -347,7 +342,7 @@ class Session(SessionMedia):
             s = self.settings
             k = s.num_sample_frames if k is None else k
             strategy = s.sampling if strategy is None else strategy
-            if not _is_int(k) or k < 1:
+            if not is_int(k) or k < 1:
                 raise ValueError(f"k must be a positive integer, got {k!r}")
             if strategy not in SAMPLING_STRATEGIES:
                 raise ValueError(f"strategy must be one of {', '.join(SAMPLING_STRATEGIES)}, got {strategy!r}")

@@ -20,6 +20,7 @@ from typing import Any
 
 from vidchat.engine import SEED_RANGE
 from vidchat.media import FRAMES_AS
+from vidchat.media.numbers import is_int, is_number  # noqa: F401 (the table's checks; doors take them from here)
 
 MAX_FRAMES_LIMIT = 1024  # frames a session may keep, and sample for one question
 SAMPLING_STRATEGIES = ("uniform", "stable", "latest_frames", "latest_seconds")
@@ -39,12 +40,6 @@ AUDIO_MODES = ("frames", "last")
 MAX_TEMPERATURE = 100.0
 
 
-def is_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def is_number(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
 class SettingValueError(ValueError):

@@ -23,6 +23,7 @@ from vidchat.media.audio import Pcm16Resampler
 from vidchat.media.clock import ClientClock
 from vidchat.media.evs import FrameError
 from vidchat.media.workers import run_media
+from vidchat.media.numbers import is_int, is_number
 
 # Messages longer than this are parsed and decoded in a worker thread, in
 # slices that yield the interpreter lock (vidchat.doors.wire): a 640×480 frame's
@@ -35,14 +36,13 @@ MAX_FRAME_ID_CHARS = 256
 
 
 def is_millis(value: Any) -> bool:
-    # A range check, not math.isfinite: that raises OverflowError for a huge JSON integer.
-    return not isinstance(value, bool) and isinstance(value, (int, float)) and -1e15 < value < 1e15
+    return is_number(value) and -1e15 < value < 1e15
 
 
 def is_frame_id(value: Any) -> bool:
     if isinstance(value, str):
         return 0 < len(value) <= MAX_FRAME_ID_CHARS
-    return isinstance(value, int) and not isinstance(value, bool) and -(1 << 63) <= value < (1 << 63)
+    return is_int(value) and -(1 << 63) <= value < (1 << 63)
 
 
 class Refused(Exception):

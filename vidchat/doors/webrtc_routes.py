@@ -14,7 +14,6 @@ import collections
 import hmac
 import json
 import logging
-import math
 import posixpath
 import time
 from typing import Any, AsyncIterator, Callable
@@ -27,6 +26,7 @@ from vidchat.app.turn import TurnError
 from vidchat.conversation.sessions import Entry, TooManySessions
 from vidchat.doors.webrtc import Peer
 from vidchat.media.clock import SOURCE_KINDS
+from vidchat.media.numbers import is_number
 
 log = logging.getLogger(__name__)
 # Tasks started by a request and outliving it (held so they are not collected).
@@ -63,8 +63,6 @@ SOURCE_NAME_MAX = 200
 SOURCE_RATE_MAX = 16.0  # browsers refuse playbackRate above 16
 
 
-def _finite(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
 def parse_source_report(body: dict[str, Any]) -> dict[str, Any]:
@@ -79,7 +77,7 @@ def parse_source_report(body: dict[str, Any]) -> dict[str, Any]:
     out: dict[str, Any] = {"session_id": sid, "kind": kind}
     at = body.get("at")
     if at is not None:
-        if not _finite(at) or at <= 0:
+        if not is_number(at) or at <= 0:
             raise ValueError(f"at must be the page's time in ms since the Unix epoch, or null, got {at!r}")
         out["at_sender_s"] = float(at) / 1000.0
     if kind != "file":
@@ -91,16 +89,16 @@ def parse_source_report(body: dict[str, Any]) -> dict[str, Any]:
         # Only the base name: a path would say more about the viewer's disk than the record needs.
         name = posixpath.basename(name.replace("\\", "/")).strip()[:SOURCE_NAME_MAX] or None
     position = body.get("position")
-    if not _finite(position) or position < 0:
+    if not is_number(position) or position < 0:
         raise ValueError(f"position must be a number of seconds >= 0, got {position!r}")
     playing = body.get("playing", True)
     if not isinstance(playing, bool):
         raise ValueError(f"playing must be true or false, got {playing!r}")
     rate = body.get("rate", 1.0)
-    if not _finite(rate) or not 0 < rate <= SOURCE_RATE_MAX:
+    if not is_number(rate) or not 0 < rate <= SOURCE_RATE_MAX:
         raise ValueError(f"rate must be a number in (0, {SOURCE_RATE_MAX:g}], got {rate!r}")
     duration = body.get("duration")
-    if duration is not None and (not _finite(duration) or duration <= 0):
+    if duration is not None and (not is_number(duration) or duration <= 0):
         raise ValueError(f"duration must be a positive number of seconds or null, got {duration!r}")
     loop = body.get("loop", False)
     if not isinstance(loop, bool):

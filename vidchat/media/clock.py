@@ -30,6 +30,8 @@ import threading
 import time
 from typing import Any, NamedTuple
 
+from vidchat.media.numbers import is_number
+
 log = logging.getLogger(__name__)
 
 # Media time and arrival may drift apart by network jitter and decoder delay;
@@ -136,8 +138,6 @@ class SenderClock:
 SOURCE_KINDS = ("camera", "screen", "file")
 
 
-def _is_number(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 # About four minutes of once-a-second reports: more than the frame ring spans
 # while a file plays; frames keep the position they were given at ingest.
@@ -217,9 +217,9 @@ class SourceTimeline:
         onto the timeline and the result is within SENDER_PLACEMENT_MAX_S of
         ``now``), else at ``now`` (default: the monotonic clock's now).
         Returns the timeline time used and whether the sender's clock placed it."""
-        if kind == "file" and (position is None or not _is_number(position) or position < 0):
+        if kind == "file" and (position is None or not is_number(position) or position < 0):
             raise ValueError(f"a file source needs a position in seconds >= 0, got {position!r}")
-        if not _is_number(rate) or rate <= 0:
+        if not is_number(rate) or rate <= 0:
             raise ValueError(f"rate must be a positive number, got {rate!r}")
         by_sender = False
         if t is None:

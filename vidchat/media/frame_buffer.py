@@ -31,6 +31,7 @@ from PIL import Image
 
 from vidchat.media import evs, reduce_factor, stored_size
 from vidchat.media.evs import FrameError
+from vidchat.media.numbers import is_int
 
 # A kept frame counts as a scene change when at least this share of the
 # picture changed since the previous kept frame (a cut, a new shot, the
@@ -45,8 +46,6 @@ class StoredFrame(NamedTuple):
     seq: int = 0  # the session's kept-frame number (1, 2, …, never reused): the frame's identity for the engine
 
 
-def _is_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
 
 
 def freeze(arr: np.ndarray) -> np.ndarray:
@@ -96,9 +95,9 @@ class FrameBuffer:
                  keepalive_s: float | None, store_max_pixels: int | None, max_frame_bytes: int,
                  max_frame_pixels: int, on_media: Callable[[float, float], None],
                  position_at: Callable[[float], float | None]) -> None:
-        if store_max_pixels is not None and (not _is_int(store_max_pixels) or store_max_pixels < 1):
+        if store_max_pixels is not None and (not is_int(store_max_pixels) or store_max_pixels < 1):
             raise ValueError(f"store_max_pixels must be None or a positive integer, got {store_max_pixels!r}")
-        if not _is_int(max_frame_pixels) or max_frame_pixels < 1:
+        if not is_int(max_frame_pixels) or max_frame_pixels < 1:
             raise ValueError(f"max_frame_pixels must be a positive integer, got {max_frame_pixels!r}")
         self.store_max_pixels = store_max_pixels
         self.max_frame_bytes = max_frame_bytes

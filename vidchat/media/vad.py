@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 
 from vidchat.media import AUDIO_RATE
+from vidchat.media.numbers import is_number
 
 log = logging.getLogger(__name__)
 
@@ -98,8 +99,7 @@ class TurnSettings:
         ]
         for name, low, high, what in ranges:
             value = getattr(self, name)
-            number = not isinstance(value, bool) and isinstance(value, (int, float))
-            if not number or not math.isfinite(value) or not low <= value <= high:
+            if not is_number(value) or not low <= value <= high:
                 raise ValueError(f"{name} must be {what}, got {value!r}")
 
 

@@ -1,0 +1,352 @@
+"""One answer run, driven by a task of its conversation (LiveKit's
+SpeechHandle): its typed events (Queued, Started, Delta, Done), the readers
+doors subscribe with, and the one way to stop it (AnswerRun.cancel, with a
+force-done after CANCEL_GRACE_S). vidchat.conversation's module text says
+how runs, readers and the preemption rule fit together."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import logging
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, AsyncIterator, Protocol, Union
+
+import vidchat.conversation.chat as chat
+import vidchat.conversation.kept as kept
+import vidchat.conversation.log_context as log_context
+from vidchat.conversation.answer_queue import Abandoned
+from vidchat.conversation.chat import Answer
+from vidchat.conversation.sessions import Entry
+from vidchat.engine import EngineError
+
+log = logging.getLogger(__name__)
+
+# How long a cancelled answer may take to end before its Done is made
+# without it (LiveKit's interruption timeout): vLLM's abort takes effect at
+# its next step, so only an engine that hangs ever needs this.
+CANCEL_GRACE_S = 3.0
+_RUNNING: set[asyncio.Task] = set()  # the answer runs' tasks, held until they end
+
+COMPLETED, CANCELLED, FAILED = "completed", "cancelled", "failed"
+
+# A bundle's manifest names the door its answer came through.
+_RECORDED_FROM = {"webrtc": "page", "ws": "socket", "realtime": "realtime"}
+
+
+@dataclass(frozen=True)
+class Queued:
+    """The answer waits for a place (--max-concurrent-answers): ``ahead`` answers before it."""
+
+    ahead: int
+
+
+@dataclass(frozen=True)
+class Started:
+    """The answer has its place; text follows."""
+
+    answer: Answer
+
+
+@dataclass(frozen=True)
+class Delta:
+    text: str
+
+
+@dataclass(frozen=True)
+class Done:
+    """The run's last event, always delivered once.
+
+    ``started``: it had a place (false: cancelled while it waited, nothing
+    was generated). ``current``: it was still its slot's answer at the end
+    (false: a newer question took over). ``answer_id``: under which the
+    answer's inputs are kept for its session (/inputs/<id>/). ``bundle``: the
+    recording's folder when it was recorded; ``record_error`` why not."""
+
+    answer: Answer
+    status: str
+    error: str | None
+    started: bool
+    current: bool
+    answer_id: str | None
+    bundle: Path | None = None
+    record_error: str | None = None
+
+    @property
+    def text(self) -> str:
+        return self.answer.reply.text
+
+
+RunEvent = Union[Queued, Started, Delta, Done]
+
+
+class Words(Protocol):
+    """How a door says one answer run (:meth:`AnswerRun.say`): the socket
+    doors' answer loop, written once."""
+
+    async def queued(self, ahead: int) -> None: ...
+
+    async def started(self, answer: Answer) -> None: ...
+
+    async def delta(self, text: str) -> bool:
+        """False: the client is gone (the run stops generating)."""
+
+    async def done(self, done: Done) -> None: ...
+
+
+class AnswerRun:
+    """One question's answer, run by a task of the conversation from the
+    moment it is asked: it waits for its place, streams, gives its place
+    back and ends with its Done whether or not anyone reads it. Doors
+    listen (:meth:`events`, any number of readers, each from the first
+    event); a reader that leaves unsubscribes, and when the last one
+    leaves before the Done the answer is cancelled (nobody is left to read
+    it: abort-on-disconnect)."""
+
+    # ``conversation``: the vidchat.conversation.Conversation that asked (its
+    # state, entry, chat generation and the rule for what the chat keeps).
+    def __init__(self, conversation: Any, slot: Entry, answer: Answer, *, record: bool,
+                 continues_chat: bool, remember: bool) -> None:
+        self.conversation, self.slot, self.answer = conversation, slot, answer
+        self.record, self.continues_chat, self.remember = record, continues_chat, remember
+        self.ended = asyncio.Event()  # set by the run as its Done is made: it always comes
+        self.finished = asyncio.Event()  # set once every reader has taken the Done (at once with no reader)
+        self.superseded = False  # a newer question took its slot: its Done is not current
+        self._events: list[RunEvent] = []
+        self._more = asyncio.Event()  # replaced at each event: readers wait on the one of their time
+        self._readers = 0
+        self._forced: asyncio.TimerHandle | None = None
+        self._first_token_at: float | None = None
+        self.generation = conversation.generation  # the chat it belongs to (Clear starts another)
+        self._task = asyncio.get_running_loop().create_task(self._run())
+        _RUNNING.add(self._task)  # asyncio keeps only weak references to tasks
+        self._task.add_done_callback(_RUNNING.discard)
+
+    async def cancel(self, why: str | None = None) -> None:
+        """The one way to stop it: stop generating (or waiting). The run
+        still ends with its Done; if the engine does not let it end within
+        CANCEL_GRACE_S, the Done is made without it (force-done)."""
+        if not self.ended.is_set() and self._forced is None:
+            self._forced = asyncio.get_running_loop().call_later(CANCEL_GRACE_S, self._force_done)
+        await self.answer.cancel(why)
+
+    # -- the run -----------------------------------------------------------
+
+    def _publish(self, event: RunEvent) -> None:
+        self._events.append(event)
+        more, self._more = self._more, asyncio.Event()
+        more.set()
+
+    async def _run(self) -> None:
+        answer, reply = self.answer, self.answer.reply
+        log_context.bind(self.conversation.entry.session.id, self.conversation.entry.kind)  # this task's log lines
+        error: str | None = None
+        started = False
+        current = True
+        try:
+            try:
+                async with contextlib.aclosing(_places(answer)) as places:
+                    async for ahead in places:
+                        self._publish(Queued(ahead))
+                started = True
+                self._publish(Started(answer))
+                async for delta in reply:
+                    if self._first_token_at is None:
+                        self._first_token_at = time.monotonic()
+                    self._publish(Delta(delta))
+            except Abandoned:
+                pass  # replaced or stopped while it waited: it never started
+            except EngineError as exc:
+                error = str(exc)
+            except Exception:  # noqa: BLE001 - reported as the answer's failure, the session goes on
+                log.exception("session %s…: answer failed", answer.session_id[:6])
+                error = "Query processing failed"
+            finally:
+                try:
+                    await asyncio.shield(reply.aclose())  # aborts the vLLM request if it did not end
+                except Exception:  # noqa: BLE001
+                    log.debug("aborting the reply failed", exc_info=True)
+                released = chat.release(self.slot, answer)
+                current = released and not self.superseded
+            if not self.ended.is_set():
+                self._end(await self._done(error, started, current))
+        finally:
+            if not self.ended.is_set():  # the task itself was cancelled (shutdown)
+                self._end(self._plain_done(None, started, False, cancelled=True))
+
+    def _force_done(self) -> None:
+        """The cancelled answer did not end within the grace: its Done now
+        (the engine's abort goes on in the background; its place is given back)."""
+        if self.ended.is_set():
+            return
+        log.info("session %s…: a cancelled answer did not end within %.0f s; done without it",
+                 self.answer.session_id[:6], CANCEL_GRACE_S)
+        chat.release(self.slot, self.answer)
+        self._end(self._plain_done(None, True, False, cancelled=True))
+
+    def _end(self, done: Done) -> None:
+        if self._forced is not None:
+            self._forced.cancel()
+        self._count(done)
+        self.conversation._answered(self, done)
+        self._publish(done)
+        self.ended.set()
+        if self._readers == 0:
+            self.finished.set()
+
+    def _count(self, done: Done) -> None:
+        """Tell the app's metrics (when it keeps any) how the answer ended."""
+        metrics = getattr(self.conversation.state, "metrics", None)
+        if metrics is None:
+            return
+        answer = self.answer
+        # Received: when the question was taken, before its preparation.
+        received = answer.asked_at - answer.prep_ms / 1000
+        first_token_s = self._first_token_at - received if self._first_token_at is not None else None
+        try:
+            metrics.answer_done(self.conversation.entry.kind, done.status, first_token_s,
+                                answer.reply.stats.completion_tokens)
+        except Exception:  # noqa: BLE001 - a metric never breaks an answer
+            log.debug("counting the answer failed", exc_info=True)
+
+    def _plain_done(self, error: str | None, started: bool, current: bool, cancelled: bool = False) -> Done:
+        """The run's Done without a recording, its inputs kept as asked."""
+        answer = self.answer
+        status = FAILED if error else CANCELLED if (cancelled or answer.reply.stats.cancelled or not started) \
+            else COMPLETED
+        answer_id = kept.remember(self.conversation.entry, answer) if self.remember else None
+        return Done(answer, status, error, started, current, answer_id)
+
+    async def _done(self, error: str | None, started: bool, current: bool) -> Done:
+        done = self._plain_done(error, started, current)
+        answer, answer_id = self.answer, done.answer_id
+        conversation = self.conversation
+        bundle = record_error = None
+        if self.record and started and answer_id is not None:
+            try:
+                bundle = await kept.save_bundle(conversation.state, conversation.entry, answer, answer_id,
+                                                source=_RECORDED_FROM.get(conversation.entry.kind, "socket"))
+            except kept.RecordingOff as exc:
+                record_error = f"Not recorded: {exc}."
+            except OSError as exc:
+                record_error = f"Could not save the recording: {exc}"
+        stats = answer.reply.stats
+        log_context.bind_answer(answer_id)
+        # One line per answer, whichever door asked: what ran, how it ended and why.
+        log.info("session %s…: answer %s %s: %d of %d tokens (%s), prompt %d tokens (%d cached), "
+                 "%d frames, history %d of %d turns%s", answer.session_id[:6], answer_id or "-", done.status,
+                 stats.completion_tokens, answer.options.max_tokens, stats.finish_reason or "no finish",
+                 stats.prompt_tokens, stats.cached_tokens, stats.frames, stats.history_turns,
+                 stats.history_turns_total, f", {answer.cancelled_by}" if answer.cancelled_by else "")
+        return dataclasses.replace(done, bundle=bundle, record_error=record_error)
+
+    # -- listening ---------------------------------------------------------
+
+    def events(self) -> "RunReader":
+        """A reader of the run's events, from its first to its Done,
+        subscribed from this call on (close it to unsubscribe: the last
+        reader to leave before the Done cancels the answer)."""
+        return RunReader(self)
+
+    def _reader_left(self, took_done: bool) -> None:
+        self._readers -= 1
+        if self._readers:
+            return
+        if self.ended.is_set():
+            self.finished.set()
+        elif not took_done and not self.answer._abandon.is_set():
+            # The last door listening went away: nobody reads this answer now.
+            self._leaving = asyncio.get_running_loop().create_task(self.cancel())
+            _RUNNING.add(self._leaving)
+            self._leaving.add_done_callback(_RUNNING.discard)
+
+    async def say(self, words: "Words") -> None:
+        """Read the run to its end in a door's words; a door that can no longer
+        say a delta (its client is gone) stops the generation."""
+        async with contextlib.aclosing(self.events()) as events:
+            async for event in events:
+                if isinstance(event, Queued):
+                    await words.queued(event.ahead)
+                elif isinstance(event, Started):
+                    await words.started(event.answer)
+                elif isinstance(event, Delta):
+                    if not await words.delta(event.text):
+                        await self.cancel()
+                else:
+                    await words.done(event)
+
+    async def finish(self) -> Done:
+        """Wait for the run's Done without a door (replay, benchmarks)."""
+        await self.ended.wait()
+        done = self._events[-1]
+        assert isinstance(done, Done), "an answer run ends with Done"
+        return done
+
+
+class RunReader:
+    """One door's subscription to an answer run (:meth:`AnswerRun.events`):
+    an async iterator of its events from the first; once the Done has been
+    taken, the next step (or closing it) tells the run it was delivered."""
+
+    def __init__(self, run: AnswerRun) -> None:
+        self._run = run
+        self._seen = 0
+        self._took_done = False
+        self._left = False
+        run._readers += 1
+
+    def __aiter__(self) -> "RunReader":
+        return self
+
+    async def __anext__(self) -> RunEvent:
+        run = self._run
+        if self._took_done or self._left:
+            await self.aclose()
+            raise StopAsyncIteration
+        while self._seen >= len(run._events):
+            await run._more.wait()
+        event = run._events[self._seen]
+        self._seen += 1
+        self._took_done = isinstance(event, Done)
+        return event
+
+    async def aclose(self) -> None:
+        if not self._left:
+            self._left = True
+            self._run._reader_left(self._took_done)
+
+    def __del__(self) -> None:
+        # A reader dropped without closing it (a door's task torn down) still unsubscribes.
+        if not self._left:
+            self._left = True
+            try:
+                self._run._reader_left(self._took_done)
+            except RuntimeError:  # no running loop any more (interpreter shutdown)
+                pass
+
+
+async def _places(answer: Answer) -> AsyncIterator[int]:
+    """The number of answers ahead while this one waits for its place;
+    raises Abandoned when it is cancelled while it waits."""
+    places: asyncio.Queue[int] = asyncio.Queue()
+
+    async def tell(ahead: int) -> None:
+        places.put_nowait(ahead)
+
+    waiting = asyncio.ensure_future(answer.wait_turn(tell))
+    try:
+        while not waiting.done():
+            getter = asyncio.ensure_future(places.get())
+            await asyncio.wait({waiting, getter}, return_when=asyncio.FIRST_COMPLETED)
+            if getter.done():
+                yield getter.result()
+            else:
+                getter.cancel()
+        waiting.result()
+    finally:
+        if not waiting.done():  # the reader went away while it waited
+            await answer.cancel()
+            waiting.cancel()
