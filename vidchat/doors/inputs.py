@@ -60,13 +60,14 @@ def record_links(done: "Done", recording: bool, record_dir: Any) -> dict[str, An
     return links
 
 
-def _thumb_data_url(frame: np.ndarray) -> str:
+def thumb_data_url(frame: np.ndarray, size: tuple[int, int] = THUMB_SIZE, quality: int = 75) -> str:
+    """A frame as a small inline JPEG (a data URL): the page's thumbnails, never written to disk."""
     import base64
 
     img = Image.fromarray(frame)
-    img.thumbnail(THUMB_SIZE)
+    img.thumbnail(size)
     buf = io.BytesIO()
-    img.save(buf, "JPEG", quality=75)
+    img.save(buf, "JPEG", quality=quality)
     return "data:image/jpeg;base64," + base64.b64encode(buf.getvalue()).decode()
 
 
@@ -75,7 +76,7 @@ def live_view(entry: "Entry", n_frames: int = 6) -> dict[str, Any]:
     the time to first token, tokens/s and tokens of the session's recent answers."""
     session = entry.session
     start = session.timeline_start or 0.0
-    kept = [{"index": i, "t": round(t - start, 2), "src": _thumb_data_url(px)}
+    kept = [{"index": i, "t": round(t - start, 2), "src": thumb_data_url(px)}
             for i, t, px in session.recent_kept(n_frames)]
     # A cut-short answer's tokens/s is not comparable with a finished one's:
     # each row says which it was, and which question (its number) it answered.
@@ -120,7 +121,7 @@ def details_html(answer: "Answer", answer_id: str, recorded: bool = False) -> st
         tiles.append(
             f"<a href='{base}/frame/{k}.png' target='_blank' rel='noopener' title='open full size'>"
             # Inline sizes: the chat's own styles make message images full width.
-            f"<figure style='margin:0;width:96px'><img src='{_thumb_data_url(frame)}' alt='frame {as_text(idx)}' "
+            f"<figure style='margin:0;width:96px'><img src='{thumb_data_url(frame)}' alt='frame {as_text(idx)}' "
             f"style='width:96px;height:auto;max-width:96px;border-radius:3px'>"
             f"<figcaption style='font-size:0.7rem;text-align:center'>{frame_caption(idx, t, pos, near)}</figcaption></figure></a>"
         )

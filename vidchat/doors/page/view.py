@@ -4,11 +4,7 @@ No events here."""
 
 from __future__ import annotations
 
-import base64
-import io
 from typing import Any
-
-from PIL import Image
 
 from vidchat.conversation import chat
 from vidchat.conversation.chat import Answer
@@ -178,13 +174,9 @@ def frames_html(answer) -> str:
     positions, at_jump = answer.sample.frame_source_times(), answer.sample.frame_source_at_jump()
     for frame, t, idx, pos, near in zip(answer.sample.frames, answer.sample.timestamps, answer.sample.indices,
                                         positions, at_jump):
-        img = Image.fromarray(frame)
-        img.thumbnail((160, 120))
-        buf = io.BytesIO()
-        img.save(buf, "JPEG", quality=80)
-        src = base64.b64encode(buf.getvalue()).decode()
+        src = answer_inputs.thumb_data_url(frame, (160, 120), quality=80)
         tiles.append(
-            f"<figure><img src='data:image/jpeg;base64,{src}' alt='frame {as_text(idx)}'>"
+            f"<figure><img src='{src}' alt='frame {as_text(idx)}'>"
             f"<figcaption>{answer_inputs.frame_caption(idx, answer.sample.relative(t), pos, near)}</figcaption></figure>"
         )
     audio = answer.reply.stats.audio_seconds
