@@ -17,6 +17,7 @@ from starlette.routing import Mount
 
 import hostile_bundles as hb
 from vidchat.app import access
+from vidchat.doors import server_contract
 from vidchat.app.access import Access, OPERATOR_ROUTES, PUBLIC_ROUTES, route_kind, user_login
 from vidchat.app.gradio_logins import PageLogins
 from vidchat.app.guard import Guard
@@ -160,7 +161,7 @@ def test_the_login_header_is_the_guards_own():
     assert status == 200 and logins == [b"token"]
     page_token = guard.access.page_token("alice")
     status, scope, _ = run_guard(guard, "/webrtc/stats", {"Authorization": f"Bearer {page_token}"})
-    assert status == 200 and access.login_of({"x-vidchat-login": dict(scope["headers"])[b"x-vidchat-login"]
+    assert status == 200 and server_contract.login_of({"x-vidchat-login": dict(scope["headers"])[b"x-vidchat-login"]
                                              .decode()}) == user_login("alice")
     assert run_guard(guard, "/webrtc/stats", {"Authorization": "Bearer p.forged.sig"})[0] == 403
 

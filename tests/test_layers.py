@@ -5,6 +5,8 @@ downward, doors -> conversation -> engine and media.
 * vidchat.engine imports only itself and media;
 * vidchat.conversation imports only itself, the engine's interface and media
   (never a door, the app, qa or devtools);
+* vidchat.doors imports nothing of the app, qa or devtools (what a door needs
+  of the server is in vidchat.doors.server_contract);
 * the doors, the conversation and the app's shared state reach an engine only
   through its interface (vidchat.engine), never vidchat.engine.local or
   .remote, nor vLLM itself; only the app's server (which starts one) and the
@@ -26,7 +28,9 @@ pytestmark = pytest.mark.unit
 PACKAGE = ROOT / "vidchat"
 BELOW = {"vidchat.media": {"vidchat.media"},
          "vidchat.engine": {"vidchat.engine", "vidchat.media"},
-         "vidchat.conversation": {"vidchat.conversation", "vidchat.engine", "vidchat.media"}}
+         "vidchat.conversation": {"vidchat.conversation", "vidchat.engine", "vidchat.media"},
+         # A door is an adapter: what it needs of the server is in vidchat.doors.server_contract.
+         "vidchat.doors": {"vidchat.doors", "vidchat.conversation", "vidchat.engine", "vidchat.media"}}
 IMPLEMENTATIONS = ("vidchat.engine.local", "vidchat.engine.remote", "vllm")
 # The modules that build an engine: the server (at start-up) and replay (headless).
 STARTS_ENGINES = {"vidchat.app.server", "vidchat.qa.replay"}

@@ -22,7 +22,8 @@ routes (:data:`OPERATOR_ROUTES`) need more than a login. Each request's
 login is worked out once, by the middleware that enforces these rules
 (:mod:`vidchat.app.guard`), and handed on in the ``x-vidchat-login`` header
 (what the client sent under that name is dropped), so the page's functions
-and the HTTP routes can tell whose session a call names (:func:`login_of`).
+and the HTTP routes can tell whose session a call names
+(vidchat.doors.server_contract.login_of).
 Keeping credentials out of the server's own logs is :mod:`vidchat.app.log_redaction`.
 """
 
@@ -41,7 +42,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable
-from urllib.parse import unquote
+
+from vidchat.doors.server_contract import UPLOAD_DELETE_CACHE
 
 WS_PATH = "/v1/video/chat/stream"
 # Routes anyone may fetch, as the route table spells them: the page shell and
@@ -61,19 +63,11 @@ PUBLIC_ROUTES = (
 OPERATOR_ROUTES = ("/api/drain", "/api/prewarm", "/api/loop-lag/reset")
 # Headers a reverse proxy adds: a request carrying one came from elsewhere.
 FORWARDING_HEADERS = ("forwarded", "x-forwarded-for", "x-real-ip", "x-forwarded-host")
-LOGIN_HEADER = "x-vidchat-login"
 TOKEN_LOGIN = "token"
 LOOPBACK_NAMES = ("localhost", "127.0.0.1", "::1")
 PAGE_TOKEN_TTL_S = 12 * 3600
 # Query parameters whose values are credentials or session handles: never in a log line.
 SECRET_PARAMS = ("token", "session_id", "resume_token")
-# Gradio's cleaning of its cache (gr.Blocks delete_cache): every 5 minutes, the
-# page's files older than 15 minutes are deleted. The page reads an upload at
-# once (a bundle is loaded as it arrives, then deleted), so the 15 minutes are
-# for an API client between its upload and its call; it is also the longest an
-# unread upload counts against its login's --max-upload-mb.
-UPLOAD_DELETE_CACHE = (300, 900)
-UPLOAD_ROUTE = "/gradio_api/upload"
 # Each uploaded file counts at least this much: a flood of tiny files costs
 # inodes and directories on disk, and records here, that its bytes would not.
 MIN_UPLOAD_CHARGE = 64 << 10
@@ -240,13 +234,6 @@ def default_allowed_hosts(bind_host: str) -> list[str]:
     if is_loopback(bind_host):
         return sorted({*LOOPBACK_NAMES, bind_host})
     return ["*"]
-
-
-def login_of(headers: Any) -> str | None:
-    """The login the guard found for a request (None: none asked or none given),
-    from the request's headers (a Starlette Headers or any mapping)."""
-    value = headers.get(LOGIN_HEADER) if headers is not None else None
-    return unquote(value) if value else None
 
 
 def is_forwarded(headers: Any) -> bool:

@@ -18,10 +18,10 @@ from starlette.formparsers import MultiPartException
 from starlette.requests import cookie_parser
 
 from vidchat.app.access import (
-    LOGIN_HEADER, TOKEN_LOGIN, UPLOAD_DELETE_CACHE, UPLOAD_ROUTE, Access, UploadQuota,
-    is_forwarded, is_loopback, route_kind, user_login,
+    TOKEN_LOGIN, Access, UploadQuota, is_forwarded, is_loopback, route_kind, user_login,
 )
 from vidchat.app.gradio_logins import GradioHandles, PageLogins, Receive, Scope, Send
+from vidchat.doors.server_contract import LOGIN_HEADER, UPLOAD_DELETE_CACHE, UPLOAD_ROUTE
 
 log = logging.getLogger(__name__)
 

@@ -27,6 +27,8 @@ import urllib.error
 import urllib.request
 from typing import Any, Callable, Mapping
 
+from vidchat.doors.server_contract import IceUnavailable
+
 log = logging.getLogger(__name__)
 
 CLOUDFLARE_KEYS_URL = "https://rtc.live.cloudflare.com/v1/turn/keys"
@@ -38,7 +40,7 @@ REQUEST_TIMEOUT_S = 10.0
 ICE_FIELDS = ("urls", "username", "credential")
 
 
-class TurnError(RuntimeError):
+class TurnError(IceUnavailable):
     """No credentials could be minted; the message is safe to show and log."""
 
 

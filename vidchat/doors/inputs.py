@@ -24,7 +24,7 @@ from PIL import Image
 # The same encoders as recording bundles: frames as lossless PNG; the audio the
 # engine got as 16-bit PCM WAV when that is exact (a session's audio always
 # is), else 32-bit float, so the served samples hash as what the model heard.
-from vidchat.app.access import login_of
+from vidchat.doors.server_contract import login_of
 from vidchat.conversation.kept import KEEP_PER_SESSION, find, record
 from vidchat.conversation.recording import audio_used, iter_zip_bundles, png_bytes, wav_bytes
 from vidchat.doors.markup import as_text

@@ -60,8 +60,6 @@ from vidchat.doors.socket_watch import SocketWatch
 if TYPE_CHECKING:
     from fastapi import WebSocket
 
-    from vidchat.app.state import AppState
-
 log = logging.getLogger(__name__)
 
 # How long before --session-time-limit the client is told (session.expiring).
@@ -75,7 +73,7 @@ class Connection(SocketSession):
 
     door, noun = "ws", "message"
 
-    def __init__(self, state: "AppState", websocket: "WebSocket") -> None:
+    def __init__(self, state: Any, websocket: "WebSocket") -> None:
         super().__init__(state, websocket)
         self.media = SocketMedia(self)
         self.answers = SocketAnswers(self)

@@ -42,7 +42,6 @@ from vidchat.media.vad import SpeechStarted, Utterance
 if TYPE_CHECKING:
     from fastapi import WebSocket
 
-    from vidchat.app.state import AppState
 
 log = logging.getLogger(__name__)
 
@@ -75,7 +74,7 @@ class RealtimeConnection(SocketSession):
 
     door, noun = "realtime", "event"
 
-    def __init__(self, state: "AppState", websocket: "WebSocket") -> None:
+    def __init__(self, state: Any, websocket: "WebSocket") -> None:
         super().__init__(state, websocket)
         self.model = websocket.query_params.get("model") or state.model_path
         self.session_id = rt.new_id("sess")

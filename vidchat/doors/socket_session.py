@@ -22,16 +22,15 @@ import logging
 import time
 from typing import TYPE_CHECKING, Any, Awaitable, Callable
 
-from vidchat.app.access import login_of
 from vidchat.conversation import log_context
 from vidchat.conversation.sessions import Entry, TooManySessions
+from vidchat.doors.server_contract import login_of
 from vidchat.doors.socket_transport import (CLOSE_ERROR, CLOSE_NORMAL, CLOSE_TRY_LATER, TIMEOUT, Disconnected,
                                             SocketTransport, parse_message)
 
 if TYPE_CHECKING:
     from fastapi import WebSocket
 
-    from vidchat.app.state import AppState
 
 log = logging.getLogger(__name__)
 
@@ -58,7 +57,7 @@ class SocketSession(SocketTransport):
     noun = "message"  # what the door's clients send, as its errors say it
     handlers: dict[str, Handler] = {}
 
-    def __init__(self, state: "AppState", websocket: "WebSocket") -> None:
+    def __init__(self, state: Any, websocket: "WebSocket") -> None:
         super().__init__(websocket, send_timeout=state.settings.ws_send_timeout)
         self.state, self.settings = state, state.settings
         self.entry: Entry | None = None
@@ -68,7 +67,7 @@ class SocketSession(SocketTransport):
         self.answer_task: asyncio.Task | None = None  # the answer streaming (stream_answer), one at a time
 
     @classmethod
-    async def serve(cls, state: "AppState", websocket: "WebSocket") -> None:
+    async def serve(cls, state: Any, websocket: "WebSocket") -> None:
         """Serve one client until it leaves, fails or times out."""
         try:
             await cls(state, websocket).run()

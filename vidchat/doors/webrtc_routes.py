@@ -21,8 +21,7 @@ from typing import Any, AsyncIterator, Callable
 from fastapi import APIRouter, HTTPException, Request
 from fastapi.responses import StreamingResponse
 
-from vidchat.app.access import login_of
-from vidchat.app.turn import TurnError
+from vidchat.doors.server_contract import IceUnavailable, login_of
 from vidchat.conversation.sessions import Entry, TooManySessions
 from vidchat.doors.webrtc import Peer
 from vidchat.media.clock import SOURCE_KINDS
@@ -187,7 +186,7 @@ def _peer_routes(api: APIRouter, state, peers: dict[str, Peer], mine: Callable[[
         try:
             # Before any session exists: a relay that can't be had leaves nothing behind.
             ice_servers = await state.ice_config()
-        except TurnError as exc:
+        except IceUnavailable as exc:
             raise HTTPException(503, f"Cannot connect from behind NAT now: {exc}.")
         entry = _resumable(state, body, login_of(request.headers))
         resumed = entry is not None

@@ -13,7 +13,7 @@ from typing import Any, Callable
 
 import gradio as gr
 
-from vidchat.app.access import login_of
+from vidchat.doors.server_contract import login_of
 from vidchat.conversation.settings_table import SETTINGS
 from vidchat.doors.page.answers import clear_chat, respond, stop_answer, watch_switched
 from vidchat.doors.page.reask import bundle_choices, load_bundle, reask, reask_choices

@@ -10,7 +10,7 @@ from typing import Any
 import gradio as gr
 from starlette.routing import Mount
 
-from vidchat.app.access import UPLOAD_DELETE_CACHE
+from vidchat.doors.server_contract import UPLOAD_DELETE_CACHE
 from vidchat.conversation.settings_table import SETTINGS
 from vidchat.conversation.watch import DEFAULT_EVERY_S
 from vidchat.doors.markup import as_text
