@@ -17,7 +17,9 @@ next door opens in its place.
 
 Every --sample-every (10) s it samples the server's and the engine core's
 RSS, open file descriptors and threads (psutil), the server's asyncio tasks
-(/api/health) and vidchat_session_buffer_bytes (/metrics). At the end every
+(/api/health, with what each runs) and vidchat_session_buffer_bytes
+(/metrics). The server runs with a small --mm-cache-gb (see its help): vLLM's
+processed-frame cache is bounded and fills on live video. At the end every
 session is closed, the server drained (no session, nothing running), and a
 last sample taken. rss_slope_mb_per_h is the least-squares slope of the
 samples after the first --settle-minutes (5; all of them in a shorter run);
@@ -100,6 +102,7 @@ def sample(server: Server, started: float) -> dict[str, Any]:
     return {"t_s": round(time.monotonic() - started, 1),
             "server": _proc_figures(server.process), "engine": _proc_figures(engine_core(server)),
             "asyncio_tasks": (health.get("process") or {}).get("asyncio_tasks"),
+            "tasks_by_coroutine": (health.get("process") or {}).get("asyncio_tasks_by_coroutine"),
             "sessions": health.get("sessions"), "buffer_bytes": buffer_bytes(server)}
 
 
@@ -171,6 +174,8 @@ class Soak:
 
             async def end() -> None:
                 await client.rtc.close(tell_server=True)
+                # The tab goes: its Gradio client closes (its open stream would hold server tasks).
+                await asyncio.to_thread(client.gradio.close)
             streaming = None  # the peer's own track streams
         elif door == "socket":
             config = {"num_sample_frames": args.frames, "max_tokens": args.max_tokens, "temperature": 0.7}
@@ -324,6 +329,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--frames", type=int, default=4, help="frames per question")
     p.add_argument("--max-tokens", type=int, default=16)
     p.add_argument("--answer-timeout", type=float, default=120.0)
+    p.add_argument("--mm-cache-gb", type=float, default=0.05, help="the server's --mm-cache-gb: vLLM's cache of "
+                   "processed frames is bounded, but on live video every frame is new, so at the server's default "
+                   "(1 GiB) it fills for about 27 minutes with 4 sessions, in both processes, and a soak would read "
+                   "that as a leak; small, it is full within the settle minutes")
     p.add_argument("--drain-timeout", type=float, default=60.0)
     token_args(p)
     args = p.parse_args(argv)
@@ -339,7 +348,7 @@ def main(argv: list[str] | None = None) -> int:
     RESULTS.mkdir(parents=True, exist_ok=True)
     server = start_server(RESULTS / "soak-server.log",
                           ["--max-sessions", str(args.sessions + 4), "--max-sessions-per-client", "0",
-                           *args.server_arg],
+                           "--mm-cache-gb", str(args.mm_cache_gb), *args.server_arg],
                           token=args.token)
     try:
         soak = Soak(args, server)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import json
 import logging
@@ -253,7 +254,7 @@ def _running_routes(app: FastAPI, state: AppState, loop_watch: LoopWatch) -> Non
                               if ok and engine.tokens_per_frame and engine.encoder_cache_tokens else None),
             "loop_lag": loop_watch.snapshot(),
             # What a leak would grow (bench/soak.py samples it with the process's RSS and fds).
-            "process": {"asyncio_tasks": len(asyncio.all_tasks()), "threads": threading.active_count()},
+            "process": _process_figures(),
             # --engine-url: each model server's health (null in-process).
             "replicas": await _replica_health(state),
         }
@@ -279,6 +280,13 @@ def _running_routes(app: FastAPI, state: AppState, loop_watch: LoopWatch) -> Non
         """Start a new loop-lag window (for bench/looplag.py)."""
         loop_watch.reset()
         return {"reset": True}
+
+
+def _process_figures() -> dict[str, Any]:
+    """Tasks (by what they run) and threads: what a leak would grow."""
+    tasks = collections.Counter(getattr(t.get_coro(), "__qualname__", "?") for t in asyncio.all_tasks())
+    return {"asyncio_tasks": sum(tasks.values()), "threads": threading.active_count(),
+            "asyncio_tasks_by_coroutine": dict(tasks)}
 
 
 def _client_config_route(app: FastAPI, state: AppState) -> None:
