@@ -126,7 +126,7 @@ async def spoken_round(engine, args) -> dict[str, list[float]]:
                 out["extra"].append(spoken.seconds)
                 log.warning("utterance %d: an extra utterance of %.2f s ending %.2f s before the speech's end",
                             i, spoken.seconds, speech_end - spoken.speech_end)
-            first = await first_token(await talking.ask("", OPTIONS, spoken=spoken))
+            first = await first_token(await talking.ask("", OPTIONS, spoken=spoken, continues_chat=False))
             await speaking
             if i < 0:
                 continue
@@ -140,7 +140,7 @@ async def spoken_round(engine, args) -> dict[str, list[float]]:
             # audio since the first, after a new frame (no whole-prompt cache hit).
             await asyncio.sleep(0.6)
             began = time.monotonic()
-            first = await first_token(await talking.ask("What is on the table?", OPTIONS))
+            first = await first_token(await talking.ask("What is on the table?", OPTIONS, continues_chat=False))
             out["typed"].append((first - began) * 1000)
     finally:
         stop.set()

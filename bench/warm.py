@@ -72,7 +72,9 @@ class Feed:
 
 async def ttft(engine, entry, options, question="What happens in this video?",
                sample=None) -> tuple[float, int, int]:
-    run = await conversation.of(conversation.Standalone(engine), entry).ask(question, options, sample=sample)
+    # A question on its own: no chat kept between the rows' questions (the warm-ups carry none).
+    run = await conversation.of(conversation.Standalone(engine), entry).ask(question, options, sample=sample,
+                                                                            continues_chat=False)
     t0 = time.perf_counter()
     first = None
     async for event in run.events():
