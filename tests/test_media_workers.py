@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+from typing import Any
 
 import pytest
 
@@ -80,11 +81,18 @@ def test_shares_take_turns_and_keep_their_own_order():
     assert log.events == ["a0>", "a0<", "b0", "c0", "a1", "b1", "a2", "a3"]
 
 
-def test_a_share_never_runs_two_jobs_at_once():
-    pool = FairWorkers(2, "test-one-each")
+def held_pool(workers: int, name: str, share: str) -> tuple[FairWorkers, Log, threading.Event, Any]:
+    """A pool whose first job (``share``'s "a0") has started and waits on the
+    gate: (pool, log, gate, that job's future)."""
+    pool = FairWorkers(workers, name)
     log, gate, started = Log(), threading.Event(), threading.Event()
-    first = pool.submit("a", gated_job(log, "a0", gate, started))
+    first = pool.submit(share, gated_job(log, "a0", gate, started))
     assert started.wait(STUCK_S)
+    return pool, log, gate, first
+
+
+def test_a_share_never_runs_two_jobs_at_once():
+    pool, log, gate, first = held_pool(2, "test-one-each", "a")
     second = pool.submit("a", lambda: log.add("a1"))
     other = pool.submit("b", lambda: log.add("b0"))
     other.result(STUCK_S)  # the second worker was free, and took b, not a's next job
@@ -95,10 +103,7 @@ def test_a_share_never_runs_two_jobs_at_once():
 
 
 def test_cancelled_jobs_are_skipped_and_errors_reach_the_caller():
-    pool = FairWorkers(1, "test-cancel")
-    log, gate, started = Log(), threading.Event(), threading.Event()
-    running = pool.submit("s", gated_job(log, "a0", gate, started))
-    assert started.wait(STUCK_S)
+    pool, log, gate, running = held_pool(1, "test-cancel", "s")
     skipped = pool.submit("s", lambda: log.add("never"))
     assert skipped.cancel()  # the caller went away while it waited (run_media's await was cancelled)
 

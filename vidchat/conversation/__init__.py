@@ -67,7 +67,6 @@ class Conversation:
         later is not added to the new one (nor does the next warm-up carry it)."""
         self.generation += 1
         self.history.clear()
-        self.entry.warm_history = ()
 
     def _answered(self, run: AnswerRun, done: Done) -> None:
         """The one rule for what the chat keeps: an answer of this chat, in its
@@ -77,10 +76,9 @@ class Conversation:
         if (not run.continues_chat or run.slot is not self.entry or run.generation != self.generation
                 or not done.started or not text):
             return
-        self.history.add(done.answer_id, chat.spoken_text(done.answer), text)
         # History comes before the frames in the prompt: the next warm-up
-        # prepares the next question's start, chat included.
-        self.entry.warm_history = self.history.turns()
+        # prepares the next question's start from it (Entry.warm_history).
+        self.history.add(done.answer_id, chat.spoken_text(done.answer), text)
 
     async def ask(self, question: str, options: AnswerOptions, *, engine: ChatEngine | None = None,
                   history: Sequence[Turn] | None = None, sample: Sample | None = None, spoken: Any = None,

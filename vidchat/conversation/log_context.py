@@ -9,7 +9,8 @@ from __future__ import annotations
 import contextvars
 import hashlib
 
-# The registry's session kinds as the doors operators know them (metrics, logs).
+# The registry's session kinds as the doors operators know them (metrics, logs,
+# and the door a recorded bundle's manifest names).
 DOORS = {"webrtc": "page", "ws": "socket", "realtime": "realtime"}
 
 _session: contextvars.ContextVar[str | None] = contextvars.ContextVar("vidchat_session", default=None)

@@ -33,8 +33,6 @@ _RUNNING: set[asyncio.Task] = set()  # the answer runs' tasks, held until they e
 
 COMPLETED, CANCELLED, FAILED = "completed", "cancelled", "failed"
 
-# A bundle's manifest names the door its answer came through.
-_RECORDED_FROM = {"webrtc": "page", "ws": "socket", "realtime": "realtime"}
 
 
 @dataclass(frozen=True)
@@ -228,7 +226,7 @@ class AnswerRun:
         if self.record and started and answer_id is not None:
             try:
                 bundle = await kept.save_bundle(conversation.state, conversation.entry, answer, answer_id,
-                                                source=_RECORDED_FROM.get(conversation.entry.kind, "socket"))
+                                                source=log_context.DOORS.get(conversation.entry.kind, "socket"))
             except kept.RecordingOff as exc:
                 record_error = f"Not recorded: {exc}."
             except OSError as exc:

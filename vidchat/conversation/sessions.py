@@ -86,7 +86,6 @@ class Entry:
     # What the next question will most likely carry besides its frames: the
     # last question's options and the conversation so far (vidchat.conversation.prewarm).
     warm_options: Any = None
-    warm_history: tuple = ()
     answer_ended: float = 0.0  # time.monotonic() when its last answer ended (vidchat.conversation.prewarm waits a moment)
     # Talk mode's listener (vidchat.conversation.talk), while Talk is on; talk_epoch is
     # bumped by each typed question: the page's talk loop yields the chat.
@@ -103,6 +102,13 @@ class Entry:
     typed_question_at: float = float("-inf")
     chat_streams: set = field(default_factory=set, repr=False)  # an asyncio.Event per answer streaming into the chat
     _side: "Entry | None" = field(default=None, repr=False)
+
+    @property
+    def warm_history(self) -> tuple:
+        """The chat the next question will carry: its conversation's, kept on
+        the server (vidchat.conversation.history), so its warm-up starts as the question will."""
+        conversation = getattr(self, "conversation", None)
+        return conversation.history.turns() if conversation is not None else ()
 
     def side_slot(self) -> "Entry":
         """Where this session's re-asks run: beside the chat's answer, never
