@@ -62,6 +62,7 @@ import numpy as np
 import psutil
 from aiortc import RTCSessionDescription
 from websockets.asyncio.client import ClientConnection, connect
+from gradio_client import Client as GradioClient
 from websockets.exceptions import ConnectionClosed
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -355,10 +356,8 @@ class TokenRtcClient(RtcClient):
 def gradio_client(server: Server):
     """A client of the page's Gradio app. With a token it also logs in to the page (with --token and no
     --auth the page's login takes the token as its password, any user name)."""
-    from gradio_client import Client
-
     auth = ("bench", server.token) if server.token else None
-    return Client(server.url + "/", verbose=False, headers=server.headers() or None, auth=auth)
+    return GradioClient(server.url + "/", verbose=False, headers=server.headers() or None, auth=auth)
 
 
 def _content_text(content: Any) -> str:
