@@ -97,7 +97,7 @@ def _app_state(settings: "Settings", access: "Access", resolved: dict[str, Any])
     from vidchat.app.settings import session_time_limit
     from vidchat.app.state import AppState, default_session_settings
     from vidchat.conversation.answer_queue import AnswerQueue
-    from vidchat.conversation.sessions import SessionRegistry
+    from vidchat.conversation.registry import SessionRegistry
 
     time_limit = session_time_limit(settings)
     bound_to_loopback = is_loopback(settings.host)

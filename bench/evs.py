@@ -34,7 +34,7 @@ from PIL import Image
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
-from vidchat.conversation.session import Session, SessionSettings  # noqa: E402
+from vidchat.media.session import Session, SessionSettings  # noqa: E402
 from vidchat.media.sampling import uniform_indices  # noqa: E402
 from vidchat.devtools import synthetic  # noqa: E402
 from vidchat.media import AUDIO_RATE

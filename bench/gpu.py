@@ -52,9 +52,9 @@ from vidchat import conversation
 from vidchat.app import presets
 from vidchat.app.server import engine_options  # noqa: E402
 from vidchat.app.settings import Settings  # noqa: E402
-from vidchat.conversation.chat import AnswerOptions  # noqa: E402
-from vidchat.conversation.session import SessionSettings  # noqa: E402
-from vidchat.conversation.sessions import SessionRegistry  # noqa: E402
+from vidchat.conversation.answer_path import AnswerOptions  # noqa: E402
+from vidchat.media.session import SessionSettings  # noqa: E402
+from vidchat.conversation.registry import SessionRegistry  # noqa: E402
 from vidchat.devtools import tinymodel  # noqa: E402
 from vidchat.engine import EngineOptions  # noqa: E402
 from vidchat.engine.local import LocalEngine  # noqa: E402

@@ -413,7 +413,7 @@ def stage_costs(packets: list[bytes], frames: int = 150) -> dict[str, float]:
     """ms per frame for: VP8 decode (as aiortc's receiver does it), YUV->RGB
     (frame.to_ndarray(format="rgb24") as webrtc.py does), session.add_frame
     (EVS thumbnail + decision + stored copy at 320x240)."""
-    from vidchat.conversation.session import Session
+    from vidchat.media.session import Session
 
     dec = av.CodecContext.create("libvpx", "r")
     session = Session("bench")

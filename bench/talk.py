@@ -45,9 +45,9 @@ from engine import add_model_args, engine_for  # noqa: E402  (bench/engine.py: t
 
 from vidchat import conversation
 from vidchat.conversation import talk  # noqa: E402
-from vidchat.conversation.chat import AnswerOptions  # noqa: E402
-from vidchat.conversation.session import SessionSettings  # noqa: E402
-from vidchat.conversation.sessions import SessionRegistry  # noqa: E402
+from vidchat.conversation.answer_path import AnswerOptions  # noqa: E402
+from vidchat.media.session import SessionSettings  # noqa: E402
+from vidchat.conversation.registry import SessionRegistry  # noqa: E402
 from vidchat.devtools import synthetic_audio as sa  # noqa: E402
 from vidchat.engine.local import LocalEngine  # noqa: E402
 from vidchat.media import AUDIO_RATE  # noqa: E402

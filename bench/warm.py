@@ -1,5 +1,5 @@
 """Warm-up benchmark: what keeping a session's frames prefilled buys, through
-real vLLM and vidchat's own answer path (vidchat.conversation.chat, vidchat.conversation.prewarm).
+real vLLM and vidchat's own answer path (vidchat.conversation.answer_path, vidchat.conversation.prewarm).
 
     .venv/bin/python bench/warm.py [--frames 16] [--repeats 5] [--sessions 16]
     .venv/bin/python bench/warm.py --preset smolvlm2-256m --true-size
@@ -44,12 +44,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from engine import add_model_args, engine_for  # noqa: E402  (bench/engine.py: the same model choice)
 
 from vidchat import conversation  # noqa: E402
-from vidchat.conversation import chat
+from vidchat.conversation import answer_path
 from vidchat.conversation.answer_queue import AnswerQueue  # noqa: E402
-from vidchat.conversation.chat import AnswerOptions  # noqa: E402
+from vidchat.conversation.answer_path import AnswerOptions  # noqa: E402
 from vidchat.conversation.prewarm import Prewarmer  # noqa: E402
-from vidchat.conversation.session import SessionSettings  # noqa: E402
-from vidchat.conversation.sessions import SessionRegistry  # noqa: E402
+from vidchat.media.session import SessionSettings  # noqa: E402
+from vidchat.conversation.registry import SessionRegistry  # noqa: E402
 from vidchat.engine.local import LocalEngine  # noqa: E402
 
 log = logging.getLogger("bench.warm")
@@ -98,7 +98,7 @@ def text_of_length(engine, tokens: int) -> str:
 
 
 async def warm(engine, entry, options) -> None:
-    prepared = await asyncio.to_thread(chat.prepare, engine, entry, entry.session.sample(), options, (), "", True)
+    prepared = await asyncio.to_thread(answer_path.prepare, engine, entry, entry.session.sample(), options, (), "", True)
     await engine.warm(prepared)
 
 
@@ -136,7 +136,7 @@ async def rows(engine, frames: int, repeats: int, frames_as: str, sampling: str,
             break
         out["text"].append((time.perf_counter() - t0) * 1000)
         text_tokens = reply.stats.prompt_tokens
-        await reply.cancel()
+        await reply.aclose()
         await registry.close(entry.session.id)
         await registry.close(text_entry.session.id)
         prompt_tokens = {"frames": tokens, "text": text_tokens, "cached_warm": cached_warm}
@@ -173,7 +173,7 @@ async def audio_rows(engine, frames: int, repeats: int) -> dict[str, float]:
             # What the prewarmer would warm: the finished segments, or (one
             # clip) all the audio so far.
             warm_sample = session.sample() if form == "one_clip" else session.sample().without_audio_tail()
-            await engine.warm(await asyncio.to_thread(chat.prepare, engine, entry, warm_sample, options, (), "",
+            await engine.warm(await asyncio.to_thread(answer_path.prepare, engine, entry, warm_sample, options, (), "",
                                                       True))
             session.add_audio((rng.standard_normal(16000) * 0.1).astype(np.float32), t=100.0 + frames)
             ms, _, cached[form] = await ttft(engine, entry, options)

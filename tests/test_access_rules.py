@@ -12,7 +12,7 @@ import pytest
 from vidchat.app.access import Access, AccessError, default_allowed_hosts, parse_auth
 from vidchat.app.log_redaction import RedactAccessLog, redact_query
 from vidchat.conversation.answer_queue import Abandoned, AnswerQueue
-from vidchat.conversation.sessions import SessionRegistry, TooManySessions
+from vidchat.conversation.registry import SessionRegistry, TooManySessions
 
 from conftest import eventually_async
 

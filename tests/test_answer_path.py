@@ -11,10 +11,10 @@ import types
 import numpy as np
 import pytest
 
-from vidchat.conversation import chat
-from vidchat.conversation.chat import AnswerOptions, OptionError
-from vidchat.conversation.session import SessionSettings
-from vidchat.conversation.sessions import SessionRegistry
+from vidchat.conversation import answer_path
+from vidchat.conversation.answer_path import AnswerOptions, OptionError
+from vidchat.media.session import SessionSettings
+from vidchat.conversation.registry import SessionRegistry
 from vidchat.doors.page import NOT_RUNNING, STOPPED, history_turns, notice, page_request
 from vidchat.engine import Turn
 
@@ -45,10 +45,10 @@ async def drain(answer, seen: list | None = None):
 async def test_racing_questions_leave_exactly_one_generation(omni_engine):
     entry = filled_entry()
     # Five questions for one session at once, as from two doors or two /ask calls.
-    results = await asyncio.gather(*(chat.ask(omni_engine, entry, f"Q{i}", LONG) for i in range(5)),
+    results = await asyncio.gather(*(answer_path.ask(omni_engine, entry, f"Q{i}", LONG) for i in range(5)),
                                    return_exceptions=True)
-    started = [r for r in results if isinstance(r, chat.Answer)]
-    superseded = [r for r in results if isinstance(r, chat.Superseded)]
+    started = [r for r in results if isinstance(r, answer_path.Answer)]
+    superseded = [r for r in results if isinstance(r, answer_path.Superseded)]
     assert len(started) == 1 and len(superseded) == 4, results
     winner = started[0]
     assert winner.question == "Q4" and entry.answer is winner  # the last to arrive wins
@@ -61,11 +61,11 @@ async def test_racing_questions_leave_exactly_one_generation(omni_engine):
             break
     consumer = asyncio.create_task(drain(winner))
     # A later question replaces it: the running one is aborted in vLLM.
-    short = await chat.ask(omni_engine, entry, "And now?", AnswerOptions(max_tokens=4, temperature=0.0))
+    short = await answer_path.ask(omni_engine, entry, "And now?", AnswerOptions(max_tokens=4, temperature=0.0))
     stats = await asyncio.wait_for(consumer, 10)
     assert stats.cancelled and stats.completion_tokens < 2000
     assert (await drain(short)).completion_tokens == 4
-    assert chat.release(entry, short) and entry.answer is None
+    assert answer_path.release(entry, short) and entry.answer is None
     assert omni_engine.running_requests == 0
 
 
@@ -75,7 +75,7 @@ async def test_questions_arriving_while_an_abort_winds_down_wait_for_it(omni_eng
     only lands at its first output; questions arriving meanwhile (two at once
     here) must not start beside it."""
     entry = filled_entry()
-    first = await chat.ask(omni_engine, entry, "Q0", LONG)
+    first = await answer_path.ask(omni_engine, entry, "Q0", LONG)
     consumer = asyncio.create_task(drain(first))
     peak = 0
 
@@ -90,13 +90,13 @@ async def test_questions_arriving_while_an_abort_winds_down_wait_for_it(omni_eng
     consumers = {}
 
     async def ask_and_stream(question):
-        answer = await chat.ask(omni_engine, entry, question, LONG)
+        answer = await answer_path.ask(omni_engine, entry, question, LONG)
         consumers[question] = asyncio.create_task(drain(answer, streamed))  # streams at once, as the page does
         return answer
 
     streamed: list[str] = []
     results = await asyncio.gather(ask_and_stream("Q1"), ask_and_stream("Q2"), return_exceptions=True)
-    started = [r for r in results if isinstance(r, chat.Answer)]
+    started = [r for r in results if isinstance(r, answer_path.Answer)]
     assert [a.question for a in started] == ["Q2"], results
     # The peak is watched until the winner has streamed a while: the aborted
     # one is long gone by then, or it would have overlapped.
@@ -112,10 +112,10 @@ async def test_questions_arriving_while_an_abort_winds_down_wait_for_it(omni_eng
 @pytest.mark.engine
 async def test_question_arriving_during_preparation_wins(omni_engine):
     entry = filled_entry(n=16)
-    first = asyncio.create_task(chat.ask(omni_engine, entry, "first", LONG))
+    first = asyncio.create_task(answer_path.ask(omni_engine, entry, "first", LONG))
     await asyncio.sleep(0)  # the first is being prepared in its worker thread
-    second = await chat.ask(omni_engine, entry, "second", AnswerOptions(max_tokens=2, temperature=0.0))
-    with pytest.raises(chat.Superseded):
+    second = await answer_path.ask(omni_engine, entry, "second", AnswerOptions(max_tokens=2, temperature=0.0))
+    with pytest.raises(answer_path.Superseded):
         await first
     assert entry.answer is second
     await drain(second)
@@ -123,13 +123,18 @@ async def test_question_arriving_during_preparation_wins(omni_engine):
 
 
 @pytest.mark.engine
-async def test_no_frames_message_is_defined_once_per_door(omni_engine):
-    for kind, hint in (("ws", "Send video.frame before video.query."), ("webrtc", "Start camera")):
+async def test_no_frames_is_the_cores_fact_and_each_door_says_what_to_do(omni_engine):
+    from vidchat.doors.page.answers import NO_FRAMES_HINT
+    from vidchat.doors.socket_session import SocketSession
+
+    for kind in ("ws", "webrtc"):  # the core says the same to every door
         entry = filled_entry(kind=kind, n=0)
-        with pytest.raises(chat.NoFrames) as err:
-            await chat.ask(omni_engine, entry, "Hi?", AnswerOptions())
-        assert str(err.value).startswith("No frames available.") and hint in str(err.value)
-    assert chat.no_frames_message("ws") == "No frames available. Send video.frame before video.query."
+        with pytest.raises(answer_path.NoFrames) as err:
+            await answer_path.ask(omni_engine, entry, "Hi?", AnswerOptions())
+        assert str(err.value) == "No frames available."
+    assert err.value.said_with(SocketSession.no_frames_hint) == \
+        "No frames available. Send video.frame before video.query."
+    assert "Start camera" in err.value.said_with(NO_FRAMES_HINT)
 
 
 @pytest.mark.engine
@@ -145,15 +150,15 @@ async def test_no_frames_message_is_defined_once_per_door(omni_engine):
 ])
 def test_options_are_checked_in_one_place(omni_engine, change, fragment):
     with pytest.raises(OptionError, match=fragment.replace("(", r"\(").replace(".", r"\.")):
-        chat.check_options(AnswerOptions().updated(**change), omni_engine)
+        answer_path.check_options(AnswerOptions().updated(**change), omni_engine)
 
 
 @pytest.mark.engine
 def test_frames_per_question_are_counted_against_the_engine_for_images_and_video(omni_engine):
-    chat.check_options(AnswerOptions(seed=2**63 - 1), omni_engine, SessionSettings(num_sample_frames=TEST_MAX_IMAGES))
+    answer_path.check_options(AnswerOptions(seed=2**63 - 1), omni_engine, SessionSettings(num_sample_frames=TEST_MAX_IMAGES))
     for frames_as in ("images", "video"):
         with pytest.raises(OptionError, match=f"carries {TEST_MAX_IMAGES + 1} frames"):
-            chat.check_options(AnswerOptions(frames_as=frames_as), omni_engine,
+            answer_path.check_options(AnswerOptions(frames_as=frames_as), omni_engine,
                                SessionSettings(num_sample_frames=TEST_MAX_IMAGES + 1))
 
 
@@ -205,7 +210,7 @@ async def test_a_notice_in_the_history_changes_nothing_the_engine_sees(omni_engi
     noisy = [plain[0], plain[1], {"role": "user", "content": "Hm?"}, notice(NOT_RUNNING)]
     prompts = []
     for history in (plain, noisy):
-        answer = await chat.ask(omni_engine, entry, "Colour?", opts, history=history_turns(history))
+        answer = await answer_path.ask(omni_engine, entry, "Colour?", opts, history=history_turns(history))
         await drain(answer)
         prompts.append((answer.prompt_text, answer.reply.stats.prompt_tokens))
     assert prompts[0] == prompts[1] and NOT_RUNNING not in prompts[0][0]
@@ -214,7 +219,7 @@ async def test_a_notice_in_the_history_changes_nothing_the_engine_sees(omni_engi
 @pytest.mark.engine
 async def test_video_answers_carry_their_real_frame_rate(omni_engine):
     entry = filled_entry(n=8)
-    answer = await chat.ask(omni_engine, entry, "What moves?", AnswerOptions(frames_as="video", max_tokens=2))
+    answer = await answer_path.ask(omni_engine, entry, "What moves?", AnswerOptions(frames_as="video", max_tokens=2))
     await drain(answer)
     summary = answer.summary()
     assert summary["frames_as"] == "video" and summary["frame_times"] == [0.0, 2.0, 4.0, 7.0]
@@ -230,9 +235,9 @@ async def test_each_session_has_its_own_prefix_cache_salt(omni_engine):
     options = AnswerOptions(max_tokens=2, temperature=0.0, system_prompt="Watch closely. " * 100)
 
     async def ask(entry):
-        answer = await chat.ask(omni_engine, entry, "What is shown?", options)
+        answer = await answer_path.ask(omni_engine, entry, "What is shown?", options)
         stats = await drain(answer)
-        chat.release(entry, answer)
+        answer_path.release(entry, answer)
         return answer.reply._prompt["cache_salt"], stats
 
     salt_a1, cold = await ask(first)
@@ -253,9 +258,9 @@ async def test_the_answer_record_names_its_exact_inputs(omni_engine):
     options = AnswerOptions(max_tokens=2, temperature=0.0, include_audio=False)
     records = []
     for e in (entry, twin, other):
-        answer = await chat.ask(omni_engine, e, "What is shown?", options)
+        answer = await answer_path.ask(omni_engine, e, "What is shown?", options)
         await drain(answer)
-        chat.release(e, answer)
+        answer_path.release(e, answer)
         records.append((answer, answer.summary()))
     (a, ra), (_, rb), (_, rc) = records
     assert ra["inputs_sha256"] == inputs_digest(a.sample.frames, None) and len(ra["inputs_sha256"]) == 64
@@ -287,10 +292,10 @@ async def test_a_question_being_prepared_when_its_session_closes_never_starts():
             submitted.append(prepared)
             raise AssertionError("a closed session's question reached the engine")
 
-    asked = asyncio.create_task(chat.ask(HeldEngine(), entry, "Still there?", AnswerOptions(max_tokens=2)))
+    asked = asyncio.create_task(answer_path.ask(HeldEngine(), entry, "Still there?", AnswerOptions(max_tokens=2)))
     assert await asyncio.to_thread(preparing.wait, 10)
     assert await registry.close(entry.session.id, "peer closed")
     release.set()
-    with pytest.raises(chat.Superseded, match="session closed"):
+    with pytest.raises(answer_path.Superseded, match="session closed"):
         await asked
     assert submitted == [] and entry.answer is None

@@ -102,7 +102,7 @@ def test_the_audio_a_session_keeps_is_bounded_at_start_up_for_every_door(capsys)
     a spoken question (seed and Realtime doors alike): a value no session
     could hold is refused at start-up, naming the flag."""
     from vidchat.app.settings import parse_settings
-    from vidchat.conversation.session import MAX_AUDIO_SECONDS, SessionSettings
+    from vidchat.media.session import MAX_AUDIO_SECONDS, SessionSettings
 
     assert parse_settings(["--ws-max-audio-seconds", str(MAX_AUDIO_SECONDS)]).ws_max_audio_seconds == 600
     SessionSettings(audio_seconds=MAX_AUDIO_SECONDS).validate()

@@ -19,11 +19,11 @@ import numpy as np
 import pytest
 
 from vidchat import conversation
-from vidchat.conversation import chat, kept, recording
+from vidchat.conversation import answer_path, kept, recording
 from vidchat.conversation.answer_queue import AnswerQueue
-from vidchat.conversation.chat import AnswerOptions
-from vidchat.conversation.session import SessionSettings
-from vidchat.conversation.sessions import SessionRegistry
+from vidchat.conversation.answer_path import AnswerOptions
+from vidchat.media.session import SessionSettings
+from vidchat.conversation.registry import SessionRegistry
 from vidchat.doors.page.reask import load_bundle, reask, reask_choices
 from vidchat.doors.webrtc_routes import talk_state_of
 

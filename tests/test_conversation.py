@@ -10,7 +10,7 @@ import contextlib
 import pytest
 
 from vidchat import conversation
-from vidchat.conversation import CANCELLED, COMPLETED, Delta, Done, Queued, Started, chat
+from vidchat.conversation import CANCELLED, COMPLETED, Delta, Done, Queued, Started, answer_path
 from vidchat.conversation.answer_queue import AnswerQueue
 
 from conftest import eventually_async
@@ -18,7 +18,7 @@ from test_answer_path import LONG, filled_entry
 
 pytestmark = pytest.mark.engine
 
-SHORT = chat.AnswerOptions(max_tokens=6, temperature=0.0)
+SHORT = answer_path.AnswerOptions(max_tokens=6, temperature=0.0)
 
 
 def kinds(events) -> list[str]:
@@ -34,7 +34,7 @@ async def read(run, log: list, name: str):
 async def test_a_run_streams_its_events_in_order_and_ends_with_one_done(omni_engine):
     entry = filled_entry()
     talking = conversation.of(conversation.Standalone(omni_engine), entry)
-    run = await talking.ask("What is there?", chat.AnswerOptions(max_tokens=8, temperature=0.0))
+    run = await talking.ask("What is there?", answer_path.AnswerOptions(max_tokens=8, temperature=0.0))
     log: list = []
     await read(run, log, "q")
     names = kinds(e for _, e in log)
@@ -70,11 +70,11 @@ async def test_a_reask_runs_beside_the_chat_and_leaves_its_answer_running(omni_e
     entry = filled_entry()
     talking = conversation.of(conversation.Standalone(omni_engine), entry)
     log: list = []
-    chat_run = await talking.ask("Describe it.", chat.AnswerOptions(max_tokens=40, temperature=0.0, seed=1))
+    chat_run = await talking.ask("Describe it.", answer_path.AnswerOptions(max_tokens=40, temperature=0.0, seed=1))
     reading = asyncio.create_task(read(chat_run, log, "chat"))
     await eventually_async(lambda: any(isinstance(e, Delta) for _, e in log), 60, "the chat's answer streams")
     original = chat_run.answer
-    again = await talking.reask(original, SHORT, chat.frozen_sample(original))
+    again = await talking.reask(original, SHORT, answer_path.frozen_sample(original))
     assert entry.answer is original  # the chat's slot is untouched
     await read(again, log, "reask")
     await reading
@@ -131,7 +131,7 @@ async def test_a_question_or_history_beyond_the_caps_is_refused_naming_the_field
     ]
     for kwargs, message, field in refusals:
         question = kwargs.pop("question")
-        with pytest.raises(chat.QuestionTooLarge) as refused:
+        with pytest.raises(answer_path.QuestionTooLarge) as refused:
             await talking.ask(question, SHORT, **kwargs)
         assert message in str(refused.value) and refused.value.field == field
     # The answer that was running was not cancelled by the refusals.

@@ -14,7 +14,7 @@ import pytest
 
 from conftest import tiny_options
 from test_engine import collect, frames
-from vidchat.conversation.session import Session, SessionSettings
+from vidchat.media.session import Session, SessionSettings
 from vidchat.engine import tokens_per_frame
 from vidchat.engine.vllm_args import ENCODER_CACHE_FLOOR_TOKENS, ENCODER_CACHE_MAX_TOKENS, encoder_cache_budget
 from vidchat.engine.local import LocalEngine

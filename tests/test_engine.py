@@ -112,7 +112,7 @@ async def test_cancel_mid_stream_aborts_the_request(omni_engine: LocalEngine):
         if got == 3:
             assert omni_engine.running_requests == 1
             break
-    await reply.cancel()
+    await reply.aclose()
     await eventually_async(lambda: omni_engine.running_requests == 0, 1.0, "the cancelled request left vLLM")
     assert reply.stats.cancelled and reply.stats.completion_tokens < 2000
 
@@ -191,7 +191,7 @@ async def test_cancel_from_another_task_ends_the_stream(omni_engine: LocalEngine
         async for d in reply:
             got.append(d)
             if len(got) == 3:
-                asyncio.get_running_loop().call_soon(lambda: asyncio.ensure_future(reply.cancel()))
+                asyncio.get_running_loop().call_soon(lambda: asyncio.ensure_future(reply.aclose()))
 
     await asyncio.wait_for(consume(), 30)
     assert reply.stats.cancelled and reply.stats.completion_tokens < 2000

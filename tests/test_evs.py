@@ -366,7 +366,7 @@ def test_luma_plane_alone_is_judged_on_brightness():
 
 
 def test_session_luma_frames_with_chroma_planes_keep_colour_changes():
-    from vidchat.conversation.session import Session
+    from vidchat.media.session import Session
 
     session = Session("colour", store_max_pixels=320 * 240)
     colours = [equal_luma_colour(k) for k in range(10)]

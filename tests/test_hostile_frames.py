@@ -14,7 +14,7 @@ import pytest
 from PIL import Image
 
 from vidchat.app.settings import parse_settings
-from vidchat.conversation.session import FrameError, Session
+from vidchat.media.session import FrameError, Session
 from vidchat.doors import protocol
 from vidchat.media import DEFAULT_MAX_FRAME_PIXELS, evs
 

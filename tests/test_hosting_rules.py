@@ -23,7 +23,7 @@ from vidchat.app.gradio_logins import PageLogins
 from vidchat.app.guard import Guard
 from vidchat.app.settings import forwarded_allow_ips, parse_settings
 from vidchat.conversation import recording
-from vidchat.conversation.session import Session, SessionSettings, check_frame_budget, session_budget_bytes
+from vidchat.media.session import Session, SessionSettings, check_frame_budget, session_budget_bytes
 from vidchat.doors.markup import as_text
 from vidchat.doors.protocol_config import wants_vidchat_events
 
@@ -331,7 +331,7 @@ def test_the_bundles_zip_is_streamed_in_pieces_and_reads_back(tmp_path):
 
 def test_a_sessions_bundles_are_bounded_in_memory(tmp_path):
     from vidchat.conversation import kept
-    from vidchat.conversation.sessions import Entry
+    from vidchat.conversation.registry import Entry
 
     entry = Entry(Session("s"), kind="ws")
     for n in range(kept.KEEP_BUNDLES_PER_SESSION + 5):

@@ -93,3 +93,24 @@ def test_the_check_sees_a_violation():
     # The rules read real imports: a lower layer importing a door is caught.
     tree = ast.parse("from vidchat.doors import protocol\nimport vidchat.engine.local\n")
     assert {"vidchat.doors", "vidchat.doors.protocol", "vidchat.engine.local"} <= _imports(tree)
+
+
+DOOR_NAMES = {"webrtc", "ws", "realtime", "page", "socket"}
+# The one place the core names doors: the labels of metrics, logs and bundles.
+DOOR_LABELS = "vidchat.conversation.log_context"
+
+
+def _door_names(tree: ast.AST) -> list[int]:
+    """Lines of the core that name a door: a session kind compared with, or
+    looked up among, door names is a decision that belongs to the door."""
+    return [n.lineno for n in ast.walk(tree) if isinstance(n, ast.Constant) and n.value in DOOR_NAMES]
+
+
+def test_the_core_never_decides_by_a_doors_kind():
+    # What differs between doors (the words of a refusal, what a door keeps)
+    # is the door's own: the core carries a session's kind only as a label.
+    bad = {f"{module}:{line}" for module, tree in MODULES.items()
+           if _package(module) in {"vidchat.conversation", "vidchat.media", "vidchat.engine"} and module != DOOR_LABELS
+           for line in _door_names(tree)}
+    assert not bad, f"the core names a door at {sorted(bad)}"
+    assert _door_names(ast.parse("if entry.kind == 'webrtc':\n    pass\nx = {'ws': 1}.get(entry.kind)\n")) == [1, 3]

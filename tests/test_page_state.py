@@ -11,8 +11,8 @@ import types
 import pytest
 
 from vidchat.conversation import kept
-from vidchat.conversation.session import SessionSettings
-from vidchat.conversation.sessions import SessionRegistry
+from vidchat.media.session import SessionSettings
+from vidchat.conversation.registry import SessionRegistry
 from vidchat.conversation.settings_table import SAMPLING_STRATEGIES, SETTINGS
 from vidchat.doors.page import STOPPED, history_turns, notice
 from vidchat.doors.page.reask import bundle_choices, load_bundle, reask_choices

@@ -30,9 +30,9 @@ import pytest
 
 from vidchat.app import presets, server
 from vidchat.app.settings import Settings
-from vidchat.conversation import chat
-from vidchat.conversation.chat import AnswerOptions, OptionError
-from vidchat.conversation.session import SessionSettings
+from vidchat.conversation import answer_path
+from vidchat.conversation.answer_path import AnswerOptions, OptionError
+from vidchat.media.session import SessionSettings
 from vidchat.devtools import archbuild_smolvlm
 from vidchat.engine import EngineError
 from vidchat.engine.local import LocalEngine
@@ -130,11 +130,11 @@ def test_engine_takes_images_only(smol_engine):
     with pytest.raises(EngineError, match="does not take video; send frames as images"):
         smol_engine.ask(QUESTION, frames(2), frames_as="video", max_tokens=4)
     with pytest.raises(OptionError, match="does not take video"):
-        chat.check_options(AnswerOptions(frames_as="video"), smol_engine)
+        answer_path.check_options(AnswerOptions(frames_as="video"), smol_engine)
     with pytest.raises(OptionError, match="does not take video"):
-        chat.check_options(AnswerOptions(frames_as="video"), smol_engine, SessionSettings(num_sample_frames=4))
+        answer_path.check_options(AnswerOptions(frames_as="video"), smol_engine, SessionSettings(num_sample_frames=4))
     # The preset's own frames per question pass.
-    chat.check_options(AnswerOptions(frames_as="images"), smol_engine,
+    answer_path.check_options(AnswerOptions(frames_as="images"), smol_engine,
                        SessionSettings(num_sample_frames=presets.get(PRESET).frames_per_question))
 
 

@@ -13,12 +13,12 @@ import numpy as np
 import pytest
 
 from vidchat import conversation
-from vidchat.conversation import chat, prewarm, prewarm_auto
+from vidchat.conversation import answer_path, prewarm, prewarm_auto
 from vidchat.conversation.answer_queue import AnswerQueue
-from vidchat.conversation.chat import AnswerOptions
+from vidchat.conversation.answer_path import AnswerOptions
 from vidchat.conversation.prewarm import Prewarmer
-from vidchat.conversation.session import SessionSettings
-from vidchat.conversation.sessions import SessionRegistry
+from vidchat.media.session import SessionSettings
+from vidchat.conversation.registry import SessionRegistry
 
 from conftest import eventually_async
 
@@ -38,15 +38,15 @@ def add_frames(entry, n: int, seed: int, t0: float) -> None:
 
 
 async def warm(engine, entry, options=QUESTION):
-    prepared = await asyncio.to_thread(chat.prepare, engine, entry, entry.session.sample(), options, (), "", True)
+    prepared = await asyncio.to_thread(answer_path.prepare, engine, entry, entry.session.sample(), options, (), "", True)
     return await engine.warm(prepared)
 
 
 async def ask(engine, entry, question="What is there?", options=QUESTION):
-    answer = await chat.ask(engine, entry, question, options)
+    answer = await answer_path.ask(engine, entry, question, options)
     async for _ in answer.reply:
         pass
-    chat.release(entry, answer)
+    answer_path.release(entry, answer)
     return answer.reply.stats
 
 
@@ -91,14 +91,14 @@ async def test_a_question_is_scheduled_before_a_warm_up_sent_first(omni_engine):
     # Long enough to be still generating at its first token (the tiny model
     # never ends an answer on its own): a 2-token answer may already be done.
     long = dataclasses.replace(QUESTION, max_tokens=2000)
-    answer = await chat.ask(omni_engine, asking, "Now?", long, queue=state.answer_gate)
+    answer = await answer_path.ask(omni_engine, asking, "Now?", long, queue=state.answer_gate)
     await answer.wait_turn()
     assert omni_engine.running_warmups == 0 and prewarmer.stats.yielded == 1
     async for _ in answer.reply:
         assert omni_engine._llm.get_num_unfinished_requests() == 1  # the question alone
         break
-    await answer.reply.cancel()
-    chat.release(asking, answer)
+    await answer.reply.aclose()
+    answer_path.release(asking, answer)
     await step
     assert prewarmer.stats.warmups == 0
     await prewarmer._step()  # the engine is idle again: the warm-up is done now
@@ -134,14 +134,14 @@ async def test_idle_mode_waits_while_an_answer_generates(omni_engine):
     registry = SessionRegistry()
     busy, idle = entry_with_frames(registry, n=4, seed=7), entry_with_frames(registry, seed=8)
     prewarmer = Prewarmer(fake_state(omni_engine, registry), "idle", interval_s=0.0)
-    answer = await chat.ask(omni_engine, busy, "Talk.", AnswerOptions(max_tokens=2000, temperature=0.0,
+    answer = await answer_path.ask(omni_engine, busy, "Talk.", AnswerOptions(max_tokens=2000, temperature=0.0,
                                                                        include_audio=False))
     reading = asyncio.create_task(answer.reply.__anext__())
     await reading
     await prewarmer._step()
     assert prewarmer.stats.warmups == 0 and prewarmer.stats.skipped_busy == 1
-    await answer.reply.cancel()
-    chat.release(busy, answer)
+    await answer.reply.aclose()
+    answer_path.release(busy, answer)
     await prewarmer._step()
     assert prewarmer.stats.warmups == 1
 
@@ -170,7 +170,7 @@ def test_unknown_mode_is_refused():
 
 @pytest.mark.unit
 def test_the_encoder_budget_swaps_the_oldest_new_frames_for_encoded_ones():
-    from vidchat.conversation.session import Session
+    from vidchat.media.session import Session
 
     session = Session("s", SessionSettings(evs_enabled=False, num_sample_frames=4, max_frames=64))
     rng = np.random.default_rng(0)
@@ -197,7 +197,7 @@ def test_the_encoder_budget_swaps_the_oldest_new_frames_for_encoded_ones():
 
 @pytest.mark.unit
 def test_the_budget_follows_the_measured_cost_of_a_new_frame():
-    from vidchat.conversation.session import Session
+    from vidchat.media.session import Session
 
     prewarmer = Prewarmer(types.SimpleNamespace(), "idle")
     session = Session("s", SessionSettings(num_sample_frames=16))
@@ -296,7 +296,7 @@ async def test_finished_audio_segments_are_warmed_and_only_the_newest_is_new(omn
     # From the first frame (100 s): the first segment is cut short at the
     # front, on the stream's 2-s grid; a name is only ever given to the same samples.
     assert [size for size, _ in warm_sample.audio_parts] == [16000] + [32000] * 7
-    prepared = await asyncio.to_thread(chat.prepare, omni_engine, entry, warm_sample, with_audio, (), "", True)
+    prepared = await asyncio.to_thread(answer_path.prepare, omni_engine, entry, warm_sample, with_audio, (), "", True)
     assert prepared.prompt["multi_modal_uuids"]["audio"] == [f"{entry.cache_salt}/audio/{name}"
                                                              for _, name in warm_sample.audio_parts]
     warmed = await omni_engine.warm(prepared)
@@ -313,7 +313,7 @@ async def test_finished_audio_segments_are_warmed_and_only_the_newest_is_new(omn
     # As one clip (the default), the same audio is new again as soon as it
     # grows: only the frames are reused.
     monkeypatch.setattr(omni_engine.options, "split_audio", False)
-    one_clip = await asyncio.to_thread(chat.prepare, omni_engine, entry, entry.session.sample(),
+    one_clip = await asyncio.to_thread(answer_path.prepare, omni_engine, entry, entry.session.sample(),
                                        with_audio, (), "Again?")
     reply = omni_engine.submit(one_clip)
     async for _ in reply:
@@ -347,10 +347,10 @@ async def test_the_sample_taken_at_enter_is_warmed_whole_and_is_the_questions(om
     pin = prewarmer.take_pin(entry)
     assert pin is not None and prewarmer.take_pin(entry) is None  # used once
     assert 17 not in pin.sample.seqs and pin.sample.audio_end == pytest.approx(116.0)
-    answer = await chat.ask(omni_engine, entry, "What is there?", with_audio, sample=pin.sample)
+    answer = await answer_path.ask(omni_engine, entry, "What is there?", with_audio, sample=pin.sample)
     async for _ in answer.reply:
         pass
-    chat.release(entry, answer)
+    answer_path.release(entry, answer)
     stats = answer.reply.stats
     assert stats.audio_seconds == pytest.approx(16.0) and stats.audio_parts == []  # one clip, the default
     # Everything but the question, all of the audio too (all full blocks).

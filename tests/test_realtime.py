@@ -25,7 +25,7 @@ from PIL import Image
 from pydantic import TypeAdapter
 
 from vidchat.app.settings import Settings
-from vidchat.conversation.chat import AnswerOptions
+from vidchat.conversation.answer_path import AnswerOptions
 from vidchat.devtools import synthetic_audio as sa
 from vidchat.doors import realtime_events as rt
 from vidchat.doors.realtime import RealtimeConnection

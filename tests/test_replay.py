@@ -26,8 +26,8 @@ import pytest
 
 from conftest import CACHE_DIR, ROOT, TEST_MAX_IMAGES, TEST_MAX_MODEL_LEN
 from vidchat.conversation import recording
-from vidchat.conversation.chat import Answer, AnswerOptions
-from vidchat.conversation.session import Session
+from vidchat.conversation.answer_path import Answer, AnswerOptions
+from vidchat.media.session import Session
 from vidchat.engine import ReplyStats, Turn, inputs_digest
 from vidchat.media import AUDIO_RATE
 

@@ -17,8 +17,8 @@ import types
 import pytest
 
 from vidchat import conversation
-from vidchat.conversation import CANCELLED, COMPLETED, Delta, Done, chat
-from vidchat.conversation.chat import AnswerOptions
+from vidchat.conversation import CANCELLED, COMPLETED, Delta, Done, answer_path
+from vidchat.conversation.answer_path import AnswerOptions
 from vidchat.doors.page import answers as page_answers
 
 from conftest import eventually_async
@@ -84,14 +84,14 @@ async def test_clear_while_a_page_question_is_prepared_never_leaves_a_run_behind
                                   answer_defaults=AnswerOptions, settings=None, prewarmer=None)
 
     preparing, release = threading.Event(), threading.Event()
-    real_prepare = chat.prepare
+    real_prepare = answer_path.prepare
 
     def held_prepare(*args, **kwargs):
         preparing.set()
         release.wait(30)
         return real_prepare(*args, **kwargs)
 
-    monkeypatch.setattr(chat, "prepare", held_prepare)
+    monkeypatch.setattr(answer_path, "prepare", held_prepare)
     settings = [4, "uniform", 10, False, 0.95, 64, "images", False, 6, 0.0, "5"]
     updates: list = []
 
@@ -105,7 +105,7 @@ async def test_clear_while_a_page_question_is_prepared_never_leaves_a_run_behind
     release.set()
     await asyncio.wait_for(asking, 30)
     assert entry.answer is None  # the question for the old chat never started
-    monkeypatch.setattr(chat, "prepare", real_prepare)
+    monkeypatch.setattr(answer_path, "prepare", real_prepare)
     caplog.set_level(logging.INFO, logger="vidchat.conversation")
     # The next question starts at once: nothing holds the chat.
     talking = conversation.of(state, entry)
@@ -145,7 +145,7 @@ async def test_a_cancelled_run_whose_engine_hangs_is_force_done_after_the_grace(
     monkeypatch.setattr(conversation.runs, "CANCEL_GRACE_S", 0.2)
     entry = filled_entry()
     reply = _StuckReply()
-    answer = chat.Answer("q", reply, entry.session.sample(), SHORT, session_id=entry.session.id)
+    answer = answer_path.Answer("q", reply, entry.session.sample(), SHORT, session_id=entry.session.id)
     entry.answer = answer
     talking = conversation.of(conversation.Standalone(engine=None), entry)
     run = conversation.AnswerRun(talking, entry, answer, record=False, continues_chat=True, remember=True)

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from vidchat.conversation.session import Session, SessionSettings
+from vidchat.media.session import Session, SessionSettings
 from vidchat.media.sampling import stable_indices, uniform_indices
 from vidchat.devtools import synthetic
 from vidchat.media import AUDIO_RATE
@@ -292,7 +292,7 @@ def test_audio_gap_filled_with_silence_and_continuation():
 
 
 def test_untimed_audio_burst_and_pause(monkeypatch):
-    import vidchat.conversation.session as session_mod
+    import vidchat.media.session as session_mod
 
     clock = [100.0]
     monkeypatch.setattr(session_mod.time, "monotonic", lambda: clock[0])

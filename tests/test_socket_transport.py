@@ -12,7 +12,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from vidchat.conversation.sessions import SessionRegistry
+from vidchat.conversation.registry import SessionRegistry
 from vidchat.doors import socket_transport
 from vidchat.doors.socket_transport import CLOSE_POLICY, Disconnected, SocketTransport
 

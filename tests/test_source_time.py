@@ -12,9 +12,9 @@ from starlette.testclient import TestClient
 
 from vidchat.app.access import Access
 from vidchat.app.guard import Guard
-from vidchat.conversation.chat import Answer, AnswerOptions, frozen_sample
-from vidchat.conversation.session import Session, SessionSettings
-from vidchat.conversation.sessions import SessionRegistry
+from vidchat.conversation.answer_path import Answer, AnswerOptions, frozen_sample
+from vidchat.media.session import Session, SessionSettings
+from vidchat.conversation.registry import SessionRegistry
 from vidchat.doors.webrtc_routes import router
 from vidchat.media.clock import NTP_TO_UNIX_S, SenderClock, SourceTimeline, ntp_to_unix
 

@@ -14,8 +14,8 @@ import av
 import numpy as np
 import pytest
 
-from vidchat.conversation.session import Session, SessionSettings
-from vidchat.conversation.sessions import SessionRegistry
+from vidchat.media.session import Session, SessionSettings
+from vidchat.conversation.registry import SessionRegistry
 from vidchat.doors import webrtc
 from vidchat.media import AUDIO_RATE, DEFAULT_MAX_FRAME_BYTES, clock as vidchat_clock
 from vidchat.media.audio import AudioWindow

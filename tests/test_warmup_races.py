@@ -18,12 +18,12 @@ import numpy as np
 import pytest
 
 from vidchat import conversation
-from vidchat.conversation import chat
+from vidchat.conversation import answer_path
 from vidchat.conversation.answer_queue import AnswerQueue
-from vidchat.conversation.chat import AnswerOptions
+from vidchat.conversation.answer_path import AnswerOptions
 from vidchat.conversation.prewarm import Prewarmer
-from vidchat.conversation.session import SessionSettings
-from vidchat.conversation.sessions import SessionRegistry
+from vidchat.media.session import SessionSettings
+from vidchat.conversation.registry import SessionRegistry
 from vidchat.engine import Turn
 
 pytestmark = pytest.mark.unit
@@ -103,7 +103,7 @@ async def test_a_question_arriving_while_a_warm_up_is_planned_is_not_run_beside_
     assert await asyncio.to_thread(engine.preparing.wait, 10), "the warm-up's prompt is being prepared"
     answer = arriving(asking)
     if which == "the chat's question":
-        asking.answer = answer  # as chat.ask leaves it before the answer asks for its turn
+        asking.answer = answer  # as answer_path.ask leaves it before the answer asks for its turn
     # (a re-ask runs in the session's side slot, which the registry does not list)
     await prewarmer.state.answer_gate.announce(answer)
     engine.prepare_may_end.set()
@@ -181,12 +181,12 @@ async def test_pins_are_warmed_longest_unwarmed_session_first():
 # -- (c) the warm history is the chat the conversation keeps on the server -------
 
 
-def finished(question: str, text: str) -> chat.Answer:
+def finished(question: str, text: str) -> answer_path.Answer:
     reply = types.SimpleNamespace(text=text, stats=types.SimpleNamespace(cancelled=False))
-    return chat.Answer(question, reply, sample=None, options=OPTIONS)
+    return answer_path.Answer(question, reply, sample=None, options=OPTIONS)
 
 
-def answered(talking, answer: chat.Answer, *, continues_chat: bool = True, slot=None, generation=None) -> None:
+def answered(talking, answer: answer_path.Answer, *, continues_chat: bool = True, slot=None, generation=None) -> None:
     """The conversation's rule at a run's Done (what AnswerRun._end calls)."""
     run = types.SimpleNamespace(continues_chat=continues_chat, slot=slot or talking.entry,
                                 generation=talking.generation if generation is None else generation)

@@ -13,7 +13,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
-from vidchat.conversation.session import MAX_AUDIO_SECONDS
+from vidchat.media.session import MAX_AUDIO_SECONDS
 from vidchat.media import DEFAULT_MAX_FRAME_BYTES, DEFAULT_MAX_FRAME_PIXELS, FRAMES_AS
 
 ENV_PREFIX = "VIDCHAT_"

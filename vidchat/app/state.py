@@ -15,9 +15,9 @@ from vidchat.app.gradio_logins import PageLogins
 from vidchat.app.models import TINY_BANNER
 from vidchat.app.settings import Settings
 from vidchat.conversation.answer_queue import AnswerQueue
-from vidchat.conversation.chat import AnswerOptions
-from vidchat.conversation.session import SessionSettings, check_frame_budget, session_budget_bytes
-from vidchat.conversation.sessions import Entry, SessionRegistry
+from vidchat.conversation.answer_path import AnswerOptions
+from vidchat.media.session import SessionSettings, check_frame_budget, session_budget_bytes
+from vidchat.conversation.registry import Entry, SessionRegistry
 from vidchat.engine import ChatEngine, ENGINE_DEAD_MESSAGE, EngineError, EngineOptions
 from vidchat.media import DEFAULT_STORE_MAX_PIXELS, describe_store_limit
 

@@ -32,14 +32,14 @@ import logging
 from dataclasses import dataclass
 from typing import Any, AsyncIterator, Callable, Sequence
 
-from vidchat.conversation import chat, kept
+from vidchat.conversation import answer_path, kept
 from vidchat.conversation.history import ChatHistory
 from vidchat.conversation.runs import (  # noqa: F401 (the conversation's events, for every door)
     CANCEL_GRACE_S, CANCELLED, COMPLETED, FAILED, AnswerRun, Delta, Done, Queued, RunEvent, RunReader, Started, Words,
 )
-from vidchat.conversation.chat import Answer, AnswerOptions
-from vidchat.conversation.session import Sample
-from vidchat.conversation.sessions import Entry
+from vidchat.conversation.answer_path import Answer, AnswerOptions
+from vidchat.media.session import Sample
+from vidchat.conversation.registry import Entry
 from vidchat.conversation.watch import SceneWatch
 from vidchat.engine import ChatEngine, Turn
 from vidchat.media.vad import Utterance
@@ -78,7 +78,7 @@ class Conversation:
             return
         # History comes before the frames in the prompt: the next warm-up
         # prepares the next question's start from it (Entry.warm_history).
-        self.history.add(done.answer_id, chat.spoken_text(done.answer), text)
+        self.history.add(done.answer_id, answer_path.spoken_text(done.answer), text)
 
     async def ask(self, question: str, options: AnswerOptions, *, engine: ChatEngine | None = None,
                   history: Sequence[Turn] | None = None, sample: Sample | None = None, spoken: Any = None,
@@ -90,7 +90,7 @@ class Conversation:
         once the replaced answer has ended. Raises NoFrames, Superseded
         (a newer question arrived while this one was prepared) or EngineError
         (QuestionTooLarge before anything is cancelled)."""
-        chat.check_question(question, history or ())
+        answer_path.check_question(question, history or ())
         previous = self._chat_run
         if previous is not None:
             previous.superseded = True
@@ -105,7 +105,7 @@ class Conversation:
                          self.entry.session.id[:6])
         if history is None:
             history = self.history.turns() if continues_chat else ()
-        answer = await chat.ask(engine or self.state.engine, self.entry, question, options, history=history,
+        answer = await answer_path.ask(engine or self.state.engine, self.entry, question, options, history=history,
                                 queue=self.state.answer_gate, sample=sample, spoken=spoken,
                                 question_audio=question_audio, frames_optional=frames_optional)
         run = AnswerRun(self, self.entry, answer, record=record, continues_chat=continues_chat, remember=remember)
@@ -164,7 +164,7 @@ class Conversation:
         re-ask list and the timings chart read them), and a re-ask of a
         loaded bundle would keep its decoded frames with the session."""
         slot = self.entry.side_slot()
-        answer = await chat.ask(engine or self.state.engine, slot, original.question, options,
+        answer = await answer_path.ask(engine or self.state.engine, slot, original.question, options,
                                 history=original.history, queue=self.state.answer_gate, sample=sample,
                                 spoken=original.spoken)
         return AnswerRun(self, slot, answer, record=False, continues_chat=False, remember=False)

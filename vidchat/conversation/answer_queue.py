@@ -4,7 +4,7 @@ answers generate at once, across all sessions and both doors.
 Questions beyond the cap wait first come, first served, and are told how many
 questions are ahead of them whenever that changes. A session never holds more
 than one place, since its new question replaces its old one
-(vidchat.conversation.chat.ask), so first-come order is also fair between sessions.
+(vidchat.conversation.answer_path.ask), so first-come order is also fair between sessions.
 """
 
 from __future__ import annotations
@@ -49,7 +49,7 @@ class AnswerQueue:
         # of it: how a test sees that a refused call ran nothing.
         self.asked = 0
         self._waiting: collections.deque[_Waiter] = collections.deque()
-        # Called with every answer (vidchat.conversation.chat.Answer) about to ask for its
+        # Called with every answer (vidchat.conversation.answer_path.Answer) about to ask for its
         # turn, before it may generate (vidchat.conversation.prewarm gives way to it).
         self.arrival_hooks: list[Callable[[Any], Awaitable[None]]] = []
 

@@ -48,7 +48,7 @@ Layout (``BUNDLE_VERSION`` 1)::
                     (seconds; null for a live source). Bundles written before
                     source_t existed lack it: readers treat it as null.
     audio           {"file", "format", "sample_rate", "samples", "seconds", "span"} or null
-    record          the answer record as vidchat.conversation.chat.Answer.summary() gave it
+    record          the answer record as vidchat.conversation.answer_path.Answer.summary() gave it
 
 Audio format. The engine gets float32 samples at 16 kHz mono. A session stores
 audio as 16-bit PCM and hands out ``int16 / 32768``, so those samples are
@@ -115,7 +115,7 @@ class WavTooLong(BundleError):
 # ---------------------------------------------------------------------------
 
 def audio_used(answer: Any) -> np.ndarray | None:
-    """The audio samples the engine got for an answer (a :class:`vidchat.conversation.chat.Answer`),
+    """The audio samples the engine got for an answer (a :class:`vidchat.conversation.answer_path.Answer`),
     float32 mono; None when it got none: include_audio off, or audio the engine
     dropped (a vision-only model, a sliver under 0.1 s), which it reports as 0 seconds."""
     if not answer.reply.stats.audio_seconds or answer.sample.audio is None:

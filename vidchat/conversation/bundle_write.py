@@ -84,7 +84,7 @@ def write_bundle(
     engine_options: Any = None,
     name: str | None = None,
 ) -> Path:
-    """Write one finished answer (a :class:`vidchat.conversation.chat.Answer`) as a bundle
+    """Write one finished answer (a :class:`vidchat.conversation.answer_path.Answer`) as a bundle
     folder under ``root`` (created if missing) and return its path.
 
     ``settings``: the effective answer and sampling settings, flat (default:

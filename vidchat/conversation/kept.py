@@ -17,8 +17,8 @@ from typing import TYPE_CHECKING, Any
 from vidchat.conversation.recording import write_bundle
 
 if TYPE_CHECKING:
-    from vidchat.conversation.chat import Answer
-    from vidchat.conversation.sessions import Entry
+    from vidchat.conversation.answer_path import Answer
+    from vidchat.conversation.registry import Entry
 
 log = logging.getLogger(__name__)
 

@@ -34,7 +34,7 @@ from vidchat.conversation.bundle_format import (
     wav_bytes,
 )
 from vidchat.conversation.bundle_write import history_dicts, iter_zip_bundles, write_bundle, zip_bundles
-from vidchat.conversation.session import MAX_AUDIO_SECONDS
+from vidchat.media.session import MAX_AUDIO_SECONDS
 from vidchat.engine import ReplyStats, Turn, inputs_digest
 from vidchat.media import AUDIO_RATE
 
@@ -149,9 +149,9 @@ class Bundle:
         return [Turn(h["role"], h["content"]) for h in self.manifest.get("history") or []]
 
     def sample(self):
-        """The frames and audio as a :class:`vidchat.conversation.session.Sample`, on the
+        """The frames and audio as a :class:`vidchat.media.session.Sample`, on the
         recorded timeline (times as recorded, origin 0)."""
-        from vidchat.conversation.session import Sample
+        from vidchat.media.session import Sample
 
         span = (self.manifest.get("audio") or {}).get("span") or [None, None]
         record = self.manifest.get("record") or {}
@@ -207,10 +207,14 @@ class RecordedReply:
                                       model_revision=manifest.get("model_revision") or record.get("model_revision")
                                       or "")
 
-    async def cancel(self) -> None:
-        return None
+    def __aiter__(self) -> "RecordedReply":
+        return self
 
-    aclose = cancel
+    async def __anext__(self) -> str:
+        raise StopAsyncIteration  # recorded whole: nothing left to stream
+
+    async def aclose(self) -> None:
+        return None  # nothing runs
 
 
 def with_frames_decoded(answer: Any) -> Any:
@@ -224,9 +228,9 @@ def with_frames_decoded(answer: Any) -> Any:
 
 
 def recorded_answer(bundle: Bundle):
-    """A bundle as a finished :class:`vidchat.conversation.chat.Answer`: the page lists it
+    """A bundle as a finished :class:`vidchat.conversation.answer_path.Answer`: the page lists it
     beside the session's own answers and re-asks it the same way."""
-    from vidchat.conversation.chat import Answer, AnswerOptions
+    from vidchat.conversation.answer_path import Answer, AnswerOptions
 
     settings = bundle.manifest.get("settings") or {}
     known = {f.name for f in dataclasses.fields(AnswerOptions)}
@@ -295,12 +299,12 @@ def _text(value: Any) -> bool:
 def check_manifest(manifest: dict[str, Any], where: str = "bundle",
                    max_audio_seconds: float = MAX_AUDIO_SECONDS) -> None:
     """A manifest from elsewhere, value by value: its settings through the
-    checks every door uses (vidchat.conversation.chat.checked_settings), everything else
+    checks every door uses (vidchat.conversation.answer_path.checked_settings), everything else
     the page shows or uses by type and range, its audio.seconds against
     ``max_audio_seconds`` (a server's --ws-max-audio-seconds), and the
     decoded size of its frames and audio against MAX_BUNDLE_DECODED_BYTES,
     all before a frame is read. Raises BundleError naming the field."""
-    from vidchat.conversation.chat import checked_settings
+    from vidchat.conversation.answer_path import checked_settings
 
     settings = manifest.get("settings") or {}
     top = {k: manifest[k] for k in ("seed", "frames_as") if manifest.get(k) is not None}

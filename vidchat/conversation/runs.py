@@ -15,12 +15,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, AsyncIterator, Protocol, Union
 
-import vidchat.conversation.chat as chat
+import vidchat.conversation.answer_path as answer_path
 import vidchat.conversation.kept as kept
 import vidchat.conversation.log_context as log_context
 from vidchat.conversation.answer_queue import Abandoned
-from vidchat.conversation.chat import Answer
-from vidchat.conversation.sessions import Entry
+from vidchat.conversation.answer_path import Answer
+from vidchat.conversation.registry import Entry
 from vidchat.engine import EngineError
 
 log = logging.getLogger(__name__)
@@ -167,7 +167,7 @@ class AnswerRun:
                     await asyncio.shield(reply.aclose())  # aborts the vLLM request if it did not end
                 except Exception:  # noqa: BLE001
                     log.debug("aborting the reply failed", exc_info=True)
-                released = chat.release(self.slot, answer)
+                released = answer_path.release(self.slot, answer)
                 current = released and not self.superseded
             if not self.ended.is_set():
                 self._end(await self._done(error, started, current))
@@ -182,7 +182,7 @@ class AnswerRun:
             return
         log.info("session %s…: a cancelled answer did not end within %.0f s; done without it",
                  self.answer.session_id[:6], CANCEL_GRACE_S)
-        chat.release(self.slot, self.answer)
+        answer_path.release(self.slot, self.answer)
         self._end(self._plain_done(None, True, False, cancelled=True))
 
     def _end(self, done: Done) -> None:
@@ -226,7 +226,7 @@ class AnswerRun:
         if self.record and started and answer_id is not None:
             try:
                 bundle = await kept.save_bundle(conversation.state, conversation.entry, answer, answer_id,
-                                                source=log_context.DOORS.get(conversation.entry.kind, "socket"))
+                                                source=log_context.door_name(conversation.entry.kind))
             except kept.RecordingOff as exc:
                 record_error = f"Not recorded: {exc}."
             except OSError as exc:

@@ -5,7 +5,7 @@ A :class:`Listener` follows one session's 16 kHz audio with a turn detector
 answer streams, it stops that answer (barge-in: the vLLM request is
 aborted); when an utterance ends, it hands the utterance to whichever door
 turned Talk on (the page's Talk switch, a socket's ``turn_detection``),
-which asks it through the one answer path (:func:`vidchat.conversation.chat.ask` with
+which asks it through the one answer path (:func:`vidchat.conversation.answer_path.ask` with
 ``spoken=``). Both doors share this code and its rules.
 """
 
@@ -18,7 +18,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from vidchat.conversation.sessions import Entry
+from vidchat.conversation.registry import Entry
 from vidchat.media.vad import SpeechStarted, TurnDetector, TurnSettings, Utterance
 from vidchat.media.workers import run_vad
 
@@ -31,7 +31,7 @@ POLL_S = 0.04
 # Utterances waiting for a door to ask them; older ones are dropped.
 MAX_QUEUED = 4
 # Why an answer cut short by the client's speech (barge-in) was cancelled:
-# chat.Answer.cancelled_by, in OpenAI Realtime's word, which its door reports.
+# answer_path.Answer.cancelled_by, in OpenAI Realtime's word, which its door reports.
 BARGED_IN = "turn_detected"
 
 Event = SpeechStarted | Utterance

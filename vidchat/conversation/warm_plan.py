@@ -142,13 +142,13 @@ async def plan_warmup(engine: Any, entry: Any, options: Any, pin: Pin | None,
     ``options`` would prepare its next question (``new_frames`` as
     :func:`warm_sample`); None when there is nothing to warm: no frames yet,
     or settings this engine refuses (the question will say so)."""
-    from vidchat.conversation import chat
+    from vidchat.conversation import answer_path
 
     sample, at_enter = warm_sample(engine, entry, pin, new_frames)
     if not sample.frames:
         return None
     try:
-        prepared = await asyncio.to_thread(chat.prepare, engine, entry, sample, options, entry.warm_history, "", True)
+        prepared = await asyncio.to_thread(answer_path.prepare, engine, entry, sample, options, entry.warm_history, "", True)
     except Exception as exc:
         log.debug("session %s…: no warm-up: %s", entry.session.id[:6], exc)
         return None

@@ -15,7 +15,7 @@ import asyncio
 import time
 from typing import AsyncIterator, Callable
 
-from vidchat.conversation.session import Session
+from vidchat.media.session import Session
 
 DEFAULT_EVERY_S = 10.0
 POLL_S = 0.25

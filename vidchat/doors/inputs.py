@@ -31,8 +31,8 @@ from vidchat.doors.markup import as_text
 
 if TYPE_CHECKING:
     from vidchat.conversation import Done
-    from vidchat.conversation.chat import Answer
-    from vidchat.conversation.sessions import Entry
+    from vidchat.conversation.answer_path import Answer
+    from vidchat.conversation.registry import Entry
 
 log = logging.getLogger(__name__)
 

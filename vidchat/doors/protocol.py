@@ -4,7 +4,7 @@ A client written for vllm-omni's streaming video endpoint works here
 unchanged, the seed's clients and the newer ones alike: every newer message
 goes only to clients that use the newer fields. This module only translates
 the wire format; frames, audio, filtering and sampling live in
-:mod:`vidchat.conversation.session`, questions in :mod:`vidchat.conversation.chat`, turn detection in
+:mod:`vidchat.media.session`, questions in :mod:`vidchat.conversation.answer_path`, turn detection in
 :mod:`vidchat.conversation.talk`, what session.config may set in :mod:`vidchat.doors.protocol_config`.
 The connection is the seed's messages over the session lifetime and message
 loop every socket door shares (:mod:`~vidchat.doors.socket_session`); the rest of
@@ -48,7 +48,7 @@ import logging
 from typing import TYPE_CHECKING, Any
 
 from vidchat.conversation import talk
-from vidchat.conversation.sessions import Entry
+from vidchat.conversation.registry import Entry
 from vidchat.doors.socket_answers import SocketAnswers
 from vidchat.doors.socket_config import SessionConfig
 from vidchat.doors.socket_media import SocketMedia

@@ -88,7 +88,7 @@ def parse_config(msg: dict[str, Any]) -> ConfigChanges:
 
     Aliases map to the seed's names; unknown keys are ignored. Raises
     ConfigError with a message for the client. Ranges are checked where every
-    door checks them: SessionSettings.validate and chat.check_options.
+    door checks them: SessionSettings.validate and answer_path.check_options.
     """
     try:
         settings = read_settings(msg)

@@ -24,9 +24,9 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from vidchat import conversation
-from vidchat.conversation import chat
+from vidchat.conversation import answer_path
 from vidchat.conversation.settings_table import current_values
-from vidchat.conversation.sessions import TooManySessions
+from vidchat.conversation.registry import TooManySessions
 from vidchat.doors import realtime_events as rt
 from vidchat.doors.protocol_config import ConfigError
 from vidchat.doors.inputs import record_links
@@ -152,7 +152,7 @@ class RealtimeConnection(SocketSession):
         except ConfigError as exc:
             raise rt.EventError(str(exc), param="session.vidchat.record") from None
         try:
-            chat.apply_settings(self.entry.session, state.engine, options, update.settings["session"])
+            answer_path.apply_settings(self.entry.session, state.engine, options, update.settings["session"])
         except ValueError as exc:  # OptionError or the settings' own check: nothing was changed
             raise rt.setting_refused(exc, "session", update.answer) from None
         self.options = options
@@ -247,7 +247,7 @@ class RealtimeConnection(SocketSession):
         fields = rt.response_fields(msg.get("response"))
         options = rt.answer_options(self.options, fields, self.state.answer_defaults().max_tokens)
         try:
-            chat.check_options(options, self.state.engine)
+            answer_path.check_options(options, self.state.engine)
         except ValueError as exc:
             raise rt.setting_refused(exc, "response", fields) from None
         if not self.question:  # frames alone are no question for the model
@@ -299,7 +299,7 @@ class RealtimeResponses:
         if self.current is not None:
             await self.current.cancel(why)
 
-    async def start(self, question: str, options: chat.AnswerOptions, notice: dict[str, Any] | None = None,
+    async def start(self, question: str, options: answer_path.AnswerOptions, notice: dict[str, Any] | None = None,
                     **how: Any) -> None:
         """Start a response, once the previous one has sent its response.done
         (cancelled, if it still runs); ``notice`` rides on its response.created."""
@@ -335,7 +335,7 @@ class RealtimeResponse:
         if self.run is not None:
             await self.run.cancel(why)
 
-    async def answer(self, question: str, options: chat.AnswerOptions, notice: dict[str, Any],
+    async def answer(self, question: str, options: answer_path.AnswerOptions, notice: dict[str, Any],
                      how: dict[str, Any]) -> None:
         """The response from its response.created to its response.done, whatever breaks between."""
         conn, say = self.conn, self.say
@@ -348,7 +348,7 @@ class RealtimeResponse:
             log.exception("realtime %s: response %s failed", conn.peer, say.id)
             await self._failed(f"Query processing failed ({type(exc).__name__})")  # the log has the traceback
 
-    async def _answer(self, question: str, options: chat.AnswerOptions, how: dict[str, Any]) -> None:
+    async def _answer(self, question: str, options: answer_path.AnswerOptions, how: dict[str, Any]) -> None:
         conn = self.conn
         await conn.state.wait_engine()
         try:
@@ -356,7 +356,7 @@ class RealtimeResponse:
             # is asked on its own items), so none is kept or warmed for it.
             self.run = await conversation.of(conn.state, conn.entry).ask(
                 question, options, record=conn.record, frames_optional=True, continues_chat=False, **how)
-        except chat.Superseded:
+        except answer_path.Superseded:
             await self._end(self.say.done("cancelled", text=None, reason=self.cancel_reason))
             return
         if self.cancelled:

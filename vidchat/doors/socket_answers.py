@@ -20,7 +20,7 @@ import logging
 from typing import Any, Protocol
 
 from vidchat import conversation
-from vidchat.conversation import chat
+from vidchat.conversation import answer_path
 from vidchat.doors import inputs as answer_inputs
 from vidchat.doors.protocol_config import ConfigError
 from vidchat.engine import EngineError
@@ -42,10 +42,11 @@ class Client(Protocol):
 
     state: Any  # vidchat.app.state.AppState
     settings: Any  # vidchat.app.settings.Settings
-    entry: Any  # vidchat.conversation.sessions.Entry, None before the session opens
-    options: chat.AnswerOptions
+    entry: Any  # vidchat.conversation.registry.Entry, None before the session opens
+    options: answer_path.AnswerOptions
     media: Any  # vidchat.doors.socket_media.SocketMedia
     peer: str
+    no_frames_hint: str  # what a question before any frame should have done, in this door's words
     vidchat_events: bool
     answering: bool  # its answer task streams (vidchat.doors.socket_session.SocketSession)
     answer_task: asyncio.Task | None  # that task
@@ -155,9 +156,12 @@ class SocketAnswers:
                 # conversation's chat, and its own turn is kept for the next.
                 run = await conversation.of(conn.state, entry).ask(
                     text, conn.options, record=self.record, continues_chat=self.keep_history, **how)
-            except chat.Superseded:
+            except answer_path.Superseded:
                 return  # a newer question from elsewhere took over this session
-            except EngineError as exc:  # NoFrames and NO_SPOKEN_QUESTIONS included
+            except answer_path.NoFrames as exc:
+                await conn.error(exc.said_with(conn.no_frames_hint))
+                return
+            except EngineError as exc:  # NO_SPOKEN_QUESTIONS included
                 await conn.error(str(exc))
                 return
             sample = run.answer.sample

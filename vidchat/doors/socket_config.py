@@ -15,11 +15,11 @@ import dataclasses
 import logging
 from typing import Any
 
-from vidchat.conversation import chat
-from vidchat.conversation.chat import AnswerOptions
-from vidchat.conversation.session import SessionSettings
+from vidchat.conversation import answer_path
+from vidchat.conversation.answer_path import AnswerOptions
+from vidchat.media.session import SessionSettings
 from vidchat.conversation.settings_table import current_values
-from vidchat.conversation.sessions import TooManySessions
+from vidchat.conversation.registry import TooManySessions
 from vidchat.doors.protocol_config import UPDATABLE_INFO, ConfigError, parse_config, wants_vidchat_events
 from vidchat.doors.socket_answers import check_record
 from vidchat.doors.socket_transport import CLOSE_POLICY, CLOSE_TRY_LATER, TIMEOUT, parse_message
@@ -124,7 +124,7 @@ class SessionConfig:
             await self._refuse(str(exc), CLOSE_TRY_LATER, "engine not running")
             return
         try:
-            chat.check_options(conn.options, engine, conn.entry.session.settings)
+            answer_path.check_options(conn.options, engine, conn.entry.session.settings)
         except ValueError as exc:  # the session goes on: its questions get the same error
             await conn.error(f"session.config: {exc}")
 
@@ -137,7 +137,7 @@ class SessionConfig:
 
     def _answer_options(self, changes: dict[str, Any], sampling: SessionSettings) -> AnswerOptions:
         options = self.conn.options.updated(**changes)
-        chat.check_options(options, self.conn.state.engine, sampling)
+        answer_path.check_options(options, self.conn.state.engine, sampling)
         return options
 
     async def update(self, msg: dict[str, Any]) -> None:
@@ -155,7 +155,7 @@ class SessionConfig:
             if watch is not None and not changes.session.get("evs_enabled", conn.entry.session.settings.evs_enabled):
                 raise ConfigError(WATCH_NEEDS_EVS)
             options = conn.options.updated(**changes.answer)
-            chat.apply_settings(conn.entry.session, conn.state.engine, options, changes.session)
+            answer_path.apply_settings(conn.entry.session, conn.state.engine, options, changes.session)
         except ValueError as exc:  # ConfigError, OptionError or the settings' own check: nothing was changed
             await conn.error(f"session.update rejected: {exc}")
             return

@@ -16,7 +16,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from vidchat.conversation.session import Sample
+from vidchat.media.session import Sample
 from vidchat.doors import wire
 from vidchat.media import AUDIO_RATE
 from vidchat.media.audio import Pcm16Resampler
@@ -106,7 +106,7 @@ async def pcm16_audio(msg: dict[str, Any], kind: str, key: str, max_s: float,
 class Client(Protocol):
     """What the intake needs of its connection (vidchat.doors.protocol.Connection)."""
 
-    entry: Any  # vidchat.conversation.sessions.Entry, None before the session opens
+    entry: Any  # vidchat.conversation.registry.Entry, None before the session opens
     settings: Any  # vidchat.app.settings.Settings
 
     async def send(self, msg: dict[str, Any], droppable: bool = False) -> bool: ...

@@ -23,7 +23,7 @@ import time
 from typing import TYPE_CHECKING, Any, Awaitable, Callable
 
 from vidchat.conversation import log_context
-from vidchat.conversation.sessions import Entry, TooManySessions
+from vidchat.conversation.registry import Entry, TooManySessions
 from vidchat.doors.server_contract import login_of
 from vidchat.doors.socket_transport import (CLOSE_ERROR, CLOSE_NORMAL, CLOSE_TRY_LATER, TIMEOUT, Disconnected,
                                             SocketTransport, parse_message)
@@ -55,6 +55,9 @@ class SocketSession(SocketTransport):
 
     door = "ws"  # the registry's session kind, and the logs' name for the door
     noun = "message"  # what the door's clients send, as its errors say it
+    # What a question before any frame should have done, in the seed
+    # protocol's words, which its clients may match on.
+    no_frames_hint = "Send video.frame before video.query."
     handlers: dict[str, Handler] = {}
 
     def __init__(self, state: Any, websocket: "WebSocket") -> None:

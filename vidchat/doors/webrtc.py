@@ -48,7 +48,7 @@ from aiortc.mediastreams import MediaStreamError
 from aiortc.rtp import RtcpSrPacket
 
 from vidchat.conversation import log_context
-from vidchat.conversation.sessions import Entry
+from vidchat.conversation.registry import Entry
 from vidchat.media import AUDIO_RATE
 from vidchat.media.clock import SenderClock, TrackClock
 from vidchat.media.evs import FrameError

@@ -22,7 +22,7 @@ from fastapi import APIRouter, HTTPException, Request
 from fastapi.responses import StreamingResponse
 
 from vidchat.doors.server_contract import IceUnavailable, login_of
-from vidchat.conversation.sessions import Entry, TooManySessions
+from vidchat.conversation.registry import Entry, TooManySessions
 from vidchat.doors.webrtc import Peer
 from vidchat.media.clock import SOURCE_KINDS
 from vidchat.media.numbers import is_number
@@ -65,7 +65,7 @@ SOURCE_RATE_MAX = 16.0  # browsers refuse playbackRate above 16
 
 
 def parse_source_report(body: dict[str, Any]) -> dict[str, Any]:
-    """A page's /webrtc/source report as :meth:`vidchat.conversation.session.Session.set_source`
+    """A page's /webrtc/source report as :meth:`vidchat.media.session.Session.set_source`
     arguments; raises ValueError naming the first bad field."""
     sid = body.get("session_id")
     if not isinstance(sid, str) or not sid:

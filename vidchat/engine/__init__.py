@@ -247,6 +247,24 @@ def _note_engine_start(model: str, start_s: float) -> None:
 
 
 @runtime_checkable
+class Reply(Protocol):
+    """One answer as the conversation and the doors read it, whichever made
+    it: an engine streaming it (vidchat.engine.local.LocalReply, .remote.RemoteReply)
+    or a bundle that recorded it (vidchat.conversation.recording.RecordedReply,
+    whole already). Iterate for text deltas; ``text`` is all so far;
+    ``stats`` is final once the stream ends; ``aclose`` stops it and aborts
+    its request; ``engine`` says which model answered (``model_path``, ``model_revision``)."""
+
+    text: str
+    stats: ReplyStats
+    engine: Any
+
+    def __aiter__(self) -> Any: ...
+    async def __anext__(self) -> str: ...
+    async def aclose(self) -> None: ...
+
+
+@runtime_checkable
 class ChatEngine(Protocol):
     """What the doors, the conversation code, replay and the benchmarks may
     use of an engine. Both engines implement it; nothing else is public."""
@@ -275,7 +293,7 @@ class ChatEngine(Protocol):
     def check_request(self, n_frames: int, frames_as: str) -> None: ...
     def prepare(self, question: str, frames: Sequence[np.ndarray | Image.Image] = (),
                 audio: np.ndarray | None = None, **options: Any) -> Prepared: ...
-    def submit(self, prepared: Prepared, request_id: str | None = None) -> Any: ...
+    def submit(self, prepared: Prepared, request_id: str | None = None) -> Reply: ...
     async def warm(self, prepared: Prepared) -> ReplyStats: ...
     async def replica_health(self) -> list[dict[str, Any]] | None: ...
     def ask(self, question: str, frames: Sequence[np.ndarray | Image.Image] = (),
@@ -470,5 +488,5 @@ class ModelEngine:
                 audio: np.ndarray | None = None, **options: Any) -> Prepared:
         raise NotImplementedError
 
-    def submit(self, prepared: Prepared, request_id: str | None = None) -> Any:
+    def submit(self, prepared: Prepared, request_id: str | None = None) -> Reply:
         raise NotImplementedError

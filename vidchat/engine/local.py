@@ -28,9 +28,9 @@ from vidchat.media import AUDIO_RATE
 log = logging.getLogger(__name__)
 
 
-class Reply:
+class LocalReply:
     """One streamed answer. Iterate for text deltas; `stats` is final after the
-    stream ends. Leaving the stream early (break, `aclose`, `cancel`, or the
+    stream ends. Leaving the stream early (break, `aclose`, or the
     task being cancelled) aborts the request inside vLLM."""
 
     def __init__(self, engine: "LocalEngine", request_id: str, prompt: dict, params: Any, stats: ReplyStats):
@@ -48,7 +48,7 @@ class Reply:
         self._idle.set()
         self._started = time.perf_counter()
 
-    def __aiter__(self) -> "Reply":
+    def __aiter__(self) -> "LocalReply":
         return self
 
     async def __anext__(self) -> str:
@@ -126,7 +126,6 @@ class Reply:
                 gen, self._gen = self._gen, None
                 await gen.aclose()
 
-    cancel = aclose
 
 
 class LocalEngine(ModelEngine):
@@ -259,7 +258,7 @@ class LocalEngine(ModelEngine):
         then be empty, and a model that takes no audio refuses it.
 
         ``audio_parts``: the audio's segments, (samples, name) each
-        (vidchat.conversation.session.Sample.audio_parts): with --audio-segments on, each
+        (vidchat.media.session.Sample.audio_parts): with --audio-segments on, each
         goes as its own clip, up to ``--max-audios``, named like the frames.
         A finished segment is then encoded and prefilled once."""
         question, max_tokens, temperature, seed, audio = self._checked_inputs(
@@ -345,12 +344,12 @@ class LocalEngine(ModelEngine):
     def running_warmups(self) -> int:
         return len(self._warming)
 
-    def submit(self, prepared: Prepared, request_id: str | None = None) -> Reply:
-        """A Reply for a prepared question; vLLM starts on its first iteration."""
+    def submit(self, prepared: Prepared, request_id: str | None = None) -> LocalReply:
+        """A reply (vidchat.engine.Reply) for a prepared question; vLLM starts on its first iteration."""
         if self.is_dead:
             raise EngineDead(engine_dead_message(self.death_cause()))
         rid = request_id or f"vidchat-{next(self._ids)}-{uuid.uuid4().hex[:8]}"
-        return Reply(self, rid, prepared.prompt, prepared.params, prepared.stats)
+        return LocalReply(self, rid, prepared.prompt, prepared.params, prepared.stats)
 
     def _multi_modal_data(self, frames: Sequence[np.ndarray | Image.Image], frames_as: str,
                           clips: Sequence[np.ndarray], fps: float | None) -> dict[str, Any]:

@@ -103,7 +103,7 @@ def messages_text(messages: list[dict[str, Any]]) -> str:
 
 class RemoteReply:
     """One streamed answer from the remote server; the same interface as
-    :class:`vidchat.engine.Reply` (iterate for deltas, ``stats``, ``cancel``)."""
+    :class:`vidchat.engine.Reply` (iterate for deltas, ``stats``, ``aclose``)."""
 
     def __init__(self, engine: "RemoteEngine", request_id: str, body: dict[str, Any], stats: ReplyStats,
                  key: str | None = None, warmup: bool = False):
@@ -184,7 +184,6 @@ class RemoteReply:
             self.stats.cancelled = True
         await self._finish()
 
-    cancel = aclose
 
 
 class RemoteEngine(ModelEngine):

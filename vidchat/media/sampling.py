@@ -4,7 +4,7 @@ covers, and the encoder budget.
 
 Pure functions over a buffer's frames (anything with a capture time ``t``
 and a kept number ``seq``, oldest first); the session takes them under its
-lock (vidchat.conversation.session).
+lock (vidchat.media.session).
 """
 
 from __future__ import annotations

@@ -18,7 +18,7 @@ placed by its presentation time. Nothing is paced: the file plays as fast as
 the machine decodes it. When playback reaches a question's second T (every
 frame before T is in, and the audio up to T, split there; a frame at exactly
 T counts for the next question, as with ``vidchat.qa.client --fast``) the
-question is asked through the app's one answer path (:func:`vidchat.conversation.chat.ask`)
+question is asked through the app's one answer path (:func:`vidchat.conversation.answer_path.ask`)
 and its answer awaited before playback goes on. No wall-clock time decides
 anything, so two runs with the same file and options send the engine the same
 frames and audio (identical ``frame_times`` and ``inputs_sha256``) and, at
@@ -189,7 +189,7 @@ class _FileAsker:
 
     async def ask(self, q: Question, at_end: bool = False) -> None:
         from vidchat import conversation
-        from vidchat.conversation import chat
+        from vidchat.conversation import answer_path
         from vidchat.engine import EngineError, Turn
 
         run, path = self.run, self.path
@@ -200,7 +200,7 @@ class _FileAsker:
         try:
             answer_run = await self.talking.ask(q.text, self.options, engine=self.engine, history=tuple(self.history))
             done = await answer_run.finish()
-        except chat.NoFrames:
+        except answer_path.NoFrames:
             self._failed(q, f"no video frame before {q.at:g} s of {path}")
             return
         except EngineError as exc:
@@ -230,7 +230,7 @@ class _FileAsker:
 async def replay_file(run: Run, state, engine, path: str) -> int:
     """Play one file into a new session, asking each question when playback reaches it."""
     from vidchat import conversation
-    from vidchat.conversation import chat
+    from vidchat.conversation import answer_path
 
     schedule = Schedule([(q.at, q.text) for q in run.args.ask], parse_every(run.args.every))
     entry = state.new_session("replay")
@@ -238,7 +238,7 @@ async def replay_file(run: Run, state, engine, path: str) -> int:
     playback = Playback(session, run.args.watch_every if run.watch else None, name=os.path.basename(path))
     options = state.answer_defaults().updated(**run.changes.answer)
     try:
-        chat.apply_settings(session, engine, options, run.changes.session)
+        answer_path.apply_settings(session, engine, options, run.changes.session)
     except ValueError as exc:  # OptionError included
         print(f"vidchat.replay: {exc}", file=sys.stderr)
         return USAGE
@@ -271,11 +271,11 @@ async def replay_file(run: Run, state, engine, path: str) -> int:
 
 
 async def reask_bundle(run: Run, state, engine, bundle) -> int:
-    from vidchat.conversation import chat
+    from vidchat.conversation import answer_path
     from vidchat import conversation
-    from vidchat.conversation.chat import AnswerOptions
+    from vidchat.conversation.answer_path import AnswerOptions
     from vidchat.engine import EngineError
-    from vidchat.conversation.session import SessionSettings
+    from vidchat.media.session import SessionSettings
     from vidchat.media.sampling import uniform_indices
     from vidchat.app.settings import Settings
 
@@ -303,7 +303,7 @@ async def reask_bundle(run: Run, state, engine, bundle) -> int:
             return USAGE
         sample = sample.frames_at(uniform_indices(len(sample.frames), n_frames))
     try:
-        chat.check_options(options, engine)
+        answer_path.check_options(options, engine)
         engine.check_request(len(sample.frames), options.frames_as)
     except (ValueError, EngineError) as exc:
         print(f"vidchat.replay: {exc}", file=sys.stderr)
@@ -351,7 +351,7 @@ async def _run(run: Run, model_path: str, banner: str | None, sources: list[tupl
     from vidchat.engine import EngineError
     from vidchat.engine.local import LocalEngine
     from vidchat.app.server import engine_options
-    from vidchat.conversation.sessions import SessionRegistry
+    from vidchat.conversation.registry import SessionRegistry
     from vidchat.app.state import AppState, default_session_settings
 
     settings = run.settings

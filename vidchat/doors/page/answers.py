@@ -14,8 +14,8 @@ from typing import Any, AsyncIterator
 import gradio as gr
 
 from vidchat import conversation
-from vidchat.conversation import CANCELLED, Delta, Done, Queued, Started, chat, kept, log_context
-from vidchat.conversation.chat import OptionError
+from vidchat.conversation import CANCELLED, Delta, Done, Queued, Started, answer_path, kept, log_context
+from vidchat.conversation.answer_path import OptionError
 from vidchat.conversation.settings_table import SETTINGS, UNBOUNDED_MAX_TOKENS, page_number
 from vidchat.doors import inputs as answer_inputs
 from vidchat.engine import EngineError
@@ -26,6 +26,8 @@ from vidchat.doors.page.view import (
 
 log = logging.getLogger(__name__)
 
+# What a question before any frame should have done, as the page's user acts on it.
+NO_FRAMES_HINT = "Wait a moment after **Start camera**, then ask again."
 CLEAR_WAIT_S = 5.0  # at most this long for answers streaming into a chat being cleared to stop
 
 
@@ -55,7 +57,7 @@ class PageRequest:
     """The chat panel's settings for one question, as the session and the answer path take them."""
 
     sampling: dict[str, Any]
-    options: chat.AnswerOptions
+    options: answer_path.AnswerOptions
     record: bool = False  # save the answer as a bundle under --record-dir
 
 
@@ -86,7 +88,7 @@ def applied_request(state, entry, raw_settings: tuple) -> PageRequest:
     """The page's settings, applied to the session's sampling (raises
     ValueError naming the field, and then changes nothing)."""
     request = page_request(state, *raw_settings)
-    chat.apply_settings(entry.session, state.engine, request.options, request.sampling)
+    answer_path.apply_settings(entry.session, state.engine, request.options, request.sampling)
     return request
 
 
@@ -143,12 +145,12 @@ async def _answer_updates(state, entry, question: str, request: PageRequest, his
                                                       record=request.record)
         if stops_as_of is not None and entry.chat_stops != stops_as_of:
             await run.cancel()  # Stop came while it was prepared: it ends at once, marked stopped
-    except chat.Superseded:
+    except answer_path.Superseded:
         return  # a newer question owns this tab's chat now
     except EngineError as exc:  # NoFrames included
         if spoken is not None:
-            history.append({"role": "user", "content": chat.spoken_label(spoken.seconds), "metadata": dict(SPOKEN)})
-        history.append(notice(str(exc) if isinstance(exc, chat.NoFrames) else f"⚠ {exc}"))
+            history.append({"role": "user", "content": answer_path.spoken_label(spoken.seconds), "metadata": dict(SPOKEN)})
+        history.append(notice(exc.said_with(NO_FRAMES_HINT) if isinstance(exc, answer_path.NoFrames) else f"⚠ {exc}"))
         yield history, gr.skip(), gr.skip()
         return
     # Listening from here: if this stream is closed before its answer's Done

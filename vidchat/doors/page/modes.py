@@ -11,7 +11,7 @@ import gradio as gr
 
 from vidchat import conversation
 from vidchat.conversation import talk
-from vidchat.conversation.chat import OptionError
+from vidchat.conversation.answer_path import OptionError
 from vidchat.conversation.watch import SceneWatch
 from vidchat.doors.page.answers import _number, answer_stream, applied_request, watch_switched
 from vidchat.doors.page.view import notice

@@ -11,9 +11,9 @@ from pathlib import Path
 from typing import Any, AsyncIterator
 
 from vidchat import conversation
-from vidchat.conversation import CANCELLED, Delta, Done, chat, kept, recording
-from vidchat.conversation.session import Session
-from vidchat.conversation.sessions import Entry
+from vidchat.conversation import CANCELLED, Delta, Done, answer_path, kept, recording
+from vidchat.media.session import Session
+from vidchat.conversation.registry import Entry
 from vidchat.doors.markup import as_text
 from vidchat.doors.page.answers import page_request
 from vidchat.doors.page.view import _short, compare_html, model_label
@@ -160,9 +160,9 @@ async def reask(state, sid: str, answer_id: str, *raw_settings: Any, engine_choi
     original = await asyncio.to_thread(recording.with_frames_decoded, original)
     try:
         request = page_request(state, *raw_settings)
-        chat.check_options(request.options, engine)
+        answer_path.check_options(request.options, engine)
         wanted = request.sampling["num_sample_frames"]
-        sample = chat.frozen_sample(original, wanted)
+        sample = answer_path.frozen_sample(original, wanted)
     except ValueError as exc:
         yield f"<p class='vc-note'>⚠ Settings not accepted: {as_text(str(exc))}</p>"
         return
@@ -175,7 +175,7 @@ async def reask(state, sid: str, answer_id: str, *raw_settings: Any, engine_choi
     heading = "Re-asked" if engine is state.engine else "Re-asked on the second model"
     try:
         run = await conversation.of(state, entry).reask(original, request.options, sample, engine=engine)
-    except chat.Superseded:
+    except answer_path.Superseded:
         return
     except EngineError as exc:
         yield f"<p class='vc-note'>⚠ {as_text(str(exc))}</p>"

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from vidchat.conversation import chat
-from vidchat.conversation.chat import Answer
+from vidchat.conversation import answer_path
+from vidchat.conversation.answer_path import Answer
 from vidchat.doors import inputs as answer_inputs
 from vidchat.doors.markup import as_text
 from vidchat.engine import Turn
@@ -101,7 +101,7 @@ SPOKEN = {"log": "vidchat spoken question"}
 
 
 def spoken_bubble(answer, answer_id: str) -> dict[str, Any]:
-    label = chat.spoken_label(answer.spoken.seconds)
+    label = answer_path.spoken_label(answer.spoken.seconds)
     player = (f"<audio controls preload='metadata' class='vc-spoken-audio' "
               f"src='{answer_inputs.PATH_PREFIX}{answer_id}/audio.wav'></audio>")
     return {"role": "user", "content": f"{label}\n\n{player}", "metadata": dict(SPOKEN)}

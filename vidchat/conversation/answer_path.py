@@ -18,30 +18,27 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Sequence
 
 from vidchat.conversation.answer_queue import Abandoned, AnswerQueue, OnWait, Slot
-from vidchat.conversation.session import Sample, Session, SessionSettings
+from vidchat.media.session import Sample, Session, SessionSettings
 from vidchat.media.sampling import uniform_indices
-from vidchat.conversation.sessions import Entry
+from vidchat.conversation.registry import Entry
 from vidchat.conversation.settings_table import UNBOUNDED_MAX_TOKENS, check_all, question_problem, read_settings
-from vidchat.engine import ChatEngine, EngineError, Prepared, Turn
+from vidchat.engine import ChatEngine, EngineError, Prepared, Reply, Turn
 
 log = logging.getLogger(__name__)
 
 
-# What to do when a question comes before any frame, said the way each door's
-# user acts on it. The WebSocket wording is the seed protocol's, which its
-# clients may match on.
-_NO_FRAMES_HINT = {
-    "ws": "Send video.frame before video.query.",
-    "webrtc": "Wait a moment after **Start camera**, then ask again.",
-}
-
-
-def no_frames_message(kind: str) -> str:
-    return f"No frames available. {_NO_FRAMES_HINT.get(kind, _NO_FRAMES_HINT['ws'])}"
-
-
 class NoFrames(EngineError):
-    """A question arrived before the session had any frame."""
+    """A question arrived before the session had any frame. Its text is the
+    fact; each door adds what its own user should do about it (``said_with``),
+    in words that user acts on: the core never asks which door it serves."""
+
+    FACT = "No frames available."
+
+    def __init__(self) -> None:
+        super().__init__(self.FACT)
+
+    def said_with(self, hint: str) -> str:
+        return f"{self.FACT} {hint}"
 
 
 class OptionError(ValueError):
@@ -145,7 +142,7 @@ class Answer:
     """One question with exactly what the model was given."""
 
     question: str
-    reply: Any  # vidchat.engine.Reply
+    reply: Reply
     sample: Sample
     options: AnswerOptions
     prompt_text: str = ""
@@ -272,7 +269,7 @@ async def ask(
     if sample is None:
         sample = session.sample(span=None if spoken is None else (spoken.start, spoken.end))
     if not sample.frames and not frames_optional:
-        raise NoFrames(no_frames_message(entry.kind))
+        raise NoFrames()
     prepared = await asyncio.to_thread(prepare, engine, entry, sample, options, history, question,
                                        spoken=spoken is not None)
     if entry.closed:

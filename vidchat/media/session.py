@@ -41,7 +41,6 @@ from typing import Any, Callable, Sequence
 import numpy as np
 from PIL import Image
 
-from vidchat.conversation.settings_table import AUDIO_MODES, MAX_FRAMES_LIMIT, SAMPLING_STRATEGIES, check_all  # noqa: F401
 from vidchat.media import evs
 from vidchat.media.audio import AudioWindow, segment_samples, to_int16
 from vidchat.media.clock import SourceTimeline
@@ -51,6 +50,9 @@ from vidchat.media.sampling import Sample, pick, within_encode_budget
 from vidchat.media import (AUDIO_RATE, DEFAULT_MAX_FRAME_BYTES, DEFAULT_MAX_FRAME_PIXELS, DEFAULT_STORE_MAX_PIXELS,
                            MIN_AUDIO_SAMPLES)
 from vidchat.media.numbers import is_int, is_number
+from vidchat.media.session_settings import (  # noqa: F401 (the session's settings, as its users name them)
+    AUDIO_MODES, MAX_AUDIO_SECONDS, MAX_FRAMES_LIMIT, SAMPLING_STRATEGIES, SessionSettings,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -78,39 +80,9 @@ def check_frame_budget(max_frames: Any, store_max_pixels: int | None, budget_byt
         raise ValueError(f"max_frames {max_frames} needs {need / 2**20:.1f} MB at the stored frame size "
                          f"({store_max_pixels:,} pixels); this server's budget is {budget_bytes / 2**20:.1f} MB "
                          f"per session (--max-session-mb), at most {most} frames")
-MAX_AUDIO_SECONDS = 600.0
+
+
 __all__ = ["FrameError", "Session", "SessionMedia", "SessionSettings", "Sample"]
-
-
-# ---------------------------------------------------------------------------
-# Settings
-# ---------------------------------------------------------------------------
-
-
-
-@dataclass
-class SessionSettings:
-    """Per-session options; may be changed between questions."""
-
-    max_frames: int = 64
-    num_sample_frames: int = 16
-    sampling: str = "uniform"  # "uniform" | "stable" | "latest_frames" | "latest_seconds"
-    sample_seconds: float = 10.0  # window for "latest_seconds"
-    evs_enabled: bool = True
-    evs_threshold: float = evs.DEFAULT_THRESHOLD  # keep a frame when > (1 - x) of the picture changed
-    keepalive_s: float | None = None  # keep >= 1 frame every N seconds even if nothing changes
-    audio_seconds: float = 30.0  # audio window cap
-    audio_mode: str = "frames"  # "frames": from the first sampled frame on; "last": last audio_last_seconds
-    audio_last_seconds: float = 10.0
-
-    def validate(self) -> None:
-        """Raise ValueError naming the first bad field (vidchat.conversation.settings_table's rules)."""
-        check_all("session", self)
-        if not is_number(self.audio_seconds) or not 0 < self.audio_seconds <= MAX_AUDIO_SECONDS:
-            raise ValueError(f"audio_seconds must be a number in (0, {MAX_AUDIO_SECONDS:g}], "
-                             f"got {self.audio_seconds!r}")
-
-
 
 
 def _question_audio(window: AudioWindow, frames: list[StoredFrame], picked: list[int],

@@ -16,7 +16,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Awaitable, Callable
 
-from vidchat.conversation.session import Session, SessionSettings
+from vidchat.media.session import Session, SessionSettings
 
 log = logging.getLogger(__name__)
 
@@ -51,7 +51,7 @@ class Entry:
     # The one answer being generated for this session, whichever door asked.
     answer: Any = None
     # Arrival order of questions: a question whose preparation finishes after
-    # a newer one arrived never starts (see vidchat.conversation.chat.ask).
+    # a newer one arrived never starts (see vidchat.conversation.answer_path.ask).
     question_seq: int = 0
     # Set by SessionRegistry.close: a question still being prepared then
     # never reaches vLLM (nobody is left to read its answer).
@@ -131,7 +131,7 @@ class Entry:
     async def cancel_answer(self, why: str | None = None) -> None:
         """Abort the running answer (its vLLM request included), if any, and
         return only once no earlier answer of this session is still generating
-        (``why``: see chat.Answer.cancel)."""
+        (``why``: see answer_path.Answer.cancel)."""
         async with self._cancelling:
             answer, self.answer = self.answer, None
             if answer is not None:
