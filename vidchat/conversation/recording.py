@@ -23,7 +23,6 @@ import zipfile
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
-from types import SimpleNamespace
 from typing import Any, Callable
 
 import numpy as np
@@ -35,7 +34,8 @@ from vidchat.conversation.bundle_format import (
 )
 from vidchat.conversation.bundle_write import history_dicts, iter_zip_bundles, write_bundle, zip_bundles
 from vidchat.media.session import MAX_AUDIO_SECONDS
-from vidchat.engine import ReplyStats, Turn, inputs_digest
+from vidchat.conversation.recorded_reply import RecordedReply  # noqa: F401 (a bundle's answer)
+from vidchat.engine import Turn, inputs_digest
 from vidchat.media import AUDIO_RATE
 
 __all__ = [
@@ -179,42 +179,6 @@ class Bundle:
                       len(source_span) == 2 else None,
                       source=record.get("source") if isinstance(record.get("source"), dict) else None,
                       audio_parts=audio_parts)
-
-
-class RecordedReply:
-    """A bundle's answer as the page's compare view reads a live reply: its
-    text, its stats and the model that gave it (nothing to generate or cancel)."""
-
-    def __init__(self, manifest: dict[str, Any]):
-        self.text = manifest.get("answer") or ""
-        timings = manifest.get("timings") or {}
-        tokens = manifest.get("tokens") or {}
-        record = manifest.get("record") or {}
-        ttft_ms = timings.get("ttft_ms")
-        self.stats = ReplyStats(
-            prompt_tokens=tokens.get("prompt_tokens") or 0,
-            cached_tokens=tokens.get("cached_tokens") or 0,
-            completion_tokens=tokens.get("completion_tokens") or 0,
-            frames=len(manifest.get("frames") or []),
-            audio_seconds=float((manifest.get("audio") or {}).get("seconds") or 0.0),
-            ttft_s=None if ttft_ms is None else ttft_ms / 1000,
-            tokens_per_s=timings.get("tokens_per_s"),
-            total_s=timings.get("total_s") or 0.0,
-            finish_reason=tokens.get("finish_reason"),
-            inputs_sha256=manifest.get("inputs_sha256", ""),
-        )
-        self.engine = SimpleNamespace(model_path=manifest.get("model") or "",
-                                      model_revision=manifest.get("model_revision") or record.get("model_revision")
-                                      or "")
-
-    def __aiter__(self) -> "RecordedReply":
-        return self
-
-    async def __anext__(self) -> str:
-        raise StopAsyncIteration  # recorded whole: nothing left to stream
-
-    async def aclose(self) -> None:
-        return None  # nothing runs
 
 
 def with_frames_decoded(answer: Any) -> Any:

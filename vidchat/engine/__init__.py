@@ -18,13 +18,13 @@ import math
 import os
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Protocol, Sequence, runtime_checkable
 
 import numpy as np
 from PIL import Image
 
 from vidchat.engine.families import Family, family_of
+from vidchat.engine.hardware import cpu_has_native_bf16, on_gpu  # noqa: F401 (the engine's names)
 from vidchat.engine.history_cut import cut_step, history_start
 from vidchat.engine.payload import audio_clips, inputs_digest, video_fps  # noqa: F401  (part of the interface)
 from vidchat.media import AUDIO_RATE, FRAMES_AS, MIN_AUDIO_SAMPLES
@@ -140,34 +140,6 @@ NO_SPOKEN_QUESTIONS = (
 )
 
 
-def cpu_has_native_bf16(cpuinfo: str | None = None) -> bool:
-    """Whether this CPU computes bfloat16 natively (x86 avx512_bf16 or
-    amx_bf16, Arm's bf16 feature). Unknown platforms count as yes, so vLLM's
-    own choice stands there."""
-    if cpuinfo is None:
-        try:
-            cpuinfo = Path("/proc/cpuinfo").read_text()
-        except OSError:
-            return True
-    flags = set()
-    for line in cpuinfo.splitlines():
-        key, _, value = line.partition(":")
-        if key.strip().lower() in ("flags", "features"):
-            flags.update(value.split())
-    if not flags:
-        return True
-    return bool(flags & {"avx512_bf16", "amx_bf16", "bf16"})
-
-
-def on_gpu() -> bool:
-    try:
-        import torch
-
-        return bool(torch.cuda.is_available())
-    except Exception:  # a CPU-only torch may not even have the CUDA module
-        return False
-
-
 @dataclass
 class Prepared:
     """A question made ready for vLLM: the rendered prompt and its media."""
@@ -250,7 +222,7 @@ def _note_engine_start(model: str, start_s: float) -> None:
 class Reply(Protocol):
     """One answer as the conversation and the doors read it, whichever made
     it: an engine streaming it (vidchat.engine.local.LocalReply, .remote.RemoteReply)
-    or a bundle that recorded it (vidchat.conversation.recording.RecordedReply,
+    or a bundle that recorded it (vidchat.conversation.recorded_reply.RecordedReply,
     whole already). Iterate for text deltas; ``text`` is all so far;
     ``stats`` is final once the stream ends; ``aclose`` stops it and aborts
     its request; ``engine`` says which model answered (``model_path``, ``model_revision``)."""
