@@ -18,10 +18,11 @@ from PIL import Image
 from playwright.async_api import Page, async_playwright
 
 from vidchat.devtools.page import (  # noqa: F401 - re-exported for the other browser tests
-    BOT_HAS_TEXT, BOT_MESSAGES, CHROMIUM, ask, launch, next_frame, open_and_start,
+    BOT_HAS_TEXT, BOT_MESSAGES, CHROMIUM, ask, bot_texts, launch, next_frame, open_and_start,
     session_id, set_setting, wait_for_answer, write_wav, write_y4m,
 )
 from vidchat.doors.page import STOPPED
+from vidchat.doors.webrtc_routes import RELOAD_GRACE_S
 from vidchat.engine import inputs_digest
 
 from conftest import MACHINE, eventually_async, thumbnail_colours, until_idle
@@ -261,9 +262,11 @@ async def test_refused_microphone_runs_with_the_camera_and_closing_the_tab_frees
             stats = await stats_when(server, sid, lambda s: s.get("frames_received", 0) >= 3, "3 frames received")
             assert stats["media"]["tracks"] == ["video"]
 
-            # Closing the tab (pagehide beacon) frees the server's session at once.
+            # Closing the tab (pagehide beacon) ends its peer at once and frees the
+            # session once a reload would have come back for it.
             await page.close(run_before_unload=True)
-            await session_gone(server, sid, within=10)  # else the tab left it open until the 20-s idle timeout
+            # (else the tab left it open until the 20-s idle timeout)
+            await session_gone(server, sid, within=RELOAD_GRACE_S + 4)
         finally:
             await browser.close()
 
@@ -365,6 +368,50 @@ async def test_network_drop_reattaches_and_stop_during_backoff_really_stops(serv
             assert gone["detail"] == "session ended: stopped by the page"
         finally:
             await browser.close()
+
+
+async def test_a_reload_comes_back_to_the_same_session_and_shows_the_servers_chat(server, media, tmp_path,
+                                                                                 artifacts_dir):
+    """The chat lives on the server: a reloaded tab resumes its session (same
+    id, same buffer) and its chat panel is drawn from the conversation, the
+    same questions and answers with what the model got under each."""
+    async with async_playwright() as pw:
+        browser = await launch(pw, media["red"], media["tone"], tmp_path)
+        try:
+            page = await open_and_start(browser, server.url + "/", min_buffer=4)
+            sid = await session_id(page)
+            await server_set_max_tokens(page)
+            for n, question in enumerate(["What colour is it?", "And now?"], start=1):
+                await ask(page, question)
+                await wait_for_answer(page, n)
+            questions, answers = await user_texts(page), await bot_texts(page)
+            panels = await page.locator("#vc-chat .thought-group").count()
+            assert questions == ["What colour is it?", "And now?"] and len(answers) == 2 and panels == 2
+            kept_before = (await _stats(server, sid))["frames_kept"]
+
+            await page.reload()
+            await page.wait_for_function("document.querySelector('#vc-conn')?.dataset.tone === 'live'",
+                                         timeout=30_000)
+            assert await session_id(page) == sid  # the same session: not a new one
+            await page.wait_for_function(f"{BOT_MESSAGES}.length === 2", timeout=30_000)
+            assert await user_texts(page) == questions
+            assert await bot_texts(page) == answers
+            assert await page.locator("#vc-chat .thought-group").count() == panels
+            again = await stats_when(server, sid, lambda s: s["frames_kept"] > kept_before,
+                                     "frames kept on top of the old buffer")
+            assert again["frames_kept"] > kept_before
+            await page.screenshot(path=str(artifacts_dir / "page-after-reload.png"))
+
+            # The next question continues the same chat, on the server.
+            await ask(page, "Still there?")
+            await wait_for_answer(page, 3)
+            assert await user_texts(page) == [*questions, "Still there?"]
+        finally:
+            await browser.close()
+
+
+async def server_set_max_tokens(page: Page, tokens: str = "8") -> None:
+    await set_setting(page, "vc-max-tokens", tokens)
 
 
 async def test_a_session_the_server_ends_shows_why_in_the_status_line(server, media, tmp_path):

@@ -78,7 +78,7 @@ class Conversation:
             return
         # History comes before the frames in the prompt: the next warm-up
         # prepares the next question's start from it (Entry.warm_history).
-        self.history.add(done.answer_id, answer_path.spoken_text(done.answer), text)
+        self.history.add(done.answer_id, answer_path.spoken_text(done.answer), text, stopped=done.status == CANCELLED)
 
     async def ask(self, question: str, options: AnswerOptions, *, engine: ChatEngine | None = None,
                   history: Sequence[Turn] | None = None, sample: Sample | None = None, spoken: Any = None,

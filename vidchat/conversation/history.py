@@ -23,6 +23,7 @@ class Exchange:
     answer_id: str | None
     question: str
     answer: str
+    stopped: bool = False  # cut short (Stop, a newer question, barge-in): the text so far
 
     def turns(self) -> tuple[Turn, Turn]:
         return Turn("user", self.question), Turn("assistant", self.answer)
@@ -40,8 +41,8 @@ class ChatHistory:
         """The chat as a question carries it, oldest first."""
         return tuple(turn for exchange in self.exchanges for turn in exchange.turns())
 
-    def add(self, answer_id: str | None, question: str, answer: str) -> None:
-        self.exchanges.append(Exchange(answer_id, question, answer))
+    def add(self, answer_id: str | None, question: str, answer: str, stopped: bool = False) -> None:
+        self.exchanges.append(Exchange(answer_id, question, answer, stopped))
         if 2 * len(self.exchanges) > self.max_turns:
             # A quarter at a time, not an exchange every answer: what is sent
             # keeps its cached prefix between cuts (vidchat.engine.history_cut).

@@ -107,6 +107,12 @@ def parse_source_report(body: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+# How long a session waits for its tab to come back after the tab went away
+# (pagehide): a reload takes a second or two to offer again; a tab closed for
+# good frees its place this long after, not at the idle timeout.
+RELOAD_GRACE_S = 6.0
+
+
 def _resumable(state, body: dict[str, Any], login: str | None) -> Entry | None:
     """The session a reconnecting tab proves it owns, or None."""
     resume = body.get("resume")
@@ -213,14 +219,33 @@ def _peer_routes(api: APIRouter, state, peers: dict[str, Peer], mine: Callable[[
         return {"sdp": local.sdp, "type": local.type, "session_id": sid,
                 "resume_token": entry.resume_token, "resumed": resumed}
 
+    lingering: set[asyncio.Task] = set()
+
     @api.post("/webrtc/close")
     async def close(request: Request) -> dict[str, Any]:
+        """Stop (the session ends), or ``reload_grace: true`` (the tab went
+        away, perhaps to reload): its peer ends at once, and the session
+        RELOAD_GRACE_S later unless the tab came back for it (a resume)."""
         body = await _read_json(request)
         sid = str(body.get("session_id", ""))
         if state.registry.get(sid) is not None:
             mine(request, sid)
+        if body.get("reload_grace") is True and state.registry.get(sid) is not None:
+            peer = peers.get(sid)
+            if peer is not None:
+                await peer.close()
+            task = asyncio.create_task(_close_unless_resumed(state, peers, sid))
+            lingering.add(task)
+            task.add_done_callback(lingering.discard)
+            return {"closed": False, "closes_in_s": RELOAD_GRACE_S}
         closed = await state.registry.close(sid, "stopped by the page")
         return {"closed": closed}
+
+
+async def _close_unless_resumed(state, peers: dict[str, Peer], sid: str) -> None:
+    await asyncio.sleep(RELOAD_GRACE_S)  # a timer: the reloaded tab's resume, if it comes, makes a new peer
+    if state.registry.get(sid) is not None and peers.get(sid) is None:
+        await state.registry.close(sid, "the tab went away")
 
 
 def _page_report_routes(api: APIRouter, state, mine: Callable[[Request, Any], Entry]) -> None:

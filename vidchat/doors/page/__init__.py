@@ -1,7 +1,7 @@
 """The Gradio page: live preview and chat side by side, settings folded away,
 and a panel showing exactly what the model was given for the last question.
 
-Browser behaviour (camera, WebRTC) lives in static/vidchat.js. Here:
+Browser behaviour (camera, WebRTC) lives in static/vidchat.js and its modules in static/js/. Here:
 :mod:`~vidchat.doors.page.view` (how the chat shows things), :mod:`~vidchat.doors.page.answers`
 (the page's questions through the conversation, the same answer path the
 WebSocket door uses), :mod:`~vidchat.doors.page.reask` (re-ask and compare), :mod:`~vidchat.doors.page.modes` (Watch and Talk),

@@ -16,6 +16,7 @@ import gradio as gr
 from vidchat.doors.server_contract import login_of
 from vidchat.conversation.settings_table import SETTINGS
 from vidchat.doors.page.answers import clear_chat, respond, stop_answer, watch_switched
+from vidchat.doors.page.chat_view import restored_chat
 from vidchat.doors.page.reask import bundle_choices, load_bundle, reask, reask_choices
 from vidchat.doors.page.modes import TALK_NEEDS_AUDIO, talk_loop, watch_loop
 
@@ -81,6 +82,18 @@ def wire(blocks: gr.Blocks, state: Any, page: Controls) -> None:
     _talk(blocks, state, page, own, asked)
     _reask(state, page, own, asked)
     _settings_help(page)
+    _restore(state, page, own)  # last: the events above keep their fn_index (the guard's map)
+
+
+def _restore(state: Any, page: Controls, own: Callable) -> None:
+    """A tab that comes back to its session (a reload) shows that session's
+    chat, as the conversation keeps it on the server."""
+
+    async def on_session(request: gr.Request, sid):
+        return await restored_chat(state, own(request, sid))
+
+    page.session_id.change(on_session, [page.session_id], page.outputs, api_visibility="private",
+                           show_progress="hidden", concurrency_limit=None)
 
 
 def _settings_help(page: Controls) -> None:
@@ -121,7 +134,7 @@ def _questions(state: Any, page: Controls, own: Callable) -> tuple[Any, Any]:
     outputs = page.outputs
     inputs = [page.sent_question, page.chatbot, page.session_id, *page.settings_inputs]
     answer_events = dict(concurrency_limit=None, show_progress="minimal", trigger_mode="multiple")
-    # The page counts typed questions asked (static/vidchat.js, at the
+    # The page counts typed questions asked (static/js/questions.js, at the
     # key press) and finished (below): a question refused with a notice
     # has no "what the model got" panel, so only the event's end says its
     # reply is whole (tests, QA scripts).

@@ -13,7 +13,7 @@ from vidchat.doors.markup import as_text
 from vidchat.engine import Turn
 
 
-HEAD = '<link rel="stylesheet" href="/static/vidchat/vidchat.css"><script src="/static/vidchat/vidchat.js" defer></script>'
+HEAD = '<link rel="stylesheet" href="/static/vidchat/vidchat.css"><script type="module" src="/static/vidchat/vidchat.js"></script>'
 
 PREVIEW_HTML = """
 <div class="vc-live" id="vc-live-access" data-mode="{access_mode}">
@@ -62,7 +62,7 @@ PREVIEW_HTML = """
 </div>
 """
 
-# Browser-side Talk controls (static/vidchat.js): the answers are read aloud
+# Browser-side Talk controls (static/js/talk.js): the answers are read aloud
 # with the browser's own speech synthesis, so they cost the server nothing.
 TALK_HTML = """
 <div class="vc-talk-bar" id="vc-talk-bar">

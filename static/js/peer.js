@@ -1,0 +1,228 @@
+// The peer: the WebRTC connection to the server's session, its resume after
+// a network blip, switching sources on it, Start and Stop.
+import { accessMode, authHeaders, beaconUrl, loginProblem, pageToken } from "./api.js";
+import { renderStats, startStatsPolling, stopStatsPolling } from "./live.js";
+import {
+  fillDeviceLists, leaveFile, openFile, openMedia, openVideo, reportSource, selectedConstraints, sourceKind,
+  watchScreenEnd,
+} from "./source.js";
+import { $, forgetResume, keepResume, publishSessionId, setNote, setStatus, state } from "./state.js";
+
+const MAX_RECONNECTS = 4;
+
+async function iceConfig() {
+  if (accessMode() !== "none" && !pageToken()) {
+    throw new Error(loginProblem(401));
+  }
+  const r = await fetch("/api/config", { cache: "no-store", headers: authHeaders() });
+  if (!r.ok) {
+    // A 503 carries the server's reason (e.g. TURN credentials it could not mint).
+    const detail = await r.json().then((b) => b.detail).catch(() => null);
+    throw new Error(loginProblem(r.status) || detail || `server config unavailable (${r.status})`);
+  }
+  return r.json();
+}
+
+async function connect(resume) {
+  const cfg = await iceConfig();
+  const pc = new RTCPeerConnection({ iceServers: cfg.iceServers || [] });
+  state.pc = pc;
+  for (const track of state.stream.getTracks()) pc.addTrack(track, state.stream);
+  pc.addEventListener("connectionstatechange", () => onConnectionState(pc));
+  await pc.setLocalDescription(await pc.createOffer());
+  await waitForIce(pc);
+  const r = await fetch("/webrtc/offer", {
+    method: "POST",
+    headers: authHeaders({ "Content-Type": "application/json" }),
+    body: JSON.stringify({
+      sdp: pc.localDescription.sdp, type: "offer",
+      ...(resume && state.sessionId ? { resume: { session_id: state.sessionId, token: state.resumeToken } } : {}),
+    }),
+  });
+  if (!r.ok) {
+    const detail = await r.json().catch(() => ({}));
+    const err = new Error(loginProblem(r.status) || detail.detail || `the server refused the connection (${r.status})`);
+    err.retry = r.status === 503;  // full: a place may free up
+    throw err;
+  }
+  const answer = await r.json();
+  if (pc !== state.pc) {  // stopped (or restarted) meanwhile: end what the server just set up
+    pc.close();
+    if (!answer.resumed) navigator.sendBeacon(beaconUrl("/webrtc/close"), JSON.stringify({ session_id: answer.session_id }));
+    return;
+  }
+  if (resume && !answer.resumed) {
+    setNote("The server had already ended the old session (idle too long); this is a new one with an empty buffer.");
+  }
+  state.resumeToken = answer.resume_token || "";
+  publishSessionId(answer.session_id);
+  keepResume();
+  reportSource();
+  await pc.setRemoteDescription({ type: answer.type, sdp: answer.sdp });
+}
+
+// Without trickle ICE the offer must carry the candidates; wait (briefly) for them.
+function waitForIce(pc) {
+  if (pc.iceGatheringState === "complete") return Promise.resolve();
+  return new Promise((resolve) => {
+    const done = () => { if (pc.iceGatheringState === "complete") { pc.removeEventListener("icegatheringstatechange", done); resolve(); } };
+    pc.addEventListener("icegatheringstatechange", done);
+    setTimeout(resolve, 3000);
+  });
+}
+
+function onConnectionState(pc) {
+  if (pc !== state.pc) return;
+  const s = pc.connectionState;
+  if (s === "connected") {
+    setStatus("Live", "live");
+  } else if (s === "connecting" || s === "new") {
+    setStatus("Connecting…", "busy");
+  } else if (s === "disconnected") {
+    setStatus("Connection interrupted, waiting…", "busy");
+  } else if (s === "failed" && state.wantRunning) {
+    reconnect();
+  }
+}
+
+// A network blip: get a new peer for the same server session (same
+// buffer, same chat) with back-off. Stop (or a new Start) ends the loop,
+// also while it waits.
+export async function reconnect() {
+  if (state.reconnecting) return;
+  state.reconnecting = true;
+  const run = state.run;
+  const current = () => run === state.run && state.wantRunning;
+  try {
+    for (let attempt = 1; attempt <= MAX_RECONNECTS && current(); attempt++) {
+      setStatus(`Reconnecting (try ${attempt} of ${MAX_RECONNECTS})…`, "busy");
+      try { state.pc?.close(); } catch (_) {}
+      state.pc = null;
+      await new Promise((r) => setTimeout(r, 1000 * 2 ** (attempt - 1)));
+      if (!current()) return;
+      try {
+        await connect(true);
+        if (current()) return;
+      } catch (err) {
+        setNote(`Reconnect failed: ${err.message || err}`);
+      }
+    }
+    if (current()) {
+      setStatus("Connection failed", "error");
+      setNote("Could not reach the server over WebRTC. On a hosted server this usually needs a TURN server (--ice-servers). Press Start to try again.");
+      await stop(true);
+    }
+  } finally {
+    state.reconnecting = false;
+  }
+}
+
+// A new source on the same peer: replaceTrack needs no renegotiation, so the
+// server session, its buffer and the chat carry on.
+export async function switchSource() {
+  if (!state.wantRunning || !state.pc || !state.stream) return;
+  const sender = state.pc.getSenders().find((s) => s.track?.kind === "video");
+  if (!sender) {
+    setNote("This session started without video; press Stop and Start to use another source.");
+    return;
+  }
+  const kind = sourceKind();
+  let track, audio = null;
+  try {
+    if (kind === "file") {
+      const captured = await openFile();
+      track = captured.getVideoTracks()[0];
+      audio = captured.getAudioTracks()[0] || null;
+    } else {
+      if (state.source === "file") leaveFile();
+      track = await openVideo(kind, selectedConstraints());
+      if (state.source === "file") {  // back from a file: the microphone again
+        audio = (await navigator.mediaDevices.getUserMedia({ audio: selectedConstraints().audio })
+          .catch(() => null))?.getAudioTracks()[0] || null;
+      }
+    }
+  } catch (err) {
+    setNote(`Could not switch source: ${err.message || err.name || err}`);
+    return;
+  }
+  if (kind === "screen") watchScreenEnd(track);
+  await sender.replaceTrack(track);
+  state.rateWindow = null;  // the new source's rate is measured afresh
+  const audioSender = state.pc.getSenders().find((s) => s.track?.kind === "audio" || s.track === null);
+  if (audio && audioSender) await audioSender.replaceTrack(audio);
+  const olds = [state.stream.getVideoTracks()[0], ...(audio ? state.stream.getAudioTracks() : [])];
+  for (const old of olds) { if (old) { state.stream.removeTrack(old); if (state.source !== "file") old.stop(); } }
+  state.stream.addTrack(track);
+  if (audio) state.stream.addTrack(audio);
+  state.source = kind;
+  reportSource();  // later frames are the new source's (a camera's have no file position)
+  const video = $("#vc-preview");
+  if (video && kind !== "file") { video.srcObject = state.stream; video.play().catch(() => {}); }
+  setNote(kind === "screen" ? "Now sharing the screen; the chat and buffer carry on."
+          : kind === "file" ? "Now playing the file; the chat and buffer carry on." : "");
+}
+
+// resume: come back to this tab's session (state.sessionId, after a reload).
+export async function start(resume = false) {
+  if (state.wantRunning) return;
+  if (!navigator.mediaDevices?.getUserMedia) {
+    setStatus("Unavailable", "error");
+    setNote("This browser cannot capture media here. Use a current browser, on https:// or http://localhost.");
+    return;
+  }
+  state.wantRunning = true;
+  state.run += 1;
+  toggleButtons(true);
+  setStatus("Starting camera…", "busy");
+  setNote("");
+  try {
+    const { stream, note } = await openMedia();
+    state.stream = stream;
+    const video = $("#vc-preview");
+    if (video && sourceKind() !== "file") { video.srcObject = stream; video.play().catch(() => {}); }
+    state.source = sourceKind();
+    setNote(note);
+    fillDeviceLists().catch(() => {});
+    setStatus("Connecting…", "busy");
+    await connect(resume === true);
+    startStatsPolling(() => stop(true));
+  } catch (err) {
+    setStatus(err.retry ? "Server full" : "Not running", "error");
+    await stop(true);
+    setNote(err.message || String(err), err.retry ? start : null);
+  }
+}
+
+export async function stop(keepNote) {
+  state.wantRunning = false;
+  state.run += 1;
+  stopStatsPolling();
+  const sid = state.sessionId;
+  try { state.pc?.close(); } catch (_) {}
+  state.pc = null;
+  state.stream?.getTracks().forEach((t) => t.stop());
+  state.stream = null;
+  leaveFile();
+  const video = $("#vc-preview");
+  if (video) video.srcObject = null;
+  if (sid) {
+    fetch("/webrtc/close", { method: "POST", headers: authHeaders({ "Content-Type": "application/json" }),
+                             body: JSON.stringify({ session_id: sid }) }).catch(() => {});
+  }
+  publishSessionId("");
+  state.resumeToken = "";
+  forgetResume();
+  toggleButtons(false);
+  if (!keepNote) { setStatus("Stopped", "idle"); setNote(""); }
+  renderStats(null);
+}
+
+function toggleButtons(running) {
+  const startBtn = $("#vc-start"), stopBtn = $("#vc-stop");
+  if (startBtn) startBtn.disabled = running;
+  if (stopBtn) stopBtn.disabled = !running;
+  for (const sel of ["#vc-res", "#vc-fps", "#vc-camera", "#vc-mic"]) {
+    const el = $(sel);
+    if (el) el.disabled = running;
+  }
+}

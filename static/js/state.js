@@ -1,0 +1,87 @@
+// The page's shared state and its few common controls: the status line, the
+// note under it, and the hidden field that carries this tab's session id.
+
+export const state = {
+  pc: null,
+  stream: null,
+  sessionId: "",
+  resumeToken: "",   // proves to the server that this tab owns sessionId
+  fileUrl: "",       // the video file chosen as a source (a blob: URL, or /media/<name>)
+  fileName: "",      // its name, for the answer records (never a path)
+  reporting: false,  // a /webrtc/source report is in flight
+  reports: [],  // reports read at their events, waiting their turn
+  fileClock: null,  // the file's last report: where the server puts its frames until the next
+  ticks: 0,
+  last: null,        // the previous stats poll, for rates
+  statsTimer: null,
+  statsLoop: null,  // the running poll loop; a new one (or none) ends the old
+  wantRunning: false,
+  run: 0,            // bumped by Start and Stop: a reconnect loop of an older run gives up
+  reconnecting: false,
+};
+
+export const $ = (sel) => document.querySelector(sel);
+
+export function setStatus(text, tone) {
+  const el = $("#vc-conn");
+  if (!el) return;
+  el.textContent = text;
+  el.dataset.tone = tone || "idle";
+}
+
+// onRetry: a "Try again" button after the note runs it.
+export function setNote(text, onRetry) {
+  const el = $("#vc-note");
+  if (!el) return;
+  el.textContent = text || "";
+  if (onRetry) {
+    const btn = document.createElement("button");
+    btn.className = "vc-btn vc-retry";
+    btn.textContent = "Try again";
+    btn.addEventListener("click", () => onRetry());
+    el.append(" ", btn);
+  }
+}
+
+// Gradio listens to `input` events; a plain `.value =` would not reach the server.
+export function publishSessionId(id) {
+  state.sessionId = id;
+  const box = document.querySelector("#vidchat-session-id textarea, #vidchat-session-id input");
+  if (!box) return;
+  const proto = box.tagName === "TEXTAREA" ? HTMLTextAreaElement.prototype : HTMLInputElement.prototype;
+  Object.getOwnPropertyDescriptor(proto, "value").set.call(box, id);
+  box.dispatchEvent(new Event("input", { bubbles: true }));
+}
+
+// This tab's session survives a reload: its id and resume token are kept in
+// the tab's own sessionStorage (never shared with other tabs or sites) from
+// the moment the server gives them until Stop.
+const RESUME_KEY = "vidchat.session";
+export function keepResume() {
+  try {
+    sessionStorage.setItem(RESUME_KEY, JSON.stringify({ id: state.sessionId, token: state.resumeToken }));
+  } catch (_) { /* storage off: a reload starts a new session */ }
+}
+export function forgetResume() {
+  try { sessionStorage.removeItem(RESUME_KEY); } catch (_) {}
+}
+// The session this tab had before it was reloaded (null otherwise).
+export function resumeAfterReload() {
+  const nav = performance.getEntriesByType?.("navigation")?.[0];
+  if (nav?.type !== "reload") return null;
+  try {
+    const kept = JSON.parse(sessionStorage.getItem(RESUME_KEY) || "null");
+    return kept && typeof kept.id === "string" && typeof kept.token === "string" ? kept : null;
+  } catch (_) { return null; }
+}
+
+// Resolves once Gradio has drawn the element (it renders after this module runs).
+export function whenShown(selector) {
+  if ($(selector)) return Promise.resolve($(selector));
+  return new Promise((resolve) => {
+    const seen = new MutationObserver(() => {
+      if ($(selector)) { seen.disconnect(); resolve($(selector)); }
+    });
+    seen.observe(document.documentElement, { childList: true, subtree: true });
+  });
+}
