@@ -381,9 +381,17 @@ async def test_a_reload_comes_back_to_the_same_session_and_shows_the_servers_cha
             page = await open_and_start(browser, server.url + "/", min_buffer=4)
             sid = await session_id(page)
             await server_set_max_tokens(page)
+            # The session's one event stream, as the page reads it (server-sent events).
+            await page.evaluate(READ_SESSION_EVENTS)
+            await page.wait_for_function("window.__sessionEvents.length > 0")  # subscribed
             for n, question in enumerate(["What colour is it?", "And now?"], start=1):
                 await ask(page, question)
                 await wait_for_answer(page, n)
+            names = await page.evaluate("window.__sessionEvents")
+            answer_names = [name for name in names if name.startswith("answer.")]
+            assert answer_names[0] == "answer.started" and answer_names.count("answer.done") == 2, names
+            first_done = answer_names.index("answer.done")
+            assert set(answer_names[1:first_done]) == {"answer.delta"}, names  # started, deltas, done
             questions, answers = await user_texts(page), await bot_texts(page)
             panels = await page.locator("#vc-chat .thought-group").count()
             assert questions == ["What colour is it?", "And now?"] and len(answers) == 2 and panels == 2
@@ -408,6 +416,30 @@ async def test_a_reload_comes_back_to_the_same_session_and_shows_the_servers_cha
             assert await user_texts(page) == [*questions, "Still there?"]
         finally:
             await browser.close()
+
+
+# In the page: read /webrtc/events and keep each event's name (":subscribed" first).
+READ_SESSION_EVENTS = """(async () => {
+  window.__sessionEvents = [];
+  const sid = window.vidchat.sessionId;
+  const r = await fetch(`/webrtc/events?session_id=${encodeURIComponent(sid)}`);
+  const reader = r.body.getReader(), decoder = new TextDecoder();
+  let buffered = "";
+  (async () => {
+    for (;;) {
+      const { value, done } = await reader.read();
+      if (done) return;
+      buffered += decoder.decode(value, { stream: true });
+      let end;
+      while ((end = buffered.indexOf("\\n\\n")) >= 0) {
+        const block = buffered.slice(0, end);
+        buffered = buffered.slice(end + 2);
+        const name = /^event: (.*)$/m.exec(block);
+        window.__sessionEvents.push(name ? name[1] : ":subscribed");
+      }
+    }
+  })();
+})()"""
 
 
 async def server_set_max_tokens(page: Page, tokens: str = "8") -> None:

@@ -39,7 +39,7 @@ def _has_secret(arg: Any) -> bool:
 # What an open page (and a health check) asks every second or so: kept out
 # of the access log when it succeeds (826 lines a minute with Talk on, once),
 # so the log holds what a person would read. At --log-level debug they stay.
-POLLED_PATHS = ("/webrtc/stats", "/webrtc/live", "/webrtc/talk", "/api/health", "/readyz", "/metrics",
+POLLED_PATHS = ("/webrtc/stats", "/webrtc/live", "/webrtc/talk", "/webrtc/events", "/api/health", "/readyz", "/metrics",
                 "/gradio_api/heartbeat/")
 
 

@@ -40,6 +40,7 @@ from vidchat.conversation.runs import (  # noqa: F401 (the conversation's events
 from vidchat.conversation.answer_path import Answer, AnswerOptions
 from vidchat.media.session import Sample
 from vidchat.conversation.registry import Entry
+from vidchat.conversation.session_events import SceneChanged, SessionEvent
 from vidchat.conversation.watch import SceneWatch
 from vidchat.engine import ChatEngine, Turn
 from vidchat.media.vad import Utterance
@@ -112,6 +113,11 @@ class Conversation:
         self._chat_run = run
         return run
 
+    def events(self) -> AsyncIterator[SessionEvent]:
+        """The session's one event stream (vidchat.conversation.session_events),
+        from now on: every door says each event in its own wire format."""
+        return self.entry.events.events()
+
     @property
     def answering(self) -> bool:
         """A chat answer runs whose Done has not been delivered yet (a newer question would cut it short)."""
@@ -125,6 +131,8 @@ class Conversation:
         is asked about once that answer's Done is delivered. Ends when
         ``stopped()`` says watching was switched off."""
         async for t in watcher.changes(stopped):
+            if t is not None:
+                self.entry.events.publish(SceneChanged(t))
             if self.state.engine is None:
                 continue
             while (run := self._chat_run) is not None and not run.finished.is_set() and not stopped():

@@ -22,6 +22,7 @@ from vidchat.media.session import Sample, Session, SessionSettings
 from vidchat.media.sampling import uniform_indices
 from vidchat.conversation.registry import Entry
 from vidchat.conversation.settings_table import UNBOUNDED_MAX_TOKENS, check_all, question_problem, read_settings
+from vidchat.conversation.session_events import EventHub, SettingsChanged
 from vidchat.engine import ChatEngine, EngineError, Prepared, Reply, Turn
 
 log = logging.getLogger(__name__)
@@ -128,13 +129,18 @@ def checked_settings(values: Any, defaults: AnswerOptions | None = None) -> tupl
 
 
 def apply_settings(session: Session, engine: ChatEngine | None, options: AnswerOptions,
-                   sampling_changes: dict[str, Any]) -> None:
+                   sampling_changes: dict[str, Any], events: EventHub | None = None) -> None:
     """Check a question's options against the sampling settings they will run
     with, then apply those settings to the session; nothing changes on error
-    (raises OptionError or the settings' own ValueError)."""
+    (raises OptionError or the settings' own ValueError). ``events``: the
+    session's stream, told which values changed (SettingsChanged)."""
     check_options(options, engine, dataclasses.replace(session.settings, **sampling_changes))
     if sampling_changes:
+        before = dataclasses.asdict(session.settings)
         session.update_settings(**sampling_changes)
+        changed = {k: v for k, v in dataclasses.asdict(session.settings).items() if before.get(k) != v}
+        if changed and events is not None:
+            events.publish(SettingsChanged(changed))
 
 
 @dataclass

@@ -16,6 +16,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Awaitable, Callable
 
+from vidchat.conversation.session_events import Closed, EventHub
 from vidchat.media.session import Session, SessionSettings
 
 log = logging.getLogger(__name__)
@@ -102,6 +103,8 @@ class Entry:
     typed_question_at: float = float("-inf")
     chat_streams: set = field(default_factory=set, repr=False)  # an asyncio.Event per answer streaming into the chat
     _side: "Entry | None" = field(default=None, repr=False)
+    # What happens in the session, for every door that listens (vidchat.conversation.session_events).
+    events: EventHub = field(default_factory=EventHub, repr=False)
 
     @property
     def warm_history(self) -> tuple:
@@ -263,6 +266,7 @@ class SessionRegistry:
             await _bounded(entry._side.cancel_answer(), "aborting the re-ask of", sid)
         for closer in list(entry.closers):  # a closer may unregister itself
             await _bounded(closer(), "a closer of", sid)
+        entry.events.publish(Closed(reason))  # the last event its listeners get
         log.info("session %s… %s, %d open", sid[:6], reason, len(self._entries))
         return True
 

@@ -21,6 +21,7 @@ import vidchat.conversation.log_context as log_context
 from vidchat.conversation.answer_queue import Abandoned
 from vidchat.conversation.answer_path import Answer
 from vidchat.conversation.registry import Entry
+from vidchat.conversation.session_events import AnswerEvent
 from vidchat.engine import EngineError
 
 log = logging.getLogger(__name__)
@@ -137,6 +138,9 @@ class AnswerRun:
         self._events.append(event)
         more, self._more = self._more, asyncio.Event()
         more.set()
+        entry = self.conversation.entry  # the session's one stream has every answer of it, re-asks marked
+        entry.events.publish(AnswerEvent(event, event.answer_id if isinstance(event, Done) else None,
+                                         side=self.slot is not entry))
 
     async def _run(self) -> None:
         answer, reply = self.answer, self.answer.reply

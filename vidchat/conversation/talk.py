@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from vidchat.conversation.registry import Entry
+from vidchat.conversation.session_events import SettingsChanged, SpeechStopped
 from vidchat.media.vad import SpeechStarted, TurnDetector, TurnSettings, Utterance
 from vidchat.media.workers import run_vad
 
@@ -70,6 +71,7 @@ class Listener:
             now = self.entry.session.audio_since(None)
             self._pos = now[2] if now is not None else float("-inf")
             self._task = asyncio.create_task(self._run(), name=f"talk-{self.entry.session.id[:6]}")
+            self.entry.events.publish(SettingsChanged({"talk": True}))
 
     async def stop(self) -> None:
         task, self._task = self._task, None
@@ -79,6 +81,7 @@ class Listener:
                 await task
             except (asyncio.CancelledError, Exception):
                 pass
+            self.entry.events.publish(SettingsChanged({"talk": False}))
 
     @property
     def running(self) -> bool:
@@ -141,6 +144,7 @@ class Listener:
         if isinstance(event, SpeechStarted):
             self.hearing = True
             self.speech_starts += 1
+            self.entry.events.publish(event)
             if self.on_speech is not None:
                 self.on_speech()
             if self.barge_in and self.entry.answer is not None:
@@ -150,6 +154,8 @@ class Listener:
         else:
             self.hearing = False
             self.stats.utterances += 1
+            self.entry.events.publish(SpeechStopped(event.end))
+            self.entry.events.publish(event)
             log.info("session %s… utterance of %.2f s (%.1f dBFS)%s", sid, event.seconds, event.level_dbfs,
                      " cut at the length limit" if event.cut else "")
         if self.events.full():

@@ -152,7 +152,8 @@ class RealtimeConnection(SocketSession):
         except ConfigError as exc:
             raise rt.EventError(str(exc), param="session.vidchat.record") from None
         try:
-            answer_path.apply_settings(self.entry.session, state.engine, options, update.settings["session"])
+            answer_path.apply_settings(self.entry.session, state.engine, options, update.settings["session"],
+                                       self.entry.events)
         except ValueError as exc:  # OptionError or the settings' own check: nothing was changed
             raise rt.setting_refused(exc, "session", update.answer) from None
         self.options = options

@@ -155,7 +155,8 @@ class SessionConfig:
             if watch is not None and not changes.session.get("evs_enabled", conn.entry.session.settings.evs_enabled):
                 raise ConfigError(WATCH_NEEDS_EVS)
             options = conn.options.updated(**changes.answer)
-            answer_path.apply_settings(conn.entry.session, conn.state.engine, options, changes.session)
+            answer_path.apply_settings(conn.entry.session, conn.state.engine, options, changes.session,
+                                       conn.entry.events)
         except ValueError as exc:  # ConfigError, OptionError or the settings' own check: nothing was changed
             await conn.error(f"session.update rejected: {exc}")
             return

@@ -23,6 +23,7 @@ from fastapi.responses import StreamingResponse
 
 from vidchat.doors.server_contract import IceUnavailable, login_of
 from vidchat.conversation.registry import Entry, TooManySessions
+from vidchat.doors.session_stream import server_sent
 from vidchat.doors.webrtc import Peer
 from vidchat.media.clock import SOURCE_KINDS
 from vidchat.media.numbers import is_number
@@ -141,9 +142,7 @@ def talk_answer(entry: Entry) -> dict[str, Any] | None:
             "cancelled": bool(stats.cancelled), "spoken": answer.spoken is not None}
 
 
-# How often the Talk stream looks at the state (a dict read, no I/O) and
-# how long it stays silent at most (a proxy may close an idle stream).
-TALK_STREAM_CHECK_S = 0.05
+# How long the Talk stream stays silent at most (a proxy may close an idle stream).
 TALK_KEEPALIVE_S = 15.0
 
 
@@ -302,16 +301,39 @@ def _talk_routes(api: APIRouter, state, mine: Callable[[Request, Any], Entry]) -
         entry = mine(request, session_id)
 
         async def lines() -> AsyncIterator[bytes]:
-            last, last_sent = None, 0.0
-            while state.registry.get(session_id) is entry:
-                now = time.monotonic()
-                current = talk_state_of(entry)
-                if current != last or now - last_sent >= TALK_KEEPALIVE_S:
-                    last, last_sent = current, now
-                    yield (json.dumps(current) + "\n").encode()
-                await asyncio.sleep(TALK_STREAM_CHECK_S)
+            # Driven by the session's events (speech, the answer's deltas, Talk
+            # on or off): the state is redrawn once per burst of them, and
+            # said again every TALK_KEEPALIVE_S when nothing happens.
+            last = None
+            with entry.events.subscribe() as events:
+                while state.registry.get(session_id) is entry:
+                    current = talk_state_of(entry)
+                    if current != last:
+                        last = current
+                        yield (json.dumps(current) + "\n").encode()
+                    if await events.get(timeout=TALK_KEEPALIVE_S) is None:
+                        yield (json.dumps(current) + "\n").encode()
+                    events.pending()
 
         return StreamingResponse(lines(), media_type="application/x-ndjson",
+                                 headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no"})
+
+    @api.get("/webrtc/events")
+    async def session_events(request: Request, session_id: str) -> StreamingResponse:
+        """The session's one event stream, as server-sent events
+        (vidchat.doors.session_stream): speech, utterances, scene changes,
+        each answer's queued/started/delta/done, settings changes, and
+        ``closed`` last. Subscribed as the request arrives: nothing after it is missed."""
+        events = mine(request, session_id).events.subscribe()
+
+        async def stream() -> AsyncIterator[bytes]:
+            try:
+                async for chunk in server_sent(events):
+                    yield chunk
+            finally:
+                events.close()
+
+        return StreamingResponse(stream(), media_type="text/event-stream",
                                  headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no"})
 
     @api.post("/webrtc/talk")

@@ -88,7 +88,7 @@ def applied_request(state, entry, raw_settings: tuple) -> PageRequest:
     """The page's settings, applied to the session's sampling (raises
     ValueError naming the field, and then changes nothing)."""
     request = page_request(state, *raw_settings)
-    answer_path.apply_settings(entry.session, state.engine, request.options, request.sampling)
+    answer_path.apply_settings(entry.session, state.engine, request.options, request.sampling, entry.events)
     return request
 
 

@@ -1,0 +1,120 @@
+"""One event stream per session (issue 44 point 3): what happens in a
+session reaches every listener in order, typed, from the moment it
+subscribes; a slow listener loses its oldest news, never the session's time;
+Closed is always last. Through real vLLM: an answer's events, a settings
+change, the session's end, the Talk stream and the page's server-sent events."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import pytest
+
+from vidchat import conversation
+from vidchat.conversation import Delta, Done, Started, answer_path
+from vidchat.conversation.answer_path import AnswerOptions
+from vidchat.conversation.session_events import (
+    MAX_BEHIND, AnswerEvent, Closed, EventHub, SceneChanged, SettingsChanged,
+)
+from vidchat.conversation.registry import SessionRegistry
+from vidchat.doors.session_stream import server_sent, wire
+from vidchat.media.session import SessionSettings
+
+from test_answer_path import filled_entry
+
+SHORT = AnswerOptions(max_tokens=6, temperature=0.0)
+
+
+@pytest.mark.unit
+async def test_listeners_get_events_in_order_from_when_they_subscribe_and_closed_last():
+    hub = EventHub()
+    hub.publish(SceneChanged(1.0))  # nobody listens yet: nobody gets it
+    early, late = hub.subscribe(), None
+    hub.publish(SceneChanged(2.0))
+    late = hub.subscribe()
+    hub.publish(SettingsChanged({"max_frames": 8}))
+    hub.publish(Closed("stopped"))
+    hub.publish(SceneChanged(3.0))  # after Closed: nothing more
+    assert [await early.get(0) for _ in range(3)] == [SceneChanged(2.0), SettingsChanged({"max_frames": 8}),
+                                                      Closed("stopped")]
+    assert [await late.get(0) for _ in range(2)] == [SettingsChanged({"max_frames": 8}), Closed("stopped")]
+    assert await early.get(timeout=0.01) is None  # waits, and times out without losing anything
+    after = hub.subscribe()  # a listener of a closed session gets Closed at once
+    assert await after.get(0) == Closed("stopped")
+    early.close(), late.close(), after.close()
+    assert hub.listeners == 0
+
+
+@pytest.mark.unit
+async def test_a_listener_that_falls_behind_loses_its_oldest_events_and_never_closed():
+    hub = EventHub()
+    with hub.subscribe() as slow:
+        for i in range(MAX_BEHIND + 10):
+            hub.publish(SceneChanged(float(i)))
+        hub.publish(Closed("gone"))
+        got = slow.pending()
+    assert slow.dropped == 10 and len(got) == MAX_BEHIND + 1  # Closed is never the one dropped
+    assert got[0] == SceneChanged(10.0) and got[-1] == Closed("gone")
+    assert hub.listeners == 0
+
+
+@pytest.mark.unit
+async def test_the_events_generator_ends_with_closed_and_unsubscribes():
+    hub = EventHub()
+    seen = []
+
+    async def listen():
+        async for event in hub.events():
+            seen.append(event)
+
+    task = asyncio.create_task(listen())
+    while hub.listeners == 0:
+        await asyncio.sleep(0)  # the listener subscribes as it starts
+    hub.publish(SceneChanged(1.0))
+    hub.publish(Closed("end"))
+    await asyncio.wait_for(task, 5)
+    assert seen == [SceneChanged(1.0), Closed("end")] and hub.listeners == 0
+
+
+@pytest.mark.engine
+async def test_an_answer_a_settings_change_and_the_end_reach_the_sessions_stream(omni_engine):
+    registry = SessionRegistry()
+    entry = registry.create("ws", SessionSettings(evs_enabled=False, num_sample_frames=4))
+    for i, frame in enumerate(filled_entry(n=4).session.sample().frames):
+        entry.session.add_frame(frame, t=100.0 + i)
+    talking = conversation.of(conversation.Standalone(omni_engine), entry)
+    with talking.entry.events.subscribe() as events:
+        answer_path.apply_settings(entry.session, omni_engine, SHORT, {"num_sample_frames": 3, "max_frames": 64},
+                                   entry.events)
+        run = await talking.ask("What is there?", SHORT)
+        await asyncio.wait_for(run.ended.wait(), 60)
+        await registry.close(entry.session.id, "stopped by the client")
+        got = events.pending()
+    kinds = [type(e.event).__name__ if isinstance(e, AnswerEvent) else type(e).__name__ for e in got]
+    # max_frames was 64 already: only what changed is said.
+    assert got[0] == SettingsChanged({"num_sample_frames": 3})
+    answer_events = [e for e in got if isinstance(e, AnswerEvent)]
+    assert isinstance(answer_events[0].event, Started) and isinstance(answer_events[-1].event, Done)
+    assert sum(isinstance(e.event, Delta) for e in answer_events) >= 1
+    done = answer_events[-1]
+    assert done.answer_id and done.event.status == "completed" and not done.side
+    assert "".join(e.event.text for e in answer_events if isinstance(e.event, Delta)) == done.event.text
+    assert kinds[-1] == "Closed" and got[-1].reason == "stopped by the client"
+    # The page's wire format says each of them.
+    assert [wire(e)[0] for e in got][:2] == ["settings.changed", "answer.started"]
+    assert wire(got[-1]) == ("closed", {"reason": "stopped by the client"})
+
+
+@pytest.mark.unit
+async def test_the_server_sent_stream_says_each_event_and_ends_with_closed():
+    hub = EventHub()
+    with hub.subscribe() as events:
+        hub.publish(SceneChanged(2.5))
+        hub.publish(Closed("the tab went away"))
+        chunks = [chunk async for chunk in server_sent(events)]
+    assert chunks[0].startswith(b":")  # said at once: the page knows it is subscribed
+    frames = [c.decode() for c in chunks[1:]]
+    assert frames[0] == 'event: scene.changed\ndata: {"t": 2.5}\n\n'
+    assert frames[-1].startswith("event: closed\n") and json.loads(frames[-1].split("data: ")[1]) == {
+        "reason": "the tab went away"}

@@ -1,0 +1,146 @@
+"""A session's one event stream: what happens in it, typed, for every door
+to say in its own wire format (pipecat's frames at session scope, LiveKit's
+session events). Speech starting and stopping, an utterance heard, a scene
+change, each answer's Queued/Started/Delta/Done, a settings change, the
+source's state, and Closed last. Doors listen with
+``Conversation.events()``; nothing has to poll the session's state.
+
+A listener that falls behind loses its oldest events, never the producer's
+time: a session's media and answers never wait for a slow reader."""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+from dataclasses import dataclass, field
+from typing import Any, AsyncIterator, Union
+
+from vidchat.media.vad import SpeechStarted, Utterance  # the detector's own events, as they are
+
+# Events a listener may fall behind by before its oldest are dropped: an
+# answer's deltas at vLLM's pace for a few seconds.
+MAX_BEHIND = 512
+
+
+@dataclass(frozen=True)
+class SpeechStopped:
+    """The speaker paused long enough to end a turn (its Utterance follows); ``t`` on the media clock."""
+
+    t: float
+
+
+@dataclass(frozen=True)
+class SceneChanged:
+    t: float
+
+
+@dataclass(frozen=True)
+class AnswerEvent:
+    """One of an answer run's events (vidchat.conversation.runs: Queued,
+    Started, Delta, Done); ``side``: a re-ask beside the chat."""
+
+    event: Any
+    answer_id: str | None = None
+    side: bool = False
+
+
+@dataclass(frozen=True)
+class SettingsChanged:
+    values: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class SourceState:
+    state: str  # "live" | "reconnecting" | ...
+    why: str | None = None
+
+
+@dataclass(frozen=True)
+class Closed:
+    reason: str
+
+
+SessionEvent = Union[SpeechStarted, SpeechStopped, Utterance, SceneChanged, AnswerEvent, SettingsChanged,
+                     SourceState, Closed]
+
+
+class EventHub:
+    """The session's events to any number of listeners, each from the moment it subscribes."""
+
+    def __init__(self) -> None:
+        self._listeners: list[Subscription] = []
+        self.closed: Closed | None = None
+
+    def publish(self, event: SessionEvent) -> None:
+        """From the event loop's thread; never waits."""
+        if self.closed is not None:
+            return
+        if isinstance(event, Closed):
+            self.closed = event
+        for listener in list(self._listeners):
+            listener.put(event)
+
+    @property
+    def listeners(self) -> int:
+        return len(self._listeners)
+
+    def subscribe(self) -> "Subscription":
+        """A listener from now on (Closed at once if the session has closed); close it when done."""
+        listener = Subscription(self)
+        if self.closed is not None:
+            listener.put(self.closed)
+        else:
+            self._listeners.append(listener)
+        return listener
+
+    async def events(self) -> AsyncIterator[SessionEvent]:
+        """The session's events from now on, Closed last."""
+        with self.subscribe() as listener:
+            while True:
+                event = await listener.get()
+                yield event
+                if isinstance(event, Closed):
+                    return
+
+
+class Subscription:
+    """One listener's events, in order; ``get`` may time out without losing any."""
+
+    def __init__(self, hub: EventHub) -> None:
+        self._hub = hub
+        self._queue: collections.deque = collections.deque()
+        self._more = asyncio.Event()
+        self.dropped = 0
+
+    def put(self, event: SessionEvent) -> None:
+        if len(self._queue) >= MAX_BEHIND and not isinstance(event, Closed):
+            self._queue.popleft()  # a reader this far behind loses its oldest news, not the session's time
+            self.dropped += 1
+        self._queue.append(event)
+        self._more.set()
+
+    async def get(self, timeout: float | None = None) -> SessionEvent | None:
+        """The next event; None when ``timeout`` seconds pass without one."""
+        while not self._queue:
+            self._more.clear()
+            try:
+                await asyncio.wait_for(self._more.wait(), timeout)
+            except asyncio.TimeoutError:
+                return None
+        return self._queue.popleft()
+
+    def pending(self) -> list[SessionEvent]:
+        """Every event already waiting, taken at once (a reader that redraws once for a burst)."""
+        taken = list(self._queue)
+        self._queue.clear()
+        return taken
+
+    def close(self) -> None:
+        if self in self._hub._listeners:
+            self._hub._listeners.remove(self)
+
+    def __enter__(self) -> "Subscription":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
