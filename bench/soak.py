@@ -242,7 +242,7 @@ class Soak:
         samples.append(await asyncio.to_thread(sample, self.server, started))  # before any session
         sampling = asyncio.create_task(sampler(self.server, started, args.sample_every, samples, stop_sampling))
         end_at = started + args.minutes * 60
-        doors = itertools.cycle(DOORS)
+        doors = itertools.cycle(args.doors)
         running: collections.deque[tuple[asyncio.Event, asyncio.Task]] = collections.deque()
 
         def open_one(watch: bool = False) -> None:
@@ -250,7 +250,8 @@ class Soak:
             running.append((stop, asyncio.create_task(self.session(next(doors), watch, stop))))
 
         for i in range(args.sessions):
-            open_one(watch=i == DOORS.index("socket"))  # the first socket session watches
+            # The first socket session watches.
+            open_one(watch="socket" in args.doors and i == args.doors.index("socket"))
         next_churn = started + args.churn_every
         while time.monotonic() < end_at:
             await asyncio.sleep(min(1.0, max(0.0, end_at - time.monotonic())))
@@ -318,6 +319,9 @@ def summary(r: dict[str, Any]) -> str:
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--minutes", type=float, default=30.0)
+    p.add_argument("--doors", default=",".join(DOORS), type=lambda v: tuple(d for d in v.split(",") if d),
+                   help="the doors sessions come through, in turn (default: all three); one door alone "
+                        "tells which door a growth comes with")
     p.add_argument("--sessions", type=int, default=4)
     p.add_argument("--size", default="320x240")
     p.add_argument("--fps", type=float, default=10.0)
@@ -337,6 +341,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     token_args(p)
     args = p.parse_args(argv)
     args.width, args.height = (int(x) for x in args.size.lower().split("x"))
+    unknown = sorted(set(args.doors) - set(DOORS))
+    if unknown or not args.doors:
+        p.error(f"--doors takes some of {', '.join(DOORS)}, got {','.join(args.doors) or 'none'}")
     return args
 
 
