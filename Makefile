@@ -1,6 +1,6 @@
 # The two commands of README.md (run, test), and the edit-run loop's test-fast.
 # Each creates or updates .venv when needed.
-.PHONY: run test test-fast flakes
+.PHONY: run test test-fast flakes docs
 ARGS ?=
 PYTEST_ARGS ?=
 # Python caches the bytecode of what it imports, even where
@@ -28,6 +28,12 @@ test:
 test-fast:
 	@scripts/setup.sh --test
 	$(PY) -m pytest -m unit -q $(PYTEST_ARGS)
+
+# The documentation site (MkDocs, Material theme) into site/; --strict: a
+# broken link or anchor fails the build (tests/test_docs_site.py builds it too).
+docs:
+	@scripts/setup.sh --test
+	NO_MKDOCS_2_WARNING=1 $(PY) -m mkdocs build --strict
 
 # Reruns the tests with the most waits and timing checks (scripts/flakes.sh),
 # on make test's workers.

@@ -340,10 +340,10 @@ def test_a_sessions_bundles_are_bounded_in_memory(tmp_path):
     assert "a0" not in entry.bundles and f"a{kept.KEEP_BUNDLES_PER_SESSION + 4}" in entry.bundles
 
 
-def test_the_readme_documents_the_public_routes_and_the_new_limits():
+def test_the_docs_document_the_public_routes_and_the_new_limits():
     from conftest import ROOT
 
-    readme = (ROOT / "README.md").read_text()
+    readme = "\n".join(p.read_text() for p in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))])
     for words in ("--forwarded-allow-ips", "VIDCHAT_FORWARDED_ALLOW_IPS", "--max-session-mb", "vidchat_events",
                   "512 MB", "`/gradio_api/*`"):
         assert words in readme, words

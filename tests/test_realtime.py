@@ -468,6 +468,28 @@ async def test_a_text_question_without_frames_is_answered(server):
 
 
 @pytest.mark.engine
+async def test_responses_continue_the_conversation_unless_made_outside_it(server):
+    """The Realtime conversation's items are the conversation's chat on the
+    server: each response is asked with the exchanges before it; one made
+    with response.conversation "none" sees none and is not added."""
+    async with client(server).realtime.connect(model="tiny") as conn:
+        await configured(conn, temperature=0.0, max_tokens=3)
+        turns = []
+        for question, conversation in (("Hello?", "auto"), ("And then?", "auto"), ("Aside?", "none"),
+                                       ("Last?", None)):
+            await conn.send(text_item(question))
+            await until(conn, "conversation.item.done")
+            response = {"conversation": conversation} if conversation else {}
+            await conn.send({"type": "response.create", "response": response})
+            done = check_response(await until(conn, "response.done"))
+            turns.append(done.vidchat["history_turns_total"])
+        assert turns == [0, 2, 0, 4]  # the aside neither saw the chat nor joined it
+        await conn.send({"type": "response.create", "response": {"conversation": "other"}})
+        error = (await until(conn, "error"))[-1].error
+        assert error.param == "response.conversation" and "\"auto\" or \"none\"" in error.message
+
+
+@pytest.mark.engine
 async def test_a_committed_buffer_and_an_input_audio_item_are_spoken_questions(server):
     """Without server VAD, the client says when a spoken question ends:
     appended audio committed, or one input_audio item; response.create

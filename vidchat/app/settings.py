@@ -57,7 +57,7 @@ class Settings:
         "processor (default: the served model's name). Engine sizing options are the server's own. A router "
         "(vllm-router --policy consistent_hash) is one URL; several URLs, comma separated "
         "('http://a:8000,http://b:8000'), are replicas vidchat itself spreads sessions over by consistent "
-        "hashing, each session pinned to one (README, 'Beyond one machine').",
+        "hashing, each session pinned to one (docs/hosting.md, 'Beyond one machine').",
     )
     engine_session_header: str = _opt(
         "X-Session-ID", "With --engine-url: the header that carries each session's routing key (an opaque hash, "
@@ -81,7 +81,7 @@ class Settings:
     audio_segments: str = _opt(
         "off", "Send a question's audio as 2-s segments, one clip each, named per session, instead of one clip: "
         "a finished segment is then encoded and prefilled once, and warm-ups can take it. Off by default: on "
-        "CPU, vLLM 0.32's per-clip cost for Qwen2.5-Omni outweighed the prefill it saves (README, 'Warm-ups').",
+        "CPU, vLLM 0.32's per-clip cost for Qwen2.5-Omni outweighed the prefill it saves (docs/performance.md, 'Warm-ups').",
         choices=("off", "on"),
     )
     max_image_pixels: int = _opt(
@@ -112,7 +112,7 @@ class Settings:
         "arrives; below (the tiny model, a GPU) 'off', and above it 'off' too: a question arriving during a "
         "warm-up waits for its encode (vLLM cannot preempt it). On the CPU default at true size on 2 cores (about "
         "1 s a frame) bench/page.py measured a moving scene's median Enter -> first token at 0.40 s off and "
-        "3.55 s with warm-ups (README, 'Warm-ups'). The start-up log and /api/health say which mode runs and why.",
+        "3.55 s with warm-ups (docs/performance.md, 'Warm-ups'). The start-up log and /api/health say which mode runs and why.",
         choices=("auto", "off", "idle", "always"),
     )
     record_dir: str = _opt(
@@ -177,7 +177,7 @@ class Settings:
         "", "A folder of video files the page lists as sources (played in the browser, sent like a camera). "
         "Only files directly in it are served; empty: none.",
     )
-    # --- access (see README "Hosting safely") ---------------------------
+    # --- access (see docs/hosting.md) ------------------------------------
     auth: tuple = _opt(
         (), "Page login: USER:PASSWORD, or a file with one such line per user. Repeat the flag for more users; "
         "the variable takes them separated by spaces.", repeat=True,
@@ -259,8 +259,8 @@ def _coerce(kind: type, raw: str) -> Any:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    # No prog: the usage line says how it was started (`vidchat` or `app.py`).
     parser = argparse.ArgumentParser(
-        prog="app.py",
         description="vidchat: live video chat with a vision-language model.",
         epilog=f"Every option can also be set by an environment variable {ENV_PREFIX}<OPTION> "
         f"(e.g. {ENV_PREFIX}PORT=8000); a flag wins over the variable.",

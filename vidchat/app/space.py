@@ -3,7 +3,7 @@
 A Space routes its public address to port 7860 of the container and lets no
 UDP in, so vidchat there binds to every interface (not loopback) and starts
 only with a TURN relay. Sign-in comes from the Space's ``hf_oauth`` (see
-vidchat.app.access). The Space card is the README's front matter.
+vidchat.app.access). The Space card is the README's front matter (docs/hosting.md).
 """
 
 from __future__ import annotations

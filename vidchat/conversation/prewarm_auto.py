@@ -3,7 +3,7 @@
 Whether warm-ups pay depends on the model and the machine, not on a rule of
 thumb. On the tiny test model a frame costs the vision encoder a few
 milliseconds: a question pays almost nothing for its frames, and warm-ups
-only take cores the browser needs (README, 'Warm-ups'). On the CPU default
+only take cores the browser needs (docs/performance.md, 'Warm-ups'). On the CPU default
 (SmolVLM2-256M at true size) a frame costs about half a second: a question
 after a moving scene pays a second or more after Enter unless its frames
 were encoded as they arrived. So at start-up the server times one encode of
@@ -15,7 +15,7 @@ a frame at the size sessions store them and chooses:
   where it took more than the ceiling: vLLM cannot preempt a warm-up's
   encode, so a question that arrives during one waits for it, and on the
   true-size CPU default on 2 cores (about a second a frame) that wait cost
-  more than encoding ahead saved (README, 'What to expect on a laptop CPU').
+  more than encoding ahead saved (docs/performance.md, 'What to expect on a laptop CPU').
 
 The measurement is the difference between two one-token requests that differ
 only by the frame (after one untimed request, so neither pays the engine's

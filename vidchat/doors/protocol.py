@@ -18,7 +18,7 @@ video handler), [rt] (vllm-omni's /v1/realtime server VAD, OpenAI Realtime's
 names), [vc] (vidchat's own).
 
 The messages, their fields and each one's origin are tabled once, in the
-README's "The WebSocket protocol" (what session.config may set is
+docs/protocol.md (what session.config may set is
 :mod:`vidchat.doors.protocol_config`, read from the one settings table).
 
 Access (see vidchat.app.access): with --token set, the handshake needs

@@ -2,7 +2,7 @@
 ``session.update`` (the seed's, vllm-omni's later names and additions, and
 vidchat's own), type-checked and mapped onto the session's settings, the
 answer options, or ``turn_detection`` (server-side turns, vidchat.conversation.talk).
-The message table is the README's "The WebSocket protocol"."""
+The message table is the docs/protocol.md."""
 
 from __future__ import annotations
 
@@ -46,7 +46,7 @@ FIELDS: dict[str, _Field] = {
     "record": _Field((bool,), "info", "record"),
     "history": _Field((bool,), "info", "history"),
 }
-# The fields whose origin is vidchat ("vidchat" in the README's protocol table): a
+# The fields whose origin is vidchat ("vidchat" in docs/protocol.md's table): a
 # client that sends one knows vidchat, and is sent vidchat's extra events.
 VIDCHAT_FIELDS = frozenset({name for name, spec in SETTINGS.items() if spec.origin == "vidchat"}
                            | {"watch", "record", "history"})

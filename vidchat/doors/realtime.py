@@ -11,7 +11,7 @@ through the conversation (:meth:`vidchat.conversation.Conversation.ask`),
 server VAD as the conversation's listener (vidchat.doors.socket_turns),
 settings checked by the one settings table. This module only translates
 events; their shapes are :mod:`vidchat.doors.realtime_events`, the table of
-them is the README's "Realtime API".
+them is docs/realtime.md.
 """
 
 from __future__ import annotations
@@ -246,6 +246,7 @@ class RealtimeConnection(SocketSession):
             raise rt.EventError("a response is in progress: cancel it first, or wait for its response.done",
                                 "conversation_already_has_active_response")
         fields = rt.response_fields(msg.get("response"))
+        continues_chat = rt.in_conversation(msg.get("response"))
         options = rt.answer_options(self.options, fields, self.state.answer_defaults().max_tokens)
         try:
             answer_path.check_options(options, self.state.engine)
@@ -255,7 +256,8 @@ class RealtimeConnection(SocketSession):
             raise rt.EventError("no question: add an input_text or input_audio item (or commit the audio buffer) "
                                 "before response.create", "empty_conversation")
         text, audio = self.question.take()
-        await self.responses.start(text, options, self.audio_notice(fields), question_audio=audio)
+        await self.responses.start(text, options, self.audio_notice(fields), question_audio=audio,
+                                   continues_chat=continues_chat)
 
     async def _on_response_cancel(self, msg: dict[str, Any], arrived: float) -> None:
         if not self.responses.busy:
@@ -353,10 +355,14 @@ class RealtimeResponse:
         conn = self.conn
         await conn.state.wait_engine()
         try:
-            # continues_chat=False: this door keeps no chat yet (each response
-            # is asked on its own items), so none is kept or warmed for it.
+            # The Realtime conversation's items are the conversation's chat,
+            # kept on the server: each response is asked with the exchanges
+            # before it and joins them, unless it was made outside the
+            # conversation (response.conversation "none").
+            how = dict(how)
             self.run = await conversation.of(conn.state, conn.entry).ask(
-                question, options, record=conn.record, frames_optional=True, continues_chat=False, **how)
+                question, options, record=conn.record, frames_optional=True,
+                continues_chat=how.pop("continues_chat", True), **how)
         except answer_path.Superseded:
             await self._end(self.say.done("cancelled", text=None, reason=self.cancel_reason))
             return

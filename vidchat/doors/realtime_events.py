@@ -203,6 +203,17 @@ def response_fields(params: Any) -> dict[str, Any]:
     return answer_fields(params, "response")
 
 
+def in_conversation(params: Any) -> bool:
+    """response.create's ``response.conversation``: "auto" (the default) asks
+    with the conversation's exchanges so far and adds this one to them; "none"
+    answers outside it (the API's out-of-band response). Raises EventError."""
+    value = (params or {}).get("conversation", "auto") if isinstance(params, dict) else "auto"
+    if value not in ("auto", "none"):
+        raise EventError(f"response.conversation must be \"auto\" or \"none\", got {value!r}",
+                         param="response.conversation")
+    return value == "auto"
+
+
 def unserved(values: dict[str, Any], key: str, param: str, why: str) -> None:
     """A field asking for what is not served is refused, never silently ignored (empty or null: nothing asked)."""
     if values.get(key):

@@ -11,7 +11,7 @@ vLLM's extra fields for what vidchat relies on: ``cache_salt``,
 events; closing the stream (a cancel, a new question, a page that went away)
 makes vLLM abort the request.
 
-Past one machine (README, "Beyond one machine"): every request carries the
+Past one machine (docs/hosting.md, "Beyond one machine"): every request carries the
 session's routing key in a header (``X-Session-ID`` by default) for a router
 such as vllm-router's ``consistent_hash``; with several URLs and no router,
 vidchat hashes sessions over them itself (vidchat.engine.replicas).
@@ -53,7 +53,7 @@ CONNECT_TIMEOUT_S = 5.0
 # Also the longest silence between two parts of a streamed answer: a
 # replica that stops sending (hung, drained without a close) ends the answer
 # with an error instead of holding its session forever. A cold question on a
-# CPU takes ~15 s before its first token (README, the true-size figures).
+# CPU takes ~15 s before its first token (docs/performance.md, the true-size figures).
 FIRST_BYTE_TIMEOUT_S = 60.0
 # Sessions whose last replica is remembered (to say when one moved).
 MAX_HOMES = 10_000

@@ -33,7 +33,7 @@ class Setting:
     kind: str
     label: str  # the page's label for it
     rule: str  # what a good value is, as the refusal says it
-    origin: str = "vidchat"  # seed, vllm-omni or vidchat (the README's protocol table)
+    origin: str = "vidchat"  # seed, vllm-omni or vidchat (docs/protocol.md's table)
     low: float | None = None
     high: float | None = None
     low_open: bool = False
