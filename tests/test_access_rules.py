@@ -171,7 +171,7 @@ def test_the_access_log_keeps_what_a_person_reads_not_what_a_page_polls():
         return QuietPolling().filter(record)
 
     for polled in ("/webrtc/stats?session_id=x", "/webrtc/live?session_id=x", "/webrtc/talk/stream?session_id=x",
-                   "/webrtc/events?session_id=x",
+                   "/webrtc/events?session_id=x", "/static/vidchat/js/peer.js", "/assets/index-1.js",
                    "/api/health", "/gradio_api/heartbeat/abc"):
         assert not kept("GET", polled, 200), polled
     assert not kept("GET", "/api/health", 503)  # "loading", asked again and again

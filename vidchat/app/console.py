@@ -31,3 +31,5 @@ def quiet_libraries() -> None:
     warnings.simplefilter("ignore")
     for noisy in NOISY_LOGGERS:
         logging.getLogger(noisy).setLevel(logging.ERROR)
+    # aioice says every ICE candidate pair of every connection at INFO; its warnings stay.
+    logging.getLogger("aioice").setLevel(logging.WARNING)

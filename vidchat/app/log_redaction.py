@@ -40,7 +40,9 @@ def _has_secret(arg: Any) -> bool:
 # of the access log when it succeeds (826 lines a minute with Talk on, once),
 # so the log holds what a person would read. At --log-level debug they stay.
 POLLED_PATHS = ("/webrtc/stats", "/webrtc/live", "/webrtc/talk", "/webrtc/events", "/api/health", "/readyz", "/metrics",
-                "/gradio_api/heartbeat/")
+                "/gradio_api/heartbeat/",
+                # and the page's static files, a line each per page load (the page itself, "/", stays)
+                "/static/", "/assets/", "/svelte/", "/gradio_api/file=", "/favicon.ico")
 
 
 class QuietPolling(logging.Filter):

@@ -133,12 +133,14 @@ def _serve(state: "AppState", log: logging.Logger) -> int:
     from vidchat.app.log_redaction import install_log_redaction
     from vidchat.app.server import SHUTDOWN_GRACE_S, ClosingServer, create_app
     from vidchat.app.settings import forwarded_allow_ips
+    from vidchat.doors.page.view import model_label
     from vidchat.app.space import on_space
 
     settings = state.settings
     install_log_redaction()
     app = create_app(state)
-    log.info("starting vidchat with model %s", state.model_path)
+    log.info("starting vidchat with %s", model_label(state))
+    log.debug("model files: %s", state.model_path)
     # A frame of --ws-max-frame-bytes arrives base64-encoded inside JSON: let
     # such a message through so the protocol can answer it, not the transport.
     ws_max_size = settings.ws_max_frame_bytes * 4 // 3 * 5 // 4 + (1 << 20)

@@ -180,12 +180,13 @@ class LocalEngine(ModelEngine):
             raise EngineError(f"vLLM could not start model {options.model!r}: {exc}") from exc
         revision = model_revision(options.model)
         start_s = time.perf_counter() - t0
-        log.info("engine ready: %s (%s) on %s in %.1f s", options.model, revision, "GPU" if gpu else "CPU", start_s)
+        log.info("model loaded on %s in %.1f s", "GPU" if gpu else "CPU", start_s)
+        log.debug("engine ready: %s (%s)", options.model, revision)
         _note_engine_start(options.model, start_s)
         engine = cls(options, llm, processor, options.model, start_s, family, revision)
         engine.tokens_per_frame = per_frame
         if per_frame and options.encoder_cache_frames > 0 and engine.encoder_cache_tokens:
-            log.info("vLLM's encoder cache: %d tokens, %d frames of %d tokens (asked for %d frames)",
+            log.debug("vLLM's encoder cache: %d tokens, %d frames of %d tokens (asked for %d frames)",
                      engine.encoder_cache_tokens, engine.encoder_cache_tokens // per_frame, per_frame,
                      options.encoder_cache_frames)
         return engine
