@@ -53,6 +53,13 @@ window.addEventListener("pagehide", () => {
   }
 });
 
+// Start is disabled in the markup until this script can act on it: a press
+// before it loaded (its modules are several requests) would do nothing.
+whenShown("#vc-start").then((button) => {
+  if (!state.wantRunning) button.disabled = false;
+  button.removeAttribute("title");
+});
+
 // A reloaded tab that was running comes back to its session: the same
 // buffer, and the chat as the server keeps it (vidchat/doors/page/chat_view.py).
 const before = resumeAfterReload();

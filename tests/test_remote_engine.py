@@ -61,7 +61,7 @@ async def test_the_remote_engine_answers_with_the_same_stats_and_cache_hits(tiny
         async for _ in long:
             break
         assert engine.running_requests == 1 and await asyncio.to_thread(remote_running, tiny_vllm_serve) == 1
-        await long.cancel()
+        await long.aclose()
         assert long.stats.cancelled and engine.running_requests == 0
         await until_remote_idle(tiny_vllm_serve)
     finally:

@@ -23,7 +23,7 @@ PREVIEW_HTML = """
     <div class="vc-conn" id="vc-conn" data-tone="idle">Not started</div>
   </div>
   <div class="vc-controls">
-    <button id="vc-start" class="vc-btn vc-primary">Start camera</button>
+    <button id="vc-start" class="vc-btn vc-primary" disabled title="The page's script is loading">Start camera</button>
     <button id="vc-stop" class="vc-btn" disabled>Stop camera</button>
   </div>
   <div class="vc-devices">
