@@ -475,14 +475,16 @@ async def test_responses_continue_the_conversation_unless_made_outside_it(server
     async with client(server).realtime.connect(model="tiny") as conn:
         await configured(conn, temperature=0.0, max_tokens=3)
         turns = []
-        for question, conversation in (("Hello?", "auto"), ("And then?", "auto"), ("Aside?", "none"),
-                                       ("Last?", None)):
-            await conn.send(text_item(question))
-            await until(conn, "conversation.item.done")
-            response = {"conversation": conversation} if conversation else {}
-            await conn.send({"type": "response.create", "response": response})
-            done = check_response(await until(conn, "response.done"))
-            turns.append(done.vidchat["history_turns_total"])
+        async with httpx.AsyncClient(base_url=server.url, timeout=30) as http:
+            for question, conversation in (("Hello?", "auto"), ("And then?", "auto"), ("Aside?", "none"),
+                                           ("Last?", None)):
+                await conn.send(text_item(question))
+                await until(conn, "conversation.item.done")
+                response = {"conversation": conversation} if conversation else {}
+                await conn.send({"type": "response.create", "response": response})
+                done = check_response(await until(conn, "response.done"))
+                record = (await http.get(done.vidchat["record_url"])).json()  # the whole record
+                turns.append(record["history_turns_total"])
         assert turns == [0, 2, 0, 4]  # the aside neither saw the chat nor joined it
         await conn.send({"type": "response.create", "response": {"conversation": "other"}})
         error = (await until(conn, "error"))[-1].error
