@@ -218,6 +218,9 @@ async def test_a_socket_session_runs_while_the_model_loads_and_ctrl_c_leaves_no_
         said = [json.loads(m) for m in await _received(open_socket)]
     print(f"Ctrl-C with a tab and a socket open: exited in {took:.1f} s")
     assert code == 0
+    # A clean shutdown says nothing is wrong: no open stream cancelled with a traceback.
+    errors = [line for line in srv.log().splitlines() if "ERROR" in line or "Traceback" in line]
+    assert not errors, errors
     assert took < SHUTDOWN_WITHIN_S, f"Ctrl-C took {took:.1f} s with a tab open"
     assert {"type": "error", "message": "Session ended: closed at shutdown"} in said, said
     assert open_socket.close_code == 1001

@@ -98,6 +98,12 @@ class ClosingServer(uvicorn.Server):
             await state.registry.close_all(timeout=SHUTDOWN_GRACE_S)
         except Exception:  # noqa: BLE001 - shutting down regardless
             log.warning("closing the sessions at shutdown failed", exc_info=True)
+        # An open tab's Gradio heartbeat stream ends when Gradio's stop event
+        # is set (Gradio's own close sets it; this server's shutdown is
+        # uvicorn's): left open, uvicorn cancelled it at the end of its grace
+        # and printed an ERROR and a traceback at every Ctrl-C.
+        if state.page_app is not None:
+            state.page_app.stop_event.set()
         # Nothing can ask the model now: its engine winds down (seconds of
         # vLLM teardown) while open HTTP streams get their grace.
         engines = asyncio.create_task(asyncio.to_thread(_shut_down_own_engines, state))

@@ -33,6 +33,7 @@ class AppState:
     turn: Any = None  # vidchat.app.turn.TurnMinter with --turn cloudflare
     access: Access = field(default_factory=Access)
     page_logins: PageLogins = field(default_factory=PageLogins)  # filled in by vidchat.doors.page.mount
+    page_app: Any = None  # the page's Gradio app, once mounted (its streams end at shutdown)
     answer_gate: AnswerQueue = field(default_factory=AnswerQueue)
     session_time_limit: float = 0.0  # seconds, 0: none (settings.session_time_limit resolved)
     engine_options: EngineOptions | None = None  # what the engine is (being) started with

@@ -113,6 +113,7 @@ def mount(app, state):
                               auth_message=_auth_message(state))
     gradio_app = next(r.app for r in app.routes if isinstance(r, Mount) and r.path == "")
     state.page_logins.attach(gradio_app, *page_functions(blocks, page.session_id))
+    state.page_app = gradio_app
     return app
 
 
