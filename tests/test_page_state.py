@@ -95,3 +95,46 @@ def test_the_sampling_picker_shows_labels_and_sends_the_protocols_names():
         assert label != value and "_" not in label, label
     assert all(helps) and len(set(helps)) == len(helps)  # each choice has its own help
     assert "_" not in SETTINGS["sample_seconds"].label  # "Window for latest_seconds" was an identifier
+
+
+def _answered(history_turns: int, total: int, max_model_len: int | None = 8192):
+    from vidchat.conversation.answer_path import Answer
+    from vidchat.engine import ReplyStats
+
+    stats = ReplyStats(history_turns=history_turns, history_turns_total=total)
+    engine = types.SimpleNamespace(options=types.SimpleNamespace(max_model_len=max_model_len))
+    reply = types.SimpleNamespace(stats=stats, engine=engine, text="an answer")
+    return types.SimpleNamespace(reply=reply)
+
+
+def test_a_chat_cut_to_fit_the_context_is_said_in_one_line_under_the_answer():
+    from vidchat.doors.inputs import history_cut
+
+    assert history_cut(_answered(36, 50)) == (
+        "<p class='vc-history-cut'>14 older turns of the chat left out to fit the model's 8,192 tokens: "
+        "the model got the last 36 of 50.</p>")
+    assert "1 older turn of" in history_cut(_answered(3, 4))
+    assert history_cut(_answered(4, 4)) == "" and history_cut(_answered(0, 0)) == ""
+    assert "the model's context" in history_cut(_answered(2, 6, max_model_len=None))
+
+
+def test_what_the_model_got_starts_with_where_the_record_and_bundle_download():
+    from vidchat.doors.inputs import record_links_html
+
+    plain, recorded = record_links_html("abcdefgh123", False), record_links_html("abcdefgh123", True)
+    assert "/inputs/abcdefgh123/record.json" in plain and "bundle.zip" not in plain
+    assert "/inputs/abcdefgh123/bundle.zip" in recorded and "session-bundles.zip" in recorded
+
+
+@pytest.mark.parametrize("value, said", [
+    (0, "you typed 0"), (-5, "you typed -5"), (None, "the box is empty or not a number"),
+    ("", "the box is empty or not a number"), ("abc", "you typed 'abc'"), (float("nan"), "you typed nan"),
+])
+def test_a_page_number_box_is_refused_in_the_users_words(value, said):
+    from vidchat.conversation.answer_path import OptionError
+    from vidchat.doors.page.answers import positive_number
+
+    with pytest.raises(OptionError) as refused:
+        positive_number("At most every (s)", value, "seconds", "Watch is off.")
+    assert str(refused.value) == f"At most every (s): enter seconds above 0 ({said}); Watch is off."
+    assert positive_number("At most every (s)", 2.5, "seconds", "Watch is off.") == 2.5

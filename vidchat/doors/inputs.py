@@ -105,14 +105,35 @@ def frame_caption(index: Any, t: float | None, source_pos: float | None, at_jump
     return f"#{as_text(index)}{at}"
 
 
+def history_cut(answer: "Answer") -> str:
+    """One line when the chat sent with the question was cut to fit the
+    model's context (empty when it was sent whole)."""
+    stats = answer.reply.stats
+    total, sent = stats.history_turns_total or 0, stats.history_turns or 0
+    if total <= sent:
+        return ""
+    context = getattr(getattr(answer.reply.engine, "options", None), "max_model_len", None)
+    fit = f"the model's {context:,} tokens" if isinstance(context, int) else "the model's context"
+    left = total - sent
+    return (f"<p class='vc-history-cut'>{left} older {'turn' if left == 1 else 'turns'} of the chat left out "
+            f"to fit {fit}: the model got the last {sent} of {total}.</p>")
+
+
+def record_links_html(answer_id: str, recorded: bool) -> str:
+    """Where the answer's record (and, when it was recorded, its bundle) downloads."""
+    base = f"{PATH_PREFIX}{answer_id}"
+    bundle = (f" · <a href='{base}/bundle.zip'>this answer's bundle (zip)</a> · "
+              f"<a href='{base}/session-bundles.zip'>all recorded answers of this session (zip)</a>"
+              if recorded else "")
+    return (f"<a href='{base}/record.json' download='vidchat-answer-{answer_id[:8]}.json'>Download the record"
+            f" (JSON)</a>{bundle}")
+
+
 def details_html(answer: "Answer", answer_id: str, recorded: bool = False) -> str:
     """The collapsed panel under an answer. Thumbnails are inline (small);
     full frames, audio and the record are links to /inputs/<id>/."""
     rec = answer.summary()
     base = f"{PATH_PREFIX}{answer_id}"
-    bundle_links = (f" · <a href='{base}/bundle.zip'>this answer's bundle (zip)</a> · "
-                    f"<a href='{base}/session-bundles.zip'>all recorded answers of this session (zip)</a>"
-                    if recorded else "")
     tiles = []
     source_times = rec.get("frame_source_times") or [None] * len(rec["frame_times"])
     at_jump = rec.get("frame_source_at_jump") or [False] * len(rec["frame_times"])
@@ -138,14 +159,14 @@ def details_html(answer: "Answer", answer_id: str, recorded: bool = False) -> st
     return (
         "<div class='vc-inputs'>"
         f"<div class='vc-frames' style='display:flex;flex-wrap:wrap;gap:6px'>{''.join(tiles)}</div>{audio}"
+        f"{history_cut(answer)}"
         f"<p class='vc-muted'>Model <code>{as_text(str(rec.get('model')))}</code>"
         f"{' @ ' + as_text(rec['model_revision']) if rec.get('model_revision') else ''} · {numbers}</p>"
         f"<p class='vc-muted'>Sampling: <code>{as_text(json.dumps(params))}</code></p>"
         f"<p class='vc-muted'>inputs_sha256 <code>{as_text(rec.get('inputs_sha256'))}</code></p>"
         f"<details><summary>Prompt as the model's template rendered it</summary>"
         f"<pre class='vc-prompt'>{as_text(rec.get('prompt') or '')}</pre></details>"
-        f"<p><a href='{base}/record.json' download='vidchat-answer-{answer_id[:8]}.json'>Download the record"
-        f" (JSON)</a>{bundle_links}</p></div>"
+        f"<p>{record_links_html(answer_id, recorded)}</p></div>"
     )
 
 

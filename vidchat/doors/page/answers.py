@@ -16,7 +16,7 @@ import gradio as gr
 from vidchat import conversation
 from vidchat.conversation import CANCELLED, Delta, Done, Queued, Started, answer_path, kept, log_context
 from vidchat.conversation.answer_path import OptionError
-from vidchat.conversation.settings_table import SETTINGS, UNBOUNDED_MAX_TOKENS, page_number
+from vidchat.conversation.settings_table import SETTINGS, UNBOUNDED_MAX_TOKENS
 from vidchat.doors import inputs as answer_inputs
 from vidchat.engine import EngineError
 from vidchat.doors.page.view import (
@@ -31,12 +31,22 @@ NO_FRAMES_HINT = "Wait a moment after **Start camera**, then ask again."
 CLEAR_WAIT_S = 5.0  # at most this long for answers streaming into a chat being cleared to stop
 
 
-def _number(label: str, value: Any) -> float:
-    """A number from a page widget that is not a question setting (the watch interval, Talk's pauses)."""
-    try:
-        return page_number(label, value)
-    except ValueError as exc:
-        raise OptionError(str(exc)) from None
+def typed(value: Any) -> str:
+    """What a page number box held, as its user would say it."""
+    if value is None or (isinstance(value, str) and not value.strip()):
+        return "the box is empty or not a number"
+    return f"you typed {value:g}" if isinstance(value, (int, float)) and not isinstance(value, bool) \
+        else f"you typed {value!r}"
+
+
+def positive_number(label: str, value: Any, unit: str, then: str) -> float:
+    """A page number box that must hold a number above 0; else OptionError
+    in the user's words: the box's label, what it takes, what it held, and
+    what happens now (``then``)."""
+    number = value if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+    if number is None or not number > 0 or number != number or number in (float("inf"), float("-inf")):
+        raise OptionError(f"{label}: enter {unit} above 0 ({typed(value)}); {then}")
+    return float(number)
 
 
 def _seed(value: Any) -> int | None:
@@ -216,7 +226,8 @@ async def _final_update(entry, done: Done, history: list[dict]) -> tuple:
                                     done.answer_id in entry.bundles)
     history.append({"role": "assistant", "content": panel,
                     "metadata": {"title": answer_inputs.title(answer), "status": "done", "id": done.answer_id}})
-    return history, await asyncio.to_thread(frames_html, answer), answer.summary()
+    return history, await asyncio.to_thread(frames_html, answer, done.answer_id, done.answer_id in entry.bundles), \
+        answer.summary()
 
 
 async def _wait_for_model(state, history: list[dict]) -> AsyncIterator[tuple]:

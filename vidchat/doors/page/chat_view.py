@@ -42,7 +42,8 @@ async def restored_chat(state: Any, sid: str | None) -> tuple:
     if entry is None or not len(conversation.of(state, entry).history):
         return gr.skip(), gr.skip(), gr.skip()
     messages = await asyncio.to_thread(chat_messages, state, entry)
-    last = next((answer for _, answer in kept.chat_answers(entry) if answer.reply.text), None)
+    last_id, last = next(((answer_id, answer) for answer_id, answer in kept.chat_answers(entry)
+                          if answer.reply.text), (None, None))
     if last is None:
         return messages, gr.skip(), gr.skip()
-    return messages, await asyncio.to_thread(frames_html, last), last.summary()
+    return messages, await asyncio.to_thread(frames_html, last, last_id, last_id in entry.bundles), last.summary()

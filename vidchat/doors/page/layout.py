@@ -19,6 +19,7 @@ from vidchat.media import FRAMES_AS, evs
 from vidchat.media.vad import TurnSettings
 from vidchat.doors.page.reask import MAX_BUNDLE_BYTES, reask_engines
 from vidchat.doors.page.events import Controls, wire
+from vidchat.doors.page.modes import TALK_MIN_SPEECH_LABEL, TALK_SILENCE_LABEL, WATCH_EVERY_LABEL
 
 log = logging.getLogger(__name__)
 
@@ -74,7 +75,8 @@ def _settings_panel(state) -> list[gr.components.Component]:
                               info="A whole number makes sampling repeatable; empty picks a new one each time.")
         allowed = bool(s.record_dir)
         record = gr.Checkbox(value=False, interactive=allowed, elem_id="vc-record",
-                             label="Record each answer as a bundle on the server" if allowed else
+                             label="Record each answer as a bundle on the server (its links: at the top of "
+                                   "What the model got, and under each answer)" if allowed else
                              "Record (off: the server was started without --record-dir)")
         system_prompt = gr.Textbox(value=s.system_prompt, label=SETTINGS["system_prompt"].label, lines=2, max_lines=6,
                                    elem_id="vc-system-prompt", info="Put before every conversation; empty: none.")
@@ -151,14 +153,14 @@ def _chat_column() -> dict[str, Any]:
                                     elem_id="vc-watch-question")
         # No minimum/maximum on these numbers: Gradio's own check would replace the
         # chat with an error badge; vidchat checks them and names the field.
-        watch_every = gr.Number(value=DEFAULT_EVERY_S, label="At most every (s)", scale=1, elem_id="vc-watch-every")
+        watch_every = gr.Number(value=DEFAULT_EVERY_S, label=WATCH_EVERY_LABEL, scale=1, elem_id="vc-watch-every")
     with gr.Row(elem_classes="vc-talk"):
         talk_on = gr.Checkbox(value=False, label="Talk: ask by voice", scale=2, elem_id="vc-talk",
                               info="Asks when you stop speaking; answers are read aloud")
         barge_in = gr.Checkbox(value=True, label="Speaking stops the answer", scale=2, elem_id="vc-barge-in")
-        talk_silence = gr.Number(value=round(TurnSettings.min_silence_s * 1000), label="Pause that ends a question (ms)",
+        talk_silence = gr.Number(value=round(TurnSettings.min_silence_s * 1000), label=TALK_SILENCE_LABEL,
                                  scale=1, elem_id="vc-talk-silence")
-        talk_min_speech = gr.Number(value=round(TurnSettings.min_speech_s * 1000), label="Shortest question (ms)",
+        talk_min_speech = gr.Number(value=round(TurnSettings.min_speech_s * 1000), label=TALK_MIN_SPEECH_LABEL,
                                     scale=1, elem_id="vc-talk-min-speech")
     gr.HTML(TALK_HTML, elem_id="vc-talk-panel")
     clear = gr.Button("Clear chat", size="sm", elem_id="vc-clear")

@@ -13,10 +13,16 @@ from vidchat import conversation
 from vidchat.conversation import talk
 from vidchat.conversation.answer_path import OptionError
 from vidchat.conversation.watch import SceneWatch
-from vidchat.doors.page.answers import _number, answer_stream, applied_request, watch_switched
+from vidchat.doors.page.answers import answer_stream, applied_request, positive_number, watch_switched
 from vidchat.doors.page.view import notice
 from vidchat.engine import NO_SPOKEN_QUESTIONS
 from vidchat.media.vad import TurnSettings
+
+
+# The page's labels of the boxes the refusals name (vidchat.doors.page.layout uses them).
+WATCH_EVERY_LABEL = "At most every (s)"
+TALK_SILENCE_LABEL = "Pause that ends a question (ms)"
+TALK_MIN_SPEECH_LABEL = "Shortest question (ms)"
 
 
 async def watch_loop(state, on: bool, question: str, every: Any, history: list[dict], sid: str,
@@ -36,7 +42,7 @@ async def watch_loop(state, on: bool, question: str, every: Any, history: list[d
                "Watch mode needs a standing question." if not question else None)
     if problem is None:
         try:
-            watcher = SceneWatch(entry.session, _number("Watch interval", every))
+            watcher = SceneWatch(entry.session, positive_number(WATCH_EVERY_LABEL, every, "seconds", "Watch is off."))
         except ValueError as exc:
             problem = f"⚠ {exc}"
     if problem is None and not entry.session.settings.evs_enabled:
@@ -108,8 +114,9 @@ def _follow_clear(state, entry, history: list[dict], seen: int) -> int:
 
 
 def talk_settings(silence_ms: Any, min_speech_ms: Any) -> TurnSettings:
-    settings = TurnSettings(min_silence_s=_number("Pause that ends a question (ms)", silence_ms) / 1000,
-                            min_speech_s=_number("Shortest question (ms)", min_speech_ms) / 1000)
+    settings = TurnSettings(
+        min_silence_s=positive_number(TALK_SILENCE_LABEL, silence_ms, "milliseconds", "Talk is off.") / 1000,
+        min_speech_s=positive_number(TALK_MIN_SPEECH_LABEL, min_speech_ms, "milliseconds", "Talk is off.") / 1000)
     try:
         settings.validate()
     except ValueError as exc:

@@ -166,8 +166,9 @@ def history_turns(history: list[dict]) -> list[Turn]:
     return turns
 
 
-def frames_html(answer) -> str:
-    """Thumbnails of the frames sent, inline as data URLs: nothing touches disk."""
+def frames_html(answer, answer_id: str | None = None, recorded: bool = False) -> str:
+    """Thumbnails of the frames sent, inline as data URLs: nothing touches
+    disk; above them, where its record (and its bundle, when recorded) downloads."""
     if answer is None:
         return "<p class='vc-muted'>Ask a question to see the frames and audio the model received.</p>"
     tiles = []
@@ -184,7 +185,8 @@ def frames_html(answer) -> str:
         f"<p>{len(tiles)} frame(s) as {as_text(answer.options.frames_as)}, "
         f"{audio:.1f} s of audio{'' if audio else ' (none)'}; times in seconds since the session's first media.</p>"
     )
-    return head + "<div class='vc-frames'>" + "".join(tiles) + "</div>"
+    links = f"<p class='vc-record-links'>{answer_inputs.record_links_html(answer_id, recorded)}</p>" if answer_id else ""
+    return links + head + "<div class='vc-frames'>" + "".join(tiles) + "</div>" + answer_inputs.history_cut(answer)
 
 
 def model_label(state) -> str:
