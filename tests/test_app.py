@@ -301,7 +301,8 @@ def test_the_console_says_what_the_user_needs_before_ready(server):
     print(f"{len(before_ready)} lines from start to ready")
     text = "\n".join(before_ready)
     for needed in ("starting vidchat with tiny test model (random weights)", "RANDOM weights",
-                   "listening on http://127.0.0.1:", "model loaded on CPU in", "warm-ups: off (auto: a 320x240 frame took",
+                   "listening on http://127.0.0.1:", "model loaded on CPU in",
+                   "warm-ups: off (auto: a 320x240 frame took",
                    "vidchat ready on http://127.0.0.1:"):
         assert needed in text, needed
     # Nor what a user can't act on: the model's cache path (with its hash), vLLM's own terms.

@@ -395,8 +395,10 @@ async def test_a_reload_comes_back_to_the_same_session_and_shows_the_servers_cha
             questions, answers = await user_texts(page), await bot_texts(page)
             panels = await page.locator("#vc-chat .thought-group").count()
             # "What the model got (last question)" starts with where its record downloads.
+            await page.click("#vc-inputs button, #vc-inputs .label-wrap")
             link = page.locator("#vc-inputs .vc-record-links a[href$='/record.json']")
-            assert await link.count() == 1 and "Download the record" in await link.inner_text()
+            await link.wait_for(timeout=10_000)
+            assert "Download the record" in await link.inner_text()
             assert questions == ["What colour is it?", "And now?"] and len(answers) == 2 and panels == 2
             kept_before = (await _stats(server, sid))["frames_kept"]
 

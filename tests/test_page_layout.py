@@ -224,3 +224,45 @@ async def test_a_refused_setting_names_its_field_and_leaves_the_chat_as_it_was(s
             assert await page.locator("#vc-chat .error, .toast-body").count() == 0
         finally:
             await browser.close()
+
+
+@pytest.mark.parametrize("width, height", [(1280, 900), (390, 844)], ids=["desktop", "phone"])
+async def test_a_bad_value_in_a_slider_is_refused_by_name_and_nothing_is_asked(server, tmp_path, width, height):
+    """Gradio's slider clamps a typed 0 to its minimum without a word; the
+    page refuses it instead, naming the field and its range, marks the
+    field, and asks nothing until it is fixed."""
+    write_y4m(tmp_path / "cam.y4m", (40, 120, 200))
+    write_wav(tmp_path / "mic.wav")
+    async with async_playwright() as pw:
+        browser = await launch(pw, tmp_path / "cam.y4m", tmp_path / "mic.wav", tmp_path)
+        try:
+            page = await open_and_start(browser, server.url + "/", viewport=(width, height), min_buffer=4)
+            await set_setting(page, "vc-max-tokens", "4")
+            if not await page.locator("#vc-frames-per-question").is_visible():
+                await page.click("#vc-settings button, #vc-settings .label-wrap")
+            for elem_id, bad, said in (
+                    ("vc-frames-per-question", "0", "Frames per question must be a whole number in 1.."),
+                    ("vc-max-tokens", "-5", "Max tokens must be a whole number in 1..2048, got -5"),
+                    ("vc-temperature", "9", "Temperature must be a number in 0..1.5, got 9")):
+                good = await page.locator(f"#{elem_id} input[type=number]").input_value()
+                await page.fill(f"#{elem_id} input[type=number]", bad)
+                await page.locator(f"#{elem_id} input[type=number]").blur()  # Gradio clamps it here
+                asked = await page.evaluate("window.vidchat.questions.asked")
+                await ask(page, "Should not be asked?")
+                refusal = page.locator("#vc-refused")
+                await refusal.wait_for(state="visible", timeout=10_000)
+                text = await refusal.inner_text()
+                assert said in text and f", got {bad}" in text and "Nothing was asked" in text, text
+                assert await page.locator(f"#{elem_id}.vc-invalid").count() == 1  # the field is marked
+                assert await page.evaluate("window.vidchat.questions.asked") == asked  # nothing went
+                assert "Should not be asked?" not in await page.evaluate(CHAT_LINES)
+                box = await page.evaluate("(() => { const b = document.querySelector('#vc-refused');"
+                                          " return [b.scrollWidth, b.clientWidth]; })()")
+                assert box[0] <= box[1], f"the refusal overflows at {width} px: {box}"
+                await page.fill(f"#{elem_id} input[type=number]", good)  # fixed: it goes again
+                await refusal.wait_for(state="hidden", timeout=10_000)
+            await ask(page, "Now?")
+            await wait_for_answer(page, 1)
+            assert "Now?" in await page.evaluate(CHAT_LINES)
+        finally:
+            await browser.close()

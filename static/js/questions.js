@@ -1,6 +1,7 @@
 // Questions: typing warms the session's prompt on the server, and Enter
 // takes the question's frames at once (vidchat/conversation/prewarm.py).
 import { authHeaders } from "./api.js";
+import { settingsAccepted } from "./slider_checks.js";
 import { $, state } from "./state.js";
 
 // Typing a question: the server warms this session's prompt at once
@@ -31,15 +32,23 @@ function questionSent() {
 function questionAsked() {
   if (window.vidchat?.questions) window.vidchat.questions.asked += 1;
 }
+// A refused setting (vidchat's slider checks) keeps the question from going.
+function refuse(e) {
+  e.preventDefault();
+  e.stopImmediatePropagation();
+}
 document.addEventListener("keydown", (e) => {
   if (e.key !== "Enter" || e.shiftKey || e.isComposing || !e.target?.closest?.("#vc-question")) return;
+  if (!settingsAccepted()) { refuse(e); return; }
   questionAsked();
   if (!e.target.value?.trim()) return;
   questionSent();
 }, true);
 document.addEventListener("click", (e) => {
-  if (e.target?.closest?.("#vc-send")) questionAsked();
+  if (!e.target?.closest?.("#vc-send")) return;
+  if (!settingsAccepted()) { refuse(e); return; }
+  questionAsked();
 }, true);
 document.addEventListener("pointerdown", (e) => {
-  if (e.target?.closest?.("#vc-send") && $("#vc-question textarea")?.value.trim()) questionSent();
+  if (e.target?.closest?.("#vc-send") && $("#vc-question textarea")?.value.trim() && settingsAccepted()) questionSent();
 }, true);

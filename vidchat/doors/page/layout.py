@@ -44,7 +44,7 @@ def _settings_panel(state) -> list[gr.components.Component]:
     with gr.Accordion("Settings", open=False, elem_id="vc-settings"):
         with gr.Row():
             k = gr.Slider(1, max_images, value=min(s.frames_per_question, max_images), step=1,
-                          label=SETTINGS["num_sample_frames"].label)
+                          label=SETTINGS["num_sample_frames"].label, elem_id="vc-frames-per-question")
             # The picker shows each strategy's label and sends its name (the
             # protocol's); its help says what the chosen one does (events.py).
             strategy = SETTINGS["sampling"]
@@ -147,6 +147,8 @@ def _chat_column() -> dict[str, Any]:
         send = gr.Button("Send", variant="primary", scale=1, min_width=70, elem_id="vc-send")
         stop = gr.Button("Stop", scale=1, min_width=70, elem_id="vc-stop-answer")
     sent_question = gr.Textbox(visible="hidden", elem_id="vc-sent-question")
+    # A setting refused in the page (static/js/slider_checks.js) says so here, under the question.
+    gr.HTML("<div id='vc-refused' class='vc-refused' role='alert' hidden></div>", elem_id="vc-refused-box")
     with gr.Row(elem_classes="vc-watch"):
         watch_on = gr.Checkbox(value=False, label="Watch: ask on scene changes", scale=2, elem_id="vc-watch")
         watch_question = gr.Textbox(value="What just changed?", label="Standing question", scale=4,
