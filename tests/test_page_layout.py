@@ -266,3 +266,31 @@ async def test_a_bad_value_in_a_slider_is_refused_by_name_and_nothing_is_asked(s
             assert "Now?" in await page.evaluate(CHAT_LINES)
         finally:
             await browser.close()
+
+
+@pytest.mark.parametrize("width, height", [(1280, 900), (390, 844)], ids=["desktop", "phone"])
+async def test_the_stored_size_note_says_the_live_figures(server, tmp_path, width, height):
+    """The note under the preview says what this source's frames arrive as
+    and are stored at (the server's stats), not a 640×480 example that the
+    status line's "stored" then contradicts."""
+    write_y4m(tmp_path / "cam.y4m", (40, 120, 200))
+    write_wav(tmp_path / "mic.wav")
+    async with async_playwright() as pw:
+        browser = await launch(pw, tmp_path / "cam.y4m", tmp_path / "mic.wav", tmp_path)
+        try:
+            page = await open_and_start(browser, server.url + "/", viewport=(width, height), min_buffer=4)
+            sid = await page.evaluate("window.vidchat.sessionId")
+            await page.wait_for_function("document.querySelector('#vc-store').textContent.includes('stored as')",
+                                         timeout=30_000)
+            note = await page.inner_text("#vc-store")
+            stats = server.get_json(f"/webrtc/stats?session_id={sid}")
+            received, stored = stats["received_size"].replace("x", "×"), stats["frame_size"].replace("x", "×")
+            assert f"this source's {received} frames are stored as {stored}." in note, (note, stats)
+            assert "640×480 camera frame" not in note
+            status = await page.inner_text("#vc-stats")
+            assert f"stored {stored}" in status  # the note and the status line agree
+            sizes = await page.evaluate("(() => { const n = document.querySelector('#vc-store');"
+                                        " return [n.scrollWidth, n.clientWidth]; })()")
+            assert sizes[0] <= sizes[1], f"the note overflows at {width} px: {sizes}"
+        finally:
+            await browser.close()

@@ -150,3 +150,34 @@ async def test_talk_asks_by_voice_and_reads_the_answer_aloud(server, media, spok
             await page.wait_for_function("window.vidchat.talk.status === 'off'", timeout=10_000)
         finally:
             await browser.close()
+
+
+@pytest.mark.parametrize("width, height", [(1280, 900), (390, 844)], ids=["desktop", "phone"])
+async def test_talk_shows_that_the_microphone_is_heard(server, media, tmp_path, width, height):
+    """A steady tone and no speech: Talk's meter moves with the microphone's
+    level as the server hears it, and "listening" says sound is heard but no
+    speech yet (not a minute of plain "listening")."""
+    async with async_playwright() as pw:
+        browser = await launch(pw, media["red"], media["tone"], tmp_path)
+        try:
+            page = await open_and_start(browser, server.url, viewport=(width, height), min_buffer=4)
+            meter = page.locator("#vc-talk-level")
+            assert await meter.is_hidden()  # nothing to show while Talk is off
+            await page.click("#vc-talk input[type=checkbox]")
+            await page.wait_for_function(
+                "(() => { const m = document.querySelector('#vc-talk-level');"
+                " return m && !m.hidden && m.dataset.dbfs !== '' && Number(m.dataset.dbfs) > -50; })()",
+                timeout=30_000)
+            await page.wait_for_function(
+                "document.querySelector('#vc-talk-status').textContent.includes('hearing sound, no speech yet')",
+                timeout=30_000)
+            fill = await page.evaluate(
+                "getComputedStyle(document.querySelector('#vc-talk-level')).getPropertyValue('--level')")
+            assert float(fill) > 0.1, fill  # the bar is drawn, not empty
+            bar = await page.evaluate("(() => { const b = document.querySelector('#vc-talk-bar');"
+                                      " return [b.scrollWidth, b.clientWidth]; })()")
+            assert bar[0] <= bar[1], f"Talk's bar overflows at {width} px: {bar}"
+            await page.click("#vc-talk input[type=checkbox]")  # off: the meter goes
+            await page.wait_for_function("document.querySelector('#vc-talk-level').hidden", timeout=30_000)
+        finally:
+            await browser.close()

@@ -483,3 +483,13 @@ def test_scene_changes_are_counted_and_watch_is_rate_limited():
     assert watch.due(now=15.0)  # fires when the pause ends
     with pytest.raises(ValueError, match="positive"):
         SceneWatch(session, every_s=0)
+
+
+def test_the_stats_say_what_a_frame_arrived_as_and_is_stored_at():
+    session = Session("s", SessionSettings(evs_enabled=False), store_max_pixels=320 * 240)
+    assert session.stats["received_size"] is None and session.stats["frame_size"] is None
+    session.add_frame(np.zeros((480, 640, 3), dtype=np.uint8), t=1.0)
+    stats = session.stats
+    assert (stats["received_size"], stats["frame_size"]) == ("640x480", "320x240")
+    session.add_frame(np.zeros((240, 320, 3), dtype=np.uint8), t=2.0)  # the browser lowered what it sends
+    assert session.stats["received_size"] == "320x240"

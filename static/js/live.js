@@ -95,6 +95,21 @@ export function stopStatsPolling() {
   state.statsLoop = null;
 }
 
+// The stored-size note from the live figures, not a 640×480 example: what
+// arrives and what it is stored as, and why what arrives can be less than
+// the resolution asked for.
+function showStoreNote(s) {
+  const note = $("#vc-store");
+  if (!note || !s.frame_size || !s.received_size) return;
+  if (!note.dataset.rule) note.dataset.rule = note.textContent.split(" (")[0].replace(/\.$/, "");  // the rule, once
+  const [rw, rh] = s.received_size.split("x").map(Number);
+  const [aw, ah] = ($("#vc-res")?.value || "").split("x").map(Number);
+  const lowered = state.source === "camera" && aw && rw * rh < aw * ah
+    ? ` The camera was asked for ${aw}×${ah}: the browser sends less while the machine or the network is busy.` : "";
+  note.textContent = `${note.dataset.rule}: this source's ${rw}×${rh} frames are stored as ` +
+    `${s.frame_size.replace("x", "×")}.${lowered}`;
+}
+
 export function renderStats(s) {
   const el = $("#vc-stats");
   if (!el) return;
@@ -145,5 +160,6 @@ export function renderStats(s) {
     parts.push(`session ends in ${Math.floor(left / 60)}:${String(left % 60).padStart(2, "0")}`);
   }
   el.textContent = parts.join(" · ");
+  showStoreNote(s);
   el.dataset.ending = s.time_left_s != null && s.time_left_s < 60 ? "soon" : "";
 }

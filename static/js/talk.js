@@ -24,10 +24,31 @@ export const talk = {
 const STATUS_TEXT = { off: "Talk is off", listening: "🟢 listening", hearing: "🎙 hearing you",
                       thinking: "💭 thinking", answering: "✍ answering", speaking: "🔊 speaking" };
 
-function showTalkStatus(status) {
+function showTalkStatus(status, detail) {
   talk.status = status;
   const el = $("#vc-talk-status");
-  if (el) { el.textContent = STATUS_TEXT[status] || status; el.dataset.state = status; }
+  if (el) {
+    el.textContent = (STATUS_TEXT[status] || status) + (detail ? `: ${detail}` : "");
+    el.dataset.state = status;
+  }
+}
+
+// The microphone's level as the server hears it (dBFS, -60 to 0 fills the
+// meter), and what a steady "listening" means: sound but no speech yet, or
+// no audio reaching the server at all.
+const QUIET_DBFS = -50, NO_AUDIO_S = 2;
+function showLevel(t) {
+  const meter = $("#vc-talk-level");
+  if (meter) {
+    const db = t.level_dbfs;
+    meter.hidden = !t.listening;
+    meter.dataset.dbfs = db == null ? "" : String(db);
+    meter.style.setProperty("--level", db == null ? "0" : Math.max(0, Math.min(1, (db + 60) / 60)).toFixed(3));
+    meter.title = db == null ? "no audio yet" : `microphone ${Math.round(db)} dBFS`;
+  }
+  if (!t.listening || t.hearing) return "";
+  if (t.audio_age_s == null || t.audio_age_s > NO_AUDIO_S) return "no audio reaching the server";
+  return t.level_dbfs != null && t.level_dbfs > QUIET_DBFS ? "hearing sound, no speech yet" : "";
 }
 
 function tellPlayback(on) {
@@ -99,7 +120,8 @@ function onTalkState(t) {
   const a = t.answer;
   const status = t.hearing ? "hearing" : talk.speaking ? "speaking"
     : a && !a.done ? (a.text ? "answering" : "thinking") : t.listening ? "listening" : "off";
-  showTalkStatus(status);
+  const heard = showLevel(t);
+  showTalkStatus(status, status === "listening" ? heard : "");
 }
 
 async function followTalk() {
@@ -144,7 +166,7 @@ function setTalk(on) {
   clearTimeout(talk.timer);
   talk.stream?.abort();
   if (on) { talk.firstN = null; followTalk(); }
-  else { stopSpeaking(); showTalkStatus("off"); }
+  else { stopSpeaking(); showTalkStatus("off"); showLevel({ listening: false }); }
 }
 
 function listVoices() {

@@ -30,6 +30,15 @@ class SpeechStopped:
 
 
 @dataclass(frozen=True)
+class SoundLevel:
+    """How loud the session's microphone is (dBFS of its last moment), while
+    Talk listens: said a few times a second, so a person sees they are heard."""
+
+    dbfs: float
+    t: float
+
+
+@dataclass(frozen=True)
 class SceneChanged:
     t: float
 
@@ -60,8 +69,8 @@ class Closed:
     reason: str
 
 
-SessionEvent = Union[SpeechStarted, SpeechStopped, Utterance, SceneChanged, AnswerEvent, SettingsChanged,
-                     SourceState, Closed]
+SessionEvent = Union[SpeechStarted, SpeechStopped, Utterance, SoundLevel, SceneChanged, AnswerEvent,
+                     SettingsChanged, SourceState, Closed]
 
 
 class EventHub:

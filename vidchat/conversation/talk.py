@@ -14,12 +14,14 @@ from __future__ import annotations
 import asyncio
 import collections
 import logging
+import math
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+import numpy as np
 from vidchat.conversation.registry import Entry
-from vidchat.conversation.session_events import SettingsChanged, SpeechStopped
+from vidchat.conversation.session_events import SettingsChanged, SoundLevel, SpeechStopped
 from vidchat.media.vad import SpeechStarted, TurnDetector, TurnSettings, Utterance
 from vidchat.media.workers import run_vad
 
@@ -29,6 +31,10 @@ log = logging.getLogger(__name__)
 # the detector's window is 32 ms: 40 ms keeps the decision within a window
 # or two of the audio while costing a wake-up per session 25 times a second.
 POLL_S = 0.04
+# The microphone's level is said this often while Talk listens (the page's
+# meter), and a silent microphone reads as this.
+LEVEL_EVERY_S = 0.25
+SILENT_DBFS = -90.0
 # Utterances waiting for a door to ask them; older ones are dropped.
 MAX_QUEUED = 4
 # Why an answer cut short by the client's speech (barge-in) was cancelled:
@@ -59,6 +65,9 @@ class Listener:
     # The state a page shows: "listening", "hearing you".
     hearing: bool = False
     speech_starts: int = 0
+    level_dbfs: float | None = None  # the microphone's last level (None: no audio heard yet)
+    level_t: float | None = None  # its time on the session's timeline
+    _level_at: float = float("-inf")
     _detector: TurnDetector | None = None
     _task: asyncio.Task | None = None
     _pos: float | None = None
@@ -130,6 +139,7 @@ class Listener:
                 self._pos = end
                 if samples.size == 0:
                     continue
+                self._say_level(samples, end)
                 self._detector.playback = self.playback
                 events = await run_vad(self._detector.feed, samples, start)
                 for event in events:
@@ -138,6 +148,17 @@ class Listener:
             raise
         except Exception:  # the listener ends; the session goes on
             log.exception("session %s… talk listener failed", session.id[:6])
+
+    def _say_level(self, samples: np.ndarray, end: float) -> None:
+        """The microphone's level, at most every LEVEL_EVERY_S (the page's meter)."""
+        now = time.monotonic()
+        if now - self._level_at < LEVEL_EVERY_S:
+            return
+        self._level_at = now
+        rms = float(np.sqrt(np.mean(np.square(samples, dtype=np.float64))))
+        self.level_dbfs = max(SILENT_DBFS, 20 * math.log10(rms)) if rms > 0 else SILENT_DBFS
+        self.level_t = end
+        self.entry.events.publish(SoundLevel(round(self.level_dbfs, 1), end))
 
     async def _handle(self, event: Event) -> None:
         sid = self.entry.session.id[:6]

@@ -9,8 +9,8 @@ from typing import Any, AsyncIterator
 
 from vidchat.conversation import Delta, Done, Queued, Started
 from vidchat.conversation.session_events import (
-    AnswerEvent, Closed, SceneChanged, SessionEvent, SettingsChanged, SourceState, SpeechStarted, SpeechStopped,
-    Subscription, Utterance,
+    AnswerEvent, Closed, SceneChanged, SessionEvent, SettingsChanged, SoundLevel, SourceState, SpeechStarted,
+    SpeechStopped, Subscription, Utterance,
 )
 
 # A comment line this often keeps a proxy from closing a quiet stream.
@@ -37,6 +37,8 @@ def wire(event: SessionEvent) -> tuple[str, dict[str, Any]]:
         return "speech.stopped", {"t": event.t}
     if isinstance(event, Utterance):
         return "utterance", {"start": event.start, "end": event.end}
+    if isinstance(event, SoundLevel):
+        return "sound.level", {"dbfs": event.dbfs, "t": event.t}
     if isinstance(event, SceneChanged):
         return "scene.changed", {"t": event.t}
     if isinstance(event, SettingsChanged):

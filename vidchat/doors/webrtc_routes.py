@@ -156,7 +156,10 @@ def talk_state_of(entry: Entry) -> dict[str, Any]:
     if listener is not None and listener.running:
         out.update(listening=True, hearing=listener.hearing, speech_starts=listener.speech_starts,
                    utterances=listener.stats.utterances, barge_ins=listener.stats.barge_ins,
-                   playback=listener.playback)
+                   playback=listener.playback, level_dbfs=listener.level_dbfs,
+                   # Seconds since the newest audio the session has (None: none yet): a
+                   # microphone that sends nothing shows as such, not as silence.
+                   audio_age_s=entry.session.audio_age_s())
     return out
 
 

@@ -120,10 +120,12 @@ class FrameBuffer:
         self.last_scene_change_t: float | None = None
         self.newest_received_t: float | None = None
         self.newest_arrival: float | None = None
+        self.received_size: tuple[int, int] | None = None  # (width, height) of the newest frame as it came
 
     def add_array(self, frame: np.ndarray | Image.Image, t: float | None) -> int | None:
         """Offer a decoded frame (any RGB-able array or image); its kept number, or None."""
         arr = evs.as_rgb_array(frame)
+        self.received_size = (arr.shape[1], arr.shape[0])
         return self.ingest(lambda: evs.thumbnail_from_array(arr), lambda: store_array(arr, self.store_max_pixels), t)
 
     def add_luma(self, luma: np.ndarray, render_rgb: Callable[[int, int], np.ndarray],
@@ -136,6 +138,7 @@ class FrameBuffer:
                 raise FrameError(f"{name} plane must be a non-empty H×W uint8 array, "
                                  f"got {getattr(plane, 'shape', plane)!r}")
         h, w = luma.shape
+        self.received_size = (w, h)
         size = stored_size(w, h, self.store_max_pixels)
 
         def stored() -> np.ndarray:
@@ -248,6 +251,8 @@ class FrameBuffer:
             # What the newest kept frame is stored (and sent to the model) at: the
             # page shows it beside the rule, since cameras deliver what they like.
             "frame_size": f"{newest.shape[1]}x{newest.shape[0]}" if newest is not None else None,
+            # ... and the newest frame as it arrived (the browser may send less than it was asked for).
+            "received_size": "{}x{}".format(*self.received_size) if self.received_size else None,
             "scene_changes": self.scene_changes,
             **session_keys,
             "drop_rate": dropped / received if received else 0.0,

@@ -162,6 +162,7 @@ class SessionMedia:
                                    max_frame_pixels=max_frame_pixels, on_media=self._on_media,
                                    position_at=self.source_timeline.position_at)
         self._audio = AudioWindow(settings.audio_seconds)
+        self._audio_arrived: float | None = None  # time.monotonic() of the newest audio
         self.timeline_start: float | None = None
 
     @property
@@ -222,6 +223,7 @@ class SessionMedia:
         pcm = to_int16(samples)
         now = time.monotonic()
         with self._lock:
+            self._audio_arrived = now
             self._audio.add(pcm, t, now)
             end = self._audio.end
             self._on_media(None if end is None else (t if t is not None else end - pcm.size / AUDIO_RATE), now)
@@ -231,6 +233,11 @@ class SessionMedia:
         if len(data) % 2:
             raise ValueError(f"PCM16 data must have an even number of bytes, got {len(data)}")
         self.add_audio(np.frombuffer(data, dtype="<i2").astype(np.int16), t)
+
+    def audio_age_s(self) -> float | None:
+        """Seconds since audio last arrived (None: none ever has)."""
+        arrived = self._audio_arrived
+        return None if arrived is None else round(time.monotonic() - arrived, 2)
 
     def audio_since(self, t: float | None) -> tuple[np.ndarray, float, float] | None:
         """The audio received after timeline time ``t`` (float32, start, end),

@@ -67,6 +67,7 @@ PREVIEW_HTML = """
 TALK_HTML = """
 <div class="vc-talk-bar" id="vc-talk-bar">
   <span class="vc-talk-status" id="vc-talk-status" data-state="off" role="status">Talk is off</span>
+  <span class="vc-level" id="vc-talk-level" hidden aria-hidden="true"><span class="vc-level-bar"></span></span>
   <label class="vc-muted">Voice <select id="vc-voice"><option value="">browser default</option></select></label>
   <button class="vc-btn" id="vc-mute" type="button" aria-pressed="false">🔊 Read aloud</button>
 </div>
