@@ -75,7 +75,8 @@ async def test_talk_asks_by_voice_and_reads_the_answer_aloud(server, media, spok
             await page.evaluate("""() => {
                 window.__speech = { spoken: [], cancels: 0 };
                 speechSynthesis.speak = (u) => { window.__speech.spoken.push(u.text); };
-                speechSynthesis.cancel = () => { window.__speech.cancels += 1; };
+                speechSynthesis.cancel = () => { window.__speech.cancels += 1;
+                                                 window.__speech.spokenAtCancel = window.__speech.spoken.length; };
             }""")
             # The answer must finish inside the microphone's silence even on a
             # loaded machine (the default 256 tokens may not: each is then cut
@@ -139,7 +140,12 @@ async def test_talk_asks_by_voice_and_reads_the_answer_aloud(server, media, spok
             # reading stops at once, and the question is heard over it.
             assert (await page.evaluate("window.vidchat.talk"))["speaking"] is True
             await page.wait_for_function("window.__speech.cancels > 0", timeout=30_000)
-            assert (await page.evaluate("window.vidchat.talk"))["speaking"] is False
+            # Stopped at once: nothing is being read now, or what is was handed
+            # over after the cancel (the new question's answer, on a machine
+            # slow enough for this check to come after it).
+            after = await page.evaluate("[window.vidchat.talk.speaking, window.__speech.spoken.length,"
+                                        " window.__speech.spokenAtCancel]")
+            assert after[0] is False or after[1] > after[2], after
             await bubble.nth(1).wait_for(timeout=30_000)  # and it became the next question
             # Talk off: the server stops listening.
             await page.click("#vc-talk input[type=checkbox]")
