@@ -8,7 +8,10 @@ repeated question apart and forgets a cleared chat."""
 
 from __future__ import annotations
 
+import contextlib
 import re
+
+from typing import Any, AsyncIterator
 
 import pytest
 from playwright.async_api import async_playwright
@@ -197,33 +200,39 @@ CHAT_LINES = ("[...document.querySelectorAll('#vc-chat [data-testid=\"user\"], #
               ".flatMap((m) => m.innerText.split('\\n')).map((l) => l.trim()).filter((l) => l)")
 
 
-async def test_a_refused_setting_names_its_field_and_leaves_the_chat_as_it_was(server, tmp_path):
-    """A 0 in "At most every (s)", then Watch ticked: vidchat's own notice
-    naming the setting joins the chat, no Gradio error badge or toast
-    replaces it, and the box unticks (ticking it again retries)."""
+@contextlib.asynccontextmanager
+async def camera_page(server, tmp_path, viewport=(1280, 800)) -> AsyncIterator[Any]:
+    """A tab on the page at ``viewport`` with its (fake) camera started and a few frames kept."""
     write_y4m(tmp_path / "cam.y4m", (40, 120, 200))
     write_wav(tmp_path / "mic.wav")
     async with async_playwright() as pw:
         browser = await launch(pw, tmp_path / "cam.y4m", tmp_path / "mic.wav", tmp_path)
         try:
-            page = await open_and_start(browser, server.url + "/", min_buffer=4)
-            await set_setting(page, "vc-max-tokens", "4")
-            await ask(page, "Anything there?")
-            await wait_for_answer(page, 1)
-            before = await page.evaluate(CHAT_LINES)
-            await page.fill("#vc-watch-every input", "0")
-            await page.click("#vc-watch input[type=checkbox]")
-            # In the user's words: the box's label, what it takes, what it held, and that Watch is off.
-            said = "⚠ At most every (s): enter seconds above 0 (you typed 0); Watch is off."
-            await page.get_by_text(said).first.wait_for(timeout=30_000)
-            await page.wait_for_function("!document.querySelector('#vc-watch input[type=checkbox]').checked",
-                                         timeout=10_000)
-            after = await page.evaluate(CHAT_LINES)
-            # Everything that was there stays, in order; the notice comes last.
-            assert after[:len(before)] == before and after[-1] == said, (before, after)
-            assert await page.locator("#vc-chat .error, .toast-body").count() == 0
+            yield await open_and_start(browser, server.url + "/", viewport=viewport, min_buffer=4)
         finally:
             await browser.close()
+
+
+async def test_a_refused_setting_names_its_field_and_leaves_the_chat_as_it_was(server, tmp_path):
+    """A 0 in "At most every (s)", then Watch ticked: vidchat's own notice
+    naming the setting joins the chat, no Gradio error badge or toast
+    replaces it, and the box unticks (ticking it again retries)."""
+    async with camera_page(server, tmp_path) as page:
+        await set_setting(page, "vc-max-tokens", "4")
+        await ask(page, "Anything there?")
+        await wait_for_answer(page, 1)
+        before = await page.evaluate(CHAT_LINES)
+        await page.fill("#vc-watch-every input", "0")
+        await page.click("#vc-watch input[type=checkbox]")
+        # In the user's words: the box's label, what it takes, what it held, and that Watch is off.
+        said = "⚠ At most every (s): enter seconds above 0 (you typed 0); Watch is off."
+        await page.get_by_text(said).first.wait_for(timeout=30_000)
+        await page.wait_for_function("!document.querySelector('#vc-watch input[type=checkbox]').checked",
+                                     timeout=10_000)
+        after = await page.evaluate(CHAT_LINES)
+        # Everything that was there stays, in order; the notice comes last.
+        assert after[:len(before)] == before and after[-1] == said, (before, after)
+        assert await page.locator("#vc-chat .error, .toast-body").count() == 0
 
 
 @pytest.mark.parametrize("width, height", [(1280, 900), (390, 844)], ids=["desktop", "phone"])
@@ -231,41 +240,34 @@ async def test_a_bad_value_in_a_slider_is_refused_by_name_and_nothing_is_asked(s
     """Gradio's slider clamps a typed 0 to its minimum without a word; the
     page refuses it instead, naming the field and its range, marks the
     field, and asks nothing until it is fixed."""
-    write_y4m(tmp_path / "cam.y4m", (40, 120, 200))
-    write_wav(tmp_path / "mic.wav")
-    async with async_playwright() as pw:
-        browser = await launch(pw, tmp_path / "cam.y4m", tmp_path / "mic.wav", tmp_path)
-        try:
-            page = await open_and_start(browser, server.url + "/", viewport=(width, height), min_buffer=4)
-            await set_setting(page, "vc-max-tokens", "4")
-            if not await page.locator("#vc-frames-per-question").is_visible():
-                await page.click("#vc-settings button, #vc-settings .label-wrap")
-            for elem_id, bad, said in (
-                    ("vc-frames-per-question", "0", "Frames per question must be a whole number in 1.."),
-                    ("vc-max-tokens", "-5", "Max tokens must be a whole number in 1..2048, got -5"),
-                    ("vc-temperature", "9", "Temperature must be a number in 0..1.5, got 9")):
-                good = await page.locator(f"#{elem_id} input[type=number]").input_value()
-                await page.fill(f"#{elem_id} input[type=number]", bad)
-                await page.locator(f"#{elem_id} input[type=number]").blur()  # Gradio clamps it here
-                asked = await page.evaluate("window.vidchat.questions.asked")
-                await ask(page, "Should not be asked?")
-                refusal = page.locator("#vc-refused")
-                await refusal.wait_for(state="visible", timeout=10_000)
-                text = await refusal.inner_text()
-                assert said in text and f", got {bad}" in text and "Nothing was asked" in text, text
-                assert await page.locator(f"#{elem_id}.vc-invalid").count() == 1  # the field is marked
-                assert await page.evaluate("window.vidchat.questions.asked") == asked  # nothing went
-                assert "Should not be asked?" not in await page.evaluate(CHAT_LINES)
-                box = await page.evaluate("(() => { const b = document.querySelector('#vc-refused');"
-                                          " return [b.scrollWidth, b.clientWidth]; })()")
-                assert box[0] <= box[1], f"the refusal overflows at {width} px: {box}"
-                await page.fill(f"#{elem_id} input[type=number]", good)  # fixed: it goes again
-                await refusal.wait_for(state="hidden", timeout=10_000)
-            await ask(page, "Now?")
-            await wait_for_answer(page, 1)
-            assert "Now?" in await page.evaluate(CHAT_LINES)
-        finally:
-            await browser.close()
+    async with camera_page(server, tmp_path, (width, height)) as page:
+        await set_setting(page, "vc-max-tokens", "4")
+        if not await page.locator("#vc-frames-per-question").is_visible():
+            await page.click("#vc-settings button, #vc-settings .label-wrap")
+        for elem_id, bad, said in (
+                ("vc-frames-per-question", "0", "Frames per question must be a whole number in 1.."),
+                ("vc-max-tokens", "-5", "Max tokens must be a whole number in 1..2048, got -5"),
+                ("vc-temperature", "9", "Temperature must be a number in 0..1.5, got 9")):
+            good = await page.locator(f"#{elem_id} input[type=number]").input_value()
+            await page.fill(f"#{elem_id} input[type=number]", bad)
+            await page.locator(f"#{elem_id} input[type=number]").blur()  # Gradio clamps it here
+            asked = await page.evaluate("window.vidchat.questions.asked")
+            await ask(page, "Should not be asked?")
+            refusal = page.locator("#vc-refused")
+            await refusal.wait_for(state="visible", timeout=10_000)
+            text = await refusal.inner_text()
+            assert said in text and f", got {bad}" in text and "Nothing was asked" in text, text
+            assert await page.locator(f"#{elem_id}.vc-invalid").count() == 1  # the field is marked
+            assert await page.evaluate("window.vidchat.questions.asked") == asked  # nothing went
+            assert "Should not be asked?" not in await page.evaluate(CHAT_LINES)
+            box = await page.evaluate("(() => { const b = document.querySelector('#vc-refused');"
+                                      " return [b.scrollWidth, b.clientWidth]; })()")
+            assert box[0] <= box[1], f"the refusal overflows at {width} px: {box}"
+            await page.fill(f"#{elem_id} input[type=number]", good)  # fixed: it goes again
+            await refusal.wait_for(state="hidden", timeout=10_000)
+        await ask(page, "Now?")
+        await wait_for_answer(page, 1)
+        assert "Now?" in await page.evaluate(CHAT_LINES)
 
 
 @pytest.mark.parametrize("width, height", [(1280, 900), (390, 844)], ids=["desktop", "phone"])
@@ -273,24 +275,17 @@ async def test_the_stored_size_note_says_the_live_figures(server, tmp_path, widt
     """The note under the preview says what this source's frames arrive as
     and are stored at (the server's stats), not a 640×480 example that the
     status line's "stored" then contradicts."""
-    write_y4m(tmp_path / "cam.y4m", (40, 120, 200))
-    write_wav(tmp_path / "mic.wav")
-    async with async_playwright() as pw:
-        browser = await launch(pw, tmp_path / "cam.y4m", tmp_path / "mic.wav", tmp_path)
-        try:
-            page = await open_and_start(browser, server.url + "/", viewport=(width, height), min_buffer=4)
-            sid = await page.evaluate("window.vidchat.sessionId")
-            await page.wait_for_function("document.querySelector('#vc-store').textContent.includes('stored as')",
-                                         timeout=30_000)
-            note = await page.inner_text("#vc-store")
-            stats = server.get_json(f"/webrtc/stats?session_id={sid}")
-            received, stored = stats["received_size"].replace("x", "×"), stats["frame_size"].replace("x", "×")
-            assert f"this source's {received} frames are stored as {stored}." in note, (note, stats)
-            assert "640×480 camera frame" not in note
-            status = await page.inner_text("#vc-stats")
-            assert f"stored {stored}" in status  # the note and the status line agree
-            sizes = await page.evaluate("(() => { const n = document.querySelector('#vc-store');"
-                                        " return [n.scrollWidth, n.clientWidth]; })()")
-            assert sizes[0] <= sizes[1], f"the note overflows at {width} px: {sizes}"
-        finally:
-            await browser.close()
+    async with camera_page(server, tmp_path, (width, height)) as page:
+        sid = await page.evaluate("window.vidchat.sessionId")
+        await page.wait_for_function("document.querySelector('#vc-store').textContent.includes('stored as')",
+                                     timeout=30_000)
+        note = await page.inner_text("#vc-store")
+        stats = server.get_json(f"/webrtc/stats?session_id={sid}")
+        received, stored = stats["received_size"].replace("x", "×"), stats["frame_size"].replace("x", "×")
+        assert f"this source's {received} frames are stored as {stored}." in note, (note, stats)
+        assert "640×480 camera frame" not in note
+        status = await page.inner_text("#vc-stats")
+        assert f"stored {stored}" in status  # the note and the status line agree
+        sizes = await page.evaluate("(() => { const n = document.querySelector('#vc-store');"
+                                    " return [n.scrollWidth, n.clientWidth]; })()")
+        assert sizes[0] <= sizes[1], f"the note overflows at {width} px: {sizes}"

@@ -17,10 +17,10 @@ from vidchat import conversation
 from vidchat.conversation import CANCELLED, Delta, Done, Queued, Started, answer_path, kept, log_context
 from vidchat.conversation.answer_path import OptionError
 from vidchat.conversation.settings_table import SETTINGS, UNBOUNDED_MAX_TOKENS
-from vidchat.doors import inputs as answer_inputs
 from vidchat.engine import EngineError
+from vidchat.media.numbers import is_number
 from vidchat.doors.page.view import (
-    NOT_RUNNING, NO_TEXT, SPOKEN, STOPPED, frames_html, is_notice, mark_stopped, notice,
+    NOT_RUNNING, NO_TEXT, SPOKEN, STOPPED, fold_message, frames_html, is_notice, mark_stopped, notice,
     spoken_bubble, waiting_text,
 )
 
@@ -43,10 +43,9 @@ def positive_number(label: str, value: Any, unit: str, then: str) -> float:
     """A page number box that must hold a number above 0; else OptionError
     in the user's words: the box's label, what it takes, what it held, and
     what happens now (``then``)."""
-    number = value if isinstance(value, (int, float)) and not isinstance(value, bool) else None
-    if number is None or not number > 0 or number != number or number in (float("inf"), float("-inf")):
+    if not is_number(value) or not value > 0:
         raise OptionError(f"{label}: enter {unit} above 0 ({typed(value)}); {then}")
-    return float(number)
+    return float(value)
 
 
 def _seed(value: Any) -> int | None:
@@ -222,10 +221,7 @@ async def _final_update(entry, done: Done, history: list[dict]) -> tuple:
     if done.record_error:
         history.append(notice(done.record_error if done.record_error.startswith("Not recorded")
                               else f"⚠ {done.record_error}"))
-    panel = await asyncio.to_thread(answer_inputs.details_html, answer, done.answer_id,
-                                    done.answer_id in entry.bundles)
-    history.append({"role": "assistant", "content": panel,
-                    "metadata": {"title": answer_inputs.title(answer), "status": "done", "id": done.answer_id}})
+    history.append(await asyncio.to_thread(fold_message, entry, answer, done.answer_id))
     return history, await asyncio.to_thread(frames_html, answer, done.answer_id, done.answer_id in entry.bundles), \
         answer.summary()
 

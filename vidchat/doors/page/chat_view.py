@@ -13,8 +13,7 @@ import gradio as gr
 
 from vidchat import conversation
 from vidchat.conversation import kept
-from vidchat.doors import inputs as answer_inputs
-from vidchat.doors.page.view import STOPPED, frames_html, notice
+from vidchat.doors.page.view import STOPPED, fold_message, frames_html, notice
 
 
 def chat_messages(state: Any, entry: Any) -> list[dict[str, Any]]:
@@ -27,10 +26,7 @@ def chat_messages(state: Any, entry: Any) -> list[dict[str, Any]]:
             messages.append(notice(STOPPED))
         answer = entry.answers.get(exchange.answer_id) if exchange.answer_id else None
         if answer is not None:
-            panel = answer_inputs.details_html(answer, exchange.answer_id, exchange.answer_id in entry.bundles)
-            messages.append({"role": "assistant", "content": panel,
-                             "metadata": {"title": answer_inputs.title(answer), "status": "done",
-                                          "id": exchange.answer_id}})
+            messages.append(fold_message(entry, answer, exchange.answer_id))
     return messages
 
 

@@ -167,6 +167,14 @@ def history_turns(history: list[dict]) -> list[Turn]:
     return turns
 
 
+def fold_message(entry: Any, answer: Answer, answer_id: str) -> dict[str, Any]:
+    """The "what the model got" fold under an answer, as the chat shows it
+    (its thumbnails are encoded here: call it off the event loop)."""
+    return {"role": "assistant",
+            "content": answer_inputs.details_html(answer, answer_id, answer_id in entry.bundles),
+            "metadata": {"title": answer_inputs.title(answer), "status": "done", "id": answer_id}}
+
+
 def frames_html(answer, answer_id: str | None = None, recorded: bool = False) -> str:
     """Thumbnails of the frames sent, inline as data URLs: nothing touches
     disk; above them, where its record (and its bundle, when recorded) downloads."""
