@@ -11,6 +11,7 @@ import types
 import numpy as np
 import pytest
 
+from vidchat import conversation
 from vidchat.conversation import answer_path
 from vidchat.conversation.answer_path import AnswerOptions, OptionError
 from vidchat.media.session import SessionSettings
@@ -41,31 +42,47 @@ async def drain(answer, seen: list | None = None):
     return answer.reply.stats
 
 
+def talking_of(engine, entry):
+    """The entry's conversation, with an engine and no app around it."""
+    return conversation.of(conversation.Standalone(engine), entry)
+
+
+async def drain_run(run, seen: list | None = None):
+    """Read a run's events to its Done; its deltas into ``seen``."""
+    async for event in run.events():
+        if isinstance(event, conversation.Delta) and seen is not None:
+            seen.append(event.text)
+    return run.answer.reply.stats
+
+
 @pytest.mark.engine
 async def test_racing_questions_leave_exactly_one_generation(omni_engine):
     entry = filled_entry()
+    talking = talking_of(omni_engine, entry)
     # Five questions for one session at once, as from two doors or two /ask calls.
-    results = await asyncio.gather(*(answer_path.ask(omni_engine, entry, f"Q{i}", LONG) for i in range(5)),
-                                   return_exceptions=True)
-    started = [r for r in results if isinstance(r, answer_path.Answer)]
+    results = await asyncio.gather(*(talking.ask(f"Q{i}", LONG) for i in range(5)), return_exceptions=True)
+    started = [r for r in results if isinstance(r, conversation.AnswerRun)]
     superseded = [r for r in results if isinstance(r, answer_path.Superseded)]
     assert len(started) == 1 and len(superseded) == 4, results
     winner = started[0]
-    assert winner.question == "Q4" and entry.answer is winner  # the last to arrive wins
+    assert winner.answer.question == "Q4" and entry.answer is winner.answer  # the last to arrive wins
     # At each of its first 20 tokens, the winner is the only generation.
     seen = 0
-    async for _ in winner.reply:
-        assert omni_engine.running_requests == 1
-        seen += 1
-        if seen == 20:
-            break
-    consumer = asyncio.create_task(drain(winner))
+    reader = winner.events()
+    async for event in reader:
+        if isinstance(event, conversation.Delta):
+            assert omni_engine.running_requests == 1
+            seen += 1
+            if seen == 20:
+                break
+    consumer = asyncio.create_task(drain_run(winner))
+    await reader.aclose()
     # A later question replaces it: the running one is aborted in vLLM.
-    short = await answer_path.ask(omni_engine, entry, "And now?", AnswerOptions(max_tokens=4, temperature=0.0))
+    short = await talking.ask("And now?", AnswerOptions(max_tokens=4, temperature=0.0))
     stats = await asyncio.wait_for(consumer, 10)
     assert stats.cancelled and stats.completion_tokens < 2000
-    assert (await drain(short)).completion_tokens == 4
-    assert answer_path.release(entry, short) and entry.answer is None
+    assert (await drain_run(short)).completion_tokens == 4
+    assert (await short.finish()).current and entry.answer is None
     assert omni_engine.running_requests == 0
 
 
@@ -75,8 +92,9 @@ async def test_questions_arriving_while_an_abort_winds_down_wait_for_it(omni_eng
     only lands at its first output; questions arriving meanwhile (two at once
     here) must not start beside it."""
     entry = filled_entry()
-    first = await answer_path.ask(omni_engine, entry, "Q0", LONG)
-    consumer = asyncio.create_task(drain(first))
+    talking = talking_of(omni_engine, entry)
+    first = await talking.ask("Q0", LONG)
+    consumer = asyncio.create_task(drain_run(first))
     peak = 0
 
     async def watch():
@@ -90,20 +108,20 @@ async def test_questions_arriving_while_an_abort_winds_down_wait_for_it(omni_eng
     consumers = {}
 
     async def ask_and_stream(question):
-        answer = await answer_path.ask(omni_engine, entry, question, LONG)
-        consumers[question] = asyncio.create_task(drain(answer, streamed))  # streams at once, as the page does
-        return answer
+        run = await talking.ask(question, LONG)
+        consumers[question] = asyncio.create_task(drain_run(run, streamed))  # streams at once, as a door does
+        return run
 
     streamed: list[str] = []
     results = await asyncio.gather(ask_and_stream("Q1"), ask_and_stream("Q2"), return_exceptions=True)
-    started = [r for r in results if isinstance(r, answer_path.Answer)]
-    assert [a.question for a in started] == ["Q2"], results
+    started = [r for r in results if isinstance(r, conversation.AnswerRun)]
+    assert [r.answer.question for r in started] == ["Q2"], results
     # The peak is watched until the winner has streamed a while: the aborted
     # one is long gone by then, or it would have overlapped.
     await eventually_async(lambda: len(streamed) >= 20, 30, "the winning question streams 20 deltas")
     watcher.cancel()
     assert (await asyncio.wait_for(consumer, 10)).cancelled
-    await started[0].cancel()
+    await talking.cancel()
     await asyncio.wait_for(consumers["Q2"], 10)
     assert peak == 1, peak
     assert omni_engine.running_requests == 0
@@ -112,19 +130,20 @@ async def test_questions_arriving_while_an_abort_winds_down_wait_for_it(omni_eng
 @pytest.mark.engine
 async def test_question_arriving_during_preparation_wins(omni_engine):
     entry = filled_entry(n=16)
-    first = asyncio.create_task(answer_path.ask(omni_engine, entry, "first", LONG))
+    talking = talking_of(omni_engine, entry)
+    first = asyncio.create_task(talking.ask("first", LONG))
     await asyncio.sleep(0)  # the first is being prepared in its worker thread
-    second = await answer_path.ask(omni_engine, entry, "second", AnswerOptions(max_tokens=2, temperature=0.0))
+    second = await talking.ask("second", AnswerOptions(max_tokens=2, temperature=0.0))
     with pytest.raises(answer_path.Superseded):
         await first
-    assert entry.answer is second
-    await drain(second)
+    assert entry.answer is second.answer
+    await drain_run(second)
     assert omni_engine.running_requests == 0
 
 
 @pytest.mark.engine
 async def test_no_frames_is_the_cores_fact_and_each_door_says_what_to_do(omni_engine):
-    from vidchat.doors.page.answers import NO_FRAMES_HINT
+    from vidchat.doors.page.chat_feed import NO_FRAMES_HINT
     from vidchat.doors.socket_session import SocketSession
 
     for kind in ("ws", "webrtc"):  # the core says the same to every door

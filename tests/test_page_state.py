@@ -10,6 +10,7 @@ import types
 
 import pytest
 
+from vidchat import conversation
 from vidchat.conversation import kept
 from vidchat.media.session import SessionSettings
 from vidchat.conversation.registry import SessionRegistry
@@ -48,13 +49,14 @@ def test_a_stopped_answers_text_still_reaches_the_model_but_its_mark_does_not():
     assert history_turns(history) == [Turn("user", "Talk at length"), Turn("assistant", "So far")]
 
 
-def _answer(question: str, asked_at: float, temperature: float = 0.7):
-    """What the re-ask list reads of an answer."""
+def _answer(question: str, asked_at: float, temperature: float = 0.7, chat: int = 0):
+    """What the re-ask list reads of an answer (``chat``: the chat it was asked in)."""
     return types.SimpleNamespace(question=question, asked_at=asked_at, sample=types.SimpleNamespace(frames=[0] * 16),
-                                 options=types.SimpleNamespace(temperature=temperature), bundle_name="b.zip")
+                                 options=types.SimpleNamespace(temperature=temperature), bundle_name="b.zip",
+                                 chat=chat)
 
 
-def test_the_reask_list_tells_repeated_questions_apart_and_forgets_a_cleared_chat():
+async def test_the_reask_list_tells_repeated_questions_apart_and_forgets_a_cleared_chat():
     registry = SessionRegistry()
     entry = registry.create("webrtc", SessionSettings())
     entry.session.timeline_start = 100.0
@@ -66,10 +68,10 @@ def test_the_reask_list_tells_repeated_questions_apart_and_forgets_a_cleared_cha
                       "at 12.0 s: What just changed? (16 frames, T=0.7)"]
 
     loaded = {"bundle-x": _answer("Recorded?", 0.0)}
-    kept.chat_cleared(entry)
+    conversation.of(state, entry).clear()
     assert reask_choices(state, entry.session.id, loaded) == bundle_choices(loaded) == [
         ("bundle: Recorded? (16 frames, b.zip)", "bundle-x")]
-    kept.remember(entry, _answer("After the clear", 130.0))
+    kept.remember(entry, _answer("After the clear", 130.0, chat=1))
     assert [label for label, _ in reask_choices(state, entry.session.id)] == [
         "latest, at 30.0 s: After the clear (16 frames, T=0.7)"]
     assert len(entry.answers) == 3  # still kept: their inputs stay served, the timings chart counts them

@@ -362,11 +362,12 @@ async def test_the_sample_taken_at_enter_is_warmed_whole_and_is_the_questions(om
     entry.session.update_settings(num_sample_frames=8)
     assert prewarmer.take_pin(entry) is None
     await prewarmer.question_now(sid)
-    entry.question_seq += 1  # its question was asked without it (the pin came late)
+    talking = conversation.of(prewarmer.state, entry)
+    await talking.stop()  # the chat's turn moved on: its question came (or was stopped) without it
     assert prewarmer.take_pin(entry) is None
     # An Enter report that arrives after its typed question: ignored, so
     # the next question never takes a sample from before this one.
-    entry.question_seq += 1
+    await talking.stop()
     entry.typed_question_at = time.monotonic()
     late = prewarmer.stats.late_enter_reports
     await prewarmer.question_now(sid)

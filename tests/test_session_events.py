@@ -15,7 +15,7 @@ from vidchat import conversation
 from vidchat.conversation import Delta, Done, Started, answer_path
 from vidchat.conversation.answer_path import AnswerOptions
 from vidchat.conversation.session_events import (
-    MAX_BEHIND, AnswerEvent, Closed, EventHub, SceneChanged, SettingsChanged,
+    MAX_BEHIND, AnswerEvent, QuestionAsked, Closed, EventHub, SceneChanged, SettingsChanged,
 )
 from vidchat.conversation.registry import SessionRegistry
 from vidchat.doors.session_stream import server_sent, wire
@@ -102,7 +102,10 @@ async def test_an_answer_a_settings_change_and_the_end_reach_the_sessions_stream
     assert "".join(e.event.text for e in answer_events if isinstance(e.event, Delta)) == done.event.text
     assert kinds[-1] == "Closed" and got[-1].reason == "stopped by the client"
     # The page's wire format says each of them.
-    assert [wire(e)[0] for e in got][:2] == ["settings.changed", "answer.started"]
+    assert [wire(e)[0] for e in got][:3] == ["settings.changed", "question.asked", "answer.started"]
+    asked = got[1]
+    assert isinstance(asked, QuestionAsked) and asked.question == "What is there?" and asked.cause == "typed"
+    assert {e.ticket for e in answer_events} == {asked.ticket}  # every event of its answer names it
     assert wire(got[-1]) == ("closed", {"reason": "stopped by the client"})
 
 

@@ -182,36 +182,35 @@ async def test_a_spoken_question_is_recorded_and_re_asked_with_the_same_audio(om
     await registry.close(other.session.id, "test over")
 
 
-async def test_a_stale_page_talk_loop_hands_its_utterance_to_the_loop_that_owns_the_chat():
-    """A typed question takes the chat from the page's Talk loop (its epoch
-    moves on). An utterance heard just then is not asked by that stale loop
-    (which would cancel the live answer and drop the question): it goes
-    back to the listener, for the loop the page starts next."""
+async def test_talk_runs_as_a_task_of_the_conversation_that_a_typed_question_never_ends():
+    """The page's Talk is a task of the session's conversation: each
+    utterance the listener hears is asked as a spoken question; a typed
+    question meanwhile leaves Talk running (no loop to restart), and Talk
+    switched off ends the task and the listener."""
     import types
 
-    from vidchat.doors import page as ui
+    from vidchat import conversation
 
     registry = SessionRegistry()
     t0 = time.monotonic()
     entry = new_entry(registry, t0)
-    state = types.SimpleNamespace(registry=registry, engine=types.SimpleNamespace(accepts_audio=True),
-                                  prewarmer=None)
-    updates = []
-
-    async def run_loop() -> None:
-        async for update in ui.talk_loop(state, True, True, 500, 250, [], entry.session.id):
-            updates.append(update)
-
-    loop = asyncio.create_task(run_loop())
+    state = types.SimpleNamespace(registry=registry, engine=None, prewarmer=None)
+    talking = conversation.of(state, entry)
+    asked: list = []
+    talking.submit = lambda question, options, **kw: asked.append((question, kw)) or len(asked)
+    talking.modes.talk(TurnSettings(), True, lambda: AnswerOptions())
     await eventually_async(lambda: entry.talk is not None and entry.talk._detector is not None, 10,
-                           "the page's talk loop listens")
+                           "the listener listens")
     listener = entry.talk
-    # A typed question takes the chat, and in the same instant the listener
-    # hears an utterance end: the loop wakes to both at once.
-    entry.talk_epoch += 1
-    heard = Utterance(t0 + 2.0, t0 + 3.5, level_dbfs=-20.0)
-    listener.events.put_nowait(heard)
-    await asyncio.wait_for(loop, 10)
-    assert updates == [] and entry.answer is None, "the stale loop asked (and cancelled the live answer)"
-    assert await next_utterance(listener, timeout=1.0) is heard  # put back for the loop that owns the chat
+    first = Utterance(t0 + 2.0, t0 + 3.5, level_dbfs=-20.0)
+    listener.events.put_nowait(first)
+    await eventually_async(lambda: len(asked) == 1, 10, "the utterance is asked")
+    assert asked[0][0] == "" and asked[0][1]["spoken"] is first and asked[0][1]["cause"] == "spoken"
+    talking.submit("A typed question", AnswerOptions())  # the chat's turn moves on; Talk goes on
+    second = Utterance(t0 + 4.0, t0 + 5.0, level_dbfs=-20.0)
+    listener.events.put_nowait(second)
+    await eventually_async(lambda: len(asked) == 3, 10, "the next utterance is asked too")
+    assert asked[2][1]["spoken"] is second and talking.modes.talking
+    await talking.modes.stop_talking()
+    assert not talking.modes.talking and not listener.running
     await registry.close(entry.session.id, "test over")

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from dataclasses import dataclass
 from typing import Any, AsyncIterator, Callable, Sequence
 
@@ -40,9 +41,12 @@ from vidchat.conversation.runs import (  # noqa: F401 (the conversation's events
 from vidchat.conversation.answer_path import Answer, AnswerOptions
 from vidchat.media.session import Sample
 from vidchat.conversation.registry import Entry
-from vidchat.conversation.session_events import SceneChanged, SessionEvent
+from vidchat.conversation.modes import Modes
+from vidchat.conversation.session_events import (
+    NO_FRAMES, ERROR, REPLACED, STOPPED, TYPED, ChatCleared, QuestionAsked, QuestionRefused, SceneChanged, SessionEvent,
+)
 from vidchat.conversation.watch import SceneWatch
-from vidchat.engine import ChatEngine, Turn
+from vidchat.engine import ChatEngine, EngineError, Turn
 from vidchat.media.vad import Utterance
 
 log = logging.getLogger(__name__)
@@ -62,12 +66,62 @@ class Conversation:
         self._chat_run: AnswerRun | None = None
         self.history = ChatHistory()  # the chat, on the server, for every door and the warm-ups
         self.generation = 0  # the chat's number: Clear starts a new one
+        # The chat's turn: each question, Stop, Clear and the session's end
+        # move it on; a question prepared for an older turn never starts.
+        # (The one counter, where there were a question sequence, watch and
+        # talk epochs and a stop count.)
+        self.turn = 0
+        self._moved_by = ""  # what moved the turn last (a question, "stop", "clear", "closed")
+        self._side_turn = 0  # the same for re-asks beside the chat: a newer one replaces a running one
+        self._tasks: set[asyncio.Task] = set()  # questions asked in a task of the conversation (submit)
+        self.modes = Modes(self)  # Watch and Talk, as tasks of the conversation
+        entry.closers.append(self._closed)
+
+    # -- the chat's turn and the one way to stop its answer ------------------
+
+    def _move_turn(self, by: str) -> int:
+        self.turn += 1
+        self._moved_by = by
+        return self.turn
+
+    async def cancel(self, why: str | None = None) -> None:
+        """The one way to cancel the chat's answer (Stop, Clear, barge-in, a
+        newer question): its run ends with a cancelled Done within its grace."""
+        run = self._chat_run
+        if run is not None and not run.ended.is_set():
+            await run.cancel(why)
+
+    async def stop(self, why: str | None = None) -> None:
+        """Stop: the running answer ends, a question not started yet ends
+        stopped, and watching ends."""
+        self._move_turn("stop")
+        self.modes.stop_watching()
+        await self.cancel(why)
 
     def clear(self) -> None:
         """Clear chat: the history goes, and an answer of the old chat ending
-        later is not added to the new one (nor does the next warm-up carry it)."""
+        later is not added to the new one (nor does the next warm-up carry
+        it); its answer is cancelled (nobody's chat shows it any more).
+        Watch and Talk go on."""
         self.generation += 1
+        self._move_turn("clear")
         self.history.clear()
+        self.entry.events.publish(ChatCleared())
+        if self._chat_run is not None and not self._chat_run.ended.is_set():
+            self._in_task(self.cancel())
+
+    async def _closed(self) -> None:
+        """The session ended: nothing more is asked (a registry closer)."""
+        self._move_turn("closed")
+        self.modes.stop_watching()
+        for task in list(self._tasks):
+            task.cancel()
+
+    def _in_task(self, work: Any) -> asyncio.Task:
+        task = asyncio.get_running_loop().create_task(work)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        return task
 
     def _answered(self, run: AnswerRun, done: Done) -> None:
         """The one rule for what the chat keeps: an answer of this chat, in its
@@ -81,23 +135,33 @@ class Conversation:
         # prepares the next question's start from it (Entry.warm_history).
         self.history.add(done.answer_id, answer_path.spoken_text(done.answer), text, stopped=done.status == CANCELLED)
 
+    def is_current(self, run: AnswerRun) -> bool:
+        """Whether ``run`` is still its slot's newest question."""
+        return run.answer.ticket == (self.turn if run.slot is self.entry else self._side_turn)
+
+    # -- asking ------------------------------------------------------------
+
     async def ask(self, question: str, options: AnswerOptions, *, engine: ChatEngine | None = None,
                   history: Sequence[Turn] | None = None, sample: Sample | None = None, spoken: Any = None,
                   question_audio: Any = None, record: bool = False, continues_chat: bool = True,
-                  remember: bool = True, frames_optional: bool = False) -> AnswerRun:
+                  remember: bool = True, frames_optional: bool = False, ticket: int | None = None,
+                  cause: str = TYPED, at: float | None = None) -> AnswerRun:
         """A question in the chat: the running answer is cancelled and its
         Done delivered before this one starts. ``history``: None, the
         conversation's own chat (``continues_chat``; none otherwise), taken
-        once the replaced answer has ended. Raises NoFrames, Superseded
-        (a newer question arrived while this one was prepared) or EngineError
-        (QuestionTooLarge before anything is cancelled)."""
+        once the replaced answer has ended. ``ticket``: the turn
+        :meth:`submit` took for it (else it takes the next). Raises
+        NoFrames, Superseded (a newer question, Stop or Clear came while it
+        was prepared) or EngineError (QuestionTooLarge before anything is
+        cancelled)."""
         answer_path.check_question(question, history or ())
+        if ticket is None:
+            ticket = self._asked(question, cause, at, spoken)
+        elif ticket != self.turn:
+            raise answer_path.Superseded("A newer question replaced this one.")
         previous = self._chat_run
-        if previous is not None:
-            previous.superseded = True
-            if not previous.ended.is_set():
-                await previous.cancel()  # arms its force-done: its Done comes within the grace
-        await self.entry.cancel_answer()
+        if previous is not None and not previous.ended.is_set():
+            await previous.cancel()  # arms its force-done: its Done comes within the grace
         if previous is not None and not previous.finished.is_set():
             try:
                 await asyncio.wait_for(previous.finished.wait(), PREEMPT_GRACE_S)
@@ -107,11 +171,69 @@ class Conversation:
         if history is None:
             history = self.history.turns() if continues_chat else ()
         answer = await answer_path.ask(engine or self.state.engine, self.entry, question, options, history=history,
-                                queue=self.state.answer_gate, sample=sample, spoken=spoken,
-                                question_audio=question_audio, frames_optional=frames_optional)
+                                       queue=self.state.answer_gate, sample=sample, spoken=spoken,
+                                       question_audio=question_audio, frames_optional=frames_optional,
+                                       ticket=ticket, current=lambda: self.turn == ticket)
+        answer.chat = self.generation
         run = AnswerRun(self, self.entry, answer, record=record, continues_chat=continues_chat, remember=remember)
         self._chat_run = run
         return run
+
+    def _asked(self, question: str, cause: str, at: float | None, spoken: Any) -> int:
+        ticket = self._move_turn("question")
+        self.entry.events.publish(QuestionAsked(ticket, question, cause, at,
+                                                None if spoken is None else round(spoken.seconds, 3)))
+        return ticket
+
+    def submit(self, question: str, options: AnswerOptions | Callable[[], AnswerOptions], *, cause: str = TYPED,
+               at: float | None = None, spoken: Any = None, sample: Sample | None = None,
+               pinned_at: float | None = None, record: bool = False) -> int:
+        """Ask in a task of the conversation, for a door that only listens
+        (the page): the question joins the chat at once (QuestionAsked), waits
+        for the model when it still loads, and its outcome comes as the
+        session's events: its answer's, or QuestionRefused (replaced,
+        stopped, no frames, an engine error). ``options`` may be a callable,
+        read once the model runs (a ValueError it raises refuses the
+        question). ``pinned_at``: when ``sample`` was taken (time.monotonic()).
+        Returns the question's ticket."""
+        ticket = self._asked(question, cause, at, spoken)
+        self._in_task(self._submitted(ticket, question, options, spoken, sample, pinned_at, record))
+        return ticket
+
+    async def _submitted(self, ticket: int, question: str, options: Any, spoken: Any, sample: Sample | None,
+                         pinned_at: float | None, record: bool) -> None:
+        refused: tuple[str, str] | None = None
+        try:
+            while getattr(self.state, "engine", None) is None and self.turn == ticket:
+                try:
+                    await self.state.wait_engine(timeout=1.0)
+                except EngineError:
+                    if self.state.engine_down or self.state.ready:
+                        raise  # it failed, or is down for good: said as this question's refusal
+            if self.turn != ticket:
+                raise answer_path.Superseded("")
+            try:
+                chosen = options() if callable(options) else options
+            except ValueError as exc:
+                raise EngineError(f"Settings not accepted: {exc}") from None
+            run = await self.ask(question, chosen, ticket=ticket, spoken=spoken, sample=sample, record=record)
+            if pinned_at is not None:
+                run.answer.sampled_before_ms = (time.monotonic() - pinned_at) * 1000
+        except answer_path.Superseded:
+            refused = (STOPPED if self._moved_by == "stop" else REPLACED, "")
+        except answer_path.NoFrames as exc:
+            refused = (NO_FRAMES, str(exc))
+        except EngineError as exc:
+            refused = (ERROR, str(exc))
+        except asyncio.CancelledError:
+            refused = (STOPPED, "")
+            raise
+        except Exception:  # noqa: BLE001 - the question fails, the session goes on
+            log.exception("session %s…: question failed", self.entry.session.id[:6])
+            refused = (ERROR, "Query processing failed")
+        finally:
+            if refused is not None:
+                self.entry.events.publish(QuestionRefused(ticket, *refused))
 
     def events(self) -> AsyncIterator[SessionEvent]:
         """The session's one event stream (vidchat.conversation.session_events),
@@ -136,7 +258,10 @@ class Conversation:
             if self.state.engine is None:
                 continue
             while (run := self._chat_run) is not None and not run.finished.is_set() and not stopped():
-                await run.finished.wait()
+                try:  # looked at again each second: watching switched off meanwhile ends here
+                    await asyncio.wait_for(asyncio.shield(run.finished.wait()), 1.0)
+                except asyncio.TimeoutError:
+                    pass
             if stopped():
                 return
             yield t
@@ -145,10 +270,9 @@ class Conversation:
                     starts: bool = False) -> AsyncIterator[Any]:
         """Talk mode's turns for a door, from the session's listener
         (vidchat.conversation.talk): each finished utterance (and, with ``starts``, each
-        speech start) until ``stale()`` says this reader no longer owns the
-        chat (looked at every second while nothing is heard). An utterance
-        heard just as the reader went stale is put back for the reader that
-        owns the chat now, never asked by this one nor dropped."""
+        speech start) until ``stale()`` says this reader is done (looked at
+        every second while nothing is heard). An utterance heard just as the
+        reader went stale is put back for the next reader, never dropped."""
         while True:
             waiter = asyncio.ensure_future(listener.next_event() if starts else listener.next_utterance())
             try:
@@ -172,9 +296,13 @@ class Conversation:
         re-ask list and the timings chart read them), and a re-ask of a
         loaded bundle would keep its decoded frames with the session."""
         slot = self.entry.side_slot()
+        self._side_turn += 1
+        ticket = self._side_turn
+        await slot.cancel_answer()
         answer = await answer_path.ask(engine or self.state.engine, slot, original.question, options,
-                                history=original.history, queue=self.state.answer_gate, sample=sample,
-                                spoken=original.spoken)
+                                       history=original.history, queue=self.state.answer_gate, sample=sample,
+                                       spoken=original.spoken, ticket=ticket,
+                                       current=lambda: self._side_turn == ticket and not self.entry.closed)
         return AnswerRun(self, slot, answer, record=False, continues_chat=False, remember=False)
 
 

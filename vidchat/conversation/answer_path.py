@@ -15,7 +15,7 @@ import logging
 import math
 import time
 from dataclasses import dataclass, field, replace
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 from vidchat.conversation.answer_queue import Abandoned, AnswerQueue, OnWait, Slot
 from vidchat.media.session import Sample, Session, SessionSettings
@@ -156,6 +156,7 @@ class Answer:
     prep_ms: float = 0.0
     video_fps: float | None = None
     bundle_name: str = ""  # the recording this answer was read from (a bundle loaded into the page)
+    chat: int = 0  # the chat it was asked in (Conversation.generation: Clear starts another)
     session_id: str = ""
 
     queue: AnswerQueue | None = None
@@ -253,6 +254,8 @@ async def ask(
     spoken: Any = None,
     question_audio: Any = None,
     frames_optional: bool = False,
+    ticket: int = 0,
+    current: Callable[[], bool] = lambda: True,
 ) -> Answer:
     """Answer a question about this session's buffer, replacing any answer it
     is still generating.
@@ -260,15 +263,13 @@ async def ask(
     The buffer is sampled now (frames that arrive later count for the next
     question); the prompt and media are prepared in a worker thread. Questions
     take effect in arrival order: one overtaken by a newer question while it
-    was prepared raises Superseded and never reaches vLLM. A given `sample`
+    was prepared (``current()`` false for its ``ticket``: the conversation's
+    turn moved on) raises Superseded and never reaches vLLM. A given `sample`
     (a re-ask of an earlier answer's exact inputs) replaces the buffer's.
     ``frames_optional``: a question with no frame yet is asked on its text
     (and audio) alone instead of raising NoFrames (the Realtime API allows it)."""
     t0 = time.perf_counter()
     check_question(question, history)  # before the running answer is cancelled: a refusal changes nothing
-    entry.question_seq += 1
-    ticket = entry.question_seq
-    await entry.cancel_answer()
     session = entry.session
     if question_audio is not None:
         sample, spoken = _with_question_audio(session, question_audio)
@@ -280,7 +281,7 @@ async def ask(
                                        spoken=spoken is not None)
     if entry.closed:
         raise Superseded("The session closed before this question started.")
-    if entry.question_seq != ticket:
+    if not current():
         raise Superseded("A newer question replaced this one.")
     answer = Answer(question, engine.submit(prepared), sample, options, prompt_text=prepared.prompt_text,
                     ticket=ticket, prep_ms=(time.perf_counter() - t0) * 1000, video_fps=prepared.video_fps,
@@ -366,11 +367,10 @@ def frozen_sample(answer: Answer, frames: int | None = None) -> Sample:
     return original.frames_at(picks)
 
 
-def release(entry: Entry, answer: Answer) -> bool:
-    """Mark an answer finished; False when a newer question had replaced it.
-    (What the chat keeps of it is the conversation's: Conversation._answered.)"""
+def release(entry: Entry, answer: Answer) -> None:
+    """Mark an answer finished: its place and its slot are free. (What the
+    chat keeps of it is the conversation's: Conversation._answered.)"""
     answer.free()
     if entry.answer is answer:
         entry.answer = None
         entry.answer_ended = time.monotonic()
-    return entry.question_seq == answer.ticket

@@ -19,7 +19,7 @@ class Pin:
     at: float  # time.monotonic()
     sample: Any
     settings: Any  # the session's settings it was taken with
-    question_seq: int  # the session's questions asked by then: a later question makes the pin stale
+    turn: int  # the conversation's turn then (Entry.turn): a later question makes the pin stale
     warmed: bool = False
 
 
@@ -54,7 +54,7 @@ class EnterPins:
         than PIN_S, or the question came with other sampling settings): used once."""
         pin = self._pins.pop(entry.session.id, None)
         if (pin is None or time.monotonic() - pin.at > PIN_S or pin.settings != entry.session.settings
-                or pin.question_seq != entry.question_seq):
+                or pin.turn != entry.turn):
             return None
         return pin
 
@@ -62,7 +62,7 @@ class EnterPins:
         """A fresh pin of this session waits for its question (warmed or not):
         another Enter before that question arrives takes no new one."""
         pin = self._pins.get(entry.session.id)
-        return pin is not None and now - pin.at < PIN_S and pin.question_seq == entry.question_seq
+        return pin is not None and now - pin.at < PIN_S and pin.turn == entry.turn
 
     def unwarmed(self, entry: Any, now: float) -> bool:
         """A fresh pin of this session's coming question, not warmed yet: warmed before anything else."""
@@ -72,5 +72,5 @@ class EnterPins:
     def prune(self, live: dict[str, Any], now: float) -> None:
         """Forget the pins of ended sessions, stale ones, and those a question overtook."""
         for sid in [s for s in self._pins if s not in live or now - self._pins[s].at > PIN_S
-                    or self._pins[s].question_seq != live[s].question_seq]:
+                    or self._pins[s].turn != live[s].turn]:
             del self._pins[sid]

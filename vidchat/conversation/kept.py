@@ -47,13 +47,10 @@ def chat_answers(entry: "Entry") -> list[tuple[str, "Answer"]]:
     """The kept answers of the chat as it is now, newest first, as (id,
     answer): those of a cleared chat are left out (their inputs stay served
     while kept, and the live view's timings still count them)."""
+    conversation = getattr(entry, "conversation", None)
+    chat = conversation.generation if conversation is not None else 0
     return [(answer_id, answer) for answer_id, answer in reversed(entry.answers.items())
-            if answer_id not in entry.cleared_answers]
-
-
-def chat_cleared(entry: "Entry") -> None:
-    """Clear chat: every answer kept so far belongs to the old chat."""
-    entry.cleared_answers = set(entry.answers)
+            if getattr(answer, "chat", 0) == chat]
 
 
 async def save_bundle(state: Any, entry: "Entry", answer: "Answer", answer_id: str, source: str) -> Path:

@@ -236,11 +236,11 @@ class Prewarmer:
             self.stats.repeated_enter_reports += 1
             return
         try:
-            session, asked = entry.session, entry.question_seq
+            session, asked = entry.session, entry.turn
             sample = await asyncio.to_thread(session.sample)
         finally:
             self._pins.end(session_id)
-        if entry.question_seq != asked:
+        if entry.turn != asked:
             return  # its question overtook it: nothing left to warm for
         self._pins.put(session_id, Pin(time.monotonic(), sample, session.settings, asked))
         self.stats.pinned += 1

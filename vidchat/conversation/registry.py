@@ -51,9 +51,6 @@ class Entry:
     closers: list[Closer] = field(default_factory=list)
     # The one answer being generated for this session, whichever door asked.
     answer: Any = None
-    # Arrival order of questions: a question whose preparation finishes after
-    # a newer one arrived never starts (see vidchat.conversation.answer_path.ask).
-    question_seq: int = 0
     # Set by SessionRegistry.close: a question still being prepared then
     # never reaches vLLM (nobody is left to read its answer).
     closed: bool = False
@@ -70,10 +67,6 @@ class Entry:
     cache_salt: str = field(default_factory=lambda: secrets.token_hex(16), repr=False)
     # Recorded answers' bundle folders, by answer id (--record-dir).
     bundles: dict = field(default_factory=dict, repr=False)
-    # Bumped by each typed question, Watch unticked and Stop: a running watch
-    # loop (vidchat.doors.page) stops. watch_running: the epoch of the loop running.
-    watch_epoch: int = 0
-    watch_running: int | None = None
     # The last answers' inputs, by answer id (vidchat.doors.inputs).
     answers: collections.OrderedDict = field(default_factory=collections.OrderedDict, repr=False)
     # The client's network address (for --max-sessions-per-client).
@@ -88,20 +81,11 @@ class Entry:
     # last question's options and the conversation so far (vidchat.conversation.prewarm).
     warm_options: Any = None
     answer_ended: float = 0.0  # time.monotonic() when its last answer ended (vidchat.conversation.prewarm waits a moment)
-    # Talk mode's listener (vidchat.conversation.talk), while Talk is on; talk_epoch is
-    # bumped by each typed question: the page's talk loop yields the chat.
+    # Talk mode's listener (vidchat.conversation.talk), while Talk is on.
     talk: Any = None
-    talk_epoch: int = 0
-    # Bumped by the page's Stop: a chat question still waiting (for the model
-    # to load, or while it is prepared) ends stopped instead of being answered.
-    chat_stops: int = 0
-    # The kept answers' ids as the chat was last cleared: no longer the chat's
-    # (vidchat.conversation.kept.chat_answers).
-    cleared_answers: set = field(default_factory=set, repr=False)
     # time.monotonic() when the page's last typed question arrived: an Enter
     # report arriving after it is that question's, late (vidchat.conversation.prewarm).
     typed_question_at: float = float("-inf")
-    chat_streams: set = field(default_factory=set, repr=False)  # an asyncio.Event per answer streaming into the chat
     _side: "Entry | None" = field(default=None, repr=False)
     # What happens in the session, for every door that listens (vidchat.conversation.session_events).
     events: EventHub = field(default_factory=EventHub, repr=False)
@@ -113,6 +97,13 @@ class Entry:
         conversation = getattr(self, "conversation", None)
         return conversation.history.turns() if conversation is not None else ()
 
+    @property
+    def turn(self) -> int:
+        """The chat's turn (vidchat.conversation.Conversation.turn): it moves
+        on with each question, Stop and Clear."""
+        conversation = getattr(self, "conversation", None)
+        return conversation.turn if conversation is not None else 0
+
     def side_slot(self) -> "Entry":
         """Where this session's re-asks run: beside the chat's answer, never
         in its slot, so a re-ask neither cancels the chat's answer nor is read
@@ -122,11 +113,6 @@ class Entry:
             self._side = Entry(self.session, self.kind, cache_salt=self.cache_salt, client=self.client,
                                owner=self.owner)
         return self._side
-
-    @property
-    def watching(self) -> bool:
-        """A watch loop runs and nothing has told it to stop."""
-        return self.watch_running is not None and self.watch_running == self.watch_epoch
 
     def time_left(self) -> float | None:
         return None if self.deadline is None else max(0.0, self.deadline - time.monotonic())
@@ -252,7 +238,6 @@ class SessionRegistry:
         if entry is None:
             return False
         entry.closed = True
-        entry.question_seq += 1  # like a newer question: one being prepared is superseded
         self._closed_reasons[sid] = reason
         while len(self._closed_reasons) > 256:  # a recent-history hint, not a log
             self._closed_reasons.pop(next(iter(self._closed_reasons)))
@@ -262,7 +247,6 @@ class SessionRegistry:
         await _bounded(entry.cancel_answer(), "aborting the answer of", sid)  # nobody is left to read it
         if entry._side is not None:
             entry._side.closed = True
-            entry._side.question_seq += 1
             await _bounded(entry._side.cancel_answer(), "aborting the re-ask of", sid)
         for closer in list(entry.closers):  # a closer may unregister itself
             await _bounded(closer(), "a closer of", sid)

@@ -113,7 +113,6 @@ class AnswerRun:
         self.record, self.continues_chat, self.remember = record, continues_chat, remember
         self.ended = asyncio.Event()  # set by the run as its Done is made: it always comes
         self.finished = asyncio.Event()  # set once every reader has taken the Done (at once with no reader)
-        self.superseded = False  # a newer question took its slot: its Done is not current
         self._events: list[RunEvent] = []
         self._more = asyncio.Event()  # replaced at each event: readers wait on the one of their time
         self._readers = 0
@@ -140,7 +139,7 @@ class AnswerRun:
         more.set()
         entry = self.conversation.entry  # the session's one stream has every answer of it, re-asks marked
         entry.events.publish(AnswerEvent(event, event.answer_id if isinstance(event, Done) else None,
-                                         side=self.slot is not entry))
+                                         side=self.slot is not entry, ticket=self.answer.ticket))
 
     async def _run(self) -> None:
         answer, reply = self.answer, self.answer.reply
@@ -171,8 +170,8 @@ class AnswerRun:
                     await asyncio.shield(reply.aclose())  # aborts the vLLM request if it did not end
                 except Exception:  # noqa: BLE001
                     log.debug("aborting the reply failed", exc_info=True)
-                released = answer_path.release(self.slot, answer)
-                current = released and not self.superseded
+                answer_path.release(self.slot, answer)
+                current = self.conversation.is_current(self)
             if not self.ended.is_set():
                 self._end(await self._done(error, started, current))
         finally:

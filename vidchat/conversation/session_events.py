@@ -1,8 +1,9 @@
 """A session's one event stream: what happens in it, typed, for every door
 to say in its own wire format (pipecat's frames at session scope, LiveKit's
 session events). Speech starting and stopping, an utterance heard, a scene
-change, each answer's Queued/Started/Delta/Done, a settings change, the
-source's state, and Closed last. Doors listen with
+change, each question asked (and refused), each answer's
+Queued/Started/Delta/Done, the chat cleared, a notice for the chat, a
+settings change, the source's state, and Closed last. Doors listen with
 ``Conversation.events()``; nothing has to poll the session's state.
 
 A listener that falls behind loses its oldest events, never the producer's
@@ -43,14 +44,58 @@ class SceneChanged:
     t: float
 
 
+# Why a question was asked (QuestionAsked.cause): typed (or sent by a
+# client), a scene change in Watch mode, or spoken in Talk mode.
+TYPED, SCENE, SPOKEN = "typed", "scene", "spoken"
+# Why a question asked never got an answer (QuestionRefused.why).
+REPLACED, STOPPED, NO_FRAMES, ERROR = "replaced", "stopped", "no_frames", "error"
+
+
+@dataclass(frozen=True)
+class QuestionAsked:
+    """A question joined the chat (before its answer is prepared): ``ticket``
+    names it in its answer's events; ``at``: the scene change it is about
+    (media clock); ``spoken_seconds``: the length of a spoken question."""
+
+    ticket: int
+    question: str
+    cause: str = TYPED
+    at: float | None = None
+    spoken_seconds: float | None = None
+
+
+@dataclass(frozen=True)
+class QuestionRefused:
+    """The question got no answer: a newer question or Stop came first, no
+    frame yet, or the engine refused it (``reason`` says what, as a fact;
+    doors add their own words)."""
+
+    ticket: int
+    why: str
+    reason: str = ""
+
+
 @dataclass(frozen=True)
 class AnswerEvent:
     """One of an answer run's events (vidchat.conversation.runs: Queued,
-    Started, Delta, Done); ``side``: a re-ask beside the chat."""
+    Started, Delta, Done) for question ``ticket``; ``side``: a re-ask beside the chat."""
 
     event: Any
     answer_id: str | None = None
     side: bool = False
+    ticket: int = 0
+
+
+@dataclass(frozen=True)
+class ChatCleared:
+    """Clear chat: what was said before is no longer the chat."""
+
+
+@dataclass(frozen=True)
+class Notice:
+    """A line for the session's chat that is no exchange (a mode refused, a setting not accepted)."""
+
+    text: str
 
 
 @dataclass(frozen=True)
@@ -69,8 +114,8 @@ class Closed:
     reason: str
 
 
-SessionEvent = Union[SpeechStarted, SpeechStopped, Utterance, SoundLevel, SceneChanged, AnswerEvent,
-                     SettingsChanged, SourceState, Closed]
+SessionEvent = Union[SpeechStarted, SpeechStopped, Utterance, SoundLevel, SceneChanged, QuestionAsked,
+                     QuestionRefused, AnswerEvent, ChatCleared, Notice, SettingsChanged, SourceState, Closed]
 
 
 class EventHub:

@@ -171,7 +171,9 @@ class Listener:
             if self.barge_in and self.entry.answer is not None:
                 self.stats.barge_ins += 1
                 log.info("session %s… barge-in: speech at %.2f s stops the answer", sid, event.start)
-                await self.entry.cancel_answer(BARGED_IN)
+                conversation = getattr(self.entry, "conversation", None)  # its one way to cancel the chat's answer
+                await (conversation.cancel(BARGED_IN) if conversation is not None
+                       else self.entry.cancel_answer(BARGED_IN))
         else:
             self.hearing = False
             self.stats.utterances += 1

@@ -9,7 +9,7 @@ from typing import Any, AsyncIterator
 
 from vidchat.conversation import Delta, Done, Queued, Started
 from vidchat.conversation.session_events import (
-    AnswerEvent, Closed, SceneChanged, SessionEvent, SettingsChanged, SoundLevel, SourceState, SpeechStarted,
+    AnswerEvent, ChatCleared, Closed, Notice, QuestionAsked, QuestionRefused, SceneChanged, SessionEvent, SettingsChanged, SoundLevel, SourceState, SpeechStarted,
     SpeechStopped, Subscription, Utterance,
 )
 
@@ -19,8 +19,17 @@ KEEPALIVE_S = 15.0
 
 def wire(event: SessionEvent) -> tuple[str, dict[str, Any]]:
     """(event name, body) of one session event."""
+    if isinstance(event, QuestionAsked):
+        return "question.asked", {"ticket": event.ticket, "question": event.question, "cause": event.cause,
+                                  "at": event.at, "spoken_seconds": event.spoken_seconds}
+    if isinstance(event, QuestionRefused):
+        return "question.refused", {"ticket": event.ticket, "why": event.why, "reason": event.reason}
+    if isinstance(event, ChatCleared):
+        return "chat.cleared", {}
+    if isinstance(event, Notice):
+        return "notice", {"text": event.text}
     if isinstance(event, AnswerEvent):
-        side = {"side": True} if event.side else {}
+        side = {"side": True} if event.side else {"ticket": event.ticket}
         inner = event.event
         if isinstance(inner, Queued):
             return "answer.queued", {"ahead": inner.ahead, **side}

@@ -375,7 +375,8 @@ def _view_routes(api: APIRouter, state, mine: Callable[[Request, Any], Entry]) -
         out = dict(entry.session.stats)
         left = entry.time_left()
         out["time_left_s"] = None if left is None else round(left, 1)
-        out["watching"] = entry.watching
+        conversation = getattr(entry, "conversation", None)
+        out["watching"] = conversation is not None and conversation.modes.watching
         if entry.media is not None:
             out["media"] = entry.media.as_dict()
         out["gpu"] = state.gpu_figures()  # empty without a GPU

@@ -149,6 +149,8 @@ def _chat_column() -> dict[str, Any]:
     sent_question = gr.Textbox(visible="hidden", elem_id="vc-sent-question")
     # A setting refused in the page (static/js/slider_checks.js) says so here, under the question.
     gr.HTML("<div id='vc-refused' class='vc-refused' role='alert' hidden></div>", elem_id="vc-refused-box")
+    # Why nothing was asked when there is no session (no chat to say it in).
+    question_note = gr.Markdown(visible=False, elem_id="vc-question-note", elem_classes="vc-refused")
     with gr.Row(elem_classes="vc-watch"):
         watch_on = gr.Checkbox(value=False, label="Watch: ask on scene changes", scale=2, elem_id="vc-watch")
         watch_question = gr.Textbox(value="What just changed?", label="Standing question", scale=4,
@@ -166,7 +168,8 @@ def _chat_column() -> dict[str, Any]:
                                     scale=1, elem_id="vc-talk-min-speech")
     gr.HTML(TALK_HTML, elem_id="vc-talk-panel")
     clear = gr.Button("Clear chat", size="sm", elem_id="vc-clear")
-    return dict(chatbot=chatbot, question=question, sent_question=sent_question, send=send, stop=stop,
+    return dict(chatbot=chatbot, question=question, sent_question=sent_question, question_note=question_note,
+                send=send, stop=stop,
                 watch_on=watch_on, watch_question=watch_question, watch_every=watch_every, talk_on=talk_on,
                 barge_in=barge_in, talk_silence=talk_silence, talk_min_speech=talk_min_speech, clear=clear)
 

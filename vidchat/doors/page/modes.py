@@ -1,10 +1,11 @@
 """Watch (a standing question at scene changes, vidchat.conversation.watch) and Talk
-(ask by voice, vidchat.conversation.talk) as the page's long-running events."""
+(ask by voice, vidchat.conversation.talk) switched on and off from the page:
+each runs as a task of the session's conversation (vidchat.conversation.modes),
+and the chat shows what they ask from the session's events. The /watch and
+/talk API events stream that part of the chat to an API caller."""
 
 from __future__ import annotations
 
-import contextlib
-import time
 from typing import Any, AsyncIterator
 
 import gradio as gr
@@ -12,8 +13,9 @@ import gradio as gr
 from vidchat import conversation
 from vidchat.conversation import talk
 from vidchat.conversation.answer_path import OptionError
-from vidchat.conversation.watch import SceneWatch
-from vidchat.doors.page.answers import answer_stream, applied_request, positive_number, watch_switched
+from vidchat.conversation.session_events import Notice
+from vidchat.doors.page.answers import applied_request, positive_number
+from vidchat.doors.page.chat_feed import ChatTranscript, updates
 from vidchat.doors.page.view import notice
 from vidchat.engine import NO_SPOKEN_QUESTIONS
 from vidchat.media.vad import TurnSettings
@@ -25,76 +27,49 @@ TALK_SILENCE_LABEL = "Pause that ends a question (ms)"
 TALK_MIN_SPEECH_LABEL = "Shortest question (ms)"
 
 
-async def watch_loop(state, on: bool, question: str, every: Any, history: list[dict], sid: str,
-                     *raw_settings: Any) -> AsyncIterator[tuple]:
-    """While the Watch switch is on, ask `question` at each scene change (at
-    most once every `every` seconds). A question typed meanwhile ends this
-    loop (its answer owns the chat); the page restarts it after that answer.
-    Called with ``on`` false (the switch unticked, or an API client), the
-    running loop ends."""
+def _said(entry: Any, text: str) -> Any:
+    """A refusal: into the session's chat when there is one, else under the question box."""
+    if entry is None:
+        return gr.update(value=text, visible=True)
+    entry.events.publish(Notice(text))
+    return gr.skip()
+
+
+def _options(state, entry, raw_settings: tuple):
+    """A mode's questions ask with the page's settings as they were last
+    applied (by this switch or a typed question since): the session's sampling
+    settings are the session's; these are the answer options."""
+    entry.warm_options = applied_request(state, entry, raw_settings).options
+    return lambda: entry.warm_options or state.answer_defaults()
+
+
+async def watch_switch(state, on: bool, question: Any, every: Any, sid: str | None, *raw_settings: Any) -> tuple:
+    """Watch ticked or unticked: returns (the box, the note under the question box)."""
     entry = state.registry.get(sid) if isinstance(sid, str) else None
     if not on:
-        watch_switched(state, False, sid)
-        return
-    history = list(history or [])
-    question = (question or "").strip() if isinstance(question, str) else ""
+        if entry is not None:
+            conversation.of(state, entry).modes.stop_watching()
+        return gr.skip(), gr.skip()
+    question = question.strip() if isinstance(question, str) else ""
     problem = ("Watch mode needs a running source: press **Start camera** first." if entry is None else
                "Watch mode needs a standing question." if not question else None)
+    every_s = 0.0
     if problem is None:
         try:
-            watcher = SceneWatch(entry.session, positive_number(WATCH_EVERY_LABEL, every, "seconds", "Watch is off."))
+            every_s = positive_number(WATCH_EVERY_LABEL, every, "seconds", "Watch is off.")
         except ValueError as exc:
             problem = f"⚠ {exc}"
     if problem is None and not entry.session.settings.evs_enabled:
         problem = "Watch mode needs **Drop near-duplicate frames** on: the filter is what sees scene changes."
-    if problem is not None:
-        history.append(notice(problem))
-        yield history, gr.skip(), gr.skip(), False  # refused: the box unticks, so ticking it again retries
-        return
-    entry.watch_epoch += 1
-    epoch = entry.watch_epoch
-
-    def stopped() -> bool:
-        # Switched off, Stop pressed, a typed question, or the session ended
-        # (the status line says why): each bumps the epoch or drops the entry.
-        return entry.watch_epoch != epoch or state.registry.get(sid) is not entry
-
-    entry.watch_running = epoch
-    try:
-        async with contextlib.aclosing(_watch_answers(state, entry, watcher, stopped, question, history,
-                                                      raw_settings)) as answers:
-            async for update in answers:
-                yield update
-    finally:
-        if entry.watch_running == epoch:
-            entry.watch_running = None
-
-
-async def _watch_answers(state, entry, watcher: SceneWatch, stopped, question: str, history: list[dict],
-                         raw_settings: tuple) -> AsyncIterator[tuple]:
-    seen_clear = conversation.of(state, entry).generation
-    async for t in conversation.of(state, entry).scene_changes(watcher, stopped):
-        seen_clear = _follow_clear(state, entry, history, seen_clear)
+    if problem is None:
         try:
-            request = applied_request(state, entry, raw_settings)
+            options = _options(state, entry, raw_settings)
         except ValueError as exc:
-            history.append(notice(f"⚠ Watch stopped, settings not accepted: {exc}"))
-            yield history, gr.skip(), gr.skip(), False
-            return
-        start = entry.session.timeline_start
-        when = f" at {t - start:.1f} s" if t is not None and start is not None else ""
-        if stopped():  # switched off while the settings were read
-            return
-        history.append(notice(f"👁 Scene changed{when}: asking the standing question."))
-        history.append({"role": "user", "content": question})
-        # Closed explicitly when watching stops mid-answer: its reply is
-        # cancelled then, not whenever the generator happens to be collected.
-        async with contextlib.aclosing(answer_stream(state, entry, question, request, history,
-                                                     time.perf_counter(), chat_as_of=seen_clear)) as stream:
-            async for update in stream:
-                if stopped():
-                    return
-                yield (*update, gr.skip())
+            problem = f"⚠ Watch not started, settings not accepted: {exc}"
+    if problem is not None:
+        return False, _said(entry, problem)  # refused: the box unticks, so ticking it again retries
+    conversation.of(state, entry).modes.watch(question, every_s, options)
+    return gr.skip(), gr.update(value="", visible=False)
 
 
 # ---------------------------------------------------------------------------
@@ -102,15 +77,6 @@ async def _watch_answers(state, entry, watcher: SceneWatch, stopped, question: s
 # ---------------------------------------------------------------------------
 
 TALK_NEEDS_AUDIO = "Talk needs a model that hears: " + NO_SPOKEN_QUESTIONS.split(". ", 1)[1]
-
-
-def _follow_clear(state, entry, history: list[dict], seen: int) -> int:
-    """A loop's own copy of the chat empties when the page's chat was cleared
-    since ``seen`` (the conversation's chat number); returns the number to compare with next time."""
-    now = conversation.of(state, entry).generation
-    if now != seen:
-        history.clear()
-    return now
 
 
 def talk_settings(silence_ms: Any, min_speech_ms: Any) -> TurnSettings:
@@ -125,18 +91,16 @@ def talk_settings(silence_ms: Any, min_speech_ms: Any) -> TurnSettings:
     return settings
 
 
-async def talk_loop(state, on: bool, barge_in: bool, silence_ms: Any, min_speech_ms: Any, history: list[dict],
-                    sid: str, *raw_settings: Any) -> AsyncIterator[tuple]:
-    """While the Talk switch is on, ask each utterance the microphone hears,
-    as it ends. The listener (with barge-in) runs for the session whether
-    or not this loop does: a typed question ends the loop (its answer owns
-    the chat), and the page restarts it after that answer."""
+async def talk_switch(state, on: bool, barge_in: bool, silence_ms: Any, min_speech_ms: Any, sid: str | None,
+                      *raw_settings: Any) -> tuple:
+    """Talk ticked, unticked or its settings changed: returns (the box, the
+    note under the question box). The listener (with barge-in) runs for the
+    session; each utterance it hears is asked as it ends."""
     entry = state.registry.get(sid) if isinstance(sid, str) else None
     if not on:
         if entry is not None:
-            await talk.stop(entry)
-        return
-    history = list(history or [])
+            await conversation.of(state, entry).modes.stop_talking()
+        return gr.skip(), gr.skip()
     problem = None
     if entry is None:
         problem = "Talk mode needs a running source with sound: press **Start camera** (with the microphone) first."
@@ -145,33 +109,33 @@ async def talk_loop(state, on: bool, barge_in: bool, silence_ms: Any, min_speech
     if problem is None:
         try:
             settings = talk_settings(silence_ms, min_speech_ms)
-        except OptionError as exc:
+            options = _options(state, entry, raw_settings)
+        except ValueError as exc:
             problem = f"⚠ Talk not started: {exc}"
     if problem is not None:
-        history.append(notice(problem))
-        yield history, gr.skip(), gr.skip(), False  # refused: the box unticks, so ticking it again retries
-        return
-    listener = talk.listener(entry, settings, bool(barge_in), on_speech=talk.speech_warms(state, entry))
-    entry.talk_epoch += 1
-    epoch = entry.talk_epoch
-    seen_clear = conversation.of(state, entry).generation
-    def stale() -> bool:  # the session ended, a typed question took the chat, or Talk went off
-        return state.registry.get(sid) is not entry or entry.talk_epoch != epoch or not listener.running
+        return False, _said(entry, problem)  # refused: the box unticks, so ticking it again retries
+    conversation.of(state, entry).modes.talk(settings, bool(barge_in), options,
+                                             on_speech=talk.speech_warms(state, entry))
+    return gr.skip(), gr.update(value="", visible=False)
 
-    # A stale loop never takes an utterance from the loop that owns the chat
-    # now (it would cancel the live answer and then drop the question).
-    async with contextlib.aclosing(conversation.of(state, entry).heard(listener, stale)) as heard:
-        async for spoken in heard:
-            seen_clear = _follow_clear(state, entry, history, seen_clear)
-            try:
-                request = applied_request(state, entry, raw_settings)
-            except ValueError as exc:
-                history.append(notice(f"⚠ Settings not accepted: {exc}"))
-                yield history, gr.skip(), gr.skip(), gr.skip()
-                continue
-            entry.watch_epoch += 1  # a running watch loop yields the chat to the spoken question
-            async for update in answer_stream(state, entry, "", request, history, time.perf_counter(),
-                                              spoken=spoken, chat_as_of=seen_clear):
-                if entry.talk_epoch != epoch:
-                    return
-                yield (*update, gr.skip())
+
+async def mode_updates(state, sid: str | None, history: list[dict], switched: tuple, running) -> AsyncIterator[tuple]:
+    """An API caller's /watch or /talk: the switch's outcome, then the chat
+    after ``history`` as the mode asks and the model answers, until the mode
+    ends (switched off, Stop, the session's end). Yields (chat, what the
+    model got, details, the box)."""
+    box, note = switched
+    entry = state.registry.get(sid) if isinstance(sid, str) else None
+    history = list(history or [])
+    if box is False:
+        said = note.get("value") if isinstance(note, dict) else None
+        yield [*history, notice(said)] if said else history, gr.skip(), gr.skip(), False
+        return
+    if entry is None or not running(conversation.of(state, entry).modes):
+        return
+    modes = conversation.of(state, entry).modes
+    with entry.events.subscribe() as subscription:
+        transcript = ChatTranscript(state, entry, history)
+        async for views_changed in updates(transcript, subscription, until=lambda: not running(modes)):
+            views = await transcript.views() if views_changed else (gr.skip(), gr.skip())
+            yield transcript.messages(), *views, gr.skip()

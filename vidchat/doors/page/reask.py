@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import secrets
+import weakref
 from pathlib import Path
 from typing import Any, AsyncIterator
 
@@ -36,6 +37,21 @@ class TabBundles(dict):
     def __init__(self, *args: Any, slot: Entry | None = None, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.slot = slot
+
+
+# Each tab's loaded bundles by its Gradio session, held weakly (the tab's own
+# state holds them): the chat feed lists them in the re-ask list beside the
+# chat's answers without the tab sending them again.
+_TABS: "weakref.WeakValueDictionary[str, TabBundles]" = weakref.WeakValueDictionary()
+
+
+def remember_tab(tab: str | None, loaded: Any) -> None:
+    if tab and isinstance(loaded, TabBundles):
+        _TABS[tab] = loaded
+
+
+def tab_bundles(tab: str | None) -> dict | None:
+    return _TABS.get(tab) if tab else None
 
 
 def _tab_slot(loaded: dict | None) -> Entry:
