@@ -8,6 +8,7 @@ vidchat.doors.page.layout.page_functions).
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -19,6 +20,7 @@ from vidchat.doors.page.answers import clear_chat, page_question, respond, stop_
 from vidchat.doors.page.chat_feed import feed, rendered
 from vidchat.doors.page.reask import bundle_choices, load_bundle, reask, reask_choices, remember_tab, tab_bundles
 from vidchat.doors.page.modes import TALK_NEEDS_AUDIO, mode_updates, talk_switch, watch_switch
+from vidchat.doors.page.view import NOT_RUNNING, notice
 
 # A streaming API event's last message repeats its last update in full: the
 # API events end on an update that changes nothing. (A generator that
@@ -28,8 +30,15 @@ LAST_UPDATE_IS_NOTHING = (gr.skip(), gr.skip(), gr.skip())
 QUESTION_FINISHED_JS = "() => { if (window.vidchat) window.vidchat.questions.finished += 1; }"
 # Clear chat's event has ended (the tab's chat is empty).
 CLEAR_FINISHED_JS = "() => { if (window.vidchat) window.vidchat.clears += 1; }"
-# Sending empties the question box into the field the question's event reads.
-SEND_JS = "(question) => ['', question]"
+# Sending empties the question box into the field the question's event
+# reads. With no session (the camera not started, or stopped) there is no
+# conversation to ask and no chat feed: the question and why it was not
+# asked join the chat here, in the browser, as the server would say it.
+# (In the browser a message's content is a list of typed parts.)
+SEND_JS = ("(question, chat) => (window.vidchat?.sessionId || !question.trim()) ? ['', question, chat]"
+           " : ['', '', [...(chat || []), {role: 'user', content: [{type: 'text', text: question}]}, %s]]"
+           % json.dumps({**notice(NOT_RUNNING), "content": [{"type": "text", "text": NOT_RUNNING}]},
+                        ensure_ascii=False))
 
 
 @dataclass
@@ -145,7 +154,8 @@ def _questions(state: Any, page: Controls, own: Callable) -> None:
     # is whole (tests, QA scripts).
     inputs = [page.sent_question, page.session_id, *page.settings_inputs]
     for trigger in (page.question.submit, page.send.click):
-        (trigger(None, page.question, [page.question, page.sent_question], js=SEND_JS, queue=False,
+        (trigger(None, [page.question, page.chatbot], [page.question, page.sent_question, page.chatbot], js=SEND_JS,
+                 queue=False,
                  trigger_mode="multiple", api_visibility="private")
          .then(on_page_question, inputs, page.question_note, api_visibility="private", concurrency_limit=None,
                show_progress="hidden", trigger_mode="multiple")
