@@ -6,9 +6,10 @@ scene notices and Talk's spoken bubbles) is drawn here from what the
 conversation says happened. A tab that comes back (a reload) starts from
 the conversation's history and goes on from its events.
 
-:class:`ChatTranscript` keeps the chat as messages; :func:`feed` is the
-long-lived page event that renders it, and :func:`exchange_updates` the
-same rendering for one question of an API caller (/ask)."""
+:class:`ChatTranscript` keeps the chat as messages, :class:`Redraws` says
+when to draw it again; :func:`feed` is the long-lived page event that draws
+it, and :func:`exchange_updates` the same for one question of an API
+caller (/ask)."""
 
 from __future__ import annotations
 
@@ -254,47 +255,57 @@ def _stream_every(transcript: ChatTranscript) -> float:
     return min(STREAM_MAX_UPDATE_S, STREAM_UPDATE_S + longest / STREAM_CHARS_PER_S)
 
 
-async def updates(transcript: ChatTranscript, subscription: Any,
-                  until: Callable[[], bool] = lambda: False) -> AsyncIterator[bool]:
-    """Yield whenever the transcript changed enough to be drawn again
-    (streamed text at most every _stream_every); True when what the model
-    got changed too. Ends at the session's end or when ``until()``."""
-    drawn_at = 0.0
-    behind = False  # text came that was not drawn yet
-    while not until():
-        wait = LOADING_EVERY_S
-        if behind:
-            wait = max(0.0, drawn_at + _stream_every(transcript) - time.monotonic())
-        event = await subscription.get(timeout=wait)
-        if event is None:
-            if behind or transcript.say_loading():
-                behind = False
-                drawn_at = time.monotonic()
-                yield False
-            continue
-        burst = [event, *subscription.pending()]
-        changed, done, closed = False, False, False
-        for one in burst:
-            changed = await transcript.apply(one) or changed
-            done = done or (isinstance(one, AnswerEvent) and isinstance(one.event, Done)) \
-                or isinstance(one, (ChatCleared, QuestionRefused))
-            closed = closed or isinstance(one, Closed)
-        only_text = changed and not done and all(
-            isinstance(one, AnswerEvent) and isinstance(one.event, Delta) for one in burst)
-        if changed and only_text and time.monotonic() - drawn_at < _stream_every(transcript):
-            behind = True
-        elif changed or behind:
-            behind = False
-            drawn_at = time.monotonic()
-            yield done
-        if closed:
-            return
+class Redraws:
+    """When to draw a transcript again, from a subscription to the session's
+    events: :meth:`next` returns once the chat changed enough to be drawn
+    (streamed text at most every _stream_every), True when what the model
+    got changed too, and None at the session's end or once ``until()``.
+    (A waiter, not a generator: the tokens pass through no layer of it.)"""
+
+    def __init__(self, transcript: ChatTranscript, subscription: Any,
+                 until: Callable[[], bool] = lambda: False) -> None:
+        self.transcript, self.subscription, self.until = transcript, subscription, until
+        self._drawn_at = 0.0
+        self._behind = False  # text came that was not drawn yet
+        self._closed = False
+
+    async def next(self) -> bool | None:
+        transcript, subscription = self.transcript, self.subscription
+        while not self._closed and not self.until():
+            wait = LOADING_EVERY_S
+            if self._behind:
+                wait = max(0.0, self._drawn_at + _stream_every(transcript) - time.monotonic())
+            event = await subscription.get(timeout=wait)
+            if event is None:
+                if self._behind or transcript.say_loading():
+                    return self._drawn(False)
+                continue
+            burst = [event, *subscription.pending()]
+            changed, done = False, False
+            for one in burst:
+                changed = await transcript.apply(one) or changed
+                done = done or (isinstance(one, AnswerEvent) and isinstance(one.event, Done)) \
+                    or isinstance(one, (ChatCleared, QuestionRefused))
+                self._closed = self._closed or isinstance(one, Closed)
+            only_text = changed and not done and all(
+                isinstance(one, AnswerEvent) and isinstance(one.event, Delta) for one in burst)
+            if only_text and time.monotonic() - self._drawn_at < _stream_every(transcript):
+                self._behind = True
+            elif changed or self._behind:
+                return self._drawn(done)
+        return None
+
+    def _drawn(self, views_changed: bool) -> bool:
+        self._behind = False
+        self._drawn_at = time.monotonic()
+        return views_changed
 
 
-async def feed(state: Any, entry: Any) -> AsyncIterator[tuple]:
+async def feed(state: Any, entry: Any, reask_list: Callable[[], Any] = lambda: gr.skip()) -> AsyncIterator[tuple]:
     """The tab's chat for the life of its session: (chat, what the model got,
-    details), drawn first from the conversation's history, then again at
-    each change the session's events say."""
+    details, the re-ask list), drawn first from the conversation's history,
+    then again at each change the session's events say. ``reask_list``: the
+    re-ask list's update as the chat's answers change (gr.skip() when they did not)."""
     marks = rendered(entry)
     with entry.events.subscribe() as subscription:
         messages = await asyncio.to_thread(chat_messages, state, entry)
@@ -303,12 +314,33 @@ async def feed(state: Any, entry: Any) -> AsyncIterator[tuple]:
                     None)
         if last is not None:
             transcript.shown = (last[1], last[0])
-        yield (transcript.messages(), *(await transcript.views()))
+        yield (transcript.messages(), *(await transcript.views()), reask_list())
         marks.shown(transcript)
-        async for views_changed in updates(transcript, subscription):
+        redraws = Redraws(transcript, subscription)
+        while (views_changed := await redraws.next()) is not None:
             views = await transcript.views() if views_changed else (gr.skip(), gr.skip())
-            yield (transcript.messages(), *views)
+            yield (transcript.messages(), *views, reask_list() if views_changed else gr.skip())
             marks.shown(transcript)
+
+
+class _OneQuestion:
+    """A subscription narrowed to one question's events (an API caller's /ask)."""
+
+    def __init__(self, subscription: Any, ticket: int) -> None:
+        self.subscription, self.ticket = subscription, ticket
+
+    def _mine(self, event: Any) -> bool:
+        return getattr(event, "ticket", self.ticket) == self.ticket and not getattr(event, "side", False) \
+            and not isinstance(event, (Notice, ChatCleared))
+
+    async def get(self, timeout: float | None = None) -> Any:
+        while True:
+            event = await self.subscription.get(timeout)
+            if event is None or self._mine(event):
+                return event
+
+    def pending(self) -> list[Any]:
+        return [e for e in self.subscription.pending() if self._mine(e)]
 
 
 async def exchange_updates(state: Any, entry: Any, before: list[dict[str, Any]], ask: Callable[[], int]) \
@@ -319,26 +351,8 @@ async def exchange_updates(state: Any, entry: Any, before: list[dict[str, Any]],
         transcript = ChatTranscript(state, entry, before)
         ticket = ask()
         mine = transcript.exchanges
-
-        def ended() -> bool:
-            return ticket in mine and mine[ticket].ended
-
-        class Only:
-            """The subscription, narrowed to this question's events."""
-
-            @staticmethod
-            async def get(timeout: float | None = None) -> Any:
-                while True:
-                    event = await subscription.get(timeout)
-                    if event is None or getattr(event, "ticket", ticket) == ticket \
-                            and not getattr(event, "side", False) and not isinstance(event, (Notice, ChatCleared)):
-                        return event
-
-            @staticmethod
-            def pending() -> list[Any]:
-                return [e for e in subscription.pending() if getattr(e, "ticket", None) == ticket
-                        and not getattr(e, "side", False)]
-
+        redraws = Redraws(transcript, _OneQuestion(subscription, ticket),
+                          until=lambda: ticket in mine and mine[ticket].ended)
         yield transcript.messages(), gr.skip(), gr.skip()
-        async for views_changed in updates(transcript, Only, until=ended):
+        while (views_changed := await redraws.next()) is not None:
             yield (transcript.messages(), *((await transcript.views()) if views_changed else (gr.skip(), gr.skip())))

@@ -102,14 +102,17 @@ def _chat(state: Any, page: Controls, own: Callable) -> None:
         if entry is None:
             yield gr.skip(), gr.skip(), gr.skip(), gr.skip()
             return
-        listed = None
-        async for chat, view, details in feed(state, entry):
+        listed: list = []
+
+        def reask_list():  # follows the chat's answers (and the bundles this tab loaded)
             choices = reask_choices(state, entry.session.id, tab_bundles(request.session_hash))
-            update = gr.skip()
-            if [c[1] for c in choices] != listed:  # the re-ask list follows the chat's answers
-                listed = [c[1] for c in choices]
-                update = gr.Dropdown(choices=choices, value=choices[0][1] if choices else None)
-            yield chat, view, details, update
+            if [c[1] for c in choices] == listed:
+                return gr.skip()
+            listed[:] = [c[1] for c in choices]
+            return gr.Dropdown(choices=choices, value=choices[0][1] if choices else None)
+
+        async for update in feed(state, entry, reask_list):
+            yield update
 
     # "multiple": a tab's next session (Start camera again) gets its own
     # feed while the old one ends with its session.

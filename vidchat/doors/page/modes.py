@@ -15,7 +15,7 @@ from vidchat.conversation import talk
 from vidchat.conversation.answer_path import OptionError
 from vidchat.conversation.session_events import Notice
 from vidchat.doors.page.answers import applied_request, positive_number
-from vidchat.doors.page.chat_feed import ChatTranscript, updates
+from vidchat.doors.page.chat_feed import ChatTranscript, Redraws
 from vidchat.doors.page.view import notice
 from vidchat.engine import NO_SPOKEN_QUESTIONS
 from vidchat.media.vad import TurnSettings
@@ -136,6 +136,7 @@ async def mode_updates(state, sid: str | None, history: list[dict], switched: tu
     modes = conversation.of(state, entry).modes
     with entry.events.subscribe() as subscription:
         transcript = ChatTranscript(state, entry, history)
-        async for views_changed in updates(transcript, subscription, until=lambda: not running(modes)):
+        redraws = Redraws(transcript, subscription, until=lambda: not running(modes))
+        while (views_changed := await redraws.next()) is not None:
             views = await transcript.views() if views_changed else (gr.skip(), gr.skip())
             yield transcript.messages(), *views, gr.skip()

@@ -1,0 +1,92 @@
+"""The page's chat is the conversation's, in a real Chromium against the app
+with real vLLM: a typed question sends only the question (one request on the
+stream the tab already has open), and the chat is drawn from the session's
+events, so an answer runs on whoever reads it: a tab reloaded mid-answer
+finds it still streaming and sees it end."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import pytest
+from playwright.async_api import async_playwright
+
+from vidchat.devtools.page import (
+    BOT_HAS_TEXT, BOT_MESSAGES, ask, bot_texts, launch, open_and_start, session_id, set_setting, wait_for_answer,
+    write_wav, write_y4m,
+)
+from vidchat.doors.page import STOPPED
+
+from conftest import eventually_async
+
+pytestmark = pytest.mark.browser
+
+
+@pytest.fixture(scope="module")
+def camera(tmp_path_factory):
+    d = tmp_path_factory.mktemp("camera")
+    write_y4m(d / "cam.y4m", (200, 120, 40))
+    write_wav(d / "mic.wav")
+    return d / "cam.y4m", d / "mic.wav"
+
+
+async def test_a_typed_question_sends_only_the_question_and_no_follow_up_event(server, camera, tmp_path):
+    async with async_playwright() as pw:
+        browser = await launch(pw, *camera, tmp_path)
+        try:
+            page = await open_and_start(browser, server.url + "/", min_buffer=4)
+            await set_setting(page, "vc-max-tokens", "6")
+            await ask(page, "First?")
+            await wait_for_answer(page, 1)  # the chat feed's stream is open from here on
+            sent: list = []
+            page.on("request", lambda r: sent.append((r.method, r.url, r.post_data))
+                    if r.url.startswith(server.url) and ("/gradio_api/" in r.url or "/webrtc/typing" in r.url)
+                    else None)
+            await ask(page, "Second?")
+            await wait_for_answer(page, 2)
+            joins = [s for s in sent if "/gradio_api/queue/join" in s[1]]
+            # One Gradio event for the question (no Watch, Talk or re-ask
+            # events after it), and at most the Enter report that warms its sample.
+            assert len(joins) == 1, sent
+            assert [s for s in sent if s not in joins and "/webrtc/typing" not in s[1]
+                    and "/gradio_api/queue/data" not in s[1]] == [], sent
+            assert len([s for s in sent if "/webrtc/typing" in s[1]]) <= 1, sent
+            # It carries the question, the session and the settings: never the chat.
+            data = json.loads(joins[0][2])["data"]
+            assert data[0] == "Second?" and data[1] == await session_id(page)
+            assert not any(isinstance(value, list) for value in data), data
+        finally:
+            await browser.close()
+
+
+async def test_a_tab_reloaded_mid_answer_finds_it_streaming_and_sees_it_end(server, camera, tmp_path):
+    async with async_playwright() as pw:
+        browser = await launch(pw, *camera, tmp_path)
+        try:
+            page = await open_and_start(browser, server.url + "/", min_buffer=4)
+            sid = await session_id(page)
+            await set_setting(page, "vc-max-tokens", "2000")
+            await set_setting(page, "vc-temperature", "0")  # greedy: the random model runs on, no early end
+            await ask(page, "Describe everything, at length.")
+            await page.wait_for_function(BOT_HAS_TEXT % 1, timeout=60_000)
+            await page.reload()
+            await page.wait_for_function("document.querySelector('#vc-conn')?.dataset.tone === 'live'",
+                                         timeout=30_000)
+            assert await session_id(page) == sid
+
+            async def answering() -> bool:
+                return (await asyncio.to_thread(server.get_json, "/api/health"))["running_requests"] == 1
+
+            # Nobody read the answer while the tab was away: it went on all the same.
+            await eventually_async(answering, 5, "the answer still generating after the reload", interval=0.05)
+            await page.wait_for_function(BOT_HAS_TEXT % 1, timeout=30_000)
+            shown = len((await bot_texts(page))[0])
+            await page.wait_for_function(f"(n) => {BOT_MESSAGES}[0].innerText.length > n", arg=shown,
+                                         timeout=60_000)  # it streams into the reloaded tab
+            texts = await wait_for_answer(page, 1, timeout=180)
+            await page.locator("#vc-chat .thought-group").first.wait_for(timeout=30_000)
+            assert STOPPED not in "".join(texts), texts  # it ran to its end: nothing stopped it
+            assert await page.evaluate("document.querySelectorAll('#vc-chat [data-testid=\"user\"]').length") == 1
+        finally:
+            await browser.close()
