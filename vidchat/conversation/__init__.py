@@ -43,11 +43,9 @@ from vidchat.media.session import Sample
 from vidchat.conversation.registry import Entry
 from vidchat.conversation.modes import Modes
 from vidchat.conversation.session_events import (
-    NO_FRAMES, ERROR, REPLACED, STOPPED, TYPED, ChatCleared, QuestionAsked, QuestionRefused, SceneChanged, SessionEvent,
+    NO_FRAMES, ERROR, REPLACED, SCENE, SPOKEN, STOPPED, TYPED, ChatCleared, QuestionAsked, QuestionRefused, SessionEvent,
 )
-from vidchat.conversation.watch import SceneWatch
 from vidchat.engine import ChatEngine, EngineError, Turn
-from vidchat.media.vad import Utterance
 
 log = logging.getLogger(__name__)
 
@@ -181,6 +179,10 @@ class Conversation:
 
     def _asked(self, question: str, cause: str, at: float | None, spoken: Any) -> int:
         ticket = self._move_turn("question")
+        if spoken is not None:
+            cause = SPOKEN
+        elif at is not None:
+            cause = SCENE
         self.entry.events.publish(QuestionAsked(ticket, question, cause, at,
                                                 None if spoken is None else round(spoken.seconds, 3)))
         return ticket
@@ -245,47 +247,6 @@ class Conversation:
         """A chat answer runs whose Done has not been delivered yet (a newer question would cut it short)."""
         run = self._chat_run
         return run is not None and not run.finished.is_set()
-
-    async def scene_changes(self, watcher: SceneWatch, stopped: Callable[[], bool]) -> AsyncIterator[float | None]:
-        """Watch mode's moments to ask the standing question, for every
-        door: each (rate-limited) scene change, none while the model loads,
-        and never one that cuts an answer short: a change during an answer
-        is asked about once that answer's Done is delivered. Ends when
-        ``stopped()`` says watching was switched off."""
-        async for t in watcher.changes(stopped):
-            if t is not None:
-                self.entry.events.publish(SceneChanged(t))
-            if self.state.engine is None:
-                continue
-            while (run := self._chat_run) is not None and not run.finished.is_set() and not stopped():
-                try:  # looked at again each second: watching switched off meanwhile ends here
-                    await asyncio.wait_for(asyncio.shield(run.finished.wait()), 1.0)
-                except asyncio.TimeoutError:
-                    pass
-            if stopped():
-                return
-            yield t
-
-    async def heard(self, listener: Any, stale: Callable[[], bool] = lambda: False,
-                    starts: bool = False) -> AsyncIterator[Any]:
-        """Talk mode's turns for a door, from the session's listener
-        (vidchat.conversation.talk): each finished utterance (and, with ``starts``, each
-        speech start) until ``stale()`` says this reader is done (looked at
-        every second while nothing is heard). An utterance heard just as the
-        reader went stale is put back for the next reader, never dropped."""
-        while True:
-            waiter = asyncio.ensure_future(listener.next_event() if starts else listener.next_utterance())
-            try:
-                while not waiter.done():
-                    await asyncio.wait({waiter}, timeout=1.0)
-                    if stale():
-                        return
-            finally:
-                if waiter.done() and not waiter.cancelled() and waiter.exception() is None and stale() \
-                        and isinstance(waiter.result(), Utterance):
-                    listener.put_back(waiter.result())
-                waiter.cancel()
-            yield waiter.result()
 
     async def reask(self, original: Answer, options: AnswerOptions, sample: Sample, *,
                     engine: ChatEngine | None = None) -> AnswerRun:

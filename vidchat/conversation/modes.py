@@ -7,19 +7,19 @@ and watching goes on from the new chat). What each asks with is read at
 the moment it asks (``options``), so settings changed meanwhile count.
 
 The socket doors say these modes in their own protocol (vidchat.doors.socket_watch,
-vidchat.doors.socket_turns) over the same conversation primitives
-(Conversation.scene_changes, Conversation.heard)."""
+vidchat.doors.socket_turns) over the same two primitives, here:
+:func:`scene_changes` (when Watch asks) and :func:`heard` (what Talk asks)."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Any, Callable
+from typing import Any, AsyncIterator, Callable
 
-from vidchat.conversation import talk
-from vidchat.conversation.session_events import SCENE, SPOKEN
+import vidchat.conversation.talk as talk
+from vidchat.conversation.session_events import SCENE, SPOKEN, SceneChanged
 from vidchat.conversation.watch import SceneWatch
-from vidchat.media.vad import TurnSettings
+from vidchat.media.vad import TurnSettings, Utterance
 
 log = logging.getLogger(__name__)
 
@@ -67,7 +67,7 @@ class Modes:
             return self._watch is not me or conversation.entry.closed
 
         try:
-            async for t in conversation.scene_changes(watcher, stopped):
+            async for t in scene_changes(conversation, watcher, stopped):
                 conversation.submit(question, options, cause=SCENE, at=t)
         except asyncio.CancelledError:
             raise
@@ -98,9 +98,52 @@ class Modes:
             return self._talk is not me or not listener.running or conversation.entry.closed
 
         try:
-            async for spoken in conversation.heard(listener, stale):
+            async for spoken in heard(listener, stale):
                 conversation.submit("", options, cause=SPOKEN, spoken=spoken)
         except asyncio.CancelledError:
             raise
         except Exception:  # noqa: BLE001 - Talk ends, the session goes on
             log.exception("session %s…: talk failed", conversation.entry.session.id[:6])
+
+
+async def scene_changes(conversation: Any, watcher: SceneWatch,
+                        stopped: Callable[[], bool]) -> AsyncIterator[float | None]:
+    """Watch mode's moments to ask the standing question, for every
+    door: each (rate-limited) scene change, none while the model loads,
+    and never one that cuts an answer short: a change during an answer
+    is asked about once that answer's Done is delivered. Ends when
+    ``stopped()`` says watching was switched off."""
+    async for t in watcher.changes(stopped):
+        if t is not None:
+            conversation.entry.events.publish(SceneChanged(t))
+        if conversation.state.engine is None:
+            continue
+        while (run := conversation._chat_run) is not None and not run.finished.is_set() and not stopped():
+            try:  # looked at again each second: watching switched off meanwhile ends here
+                await asyncio.wait_for(asyncio.shield(run.finished.wait()), 1.0)
+            except asyncio.TimeoutError:
+                pass
+        if stopped():
+            return
+        yield t
+
+async def heard(listener: Any, stale: Callable[[], bool] = lambda: False,
+            starts: bool = False) -> AsyncIterator[Any]:
+    """Talk mode's turns for a door, from the session's listener
+    (vidchat.conversation.talk): each finished utterance (and, with ``starts``, each
+    speech start) until ``stale()`` says this reader is done (looked at
+    every second while nothing is heard). An utterance heard just as the
+    reader went stale is put back for the next reader, never dropped."""
+    while True:
+        waiter = asyncio.ensure_future(listener.next_event() if starts else listener.next_utterance())
+        try:
+            while not waiter.done():
+                await asyncio.wait({waiter}, timeout=1.0)
+                if stale():
+                    return
+        finally:
+            if waiter.done() and not waiter.cancelled() and waiter.exception() is None and stale() \
+                    and isinstance(waiter.result(), Utterance):
+                listener.put_back(waiter.result())
+            waiter.cancel()
+        yield waiter.result()

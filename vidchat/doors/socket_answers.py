@@ -20,6 +20,7 @@ import logging
 from typing import Any, Protocol
 
 from vidchat import conversation
+from vidchat.conversation.session_events import SCENE, TYPED
 from vidchat.conversation import answer_path
 from vidchat.doors import inputs as answer_inputs
 from vidchat.doors.protocol_config import ConfigError
@@ -155,7 +156,8 @@ class SocketAnswers:
                 # continues_chat: with history on, the question carries the
                 # conversation's chat, and its own turn is kept for the next.
                 run = await conversation.of(conn.state, entry).ask(
-                    text, conn.options, record=self.record, continues_chat=self.keep_history, **how)
+                    text, conn.options, record=self.record, continues_chat=self.keep_history,
+                    cause=SCENE if watched else TYPED, **how)
             except answer_path.Superseded:
                 return  # a newer question from elsewhere took over this session
             except answer_path.NoFrames as exc:
@@ -210,7 +212,7 @@ class SocketAnswers:
         being set up is set up, and wait for its response.text.done."""
         async with self._lock:
             if self.watched and self.conn.answering:
-                await self.conn.entry.cancel_answer()
+                await conversation.of(self.conn.state, self.conn.entry).cancel()
                 await self.conn.finish_answer()
 
     async def close(self) -> None:

@@ -13,8 +13,8 @@ import asyncio
 import logging
 from typing import Any
 
-from vidchat import conversation
 from vidchat.conversation import talk
+from vidchat.conversation.modes import heard
 from vidchat.doors.protocol_config import ConfigError, TurnDetection
 from vidchat.doors.socket_answers import Client, SocketAnswers
 from vidchat.engine import NO_SPOKEN_QUESTIONS, EngineError
@@ -114,7 +114,7 @@ class SocketTurns:
         is the door's (:meth:`speech_started`, :meth:`utterance`)."""
         conn = self.conn
         try:
-            async for event in conversation.of(conn.state, conn.entry).heard(listener, starts=True):
+            async for event in heard(listener, starts=True):
                 if isinstance(event, SpeechStarted):
                     await self.speech_started(event)
                 elif isinstance(event, Utterance):

@@ -13,6 +13,7 @@ import logging
 from typing import Any
 
 from vidchat import conversation
+from vidchat.conversation.modes import scene_changes
 from vidchat.conversation.watch import SceneWatch
 from vidchat.doors.protocol_config import ConfigError, WatchRequest
 from vidchat.doors.socket_answers import Client, SocketAnswers
@@ -63,7 +64,7 @@ class SocketWatch:
         conn = self.conn
         try:
             talking = conversation.of(conn.state, conn.entry)
-            async for _ in talking.scene_changes(watcher, lambda: self.request is not watch or self.answers.closed):
+            async for _ in scene_changes(talking, watcher, lambda: self.request is not watch or self.answers.closed):
                 await asyncio.shield(self.answers.ask_logged(watch.question, watched=True))
         except asyncio.CancelledError:
             raise
