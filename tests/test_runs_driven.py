@@ -17,7 +17,7 @@ import types
 import pytest
 
 from vidchat import conversation
-from vidchat.conversation import CANCELLED, COMPLETED, Delta, Done, answer_path
+from vidchat.conversation import CANCELLED, COMPLETED, Delta, Done, answer_path, runs
 from vidchat.conversation.answer_path import AnswerOptions
 from vidchat.doors.page import answers as page_answers
 
@@ -46,6 +46,31 @@ async def test_a_run_nobody_reads_ends_by_itself_and_frees_its_slot(omni_engine)
     log: list = []
     await read_all(run.events(), log)
     assert type(log[0]).__name__ == "Started" and log[-1] is done
+    assert omni_engine.running_requests == 0
+
+
+@pytest.mark.engine
+async def test_an_answer_nobody_listens_to_is_stopped_after_the_grace_and_a_listener_keeps_it(omni_engine,
+                                                                                          monkeypatch):
+    """Abort-on-disconnect for every door: no reader of the run, no listener
+    of the session's events (a tab's chat feed, an API caller's stream) and
+    nobody awaiting it: the answer stops once nobody has listened for
+    UNHEARD_GRACE_S. One listener of the session's events keeps it going."""
+    monkeypatch.setattr(runs, "UNHEARD_GRACE_S", 0.3)
+    entry = filled_entry()
+    talking = conversation.of(conversation.Standalone(omni_engine), entry)
+    options = AnswerOptions(max_tokens=400, temperature=0.0)
+    with entry.events.subscribe() as listening:
+        heard = await talking.ask("Tell me everything.", options)
+        await asyncio.wait_for(heard.ended.wait(), 120)
+        assert listening.pending()  # it was listening all along
+    assert (await heard.finish()).status == COMPLETED
+    assert heard.answer.reply.stats.completion_tokens == 400
+    unheard = await talking.ask("Tell me everything.", options)
+    await asyncio.wait_for(unheard.ended.wait(), 120)
+    done = unheard._events[-1]
+    assert done.status == CANCELLED and done.answer.cancelled_by == "nobody listens"
+    assert 0 < done.answer.reply.stats.completion_tokens < 400
     assert omni_engine.running_requests == 0
 
 

@@ -30,6 +30,11 @@ log = logging.getLogger(__name__)
 # without it (LiveKit's interruption timeout): vLLM's abort takes effect at
 # its next step, so only an engine that hangs ever needs this.
 CANCEL_GRACE_S = 3.0
+# How long an answer may stream with nobody listening (no reader of the run,
+# no listener of its session's events, nobody awaiting it) before it is
+# cancelled: long enough for a reloading tab to come back to it, short enough
+# that a client gone for good does not keep the engine busy for nobody.
+UNHEARD_GRACE_S = 8.0
 _RUNNING: set[asyncio.Task] = set()  # the answer runs' tasks, held until they end
 
 COMPLETED, CANCELLED, FAILED = "completed", "cancelled", "failed"
@@ -118,6 +123,8 @@ class AnswerRun:
         self._readers = 0
         self._forced: asyncio.TimerHandle | None = None
         self._first_token_at: float | None = None
+        self._awaited = False  # finish() waits for it (replay, benchmarks): someone takes its Done
+        self._unheard_since: float | None = None
         self.generation = conversation.generation  # the chat it belongs to (Clear starts another)
         self._task = asyncio.get_running_loop().create_task(self._run())
         _RUNNING.add(self._task)  # asyncio keeps only weak references to tasks
@@ -158,6 +165,7 @@ class AnswerRun:
                     if self._first_token_at is None:
                         self._first_token_at = time.monotonic()
                     self._publish(Delta(delta))
+                    self._check_heard()
             except Abandoned:
                 pass  # replaced or stopped while it waited: it never started
             except EngineError as exc:
@@ -177,6 +185,23 @@ class AnswerRun:
         finally:
             if not self.ended.is_set():  # the task itself was cancelled (shutdown)
                 self._end(self._plain_done(None, started, False, cancelled=True))
+
+    def _check_heard(self) -> None:
+        """Cancel the answer once nobody has listened for UNHEARD_GRACE_S
+        (abort-on-disconnect, for every door: a socket's reader, the page's
+        chat feed, an API caller's stream)."""
+        if self._readers or self._awaited or self.conversation.entry.events.listeners:
+            self._unheard_since = None
+            return
+        now = time.monotonic()
+        if self._unheard_since is None:
+            self._unheard_since = now
+        elif now - self._unheard_since > UNHEARD_GRACE_S and self._forced is None:
+            log.info("session %s…: nobody has listened to the answer for %.0f s; stopping it",
+                     self.answer.session_id[:6], UNHEARD_GRACE_S)
+            self._leaving = asyncio.get_running_loop().create_task(self.cancel("nobody listens"))
+            _RUNNING.add(self._leaving)
+            self._leaving.add_done_callback(_RUNNING.discard)
 
     def _force_done(self) -> None:
         """The cancelled answer did not end within the grace: its Done now
@@ -281,6 +306,7 @@ class AnswerRun:
 
     async def finish(self) -> Done:
         """Wait for the run's Done without a door (replay, benchmarks)."""
+        self._awaited = True
         await self.ended.wait()
         done = self._events[-1]
         assert isinstance(done, Done), "an answer run ends with Done"
