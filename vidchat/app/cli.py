@@ -1,7 +1,8 @@
 """``vidchat``, the command on the PATH: ``vidchat`` (or ``vidchat serve``)
-serves with the options of ``python app.py``; ``vidchat replay …`` and
-``vidchat client …`` are ``python -m vidchat.replay`` and ``python -m
-vidchat.client``; ``vidchat --version`` says which vidchat this is."""
+serves with the options of ``python app.py``; ``vidchat replay …``,
+``vidchat client …`` and ``vidchat suite …`` are ``python -m
+vidchat.replay``, ``python -m vidchat.client`` and ``python -m
+vidchat.suite``; ``vidchat --version`` says which vidchat this is."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from typing import Callable, Sequence
 USAGE = """usage: vidchat [serve] [OPTIONS]      serve the page, the sockets and the model (vidchat --help)
        vidchat replay CLIP [OPTIONS]  a recorded clip or bundles through the same answer path (vidchat replay --help)
        vidchat client [OPTIONS]       a seed-protocol client for a running server (vidchat client --help)
+       vidchat suite run|add SUITE …  QA suites: re-run what you found on every model (vidchat suite run --help)
        vidchat --version"""
 
 
@@ -34,7 +36,13 @@ def _client(argv: list[str]) -> int:
     return main(argv)
 
 
-COMMANDS: dict[str, Callable[[list[str]], int]] = {"replay": _replay, "client": _client}
+def _suite(argv: list[str]) -> int:
+    from vidchat.qa.suite import main
+
+    return main(argv)
+
+
+COMMANDS: dict[str, Callable[[list[str]], int]] = {"replay": _replay, "client": _client, "suite": _suite}
 
 
 def main(argv: Sequence[str] | None = None) -> int:

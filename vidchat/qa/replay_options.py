@@ -73,8 +73,6 @@ class Changes:
 
 
 def parse_sets(items: Sequence[str]) -> Changes:
-    from vidchat.doors.protocol_config import ConfigError, parse_config
-
     raw: dict[str, Any] = {}
     for item in items:
         key, sep, text = item.partition("=")
@@ -86,19 +84,26 @@ def parse_sets(items: Sequence[str]) -> Changes:
         except json.JSONDecodeError:
             value = text  # plain text: frames_as=video, system_prompt=Be brief.
         raw[key] = value
-    try:
-        changes = parse_config(raw)
-    except ConfigError as exc:
-        raise UsageError(f"--set: {exc}") from None
+    return changes_of(raw, "--set")
+
+
+def changes_of(raw: dict[str, Any], where: str) -> Changes:
+    """Settings by their socket names (session.config's), checked by the
+    socket's table; raises UsageError starting with ``where``, naming the
+    unknown or bad setting (replay's --set, a suite's [settings])."""
     from vidchat.conversation.settings_table import ALIASES
-    from vidchat.doors.protocol_config import FIELDS
+    from vidchat.doors.protocol_config import FIELDS, ConfigError, parse_config
 
     unknown = sorted(k for k in raw if ALIASES.get(k, k) not in FIELDS)
     if unknown:
         names = ", ".join(sorted(k for k, f in FIELDS.items() if f.target != "info"))
-        raise UsageError(f"--set: unknown setting(s) {', '.join(unknown)}; known: {names}")
+        raise UsageError(f"{where}: unknown setting(s) {', '.join(unknown)}; known: {names}")
+    try:
+        changes = parse_config(raw)
+    except ConfigError as exc:
+        raise UsageError(f"{where}: {exc}") from None
     if changes.info:
-        raise UsageError(f"--set: {', '.join(sorted(changes.info))} cannot be set here (use --model)")
+        raise UsageError(f"{where}: {', '.join(sorted(changes.info))} cannot be set here (use --model)")
     return Changes(dict(changes.session), dict(changes.answer))
 
 

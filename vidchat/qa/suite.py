@@ -1,0 +1,323 @@
+"""QA suites: keep what you found on live video, re-run it against every model.
+
+    python -m vidchat.suite run SUITE [--model M]... [--out DIR] [--update-baseline] [--jobs N]
+    python -m vidchat.suite add SUITE BUNDLE [--name NAME] [--contains WORD]... [--same-as-baseline]
+
+``run`` asks every case of the suite (vidchat.qa.suite_file) on every model:
+one engine per model, started once and used for all its cases, models one
+after another (memory), cases at once up to ``--jobs``. A video case plays
+through replay's deterministic path (the file's own clock, each ask at its
+second, the chat so far as history); a bundle case is re-asked with its
+exact frames, audio and history. Each ask's answer is checked
+(vidchat.qa.suite_checks) and written to ``--out`` (default
+``SUITE/runs/<UTC time>/``) as results.json, junit.xml and report.html
+(vidchat.qa.suite_report), with each answer's recording bundle under
+``bundles/``. ``--update-baseline`` writes this run's answers into
+SUITE/baseline.json. Exit status: 0 every check passed, 1 a check failed or
+an ask errored, 2 the suite (or a flag) can't be read.
+
+The app's options apply as in app.py (--cache-dir, --max-model-len, ...);
+``--model`` may be given several times.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import copy
+import dataclasses
+import json
+import logging
+import sys
+import time
+import types
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Sequence
+
+from vidchat.qa.replay import USAGE, Run, _quiet, reask_bundle, replay_file, resolve, start_engine
+from vidchat.qa.replay_options import changes_of
+from vidchat.qa.suite_checks import run_checks
+from vidchat.qa.suite_file import BASELINE_FILE, Case, Suite, SuiteError, add_bundle, read_suite
+
+log = logging.getLogger("vidchat.qa.suite")
+
+PASSED, FAILED_CHECK, ERRORED = "passed", "failed", "error"
+
+
+@dataclass
+class AskResult:
+    """One ask of one case on one model: results.json's row."""
+
+    case: str
+    ask: int
+    model: str
+    question: str
+    answer: str = ""
+    status: str = ERRORED
+    checks: list[dict[str, Any]] = field(default_factory=list)
+    error: str | None = None
+    first_token_ms: float | None = None
+    tokens: int | None = None
+    frames: int | None = None
+    inputs_sha256: str | None = None
+    changed_from_baseline: bool | None = None
+    frame_times: list[float] = field(default_factory=list)
+    bundle: str | None = None  # the answer's recording, under the run's folder (the report's thumbnails)
+
+    def as_dict(self) -> dict[str, Any]:
+        out = dataclasses.asdict(self)
+        if self.status != ERRORED:
+            out.pop("error")
+        return out
+
+
+class _Capture:
+    """replay's Output, kept instead of printed: the records of one case's asks."""
+
+    def __init__(self) -> None:
+        self.records: list[dict[str, Any]] = []
+
+    def answer(self, rec: dict[str, Any]) -> None:
+        self.records.append(rec)
+
+    def failure(self, t: float | None, question: str, reason: str, watch: bool = False) -> None:
+        self.records.append({"t": t, "question": question, "error": reason})
+
+
+def _run_for(case: Case, settings: Any, model: str, out_dir: Path) -> Run:
+    """A replay Run for one case: its asks, its settings, its bundles' folder."""
+    changes = changes_of(case.settings, f"case {case.name!r}: settings")
+    asks = [types.SimpleNamespace(at=a.at, text=a.question) for a in case.asks if a.at is not None]
+    args = types.SimpleNamespace(ask=asks, every=[], no_history=False, watch_every=None)
+    return Run(args, settings, model, changes, str(out_dir), _Capture())
+
+
+async def _ask_case(case: Case, state: Any, engine: Any, settings: Any, model: str, out: Path) -> list[dict]:
+    """The case's records, one per ask in the suite's order (an error record where it failed)."""
+    from vidchat.conversation.recording import BundleError, read_bundle
+
+    folder = out / "bundles" / _safe(model) / _safe(case.name)
+    folder.mkdir(parents=True, exist_ok=True)
+    run = _run_for(case, settings, model, folder)
+    if case.bundle is not None:
+        try:
+            bundle = await asyncio.to_thread(read_bundle, case.bundle)
+        except (BundleError, OSError) as exc:
+            return [{"error": f"{case.bundle}: not a bundle vidchat can read: {exc}"}]
+        question = case.asks[0].question
+        if question is not None and question != bundle.question:
+            bundle = copy.copy(bundle)
+            bundle.manifest = {**bundle.manifest, "question": question}
+        code = await reask_bundle(run, state, engine, bundle)
+        if code == USAGE and not run.output.records:
+            return [{"error": f"{case.bundle}: its settings can't be asked on this model"}]
+        return run.output.records[:1] or [{"error": "no answer"}]
+    if not case.video.is_file():
+        return [{"error": f"{case.video}: no such clip"} for _ in case.asks]
+    try:
+        code = await replay_file(run, state, engine, str(case.video))
+    except Exception as exc:  # noqa: BLE001 - a clip PyAV can't read is this case's error
+        return [{"error": f"{case.video}: {exc}"} for _ in case.asks]
+    if code == USAGE:
+        return [{"error": f"case {case.name!r}: its settings can't be asked on this model"} for _ in case.asks]
+    return _in_ask_order(case, run.output.records)
+
+
+def _in_ask_order(case: Case, records: list[dict]) -> list[dict]:
+    """Replay answers in time order; the suite reports in its own order."""
+    left = list(records)
+    ordered = []
+    for ask in case.asks:
+        match = next((r for r in left if r.get("question") == ask.question and r.get("t") == ask.at), None)
+        if match is None:
+            ordered.append({"error": f"asked at {ask.at:g} s, but replay gave no answer for it"})
+            continue
+        left.remove(match)
+        ordered.append(match)
+    return ordered
+
+
+def _safe(name: str) -> str:
+    return "".join(c if c.isalnum() or c in "-_." else "_" for c in name)[:80] or "_"
+
+
+def _result(case: Case, index: int, model: str, rec: dict, baseline: dict) -> AskResult:
+    ask = case.asks[index]
+    question = rec.get("question") or ask.question or ""
+    result = AskResult(case.name, index, model, question)
+    if "error" in rec:
+        result.error = rec["error"]
+        return result
+    before = baseline.get(model, {}).get(case.name, {}).get(str(index))
+    result.answer = rec.get("answer", "")
+    result.first_token_ms = rec.get("ttft_ms")
+    result.tokens = rec.get("completion_tokens")
+    result.frames = len(rec.get("frame_indices") or [])
+    result.frame_times = list(rec.get("frame_times") or [])
+    result.inputs_sha256 = rec.get("inputs_sha256")
+    result.bundle = rec.get("bundle")
+    result.changed_from_baseline = None if before is None else result.answer != before
+    checks = run_checks(ask.expect, result.answer, result.first_token_ms, before)
+    result.checks = [c.as_dict() for c in checks]
+    result.status = PASSED if all(c.ok for c in checks) else FAILED_CHECK
+    return result
+
+
+async def _run_model(suite: Suite, settings: Any, model: str, out: Path, jobs: int, baseline: dict,
+                     progress: Any) -> list[AskResult]:
+    from vidchat.engine import EngineError
+
+    settings = dataclasses.replace(settings, model=model)
+    try:
+        settings, model_path, banner = resolve(settings)
+        state, engine = await start_engine(settings, model, model_path, banner)
+    except (EngineError, ValueError) as exc:
+        return [AskResult(c.name, i, model, a.question or "", error=f"model {model}: {exc}")
+                for c in suite.cases for i, a in enumerate(c.asks)]
+    room = asyncio.Semaphore(jobs)
+
+    async def one(case: Case) -> list[AskResult]:
+        async with room:
+            records = await _ask_case(case, state, engine, settings, model, out)
+        results = [_result(case, i, model, rec, baseline) for i, rec in enumerate(records)]
+        for r in results:
+            progress(r)
+        return results
+
+    try:
+        done = await asyncio.gather(*(one(c) for c in suite.cases))
+    finally:
+        await state.registry.close_all()
+        engine.shutdown()
+    return [r for case_results in done for r in case_results]
+
+
+def _progress(stream: Any) -> Any:
+    """A line per ask on a terminal; nothing otherwise."""
+    if not stream.isatty():
+        return lambda result: None
+
+    def say(result: AskResult) -> None:
+        mark = {"passed": "✓", "failed": "✗", "error": "!"}[result.status]
+        print(f"{mark} {result.model} · {result.case} #{result.ask}: {result.error or result.answer[:60]!r}",
+              file=stream, flush=True)
+
+    return say
+
+
+def _update_baseline(suite: Suite, results: list[AskResult]) -> None:
+    baseline = suite.baseline()
+    for r in results:
+        if r.status != ERRORED:
+            baseline.setdefault(r.model, {}).setdefault(r.case, {})[str(r.ask)] = r.answer
+    (suite.root / BASELINE_FILE).write_text(json.dumps(baseline, indent=2, ensure_ascii=False) + "\n")
+
+
+def run_suite(suite: Suite, settings: Any, models: list[str], out: Path, jobs: int = 4,
+              update_baseline: bool = False, progress: Any = lambda r: None) -> dict[str, Any]:
+    """Every case on every model; writes the reports into ``out`` and returns results.json's content."""
+    from vidchat.qa.suite_report import write_reports
+
+    baseline = suite.baseline()
+    out.mkdir(parents=True, exist_ok=True)
+    results: list[AskResult] = []
+    for model in models:  # one after another: one engine in memory at a time
+        results += asyncio.run(_run_model(suite, settings, model, out, jobs, baseline, progress))
+    summary = {status: sum(r.status == status for r in results) for status in (PASSED, FAILED_CHECK)}
+    summary["errors"] = sum(r.status == ERRORED for r in results)
+    report = {"suite": suite.name, "models": models, "asks": [r.as_dict() for r in results], "summary": summary}
+    write_reports(out, report, baseline)
+    if update_baseline:
+        _update_baseline(suite, results)
+    return report
+
+
+def _split_models(argv: list[str]) -> tuple[list[str], list[str]]:
+    """The repeatable --model out of the app's flags (where --model is one)."""
+    models, rest, i = [], [], 0
+    while i < len(argv):
+        arg = argv[i]
+        if arg == "--model" and i + 1 < len(argv):
+            models.append(argv[i + 1])
+            i += 2
+            continue
+        if arg.startswith("--model="):
+            models.append(arg.split("=", 1)[1])
+        else:
+            rest.append(arg)
+        i += 1
+    return models, rest
+
+
+def _run_parser() -> argparse.ArgumentParser:
+    from vidchat.app.settings import build_parser as app_parser
+
+    parser = app_parser()
+    parser.prog = "python -m vidchat.suite run"
+    parser.description = "Ask every case of a QA suite on every model; write results.json, junit.xml, report.html."
+    parser.set_defaults(log_level="warning")
+    g = parser.add_argument_group("suite")
+    g.add_argument("suite", metavar="SUITE", help="the suite's folder (suite.toml at its root)")
+    g.add_argument("--out", default=None, help="where the reports go (default SUITE/runs/<UTC time>/)")
+    g.add_argument("--update-baseline", action="store_true", help="write this run's answers into SUITE/baseline.json")
+    g.add_argument("--jobs", type=int, default=4, help="cases asked at once on a model (default 4)")
+    g.add_argument("-v", "--verbose", action="store_true", help="log progress (and vLLM's own log) on stderr")
+    return parser
+
+
+def _main_run(argv: list[str]) -> int:
+    from vidchat.app.settings import settings_from_args
+
+    models, rest = _split_models(argv)
+    parser = _run_parser()
+    args = parser.parse_args(rest)
+    settings = settings_from_args(parser, args)
+    _quiet(args.verbose, settings.log_level)
+    if args.jobs < 1:
+        parser.error(f"--jobs must be at least 1, got {args.jobs}")
+    try:
+        suite = read_suite(args.suite)
+    except SuiteError as exc:
+        print(f"vidchat.suite: {exc}", file=sys.stderr)
+        return USAGE
+    out = Path(args.out) if args.out else suite.root / "runs" / time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+    report = run_suite(suite, settings, models or [settings.model], out, args.jobs, args.update_baseline,
+                       _progress(sys.stderr))
+    s = report["summary"]
+    print(f"suite {suite.name}: {s['passed']} passed, {s['failed']} failed, {s['errors']} errors "
+          f"({len(report['asks'])} asks on {len(report['models'])} model(s)); report: {out / 'report.html'}")
+    return 0 if s["failed"] == 0 and s["errors"] == 0 else 1
+
+
+def _main_add(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="python -m vidchat.suite add",
+                                     description="Copy a recorded bundle into a suite as a case.")
+    parser.add_argument("suite", metavar="SUITE")
+    parser.add_argument("bundle", metavar="BUNDLE", help="a bundle folder or zip (the page's, a socket's or replay's)")
+    parser.add_argument("--name", default=None, help="the case's name (default: the bundle's)")
+    parser.add_argument("--contains", action="append", default=[], metavar="WORD",
+                        help="expect the answer to contain WORD (repeatable)")
+    parser.add_argument("--same-as-baseline", action="store_true", help="expect this model's baseline answer")
+    parser.add_argument("--note", default="", help="a note kept with the case")
+    args = parser.parse_args(argv)
+    from vidchat.conversation.recording import BundleError, read_bundle
+
+    try:
+        read_bundle(args.bundle)  # refused now, not at the next run
+        case = add_bundle(args.suite, args.bundle, name=args.name, contains=args.contains,
+                          same_as_baseline=args.same_as_baseline, note=args.note)
+    except (SuiteError, BundleError, OSError) as exc:
+        print(f"vidchat.suite: {exc}", file=sys.stderr)
+        return USAGE
+    print(f"added case {case.name!r} ({case.bundle}) to {Path(args.suite) / 'suite.toml'}")
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    commands = {"run": _main_run, "add": _main_add}
+    if not argv or argv[0] not in commands:
+        print(__doc__.split("\n\n")[1], file=sys.stderr)
+        return USAGE
+    return commands[argv[0]](argv[1:])
