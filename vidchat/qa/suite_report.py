@@ -117,6 +117,7 @@ table {{ border-collapse: collapse; width: 100%; }} th, td {{ border: 1px solid 
 vertical-align: top; text-align: left; }}
 .frames {{ display: flex; flex-wrap: wrap; gap: 4px; }} figure {{ margin: 0; font-size: 11px; color: #666; }}
 img {{ width: 96px; display: block; }} .ok {{ color: #1e7b34; }} .bad, .error {{ color: #a93226; }}
+td.failed, td.error {{ background: #fff7f6; }}
 ul {{ padding-left: 16px; margin: 4px 0; list-style: none; }} .meta {{ color: #777; font-size: 12px; }}
 del {{ background: #fbe3e1; }} ins {{ background: #e1f5e4; text-decoration: none; }}
 body.only-failed tr.passed {{ display: none; }}
