@@ -143,3 +143,21 @@ async def test_a_question_or_history_beyond_the_caps_is_refused_naming_the_field
                            * (MAX_HISTORY_TURNS // 2))
     await read(ok, log, "ok")
     assert log[-1][1].status == COMPLETED
+
+
+@pytest.mark.engine
+async def test_a_sampled_answer_records_the_seed_it_drew_and_replays_exactly_with_it(omni_engine):
+    """No seed set: one is drawn for the answer and recorded with it (its
+    summary, hence its record and bundle), so the same inputs with that seed
+    give the same sampled answer; another draw gives another seed."""
+    entry = filled_entry()
+    talking = conversation.of(conversation.Standalone(omni_engine), entry)
+    sampled = answer_path.AnswerOptions(max_tokens=12, temperature=1.0)
+    first = await (await talking.ask("Describe it.", sampled)).finish()
+    seed = first.answer.options.seed
+    assert isinstance(seed, int) and first.answer.summary()["seed"] == seed
+    assert entry.warm_options.seed is None  # what the next warm-up prepares for is what was asked
+    again = await talking.reask(first.answer, sampled.updated(seed=seed), answer_path.frozen_sample(first.answer))
+    assert (await again.finish()).text == first.text
+    other = await (await talking.ask("Describe it.", sampled)).finish()
+    assert other.answer.options.seed != seed

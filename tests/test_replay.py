@@ -169,7 +169,10 @@ def test_replay_twice_sends_the_same_inputs_and_gets_the_same_answers(run_with_o
     keys = ("t", "question", "frame_times", "frame_indices", "audio_span", "audio_seconds", "inputs_sha256",
             "prompt_tokens", "prompt", "answer", "settings")
     for ra, rb in zip(a, b, strict=True):
-        assert {k: ra[k] for k in keys} == {k: rb[k] for k in keys}
+        # Each answer draws its own seed (and records it); at temperature 0 it changes nothing else.
+        unseeded = [{**r, "settings": {k: v for k, v in r["settings"].items() if k != "seed"}} for r in (ra, rb)]
+        assert {k: unseeded[0][k] for k in keys} == {k: unseeded[1][k] for k in keys}
+        assert isinstance(ra["seed"], int) and ra["settings"]["seed"] == ra["seed"]
     for r in a:
         times = r["frame_times"]
         # Seconds of the file: frames are at multiples of 1/10 s, all before the question's second.
@@ -214,7 +217,9 @@ def test_bundles_read_back_to_the_inputs_the_engine_hashed(run_with_out):
         assert bundle.frame_times == rec["frame_times"] and bundle.frame_indices == rec["frame_indices"]
         assert [f"{f.shape[1]}x{f.shape[0]}" for f in bundle.frames] == rec["frame_sizes"]
         assert m["prompt"] == rec["prompt"] and m["model_option"] == "tiny" and m["t"] == rec["t"]
-        assert m["settings"] == rec["settings"] and m["seed"] is None
+        # The seed it used (drawn, none was set) is recorded: a sampled answer replays exactly.
+        assert m["settings"] == rec["settings"] and isinstance(m["seed"], int)
+        assert m["seed"] == rec["seed"] == m["settings"]["seed"]
         assert m["engine"]["max_images"] == TEST_MAX_IMAGES
         assert m["timings"]["ttft_ms"] == rec["ttft_ms"] and m["tokens"]["prompt_tokens"] == rec["prompt_tokens"]
         assert [f["file"] for f in m["frames"]] == [f"frame-{i + 1:04d}.png" for i in range(len(bundle.frames))]

@@ -13,6 +13,7 @@ import asyncio
 import dataclasses
 import logging
 import math
+import secrets
 import time
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Sequence
@@ -277,6 +278,11 @@ async def ask(
         sample = session.sample(span=None if spoken is None else (spoken.start, spoken.end))
     if not sample.frames and not frames_optional:
         raise NoFrames()
+    asked_with = options  # what the next warm-up prepares for (a drawn seed changes no prompt)
+    if options.seed is None:
+        # The seed it actually uses, drawn here and recorded with the answer,
+        # so a sampled answer replays exactly from its record or bundle.
+        options = options.updated(seed=secrets.randbits(63))
     prepared = await asyncio.to_thread(prepare, engine, entry, sample, options, history, question,
                                        spoken=spoken is not None)
     if entry.closed:
@@ -288,7 +294,7 @@ async def ask(
                     queue=queue, history=tuple(history), session_id=session.id, spoken=spoken)
     # No await since the ticket check: no other question can have started.
     entry.answer = answer
-    entry.warm_options = options  # the next warm-up (vidchat.conversation.prewarm) prepares for the same kind of question
+    entry.warm_options = asked_with  # the next warm-up (vidchat.conversation.prewarm) prepares for the same kind of question
     log.info(
         "session %s… question %d: %d frames as %s, %.1f s audio, prepared in %.1f ms",
         session.id[:6], ticket, len(sample.frames), options.frames_as,

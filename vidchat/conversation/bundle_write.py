@@ -103,6 +103,8 @@ def write_bundle(
                     digest[:12], record["inputs_sha256"][:12])
     if settings is None:
         settings = dataclasses.asdict(answer.options)
+    else:  # the seed it actually used (drawn when none was set): re-asked, it answers the same
+        settings = {**settings, "seed": answer.options.seed}
     if history is None:
         history = getattr(answer, "history", None) or ()
 

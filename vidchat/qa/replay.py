@@ -108,7 +108,7 @@ def answer_record(answer, *, t: float | None, settings: dict[str, Any], source: 
     """The JSON line: the question, the answer, and the app's answer record."""
     record: dict[str, Any] = {"t": t, "question": answer.question, "answer": answer.reply.text, "watch": watch}
     record.update(answer.summary())
-    record["settings"] = settings
+    record["settings"] = {**settings, "seed": answer.options.seed}  # the seed it used, drawn when none was set
     record["source"] = source
     record["bundle"] = None
     return record
