@@ -35,7 +35,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
 
-from vidchat.qa.replay import USAGE, Run, _quiet, reask_bundle, replay_file, resolve, start_engine
+from vidchat.qa.engine_start import resolve, start_engine
+from vidchat.qa.replay import USAGE, Run, _quiet, reask_bundle, replay_file
 from vidchat.qa.replay_options import changes_of
 from vidchat.qa.suite_checks import run_checks
 from vidchat.qa.suite_file import BASELINE_FILE, Case, Suite, SuiteError, add_bundle, read_suite
