@@ -10,6 +10,7 @@ import { beaconUrl, pageToken } from "./js/api.js";
 import { reconnect, start, stop, switchSource } from "./js/peer.js";
 import "./js/questions.js";
 import "./js/ready.js";
+import "./js/suites.js";
 import { listServerMedia, sourceKind } from "./js/source.js";
 import { $, resumeAfterReload, setNote, state, whenShown } from "./js/state.js";
 import { talk } from "./js/talk.js";

@@ -123,7 +123,7 @@ def create_app(state: AppState) -> FastAPI:
     """The app: the engine loads in its lifespan while the port already
     answers; then the status routes, the doors' routes, vidchat's static
     files, the access guard in front of every route, and the page mounted last."""
-    from vidchat.doors import inputs as answer_inputs, media_dir, protocol, page as ui, realtime, webrtc_routes
+    from vidchat.doors import inputs as answer_inputs, media_dir, protocol, page as ui, realtime, suite_routes, webrtc_routes
 
     state.metrics = app_metrics.attach(state)
     loop_watch = LoopWatch(observe=state.metrics.loop_lag.observe)
@@ -134,6 +134,7 @@ def create_app(state: AppState) -> FastAPI:
     _client_config_route(app, state)
     app.include_router(webrtc_routes.router(state))
     app.include_router(answer_inputs.router(state))
+    app.include_router(suite_routes.router(state))
     app.include_router(media_dir.router(state))
 
     @app.websocket("/v1/video/chat/stream")

@@ -120,6 +120,11 @@ class Settings:
         "settings, prompt, answer, timings; layout in vidchat/conversation/bundle_format.py) in a new folder under this one. "
         "Empty: recording is off; nothing is written to disk unless this is set.",
     )
+    suite_dir: str = _opt(
+        "", "A QA suite's folder (docs/suites.md): each answer's 'What the model got' panel offers Add to suite, "
+        "which saves the answer's bundle under DIR/bundles/, adds a case re-asking it to DIR/suite.toml and keeps "
+        "its answer as this model's baseline. Empty: no Add to suite; nothing is written.",
+    )
     # --- server -------------------------------------------------------
     host: str = _opt("127.0.0.1", "Address to bind. Use 0.0.0.0 only when you mean to expose the app.")
     port: int = _opt(7860, "TCP port for the page, the WebRTC offer endpoint and the WebSocket protocol.")

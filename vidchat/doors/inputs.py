@@ -170,20 +170,28 @@ def details_html(answer: "Answer", answer_id: str, recorded: bool = False) -> st
     )
 
 
+def _owned(request: Request, entry: "Entry") -> None:
+    if entry.owner is not None and entry.owner != login_of(request.headers):
+        raise HTTPException(403, "this answer belongs to another login's session")
+
+
+def owned_answer(state: Any, request: Request, answer_id: str) -> "tuple[Entry, Answer]":
+    """A kept answer and its session, for the login that opened that session
+    (HTTPException 404 or 403 otherwise)."""
+    entry, answer = find(state.registry, answer_id)
+    if answer is None:
+        raise HTTPException(404, "no such answer (its session ended, or it is older than the last "
+                                 f"{KEEP_PER_SESSION})")
+    _owned(request, entry)
+    return entry, answer
+
+
 def router(state: Any) -> APIRouter:
     api = APIRouter()
-
-    def owned(request: Request, entry: "Entry") -> None:
-        if entry.owner is not None and entry.owner != login_of(request.headers):
-            raise HTTPException(403, "this answer belongs to another login's session")
+    owned = _owned
 
     def lookup(request: Request, answer_id: str) -> "Answer":
-        entry, answer = find(state.registry, answer_id)
-        if answer is None:
-            raise HTTPException(404, "no such answer (its session ended, or it is older than the last "
-                                     f"{KEEP_PER_SESSION})")
-        owned(request, entry)
-        return answer
+        return owned_answer(state, request, answer_id)[1]
 
     @api.get(PATH_PREFIX + "{answer_id}/frame/{k}.png")
     async def frame(request: Request, answer_id: str, k: int) -> Response:

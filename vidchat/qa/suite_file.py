@@ -26,12 +26,12 @@ import shutil
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
+from vidchat.conversation import suite_cases
+from vidchat.conversation.suite_cases import BASELINE_FILE, SUITE_FILE
 from vidchat.qa.replay_options import UsageError, changes_of
 
-SUITE_FILE = "suite.toml"
-BASELINE_FILE = "baseline.json"
 CHECKS = ("contains", "not_contains", "matches", "max_first_token_ms", "same_as_baseline")
 
 
@@ -204,43 +204,23 @@ def read_suite(folder: str | Path) -> Suite:
     return Suite(name, root, tuple(_case(c, root, i, defaults, names) for i, c in enumerate(cases_raw)))
 
 
-def _toml_string(text: str) -> str:
-    return json.dumps(text, ensure_ascii=False)  # a JSON string is a valid TOML basic string
-
-
-def add_bundle(folder: str | Path, bundle: str | Path, *, name: str | None = None, contains: list[str] = (),
+def add_bundle(folder: str | Path, bundle: str | Path, *, name: str | None = None, contains: Sequence[str] = (),
                same_as_baseline: bool = False, note: str = "") -> Case:
     """Copy a recorded bundle into the suite (``bundles/``) and add a case
-    that re-asks it; the suite file is created when there is none. Returns
-    the case as read back (so the file stays valid)."""
+    that re-asks it (vidchat.conversation.suite_cases); the suite file is
+    made when there is none. Returns the case as read back, so the file stays valid."""
     root = Path(folder)
     source = Path(bundle)
     if not source.exists():
         raise SuiteError(f"{source}: no such bundle")
+    if (root / SUITE_FILE).is_file():
+        read_suite(root)  # a suite that can't be read is not added to
+    case_name = suite_cases.free_name(root, name or source.name.removesuffix(".zip"))
     (root / "bundles").mkdir(parents=True, exist_ok=True)
-    file = root / SUITE_FILE
-    taken = {c.name for c in read_suite(root).cases} if file.is_file() else set()
-    base = name or source.name.removesuffix(".zip")
-    case_name, n = base, 2
-    while case_name in taken:
-        case_name, n = f"{base}-{n}", n + 1
     target = root / "bundles" / (case_name + (".zip" if source.suffix == ".zip" else ""))
     if source.is_dir():
         shutil.copytree(source, target)
     else:
         shutil.copyfile(source, target)
-    expect = []
-    if contains:
-        expect.append("contains = [" + ", ".join(_toml_string(w) for w in contains) + "]")
-    if same_as_baseline:
-        expect.append("same_as_baseline = true")
-    lines = ["", "[[case]]", f"name = {_toml_string(case_name)}",
-             f"bundle = {_toml_string(target.relative_to(root).as_posix())}"]
-    if note:
-        lines.append(f"note = {_toml_string(note)}")
-    lines += ["  [[case.ask]]", f"  expect = {{ {', '.join(expect)} }}"]
-    with file.open("a") as out:
-        if not taken:
-            out.write(f"name = {_toml_string(root.resolve().name)}\n")
-        out.write("\n".join(lines) + "\n")
+    suite_cases.append_case(root, case_name, target, contains=contains, same_as_baseline=same_as_baseline, note=note)
     return next(c for c in read_suite(root).cases if c.name == case_name)

@@ -125,7 +125,8 @@ def _controls(state) -> Controls:
     with gr.Row(equal_height=False, elem_classes="vc-main"):
         with gr.Column(scale=5, min_width=300):
             gr.HTML(PREVIEW_HTML.replace("{store_limit}", as_text(state.store_limit_text()))
-                    .replace("{access_mode}", access_mode(state)), elem_id="vc-live-panel")
+                    .replace("{access_mode}", access_mode(state))
+                    .replace("{suites}", "on" if state.settings.suite_dir else "off"), elem_id="vc-live-panel")
         with gr.Column(scale=6, min_width=300):
             chat = _chat_column()
     settings_inputs = _settings_panel(state)

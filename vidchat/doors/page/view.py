@@ -16,7 +16,7 @@ from vidchat.engine import Turn
 HEAD = '<link rel="stylesheet" href="/static/vidchat/vidchat.css"><script type="module" src="/static/vidchat/vidchat.js"></script>'
 
 PREVIEW_HTML = """
-<div class="vc-live" id="vc-live-access" data-mode="{access_mode}">
+<div class="vc-live" id="vc-live-access" data-mode="{access_mode}" data-suites="{suites}">
   <div class="vc-ready" id="vc-ready" role="status"></div>
   <div class="vc-video-wrap">
     <video id="vc-preview" autoplay playsinline muted></video>
@@ -195,7 +195,17 @@ def frames_html(answer, answer_id: str | None = None, recorded: bool = False) ->
         f"{audio:.1f} s of audio{'' if audio else ' (none)'}; times in seconds since the session's first media.</p>"
     )
     links = f"<p class='vc-record-links'>{answer_inputs.record_links_html(answer_id, recorded)}</p>" if answer_id else ""
-    return links + head + "<div class='vc-frames'>" + "".join(tiles) + "</div>" + answer_inputs.history_cut(answer)
+    return (links + (add_to_suite_html(answer_id) if answer_id else "") + head + "<div class='vc-frames'>"
+            + "".join(tiles) + "</div>" + answer_inputs.history_cut(answer))
+
+
+def add_to_suite_html(answer_id: str) -> str:
+    """Add to suite (static/js/suites.js shows it when the server has a --suite-dir)."""
+    return (f"<form class='vc-add-suite' data-answer='{as_text(answer_id)}'>"
+            "<input name='note' placeholder='note (what to look for)' aria-label='note'>"
+            "<input name='expect' placeholder='expect these words (comma-separated)' aria-label='expect these words'>"
+            "<button type='submit' class='vc-btn'>Add to suite</button>"
+            "<span class='vc-add-suite-said' role='status'></span></form>")
 
 
 def model_label(state) -> str:

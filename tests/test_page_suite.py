@@ -1,0 +1,82 @@
+"""The page's Add to suite (--suite-dir), in Chromium against the app with
+real vLLM: an answer added from its "What the model got" panel becomes a
+case (its bundle, its question, the note, its answer as this model's
+baseline) that ``python -m vidchat.suite run`` then passes; without
+--suite-dir the form is not shown and the route says why."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import tomllib
+
+import pytest
+from playwright.async_api import async_playwright
+
+from vidchat.devtools.page import ask, launch, open_and_start, set_setting, wait_for_answer, write_wav, write_y4m
+
+from conftest import CACHE_DIR, ROOT, SERVER_ARGS, TINY_SERVER_ARGS, start_server, stop_server
+
+pytestmark = pytest.mark.browser
+
+
+@pytest.fixture(scope="module")
+def suite_server(tiny_omni_path, artifacts_dir, tmp_path_factory):
+    suite_dir = tmp_path_factory.mktemp("suite")
+    srv = start_server([*TINY_SERVER_ARGS, *SERVER_ARGS, "--suite-dir", str(suite_dir)],
+                       artifacts_dir / "suite-server.log")
+    srv.suite_dir = suite_dir
+    yield srv
+    stop_server(srv)
+
+
+async def test_an_answer_added_to_the_suite_from_the_page_passes_suite_run(suite_server, server, tmp_path,
+                                                                           artifacts_dir):
+    write_y4m(tmp_path / "cam.y4m", (40, 160, 90))
+    write_wav(tmp_path / "mic.wav")
+    async with async_playwright() as pw:
+        browser = await launch(pw, tmp_path / "cam.y4m", tmp_path / "mic.wav", tmp_path)
+        try:
+            page = await open_and_start(browser, suite_server.url + "/", min_buffer=4)
+            await set_setting(page, "vc-max-tokens", "6")
+            await set_setting(page, "vc-temperature", "0")
+            await ask(page, "What is in front of the camera?")
+            await wait_for_answer(page, 1)
+            await page.click("#vc-inputs button, #vc-inputs .label-wrap")
+            form = page.locator("#vc-inputs .vc-add-suite")
+            await form.wait_for(state="visible", timeout=30_000)
+            await form.locator("input[name=note]").fill("the colour of the card")
+            await form.locator("button").click()
+            said = form.locator(".vc-add-suite-said")
+            await page.wait_for_function("document.querySelector('#vc-inputs .vc-add-suite-said')"
+                                         "?.textContent.startsWith('added as case')", timeout=30_000)
+            assert str(suite_server.suite_dir / "suite.toml") in await said.inner_text()
+            await page.screenshot(path=str(artifacts_dir / "page-add-to-suite.png"), full_page=True)
+
+            # Without --suite-dir the form stays hidden.
+            other = await open_and_start(browser, server.url + "/", min_buffer=4)
+            await set_setting(other, "vc-max-tokens", "4")
+            await ask(other, "Anything?")
+            await wait_for_answer(other, 1)
+            await other.click("#vc-inputs button, #vc-inputs .label-wrap")
+            await other.locator("#vc-inputs .vc-frames img").first.wait_for(timeout=30_000)
+            assert not await other.locator("#vc-inputs .vc-add-suite").is_visible()
+        finally:
+            await browser.close()
+
+    suite_dir = suite_server.suite_dir
+    case = tomllib.loads((suite_dir / "suite.toml").read_text())["case"][0]
+    assert case["name"] == "what-is-in-front-of-the-camera" and case["note"] == "the colour of the card"
+    assert case["ask"] == [{"expect": {"same_as_baseline": True}}]
+    assert (suite_dir / case["bundle"] / "manifest.json").is_file()
+    baseline = json.loads((suite_dir / "baseline.json").read_text())
+    assert list(baseline) == ["tiny"] and list(baseline["tiny"]) == [case["name"]]
+    run = subprocess.run([sys.executable, "-m", "vidchat.suite", "run", str(suite_dir), *TINY_SERVER_ARGS,
+                          "--cache-dir", str(CACHE_DIR), "--out", str(tmp_path / "run")],
+                         cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, (run.stdout, run.stderr[-3000:])
+    results = json.loads((tmp_path / "run" / "results.json").read_text())
+    assert results["summary"] == {"passed": 1, "failed": 0, "errors": 0}
+    (asked,) = results["asks"]
+    assert asked["question"] == "What is in front of the camera?" and asked["answer"] == baseline["tiny"][case["name"]]["0"]

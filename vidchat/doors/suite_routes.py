@@ -1,0 +1,68 @@
+"""The page's Add to suite (with --suite-dir, docs/suites.md): a kept answer
+of the caller's own session saved as a bundle in the suite's folder, a case
+that re-asks it appended to its suite.toml, and its answer kept as the
+server's model's baseline (vidchat.conversation.suite_cases, the rule
+``vidchat suite add`` follows too)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import re
+from pathlib import Path
+from typing import Any
+
+from fastapi import APIRouter, HTTPException, Request
+
+from vidchat.conversation import suite_cases
+from vidchat.conversation.recording import write_bundle
+from vidchat.doors.inputs import PATH_PREFIX, owned_answer
+
+log = logging.getLogger(__name__)
+
+MAX_NOTE = 500  # characters of a note, and of the expected words together
+
+
+def _text(body: Any, name: str) -> str:
+    value = body.get(name, "") if isinstance(body, dict) else None
+    if not isinstance(value, str) or len(value) > MAX_NOTE:
+        raise HTTPException(400, f"{name} must be text of at most {MAX_NOTE} characters")
+    return value.strip()
+
+
+def _add(state: Any, entry: Any, answer: Any, note: str, words: list[str]) -> dict[str, Any]:
+    """Write the bundle, the case and the baseline (in a worker thread: files)."""
+    root = Path(state.settings.suite_dir)
+    slug = re.sub(r"[^A-Za-z0-9]+", "-", answer.question.lower()).strip("-")[:40] or "answer"
+    name = suite_cases.free_name(root, slug)
+    bundles = root / "bundles"
+    bundles.mkdir(parents=True, exist_ok=True)
+    target = Path(write_bundle(bundles, answer, source="page", model_option=state.settings.model,
+                               engine_options=state.engine.options, name=name))
+    suite_cases.append_case(root, name, target, contains=words, same_as_baseline=True, note=note)
+    suite_cases.keep_baseline(root, state.settings.model, name, {"0": answer.reply.text})
+    log.info("session %s…: answer added to the suite %s as case %s", entry.session.id[:6], root, name)
+    return {"case": name, "suite": str(root / suite_cases.SUITE_FILE), "bundle": str(target),
+            "model": state.settings.model}
+
+
+def router(state: Any) -> APIRouter:
+    api = APIRouter()
+
+    @api.post(PATH_PREFIX + "{answer_id}/add-to-suite")
+    async def add_to_suite(request: Request, answer_id: str) -> dict[str, Any]:
+        if not state.settings.suite_dir:
+            raise HTTPException(404, "this server keeps no suite (start it with --suite-dir DIR)")
+        entry, answer = owned_answer(state, request, answer_id)
+        try:
+            body = await request.json()
+        except ValueError:
+            raise HTTPException(400, "the body must be JSON: {\"note\": …, \"expect\": …}") from None
+        note, expect = _text(body, "note"), _text(body, "expect")
+        words = [w.strip() for w in expect.split(",") if w.strip()]
+        try:
+            return await asyncio.to_thread(_add, state, entry, answer, note, words)
+        except OSError as exc:
+            raise HTTPException(500, f"could not write to the suite: {exc}") from None
+
+    return api
