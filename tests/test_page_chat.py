@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 
 import pytest
 from playwright.async_api import async_playwright
@@ -18,7 +19,6 @@ from vidchat.devtools.page import (
 )
 from vidchat.doors.page import STOPPED
 
-from conftest import eventually_async
 
 pytestmark = pytest.mark.browser
 
@@ -61,6 +61,10 @@ async def test_a_typed_question_sends_only_the_question_and_no_follow_up_event(s
 
 
 async def test_a_tab_reloaded_mid_answer_finds_it_streaming_and_sees_it_end(server, camera, tmp_path):
+    """The tab that asked goes away mid-answer (a reload): the answer runs
+    on to its last token all the same (before, the page's reading of it was
+    the answer, and the reload cancelled it), and the reloaded tab shows it
+    whole, streaming into it where it is still running when the tab is back."""
     async with async_playwright() as pw:
         browser = await launch(pw, *camera, tmp_path)
         try:
@@ -70,23 +74,29 @@ async def test_a_tab_reloaded_mid_answer_finds_it_streaming_and_sees_it_end(serv
             await set_setting(page, "vc-temperature", "0")  # greedy: the random model runs on, no early end
             await ask(page, "Describe everything, at length.")
             await page.wait_for_function(BOT_HAS_TEXT % 1, timeout=60_000)
+
+            async def generating() -> int:
+                return (await asyncio.to_thread(server.get_json, "/api/health"))["running_requests"]
+
+            assert await generating() == 1  # mid-answer as the tab goes
             await page.reload()
             await page.wait_for_function("document.querySelector('#vc-conn')?.dataset.tone === 'live'",
                                          timeout=30_000)
             assert await session_id(page) == sid
-
-            async def answering() -> bool:
-                return (await asyncio.to_thread(server.get_json, "/api/health"))["running_requests"] == 1
-
-            # Nobody read the answer while the tab was away: it went on all the same.
-            await eventually_async(answering, 5, "the answer still generating after the reload", interval=0.05)
             await page.wait_for_function(BOT_HAS_TEXT % 1, timeout=30_000)
-            shown = len((await bot_texts(page))[0])
-            await page.wait_for_function(f"(n) => {BOT_MESSAGES}[0].innerText.length > n", arg=shown,
-                                         timeout=60_000)  # it streams into the reloaded tab
+            if await generating():  # back before it ended: it streams into the reloaded tab
+                shown = len((await bot_texts(page))[0])
+                await page.wait_for_function(f"(n) => {BOT_MESSAGES}[0].innerText.length > n", arg=shown,
+                                             timeout=60_000)
             texts = await wait_for_answer(page, 1, timeout=180)
-            await page.locator("#vc-chat .thought-group").first.wait_for(timeout=30_000)
-            assert STOPPED not in "".join(texts), texts  # it ran to its end: nothing stopped it
+            assert STOPPED not in "".join(texts), texts
             assert await page.evaluate("document.querySelectorAll('#vc-chat [data-testid=\"user\"]').length") == 1
+            # Its record: every token it was allowed, ended by its length, not by a cancel.
+            await page.click("#vc-inputs button, #vc-inputs .label-wrap")
+            link = page.locator("#vc-inputs .vc-record-links a[href$='/record.json']")
+            await link.wait_for(timeout=10_000)
+            answer_id = re.search(r"/inputs/([^/]+)/record\.json", await link.get_attribute("href")).group(1)
+            record = await asyncio.to_thread(server.get_json, f"/inputs/{answer_id}/record.json")
+            assert record["completion_tokens"] == 2000 and record["finish_reason"] == "length", record
         finally:
             await browser.close()

@@ -89,6 +89,14 @@ def test_a_suite_file_is_refused_naming_the_file_the_case_and_the_field(tmp_path
     assert said in capsys.readouterr().err
 
 
+@pytest.mark.unit
+def test_each_model_and_each_engine_url_is_a_model_of_the_run():
+    models, rest = suite_cli._split_models(["--model", "tiny", "--engine-url", "http://127.0.0.1:8000",
+                                            "--model=tiny-vl", "--max-model-len", "4096"])
+    assert models == ["tiny", "http://127.0.0.1:8000", "tiny-vl"] and rest == ["--max-model-len", "4096"]
+    assert [suite_cli._is_url(m) for m in models] == [False, True, False]
+
+
 @pytest.mark.engine
 def test_a_suite_runs_on_two_models_keeps_its_baseline_and_reasks_an_added_bundle(tmp_path, tiny_omni_path,
                                                                                tiny_vl_path):

@@ -67,22 +67,12 @@ def _resolve(settings: "Settings", log: logging.Logger) -> tuple["Settings", dic
     """The settings with the model's preset applied, and what the options
     name resolved: the model and its banner, the compared model, ICE servers
     and the TURN minter. Raises EngineError or ValueError for bad usage."""
-    from vidchat.app.models import resolve_model, resolve_preset
-    from vidchat.app.presets import apply as apply_preset
+    from vidchat.app.models import resolve_model, resolve_settings
     from vidchat.app.server import parse_ice_servers
     from vidchat.app.space import check_space_relay
     from vidchat.app.turn import minter_from
 
-    if settings.engine_url and settings.model == "auto":
-        model_path, banner = "", None  # the remote server's model (vidchat.engine.remote)
-    else:
-        model_path, banner = resolve_model(settings.model, settings.cache_dir)
-    preset = resolve_preset(settings.preset or settings.model)
-    if settings.preset and preset is None:
-        raise ValueError(f"--preset {settings.preset}: no such preset (python app.py --model list shows them)")
-    if preset is not None and banner is None:  # not when 'auto' fell back to the tiny model
-        settings = apply_preset(settings, preset)
-        log.info("preset %s: %s", preset.name, preset.model)
+    settings, model_path, banner = resolve_settings(settings)
     compare_path, compare_banner = (resolve_model(settings.compare_model, settings.cache_dir)
                                     if settings.compare_model else ("", None))
     ice_servers = parse_ice_servers(settings.ice_servers)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
+from typing import Any
 
 from vidchat.app import presets
 from vidchat.devtools import tinymodel
@@ -79,3 +80,19 @@ def _hub_model_available(repo: str) -> bool:
         return False
 
 
+def resolve_settings(settings: Any) -> tuple[Any, str, str | None]:
+    """(settings with its preset applied, model path, banner) for
+    settings.model, as app.py, replay and suites resolve it: the remote
+    server's model with --engine-url and no --model (path ""); raises
+    EngineError or ValueError naming what is wrong."""
+    if settings.engine_url and settings.model == "auto":
+        model_path, banner = "", None  # the remote server's model (vidchat.engine.remote)
+    else:
+        model_path, banner = resolve_model(settings.model, settings.cache_dir)
+    preset = resolve_preset(settings.preset or settings.model)
+    if settings.preset and preset is None:
+        raise ValueError(f"--preset {settings.preset}: no such preset (python app.py --model list shows them)")
+    if preset is not None and banner is None:  # not when 'auto' fell back to the tiny model
+        settings = presets.apply(settings, preset)
+        log.info("preset %s: %s", preset.name, preset.model)
+    return settings, model_path, banner

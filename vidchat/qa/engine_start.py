@@ -1,12 +1,15 @@
-"""An engine for a tool without a server (replay, QA suites): the model
-resolved as app.py resolves it, and an app state with a started in-process
-engine, made as the server makes them."""
+"""An engine for a tool without a server (replay, QA suites): an app state
+with a started engine (in-process, or a model served elsewhere with
+--engine-url), made as the server makes them. The model is resolved as
+app.py resolves it (vidchat.app.models.resolve_settings)."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
 from typing import Any
+
+from vidchat.app.models import resolve_settings as resolve  # noqa: F401 (replay's and suites' name for it)
 
 log = logging.getLogger("vidchat.qa")
 
@@ -25,23 +28,16 @@ async def start_engine(settings: Any, model_option: str, model_path: str, banner
     if banner:
         # Asked for by name it is no surprise; a fallback from 'auto' is.
         (log.info if model_option.startswith("tiny") else log.warning)(banner)
-    engine = await asyncio.to_thread(LocalEngine.start, state.engine_options)
+    if settings.engine_url:  # a model served elsewhere (vllm serve): one more model for a suite
+        from vidchat.engine.remote import RemoteEngine
+
+        engine = await asyncio.to_thread(
+            RemoteEngine.start, state.engine_options, settings.engine_url,
+            session_header=settings.engine_session_header, connect_timeout=settings.engine_connect_timeout,
+            first_byte_timeout=settings.engine_first_byte_timeout)
+        state.model_path = engine.model_path
+    else:
+        engine = await asyncio.to_thread(LocalEngine.start, state.engine_options)
     state.engine_settled(engine)
     log.info("engine ready in %.1f s", engine.start_s)
     return state, engine
-
-
-def resolve(settings: Any) -> tuple[Any, str, str | None]:
-    """(settings with its preset applied, model path, banner) for settings.model,
-    as app.py resolves it; raises EngineError or ValueError naming what is wrong."""
-    from vidchat.app.models import resolve_model, resolve_preset
-    from vidchat.app.presets import apply as apply_preset
-
-    model_path, banner = resolve_model(settings.model, settings.cache_dir)
-    preset = resolve_preset(settings.preset or settings.model)
-    if settings.preset and preset is None:
-        raise ValueError(f"--preset {settings.preset}: no such preset (python app.py --model list shows them)")
-    if preset is not None and banner is None:
-        settings = apply_preset(settings, preset)
-        log.info("preset %s: %s", preset.name, preset.model)
-    return settings, model_path, banner

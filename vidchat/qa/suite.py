@@ -1,6 +1,6 @@
 """QA suites: keep what you found on live video, re-run it against every model.
 
-    python -m vidchat.suite run SUITE [--model M]... [--out DIR] [--update-baseline] [--jobs N]
+    python -m vidchat.suite run SUITE [--model M]... [--engine-url URL]... [--out DIR] [--update-baseline] [--jobs N]
     python -m vidchat.suite add SUITE BUNDLE [--name NAME] [--contains WORD]... [--same-as-baseline]
 
 ``run`` asks every case of the suite (vidchat.qa.suite_file) on every model:
@@ -17,7 +17,8 @@ SUITE/baseline.json. Exit status: 0 every check passed, 1 a check failed or
 an ask errored, 2 the suite (or a flag) can't be read.
 
 The app's options apply as in app.py (--cache-dir, --max-model-len, ...);
-``--model`` may be given several times.
+``--model`` may be given several times, and each ``--engine-url`` (a model
+served elsewhere, vllm serve) is one more model, named by its URL.
 """
 
 from __future__ import annotations
@@ -169,7 +170,8 @@ async def _run_model(suite: Suite, settings: Any, model: str, out: Path, jobs: i
                      progress: Any) -> list[AskResult]:
     from vidchat.engine import EngineError
 
-    settings = dataclasses.replace(settings, model=model)
+    settings = (dataclasses.replace(settings, engine_url=model, model="auto") if _is_url(model)
+                else dataclasses.replace(settings, model=model, engine_url=""))
     try:
         settings, model_path, banner = resolve(settings)
         state, engine = await start_engine(settings, model, model_path, banner)
@@ -235,20 +237,25 @@ def run_suite(suite: Suite, settings: Any, models: list[str], out: Path, jobs: i
 
 
 def _split_models(argv: list[str]) -> tuple[list[str], list[str]]:
-    """The repeatable --model out of the app's flags (where --model is one)."""
+    """The repeatable --model and --engine-url (each a model, named by its
+    URL) out of the app's flags, where each is given once."""
     models, rest, i = [], [], 0
     while i < len(argv):
         arg = argv[i]
-        if arg == "--model" and i + 1 < len(argv):
+        if arg in ("--model", "--engine-url") and i + 1 < len(argv):
             models.append(argv[i + 1])
             i += 2
             continue
-        if arg.startswith("--model="):
+        if arg.startswith(("--model=", "--engine-url=")):
             models.append(arg.split("=", 1)[1])
         else:
             rest.append(arg)
         i += 1
     return models, rest
+
+
+def _is_url(model: str) -> bool:
+    return model.startswith(("http://", "https://"))
 
 
 def _run_parser() -> argparse.ArgumentParser:
