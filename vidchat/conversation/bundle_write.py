@@ -111,7 +111,20 @@ def write_bundle(
     root = Path(root)
     root.mkdir(parents=True, exist_ok=True)
     files, frame_entries, audio_entry = _media_files(frames, audio, record)
-    manifest = {
+    manifest = _manifest(answer, record, history, settings, digest, frame_entries, audio_entry,
+                         t=t, source=source, model_option=model_option, engine_options=engine_options)
+    files[MANIFEST] = (json.dumps(_json_safe(manifest), indent=2, ensure_ascii=False) + "\n").encode()
+    final = _write_whole(root, files, name, t)
+    log.info("bundle written: %s (%d frames%s)", final, len(frames), ", audio" if audio is not None else "")
+    return final
+
+
+def _manifest(answer: Any, record: dict[str, Any], history: Any, settings: dict[str, Any], digest: str,
+              frame_entries: list, audio_entry: Any, **asked: Any) -> dict[str, Any]:
+    """The bundle's manifest.json (layout: vidchat.conversation.bundle_format);
+    ``asked``: t, source, model_option, engine_options."""
+    t, source, model_option, engine_options = (asked[k] for k in ("t", "source", "model_option", "engine_options"))
+    return {
         "version": BUNDLE_VERSION,
         "kind": KIND,
         "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
@@ -138,10 +151,6 @@ def write_bundle(
         "audio": audio_entry,
         "record": record,
     }
-    files[MANIFEST] = (json.dumps(_json_safe(manifest), indent=2, ensure_ascii=False) + "\n").encode()
-    final = _write_whole(root, files, name, t)
-    log.info("bundle written: %s (%d frames%s)", final, len(frames), ", audio" if audio is not None else "")
-    return final
 
 
 def _media_files(frames: list[np.ndarray], audio: np.ndarray | None,

@@ -303,6 +303,12 @@ def check_manifest(manifest: dict[str, Any], where: str = "bundle",
     spoken = manifest.get("spoken_question") or {}
     for name in ("start", "seconds"):
         _check(where, f"spoken_question.{name}", spoken.get(name), _number, "a number or null")
+    seconds = _checked_audio(manifest, where, max_audio_seconds)
+    _check_media_size(manifest, where, seconds)
+
+
+def _checked_audio(manifest: dict[str, Any], where: str, max_audio_seconds: float) -> float:
+    """The manifest's audio entry checked; returns its seconds."""
     audio = manifest.get("audio") or {}
     # Its WAV is then held to it (_read_audio): a bundle says how long its audio is.
     _check(where, "audio.seconds", audio.get("seconds"), lambda v: _number(v, 0), "a number >= 0",
@@ -314,6 +320,11 @@ def check_manifest(manifest: dict[str, Any], where: str = "bundle",
                           f"most {max_audio_seconds:g} s here (the server's --ws-max-audio-seconds)")
     _check(where, "audio.span", audio.get("span"), lambda v: isinstance(v, list) and len(v) == 2 and all(
         x is None or _number(x) for x in v), "[start, end] in seconds")
+    return seconds
+
+
+def _check_media_size(manifest: dict[str, Any], where: str, seconds: float) -> None:
+    """Each frame entry checked, and what the frames and audio decode to held to MAX_BUNDLE_DECODED_BYTES."""
     listed = manifest.get("frames") or []
     if not isinstance(listed, list) or len(listed) > MAX_BUNDLE_FRAMES:
         raise BundleError(f"{where}: the manifest's frames must be a list of at most {MAX_BUNDLE_FRAMES}")

@@ -168,25 +168,8 @@ async def consume_video(track, entry: Entry, stats: MediaStats,
             ended = True
             ready.set()
 
-    def render_rgb(frame: av.VideoFrame, width: int, height: int) -> np.ndarray:
-        if (width, height) == (frame.width, frame.height):
-            return frame.to_ndarray(format="rgb24")
-        # Area averaging: the downscale stays free of aliasing for the model.
-        return frame.reformat(width=width, height=height, format="rgb24", interpolation="AREA").to_ndarray()
-
     def process(frame: av.VideoFrame, due: float) -> None:
-        try:
-            if frame.format.name in LUMA_FIRST_FORMATS:
-                # The filter reads the Y, U and V planes in place. Most frames
-                # are dropped and never pay for conversion to RGB.
-                luma, chroma = yuv_planes(frame)
-                session.add_luma_frame(luma, lambda w, h: render_rgb(frame, w, h), t=due, chroma=chroma)
-            else:
-                session.add_frame(frame.to_ndarray(format="rgb24"), t=due)
-        except FrameError as exc:
-            stats.bad_frames += 1
-            log.warning("session %s…: dropped a bad video frame: %s", session.id[:6], exc)
-        stats.lags_ms.append((time.monotonic() - due) * 1000)
+        _take_frame(session, stats, frame, due)
 
     reading = asyncio.create_task(reader())
     try:
@@ -203,6 +186,29 @@ async def consume_video(track, entry: Entry, stats: MediaStats,
     finally:
         reading.cancel()
     await reading  # the track's end (MediaStreamError) or its failure, raised here
+
+
+def _render_rgb(frame: av.VideoFrame, width: int, height: int) -> np.ndarray:
+    if (width, height) == (frame.width, frame.height):
+        return frame.to_ndarray(format="rgb24")
+    # Area averaging: the downscale stays free of aliasing for the model.
+    return frame.reformat(width=width, height=height, format="rgb24", interpolation="AREA").to_ndarray()
+
+
+def _take_frame(session: Any, stats: MediaStats, frame: av.VideoFrame, due: float) -> None:
+    """One decoded frame into the session's filter and buffer (in a media worker thread)."""
+    try:
+        if frame.format.name in LUMA_FIRST_FORMATS:
+            # The filter reads the Y, U and V planes in place. Most frames
+            # are dropped and never pay for conversion to RGB.
+            luma, chroma = yuv_planes(frame)
+            session.add_luma_frame(luma, lambda w, h: _render_rgb(frame, w, h), t=due, chroma=chroma)
+        else:
+            session.add_frame(frame.to_ndarray(format="rgb24"), t=due)
+    except FrameError as exc:
+        stats.bad_frames += 1
+        log.warning("session %s…: dropped a bad video frame: %s", session.id[:6], exc)
+    stats.lags_ms.append((time.monotonic() - due) * 1000)
 
 
 async def consume_audio(track, entry: Entry, stats: MediaStats) -> None:

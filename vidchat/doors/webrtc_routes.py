@@ -181,6 +181,7 @@ def router(state) -> APIRouter:
     _peer_routes(api, state, peers, mine)
     _page_report_routes(api, state, mine)
     _talk_routes(api, state, mine)
+    _event_routes(api, mine)
     _view_routes(api, state, mine)
     return api
 
@@ -321,6 +322,23 @@ def _talk_routes(api: APIRouter, state, mine: Callable[[Request, Any], Entry]) -
         return StreamingResponse(lines(), media_type="application/x-ndjson",
                                  headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no"})
 
+    @api.post("/webrtc/talk")
+    async def talk_playback(request: Request) -> dict[str, Any]:
+        """The page started or stopped reading an answer aloud: its own voice,
+        coming back through the microphone, must not be taken for a question."""
+        body = await _read_json(request)
+        entry = mine(request, str(body.get("session_id", "")))
+        speaking = body.get("speaking")
+        if not isinstance(speaking, bool):
+            raise HTTPException(400, "'speaking' must be true or false")
+        if entry.talk is not None:
+            entry.talk.set_playback(speaking)
+        return {"ok": True, "listening": entry.talk is not None and entry.talk.running}
+
+
+def _event_routes(api: APIRouter, mine: Callable[[Request, Any], Entry]) -> None:
+    """The session's one event stream, for the page."""
+
     @api.get("/webrtc/events")
     async def session_events(request: Request, session_id: str) -> StreamingResponse:
         """The session's one event stream, as server-sent events
@@ -338,19 +356,6 @@ def _talk_routes(api: APIRouter, state, mine: Callable[[Request, Any], Entry]) -
 
         return StreamingResponse(stream(), media_type="text/event-stream",
                                  headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no"})
-
-    @api.post("/webrtc/talk")
-    async def talk_playback(request: Request) -> dict[str, Any]:
-        """The page started or stopped reading an answer aloud: its own voice,
-        coming back through the microphone, must not be taken for a question."""
-        body = await _read_json(request)
-        entry = mine(request, str(body.get("session_id", "")))
-        speaking = body.get("speaking")
-        if not isinstance(speaking, bool):
-            raise HTTPException(400, "'speaking' must be true or false")
-        if entry.talk is not None:
-            entry.talk.set_playback(speaking)
-        return {"ok": True, "listening": entry.talk is not None and entry.talk.running}
 
 
 def _view_routes(api: APIRouter, state, mine: Callable[[Request, Any], Entry]) -> None:

@@ -245,23 +245,17 @@ class LocalEngine(ModelEngine):
         """Render the prompt and build the media for one question (CPU work:
         run it off the event loop). Raises EngineError for input the engine
         would refuse, so the caller can tell the user before anything streams.
-
         ``warmup``: the same prompt without the question (the prefix a
         question will share), for :meth:`warm`; `question` is ignored.
-
         ``frame_ids``: each frame's name, unique within ``cache_salt`` and
-        never reused for other pixels (a session's kept-frame numbers). vLLM
-        then caches each frame's encoding under salt and name instead of a
-        hash of its pixels: no time spent hashing, and two sessions showing
-        the same picture never share an encoding (no timing side channel).
-
-        ``spoken``: the audio is the question (Talk mode); `question` may
-        then be empty, and a model that takes no audio refuses it.
-
-        ``audio_parts``: the audio's segments, (samples, name) each
-        (vidchat.media.session.Sample.audio_parts): with --audio-segments on, each
-        goes as its own clip, up to ``--max-audios``, named like the frames.
-        A finished segment is then encoded and prefilled once."""
+        never reused for other pixels (a session's kept-frame numbers): vLLM
+        caches each frame's encoding under salt and name, not a hash of its
+        pixels (no hashing, and no encoding shared between sessions: no timing
+        side channel). ``spoken``: the audio is the question (Talk mode; a
+        model that takes no audio refuses it). ``audio_parts``: the audio's
+        segments, (samples, name) each (Sample.audio_parts): with
+        --audio-segments each goes as its own clip, up to ``--max-audios``,
+        so a finished segment is encoded and prefilled once."""
         question, max_tokens, temperature, seed, audio = self._checked_inputs(
             question, len(frames), audio, frames_as, max_tokens, temperature, seed, warmup, spoken)
         clips = [] if audio is None else audio_clips(audio, audio_parts if self.splits_audio else (),
@@ -281,17 +275,10 @@ class LocalEngine(ModelEngine):
         prompt = self._vllm_prompt(prompt_text, frames, frames_as, clips, fps, cache_salt, frame_ids)
         from vllm import SamplingParams
 
-        params = SamplingParams(
-            max_tokens=max_tokens,
-            temperature=temperature,
-            seed=seed,
-            ignore_eos=ignore_eos,  # benchmarks and tests need replies of a known length
-        )
-        audio_s = 0.0 if audio is None else audio.size / AUDIO_RATE
-        stats = ReplyStats(frames=len(frames), audio_seconds=audio_s, inputs_sha256=inputs_digest(frames, audio),
-                           audio_parts=[clip.size for clip, _ in clips] if len(clips) > 1 else [],
-                           history_turns=len(history), history_turns_total=total_turns)
-        return Prepared(prompt, prompt_text, params, stats, video_fps=fps)
+        # ignore_eos: benchmarks and tests need replies of a known length.
+        params = SamplingParams(max_tokens=max_tokens, temperature=temperature, seed=seed, ignore_eos=ignore_eos)
+        return Prepared(prompt, prompt_text, params, _stats(frames, audio, clips, len(history), total_turns),
+                        video_fps=fps)
 
     def _vllm_prompt(self, prompt_text: str, frames: Sequence[np.ndarray | Image.Image], frames_as: str,
                      clips: Sequence[tuple[np.ndarray, str | None]], fps: float | None, cache_salt: str | None,
@@ -395,3 +382,12 @@ def _media_uuids(cache_salt: str | None, n_frames: int, frame_ids: Sequence[str]
     if cache_salt and clips and all(name is not None for _, name in clips):
         uuids["audio"] = [f"{cache_salt}/audio/{name}" for _, name in clips]
     return uuids
+
+
+def _stats(frames: Sequence[Any], audio: np.ndarray | None, clips: Sequence[tuple[np.ndarray, str | None]],
+           history_turns: int, history_turns_total: int) -> ReplyStats:
+    """What a prepared question carries before it streams: its inputs' counts and digest."""
+    return ReplyStats(frames=len(frames), audio_seconds=0.0 if audio is None else audio.size / AUDIO_RATE,
+                      inputs_sha256=inputs_digest(frames, audio),
+                      audio_parts=[clip.size for clip, _ in clips] if len(clips) > 1 else [],
+                      history_turns=history_turns, history_turns_total=history_turns_total)

@@ -252,17 +252,18 @@ async def stream(ws: Any, events: Iterator[Event], questions: list[Question], pr
     return frames
 
 
-async def run(args: argparse.Namespace) -> int:
-    import websockets
-
+def _media(args: argparse.Namespace) -> Any:
+    """What this client sends: a synthetic clip, or a file's frames and audio."""
     with_audio = args.audio != "none"
     if args.synthetic:
-        events = synthetic_events(args.duration, args.fps, args.max_width, with_audio)
-    else:
-        if args.audio == "tone":
-            log.warning("--audio tone is only for --synthetic; sending the file's own audio")
-        events = file_events(args.video, args.fps, args.max_width, with_audio)
+        return synthetic_events(args.duration, args.fps, args.max_width, with_audio)
+    if args.audio == "tone":
+        log.warning("--audio tone is only for --synthetic; sending the file's own audio")
+    return file_events(args.video, args.fps, args.max_width, with_audio)
 
+
+def session_config(args: argparse.Namespace) -> dict[str, Any]:
+    """The session.config this client opens with, from its flags."""
     config: dict[str, Any] = {
         "type": "session.config",
         "model": args.model,
@@ -276,7 +277,14 @@ async def run(args: argparse.Namespace) -> int:
     for key in ("temperature", "frames_as", "sampling", "system_prompt"):
         if getattr(args, key) is not None:
             config[key] = getattr(args, key)
+    return config
 
+
+async def run(args: argparse.Namespace) -> int:
+    import websockets
+
+    events = _media(args)
+    config = session_config(args)
     printer = Printer(args.json)
     try:
         ws = await websockets.connect(args.url, open_timeout=args.connect_timeout, max_size=None)

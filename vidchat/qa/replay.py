@@ -271,25 +271,31 @@ async def replay_file(run: Run, state, engine, path: str) -> int:
     return FAILED if asker.failures else 0
 
 
-async def reask_bundle(run: Run, state, engine, bundle) -> int:
-    from vidchat.conversation import answer_path
-    from vidchat import conversation
-    from vidchat.conversation.answer_path import AnswerOptions
-    from vidchat.engine import EngineError
-    from vidchat.media.session import SessionSettings
-    from vidchat.media.sampling import uniform_indices
+def _bundle_options(run: Run, recorded: dict[str, Any]) -> Any:
+    """A bundle's recorded answer options, then the app's answer flags where
+    given (not at their default), then --set."""
     from vidchat.app.settings import Settings
+    from vidchat.conversation.answer_path import AnswerOptions
 
-    manifest = bundle.manifest
-    recorded = dict(manifest.get("settings") or {})
     names = {f.name for f in dataclasses.fields(AnswerOptions)}
     options = AnswerOptions(**{k: v for k, v in recorded.items() if k in names})
-    # The app's answer flags, where given (not at their default), then --set.
     defaults = Settings()
     flags = {k: getattr(run.settings, k) for k in _ANSWER_FLAGS if getattr(run.settings, k) != getattr(defaults, k)}
     if "system_prompt" in flags:
         flags["system_prompt"] = flags["system_prompt"] or None
-    options = options.updated(**flags, **run.changes.answer)
+    return options.updated(**flags, **run.changes.answer)
+
+
+async def reask_bundle(run: Run, state, engine, bundle) -> int:
+    from vidchat.conversation import answer_path
+    from vidchat import conversation
+    from vidchat.engine import EngineError
+    from vidchat.media.session import SessionSettings
+    from vidchat.media.sampling import uniform_indices
+
+    manifest = bundle.manifest
+    recorded = dict(manifest.get("settings") or {})
+    options = _bundle_options(run, recorded)
     frozen = sorted(set(run.changes.session) - {"num_sample_frames"})
     if frozen:
         print(f"vidchat.replay: a bundle's frames are fixed: {', '.join(frozen)} cannot change "
@@ -335,7 +341,12 @@ async def reask_bundle(run: Run, state, engine, bundle) -> int:
     if error:
         run.output.failure(t, bundle.question, error)
         return FAILED
-    answer = done.answer
+    _say_reasked(run, engine, bundle, done.answer, settings, history, t)
+    return 0
+
+
+def _say_reasked(run: Run, engine, bundle, answer, settings: dict[str, Any], history: Any, t: float | None) -> None:
+    """A re-asked bundle's line (and its own bundle with --out)."""
     rec = answer_record(answer, t=t, settings=settings, source=bundle.path)
     rec["bundle_inputs_sha256"] = bundle.inputs_sha256
     if run.out_dir:
@@ -345,7 +356,6 @@ async def reask_bundle(run: Run, state, engine, bundle) -> int:
                                          source=bundle.path, model_option=run.model_option,
                                          engine_options=engine.options))
     run.output.answer(rec)
-    return 0
 
 
 async def _run(run: Run, model_path: str, banner: str | None, sources: list[tuple[str, Any]]) -> int:
