@@ -221,10 +221,14 @@ TINY_SERVER_ARGS = ["--model", "tiny", "--max-images", str(TEST_MAX_IMAGES), "--
 
 
 @pytest.fixture(scope="session")
-def server(tiny_omni_path, artifacts_dir) -> Server:
+def server(tiny_omni_path, artifacts_dir, tmp_path_factory) -> Server:
     """The loopback server every test shares unless it needs other flags."""
     # --prewarm auto: the start-up choice runs here (on the tiny model it comes out off).
-    srv = start_server([*TINY_SERVER_ARGS, *SERVER_ARGS, "--prewarm", "auto"], artifacts_dir / "server.log")
+    # --suite-dir: the page's Add to suite (tests/test_page_suite.py) writes its cases there.
+    suite_dir = tmp_path_factory.mktemp("suite")
+    srv = start_server([*TINY_SERVER_ARGS, *SERVER_ARGS, "--prewarm", "auto", "--suite-dir", str(suite_dir)],
+                       artifacts_dir / "server.log")
+    srv.suite_dir = suite_dir
     yield srv
     stop_server(srv)
 

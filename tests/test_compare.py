@@ -128,6 +128,10 @@ async def test_page_loads_a_bundle_and_compares_two_models_side_by_side(two_mode
         page = await browser.new_page(viewport={"width": 1280, "height": 1100})
         try:
             await page.goto(two_models.url + "/")
+            # A server without --suite-dir offers no Add to suite.
+            await page.wait_for_selector("#vc-live-access", state="attached")
+            assert await page.evaluate("document.querySelector('#vc-live-access').dataset.suites") == "off"
+            assert not await page.evaluate("document.body.classList.contains('vc-suites')")
             await page.click("#vc-reask-panel button")  # unfold the accordion
             await page.set_input_files("#vc-bundle-file input[type=file]", str(path))
             await page.wait_for_function(

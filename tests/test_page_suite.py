@@ -1,8 +1,8 @@
 """The page's Add to suite (--suite-dir), in Chromium against the app with
 real vLLM: an answer added from its "What the model got" panel becomes a
 case (its bundle, its question, the note, its answer as this model's
-baseline) that ``python -m vidchat.suite run`` then passes; without
---suite-dir the form is not shown and the route says why."""
+baseline) that ``python -m vidchat.suite run`` then passes. (Without
+--suite-dir the form is not shown: tests/test_compare.py looks.)"""
 
 from __future__ import annotations
 
@@ -16,23 +16,13 @@ from playwright.async_api import async_playwright
 
 from vidchat.devtools.page import ask, launch, open_and_start, set_setting, wait_for_answer, write_wav, write_y4m
 
-from conftest import CACHE_DIR, ROOT, SERVER_ARGS, TINY_SERVER_ARGS, start_server, stop_server
+from conftest import CACHE_DIR, ROOT, TINY_SERVER_ARGS
 
 pytestmark = pytest.mark.browser
 
 
-@pytest.fixture(scope="module")
-def suite_server(tiny_omni_path, artifacts_dir, tmp_path_factory):
-    suite_dir = tmp_path_factory.mktemp("suite")
-    srv = start_server([*TINY_SERVER_ARGS, *SERVER_ARGS, "--suite-dir", str(suite_dir)],
-                       artifacts_dir / "suite-server.log")
-    srv.suite_dir = suite_dir
-    yield srv
-    stop_server(srv)
-
-
-async def test_an_answer_added_to_the_suite_from_the_page_passes_suite_run(suite_server, server, tmp_path,
-                                                                           artifacts_dir):
+async def test_an_answer_added_to_the_suite_from_the_page_passes_suite_run(server, tmp_path, artifacts_dir):
+    suite_server = server  # the shared server keeps its suite in a folder of its own (--suite-dir)
     write_y4m(tmp_path / "cam.y4m", (40, 160, 90))
     write_wav(tmp_path / "mic.wav")
     async with async_playwright() as pw:
@@ -54,14 +44,6 @@ async def test_an_answer_added_to_the_suite_from_the_page_passes_suite_run(suite
             assert str(suite_server.suite_dir / "suite.toml") in await said.inner_text()
             await page.screenshot(path=str(artifacts_dir / "page-add-to-suite.png"), full_page=True)
 
-            # Without --suite-dir the form stays hidden.
-            other = await open_and_start(browser, server.url + "/", min_buffer=4)
-            await set_setting(other, "vc-max-tokens", "4")
-            await ask(other, "Anything?")
-            await wait_for_answer(other, 1)
-            await other.click("#vc-inputs button, #vc-inputs .label-wrap")
-            await other.locator("#vc-inputs .vc-frames img").first.wait_for(timeout=30_000)
-            assert not await other.locator("#vc-inputs .vc-add-suite").is_visible()
         finally:
             await browser.close()
 

@@ -199,43 +199,8 @@ class Conversation:
         question). ``pinned_at``: when ``sample`` was taken (time.monotonic()).
         Returns the question's ticket."""
         ticket = self._asked(question, cause, at, spoken)
-        self._in_task(self._submitted(ticket, question, options, spoken, sample, pinned_at, record))
+        self._in_task(_submitted(self, ticket, question, options, spoken, sample, pinned_at, record))
         return ticket
-
-    async def _submitted(self, ticket: int, question: str, options: Any, spoken: Any, sample: Sample | None,
-                         pinned_at: float | None, record: bool) -> None:
-        refused: tuple[str, str] | None = None
-        try:
-            while getattr(self.state, "engine", None) is None and self.turn == ticket:
-                try:
-                    await self.state.wait_engine(timeout=1.0)
-                except EngineError:
-                    if self.state.engine_down or self.state.ready:
-                        raise  # it failed, or is down for good: said as this question's refusal
-            if self.turn != ticket:
-                raise answer_path.Superseded("")
-            try:
-                chosen = options() if callable(options) else options
-            except ValueError as exc:
-                raise EngineError(f"Settings not accepted: {exc}") from None
-            run = await self.ask(question, chosen, ticket=ticket, spoken=spoken, sample=sample, record=record)
-            if pinned_at is not None:
-                run.answer.sampled_before_ms = (time.monotonic() - pinned_at) * 1000
-        except answer_path.Superseded:
-            refused = (STOPPED if self._moved_by == "stop" else REPLACED, "")
-        except answer_path.NoFrames as exc:
-            refused = (NO_FRAMES, str(exc))
-        except EngineError as exc:
-            refused = (ERROR, str(exc))
-        except asyncio.CancelledError:
-            refused = (STOPPED, "")
-            raise
-        except Exception:  # noqa: BLE001 - the question fails, the session goes on
-            log.exception("session %s…: question failed", self.entry.session.id[:6])
-            refused = (ERROR, "Query processing failed")
-        finally:
-            if refused is not None:
-                self.entry.events.publish(QuestionRefused(ticket, *refused))
 
     def events(self) -> AsyncIterator[SessionEvent]:
         """The session's one event stream (vidchat.conversation.session_events),
@@ -265,6 +230,43 @@ class Conversation:
                                        spoken=original.spoken, ticket=ticket,
                                        current=lambda: self._side_turn == ticket and not self.entry.closed)
         return AnswerRun(self, slot, answer, record=False, continues_chat=False, remember=False)
+
+
+async def _submitted(conversation: Conversation, ticket: int, question: str, options: Any, spoken: Any,
+                     sample: Sample | None, pinned_at: float | None, record: bool) -> None:
+    """A submitted question, asked in a task of its conversation (Conversation.submit)."""
+    refused: tuple[str, str] | None = None
+    try:
+        while getattr(conversation.state, "engine", None) is None and conversation.turn == ticket:
+            try:
+                await conversation.state.wait_engine(timeout=1.0)
+            except EngineError:
+                if conversation.state.engine_down or conversation.state.ready:
+                    raise  # it failed, or is down for good: said as this question's refusal
+        if conversation.turn != ticket:
+            raise answer_path.Superseded("")
+        try:
+            chosen = options() if callable(options) else options
+        except ValueError as exc:
+            raise EngineError(f"Settings not accepted: {exc}") from None
+        run = await conversation.ask(question, chosen, ticket=ticket, spoken=spoken, sample=sample, record=record)
+        if pinned_at is not None:
+            run.answer.sampled_before_ms = (time.monotonic() - pinned_at) * 1000
+    except answer_path.Superseded:
+        refused = (STOPPED if conversation._moved_by == "stop" else REPLACED, "")
+    except answer_path.NoFrames as exc:
+        refused = (NO_FRAMES, str(exc))
+    except EngineError as exc:
+        refused = (ERROR, str(exc))
+    except asyncio.CancelledError:
+        refused = (STOPPED, "")
+        raise
+    except Exception:  # noqa: BLE001 - the question fails, the session goes on
+        log.exception("session %s…: question failed", conversation.entry.session.id[:6])
+        refused = (ERROR, "Query processing failed")
+    finally:
+        if refused is not None:
+            conversation.entry.events.publish(QuestionRefused(ticket, *refused))
 
 
 @dataclass

@@ -216,27 +216,12 @@ class AnswerRun:
     def _end(self, done: Done) -> None:
         if self._forced is not None:
             self._forced.cancel()
-        self._count(done)
+        _count(self, done)
         self.conversation._answered(self, done)
         self._publish(done)
         self.ended.set()
         if self._readers == 0:
             self.finished.set()
-
-    def _count(self, done: Done) -> None:
-        """Tell the app's metrics (when it keeps any) how the answer ended."""
-        metrics = getattr(self.conversation.state, "metrics", None)
-        if metrics is None:
-            return
-        answer = self.answer
-        # Received: when the question was taken, before its preparation.
-        received = answer.asked_at - answer.prep_ms / 1000
-        first_token_s = self._first_token_at - received if self._first_token_at is not None else None
-        try:
-            metrics.answer_done(self.conversation.entry.kind, done.status, first_token_s,
-                                answer.reply.stats.completion_tokens)
-        except Exception:  # noqa: BLE001 - a metric never breaks an answer
-            log.debug("counting the answer failed", exc_info=True)
 
     def _plain_done(self, error: str | None, started: bool, current: bool, cancelled: bool = False) -> Done:
         """The run's Done without a recording, its inputs kept as asked."""
@@ -311,6 +296,22 @@ class AnswerRun:
         done = self._events[-1]
         assert isinstance(done, Done), "an answer run ends with Done"
         return done
+
+
+def _count(run: AnswerRun, done: Done) -> None:
+    """Tell the app's metrics (when it keeps any) how the answer ended."""
+    metrics = getattr(run.conversation.state, "metrics", None)
+    if metrics is None:
+        return
+    answer = run.answer
+    # Received: when the question was taken, before its preparation.
+    received = answer.asked_at - answer.prep_ms / 1000
+    first_token_s = run._first_token_at - received if run._first_token_at is not None else None
+    try:
+        metrics.answer_done(run.conversation.entry.kind, done.status, first_token_s,
+                            answer.reply.stats.completion_tokens)
+    except Exception:  # noqa: BLE001 - a metric never breaks an answer
+        log.debug("counting the answer failed", exc_info=True)
 
 
 class RunReader:

@@ -113,6 +113,10 @@ def _chat(state: Any, page: Controls, own: Callable) -> None:
 
         async for update in feed(state, entry, reask_list):
             yield update
+        # The event's last message repeats its last update in full: ending on
+        # one that changes nothing keeps a chat the browser added to since
+        # (a question asked after the session ended) as it is.
+        yield gr.skip(), gr.skip(), gr.skip(), gr.skip()
 
     # "multiple": a tab's next session (Start camera again) gets its own
     # feed while the old one ends with its session.
