@@ -27,7 +27,7 @@ from vidchat.app.turn import TurnError
 from vidchat.conversation import prewarm_auto
 from vidchat.conversation.prewarm import Prewarmer
 from vidchat.devtools import tinymodel
-from vidchat.engine import EngineError, EngineOptions
+from vidchat.engine import ChatEngine, EngineError, EngineOptions
 from vidchat.engine.local import LocalEngine
 
 log = logging.getLogger(__name__)
@@ -338,20 +338,27 @@ async def _replica_health(state: AppState) -> list[dict[str, Any]] | None:
     return await engine.replica_health()
 
 
+async def open_engine(state: AppState) -> ChatEngine:
+    """The engine ``state.settings`` names, started in a worker thread: vLLM
+    in this process, or the model served at --engine-url (whose model path
+    then becomes the state's). Raises EngineError with vLLM's own reason."""
+    settings = state.settings
+    if not settings.engine_url:
+        return await asyncio.to_thread(LocalEngine.start, state.engine_options)
+    from vidchat.engine.remote import RemoteEngine
+
+    engine = await asyncio.to_thread(
+        RemoteEngine.start, state.engine_options, settings.engine_url,
+        session_header=settings.engine_session_header, connect_timeout=settings.engine_connect_timeout,
+        first_byte_timeout=settings.engine_first_byte_timeout)
+    state.model_path = engine.model_path
+    return engine
+
+
 async def _load_engine(state: AppState) -> None:
     """Start vLLM in a worker thread while the port already answers."""
     try:
-        if state.settings.engine_url:
-            from vidchat.engine.remote import RemoteEngine
-
-            settings = state.settings
-            engine = await asyncio.to_thread(
-                RemoteEngine.start, state.engine_options, settings.engine_url,
-                session_header=settings.engine_session_header, connect_timeout=settings.engine_connect_timeout,
-                first_byte_timeout=settings.engine_first_byte_timeout)
-            state.model_path = engine.model_path
-        else:
-            engine = await asyncio.to_thread(LocalEngine.start, state.engine_options)
+        engine = await open_engine(state)
     except Exception as exc:  # EngineError carries vLLM's own reason
         log.error("the model failed to load: %s", exc, exc_info=not isinstance(exc, EngineError))
         state.engine_settled(None, str(exc))

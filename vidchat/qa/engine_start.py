@@ -15,10 +15,9 @@ log = logging.getLogger("vidchat.qa")
 
 
 async def start_engine(settings: Any, model_option: str, model_path: str, banner: str | None) -> tuple[Any, Any]:
-    """An app state (its session registry) and a started in-process engine,
-    as the server makes them from ``settings``; raises EngineError."""
-    from vidchat.engine.local import LocalEngine
-    from vidchat.app.server import engine_options
+    """An app state (its session registry) and a started engine (in-process,
+    or --engine-url's), as the server makes them from ``settings``; raises EngineError."""
+    from vidchat.app.server import engine_options, open_engine
     from vidchat.conversation.registry import SessionRegistry
     from vidchat.app.state import AppState, default_session_settings
 
@@ -28,16 +27,7 @@ async def start_engine(settings: Any, model_option: str, model_path: str, banner
     if banner:
         # Asked for by name it is no surprise; a fallback from 'auto' is.
         (log.info if model_option.startswith("tiny") else log.warning)(banner)
-    if settings.engine_url:  # a model served elsewhere (vllm serve): one more model for a suite
-        from vidchat.engine.remote import RemoteEngine
-
-        engine = await asyncio.to_thread(
-            RemoteEngine.start, state.engine_options, settings.engine_url,
-            session_header=settings.engine_session_header, connect_timeout=settings.engine_connect_timeout,
-            first_byte_timeout=settings.engine_first_byte_timeout)
-        state.model_path = engine.model_path
-    else:
-        engine = await asyncio.to_thread(LocalEngine.start, state.engine_options)
+    engine = await open_engine(state)  # in-process, or a model served elsewhere (--engine-url)
     state.engine_settled(engine)
     log.info("engine ready in %.1f s", engine.start_s)
     return state, engine

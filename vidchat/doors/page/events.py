@@ -100,7 +100,7 @@ def _chat(state: Any, page: Controls, own: Callable) -> None:
     async def on_session(request: gr.Request, sid):
         entry = state.registry.get(own(request, sid))
         if entry is None:
-            yield gr.skip(), gr.skip(), gr.skip(), gr.skip()
+            yield (*LAST_UPDATE_IS_NOTHING, gr.skip())
             return
         listed: list = []
 
@@ -116,7 +116,7 @@ def _chat(state: Any, page: Controls, own: Callable) -> None:
         # The event's last message repeats its last update in full: ending on
         # one that changes nothing keeps a chat the browser added to since
         # (a question asked after the session ended) as it is.
-        yield gr.skip(), gr.skip(), gr.skip(), gr.skip()
+        yield (*LAST_UPDATE_IS_NOTHING, gr.skip())
 
     # "multiple": a tab's next session (Start camera again) gets its own
     # feed while the old one ends with its session.
