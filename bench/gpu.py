@@ -114,7 +114,7 @@ class Scene:
 async def question(engine: LocalEngine, entry, options: AnswerOptions, text: str) -> dict[str, float]:
     """Time to first token from the question, decode rate, and vidchat's own share."""
     t0 = time.perf_counter()
-    run = await conversation.of(conversation.Standalone(engine), entry).ask(text, options, continues_chat=False)
+    run = await entry.ask(text, options, engine=engine, continues_chat=False)
     first = None
     async for event in run.events():
         if isinstance(event, conversation.Delta) and first is None:
@@ -129,7 +129,7 @@ async def question(engine: LocalEngine, entry, options: AnswerOptions, text: str
 async def case(engine: LocalEngine, repeats: int, frames: int, *, tokens: int, frames_as: str = "images",
                audio_s: float = 0.0, reask: bool = False) -> dict[str, float]:
     """One row: the median over `repeats` sessions, each with new frames."""
-    registry = SessionRegistry(repeats + 1)
+    registry = SessionRegistry(repeats + 1, app=conversation.Standalone(engine))
     options = AnswerOptions(max_tokens=tokens, temperature=0.0, include_audio=audio_s > 0, frames_as=frames_as)
     results = []
     for r in range(repeats):

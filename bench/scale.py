@@ -51,7 +51,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _server import percentile, quiet_loggers  # noqa: E402
 
-from vidchat.devtools import harness, synthetic, tinymodel  # noqa: E402
+from vidchat.devtools import harness, synthetic, tinymodel, vllm_servers  # noqa: E402
 
 log = logging.getLogger("bench.scale")
 ARTIFACTS = Path(__file__).resolve().parent.parent / "test-artifacts" / "bench-scale"
@@ -138,15 +138,15 @@ def true_size_note(ways: list[Way], frames: int) -> None:
 
 async def run_all(args: argparse.Namespace, urls: list[str], jpegs: list[str]) -> list[Way]:
     """The three ways, one after the other, against the same two replicas."""
-    router = await asyncio.to_thread(harness.start_router, urls, "consistent_hash", ARTIFACTS / "router.log")
+    router = await asyncio.to_thread(vllm_servers.start_router, urls, "consistent_hash", ARTIFACTS / "router.log")
     own_server = server = None
     try:
         server = await asyncio.to_thread(harness.start_server, [*SERVER_ARGS, "--engine-url", router.url],
                                          ARTIFACTS / "server-router.log")
         hashed = await run_way(server, "hash", jpegs, args)
-        await asyncio.to_thread(harness.stop_router, router)
+        await asyncio.to_thread(vllm_servers.stop_router, router)
         port = int(router.url.rsplit(":", 1)[1])
-        router = await asyncio.to_thread(harness.start_router, urls, "round_robin", ARTIFACTS / "router-rr.log",
+        router = await asyncio.to_thread(vllm_servers.start_router, urls, "round_robin", ARTIFACTS / "router-rr.log",
                                          port)
         spread = await run_way(server, "rr", jpegs, args)
         own_server = await asyncio.to_thread(harness.start_server, [*SERVER_ARGS, "--engine-url", ",".join(urls)],
@@ -157,7 +157,7 @@ async def run_all(args: argparse.Namespace, urls: list[str], jpegs: list[str]) -
         for srv in (server, own_server):
             if srv is not None:
                 await asyncio.to_thread(harness.stop_server, srv)
-        await asyncio.to_thread(harness.stop_router, router)
+        await asyncio.to_thread(vllm_servers.stop_router, router)
 
 
 def main() -> None:
@@ -176,12 +176,12 @@ def main() -> None:
     replicas = []
     try:
         for i in range(2):
-            replicas.append(harness.start_vllm_serve(model, ARTIFACTS / f"vllm-serve-{i + 1}.log",
-                                                     harness.tiny_serve_args()))
+            replicas.append(vllm_servers.start_vllm_serve(model, ARTIFACTS / f"vllm-serve-{i + 1}.log",
+                                                          vllm_servers.tiny_serve_args()))
         ways = asyncio.run(run_all(args, [r.url for r in replicas], jpegs))
     finally:
         for replica in replicas:
-            harness.stop_vllm_serve(replica)
+            vllm_servers.stop_vllm_serve(replica)
     hashed, spread, own = ways
     true_size_note(ways, args.frames)
     print(f"own hashing (no router): cached_share_own={own.share:.3f} "

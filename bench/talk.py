@@ -99,9 +99,9 @@ async def first_token(run: conversation.AnswerRun) -> float:
 
 
 async def spoken_round(engine, args) -> dict[str, list[float]]:
-    registry = SessionRegistry()
+    registry = SessionRegistry(app=conversation.Standalone(engine))
     entry = registry.create("webrtc", SessionSettings(evs_enabled=False, num_sample_frames=args.frames))
-    talking = conversation.of(conversation.Standalone(engine), entry)
+    talking = entry
     stop = asyncio.Event()
     frames = asyncio.create_task(feed_frames(entry, stop))
     await asyncio.sleep(args.frames * 0.5 + 0.5)

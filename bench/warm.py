@@ -73,8 +73,7 @@ class Feed:
 async def ttft(engine, entry, options, question="What happens in this video?",
                sample=None) -> tuple[float, int, int]:
     # A question on its own: no chat kept between the rows' questions (the warm-ups carry none).
-    run = await conversation.of(conversation.Standalone(engine), entry).ask(question, options, sample=sample,
-                                                                            continues_chat=False)
+    run = await entry.ask(question, options, engine=engine, sample=sample, continues_chat=False)
     t0 = time.perf_counter()
     first = None
     async for event in run.events():
@@ -107,7 +106,7 @@ async def rows(engine, frames: int, repeats: int, frames_as: str, sampling: str,
     """The cold/warm/slid/text row (printed; the medians returned), with
     frames of `frame` (height, width), stored at that size."""
     options = AnswerOptions(max_tokens=4, temperature=0.0, include_audio=False, frames_as=frames_as)
-    registry = SessionRegistry(64)
+    registry = SessionRegistry(64, app=conversation.Standalone(engine))
     out: dict[str, list[float]] = {k: [] for k in ("cold", "warm", "slid1", "slid4", "text")}
     prompt_tokens = cached = {}
     for r in range(repeats):
@@ -153,7 +152,7 @@ async def audio_rows(engine, frames: int, repeats: int) -> dict[str, float]:
     of audio: with the audio as one clip (all of it new again) and in 2-s
     segments (only the newest is new; vidchat.media.audio)."""
     options = AnswerOptions(max_tokens=4, temperature=0.0, include_audio=True)
-    registry = SessionRegistry(64)
+    registry = SessionRegistry(64, app=conversation.Standalone(engine))
     out: dict[str, list[float]] = {"cold": [], "one_clip": [], "segments": []}
     cached: dict[str, int] = {}
     prompt_tokens = 0
@@ -193,7 +192,8 @@ async def load(engine, sessions: int, frames: int, rounds: int, prewarm: bool) -
     registry = SessionRegistry(sessions + 1)
     gate = AnswerQueue(8)
     state = types.SimpleNamespace(engine=engine, registry=registry, answer_gate=gate,
-                                  answer_defaults=lambda: options)
+                                  answer_defaults=lambda: options, settings=None)
+    registry.app = state
     options = AnswerOptions(max_tokens=8, temperature=0.0, include_audio=False)
     entries = [registry.create("webrtc", SessionSettings(evs_enabled=False, num_sample_frames=frames))
                for _ in range(sessions)]
@@ -217,7 +217,7 @@ async def load(engine, sessions: int, frames: int, rounds: int, prewarm: bool) -
     try:
         for _ in range(rounds):
             for entry in entries:
-                run = await conversation.of(state, entry).ask("What changed?", options)
+                run = await entry.ask("What changed?", options)
                 t0 = time.perf_counter()
                 async for event in run.events():
                     if isinstance(event, conversation.Delta):

@@ -18,15 +18,10 @@ from pathlib import Path
 
 import pytest
 
-from vidchat.devtools import harness, tinymodel
-from vidchat.devtools.harness import (  # noqa: F401 - re-exported for the test modules
-    ROOT,
-    NeverHappened,
-    Server,
-    allocate_port,
-    eventually,
-    eventually_async,
-)
+from vidchat.devtools import harness, tinymodel, vllm_servers
+from vidchat.devtools.harness import ROOT, Server  # noqa: F401 - re-exported for the test modules
+from vidchat.devtools.free_ports import allocate_port  # noqa: F401 - re-exported
+from vidchat.devtools.waits import NeverHappened, eventually, eventually_async  # noqa: F401 - re-exported
 from vidchat.devtools.machine_share import MachineShare
 from vidchat.devtools.tiers import count_engine_start  # noqa: F401 - re-exported
 from vidchat.engine import EngineOptions
@@ -189,11 +184,11 @@ def tiny_vllm_serve(tiny_omni_path, artifacts_dir) -> str:
     remote-engine tests and by the servers whose tests are about access, not
     the engine (hosting modes, a Space's start): they run app.py with
     ``--engine-url`` on it instead of each loading a model of their own."""
-    serve = harness.start_vllm_serve(tiny_omni_path, artifacts_dir / "vllm-serve.log",
-                                     harness.tiny_serve_args(TEST_MAX_MODEL_LEN, TEST_MAX_IMAGES))
+    serve = vllm_servers.start_vllm_serve(tiny_omni_path, artifacts_dir / "vllm-serve.log",
+                                          vllm_servers.tiny_serve_args(TEST_MAX_MODEL_LEN, TEST_MAX_IMAGES))
     count_engine_start("vllm serve")
     yield serve.url
-    harness.stop_vllm_serve(serve)
+    vllm_servers.stop_vllm_serve(serve)
 
 
 @pytest.fixture(scope="session")

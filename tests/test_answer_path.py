@@ -16,7 +16,8 @@ from vidchat.conversation import answer_path
 from vidchat.conversation.answer_path import AnswerOptions, OptionError
 from vidchat.media.session import SessionSettings
 from vidchat.conversation.registry import SessionRegistry
-from vidchat.doors.page import NOT_RUNNING, STOPPED, history_turns, notice, page_request
+from vidchat.conversation.session_events import Notice, QuestionRefused
+from vidchat.doors.page import NOT_RUNNING, page_request
 from vidchat.engine import Turn
 
 from conftest import TEST_MAX_IMAGES, eventually_async
@@ -44,7 +45,8 @@ async def drain(answer, seen: list | None = None):
 
 def talking_of(engine, entry):
     """The entry's conversation, with an engine and no app around it."""
-    return conversation.of(conversation.Standalone(engine), entry)
+    entry.state = conversation.Standalone(engine)
+    return entry
 
 
 async def drain_run(run, seen: list | None = None):
@@ -204,35 +206,61 @@ def test_page_values_are_coerced_with_clear_messages(omni_engine):
             page_request(State, *args)
 
 
+def _said(question: str, text: str):
+    return types.SimpleNamespace(question=question, spoken=None, reply=types.SimpleNamespace(text=text))
+
+
 @pytest.mark.unit
-def test_notices_never_reach_the_model():
-    history = [
-        {"role": "user", "content": "What is this?"},
-        notice(NOT_RUNNING),
-        {"role": "user", "content": "And now?"},
-        {"role": "assistant", "content": "A red room."},
-        {"role": "user", "content": "Talk at length"},
-        notice(STOPPED),
-        {"role": "user", "content": "Colour?"},
-        {"role": "assistant", "content": [{"type": "text", "text": "Blue."}]},
-        notice("⚠ The model failed to answer: boom"),
-    ]
-    assert history_turns(history) == [Turn("user", "And now?"), Turn("assistant", "A red room."),
-                                      Turn("user", "Colour?"), Turn("assistant", "Blue.")]
+@pytest.mark.parametrize("change, joins", [
+    ({}, True),
+    ({"status": conversation.CANCELLED}, True),  # Stop or a newer question: the text the user saw
+    ({"text": " "}, False),  # said nothing
+    ({"started": False}, False),  # never had a place
+    ({"continues_chat": False}, False),  # asked outside the chat (Realtime's conversation "none")
+    ({"older_chat": True}, False),  # Clear came while it ran
+    ({"side": True}, False),  # a re-ask beside the chat
+], ids=["answered", "stopped", "empty", "not started", "outside the chat", "cleared", "re-ask"])
+def test_only_an_answered_exchange_of_this_chat_joins_the_servers_history(change, joins):
+    """The one rule for what the model is given as its chat: the page's
+    notices, refusals and waiting lines are never in it (they are not
+    exchanges), and neither is an answer that said nothing."""
+    entry = filled_entry()
+    run = types.SimpleNamespace(continues_chat=change.get("continues_chat", True),
+                                slot=entry.side_slot() if change.get("side") else entry,
+                                generation=entry.generation)
+    if change.get("older_chat"):
+        entry.clear()
+    done = conversation.Done(_said("Colour?", change.get("text", "Blue.")), change.get("status", conversation.COMPLETED),
+                             None, change.get("started", True), True, "a1")
+    entry._answered(run, done)
+    if joins:
+        assert entry.history.turns() == (Turn("user", "Colour?"), Turn("assistant", "Blue."))
+        assert entry.history.exchanges[0].stopped == (done.status == conversation.CANCELLED)
+    else:
+        assert entry.history.turns() == ()
 
 
 @pytest.mark.engine
-async def test_a_notice_in_the_history_changes_nothing_the_engine_sees(omni_engine):
-    entry = filled_entry()
+async def test_a_refused_question_and_a_notice_change_nothing_the_engine_sees(omni_engine):
+    entry = talking_of(omni_engine, filled_entry())
     opts = AnswerOptions(max_tokens=1, temperature=0.0)
-    plain = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello."}]
-    noisy = [plain[0], plain[1], {"role": "user", "content": "Hm?"}, notice(NOT_RUNNING)]
+    await drain_run(await entry.ask("Hi", opts))
     prompts = []
-    for history in (plain, noisy):
-        answer = await answer_path.ask(omni_engine, entry, "Colour?", opts, history=history_turns(history))
-        await drain(answer)
-        prompts.append((answer.prompt_text, answer.reply.stats.prompt_tokens))
-    assert prompts[0] == prompts[1] and NOT_RUNNING not in prompts[0][0]
+    for _ in range(2):
+        run = await entry.ask("Colour?", opts, continues_chat=False, history=entry.history.turns())
+        await drain_run(run)
+        prompts.append((run.answer.prompt_text, run.answer.reply.stats.prompt_tokens))
+        with entry.event_hub.subscribe() as events:
+            entry.event_hub.publish(Notice(NOT_RUNNING))
+
+            def refuse():
+                raise ValueError("no such setting")
+            ticket = entry.submit("Hm?", refuse)
+            while not isinstance(refused := await events.get(), QuestionRefused):
+                pass
+        assert refused.ticket == ticket and "no such setting" in refused.reason
+    assert prompts[0] == prompts[1] and NOT_RUNNING not in prompts[0][0] and "Hm?" not in prompts[1][0]
+    assert entry.history.turns()[0] == Turn("user", "Hi") and len(entry.history) == 1
 
 
 @pytest.mark.engine

@@ -18,7 +18,6 @@ import types
 import numpy as np
 import pytest
 
-from vidchat import conversation
 from vidchat.conversation import answer_path, kept, recording
 from vidchat.conversation.answer_queue import AnswerQueue
 from vidchat.conversation.answer_path import AnswerOptions
@@ -39,10 +38,12 @@ def page_state(engine=None, queue=None, registry=None):
     async def wait_engine(timeout=None):
         return engine
 
-    return types.SimpleNamespace(engine=engine, answer_gate=queue, registry=registry or SessionRegistry(),
-                                 compare_model_path=None, compare_engine=None, wait_engine=wait_engine,
-                                 settings=types.SimpleNamespace(ws_max_audio_seconds=AUDIO_CAP_S),
-                                 answer_defaults=AnswerOptions)
+    state = types.SimpleNamespace(engine=engine, answer_gate=queue, registry=registry or SessionRegistry(),
+                                  compare_model_path=None, compare_engine=None, wait_engine=wait_engine,
+                                  settings=types.SimpleNamespace(ws_max_audio_seconds=AUDIO_CAP_S),
+                                  answer_defaults=AnswerOptions)
+    state.registry.app = state
+    return state
 
 
 def reask_settings(max_tokens: int) -> list:
@@ -193,7 +194,8 @@ async def test_a_reask_is_never_read_aloud_nor_kept_as_a_chat_answer(omni_engine
     for i in range(6):
         entry.session.add_frame(rng.integers(0, 255, (96, 128, 3), dtype=np.uint8), t=100.0 + i)
     state = page_state(omni_engine, AnswerQueue(8), registry)
-    talking = conversation.of(state, entry)
+    entry.state = state
+    talking = entry
     short = AnswerOptions(max_tokens=6, temperature=0.0)
     chat_ids = []
     for n in range(1, 4):  # three chat questions (n = 1..3), Talk on from the start

@@ -33,7 +33,8 @@ async def read(run, log: list, name: str):
 
 async def test_a_run_streams_its_events_in_order_and_ends_with_one_done(omni_engine):
     entry = filled_entry()
-    talking = conversation.of(conversation.Standalone(omni_engine), entry)
+    entry.state = conversation.Standalone(omni_engine)
+    talking = entry
     run = await talking.ask("What is there?", answer_path.AnswerOptions(max_tokens=8, temperature=0.0))
     log: list = []
     await read(run, log, "q")
@@ -49,7 +50,8 @@ async def test_a_run_streams_its_events_in_order_and_ends_with_one_done(omni_eng
 
 async def test_a_newer_question_cancels_the_running_answer_whose_done_comes_first(omni_engine):
     entry = filled_entry()
-    talking = conversation.of(conversation.Standalone(omni_engine), entry)
+    entry.state = conversation.Standalone(omni_engine)
+    talking = entry
     log: list = []
     first = await talking.ask("Tell me everything.", LONG)
     reading = asyncio.create_task(read(first, log, "first"))
@@ -68,7 +70,8 @@ async def test_a_newer_question_cancels_the_running_answer_whose_done_comes_firs
 
 async def test_a_reask_runs_beside_the_chat_and_leaves_its_answer_running(omni_engine):
     entry = filled_entry()
-    talking = conversation.of(conversation.Standalone(omni_engine), entry)
+    entry.state = conversation.Standalone(omni_engine)
+    talking = entry
     log: list = []
     chat_run = await talking.ask("Describe it.", answer_path.AnswerOptions(max_tokens=40, temperature=0.0, seed=1))
     reading = asyncio.create_task(read(chat_run, log, "chat"))
@@ -89,11 +92,12 @@ async def test_a_reask_runs_beside_the_chat_and_leaves_its_answer_running(omni_e
 async def test_a_run_waiting_for_its_place_says_so_and_a_cancel_there_ends_it_unstarted(omni_engine):
     gate = AnswerQueue(1)
     busy, waiting = filled_entry(), filled_entry()
-    holder = await conversation.of(conversation.Standalone(omni_engine, gate), busy).ask("Go on.", LONG)
+    busy.state = waiting.state = conversation.Standalone(omni_engine, gate)
+    holder = await busy.ask("Go on.", LONG)
     holder_log: list = []
     holding = asyncio.create_task(read(holder, holder_log, "holder"))
     await eventually_async(lambda: any(isinstance(e, Started) for _, e in holder_log), 60, "the holder starts")
-    queued = await conversation.of(conversation.Standalone(omni_engine, gate), waiting).ask("Me too?", SHORT)
+    queued = await waiting.ask("Me too?", SHORT)
     log: list = []
     reading = asyncio.create_task(read(queued, log, "queued"))
     await eventually_async(lambda: any(isinstance(e, Queued) for _, e in log), 30, "the second run is queued")
@@ -116,7 +120,8 @@ async def test_a_question_or_history_beyond_the_caps_is_refused_naming_the_field
     from vidchat.engine import Turn
 
     entry = filled_entry()
-    talking = conversation.of(conversation.Standalone(omni_engine), entry)
+    entry.state = conversation.Standalone(omni_engine)
+    talking = entry
     log: list = []
     running = await talking.ask("Tell me everything.", LONG)
     reading = asyncio.create_task(read(running, log, "running"))
@@ -151,7 +156,8 @@ async def test_a_sampled_answer_records_the_seed_it_drew_and_replays_exactly_wit
     summary, hence its record and bundle), so the same inputs with that seed
     give the same sampled answer; another draw gives another seed."""
     entry = filled_entry()
-    talking = conversation.of(conversation.Standalone(omni_engine), entry)
+    entry.state = conversation.Standalone(omni_engine)
+    talking = entry
     sampled = answer_path.AnswerOptions(max_tokens=12, temperature=1.0)
     first = await (await talking.ask("Describe it.", sampled)).finish()
     seed = first.answer.options.seed

@@ -16,7 +16,7 @@ from PIL import Image
 from vidchat.app.settings import parse_settings
 from vidchat.media.session import FrameError, Session
 from vidchat.doors import protocol
-from vidchat.media import DEFAULT_MAX_FRAME_PIXELS, evs
+from vidchat.media import DEFAULT_MAX_FRAME_PIXELS, evs, thumbnails
 
 pytestmark = pytest.mark.unit
 
@@ -104,7 +104,8 @@ def test_jpeg_png_and_webp_are_accepted(fmt, mode, kw):
     assert s.add_jpeg(encode(fmt, 64, 48, mode, **kw))
     sample = s.sample()
     assert len(sample.frames) == 1 and sample.frames[0].shape == (48, 64, 3)
-    assert evs.thumbnail_from_bytes(encode(fmt, 64, 48, mode, **kw)).shape == (3, evs.GRID_ROWS, evs.GRID_COLS)
+    grid = thumbnails.thumbnail_from_bytes(encode(fmt, 64, 48, mode, **kw))
+    assert grid.shape == (3, thumbnails.GRID_ROWS, thumbnails.GRID_COLS)
 
 
 def test_broken_data_in_an_accepted_format_is_a_frame_error():

@@ -331,9 +331,9 @@ def test_the_bundles_zip_is_streamed_in_pieces_and_reads_back(tmp_path):
 
 def test_a_sessions_bundles_are_bounded_in_memory(tmp_path):
     from vidchat.conversation import kept
-    from vidchat.conversation.registry import Entry
+    from vidchat.conversation import Conversation
 
-    entry = Entry(Session("s"), kind="ws")
+    entry = Conversation(Session("s"), kind="ws")
     for n in range(kept.KEEP_BUNDLES_PER_SESSION + 5):
         kept.keep_bundle(entry, f"a{n}", tmp_path / f"b{n}")
     assert len(entry.bundles) == kept.KEEP_BUNDLES_PER_SESSION

@@ -10,43 +10,52 @@ import types
 
 import pytest
 
-from vidchat import conversation
 from vidchat.conversation import kept
 from vidchat.media.session import SessionSettings
 from vidchat.conversation.registry import SessionRegistry
 from vidchat.conversation.settings_table import SAMPLING_STRATEGIES, SETTINGS
-from vidchat.doors.page import STOPPED, history_turns, notice
+from vidchat.conversation.runs import CANCELLED, COMPLETED, FAILED, Delta, Done, Queued, Started
+from vidchat.conversation.session_events import STOPPED as STOPPED_WHY, AnswerEvent, QuestionAsked, QuestionRefused
+from vidchat.doors.page import STOPPED, notice
+from vidchat.doors.page.chat_feed import ChatTranscript
 from vidchat.doors.page.reask import bundle_choices, load_bundle, reask_choices
-from vidchat.doors.page.view import mark_stopped
-from vidchat.engine import Turn
 
 import hostile_bundles as hb
 
 pytestmark = pytest.mark.unit
 
+def _said(text: str):
+    return types.SimpleNamespace(question="Talk at length", spoken=None, reply=types.SimpleNamespace(text=text))
+
+
+def _answer_event(event, ticket=1):
+    return AnswerEvent(event, event.answer_id if isinstance(event, Done) else None, ticket=ticket)
+
+
+def _done(text: str, status: str, error: str | None = None, started: bool = True):
+    return _answer_event(Done(_said(text), status, error, started, True, None))
+
+
 QUESTION = {"role": "user", "content": "Talk at length"}
-PANEL = {"role": "assistant", "content": "<div>frames</div>", "metadata": {"title": "What the model got", "id": "a"}}
 
 
-@pytest.mark.parametrize("tail, expected", [
-    ([{"role": "assistant", "content": "So far"}], [{"role": "assistant", "content": "So far"}, notice(STOPPED)]),
-    ([{"role": "assistant", "content": ""}], [notice(STOPPED)]),
-    ([notice("⏳ waiting: 1 question ahead")], [notice(STOPPED)]),
-    ([], [notice(STOPPED)]),  # cut before its first words
-    ([{"role": "assistant", "content": "Whole."}, PANEL], [{"role": "assistant", "content": "Whole."}, PANEL]),
-    ([notice("⚠ boom")], [notice("⚠ boom")]),
+@pytest.mark.parametrize("events, expected", [
+    ([_answer_event(Started(_said(""))), _answer_event(Delta("So far")), _done("So far", CANCELLED)],
+     [{"role": "assistant", "content": "So far"}, notice(STOPPED)]),
+    ([_answer_event(Started(_said(""))), _done("", CANCELLED)], [notice(STOPPED)]),
+    ([_answer_event(Queued(1)), _done("", CANCELLED, started=False)], [notice(STOPPED)]),
+    ([QuestionRefused(1, STOPPED_WHY)], [notice(STOPPED)]),  # stopped before it was asked
+    ([_answer_event(Started(_said(""))), _done("Whole.", COMPLETED)], [{"role": "assistant", "content": "Whole."}]),
+    ([_answer_event(Started(_said(""))), _done("", FAILED, "boom")], [notice("⚠ boom")]),
 ], ids=["text so far", "empty bubble", "waiting", "not started", "whole answer", "error"])
-def test_an_answer_cut_short_is_marked_stopped_and_a_whole_one_is_not(tail, expected):
-    history = [QUESTION, *tail]
-    mark_stopped(history)
-    assert history == [QUESTION, *expected]
-
-
-def test_a_stopped_answers_text_still_reaches_the_model_but_its_mark_does_not():
-    history = [QUESTION, {"role": "assistant", "content": "So far"}]
-    mark_stopped(history)
-    history.append({"role": "user", "content": "Shorter?"})
-    assert history_turns(history) == [Turn("user", "Talk at length"), Turn("assistant", "So far")]
+async def test_an_answer_cut_short_is_marked_stopped_and_a_whole_one_is_not(events, expected):
+    """The chat the page draws from the session's events (ChatTranscript)."""
+    entry = SessionRegistry().create("webrtc", SessionSettings())
+    transcript = ChatTranscript(types.SimpleNamespace(ready=True), entry)
+    await transcript.apply(QuestionAsked(1, "Talk at length"))
+    for event in events:
+        await transcript.apply(event)
+    assert transcript.messages() == [QUESTION, *expected]
 
 
 def _answer(question: str, asked_at: float, temperature: float = 0.7, chat: int = 0):
@@ -68,7 +77,7 @@ async def test_the_reask_list_tells_repeated_questions_apart_and_forgets_a_clear
                       "at 12.0 s: What just changed? (16 frames, T=0.7)"]
 
     loaded = {"bundle-x": _answer("Recorded?", 0.0)}
-    conversation.of(state, entry).clear()
+    entry.clear()
     assert reask_choices(state, entry.session.id, loaded) == bundle_choices(loaded) == [
         ("bundle: Recorded? (16 frames, b.zip)", "bundle-x")]
     kept.remember(entry, _answer("After the clear", 130.0, chat=1))

@@ -40,7 +40,7 @@ import pytest
 
 from vidchat.app import presets, server
 from vidchat.app.settings import Settings
-from vidchat.devtools import archbuild_qwen, qwen_vocab
+from vidchat.devtools import archbuild_qwen, qwen_arch, qwen_vocab
 from vidchat.engine import video_fps
 from vidchat.engine.local import LocalEngine
 from vidchat.media import AUDIO_RATE
@@ -74,7 +74,7 @@ def tone(seconds: float) -> np.ndarray:
 @dataclasses.dataclass
 class Running:
     name: str
-    arch: archbuild_qwen.Arch
+    arch: qwen_arch.Arch
     path: str
     settings: Settings
     engine: LocalEngine
@@ -93,7 +93,7 @@ def qwen(request) -> Running:
     options = dataclasses.replace(server.engine_options(settings, str(path), tiny=False), kv_cache_gb=0.5)
     engine = LocalEngine.start(options)
     _current.append(engine)
-    yield Running(name, archbuild_qwen.ARCHS[name], str(path), settings, engine)
+    yield Running(name, qwen_arch.ARCHS[name], str(path), settings, engine)
     if engine in _current:
         _current.remove(engine)
     engine.shutdown()
@@ -143,14 +143,14 @@ def assert_streamed(reply) -> None:
 @pytest.mark.unit
 @pytest.mark.parametrize("name", PRESETS)
 def test_folder_has_the_true_configuration_at_reduced_depth(name):
-    arch = archbuild_qwen.ARCHS[name]
+    arch = qwen_arch.ARCHS[name]
     path = archbuild_qwen.ensure(CACHE_DIR, name)
     cfg = json.loads((path / "config.json").read_text())
     if arch.kind == "omni":
         thinker = cfg["thinker_config"]
         text, vision, top = thinker["text_config"], thinker["vision_config"], thinker
         assert thinker["audio_config"]["d_model"] == 1280 and thinker["audio_config"]["output_dim"] == arch.hidden
-        assert thinker["audio_config"]["encoder_layers"] == archbuild_qwen.AUDIO_LAYERS
+        assert thinker["audio_config"]["encoder_layers"] == qwen_arch.AUDIO_LAYERS
         assert (top["audio_token_index"], top["image_token_index"], top["video_token_index"]) == (151646, 151655, 151656)
     else:
         text, vision, top = cfg["text_config"], cfg["vision_config"], cfg
@@ -158,8 +158,8 @@ def test_folder_has_the_true_configuration_at_reduced_depth(name):
     assert (text["hidden_size"], text["intermediate_size"], text["num_attention_heads"],
             text["num_key_value_heads"], text["vocab_size"]) == (
         arch.hidden, arch.intermediate, arch.heads, arch.kv_heads, arch.vocab_size)
-    assert text["num_hidden_layers"] == archbuild_qwen.TEXT_LAYERS < arch.layers
-    assert vision["depth"] == archbuild_qwen.VISION_DEPTH and vision["out_hidden_size"] == arch.hidden
+    assert text["num_hidden_layers"] == qwen_arch.TEXT_LAYERS < arch.layers
+    assert vision["depth"] == qwen_arch.VISION_DEPTH and vision["out_hidden_size"] == arch.hidden
     if arch.kind == "qwen3-vl":
         assert vision["patch_size"] == 16 and vision["hidden_size"] == 1024
         assert all(i < vision["depth"] for i in vision["deepstack_visual_indexes"])
@@ -185,14 +185,14 @@ TRUE_SIZE_PARAMS = {"qwen2.5-vl-3b": 3.75e9, "qwen2.5-vl-7b": 8.29e9, "qwen3-vl-
 
 
 @pytest.mark.unit
-@pytest.mark.parametrize("name", list(archbuild_qwen.ARCHS))
+@pytest.mark.parametrize("name", list(qwen_arch.ARCHS))
 def test_full_depth_architecture_has_the_published_size(name):
     """Built on the meta device (no memory): every layer, the real index lists."""
     model = archbuild_qwen.meta_model(name, true_size=True)
     n = sum(p.numel() for k, p in model.named_parameters() if not k.startswith(("talker", "token2wav")))
     assert n == pytest.approx(TRUE_SIZE_PARAMS[name], rel=0.005)
-    arch = archbuild_qwen.ARCHS[name]
-    cfg = archbuild_qwen.config_for(name, true_size=True)
+    arch = qwen_arch.ARCHS[name]
+    cfg = qwen_arch.config_for(name, true_size=True)
     cfg = getattr(cfg, "thinker_config", cfg)
     assert cfg.text_config.num_hidden_layers == arch.layers
     if arch.kind == "qwen3-vl":

@@ -106,8 +106,10 @@ async def test_a_question_is_scheduled_before_a_warm_up_sent_first(omni_engine):
 
 
 def fake_state(engine, registry, answer_gate=None):
-    return types.SimpleNamespace(engine=engine, registry=registry, answer_gate=answer_gate or AnswerQueue(0),
-                                 answer_defaults=lambda: QUESTION)
+    state = types.SimpleNamespace(engine=engine, registry=registry, answer_gate=answer_gate or AnswerQueue(0),
+                                  answer_defaults=lambda: QUESTION)
+    registry.app = state
+    return state
 
 
 @pytest.mark.engine
@@ -362,7 +364,8 @@ async def test_the_sample_taken_at_enter_is_warmed_whole_and_is_the_questions(om
     entry.session.update_settings(num_sample_frames=8)
     assert prewarmer.take_pin(entry) is None
     await prewarmer.question_now(sid)
-    talking = conversation.of(prewarmer.state, entry)
+    entry.state = prewarmer.state
+    talking = entry
     await talking.stop()  # the chat's turn moved on: its question came (or was stopped) without it
     assert prewarmer.take_pin(entry) is None
     # An Enter report that arrives after its typed question: ignored, so
@@ -461,7 +464,7 @@ async def test_a_seed_session_with_history_is_warmed_with_it(omni_engine, monkey
     answers.set_history(True)
     await answers.ask("What is there?")
     await answers.conn.finish_answer()
-    chat_turns = conversation.of(state, entry).history.turns()  # the chat, kept on the server
+    chat_turns = entry.history.turns()  # the chat, kept on the server
     assert len(chat_turns) == 2, answers.conn.sent  # the tiny model said something
     assert entry.warm_history == chat_turns  # what the next question carries
     prewarmer = Prewarmer(state, "idle", interval_s=0.0)

@@ -28,6 +28,7 @@ from vidchat.app.settings import Settings
 from vidchat.conversation.answer_path import AnswerOptions
 from vidchat.devtools import synthetic_audio as sa
 from vidchat.doors import realtime_events as rt
+from vidchat.doors import realtime_items as items
 from vidchat.doors.realtime import RealtimeConnection
 from vidchat.doors.socket_media import Refused, pcm16_audio
 from vidchat.doors.protocol_config import ConfigError, TurnDetection
@@ -154,11 +155,11 @@ def test_session_update_is_read_by_the_settings_table_and_refusals_name_the_fiel
 
 @pytest.mark.unit
 def test_user_items_are_checked_before_anything_is_taken_in():
-    parts = rt.user_parts({"type": "message", "role": "user", "content": [
+    parts = items.user_parts({"type": "message", "role": "user", "content": [
         {"type": "input_text", "text": "hi"}, {"type": "input_image", "image_url": "data:image/png;base64,AA",
                                                "pts_ms": 40}]})
     assert [(p.kind, p.pts_ms, p.index) for p in parts] == [("input_text", None, 0), ("input_image", 40, 1)]
-    acked = rt.acked_item("item_1", parts)
+    acked = items.acked_item("item_1", parts)
     assert acked["content"] == [{"type": "input_text", "text": "hi"}, {"type": "input_image"}]  # no image echoed
     for item, code in [({"type": "message", "role": "assistant", "content": []}, "unsupported_item"),
                        ({"type": "message", "role": "user", "content": []}, "invalid_value"),
@@ -168,7 +169,7 @@ def test_user_items_are_checked_before_anything_is_taken_in():
                        ({"type": "message", "role": "user", "content": [{"type": "output_text", "text": "x"}]},
                         "unsupported_content")]:
         with pytest.raises(rt.EventError) as refused:
-            rt.user_parts(item)
+            items.user_parts(item)
         assert refused.value.code == code
 
 
@@ -224,14 +225,14 @@ async def test_the_input_audio_buffer_and_the_pending_question():
     audio.set_rate(24_000)
     assert audio.rate == 24_000 and audio.stream.rate == 24_000
 
-    question = rt.Question()
+    question = items.Question()
     assert not question
     question.add(["What is this?", "And that?"], [np.zeros(AUDIO_RATE, np.float32)])
     with pytest.raises(rt.EventError) as refused:
         question.check([], [np.zeros(AUDIO_RATE, np.float32)], max_audio_s=1.5)
     assert refused.value.code == "question_too_long"
     with pytest.raises(rt.EventError):
-        question.check(["x" * rt.MAX_QUESTION_CHARS], [], max_audio_s=30)
+        question.check(["x" * items.MAX_QUESTION_CHARS], [], max_audio_s=30)
     text, spoken = question.take()
     assert text == "What is this?\nAnd that?" and spoken.size == AUDIO_RATE and not question
 

@@ -26,7 +26,7 @@ import pytest
 
 from conftest import TEST_MAX_IMAGES, TEST_MAX_MODEL_LEN, start_server, stop_server, eventually_async
 from test_protocol import check_answer, connect, send, until
-from vidchat.devtools import harness, synthetic
+from vidchat.devtools import synthetic, vllm_servers
 
 pytestmark = pytest.mark.engine
 
@@ -55,10 +55,10 @@ def finished(url: str) -> float:
 @pytest.fixture(scope="module")
 def replicas(tiny_vllm_serve, tiny_omni_path, artifacts_dir):
     """[the suite's shared replica, this module's own] (the second is killed by the last test)."""
-    own = harness.start_vllm_serve(tiny_omni_path, artifacts_dir / "vllm-serve-replica2.log",
-                                   harness.tiny_serve_args(TEST_MAX_MODEL_LEN, TEST_MAX_IMAGES))
+    own = vllm_servers.start_vllm_serve(tiny_omni_path, artifacts_dir / "vllm-serve-replica2.log",
+                                        vllm_servers.tiny_serve_args(TEST_MAX_MODEL_LEN, TEST_MAX_IMAGES))
     yield [tiny_vllm_serve, own.url], own
-    harness.stop_vllm_serve(own)
+    vllm_servers.stop_vllm_serve(own)
 
 
 @pytest.fixture(scope="module")
@@ -137,7 +137,7 @@ def assert_pinned_and_warm(sessions: list[Session], urls: list[str]) -> None:
 async def test_vllm_router_consistent_hash_pins_sessions_and_round_robin_loses_their_caches(
         replicas, figures, artifacts_dir):
     urls, _ = replicas
-    router = await asyncio.to_thread(harness.start_router, urls, "consistent_hash", artifacts_dir / "router.log")
+    router = await asyncio.to_thread(vllm_servers.start_router, urls, "consistent_hash", artifacts_dir / "router.log")
     srv = None
     try:
         srv = await asyncio.to_thread(start_server, [*SERVER_ARGS, "--engine-url", router.url],
@@ -148,9 +148,9 @@ async def test_vllm_router_consistent_hash_pins_sessions_and_round_robin_loses_t
         assert_pinned_and_warm(hashed, urls)
         assert all(st["replica"] == router.url for s in hashed for st in s.stats)
         # The same port, another policy: vidchat keeps its URL and its sessions' keys.
-        await asyncio.to_thread(harness.stop_router, router)
+        await asyncio.to_thread(vllm_servers.stop_router, router)
         port = int(router.url.rsplit(":", 1)[1])
-        router = await asyncio.to_thread(harness.start_router, urls, "round_robin",
+        router = await asyncio.to_thread(vllm_servers.start_router, urls, "round_robin",
                                          artifacts_dir / "router-rr.log", port)
         spread = await run_round(srv, urls, seed=1)
         assert any(len(set(s.landed)) > 1 for s in spread), [s.landed for s in spread]
@@ -165,7 +165,7 @@ async def test_vllm_router_consistent_hash_pins_sessions_and_round_robin_loses_t
     finally:
         if srv is not None:
             await asyncio.to_thread(stop_server, srv)
-        await asyncio.to_thread(harness.stop_router, router)
+        await asyncio.to_thread(vllm_servers.stop_router, router)
 
 
 @pytest.fixture(scope="module")
@@ -212,7 +212,7 @@ async def test_a_replica_killed_mid_answer_costs_its_sessions_one_error_and_nobo
         await send(s.ws, {"type": "video.query", "text": "Talk for a long time."})
     for s in sessions:
         await until(s.ws, "response.text.delta", timeout=60)
-    await asyncio.to_thread(harness.kill_vllm_serve, own)
+    await asyncio.to_thread(vllm_servers.kill_vllm_serve, own)
     for s in on_killed:  # one clear error, then its answer's end
         msgs = await until(s.ws, "response.text.done", timeout=30)
         errors = [m["message"] for m in msgs if m["type"] == "error"]

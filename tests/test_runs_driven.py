@@ -36,7 +36,8 @@ async def read_all(reader, log: list) -> None:
 @pytest.mark.engine
 async def test_a_run_nobody_reads_ends_by_itself_and_frees_its_slot(omni_engine):
     entry = filled_entry()
-    talking = conversation.of(conversation.Standalone(omni_engine), entry)
+    entry.state = conversation.Standalone(omni_engine)
+    talking = entry
     run = await talking.ask("What is there?", SHORT)
     await asyncio.wait_for(run.ended.wait(), 60)  # nobody ever read it
     assert run.finished.is_set() and entry.answer is None and not talking.answering
@@ -58,9 +59,10 @@ async def test_an_answer_nobody_listens_to_is_stopped_after_the_grace_and_a_list
     UNHEARD_GRACE_S. One listener of the session's events keeps it going."""
     monkeypatch.setattr(runs, "UNHEARD_GRACE_S", 0.3)
     entry = filled_entry()
-    talking = conversation.of(conversation.Standalone(omni_engine), entry)
+    entry.state = conversation.Standalone(omni_engine)
+    talking = entry
     options = AnswerOptions(max_tokens=400, temperature=0.0)
-    with entry.events.subscribe() as listening:
+    with entry.event_hub.subscribe() as listening:
         heard = await talking.ask("Tell me everything.", options)
         await asyncio.wait_for(heard.ended.wait(), 120)
         assert listening.pending()  # it was listening all along
@@ -77,7 +79,8 @@ async def test_an_answer_nobody_listens_to_is_stopped_after_the_grace_and_a_list
 @pytest.mark.engine
 async def test_the_last_reader_leaving_mid_answer_cancels_it_and_one_left_keeps_it(omni_engine):
     entry = filled_entry()
-    talking = conversation.of(conversation.Standalone(omni_engine), entry)
+    entry.state = conversation.Standalone(omni_engine)
+    talking = entry
     run = await talking.ask("Tell me everything.", LONG)
     first, second = run.events(), run.events()
     kept: list = []
@@ -107,6 +110,7 @@ async def test_clear_while_a_page_question_is_prepared_never_leaves_a_run_behind
     registry = types.SimpleNamespace(get=lambda sid: entry if sid == entry.session.id else None)
     state = types.SimpleNamespace(engine=omni_engine, answer_gate=None, ready=True, registry=registry,
                                   answer_defaults=AnswerOptions, settings=None, prewarmer=None)
+    entry.state = state
 
     preparing, release = threading.Event(), threading.Event()
     real_prepare = answer_path.prepare
@@ -133,7 +137,7 @@ async def test_clear_while_a_page_question_is_prepared_never_leaves_a_run_behind
     monkeypatch.setattr(answer_path, "prepare", real_prepare)
     caplog.set_level(logging.INFO, logger="vidchat.conversation")
     # The next question starts at once: nothing holds the chat.
-    talking = conversation.of(state, entry)
+    talking = entry
     run = await talking.ask("And now?", SHORT)
     done = await asyncio.wait_for(run.finish(), 60)
     assert done.status == COMPLETED
@@ -172,7 +176,8 @@ async def test_a_cancelled_run_whose_engine_hangs_is_force_done_after_the_grace(
     reply = _StuckReply()
     answer = answer_path.Answer("q", reply, entry.session.sample(), SHORT, session_id=entry.session.id)
     entry.answer = answer
-    talking = conversation.of(conversation.Standalone(engine=None), entry)
+    entry.state = conversation.Standalone(engine=None)
+    talking = entry
     run = conversation.AnswerRun(talking, entry, answer, record=False, continues_chat=True, remember=True)
     log: list = []
     reading = asyncio.create_task(read_all(run.events(), log))
@@ -195,6 +200,7 @@ async def test_the_chat_lives_on_the_server_and_clear_empties_it(omni_engine):
     registry = types.SimpleNamespace(get=lambda sid: entry if sid == entry.session.id else None)
     state = types.SimpleNamespace(engine=omni_engine, answer_gate=None, ready=True, registry=registry,
                                   answer_defaults=AnswerOptions, settings=None, prewarmer=None)
+    entry.state = state
     settings = [4, "uniform", 10, False, 0.95, 64, "images", False, 6, 1.0, "5"]
 
     async def ask_on_page(text: str) -> dict:
@@ -207,7 +213,7 @@ async def test_the_chat_lives_on_the_server_and_clear_empties_it(omni_engine):
     assert first["history_turns"] == 0 and first["completion_tokens"] >= 1
     second = await ask_on_page("And now?")
     assert second["history_turns_total"] == 2  # the first exchange, from the server's chat
-    talking = conversation.of(state, entry)
+    talking = entry
     assert [turn.role for turn in talking.history.turns()] == ["user", "assistant"] * 2
     assert entry.warm_history == talking.history.turns()  # the next warm-up starts as the question will
     await page_answers.clear_chat(state, entry.session.id)

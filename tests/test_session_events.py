@@ -83,10 +83,11 @@ async def test_an_answer_a_settings_change_and_the_end_reach_the_sessions_stream
     entry = registry.create("ws", SessionSettings(evs_enabled=False, num_sample_frames=4))
     for i, frame in enumerate(filled_entry(n=4).session.sample().frames):
         entry.session.add_frame(frame, t=100.0 + i)
-    talking = conversation.of(conversation.Standalone(omni_engine), entry)
-    with talking.entry.events.subscribe() as events:
+    entry.state = conversation.Standalone(omni_engine)
+    talking = entry
+    with talking.event_hub.subscribe() as events:
         answer_path.apply_settings(entry.session, omni_engine, SHORT, {"num_sample_frames": 3, "max_frames": 64},
-                                   entry.events)
+                                   entry.event_hub)
         run = await talking.ask("What is there?", SHORT)
         await asyncio.wait_for(run.ended.wait(), 60)
         await registry.close(entry.session.id, "stopped by the client")

@@ -195,7 +195,8 @@ async def test_talk_runs_as_a_task_of_the_conversation_that_a_typed_question_nev
     t0 = time.monotonic()
     entry = new_entry(registry, t0)
     state = types.SimpleNamespace(registry=registry, engine=None, prewarmer=None)
-    talking = conversation.of(state, entry)
+    entry.state = state
+    talking = entry
     asked: list = []
     talking.submit = lambda question, options, **kw: asked.append((question, kw)) or len(asked)
     talking.modes.talk(TurnSettings(), True, lambda: AnswerOptions())

@@ -76,6 +76,7 @@ def entry_with_frames(registry: SessionRegistry, seed: int = 0, kind: str = "web
 def prewarmer_for(engine: FakeEngine, registry: SessionRegistry, mode: str = "idle") -> Prewarmer:
     state = types.SimpleNamespace(engine=engine, registry=registry, answer_gate=AnswerQueue(0),
                                   answer_defaults=lambda: OPTIONS)
+    registry.app = state
     prewarmer = Prewarmer(state, mode, interval_s=0.0)
     state.answer_gate.arrival_hooks.append(prewarmer.answer_arriving)
     return prewarmer
@@ -188,7 +189,7 @@ def finished(question: str, text: str) -> answer_path.Answer:
 
 def answered(talking, answer: answer_path.Answer, *, continues_chat: bool = True, slot=None, generation=None) -> None:
     """The conversation's rule at a run's Done (what AnswerRun._end calls)."""
-    run = types.SimpleNamespace(continues_chat=continues_chat, slot=slot or talking.entry,
+    run = types.SimpleNamespace(continues_chat=continues_chat, slot=slot or talking,
                                 generation=talking.generation if generation is None else generation)
     talking._answered(run, conversation.Done(answer, conversation.COMPLETED, None, True, True, "answer-id"))
 
@@ -196,7 +197,8 @@ def answered(talking, answer: answer_path.Answer, *, continues_chat: bool = True
 @pytest.mark.parametrize("kind", ["webrtc", "ws", "replay"])
 def test_a_chat_answer_is_kept_on_the_server_and_warmed_with(kind):
     entry = SessionRegistry().create(kind)
-    talking = conversation.of(conversation.Standalone(engine=None), entry)
+    entry.state = conversation.Standalone(engine=None)
+    talking = entry
     talking.history.add("a0", "Hi?", "Hello.")
     answered(talking, finished("What is there?", " A cat. "))
     expected = (Turn("user", "Hi?"), Turn("assistant", "Hello."), Turn("user", "What is there?"),
@@ -211,7 +213,8 @@ def test_an_answer_the_chat_does_not_continue_with_is_not_kept(kind, how):
     continues_chat=False; a re-ask runs in the side slot; an answer of a
     chat cleared since it was asked, or one with no text, is not the chat's."""
     entry = SessionRegistry().create(kind)
-    talking = conversation.of(conversation.Standalone(engine=None), entry)
+    entry.state = conversation.Standalone(engine=None)
+    talking = entry
     answer = finished("What is there?", "" if how == "said nothing" else "A cat.")
     answered(talking, answer, continues_chat=how != "no history",
              slot=entry.side_slot() if how == "re-ask" else None,

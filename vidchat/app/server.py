@@ -3,27 +3,23 @@
 from __future__ import annotations
 
 import asyncio
-import collections
 import contextlib
 import json
 import logging
-import threading
 from pathlib import Path
 from typing import Any, AsyncContextManager, AsyncIterator, Callable
 
 import uvicorn
 from fastapi import FastAPI, WebSocket
-from fastapi.responses import JSONResponse, Response
 from fastapi.staticfiles import StaticFiles
 
-from vidchat.app import metrics as app_metrics
+from vidchat.app import metrics as app_metrics, status_routes
 from vidchat.app.access import default_allowed_hosts, split_list
 from vidchat.app.engine_keeper import EngineKeeper
 from vidchat.app.guard import Guard
 from vidchat.app.loopwatch import LoopWatch
 from vidchat.app.settings import Settings
 from vidchat.app.state import AppState
-from vidchat.app.turn import TurnError
 from vidchat.conversation import prewarm_auto
 from vidchat.conversation.prewarm import Prewarmer
 from vidchat.devtools import tinymodel
@@ -129,9 +125,9 @@ def create_app(state: AppState) -> FastAPI:
     loop_watch = LoopWatch(observe=state.metrics.loop_lag.observe)
     app = FastAPI(title="vidchat", lifespan=_lifespan(state, loop_watch), docs_url=None, redoc_url=None)
     app.state.vidchat = state
-    _replica_routes(app, state)
-    _running_routes(app, state, loop_watch)
-    _client_config_route(app, state)
+    status_routes.replica_routes(app, state)
+    status_routes.running_routes(app, state, loop_watch)
+    status_routes.client_config_route(app, state)
     app.include_router(webrtc_routes.router(state))
     app.include_router(answer_inputs.router(state))
     app.include_router(suite_routes.router(state))
@@ -194,128 +190,6 @@ def _lifespan(state: AppState, loop_watch: LoopWatch) -> Callable[[FastAPI], Asy
     return lifespan
 
 
-def _replica_routes(app: FastAPI, state: AppState) -> None:
-    """What a load balancer and an operator ask of a replica: is it up, is it ready, drain it."""
-
-    @app.get("/healthz")
-    async def healthz() -> dict[str, Any]:
-        """The process serves (whatever the model is doing)."""
-        return {"ok": True}
-
-    @app.get("/readyz")
-    async def readyz() -> JSONResponse:
-        """The engine is loaded and alive and the replica takes new sessions:
-        200; else 503 with the reason. A load balancer routes new sessions
-        only to replicas answering 200; ``draining`` and ``sessions`` tell
-        an operator when a drained replica is empty and can be stopped."""
-        ready, reason = state.readiness()
-        registry = state.registry
-        replicas = await _replica_health(state)
-        if ready and replicas is not None and not any(r["healthy"] for r in replicas):
-            ready, reason = False, "no model server of --engine-url answers"
-        if ready and registry.draining:
-            ready, reason = False, f"draining: {len(registry)} session(s) still open"
-        return JSONResponse({"ready": ready, "reason": reason, "draining": registry.draining,
-                             "sessions": len(registry), "replicas": replicas}, status_code=200 if ready else 503)
-
-    @app.post("/api/drain")
-    async def drain(body: dict[str, Any]) -> JSONResponse:
-        """Start (``{"draining": true}``) or stop draining this replica: no
-        new sessions; open ones carry on. An operator route (vidchat.app.access):
-        the server token, or a call on this machine without a proxy."""
-        draining = body.get("draining") if isinstance(body, dict) else None
-        if not isinstance(draining, bool):
-            return JSONResponse({"detail": "draining must be true or false"}, status_code=400)
-        state.registry.draining = draining
-        log.info("replica %s: %d session(s) open", "draining" if draining else "taking new sessions again",
-                 len(state.registry))
-        return JSONResponse({"draining": draining, "sessions": len(state.registry)})
-
-
-def _running_routes(app: FastAPI, state: AppState, loop_watch: LoopWatch) -> None:
-    """What runs and how well: health (engine, answers, warm-ups, loop lag) and the switches the benchmarks use."""
-
-    @app.get("/api/health")
-    async def health() -> JSONResponse:
-        engine = state.engine
-        ok = state.ready
-        body = {
-            "ok": ok,
-            "status": state.readiness()[1],
-            "model": state.model_path,
-            "banner": state.banner,
-            "sessions": len(state.registry),
-            "sessions_by_kind": state.registry.count_by_kind(),
-            "running_requests": engine.running_requests if ok else None,
-            "compare_model": ({"model": state.compare_model_path, "status": state.compare_readiness()[1],
-                               "running_requests": state.compare_engine.running_requests
-                               if state.compare_readiness()[0] else None}
-                              if state.compare_model_path else None),
-            "answers": state.answer_gate.snapshot(),
-            "questions_asked": state.answer_gate.asked,
-            "running_warmups": engine.running_warmups if ok else None,
-            "prewarm": state.prewarmer.snapshot() if state.prewarmer else None,
-            # How many frames vLLM's encoder cache holds (vidchat.engine.vllm_args.encoder_cache_budget).
-            "encoder_cache": ({"tokens": engine.encoder_cache_tokens, "tokens_per_frame": engine.tokens_per_frame,
-                               "frames": engine.encoder_cache_tokens // engine.tokens_per_frame}
-                              if ok and engine.tokens_per_frame and engine.encoder_cache_tokens else None),
-            "loop_lag": loop_watch.snapshot(),
-            # What a leak would grow (bench/soak.py samples it with the process's RSS and fds).
-            "process": _process_figures(),
-            # --engine-url: each model server's health (null in-process).
-            "replicas": await _replica_health(state),
-        }
-        return JSONResponse(body, status_code=200 if ok else 503)
-
-    @app.get("/metrics")
-    async def prometheus_metrics() -> Response:
-        """Prometheus's text format: vidchat's families and the engine's vllm: ones (vidchat.app.metrics)."""
-        return Response(app_metrics.exposition(), media_type=app_metrics.CONTENT_TYPE)
-
-    @app.post("/api/prewarm")
-    async def set_prewarm(body: dict[str, Any]) -> JSONResponse:
-        """Switch warm-ups at run time (the latency report compares on and off in one run)."""
-        mode = body.get("mode") if isinstance(body, dict) else None
-        try:
-            await state.prewarmer.set_mode(mode)
-        except ValueError as exc:
-            return JSONResponse({"error": str(exc)}, status_code=400)
-        return JSONResponse(state.prewarmer.snapshot())
-
-    @app.post("/api/loop-lag/reset")
-    async def reset_loop_lag() -> dict[str, Any]:
-        """Start a new loop-lag window (for bench/looplag.py)."""
-        loop_watch.reset()
-        return {"reset": True}
-
-
-def _process_figures() -> dict[str, Any]:
-    """Tasks (by what they run) and threads: what a leak would grow."""
-    tasks = collections.Counter(getattr(t.get_coro(), "__qualname__", "?") for t in asyncio.all_tasks())
-    return {"asyncio_tasks": sum(tasks.values()), "threads": threading.active_count(),
-            "asyncio_tasks_by_coroutine": dict(tasks)}
-
-
-def _client_config_route(app: FastAPI, state: AppState) -> None:
-    """What the page needs to connect: ICE servers, the banner, readiness and the session's time limit."""
-
-    @app.get("/api/config")
-    async def client_config() -> Any:
-        # Fetched when the user presses Start, so short-lived TURN credentials
-        # are fresh rather than baked into the page.
-        ready, status = state.readiness()
-        try:
-            servers = await state.ice_config()
-        except TurnError as exc:
-            log.error("%s", exc)
-            return JSONResponse({"detail": f"Cannot connect from behind NAT now: {exc}."}, status_code=503)
-        # Only what a browser's RTCPeerConnection uses: no other field of the
-        # configured servers (notes, account ids) reaches the page.
-        ice = [{k: v for k, v in server.items() if k in ("urls", "username", "credential")} for server in servers]
-        return {"iceServers": ice, "banner": state.banner, "ready": ready, "status": status,
-                "sessionTimeLimit": state.session_time_limit}
-
-
 def _guard(app: FastAPI, state: AppState) -> None:
     """Access in front of every route, Gradio's included (vidchat.app.access)."""
     settings = state.settings
@@ -328,14 +202,6 @@ def _guard(app: FastAPI, state: AppState) -> None:
         page=state.page_logins,
         owner_of=state.registry.owner_of,
     )
-
-
-async def _replica_health(state: AppState) -> list[dict[str, Any]] | None:
-    """Each model server's health (--engine-url), or None (in-process, or still loading)."""
-    engine = state.engine
-    if engine is None or engine.is_dead:
-        return None
-    return await engine.replica_health()
 
 
 async def open_engine(state: AppState) -> ChatEngine:

@@ -24,7 +24,13 @@ def _opt(default: Any, help: str, **extra: Any) -> Any:
 
 
 @dataclass
-class Settings:
+class ModelSettings:
+    """The options that say which model runs and how its engine is sized.
+
+    Settings' first fields: a base's fields come first, so ``--help`` and
+    docs/options.md list them in the same order as one class would.
+    """
+
     # --- model / engine -------------------------------------------------
     model: str = _opt(
         "auto",
@@ -93,6 +99,12 @@ class Settings:
         os.path.join(os.path.expanduser("~"), ".cache", "vidchat"),
         "Where the tiny test model is built on first use.",
     )
+
+
+@dataclass
+class Settings(ModelSettings):
+    """Every server option: the model's (ModelSettings), then the rest."""
+
     # --- answers ----------------------------------------------------------
     frames_per_question: int = _opt(16, "Frames sampled from the buffer for each question (the page and "
                                     "the WebSocket protocol can change it per session).")

@@ -17,7 +17,8 @@ from vidchat.app.settings import Settings
 from vidchat.conversation.answer_queue import AnswerQueue
 from vidchat.conversation.answer_path import AnswerOptions
 from vidchat.media.session import SessionSettings, check_frame_budget, session_budget_bytes
-from vidchat.conversation.registry import Entry, SessionRegistry
+from vidchat.conversation import Conversation
+from vidchat.conversation.registry import SessionRegistry
 from vidchat.engine import ChatEngine, ENGINE_DEAD_MESSAGE, EngineError, EngineOptions
 from vidchat.media import DEFAULT_STORE_MAX_PIXELS, describe_store_limit
 
@@ -53,6 +54,9 @@ class AppState:
     compare_life: EngineLife = field(default_factory=lambda: EngineLife("compare"))
     metrics: Any = None  # vidchat.app.metrics.Metrics once the app serves /metrics
     keeping: asyncio.Task | None = None  # the engine keepers' task (vidchat.app.engine_keeper)
+
+    def __post_init__(self) -> None:
+        self.registry.app = self  # every session's conversation asks with this app's engine and settings
 
     @property
     def ready(self) -> bool:
@@ -189,7 +193,7 @@ class AppState:
         """Raise ValueError when ``max_frames`` stored frames would not fit --max-session-mb."""
         check_frame_budget(max_frames, self.store_max_pixels(), self.session_budget_bytes())
 
-    def new_session(self, kind: str, **kwargs: Any) -> Entry:
+    def new_session(self, kind: str, **kwargs: Any) -> Conversation:
         """Register a session with the server's storage size, frame cap and
         memory budget (raises TooManySessions, or ValueError for settings over the budget)."""
         entry = self.registry.create(kind, store_max_pixels=self.store_max_pixels(),

@@ -39,8 +39,8 @@ from vidchat.conversation.runs import (  # noqa: F401 (the conversation's events
     CANCEL_GRACE_S, CANCELLED, COMPLETED, FAILED, AnswerRun, Delta, Done, Queued, RunEvent, RunReader, Started, Words,
 )
 from vidchat.conversation.answer_path import Answer, AnswerOptions
-from vidchat.media.session import Sample
-from vidchat.conversation.registry import Entry
+from vidchat.media.session import Sample, Session
+from vidchat.conversation.session_record import SessionRecord
 from vidchat.conversation.modes import Modes
 from vidchat.conversation.session_events import (
     NO_FRAMES, ERROR, REPLACED, SCENE, SPOKEN, STOPPED, TYPED, ChatCleared, QuestionAsked, QuestionRefused, SessionEvent,
@@ -56,11 +56,16 @@ log = logging.getLogger(__name__)
 PREEMPT_GRACE_S = 5.0
 
 
-class Conversation:
-    """What one session does with the model (one per registry entry: :func:`of`)."""
+class Conversation(SessionRecord):
+    """A session and what it does with the model: the registry's one object
+    per session (SessionRegistry.create), whose own slot runs the chat's answers."""
 
-    def __init__(self, state: Any, entry: Entry) -> None:
-        self.state, self.entry = state, entry
+    def __init__(self, session: Session, kind: str, *, state: Any = None, client: str | None = None,
+                 owner: str | None = None) -> None:
+        super().__init__(session, kind, client=client, owner=owner)
+        # What it asks with (vidchat.app.state.AppState, or Standalone for a
+        # tool without an app): the engine, the answer queue, the settings.
+        self.state = state
         self._chat_run: AnswerRun | None = None
         self.history = ChatHistory()  # the chat, on the server, for every door and the warm-ups
         self.generation = 0  # the chat's number: Clear starts a new one
@@ -73,7 +78,7 @@ class Conversation:
         self._side_turn = 0  # the same for re-asks beside the chat: a newer one replaces a running one
         self._tasks: set[asyncio.Task] = set()  # questions asked in a task of the conversation (submit)
         self.modes = Modes(self)  # Watch and Talk, as tasks of the conversation
-        entry.closers.append(self._closed)
+        self.closers.append(self._closed)
 
     # -- the chat's turn and the one way to stop its answer ------------------
 
@@ -88,6 +93,8 @@ class Conversation:
         run = self._chat_run
         if run is not None and not run.ended.is_set():
             await run.cancel(why)
+        elif self.answer is not None:  # an answer asked outside a run (vidchat.conversation.answer_path.ask)
+            await self.cancel_answer(why)
 
     async def stop(self, why: str | None = None) -> None:
         """Stop: the running answer ends, a question not started yet ends
@@ -104,7 +111,7 @@ class Conversation:
         self.generation += 1
         self._move_turn("clear")
         self.history.clear()
-        self.entry.events.publish(ChatCleared())
+        self.event_hub.publish(ChatCleared())
         if self._chat_run is not None and not self._chat_run.ended.is_set():
             self._in_task(self.cancel())
 
@@ -126,16 +133,22 @@ class Conversation:
         slot, that the door continues the chat with, and that said something
         (a stopped answer's text too: the user saw it)."""
         text = done.answer.reply.text.strip()
-        if (not run.continues_chat or run.slot is not self.entry or run.generation != self.generation
+        if (not run.continues_chat or run.slot is not self or run.generation != self.generation
                 or not done.started or not text):
             return
         # History comes before the frames in the prompt: the next warm-up
-        # prepares the next question's start from it (Entry.warm_history).
+        # prepares the next question's start from it (Conversation.warm_history).
         self.history.add(done.answer_id, answer_path.spoken_text(done.answer), text, stopped=done.status == CANCELLED)
+
+    @property
+    def warm_history(self) -> tuple:
+        """The chat the next question will carry, so its warm-up (vidchat.conversation.prewarm)
+        starts as the question will."""
+        return self.history.turns()
 
     def is_current(self, run: AnswerRun) -> bool:
         """Whether ``run`` is still its slot's newest question."""
-        return run.answer.ticket == (self.turn if run.slot is self.entry else self._side_turn)
+        return run.answer.ticket == (self.turn if run.slot is self else self._side_turn)
 
     # -- asking ------------------------------------------------------------
 
@@ -165,15 +178,15 @@ class Conversation:
                 await asyncio.wait_for(previous.finished.wait(), PREEMPT_GRACE_S)
             except asyncio.TimeoutError:
                 log.info("session %s…: the replaced answer's reader did not finish; going on",
-                         self.entry.session.id[:6])
+                         self.session.id[:6])
         if history is None:
             history = self.history.turns() if continues_chat else ()
-        answer = await answer_path.ask(engine or self.state.engine, self.entry, question, options, history=history,
+        answer = await answer_path.ask(engine or self.state.engine, self, question, options, history=history,
                                        queue=self.state.answer_gate, sample=sample, spoken=spoken,
                                        question_audio=question_audio, frames_optional=frames_optional,
                                        ticket=ticket, current=lambda: self.turn == ticket)
         answer.chat = self.generation
-        run = AnswerRun(self, self.entry, answer, record=record, continues_chat=continues_chat, remember=remember)
+        run = AnswerRun(self, self, answer, record=record, continues_chat=continues_chat, remember=remember)
         self._chat_run = run
         return run
 
@@ -183,7 +196,7 @@ class Conversation:
             cause = SPOKEN
         elif at is not None:
             cause = SCENE
-        self.entry.events.publish(QuestionAsked(ticket, question, cause, at,
+        self.event_hub.publish(QuestionAsked(ticket, question, cause, at,
                                                 None if spoken is None else round(spoken.seconds, 3)))
         return ticket
 
@@ -205,7 +218,7 @@ class Conversation:
     def events(self) -> AsyncIterator[SessionEvent]:
         """The session's one event stream (vidchat.conversation.session_events),
         from now on: every door says each event in its own wire format."""
-        return self.entry.events.events()
+        return self.event_hub.events()
 
     @property
     def answering(self) -> bool:
@@ -221,14 +234,14 @@ class Conversation:
         answers: those are the chat's (Talk reads the newest aloud, the
         re-ask list and the timings chart read them), and a re-ask of a
         loaded bundle would keep its decoded frames with the session."""
-        slot = self.entry.side_slot()
+        slot = self.side_slot()
         self._side_turn += 1
         ticket = self._side_turn
         await slot.cancel_answer()
         answer = await answer_path.ask(engine or self.state.engine, slot, original.question, options,
                                        history=original.history, queue=self.state.answer_gate, sample=sample,
                                        spoken=original.spoken, ticket=ticket,
-                                       current=lambda: self._side_turn == ticket and not self.entry.closed)
+                                       current=lambda: self._side_turn == ticket and not self.closed)
         return AnswerRun(self, slot, answer, record=False, continues_chat=False, remember=False)
 
 
@@ -262,11 +275,11 @@ async def _submitted(conversation: Conversation, ticket: int, question: str, opt
         refused = (STOPPED, "")
         raise
     except Exception:  # noqa: BLE001 - the question fails, the session goes on
-        log.exception("session %s…: question failed", conversation.entry.session.id[:6])
+        log.exception("session %s…: question failed", conversation.session.id[:6])
         refused = (ERROR, "Query processing failed")
     finally:
         if refused is not None:
-            conversation.entry.events.publish(QuestionRefused(ticket, *refused))
+            conversation.event_hub.publish(QuestionRefused(ticket, *refused))
 
 
 @dataclass
@@ -277,11 +290,3 @@ class Standalone:
     engine: ChatEngine
     answer_gate: Any = None
     settings: Any = None  # no --record-dir: recording is off
-
-
-def of(state: Any, entry: Entry) -> Conversation:
-    """The entry's conversation, made on first use."""
-    conversation = getattr(entry, "conversation", None)
-    if conversation is None:
-        conversation = entry.conversation = Conversation(state, entry)
-    return conversation

@@ -21,7 +21,7 @@ from typing import Any, Callable, Sequence
 from vidchat.conversation.answer_queue import Abandoned, AnswerQueue, OnWait, Slot
 from vidchat.media.session import Sample, Session, SessionSettings
 from vidchat.media.sampling import uniform_indices
-from vidchat.conversation.registry import Entry
+from vidchat.conversation.session_record import SessionRecord, SideSlot
 from vidchat.conversation.settings_table import UNBOUNDED_MAX_TOKENS, check_all, question_problem, read_settings
 from vidchat.conversation.session_events import EventHub, SettingsChanged
 from vidchat.engine import ChatEngine, EngineError, Prepared, Reply, Turn
@@ -246,7 +246,7 @@ class Answer:
 
 async def ask(
     engine: ChatEngine,
-    entry: Entry,
+    entry: SessionRecord | SideSlot,
     question: str,
     options: AnswerOptions,
     history: Sequence[Turn] = (),
@@ -303,7 +303,7 @@ async def ask(
     return answer
 
 
-def prepare(engine: ChatEngine, entry: Entry, sample: Sample, options: AnswerOptions, history: Sequence[Turn] = (),
+def prepare(engine: ChatEngine, entry: SessionRecord | SideSlot, sample: Sample, options: AnswerOptions, history: Sequence[Turn] = (),
             question: str = "", warmup: bool = False, spoken: bool = False) -> Prepared:
     """A sample and options as the engine's prompt, with the session's cache
     salt: the one rule for questions and their warm-ups (vidchat.conversation.prewarm),
@@ -373,7 +373,7 @@ def frozen_sample(answer: Answer, frames: int | None = None) -> Sample:
     return original.frames_at(picks)
 
 
-def release(entry: Entry, answer: Answer) -> None:
+def release(entry: SessionRecord | SideSlot, answer: Answer) -> None:
     """Mark an answer finished: its place and its slot are free. (What the
     chat keeps of it is the conversation's: Conversation._answered.)"""
     answer.free()

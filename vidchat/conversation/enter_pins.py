@@ -19,7 +19,7 @@ class Pin:
     at: float  # time.monotonic()
     sample: Any
     settings: Any  # the session's settings it was taken with
-    turn: int  # the conversation's turn then (Entry.turn): a later question makes the pin stale
+    turn: int  # the conversation's turn then (Conversation.turn): a later question makes the pin stale
     warmed: bool = False
 
 

@@ -18,9 +18,11 @@ from vidchat.conversation.recording import write_bundle
 
 if TYPE_CHECKING:
     from vidchat.conversation.answer_path import Answer
-    from vidchat.conversation.registry import Entry
 
 log = logging.getLogger(__name__)
+
+# ``entry`` below is a session's vidchat.conversation.Conversation, typed Any:
+# the conversation imports this module, and an import back would be a cycle.
 
 KEEP_PER_SESSION = 8
 # Recorded bundles a session keeps track of (their folders stay on disk; the
@@ -28,7 +30,7 @@ KEEP_PER_SESSION = 8
 KEEP_BUNDLES_PER_SESSION = 64
 
 
-def remember(entry: "Entry", answer: "Answer") -> str:
+def remember(entry: Any, answer: "Answer") -> str:
     """Keep an answer's inputs for its session's page; returns its id (the
     same id when the answer is already kept, e.g. a spoken question's
     player shown before its answer)."""
@@ -43,17 +45,16 @@ def remember(entry: "Entry", answer: "Answer") -> str:
     return answer_id
 
 
-def chat_answers(entry: "Entry") -> list[tuple[str, "Answer"]]:
+def chat_answers(entry: Any) -> list[tuple[str, "Answer"]]:
     """The kept answers of the chat as it is now, newest first, as (id,
     answer): those of a cleared chat are left out (their inputs stay served
     while kept, and the live view's timings still count them)."""
-    conversation = getattr(entry, "conversation", None)
-    chat = conversation.generation if conversation is not None else 0
+    chat = entry.generation
     return [(answer_id, answer) for answer_id, answer in reversed(entry.answers.items())
             if getattr(answer, "chat", 0) == chat]
 
 
-async def save_bundle(state: Any, entry: "Entry", answer: "Answer", answer_id: str, source: str) -> Path:
+async def save_bundle(state: Any, entry: Any, answer: "Answer", answer_id: str, source: str) -> Path:
     """Save a finished answer as a bundle under --record-dir, in its
     session's folder, and keep it for the session's download links: the one
     recording rule of the page and the socket. Raises RecordingOff without
@@ -74,14 +75,14 @@ class RecordingOff(Exception):
     pass
 
 
-def keep_bundle(entry: "Entry", answer_id: str, path: Any) -> None:
+def keep_bundle(entry: Any, answer_id: str, path: Any) -> None:
     """Remember a recorded answer's bundle folder for the session's download links."""
     entry.bundles[answer_id] = path
     while len(entry.bundles) > KEEP_BUNDLES_PER_SESSION:
         entry.bundles.pop(next(iter(entry.bundles)))
 
 
-def find(registry: Any, answer_id: str) -> "tuple[Entry, Answer] | tuple[None, None]":
+def find(registry: Any, answer_id: str) -> "tuple[Any, Answer] | tuple[None, None]":
     for entry in registry.entries():
         answer = entry.answers.get(answer_id)
         if answer is not None:

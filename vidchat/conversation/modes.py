@@ -47,7 +47,7 @@ class Modes:
         """Ask ``question`` at each scene change, at most every ``every_s``
         seconds (replacing a watch already running)."""
         self.stop_watching()
-        entry = self.conversation.entry
+        entry = self.conversation
         watcher = SceneWatch(entry.session, every_s)
         self.watch_question = question
         self._watch = asyncio.get_running_loop().create_task(self._watching(watcher, question, options),
@@ -64,7 +64,7 @@ class Modes:
         me = asyncio.current_task()
 
         def stopped() -> bool:  # switched off, Stop, replaced, or the session ended
-            return self._watch is not me or conversation.entry.closed
+            return self._watch is not me or conversation.closed
 
         try:
             async for t in scene_changes(conversation, watcher, stopped):
@@ -72,12 +72,12 @@ class Modes:
         except asyncio.CancelledError:
             raise
         except Exception:  # noqa: BLE001 - watching ends, the session goes on
-            log.exception("session %s…: watching failed", conversation.entry.session.id[:6])
+            log.exception("session %s…: watching failed", conversation.session.id[:6])
 
     def talk(self, settings: TurnSettings, barge_in: bool, options: Options, on_speech: Any = None) -> None:
         """Ask each utterance the session's microphone hears, as it ends
         (the listener, with barge-in, is the session's: vidchat.conversation.talk)."""
-        entry = self.conversation.entry
+        entry = self.conversation
         listener = talk.listener(entry, settings, barge_in, on_speech=on_speech)
         if self.talking:
             return  # the running task reads the same listener, with its new settings
@@ -88,14 +88,14 @@ class Modes:
         task, self._talk = self._talk, None
         if task is not None:
             task.cancel()
-        await talk.stop(self.conversation.entry)
+        await talk.stop(self.conversation)
 
     async def _talking(self, listener: Any, options: Options) -> None:
         conversation = self.conversation
         me = asyncio.current_task()
 
         def stale() -> bool:
-            return self._talk is not me or not listener.running or conversation.entry.closed
+            return self._talk is not me or not listener.running or conversation.closed
 
         try:
             async for spoken in heard(listener, stale):
@@ -103,7 +103,7 @@ class Modes:
         except asyncio.CancelledError:
             raise
         except Exception:  # noqa: BLE001 - Talk ends, the session goes on
-            log.exception("session %s…: talk failed", conversation.entry.session.id[:6])
+            log.exception("session %s…: talk failed", conversation.session.id[:6])
 
 
 async def scene_changes(conversation: Any, watcher: SceneWatch,
@@ -115,7 +115,7 @@ async def scene_changes(conversation: Any, watcher: SceneWatch,
     ``stopped()`` says watching was switched off."""
     async for t in watcher.changes(stopped):
         if t is not None:
-            conversation.entry.events.publish(SceneChanged(t))
+            conversation.event_hub.publish(SceneChanged(t))
         if conversation.state.engine is None:
             continue
         while (run := conversation._chat_run) is not None and not run.finished.is_set() and not stopped():

@@ -29,22 +29,22 @@ The rules that keep it cheap and harmless:
   ``--prewarm auto`` turns warm-ups on only there (vidchat.conversation.prewarm_auto).
 
 Which session is warmed next and with what is decided in
-vidchat.conversation.warm_plan; this module schedules and runs the warm-ups.
+vidchat.conversation.warm_plan; the warm-up in flight, and what gives way to
+what, is vidchat.conversation.warm_flight; this module schedules the warm-ups
+and takes the sessions' signals.
 """
 
 from __future__ import annotations
 
 import asyncio
-import collections
 import logging
 import time
-from dataclasses import dataclass, field
 from typing import Any
 
 from vidchat.conversation.enter_pins import PIN_S, EnterPins, Pin
 from vidchat.conversation.prewarm_auto import ENCODE_BUDGET_S, FrameCost, PrewarmChoice, explicit, pending
-from vidchat.conversation.warm_plan import (WarmPlan, WarmState, frames_ahead, lead_digest, plan_warmup,
-                                            warm_candidates)
+from vidchat.conversation.warm_flight import PrewarmStats, WarmupInFlight
+from vidchat.conversation.warm_plan import WarmState, frames_ahead, plan_warmup, warm_candidates
 
 __all__ = ["ENCODE_BUDGET_S", "PIN_S", "EnterPins", "FrameCost", "Pin", "Prewarmer", "PrewarmStats"]
 log = logging.getLogger(__name__)
@@ -56,98 +56,6 @@ DEFAULT_INTERVAL_S = 1.0
 # does not keep the engine warming until Enter (a warm-up in flight then
 # delays the question by what is left of it).
 URGENT_FOR_S = 0.5
-SHARE_WINDOW_S = 30.0
-
-
-@dataclass
-class PrewarmStats:
-    warmups: int = 0
-    skipped_same_inputs: int = 0
-    skipped_busy: int = 0
-    skipped_budget: int = 0
-    aborted: int = 0  # the session ended
-    yielded: int = 0  # aborted to make way for an answer (another session's, or other frames of its own)
-    awaited: int = 0  # in flight when its own session's question came, with that question's frames
-    pinned: int = 0  # samples taken as Enter was pressed (question_now)
-    pins_used: int = 0  # ...that their question took (take_pin)
-    late_enter_reports: int = 0  # Enter reports that came after their question: ignored
-    repeated_enter_reports: int = 0  # Enter reports while that session's pin still waits for its question: ignored
-    failed: int = 0
-    busy_s: float = 0.0
-    recent: collections.deque = field(default_factory=lambda: collections.deque(maxlen=512))  # (end, seconds)
-
-    def share(self, now: float) -> float:
-        """Share of the last SHARE_WINDOW_S spent running warm-ups."""
-        busy = sum(d for end, d in self.recent if end > now - SHARE_WINDOW_S)
-        return busy / SHARE_WINDOW_S
-
-    def counts(self) -> dict[str, Any]:
-        """The counters as /api/health shows them."""
-        return {"warmups": self.warmups, "skipped_same_inputs": self.skipped_same_inputs,
-                "skipped_busy": self.skipped_busy, "skipped_budget": self.skipped_budget, "aborted": self.aborted,
-                "yielded": self.yielded, "awaited": self.awaited, "pinned": self.pinned, "pins_used": self.pins_used,
-                "late_enter_reports": self.late_enter_reports,
-                "repeated_enter_reports": self.repeated_enter_reports,
-                "failed": self.failed, "busy_s": round(self.busy_s, 3)}
-
-
-class WarmupInFlight:
-    """The one warm-up the engine runs at a time: it is aborted as its
-    session ends or to make way for an answer, and its engine time counts
-    against the prewarmer's share."""
-
-    def __init__(self, stats: PrewarmStats) -> None:
-        self.stats = stats
-        self.current: tuple[str, asyncio.Task, str] | None = None  # (session id, warm-up, its inputs)
-        self.yielding: asyncio.Task | None = None  # a warm-up cancelled to make way for an answer
-        # Answers announced so far (Prewarmer.answer_arriving): a warm-up planned
-        # while one arrived is not started in idle mode (it saw no warm-up to stop).
-        self.arrivals = 0
-
-    async def give_way(self, task: asyncio.Task) -> None:
-        """Abort this warm-up for an answer, returning once the abort is done
-        (so it reaches vLLM before the answer does)."""
-        self.yielding = task
-        task.cancel()
-        await asyncio.gather(task, return_exceptions=True)
-
-    async def run(self, engine: Any, entry: Any, plan: WarmPlan) -> tuple[Any, float] | None:
-        """Send the planned warm-up of this session and wait for it: the
-        engine's stats and the seconds it took, or None when it was aborted
-        (its session ended) or gave way to an answer. An engine error is
-        raised; cancelling this cancels the warm-up."""
-        task = asyncio.ensure_future(engine.warm(plan.prepared))
-        ended = False
-
-        async def session_ended() -> None:
-            # Called by the registry as the session closes: the warm-up is work for nobody.
-            nonlocal ended
-            ended = True
-            task.cancel()
-
-        entry.closers.append(session_ended)
-        self.current = (entry.session.id, task, plan.lead)
-        started = time.monotonic()
-        try:
-            stats = await asyncio.shield(task)
-        except asyncio.CancelledError:
-            if ended:
-                self.stats.aborted += 1
-                return None
-            if self.yielding is task:
-                self.stats.yielded += 1
-                return None
-            task.cancel()  # the prewarmer itself is stopping
-            await asyncio.gather(task, return_exceptions=True)
-            raise
-        finally:
-            if session_ended in entry.closers:
-                entry.closers.remove(session_ended)
-            self.current = None
-            took = time.monotonic() - started
-            self.stats.busy_s += took
-            self.stats.recent.append((time.monotonic(), took))
-        return stats, took
 
 
 class Prewarmer:
@@ -225,31 +133,9 @@ class Prewarmer:
         entry = self.state.registry.get(session_id)
         if self.mode == "off" or entry is None or entry.session.frame_count == 0:
             return
-        now = time.monotonic()
-        if now - entry.typed_question_at < PIN_S:
-            # A report normally comes a round trip before its question. One
-            # after it is that question's, late: pinned now, it would hand
-            # the next question a sample from before it was asked.
-            self.stats.late_enter_reports += 1
-            return
-        if not self._pins.begin(entry, now):
-            self.stats.repeated_enter_reports += 1
-            return
-        try:
-            session, asked = entry.session, entry.turn
-            sample = await asyncio.to_thread(session.sample)
-        finally:
-            self._pins.end(session_id)
-        if entry.turn != asked:
-            return  # its question overtook it: nothing left to warm for
-        self._pins.put(session_id, Pin(time.monotonic(), sample, session.settings, asked))
-        self.stats.pinned += 1
-        current = self._flight.current
-        # Another session's warm-up finishes first: it gives way to this
-        # question itself, when it comes, by answer_arriving's rule.
-        if current is not None and current[0] == session_id and self._flight.yielding is not current[1]:
-            await self._flight.give_way(current[1])
-        self._wake.set()
+        if await _pin_enter_sample(entry, self._pins, self.stats):
+            await self._flight.give_way_at_enter(session_id)
+            self._wake.set()
 
     def take_pin(self, entry: Any) -> Pin | None:
         """The sample taken at Enter for this question (None when there is
@@ -261,25 +147,9 @@ class Prewarmer:
         return pin
 
     async def answer_arriving(self, answer: Any) -> None:
-        """A question is about to generate. The warm-up in flight gives way
-        (is aborted, and the abort reaches vLLM before the question does)
-        unless its prefix is the question's: a warm-up of that session with
-        the question's frames (all but the newest, see :func:`lead_digest`)
-        is left to finish. A warm-up of other frames of the same session is
-        work for nothing; one of another session gives way in idle mode (in
-        always mode it stays, behind the question's priority)."""
-        self._flight.arrivals += 1  # before any await: a warm-up being planned sees it (_warm_entry)
-        current = self._flight.current
-        if current is None:
-            return
-        sid, task, warming = current
-        if sid == answer.session_id:
-            if warming == await asyncio.to_thread(lead_digest, answer.sample.frames, answer.options.frames_as):
-                self.stats.awaited += 1  # the question's own prefix: left to finish
-                return
-        elif self.mode != "idle":
-            return
-        await self._flight.give_way(task)
+        """A question is about to generate: the warm-up in flight gives way
+        unless it warms the question's own prefix (WarmupInFlight.answer_arriving)."""
+        await self._flight.answer_arriving(answer, idle=self.mode == "idle")
 
     def poke(self) -> None:
         self._wake.set()
@@ -320,15 +190,12 @@ class Prewarmer:
         return (engine.running_requests > 0 or self.state.answer_gate.snapshot().get("waiting", 0) > 0
                 or any(e.answer is not None for e in self.state.registry.entries()))
 
-    def _candidates(self, now: float) -> list[tuple[bool, float, Any, tuple]]:
-        return warm_candidates(self.state, self._warm, self._pins, now, self.interval_s)
-
     async def _step(self) -> None:
         engine = self.state.engine
         if engine is None or engine.is_dead:
             return
         now = time.monotonic()
-        candidates = self._candidates(now)
+        candidates = warm_candidates(self.state, self._warm, self._pins, now, self.interval_s)
         if not candidates:
             return
         if self._engine_busy(engine):
@@ -369,29 +236,32 @@ class Prewarmer:
         # to stop: none starts beside it. No await from here to _flight.run,
         # which makes the warm-up current: a later question makes it give way.
         busy = self.mode == "idle" and (self._flight.arrivals != arrivals or self._engine_busy(engine))
-        self.stats.skipped_busy += int(busy)
-        try:
-            done = None if busy else await self._flight.run(engine, entry, plan)
-        except Exception as exc:
-            self.stats.failed += 1
-            log.warning("session %s…: warm-up failed: %s", sid[:6], exc)
-            warm.key = key
-            return
-        if done is None:  # put off, aborted, or gave way to an answer: warmed again when the engine is idle
-            if plan.at_enter:
-                pin.warmed = False  # its question may still come: the sample taken at Enter is warmed then
-            return
-        stats, took = done
-        entry.session.mark_encoded(plan.sample.seqs)
-        self._budget(entry.session, took, plan.new_frames)
-        warm.record(key, plan, stats)
-        self.stats.warmups += 1
-        _log_warmed(sid, plan.sample, stats, took, pin if plan.at_enter else None, plan.new_frames)
+        done = await self._flight.warm(engine, entry, plan, busy=busy, warm=warm, key=key, pin=pin)
+        if done is not None:
+            self._budget(entry.session, done[1], plan.new_frames)
 
 
-def _log_warmed(sid: str, sample: Any, stats: Any, took: float, pin: Pin | None, new_frames: int) -> None:
-    log.log(logging.INFO if pin is not None else logging.DEBUG,
-            "session %s…: warmed %s%d frames (%d new), %d prompt tokens (%d already cached) in %.0f ms, "
-            "%.0f ms after Enter", sid[:6], "the sample taken at Enter: " if pin is not None else "",
-            len(sample.frames), new_frames, stats.prompt_tokens, stats.cached_tokens, took * 1000,
-            (time.monotonic() - pin.at) * 1000 if pin is not None else float("nan"))
+async def _pin_enter_sample(entry: Any, pins: EnterPins, stats: PrewarmStats) -> bool:
+    """Take the session's sample as Enter was pressed and pin it for its
+    question; False when the report is late, repeated, or overtaken."""
+    now = time.monotonic()
+    if now - entry.typed_question_at < PIN_S:
+        # A report normally comes a round trip before its question. One
+        # after it is that question's, late: pinned now, it would hand
+        # the next question a sample from before it was asked.
+        stats.late_enter_reports += 1
+        return False
+    if not pins.begin(entry, now):
+        stats.repeated_enter_reports += 1
+        return False
+    session_id = entry.session.id
+    try:
+        session, asked = entry.session, entry.turn
+        sample = await asyncio.to_thread(session.sample)
+    finally:
+        pins.end(session_id)
+    if entry.turn != asked:
+        return False  # its question overtook it: nothing left to warm for
+    pins.put(session_id, Pin(time.monotonic(), sample, session.settings, asked))
+    stats.pinned += 1
+    return True

@@ -9,19 +9,16 @@ is what entitles a caller to that session's frames.
 from __future__ import annotations
 
 import asyncio
-import collections
 import logging
 import secrets
 import time
-from dataclasses import dataclass, field
 from typing import Any, Awaitable, Callable
 
-from vidchat.conversation.session_events import Closed, EventHub
+from vidchat.conversation import Conversation
+from vidchat.conversation.session_events import Closed
 from vidchat.media.session import Session, SessionSettings
 
 log = logging.getLogger(__name__)
-
-Closer = Callable[[], Awaitable[None]]
 
 # The most one step of a session's close may take (aborting its answer, each
 # closer): a socket closer itself gives up on a client that reads nothing
@@ -42,91 +39,6 @@ class TooManySessions(RuntimeError):
     pass
 
 
-@dataclass
-class Entry:
-    session: Session
-    kind: str  # "webrtc" | "ws"
-    # Whatever owns the session's transport (a peer connection, a socket)
-    # registers how to end it, so expiry and shutdown can close it.
-    closers: list[Closer] = field(default_factory=list)
-    # The one answer being generated for this session, whichever door asked.
-    answer: Any = None
-    # Set by SessionRegistry.close: a question still being prepared then
-    # never reaches vLLM (nobody is left to read its answer).
-    closed: bool = False
-    # The live media's counters (WebRTC), shown in the page's status line.
-    media: Any = None
-    # Proves a reconnecting tab owns this session (WebRTC); never logged.
-    resume_token: str = field(default_factory=lambda: secrets.token_urlsafe(24))
-    # Held while an aborted answer winds down: an abort that reaches vLLM
-    # while the request is still being registered only takes effect at its
-    # first output, and a question arriving meanwhile must not start beside it.
-    _cancelling: asyncio.Lock = field(default_factory=asyncio.Lock, repr=False)
-    # Sent with every request of this session as vLLM's cache_salt, so prefix
-    # cache hits never cross sessions (no timing channel between users).
-    cache_salt: str = field(default_factory=lambda: secrets.token_hex(16), repr=False)
-    # Recorded answers' bundle folders, by answer id (--record-dir).
-    bundles: dict = field(default_factory=dict, repr=False)
-    # The last answers' inputs, by answer id (vidchat.doors.inputs).
-    answers: collections.OrderedDict = field(default_factory=collections.OrderedDict, repr=False)
-    # The client's network address (for --max-sessions-per-client).
-    client: str | None = None
-    # The login that opened it (vidchat.app.access: a page user, a Hugging Face
-    # user or the server token); only that login is served its frames,
-    # answers and page calls. None: the server asks for no login.
-    owner: str | None = None
-    # time.monotonic() at which --session-time-limit ends the session (None: never).
-    deadline: float | None = None
-    # What the next question will most likely carry besides its frames: the
-    # last question's options and the conversation so far (vidchat.conversation.prewarm).
-    warm_options: Any = None
-    answer_ended: float = 0.0  # time.monotonic() when its last answer ended (vidchat.conversation.prewarm waits a moment)
-    # Talk mode's listener (vidchat.conversation.talk), while Talk is on.
-    talk: Any = None
-    # time.monotonic() when the page's last typed question arrived: an Enter
-    # report arriving after it is that question's, late (vidchat.conversation.prewarm).
-    typed_question_at: float = float("-inf")
-    _side: "Entry | None" = field(default=None, repr=False)
-    # What happens in the session, for every door that listens (vidchat.conversation.session_events).
-    events: EventHub = field(default_factory=EventHub, repr=False)
-
-    @property
-    def warm_history(self) -> tuple:
-        """The chat the next question will carry: its conversation's, kept on
-        the server (vidchat.conversation.history), so its warm-up starts as the question will."""
-        conversation = getattr(self, "conversation", None)
-        return conversation.history.turns() if conversation is not None else ()
-
-    @property
-    def turn(self) -> int:
-        """The chat's turn (vidchat.conversation.Conversation.turn): it moves
-        on with each question, Stop and Clear."""
-        conversation = getattr(self, "conversation", None)
-        return conversation.turn if conversation is not None else 0
-
-    def side_slot(self) -> "Entry":
-        """Where this session's re-asks run: beside the chat's answer, never
-        in its slot, so a re-ask neither cancels the chat's answer nor is read
-        aloud by Talk. Same session and cache salt (its prefix-cache hits are
-        the session's own); a newer re-ask still replaces a running one."""
-        if self._side is None:
-            self._side = Entry(self.session, self.kind, cache_salt=self.cache_salt, client=self.client,
-                               owner=self.owner)
-        return self._side
-
-    def time_left(self) -> float | None:
-        return None if self.deadline is None else max(0.0, self.deadline - time.monotonic())
-
-    async def cancel_answer(self, why: str | None = None) -> None:
-        """Abort the running answer (its vLLM request included), if any, and
-        return only once no earlier answer of this session is still generating
-        (``why``: see answer_path.Answer.cancel)."""
-        async with self._cancelling:
-            answer, self.answer = self.answer, None
-            if answer is not None:
-                await answer.cancel(why)
-
-
 class Reservation:
     """A place held for a session from the moment a client connects (a
     WebSocket handshake), so clients that never configure still count
@@ -143,19 +55,35 @@ class Reservation:
 class SessionRegistry:
     def __init__(self, max_sessions: int = 16, default_settings: Callable[[], SessionSettings] | None = None,
                  max_per_client: int = 0, uncapped_client: Callable[[str], bool] | None = None,
-                 time_limit_s: float = 0.0):
+                 time_limit_s: float = 0.0, app: Any = None):
+        self._app = app
         self.max_sessions = max_sessions
         self.max_per_client = max_per_client  # 0: no cap
         self._uncapped_client = uncapped_client or (lambda client: False)
         self.time_limit_s = time_limit_s  # 0: sessions may last forever
         self._default_settings = default_settings or SessionSettings
-        self._entries: dict[str, Entry] = {}
+        self._entries: dict[str, Conversation] = {}
         self._pending: set[Reservation] = set()
         self._closed_reasons: dict[str, str] = {}
         self._closing: set[asyncio.Task] = set()  # closes started by close_soon, still running
         # A replica being drained (POST /api/drain) takes no new sessions;
         # open ones, and tabs re-attaching to them, carry on until they end.
         self.draining = False
+
+    @property
+    def app(self) -> Any:
+        """What its conversations ask with (vidchat.app.state.AppState: the
+        engine, the answer queue, the settings)."""
+        return self._app
+
+    @app.setter
+    def app(self, app: Any) -> None:
+        # An app holds its registry, so it may come after the registry and
+        # even after the first sessions (a tool's, a test's): they serve it too.
+        self._app = app
+        for entry in self._entries.values():
+            if entry.state is None:
+                entry.state = app
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -186,7 +114,8 @@ class SessionRegistry:
                 )
 
     def create(self, kind: str, settings: SessionSettings | None = None, *, client: str | None = None,
-               reservation: Reservation | None = None, owner: str | None = None, **session_kwargs: Any) -> Entry:
+               reservation: Reservation | None = None, owner: str | None = None,
+               **session_kwargs: Any) -> Conversation:
         """A new session; ``session_kwargs`` go to :class:`Session` (storage size, frame cap)."""
         if reservation is not None:
             client = reservation.client
@@ -194,18 +123,18 @@ class SessionRegistry:
         if reservation is not None:
             reservation.release()
         sid = secrets.token_urlsafe(16)
-        entry = Entry(Session(sid, settings or self._default_settings(), **session_kwargs), kind, client=client,
-                      owner=owner)
+        entry = Conversation(Session(sid, settings or self._default_settings(), **session_kwargs), kind,
+                             state=self._app, client=client, owner=owner)
         if self.time_limit_s > 0:
             entry.deadline = time.monotonic() + self.time_limit_s
         self._entries[sid] = entry
         log.info("session %s… opened (%s), %d open", sid[:6], kind, len(self._entries))
         return entry
 
-    def entries(self) -> list[Entry]:
+    def entries(self) -> list[Conversation]:
         return list(self._entries.values())
 
-    def get(self, sid: str | None) -> Entry | None:
+    def get(self, sid: str | None) -> Conversation | None:
         if not sid:
             return None
         return self._entries.get(sid)
@@ -214,7 +143,7 @@ class SessionRegistry:
         entry = self._entries.get(sid) if isinstance(sid, str) else None
         return entry.owner if entry is not None else None
 
-    def get_for(self, sid: Any, login: str | None) -> Entry | None:
+    def get_for(self, sid: Any, login: str | None) -> Conversation | None:
         """The session ``sid`` when ``login`` may use it: the one that opened
         it (any caller, for a session opened without a login); else None, as
         for an id that does not exist, so a guessed id tells nothing."""
@@ -246,11 +175,10 @@ class SessionRegistry:
         # most CLOSE_STEP_S, and no other session's.
         await _bounded(entry.cancel_answer(), "aborting the answer of", sid)  # nobody is left to read it
         if entry._side is not None:
-            entry._side.closed = True
             await _bounded(entry._side.cancel_answer(), "aborting the re-ask of", sid)
         for closer in list(entry.closers):  # a closer may unregister itself
             await _bounded(closer(), "a closer of", sid)
-        entry.events.publish(Closed(reason))  # the last event its listeners get
+        entry.event_hub.publish(Closed(reason))  # the last event its listeners get
         log.info("session %s… %s, %d open", sid[:6], reason, len(self._entries))
         return True
 

@@ -20,7 +20,7 @@ import vidchat.conversation.kept as kept
 import vidchat.conversation.log_context as log_context
 from vidchat.conversation.answer_queue import Abandoned
 from vidchat.conversation.answer_path import Answer
-from vidchat.conversation.registry import Entry
+from vidchat.conversation.session_record import SessionRecord, SideSlot
 from vidchat.conversation.session_events import AnswerEvent
 from vidchat.engine import EngineError
 
@@ -112,7 +112,7 @@ class AnswerRun:
 
     # ``conversation``: the vidchat.conversation.Conversation that asked (its
     # state, entry, chat generation and the rule for what the chat keeps).
-    def __init__(self, conversation: Any, slot: Entry, answer: Answer, *, record: bool,
+    def __init__(self, conversation: Any, slot: SessionRecord | SideSlot, answer: Answer, *, record: bool,
                  continues_chat: bool, remember: bool) -> None:
         self.conversation, self.slot, self.answer = conversation, slot, answer
         self.record, self.continues_chat, self.remember = record, continues_chat, remember
@@ -144,13 +144,13 @@ class AnswerRun:
         self._events.append(event)
         more, self._more = self._more, asyncio.Event()
         more.set()
-        entry = self.conversation.entry  # the session's one stream has every answer of it, re-asks marked
-        entry.events.publish(AnswerEvent(event, event.answer_id if isinstance(event, Done) else None,
+        entry = self.conversation  # the session's one stream has every answer of it, re-asks marked
+        entry.event_hub.publish(AnswerEvent(event, event.answer_id if isinstance(event, Done) else None,
                                          side=self.slot is not entry, ticket=self.answer.ticket))
 
     async def _run(self) -> None:
         answer, reply = self.answer, self.answer.reply
-        log_context.bind(self.conversation.entry.session.id, self.conversation.entry.kind)  # this task's log lines
+        log_context.bind(self.conversation.session.id, self.conversation.kind)  # this task's log lines
         error: str | None = None
         started = False
         current = True
@@ -190,7 +190,7 @@ class AnswerRun:
         """Cancel the answer once nobody has listened for UNHEARD_GRACE_S
         (abort-on-disconnect, for every door: a socket's reader, the page's
         chat feed, an API caller's stream)."""
-        if self._readers or self._awaited or self.conversation.entry.events.listeners:
+        if self._readers or self._awaited or self.conversation.event_hub.listeners:
             self._unheard_since = None
             return
         now = time.monotonic()
@@ -228,7 +228,7 @@ class AnswerRun:
         answer = self.answer
         status = FAILED if error else CANCELLED if (cancelled or answer.reply.stats.cancelled or not started) \
             else COMPLETED
-        answer_id = kept.remember(self.conversation.entry, answer) if self.remember else None
+        answer_id = kept.remember(self.conversation, answer) if self.remember else None
         return Done(answer, status, error, started, current, answer_id)
 
     async def _done(self, error: str | None, started: bool, current: bool) -> Done:
@@ -238,8 +238,8 @@ class AnswerRun:
         bundle = record_error = None
         if self.record and started and answer_id is not None:
             try:
-                bundle = await kept.save_bundle(conversation.state, conversation.entry, answer, answer_id,
-                                                source=log_context.door_name(conversation.entry.kind))
+                bundle = await kept.save_bundle(conversation.state, conversation, answer, answer_id,
+                                                source=log_context.door_name(conversation.kind))
             except kept.RecordingOff as exc:
                 record_error = f"Not recorded: {exc}."
             except OSError as exc:
@@ -308,7 +308,7 @@ def _count(run: AnswerRun, done: Done) -> None:
     received = answer.asked_at - answer.prep_ms / 1000
     first_token_s = run._first_token_at - received if run._first_token_at is not None else None
     try:
-        metrics.answer_done(run.conversation.entry.kind, done.status, first_token_s,
+        metrics.answer_done(run.conversation.kind, done.status, first_token_s,
                             answer.reply.stats.completion_tokens)
     except Exception:  # noqa: BLE001 - a metric never breaks an answer
         log.debug("counting the answer failed", exc_info=True)

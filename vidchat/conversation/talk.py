@@ -20,7 +20,6 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import numpy as np
-from vidchat.conversation.registry import Entry
 from vidchat.conversation.session_events import SettingsChanged, SoundLevel, SpeechStopped
 from vidchat.media.vad import SpeechStarted, TurnDetector, TurnSettings, Utterance
 from vidchat.media.workers import run_vad
@@ -54,7 +53,7 @@ class TalkStats:
 class Listener:
     """Turn detection over one session's audio, while Talk is on."""
 
-    entry: Entry
+    entry: Any  # the session's vidchat.conversation.Conversation (not imported: it imports this module)
     settings: TurnSettings = field(default_factory=TurnSettings)
     barge_in: bool = True
     # Called as speech starts: a spoken question is coming (the server's
@@ -80,7 +79,7 @@ class Listener:
             now = self.entry.session.audio_since(None)
             self._pos = now[2] if now is not None else float("-inf")
             self._task = asyncio.create_task(self._run(), name=f"talk-{self.entry.session.id[:6]}")
-            self.entry.events.publish(SettingsChanged({"talk": True}))
+            self.entry.event_hub.publish(SettingsChanged({"talk": True}))
 
     async def stop(self) -> None:
         task, self._task = self._task, None
@@ -90,7 +89,7 @@ class Listener:
                 await task
             except (asyncio.CancelledError, Exception):
                 pass
-            self.entry.events.publish(SettingsChanged({"talk": False}))
+            self.entry.event_hub.publish(SettingsChanged({"talk": False}))
 
     @property
     def running(self) -> bool:
@@ -158,27 +157,25 @@ class Listener:
         rms = float(np.sqrt(np.mean(np.square(samples, dtype=np.float64))))
         self.level_dbfs = max(SILENT_DBFS, 20 * math.log10(rms)) if rms > 0 else SILENT_DBFS
         self.level_t = end
-        self.entry.events.publish(SoundLevel(round(self.level_dbfs, 1), end))
+        self.entry.event_hub.publish(SoundLevel(round(self.level_dbfs, 1), end))
 
     async def _handle(self, event: Event) -> None:
         sid = self.entry.session.id[:6]
         if isinstance(event, SpeechStarted):
             self.hearing = True
             self.speech_starts += 1
-            self.entry.events.publish(event)
+            self.entry.event_hub.publish(event)
             if self.on_speech is not None:
                 self.on_speech()
             if self.barge_in and self.entry.answer is not None:
                 self.stats.barge_ins += 1
                 log.info("session %s… barge-in: speech at %.2f s stops the answer", sid, event.start)
-                conversation = getattr(self.entry, "conversation", None)  # its one way to cancel the chat's answer
-                await (conversation.cancel(BARGED_IN) if conversation is not None
-                       else self.entry.cancel_answer(BARGED_IN))
+                await self.entry.cancel(BARGED_IN)  # the conversation's one way to cancel the chat's answer
         else:
             self.hearing = False
             self.stats.utterances += 1
-            self.entry.events.publish(SpeechStopped(event.end))
-            self.entry.events.publish(event)
+            self.entry.event_hub.publish(SpeechStopped(event.end))
+            self.entry.event_hub.publish(event)
             log.info("session %s… utterance of %.2f s (%.1f dBFS)%s", sid, event.seconds, event.level_dbfs,
                      " cut at the length limit" if event.cut else "")
         if self.events.full():
@@ -186,7 +183,7 @@ class Listener:
         self.events.put_nowait(event)
 
 
-def listener(entry: Entry, settings: TurnSettings | None = None, barge_in: bool = True,
+def listener(entry: Any, settings: TurnSettings | None = None, barge_in: bool = True,
              on_speech: Callable[[], None] | None = None) -> Listener:
     """The session's listener, started (one per session; new settings replace the old ones)."""
     current: Listener | None = getattr(entry, "talk", None)
@@ -207,7 +204,7 @@ def listener(entry: Entry, settings: TurnSettings | None = None, barge_in: bool 
     return made
 
 
-def speech_warms(state: Any, entry: Entry) -> Callable[[], None] | None:
+def speech_warms(state: Any, entry: Any) -> Callable[[], None] | None:
     """A listener's ``on_speech`` that warms the session first (a spoken
     question is coming), when the server has warm-ups."""
     prewarmer = getattr(state, "prewarmer", None)
@@ -216,7 +213,7 @@ def speech_warms(state: Any, entry: Entry) -> Callable[[], None] | None:
     return lambda: prewarmer.question_coming(entry.session.id)
 
 
-async def stop(entry: Entry) -> None:
+async def stop(entry: Any) -> None:
     current: Listener | None = getattr(entry, "talk", None)
     if current is not None:
         await current.stop()

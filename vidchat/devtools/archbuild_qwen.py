@@ -59,7 +59,8 @@ Assumed ([A] in the research notes):
 
 Reduced (on purpose):
   * Depth (unless ``true_size``): TEXT_LAYERS text layers, VISION_DEPTH
-    vision blocks, AUDIO_LAYERS audio layers. Index lists follow the real pattern:
+    vision blocks, AUDIO_LAYERS audio layers (:mod:`vidchat.devtools.qwen_arch`
+    holds them, the architectures and the configs). Index lists follow the real pattern:
     Qwen2.5 ``fullatt_block_indexes`` = [VISION_DEPTH - 1] (the real
     [7, 15, 23, 31] makes every 8th block, ending with the last, full
     attention; the others use windows) and Qwen3-VL
@@ -87,12 +88,15 @@ import json
 import logging
 import os
 import sys
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
+from vidchat.devtools.qwen_arch import ARCHS, Arch, Depth, arch_of, config_for, depth_of, transformers_config
 from vidchat.devtools.qwen_vocab import build_tokenizer, chat_template
 from vidchat.engine.modelcache import build_once
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
 
 log = logging.getLogger(__name__)
 
@@ -100,217 +104,12 @@ log = logging.getLogger(__name__)
 BUILD_VERSION = "1"
 SEED = 1234
 
-TEXT_LAYERS = 2
-VISION_DEPTH = 2
-AUDIO_LAYERS = 2
-
 # ---- processor defaults --------------------------------------------------------
 CLIP_MEAN = [0.48145466, 0.4578275, 0.40821073]
 CLIP_STD = [0.26862954, 0.26130258, 0.27577711]
 QWEN25_PIXELS = {"shortest_edge": 56 * 56, "longest_edge": 16384 * 28 * 28}  # 3136 / 12845056 [A]
 QWEN3_IMAGE_PIXELS = {"shortest_edge": 65536, "longest_edge": 16777216}  # [A]
 QWEN3_VIDEO_PIXELS = {"shortest_edge": 4096, "longest_edge": 25165824}  # whole-clip budget [A]
-
-
-@dataclass(frozen=True)
-class Arch:
-    """One preset's true architecture (before the depth is reduced)."""
-
-    preset: str
-    kind: str  # "omni", "qwen2.5-vl" or "qwen3-vl"
-    vocab_size: int
-    hidden: int
-    intermediate: int
-    layers: int  # the real text depth
-    heads: int
-    kv_heads: int
-    tie: bool
-    vision_out: int
-    max_positions: int
-    model_max_length: int
-    vision_depth: int = 32
-    max_window_layers: int = 28  # no effect: sliding windows are off in every config
-    notes: tuple[str, ...] = field(default=())
-
-    @property
-    def head_dim(self) -> int:
-        return 128
-
-
-ARCHS: dict[str, Arch] = {a.preset: a for a in (
-    Arch("qwen2.5-omni-3b", "omni", 151936, 2048, 11008, 36, 16, 2, tie=True, vision_out=2048,
-         max_positions=32768, model_max_length=32768, max_window_layers=36,
-         notes=("tie [A]", "mrope [A]", "max_window_layers [A]")),
-    Arch("qwen2.5-omni-7b", "omni", 152064, 3584, 18944, 28, 28, 4, tie=False, vision_out=3584,
-         max_positions=32768, model_max_length=32768),
-    Arch("qwen2.5-vl-3b", "qwen2.5-vl", 151936, 2048, 11008, 36, 16, 2, tie=True, vision_out=2048,
-         max_positions=128000, model_max_length=131072, max_window_layers=70),
-    Arch("qwen2.5-vl-7b", "qwen2.5-vl", 152064, 3584, 18944, 28, 28, 4, tie=False, vision_out=3584,
-         max_positions=128000, model_max_length=131072, notes=("all [A]",)),
-    Arch("qwen3-vl-4b", "qwen3-vl", 151936, 2560, 9728, 36, 32, 8, tie=True, vision_out=2560,
-         max_positions=262144, model_max_length=262144, vision_depth=24, max_window_layers=36),
-)}
-
-
-@dataclass(frozen=True)
-class Depth:
-    text: int
-    vision: int
-    audio: int
-    fullatt_blocks: tuple[int, ...]  # Qwen2.5 vision blocks with full (not window) attention
-    deepstack_blocks: tuple[int, ...]  # Qwen3-VL vision blocks whose features feed the first text layers
-    max_window_layers: int
-
-
-def depth_of(arch: Arch, true_size: bool = False) -> Depth:
-    """The real depth, or the reduced one with index lists that follow the real pattern."""
-    if true_size:
-        return Depth(arch.layers, arch.vision_depth, 32, (7, 15, 23, 31), (5, 11, 17), arch.max_window_layers)
-    return Depth(TEXT_LAYERS, VISION_DEPTH, AUDIO_LAYERS, (VISION_DEPTH - 1,), (0,), TEXT_LAYERS)
-
-
-# ---- configs ----------------------------------------------------------------------
-def _qwen25_vision(arch: Arch, depth: Depth, tokens_per_second: int) -> dict[str, Any]:
-    return {
-        "depth": depth.vision,
-        "hidden_size": 1280,
-        "embed_dim": 1280,
-        "intermediate_size": 3420,
-        "num_heads": 16,
-        "hidden_act": "silu",
-        "in_channels": 3,
-        "in_chans": 3,
-        "patch_size": 14,
-        "spatial_patch_size": 14,
-        "spatial_merge_size": 2,
-        "temporal_patch_size": 2,
-        "window_size": 112,
-        "fullatt_block_indexes": list(depth.fullatt_blocks),
-        "tokens_per_second": tokens_per_second,
-        "out_hidden_size": arch.vision_out,
-    }
-
-
-def _qwen25_text(arch: Arch, depth: Depth) -> dict[str, Any]:
-    return {
-        "vocab_size": arch.vocab_size,
-        "hidden_size": arch.hidden,
-        "intermediate_size": arch.intermediate,
-        "num_hidden_layers": depth.text,
-        "num_attention_heads": arch.heads,
-        "num_key_value_heads": arch.kv_heads,
-        "hidden_act": "silu",
-        "max_position_embeddings": arch.max_positions,
-        "rms_norm_eps": 1e-6,
-        "rope_parameters": {"rope_type": "default", "rope_theta": 1000000.0, "mrope_section": [16, 24, 24]},
-        "use_sliding_window": False,
-        "sliding_window": 32768,
-        "max_window_layers": depth.max_window_layers,
-        "tie_word_embeddings": arch.tie,
-        "bos_token_id": 151643,
-        "eos_token_id": 151645,
-        "pad_token_id": 151643,
-    }
-
-
-def _config(arch: Arch, depth: Depth):
-    return {"omni": _omni_config, "qwen2.5-vl": _qwen25_vl_config, "qwen3-vl": _qwen3_vl_config}[arch.kind](arch, depth)
-
-
-def _omni_config(arch: Arch, depth: Depth):
-    from transformers import Qwen2_5OmniConfig
-
-    thinker = {
-        "text_config": _qwen25_text(arch, depth),
-        "vision_config": _qwen25_vision(arch, depth, tokens_per_second=25),
-        "audio_config": {
-            "num_mel_bins": 128,
-            "encoder_layers": depth.audio,
-            "encoder_attention_heads": 20,
-            "encoder_ffn_dim": 5120,
-            "d_model": 1280,
-            "activation_function": "gelu",
-            "scale_embedding": False,
-            "max_source_positions": 1500,
-            "n_window": 100,
-            "output_dim": arch.hidden,
-        },
-        "audio_token_index": 151646,
-        "image_token_index": 151655,
-        "video_token_index": 151656,
-        "audio_start_token_id": 151647,
-        "audio_end_token_id": 151648,
-        "vision_start_token_id": 151652,
-        "vision_end_token_id": 151653,
-        "vision_token_id": 151654,
-        "bos_token_id": 151644,
-        "eos_token_id": 151645,
-        "pad_token_id": 151643,
-        "user_token_id": 872,
-        "position_id_per_seconds": 25,
-        "seconds_per_chunk": 2,
-        "tie_word_embeddings": arch.tie,
-    }
-    return Qwen2_5OmniConfig(thinker_config=thinker, enable_audio_output=False)
-
-
-def _qwen25_vl_config(arch: Arch, depth: Depth):
-    from transformers import Qwen2_5_VLConfig
-
-    return Qwen2_5_VLConfig(
-        text_config=_qwen25_text(arch, depth),
-        vision_config=_qwen25_vision(arch, depth, tokens_per_second=2),
-        image_token_id=151655,
-        video_token_id=151656,
-        vision_start_token_id=151652,
-        vision_end_token_id=151653,
-        vision_token_id=151654,
-        tie_word_embeddings=arch.tie,
-    )
-
-
-def _qwen3_vl_config(arch: Arch, depth: Depth):
-    from transformers import Qwen3VLConfig
-
-    return Qwen3VLConfig(
-        text_config={
-            "vocab_size": arch.vocab_size,
-            "hidden_size": arch.hidden,
-            "intermediate_size": arch.intermediate,
-            "num_hidden_layers": depth.text,
-            "num_attention_heads": arch.heads,
-            "num_key_value_heads": arch.kv_heads,
-            "head_dim": arch.head_dim,
-            "hidden_act": "silu",
-            "max_position_embeddings": arch.max_positions,
-            "rms_norm_eps": 1e-6,
-            "attention_bias": False,
-            "rope_parameters": {"rope_type": "default", "rope_theta": 5000000.0, "mrope_section": [24, 20, 20],
-                                "mrope_interleaved": True},
-            "tie_word_embeddings": arch.tie,
-            "bos_token_id": 151643,
-            "eos_token_id": 151645,
-        },
-        vision_config={
-            "depth": depth.vision,
-            "hidden_size": 1024,
-            "intermediate_size": 4096,
-            "num_heads": 16,
-            "hidden_act": "gelu_pytorch_tanh",
-            "in_channels": 3,
-            "patch_size": 16,
-            "spatial_merge_size": 2,
-            "temporal_patch_size": 2,
-            "out_hidden_size": arch.vision_out,
-            "num_position_embeddings": 2304,
-            "deepstack_visual_indexes": list(depth.deepstack_blocks),
-        },
-        image_token_id=151655,
-        video_token_id=151656,
-        vision_start_token_id=151652,
-        vision_end_token_id=151653,
-        tie_word_embeddings=arch.tie,
-    )
 
 
 def _model_class(kind: str):
@@ -323,24 +122,11 @@ def _model_class(kind: str):
     }[kind]
 
 
-def _arch(preset_name: str) -> Arch:
-    arch = ARCHS.get(preset_name.lower())
-    if arch is None:
-        raise ValueError(f"no architecture for preset {preset_name!r}; choose one of {', '.join(ARCHS)}")
-    return arch
-
-
-def config_for(preset_name: str, true_size: bool = False):
-    """The transformers config a build writes (no weights)."""
-    arch = _arch(preset_name)
-    return _config(arch, depth_of(arch, true_size))
-
-
-def meta_model(preset_name: str, true_size: bool = False):
+def meta_model(preset_name: str, true_size: bool = False) -> PreTrainedModel:
     """The model on the meta device: shapes and parameter counts, no memory."""
     import torch
 
-    arch = _arch(preset_name)
+    arch = arch_of(preset_name)
     with torch.device("meta"):
         return _model_class(arch.kind)._from_config(config_for(preset_name, true_size), dtype=torch.bfloat16)
 
@@ -351,7 +137,7 @@ def _build_weights(arch: Arch, depth: Depth, out: Path, seed: int) -> int:
     import torch
 
     with torch.device("meta"):
-        model = _model_class(arch.kind)._from_config(_config(arch, depth), dtype=torch.bfloat16)
+        model = _model_class(arch.kind)._from_config(transformers_config(arch, depth), dtype=torch.bfloat16)
     model.to_empty(device="cpu")
     model.tie_weights()  # to_empty gives each module its own storage, untying lm_head
     gen = torch.Generator().manual_seed(seed)
@@ -422,7 +208,7 @@ def _build_processor(arch: Arch, out: Path, tokenizer) -> None:
 def build(preset_name: str, out_dir: str | os.PathLike, seed: int = SEED, *, true_size: bool = False) -> Path:
     """Write the true-architecture model folder of a Qwen preset (reduced
     depth unless `true_size`)."""
-    arch = _arch(preset_name)
+    arch = arch_of(preset_name)
     depth = depth_of(arch, true_size)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -441,6 +227,7 @@ def build(preset_name: str, out_dir: str | os.PathLike, seed: int = SEED, *, tru
 
 def _source_hash() -> str:
     h = hashlib.sha256(Path(__file__).read_bytes())
+    h.update(Path(__file__).with_name("qwen_arch.py").read_bytes())
     h.update(Path(__file__).with_name("qwen_vocab.py").read_bytes())
     h.update(Path(__file__).with_name("tinymodel.py").read_bytes())  # the training text lives there
     return h.hexdigest()[:12]
@@ -449,7 +236,7 @@ def _source_hash() -> str:
 def ensure(cache_dir: str | os.PathLike, preset_name: str, *, true_size: bool = False) -> Path:
     """A ready model folder for the preset under `cache_dir`, built once (into
     a temporary folder renamed into place, so a crash leaves nothing half-built)."""
-    name = _arch(preset_name).preset
+    name = arch_of(preset_name).preset
     folder = f"arch-{name}-{'full' if true_size else 'reduced'}-v{BUILD_VERSION}-{_source_hash()}"
     return build_once(cache_dir, folder, lambda tmp: build(name, tmp, true_size=true_size))
 

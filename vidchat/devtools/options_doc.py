@@ -31,8 +31,8 @@ test fails when it differs, so it cannot drift from the code.
 
 
 def _sections() -> dict[str, str]:
-    """Each field's section, from the ``# --- name ---`` comments of the Settings class."""
-    source = inspect.getsource(Settings)
+    """Each field's section, from the ``# --- name ---`` comments of the Settings class (and its bases)."""
+    source = "\n".join(inspect.getsource(cls) for cls in reversed(Settings.__mro__) if dataclasses.is_dataclass(cls))
     out, current = {}, "Options"
     for line in source.splitlines():
         heading = re.match(r"\s*# --- (.+?) -*$", line)

@@ -32,7 +32,7 @@ from vidchat.doors.markup import as_text
 if TYPE_CHECKING:
     from vidchat.conversation import Done
     from vidchat.conversation.answer_path import Answer
-    from vidchat.conversation.registry import Entry
+    from vidchat.conversation import Conversation
 
 log = logging.getLogger(__name__)
 
@@ -71,7 +71,7 @@ def thumb_data_url(frame: np.ndarray, size: tuple[int, int] = THUMB_SIZE, qualit
     return "data:image/jpeg;base64," + base64.b64encode(buf.getvalue()).decode()
 
 
-def live_view(entry: "Entry", n_frames: int = 6) -> dict[str, Any]:
+def live_view(entry: "Conversation", n_frames: int = 6) -> dict[str, Any]:
     """For the page's live view: the newest kept frames (small, inline) and
     the time to first token, tokens/s and tokens of the session's recent answers."""
     session = entry.session
@@ -170,12 +170,12 @@ def details_html(answer: "Answer", answer_id: str, recorded: bool = False) -> st
     )
 
 
-def _owned(request: Request, entry: "Entry") -> None:
+def _owned(request: Request, entry: "Conversation") -> None:
     if entry.owner is not None and entry.owner != login_of(request.headers):
         raise HTTPException(403, "this answer belongs to another login's session")
 
 
-def owned_answer(state: Any, request: Request, answer_id: str) -> "tuple[Entry, Answer]":
+def owned_answer(state: Any, request: Request, answer_id: str) -> "tuple[Conversation, Answer]":
     """A kept answer and its session, for the login that opened that session
     (HTTPException 404 or 403 otherwise)."""
     entry, answer = find(state.registry, answer_id)

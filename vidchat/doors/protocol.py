@@ -48,7 +48,7 @@ import logging
 from typing import TYPE_CHECKING, Any
 
 from vidchat.conversation import talk
-from vidchat.conversation.registry import Entry
+from vidchat.conversation import Conversation
 from vidchat.doors.socket_answers import SocketAnswers
 from vidchat.doors.socket_config import SessionConfig
 from vidchat.doors.socket_media import SocketMedia
@@ -111,7 +111,7 @@ class Connection(SocketSession):
         if self.entry.deadline is not None and self._expiry_task is None:
             self._expiry_task = asyncio.create_task(self._announce_end(self.entry))
 
-    async def _announce_end(self, entry: Entry) -> None:
+    async def _announce_end(self, entry: Conversation) -> None:
         left = entry.time_left() or 0.0
         warn_at = min(SESSION_END_WARNING_S, left / 2)
         await asyncio.sleep(max(0.0, left - warn_at))

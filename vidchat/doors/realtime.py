@@ -9,9 +9,10 @@ are frames on the timeline, vidchat.doors.socket_media), audio onto its
 timeline (``input_audio_buffer.append``, resampled to 16 kHz), questions
 through the conversation (:meth:`vidchat.conversation.Conversation.ask`),
 server VAD as the conversation's listener (vidchat.doors.socket_turns),
-settings checked by the one settings table. This module only translates
-events; their shapes are :mod:`vidchat.doors.realtime_events`, the table of
-them is docs/realtime.md.
+settings checked by the one settings table, responses one at a time
+(vidchat.doors.realtime_responses). This module only translates events;
+their shapes are :mod:`vidchat.doors.realtime_events`, the table of them is
+docs/realtime.md.
 """
 
 from __future__ import annotations
@@ -23,19 +24,18 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from vidchat import conversation
 from vidchat.conversation import answer_path
 from vidchat.conversation.settings_table import current_values
 from vidchat.conversation.registry import TooManySessions
 from vidchat.doors import realtime_events as rt
+from vidchat.doors import realtime_items as items
 from vidchat.doors.protocol_config import ConfigError
-from vidchat.doors.inputs import record_links
+from vidchat.doors.realtime_responses import RealtimeResponses
 from vidchat.doors.socket_answers import check_record
 from vidchat.doors.socket_config import NO_AUDIO_OUTPUT_NOTICE
 from vidchat.doors.socket_media import Refused, SocketMedia, pcm16_audio
 from vidchat.doors.socket_session import SocketSession
 from vidchat.doors.socket_turns import SocketTurns
-from vidchat.engine import EngineError
 from vidchat.media.audio import AudioInput, ClipTooShort, Pcm16Resampler
 from vidchat.media.vad import SpeechStarted, Utterance
 
@@ -83,7 +83,7 @@ class RealtimeConnection(SocketSession):
         self.turns = RealtimeTurns(self, None)
         self.audio = AudioInput(self.settings.ws_max_audio_seconds, rt.INPUT_RATES[0])  # input_audio_buffer
         self.record = self.told_no_audio = False
-        self.question = rt.Question()  # the text and audio items since the last response
+        self.question = items.Question()  # the text and audio items since the last response
         self.last_item: str | None = None  # the next item's previous_item_id
         self.speech_item: str | None = None  # the item server VAD is hearing
         self.responses = RealtimeResponses(self)
@@ -153,7 +153,7 @@ class RealtimeConnection(SocketSession):
             raise rt.EventError(str(exc), param="session.vidchat.record") from None
         try:
             answer_path.apply_settings(self.entry.session, state.engine, options, update.settings["session"],
-                                       self.entry.events)
+                                       self.entry.event_hub)
         except ValueError as exc:  # OptionError or the settings' own check: nothing was changed
             raise rt.setting_refused(exc, "session", update.answer) from None
         self.options = options
@@ -180,44 +180,27 @@ class RealtimeConnection(SocketSession):
         its images are frames on the timeline (filtered, or kept in the buffer).
         The question's limits are checked before any frame is taken in."""
         item = msg.get("item")
-        parts = rt.user_parts(item)
+        parts = items.user_parts(item)
         item_id = item["id"] if isinstance(item.get("id"), str) and item["id"] else rt.new_id("item")
         texts = [p.value for p in parts if p.kind == "input_text" and p.value.strip()]
-        spoken = [await self._audio({"audio": p.value}, "input_audio", f"item.content[{p.index}].audio",
-                                    Pcm16Resampler(self.audio.rate)) for p in parts if p.kind == "input_audio"]
-        self.question.check(texts, spoken, self.settings.ws_max_audio_seconds)
-        frames = [await self._frame(p, arrived) for p in parts if p.kind == "input_image"]
+        max_s = self.settings.ws_max_audio_seconds
+        spoken = [await _audio({"audio": p.value}, "input_audio", f"item.content[{p.index}].audio",
+                               Pcm16Resampler(self.audio.rate), max_s) for p in parts if p.kind == "input_audio"]
+        self.question.check(texts, spoken, max_s)
+        frames = [await _frame(self.media, p, arrived) for p in parts if p.kind == "input_image"]
         self.question.add(texts, spoken)
         # Every item is added, then done, as the GA event sequence has it:
         # SDK clients wait for each item's .done, frames-only ones included.
-        added, done = rt.item_events(rt.acked_item(item_id, parts), self.next_item(item_id), "added", "done")
+        added, done = rt.item_events(items.acked_item(item_id, parts), self.next_item(item_id), "added", "done")
         if frames:
             added["vidchat"] = {"frames": frames}
         await self.emit(added, done)
 
-    async def _frame(self, part: rt.Part, arrived: float) -> dict[str, Any]:
-        """An input_image part as a frame on the timeline, and what became of it (the vidchat extra)."""
-        t = self.media.place(part.pts_ms, arrived)
-        try:
-            seq = await self.media.take_image({"image_url": part.value}, "input_image", t, key="image_url")
-        except Refused as refused:
-            code = "invalid_image" if refused.reason == "invalid_data" else refused.reason
-            raise rt.EventError(refused.message, code, f"item.content[{part.index}].image_url") from None
-        # None: a near-duplicate of the frame before, not stored.
-        return self.media.outcome(seq is not None, None if seq is not None else "filtered")
-
-    async def _audio(self, values: dict[str, Any], kind: str, param: str, stream: Pcm16Resampler) -> np.ndarray:
-        """``values["audio"]``, base64 PCM16 at the input rate, as 16 kHz float
-        samples (``stream``: the input buffer's, or one of a clip's own)."""
-        try:
-            return await pcm16_audio(values, kind, "audio", self.settings.ws_max_audio_seconds, stream)
-        except Refused as refused:
-            raise rt.EventError(refused.message, refused.reason, param) from None
-
     # -- input_audio_buffer ----------------------------------------------------------
 
     async def _on_append(self, msg: dict[str, Any], arrived: float) -> None:
-        samples = await self._audio(msg, "input_audio_buffer.append", "audio", self.audio.stream)
+        samples = await _audio(msg, "input_audio_buffer.append", "audio", self.audio.stream,
+                               self.settings.ws_max_audio_seconds)
         self.entry.session.add_audio(samples)  # what the listener hears, and frames' audio
         self.audio.append(samples)
 
@@ -232,7 +215,7 @@ class RealtimeConnection(SocketSession):
         """Audio from the buffer (committed, or heard by server VAD) is an item of the question."""
         previous = self.next_item(item_id)
         await self.emit({"type": "input_audio_buffer.committed", "item_id": item_id, "previous_item_id": previous},
-                        *rt.item_events(rt.acked_item(item_id, [rt.Part("input_audio", None)]), previous,
+                        *rt.item_events(items.acked_item(item_id, [items.Part("input_audio", None)]), previous,
                                         "added", "done"))
 
     async def _on_clear(self, msg: dict[str, Any], arrived: float) -> None:
@@ -242,27 +225,10 @@ class RealtimeConnection(SocketSession):
     # -- responses (RealtimeResponses) ---------------------------------------------------
 
     async def _on_response_create(self, msg: dict[str, Any], arrived: float) -> None:
-        if self.responses.busy:
-            raise rt.EventError("a response is in progress: cancel it first, or wait for its response.done",
-                                "conversation_already_has_active_response")
-        fields = rt.response_fields(msg.get("response"))
-        continues_chat = rt.in_conversation(msg.get("response"))
-        options = rt.answer_options(self.options, fields, self.state.answer_defaults().max_tokens)
-        try:
-            answer_path.check_options(options, self.state.engine)
-        except ValueError as exc:
-            raise rt.setting_refused(exc, "response", fields) from None
-        if not self.question:  # frames alone are no question for the model
-            raise rt.EventError("no question: add an input_text or input_audio item (or commit the audio buffer) "
-                                "before response.create", "empty_conversation")
-        text, audio = self.question.take()
-        await self.responses.start(text, options, self.audio_notice(fields), question_audio=audio,
-                                   continues_chat=continues_chat)
+        await self.responses.create(msg.get("response"))
 
     async def _on_response_cancel(self, msg: dict[str, Any], arrived: float) -> None:
-        if not self.responses.busy:
-            raise rt.EventError("no response is in progress", "response_cancel_not_active")
-        await self.responses.cancel("client_cancelled")  # its response.done says cancelled
+        await self.responses.cancel_asked()
 
     async def _not_served(self, msg: dict[str, Any], arrived: float) -> None:
         raise rt.not_served(msg["type"])
@@ -279,128 +245,23 @@ class RealtimeConnection(SocketSession):
     }
 
 
-class RealtimeResponses:
-    """One connection's responses, one at a time, each the connection's
-    answer task: it asks the conversation and says the run as response
-    events (:class:`RealtimeResponse`). Every ``response.created`` is followed by
-    exactly one ``response.done``; a new response starts only after the
-    previous one's, whoever starts it (the client, server VAD)."""
-
-    def __init__(self, conn: RealtimeConnection) -> None:
-        self.conn = conn
-        # Starting a response waits (for the previous one to wind down) with
-        # no answer task to show for it: the lock is what says one is starting.
-        self._lock = asyncio.Lock()
-        self.current: RealtimeResponse | None = None  # the newest response started
-
-    @property
-    def busy(self) -> bool:
-        """A response is under way, or being started: a client's response.create is refused."""
-        return self.conn.answering or self._lock.locked()
-
-    async def cancel(self, why: str) -> None:
-        if self.current is not None:
-            await self.current.cancel(why)
-
-    async def start(self, question: str, options: answer_path.AnswerOptions, notice: dict[str, Any] | None = None,
-                    **how: Any) -> None:
-        """Start a response, once the previous one has sent its response.done
-        (cancelled, if it still runs); ``notice`` rides on its response.created."""
-        conn = self.conn
-        async with self._lock:
-            previous = self.current
-            if previous is not None and conn.answering:
-                await previous.cancel()
-            await conn.finish_answer()
-            if conn.entry is None or conn.closed:
-                return
-            response = self.current = RealtimeResponse(conn, options.max_tokens)
-            conn.stream_answer(response.answer(question, options, notice or {}, how), f"realtime-{response.say.id}")
+async def _frame(media: SocketMedia, part: items.Part, arrived: float) -> dict[str, Any]:
+    """An input_image part as a frame on the timeline, and what became of it (the vidchat extra)."""
+    t = media.place(part.pts_ms, arrived)
+    try:
+        seq = await media.take_image({"image_url": part.value}, "input_image", t, key="image_url")
+    except Refused as refused:
+        code = "invalid_image" if refused.reason == "invalid_data" else refused.reason
+        raise rt.EventError(refused.message, code, f"item.content[{part.index}].image_url") from None
+    # None: a near-duplicate of the frame before, not stored.
+    return media.outcome(seq is not None, None if seq is not None else "filtered")
 
 
-class RealtimeResponse:
-    """One response: its ids, its answer run once asked, and the run's
-    Words (vidchat.conversation.Words). Bound to this response, so its
-    events carry its own ids whatever starts after it."""
-
-    def __init__(self, conn: RealtimeConnection, max_output_tokens: int | None) -> None:
-        self.conn = conn
-        self.say = rt.ResponseEvents(rt.new_id("resp"), max_output_tokens)
-        self.run: conversation.AnswerRun | None = None
-        # Cancelled while it was set up (no run yet): the run is cancelled once there is one.
-        self.cancelled = False
-        self.cancel_reason: str | None = None
-        self.ended = False  # its response.done was sent
-
-    async def cancel(self, why: str | None = None) -> None:
-        if not self.cancelled:
-            self.cancelled, self.cancel_reason = True, why
-        if self.run is not None:
-            await self.run.cancel(why)
-
-    async def answer(self, question: str, options: answer_path.AnswerOptions, notice: dict[str, Any],
-                     how: dict[str, Any]) -> None:
-        """The response from its response.created to its response.done, whatever breaks between."""
-        conn, say = self.conn, self.say
-        await conn.emit({**say.created(), **notice})
-        try:
-            await self._answer(question, options, how)
-        except EngineError as exc:
-            await self._failed(str(exc))
-        except Exception as exc:  # noqa: BLE001 - the client still gets its response.done, and the session goes on
-            log.exception("realtime %s: response %s failed", conn.peer, say.id)
-            await self._failed(f"Query processing failed ({type(exc).__name__})")  # the log has the traceback
-
-    async def _answer(self, question: str, options: answer_path.AnswerOptions, how: dict[str, Any]) -> None:
-        conn = self.conn
-        await conn.state.wait_engine()
-        try:
-            # The Realtime conversation's items are the conversation's chat,
-            # kept on the server: each response is asked with the exchanges
-            # before it and joins them, unless it was made outside the
-            # conversation (response.conversation "none").
-            how = dict(how)
-            self.run = await conversation.of(conn.state, conn.entry).ask(
-                question, options, record=conn.record, frames_optional=True,
-                continues_chat=how.pop("continues_chat", True), **how)
-        except answer_path.Superseded:
-            await self._end(self.say.done("cancelled", text=None, reason=self.cancel_reason))
-            return
-        if self.cancelled:
-            await self.run.cancel(self.cancel_reason)
-        await self.run.say(self)
-
-    async def _end(self, events: list[dict[str, Any]]) -> None:
-        """Send the events that end the response (the last is its response.done), once."""
-        if not self.ended:
-            self.ended = True
-            await self.conn.emit(*events)
-
-    async def _failed(self, why: str) -> None:
-        if self.ended:
-            return  # it broke after its response.done: the client has its end
-        await self.conn.refuse(why, "answer_failed", kind="server_error")
-        # Why, as the API says it: status_details.error (its reason is for cancelled and incomplete ones).
-        await self._end(self.say.done("failed", text=None, error=why))
-
-    # -- the run's Words ---------------------------------------------------------------
-
-    async def queued(self, ahead: int) -> None:
-        pass  # the response was created; it starts when it has its place
-
-    async def started(self, answer: Any) -> None:
-        await self.conn.emit(*self.say.started(self.conn.next_item(self.say.item_id)))
-
-    async def delta(self, text: str) -> bool:
-        return await self.conn.emit(self.say.delta(text))
-
-    async def done(self, done: conversation.Done) -> None:
-        conn = self.conn
-        if done.error:
-            await conn.refuse(done.error, "answer_failed", kind="server_error")
-        # Why it was cancelled, if it was (the first cause): the client's
-        # response.cancel, or speech (server VAD's barge-in, talk.BARGED_IN).
-        record = record_links(done, conn.record, conn.settings.record_dir)
-        ending = self.say.finished(done, done.answer.cancelled_by, record)
-        await self._end(ending)
-        log.info("realtime %s: response %s: %s", conn.peer, self.say.id, ending[-1]["response"]["status"])
+async def _audio(values: dict[str, Any], kind: str, param: str, stream: Pcm16Resampler,
+                 max_seconds: float) -> np.ndarray:
+    """``values["audio"]``, base64 PCM16 at the input rate, as 16 kHz float
+    samples (``stream``: the input buffer's, or one of a clip's own)."""
+    try:
+        return await pcm16_audio(values, kind, "audio", max_seconds, stream)
+    except Refused as refused:
+        raise rt.EventError(refused.message, refused.reason, param) from None

@@ -1,8 +1,8 @@
-"""The OpenAI Realtime door's wire format: what its client events may hold,
+"""The OpenAI Realtime door's wire format: what its client events may hold
+(sessions and responses; items are :mod:`vidchat.doors.realtime_items`),
 and its server events, as the official SDK's types (``openai.types.realtime``,
-GA names) define them, and what the client events build up between two
-responses (the pending question). Pure, no I/O: the
-door (:mod:`vidchat.doors.realtime`) reads and sends them.
+GA names) define them. Pure, no I/O: the door (:mod:`vidchat.doors.realtime`)
+reads and sends them.
 
 vidchat's additions are extra fields, never renamed events: ``session.vidchat``
 (the settings table's fields, and ``record``), ``pts_ms`` on an
@@ -16,17 +16,12 @@ import secrets
 from dataclasses import dataclass, field
 from typing import Any
 
-import numpy as np
-
 from vidchat.conversation import CANCELLED, COMPLETED
-from vidchat.conversation.settings_table import ALIASES, MAX_QUESTION_CHARS, SETTINGS, SettingTypeError, read_settings
+from vidchat.conversation.settings_table import ALIASES, SETTINGS, SettingTypeError, read_settings
 from vidchat.doors.protocol_config import ConfigError, parse_turn_detection
-from vidchat.doors.socket_media import is_millis
 from vidchat.doors.socket_session import Refusal
-from vidchat.media import AUDIO_RATE
 
 INPUT_RATES = (24_000, 16_000)  # audio/pcm rates taken (24 kHz is the API's; 16 kHz is the session's own)
-IMAGE_TYPES = ("data:image/jpeg", "data:image/png", "data:image/webp")
 UNSET: Any = object()  # a field the event did not carry
 # What of the answer record rides on response.done (the whole one is /inputs/<answer_id>/record.json).
 RECORD_KEYS = ("frames", "frame_indices", "frame_times", "frame_sizes", "inputs_sha256", "audio_seconds",
@@ -220,48 +215,7 @@ def unserved(values: dict[str, Any], key: str, param: str, why: str) -> None:
         raise EventError(f"{param}: {why}", "unsupported", param)
 
 
-# ---- conversation.item.create ----------------------------------------------------
-
-@dataclass(frozen=True)
-class Part:
-    kind: str  # "input_text", "input_audio" or "input_image"
-    value: Any  # the text, the base64 audio, or the image's data URL
-    pts_ms: Any = None
-    index: int = 0
-
-
-def user_parts(item: Any) -> list[Part]:
-    """A user message's content, checked before anything is taken in; raises EventError."""
-    if not isinstance(item, dict):
-        raise EventError("conversation.item.create needs an 'item' object", param="item")
-    if item.get("type", "message") != "message" or item.get("role") != "user":
-        raise EventError("only user messages are taken (item.type \"message\", item.role \"user\")",
-                         code="unsupported_item", param="item.role")
-    content = item.get("content")
-    if not isinstance(content, list) or not content:
-        raise EventError("item.content must be a non-empty list", param="item.content")
-    parts = []
-    for i, part in enumerate(content):
-        kind = part.get("type") if isinstance(part, dict) else None
-        key = {"input_text": "text", "input_audio": "audio", "input_image": "image_url"}.get(kind)
-        param = f"item.content[{i}]"
-        if key is None:
-            raise EventError(f"{param}.type must be input_text, input_audio or input_image, got {kind!r}",
-                             code="unsupported_content", param=f"{param}.type")
-        value = part.get(key)
-        if not isinstance(value, str) or (kind != "input_text" and not value):
-            raise EventError(f"{param}.{key} must be a {'string' if kind == 'input_text' else 'non-empty string'}",
-                             param=f"{param}.{key}")
-        if kind == "input_image" and not value[:20].lower().startswith(IMAGE_TYPES):
-            raise EventError(f"{param}.image_url must be a data URL of a JPEG, PNG or WebP image "
-                             "(data:image/jpeg;base64,…)", code="invalid_image", param=f"{param}.image_url")
-        pts = part.get("pts_ms")
-        if pts is not None and (kind != "input_image" or not is_millis(pts)):
-            raise EventError(f"{param}.pts_ms must be a number of milliseconds on an input_image, got {pts!r}",
-                             param=f"{param}.pts_ms")
-        parts.append(Part(kind, value, pts, i))
-    return parts
-
+# ---- items -------------------------------------------------------------------------
 
 def message_item(item_id: str, role: str, status: str, content: list[dict[str, Any]]) -> dict[str, Any]:
     """A conversation item (realtime.item): the user's, or the assistant's answer."""
@@ -269,50 +223,9 @@ def message_item(item_id: str, role: str, status: str, content: list[dict[str, A
             "content": content}
 
 
-def acked_item(item_id: str, parts: list[Part]) -> dict[str, Any]:
-    """The user item as conversation.item.added/done say it: its parts without
-    their media (an image is not sent back; an audio part is named, not echoed)."""
-    return message_item(item_id, "user", "completed", [{"type": p.kind, "text": p.value} if p.kind == "input_text"
-                                                        else {"type": p.kind} for p in parts])
-
-
 def item_events(item: dict[str, Any], previous: str | None, *stages: str) -> list[dict[str, Any]]:
     """conversation.item.<stage> ("added", "done") for ``item``, which follows ``previous`` in the conversation."""
     return [{"type": f"conversation.item.{stage}", "previous_item_id": previous, "item": item} for stage in stages]
-
-
-class Question:
-    """The text and audio items added since the last response: the next
-    response's question. An item that would pass a limit is refused whole."""
-
-    def __init__(self) -> None:
-        self.texts: list[str] = []
-        self.audio: list[np.ndarray] = []  # 16 kHz float samples, one array an item
-
-    def __bool__(self) -> bool:
-        return bool(self.texts or self.audio)
-
-    def check(self, texts: list[str], audio: list[np.ndarray], max_audio_s: float) -> None:
-        """Raises EventError when an item's text and audio would make the question too long."""
-        if sum(map(len, self.texts + texts)) > MAX_QUESTION_CHARS:
-            raise EventError(f"the next response's question would pass {MAX_QUESTION_CHARS} characters",
-                             "question_too_long", "item.content")
-        if sum(a.size for a in self.audio + audio) > max_audio_s * AUDIO_RATE:
-            raise EventError(f"the next response's spoken question would pass {max_audio_s:g} s of audio",
-                             "question_too_long", "item.content")
-
-    def add(self, texts: list[str], audio: list[np.ndarray]) -> None:
-        self.texts += texts
-        self.audio += audio
-
-    def take_text(self) -> str:
-        text, self.texts = "\n".join(self.texts), []
-        return text
-
-    def take(self) -> tuple[str, np.ndarray | None]:
-        """The question's text and its audio (None without any), and a fresh start."""
-        audio, self.audio = self.audio, []
-        return self.take_text(), np.concatenate(audio) if audio else None
 
 
 # ---- responses ---------------------------------------------------------------------

@@ -43,7 +43,7 @@ class Client(Protocol):
 
     state: Any  # vidchat.app.state.AppState
     settings: Any  # vidchat.app.settings.Settings
-    entry: Any  # vidchat.conversation.registry.Entry, None before the session opens
+    entry: Any  # vidchat.conversation.Conversation, None before the session opens
     options: answer_path.AnswerOptions
     media: Any  # vidchat.doors.socket_media.SocketMedia
     peer: str
@@ -84,7 +84,7 @@ class SocketAnswers:
         self.keep_history = bool(on)
         if not on and self.conn.entry is not None:
             # Off forgets: turned on again, the chat starts afresh (nor does the next warm-up carry it).
-            conversation.of(self.conn.state, self.conn.entry).clear()
+            self.conn.entry.clear()
 
     def set_record(self, on: bool) -> None:
         check_record(self.conn.settings, on)
@@ -155,7 +155,7 @@ class SocketAnswers:
                 # Samples the buffer now: frames arriving from here on count for the next question.
                 # continues_chat: with history on, the question carries the
                 # conversation's chat, and its own turn is kept for the next.
-                run = await conversation.of(conn.state, entry).ask(
+                run = await entry.ask(
                     text, conn.options, record=self.record, continues_chat=self.keep_history,
                     cause=SCENE if watched else TYPED, **how)
             except answer_path.Superseded:
@@ -212,7 +212,7 @@ class SocketAnswers:
         being set up is set up, and wait for its response.text.done."""
         async with self._lock:
             if self.watched and self.conn.answering:
-                await conversation.of(self.conn.state, self.conn.entry).cancel()
+                await self.conn.entry.cancel()
                 await self.conn.finish_answer()
 
     async def close(self) -> None:

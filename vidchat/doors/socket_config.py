@@ -156,7 +156,7 @@ class SessionConfig:
                 raise ConfigError(WATCH_NEEDS_EVS)
             options = conn.options.updated(**changes.answer)
             answer_path.apply_settings(conn.entry.session, conn.state.engine, options, changes.session,
-                                       conn.entry.events)
+                                       conn.entry.event_hub)
         except ValueError as exc:  # ConfigError, OptionError or the settings' own check: nothing was changed
             await conn.error(f"session.update rejected: {exc}")
             return

@@ -106,7 +106,7 @@ async def pcm16_audio(msg: dict[str, Any], kind: str, key: str, max_s: float,
 class Client(Protocol):
     """What the intake needs of its connection (vidchat.doors.protocol.Connection)."""
 
-    entry: Any  # vidchat.conversation.registry.Entry, None before the session opens
+    entry: Any  # vidchat.conversation.Conversation, None before the session opens
     settings: Any  # vidchat.app.settings.Settings
 
     async def send(self, msg: dict[str, Any], droppable: bool = False) -> bool: ...

@@ -23,7 +23,8 @@ import time
 from typing import TYPE_CHECKING, Any, Awaitable, Callable
 
 from vidchat.conversation import log_context
-from vidchat.conversation.registry import Entry, TooManySessions
+from vidchat.conversation import Conversation
+from vidchat.conversation.registry import TooManySessions
 from vidchat.doors.server_contract import login_of
 from vidchat.doors.socket_transport import (CLOSE_ERROR, CLOSE_NORMAL, CLOSE_TRY_LATER, TIMEOUT, Disconnected,
                                             SocketTransport, parse_message)
@@ -63,7 +64,7 @@ class SocketSession(SocketTransport):
     def __init__(self, state: Any, websocket: "WebSocket") -> None:
         super().__init__(websocket, send_timeout=state.settings.ws_send_timeout)
         self.state, self.settings = state, state.settings
-        self.entry: Entry | None = None
+        self.entry: Conversation | None = None
         self.reservation = None  # the place taken at the handshake, until the session holds it
         self.options = state.answer_defaults()
         self.last_input = time.monotonic()
@@ -163,7 +164,7 @@ class SocketSession(SocketTransport):
         ready, why = self.state.readiness()
         return why if not ready and self.state.engine_down else None
 
-    def start_session(self, **settings: Any) -> Entry:
+    def start_session(self, **settings: Any) -> Conversation:
         """The session, in the place taken at the handshake (raises TooManySessions)."""
         self.entry = self.state.new_session(self.door, reservation=self.reservation,
                                             owner=login_of(self.ws.headers), **settings)

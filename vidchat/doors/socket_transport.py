@@ -3,6 +3,10 @@
 Kept apart from what the messages mean (vidchat.doors.protocol): this is only
 how a message gets across, what happens when the client is gone mid-send,
 and how a large message is parsed without stalling the event loop.
+Sending is a class of its own (:class:`SocketSender`: a bounded queue, its
+writer task, the close), so what keeps a reader that stalls from blocking
+the code that sends reads apart from receiving, which
+:class:`SocketTransport` adds with the errors.
 """
 
 from __future__ import annotations
@@ -80,8 +84,8 @@ class _CloseFrame:
         self.code, self.reason = code, reason
 
 
-class SocketTransport:
-    """Sends and receives one client's messages.
+class SocketSender:
+    """Sends one client's messages.
 
     Sends go through a bounded queue that one writer task empties, so a
     client that stops reading never blocks the code that sends to it: its
@@ -96,7 +100,6 @@ class SocketTransport:
     def __init__(self, websocket: "WebSocket", send_timeout: float = 10.0) -> None:
         self.ws = websocket
         self.peer = f"{websocket.client.host}:{websocket.client.port}" if websocket.client else "?"
-        self.client_host = websocket.client.host if websocket.client else None
         self.send_timeout = send_timeout
         self._queue: collections.deque[tuple[str | _CloseFrame, bool]] = collections.deque()
         self._queued_bytes = 0
@@ -107,7 +110,6 @@ class SocketTransport:
         self._writer: asyncio.Task | None = None
         self._gone = asyncio.Event()  # no more sends: the client left, was closed, or is stuck
         self._closed = False
-        self._recv: asyncio.Future | None = None
         self.dropped_acks = 0
         self.stuck: str | None = None  # why the server gave up on a client that reads nothing
         self._closing: asyncio.Task | None = None
@@ -233,17 +235,6 @@ class SocketTransport:
         finally:
             self._gone.set()
 
-    async def error(self, message: str, event: Callable[[str], dict[str, Any]] | None = None) -> bool:
-        """Send an error, its message cut to MAX_ERROR_CHARS: the seed's
-        ``error {message}``, or the door's ``event`` for the message; False
-        if the client is gone."""
-        if len(message) > MAX_ERROR_CHARS:
-            message = message[:MAX_ERROR_CHARS - 3] + "..."
-        sent = await self.send({"type": "error", "message": message} if event is None else event(message))
-        if sent:
-            log.info("%s %s: error sent: %s", self.door, self.peer, message)
-        return sent
-
     async def close(self, code: int = CLOSE_NORMAL, reason: str = "") -> None:
         """Close the socket once (later calls do nothing), after what is queued
         is sent: at most CLOSE_FLUSH_S for both, then the connection is cut."""
@@ -265,6 +256,28 @@ class SocketTransport:
             return True
         done, _ = await asyncio.wait({writer}, timeout=timeout)
         return bool(done)
+
+
+class SocketTransport(SocketSender):
+    """Sends and receives one client's messages: errors cut to size go out
+    through the sender's queue, and one receive at a time comes in, kept
+    across timeouts and let go as the client is given up on."""
+
+    def __init__(self, websocket: "WebSocket", send_timeout: float = 10.0) -> None:
+        super().__init__(websocket, send_timeout)
+        self.client_host = websocket.client.host if websocket.client else None
+        self._recv: asyncio.Future | None = None
+
+    async def error(self, message: str, event: Callable[[str], dict[str, Any]] | None = None) -> bool:
+        """Send an error, its message cut to MAX_ERROR_CHARS: the seed's
+        ``error {message}``, or the door's ``event`` for the message; False
+        if the client is gone."""
+        if len(message) > MAX_ERROR_CHARS:
+            message = message[:MAX_ERROR_CHARS - 3] + "..."
+        sent = await self.send({"type": "error", "message": message} if event is None else event(message))
+        if sent:
+            log.info("%s %s: error sent: %s", self.door, self.peer, message)
+        return sent
 
     async def receive(self, timeout: float) -> str | _Timeout:
         """The next text message, or TIMEOUT. A pending receive is kept across timeouts."""

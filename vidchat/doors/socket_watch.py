@@ -12,7 +12,6 @@ import asyncio
 import logging
 from typing import Any
 
-from vidchat import conversation
 from vidchat.conversation.modes import scene_changes
 from vidchat.conversation.watch import SceneWatch
 from vidchat.doors.protocol_config import ConfigError, WatchRequest
@@ -63,7 +62,7 @@ class SocketWatch:
         short by a scene change: the change is asked about once it ends."""
         conn = self.conn
         try:
-            talking = conversation.of(conn.state, conn.entry)
+            talking = conn.entry
             async for _ in scene_changes(talking, watcher, lambda: self.request is not watch or self.answers.closed):
                 await asyncio.shield(self.answers.ask_logged(watch.question, watched=True))
         except asyncio.CancelledError:

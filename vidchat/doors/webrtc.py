@@ -48,7 +48,7 @@ from aiortc.mediastreams import MediaStreamError
 from aiortc.rtp import RtcpSrPacket
 
 from vidchat.conversation import log_context
-from vidchat.conversation.registry import Entry
+from vidchat.conversation import Conversation
 from vidchat.media import AUDIO_RATE
 from vidchat.media.clock import SenderClock, TrackClock
 from vidchat.media.evs import FrameError
@@ -141,7 +141,7 @@ def yuv_planes(frame: av.VideoFrame) -> tuple[np.ndarray, tuple[np.ndarray, np.n
     return luma, (plane(1, frame.planes[1].width), plane(2, frame.planes[2].width))
 
 
-async def consume_video(track, entry: Entry, stats: MediaStats,
+async def consume_video(track, entry: Conversation, stats: MediaStats,
                         capture_time: Callable[[av.VideoFrame], float | None] | None = None) -> None:
     session = entry.session
     newest: list[tuple[av.VideoFrame, float] | None] = [None]
@@ -211,7 +211,7 @@ def _take_frame(session: Any, stats: MediaStats, frame: av.VideoFrame, due: floa
     stats.lags_ms.append((time.monotonic() - due) * 1000)
 
 
-async def consume_audio(track, entry: Entry, stats: MediaStats) -> None:
+async def consume_audio(track, entry: Conversation, stats: MediaStats) -> None:
     session = entry.session
     resampler = av.AudioResampler(format="flt", layout="mono", rate=AUDIO_RATE)
     clock = TrackClock()
@@ -232,7 +232,7 @@ def media_time(frame: av.frame.Frame) -> float | None:
     return float(frame.pts * frame.time_base)
 
 
-async def run_consumer(consume, track, entry: Entry, stats: MediaStats, on_failure) -> None:
+async def run_consumer(consume, track, entry: Conversation, stats: MediaStats, on_failure) -> None:
     """Run one track's consumer; the track ending is normal, anything else
     ends the session with the cause (never a frozen picture with live audio)."""
     log_context.bind(entry.session.id, entry.kind)  # this consumer task's log lines
@@ -252,7 +252,7 @@ async def run_consumer(consume, track, entry: Entry, stats: MediaStats, on_failu
 class Peer:
     """One aiortc peer feeding one session; a resumed session gets a new Peer."""
 
-    def __init__(self, state, entry: Entry, peers: dict[str, "Peer"],
+    def __init__(self, state, entry: Conversation, peers: dict[str, "Peer"],
                  ice_servers: list[dict[str, Any]] | None = None) -> None:
         self.state = state
         self.entry = entry

@@ -22,7 +22,8 @@ from fastapi import APIRouter, HTTPException, Request
 from fastapi.responses import StreamingResponse
 
 from vidchat.doors.server_contract import IceUnavailable, login_of
-from vidchat.conversation.registry import Entry, TooManySessions
+from vidchat.conversation import Conversation
+from vidchat.conversation.registry import TooManySessions
 from vidchat.doors.session_stream import server_sent
 from vidchat.doors.webrtc import Peer
 from vidchat.media.clock import SOURCE_KINDS
@@ -114,7 +115,7 @@ def parse_source_report(body: dict[str, Any]) -> dict[str, Any]:
 RELOAD_GRACE_S = 6.0
 
 
-def _resumable(state, body: dict[str, Any], login: str | None) -> Entry | None:
+def _resumable(state, body: dict[str, Any], login: str | None) -> Conversation | None:
     """The session a reconnecting tab proves it owns, or None."""
     resume = body.get("resume")
     if not isinstance(resume, dict):
@@ -128,7 +129,7 @@ def _resumable(state, body: dict[str, Any], login: str | None) -> Entry | None:
     return entry if hmac.compare_digest(token.encode(), entry.resume_token.encode()) else None
 
 
-def talk_answer(entry: Entry) -> dict[str, Any] | None:
+def talk_answer(entry: Conversation) -> dict[str, Any] | None:
     """The session's answer being generated, else its last one, as the page
     reads it aloud: its question number, its text so far, and whether it is done."""
     answer = entry.answer
@@ -146,7 +147,7 @@ def talk_answer(entry: Entry) -> dict[str, Any] | None:
 TALK_KEEPALIVE_S = 15.0
 
 
-def talk_state_of(entry: Entry) -> dict[str, Any]:
+def talk_state_of(entry: Conversation) -> dict[str, Any]:
     """Talk mode's state for the page: whether speech is under way, counters
     whose change means a turn began (the page stops reading aloud:
     barge-in) or ended, and the answer being read aloud."""
@@ -169,7 +170,7 @@ def router(state) -> APIRouter:
     api = APIRouter()
     peers: dict[str, Peer] = {}  # session id -> its current peer
 
-    def mine(request: Request, sid: Any) -> Entry:
+    def mine(request: Request, sid: Any) -> Conversation:
         """The session a request names, if its login opened it: else 403 (another's) or 404."""
         entry = state.registry.get(sid) if isinstance(sid, str) else None
         if entry is None:
@@ -186,7 +187,7 @@ def router(state) -> APIRouter:
     return api
 
 
-def _peer_routes(api: APIRouter, state, peers: dict[str, Peer], mine: Callable[[Request, Any], Entry]) -> None:
+def _peer_routes(api: APIRouter, state, peers: dict[str, Peer], mine: Callable[[Request, Any], Conversation]) -> None:
     """/webrtc/offer (a new session's peer, or a resumed one's) and /webrtc/close."""
 
     @api.post("/webrtc/offer")
@@ -251,7 +252,7 @@ async def _close_unless_resumed(state, peers: dict[str, Peer], sid: str) -> None
         await state.registry.close(sid, "the tab went away")
 
 
-def _page_report_routes(api: APIRouter, state, mine: Callable[[Request, Any], Entry]) -> None:
+def _page_report_routes(api: APIRouter, state, mine: Callable[[Request, Any], Conversation]) -> None:
     """What the page tells about its session: where its video source is, and that a question is coming."""
 
     @api.post("/webrtc/source")
@@ -288,7 +289,7 @@ def _page_report_routes(api: APIRouter, state, mine: Callable[[Request, Any], En
         return {"ok": True, "prewarm": state.prewarmer.mode if state.prewarmer else "off"}
 
 
-def _talk_routes(api: APIRouter, state, mine: Callable[[Request, Any], Entry]) -> None:
+def _talk_routes(api: APIRouter, state, mine: Callable[[Request, Any], Conversation]) -> None:
     """Talk mode's state for the page (once, or streamed) and the page's reading aloud."""
 
     @api.get("/webrtc/talk")
@@ -309,7 +310,7 @@ def _talk_routes(api: APIRouter, state, mine: Callable[[Request, Any], Entry]) -
             # on or off): the state is redrawn once per burst of them, and
             # said again every TALK_KEEPALIVE_S when nothing happens.
             last = None
-            with entry.events.subscribe() as events:
+            with entry.event_hub.subscribe() as events:
                 while state.registry.get(session_id) is entry:
                     current = talk_state_of(entry)
                     if current != last:
@@ -336,7 +337,7 @@ def _talk_routes(api: APIRouter, state, mine: Callable[[Request, Any], Entry]) -
         return {"ok": True, "listening": entry.talk is not None and entry.talk.running}
 
 
-def _event_routes(api: APIRouter, mine: Callable[[Request, Any], Entry]) -> None:
+def _event_routes(api: APIRouter, mine: Callable[[Request, Any], Conversation]) -> None:
     """The session's one event stream, for the page."""
 
     @api.get("/webrtc/events")
@@ -345,7 +346,7 @@ def _event_routes(api: APIRouter, mine: Callable[[Request, Any], Entry]) -> None
         (vidchat.doors.session_stream): speech, utterances, scene changes,
         each answer's queued/started/delta/done, settings changes, and
         ``closed`` last. Subscribed as the request arrives: nothing after it is missed."""
-        events = mine(request, session_id).events.subscribe()
+        events = mine(request, session_id).event_hub.subscribe()
 
         async def stream() -> AsyncIterator[bytes]:
             try:
@@ -358,7 +359,7 @@ def _event_routes(api: APIRouter, mine: Callable[[Request, Any], Entry]) -> None
                                  headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no"})
 
 
-def _view_routes(api: APIRouter, state, mine: Callable[[Request, Any], Entry]) -> None:
+def _view_routes(api: APIRouter, state, mine: Callable[[Request, Any], Conversation]) -> None:
     """What the page shows of its session: the live strip and the stats line."""
 
     @api.get("/webrtc/live")
@@ -380,8 +381,7 @@ def _view_routes(api: APIRouter, state, mine: Callable[[Request, Any], Entry]) -
         out = dict(entry.session.stats)
         left = entry.time_left()
         out["time_left_s"] = None if left is None else round(left, 1)
-        conversation = getattr(entry, "conversation", None)
-        out["watching"] = conversation is not None and conversation.modes.watching
+        out["watching"] = entry.modes.watching
         if entry.media is not None:
             out["media"] = entry.media.as_dict()
         out["gpu"] = state.gpu_figures()  # empty without a GPU

@@ -1,12 +1,14 @@
-"""The engine's interface (:class:`ChatEngine`), what every engine shares
+"""The engine package's public face, and what every engine shares
 (:class:`ModelEngine`: the model's prompt, limits, history budget and input
-checks) and the records that cross it (options, turns, prepared questions,
-reply stats, errors).
+checks).
 
-Two engines implement it, neither a kind of the other: the in-process vLLM
-`AsyncLLM` (:mod:`vidchat.engine.local`) and a remote ``vllm serve``
-(:mod:`vidchat.engine.remote`). Doors and the conversation code import only
-this module, never an implementation.
+The interface itself (:class:`ChatEngine`, :class:`Reply`) is
+:mod:`vidchat.engine.interface`; the records that cross it (options, turns,
+prepared questions, reply stats) :mod:`vidchat.engine.records`; its errors
+:mod:`vidchat.engine.errors`. Two engines implement it, neither a kind of
+the other: the in-process vLLM `AsyncLLM` (:mod:`vidchat.engine.local`) and
+a remote ``vllm serve`` (:mod:`vidchat.engine.remote`). Doors and the
+conversation code import only this package's names, never an implementation.
 """
 
 from __future__ import annotations
@@ -15,186 +17,24 @@ import hashlib
 import itertools
 import logging
 import math
-import os
-import time
-from dataclasses import dataclass, field
-from typing import Any, Protocol, Sequence, runtime_checkable
+from typing import Any, Sequence
 
 import numpy as np
 from PIL import Image
 
+from vidchat.engine.chat_template import chat_template_kwargs, tokens_per_frame  # noqa: F401
+from vidchat.engine.errors import (ENGINE_DEAD_MESSAGE, NO_SPOKEN_QUESTIONS, EngineDead, EngineError,  # noqa: F401
+                                   engine_dead_message)
 from vidchat.engine.families import Family, family_of
 from vidchat.engine.hardware import cpu_has_native_bf16, on_gpu  # noqa: F401 (the engine's names)
 from vidchat.engine.history_cut import cut_step, history_start
+from vidchat.engine.interface import WARMUP_PRIORITY, ChatEngine, Reply  # noqa: F401
 from vidchat.engine.payload import audio_clips, inputs_digest, video_fps  # noqa: F401  (part of the interface)
+from vidchat.engine.records import SEED_RANGE, EngineOptions, Prepared, ReplyStats, Turn  # noqa: F401
+from vidchat.engine.start_log import ENGINE_START_LOG_ENV  # noqa: F401
 from vidchat.media import AUDIO_RATE, FRAMES_AS, MIN_AUDIO_SAMPLES
 
-# vLLM (and numpy's random generator under it) takes a signed 64-bit seed.
-SEED_RANGE = (-(2**63), 2**63 - 1)
-
 log = logging.getLogger(__name__)
-
-
-# vLLM's priority scheduling handles lower values first; answers use 0.
-WARMUP_PRIORITY = 10
-
-
-class EngineError(RuntimeError):
-    """A question could not be answered; the message tells the user what to change."""
-
-
-class EngineDead(EngineError):
-    """The engine process is gone (vidchat.app.engine_keeper starts a new one)."""
-
-
-# The frame the page sends from a webcam before any pixel cap.
-TYPICAL_FRAME = (640, 480)
-
-ENGINE_DEAD_MESSAGE = "The model engine has stopped (see the server log for the cause)."
-
-
-def engine_dead_message(cause: str | None) -> str:
-    """What an answer in flight says when the engine dies: one failure naming the cause."""
-    return f"The model engine has stopped: {cause}." if cause else ENGINE_DEAD_MESSAGE
-
-
-@dataclass
-class EngineOptions:
-    model: str
-    dtype: str = "auto"
-    max_model_len: int = 8192
-    kv_cache_gb: float = 1.0
-    mm_cache_gb: float = 1.0  # vLLM's processed-frame cache (mm_processor_cache_gb)
-    gpu_memory_utilization: float = 0.85
-    max_images: int = 32
-    max_videos: int = 1
-    max_audios: int = 1
-    split_audio: bool = False  # the audio's segments, one clip each (see audio_clips)
-    # 0 keeps the model's own processor setting.
-    max_image_pixels: int = 0
-    enforce_eager: bool = True
-    seed: int = 0
-    priority_scheduling: bool = False  # vLLM's priority policy (for warm-ups)
-    # Frames vLLM's encoder cache must hold (frames per question x sessions);
-    # 0 leaves vLLM's own size. See encoder_cache_budget.
-    encoder_cache_frames: int = 0
-    video_pruning_rate: float = 0.0  # vLLM's video token pruning (Qwen2.5-VL, Qwen3-VL); 0: off
-    tensor_parallel_size: int = 1  # vLLM's own parallelism, passed through (GPU)
-    data_parallel_size: int = 1
-    # vLLM's Prometheus stat logger (its vllm: families in the process's
-    # default registry, as `vllm serve` has them): the main engine's only,
-    # since a second engine's would replace them.
-    prometheus_stats: bool = False
-
-
-@dataclass
-class Turn:
-    role: str  # "user" | "assistant"
-    text: str
-
-
-@dataclass
-class ReplyStats:
-    prompt_tokens: int = 0
-    cached_tokens: int = 0  # prompt tokens vLLM took from its prefix cache
-    completion_tokens: int = 0
-    frames: int = 0
-    audio_seconds: float = 0.0
-    ttft_s: float | None = None
-    tokens_per_s: float | None = None
-    total_s: float = 0.0
-    finish_reason: str | None = None
-    cancelled: bool = False
-    inputs_sha256: str = ""  # see inputs_digest
-    # The audio's segments as the engine got them (samples each, oldest
-    # first; see audio_clips); empty when it went as one clip.
-    audio_parts: list[int] = field(default_factory=list)
-    # Chat turns the prompt carried, of those the question came with: the
-    # oldest are left out when the whole chat no longer fits (Engine.fit_history).
-    history_turns: int = 0
-    history_turns_total: int = 0
-    # --engine-url: the model server that answered (a router counts as one),
-    # and, when the session's previous question went to another replica
-    # (which failed), {"from", "to", "caches": "cold"} (vidchat.engine.replicas).
-    replica: str | None = None
-    session_moved: dict[str, str] | None = None
-
-    def as_dict(self) -> dict[str, Any]:
-        return dict(self.__dict__)
-
-    def ended(self, started: float) -> None:
-        """Total time and decode rate, for an answer started at ``started``
-        (time.perf_counter) and ending now."""
-        self.total_s = time.perf_counter() - started
-        if self.ttft_s is not None and self.completion_tokens > 1:
-            gen_time = self.total_s - self.ttft_s
-            if gen_time > 0:
-                self.tokens_per_s = (self.completion_tokens - 1) / gen_time
-
-
-# What a page or client asking by voice is told when the model hears nothing.
-NO_SPOKEN_QUESTIONS = (
-    "This model does not take audio, so it can't be asked by voice. For Talk mode run a model "
-    "that hears: --preset qwen2.5-omni-3b on a GPU (or --model tiny-omni to try the pipeline "
-    "with random weights)."
-)
-
-
-@dataclass
-class Prepared:
-    """A question made ready for vLLM: the rendered prompt and its media."""
-
-    prompt: dict[str, Any]
-    prompt_text: str
-    params: Any
-    stats: "ReplyStats"
-    video_fps: float | None = None
-    # The session's routing key (vidchat.engine.replicas.routing_key): what
-    # pins its requests, warm-ups included, to one model server.
-    routing_key: str | None = None
-
-
-def chat_template_kwargs(processor_kwargs: dict | None) -> dict[str, Any]:
-    """The processor's kwargs as transformers 5 wants them at apply_chat_template:
-    in ``processor_kwargs``. SmolVLM's processor otherwise puts its video
-    defaults (num_frames, fps) in ``**kwargs``, and transformers then warns
-    "Kwargs passed to processor.__call__ have to be in processor_kwargs
-    dict" at every prompt built: once per question and warm-up. A copy each
-    time: SmolVLM's processor adds those defaults to the dict it is given."""
-    return {"processor_kwargs": dict(processor_kwargs)} if processor_kwargs else {}
-
-
-def tokens_per_frame(processor: Any, max_image_pixels: int = 0, processor_kwargs: dict | None = None) -> int:
-    """Prompt tokens one webcam frame costs with this processor: a 640x480
-    frame as sent, and as sessions store it (scaled down to
-    ``max_image_pixels``), run through the model's own processor, minus the
-    same prompt without it; the larger of the two (the processor's rounding
-    to its patch grid can make the smaller frame cost more)."""
-    sizes = [TYPICAL_FRAME]
-    width, height = TYPICAL_FRAME
-    if max_image_pixels and width * height > max_image_pixels:
-        scale = (max_image_pixels / (width * height)) ** 0.5
-        sizes.append((max(1, int(width * scale)), max(1, int(height * scale))))
-    question = {"type": "text", "text": "?"}
-    with_frame = processor.apply_chat_template([{"role": "user", "content": [{"type": "image"}, question]}],
-                                               tokenize=False, add_generation_prompt=True,
-                                               **chat_template_kwargs(processor_kwargs))
-    without = processor.apply_chat_template([{"role": "user", "content": [question]}],
-                                            tokenize=False, add_generation_prompt=True,
-                                            **chat_template_kwargs(processor_kwargs))
-    base = len(processor.tokenizer(without)["input_ids"])
-    costs = []
-    for size in sizes:
-        ids = processor(text=[with_frame], images=[Image.new("RGB", size, (90, 90, 90))],
-                        return_tensors="np", **(processor_kwargs or {}))["input_ids"]
-        costs.append(int(len(ids[0]) - base))
-    return max(costs)
-
-
-# The test suite counts every vLLM engine a run starts, in its own process and
-# in the servers, replays and benchmarks it launches (vidchat.devtools.tiers):
-# each start appends a line to this file when the variable names one.
-ENGINE_START_LOG_ENV = "VIDCHAT_ENGINE_START_LOG"
 
 # The history budget (Engine.fit_history): audio encoders of the supported
 # families give at most 25 tokens a second; a turn's chat-template markup
@@ -209,68 +49,6 @@ HISTORY_MARGIN_TOKENS = 32
 # tokenizing a long chat costs tens of milliseconds a question.
 TURN_SLACK_TOKENS = 4
 TURN_TOKENS_REMEMBERED = 2048  # turns' token counts kept (all sessions' chats together)
-
-
-def _note_engine_start(model: str, start_s: float) -> None:
-    path = os.environ.get(ENGINE_START_LOG_ENV)
-    if path:
-        with open(path, "a") as f:
-            f.write(f"{os.getpid()} {start_s:.1f} {model}\n")
-
-
-@runtime_checkable
-class Reply(Protocol):
-    """One answer as the conversation and the doors read it, whichever made
-    it: an engine streaming it (vidchat.engine.local.LocalReply, .remote.RemoteReply)
-    or a bundle that recorded it (vidchat.conversation.recorded_reply.RecordedReply,
-    whole already). Iterate for text deltas; ``text`` is all so far;
-    ``stats`` is final once the stream ends; ``aclose`` stops it and aborts
-    its request; ``engine`` says which model answered (``model_path``, ``model_revision``)."""
-
-    text: str
-    stats: ReplyStats
-    engine: Any
-
-    def __aiter__(self) -> Any: ...
-    async def __anext__(self) -> str: ...
-    async def aclose(self) -> None: ...
-
-
-@runtime_checkable
-class ChatEngine(Protocol):
-    """What the doors, the conversation code, replay and the benchmarks may
-    use of an engine. Both engines implement it; nothing else is public."""
-
-    options: EngineOptions
-    model_path: str
-    model_revision: str
-    start_s: float
-    family: Family
-    accepts_audio: bool
-    accepts_video: bool
-    processor_kwargs: dict[str, Any]
-    tokens_per_frame: int | None
-
-    @property
-    def splits_audio(self) -> bool: ...
-    @property
-    def running_requests(self) -> int: ...
-    @property
-    def running_warmups(self) -> int: ...
-    @property
-    def is_dead(self) -> bool: ...
-    @property
-    def encoder_cache_tokens(self) -> int | None: ...
-
-    def check_request(self, n_frames: int, frames_as: str) -> None: ...
-    def prepare(self, question: str, frames: Sequence[np.ndarray | Image.Image] = (),
-                audio: np.ndarray | None = None, **options: Any) -> Prepared: ...
-    def submit(self, prepared: Prepared, request_id: str | None = None) -> Reply: ...
-    async def warm(self, prepared: Prepared) -> ReplyStats: ...
-    async def replica_health(self) -> list[dict[str, Any]] | None: ...
-    def ask(self, question: str, frames: Sequence[np.ndarray | Image.Image] = (),
-            audio: np.ndarray | None = None, *, request_id: str | None = None, **options: Any) -> Any: ...
-    def shutdown(self) -> None: ...
 
 
 class ModelEngine:

@@ -1,5 +1,6 @@
 """The in-process engine: one vLLM `AsyncLLM`, questions in, text deltas out.
-Frames reach vLLM as arrays/PIL images, never through base64 or JSON."""
+Frames reach vLLM as arrays/PIL images, never through base64 or JSON; the
+prompt a question becomes is built in :mod:`vidchat.engine.vllm_media`."""
 
 from __future__ import annotations
 
@@ -13,16 +14,18 @@ from typing import Any, AsyncIterator, Sequence
 import numpy as np
 from PIL import Image
 
-from vidchat.engine import (
-    WARMUP_PRIORITY, EngineDead, EngineError, EngineOptions, ModelEngine, Prepared,
-    ReplyStats, Turn, _note_engine_start, audio_clips, engine_dead_message, inputs_digest, on_gpu,
-    tokens_per_frame, video_fps,
-)
+from vidchat.engine import ModelEngine
+from vidchat.engine.errors import EngineDead, EngineError, engine_dead_message
 from vidchat.engine.families import Family, family_of, model_type_of
-from vidchat.engine.payload import as_video, to_pil
+from vidchat.engine.hardware import on_gpu
+from vidchat.engine.interface import WARMUP_PRIORITY
+from vidchat.engine.payload import audio_clips, inputs_digest, video_fps
+from vidchat.engine.records import EngineOptions, Prepared, ReplyStats, Turn
 from vidchat.engine.revision import model_revision
+from vidchat.engine.start_log import note_engine_start
 from vidchat.engine.vllm_args import dtype_for, load_processor, stat_loggers, vllm_engine_kwargs
 from vidchat.engine.vllm_errors import core_exit_codes, death_cause, reworded_error
+from vidchat.engine.vllm_media import accepted_media, vllm_prompt
 from vidchat.media import AUDIO_RATE
 
 log = logging.getLogger(__name__)
@@ -127,21 +130,13 @@ class LocalReply:
                 await gen.aclose()
 
 
-
 class LocalEngine(ModelEngine):
     """The model in this process: one vLLM `AsyncLLM`. Create once per
     process with `LocalEngine.start`."""
 
     def __init__(self, options: EngineOptions, llm: Any, processor: Any, model_path: str, start_s: float,
                  family: Family | None = None, revision: str = ""):
-        # What vLLM itself accepts for this model (a processor may have a
-        # video processor that vLLM never calls: SmolVLM), within our limits.
-        limits = _allowed_mm_limits(llm)
-        if limits is None:
-            audio = getattr(processor, "feature_extractor", None) is not None
-            video = getattr(processor, "video_processor", None) is not None
-        else:
-            audio, video = limits.get("audio", 0) > 0, limits.get("video", 0) > 0
+        audio, video = accepted_media(llm, processor)
         super().__init__(options, processor, model_path, start_s, family, revision, audio, video)
         self._llm = llm
         self._warming: set[str] = set()  # request ids of warm-ups in flight
@@ -182,7 +177,7 @@ class LocalEngine(ModelEngine):
         start_s = time.perf_counter() - t0
         log.info("model loaded on %s in %.1f s", "GPU" if gpu else "CPU", start_s)
         log.debug("engine ready: %s (%s)", options.model, revision)
-        _note_engine_start(options.model, start_s)
+        note_engine_start(options.model, start_s)
         engine = cls(options, llm, processor, options.model, start_s, family, revision)
         engine.tokens_per_frame = per_frame
         if per_frame and options.encoder_cache_frames > 0 and engine.encoder_cache_tokens:
@@ -272,32 +267,13 @@ class LocalEngine(ModelEngine):
             system_prompt=system_prompt,
         )
         fps = video_fps(frame_times, len(frames)) if frames_as == "video" else None
-        prompt = self._vllm_prompt(prompt_text, frames, frames_as, clips, fps, cache_salt, frame_ids)
+        prompt = vllm_prompt(self.family, prompt_text, frames, frames_as, clips, fps, cache_salt, frame_ids)
         from vllm import SamplingParams
 
         # ignore_eos: benchmarks and tests need replies of a known length.
         params = SamplingParams(max_tokens=max_tokens, temperature=temperature, seed=seed, ignore_eos=ignore_eos)
         return Prepared(prompt, prompt_text, params, _stats(frames, audio, clips, len(history), total_turns),
                         video_fps=fps)
-
-    def _vllm_prompt(self, prompt_text: str, frames: Sequence[np.ndarray | Image.Image], frames_as: str,
-                     clips: Sequence[tuple[np.ndarray, str | None]], fps: float | None, cache_salt: str | None,
-                     frame_ids: Sequence[str] | None) -> dict[str, Any]:
-        """The prompt as vLLM takes it: text, media, the media's cache names and the salt."""
-        prompt: dict[str, Any] = {"prompt": prompt_text}
-        if cache_salt:
-            # vLLM mixes the salt into the first block's hash: prefix-cache
-            # hits then only happen between requests with the same salt.
-            prompt["cache_salt"] = cache_salt
-        mm = self._multi_modal_data(frames, frames_as, [clip for clip, _ in clips], fps)
-        if mm:
-            prompt["multi_modal_data"] = mm
-        uuids = _media_uuids(cache_salt, len(frames), frame_ids, frames_as, clips)
-        if uuids:
-            prompt["multi_modal_uuids"] = uuids
-        if fps is not None and self.family.fps_kwarg:
-            prompt["mm_processor_kwargs"] = {"fps": fps}
-        return prompt
 
     async def warm(self, prepared: Prepared) -> ReplyStats:
         """Run a warm-up (a prepared ``warmup=True`` prompt): vLLM encodes its
@@ -339,49 +315,10 @@ class LocalEngine(ModelEngine):
         rid = request_id or f"vidchat-{next(self._ids)}-{uuid.uuid4().hex[:8]}"
         return LocalReply(self, rid, prepared.prompt, prepared.params, prepared.stats)
 
-    def _multi_modal_data(self, frames: Sequence[np.ndarray | Image.Image], frames_as: str,
-                          clips: Sequence[np.ndarray], fps: float | None) -> dict[str, Any]:
-        mm: dict[str, Any] = {}
-        if frames:
-            if frames_as == "video":
-                mm["video"] = self.family.video_item(as_video(frames), fps)
-            else:
-                mm["image"] = [to_pil(f) for f in frames]
-        if clips:
-            mm["audio"] = [(clip, AUDIO_RATE) for clip in clips]
-        return mm
-
     def _translate(self, exc: BaseException, request_id: str) -> EngineError:
         """vLLM's exceptions, reworded so a user knows what to change."""
         return reworded_error(exc, request_id, self.options.max_model_len, lambda: self.is_dead,
                               self.death_cause)
-
-
-def _allowed_mm_limits(llm: Any) -> dict[str, int] | None:
-    """Items per prompt vLLM allows for each modality of this model (its own
-    support within limit_mm_per_prompt), or None when it can't be read."""
-    try:
-        from vllm.multimodal import MULTIMODAL_REGISTRY
-
-        return dict(MULTIMODAL_REGISTRY.get_processing_info(llm.model_config).allowed_mm_limits)
-    except Exception:
-        log.debug("could not read vLLM's multimodal limits", exc_info=True)
-        return None
-
-
-def _media_uuids(cache_salt: str | None, n_frames: int, frame_ids: Sequence[str] | None, frames_as: str,
-                 clips: Sequence[tuple[Any, str | None]]) -> dict[str, list[str]]:
-    """The names vLLM caches each frame's (or the video's) and each audio
-    clip's encoding under, within the session's salt; none without a salt or names."""
-    uuids: dict[str, list[str]] = {}
-    if cache_salt and n_frames and frame_ids is not None and len(frame_ids) == n_frames:
-        if frames_as == "video":
-            uuids["video"] = [f"{cache_salt}/video/{','.join(map(str, frame_ids))}"]
-        else:
-            uuids["image"] = [f"{cache_salt}/{fid}" for fid in frame_ids]
-    if cache_salt and clips and all(name is not None for _, name in clips):
-        uuids["audio"] = [f"{cache_salt}/audio/{name}" for _, name in clips]
-    return uuids
 
 
 def _stats(frames: Sequence[Any], audio: np.ndarray | None, clips: Sequence[tuple[np.ndarray, str | None]],

@@ -19,30 +19,35 @@ vidchat hashes sessions over them itself (vidchat.engine.replicas).
 The model's processor is loaded here too (from ``--model`` or the served
 model's name), to know what it accepts. Frames as one video are not sent
 this way: a video would have to be encoded first, so questions ask for images.
+
+The request and stream formats are in :mod:`vidchat.engine.openai_chat`;
+which replica answers a session, and what a failed one means for it, in
+:mod:`vidchat.engine.replica_sessions`.
 """
 
 from __future__ import annotations
 
 import asyncio
-import base64
-import collections
-import io
 import json
 import logging
 import time
 import uuid
-import wave
 from typing import Any, Sequence
 
 import httpx
 import numpy as np
 from PIL import Image
 
-from vidchat.engine import (ENGINE_DEAD_MESSAGE, EngineDead, EngineError, EngineOptions, ModelEngine, Prepared,
-                            ReplyStats, Turn, WARMUP_PRIORITY, inputs_digest, tokens_per_frame)
+from vidchat.engine import ModelEngine
+from vidchat.engine.chat_template import tokens_per_frame
+from vidchat.engine.errors import ENGINE_DEAD_MESSAGE, EngineDead, EngineError
 from vidchat.engine.families import family_of, model_type_of
-from vidchat.engine.replicas import (DEFAULT_SESSION_HEADER, ReplicaPool, routing_key, shown_url,
-                                     split_urls)
+from vidchat.engine.interface import WARMUP_PRIORITY
+from vidchat.engine.openai_chat import chat_messages, chunk_delta, error_text, messages_text, refusal, request_body
+from vidchat.engine.payload import inputs_digest
+from vidchat.engine.records import EngineOptions, Prepared, ReplyStats, Turn
+from vidchat.engine.replica_sessions import SessionReplicas
+from vidchat.engine.replicas import DEFAULT_SESSION_HEADER, routing_key, shown_url, split_urls
 from vidchat.engine.revision import model_revision
 from vidchat.media import AUDIO_RATE
 
@@ -55,50 +60,6 @@ CONNECT_TIMEOUT_S = 5.0
 # with an error instead of holding its session forever. A cold question on a
 # CPU takes ~15 s before its first token (docs/performance.md, the true-size figures).
 FIRST_BYTE_TIMEOUT_S = 60.0
-# Sessions whose last replica is remembered (to say when one moved).
-MAX_HOMES = 10_000
-
-
-def png_data_url(frame: np.ndarray | Image.Image) -> str:
-    image = frame if isinstance(frame, Image.Image) else Image.fromarray(np.asarray(frame))
-    buf = io.BytesIO()
-    # Lossless, so the server decodes exactly the pixels inputs_sha256 names;
-    # the lowest compression keeps 16 frames to a few ms.
-    image.convert("RGB").save(buf, "PNG", compress_level=1)
-    return "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode()
-
-
-def wav_base64(audio: np.ndarray) -> str:
-    pcm = (np.clip(audio, -1.0, 1.0) * 32767).astype("<i2")
-    buf = io.BytesIO()
-    with wave.open(buf, "wb") as w:
-        w.setnchannels(1)
-        w.setsampwidth(2)
-        w.setframerate(AUDIO_RATE)
-        w.writeframes(pcm.tobytes())
-    return base64.b64encode(buf.getvalue()).decode()
-
-
-def _error_text(response: httpx.Response, body: bytes) -> str:
-    try:
-        payload = json.loads(body)
-        detail = payload.get("error", payload)
-        return str(detail.get("message") if isinstance(detail, dict) else detail)
-    except (ValueError, AttributeError):
-        return body.decode(errors="replace")[:300] or f"HTTP {response.status_code}"
-
-
-def messages_text(messages: list[dict[str, Any]]) -> str:
-    """The chat as the QA record shows it: the server renders the template,
-    so this lists each turn with its media as placeholders."""
-    lines = []
-    for message in messages:
-        content = message["content"]
-        if isinstance(content, list):
-            content = " ".join({"image_url": "<image>", "input_audio": "<audio>"}.get(part["type"])
-                               or part.get("text", "") for part in content)
-        lines.append(f"[{message['role']}] {content}")
-    return "\n".join(lines)
 
 
 class RemoteReply:
@@ -137,22 +98,12 @@ class RemoteReply:
                 data = line[5:].strip()
                 if data == "[DONE]":
                     break
-                chunk = json.loads(data)
-                usage = chunk.get("usage")
-                if usage:
-                    self.stats.prompt_tokens = usage.get("prompt_tokens", 0)
-                    self.stats.completion_tokens = usage.get("completion_tokens", 0)
-                    details = usage.get("prompt_tokens_details") or {}
-                    self.stats.cached_tokens = details.get("cached_tokens") or 0
-                for choice in chunk.get("choices") or []:
-                    if choice.get("finish_reason"):
-                        self.stats.finish_reason = choice["finish_reason"]
-                    delta = (choice.get("delta") or {}).get("content")
-                    if delta:
-                        if self.stats.ttft_s is None:
-                            self.stats.ttft_s = time.perf_counter() - self._started
-                        self.text += delta
-                        return delta
+                delta = chunk_delta(json.loads(data), self.stats)
+                if delta:
+                    if self.stats.ttft_s is None:
+                        self.stats.ttft_s = time.perf_counter() - self._started
+                    self.text += delta
+                    return delta
             await self._finish()
             raise StopAsyncIteration
         except (asyncio.CancelledError, GeneratorExit):
@@ -166,7 +117,7 @@ class RemoteReply:
             if isinstance(exc, ValueError) or self.url is None:
                 raise EngineError(f"The model server at {shown_url(self.url or self.engine.url)} sent a reply "
                                   f"vidchat cannot read: {exc}") from exc
-            raise EngineError(self.engine._failed_mid_answer(self.url, exc)) from exc
+            raise EngineError(self.engine.replicas.failed(self.url, exc)) from exc
 
     async def _finish(self) -> None:
         if self._done:
@@ -185,7 +136,6 @@ class RemoteReply:
         await self._finish()
 
 
-
 class RemoteEngine(ModelEngine):
     """:class:`vidchat.engine.ChatEngine`, answered by remote vLLM servers
     (one, a router in front of several, or several hashed by session)."""
@@ -199,7 +149,8 @@ class RemoteEngine(ModelEngine):
         # limits can't be read); frames go as images (see the module's docstring).
         hears = getattr(processor, "feature_extractor", None) is not None
         super().__init__(options, processor, options.model, start_s, family, revision, hears, False)
-        self.pool = ReplicaPool(split_urls(url))
+        self.replicas = SessionReplicas(split_urls(url), first_byte_timeout)
+        self.pool = self.replicas.pool
         self.url = self.pool.urls[0]
         self.served_model = served_model
         self.session_header = session_header
@@ -208,7 +159,6 @@ class RemoteEngine(ModelEngine):
         self._client_loop: asyncio.AbstractEventLoop | None = None  # where its connections live (shutdown)
         self._closing: asyncio.Task | None = None
         self._running: set[str] = set()
-        self._homes: collections.OrderedDict[str, str] = collections.OrderedDict()  # routing key -> replica
         self._closed = False
 
     @classmethod
@@ -301,31 +251,9 @@ class RemoteEngine(ModelEngine):
         total_turns = len(history)
         history = self.fit_history(history, question, len(frames), frames_as, 0 if audio is None else 1,
                                    0.0 if audio is None else audio.size / AUDIO_RATE, max_tokens, system_prompt)
-        named = cache_salt and frame_ids is not None and len(frame_ids) == len(frames)
-        content: list[dict[str, Any]] = []
-        for i, frame in enumerate(frames):
-            part: dict[str, Any] = {"type": "image_url", "image_url": {"url": png_data_url(frame)}}
-            if named:
-                part["uuid"] = f"{cache_salt}/{frame_ids[i]}"
-            content.append(part)
-        if audio is not None:
-            content.append({"type": "input_audio", "input_audio": {"data": wav_base64(audio), "format": "wav"}})
-        if question:
-            content.append({"type": "text", "text": question})
-        messages: list[dict[str, Any]] = []
-        if system_prompt:
-            messages.append({"role": "system", "content": system_prompt})
-        messages += [{"role": t.role, "content": t.text} for t in history]
-        messages.append({"role": "user", "content": content})
-        body: dict[str, Any] = {"model": self.served_model, "messages": messages, "max_tokens": max_tokens,
-                                "temperature": temperature, "stream": True,
-                                "stream_options": {"include_usage": True}}
-        if seed is not None:
-            body["seed"] = seed
-        if ignore_eos:
-            body["ignore_eos"] = True
-        if cache_salt:
-            body["cache_salt"] = cache_salt
+        messages = chat_messages(question, frames, audio, history, system_prompt, cache_salt, frame_ids)
+        body = request_body(self.served_model, messages, max_tokens=max_tokens, temperature=temperature,
+                            seed=seed, ignore_eos=ignore_eos, cache_salt=cache_salt)
         audio_s = 0.0 if audio is None else audio.size / AUDIO_RATE
         stats = ReplyStats(frames=len(frames), audio_seconds=audio_s, inputs_sha256=inputs_digest(frames, audio),
                            history_turns=len(history), history_turns_total=total_turns)
@@ -366,50 +294,19 @@ class RemoteEngine(ModelEngine):
                 continue
             except httpx.HTTPError as exc:
                 self._running.discard(request_id)
-                raise EngineError(self._failed_mid_answer(url, exc, before_answer=True)) from exc
+                raise EngineError(self.replicas.failed(url, exc, before_answer=True)) from exc
             self.pool.mark_up(url)
-            self._placed(key, url, warmup, stats)
+            self.replicas.placed(key, url, warmup, stats)
             return await self._checked(response, request_id), url
         self._running.discard(request_id)
         raise EngineError(f"The model server could not be reached ({'; '.join(errors)}).")
 
-    def _placed(self, key: str | None, url: str, warmup: bool, stats: ReplyStats) -> None:
-        """Note which replica answers; say so when the session moved. Warm-ups
-        don't move a session: the question after them says it moved."""
-        stats.replica = shown_url(url)
-        if key is None or warmup:
-            return
-        before = self._homes.get(key)
-        if before is not None and before != url:
-            stats.session_moved = {"from": shown_url(before), "to": shown_url(url), "caches": "cold"}
-            log.info("a session moved from replica %s to %s: its caches there are cold",
-                     shown_url(before), shown_url(url))
-        self._homes[key] = url
-        self._homes.move_to_end(key)
-        while len(self._homes) > MAX_HOMES:
-            self._homes.popitem(last=False)
-
-    def _failed_mid_answer(self, url: str, exc: Exception, before_answer: bool = False) -> str:
-        """Mark the replica down and say what happened, in words for the user."""
-        what = (f"did not answer within {self.first_byte_timeout:g} s" if isinstance(exc, httpx.TimeoutException)
-                else f"stopped answering ({type(exc).__name__}: {exc})".replace(" ()", ""))
-        self.pool.mark_down(url, what)
-        where = "before answering" if before_answer else "mid-answer"
-        text = f"The model server at {shown_url(url)} {what} {where}."
-        if len(self.pool.urls) > 1:
-            text += " Ask again: this session's next question goes to another replica (its caches start cold)."
-        return text
-
     async def _checked(self, response: httpx.Response, request_id: str) -> httpx.Response:
         if response.status_code != 200:
-            text = _error_text(response, await response.aread())
+            text = error_text(response, await response.aread())
             await response.aclose()
             self._running.discard(request_id)
-            if "maximum context length" in text or "longer than the maximum model length" in text:
-                raise EngineError(f"The question with its frames and chat history is too long for the model "
-                                  f"(limit {self.options.max_model_len} tokens): send fewer frames or clear "
-                                  f"the chat. ({text.splitlines()[0]})")
-            raise EngineError(f"The model server refused the question: {text.splitlines()[0] if text else ''}")
+            raise refusal(text, self.options.max_model_len)
         return response
 
     async def warm(self, prepared: Prepared) -> ReplyStats:

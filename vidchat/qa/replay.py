@@ -48,7 +48,7 @@ frame's time, and its record says ``"watch": true`` (false for the others).
 
 A bundle (a folder or zip written by ``--out`` or the server's
 ``--record-dir``, layout in :mod:`vidchat.conversation.bundle_format`; or a folder of bundles,
-each in turn) is re-asked with its exact frames, audio and chat history: its
+each in turn) is re-asked (:mod:`vidchat.qa.reask`) with its exact frames, audio and chat history: its
 recorded settings, changed by ``--set`` (and by the app's answer flags given
 explicitly), on its recorded model unless ``--model`` names another. Frame
 selection is frozen; only ``num_sample_frames`` may pick fewer of the
@@ -71,103 +71,31 @@ Nothing is written to disk unless ``--out`` (or ``--record-dir``) is given.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import dataclasses
-import json
 import logging
 import os
 import sys
 import time
-from dataclasses import dataclass
 from typing import Any, Sequence, TextIO
 
 from vidchat.qa.engine_start import resolve, start_engine
 from vidchat.qa.playback import EPS, Playback, Question, Schedule, media_events
-from vidchat.qa.replay_options import Changes, UsageError, build_parser, parse_every, parse_sets, parse_watch
+from vidchat.qa.reask import reask_bundle
+from vidchat.qa.replay_options import UsageError, build_parser, parse_every, parse_sets, parse_watch
+from vidchat.qa.replay_run import FAILED, USAGE, Output, Run, answer_record
 
 log = logging.getLogger("vidchat.qa.replay")
 
-USAGE = 2
-FAILED = 1
-# Keys of the answer options the app also sets by flags (--temperature ...).
-_ANSWER_FLAGS = ("frames_as", "max_tokens", "temperature", "system_prompt")
-
 
 # ---------------------------------------------------------------------------
-# Answers
+# A file, played into a session
 # ---------------------------------------------------------------------------
 
 def effective_settings(options, session_settings, store_max_pixels: int | None) -> dict[str, Any]:
     """Answer options and sampling settings, flat, under the names --set takes."""
     return {**dataclasses.asdict(options), **dataclasses.asdict(session_settings),
             "store_max_pixels": store_max_pixels}
-
-
-def answer_record(answer, *, t: float | None, settings: dict[str, Any], source: str,
-                  watch: bool = False) -> dict[str, Any]:
-    """The JSON line: the question, the answer, and the app's answer record."""
-    record: dict[str, Any] = {"t": t, "question": answer.question, "answer": answer.reply.text, "watch": watch}
-    record.update(answer.summary())
-    record["settings"] = {**settings, "seed": answer.options.seed}  # the seed it used, drawn when none was set
-    record["source"] = source
-    record["bundle"] = None
-    return record
-
-
-class Output:
-    def __init__(self, stream: TextIO, as_json: bool):
-        self.stream, self.as_json = stream, as_json
-
-    def answer(self, rec: dict[str, Any]) -> None:
-        if self.as_json:
-            self._line(json.dumps(rec, ensure_ascii=False))
-            return
-        when = "" if rec["t"] is None else f"[{rec['t']:g} s] "
-        if rec.get("watch"):
-            when += "(scene change) "
-        times = rec.get("frame_times") or []
-        if len(times) == 1:
-            parts = [f"1 frame at {times[0]:g} s"]
-        else:
-            parts = [f"{len(times)} frames {times[0]:g}–{times[-1]:g} s" if times else "no frames"]
-        if rec.get("frames_as") == "video":
-            parts[0] += " as video"
-        if rec.get("audio_seconds"):
-            parts.append(f"{rec['audio_seconds']:.2f} s audio")
-        parts.append(f"{rec.get('prompt_tokens')} prompt tokens")
-        if rec.get("ttft_ms") is not None:
-            parts.append(f"first token {rec['ttft_ms']:.0f} ms")
-        parts.append(f"inputs {rec.get('inputs_sha256', '')[:16]}")
-        if rec.get("bundle"):
-            parts.append(f"bundle {rec['bundle']}")
-        self._line(f"{when}Q: {rec['question']}\nA: {rec['answer']}\n   ({', '.join(parts)})")
-
-    def failure(self, t: float | None, question: str, reason: str, watch: bool = False) -> None:
-        when = "" if t is None else f" at {t:g} s"
-        print(f"vidchat.replay: {'watch ' if watch else ''}question{when} failed: {reason}", file=sys.stderr,
-              flush=True)
-        if self.as_json:
-            rec = {"t": t, "question": question, "error": reason, **({"watch": True} if watch else {})}
-            self._line(json.dumps(rec, ensure_ascii=False))
-
-    def _line(self, text: str) -> None:
-        print(text, file=self.stream, flush=True)
-
-
-# ---------------------------------------------------------------------------
-# Runs
-# ---------------------------------------------------------------------------
-
-@dataclass
-class Run:
-    args: argparse.Namespace
-    settings: Any  # vidchat.app.settings.Settings
-    model_option: str
-    changes: Changes
-    out_dir: str | None
-    output: Output
-    watch: str | None = None  # watch mode's question
 
 
 class _FileAsker:
@@ -244,7 +172,7 @@ async def replay_file(run: Run, state, engine, path: str) -> int:
         print(f"vidchat.replay: {exc}", file=sys.stderr)
         return USAGE
     settings = effective_settings(options, session.settings, session.store_max_pixels)
-    asker = _FileAsker(run, engine, conversation.of(state, entry), options, settings, path, playback)
+    asker = _FileAsker(run, engine, entry, options, settings, path, playback)
     t_start = time.perf_counter()
     for t, _, kind, payload in media_events(path, schedule):
         # Playback has reached T: what starts at T or later is for later questions.
@@ -271,92 +199,9 @@ async def replay_file(run: Run, state, engine, path: str) -> int:
     return FAILED if asker.failures else 0
 
 
-def _bundle_options(run: Run, recorded: dict[str, Any]) -> Any:
-    """A bundle's recorded answer options, then the app's answer flags where
-    given (not at their default), then --set."""
-    from vidchat.app.settings import Settings
-    from vidchat.conversation.answer_path import AnswerOptions
-
-    names = {f.name for f in dataclasses.fields(AnswerOptions)}
-    options = AnswerOptions(**{k: v for k, v in recorded.items() if k in names})
-    defaults = Settings()
-    flags = {k: getattr(run.settings, k) for k in _ANSWER_FLAGS if getattr(run.settings, k) != getattr(defaults, k)}
-    if "system_prompt" in flags:
-        flags["system_prompt"] = flags["system_prompt"] or None
-    return options.updated(**flags, **run.changes.answer)
-
-
-async def reask_bundle(run: Run, state, engine, bundle) -> int:
-    from vidchat.conversation import answer_path
-    from vidchat import conversation
-    from vidchat.engine import EngineError
-    from vidchat.media.session import SessionSettings
-    from vidchat.media.sampling import uniform_indices
-
-    manifest = bundle.manifest
-    recorded = dict(manifest.get("settings") or {})
-    options = _bundle_options(run, recorded)
-    frozen = sorted(set(run.changes.session) - {"num_sample_frames"})
-    if frozen:
-        print(f"vidchat.replay: a bundle's frames are fixed: {', '.join(frozen)} cannot change "
-              "(num_sample_frames may pick fewer of them)", file=sys.stderr)
-        return USAGE
-    sample = bundle.sample()
-    n_frames = run.changes.session.get("num_sample_frames")
-    if n_frames is not None:
-        if not isinstance(n_frames, int) or n_frames < 1:
-            print(f"vidchat.replay: num_sample_frames must be a positive integer, got {n_frames!r}",
-                  file=sys.stderr)
-            return USAGE
-        sample = sample.frames_at(uniform_indices(len(sample.frames), n_frames))
-    try:
-        answer_path.check_options(options, engine)
-        engine.check_request(len(sample.frames), options.frames_as)
-    except (ValueError, EngineError) as exc:
-        print(f"vidchat.replay: {exc}", file=sys.stderr)
-        return USAGE
-    if bundle.digest() != bundle.inputs_sha256:
-        log.warning("%s: its frames and audio hash to %s, not to the recorded inputs_sha256 %s (edited?)",
-                    bundle.path, bundle.digest(), bundle.inputs_sha256)
-    session_names = {f.name for f in dataclasses.fields(SessionSettings)}
-    settings = {**{k: v for k, v in recorded.items() if k in session_names or k == "store_max_pixels"},
-                **dataclasses.asdict(options)}
-    if n_frames is not None:
-        settings["num_sample_frames"] = n_frames
-    history = [] if run.args.no_history else bundle.history()
-    t = manifest.get("t")
-    # The app's one answer path, with the bundle's frozen sample in place of a buffer's.
-    entry = state.new_session("replay")
-    try:
-        done = await (await conversation.of(state, entry).ask(bundle.question, options, engine=engine,
-                                                              history=history, sample=sample,
-                                                              spoken=bundle.spoken)).finish()
-    except EngineError as exc:
-        done = None
-        error = str(exc)
-    finally:
-        await state.registry.close(entry.session.id, "re-ask finished")
-    if done is not None:
-        error = done.error
-    if error:
-        run.output.failure(t, bundle.question, error)
-        return FAILED
-    _say_reasked(run, engine, bundle, done.answer, settings, history, t)
-    return 0
-
-
-def _say_reasked(run: Run, engine, bundle, answer, settings: dict[str, Any], history: Any, t: float | None) -> None:
-    """A re-asked bundle's line (and its own bundle with --out)."""
-    rec = answer_record(answer, t=t, settings=settings, source=bundle.path)
-    rec["bundle_inputs_sha256"] = bundle.inputs_sha256
-    if run.out_dir:
-        from vidchat.conversation.recording import write_bundle
-
-        rec["bundle"] = str(write_bundle(run.out_dir, answer, history=history, settings=settings, t=t,
-                                         source=bundle.path, model_option=run.model_option,
-                                         engine_options=engine.options))
-    run.output.answer(rec)
-
+# ---------------------------------------------------------------------------
+# The command
+# ---------------------------------------------------------------------------
 
 async def _run(run: Run, model_path: str, banner: str | None, sources: list[tuple[str, Any]]) -> int:
     from vidchat.engine import EngineError

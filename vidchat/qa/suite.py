@@ -37,8 +37,10 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from vidchat.qa.engine_start import resolve, start_engine
-from vidchat.qa.replay import USAGE, Run, _quiet, reask_bundle, replay_file
+from vidchat.qa.reask import reask_bundle
+from vidchat.qa.replay import _quiet, replay_file
 from vidchat.qa.replay_options import changes_of
+from vidchat.qa.replay_run import USAGE, Run
 from vidchat.qa.suite_checks import run_checks
 from vidchat.qa.suite_file import BASELINE_FILE, Case, Suite, SuiteError, add_bundle, read_suite
 

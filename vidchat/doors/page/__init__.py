@@ -14,8 +14,8 @@ from vidchat.doors.page.answers import clear_chat, page_request, respond, stop_a
 from vidchat.doors.page.reask import reask
 from vidchat.doors.page.layout import access_mode, hf_page_token, mount, password_page_token
 from vidchat.doors.page.modes import talk_switch, watch_switch
-from vidchat.doors.page.view import NOT_RUNNING, STOPPED, compare_html, history_turns, notice
+from vidchat.doors.page.view import NOT_RUNNING, STOPPED, compare_html, notice
 
 __all__ = ["NOT_RUNNING", "STOPPED", "access_mode", "clear_chat", "compare_html", "hf_page_token",
-           "history_turns", "mount", "notice", "page_request", "password_page_token", "reask", "respond",
+           "mount", "notice", "page_request", "password_page_token", "reask", "respond",
            "stop_answer", "talk_switch", "watch_switch"]

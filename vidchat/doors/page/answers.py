@@ -95,7 +95,7 @@ def applied_request(state, entry, raw_settings: tuple) -> PageRequest:
     """The page's settings, applied to the session's sampling (raises
     ValueError naming the field, and then changes nothing)."""
     request = page_request(state, *raw_settings)
-    answer_path.apply_settings(entry.session, state.engine, request.options, request.sampling, entry.events)
+    answer_path.apply_settings(entry.session, state.engine, request.options, request.sampling, entry.event_hub)
     return request
 
 
@@ -116,7 +116,7 @@ def _submit(state, entry, text: str, raw_settings: tuple) -> int:
     Enter was pressed when there is one (vidchat.conversation.prewarm, already warmed)."""
     entry.typed_question_at = time.monotonic()
     pin = state.prewarmer.take_pin(entry) if getattr(state, "prewarmer", None) is not None and state.ready else None
-    return conversation.of(state, entry).submit(text, _options(state, entry, raw_settings),
+    return entry.submit(text, _options(state, entry, raw_settings),
                                                 sample=None if pin is None else pin.sample,
                                                 pinned_at=None if pin is None else pin.at,
                                                 record=_record(raw_settings))
@@ -134,7 +134,7 @@ async def page_question(state, message: Any, sid: str | None, *raw_settings: Any
     if entry is None:
         return gr.update(value=NOT_RUNNING, visible=True)
     log_context.bind(entry.session.id, entry.kind)
-    with entry.events.subscribe() as subscription:
+    with entry.event_hub.subscribe() as subscription:
         ticket = _submit(state, entry, text, raw_settings)
         await _outcome(subscription, ticket, event_start)
     try:
@@ -194,7 +194,7 @@ async def clear_chat(state, sid: str | None) -> None:
     tab's chat empties as the conversation says so. Watch and Talk go on."""
     entry = state.registry.get(sid) if isinstance(sid, str) else None
     if entry is not None:
-        conversation.of(state, entry).clear()
+        entry.clear()
 
 
 async def stop_answer(state, sid: str | None) -> None:
@@ -202,4 +202,4 @@ async def stop_answer(state, sid: str | None) -> None:
     and watching ends (the page unticks Watch)."""
     entry = state.registry.get(sid) if isinstance(sid, str) else None
     if entry is not None:
-        await conversation.of(state, entry).stop()
+        await entry.stop()

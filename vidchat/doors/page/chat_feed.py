@@ -77,7 +77,7 @@ class ChatTranscript:
         self.exchanges: dict[int, _Exchange] = {}
         self.shown: tuple[Any, str | None] | None = None  # the newest answer done: "what the model got"
         self.cleared = False
-        self.generation = conversation.of(state, entry).generation  # the chat drawn (Clear starts another)
+        self.generation = entry.generation  # the chat drawn (Clear starts another)
 
     def messages(self) -> list[dict[str, Any]]:
         out: list[dict[str, Any]] = []
@@ -151,7 +151,7 @@ class ChatTranscript:
         exchange = self.exchanges.get(event.ticket)
         if exchange is not None or self.cleared:
             return exchange
-        run = getattr(conversation.of(self.state, self.entry), "_chat_run", None)
+        run = self.entry._chat_run
         if run is None or run.answer.ticket != event.ticket:
             return None
         exchange = _Exchange(event.ticket, [{"role": "user", "content": answer_path.spoken_text(run.answer)}],
@@ -233,7 +233,7 @@ class Rendered:
         """Return once the tab's chat shows the conversation's newest chat
         (or ``within`` seconds passed: a tab without its chat feed goes on)."""
         deadline = time.monotonic() + within
-        while self.chat_drawn < entry.conversation.generation and time.monotonic() < deadline:
+        while self.chat_drawn < entry.generation and time.monotonic() < deadline:
             try:
                 await asyncio.wait_for(self._drawn.wait(), max(0.0, deadline - time.monotonic()))
             except asyncio.TimeoutError:
@@ -245,7 +245,7 @@ _RENDERED: "weakref.WeakKeyDictionary[Any, Rendered]" = weakref.WeakKeyDictionar
 
 def rendered(entry: Any) -> Rendered:
     """The session's marks (keyed by its event hub: one per session, and hashable where the entry is not)."""
-    return _RENDERED.setdefault(entry.events, Rendered())
+    return _RENDERED.setdefault(entry.event_hub, Rendered())
 
 
 def _stream_every(transcript: ChatTranscript) -> float:
@@ -307,7 +307,7 @@ async def feed(state: Any, entry: Any, reask_list: Callable[[], Any] = lambda: g
     then again at each change the session's events say. ``reask_list``: the
     re-ask list's update as the chat's answers change (gr.skip() when they did not)."""
     marks = rendered(entry)
-    with entry.events.subscribe() as subscription:
+    with entry.event_hub.subscribe() as subscription:
         messages = await asyncio.to_thread(chat_messages, state, entry)
         transcript = ChatTranscript(state, entry, messages)
         last = next(((answer_id, answer) for answer_id, answer in kept.chat_answers(entry) if answer.reply.text),
@@ -347,7 +347,7 @@ async def exchange_updates(state: Any, entry: Any, before: list[dict[str, Any]],
         -> AsyncIterator[tuple]:
     """One question's part of the chat after ``before`` (an API caller's
     chat), from asking it (``ask`` returns its ticket) to its outcome."""
-    with entry.events.subscribe() as subscription:
+    with entry.event_hub.subscribe() as subscription:
         transcript = ChatTranscript(state, entry, before)
         ticket = ask()
         mine = transcript.exchanges

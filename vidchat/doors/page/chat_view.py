@@ -8,15 +8,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from vidchat import conversation
-from vidchat.conversation import kept
 from vidchat.doors.page.view import STOPPED, fold_message, notice
 
 
 def chat_messages(state: Any, entry: Any) -> list[dict[str, Any]]:
     """The chat's messages, oldest first, as the page's chatbot shows them."""
     messages: list[dict[str, Any]] = []
-    for exchange in conversation.of(state, entry).history.exchanges:
+    for exchange in entry.history.exchanges:
         messages.append({"role": "user", "content": exchange.question})
         messages.append({"role": "assistant", "content": exchange.answer})
         if exchange.stopped:

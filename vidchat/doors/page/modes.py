@@ -31,7 +31,7 @@ def _said(entry: Any, text: str) -> Any:
     """A refusal: into the session's chat when there is one, else under the question box."""
     if entry is None:
         return gr.update(value=text, visible=True)
-    entry.events.publish(Notice(text))
+    entry.event_hub.publish(Notice(text))
     return gr.skip()
 
 
@@ -48,7 +48,7 @@ async def watch_switch(state, on: bool, question: Any, every: Any, sid: str | No
     entry = state.registry.get(sid) if isinstance(sid, str) else None
     if not on:
         if entry is not None:
-            conversation.of(state, entry).modes.stop_watching()
+            entry.modes.stop_watching()
         return gr.skip(), gr.skip()
     question = question.strip() if isinstance(question, str) else ""
     problem = ("Watch mode needs a running source: press **Start camera** first." if entry is None else
@@ -68,7 +68,7 @@ async def watch_switch(state, on: bool, question: Any, every: Any, sid: str | No
             problem = f"⚠ Watch not started, settings not accepted: {exc}"
     if problem is not None:
         return False, _said(entry, problem)  # refused: the box unticks, so ticking it again retries
-    conversation.of(state, entry).modes.watch(question, every_s, options)
+    entry.modes.watch(question, every_s, options)
     return gr.skip(), gr.update(value="", visible=False)
 
 
@@ -99,7 +99,7 @@ async def talk_switch(state, on: bool, barge_in: bool, silence_ms: Any, min_spee
     entry = state.registry.get(sid) if isinstance(sid, str) else None
     if not on:
         if entry is not None:
-            await conversation.of(state, entry).modes.stop_talking()
+            await entry.modes.stop_talking()
         return gr.skip(), gr.skip()
     problem = None
     if entry is None:
@@ -114,7 +114,7 @@ async def talk_switch(state, on: bool, barge_in: bool, silence_ms: Any, min_spee
             problem = f"⚠ Talk not started: {exc}"
     if problem is not None:
         return False, _said(entry, problem)  # refused: the box unticks, so ticking it again retries
-    conversation.of(state, entry).modes.talk(settings, bool(barge_in), options,
+    entry.modes.talk(settings, bool(barge_in), options,
                                              on_speech=talk.speech_warms(state, entry))
     return gr.skip(), gr.update(value="", visible=False)
 
@@ -131,10 +131,10 @@ async def mode_updates(state, sid: str | None, history: list[dict], switched: tu
         said = note.get("value") if isinstance(note, dict) else None
         yield [*history, notice(said)] if said else history, gr.skip(), gr.skip(), False
         return
-    if entry is None or not running(conversation.of(state, entry).modes):
+    if entry is None or not running(entry.modes):
         return
-    modes = conversation.of(state, entry).modes
-    with entry.events.subscribe() as subscription:
+    modes = entry.modes
+    with entry.event_hub.subscribe() as subscription:
         transcript = ChatTranscript(state, entry, history)
         redraws = Redraws(transcript, subscription, until=lambda: not running(modes))
         while (views_changed := await redraws.next()) is not None:

@@ -11,10 +11,8 @@ import weakref
 from pathlib import Path
 from typing import Any, AsyncIterator
 
-from vidchat import conversation
-from vidchat.conversation import CANCELLED, Delta, Done, answer_path, kept, recording
+from vidchat.conversation import CANCELLED, Conversation, Delta, Done, answer_path, kept, recording
 from vidchat.media.session import Session
-from vidchat.conversation.registry import Entry
 from vidchat.doors.markup import as_text
 from vidchat.doors.page.answers import page_request
 from vidchat.doors.page.view import _short, compare_html, model_label
@@ -34,7 +32,7 @@ class TabBundles(dict):
     replaces the tab's running one and a tab holds one answer place at most
     (a fresh slot per call let one tab take every --max-concurrent-answers place)."""
 
-    def __init__(self, *args: Any, slot: Entry | None = None, **kwargs: Any) -> None:
+    def __init__(self, *args: Any, slot: Conversation | None = None, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.slot = slot
 
@@ -54,12 +52,12 @@ def tab_bundles(tab: str | None) -> dict | None:
     return _TABS.get(tab) if tab else None
 
 
-def _tab_slot(loaded: dict | None) -> Entry:
+def _tab_slot(state: Any, loaded: dict | None) -> Conversation:
     """The entry a tab's re-asks run on when it has no session (see TabBundles)."""
     slot = getattr(loaded, "slot", None)
     if slot is None:
         # Outside the registry (it holds no media), with its own cache salt.
-        slot = Entry(Session("bundle-" + secrets.token_urlsafe(9)), kind="bundle")
+        slot = Conversation(Session("bundle-" + secrets.token_urlsafe(9)), kind="bundle", state=state)
         if isinstance(loaded, TabBundles):
             loaded.slot = slot
     return slot
@@ -187,10 +185,10 @@ async def reask(state, sid: str, answer_id: str, *raw_settings: Any, engine_choi
     if entry is None:
         # A bundle re-asked before any source started: the tab's own slot,
         # which each of its re-asks shares (one answer place per tab).
-        entry = _tab_slot(loaded)
+        entry = _tab_slot(state, loaded)
     heading = "Re-asked" if engine is state.engine else "Re-asked on the second model"
     try:
-        run = await conversation.of(state, entry).reask(original, request.options, sample, engine=engine)
+        run = await entry.reask(original, request.options, sample, engine=engine)
     except answer_path.Superseded:
         return
     except EngineError as exc:

@@ -10,7 +10,6 @@ from vidchat.conversation import answer_path
 from vidchat.conversation.answer_path import Answer
 from vidchat.doors import inputs as answer_inputs
 from vidchat.doors.markup import as_text
-from vidchat.engine import Turn
 
 
 HEAD = '<link rel="stylesheet" href="/static/vidchat/vidchat.css"><script type="module" src="/static/vidchat/vidchat.js"></script>'
@@ -93,10 +92,6 @@ def notice(text: str) -> dict[str, Any]:
     return {"role": "assistant", "content": text, "metadata": dict(NOTICE)}
 
 
-def is_notice(message: dict[str, Any]) -> bool:
-    return (message.get("metadata") or {}).get("log") == NOTICE["log"]
-
-
 # A spoken question's bubble (Talk mode): its label, then a player.
 SPOKEN = {"log": "vidchat spoken question"}
 
@@ -106,65 +101,6 @@ def spoken_bubble(answer, answer_id: str) -> dict[str, Any]:
     player = (f"<audio controls preload='metadata' class='vc-spoken-audio' "
               f"src='{answer_inputs.PATH_PREFIX}{answer_id}/audio.wav'></audio>")
     return {"role": "user", "content": f"{label}\n\n{player}", "metadata": dict(SPOKEN)}
-
-
-def _is_spoken(message: dict[str, Any]) -> bool:
-    return (message.get("metadata") or {}).get("log") == SPOKEN["log"]
-
-
-def mark_stopped(history: list[dict[str, Any]]) -> None:
-    """The chat's unfinished answer, cut short (a newer question replaced
-    it), marked as stopped, as a finished answer stopped by Stop is: its
-    "waiting" line or empty bubble becomes the mark, text it already has
-    stays, followed by the mark. A whole answer (its panel of what the model
-    got follows it) or a notice is left as it is."""
-    if not history:
-        return
-    last = history[-1]
-    if (last.get("metadata") or {}).get("title"):
-        return
-    text = _message_text(last.get("content")).strip()
-    if is_notice(last):
-        if text.startswith("⏳"):
-            history[-1] = notice(STOPPED)
-    elif last.get("role") == "assistant" and not text:
-        history[-1] = notice(STOPPED)
-    else:  # the answer's text so far, or the question it had not started on
-        history.append(notice(STOPPED))
-
-
-def _message_text(content: Any) -> str:
-    """Gradio 6 gives message content as a string or a list of typed parts."""
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):
-        return "".join(p.get("text", "") for p in content if isinstance(p, dict))
-    if isinstance(content, dict):
-        return content.get("text", "")
-    return ""
-
-
-def history_turns(history: list[dict]) -> list[Turn]:
-    """The conversation as the model had it: user questions and its own
-    answers, without the page's notices (and without thoughts or other
-    titled messages)."""
-    turns: list[Turn] = []
-    for m in history:
-        text = _message_text(m.get("content")).strip()
-        if _is_spoken(m):
-            text = text.split("\n", 1)[0].strip()  # its label: the audio can't be heard again
-        role = m.get("role")
-        if role == "assistant" and is_notice(m) and turns and turns[-1].role == "user":
-            turns.pop()  # a question the model never answered (no camera, an error...)
-            continue
-        if role not in ("user", "assistant") or not text or is_notice(m) or (m.get("metadata") or {}).get("title"):
-            continue
-        if role == "user" and turns and turns[-1].role == "user":
-            turns.pop()  # asked again before an answer came
-        turns.append(Turn(role, text))
-    if turns and turns[-1].role == "user":
-        turns.pop()
-    return turns
 
 
 def fold_message(entry: Any, answer: Answer, answer_id: str) -> dict[str, Any]:
