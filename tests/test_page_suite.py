@@ -1,7 +1,9 @@
-"""The page's Add to suite (--suite-dir), in Chromium against the app with
-real vLLM: an answer added from its "What the model got" panel becomes a
-case (its bundle, its question, the note, its answer as this model's
-baseline) that ``python -m vidchat.suite run`` then passes. (Without
+"""The page's verdict and Add to suite (--suite-dir), in Chromium against
+the app with real vLLM: an answer marked bad with a note (its record says
+so) and added from its "What the model got" panel becomes a case (its
+bundle, its question, the note, the verdict, its answer as this model's
+baseline) that ``python -m vidchat.suite run`` then passes, its report
+showing the verdict. (Without
 --suite-dir the form is not shown: tests/test_compare.py looks.)"""
 
 from __future__ import annotations
@@ -34,6 +36,16 @@ async def test_an_answer_added_to_the_suite_from_the_page_passes_suite_run(serve
             await ask(page, "What is in front of the camera?")
             await wait_for_answer(page, 1)
             await page.click("#vc-inputs button, #vc-inputs .label-wrap")
+            verdict = page.locator("#vc-inputs .vc-mark")
+            await verdict.wait_for(state="visible", timeout=30_000)
+            await verdict.locator("input[name=note]").fill("said nothing of the card")
+            await verdict.locator("button[data-mark=bad]").click()
+            await page.wait_for_function("document.querySelector('#vc-inputs .vc-mark-said')"
+                                         "?.textContent.startsWith('marked bad')", timeout=30_000)
+            assert await verdict.locator("button[data-mark=bad]").get_attribute("aria-pressed") == "true"
+            record = await page.evaluate("(id) => fetch(`/inputs/${id}/record.json`).then((r) => r.json())",
+                                         await verdict.get_attribute("data-answer"))
+            assert record["mark"] == {"mark": "bad", "note": "said nothing of the card"}  # its record says it
             form = page.locator("#vc-inputs .vc-add-suite")
             await form.wait_for(state="visible", timeout=30_000)
             await form.locator("input[name=note]").fill("the colour of the card")
@@ -51,7 +63,9 @@ async def test_an_answer_added_to_the_suite_from_the_page_passes_suite_run(serve
     case = tomllib.loads((suite_dir / "suite.toml").read_text())["case"][0]
     assert case["name"] == "what-is-in-front-of-the-camera" and case["note"] == "the colour of the card"
     assert case["ask"] == [{"expect": {"same_as_baseline": True}}]
-    assert (suite_dir / case["bundle"] / "manifest.json").is_file()
+    assert case["mark"] == {"mark": "bad", "note": "said nothing of the card"}  # the verdict, carried into the case
+    manifest = json.loads((suite_dir / case["bundle"] / "manifest.json").read_text())
+    assert manifest["mark"] == case["mark"] == manifest["record"]["mark"]  # and into its bundle
     baseline = json.loads((suite_dir / "baseline.json").read_text())
     assert list(baseline) == ["tiny"] and list(baseline["tiny"]) == [case["name"]]
     run = subprocess.run([sys.executable, "-m", "vidchat.suite", "run", str(suite_dir), *TINY_SERVER_ARGS,
@@ -62,3 +76,5 @@ async def test_an_answer_added_to_the_suite_from_the_page_passes_suite_run(serve
     assert results["summary"] == {"passed": 1, "failed": 0, "errors": 0}
     (asked,) = results["asks"]
     assert asked["question"] == "What is in front of the camera?" and asked["answer"] == baseline["tiny"][case["name"]]["0"]
+    assert asked["mark"] == case["mark"] and asked["note"] == "the colour of the card"
+    assert "Marked bad ✗ when recorded: said nothing of the card" in (tmp_path / "run" / "report.html").read_text()

@@ -78,6 +78,10 @@ def suite(*args: str) -> subprocess.CompletedProcess:
      "case 'e', ask 0: a bundle case has no at"),
     ('[[case]]\nname = "f"\nvideo = "c.mp4"\n[[case.ask]]\nat = 1\nquestion = "Q"\nexpect = { matches = "(" }\n',
      "case 'f', ask 0: expect.matches is not a Python regex"),
+    ('[[case]]\nname = "g"\nvideo = "c.mp4"\nmark = { mark = "meh" }\n[[case.ask]]\nat = 1\nquestion = "Q"\n',
+     "case 'g': mark must be \"good\" or \"bad\""),
+    ('[[case]]\nname = "h"\nvideo = "c.mp4"\nmark = { mark = "bad", why = "x" }\n[[case.ask]]\nat = 1\n'
+     'question = "Q"\n', "case 'h': mark: unknown key(s) why"),
 ])
 def test_a_suite_file_is_refused_naming_the_file_the_case_and_the_field(tmp_path, capsys, text, said):
     root = write_suite(tmp_path / "s", text)

@@ -1,5 +1,6 @@
-// Add to suite (the server's --suite-dir, docs/suites.md): the form under
-// "What the model got" saves that answer as a case of the suite and says where.
+// What a QA person keeps of an answer, from its "What the model got" panel:
+// a verdict (good or bad, with a note), and Add to suite (the server's
+// --suite-dir, docs/suites.md), which saves the answer as a case and says where.
 import { authHeaders } from "./api.js";
 import { $ } from "./state.js";
 
@@ -38,5 +39,32 @@ document.addEventListener("submit", async (e) => {
     said.textContent = `not added: ${err}`;
   } finally {
     button.disabled = false;
+  }
+}, true);
+
+// Pressing Good or Bad again takes the verdict back.
+document.addEventListener("click", async (e) => {
+  const button = e.target.closest?.(".vc-mark button");
+  if (!button) return;
+  const form = button.closest(".vc-mark");
+  const said = form.querySelector(".vc-mark-said");
+  const mark = button.getAttribute("aria-pressed") === "true" ? "" : button.dataset.mark;
+  try {
+    const r = await fetch(`/inputs/${encodeURIComponent(form.dataset.answer)}/mark`, {
+      method: "POST",
+      headers: authHeaders({ "Content-Type": "application/json" }),
+      body: JSON.stringify({ mark, note: form.elements.note.value }),
+    });
+    const body = await r.json().catch(() => ({}));
+    if (!r.ok) {
+      said.textContent = `not marked: ${body.detail || r.statusText}`;
+      return;
+    }
+    for (const b of form.querySelectorAll("button")) b.setAttribute("aria-pressed", String(b.dataset.mark === mark));
+    const note = body.mark?.note ? `: ${body.mark.note}` : "";
+    said.textContent = (mark ? `marked ${mark}${note}` : "verdict taken back")
+      + (body.bundle ? " (its recording says so too)" : "");
+  } catch (err) {
+    said.textContent = `not marked: ${err}`;
   }
 }, true);

@@ -168,6 +168,7 @@ class Answer:
     sampled_before_ms: float | None = None
     asked_at: float = field(default_factory=time.monotonic)  # on the session's clock (its timeline)
     cancelled_by: str | None = None  # why it was cancelled, when the canceller said (the first cause)
+    mark: dict | None = None  # a QA verdict, {"mark": "good" | "bad", "note"} (vidchat.conversation.answer_marks)
     _slot: Slot | None = field(default=None, repr=False)
     _abandon: asyncio.Event = field(default_factory=asyncio.Event, repr=False)
 
@@ -240,6 +241,7 @@ class Answer:
             model=self.reply.engine.model_path,
             model_revision=getattr(self.reply.engine, "model_revision", ""),
             prompt=self.prompt_text,  # as the model's template rendered it, special tokens included
+            mark=self.mark,
         )
         return stats
 

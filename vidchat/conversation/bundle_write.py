@@ -149,6 +149,7 @@ def _manifest(answer: Any, record: dict[str, Any], history: Any, settings: dict[
         "video_fps": record.get("video_fps"),
         "frames": frame_entries,
         "audio": audio_entry,
+        "mark": record.get("mark"),  # a QA verdict (vidchat.conversation.answer_marks), null without one
         "record": record,
     }
 

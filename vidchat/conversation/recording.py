@@ -194,6 +194,7 @@ def with_frames_decoded(answer: Any) -> Any:
 def recorded_answer(bundle: Bundle):
     """A bundle as a finished :class:`vidchat.conversation.answer_path.Answer`: the page lists it
     beside the session's own answers and re-asks it the same way."""
+    from vidchat.conversation.answer_marks import of_manifest
     from vidchat.conversation.answer_path import Answer, AnswerOptions
 
     settings = bundle.manifest.get("settings") or {}
@@ -203,7 +204,8 @@ def recorded_answer(bundle: Bundle):
         options.frames_as = bundle.manifest["frames_as"]
     return Answer(bundle.question, RecordedReply(bundle.manifest), bundle.sample(), options,
                   prompt_text=bundle.manifest.get("prompt") or "", video_fps=bundle.manifest.get("video_fps"),
-                  history=tuple(bundle.history()), bundle_name=Path(bundle.path).name, spoken=bundle.spoken)
+                  history=tuple(bundle.history()), bundle_name=Path(bundle.path).name, spoken=bundle.spoken,
+                  mark=of_manifest(bundle.manifest))
 
 
 class _Folder:

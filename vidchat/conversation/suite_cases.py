@@ -37,7 +37,7 @@ def free_name(root: Path, wanted: str) -> str:
 
 
 def append_case(root: Path, name: str, bundle: Path, *, contains: Sequence[str] = (),
-                same_as_baseline: bool = False, note: str = "") -> None:
+                same_as_baseline: bool = False, note: str = "", mark: dict | None = None) -> None:
     """Append a bundle case to suite.toml (made, with the folder's name, when there is none)."""
     file = root / SUITE_FILE
     expect = []
@@ -49,6 +49,8 @@ def append_case(root: Path, name: str, bundle: Path, *, contains: Sequence[str] 
              f"bundle = {_toml_string(bundle.relative_to(root).as_posix())}"]
     if note:
         lines.append(f"note = {_toml_string(note)}")
+    if mark:  # the answer's QA verdict (vidchat.conversation.answer_marks)
+        lines.append(f"mark = {{ mark = {_toml_string(mark['mark'])}, note = {_toml_string(mark.get('note', ''))} }}")
     lines += ["  [[case.ask]]", f"  expect = {{ {', '.join(expect)} }}"]
     with file.open("a") as out:
         if out.tell() == 0:

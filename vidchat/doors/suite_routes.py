@@ -1,8 +1,12 @@
-"""The page's Add to suite (with --suite-dir, docs/suites.md): a kept answer
-of the caller's own session saved as a bundle in the suite's folder, a case
-that re-asks it appended to its suite.toml, and its answer kept as the
-server's model's baseline (vidchat.conversation.suite_cases, the rule
-``vidchat suite add`` follows too)."""
+"""What a QA person keeps of an answer, from the page (docs/suites.md):
+
+- its verdict, good or bad with a note (``POST /inputs/<id>/mark``): kept in
+  its record, written into its bundle when it was recorded, carried into a
+  case made from it (vidchat.conversation.answer_marks);
+- Add to suite (with --suite-dir): a kept answer of the caller's own session
+  saved as a bundle in the suite's folder, a case that re-asks it appended
+  to its suite.toml, and its answer kept as the server's model's baseline
+  (vidchat.conversation.suite_cases, the rule ``vidchat suite add`` follows too)."""
 
 from __future__ import annotations
 
@@ -14,7 +18,7 @@ from typing import Any
 
 from fastapi import APIRouter, HTTPException, Request
 
-from vidchat.conversation import suite_cases
+from vidchat.conversation import answer_marks, suite_cases
 from vidchat.conversation.recording import write_bundle
 from vidchat.doors.inputs import PATH_PREFIX, owned_answer
 
@@ -39,7 +43,7 @@ def _add(state: Any, entry: Any, answer: Any, note: str, words: list[str]) -> di
     bundles.mkdir(parents=True, exist_ok=True)
     target = Path(write_bundle(bundles, answer, source="page", model_option=state.settings.model,
                                engine_options=state.engine.options, name=name))
-    suite_cases.append_case(root, name, target, contains=words, same_as_baseline=True, note=note)
+    suite_cases.append_case(root, name, target, contains=words, same_as_baseline=True, note=note, mark=answer.mark)
     suite_cases.keep_baseline(root, state.settings.model, name, {"0": answer.reply.text})
     log.info("session %s…: answer added to the suite %s as case %s", entry.session.id[:6], root, name)
     return {"case": name, "suite": str(root / suite_cases.SUITE_FILE), "bundle": str(target),
@@ -64,5 +68,24 @@ def router(state: Any) -> APIRouter:
             return await asyncio.to_thread(_add, state, entry, answer, note, words)
         except OSError as exc:
             raise HTTPException(500, f"could not write to the suite: {exc}") from None
+
+    @api.post(PATH_PREFIX + "{answer_id}/mark")
+    async def mark(request: Request, answer_id: str) -> dict[str, Any]:
+        """Mark the answer good or bad with a note (``{"mark": "good" | "bad" | "", "note": …}``; empty takes it back)."""
+        entry, answer = owned_answer(state, request, answer_id)
+        try:
+            body = await request.json()
+        except ValueError:
+            raise HTTPException(400, "the body must be JSON: {\"mark\": \"good\" | \"bad\", \"note\": …}") from None
+        try:
+            verdict = answer_marks.checked(body.get("mark") if isinstance(body, dict) else None,
+                                           body.get("note", "") if isinstance(body, dict) else "")
+        except ValueError as exc:
+            raise HTTPException(400, str(exc)) from None
+        try:
+            bundle = await asyncio.to_thread(answer_marks.mark_answer, entry, answer_id, answer, verdict)
+        except (OSError, ValueError) as exc:
+            raise HTTPException(500, f"marked, but its recording could not be updated: {exc}") from None
+        return {"mark": verdict, "bundle": bundle}
 
     return api

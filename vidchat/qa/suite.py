@@ -68,6 +68,8 @@ class AskResult:
     changed_from_baseline: bool | None = None
     frame_times: list[float] = field(default_factory=list)
     bundle: str | None = None  # the answer's recording, under the run's folder (the report's thumbnails)
+    note: str = ""  # the case's note
+    mark: dict | None = None  # the QA verdict on the answer the case was made from ({"mark", "note"})
 
     def as_dict(self) -> dict[str, Any]:
         out = dataclasses.asdict(self)
@@ -149,7 +151,7 @@ def _safe(name: str) -> str:
 def _result(case: Case, index: int, model: str, rec: dict, baseline: dict) -> AskResult:
     ask = case.asks[index]
     question = rec.get("question") or ask.question or ""
-    result = AskResult(case.name, index, model, question)
+    result = AskResult(case.name, index, model, question, note=case.note, mark=case.mark)
     if "error" in rec:
         result.error = rec["error"]
         return result

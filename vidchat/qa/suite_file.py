@@ -24,11 +24,13 @@ import math
 import re
 import shutil
 import tomllib
+import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
 
-from vidchat.conversation import suite_cases
+from vidchat.conversation import answer_marks, suite_cases
+from vidchat.conversation.bundle_format import MANIFEST
 from vidchat.conversation.suite_cases import BASELINE_FILE, SUITE_FILE
 from vidchat.qa.replay_options import UsageError, changes_of
 
@@ -54,6 +56,7 @@ class Case:
     settings: dict[str, Any]  # the suite's, overridden by the case's, by socket name
     asks: tuple[Ask, ...]
     note: str = ""
+    mark: dict | None = None  # the answer's QA verdict when it was added ({"mark", "note"}: answer_marks)
 
 
 @dataclass(frozen=True)
@@ -163,7 +166,7 @@ def _case(raw: Any, root: Path, index: int, defaults: dict[str, Any], names: set
     _typed(raw, dict, where, "case")
     name = _typed(raw.get("name", f"case-{index + 1}"), str, where, "name")
     where = _where(root, name)
-    _only(raw, ("name", "video", "bundle", "settings", "ask", "note"), where)
+    _only(raw, ("name", "video", "bundle", "settings", "ask", "note", "mark"), where)
     if name in names:
         raise SuiteError(f"{where}: two cases have this name")
     names.add(name)
@@ -180,7 +183,19 @@ def _case(raw: Any, root: Path, index: int, defaults: dict[str, Any], names: set
         raise SuiteError(f"{where}: a bundle case has one ask (its recorded question)")
     path = root / source
     return Case(name, path if video is not None else None, path if bundle is not None else None, settings, asks,
-                _typed(raw.get("note", ""), str, where, "note"))
+                _typed(raw.get("note", ""), str, where, "note"), _mark(raw.get("mark"), where))
+
+
+def _mark(raw: Any, where: str) -> dict | None:
+    """A case's ``mark = { mark = "good" | "bad", note = "…" }`` (the verdict of the answer it was made from)."""
+    if raw is None:
+        return None
+    _typed(raw, dict, where, "mark")
+    _only(raw, ("mark", "note"), f"{where}: mark")
+    try:
+        return answer_marks.checked(raw.get("mark"), raw.get("note", ""))
+    except ValueError as exc:
+        raise SuiteError(f"{where}: {exc}") from None
 
 
 def read_suite(folder: str | Path) -> Suite:
@@ -204,6 +219,20 @@ def read_suite(folder: str | Path) -> Suite:
     return Suite(name, root, tuple(_case(c, root, i, defaults, names) for i, c in enumerate(cases_raw)))
 
 
+def _bundle_mark(bundle: Path) -> dict | None:
+    """The mark a recorded bundle carries (its manifest's), or None."""
+    try:
+        if bundle.is_dir():
+            manifest = json.loads((bundle / MANIFEST).read_text())
+        else:
+            with zipfile.ZipFile(bundle) as zf:
+                names = [n for n in zf.namelist() if n.endswith(MANIFEST)]
+                manifest = json.loads(zf.read(names[0])) if names else {}
+    except (OSError, ValueError, zipfile.BadZipFile):
+        return None  # the run says what is wrong with the bundle, as its case's error
+    return answer_marks.of_manifest(manifest) if isinstance(manifest, dict) else None
+
+
 def add_bundle(folder: str | Path, bundle: str | Path, *, name: str | None = None, contains: Sequence[str] = (),
                same_as_baseline: bool = False, note: str = "") -> Case:
     """Copy a recorded bundle into the suite (``bundles/``) and add a case
@@ -222,5 +251,6 @@ def add_bundle(folder: str | Path, bundle: str | Path, *, name: str | None = Non
         shutil.copytree(source, target)
     else:
         shutil.copyfile(source, target)
-    suite_cases.append_case(root, case_name, target, contains=contains, same_as_baseline=same_as_baseline, note=note)
+    suite_cases.append_case(root, case_name, target, contains=contains, same_as_baseline=same_as_baseline, note=note,
+                            mark=_bundle_mark(target))
     return next(c for c in read_suite(root).cases if c.name == case_name)

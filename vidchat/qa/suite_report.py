@@ -93,6 +93,17 @@ def _answer_cell(a: dict[str, Any], baseline: str | None) -> str:
             f"inputs {html.escape((a.get('inputs_sha256') or '')[:16])}</p></td>")
 
 
+def _case_notes(a: dict[str, Any]) -> str:
+    """The case's note, and the verdict a QA person gave the answer it was made from."""
+    out = f"<p class='note'>{html.escape(a['note'])}</p>" if a.get("note") else ""
+    mark = a.get("mark")
+    if mark:
+        good = mark["mark"] == "good"
+        out += (f"<p class='mark {'good' if good else 'bad'}'>Marked {'good ✓' if good else 'bad ✗'} when recorded"
+                + (f": {html.escape(mark['note'])}" if mark.get("note") else "") + "</p>")
+    return out
+
+
 def report_html(report: dict[str, Any], baseline: dict[str, Any]) -> str:
     models = report["models"]
     by_ask: dict[tuple[str, int], dict[str, dict]] = {}
@@ -105,7 +116,8 @@ def report_html(report: dict[str, Any], baseline: dict[str, Any]) -> str:
         cells = "".join(_answer_cell(per_model[m], baseline.get(m, {}).get(case, {}).get(str(index)))
                         if m in per_model else "<td></td>" for m in models)
         rows.append(f"<tr class='{'failed' if failed else 'passed'}'><th><b>{html.escape(case)}</b> #{index}"
-                    f"<p>{html.escape(first['question'])}</p>{_thumbs(first.get('bundle'), first['frame_times'])}"
+                    f"<p>{html.escape(first['question'])}</p>{_case_notes(first)}"
+                    f"{_thumbs(first.get('bundle'), first['frame_times'])}"
                     f"</th>{cells}</tr>")
     s = report["summary"]
     head = "".join(f"<th>{html.escape(m)}</th>" for m in models)
@@ -121,6 +133,7 @@ td.failed, td.error {{ background: #fff7f6; }}
 ul {{ padding-left: 16px; margin: 4px 0; list-style: none; }} .meta {{ color: #777; font-size: 12px; }}
 del {{ background: #fbe3e1; }} ins {{ background: #e1f5e4; text-decoration: none; }}
 body.only-failed tr.passed {{ display: none; }}
+.note {{ color: #555; font-style: italic; }} .mark.good {{ color: #1e7b34; }} .mark.bad {{ color: #a93226; }}
 </style>
 <h1>{html.escape(report['suite'])}</h1>
 <p>{s['passed']} passed, {s['failed']} failed, {s['errors']} errors · {len(report['asks'])} asks on

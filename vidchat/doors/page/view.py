@@ -131,8 +131,24 @@ def frames_html(answer, answer_id: str | None = None, recorded: bool = False) ->
         f"{audio:.1f} s of audio{'' if audio else ' (none)'}; times in seconds since the session's first media.</p>"
     )
     links = f"<p class='vc-record-links'>{answer_inputs.record_links_html(answer_id, recorded)}</p>" if answer_id else ""
-    return (links + (add_to_suite_html(answer_id) if answer_id else "") + head + "<div class='vc-frames'>"
+    keep = (mark_html(answer_id, getattr(answer, "mark", None)) + add_to_suite_html(answer_id)) if answer_id else ""
+    return (links + keep + head + "<div class='vc-frames'>"
             + "".join(tiles) + "</div>" + answer_inputs.history_cut(answer))
+
+
+def mark_html(answer_id: str, mark: dict | None) -> str:
+    """Good or bad, with a note (static/js/suites.js posts it; vidchat.conversation.answer_marks keeps it)."""
+    said = ""
+    if mark:
+        said = f"marked {as_text(mark['mark'])}" + (f": {as_text(mark['note'])}" if mark.get("note") else "")
+    pressed = (mark or {}).get("mark")
+    return (f"<form class='vc-mark' data-answer='{as_text(answer_id)}'><span class='vc-mark-ask'>This answer is</span>"
+            f"<button type='button' class='vc-btn' data-mark='good' aria-pressed='{str(pressed == 'good').lower()}'>"
+            "✓ Good</button>"
+            f"<button type='button' class='vc-btn' data-mark='bad' aria-pressed='{str(pressed == 'bad').lower()}'>"
+            "✗ Bad</button>"
+            "<input name='note' placeholder='why (optional)' aria-label='why this answer is good or bad'>"
+            f"<span class='vc-mark-said' role='status'>{said}</span></form>")
 
 
 def add_to_suite_html(answer_id: str) -> str:
