@@ -237,13 +237,13 @@ def build_tokenizer(kind: str, model_max_length: int, out_dir: Path) -> "PreTrai
     unreachable fillers so the family's special tokens land at their real ids."""
     from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, trainers
 
-    from vidchat.devtools.tinymodel import _training_text, save_qwen_tokenizer
+    from vidchat.devtools.tinymodel import save_qwen_tokenizer, training_text
 
     trained = Tokenizer(models.BPE())
     trained.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     trainer = trainers.BpeTrainer(vocab_size=1024, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
                                   show_progress=False)
-    trained.train_from_iterator(_training_text(TOKENIZER_SEED), trainer=trainer)
+    trained.train_from_iterator(training_text(TOKENIZER_SEED), trainer=trainer)
     model = json.loads(trained.to_str())["model"]
     vocab: dict[str, int] = dict(model["vocab"])
     merges = [tuple(m.split(" ", 1)) if isinstance(m, str) else tuple(m) for m in model["merges"]]

@@ -8,9 +8,10 @@ docstring for where each value comes from).
 from __future__ import annotations
 
 import json
-import random
 from pathlib import Path
 from typing import TYPE_CHECKING
+
+from vidchat.devtools.tinymodel import training_text
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerFast
@@ -43,21 +44,15 @@ CHAT_TEMPLATE = (
 )
 
 
-def _training_text(seed: int) -> list[str]:
-    rng = random.Random(seed)
-    words = (
-        "the a an person hand face camera video frame light room table cup phone book moving holding "
-        "looking left right up down red green blue white black small large what is in this picture who "
-        "where how many there are you see describe answer question yes no maybe because and or with "
-        "without near far front behind window door chair screen wall shirt hair user assistant system "
-        "provided following series of frames from video image helpful watching live about hear"
-    ).split()
-    lines = []
-    for _ in range(4000):
-        line = " ".join(rng.choice(words) for _ in range(rng.randint(3, 14)))
-        lines.append(line.capitalize() + rng.choice([".", "?", "!", ",", ":"]))
-    lines += [str(i) for i in range(200)] + [f"{i:02d}:{j:02d}" for i in range(3) for j in range(0, 60, 7)]
-    return lines
+# SmolVLM2's own words for its tokenizer's training text (vidchat.devtools.tinymodel.training_text).
+_WORDS = (
+    "the a an person hand face camera video frame light room table cup phone book moving holding "
+    "looking left right up down red green blue white black small large what is in this picture who "
+    "where how many there are you see describe answer question yes no maybe because and or with "
+    "without near far front behind window door chair screen wall shirt hair user assistant system "
+    "provided following series of frames from video image helpful watching live about hear"
+)
+_TIMES = tuple(f"{i:02d}:{j:02d}" for i in range(3) for j in range(0, 60, 7))  # its prompts' frame times
 
 
 def build_tokenizer(out_dir: Path, seed: int) -> PreTrainedTokenizerFast:
@@ -75,7 +70,7 @@ def build_tokenizer(out_dir: Path, seed: int) -> PreTrainedTokenizerFast:
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )
-    trained.train_from_iterator(_training_text(seed), trainer=trainer)
+    trained.train_from_iterator(training_text(seed, _WORDS, ".?!,:", _TIMES), trainer=trainer)
 
     # Pad the vocabulary with entries no merge produces, so the added tokens
     # below take the ids the real tokenizer gives them.

@@ -22,6 +22,7 @@ import os
 import random
 import sys
 from pathlib import Path
+from typing import Sequence
 
 from vidchat.engine.modelcache import build_once
 
@@ -108,23 +109,26 @@ def chat_template(family: str) -> str:
     return text
 
 
-def _training_text(seed: int) -> list[str]:
-    """Plausible English-ish lines so BPE learns ordinary merges."""
+TRAINING_WORDS = (
+    "the a an person hand face camera video frame light room table cup phone book "
+    "moving holding looking left right up down red green blue white black small large "
+    "what is in this picture who where how many there are you see I can hear sound "
+    "speaking music quiet loud describe answer question yes no maybe because and or "
+    "with without near far front behind window door chair screen wall shirt hair"
+)
+
+
+def training_text(seed: int, words: str = TRAINING_WORDS, stops: str = ".?!,", extra: Sequence[str] = ()) -> list[str]:
+    """Plausible English-ish lines so BPE learns ordinary merges (each test
+    model's tokenizer: its own words and punctuation, the same rule)."""
     rng = random.Random(seed)
-    words = (
-        "the a an person hand face camera video frame light room table cup phone book "
-        "moving holding looking left right up down red green blue white black small large "
-        "what is in this picture who where how many there are you see I can hear sound "
-        "speaking music quiet loud describe answer question yes no maybe because and or "
-        "with without near far front behind window door chair screen wall shirt hair"
-    ).split()
+    vocabulary = words.split()
     lines = []
     for _ in range(4000):
         n = rng.randint(3, 14)
-        line = " ".join(rng.choice(words) for _ in range(n))
-        lines.append(line.capitalize() + rng.choice([".", "?", "!", ","]))
-    lines += [str(i) for i in range(200)]
-    return lines
+        line = " ".join(rng.choice(vocabulary) for _ in range(n))
+        lines.append(line.capitalize() + rng.choice(list(stops)))
+    return lines + [str(i) for i in range(200)] + list(extra)
 
 
 def qwen_processor_tokens(omni: bool) -> dict[str, str]:
@@ -161,7 +165,7 @@ def build_tokenizer(family: str, out_dir: Path) -> "PreTrainedTokenizerFast":  #
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )
-    tok.train_from_iterator(_training_text(SEED), trainer=trainer)
+    tok.train_from_iterator(training_text(SEED), trainer=trainer)
     return save_qwen_tokenizer(tok, family == "omni", 32768, chat_template(family), out_dir)
 
 
