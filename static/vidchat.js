@@ -2,8 +2,8 @@
 // The page's markup comes from vidchat/doors/page/layout.py; these modules
 // only add behaviour, one concern each (static/js/): the credential (api),
 // sources and the file's clock (source), the peer with resume (peer), the
-// live figures (live), Talk (talk), typed questions (questions) and
-// readiness (ready). The session id the server returns is written into a
+// live figures (live), Talk (talk), typed questions (questions),
+// readiness (ready) and the words that follow the source (wording). The session id the server returns is written into a
 // hidden Gradio textbox, so every chat question carries its own tab's
 // session. window.vidchat is the surface tests and QA scripts read.
 import { beaconUrl, pageToken } from "./js/api.js";

@@ -7,6 +7,7 @@ import {
   watchScreenEnd,
 } from "./source.js";
 import { $, forgetResume, keepResume, publishSessionId, setNote, setStatus, state } from "./state.js";
+import { lockPickers } from "./wording.js";
 
 const MAX_RECONNECTS = 4;
 
@@ -173,7 +174,7 @@ export async function start(resume = false) {
   state.wantRunning = true;
   state.run += 1;
   toggleButtons(true);
-  setStatus("Starting camera…", "busy");
+  setStatus("Starting…", "busy");
   setNote("");
   try {
     const { stream, note } = await openMedia();
@@ -221,8 +222,5 @@ function toggleButtons(running) {
   const startBtn = $("#vc-start"), stopBtn = $("#vc-stop");
   if (startBtn) startBtn.disabled = running;
   if (stopBtn) stopBtn.disabled = !running;
-  for (const sel of ["#vc-res", "#vc-fps", "#vc-camera", "#vc-mic"]) {
-    const el = $(sel);
-    if (el) el.disabled = running;
-  }
+  lockPickers(running);
 }

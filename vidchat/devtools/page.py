@@ -27,9 +27,10 @@ TEST_CAMERA_SIZE = (320, 240)
 WEBCAM_SIZE = (640, 480)
 
 # The model's messages in the chat, without the "What the model got" panels
-# folded under them (titled messages, which Gradio renders as a thought group).
+# folded under them (titled messages, which Gradio renders as a thought group)
+# or the "Thinking…" that stands for an answer until its first token.
 BOT_MESSAGES = ("[...document.querySelectorAll('#vc-chat [data-testid=\"bot\"]')]"
-                ".filter((m) => !m.querySelector('.thought-group'))")
+                ".filter((m) => !m.querySelector('.thought-group, .vc-typing'))")
 # JS predicate: the n-th bot message exists and shows text.
 BOT_HAS_TEXT = ("(() => { const b = " + BOT_MESSAGES + ";"
                 " return b.length >= %d && b[b.length - 1].innerText.trim().length > 0; })()")
@@ -40,7 +41,8 @@ BOT_HAS_TEXT = ("(() => { const b = " + BOT_MESSAGES + ";"
 # or the camera-stopped hint, has no panel).
 ANSWER_FINAL = ("(() => { const all = [...document.querySelectorAll('#vc-chat [data-testid=\"bot\"]')];"
                 " let seen = 0;"
-                " for (const m of all) { if (m.querySelector('.thought-group')) { if (seen >= %(n)d) return true; }"
+                " for (const m of all) { if (m.querySelector('.vc-typing')) continue;"
+                " if (m.querySelector('.thought-group')) { if (seen >= %(n)d) return true; }"
                 " else seen++; }"
                 " const q = window.vidchat.questions;"
                 " return seen === %(n)d && q.asked > 0 && q.asked === q.finished; })()")

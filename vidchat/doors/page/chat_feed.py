@@ -29,7 +29,7 @@ from vidchat.conversation.session_events import (
 )
 from vidchat.doors.page.chat_view import chat_messages
 from vidchat.doors.page.view import NO_TEXT, SPOKEN, STOPPED, fold_message, frames_html, notice, spoken_bubble, \
-    waiting_text
+    typing, waiting_text
 
 # What a question before any frame should have done, as the page's user acts on it.
 NO_FRAMES_HINT = "Wait a moment after **Start camera**, then ask again."
@@ -58,11 +58,13 @@ class _Exchange:
     tail: list[dict[str, Any]] = field(default_factory=list)  # the marks, notes and fold after its text
     ended: bool = False
 
-    def messages(self) -> list[dict[str, Any]]:
+    def messages(self, shows_typing: bool = False) -> list[dict[str, Any]]:
         out = list(self.lead)
         text = self.answer.reply.text if self.answer is not None else ""
         if self.waiting is not None and not self.ended:
             out.append(notice(self.waiting))
+        elif not text and not self.ended and shows_typing:
+            out.append(typing())
         elif text or (self.answer is not None and not self.ended):
             out.append({"role": "assistant", "content": text})
         return out + self.tail
@@ -71,8 +73,12 @@ class _Exchange:
 class ChatTranscript:
     """The chat of one session as the page shows it, kept from its events."""
 
-    def __init__(self, state: Any, entry: Any, messages: list[dict[str, Any]] | None = None) -> None:
+    def __init__(self, state: Any, entry: Any, messages: list[dict[str, Any]] | None = None,
+                 shows_typing: bool = False) -> None:
         self.state, self.entry = state, entry
+        # The page's own chat says "Thinking…" until the first token; an API
+        # caller's stream (/ask, /watch, /talk) carries only what happened.
+        self.shows_typing = shows_typing
         self.items: list[Any] = list(messages or [])  # plain messages and _Exchange, in order
         self.exchanges: dict[int, _Exchange] = {}
         self.shown: tuple[Any, str | None] | None = None  # the newest answer done: "what the model got"
@@ -82,7 +88,7 @@ class ChatTranscript:
     def messages(self) -> list[dict[str, Any]]:
         out: list[dict[str, Any]] = []
         for item in self.items:
-            out.extend(item.messages() if isinstance(item, _Exchange) else [item])
+            out.extend(item.messages(self.shows_typing) if isinstance(item, _Exchange) else [item])
         return out
 
     def pending(self) -> bool:
@@ -309,7 +315,7 @@ async def feed(state: Any, entry: Any, reask_list: Callable[[], Any] = lambda: g
     marks = rendered(entry)
     with entry.event_hub.subscribe() as subscription:
         messages = await asyncio.to_thread(chat_messages, state, entry)
-        transcript = ChatTranscript(state, entry, messages)
+        transcript = ChatTranscript(state, entry, messages, shows_typing=True)
         last = next(((answer_id, answer) for answer_id, answer in kept.chat_answers(entry) if answer.reply.text),
                     None)
         if last is not None:

@@ -15,30 +15,47 @@ from typing import Any, Callable
 import gradio as gr
 
 from vidchat.doors.server_contract import login_of
+from vidchat.conversation.session_events import Notice
 from vidchat.conversation.settings_table import SETTINGS
 from vidchat.doors.page.answers import clear_chat, page_question, respond, stop_answer
 from vidchat.doors.page.chat_feed import feed, rendered
 from vidchat.doors.page.reask import bundle_choices, load_bundle, reask, reask_choices, remember_tab, tab_bundles
 from vidchat.doors.page.modes import TALK_NEEDS_AUDIO, mode_updates, talk_switch, watch_switch
-from vidchat.doors.page.view import NOT_RUNNING, notice
+from vidchat.doors.page.view import NOT_RUNNING, notice, typing
+
+# Said in the chat when Stop (beside Send) ended watching as well as the answer.
+WATCH_STOPPED = "Stop switched Watch off as well: tick Watch to go on watching."
 
 # A streaming API event's last message repeats its last update in full: the
 # API events end on an update that changes nothing. (A generator that
 # yields nothing at all would blank the chat.)
 LAST_UPDATE_IS_NOTHING = (gr.skip(), gr.skip(), gr.skip())
 
-QUESTION_FINISHED_JS = "() => { if (window.vidchat) window.vidchat.questions.finished += 1; }"
+# A typed question's event has ended: counted, and a "Thinking…" still last
+# in the chat with no typed question left in flight goes (the browser put it
+# there at Send, and a session gone meanwhile has no chat feed to replace it).
+QUESTION_FINISHED_JS = ("(chat) => { const q = window.vidchat?.questions; if (q) q.finished += 1;"
+                        " const last = chat?.[chat.length - 1];"
+                        " const stale = q && q.asked === q.finished && JSON.stringify(last?.content ?? '')"
+                        ".includes('vc-typing');"
+                        " return [stale ? chat.slice(0, -1) : chat]; }")  # (one output: in a list of one)
 # Clear chat's event has ended (the tab's chat is empty).
 CLEAR_FINISHED_JS = "() => { if (window.vidchat) window.vidchat.clears += 1; }"
 # Sending empties the question box into the field the question's event
 # reads. With no session (the camera not started, or stopped) there is no
 # conversation to ask and no chat feed: the question and why it was not
 # asked join the chat here, in the browser, as the server would say it.
+# With one, the question and "Thinking…" show at once, as the chat feed
+# draws them (vidchat.doors.page.chat_feed), before the question's round trip.
 # (In the browser a message's content is a list of typed parts.)
-SEND_JS = ("(question, chat) => (window.vidchat?.sessionId || !question.trim()) ? ['', question, chat]"
-           " : ['', '', [...(chat || []), {role: 'user', content: [{type: 'text', text: question}]}, %s]]"
-           % json.dumps({**notice(NOT_RUNNING), "content": [{"type": "text", "text": NOT_RUNNING}]},
-                        ensure_ascii=False))
+def _in_browser(message: dict) -> str:
+    return json.dumps({**message, "content": [{"type": "text", "text": message["content"]}]}, ensure_ascii=False)
+
+
+SEND_JS = ("(question, chat) => !question.trim() ? ['', question, chat]"
+           " : ['', window.vidchat?.sessionId ? question : '',"
+           " [...(chat || []), {role: 'user', content: [{type: 'text', text: question}]},"
+           " window.vidchat?.sessionId ? %s : %s]]" % (_in_browser(typing()), _in_browser(notice(NOT_RUNNING))))
 
 
 @dataclass
@@ -86,6 +103,7 @@ def wire(blocks: gr.Blocks, state: Any, page: Controls) -> None:
         return sid if state.registry.get_for(sid, login_of(request.headers)) is not None else None
 
     _questions(state, page, own)
+    _clear(state, page, own)
     _watch(state, page, own)
     _talk(blocks, state, page, own)
     _reask(state, page, own)
@@ -136,7 +154,7 @@ def _settings_help(page: Controls) -> None:
 
 
 def _questions(state: Any, page: Controls, own: Callable) -> None:
-    """Typed questions (Enter, Send, the public /ask), Stop and Clear chat."""
+    """Typed questions (Enter, Send, the public /ask) and Stop."""
 
     async def on_page_question(request: gr.Request, message, sid, *raw):
         return await page_question(state, message, own(request, sid), *raw)
@@ -146,8 +164,13 @@ def _questions(state: Any, page: Controls, own: Callable) -> None:
             yield update
 
     async def on_stop(request: gr.Request, sid):
-        await stop_answer(state, own(request, sid))
-        return False  # Stop ends watching too: the Watch box says so
+        mine = own(request, sid)
+        entry = state.registry.get(mine)
+        watching = entry is not None and entry.modes.watching
+        await stop_answer(state, mine)
+        if watching:  # an unticked box is easy to miss: the chat says it too
+            entry.event_hub.publish(Notice(WATCH_STOPPED))
+        return False  # Stop ends watching too: the Watch box unticks
 
     # The question box is not an output of the question's event, so it stays
     # editable while an answer streams: a new question then replaces the
@@ -166,7 +189,8 @@ def _questions(state: Any, page: Controls, own: Callable) -> None:
                  trigger_mode="multiple", api_visibility="private")
          .then(on_page_question, inputs, page.question_note, api_visibility="private", concurrency_limit=None,
                show_progress="hidden", trigger_mode="multiple")
-         .then(None, None, None, js=QUESTION_FINISHED_JS, queue=False, api_visibility="private"))
+         .then(None, page.chatbot, page.chatbot, js=QUESTION_FINISHED_JS, queue=False,
+               api_visibility="private"))
     # The public /ask: the same question, its part of the chat streamed after
     # the caller's chat; the last message is the whole reply (what an API
     # client reads as the result).
@@ -174,6 +198,10 @@ def _questions(state: Any, page: Controls, own: Callable) -> None:
     ask_api.click(on_question, [page.question, page.chatbot, page.session_id, *page.settings_inputs], page.outputs,
                   api_name="ask", concurrency_limit=None)
     page.stop.click(on_stop, [page.session_id], page.watch_on, concurrency_limit=None, api_name="stop")
+
+
+def _clear(state: Any, page: Controls, own: Callable) -> None:
+    """Clear chat, and the chat's own clear icon."""
 
     async def on_clear(request: gr.Request, sid, loaded):
         mine = own(request, sid)
@@ -184,9 +212,12 @@ def _questions(state: Any, page: Controls, own: Callable) -> None:
         choices = bundle_choices(loaded)  # the old chat's answers are no longer offered; loaded bundles are
         return gr.Dropdown(choices=choices, value=choices[0][1] if choices else None)
 
-    page.clear.click(on_clear, [page.session_id, page.loaded_bundles], page.reask_from,
-                     api_visibility="private").then(None, None, None, js=CLEAR_FINISHED_JS, queue=False,
-                                                    api_visibility="private")
+    # The chat's own clear icon empties only the browser's copy of the chat:
+    # it clears the conversation as Clear chat does, or the chat would come back.
+    for trigger in (page.clear.click, page.chatbot.clear):
+        trigger(on_clear, [page.session_id, page.loaded_bundles], page.reask_from,
+                api_visibility="private").then(None, None, None, js=CLEAR_FINISHED_JS, queue=False,
+                                               api_visibility="private")
 
 
 def _watch(state: Any, page: Controls, own: Callable) -> None:

@@ -143,8 +143,10 @@ def _chat_column() -> dict[str, Any]:
     """The chat, the question box, and the Watch and Talk switches under it."""
     chatbot = gr.Chatbot(label="Chat", height=440, elem_id="vc-chat", buttons=["copy"])
     with gr.Row(elem_classes="vc-ask"):
-        question = gr.Textbox(placeholder="Ask about what the camera sees…", show_label=False, scale=8,
-                              lines=1, max_lines=4, elem_id="vc-question")
+        # Its label is its accessible name (shown only to screen readers: the
+        # placeholder says it on screen, in the chosen source's words, static/js/wording.js).
+        question = gr.Textbox(placeholder="Ask about the camera…", label="Question", show_label=False,
+                              scale=8, lines=1, max_lines=4, elem_id="vc-question")
         send = gr.Button("Send", variant="primary", scale=1, min_width=70, elem_id="vc-send")
         stop = gr.Button("Stop", scale=1, min_width=70, elem_id="vc-stop-answer")
     sent_question = gr.Textbox(visible="hidden", elem_id="vc-sent-question")

@@ -16,10 +16,10 @@ HEAD = '<link rel="stylesheet" href="/static/vidchat/vidchat.css"><script type="
 
 PREVIEW_HTML = """
 <div class="vc-live" id="vc-live-access" data-mode="{access_mode}" data-suites="{suites}">
-  <div class="vc-ready" id="vc-ready" role="status"></div>
   <div class="vc-video-wrap">
     <video id="vc-preview" autoplay playsinline muted></video>
     <div class="vc-conn" id="vc-conn" data-tone="idle">Not started</div>
+    <div class="vc-ready" id="vc-ready" role="status"></div>
   </div>
   <div class="vc-controls">
     <button id="vc-start" class="vc-btn vc-primary" disabled title="The page's script is loading">Start camera</button>
@@ -90,6 +90,17 @@ NOTICE = {"log": "vidchat notice"}
 
 def notice(text: str) -> dict[str, Any]:
     return {"role": "assistant", "content": text, "metadata": dict(NOTICE)}
+
+
+# Between a question and its first token (reading the frames, the prompt):
+# the page's chat says the model is at work rather than showing nothing, or
+# an empty bubble. Words, not only dots: a screen reader and a machine
+# without the page's styles read them too.
+TYPING = "<span class='vc-typing'>Thinking…</span>"
+
+
+def typing() -> dict[str, Any]:
+    return notice(TYPING)
 
 
 # A spoken question's bubble (Talk mode): its label, then a player.
