@@ -213,11 +213,18 @@ async def camera_page(server, tmp_path, viewport=(1280, 800)) -> AsyncIterator[A
             await browser.close()
 
 
-async def test_a_refused_setting_names_its_field_and_leaves_the_chat_as_it_was(server, tmp_path):
+# The text of each of the chat's bot bubbles, in order.
+BOT_BUBBLES = ("[...document.querySelectorAll('#vc-chat [data-testid=\"bot\"]')]"
+               ".map((m) => m.innerText.trim())")
+
+
+@pytest.mark.parametrize("width, height", [(1280, 900), (390, 844)], ids=["desktop", "phone"])
+async def test_a_refused_setting_names_its_field_and_leaves_the_chat_as_it_was(server, tmp_path, width, height):
     """A 0 in "At most every (s)", then Watch ticked: vidchat's own notice
     naming the setting joins the chat, no Gradio error badge or toast
-    replaces it, and the box unticks (ticking it again retries)."""
-    async with camera_page(server, tmp_path) as page:
+    replaces it, and the box unticks (ticking it again retries). A second
+    refusal is a message of its own, not more words of the first."""
+    async with camera_page(server, tmp_path, viewport=(width, height)) as page:
         await set_setting(page, "vc-max-tokens", "4")
         await ask(page, "Anything there?")
         await wait_for_answer(page, 1)
@@ -233,6 +240,12 @@ async def test_a_refused_setting_names_its_field_and_leaves_the_chat_as_it_was(s
         # Everything that was there stays, in order; the notice comes last.
         assert after[:len(before)] == before and after[-1] == said, (before, after)
         assert await page.locator("#vc-chat .error, .toast-body").count() == 0
+        await page.fill("#vc-watch-every input", "-5")
+        await page.click("#vc-watch input[type=checkbox]")
+        again = "⚠ At most every (s): enter seconds above 0 (you typed -5); Watch is off."
+        await page.get_by_text(again).first.wait_for(timeout=30_000)
+        bubbles = await page.evaluate(BOT_BUBBLES)
+        assert bubbles[-2:] == [said, again], bubbles  # each notice in its own bubble
 
 
 @pytest.mark.parametrize("width, height", [(1280, 900), (390, 844)], ids=["desktop", "phone"])

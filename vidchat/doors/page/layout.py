@@ -141,7 +141,10 @@ def _controls(state) -> Controls:
 
 def _chat_column() -> dict[str, Any]:
     """The chat, the question box, and the Watch and Talk switches under it."""
-    chatbot = gr.Chatbot(label="Chat", height=440, elem_id="vc-chat", buttons=["copy"])
+    # Each message in its own bubble: a notice (a refused setting, Stop) is
+    # read as what it is, not as more words of the answer or notice before it.
+    chatbot = gr.Chatbot(label="Chat", height=440, elem_id="vc-chat", buttons=["copy"],
+                         group_consecutive_messages=False)
     with gr.Row(elem_classes="vc-ask"):
         # Its label is its accessible name (shown only to screen readers: the
         # placeholder says it on screen, in the chosen source's words, static/js/wording.js).
