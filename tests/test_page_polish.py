@@ -14,13 +14,15 @@ fake camera and the shared server:
   the chosen source, every emoji has words beside it, and "Thinking…"
   stands for the answer from the question to its first token;
 - while the model loads, the page's readiness poll logs no console error
-  and its line sits on the preview instead of pushing the column down.
+  and its line sits on the preview instead of pushing the column down;
+- a chat cut to fit the model's context says so, in one line with the answer.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import re
 import socket
 from typing import Any, AsyncIterator
 
@@ -152,6 +154,10 @@ WATCH_TYPING = """() => {
 
 PICKERS = ["#vc-res", "#vc-fps", "#vc-camera", "#vc-mic"]
 
+# The "left out to fit" line: how many turns went, of how many, and the context they had to fit.
+HISTORY_CUT = re.compile(r"(\d+) older turns? of the chat left out to fit the model's ([\d,]+) tokens: "
+                         r"the model got the last (\d+) of (\d+)\.")
+
 
 @contextlib.asynccontextmanager
 async def tab(browser_dir, url: str, viewport: tuple[int, int], start: bool = True,
@@ -181,7 +187,10 @@ async def tab(browser_dir, url: str, viewport: tuple[int, int], start: bool = Tr
 async def test_the_chat_fits_the_width_and_its_chrome_covers_no_message(server, tmp_path, artifacts_dir, width,
                                                                          height):
     async with tab(tmp_path, server.url + "/", (width, height)) as page:
-        await set_setting(page, "vc-max-tokens", "24")
+        # Long answers (greedy decoding of the random model runs to max_tokens):
+        # two fill the shared server's 4,096-token context.
+        await set_setting(page, "vc-max-tokens", "2000")
+        await set_setting(page, "vc-temperature", "0")
         # "Thinking…" stands for the answer until its first token.
         await page.evaluate(WATCH_TYPING)
         await ask(page, "What do you see?")
@@ -190,11 +199,27 @@ async def test_the_chat_fits_the_width_and_its_chrome_covers_no_message(server, 
         assert await page.locator("#vc-chat .vc-typing").count() == 0  # gone once the answer shows
         await ask(page, CODE_QUESTION)
         await wait_for_answer(page, 2)
+        await set_setting(page, "vc-max-tokens", "24")
+
+        # The second question's chat was cut to fit the context (point 7): What
+        # the model got and the answer's fold say so, in one line that fits.
+        await page.click("#vc-inputs button, #vc-inputs .label-wrap")
+        line = page.locator("#vc-inputs .vc-history-cut")
+        await line.wait_for(state="visible", timeout=30_000)
+        said = HISTORY_CUT.fullmatch((await line.inner_text()).strip())
+        assert said is not None, await line.inner_text()
+        left, context, sent, total = int(said[1]), said[2], int(said[3]), int(said[4])
+        assert context == "4,096" and total == 2 and left >= 2 and left + sent == total, said.group(0)
+        await page.locator("#vc-chat .thought-group [role=button]").last.click()  # the second answer's fold
+        await page.locator("#vc-chat .vc-history-cut").first.wait_for(state="visible", timeout=10_000)
+        assert HISTORY_CUT.fullmatch((await page.locator("#vc-chat .vc-history-cut").first.inner_text()).strip())
+        assert await line.evaluate("(e) => e.scrollWidth <= e.clientWidth + 1")
         await page.evaluate(FILL_ANSWER)
 
         assert await page.evaluate(OVERFLOWING) == []
         blocks = await page.evaluate(CODE_BLOCKS)
-        assert len(blocks) == 2 and all(b["scrolls"] and b["overflowX"] in ("auto", "scroll") and b["inside"]
+        # The question's and the injected code blocks (a long random answer may hold more).
+        assert len(blocks) >= 2 and all(b["scrolls"] and b["overflowX"] in ("auto", "scroll") and b["inside"]
                                         for b in blocks), blocks
         box = await page.evaluate(QUESTION_BOX)
         assert box["share"] >= 0.55 and box["lines"] < 1.5, box
@@ -307,3 +332,4 @@ async def test_while_the_model_loads_the_page_says_so_quietly_and_in_place(loadi
           return {inside: line.top >= video.top && line.bottom <= video.bottom, videoTop: video.top - column.top};
         }""")
         assert place["inside"] and abs(place["videoTop"]) <= 1, place
+
