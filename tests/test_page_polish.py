@@ -214,6 +214,11 @@ async def test_the_chat_fits_the_width_and_its_chrome_covers_no_message(server, 
         await page.locator("#vc-chat .vc-history-cut").first.wait_for(state="visible", timeout=10_000)
         assert HISTORY_CUT.fullmatch((await page.locator("#vc-chat .vc-history-cut").first.inner_text()).strip())
         assert await line.evaluate("(e) => e.scrollWidth <= e.clientWidth + 1")
+        # Point 4: the record's download link leads What the model got, above its frames.
+        links = page.locator("#vc-inputs .vc-record-links")
+        assert "Download the record" in await links.inner_text()
+        first_frame = page.locator("#vc-inputs .vc-frames figure").first
+        assert (await links.bounding_box())["y"] < (await first_frame.bounding_box())["y"]
         await page.evaluate(FILL_ANSWER)
 
         assert await page.evaluate(OVERFLOWING) == []
