@@ -11,6 +11,7 @@ import { reconnect, start, stop, switchSource } from "./js/peer.js";
 import "./js/questions.js";
 import "./js/ready.js";
 import "./js/suites.js";
+import "./js/suite_panel.js";
 import { listServerMedia, sourceKind } from "./js/source.js";
 import { $, resumeAfterReload, setNote, state, whenShown } from "./js/state.js";
 import { talk } from "./js/talk.js";

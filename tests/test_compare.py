@@ -70,6 +70,12 @@ def _load(srv, path: Path) -> tuple[Client, str, str]:
     return tab, chosen or "", shown
 
 
+# The chat's folded "what the model got" panels, one under each answer.
+FOLDS = "#vc-chat .thought-group [role=button]"
+# The chat's links to its answers' records, one per answer's "what the model got" fold.
+RECORD_LINKS = "() => [...document.querySelectorAll('#vc-chat a[href*=\"/record.json\"]')].map((a) => a.href)"
+
+
 def _columns(html: str) -> list[str]:
     return html.split("class='vc-compare-col'")[1:]
 
@@ -225,3 +231,55 @@ async def test_the_page_the_socket_and_replay_give_the_same_record_for_the_same_
     assert core <= set(replay_record)
     assert set(replay_record) - core == {"t", "question", "answer", "watch", "settings", "bundle",
                                          "bundle_inputs_sha256"}
+
+
+@pytest.mark.browser
+async def test_both_models_answers_each_question_with_both_side_by_side(two_models, tmp_path, artifacts_dir):
+    """Both models: a typed question is answered by the server's model and by
+    --compare-model's on the same frames, chat and seed, side by side in the
+    chat, each answer with its own record; unticked, the next question has one answer."""
+    from playwright.async_api import async_playwright
+
+    from vidchat.devtools.page import launch, open_and_start, set_setting, write_wav, write_y4m
+
+    write_y4m(tmp_path / "cam.y4m", (200, 60, 40))
+    write_wav(tmp_path / "mic.wav")
+    async with async_playwright() as pw:
+        browser = await launch(pw, tmp_path / "cam.y4m", tmp_path / "mic.wav", tmp_path)
+        try:
+            page = await open_and_start(browser, two_models.url + "/", viewport=(1280, 1000), min_buffer=4)
+            await set_setting(page, "vc-max-tokens", "8")
+            await page.get_by_label(re.compile("Both models")).check()
+            box = page.locator("#vc-question textarea")
+            await box.fill("What colour is it?")
+            await box.press("Enter")
+            both = page.locator("#vc-chat .vc-both")
+            await both.wait_for(timeout=60_000)
+            # Both answers end, each with its own "what the model got" fold (the second's is named so).
+            await page.wait_for_function(
+                "[...document.querySelectorAll('#vc-chat .vc-both .vc-both-text')].length === 2 && "
+                "[...document.querySelectorAll('#vc-chat button, #vc-chat span')].some("
+                "(e) => e.textContent.startsWith('Second model ·'))", timeout=120_000)
+            heads = await both.locator(".vc-both-model").all_inner_texts()
+            assert len(heads) == 2 and "(second model)" in heads[1] and heads[0] != heads[1], heads
+            # One "what the model got" per answer (each comes as its answer ends).
+            await page.wait_for_function(f"document.querySelectorAll('{FOLDS}').length === 2", timeout=60_000)
+            folds = page.locator(FOLDS)
+            await page.locator("#vc-chat").screenshot(path=str(artifacts_dir / "page-both-models.png"))
+            for k in range(2):
+                await folds.nth(k).click()
+            await page.wait_for_function("document.querySelectorAll('#vc-chat .vc-inputs').length === 2")
+            entry_records = await page.evaluate(RECORD_LINKS)
+            assert len(entry_records) == 2, entry_records  # one record per answer
+            first, second = [await page.evaluate("(u) => fetch(u).then((r) => r.json())", u) for u in entry_records]
+            assert first["frame_indices"] == second["frame_indices"] and first["frame_times"] == second["frame_times"]
+            assert first["seed"] == second["seed"] and first["question"] == second["question"] == "What colour is it?"
+            assert first["model"] != second["model"]
+            # Unticked: the next question is the first model's alone, and the chat continues with its answers.
+            await page.get_by_label(re.compile("Both models")).uncheck()
+            await box.fill("And now?")
+            await box.press("Enter")
+            await page.wait_for_function(f"document.querySelectorAll('{FOLDS}').length === 3", timeout=120_000)
+            assert await both.count() == 1  # the new answer's fold came, and no second answer beside it
+        finally:
+            await browser.close()

@@ -32,8 +32,8 @@ BELOW = {"vidchat.media": {"vidchat.media"},
          # A door is an adapter: what it needs of the server is in vidchat.doors.server_contract.
          "vidchat.doors": {"vidchat.doors", "vidchat.conversation", "vidchat.engine", "vidchat.media"}}
 IMPLEMENTATIONS = ("vidchat.engine.local", "vidchat.engine.remote", "vllm")
-# The module that builds an engine: the server (at start-up; replay and suites start theirs through it).
-STARTS_ENGINES = {"vidchat.app.server"}
+# The module that builds an engine: the app's (the server at start-up; replay and suites start theirs through it).
+STARTS_ENGINES = {"vidchat.app.engine_open", "vidchat.app.server"}
 
 
 def _modules() -> dict[str, ast.AST]:

@@ -3,7 +3,8 @@ the app with real vLLM: an answer marked bad with a note (its record says
 so) and added from its "What the model got" panel becomes a case (its
 bundle, its question, the note, the verdict, its answer as this model's
 baseline) that ``python -m vidchat.suite run`` then passes, its report
-showing the verdict. (Without
+showing the verdict; the page's Suites panel runs the same suite on the
+server's own model, with its progress, its table and its report. (Without
 --suite-dir the form is not shown: tests/test_compare.py looks.)"""
 
 from __future__ import annotations
@@ -56,10 +57,35 @@ async def test_an_answer_added_to_the_suite_from_the_page_passes_suite_run(serve
             assert str(suite_server.suite_dir / "suite.toml") in await said.inner_text()
             await page.screenshot(path=str(artifacts_dir / "page-add-to-suite.png"), full_page=True)
 
+            # The Suites panel: the case is listed, and a run on the server's own model passes it.
+            await page.click("#vc-suites-panel button, #vc-suites-panel .label-wrap")
+            panel = page.locator("#vc-suites")
+            await panel.locator(".vc-suite-table td", has_text="what-is-in-front-of-the-camera").wait_for(
+                timeout=30_000)
+            assert await panel.locator(".vc-suite-run").count() == 1  # no --compare-model: this model only
+            await panel.locator(".vc-suite-run[data-engine=main]").click()
+            await page.wait_for_function("document.querySelector('#vc-suites .vc-suite-progress')"
+                                         "?.dataset.state === 'finished'", timeout=120_000)
+            progress = await panel.locator(".vc-suite-progress").inner_text()
+            assert progress.startswith("Finished on tiny: 1 passed, 0 failed, 0 errors"), progress
+            rows = panel.locator(".vc-suite-results tbody tr")
+            assert await rows.count() == 1
+            assert await rows.first.get_attribute("data-status") == "passed"
+            assert "same" in await rows.first.inner_text()  # the answer equals its baseline
+            report_url = await panel.locator("a.vc-suite-report").get_attribute("href")
+            report = await page.evaluate("(u) => fetch(u).then(async (r) => [r.status, await r.text()])",
+                                         report_url)
+            assert report[0] == 200 and "Marked bad ✗ when recorded: said nothing of the card" in report[1]
+            await page.screenshot(path=str(artifacts_dir / "page-suites-panel.png"), full_page=True)
+
         finally:
             await browser.close()
 
     suite_dir = suite_server.suite_dir
+    (page_run,) = (suite_dir / "runs").iterdir()  # the page's run wrote its reports where the command line does
+    page_results = json.loads((page_run / "results.json").read_text())
+    assert page_results["models"] == ["tiny"] and page_results["summary"] == {"passed": 1, "failed": 0, "errors": 0}
+    assert (page_run / "junit.xml").is_file() and (page_run / "report.html").is_file()
     case = tomllib.loads((suite_dir / "suite.toml").read_text())["case"][0]
     assert case["name"] == "what-is-in-front-of-the-camera" and case["note"] == "the colour of the card"
     assert case["ask"] == [{"expect": {"same_as_baseline": True}}]
@@ -77,4 +103,7 @@ async def test_an_answer_added_to_the_suite_from_the_page_passes_suite_run(serve
     (asked,) = results["asks"]
     assert asked["question"] == "What is in front of the camera?" and asked["answer"] == baseline["tiny"][case["name"]]["0"]
     assert asked["mark"] == case["mark"] and asked["note"] == "the colour of the card"
+    # The server's run and the command line's engine asked the same inputs and said the same.
+    assert asked["inputs_sha256"] == page_results["asks"][0]["inputs_sha256"]
+    assert asked["answer"] == page_results["asks"][0]["answer"]
     assert "Marked bad ✗ when recorded: said nothing of the card" in (tmp_path / "run" / "report.html").read_text()

@@ -16,14 +16,14 @@ from fastapi.staticfiles import StaticFiles
 from vidchat.app import metrics as app_metrics, status_routes
 from vidchat.app.access import default_allowed_hosts, split_list
 from vidchat.app.engine_keeper import EngineKeeper
+from vidchat.app.engine_open import engine_options, open_engine  # noqa: F401 (the server's names for them)
 from vidchat.app.guard import Guard
 from vidchat.app.loopwatch import LoopWatch
 from vidchat.app.settings import Settings
 from vidchat.app.state import AppState
 from vidchat.conversation import prewarm_auto
 from vidchat.conversation.prewarm import Prewarmer
-from vidchat.devtools import tinymodel
-from vidchat.engine import ChatEngine, EngineError, EngineOptions
+from vidchat.engine import EngineError
 from vidchat.engine.local import LocalEngine
 
 log = logging.getLogger(__name__)
@@ -32,34 +32,6 @@ STATIC_DIR = Path(__file__).resolve().parents[2] / "static"
 # Below Gradio's own /static/ (its fonts, icons and scripts), not over it:
 # mounted at /static, vidchat's files answered 404 for every Gradio asset.
 STATIC_URL = "/static/vidchat"
-
-
-# With --audio-segments on: room for 30 s of audio in 2-s clips (the oldest
-# are merged beyond this; vidchat.engine.audio_clips).
-SEGMENTED_MAX_AUDIOS = 16
-
-
-def engine_options(settings: Settings, model_path: str, tiny: bool, main: bool = True) -> EngineOptions:
-    """The engine's options (``main``: the main engine, whose vLLM stats feed /metrics)."""
-    return EngineOptions(
-        model=model_path,
-        dtype="float32" if tiny and settings.dtype == "auto" else settings.dtype,
-        max_model_len=settings.max_model_len,
-        kv_cache_gb=settings.kv_cache_gb,
-        mm_cache_gb=settings.mm_cache_gb,
-        gpu_memory_utilization=settings.gpu_memory_utilization,
-        max_images=settings.max_images,
-        max_videos=settings.max_videos,
-        max_audios=max(settings.max_audios, SEGMENTED_MAX_AUDIOS) if settings.audio_segments == "on"
-        else settings.max_audios,
-        split_audio=settings.audio_segments == "on",
-        max_image_pixels=settings.max_image_pixels or (tinymodel.MAX_PIXELS if tiny else 0),
-        priority_scheduling=settings.prewarm != "off",
-        encoder_cache_frames=settings.max_sessions * settings.frames_per_question,
-        tensor_parallel_size=settings.tensor_parallel_size,
-        data_parallel_size=settings.data_parallel_size,
-        prometheus_stats=main,
-    )
 
 
 def parse_ice_servers(raw: str) -> list[dict[str, Any]]:
@@ -119,6 +91,7 @@ def create_app(state: AppState) -> FastAPI:
     """The app: the engine loads in its lifespan while the port already
     answers; then the status routes, the doors' routes, vidchat's static
     files, the access guard in front of every route, and the page mounted last."""
+    from vidchat.app import suite_run_routes
     from vidchat.doors import inputs as answer_inputs, media_dir, protocol, page as ui, realtime, suite_routes, webrtc_routes
 
     state.metrics = app_metrics.attach(state)
@@ -131,6 +104,7 @@ def create_app(state: AppState) -> FastAPI:
     app.include_router(webrtc_routes.router(state))
     app.include_router(answer_inputs.router(state))
     app.include_router(suite_routes.router(state))
+    app.include_router(suite_run_routes.router(state))
     app.include_router(media_dir.router(state))
 
     @app.websocket("/v1/video/chat/stream")
@@ -202,23 +176,6 @@ def _guard(app: FastAPI, state: AppState) -> None:
         page=state.page_logins,
         owner_of=state.registry.owner_of,
     )
-
-
-async def open_engine(state: AppState) -> ChatEngine:
-    """The engine ``state.settings`` names, started in a worker thread: vLLM
-    in this process, or the model served at --engine-url (whose model path
-    then becomes the state's). Raises EngineError with vLLM's own reason."""
-    settings = state.settings
-    if not settings.engine_url:
-        return await asyncio.to_thread(LocalEngine.start, state.engine_options)
-    from vidchat.engine.remote import RemoteEngine
-
-    engine = await asyncio.to_thread(
-        RemoteEngine.start, state.engine_options, settings.engine_url,
-        session_header=settings.engine_session_header, connect_timeout=settings.engine_connect_timeout,
-        first_byte_timeout=settings.engine_first_byte_timeout)
-    state.model_path = engine.model_path
-    return engine
 
 
 async def _load_engine(state: AppState) -> None:

@@ -33,7 +33,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, AsyncIterator, Callable, Sequence
 
-from vidchat.conversation import answer_path, kept
+from vidchat.conversation import answer_path, kept, second_model
 from vidchat.conversation.history import ChatHistory
 from vidchat.conversation.runs import (  # noqa: F401 (the conversation's events, for every door)
     CANCEL_GRACE_S, CANCELLED, COMPLETED, FAILED, AnswerRun, Delta, Done, Queued, RunEvent, RunReader, Started, Words,
@@ -95,6 +95,8 @@ class Conversation(SessionRecord):
             await run.cancel(why)
         elif self.answer is not None:  # an answer asked outside a run (vidchat.conversation.answer_path.ask)
             await self.cancel_answer(why)
+        if self._second is not None:  # Both models: the second model's answer to the same question
+            await self._second.cancel_answer(why)
 
     async def stop(self, why: str | None = None) -> None:
         """Stop: the running answer ends, a question not started yet ends
@@ -188,6 +190,8 @@ class Conversation(SessionRecord):
         answer.chat = self.generation
         run = AnswerRun(self, self, answer, record=record, continues_chat=continues_chat, remember=remember)
         self._chat_run = run
+        if self.both_models and continues_chat:
+            self._in_task(second_model.ask_second(self, answer, history, record=record))
         return run
 
     def _asked(self, question: str, cause: str, at: float | None, spoken: Any) -> int:

@@ -146,7 +146,8 @@ class AnswerRun:
         more.set()
         entry = self.conversation  # the session's one stream has every answer of it, re-asks marked
         entry.event_hub.publish(AnswerEvent(event, event.answer_id if isinstance(event, Done) else None,
-                                         side=self.slot is not entry, ticket=self.answer.ticket))
+                                         side=self.slot is not entry, ticket=self.answer.ticket,
+                                         second=getattr(self.slot, "second", False)))
 
     async def _run(self) -> None:
         answer, reply = self.answer, self.answer.reply

@@ -78,12 +78,15 @@ class QuestionRefused:
 @dataclass(frozen=True)
 class AnswerEvent:
     """One of an answer run's events (vidchat.conversation.runs: Queued,
-    Started, Delta, Done) for question ``ticket``; ``side``: a re-ask beside the chat."""
+    Started, Delta, Done) for question ``ticket``; ``side``: not the chat's
+    own answer (a re-ask beside the chat, or the second model's); ``second``:
+    the second model's answer to the chat's question ``ticket`` (Both models)."""
 
     event: Any
     answer_id: str | None = None
     side: bool = False
     ticket: int = 0
+    second: bool = False
 
 
 @dataclass(frozen=True)

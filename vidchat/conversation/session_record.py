@@ -84,12 +84,22 @@ class SessionRecord(AnswerSlot):
         # (vidchat.conversation.session_events; Conversation.events() is its stream).
         self.event_hub = EventHub()
         self._side: SideSlot | None = None
+        self._second: SideSlot | None = None
+        # Both models (--compare-model): each chat question is asked of the
+        # second model too (vidchat.conversation.second_model).
+        self.both_models = False
 
     def side_slot(self) -> "SideSlot":
         """Where this session's re-asks run (made on first use)."""
         if self._side is None:
             self._side = SideSlot(self)
         return self._side
+
+    def second_slot(self) -> "SideSlot":
+        """Where the second model's answers to the chat's questions run (Both models)."""
+        if self._second is None:
+            self._second = SideSlot(self, second=True)
+        return self._second
 
     def time_left(self) -> float | None:
         return None if self.deadline is None else max(0.0, self.deadline - time.monotonic())
@@ -99,11 +109,14 @@ class SideSlot(AnswerSlot):
     """Where a session's re-asks run: beside the chat's answer, never in its
     slot, so a re-ask neither cancels the chat's answer nor is read aloud by
     Talk. Same session and cache salt (its prefix-cache hits are the
-    session's own); a newer re-ask still replaces a running one."""
+    session's own); a newer re-ask still replaces a running one. The second
+    model's answers (``second``) run in a slot of their own, so a re-ask and
+    they never replace each other."""
 
-    def __init__(self, record: SessionRecord) -> None:
+    def __init__(self, record: SessionRecord, second: bool = False) -> None:
         super().__init__()
         self.record = record
+        self.second = second
 
     @property
     def session(self) -> Session:

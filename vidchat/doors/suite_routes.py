@@ -6,7 +6,11 @@
 - Add to suite (with --suite-dir): a kept answer of the caller's own session
   saved as a bundle in the suite's folder, a case that re-asks it appended
   to its suite.toml, and its answer kept as the server's model's baseline
-  (vidchat.conversation.suite_cases, the rule ``vidchat suite add`` follows too)."""
+  (vidchat.conversation.suite_cases, the rule ``vidchat suite add`` follows too);
+- the Suites panel (with --suite-dir): the suite's cases (``GET /suites``), a
+  run on the server's model or --compare-model's (``POST /suites/run``), its
+  progress (``GET /suites/runs/<id>``) and its report.html, each served to the
+  login that started it only (vidchat.qa.suite_runs)."""
 
 from __future__ import annotations
 
@@ -34,6 +38,23 @@ def _text(body: Any, name: str) -> str:
     return value.strip()
 
 
+async def json_body(request: Request, shape: str) -> dict[str, Any]:
+    """The request's JSON object; HTTPException 400 saying ``shape`` otherwise."""
+    try:
+        body = await request.json()
+    except ValueError:
+        body = None
+    if not isinstance(body, dict):
+        raise HTTPException(400, f"the body must be a JSON object: {shape}")
+    return body
+
+
+def needs_suite(state: Any) -> None:
+    """HTTPException 404 on a server without --suite-dir."""
+    if not state.settings.suite_dir:
+        raise HTTPException(404, "this server keeps no suite (start it with --suite-dir DIR)")
+
+
 def _add(state: Any, entry: Any, answer: Any, note: str, words: list[str]) -> dict[str, Any]:
     """Write the bundle, the case and the baseline (in a worker thread: files)."""
     root = Path(state.settings.suite_dir)
@@ -55,13 +76,9 @@ def router(state: Any) -> APIRouter:
 
     @api.post(PATH_PREFIX + "{answer_id}/add-to-suite")
     async def add_to_suite(request: Request, answer_id: str) -> dict[str, Any]:
-        if not state.settings.suite_dir:
-            raise HTTPException(404, "this server keeps no suite (start it with --suite-dir DIR)")
+        needs_suite(state)
         entry, answer = owned_answer(state, request, answer_id)
-        try:
-            body = await request.json()
-        except ValueError:
-            raise HTTPException(400, "the body must be JSON: {\"note\": …, \"expect\": …}") from None
+        body = await json_body(request, '{"note": …, "expect": …}')
         note, expect = _text(body, "note"), _text(body, "expect")
         words = [w.strip() for w in expect.split(",") if w.strip()]
         try:
@@ -73,13 +90,9 @@ def router(state: Any) -> APIRouter:
     async def mark(request: Request, answer_id: str) -> dict[str, Any]:
         """Mark the answer good or bad with a note (``{"mark": "good" | "bad" | "", "note": …}``; empty takes it back)."""
         entry, answer = owned_answer(state, request, answer_id)
+        body = await json_body(request, '{"mark": "good" | "bad", "note": …}')
         try:
-            body = await request.json()
-        except ValueError:
-            raise HTTPException(400, "the body must be JSON: {\"mark\": \"good\" | \"bad\", \"note\": …}") from None
-        try:
-            verdict = answer_marks.checked(body.get("mark") if isinstance(body, dict) else None,
-                                           body.get("note", "") if isinstance(body, dict) else "")
+            verdict = answer_marks.checked(body.get("mark"), body.get("note", ""))
         except ValueError as exc:
             raise HTTPException(400, str(exc)) from None
         try:

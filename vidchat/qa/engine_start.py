@@ -17,7 +17,7 @@ log = logging.getLogger("vidchat.qa")
 async def start_engine(settings: Any, model_option: str, model_path: str, banner: str | None) -> tuple[Any, Any]:
     """An app state (its session registry) and a started engine (in-process,
     or --engine-url's), as the server makes them from ``settings``; raises EngineError."""
-    from vidchat.app.server import engine_options, open_engine
+    from vidchat.app.engine_open import engine_options, open_engine
     from vidchat.conversation.registry import SessionRegistry
     from vidchat.app.state import AppState, default_session_settings
 

@@ -170,6 +170,26 @@ def _result(case: Case, index: int, model: str, rec: dict, baseline: dict) -> As
     return result
 
 
+async def ask_cases(suite: Suite, state: Any, engine: Any, settings: Any, model: str, out: Path, jobs: int,
+                    baseline: dict, progress: Any = lambda r: None) -> list[AskResult]:
+    """Every case of the suite on one started engine, up to ``jobs`` cases at
+    once, in the suite's order. The command line's runner and the page's
+    Suites panel (vidchat.qa.suite_runs, on the server's own engine and
+    answer queue) both ask through it."""
+    room = asyncio.Semaphore(jobs)
+
+    async def one(case: Case) -> list[AskResult]:
+        async with room:
+            records = await _ask_case(case, state, engine, settings, model, out)
+        results = [_result(case, i, model, rec, baseline) for i, rec in enumerate(records)]
+        for r in results:
+            progress(r)
+        return results
+
+    done = await asyncio.gather(*(one(c) for c in suite.cases))
+    return [r for case_results in done for r in case_results]
+
+
 async def _run_model(suite: Suite, settings: Any, model: str, out: Path, jobs: int, baseline: dict,
                      progress: Any) -> list[AskResult]:
     from vidchat.engine import EngineError
@@ -182,22 +202,23 @@ async def _run_model(suite: Suite, settings: Any, model: str, out: Path, jobs: i
     except (EngineError, ValueError) as exc:
         return [AskResult(c.name, i, model, a.question or "", error=f"model {model}: {exc}")
                 for c in suite.cases for i, a in enumerate(c.asks)]
-    room = asyncio.Semaphore(jobs)
-
-    async def one(case: Case) -> list[AskResult]:
-        async with room:
-            records = await _ask_case(case, state, engine, settings, model, out)
-        results = [_result(case, i, model, rec, baseline) for i, rec in enumerate(records)]
-        for r in results:
-            progress(r)
-        return results
-
     try:
-        done = await asyncio.gather(*(one(c) for c in suite.cases))
+        return await ask_cases(suite, state, engine, settings, model, out, jobs, baseline, progress)
     finally:
         await state.registry.close_all()
         engine.shutdown()
-    return [r for case_results in done for r in case_results]
+
+
+def asks_in(suite: Suite) -> int:
+    """How many asks one model's run of the suite makes."""
+    return sum(len(c.asks) for c in suite.cases)
+
+
+def summary_of(results: list[AskResult]) -> dict[str, int]:
+    """results.json's summary: asks passed, failed and errored."""
+    summary = {status: sum(r.status == status for r in results) for status in (PASSED, FAILED_CHECK)}
+    summary["errors"] = sum(r.status == ERRORED for r in results)
+    return summary
 
 
 def _progress(stream: Any) -> Any:
@@ -231,9 +252,8 @@ def run_suite(suite: Suite, settings: Any, models: list[str], out: Path, jobs: i
     results: list[AskResult] = []
     for model in models:  # one after another: one engine in memory at a time
         results += asyncio.run(_run_model(suite, settings, model, out, jobs, baseline, progress))
-    summary = {status: sum(r.status == status for r in results) for status in (PASSED, FAILED_CHECK)}
-    summary["errors"] = sum(r.status == ERRORED for r in results)
-    report = {"suite": suite.name, "models": models, "asks": [r.as_dict() for r in results], "summary": summary}
+    report = {"suite": suite.name, "models": models, "asks": [r.as_dict() for r in results],
+              "summary": summary_of(results)}
     write_reports(out, report, baseline)
     if update_baseline:
         _update_baseline(suite, results)

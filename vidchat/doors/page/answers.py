@@ -19,7 +19,8 @@ from vidchat.conversation.answer_path import OptionError
 from vidchat.conversation.session_events import AnswerEvent, Closed, QuestionRefused
 from vidchat.conversation.settings_table import SETTINGS, UNBOUNDED_MAX_TOKENS
 from vidchat.media.numbers import is_number
-from vidchat.doors.page.chat_feed import exchange_updates, rendered
+from vidchat.doors.page.chat_feed import exchange_updates
+from vidchat.doors.page.rendered import rendered
 from vidchat.doors.page.view import NOT_RUNNING, notice
 
 log = logging.getLogger(__name__)

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import asyncio
 import time
-import weakref
 from dataclasses import dataclass, field
 from typing import Any, AsyncIterator, Callable
 
@@ -28,8 +27,9 @@ from vidchat.conversation.session_events import (
     Notice, QuestionAsked, QuestionRefused,
 )
 from vidchat.doors.page.chat_view import chat_messages
-from vidchat.doors.page.view import NO_TEXT, SPOKEN, STOPPED, fold_message, frames_html, notice, spoken_bubble, \
-    typing, waiting_text
+from vidchat.doors.page.rendered import rendered
+from vidchat.doors.page.view import NO_TEXT, SPOKEN, STOPPED, both_html, both_labels, fold_message, frames_html, \
+    notice, spoken_bubble, typing, waiting_text
 
 # What a question before any frame should have done, as the page's user acts on it.
 NO_FRAMES_HINT = "Wait a moment after **Start camera**, then ask again."
@@ -48,6 +48,19 @@ LOADING_EVERY_S = 1.0  # how often "the model is loading" is said again while a 
 
 
 @dataclass
+class _Second:
+    """The second model's answer to one question (Both models), beside the first's."""
+
+    labels: tuple[str, str]  # the two models, as the page names them
+    answer: Any = None
+    waiting: str | None = None
+    done: Any = None  # its Done
+
+    def text(self) -> str:
+        return self.answer.reply.text if self.answer is not None else ""
+
+
+@dataclass
 class _Exchange:
     """One question's part of the chat, by its ticket."""
 
@@ -57,10 +70,16 @@ class _Exchange:
     waiting: str | None = None  # "waiting" or "loading" while it has no place yet
     tail: list[dict[str, Any]] = field(default_factory=list)  # the marks, notes and fold after its text
     ended: bool = False
+    second: _Second | None = None  # Both models: the second model's answer, side by side with this one
 
     def messages(self, shows_typing: bool = False) -> list[dict[str, Any]]:
         out = list(self.lead)
         text = self.answer.reply.text if self.answer is not None else ""
+        if self.second is not None:
+            first = text or (self.waiting if self.waiting and not self.ended else "…" if not self.ended else "")
+            second = self.second.text() or self.second.waiting or ("" if self.second.done else "…")
+            out.append({"role": "assistant", "content": both_html(self.second.labels, first, second)})
+            return out + self.tail
         if self.waiting is not None and not self.ended:
             out.append(notice(self.waiting))
         elif not text and not self.ended and shows_typing:
@@ -110,6 +129,8 @@ class ChatTranscript:
             self._asked(event)
         elif isinstance(event, QuestionRefused):
             return self._refused(event)
+        elif isinstance(event, AnswerEvent) and event.second:
+            return await self._second(event)
         elif isinstance(event, AnswerEvent) and not event.side:
             return await self._answer(event)
         elif isinstance(event, ChatCleared):
@@ -182,6 +203,28 @@ class ChatTranscript:
             await self._done(exchange, inner)
         return not isinstance(inner, Delta) or exchange.answer is not None
 
+    async def _second(self, event: AnswerEvent) -> bool:
+        """The second model's answer to a question of the chat (Both models)."""
+        exchange = self.exchanges.get(event.ticket)
+        if exchange is None:
+            return False
+        if exchange.second is None:
+            exchange.second = _Second(both_labels(self.state))
+        second, inner = exchange.second, event.event
+        if isinstance(inner, Queued):
+            second.waiting = waiting_text(inner.ahead)
+        elif isinstance(inner, Started):
+            second.waiting, second.answer = None, inner.answer
+        elif isinstance(inner, Done):
+            second.waiting, second.answer, second.done = None, inner.answer, inner
+            if inner.error:
+                exchange.tail.append(notice(f"⚠ Second model: {inner.error}"))
+            if inner.answer_id is not None and inner.started:
+                fold = await asyncio.to_thread(fold_message, self.entry, inner.answer, inner.answer_id)
+                fold["metadata"] = {**fold["metadata"], "title": "Second model · " + fold["metadata"]["title"]}
+                exchange.tail.append(fold)
+        return True
+
     async def _done(self, exchange: _Exchange, done: Done) -> None:
         """The answer's last state: its text (or why there is none), the
         recording's note, and what the model got, folded under it. Thumbnails
@@ -211,47 +254,6 @@ class ChatTranscript:
         answer, answer_id = self.shown
         html = await asyncio.to_thread(frames_html, answer, answer_id, answer_id in self.entry.bundles)
         return html, answer.summary()
-
-
-class Rendered:
-    """What a tab's chat has shown, so the page's own events end only once
-    their effect is on the page: a question's outcome, a Clear."""
-
-    def __init__(self) -> None:
-        self._shown: dict[int, asyncio.Event] = {}
-        self.chat_drawn = -1  # the newest chat (Conversation.generation) drawn
-        self._drawn = asyncio.Event()
-
-    def event(self, ticket: int) -> asyncio.Event:
-        return self._shown.setdefault(ticket, asyncio.Event())
-
-    def shown(self, transcript: "ChatTranscript") -> None:
-        for ticket, exchange in transcript.exchanges.items():
-            if exchange.ended:
-                self.event(ticket).set()
-        while len(self._shown) > 64:
-            self._shown.pop(next(iter(self._shown)))
-        self.chat_drawn = transcript.generation
-        drawn, self._drawn = self._drawn, asyncio.Event()
-        drawn.set()
-
-    async def cleared(self, entry: Any, within: float = 2.0) -> None:
-        """Return once the tab's chat shows the conversation's newest chat
-        (or ``within`` seconds passed: a tab without its chat feed goes on)."""
-        deadline = time.monotonic() + within
-        while self.chat_drawn < entry.generation and time.monotonic() < deadline:
-            try:
-                await asyncio.wait_for(self._drawn.wait(), max(0.0, deadline - time.monotonic()))
-            except asyncio.TimeoutError:
-                return
-
-
-_RENDERED: "weakref.WeakKeyDictionary[Any, Rendered]" = weakref.WeakKeyDictionary()
-
-
-def rendered(entry: Any) -> Rendered:
-    """The session's marks (keyed by its event hub: one per session, and hashable where the entry is not)."""
-    return _RENDERED.setdefault(entry.event_hub, Rendered())
 
 
 def _stream_every(transcript: ChatTranscript) -> float:

@@ -18,9 +18,10 @@ from vidchat.doors.server_contract import login_of
 from vidchat.conversation.session_events import Notice
 from vidchat.conversation.settings_table import SETTINGS
 from vidchat.doors.page.answers import clear_chat, page_question, respond, stop_answer
-from vidchat.doors.page.chat_feed import feed, rendered
+from vidchat.doors.page.chat_feed import feed
+from vidchat.doors.page.rendered import rendered
 from vidchat.doors.page.reask import bundle_choices, load_bundle, reask, reask_choices, remember_tab, tab_bundles
-from vidchat.doors.page.modes import TALK_NEEDS_AUDIO, mode_updates, talk_switch, watch_switch
+from vidchat.doors.page.modes import TALK_NEEDS_AUDIO, both_switch, mode_updates, talk_switch, watch_switch
 from vidchat.doors.page.view import NOT_RUNNING, notice, typing
 
 # Said in the chat when Stop (beside Send) ended watching as well as the answer.
@@ -75,6 +76,7 @@ class Controls:
     barge_in: gr.Checkbox
     talk_silence: gr.Number
     talk_min_speech: gr.Number
+    both_models: gr.Checkbox  # Both models (shown with --compare-model only)
     clear: gr.Button
     settings_inputs: list[gr.components.Component]
     inputs_view: gr.HTML
@@ -106,6 +108,13 @@ def wire(blocks: gr.Blocks, state: Any, page: Controls) -> None:
     _clear(state, page, own)
     _watch(state, page, own)
     _talk(blocks, state, page, own)
+
+    async def on_both(request: gr.Request, on, sid):
+        return await both_switch(state, on, own(request, sid))
+
+    page.both_models.change(on_both, [page.both_models, page.session_id], [page.both_models, page.question_note],
+                            api_name="both_models", show_progress="hidden", trigger_mode="multiple",
+                            concurrency_limit=None)
     _reask(state, page, own)
     _settings_help(page)
     _chat(state, page, own)  # last: the events above keep their fn_index (the guard's map)

@@ -128,19 +128,21 @@ def _controls(state) -> Controls:
                     .replace("{access_mode}", access_mode(state))
                     .replace("{suites}", "on" if state.settings.suite_dir else "off"), elem_id="vc-live-panel")
         with gr.Column(scale=6, min_width=300):
-            chat = _chat_column()
+            chat = _chat_column(state)
     settings_inputs = _settings_panel(state)
     with gr.Accordion("What the model got (last question)", open=False, elem_id="vc-inputs"):
         inputs_view = gr.HTML(frames_html(None))
         details = gr.JSON(label="Reply details", value=None)
     reasking = _reask_panel(state)
+    if state.settings.suite_dir:
+        _suites_panel(state)
     session_id = gr.Textbox(visible="hidden", elem_id="vidchat-session-id")
     return Controls(**chat, settings_inputs=settings_inputs, inputs_view=inputs_view, details=details, **reasking,
                     session_id=session_id)
 
 
-def _chat_column() -> dict[str, Any]:
-    """The chat, the question box, and the Watch and Talk switches under it."""
+def _chat_column(state) -> dict[str, Any]:
+    """The chat, the question box, and the Watch, Talk and Both models switches under it."""
     # Each message in its own bubble: a notice (a refused setting, Stop) is
     # read as what it is, not as more words of the answer or notice before it.
     chatbot = gr.Chatbot(label="Chat", height=440, elem_id="vc-chat", buttons=["copy"],
@@ -173,8 +175,12 @@ def _chat_column() -> dict[str, Any]:
         talk_min_speech = gr.Number(value=round(TurnSettings.min_speech_s * 1000), label=TALK_MIN_SPEECH_LABEL,
                                     scale=1, elem_id="vc-talk-min-speech")
     gr.HTML(TALK_HTML, elem_id="vc-talk-panel")
+    # Only with --compare-model: each question answered by both models, side by side.
+    both_models = gr.Checkbox(value=False, label="Both models: each question to both, side by side",
+                              visible=bool(state.compare_model_path), elem_id="vc-both-models",
+                              info="The second model gets the same frames, audio, chat and seed")
     clear = gr.Button("Clear chat", size="sm", elem_id="vc-clear")
-    return dict(chatbot=chatbot, question=question, sent_question=sent_question, question_note=question_note,
+    return dict(chatbot=chatbot, both_models=both_models, question=question, sent_question=sent_question, question_note=question_note,
                 send=send, stop=stop,
                 watch_on=watch_on, watch_question=watch_question, watch_every=watch_every, talk_on=talk_on,
                 barge_in=barge_in, talk_silence=talk_silence, talk_min_speech=talk_min_speech, clear=clear)
@@ -207,6 +213,27 @@ def _reask_panel(state) -> dict[str, Any]:
         loaded_bundles = gr.State({})
     return dict(reask_from=reask_from, reask_btn=reask_btn, reask_engine=reask_engine, bundle_file=bundle_file,
                 comparison=comparison, loaded_bundles=loaded_bundles)
+
+
+def _suites_panel(state) -> None:
+    """The suite of --suite-dir: its cases, a run on this model (or the
+    second one) with its progress, the table of its asks and its report
+    (static/js/suites.js draws it from /suites; vidchat.qa.suite_runs runs it)."""
+    names = dict((value, label) for label, value in reask_engines(state))
+    second = (f"<button type='button' class='vc-suite-run' data-engine='compare'>Run on the second model: "
+              f"{as_text(names['compare'])}</button>" if "compare" in names else "")
+    with gr.Accordion("Suites", open=False, elem_id="vc-suites-panel"):
+        gr.HTML(f"""<div id='vc-suites'>
+<p class='vc-muted'>The QA suite in <code>{as_text(state.settings.suite_dir)}</code>: each case asks a recorded answer's
+exact inputs again (Add to suite, under an answer's <em>What the model got</em>) or a clip at set moments, and checks
+the answer. A run shares this server's model and its queue with the live chats; its reports go into the suite's
+<code>runs/</code> folder. The same suite runs on the command line: <code>python -m vidchat.suite run</code>.</p>
+<div class='vc-suite-cases' aria-live='polite'>Open this panel to read the suite.</div>
+<div class='vc-suite-buttons'><button type='button' class='vc-suite-run' data-engine='main'>Run on this model:
+{as_text(model_label(state))}</button>{second}</div>
+<p class='vc-suite-progress' role='status'></p>
+<div class='vc-suite-results'></div>
+</div>""", elem_id="vc-suites-box")
 
 
 def _page_token(blocks: gr.Blocks, state) -> None:

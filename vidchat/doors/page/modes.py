@@ -79,6 +79,25 @@ async def watch_switch(state, on: bool, question: Any, every: Any, sid: str | No
 TALK_NEEDS_AUDIO = "Talk needs a model that hears: " + NO_SPOKEN_QUESTIONS.split(". ", 1)[1]
 
 
+async def both_switch(state, on: bool, sid: str | None) -> tuple:
+    """Both models ticked or unticked: returns (the box, the note under the question box)."""
+    entry = state.registry.get(sid) if isinstance(sid, str) else None
+    if not on:
+        if entry is not None:
+            entry.both_models = False
+        return gr.skip(), gr.skip()
+    problem = ("Both models needs a second model: start vidchat with `--compare-model MODEL`."
+               if not state.compare_model_path else
+               "Both models needs a running source: press **Start camera** first." if entry is None else None)
+    if problem is not None:
+        return False, _said(entry, problem)
+    entry.both_models = True
+    ready, reason = state.compare_readiness()
+    if not ready:  # kept on: the second model answers once it is ready
+        entry.event_hub.publish(Notice(f"Both models: {reason}"))
+    return gr.skip(), gr.skip()
+
+
 def talk_settings(silence_ms: Any, min_speech_ms: Any) -> TurnSettings:
     settings = TurnSettings(
         min_silence_s=positive_number(TALK_SILENCE_LABEL, silence_ms, "milliseconds", "Talk is off.") / 1000,

@@ -15,7 +15,7 @@ from vidchat.conversation import CANCELLED, Conversation, Delta, Done, answer_pa
 from vidchat.media.session import Session
 from vidchat.doors.markup import as_text
 from vidchat.doors.page.answers import page_request
-from vidchat.doors.page.view import _short, compare_html, model_label
+from vidchat.doors.page.view import _short, compare_html, model_label, second_model_label
 from vidchat.engine import EngineError
 
 
@@ -96,9 +96,7 @@ def reask_engines(state) -> list[tuple[str, str]]:
     """The models a re-ask can go to, as (label, value) for the page's radio."""
     out = [(f"{model_label(state)} (this server's model)", "main")]
     if state.compare_model_path:
-        name = state.compare_model_path.rstrip("/").rsplit("/", 1)[-1]
-        out.append((f"{'tiny test model (vision only)' if state.compare_tiny and 'vl' in name else name} "
-                    "(--compare-model)", "compare"))
+        out.append((f"{second_model_label(state)} (--compare-model)", "compare"))
     return out
 
 

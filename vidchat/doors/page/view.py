@@ -179,6 +179,26 @@ def model_label(state) -> str:
     return path.rsplit("/", 1)[-1] if path.startswith(("/", ".", "~")) else path
 
 
+def second_model_label(state) -> str:
+    """--compare-model's model, as the page names it."""
+    name = state.compare_model_path.rstrip("/").rsplit("/", 1)[-1]
+    return "tiny test model (vision only)" if state.compare_tiny and "vl" in name else name
+
+
+def both_labels(state) -> tuple[str, str]:
+    """The two models of Both models, as their answers are headed."""
+    return model_label(state), f"{second_model_label(state)} (second model)"
+
+
+def both_html(labels: tuple[str, str], first: str, second: str) -> str:
+    """Both models' answers to one question, side by side (one above the
+    other on a narrow screen): each headed by its model, its text as said."""
+    cols = "".join(f"<div class='vc-both-col'><div class='vc-both-model'>{as_text(label)}</div>"
+                   f"<div class='vc-both-text'>{as_text(text)}</div></div>"
+                   for label, text in zip(labels, (first, second)))
+    return f"<div class='vc-both'>{cols}</div>"
+
+
 # ---------------------------------------------------------------------------
 
 def _short(text: str, n: int = 48) -> str:
