@@ -12,7 +12,7 @@ import "./js/questions.js";
 import "./js/ready.js";
 import "./js/suites.js";
 import "./js/suite_panel.js";
-import { listServerMedia, sourceKind } from "./js/source.js";
+import { listServerMedia, listStreams, sourceKind } from "./js/source.js";
 import { $, resumeAfterReload, setNote, state, whenShown } from "./js/state.js";
 import { talk } from "./js/talk.js";
 
@@ -54,6 +54,9 @@ window.addEventListener("pagehide", () => {
                          JSON.stringify({ session_id: state.sessionId, reload_grace: true }));
   }
 });
+
+// The server's streams (--stream) join the Source menu once it is on the page.
+whenShown("#vc-source").then(() => listStreams());
 
 // Start is disabled in the markup until this script can act on it: a press
 // before it loaded (its modules are several requests) would do nothing.

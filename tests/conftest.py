@@ -211,6 +211,7 @@ def stop_server(srv: Server) -> int:
     return harness.stop_server(srv)
 
 
+STREAM_SECRET = "s3cret-pass"  # the password of the shared server's "locked" stream (tests/test_streams.py)
 TINY_SERVER_ARGS = ["--model", "tiny", "--max-images", str(TEST_MAX_IMAGES), "--max-model-len",
                     str(TEST_MAX_MODEL_LEN), "--kv-cache-gb", "0.25"]
 
@@ -220,10 +221,19 @@ def server(tiny_omni_path, artifacts_dir, tmp_path_factory) -> Server:
     """The loopback server every test shares unless it needs other flags."""
     # --prewarm auto: the start-up choice runs here (on the tiny model it comes out off).
     # --suite-dir: the page's Add to suite (tests/test_page_suite.py) writes its cases there.
+    # --stream: tests/test_streams.py starts these sources (on these ports) when it runs; until
+    # then, and for every other test, they are names in the Source menu that nobody watches.
     suite_dir = tmp_path_factory.mktemp("suite")
-    srv = start_server([*TINY_SERVER_ARGS, *SERVER_ARGS, "--prewarm", "auto", "--suite-dir", str(suite_dir)],
+    ports = {"cam": allocate_port(), "locked": allocate_port(), "hls": allocate_port()}
+    streams = {"cam": f"rtsp://127.0.0.1:{ports['cam']}/cam",
+               "locked": f"rtsp://viewer:{STREAM_SECRET}@127.0.0.1:{ports['locked']}/cam",
+               "hls": f"http://127.0.0.1:{ports['hls']}/index.m3u8"}
+    srv = start_server([*TINY_SERVER_ARGS, *SERVER_ARGS, "--prewarm", "auto", "--suite-dir", str(suite_dir),
+                        *(arg for name, url in streams.items() for arg in ("--stream", f"{name}={url}"))],
                        artifacts_dir / "server.log")
     srv.suite_dir = suite_dir
+    srv.stream_ports = ports
+    srv.log_path = artifacts_dir / "server.log"
     yield srv
     stop_server(srv)
 

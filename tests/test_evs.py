@@ -240,7 +240,7 @@ def test_png_bytes_accepted():
 def yuv420p(rgb: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """The Y, U and V planes a WebRTC decoder hands out for this picture."""
     av = pytest.importorskip("av")
-    from vidchat.doors.webrtc import yuv_planes
+    from vidchat.media.video_frames import yuv_planes
 
     luma, (u, v) = yuv_planes(av.VideoFrame.from_ndarray(np.ascontiguousarray(rgb), format="rgb24")
                               .reformat(format="yuv420p"))
@@ -380,7 +380,7 @@ def test_session_luma_frames_with_chroma_planes_keep_colour_changes():
 
 def test_nv12_planes_are_split():
     av = pytest.importorskip("av")
-    from vidchat.doors.webrtc import yuv_planes
+    from vidchat.media.video_frames import yuv_planes
 
     rgb = np.ascontiguousarray(frame(5, 48, 64))
     planar = av.VideoFrame.from_ndarray(rgb, format="rgb24").reformat(format="yuv420p")

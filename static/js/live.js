@@ -110,6 +110,14 @@ function showStoreNote(s) {
     `${s.frame_size.replace("x", "×")}.${lowered}`;
 }
 
+// A stream of the server's (--stream): its state (and why, while it
+// reconnects), then its own rate, size and latency from its frame time to the buffer.
+function streamFigures(st) {
+  if (st.state !== "live") return `${st.name}: ${st.state}${st.error ? ` (${st.error})` : ""}`;
+  const latency = st.latency_ms != null ? `, latency ${Math.round(st.latency_ms)} ms` : "";
+  return `${st.name}: live, ${st.fps} fps, ${st.width}×${st.height}${latency}`;
+}
+
 export function renderStats(s) {
   const el = $("#vc-stats");
   if (!el) return;
@@ -122,12 +130,14 @@ export function renderStats(s) {
   }
   const m = s.media || {};
   const now = performance.now();
+  const watched = s.stream ? [streamFigures(s.stream)] : [];
   const rates = [];
   // Rates over the last few seconds of samples, never over a moment: two
   // reports close together (a source switch, a restart) once showed
   // "11029.4 fps in". A counter that went back (a new session or track)
   // starts the window again; until it spans a second, no rate is shown.
-  const seenNow = m.video_frames_seen ?? s.frames_received;
+  // A stream's frames reach the session from the server's reader, not over the peer.
+  const seenNow = s.stream ? s.frames_received : (m.video_frames_seen ?? s.frames_received);
   let win = state.rateWindow;
   const newest = win && win.points[win.points.length - 1];
   if (!win || win.session !== state.sessionId || seenNow < newest.seen || s.frames_kept < newest.kept) {
@@ -142,8 +152,8 @@ export function renderStats(s) {
     rates.push(`${(seen / dt).toFixed(1)} fps in`);
     if (seen > 0) rates.push(`${Math.round((100 * (s.frames_kept - oldest.kept)) / seen)} % kept`);
   }
-  const parts = [...rates,
-    `${m.video_frames_seen ?? s.frames_received} frames received`,
+  const parts = [...watched, ...rates,
+    `${seenNow} frames received`,
     `${s.frames_kept} kept by the filter`,
     `buffer ${s.frames_in_buffer}/${s.max_frames}`,
     ...(s.frame_size ? [`stored ${s.frame_size.replace("x", "×")}`] : []),

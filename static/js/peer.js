@@ -3,8 +3,8 @@
 import { accessMode, authHeaders, beaconUrl, loginProblem, pageToken } from "./api.js";
 import { renderStats, startStatsPolling, stopStatsPolling } from "./live.js";
 import {
-  fillDeviceLists, leaveFile, openFile, openMedia, openVideo, reportSource, selectedConstraints, sourceKind,
-  watchScreenEnd,
+  fillDeviceLists, leaveFile, listStreams, openFile, openMedia, openVideo, reportSource, selectedConstraints,
+  sourceKind, streamName, watchScreenEnd,
 } from "./source.js";
 import { $, forgetResume, keepResume, publishSessionId, setNote, setStatus, state } from "./state.js";
 import { lockPickers } from "./wording.js";
@@ -29,6 +29,8 @@ async function connect(resume) {
   const pc = new RTCPeerConnection({ iceServers: cfg.iceServers || [] });
   state.pc = pc;
   for (const track of state.stream.getTracks()) pc.addTrack(track, state.stream);
+  const stream = streamName(state.source);
+  if (!state.stream.getTracks().length) pc.createDataChannel("vidchat");  // a stream without a microphone
   pc.addEventListener("connectionstatechange", () => onConnectionState(pc));
   await pc.setLocalDescription(await pc.createOffer());
   await waitForIce(pc);
@@ -37,6 +39,7 @@ async function connect(resume) {
     headers: authHeaders({ "Content-Type": "application/json" }),
     body: JSON.stringify({
       sdp: pc.localDescription.sdp, type: "offer",
+      ...(stream ? { stream } : {}),
       ...(resume && state.sessionId ? { resume: { session_id: state.sessionId, token: state.resumeToken } } : {}),
     }),
   });
@@ -122,6 +125,10 @@ export async function reconnect() {
 // server session, its buffer and the chat carry on.
 export async function switchSource() {
   if (!state.wantRunning || !state.pc || !state.stream) return;
+  if (streamName() || streamName(state.source)) {
+    await switchStream();
+    return;
+  }
   const sender = state.pc.getSenders().find((s) => s.track?.kind === "video");
   if (!sender) {
     setNote("This session started without video; press Stop and Start to use another source.");
@@ -161,6 +168,27 @@ export async function switchSource() {
   if (video && kind !== "file") { video.srcObject = state.stream; video.play().catch(() => {}); }
   setNote(kind === "screen" ? "Now sharing the screen; the chat and buffer carry on."
           : kind === "file" ? "Now playing the file; the chat and buffer carry on." : "");
+}
+
+// To or from a stream of the server: a new peer for the same session (its
+// buffer and chat carry on), since what the tab sends changes.
+async function switchStream() {
+  const kind = sourceKind();
+  try { state.pc?.close(); } catch (_) {}
+  state.pc = null;
+  state.stream?.getTracks().forEach((t) => t.stop());
+  try {
+    const { stream, note } = await openMedia();
+    state.stream = stream;
+    state.source = kind;
+    const video = $("#vc-preview");
+    if (video && kind !== "file") { video.srcObject = stream; video.play().catch(() => {}); }
+    state.rateWindow = null;
+    await connect(true);
+    setNote(`${note ? note + " " : ""}The chat and buffer carry on.`);
+  } catch (err) {
+    setNote(`Could not switch source: ${err.message || err.name || err}`);
+  }
 }
 
 // resume: come back to this tab's session (state.sessionId, after a reload).

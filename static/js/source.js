@@ -21,6 +21,38 @@ export function sourceKind() {
   return $("#vc-source")?.value || "camera";
 }
 
+// A stream of the server's --stream, chosen as "stream:NAME": the server reads
+// it and brings its frames; the tab sends only its microphone, if any.
+export function streamName(kind = sourceKind()) {
+  return kind.startsWith("stream:") ? decodeURIComponent(kind.slice(7)) : "";
+}
+
+// The server's streams join the Source menu, listed again as it is about to open.
+let streamListing = null;
+export function listStreams() {
+  if (!streamListing) streamListing = fetchStreams().finally(() => { streamListing = null; });
+  return streamListing;
+}
+async function fetchStreams() {
+  const sel = $("#vc-source");
+  if (!sel) return;
+  try {
+    const r = await fetch("/api/streams", { cache: "no-store", headers: authHeaders() });
+    if (!r.ok) return;
+    for (const s of await r.json()) {
+      const value = `stream:${encodeURIComponent(s.name)}`;
+      if ([...sel.options].some((o) => o.value === value)) continue;
+      const option = document.createElement("option");
+      option.value = value;
+      option.textContent = `Stream: ${s.name}`;
+      sel.append(option);
+    }
+  } catch (_) { /* the list is optional */ }
+}
+for (const type of ["focusin", "pointerdown"]) {
+  document.addEventListener(type, (e) => { if (e.target?.closest?.("#vc-source")) listStreams(); }, true);
+}
+
 // A video file plays in the preview itself (its own controls pause, seek and
 // loop it) and the element's captured stream goes over the same peer as a
 // camera would: same filter, buffer and sampling.
@@ -55,7 +87,7 @@ export async function openFile() {
 // (vidchat/doors/webrtc.py; tests/test_page.py prints the offsets on a seek).
 // Reports go one at a time, in order.
 export function reportSource(jump) {
-  if (!state.sessionId || !state.source) return;
+  if (!state.sessionId || !state.source || streamName(state.source)) return;  // a stream's source is the server's
   if (!jump) jump = presentedNow();
   const body = { session_id: state.sessionId, kind: state.source,
                  at: jump ? jump.at : performance.timeOrigin + performance.now() };
@@ -235,6 +267,14 @@ export async function openMedia() {
   // camera's tracks on a switch from a file back to the camera.
   if (sourceKind() === "file") return { stream: new MediaStream((await openFile()).getTracks()), note: "" };
   leaveFile();
+  if (streamName()) {
+    const said = `The server reads the stream “${streamName()}”: its frames show in the live strip.`;
+    try {
+      return { stream: await navigator.mediaDevices.getUserMedia({ audio: c.audio }), note: said };
+    } catch (_) {
+      return { stream: new MediaStream(), note: `${said} (No microphone: the model gets the stream alone.)` };
+    }
+  }
   if (sourceKind() === "screen") {
     let video;
     try {

@@ -17,8 +17,10 @@ const FIXED_WHILE_LIVE = ["#vc-res", "#vc-fps", "#vc-camera", "#vc-mic"];
 // What Stop (beside Send) does, Watch included: it is not only the answer.
 export const STOP_ANSWER_SAYS = "Stops the answer being written; Watch goes off too (tick it again to go on watching).";
 
+const STREAM_WORDS = { start: "Watch stream", stop: "Stop watching", ask: "Ask about the stream…" };
+
 export function sourceWords() {
-  return SOURCE_WORDS[sourceKind()] || SOURCE_WORDS.camera;
+  return SOURCE_WORDS[sourceKind()] || (sourceKind().startsWith("stream:") ? STREAM_WORDS : SOURCE_WORDS.camera);
 }
 
 export function showSourceWords() {

@@ -78,8 +78,11 @@ def _resolve(settings: "Settings", log: logging.Logger) -> tuple["Settings", dic
     ice_servers = parse_ice_servers(settings.ice_servers)
     turn = minter_from(settings)
     check_space_relay(ice_servers, turn)
+    from vidchat.media.streams import parse_streams
+
+    streams = parse_streams(list(settings.stream), settings.media_dir)
     return settings, dict(model_path=model_path, banner=banner, compare_path=compare_path,
-                          compare_banner=compare_banner, ice_servers=ice_servers, turn=turn)
+                          compare_banner=compare_banner, ice_servers=ice_servers, turn=turn, streams=streams)
 
 
 def _app_state(settings: "Settings", access: "Access", resolved: dict[str, Any]) -> "AppState":
@@ -90,6 +93,7 @@ def _app_state(settings: "Settings", access: "Access", resolved: dict[str, Any])
     from vidchat.app.state import AppState, default_session_settings
     from vidchat.conversation.answer_queue import AnswerQueue
     from vidchat.conversation.registry import SessionRegistry
+    from vidchat.media.streams import Streams
 
     time_limit = session_time_limit(settings)
     bound_to_loopback = is_loopback(settings.host)
@@ -113,6 +117,7 @@ def _app_state(settings: "Settings", access: "Access", resolved: dict[str, Any])
         session_time_limit=time_limit,
         compare_model_path=resolved["compare_path"],
         compare_tiny=bool(compare_banner and compare_banner.startswith(TINY_BANNER)),
+        streams=Streams(resolved["streams"], fps=settings.stream_fps),
     )
 
 

@@ -158,6 +158,7 @@ def _lifespan(state: AppState, loop_watch: LoopWatch) -> Callable[[FastAPI], Asy
             if state.keeping is not None:
                 state.keeping.cancel()  # a restart in progress finishes, and its engine is shut down
                 await asyncio.gather(state.keeping, return_exceptions=True)
+            await asyncio.to_thread(state.streams.close)  # their reader threads end
             if owns_engine:
                 _shut_down_own_engines(state)
 

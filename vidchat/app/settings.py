@@ -194,6 +194,15 @@ class Settings(ModelSettings):
         "", "A folder of video files the page lists as sources (played in the browser, sent like a camera). "
         "Only files directly in it are served; empty: none.",
     )
+    stream: tuple = _opt(
+        (), "A live stream as a source, NAME=URL (docs/streams.md): rtsp://, rtsps://, http(s):// (HLS .m3u8, "
+        "MJPEG, MP4/TS) or a file under --media-dir. Pulled once by the server while a session watches it and "
+        "shared by every session that does; only the operator names streams (no client gives a URL). "
+        "Credentials in a URL are never logged or shown. Repeat the flag for more; the variable takes them "
+        "separated by spaces.", repeat=True,
+    )
+    stream_fps: float = _opt(10.0, "At most this many frames a second of each stream are converted and offered "
+                             "to its sessions (the frames between are skipped before conversion).")
     # --- access (see docs/hosting.md) ------------------------------------
     auth: tuple = _opt(
         (), "Page login: USER:PASSWORD, or a file with one such line per user. Repeat the flag for more users; "
@@ -311,7 +320,7 @@ AT_LEAST = {"max_sessions": 1, "max_frame_pixels": 1, "max_body_bytes": 1024, "w
             "session_idle_timeout": 1, "ws_idle_timeout": 1, "ws_config_timeout": 0.1, "ws_send_timeout": 0.5,
             "tensor_parallel_size": 1, "data_parallel_size": 1, "turn_ttl": 60,
             "max_session_mb": 0, "engine_connect_timeout": 0.1, "engine_first_byte_timeout": 0.1,
-            "ws_max_audio_seconds": 0.1, "max_upload_mb": 0, "engine_restarts": 0}
+            "ws_max_audio_seconds": 0.1, "max_upload_mb": 0, "engine_restarts": 0, "stream_fps": 0.1}
 # And above: a session keeps at most MAX_AUDIO_SECONDS of audio, at every door.
 AT_MOST = {"ws_max_audio_seconds": MAX_AUDIO_SECONDS}
 

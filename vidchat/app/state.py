@@ -21,6 +21,7 @@ from vidchat.conversation import Conversation
 from vidchat.conversation.registry import SessionRegistry
 from vidchat.engine import ChatEngine, ENGINE_DEAD_MESSAGE, EngineError, EngineOptions
 from vidchat.media import DEFAULT_STORE_MAX_PIXELS, describe_store_limit
+from vidchat.media.streams import Streams
 
 
 @dataclass
@@ -54,6 +55,7 @@ class AppState:
     compare_life: EngineLife = field(default_factory=lambda: EngineLife("compare"))
     metrics: Any = None  # vidchat.app.metrics.Metrics once the app serves /metrics
     keeping: asyncio.Task | None = None  # the engine keepers' task (vidchat.app.engine_keeper)
+    streams: Streams = field(default_factory=lambda: Streams({}))  # --stream: live streams as sources
 
     def __post_init__(self) -> None:
         self.registry.app = self  # every session's conversation asks with this app's engine and settings

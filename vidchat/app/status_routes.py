@@ -1,7 +1,7 @@
 """The server's own routes: what a load balancer and an operator ask of a
 replica (/healthz, /readyz, /api/drain), what runs and how well
 (/api/health, /metrics, the switches the benchmarks use), and what the page
-needs to connect (/api/config). The doors' routes are theirs (vidchat.doors)."""
+needs to connect (/api/config, /api/streams). The doors' routes are theirs (vidchat.doors)."""
 
 from __future__ import annotations
 
@@ -144,7 +144,12 @@ def client_config_route(app: FastAPI, state: AppState) -> None:
         # configured servers (notes, account ids) reaches the page.
         ice = [{k: v for k, v in server.items() if k in ("urls", "username", "credential")} for server in servers]
         return {"iceServers": ice, "banner": state.banner, "ready": ready, "status": status,
-                "sessionTimeLimit": state.session_time_limit}
+                "sessionTimeLimit": state.session_time_limit, "streams": state.streams.names()}
+
+    @app.get("/api/streams")
+    async def streams() -> list[dict[str, Any]]:
+        """Each --stream by name: its state, fps, size, last frame's age, sessions and error (never its URL)."""
+        return state.streams.snapshot()
 
 
 async def replica_health(state: AppState) -> list[dict[str, Any]] | None:

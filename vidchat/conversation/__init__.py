@@ -188,6 +188,8 @@ class Conversation(SessionRecord):
                                        question_audio=question_audio, frames_optional=frames_optional,
                                        ticket=ticket, current=lambda: self.turn == ticket)
         answer.chat = self.generation
+        if self.stream is not None:
+            answer.source_state = self.stream.state
         run = AnswerRun(self, self, answer, record=record, continues_chat=continues_chat, remember=remember)
         self._chat_run = run
         if self.both_models and continues_chat:

@@ -169,6 +169,8 @@ class Answer:
     asked_at: float = field(default_factory=time.monotonic)  # on the session's clock (its timeline)
     cancelled_by: str | None = None  # why it was cancelled, when the canceller said (the first cause)
     mark: dict | None = None  # a QA verdict, {"mark": "good" | "bad", "note"} (vidchat.conversation.answer_marks)
+    # A stream's state when asked ("live", "reconnecting", ...; vidchat.media.streams), None for other sources.
+    source_state: str | None = None
     _slot: Slot | None = field(default=None, repr=False)
     _abandon: asyncio.Event = field(default_factory=asyncio.Event, repr=False)
 
@@ -243,6 +245,8 @@ class Answer:
             prompt=self.prompt_text,  # as the model's template rendered it, special tokens included
             mark=self.mark,
         )
+        if self.source_state is not None:  # watching a stream: whether it was live when asked
+            stats["source_state"] = self.source_state
         return stats
 
 

@@ -179,6 +179,14 @@ class SessionRegistry:
         for closer in list(entry.closers):  # a closer may unregister itself
             await _bounded(closer(), "a closer of", sid)
         entry.event_hub.publish(Closed(reason))  # the last event its listeners get
+        # Its frames, audio and kept answers go now. The conversation refers
+        # back to itself (its closers, modes and runs), so the rest of it is
+        # freed only by the garbage collector's next full pass, which on a
+        # server holding a million objects comes rarely: until then a closed
+        # session held its whole frame buffer (the soak's memory growth).
+        entry.session.reset()
+        entry.answers.clear()
+        entry.closers.clear()
         log.info("session %s… %s, %d open", sid[:6], reason, len(self._entries))
         return True
 
@@ -190,12 +198,15 @@ class SessionRegistry:
         task.add_done_callback(self._closing.discard)
 
     async def expire(self, max_idle_s: float, kind: str | None = None) -> list[str]:
-        """Close sessions (of `kind`) with no frame, audio or question for `max_idle_s`."""
+        """Close sessions (of `kind`) with no frame, audio or question for
+        `max_idle_s`. A session watching a stream is not idle while the stream
+        is being read, even while it reconnects: its frames come back by themselves."""
         now = time.monotonic()
         stale = [
             sid
             for sid, e in self._entries.items()
             if (kind is None or e.kind == kind) and now - e.session.last_activity > max_idle_s
+            and e.stream is None
         ]
         for sid in stale:
             self.close_soon(sid, f"expired after {max_idle_s:.0f} s without input")

@@ -88,6 +88,7 @@ class SessionRecord(AnswerSlot):
         # Both models (--compare-model): each chat question is asked of the
         # second model too (vidchat.conversation.second_model).
         self.both_models = False
+        self.stream: Any = None  # the stream of --stream it watches (vidchat.conversation.stream_source)
 
     def side_slot(self) -> "SideSlot":
         """Where this session's re-asks run (made on first use)."""

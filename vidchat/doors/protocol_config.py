@@ -45,13 +45,14 @@ FIELDS: dict[str, _Field] = {
     "watch": _Field((dict,), "info", "watch", nullable=True),
     "record": _Field((bool,), "info", "record"),
     "history": _Field((bool,), "info", "history"),
+    "source": _Field((dict,), "info", "source", nullable=True),
 }
 # The fields whose origin is vidchat ("vidchat" in docs/protocol.md's table): a
 # client that sends one knows vidchat, and is sent vidchat's extra events.
 VIDCHAT_FIELDS = frozenset({name for name, spec in SETTINGS.items() if spec.origin == "vidchat"}
-                           | {"watch", "record", "history"})
+                           | {"watch", "record", "history", "source"})
 # Keys of session.config that session.update may change as well.
-UPDATABLE_INFO = ("turn_detection", "watch", "record", "history")
+UPDATABLE_INFO = ("turn_detection", "watch", "record", "history", "source")
 
 
 class ConfigError(ValueError):
@@ -105,7 +106,19 @@ def parse_config(msg: dict[str, Any]) -> ConfigChanges:
         changes.info["turn_detection"] = parse_turn_detection(changes.info["turn_detection"])
     if "watch" in changes.info:
         changes.info["watch"] = parse_watch(changes.info["watch"])
+    if "source" in changes.info:
+        changes.info["source"] = parse_source(changes.info["source"])
     return changes
+
+
+def parse_source(value: dict[str, Any] | None) -> str | None:
+    """``source``: ``{"stream": NAME}`` (one of the server's --stream) or null
+    (the client's own frames); the stream's name."""
+    if value is None:
+        return None
+    if set(value) != {"stream"} or not isinstance(value["stream"], str) or not value["stream"]:
+        raise ConfigError('source must be {"stream": NAME} (a stream of this server, GET /api/streams) or null')
+    return value["stream"]
 
 
 # ---------------------------------------------------------------------------

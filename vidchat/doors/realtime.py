@@ -27,6 +27,7 @@ import numpy as np
 from vidchat.conversation import answer_path
 from vidchat.conversation.settings_table import current_values
 from vidchat.conversation.registry import TooManySessions
+from vidchat.conversation.stream_source import UnknownStream, attach_stream, detach_stream
 from vidchat.doors import realtime_events as rt
 from vidchat.doors import realtime_items as items
 from vidchat.doors.protocol_config import ConfigError
@@ -112,7 +113,8 @@ class RealtimeConnection(SocketSession):
                 "max_output_tokens": options.max_tokens, "tools": [], "tool_choice": "auto",
                 "audio": {"input": {"format": rt.input_format(self.audio.rate),
                                     "turn_detection": self.turns.describe(), "transcription": None}},
-                "vidchat": {**current_values(self.entry.session.settings, options), "record": self.record}}
+                "vidchat": {**current_values(self.entry.session.settings, options), "record": self.record,
+                            "stream": None if self.entry.stream is None else self.entry.stream.name}}
 
     def next_item(self, item_id: str) -> str | None:
         """``item_id`` joins the conversation: the previous_item_id it follows."""
@@ -143,6 +145,11 @@ class RealtimeConnection(SocketSession):
         update, state = rt.parse_session(msg.get("session")), self.state
         options = rt.answer_options(self.options.updated(**update.settings["answer"]), update.answer,
                                     state.answer_defaults().max_tokens)
+        if update.stream not in (rt.UNSET, None):
+            try:
+                state.streams.check(update.stream)
+            except UnknownStream as exc:
+                raise rt.EventError(f"session.vidchat.stream: {exc}", param="session.vidchat.stream") from None
         try:
             self.turns.check(None if update.turn_detection is rt.UNSET else update.turn_detection)
         except ConfigError as exc:
@@ -161,9 +168,18 @@ class RealtimeConnection(SocketSession):
             self.audio.set_rate(update.input_rate)
         if update.record is not rt.UNSET:
             self.record = update.record
+        if update.stream is not rt.UNSET:
+            self._watch_stream(update.stream)
         if update.turn_detection is not rt.UNSET:
             await self.turns.request(update.turn_detection)
         await self.emit({"type": "session.updated", **self.audio_notice(update.answer), "session": self.describe()})
+
+    def _watch_stream(self, name: str | None) -> None:
+        """The session watches the server's stream ``name`` (checked to exist), or none."""
+        if name is None:
+            detach_stream(self.entry, self.state.streams)
+        else:
+            attach_stream(self.entry, self.state.streams, name)
 
     def audio_notice(self, fields: dict[str, Any]) -> dict[str, Any]:
         """The first session.update or response.create whose output_modalities

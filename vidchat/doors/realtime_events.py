@@ -71,6 +71,7 @@ class SessionUpdate:
     input_rate: Any = UNSET
     turn_detection: Any = UNSET  # TurnDetection or None (off)
     record: Any = UNSET
+    stream: Any = UNSET  # a stream's name, or None (the client's own frames)
     settings: dict[str, dict[str, Any]] = field(default_factory=lambda: {"session": {}, "answer": {}})
 
 
@@ -172,13 +173,18 @@ def _input_rate(fmt: Any) -> int:
 
 
 def _vidchat(values: Any, update: SessionUpdate) -> None:
-    """session.vidchat: the settings table's fields (by name or alias) and ``record``."""
+    """session.vidchat: the settings table's fields (by name or alias), ``record`` and ``stream``."""
     if not isinstance(values, dict):
         raise EventError("session.vidchat must be an object", param="session.vidchat")
-    unknown = sorted(k for k in values if k not in SETTINGS and k not in ALIASES and k != "record")
+    unknown = sorted(k for k in values if k not in SETTINGS and k not in ALIASES and k not in ("record", "stream"))
     if unknown:
         raise EventError(f"session.vidchat: unknown setting(s) {', '.join(unknown)}; known: "
-                         f"{', '.join([*SETTINGS, 'record'])}", param="session.vidchat")
+                         f"{', '.join([*SETTINGS, 'record', 'stream'])}", param="session.vidchat")
+    if "stream" in values:
+        if values["stream"] is not None and (not isinstance(values["stream"], str) or not values["stream"]):
+            raise EventError("session.vidchat.stream must be a stream's name (GET /api/streams) or null",
+                             param="session.vidchat.stream")
+        update.stream = values["stream"]
     if "record" in values:
         if not isinstance(values["record"], bool):
             raise EventError("session.vidchat.record must be true or false", param="session.vidchat.record")

@@ -20,6 +20,7 @@ from vidchat.conversation.answer_path import AnswerOptions
 from vidchat.media.session import SessionSettings
 from vidchat.conversation.settings_table import current_values
 from vidchat.conversation.registry import TooManySessions
+from vidchat.conversation.stream_source import UnknownStream, attach_stream, detach_stream
 from vidchat.doors.protocol_config import UPDATABLE_INFO, ConfigError, parse_config, wants_vidchat_events
 from vidchat.doors.socket_answers import check_record
 from vidchat.doors.socket_transport import CLOSE_POLICY, CLOSE_TRY_LATER, TIMEOUT, parse_message
@@ -102,6 +103,8 @@ class SessionConfig:
             await conn.watch.set(changes.info.get("watch"))
         except ValueError as exc:  # the session goes on, as with turn_detection
             await conn.error(str(exc))
+        if changes.info.get("source") is not None:
+            await self._watch_stream(changes.info["source"])
         if state.engine is None:  # its limits are known once it runs
             self.loading_task = asyncio.create_task(self._after_load())
         if changes.info.get("turn_detection") is not None:
@@ -113,6 +116,18 @@ class SessionConfig:
                  settings.num_sample_frames, settings.sampling, settings.evs_enabled, settings.evs_threshold,
                  options.frames_as)
         return True
+
+    async def _watch_stream(self, name: str | None) -> None:
+        """Attach the session to the server's stream ``name`` (None: no stream);
+        an unknown name is an error and the session goes on without a source."""
+        conn = self.conn
+        if name is None:
+            detach_stream(conn.entry, conn.state.streams)
+            return
+        try:
+            attach_stream(conn.entry, conn.state.streams, name)
+        except UnknownStream as exc:
+            await conn.error(f"source: {exc}")
 
     async def _after_load(self) -> None:
         """A session opened while the model loaded: once it runs, the
@@ -167,6 +182,8 @@ class SessionConfig:
             conn.answers.set_history(changes.info["history"])
         if "watch" in changes.info and not conn.answers.closed:
             await conn.watch.set(changes.info["watch"])
+        if "source" in changes.info:
+            await self._watch_stream(changes.info["source"])
         # session.update is vidchat's own message: its sender knows vidchat.
         known = conn.vidchat_events
         conn.vidchat_events = wants_vidchat_events(msg, already=True)
@@ -183,4 +200,5 @@ class SessionConfig:
         # Beyond the table's fields, the session's own (audio_seconds …) as the seed reported them.
         return {**dataclasses.asdict(session), **current_values(session, conn.options),
                 "turn_detection": conn.turns.describe(), "watch": conn.watch.describe(),
-                "record": conn.answers.record, "history": conn.answers.keep_history}
+                "record": conn.answers.record, "history": conn.answers.keep_history,
+                "source": None if conn.entry.stream is None else {"stream": conn.entry.stream.name}}

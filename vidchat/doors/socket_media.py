@@ -22,6 +22,7 @@ from vidchat.media import AUDIO_RATE
 from vidchat.media.audio import Pcm16Resampler
 from vidchat.media.clock import ClientClock
 from vidchat.media.evs import FrameError
+from vidchat.conversation.stream_source import refuse_own_frames
 from vidchat.media.workers import run_media
 from vidchat.media.numbers import is_int, is_number
 
@@ -178,7 +179,10 @@ class SocketMedia:
         """The image in ``msg[key]`` (base64, or a data URL) onto the session's
         timeline at ``t``, through its filter: the kept frame's number, None
         for a near-duplicate (dropped). Raises Refused (bad base64, too large,
-        not an image), for every socket door alike."""
+        not an image; or the session watches a stream), for every socket door alike."""
+        watching = refuse_own_frames(self.conn.entry)
+        if watching is not None:
+            raise Refused("stream_source", f"{kind} refused: {watching}")
         data = await decode_b64(msg, kind, self.conn.settings.ws_max_frame_bytes, key=key)
         try:
             # Even a 640×480 JPEG takes milliseconds to filter and store: never on the loop.

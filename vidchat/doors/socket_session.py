@@ -203,8 +203,11 @@ class SocketSession(SocketTransport):
         idle = self.settings.ws_idle_timeout
         self.last_input = time.monotonic()
         while not self.closed:
-            # The idle timer counts from the last message or the end of the last answer.
-            answering = self.answering
+            # The idle timer counts from the last message or the end of the last
+            # answer; a session watching a stream (--stream) has media without
+            # its client saying anything, so it is not idle (a dead client is
+            # still noticed by the WebSocket's own pings).
+            answering = self.answering or getattr(self.entry, "stream", None) is not None
             raw = await self.receive(idle if answering else idle - (time.monotonic() - self.last_input))
             if raw is TIMEOUT:
                 if answering or time.monotonic() - self.last_input < idle:

@@ -49,15 +49,15 @@ from aiortc.rtp import RtcpSrPacket
 
 from vidchat.conversation import log_context
 from vidchat.conversation import Conversation
+from vidchat.conversation.stream_source import detach_stream
 from vidchat.media import AUDIO_RATE
 from vidchat.media.clock import SenderClock, TrackClock
 from vidchat.media.evs import FrameError
+from vidchat.media.video_frames import offer_decoded
 from vidchat.media.workers import run_media
 
 log = logging.getLogger(__name__)
 
-# Decoder outputs with 8-bit luma at full size first, then U and V (NV12: interleaved).
-LUMA_FIRST_FORMATS = frozenset({"yuv420p", "yuvj420p", "nv12", "yuv422p", "yuv444p"})
 # What the page calls each track when it stops.
 TRACK_NAMES = {"video": "camera", "audio": "microphone"}
 
@@ -128,19 +128,6 @@ def watch_sender_reports(receiver) -> Callable[[av.VideoFrame], float | None] | 
     return capture_time
 
 
-def yuv_planes(frame: av.VideoFrame) -> tuple[np.ndarray, tuple[np.ndarray, np.ndarray]]:
-    """Views of a planar or NV12 frame's Y plane and its U and V planes (no copy)."""
-    def plane(i: int, width_bytes: int) -> np.ndarray:
-        p = frame.planes[i]
-        return np.frombuffer(p, np.uint8).reshape(p.height, p.line_size)[:, :width_bytes]
-
-    luma = plane(0, frame.width)
-    if len(frame.planes) == 2:  # NV12: U and V interleaved in one plane
-        uv = plane(1, 2 * frame.planes[1].width)
-        return luma, (uv[:, 0::2], uv[:, 1::2])
-    return luma, (plane(1, frame.planes[1].width), plane(2, frame.planes[2].width))
-
-
 async def consume_video(track, entry: Conversation, stats: MediaStats,
                         capture_time: Callable[[av.VideoFrame], float | None] | None = None) -> None:
     session = entry.session
@@ -188,23 +175,10 @@ async def consume_video(track, entry: Conversation, stats: MediaStats,
     await reading  # the track's end (MediaStreamError) or its failure, raised here
 
 
-def _render_rgb(frame: av.VideoFrame, width: int, height: int) -> np.ndarray:
-    if (width, height) == (frame.width, frame.height):
-        return frame.to_ndarray(format="rgb24")
-    # Area averaging: the downscale stays free of aliasing for the model.
-    return frame.reformat(width=width, height=height, format="rgb24", interpolation="AREA").to_ndarray()
-
-
 def _take_frame(session: Any, stats: MediaStats, frame: av.VideoFrame, due: float) -> None:
     """One decoded frame into the session's filter and buffer (in a media worker thread)."""
     try:
-        if frame.format.name in LUMA_FIRST_FORMATS:
-            # The filter reads the Y, U and V planes in place. Most frames
-            # are dropped and never pay for conversion to RGB.
-            luma, chroma = yuv_planes(frame)
-            session.add_luma_frame(luma, lambda w, h: _render_rgb(frame, w, h), t=due, chroma=chroma)
-        else:
-            session.add_frame(frame.to_ndarray(format="rgb24"), t=due)
+        offer_decoded(session, frame, due)
     except FrameError as exc:
         stats.bad_frames += 1
         log.warning("session %s…: dropped a bad video frame: %s", session.id[:6], exc)
@@ -321,6 +295,9 @@ class Peer:
         if self.closed:
             return
         self.closed = True
+        # A tab watching a stream (--stream) watches it through its peer: without
+        # one it is idle like any tab (a resume attaches it again).
+        detach_stream(self.entry, self.state.streams)
         if self.close in self.entry.closers:
             self.entry.closers.remove(self.close)
         if self.peers.get(self.sid) is self:

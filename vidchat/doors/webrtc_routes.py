@@ -24,9 +24,10 @@ from fastapi.responses import StreamingResponse
 from vidchat.doors.server_contract import IceUnavailable, login_of
 from vidchat.conversation import Conversation
 from vidchat.conversation.registry import TooManySessions
+from vidchat.conversation.stream_source import UnknownStream, attach_stream, detach_stream
 from vidchat.doors.session_stream import server_sent
 from vidchat.doors.webrtc import Peer
-from vidchat.media.clock import SOURCE_KINDS
+from vidchat.media.clock import SENT_SOURCE_KINDS
 from vidchat.media.numbers import is_number
 
 log = logging.getLogger(__name__)
@@ -52,9 +53,15 @@ async def _read_offer(request: Request) -> dict[str, Any]:
         raise HTTPException(400, "expected {type: 'offer', sdp: '...'}")
     sections = [line.split(None, 1)[0][2:] for line in body["sdp"].splitlines() if line.startswith("m=") and " " in line]
     counts = collections.Counter(sections)
-    if not counts["video"] and not counts["audio"]:
+    stream = body.get("stream")
+    if stream is not None and (not isinstance(stream, str) or not stream):
+        raise HTTPException(400, "stream must be the name of one of the server's streams (GET /api/streams)")
+    # A tab watching a stream may send no media of its own: a data channel keeps its connection.
+    channels = counts["application"] if stream else 0
+    if not counts["video"] and not counts["audio"] and not channels:
         raise HTTPException(400, "the offer carries no audio or video track")
-    if counts["video"] > 1 or counts["audio"] > 1 or len(sections) > counts["video"] + counts["audio"]:
+    if counts["video"] > 1 or counts["audio"] > 1 or channels > 1 or \
+            len(sections) > counts["video"] + counts["audio"] + channels:
         raise HTTPException(400, f"an offer may carry one video and one audio track; this one has "
                                  f"{', '.join(f'{n} {kind}' for kind, n in counts.items())}")
     return body
@@ -73,8 +80,8 @@ def parse_source_report(body: dict[str, Any]) -> dict[str, Any]:
     if not isinstance(sid, str) or not sid:
         raise ValueError("session_id must be the session's id (text)")
     kind = body.get("kind")
-    if kind not in SOURCE_KINDS:
-        raise ValueError(f"kind must be one of {', '.join(SOURCE_KINDS)}, got {kind!r}")
+    if kind not in SENT_SOURCE_KINDS:
+        raise ValueError(f"kind must be one of {', '.join(SENT_SOURCE_KINDS)}, got {kind!r}")
     out: dict[str, Any] = {"session_id": sid, "kind": kind}
     at = body.get("at")
     if at is not None:
@@ -193,6 +200,11 @@ def _peer_routes(api: APIRouter, state, peers: dict[str, Peer], mine: Callable[[
     @api.post("/webrtc/offer")
     async def offer(request: Request) -> dict[str, Any]:
         body = await _read_offer(request)
+        if body.get("stream"):
+            try:
+                state.streams.check(body["stream"])  # before any session exists
+            except UnknownStream as exc:
+                raise HTTPException(400, str(exc)) from None
         try:
             # Before any session exists: a relay that can't be had leaves nothing behind.
             ice_servers = await state.ice_config()
@@ -218,6 +230,10 @@ def _peer_routes(api: APIRouter, state, peers: dict[str, Peer], mine: Callable[[
             await state.registry.close(sid, "bad offer")
             raise HTTPException(400, f"could not use this offer: {exc}")
         entry.session.last_activity = time.monotonic()
+        if body.get("stream"):  # the page's Source menu chose a stream: the server brings the frames
+            attach_stream(entry, state.streams, body["stream"])
+        else:
+            detach_stream(entry, state.streams)
         peer.watch_connect(state.settings.connect_timeout)
         log.info("session %s… %s", sid[:6], "resumed by its tab" if resumed else "peer created")
         return {"sdp": local.sdp, "type": local.type, "session_id": sid,
@@ -385,4 +401,6 @@ def _view_routes(api: APIRouter, state, mine: Callable[[Request, Any], Conversat
         if entry.media is not None:
             out["media"] = entry.media.as_dict()
         out["gpu"] = state.gpu_figures()  # empty without a GPU
+        if entry.stream is not None:  # the stream it watches: its state, fps, size and latency
+            out["stream"] = entry.stream.snapshot()
         return out

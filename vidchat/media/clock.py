@@ -135,7 +135,11 @@ class SenderClock:
         return wall + delta / self.clock_rate
 
 
-SOURCE_KINDS = ("camera", "screen", "file")
+# What a sender (the page) may say its source is; a stream of --stream is the server's own.
+SENT_SOURCE_KINDS = ("camera", "screen", "file")
+SOURCE_KINDS = (*SENT_SOURCE_KINDS, "stream")
+# Sources whose frames have a position on their own clock: a file's seconds, a stream's time.
+POSITIONED_KINDS = ("file", "stream")
 
 
 
@@ -242,7 +246,7 @@ class SourceTimeline:
         (for a file: at ``position`` seconds, playing or not, at ``rate``)."""
         if kind not in SOURCE_KINDS:
             raise ValueError(f"kind must be one of {', '.join(SOURCE_KINDS)}, got {kind!r}")
-        if kind != "file":
+        if kind not in POSITIONED_KINDS:
             position, playing, duration, loop = None, False, None, False
         seg = SourceSegment(float(t), kind, name, None if position is None else float(position), bool(playing),
                             float(rate), duration, bool(loop))

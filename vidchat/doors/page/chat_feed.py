@@ -55,6 +55,7 @@ class _Second:
     answer: Any = None
     waiting: str | None = None
     done: Any = None  # its Done
+    tail: list[dict[str, Any]] = field(default_factory=list)  # its notes and fold, after the first model's
 
     def text(self) -> str:
         return self.answer.reply.text if self.answer is not None else ""
@@ -79,7 +80,7 @@ class _Exchange:
             first = text or (self.waiting if self.waiting and not self.ended else "…" if not self.ended else "")
             second = self.second.text() or self.second.waiting or ("" if self.second.done else "…")
             out.append({"role": "assistant", "content": both_html(self.second.labels, first, second)})
-            return out + self.tail
+            return out + self.tail + self.second.tail
         if self.waiting is not None and not self.ended:
             out.append(notice(self.waiting))
         elif not text and not self.ended and shows_typing:
@@ -218,11 +219,11 @@ class ChatTranscript:
         elif isinstance(inner, Done):
             second.waiting, second.answer, second.done = None, inner.answer, inner
             if inner.error:
-                exchange.tail.append(notice(f"⚠ Second model: {inner.error}"))
+                second.tail.append(notice(f"⚠ Second model: {inner.error}"))
             if inner.answer_id is not None and inner.started:
                 fold = await asyncio.to_thread(fold_message, self.entry, inner.answer, inner.answer_id)
                 fold["metadata"] = {**fold["metadata"], "title": "Second model · " + fold["metadata"]["title"]}
-                exchange.tail.append(fold)
+                second.tail.append(fold)
         return True
 
     async def _done(self, exchange: _Exchange, done: Done) -> None:

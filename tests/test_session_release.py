@@ -1,0 +1,39 @@
+"""A closed session frees its frames at once (issue 45's soak found the
+leak): the conversation refers back to itself (its closers, Watch and Talk,
+its runs), so without this its whole frame buffer waited for the garbage
+collector's next full pass, which on a server holding a million objects
+came every few minutes while sessions came and went."""
+
+from __future__ import annotations
+
+import gc
+import weakref
+
+import numpy as np
+import pytest
+
+from vidchat.conversation.registry import SessionRegistry
+
+pytestmark = pytest.mark.unit
+
+
+async def test_a_closed_sessions_frames_audio_and_kept_answers_go_without_the_garbage_collector():
+    registry = SessionRegistry()
+    entry = registry.create("ws")
+    rng = np.random.default_rng(0)
+    for i in range(6):
+        entry.session.add_frame(rng.integers(0, 255, (120, 160, 3), dtype=np.uint8), t=float(i))
+    entry.session.add_audio(np.zeros(16_000, np.float32), t=0.0)
+    sample = entry.session.sample(4)
+    entry.answers["kept"] = sample  # what a kept answer holds: its frames
+    stored = [weakref.ref(f.pixels) for f in entry.session._buffer.frames]
+    assert len(stored) == 6 and all(r() is not None for r in stored)
+    del sample
+    gc.disable()  # what the close frees, it frees by itself
+    try:
+        assert await registry.close(entry.session.id, "test")
+        assert entry.session.frame_count == 0 and entry.session.stats["audio_seconds"] == 0
+        assert not entry.answers and not entry.closers
+        assert all(r() is None for r in stored), "a closed session's frames wait for the garbage collector"
+    finally:
+        gc.enable()

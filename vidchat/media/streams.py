@@ -1,0 +1,343 @@
+"""Live streams as sources (``--stream NAME=URL``): an IP camera over RTSP,
+an HLS or HTTP video, or a file under --media-dir, pulled once by the
+server and shared by every session that watches it (docs/streams.md).
+
+One :class:`StreamReader` per stream: a thread (PyAV, off the event loop)
+started when the first session attaches and stopped ``linger_s`` after the
+last one leaves. It decodes at most ``fps`` frames a second (the frames
+between are decoded, as H.264 needs, but never converted), and offers each
+kept one, stamped on the server's clock (vidchat.media.clock.TrackClock
+maps the stream's own time onto it), to every attached session, whose own
+filter and buffer take it as they take a camera frame: eight sessions on one
+camera cost one decode. Audio, where the stream has it, goes to them as
+16 kHz mono, stamped on the same clock. Each session's source is the
+stream, positioned on the stream's own clock, so its records say which
+moment of the feed each frame was (``frame_source_times``).
+
+A stream that fails (refused, dropped, or ``STALL_S`` without a frame) is
+opened again after a backoff (0.5 s, doubling, at most 8 s); attached
+sessions stay attached and keep what they have. URLs may carry credentials
+(``rtsp://user:pass@cam/…``): only :func:`redact`'s form is ever logged,
+shown or sent."""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import threading
+import time
+import urllib.parse
+from typing import Any, Callable
+
+import av
+import numpy as np
+
+from vidchat.media import AUDIO_RATE
+from vidchat.media.clock import TrackClock
+from vidchat.media.evs import FrameError
+from vidchat.media.video_frames import offer_decoded
+
+log = logging.getLogger(__name__)
+
+CONNECTING, LIVE, RECONNECTING, IDLE = "connecting", "live", "reconnecting", "idle"
+STALL_S = 5.0  # no frame for this long: the stream is reopened
+BACKOFF_S = (0.5, 8.0)  # the first wait before reopening, and the longest
+LINGER_S = 10.0  # a stream nobody watches is stopped this long after the last session leaves
+REPORT_EVERY_S = 10.0  # how often each session's source position is said again (the clocks drift apart)
+NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,39}$")
+NETWORK_SCHEMES = ("rtsp", "rtsps", "http", "https")
+
+
+class UnknownStream(KeyError):
+    """No stream of that name (the error names it and the streams there are)."""
+
+    def __str__(self) -> str:
+        return str(self.args[0])
+
+
+def redact(url: str) -> str:
+    """``url`` with its password (or a lone user token) replaced by ``***``."""
+    try:
+        parts = urllib.parse.urlsplit(url)
+    except ValueError:
+        return "<a URL that can't be read>"
+    if not parts.username and not parts.password:
+        return url
+    host = parts.hostname or ""
+    if parts.port:
+        host = f"{host}:{parts.port}"
+    user = f"{parts.username}:***" if parts.password is not None else "***"
+    return urllib.parse.urlunsplit(parts._replace(netloc=f"{user}@{host}"))
+
+
+def parse_streams(entries: list[str], media_dir: str = "") -> dict[str, str]:
+    """``NAME=URL`` pairs as {name: url}; raises ValueError naming the bad
+    one (redacted). A path is a file under ``media_dir``."""
+    streams: dict[str, str] = {}
+    for entry in entries:
+        name, sep, url = entry.partition("=")
+        name, url = name.strip(), url.strip()
+        if not sep or not url:
+            raise ValueError(f"--stream takes NAME=URL, got {redact(entry)!r}")
+        if not NAME_RE.match(name):
+            raise ValueError(f"--stream: a name is letters, digits, '.', '_' or '-' (at most 40), got {name!r}")
+        if name in streams:
+            raise ValueError(f"--stream: the name {name!r} is given twice")
+        scheme = urllib.parse.urlsplit(url).scheme.lower()
+        if scheme in NETWORK_SCHEMES:
+            streams[name] = url
+            continue
+        if scheme and len(scheme) > 1:
+            raise ValueError(f"--stream {name}: the URL must be rtsp://, rtsps://, http(s):// or a file under "
+                             f"--media-dir, got {redact(url)!r}")
+        root = os.path.realpath(media_dir) if media_dir else ""
+        path = os.path.realpath(os.path.join(root, url)) if root else ""
+        if not root or not path.startswith(root + os.sep) or not os.path.isfile(path):
+            raise ValueError(f"--stream {name}: {url!r} is not a file under --media-dir")
+        streams[name] = path
+    return streams
+
+
+def _seconds(frame: av.frame.Frame) -> float | None:
+    if frame.pts is None or frame.time_base is None:
+        return None
+    return float(frame.pts * frame.time_base)
+
+
+class StreamReader:
+    """One stream, read once for every session attached to it."""
+
+    def __init__(self, name: str, url: str, fps: float = 10.0, linger_s: float = LINGER_S,
+                 opener: Callable[[str], Any] | None = None) -> None:
+        self.name, self.url, self.fps, self.linger_s = name, url, fps, linger_s
+        self.shown_url = redact(url)
+        self._open = opener or self._open_url
+        self._lock = threading.Lock()
+        self._sessions: dict[str, Any] = {}
+        self._placed: dict[str, float] = {}  # session id -> when its source position was last said
+        self._thread: threading.Thread | None = None
+        self._stop = threading.Event()
+        self._empty_since: float | None = None
+        self.state = IDLE
+        self.error: str | None = None
+        self.width = self.height = None
+        self.last_frame_at: float | None = None
+        self.decoded = 0  # frames decoded (every one the stream sent)
+        self.offered = 0  # frames offered to the sessions (at most fps a second)
+        self.connects = 0
+        self._recent: list[float] = []  # offer times of the last frames (the fps figure)
+        self._latencies: list[float] = []  # ms from a frame's time to the sessions' buffers, the newest 200
+
+    # -- sessions --------------------------------------------------------------
+
+    def attach(self, session: Any) -> None:
+        with self._lock:
+            self._sessions[session.id] = session
+            self._placed.pop(session.id, None)
+            self._empty_since = None
+            if self._thread is None or not self._thread.is_alive():
+                self._stop.clear()
+                self.state = CONNECTING
+                self._thread = threading.Thread(target=self._run, name=f"stream {self.name}", daemon=True)
+                self._thread.start()
+        log.info("stream %s: a session attached (%d now)", self.name, len(self._sessions))
+
+    def detach(self, session: Any) -> None:
+        with self._lock:
+            if self._sessions.pop(session.id, None) is None:
+                return
+            self._placed.pop(session.id, None)
+            if not self._sessions:
+                self._empty_since = time.monotonic()
+        log.info("stream %s: a session left (%d now)", self.name, len(self._sessions))
+
+    def sessions(self) -> int:
+        return len(self._sessions)
+
+    def close(self, timeout: float = 5.0) -> None:
+        self._stop.set()
+        thread = self._thread
+        if thread is not None:
+            thread.join(timeout)
+
+    def snapshot(self) -> dict[str, Any]:
+        now = time.monotonic()
+        recent = [t for t in self._recent if now - t <= 2.0]
+        return {"name": self.name, "state": self.state,
+                "fps": round((len(recent) - 1) / (recent[-1] - recent[0]), 1) if len(recent) > 1 and
+                recent[-1] > recent[0] else 0.0,
+                "width": self.width, "height": self.height,
+                "last_frame_age_s": None if self.last_frame_at is None else round(now - self.last_frame_at, 2),
+                "sessions": len(self._sessions), "error": self.error,
+                # How the one reader went: its connections to the source, frames decoded, frames offered.
+                "connects": self.connects, "decoded": self.decoded, "offered": self.offered,
+                # Median of the newest frames' time from their arrival to the sessions' buffers.
+                "latency_ms": self.latency_p50_ms()}
+
+    def latency_p50_ms(self) -> float | None:
+        """Median of the newest frames' delay from the stream's frame time to the sessions' buffers."""
+        lags = sorted(self._latencies)
+        return round(lags[len(lags) // 2], 1) if lags else None
+
+    # -- the reader thread -----------------------------------------------------
+
+    def _open_url(self, url: str) -> Any:
+        options = {"rtsp_transport": "tcp"} if url.lower().startswith(("rtsp://", "rtsps://")) else {}
+        return av.open(url, options=options, timeout=(STALL_S, STALL_S))
+
+    def _done(self) -> bool:
+        """Stopped, or nobody watched for ``linger_s`` (the thread ends; a new attach starts another)."""
+        if self._stop.is_set():
+            return True
+        with self._lock:
+            if self._sessions or self._empty_since is None:
+                return False
+            if time.monotonic() - self._empty_since < self.linger_s:
+                return False
+            self.state = IDLE
+            self._thread = None
+            return True
+
+    def _run(self) -> None:
+        wait = BACKOFF_S[0]
+        while not self._done():
+            self.connects += 1
+            try:
+                self._read_once()
+                if self._done():
+                    break
+                self.error = "the stream ended"
+            except Exception as exc:  # noqa: BLE001 - any failure reopens the stream
+                self.error = str(exc).replace(self.url, self.shown_url) or type(exc).__name__
+            if self._done():
+                break
+            if self.state == LIVE:
+                wait = BACKOFF_S[0]  # it ran: start the backoff again
+            self.state = RECONNECTING
+            log.warning("stream %s (%s): %s; reopening in %.1f s", self.name, self.shown_url, self.error, wait)
+            if self._stop.wait(wait):
+                break
+            wait = min(wait * 2, BACKOFF_S[1])
+        if self._stop.is_set():
+            self.state = IDLE
+        log.info("stream %s: stopped (nobody watches)", self.name)
+
+    def _read_once(self) -> None:
+        container = self._open(self.url)
+        try:
+            video = container.streams.video[0] if container.streams.video else None
+            if video is None:
+                raise FrameError("the stream has no video")
+            audio = container.streams.audio[0] if container.streams.audio else None
+            resampler = av.AudioResampler(format="flt", layout="mono", rate=AUDIO_RATE) if audio else None
+            clock, interval = TrackClock(), 1.0 / self.fps
+            due = 0.0
+            with self._lock:
+                self._placed.clear()  # a new connection: each session's position is said again
+            started = time.monotonic()
+            paced: tuple[float, float] | None = None  # (first media time, when it played)
+            for packet in container.demux(*(s for s in (video, audio) if s is not None)):
+                if self._done():
+                    return
+                for frame in packet.decode():
+                    now = time.monotonic()
+                    media_t = _seconds(frame)
+                    if media_t is not None:  # a file (or an HLS VOD) plays at its own speed, not as fast as it decodes
+                        if paced is None:
+                            paced = (media_t, now)
+                        ahead = paced[1] + (media_t - paced[0]) - now
+                        if 0 < ahead < STALL_S:
+                            self._stop.wait(ahead)
+                            now = time.monotonic()
+                    if isinstance(frame, av.AudioFrame):
+                        self._offer_audio(frame, resampler, clock.place(media_t, now))
+                        continue
+                    self.decoded += 1
+                    # Over --stream-fps: skipped before any conversion. Offers keep to a
+                    # grid (a quarter interval early still counts: a source at exactly
+                    # that rate jitters), restarted after a gap rather than caught up in a burst.
+                    if now < due - interval / 4:
+                        continue
+                    due = due + interval if now - due < interval else now + interval
+                    stream_t = media_t if media_t is not None else now - started
+                    self._offer_video(frame, clock.place(media_t, now), stream_t, now)
+                if self.last_frame_at is not None and time.monotonic() - self.last_frame_at > STALL_S:
+                    raise TimeoutError(f"no frame for {STALL_S:g} s")
+        finally:
+            container.close()
+
+    def _offer_video(self, frame: av.VideoFrame, t: float, stream_t: float, now: float) -> None:
+        if self.state != LIVE:
+            log.info("stream %s: live, %dx%d", self.name, frame.width, frame.height)
+        self.state, self.error = LIVE, None
+        self.width, self.height, self.last_frame_at = frame.width, frame.height, now
+        self.offered += 1
+        self._recent = [x for x in self._recent[-30:] if now - x <= 2.0] + [now]
+        with self._lock:
+            sessions = list(self._sessions.values())
+            due = [s for s in sessions if now - self._placed.get(s.id, -1e9) >= REPORT_EVERY_S]
+            for s in due:
+                self._placed[s.id] = now
+        for session in due:
+            # The frame's moment on the stream's own clock, for the records.
+            session.set_source("stream", self.name, position_s=stream_t, playing=True, rate=1.0, t=t)
+        for session in sessions:
+            try:
+                offer_decoded(session, frame, t)
+            except FrameError as exc:
+                log.warning("stream %s: dropped a bad frame: %s", self.name, exc)
+                return
+        self._latencies = self._latencies[-199:] + [(time.monotonic() - t) * 1000]
+
+    def _offer_audio(self, frame: av.AudioFrame, resampler: Any, t: float) -> None:
+        with self._lock:
+            sessions = list(self._sessions.values())
+        for out in resampler.resample(frame):
+            samples = out.to_ndarray().reshape(-1).astype(np.float32, copy=False)
+            for session in sessions:
+                session.add_audio(samples, t)
+            t = None  # a second output continues the first
+
+
+class Streams:
+    """The server's streams, by name (--stream)."""
+
+    def __init__(self, urls: dict[str, str], fps: float = 10.0, linger_s: float = LINGER_S) -> None:
+        self.readers = {name: StreamReader(name, url, fps, linger_s) for name, url in urls.items()}
+        self._attached: dict[str, str] = {}  # session id -> stream name
+
+    def names(self) -> list[str]:
+        return list(self.readers)
+
+    def check(self, name: str) -> StreamReader:
+        """Stream ``name``'s reader; raises UnknownStream naming it and the streams there are."""
+        reader = self.readers.get(name)
+        if reader is None:
+            known = ", ".join(self.readers) or "none (start vidchat with --stream NAME=URL)"
+            raise UnknownStream(f"no stream named {name!r}; the streams here: {known}")
+        return reader
+
+    def attach(self, name: str, session: Any) -> StreamReader:
+        """Attach ``session`` to stream ``name`` (leaving any other); raises UnknownStream."""
+        reader = self.check(name)
+        self.detach(session)
+        reader.attach(session)
+        self._attached[session.id] = name
+        return reader
+
+    def detach(self, session: Any) -> None:
+        name = self._attached.pop(session.id, None)
+        if name is not None:
+            self.readers[name].detach(session)
+
+    def stream_of(self, session_id: str) -> StreamReader | None:
+        name = self._attached.get(session_id)
+        return None if name is None else self.readers[name]
+
+    def snapshot(self) -> list[dict[str, Any]]:
+        return [r.snapshot() for r in self.readers.values()]
+
+    def close(self) -> None:
+        for reader in self.readers.values():
+            reader.close()
