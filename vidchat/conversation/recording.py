@@ -247,6 +247,30 @@ def _safe_file(name: Any) -> str:
     return name
 
 
+def read_manifest(path: str | os.PathLike) -> dict[str, Any]:
+    """A bundle's manifest alone (folder or zip, with the same size checks as
+    :func:`read_bundle`), for what needs its fields and not its frames;
+    raises BundleError."""
+    p = Path(path)
+    if p.is_dir():
+        data = _Folder(p).read(MANIFEST)
+    elif p.is_file() and zipfile.is_zipfile(p):
+        with zipfile.ZipFile(p) as zf:
+            found = _manifests(zf)
+            if len(found) != 1:
+                raise BundleError(f"{p}: a zip with {len(found)} bundles; unpack it and name one folder")
+            data = _Zip(zf, found[0][: -len(MANIFEST)]).read(MANIFEST)
+    else:
+        raise BundleError(f"{p}: not a bundle folder or zip")
+    try:
+        manifest = json.loads(data)
+    except ValueError as exc:
+        raise BundleError(f"{p}: its manifest is not JSON: {exc}") from None
+    if not isinstance(manifest, dict):
+        raise BundleError(f"{p}: its manifest is not a JSON object")
+    return manifest
+
+
 def is_bundle(path: str | os.PathLike) -> bool:
     """A bundle folder, or a zip with exactly one bundle in it."""
     p = Path(path)

@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from vidchat.conversation import answer_marks, suite_cases
-from vidchat.conversation.bundle_format import MANIFEST
+from vidchat.conversation.recording import BundleError, read_manifest
 from vidchat.conversation.suite_cases import BASELINE_FILE, SUITE_FILE
 from vidchat.qa.replay_options import UsageError, changes_of
 
@@ -222,15 +222,10 @@ def read_suite(folder: str | Path) -> Suite:
 def _bundle_mark(bundle: Path) -> dict | None:
     """The mark a recorded bundle carries (its manifest's), or None."""
     try:
-        if bundle.is_dir():
-            manifest = json.loads((bundle / MANIFEST).read_text())
-        else:
-            with zipfile.ZipFile(bundle) as zf:
-                names = [n for n in zf.namelist() if n.endswith(MANIFEST)]
-                manifest = json.loads(zf.read(names[0])) if names else {}
-    except (OSError, ValueError, zipfile.BadZipFile):
+        manifest = read_manifest(bundle)
+    except (BundleError, OSError, zipfile.BadZipFile):
         return None  # the run says what is wrong with the bundle, as its case's error
-    return answer_marks.of_manifest(manifest) if isinstance(manifest, dict) else None
+    return answer_marks.of_manifest(manifest)
 
 
 def add_bundle(folder: str | Path, bundle: str | Path, *, name: str | None = None, contains: Sequence[str] = (),
