@@ -26,15 +26,15 @@ LAST_LINE = re.compile(r"soak: minutes=([\d.]+) sessions=(\d+) answers=(\d+) err
 def test_the_soak_runs_its_three_doors_drains_and_prints_its_line(tmp_path):
     env = dict(os.environ, VIDCHAT_CACHE_DIR=str(CACHE_DIR))
     run = subprocess.run(
-        [sys.executable, "bench/soak.py", "--minutes", "0.4", "--sessions", "3", "--ask-every", "4",
-         "--churn-every", "12", "--sample-every", "3", "--settle-minutes", "0", "--max-tokens", "4"],
+        [sys.executable, "bench/soak.py", "--minutes", "0.25", "--sessions", "3", "--ask-every", "3",
+         "--churn-every", "8", "--sample-every", "3", "--settle-minutes", "0", "--max-tokens", "4"],
         cwd=ROOT, capture_output=True, text=True, timeout=380, env=env)
     assert run.returncode == 0, run.stderr[-3000:]
     last = run.stdout.strip().splitlines()[-1]
     found = LAST_LINE.fullmatch(last)
     assert found, last
     minutes, sessions, answers, errors = found.group(1), int(found.group(2)), int(found.group(3)), int(found.group(4))
-    assert minutes == "0.4" and sessions == 3
+    assert minutes == "0.25" and sessions == 3
     report = json.loads((ROOT / "bench" / "results" / "soak.json").read_text())
     assert errors == 0, report["problems"]
     assert answers >= 3, report  # every asking door answered at least once

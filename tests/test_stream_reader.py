@@ -43,6 +43,15 @@ def test_the_stream_option_names_what_is_wrong(tmp_path):
         assert "secret" not in str(caught.value)
 
 
+def test_the_streams_come_from_the_flags_or_the_variable(monkeypatch):
+    from vidchat.app.settings import parse_settings
+
+    monkeypatch.setenv("VIDCHAT_STREAM", "door=rtsp://cam/1 gate=https://cam/live.m3u8")
+    assert parse_settings([]).stream == ("door=rtsp://cam/1", "gate=https://cam/live.m3u8")
+    assert parse_settings(["--stream", "yard=rtsp://cam/9"]).stream == ("yard=rtsp://cam/9",)  # flags win
+    assert parse_settings(["--stream-fps", "5"]).stream_fps == 5.0
+
+
 def test_an_unknown_stream_is_named_with_the_streams_there_are():
     streams = Streams({"door": "rtsp://cam/1"})
     with pytest.raises(UnknownStream, match="no stream named 'gate'; the streams here: door"):
@@ -63,6 +72,8 @@ def test_one_reader_feeds_every_attached_session_and_stops_after_the_last_leaves
         eventually(lambda: reader.state == LIVE and reader.offered >= 5, 20, "five frames offered")
         for session in (first, second):
             eventually(lambda: session.stats["frames_received"] >= 5, 10, "frames in both sessions")
+            # The clip's stereo 44.1 kHz tone reaches each session as 16 kHz mono, on the frames' clock.
+            eventually(lambda: session.stats["audio_seconds"] > 0.5, 10, "the stream's audio in both sessions")
             source = session.source_timeline.source_at(None)
             assert source["kind"] == "stream" and source["name"] == "clip"
         # At most --stream-fps of the file's 10 fps are offered; the others are skipped unconverted.
