@@ -27,12 +27,18 @@ export function streamName(kind = sourceKind()) {
   return kind.startsWith("stream:") ? decodeURIComponent(kind.slice(7)) : "";
 }
 
-// The server's streams join the Source menu, listed again as it is about to open.
-let streamListing = null;
-export function listStreams() {
-  if (!streamListing) streamListing = fetchStreams().finally(() => { streamListing = null; });
-  return streamListing;
+// A listing fetched again as its picker is about to open: at most one fetch
+// at a time, whoever asks meanwhile waits for that one.
+function oneAtATime(fetchList) {
+  let running = null;
+  return () => {
+    if (!running) running = fetchList().finally(() => { running = null; });
+    return running;
+  };
 }
+
+// The server's streams join the Source menu, listed again as it is about to open.
+export const listStreams = oneAtATime(fetchStreams);
 async function fetchStreams() {
   const sel = $("#vc-source");
   if (!sel) return;
@@ -324,11 +330,7 @@ export async function fillDeviceLists() {
 // The server's --media-dir, listed again each time the picker is about to
 // open (focus, a press) or the file source is chosen: a file added there
 // shows without reloading the page. The choice made stays chosen.
-let mediaListing = null;
-export function listServerMedia() {
-  if (!mediaListing) mediaListing = fetchServerMedia().finally(() => { mediaListing = null; });
-  return mediaListing;
-}
+export const listServerMedia = oneAtATime(fetchServerMedia);
 async function fetchServerMedia() {
   const sel = $("#vc-media");
   if (!sel) return;
