@@ -73,9 +73,8 @@ SHARED_FIXTURE_GROUPS = {
 LONGEST_FIRST = ["test_preset_qwen", "vllm-serve", "test_webrtc", "test_replay", "test_compare",
                  "test_preset_smolvlm", "test_page", "test_access", "test_app", "test_operations", "test_suite",
                  "test_page_polish", "tiny-engines", "test_slow_client", "test_bench_soak", "test_page_layout",
-                 "test_page_cpu_default", "test_page_suite", "test_streams",
-                 "test_page_cpu_default", "test_bench_page", "test_page_watch",
-                 "test_page_talk", "test_protocol", "test_encoder_cache", "test_page_layout", "test_fuzz"]
+                 "test_page_cpu_default", "test_page_suite", "test_streams", "test_bench_page", "test_page_watch",
+                 "test_page_talk", "test_protocol", "test_encoder_cache", "test_fuzz"]
 
 
 def work_unit(nodeid: str) -> str:
