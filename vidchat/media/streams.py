@@ -152,9 +152,6 @@ class StreamReader:
                 self._empty_since = time.monotonic()
         log.info("stream %s: a session left (%d now)", self.name, len(self._sessions))
 
-    def sessions(self) -> int:
-        return len(self._sessions)
-
     def close(self, timeout: float = 5.0) -> None:
         self._stop.set()
         thread = self._thread
@@ -330,10 +327,6 @@ class Streams:
         name = self._attached.pop(session.id, None)
         if name is not None:
             self.readers[name].detach(session)
-
-    def stream_of(self, session_id: str) -> StreamReader | None:
-        name = self._attached.get(session_id)
-        return None if name is None else self.readers[name]
 
     def snapshot(self) -> list[dict[str, Any]]:
         return [r.snapshot() for r in self.readers.values()]

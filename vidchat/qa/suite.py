@@ -242,6 +242,12 @@ def _update_baseline(suite: Suite, results: list[AskResult]) -> None:
     (suite.root / BASELINE_FILE).write_text(json.dumps(baseline, indent=2, ensure_ascii=False) + "\n")
 
 
+def report_of(suite: Suite, models: list[str], results: list[AskResult]) -> dict[str, Any]:
+    """results.json's content."""
+    return {"suite": suite.name, "models": models, "asks": [r.as_dict() for r in results],
+            "summary": summary_of(results)}
+
+
 def run_suite(suite: Suite, settings: Any, models: list[str], out: Path, jobs: int = 4,
               update_baseline: bool = False, progress: Any = lambda r: None) -> dict[str, Any]:
     """Every case on every model; writes the reports into ``out`` and returns results.json's content."""
@@ -252,8 +258,7 @@ def run_suite(suite: Suite, settings: Any, models: list[str], out: Path, jobs: i
     results: list[AskResult] = []
     for model in models:  # one after another: one engine in memory at a time
         results += asyncio.run(_run_model(suite, settings, model, out, jobs, baseline, progress))
-    report = {"suite": suite.name, "models": models, "asks": [r.as_dict() for r in results],
-              "summary": summary_of(results)}
+    report = report_of(suite, models, results)
     write_reports(out, report, baseline)
     if update_baseline:
         _update_baseline(suite, results)

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from vidchat.qa.suite import AskResult, asks_in, ask_cases, summary_of
+from vidchat.qa.suite import AskResult, asks_in, ask_cases, report_of, summary_of
 from vidchat.qa.suite_file import Suite, SuiteError, read_suite
 
 log = logging.getLogger(__name__)
@@ -67,7 +67,7 @@ class SuiteRuns:
     def __init__(self, state: Any) -> None:
         self.state = state
         self.runs: dict[str, SuiteRun] = {}
-        self._task: asyncio.Task | None = None
+        self._task: asyncio.Task | None = None  # the running one (asyncio keeps only weak references to tasks)
 
     @property
     def root(self) -> Path:
@@ -122,8 +122,7 @@ class SuiteRuns:
             await asyncio.to_thread(run.out.mkdir, parents=True, exist_ok=True)
             results = await ask_cases(suite, self.state, engine, self.state.settings, run.model, run.out, JOBS,
                                       baseline, run.results.append)
-            report = {"suite": suite.name, "models": [run.model], "asks": [r.as_dict() for r in results],
-                      "summary": summary_of(results)}
+            report = report_of(suite, [run.model], results)
             await asyncio.to_thread(write_reports, run.out, report, baseline)
             run.state = FINISHED
         except asyncio.CancelledError:
@@ -137,8 +136,3 @@ class SuiteRuns:
             s = summary_of(run.results)
             log.info("suite %s on %s: %s, %d passed, %d failed, %d errors", suite.name, run.model, run.state,
                      s["passed"], s["failed"], s["errors"])
-
-    async def close(self) -> None:
-        if self._task is not None and not self._task.done():
-            self._task.cancel()
-            await asyncio.gather(self._task, return_exceptions=True)
