@@ -19,7 +19,7 @@ from playwright.async_api import Page, async_playwright
 
 from vidchat.devtools.page import (  # noqa: F401 - re-exported for the other browser tests
     BOT_HAS_TEXT, BOT_MESSAGES, CHROMIUM, ask, bot_texts, launch, next_frame, open_and_start,
-    session_id, set_setting, wait_for_answer, write_wav, write_y4m,
+    session_id, set_setting, wait_for_answer, wait_live, write_wav, write_y4m,
 )
 from vidchat.doors.page import STOPPED
 from vidchat.doors.webrtc_routes import RELOAD_GRACE_S
@@ -567,7 +567,7 @@ async def start_file_source(browser, server, clip: Path, min_buffer: int) -> Pag
     await page.select_option("#vc-source", "file")
     await page.set_input_files("#vc-file", str(clip))
     await page.click("#vc-start")
-    await page.wait_for_function("document.querySelector('#vc-conn')?.dataset.tone === 'live'", timeout=30_000)
+    await wait_live(page)
     await page.wait_for_function(
         f"/buffer (\\d+)/.exec(document.querySelector('#vc-stats').textContent)?.[1] >= {min_buffer}", timeout=30_000)
     return page

@@ -40,13 +40,14 @@ pytestmark = pytest.mark.browser
 SIZES = pytest.mark.parametrize("width, height", [(1280, 900), (390, 844)], ids=["desktop", "phone"])
 
 # Into the newest answer: a paragraph long enough to scroll the chat, a run
-# without spaces, and a code block with a line wider than any phone.
+# without spaces (as text and as inline code: the random model writes
+# backticks), and a code block with a line wider than any phone.
 FILL_ANSWER = """() => {
   const bots = %s;
   const answer = bots[bots.length - 1];
   const body = answer.querySelector('.prose, .md') || answer;
   body.insertAdjacentHTML('beforeend',
-    '<p>' + 'A long answer that goes on. '.repeat(60) + '</p><p>' + 'x'.repeat(400) + '</p>'
+    '<p>' + 'A long answer that goes on. '.repeat(60) + '</p><p>' + 'x'.repeat(400) + '</p><p>Inline: <code>' + '68K`'.repeat(60) + '</code></p>'
     + '<pre><code>for frame in frames: print(frame.index, frame.time, frame.width, frame.height, '
     + 'frame.kept_by_the_filter, frame.seen_at)</code></pre>');
 }""" % BOT_MESSAGES
@@ -63,8 +64,18 @@ OVERFLOWING = """() => {
   };
   const out = [];
   for (const [what, elements] of Object.entries(picks)) for (const e of elements) {
-    if (e.clientWidth > 0 && e.scrollWidth > e.clientWidth + 1)
-      out.push(`${what} ${e.id || e.className}: ${e.scrollWidth} > ${e.clientWidth}`);
+    if (e.clientWidth > 0 && e.scrollWidth > e.clientWidth + 1) {
+      // Name what sticks out furthest, so a failure says what to fix.
+      const right = e.getBoundingClientRect().right;
+      let widest = null, reach = 0;
+      for (const d of e.querySelectorAll('*')) {
+        const over = d.getBoundingClientRect().right - right;
+        if (over > reach) { reach = over; widest = d; }
+      }
+      const who = widest ? ` (widest: <${widest.tagName.toLowerCase()} class="${widest.className}"> `
+        + `${JSON.stringify((widest.textContent || '').slice(0, 80))})` : '';
+      out.push(`${what} ${e.id || e.className}: ${e.scrollWidth} > ${e.clientWidth}${who}`);
+    }
   }
   return out;
 }"""

@@ -115,11 +115,23 @@ async def open_and_start(browser: Any, url: str, viewport: tuple[int, int] = (12
         page.on("console", lambda m: failures.append(f"console error: {m.text}") if m.type == "error" else None)
     await page.goto(url)
     await page.click("#vc-start")
-    await page.wait_for_function("document.querySelector('#vc-conn')?.dataset.tone === 'live'", timeout=30_000)
+    await wait_live(page)
     await page.wait_for_function(
         f"/buffer (\\d+)/.exec(document.querySelector('#vc-stats').textContent)?.[1] >= {min_buffer}",
         timeout=30_000)
     return page
+
+
+async def wait_live(page: Any, timeout_ms: int = 30_000) -> None:
+    """Until the tab's connection says Live; if it never does, fail with
+    what the status and the note said instead."""
+    try:
+        await page.wait_for_function("document.querySelector('#vc-conn')?.dataset.tone === 'live'",
+                                     timeout=timeout_ms)
+    except Exception as err:
+        said = await page.evaluate("[document.querySelector('#vc-conn')?.textContent, "
+                                   "document.querySelector('#vc-note')?.textContent]")
+        raise AssertionError(f"the tab never went live: status {said[0]!r}, note {said[1]!r}") from err
 
 
 async def session_id(page: Any) -> str:
