@@ -7,21 +7,29 @@ a fake camera, against a real server (real vLLM).
 
 Rows, each over --questions questions (the model's frames per question:
 16 on the tiny model, 4 on the SmolVLM presets), every question on a fresh
-chat (so every question costs the same), the session's default sampling:
+chat (so every question costs the same):
 
-* moving scene, warm-ups off;
-* moving scene, warm-ups ``auto`` (what --prewarm auto chose at start-up for
-  this model: off on the tiny model, encode-ahead on the CPU default);
-* mostly still scene (moves 2 s in every 8), off and auto (--still-questions each);
+* the first question after Start camera (the server's defaults, warm-ups
+  as --prewarm auto chose), typed as a person types once the page is live;
+* moving scene with the server's default sampling (``stable`` on the SmolVLM
+  presets: issue 49), warm-ups ``auto`` (what --prewarm auto chose at
+  start-up: off on the tiny model, encode-ahead one frame at a time on the
+  CPU default), then warm-ups off;
+* moving scene with the old default: ``uniform`` sampling, warm-ups off;
+* mostly still scene (moves 2 s in every 8), default sampling, auto and
+  off (--still-questions each);
 
 each split into Enter -> server event (the browser's and Gradio's share),
-server event -> first token (vidchat and vLLM) and first token -> visible.
-The full report is written to bench/results/page.json.
+server event -> first token (vidchat and vLLM) and first token -> visible,
+with how many of each question's frames were new to the engine (the
+server's log line). One frame's encode time is what --prewarm auto
+measured at start-up (/api/health). The full report is written to
+bench/results/page.json.
 
-Last lines: `latency: {…json…}` (the whole report) and
-`page: preset=… median_ms_off=… median_ms_auto=… p95_ms_auto=… still_median_ms_auto=…`
-(with the ratio auto/off and the still scene's off median before it, on
-the line `ratios:`).
+Last lines: `latency: {…json…}` (the whole report), `ratios: …` and
+`page: preset=… median_ms_off=… median_ms_auto=… p95_ms_auto=…
+still_median_ms_auto=… old_median_ms=… frame_encode_ms=…
+first_question_ms=… new_frames_median=…`.
 """
 
 from __future__ import annotations
@@ -94,8 +102,8 @@ async def _round(page, server: harness.Server, questions: int, typing_ms: int) -
     results = await page.evaluate("window.__lat.results")
     log_text = server.log()[log_start:]
     prep = [float(m) for m in re.findall(r"chat event -> engine call: ([\d.]+) ms", log_text)]
-    server_ttft = [(float(ms), float(at)) for ms, at in re.findall(
-        r"chat event -> first token: ([\d.]+) ms \(.*?event at ([\d.]+)\)", log_text)]
+    server_ttft = [(float(ms), float(at), int(new)) for ms, new, at in re.findall(
+        r"chat event -> first token: ([\d.]+) ms \(.*?(\d+) of \d+ frames new; event at ([\d.]+)\)", log_text)]
     return results, prep, server_ttft
 
 
@@ -119,18 +127,19 @@ def summarise(timed: list, prep: list, server: list, questions: int) -> dict:
     paired = []
     for i, (total, wall0) in enumerate(timed):
         next_enter = timed[i + 1][1] if i + 1 < len(timed) else float("inf")
-        later = [(ms, at) for ms, at in server if wall0 - 50 <= at * 1000 < next_enter]
+        later = [line for line in server if wall0 - 50 <= line[1] * 1000 < next_enter]
         if later:
             paired.append(((total, wall0), min(later, key=lambda line: line[1])))
     if len(paired) < max(1, questions // 2):
         raise RuntimeError(f"{len(timed)} answers timed in the page, {len(paired)} matched on the server")
     timed, server = [p for p, _ in paired], [line for _, line in paired]
     results = [total for total, _ in timed]
-    server_ttft = [ms for ms, _ in server]
+    server_ttft = [ms for ms, _, _ in server]
     # Browser and server share this machine's wall clock: Enter -> the
     # server's chat event is the page's and Gradio's share before the model,
     # first token -> visible theirs after it.
-    before = [event_at * 1000 - wall0 for (_, wall0), (_, event_at) in zip(timed, server)]
+    before = [event_at * 1000 - wall0 for (_, wall0), (_, event_at, _) in zip(timed, server)]
+    new_frames = [new for _, _, new in server]
     after = [total - b - ms for total, b, ms in zip(results, before, server_ttft)]
     return {
         "questions_with_streamed_text": len(results),
@@ -141,6 +150,7 @@ def summarise(timed: list, prep: list, server: list, questions: int) -> dict:
                                     "min": round(min(results), 1), "max": round(max(results), 1)},
         "vidchat_event_to_engine_ms": {"median": round(statistics.median(prep), 2), "max": round(max(prep), 2)},
         "server_event_to_first_token_ms": {"median": _median(server_ttft), "p95": _p95(server_ttft)},
+        "new_frames": {"median": statistics.median(new_frames), "max": max(new_frames)},
     }
 
 
@@ -158,6 +168,31 @@ async def _mode(page, server: harness.Server, questions: int, mode: str, typing_
     return summary
 
 
+def _labels() -> dict[str, str]:
+    """The page's label of each sampling rule, by its name."""
+    from vidchat.conversation.settings_table import SETTINGS
+
+    return {value: label for label, value in SETTINGS["sampling"].page_choices()}
+
+
+async def _sampling(page, value: str) -> None:
+    """Choose a sampling rule in the page's settings, by its name."""
+    label = _labels()[value]
+    if await page.input_value("#vc-sampling input") == label:
+        return
+    if not await page.locator("#vc-sampling input").is_visible():
+        await page.click("#vc-settings > .label-wrap, #vc-settings button")
+    await page.click("#vc-sampling input")
+    await page.locator("[data-testid=dropdown-option]", has_text=label).click()
+    await page.wait_for_function("(l) => document.querySelector('#vc-sampling input').value === l", arg=label)
+
+
+# (report key, scene, warm-ups, sampling: None is the server's default), in the order they run.
+PLAN = [("prewarm_auto", "moving", "auto", None), ("prewarm_off", "moving", "off", None),
+        ("old_default", "moving", "off", "uniform"),
+        ("still_prewarm_auto", "still", "auto", None), ("still_prewarm_off", "still", "off", None)]
+
+
 async def measure(server: harness.Server, questions: int, still_questions: int, work: Path,
                   typing_ms: int = TYPING_MS) -> dict:
     from playwright.async_api import async_playwright
@@ -167,18 +202,30 @@ async def measure(server: harness.Server, questions: int, still_questions: int, 
     write_y4m(media["still"], RED, seconds=8.0, moving_s=2.0, size=WEBCAM_SIZE)
     write_wav(media["tone"])
     report: dict = {"questions": questions, "still_questions": still_questions}
+    server.post_json("/api/prewarm", {"mode": "auto"})
     async with async_playwright() as pw:
-        for scene, n in (("moving", questions), ("still", still_questions)):
+        for scene in ("moving", "still"):
             # A mostly still scene changes little between a warm-up and Enter;
             # a scene in constant motion brings new frames all the time.
             browser = await launch(pw, media[scene], media["tone"])
             try:
                 page = await open_and_start(browser, server.url + "/")
-                await set_setting(page, "vc-max-tokens", "8")
                 await _observe_latency(page)
-                for mode in ("off", "auto"):
-                    key = f"prewarm_{mode}" if scene == "moving" else f"still_prewarm_{mode}"
-                    report[key] = await _mode(page, server, n, mode, typing_ms)
+                if scene == "moving":
+                    # The first question after Start camera, with the server's defaults:
+                    # what encoding ahead had done by the time it was typed.
+                    report["first_question"] = summarise(*await _round(page, server, 1, typing_ms), 1)
+                await set_setting(page, "vc-max-tokens", "8")
+                # The server's default sampling: what its page starts with.
+                shown = await page.input_value("#vc-sampling input")
+                default = next(value for value, label in _labels().items() if label == shown)
+                for key, row_scene, mode, sampling in PLAN:
+                    if row_scene != scene:
+                        continue
+                    await _sampling(page, sampling or default)
+                    report[key] = await _mode(page, server, questions if scene == "moving" else still_questions,
+                                              mode, typing_ms)
+                    report[key]["sampling"] = sampling or default
             finally:
                 await browser.close()
         report["prewarm"] = server.get_json("/api/health")["prewarm"]
@@ -186,26 +233,38 @@ async def measure(server: harness.Server, questions: int, still_questions: int, 
     return report
 
 
-ROWS = [("moving, warm-ups off", "prewarm_off"), ("moving, warm-ups auto", "prewarm_auto"),
-        ("still, warm-ups off", "still_prewarm_off"), ("still, warm-ups auto", "still_prewarm_auto")]
+ROWS = [("first question after start", "first_question"),
+        ("moving, default, warm-ups auto", "prewarm_auto"), ("moving, default, warm-ups off", "prewarm_off"),
+        ("moving, old default (uniform, off)", "old_default"),
+        ("still, default, warm-ups auto", "still_prewarm_auto"), ("still, default, warm-ups off", "still_prewarm_off")]
 
 
 def print_report(report: dict, preset: str) -> None:
-    print(f"{'row':<32}{'median':>8}{'p95':>8}{'->event':>9}{'->token':>9}{'->shown':>9}  (ms, Enter -> first token)")
+    print(f"{'row':<36}{'median':>8}{'p95':>8}{'->event':>9}{'->token':>9}{'->shown':>9}{'new':>5}"
+          "  (ms, Enter -> first token; new: frames new to the engine, median)")
     for label, key in ROWS:
         row = report[key]
         total, parts = row["enter_to_first_token_ms"], row["breakdown_median_ms"]
-        print(f"{label:<32}{total['median']:>8.1f}{total['p95']:>8.1f}{parts['enter_to_server_event']:>9.1f}"
-              f"{parts['server_event_to_first_token']:>9.1f}{parts['first_token_to_visible']:>9.1f}")
+        print(f"{label:<36}{total['median']:>8.1f}{total['p95']:>8.1f}{parts['enter_to_server_event']:>9.1f}"
+              f"{parts['server_event_to_first_token']:>9.1f}{parts['first_token_to_visible']:>9.1f}"
+              f"{row['new_frames']['median']:>5g}")
     print("latency:", json.dumps(report))
     med = {key: report[key]["enter_to_first_token_ms"]["median"] for _, key in ROWS}
-    chosen = report.get("prewarm", {}).get("reason", "")
-    print(f"ratios: moving auto/off={med['prewarm_auto'] / med['prewarm_off']:.2f} still auto/off="
-          f"{med['still_prewarm_auto'] / med['still_prewarm_off']:.2f} still_median_ms_off={med['still_prewarm_off']} "
-          f"questions={report['questions']} ({chosen})")
+    prewarm = report.get("prewarm", {})
+    encode_ms = prewarm.get("frame_encode_ms")
+    encode = f"{encode_ms:.1f}" if encode_ms is not None else "unmeasured"
+    per_encode = f"{med['prewarm_auto'] / encode_ms:.2f}" if encode_ms else "-"
+    print(f"ratios: moving auto/off={med['prewarm_auto'] / med['prewarm_off']:.2f} "
+          f"auto/old_default={med['prewarm_auto'] / med['old_default']:.2f} "
+          f"auto/frame_encode={per_encode} still/moving (auto)={med['still_prewarm_auto'] / med['prewarm_auto']:.2f} "
+          f"first/median (auto)={med['first_question'] / med['prewarm_auto']:.2f} "
+          f"still_median_ms_off={med['still_prewarm_off']} questions={report['questions']} "
+          f"({prewarm.get('reason', '')})")
     print(f"page: preset={preset} median_ms_off={med['prewarm_off']} median_ms_auto={med['prewarm_auto']} "
           f"p95_ms_auto={report['prewarm_auto']['enter_to_first_token_ms']['p95']} "
-          f"still_median_ms_auto={med['still_prewarm_auto']}")
+          f"still_median_ms_auto={med['still_prewarm_auto']} old_median_ms={med['old_default']} "
+          f"frame_encode_ms={encode} first_question_ms={med['first_question']} "
+          f"new_frames_median={report['prewarm_auto']['new_frames']['median']:g}")
 
 
 def server_args(preset: str, true_size: bool) -> list[str]:

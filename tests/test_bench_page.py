@@ -19,13 +19,16 @@ async def test_the_page_report_runs_its_rows_and_prints_its_line(server, tmp_pat
     bench.print_report(report, "tiny")
     lines = capsys.readouterr().out.splitlines()
     print("\n".join(lines))
-    rows = [line.split("  ")[0].strip() for line in lines[1:5]]
+    rows = [line.split("  ")[0].strip() for line in lines[1:1 + len(bench.ROWS)]]
     assert rows == [label for label, _ in bench.ROWS], lines
     for _, key in bench.ROWS:
         row = report[key]
         assert row["questions_with_streamed_text"] >= 1 and row["enter_to_first_token_ms"]["median"] > 0, row
         parts = row["breakdown_median_ms"]
         assert set(parts) == {"enter_to_server_event", "server_event_to_first_token", "first_token_to_visible"}
+        assert 0 <= row["new_frames"]["median"] <= row["new_frames"]["max"] <= 16, row
+    # The old default's row ran with uniform sampling; the others with the server's (the tiny model: uniform too).
+    assert report["old_default"]["sampling"] == "uniform" and report["prewarm_auto"]["sampling"] == "uniform"
     # Off: the page's Enter never has the server take a sample. Auto: what
     # --prewarm auto chose at start-up (off on the tiny model, whose frames
     # cost next to nothing to encode).
@@ -36,4 +39,5 @@ async def test_the_page_report_runs_its_rows_and_prints_its_line(server, tmp_pat
     assert report["prewarm_auto"]["mode_run"] == report["still_prewarm_auto"]["mode_run"] == chosen
     assert lines[-3].startswith("latency: {") and lines[-2].startswith("ratios: moving auto/off=")
     assert re.fullmatch(r"page: preset=tiny median_ms_off=[\d.]+ median_ms_auto=[\d.]+ "
-                        r"p95_ms_auto=[\d.]+ still_median_ms_auto=[\d.]+", lines[-1]), lines[-1]
+                        r"p95_ms_auto=[\d.]+ still_median_ms_auto=[\d.]+ old_median_ms=[\d.]+ "
+                        r"frame_encode_ms=[\d.]+ first_question_ms=[\d.]+ new_frames_median=[\d.]+", lines[-1]), lines[-1]

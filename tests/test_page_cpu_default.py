@@ -5,6 +5,8 @@ Chromium with a fake camera."""
 
 from __future__ import annotations
 
+import re
+
 import pytest
 from playwright.async_api import async_playwright
 
@@ -16,6 +18,8 @@ from vidchat.devtools.page import ask, launch, open_and_start, wait_for_answer
 pytestmark = pytest.mark.browser
 
 PRESET = "smolvlm2-256m"
+NEW_FRAMES = re.compile(r"(?:[1-4] of 4 frames new \(encoded for this question\)|No frame new: the engine had "
+                        r"encoded all 4 before the question)(?: \(.*\))? · encoding and prefill took \d+ ms")
 
 
 @pytest.fixture(scope="module")
@@ -50,6 +54,15 @@ async def test_cpu_default_answers_through_the_page_with_its_preset(smol_server,
             await page.click("#vc-inputs button, #vc-inputs .label-wrap")
             await page.wait_for_selector("#vc-inputs .vc-frames img")
             assert await page.locator("#vc-inputs .vc-frames img").count() == 4
+            # Issue 49: the preset samples 'stable', and What the model got says how
+            # many of the frames the engine encoded for this question, and what it took.
+            assert await page.locator("#vc-sampling input").input_value() == "Spread, reusing the last picks"
+            said = (await page.locator("#vc-inputs .vc-new-frames").inner_text()).strip()
+            assert NEW_FRAMES.fullmatch(said), said
+            await page.locator("#vc-chat .thought-group [role=button]").last.click()  # the answer's fold says it too
+            folded = page.locator("#vc-chat .vc-new-frames").last
+            await folded.wait_for(state="visible", timeout=10_000)
+            assert NEW_FRAMES.fullmatch((await folded.inner_text()).strip())
             await page.screenshot(path=str(artifacts_dir / "page-smolvlm2-256m.png"), full_page=True)
 
             # Frames as one video: this model takes none in vLLM; the page says so and keeps working.

@@ -40,6 +40,21 @@ def test_a_flag_wins_over_the_preset():
     assert chosen.max_videos == 0 and chosen.max_model_len == 8192  # left at defaults: the preset's
 
 
+def test_the_cpu_presets_sample_stable_and_their_sessions_start_with_it():
+    """Issue 49: on the SmolVLM presets (the CPU default) a question keeps
+    its earlier picks and brings one new frame; the GPU presets keep
+    'uniform'; --sampling wins over a preset like any flag."""
+    from vidchat.app.state import default_session_settings
+
+    for name in NAMES:
+        chosen = presets.apply(Settings(), presets.get(name))
+        assert chosen.sampling == ("stable" if name.startswith("smolvlm") else "uniform"), name
+    cpu = presets.apply(Settings(), presets.get("smolvlm2-256m"))
+    assert default_session_settings(cpu).sampling == "stable" and default_session_settings(cpu).num_sample_frames == 4
+    assert presets.apply(parse_settings(["--sampling", "latest_frames"]), presets.get("smolvlm2-256m")).sampling \
+        == "latest_frames"
+
+
 def test_model_list_prints_every_preset_with_its_needs():
     out = subprocess.run([sys.executable, str(ROOT / "app.py"), "--model", "list"], capture_output=True,
                          text=True, timeout=60, cwd=ROOT)

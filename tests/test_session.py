@@ -104,6 +104,59 @@ def test_stable_sampling_changes_only_the_newest_pick_as_the_window_slides():
     assert stable_indices(list(range(5)), 16) == [0, 1, 2, 3, 4] and stable_indices([7, 8, 9], 1) == [2]
 
 
+def test_with_a_budget_a_question_brings_one_new_frame_and_its_picks_still_span_the_buffer():
+    """Issue 49's rule on the CPU default (4 frames, 'stable', one new frame
+    a question), with warm-ups encoding one frame every third kept frame (a
+    frame's encode slower than frames are kept): every question takes the
+    newest kept frame and no other new one, has its 4 frames once warm-ups
+    have encoded a question's worth, and its oldest pick is never older
+    than the buffer and lies in its oldest quarter (plus the few kept
+    frames one encode takes): the answer still sees the whole window."""
+    s = no_evs(max_frames=64, num_sample_frames=4, sampling="stable")
+    s.encode_budget = 1
+    fill(s, 64)
+    first = s.sample()
+    # Nothing encoded yet: the newest frame alone, not a batch of four to encode.
+    assert (first.seqs, first.new_frames, first.left_out) == ([64], 1, 3)
+    s.mark_encoded(first.seqs)
+    for n in range(64, 400):
+        fill(s, 1, start=n)
+        if n % 3 == 0:
+            s.mark_encoded(s.sample(new_frames=1).seqs)  # a one-frame warm-up
+        question = s.sample()
+        ring = [f.t for f in s._buffer.frames]
+        assert question.new_frames <= 1 and question.timestamps[-1] == ring[-1] == float(n)
+        assert ring[0] <= question.timestamps[0]  # never older than the buffer
+        if n >= 80:
+            assert len(question.seqs) == 4, (n, question.seqs)
+        if n >= 128:  # warm-ups have run for a whole buffer
+            # stable's grid steps every (64 - 1) // (4 - 1) = 21 kept frames:
+            # its oldest pick is within one step of the buffer's oldest frame
+            # (uniform's is that frame), give or take one encode's 3 frames.
+            oldest = question.timestamps[0]
+            assert oldest <= ring[0] + 21 + 3, (n, ring[0], question.timestamps)
+
+
+def test_a_frame_being_encoded_is_the_questions_one_new_frame():
+    """A warm-up encoding frame X as the question comes: the question takes
+    X as its newest, not a newer frame (it would wait for X, then for its
+    own), and counts it as its one new frame."""
+    s = no_evs(max_frames=64, num_sample_frames=4, sampling="stable")
+    s.encode_budget = 1
+    fill(s, 64)
+    s.mark_encoded([f.seq for f in s._buffer.frames])
+    fill(s, 1, start=64)
+    in_flight = s.sample().seqs[-1]
+    s.encoding([in_flight])
+    fill(s, 2, start=65)  # two newer frames arrive while it is encoded
+    question = s.sample()
+    assert question.seqs[-1] == in_flight and question.new_frames == 1 and len(question.seqs) == 4
+    s.encoding(())
+    s.mark_encoded([in_flight])
+    question = s.sample()
+    assert question.timestamps[-1] == 66.0 and question.new_frames == 1
+
+
 def test_default_k_is_num_sample_frames():
     s = no_evs(num_sample_frames=3)
     fill(s, 7)

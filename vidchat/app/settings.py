@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any, Sequence
 
 from vidchat.media.session import MAX_AUDIO_SECONDS
+from vidchat.media.session_settings import SAMPLING_STRATEGIES
 from vidchat.media import DEFAULT_MAX_FRAME_BYTES, DEFAULT_MAX_FRAME_PIXELS, FRAMES_AS
 
 ENV_PREFIX = "VIDCHAT_"
@@ -108,6 +109,12 @@ class Settings(ModelSettings):
     # --- answers ----------------------------------------------------------
     frames_per_question: int = _opt(16, "Frames sampled from the buffer for each question (the page and "
                                     "the WebSocket protocol can change it per session).")
+    sampling: str = _opt(
+        "uniform", "Which kept frames a question takes (the page and the WebSocket protocol can change it per "
+        "session): 'uniform' spreads them over the buffer; 'stable' spreads them too, but a new frame changes "
+        "only the newest pick, so the engine has encoded every frame but one (the SmolVLM presets' default: "
+        "docs/performance.md, 'One new frame a question'); 'latest_frames', 'latest_seconds'.",
+        choices=SAMPLING_STRATEGIES)
     frames_as: str = _opt("images", "Send sampled frames as separate 'images' or as one 'video'.", choices=FRAMES_AS)
     max_tokens: int = _opt(256, "Longest reply in tokens.")
     temperature: float = _opt(0.7, "Sampling temperature (0 = greedy).")
@@ -119,12 +126,11 @@ class Settings(ModelSettings):
         "auto", "Keep each session's next question prefilled in the engine (vidchat/conversation/prewarm.py): 'idle' sends "
         "warm-ups only while no answer is generating, 'always' also beside answers (at lower priority), 'off' "
         "never. With warm-ups on, the page's Enter also has the server take the question's frames and audio at "
-        "once and warm them while the question travels. 'auto' (the default) times one encode of a stored-size frame at "
-        "start-up: from 150 ms to 500 ms a frame it chooses 'idle' and each kept frame is encoded as it "
-        "arrives; below (the tiny model, a GPU) 'off', and above it 'off' too: a question arriving during a "
-        "warm-up waits for its encode (vLLM cannot preempt it). On the CPU default at true size on 2 cores (about "
-        "1 s a frame) bench/page.py measured a moving scene's median Enter -> first token at 0.40 s off and "
-        "3.55 s with warm-ups (docs/performance.md, 'Warm-ups'). The start-up log and /api/health say which mode runs and why.",
+        "once and warm them while the question travels. 'auto' (the default) times one encode of a stored-size "
+        "frame at start-up: above 150 ms a frame (a CPU) it chooses 'idle': each session's newest kept frame is "
+        "encoded as it arrives, one frame at a time, from the moment the camera starts, and a question brings at "
+        "most one new frame (docs/performance.md, 'One new frame a question'); below (the tiny model, a GPU) "
+        "'off'. The start-up log and /api/health say which mode runs and why.",
         choices=("auto", "off", "idle", "always"),
     )
     record_dir: str = _opt(

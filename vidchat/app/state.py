@@ -209,4 +209,4 @@ class AppState:
 
 def default_session_settings(settings: Settings) -> SessionSettings:
     return SessionSettings(audio_seconds=settings.ws_max_audio_seconds,
-                           num_sample_frames=settings.frames_per_question)
+                           num_sample_frames=settings.frames_per_question, sampling=settings.sampling)

@@ -223,6 +223,11 @@ class Answer:
             # Frames swapped for already-encoded ones to stay within the
             # encoder budget (a CPU that encodes slower than frames are kept).
             frames_substituted=sample.substituted,
+            # ...and those left out where nothing encoded was left to swap in
+            # (a session's first seconds); frames_new: those not yet encoded
+            # when sampled, which this question encoded (or waited for).
+            frames_left_out=sample.left_out,
+            frames_new=sample.new_frames,
             sampled_at_enter_ms=None if self.sampled_before_ms is None else round(self.sampled_before_ms, 1),
             frames_as=self.options.frames_as,
             video_fps=None if self.video_fps is None else round(self.video_fps, 3),
@@ -231,6 +236,7 @@ class Answer:
             max_tokens=self.options.max_tokens,
             prep_ms=round(self.prep_ms, 2),
             ttft_ms=None if stats.get("ttft_s") is None else round(stats["ttft_s"] * 1000, 1),
+            prefill_ms=None if stats.get("prefill_s") is None else round(stats["prefill_s"] * 1000, 1),
             include_audio=self.options.include_audio or self.spoken is not None,
             # A spoken question (Talk mode): its span on the timeline; the
             # audio the model got is exactly that span (audio_span).

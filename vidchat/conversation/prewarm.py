@@ -134,7 +134,11 @@ class Prewarmer:
         if self.mode == "off" or entry is None or entry.session.frame_count == 0:
             return
         if await _pin_enter_sample(entry, self._pins, self.stats):
-            await self._flight.give_way_at_enter(session_id)
+            pin = self._pins.get(session_id)
+            # Where frames are slow, a frame the warm-up is encoding is the
+            # question's one new frame: stopping it would only start it again.
+            wanted = self.frame_cost.slow and pin is not None and entry.session.being_encoded(pin.sample.seqs)
+            await self._flight.give_way_at_enter(session_id, wanted)
             self._wake.set()
 
     def take_pin(self, entry: Any) -> Pin | None:
@@ -195,7 +199,7 @@ class Prewarmer:
         if engine is None or engine.is_dead:
             return
         now = time.monotonic()
-        candidates = warm_candidates(self.state, self._warm, self._pins, now, self.interval_s)
+        candidates = warm_candidates(self.state, self._warm, self._pins, now, self.interval_s, self.frame_cost.slow)
         if not candidates:
             return
         if self._engine_busy(engine):

@@ -10,12 +10,14 @@ were encoded as they arrived. So at start-up the server times one encode of
 a frame at the size sessions store them and chooses:
 
 * ``idle`` (encode ahead) where that frame took more than
-  :data:`AUTO_THRESHOLD_MS` and at most :data:`AUTO_CEILING_MS`;
-* ``off`` where it took less (the frames cost the question little), and
-  where it took more than the ceiling: vLLM cannot preempt a warm-up's
-  encode, so a question that arrives during one waits for it, and on the
-  true-size CPU default on 2 cores (about a second a frame) that wait cost
-  more than encoding ahead saved (docs/performance.md, 'What to expect on a laptop CPU').
+  :data:`AUTO_THRESHOLD_MS`: each session's newest kept frame is encoded as
+  it arrives, one frame at a time. A question brings at most one frame new
+  to the engine: the newest, or the one a warm-up is encoding as it comes
+  (vidchat.media.sampling.within_encode_budget), so it never waits for more
+  than one frame's encode, however fast frames are kept. (An earlier rule
+  turned warm-ups off above 500 ms a frame: a warm-up's batch of frames,
+  which vLLM cannot preempt, then held up the question behind it.)
+* ``off`` where it took less: the frames cost the question little.
 
 The measurement is the difference between two one-token requests that differ
 only by the frame (after one untimed request, so neither pays the engine's
@@ -46,13 +48,6 @@ log = logging.getLogger(__name__)
 # with the browser for the cores. The two sides measured here are 50-100x
 # apart, so the threshold is far from both.
 AUTO_THRESHOLD_MS = 150.0
-# Above this a frame's encode, which a question arriving during a warm-up
-# waits for, is longer than the page's target from Enter to the first token
-# (400 ms on 2 cores) plus the page's own round trip: warm-ups then make
-# the typical question slower, as bench/page.py measured on the CPU default
-# at true size (994 ms a frame: a moving scene's median 3,555 ms with
-# warm-ups against 402 ms without).
-AUTO_CEILING_MS = 500.0
 # What the encoder gets: a frame at the size sessions store them
 # (vidchat.media DEFAULT store size, 320x240), noise so it compresses to nothing.
 PROBE_FRAME_HW = (240, 320)
@@ -92,13 +87,14 @@ class FrameCost:
     def budget(self, frames: int) -> int | None:
         """New frames a question of ``frames`` may carry (None: no limit).
         Where a new frame is slow (a CPU: the vision encoder takes about half
-        a second a frame) only as many as encode within ENCODE_BUDGET_S,
-        possibly none: warm-ups encode the frames as they arrive."""
+        a second a frame) as many as encode within ENCODE_BUDGET_S, and at
+        least one: the newest frame, so the answer sees the moment it was
+        asked, while warm-ups have encoded the others as they arrived."""
         if not self.slow:
             # A GPU or the tiny model (tens of ms a frame): a question's new
             # frames cost less than the page's own round trip; every one goes.
             return None
-        budget = int(ENCODE_BUDGET_S / self.per_frame_s)
+        budget = max(1, int(ENCODE_BUDGET_S / self.per_frame_s))
         return budget if budget < frames else None
 
     def apply(self, session: Any) -> None:
@@ -128,24 +124,18 @@ def pending() -> PrewarmChoice:
     return PrewarmChoice("auto", "off", "auto: the model is loading; warm-ups stay off until a frame is timed")
 
 
-def choose(frame_ms: float, threshold_ms: float = AUTO_THRESHOLD_MS,
-           ceiling_ms: float = AUTO_CEILING_MS) -> PrewarmChoice:
+def choose(frame_ms: float, threshold_ms: float = AUTO_THRESHOLD_MS) -> PrewarmChoice:
     """The mode for a measured per-frame encoding cost."""
     size = f"{PROBE_FRAME_HW[1]}x{PROBE_FRAME_HW[0]}"
-    if frame_ms > ceiling_ms:
-        return PrewarmChoice(
-            "auto", "off", f"auto: a {size} frame took {frame_ms:.0f} ms to encode, more than {ceiling_ms:.0f} ms: "
-            "a question arriving during a warm-up would wait that long for it (vLLM cannot preempt it), more than "
-            "encoding ahead saves", round(frame_ms, 1), threshold_ms)
     if frame_ms > threshold_ms:
         return PrewarmChoice(
-            "auto", AUTO_ON_MODE, f"auto: a {PROBE_FRAME_HW[1]}x{PROBE_FRAME_HW[0]} frame took {frame_ms:.0f} ms "
-            f"to encode, more than {threshold_ms:.0f} ms: kept frames are encoded as they arrive",
+            "auto", AUTO_ON_MODE, f"auto: a {size} frame took {frame_ms:.0f} ms to encode, more than "
+            f"{threshold_ms:.0f} ms: each session's newest kept frame is encoded as it arrives, one frame at a "
+            "time, so a question brings at most one new frame (a frame in flight counts as that one)",
             round(frame_ms, 1), threshold_ms)
     return PrewarmChoice(
-        "auto", "off", f"auto: a {PROBE_FRAME_HW[1]}x{PROBE_FRAME_HW[0]} frame took {frame_ms:.0f} ms to encode, "
-        f"less than {threshold_ms:.0f} ms: a question's frames cost little, warm-ups would cost the page more",
-        round(frame_ms, 1), threshold_ms)
+        "auto", "off", f"auto: a {size} frame took {frame_ms:.0f} ms to encode, less than {threshold_ms:.0f} ms: "
+        "a question's frames cost little, warm-ups would cost the page more", round(frame_ms, 1), threshold_ms)
 
 
 async def _one_token_s(engine: Any, frames: list[np.ndarray], salt: str) -> float:

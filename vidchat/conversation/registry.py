@@ -70,6 +70,10 @@ class SessionRegistry:
         # open ones, and tabs re-attaching to them, carry on until they end.
         self.draining = False
 
+    def default_settings(self) -> SessionSettings:
+        """A new session's settings (the server's --frames-per-question, --sampling, ...)."""
+        return self._default_settings()
+
     @property
     def app(self) -> Any:
         """What its conversations ask with (vidchat.app.state.AppState: the

@@ -165,6 +165,7 @@ class AnswerRun:
                 async for delta in reply:
                     if self._first_token_at is None:
                         self._first_token_at = time.monotonic()
+                        self._prefilled()
                     self._publish(Delta(delta))
                     self._check_heard()
             except Abandoned:
@@ -186,6 +187,13 @@ class AnswerRun:
         finally:
             if not self.ended.is_set():  # the task itself was cancelled (shutdown)
                 self._end(self._plain_done(None, started, False, cancelled=True))
+
+    def _prefilled(self) -> None:
+        """The engine has the question's frames encoded now: a later question
+        or warm-up counts them as such (vidchat.media.sampling's encoder
+        budget). Not a second model's: its engine is another one."""
+        if not getattr(self.slot, "second", False):
+            self.conversation.session.mark_encoded(self.answer.sample.seqs)
 
     def _check_heard(self) -> None:
         """Cancel the answer once nobody has listened for UNHEARD_GRACE_S

@@ -77,13 +77,14 @@ class WarmupInFlight:
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)
 
-    async def give_way_at_enter(self, session_id: str) -> None:
+    async def give_way_at_enter(self, session_id: str, wanted: bool = False) -> None:
         """Enter was pressed in this session: its own warm-up in flight gives
-        way to the sample taken then. Another session's finishes first: it
-        gives way to this question itself, when it comes, by
-        :meth:`answer_arriving`'s rule."""
+        way to the sample taken then, unless it is encoding a frame of that
+        sample (``wanted``: the question took it as its one new frame).
+        Another session's finishes first: it gives way to this question
+        itself, when it comes, by :meth:`answer_arriving`'s rule."""
         current = self.current
-        if current is not None and current[0] == session_id and self.yielding is not current[1]:
+        if current is not None and current[0] == session_id and self.yielding is not current[1] and not wanted:
             await self.give_way(current[1])
 
     async def answer_arriving(self, answer: Any, idle: bool) -> None:
@@ -150,6 +151,7 @@ class WarmupInFlight:
 
         entry.closers.append(session_ended)
         self.current = (entry.session.id, task, plan.lead)
+        entry.session.encoding(plan.sample.seqs)  # a question now counts them as its one new frame
         started = time.monotonic()
         try:
             stats = await asyncio.shield(task)
@@ -164,6 +166,7 @@ class WarmupInFlight:
             await asyncio.gather(task, return_exceptions=True)
             raise
         finally:
+            entry.session.encoding(())
             if session_ended in entry.closers:
                 entry.closers.remove(session_ended)
             self.current = None

@@ -68,12 +68,16 @@ class WarmPlan:
 
 
 def warm_candidates(state: Any, warm_states: dict[str, WarmState], pins: EnterPins,
-                    now: float, interval_s: float) -> list[tuple[bool, float, Any, tuple]]:
+                    now: float, interval_s: float, slow_frames: bool = False) -> list[tuple[bool, float, Any, tuple]]:
     """The sessions worth a warm-up now, most urgent first, as (not urgent,
     last warmed, entry, sample key): a pinned Enter before anything (the
     longest unwarmed of those first, so no session's Enters crowd out
     another's), then sessions whose user is typing, then the longest
-    unwarmed. Forgets the warm states and pins of sessions that ended."""
+    unwarmed. Where frames are slow to encode (``slow_frames``), a session
+    whose buffer holds fewer encoded frames than a question takes (a camera
+    just started) is warmed again as soon as the last one-frame warm-up
+    ends, so its first question finds its frames encoded. Forgets the warm
+    states and pins of sessions that ended."""
     live = {}
     out = []
     pinned = []
@@ -91,10 +95,15 @@ def warm_candidates(state: Any, warm_states: dict[str, WarmState], pins: EnterPi
             continue
         key = sample_key(entry, segments)
         warm = warm_states.get(sid)
-        if warm is not None and warm.key == key:
+        session = entry.session
+        catching_up = slow_frames and session.encoded_in_buffer() < min(session.settings.num_sample_frames,
+                                                                         session.frame_count)
+        if warm is not None and warm.key == key and not catching_up:
             continue
         urgent = warm is not None and warm.urgent_until > now
         interval = URGENT_INTERVAL_S if urgent else interval_s
+        if catching_up and not urgent:
+            interval = 0.0  # the first frames, one after another
         if warm is not None and now - warm.at < interval:
             continue
         out.append((not urgent, warm.at if warm else 0.0, entry, key))
@@ -108,15 +117,15 @@ def warm_candidates(state: Any, warm_states: dict[str, WarmState], pins: EnterPi
 
 def frames_ahead(frame_cost: FrameCost, warm: WarmState, now: float) -> int | None:
     """New frames a background warm-up of this session may encode (-1: as
-    many as its question may carry). Where frames are slow to encode, at
-    least the newest: each kept frame is encoded as it arrives, so the
-    question finds its frames encoded. But not while the user types: a
-    question is coming, and a frame's encoding in flight would hold it
-    up; the warm-up then prefills the frames already encoded."""
-    if not frame_cost.slow or warm.urgent_until > now:
+    many as its question may carry). Where frames are slow to encode, one:
+    the newest kept frame, encoded as it arrives, one at a time, so a
+    question finds the others encoded and waits at most for one frame in
+    flight, never for a batch. None new while the user types: a question is
+    coming, and a frame's encoding in flight would hold it up; the warm-up
+    then prefills the frames already encoded."""
+    if not frame_cost.slow:
         return -1
-    budget = frame_cost.budget(0x7FFFFFFF)
-    return max(1, budget or 0)
+    return 0 if warm.urgent_until > now else 1
 
 
 def warm_sample(engine: Any, entry: Any, pin: Pin | None, new_frames: int | None = -1) -> tuple[Any, bool]:

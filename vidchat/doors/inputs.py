@@ -89,7 +89,11 @@ def live_view(entry: "Conversation", n_frames: int = 6) -> dict[str, Any]:
 def title(answer: "Answer") -> str:
     stats = answer.reply.stats
     audio = f" · {stats.audio_seconds:.1f} s audio" if stats.audio_seconds else ""
-    return f"What the model got: {len(answer.sample.frames)} frames as {answer.options.frames_as}{audio}"
+    frames = len(answer.sample.frames)
+    # Where a question brings only some frames new (warm-ups encoded the
+    # rest), the title says how many: what a slow first token comes from.
+    new = f" ({answer.sample.new_frames} new)" if 0 < answer.sample.new_frames < frames else ""
+    return f"What the model got: {frames} frames{new} as {answer.options.frames_as}{audio}"
 
 
 def frame_caption(index: Any, t: float | None, source_pos: float | None, at_jump: bool = False) -> str:
@@ -129,6 +133,26 @@ def record_links_html(answer_id: str, recorded: bool) -> str:
             f" (JSON)</a>{bundle}")
 
 
+def new_frames_line(rec: dict) -> str:
+    """How many of the answer's frames the engine encoded for it, and what
+    its prefill cost: why an answer on a CPU was slow (or fast)."""
+    frames, new = len(rec.get("frame_times") or ()), rec.get("frames_new")
+    if not frames or new is None:
+        return ""
+    said = (f"{new} of {frames} frames new (encoded for this question)" if new
+            else f"No frame new: the engine had encoded all {frames} before the question")
+    swaps = []
+    if rec.get("frames_substituted"):
+        swaps.append(f"{rec['frames_substituted']} swapped for frames already encoded")
+    if rec.get("frames_left_out"):
+        swaps.append(f"{rec['frames_left_out']} left out (none encoded yet)")
+    if swaps:
+        said += " (" + ", ".join(swaps) + ")"
+    if rec.get("prefill_ms") is not None:
+        said += f" · encoding and prefill took {rec['prefill_ms']:.0f} ms"
+    return f"<p class='vc-muted vc-new-frames'>{as_text(said)}</p>"
+
+
 def details_html(answer: "Answer", answer_id: str, recorded: bool = False) -> str:
     """The collapsed panel under an answer. Thumbnails are inline (small);
     full frames, audio and the record are links to /inputs/<id>/."""
@@ -159,7 +183,7 @@ def details_html(answer: "Answer", answer_id: str, recorded: bool = False) -> st
     return (
         "<div class='vc-inputs'>"
         f"<div class='vc-frames' style='display:flex;flex-wrap:wrap;gap:6px'>{''.join(tiles)}</div>{audio}"
-        f"{history_cut(answer)}"
+        f"{history_cut(answer)}{new_frames_line(rec)}"
         f"<p class='vc-muted'>Model <code>{as_text(str(rec.get('model')))}</code>"
         f"{' @ ' + as_text(rec['model_revision']) if rec.get('model_revision') else ''} · {numbers}</p>"
         f"<p class='vc-muted'>Sampling: <code>{as_text(json.dumps(params))}</code></p>"

@@ -77,6 +77,8 @@ class LocalReply:
                     self.stats.prompt_tokens = len(out.prompt_token_ids)
                 if out.num_cached_tokens:
                     self.stats.cached_tokens = out.num_cached_tokens
+                if self.stats.prefill_s is None:
+                    self.stats.prefill_s = _prefill_s(out)
                 self.stats.completion_tokens = len(completion.token_ids)
                 if out.finished:
                     self.stats.finish_reason = completion.finish_reason
@@ -328,3 +330,13 @@ def _stats(frames: Sequence[Any], audio: np.ndarray | None, clips: Sequence[tupl
                       inputs_sha256=inputs_digest(frames, audio),
                       audio_parts=[clip.size for clip, _ in clips] if len(clips) > 1 else [],
                       history_turns=history_turns, history_turns_total=history_turns_total)
+
+
+def _prefill_s(out: Any) -> float | None:
+    """Scheduled -> first token on the engine core's clock (vLLM keeps it
+    where its stat loggers run: the server's main engine)."""
+    metrics = getattr(out, "metrics", None)
+    first, scheduled = getattr(metrics, "first_token_ts", 0.0), getattr(metrics, "scheduled_ts", 0.0)
+    if not first or not scheduled or first < scheduled:
+        return None
+    return first - scheduled

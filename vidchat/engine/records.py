@@ -72,6 +72,11 @@ class ReplyStats:
     # (which failed), {"from", "to", "caches": "cold"} (vidchat.engine.replicas).
     replica: str | None = None
     session_moved: dict[str, str] | None = None
+    # The engine's own time from scheduling the request to its first token:
+    # encoding the frames new to it and prefilling the uncached prompt
+    # (None where the engine keeps no per-request stats: a remote one, or
+    # one started without vLLM's stat loggers).
+    prefill_s: float | None = None
 
     def as_dict(self) -> dict[str, Any]:
         return dict(self.__dict__)

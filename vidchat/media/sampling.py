@@ -49,6 +49,8 @@ class Sample:
     source: dict[str, Any] | None = None  # {"kind", "name"} of the newest frame's source
     seqs: list[int] = field(default_factory=list)  # the frames' kept numbers
     substituted: int = 0  # frames swapped for already-encoded ones (the encoder budget)
+    left_out: int = 0  # picks left out: new to the engine, over the budget, and nothing encoded to swap in
+    new_frames: int = 0  # frames not yet encoded when sampled (the question encodes them, or waits for them)
     # How the audio splits into the engine's items: (samples, name) per
     # segment (vidchat.media.audio.AudioWindow.parts); the names are unique within
     # the session and never reused for other samples. Empty: one clip.
@@ -211,30 +213,42 @@ def pick(frames: Sequence[Kept], k: int, strategy: str, *, span: tuple[float, fl
 
 
 def within_encode_budget(frames: Sequence[Kept], candidates: list[int], picked: list[int],
-                         encoded: set[int], budget: int | None) -> tuple[list[int], int]:
+                         encoded: set[int], budget: int | None,
+                         in_flight: set[int] = frozenset()) -> tuple[list[int], int, int]:
     """With an encoder budget (a CPU where encoding a frame costs most of a
-    second), at most ``budget`` picked frames may be new to the engine (not in
-    ``encoded``): the newest new ones stay, and each other new one is swapped
-    for the nearest frame already encoded (by a warm-up), so a question never
-    waits for a backlog of encodings. Returns the picks and how many were swapped."""
+    second), at most ``budget`` picked frames may be new to the engine: not
+    in ``encoded``, nor in ``in_flight`` (being encoded by a warm-up now,
+    which the question would wait for; those count against the budget).
+    The newest new frames stay; each other new one is swapped for the
+    nearest frame already encoded (or in flight: a question then takes the
+    frame being encoded as its newest rather than a newer one), or, where none is left
+    (the first seconds of a session), left out: a question never waits for
+    a batch of encodings. Returns the picks, how many were swapped and how
+    many left out."""
     if budget is None:
-        return picked, 0
-    new = [p for p in picked if frames[p].seq not in encoded]
-    if len(new) <= budget:
-        return picked, 0
-    swap = set(new[: len(new) - budget])  # the oldest new frames
+        return picked, 0, 0
+    ready = encoded | in_flight
+    new = [p for p in picked if frames[p].seq not in ready]
+    allowed = max(0, budget - sum(frames[c].seq in in_flight for c in candidates))
+    if len(new) <= allowed:
+        return picked, 0, 0
+    over = set(new[: len(new) - allowed])  # the oldest new frames
     chosen = set(picked)
-    already = [c for c in candidates if frames[c].seq in encoded]
-    out, substituted = [], 0
+    already = [c for c in candidates if frames[c].seq in ready]
+    out, substituted, left_out = [], 0, 0
     for p in picked:
-        if p in swap:
+        if p in over:
+            chosen.discard(p)
             near = [c for c in already if c not in chosen]
             if near:
                 best = min(near, key=lambda c: (abs(c - p), c))
-                chosen.discard(p)
                 chosen.add(best)
                 out.append(best)
                 substituted += 1
-                continue
+            else:
+                left_out += 1
+            continue
         out.append(p)
-    return sorted(out), substituted
+    if not out:  # nothing encoded and no budget: the newest frame, rather than none
+        return [picked[-1]], 0, len(picked) - 1
+    return sorted(out), substituted, left_out

@@ -152,6 +152,7 @@ class Session(SessionMedia):
         # Kept frames a warm-up has put in the engine's caches, and how many
         # new ones a question may carry (None: no limit; vidchat.conversation.prewarm sets it).
         self._encoded: set[int] = set()
+        self._in_flight: set[int] = set()  # being encoded by a warm-up now
         self.encode_budget: int | None = None
 
     # -- questions ---------------------------------------------------------
@@ -192,19 +193,37 @@ class Session(SessionMedia):
             candidates, picked, window_start = pick(frames, k, strategy, span=span, sample_seconds=s.sample_seconds,
                                                     newest_received_t=self._buffer.newest_received_t)
             budget = self.encode_budget if new_frames == -1 else new_frames
-            picked, substituted = within_encode_budget(frames, candidates, picked, self._encoded, budget)
+            picked, substituted, left_out = within_encode_budget(frames, candidates, picked, self._encoded, budget,
+                                                                 self._in_flight)
+            new_frames = sum(frames[i].seq not in self._encoded for i in picked)
             audio, audio_parts = _question_audio(self._audio, frames, picked, window_start, span, s, audio_after)
             origin = self.timeline_start if self.timeline_start is not None else 0.0
             tail_open = not self._audio.ends_segment
             self.last_activity = time.monotonic()
         return _sample_of(frames, picked, audio, self.source_timeline, origin=origin, substituted=substituted,
-                          audio_parts=audio_parts if audio else (), audio_tail_open=tail_open)
+                          left_out=left_out, new_frames=new_frames, audio_parts=audio_parts if audio else (), audio_tail_open=tail_open)
 
     def mark_encoded(self, seqs: Sequence[int]) -> None:
-        """These kept frames are in the engine's caches (a warm-up carried them)."""
+        """These kept frames are in the engine's caches (a warm-up or a question carried them)."""
         with self._lock:
             live = {f.seq for f in self._buffer.frames}
             self._encoded = {q for q in self._encoded if q in live} | {q for q in seqs if q in live}
+
+    def encoding(self, seqs: Sequence[int]) -> None:
+        """A warm-up is encoding these frames now (empty: it ended); a
+        question counts them against its budget instead of encoding others."""
+        with self._lock:
+            self._in_flight = set(seqs) - self._encoded
+
+    def being_encoded(self, seqs: Sequence[int]) -> bool:
+        """Whether a warm-up is encoding any of these frames now."""
+        with self._lock:
+            return any(q in self._in_flight for q in seqs)
+
+    def encoded_in_buffer(self) -> int:
+        """How many of the kept frames the engine has encoded."""
+        with self._lock:
+            return sum(f.seq in self._encoded for f in self._buffer.frames)
 
     def encoded_count(self, seqs: Sequence[int]) -> int:
         with self._lock:
@@ -233,6 +252,7 @@ class Session(SessionMedia):
             self._buffer.clear()
             self._audio.clear()
             self._encoded = set()
+            self._in_flight = set()
             self.timeline_start = None
             self.last_activity = time.monotonic()
 

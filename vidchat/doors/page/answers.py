@@ -166,8 +166,9 @@ async def _outcome(subscription: Any, ticket: int, event_start: float) -> None:
             since = time.perf_counter() - event_start
             # The event's wall-clock time lets a browser on this machine split
             # its own Enter -> first token into before/after the server.
-            log.info("chat event -> first token: %.1f ms (%d of %d prompt tokens from the cache; event at %.3f)",
-                     since * 1000, stats.cached_tokens, stats.prompt_tokens, time.time() - since)
+            log.info("chat event -> first token: %.1f ms (%d of %d prompt tokens from the cache; %d of %d frames "
+                     "new; event at %.3f)", since * 1000, stats.cached_tokens, stats.prompt_tokens,
+                     answer.sample.new_frames, len(answer.sample.frames), time.time() - since)
         elif isinstance(inner, Done):
             return
 

@@ -48,8 +48,8 @@ def _settings_panel(state) -> list[gr.components.Component]:
             # The picker shows each strategy's label and sends its name (the
             # protocol's); its help says what the chosen one does (events.py).
             strategy = SETTINGS["sampling"]
-            sampling = gr.Dropdown(strategy.page_choices(), value="uniform", label=strategy.label,
-                                   elem_id="vc-sampling", info=strategy.choice_help("uniform"))
+            sampling = gr.Dropdown(strategy.page_choices(), value=s.sampling, label=strategy.label,
+                                   elem_id="vc-sampling", info=strategy.choice_help(s.sampling))
             window = SETTINGS["sample_seconds"]
             by_value = {value: label for label, value in strategy.page_choices()}
             seconds = gr.Slider(1, 60, value=10, step=1, label=f"{window.label} (s)", elem_id="vc-sample-seconds",

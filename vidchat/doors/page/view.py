@@ -143,7 +143,7 @@ def frames_html(answer, answer_id: str | None = None, recorded: bool = False) ->
     )
     links = f"<p class='vc-record-links'>{answer_inputs.record_links_html(answer_id, recorded)}</p>" if answer_id else ""
     keep = (mark_html(answer_id, getattr(answer, "mark", None)) + add_to_suite_html(answer_id)) if answer_id else ""
-    return (links + keep + head + "<div class='vc-frames'>"
+    return (links + keep + head + answer_inputs.new_frames_line(answer.summary()) + "<div class='vc-frames'>"
             + "".join(tiles) + "</div>" + answer_inputs.history_cut(answer))
 
 
