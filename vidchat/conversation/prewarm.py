@@ -23,10 +23,13 @@ The rules that keep it cheap and harmless:
   (``max_share`` of a sliding window).
 * With the session's own cache salt, so no session warms another's cache;
   a warm-up of a session that ends is aborted.
-* Where a frame is slow to encode (the CPU default: ~0.5 s), each kept frame
-  is encoded as it arrives, a question carries only frames already encoded
-  (``ENCODE_BUDGET_S``), and while the user types only those are prefilled.
-  ``--prewarm auto`` turns warm-ups on only there (vidchat.conversation.prewarm_auto).
+* Where a frame is slow to encode (the CPU default: 0.5-2 s), the newest
+  kept frame is encoded as it arrives, one frame a warm-up, one warm-up at a
+  time (back to back as the camera starts, until a question's worth is
+  encoded), and a question brings at most one frame new to the engine: its
+  newest, or the one a warm-up is encoding as it comes (``ENCODE_BUDGET_S``,
+  vidchat.media.sampling.within_encode_budget). ``--prewarm auto`` turns
+  warm-ups on only there (vidchat.conversation.prewarm_auto).
 
 Which session is warmed next and with what is decided in
 vidchat.conversation.warm_plan; the warm-up in flight, and what gives way to
@@ -94,6 +97,10 @@ class Prewarmer:
         if mode == "off":
             await self.stop()
             self.mode = mode
+            # Nothing encodes ahead now: a question takes the frames its
+            # sampling picks, all of them, as before warm-ups ran.
+            for entry in self.state.registry.entries():
+                entry.session.encode_budget = None
             return
         self.mode = mode
         self.start()
@@ -226,7 +233,7 @@ class Prewarmer:
         pin = self._pins.get(sid)
         self.frame_cost.apply(entry.session)
         plan = await plan_warmup(engine, entry, entry.warm_options or self.state.answer_defaults(), pin,
-                                 frames_ahead(self.frame_cost, warm, time.monotonic()))
+                                 frames_ahead(self.frame_cost))
         if plan is None:
             warm.key = key
             return

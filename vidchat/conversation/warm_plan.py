@@ -115,17 +115,15 @@ def warm_candidates(state: Any, warm_states: dict[str, WarmState], pins: EnterPi
     return [(False, -1.0, entry, key) for _, entry, key in pinned] + out
 
 
-def frames_ahead(frame_cost: FrameCost, warm: WarmState, now: float) -> int | None:
+def frames_ahead(frame_cost: FrameCost) -> int | None:
     """New frames a background warm-up of this session may encode (-1: as
     many as its question may carry). Where frames are slow to encode, one:
-    the newest kept frame, encoded as it arrives, one at a time, so a
-    question finds the others encoded and waits at most for one frame in
-    flight, never for a batch. None new while the user types: a question is
-    coming, and a frame's encoding in flight would hold it up; the warm-up
-    then prefills the frames already encoded."""
-    if not frame_cost.slow:
-        return -1
-    return 0 if warm.urgent_until > now else 1
+    the newest kept frame, encoded as it arrives, one at a time, also while
+    the user types. A question that comes while one is in flight takes that
+    frame as its one new frame (vidchat.media.sampling.within_encode_budget):
+    it waits for what is left of that encode, never for a second one, and
+    never for a batch."""
+    return 1 if frame_cost.slow else -1
 
 
 def warm_sample(engine: Any, entry: Any, pin: Pin | None, new_frames: int | None = -1) -> tuple[Any, bool]:
