@@ -206,19 +206,33 @@ class Prewarmer:
         if engine is None or engine.is_dead:
             return
         now = time.monotonic()
+        if self.frame_cost.slow:
+            # Every session keeps to one new frame a question, also one no
+            # warm-up has reached yet (the engine's share spent on others).
+            for entry in self.state.registry.entries():
+                self.frame_cost.apply(entry.session)
         candidates = warm_candidates(self.state, self._warm, self._pins, now, self.interval_s, self.frame_cost.slow)
         if not candidates:
             return
         if self._engine_busy(engine):
             self.stats.skipped_busy += 1
             return
-        if self.stats.share(now) >= self.max_share:
+        _, _, entry, key = candidates[0]
+        if self.stats.share(now) >= self.max_share and not self._starting(entry):
             self.stats.skipped_budget += 1
             return
-        _, _, entry, key = candidates[0]
         await self._warm_entry(engine, entry, key, self._flight.arrivals)
         if len(candidates) > 1:
             self._wake.set()
+
+    def _starting(self, entry: Any) -> bool:
+        """A session whose buffer holds fewer encoded frames than a question
+        takes (its camera just started) is warmed beyond the engine share:
+        at most a question's worth of one-frame warm-ups, so its first
+        question finds its frames encoded."""
+        session, warm = entry.session, self._warm.get(entry.session.id)
+        return (self.frame_cost.slow and (warm is None or warm.warmed < session.settings.num_sample_frames)
+                and session.encoded_in_buffer() < min(session.settings.num_sample_frames, session.frame_count))
 
     def _budget(self, session: Any, took_s: float, new_frames: int) -> None:
         self.frame_cost.learn(took_s, new_frames)
