@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 import types
 
 import numpy as np
@@ -220,3 +221,30 @@ def test_an_answer_the_chat_does_not_continue_with_is_not_kept(kind, how):
              slot=entry.side_slot() if how == "re-ask" else None,
              generation=talking.generation - 1 if how == "cleared" else None)
     assert talking.history.turns() == () and entry.warm_history == ()
+
+
+async def test_slow_frames_budget_every_session_and_a_starting_camera_is_warmed_beyond_the_share():
+    """Issue 49: once frames are known to be slow, every session keeps to one
+    new frame a question, also one no warm-up has reached; with the engine's
+    share spent, a session whose camera just started still gets its first
+    question's worth of one-frame warm-ups, one that has had them does not."""
+    engine, registry = FakeEngine(), SessionRegistry()
+    prewarmer = prewarmer_for(engine, registry)
+    prewarmer.frame_cost.per_frame_s = 0.9  # the true-size CPU default
+    first = entry_with_frames(registry, seed=21)
+    second = entry_with_frames(registry, seed=22)
+    prewarmer.stats.recent.append((time.monotonic(), 60.0))  # a minute of warm-ups just now
+    assert prewarmer.stats.share(time.monotonic()) >= prewarmer.max_share
+    await prewarmer._step()
+    assert first.session.encode_budget == second.session.encode_budget == 1
+    assert engine.warmed == [first.cache_salt] and prewarmer.stats.skipped_budget == 0
+    assert first.session.encoded_in_buffer() == 1  # one frame: the newest
+    for _ in range(3):  # one frame a warm-up, the longest unwarmed session first
+        await prewarmer._step()
+    assert engine.warmed == [first.cache_salt, second.cache_salt] * 2 and prewarmer.stats.skipped_budget == 0
+    assert first.session.encoded_in_buffer() == second.session.encoded_in_buffer() == 2
+    for entry in (first, second):  # each has had a question's worth: the share holds again
+        prewarmer._warm[entry.session.id].warmed = 4
+    first.session.add_frame(np.full((24, 32, 3), 7, np.uint8), t=200.0)
+    await prewarmer._step()
+    assert prewarmer.stats.warmups == 4 and prewarmer.stats.skipped_budget == 1

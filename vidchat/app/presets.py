@@ -65,7 +65,8 @@ PRESETS: dict[str, Preset] = {p.name: p for p in (
            "~4 GB RAM (0.5 GB weights)", audio=False, video="no (frames as images)", frames_per_question=4,
            settings=(("max_model_len", 8192), ("max_images", 16), ("max_videos", 0), ("max_audios", 0),
                      ("frames_as", "images"), ("sampling", "stable")),
-           note="67 tokens a frame (tiling off); on 2 CPU cores each new frame costs 0.5-2 s of vision encoding: 'stable' sampling and encoding ahead keep it to one new frame a question"),
+           note="67 tokens a frame (tiling off); on 2 CPU cores each new frame costs 0.5-2 s of vision "
+                "encoding: 'stable' sampling and encoding ahead keep it to one new frame a question"),
     Preset("smolvlm2-2.2b", "HuggingFaceTB/SmolVLM2-2.2B-Instruct", "smolvlm", "CPU or GPU",
            "~10 GB RAM (4.5 GB weights)", audio=False, video="no (frames as images)", frames_per_question=4,
            settings=(("max_model_len", 8192), ("max_images", 16), ("max_videos", 0), ("max_audios", 0),

@@ -47,7 +47,7 @@ from typing import Any
 from vidchat.conversation.enter_pins import PIN_S, EnterPins, Pin
 from vidchat.conversation.prewarm_auto import ENCODE_BUDGET_S, FrameCost, PrewarmChoice, explicit, pending
 from vidchat.conversation.warm_flight import PrewarmStats, WarmupInFlight
-from vidchat.conversation.warm_plan import WarmState, frames_ahead, plan_warmup, warm_candidates
+from vidchat.conversation.warm_plan import WarmState, beyond_share, frames_ahead, plan_warmup, warm_candidates
 
 __all__ = ["ENCODE_BUDGET_S", "PIN_S", "EnterPins", "FrameCost", "Pin", "Prewarmer", "PrewarmStats"]
 log = logging.getLogger(__name__)
@@ -218,21 +218,13 @@ class Prewarmer:
             self.stats.skipped_busy += 1
             return
         _, _, entry, key = candidates[0]
-        if self.stats.share(now) >= self.max_share and not self._starting(entry):
+        if self.stats.share(now) >= self.max_share and not beyond_share(self.frame_cost, entry.session,
+                                                                        self._warm.get(entry.session.id)):
             self.stats.skipped_budget += 1
             return
         await self._warm_entry(engine, entry, key, self._flight.arrivals)
         if len(candidates) > 1:
             self._wake.set()
-
-    def _starting(self, entry: Any) -> bool:
-        """A session whose buffer holds fewer encoded frames than a question
-        takes (its camera just started) is warmed beyond the engine share:
-        at most a question's worth of one-frame warm-ups, so its first
-        question finds its frames encoded."""
-        session, warm = entry.session, self._warm.get(entry.session.id)
-        return (self.frame_cost.slow and (warm is None or warm.warmed < session.settings.num_sample_frames)
-                and session.encoded_in_buffer() < min(session.settings.num_sample_frames, session.frame_count))
 
     def _budget(self, session: Any, took_s: float, new_frames: int) -> None:
         self.frame_cost.learn(took_s, new_frames)

@@ -165,7 +165,7 @@ class AnswerRun:
                 async for delta in reply:
                     if self._first_token_at is None:
                         self._first_token_at = time.monotonic()
-                        self._prefilled()
+                        _prefilled(self)
                     self._publish(Delta(delta))
                     self._check_heard()
             except Abandoned:
@@ -187,13 +187,6 @@ class AnswerRun:
         finally:
             if not self.ended.is_set():  # the task itself was cancelled (shutdown)
                 self._end(self._plain_done(None, started, False, cancelled=True))
-
-    def _prefilled(self) -> None:
-        """The engine has the question's frames encoded now: a later question
-        or warm-up counts them as such (vidchat.media.sampling's encoder
-        budget). Not a second model's: its engine is another one."""
-        if not getattr(self.slot, "second", False):
-            self.conversation.session.mark_encoded(self.answer.sample.seqs)
 
     def _check_heard(self) -> None:
         """Cancel the answer once nobody has listened for UNHEARD_GRACE_S
@@ -305,6 +298,14 @@ class AnswerRun:
         done = self._events[-1]
         assert isinstance(done, Done), "an answer run ends with Done"
         return done
+
+
+def _prefilled(run: AnswerRun) -> None:
+    """The engine has the question's frames encoded now: a later question or
+    warm-up counts them as such (vidchat.media.sampling's encoder budget).
+    Not a second model's: its engine is another one."""
+    if not getattr(run.slot, "second", False):
+        run.conversation.session.mark_encoded(run.answer.sample.seqs)
 
 
 def _count(run: AnswerRun, done: Done) -> None:

@@ -16,8 +16,8 @@ from typing import Any
 from vidchat.conversation.enter_pins import EnterPins, Pin
 from vidchat.conversation.prewarm_auto import FrameCost
 
-__all__ = ["WarmPlan", "WarmState", "frames_ahead", "lead_digest", "plan_warmup", "sample_key", "warm_candidates",
-           "warm_sample"]
+__all__ = ["WarmPlan", "WarmState", "beyond_share", "frames_ahead", "lead_digest", "plan_warmup", "sample_key",
+           "starting", "warm_candidates", "warm_sample"]
 log = logging.getLogger(__name__)
 
 URGENT_INTERVAL_S = 0.2
@@ -95,9 +95,7 @@ def warm_candidates(state: Any, warm_states: dict[str, WarmState], pins: EnterPi
             continue
         key = sample_key(entry, segments)
         warm = warm_states.get(sid)
-        session = entry.session
-        catching_up = slow_frames and session.encoded_in_buffer() < min(session.settings.num_sample_frames,
-                                                                         session.frame_count)
+        catching_up = slow_frames and starting(entry.session)
         if warm is not None and warm.key == key and not catching_up:
             continue
         urgent = warm is not None and warm.urgent_until > now
@@ -113,6 +111,19 @@ def warm_candidates(state: Any, warm_states: dict[str, WarmState], pins: EnterPi
     out.sort(key=lambda c: (c[0], c[1]))
     pinned.sort(key=lambda c: c[0])
     return [(False, -1.0, entry, key) for _, entry, key in pinned] + out
+
+
+def starting(session: Any) -> bool:
+    """The session's buffer holds fewer encoded frames than a question takes (its camera just started)."""
+    return session.encoded_in_buffer() < min(session.settings.num_sample_frames, session.frame_count)
+
+
+def beyond_share(frame_cost: FrameCost, session: Any, warm: WarmState | None) -> bool:
+    """Where frames are slow, a session whose camera just started is warmed
+    beyond the engine share, for at most a question's worth of one-frame
+    warm-ups: its first question finds its frames encoded."""
+    return (frame_cost.slow and (warm is None or warm.warmed < session.settings.num_sample_frames)
+            and starting(session))
 
 
 def frames_ahead(frame_cost: FrameCost) -> int | None:
