@@ -7,6 +7,7 @@ came every few minutes while sessions came and went."""
 from __future__ import annotations
 
 import gc
+import types
 import weakref
 
 import numpy as np
@@ -15,6 +16,16 @@ import pytest
 from vidchat.conversation.registry import SessionRegistry
 
 pytestmark = pytest.mark.unit
+
+
+class Ended:
+    """What an answer that has ended keeps: its sample."""
+
+    def __init__(self, sample) -> None:
+        self.sample = sample
+
+    async def cancel(self, why=None) -> None:
+        pass
 
 
 async def test_a_closed_sessions_frames_audio_and_kept_answers_go_without_the_garbage_collector():
@@ -26,6 +37,11 @@ async def test_a_closed_sessions_frames_audio_and_kept_answers_go_without_the_ga
     entry.session.add_audio(np.zeros(16_000, np.float32), t=0.0)
     sample = entry.session.sample(4)
     entry.answers["kept"] = sample  # what a kept answer holds: its frames
+    # ...and the last answers of the chat, a re-ask and the second model
+    # (their runs' events hold them too), which doors may hold after the close
+    entry._chat_run = types.SimpleNamespace(answer=Ended(entry.session.sample(4)))
+    entry.side_slot().answer = Ended(entry.session.sample(2))
+    entry.second_slot().answer = Ended(entry.session.sample(3))
     stored = [weakref.ref(f.pixels) for f in entry.session._buffer.frames]
     assert len(stored) == 6 and all(r() is not None for r in stored)
     del sample

@@ -124,6 +124,10 @@ class Conversation(SessionRecord):
         for task in list(self._tasks):
             task.cancel()
 
+    def release(self) -> None:
+        super().release()
+        self._chat_run = None  # its last answer's run: the answer's frames with it
+
     def _in_task(self, work: Any) -> asyncio.Task:
         task = asyncio.get_running_loop().create_task(work)
         self._tasks.add(task)

@@ -188,9 +188,7 @@ class SessionRegistry:
         # freed only by the garbage collector's next full pass, which on a
         # server holding a million objects comes rarely: until then a closed
         # session held its whole frame buffer (the soak's memory growth).
-        entry.session.reset()
-        entry.answers.clear()
-        entry.closers.clear()
+        entry.release()
         log.info("session %s… %s, %d open", sid[:6], reason, len(self._entries))
         return True
 

@@ -90,6 +90,16 @@ class SessionRecord(AnswerSlot):
         self.both_models = False
         self.stream: Any = None  # the stream of --stream it watches (vidchat.conversation.stream_source)
 
+    def release(self) -> None:
+        """The session has closed: let its frames, audio, kept answers and
+        last answers go now, not at the garbage collector's next full pass
+        (the conversation refers back to itself, see SessionRegistry.close)."""
+        self.session.reset()
+        self.answers.clear()
+        self.closers.clear()
+        self.answer = None
+        self._side = self._second = None
+
     def side_slot(self) -> "SideSlot":
         """Where this session's re-asks run (made on first use)."""
         if self._side is None:
