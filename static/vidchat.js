@@ -55,8 +55,13 @@ window.addEventListener("pagehide", () => {
   }
 });
 
-// The server's streams (--stream) join the Source menu once it is on the page.
-whenShown("#vc-source").then(() => listStreams());
+// The server's streams (--stream) join the Source menu once it is on the page;
+// a source chosen before this script listened shows its file row.
+whenShown("#vc-source").then(() => {
+  listStreams();
+  const row = $("#vc-file-row");
+  if (row) row.hidden = sourceKind() !== "file";
+});
 
 // Start is disabled in the markup until this script can act on it: a press
 // before it loaded (its modules are several requests) would do nothing.

@@ -4,6 +4,7 @@ fake camera and microphone, against the app served with real vLLM."""
 from __future__ import annotations
 
 import asyncio
+import base64
 import io
 import json
 import re
@@ -560,17 +561,50 @@ def write_webm(path: Path, colour: tuple[int, int, int], seconds: float = 6.0, f
     return path
 
 
-async def start_file_source(browser, server, clip: Path, min_buffer: int) -> Page:
-    """A tab playing `clip` as its source, live, with at least `min_buffer` frames kept."""
+# Puts a file into the file input the way a pick made before the page's
+# script listened would leave it: chosen, with no change event seen.
+SILENT_PICK = """([name, b64]) => {
+  const bytes = Uint8Array.from(atob(b64), (c) => c.charCodeAt(0));
+  const picked = new DataTransfer();
+  picked.items.add(new File([bytes], name, {type: 'video/webm'}));
+  document.querySelector('#vc-file').files = picked.files;
+  document.querySelector('#vc-source').value = 'file';
+}"""
+
+
+async def start_file_source(browser, server, clip: Path, min_buffer: int, silent: bool = False) -> Page:
+    """A tab playing `clip` as its source, live, with at least `min_buffer`
+    frames kept (``silent``: the file and the source set with no change event)."""
     page = await browser.new_page(viewport={"width": 1280, "height": 800})
     await page.goto(server.url + "/")
-    await page.select_option("#vc-source", "file")
-    await page.set_input_files("#vc-file", str(clip))
+    if silent:
+        await page.wait_for_function("window.vidchat !== undefined")
+        await page.evaluate(SILENT_PICK, [clip.name, base64.b64encode(clip.read_bytes()).decode()])
+    else:
+        await page.select_option("#vc-source", "file")
+        await page.set_input_files("#vc-file", str(clip))
     await page.click("#vc-start")
     await wait_live(page)
     await page.wait_for_function(
         f"/buffer (\\d+)/.exec(document.querySelector('#vc-stats').textContent)?.[1] >= {min_buffer}", timeout=30_000)
     return page
+
+
+async def test_a_file_chosen_before_the_page_listened_still_plays(server, media, tmp_path):
+    """The CI flake of stop 55: the test chose the file while the page's
+    script was still loading, its change event unseen, and Start said
+    "Choose a video file" for a file that was there. Start now reads the
+    file input itself."""
+    clip = write_webm(tmp_path / "late.webm", (40, 170, 70), seconds=2.0)
+    async with async_playwright() as pw:
+        browser = await launch(pw, media["red"], media["tone"], tmp_path)
+        try:
+            page = await start_file_source(browser, server, clip, min_buffer=2, silent=True)
+            sid = await session_id(page)
+            stats = await asyncio.to_thread(server.get_json, f"/webrtc/stats?session_id={sid}")
+            assert "video" in stats["media"]["tracks"], stats
+        finally:
+            await browser.close()
 
 
 async def test_a_video_file_plays_through_the_same_pipeline_with_pause_and_seek(server, media, tmp_path,

@@ -64,6 +64,12 @@ for (const type of ["focusin", "pointerdown"]) {
 // camera would: same filter, buffer and sampling.
 export async function openFile() {
   const video = $("#vc-preview");
+  const picked = $("#vc-file")?.files?.[0];
+  if (!state.fileUrl && picked) {
+    // Chosen before this script was listening (a page still loading): take it now.
+    state.fileUrl = URL.createObjectURL(picked);
+    state.fileName = picked.name;
+  }
   if (!state.fileUrl) throw new Error("Choose a video file below the preview first.");
   if (!video.captureStream) throw new Error("This browser cannot send a playing video (no captureStream).");
   video.srcObject = null;
