@@ -15,7 +15,7 @@ pytestmark = pytest.mark.browser
 async def test_the_page_report_runs_its_rows_and_prints_its_line(server, tmp_path, capsys):
     bench = load_script("bench/page.py")
     # Typed at once, not at a person's pace: the rows are timed from Enter.
-    report = await bench.measure(server, questions=2, still_questions=2, work=tmp_path, typing_ms=0, first_questions=2)
+    report = await bench.measure(server, questions=2, still_questions=1, work=tmp_path, typing_ms=0, first_questions=1)
     bench.print_report(report, "tiny")
     lines = capsys.readouterr().out.splitlines()
     print("\n".join(lines))

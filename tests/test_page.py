@@ -590,23 +590,6 @@ async def start_file_source(browser, server, clip: Path, min_buffer: int, silent
     return page
 
 
-async def test_a_file_chosen_before_the_page_listened_still_plays(server, media, tmp_path):
-    """The CI flake of stop 55: the test chose the file while the page's
-    script was still loading, its change event unseen, and Start said
-    "Choose a video file" for a file that was there. Start now reads the
-    file input itself."""
-    clip = write_webm(tmp_path / "late.webm", (40, 170, 70), seconds=2.0)
-    async with async_playwright() as pw:
-        browser = await launch(pw, media["red"], media["tone"], tmp_path)
-        try:
-            page = await start_file_source(browser, server, clip, min_buffer=2, silent=True)
-            sid = await session_id(page)
-            stats = await asyncio.to_thread(server.get_json, f"/webrtc/stats?session_id={sid}")
-            assert "video" in stats["media"]["tracks"], stats
-        finally:
-            await browser.close()
-
-
 async def test_a_video_file_plays_through_the_same_pipeline_with_pause_and_seek(server, media, tmp_path,
                                                                               artifacts_dir):
     GREEN = (40, 170, 70)
@@ -614,7 +597,10 @@ async def test_a_video_file_plays_through_the_same_pipeline_with_pause_and_seek(
     async with async_playwright() as pw:
         browser = await launch(pw, media["red"], media["tone"], tmp_path)  # the camera would be red
         try:
-            page = await start_file_source(browser, server, clip, min_buffer=8)
+            # Chosen the way a pick made while the page was still loading is
+            # left (no change event seen; the CI flake of stop 55): Start reads
+            # the input itself. The other file test picks it with the event.
+            page = await start_file_source(browser, server, clip, min_buffer=8, silent=True)
             sid = await session_id(page)
             stats = await asyncio.to_thread(server.get_json, f"/webrtc/stats?session_id={sid}")
             assert sorted(stats["media"]["tracks"]) == ["audio", "video"] and stats["audio_seconds"] > 0.5
