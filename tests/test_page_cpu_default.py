@@ -63,6 +63,8 @@ async def test_cpu_default_answers_through_the_page_with_its_preset(smol_server,
             folded = page.locator("#vc-chat .vc-new-frames").last
             await folded.wait_for(state="visible", timeout=10_000)
             assert NEW_FRAMES.fullmatch((await folded.inner_text()).strip())
+            await folded.scroll_into_view_if_needed()
+            await page.screenshot(path=str(artifacts_dir / "page-smolvlm2-256m-fold.png"))
             await page.screenshot(path=str(artifacts_dir / "page-smolvlm2-256m.png"), full_page=True)
 
             # Frames as one video: this model takes none in vLLM; the page says so and keeps working.

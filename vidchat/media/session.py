@@ -201,7 +201,8 @@ class Session(SessionMedia):
             tail_open = not self._audio.ends_segment
             self.last_activity = time.monotonic()
         return _sample_of(frames, picked, audio, self.source_timeline, origin=origin, substituted=substituted,
-                          left_out=left_out, new_frames=new_frames, audio_parts=audio_parts if audio else (), audio_tail_open=tail_open)
+                          left_out=left_out, new_frames=new_frames, audio_parts=audio_parts if audio else (),
+                          audio_tail_open=tail_open)
 
     def mark_encoded(self, seqs: Sequence[int]) -> None:
         """These kept frames are in the engine's caches (a warm-up or a question carried them)."""
