@@ -578,7 +578,9 @@ async def start_file_source(browser, server, clip: Path, min_buffer: int, silent
     page = await browser.new_page(viewport={"width": 1280, "height": 800})
     await page.goto(server.url + "/")
     if silent:
-        await page.wait_for_function("window.vidchat !== undefined")
+        # Gradio renders the page's markup after its own script runs: the
+        # input exists some time after window.vidchat does.
+        await page.wait_for_selector("#vc-file", state="attached")
         await page.evaluate(SILENT_PICK, [clip.name, base64.b64encode(clip.read_bytes()).decode()])
     else:
         await page.select_option("#vc-source", "file")

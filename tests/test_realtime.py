@@ -111,10 +111,14 @@ def check_response(events: list) -> object:
     """One whole response in order (the item events before it skipped); returns its response.done."""
     events = events[[e.type for e in events].index("response.created"):]
     types = [e.type for e in events]
-    assert collapsed(types) == RESPONSE_EVENTS, types
+    text_done = next((e for e in events if e.type == "response.output_text.done"), None)
+    # A random model's few tokens may decode to no text (special or partial
+    # characters): then no delta is sent, the rest of the order stands.
+    expected = RESPONSE_EVENTS if text_done is None or text_done.text else [t for t in RESPONSE_EVENTS
+                                                       if t != "response.output_text.delta"]
+    assert collapsed(types) == expected, types
     done = events[-1]
     deltas = "".join(e.delta for e in events if e.type == "response.output_text.delta")
-    text_done = next(e for e in events if e.type == "response.output_text.done")
     assert text_done.text == deltas and done.response.output[0].content[0].text == deltas
     rid = events[0].response.id
     assert all(getattr(e, "response_id", rid) == rid for e in events) and done.response.id == rid
