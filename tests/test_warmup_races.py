@@ -223,6 +223,24 @@ def test_an_answer_the_chat_does_not_continue_with_is_not_kept(kind, how):
     assert talking.history.turns() == () and entry.warm_history == ()
 
 
+async def test_a_session_whose_tab_went_away_is_not_warmed_until_it_is_back():
+    """A tab gone (a reload's grace, a dropped connection) asks nothing: the
+    one-frame catch-up of a starting camera would spend on it the engine
+    time the next tab's first question needs (the page bench's first
+    questions, issue 49)."""
+    engine, registry = FakeEngine(), SessionRegistry()
+    prewarmer = prewarmer_for(engine, registry)
+    prewarmer.frame_cost.per_frame_s = 0.9  # slow frames: starting sessions catch up one frame at a time
+    gone, arriving = entry_with_frames(registry, seed=31), entry_with_frames(registry, seed=32)
+    gone.away = True
+    for _ in range(3):
+        await prewarmer._step()
+    assert engine.warmed == [arriving.cache_salt] * 3 and gone.session.encoded_in_buffer() == 0
+    gone.away = False  # resumed
+    await prewarmer._step()
+    assert engine.warmed[-1] == gone.cache_salt
+
+
 async def test_slow_frames_budget_every_session_and_a_starting_camera_is_warmed_beyond_the_share():
     """Issue 49: once frames are known to be slow, every session keeps to one
     new frame a question, also one no warm-up has reached; with the engine's

@@ -88,6 +88,12 @@ async def _enough(client: RtcClient, frames: int, audio_s: float = 0.0):
     return s if s["frames_received"] >= frames and s["audio_seconds"] >= audio_s else None
 
 
+async def _back(client: RtcClient):
+    """The session's stats once its tab is back (media flows through a connected peer), else None."""
+    s = await client.stats()
+    return s if s["away"] is False else None
+
+
 async def test_an_out_of_range_slider_value_is_refused_by_vidchat_naming_the_field(server):
     """The page's sliders clamp what is typed into them, but the /ask API
     takes any value: Gradio's own bounds check would fail the event with
@@ -238,10 +244,18 @@ async def test_a_dropped_connection_reattaches_to_its_session_with_the_token(ser
     await client.reconnect(SyntheticVideo(fps=15), SyntheticAudio())
     assert client.session_id == sid and client.resumed is True and client.resume_token == token
     after = await wait_for(lambda: _enough(client, frames=before["frames_received"] + 10), timeout=20)
+    assert before["away"] is False and after["away"] is False
     assert after["frames_in_buffer"] >= before["frames_in_buffer"]
     assert after["frames_kept"] > before["frames_kept"]
     history, _, details = await asyncio.to_thread(ask, server, sid, "Still there?", k=8, max_tokens=2)
     assert details["frames"] == 8 and details["frame_indices"][0] == 0  # the old frames are still in the ring
+    # The tab goes away as a reload does (the page's pagehide beacon): the
+    # session waits for it, away, and gets no warm-ups meanwhile; back, it is not.
+    gone = await asyncio.to_thread(server.post_json, "/webrtc/close", {"session_id": sid, "reload_grace": True})
+    assert gone["closed"] is False and (await client.stats())["away"] is True
+    await client.reconnect(SyntheticVideo(fps=15), SyntheticAudio())
+    assert client.resumed is True
+    await wait_for(lambda: _back(client), timeout=20, what="the resumed peer connects")
     await client.close()
 
 

@@ -145,6 +145,9 @@ class Prewarmer:
             # Where frames are slow, a frame the warm-up is encoding is the
             # question's one new frame: stopping it would only start it again.
             wanted = self.frame_cost.slow and pin is not None and entry.session.being_encoded(pin.sample.seqs)
+            log.debug("session %s…: Enter; its sample %s (%d new), the warm-up in flight %s", session_id[:6],
+                      list(pin.sample.seqs) if pin else None, pin.sample.new_frames if pin else -1,
+                      "stays" if wanted else "gives way if it is this session's")
             await self._flight.give_way_at_enter(session_id, wanted)
             self._wake.set()
 

@@ -89,6 +89,9 @@ class SessionRecord(AnswerSlot):
         # second model too (vidchat.conversation.second_model).
         self.both_models = False
         self.stream: Any = None  # the stream of --stream it watches (vidchat.conversation.stream_source)
+        # Its tab went away and may come back for it (a reload, WebRTC's
+        # grace): nobody asks meanwhile, so it gets no warm-ups.
+        self.away = False
 
     def release(self) -> None:
         """The session has closed: let its frames, audio, kept answers and

@@ -74,6 +74,7 @@ class WarmupInFlight:
         """Abort this warm-up for an answer, returning once the abort is done
         (so it reaches vLLM before the answer does)."""
         self.yielding = task
+        log.debug("warm-up of session %s… gives way", self.current[0][:6] if self.current else "?")
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)
 
@@ -97,6 +98,8 @@ class WarmupInFlight:
         (in always mode it stays, behind the question's priority)."""
         self.arrivals += 1  # before any await: a warm-up being planned sees it (Prewarmer._warm_entry)
         current = self.current
+        log.debug("session %s…: a question with frames %s arrives; warm-up in flight: %s", answer.session_id[:6],
+                  list(answer.sample.seqs), current[0][:6] if current else None)
         if current is None:
             return
         sid, task, warming = current
@@ -153,6 +156,8 @@ class WarmupInFlight:
         self.current = (entry.session.id, task, plan.lead)
         entry.session.encoding(plan.sample.seqs)  # a question now counts them as its one new frame
         started = time.monotonic()
+        log.debug("session %s…: warming frames %s (%d new)", entry.session.id[:6], list(plan.sample.seqs),
+                  plan.new_frames)
         try:
             stats = await asyncio.shield(task)
         except asyncio.CancelledError:

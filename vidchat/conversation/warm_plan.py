@@ -85,6 +85,8 @@ def warm_candidates(state: Any, warm_states: dict[str, WarmState], pins: EnterPi
     for entry in state.registry.entries():
         sid = entry.session.id
         live[sid] = entry
+        if entry.away:
+            continue  # its tab went away: no question comes until it is back
         if pins.unwarmed(entry, now):
             warm = warm_states.get(sid)
             pinned.append((warm.at if warm else 0.0, entry, sample_key(entry, segments)))  # Enter: first of all

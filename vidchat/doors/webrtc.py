@@ -267,6 +267,10 @@ class Peer:
         log.info("session %s… peer %s", self.sid[:6], state)
         if state == "connected":
             self.connected_once = True
+        if self.peers.get(self.sid) is self:
+            # Disconnected, the tab is likely gone (it may come back): its
+            # session gets no warm-ups until media flows again.
+            self.entry.away = state != "connected"
         if state == "failed":
             # Not the session's end: the tab may come back with its resume
             # token; if it doesn't, the idle reaper ends the session.
@@ -302,6 +306,7 @@ class Peer:
             self.entry.closers.remove(self.close)
         if self.peers.get(self.sid) is self:
             del self.peers[self.sid]
+            self.entry.away = True  # until a resume brings a new peer
         for task in self.consumers:
             task.cancel()
         if self._connect_watch is not None and self._connect_watch is not asyncio.current_task():

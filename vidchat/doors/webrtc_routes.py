@@ -128,6 +128,7 @@ def _peer_routes(api: APIRouter, state, peers: dict[str, Peer], mine: Callable[[
             old = peers.get(entry.session.id)
             if old is not None:
                 await old.close()
+            entry.away = False
         else:
             try:
                 entry = state.new_session("webrtc", client=request.client.host if request.client else None,
@@ -324,6 +325,7 @@ def _view_routes(api: APIRouter, state, mine: Callable[[Request, Any], Conversat
         left = entry.time_left()
         out["time_left_s"] = None if left is None else round(left, 1)
         out["watching"] = entry.modes.watching
+        out["away"] = entry.away  # its tab went away (it may come back): no warm-ups meanwhile
         if entry.media is not None:
             out["media"] = entry.media.as_dict()
         out["gpu"] = state.gpu_figures()  # empty without a GPU
