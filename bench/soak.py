@@ -103,6 +103,7 @@ def sample(server: Server, started: float) -> dict[str, Any]:
             "server": _proc_figures(server.process), "engine": _proc_figures(engine_core(server)),
             "asyncio_tasks": (health.get("process") or {}).get("asyncio_tasks"),
             "tasks_by_coroutine": (health.get("process") or {}).get("asyncio_tasks_by_coroutine"),
+            "threads_by_name": (health.get("process") or {}).get("threads_by_name"),
             "sessions": health.get("sessions"), "buffer_bytes": buffer_bytes(server)}
 
 

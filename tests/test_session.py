@@ -137,6 +137,26 @@ def test_with_a_budget_a_question_brings_one_new_frame_and_its_picks_still_span_
             assert oldest <= ring[0] + 21 + 3, (n, ring[0], question.timestamps)
 
 
+def test_with_its_newest_frame_encoded_a_question_brings_no_older_new_frame():
+    """A mostly still scene keeps few frames, and each one kept moves
+    stable's grid: a middle pick becomes a frame no warm-up encoded while
+    the newest is ready. The budget is for the newest frame only: the
+    middle pick becomes the nearest encoded frame, and the question waits
+    for no encode (the page bench's still row, issue 49)."""
+    s = no_evs(max_frames=64, num_sample_frames=4, sampling="stable")
+    s.encode_budget = 1
+    fill(s, 12)
+    s.mark_encoded([1, 2, 4, 12])  # what one-frame warm-ups reached, the newest among them
+    unlimited = s.sample(new_frames=None)
+    assert unlimited.seqs[-1] == 12 and unlimited.new_frames >= 1  # the grid wants a frame never encoded
+    question = s.sample()
+    assert question.seqs[-1] == 12 and question.new_frames == 0 and len(question.seqs) == 4
+    assert question.substituted == unlimited.new_frames and set(question.seqs) == {1, 2, 4, 12}
+    fill(s, 1, start=12)  # a new newest frame: it, and only it, is new
+    question = s.sample()
+    assert question.seqs[-1] == 13 and question.new_frames == 1 and len(question.seqs) == 4
+
+
 def test_a_frame_being_encoded_is_the_questions_one_new_frame():
     """A warm-up encoding frame X as the question comes: the question takes
     X as its newest, not a newer frame (it would wait for X, then for its

@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import logging
+import re
 import threading
 from typing import Any
 
@@ -123,8 +124,10 @@ def running_routes(app: FastAPI, state: AppState, loop_watch: LoopWatch) -> None
 def _process_figures() -> dict[str, Any]:
     """Tasks (by what they run) and threads: what a leak would grow."""
     tasks = collections.Counter(getattr(t.get_coro(), "__qualname__", "?") for t in asyncio.all_tasks())
+    # Numbers stripped: a pool's threads count under one name.
+    threads = collections.Counter(re.sub(r"\d+", "N", t.name) for t in threading.enumerate())
     return {"asyncio_tasks": sum(tasks.values()), "threads": threading.active_count(),
-            "asyncio_tasks_by_coroutine": dict(tasks)}
+            "asyncio_tasks_by_coroutine": dict(tasks), "threads_by_name": dict(threads)}
 
 
 def client_config_route(app: FastAPI, state: AppState) -> None:

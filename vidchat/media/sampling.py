@@ -219,36 +219,44 @@ def within_encode_budget(frames: Sequence[Kept], candidates: list[int], picked: 
     second), at most ``budget`` picked frames may be new to the engine: not
     in ``encoded``, nor in ``in_flight`` (being encoded by a warm-up now,
     which the question would wait for; those count against the budget).
-    The newest new frames stay; each other new one is swapped for the
-    nearest frame already encoded (or in flight: a question then takes the
-    frame being encoded as its newest rather than a newer one), or, where none is left
-    (the first seconds of a session), left out: a question never waits for
-    a batch of encodings. Returns the picks, how many were swapped and how
+    The budget goes to the newest pick, what the user has just seen; any
+    other new pick is swapped for the nearest frame already encoded (or in
+    flight: a question then takes the frame being encoded as its newest
+    rather than a newer one), and spends the budget only where none is left
+    to swap in (the first seconds of a session), or else is left out. So a
+    question never waits for a batch of encodings, nor for an older frame
+    when its newest is ready (a mostly still scene, whose few kept frames
+    move stable's grid). Returns the picks, how many were swapped and how
     many left out."""
     if budget is None:
         return picked, 0, 0
     ready = encoded | in_flight
     new = [p for p in picked if frames[p].seq not in ready]
     allowed = max(0, budget - sum(frames[c].seq in in_flight for c in candidates))
-    if len(new) <= allowed:
+    if not new:
         return picked, 0, 0
-    over = set(new[: len(new) - allowed])  # the oldest new frames
+    newest_new = picked[-1] in new and allowed > 0
+    allowed -= int(newest_new)
     chosen = set(picked)
     already = [c for c in candidates if frames[c].seq in ready]
     out, substituted, left_out = [], 0, 0
-    for p in picked:
-        if p in over:
-            chosen.discard(p)
-            near = [c for c in already if c not in chosen]
-            if near:
-                best = min(near, key=lambda c: (abs(c - p), c))
-                chosen.add(best)
-                out.append(best)
-                substituted += 1
-            else:
-                left_out += 1
+    for p in reversed(picked):  # the newer picks first: they get the nearer frames and the budget
+        if p not in new or (p == picked[-1] and newest_new):
+            out.append(p)
             continue
-        out.append(p)
+        chosen.discard(p)
+        near = [c for c in already if c not in chosen]
+        if near:
+            best = min(near, key=lambda c: (abs(c - p), c))
+            chosen.add(best)
+            out.append(best)
+            substituted += 1
+        elif allowed > 0:
+            chosen.add(p)
+            out.append(p)
+            allowed -= 1
+        else:
+            left_out += 1
     if not out:  # nothing encoded and no budget: the newest frame, rather than none
         return [picked[-1]], 0, len(picked) - 1
     return sorted(out), substituted, left_out
