@@ -128,7 +128,6 @@ def _peer_routes(api: APIRouter, state, peers: dict[str, Peer], mine: Callable[[
             old = peers.get(entry.session.id)
             if old is not None:
                 await old.close()
-            entry.away = False
         else:
             try:
                 entry = state.new_session("webrtc", client=request.client.host if request.client else None,
