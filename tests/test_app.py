@@ -316,3 +316,25 @@ def test_the_console_says_what_the_user_needs_before_ready(server):
     prewarm = server.get_json("/api/health")["prewarm"]
     assert (prewarm["setting"], prewarm["chosen"]) == ("auto", "off"), prewarm
     assert prewarm["frame_encode_ms"] is not None and "less than 150 ms" in prewarm["reason"], prewarm
+
+
+@pytest.mark.unit
+def test_gradio_keeps_the_page_state_of_a_bounded_number_of_tabs():
+    """Gradio copies the page's state for each tab it sees (about 110 KB
+    here) and by default keeps 10,000 of them: a server that visitors come
+    and go on would grow by a gigabyte. vidchat bounds it by its sessions."""
+    import gradio as gr
+
+    from vidchat.app.server import create_app
+    from vidchat.app.settings import Settings
+    from vidchat.app.state import AppState
+    from vidchat.doors.page.layout import page_state_capacity
+
+    state = AppState(settings=Settings(max_sessions=4), model_path="none")
+    app = create_app(state)
+    page = next(route.app for route in app.routes if isinstance(getattr(route, "app", None), gr.routes.App))
+    holder = page.state_holder
+    assert holder.capacity == page_state_capacity(4) == 256
+    for tab in range(300):
+        holder[f"tab-{tab}"]
+    assert len(holder.session_data) == 256 and "tab-299" in holder and "tab-0" not in holder

@@ -98,6 +98,18 @@ def _as_sent(payload):
     return payload
 
 
+def page_state_capacity(max_sessions: int) -> int:
+    """How many tabs' page state Gradio keeps. It keeps a copy of the page's
+    component state for each tab it has seen (about 110 KB for this page),
+    by default for 10,000 tabs: over a gigabyte that a long-running server
+    grows into as visitors come and go, never given back. The least recently
+    used goes first, so a tab in use keeps its own (one idle while hundreds
+    of others came loses only the bundles it had loaded, see the docs); the
+    bound leaves room for many more tabs than sessions (a tab without a
+    camera has no session)."""
+    return max(256, 8 * max_sessions)
+
+
 def mount(app, state):
     """Mount the page at / on ``app`` (behind Gradio's login when access
     needs one) and tell the access guard which of its functions take the
@@ -109,6 +121,7 @@ def mount(app, state):
         page = _controls(state)
         _page_token(blocks, state)
         wire(blocks, state, page)
+    blocks.state_session_capacity = page_state_capacity(state.settings.max_sessions)
     app = gr.mount_gradio_app(app, blocks, path="/", head=HEAD,
                               max_file_size=min(MAX_BUNDLE_BYTES, state.access.upload_bytes),
                               theme=gr.themes.Soft(), footer_links=[], auth=state.access.gradio_auth(),
