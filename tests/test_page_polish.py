@@ -49,7 +49,10 @@ FILL_ANSWER = """() => {
   body.insertAdjacentHTML('beforeend',
     '<p>' + 'A long answer that goes on. '.repeat(60) + '</p><p>' + 'x'.repeat(400) + '</p><p>Inline: <code>' + '68K`'.repeat(60) + '</code></p>'
     + '<pre><code>for frame in frames: print(frame.index, frame.time, frame.width, frame.height, '
-    + 'frame.kept_by_the_filter, frame.seen_at)</code></pre>');
+    + 'frame.kept_by_the_filter, frame.seen_at)</code></pre>'
+    // The fold's audio player, as vidchat.doors.inputs draws it when the
+    // question had audio (timing decides whether it had: CI's flake of stop 56).
+    + '<p>Audio 0.00–4.00 s (4.0 s): <audio controls preload="metadata"></audio></p>');
 }""" % BOT_MESSAGES
 
 # Boxes wider than themselves (scrollWidth > clientWidth), by a short description.
