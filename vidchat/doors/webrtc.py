@@ -268,8 +268,8 @@ class Peer:
         if state == "connected":
             self.connected_once = True
         if self.peers.get(self.sid) is self:
-            # Disconnected, the tab is likely gone (it may come back): its
-            # session gets no warm-ups until media flows again.
+            # Not connected (still connecting, or the tab dropped and may
+            # come back): no media, no question soon, so no warm-ups.
             self.entry.away = state != "connected"
         if state == "failed":
             # Not the session's end: the tab may come back with its resume
