@@ -22,10 +22,15 @@ function fileChosen(url, name) {
   if (state.wantRunning && sourceKind() === "file") switchSource();
 }
 
+// The file row shows exactly while the Source menu says "file".
+function syncFileRow() {
+  const row = $("#vc-file-row");
+  if (row) row.hidden = sourceKind() !== "file";
+}
+
 document.addEventListener("change", (e) => {
   if (e.target.closest?.("#vc-source")) {
-    const row = $("#vc-file-row");
-    if (row) row.hidden = sourceKind() !== "file";
+    syncFileRow();
     if (sourceKind() === "file") {
       listServerMedia();
       if (!state.fileUrl) { setNote("Choose a video file below the preview."); return; }
@@ -59,8 +64,7 @@ window.addEventListener("pagehide", () => {
 // a source chosen before this script listened shows its file row.
 whenShown("#vc-source").then(() => {
   listStreams();
-  const row = $("#vc-file-row");
-  if (row) row.hidden = sourceKind() !== "file";
+  syncFileRow();
 });
 
 // Start is disabled in the markup until this script can act on it: a press
