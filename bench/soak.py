@@ -20,8 +20,10 @@ RSS, open file descriptors and threads (psutil), the server's asyncio tasks
 (/api/health, with what each runs) and vidchat_session_buffer_bytes
 (/metrics). The server runs with a small --mm-cache-gb (see its help): vLLM's
 processed-frame cache is bounded and fills on live video. At the end every
-session is closed, the server drained (no session, nothing running), and a
-last sample taken. rss_slope_mb_per_h is the least-squares slope of the
+session is closed, the server drained (no session, nothing running), its
+asyncio tasks given up to --settle-tasks (30) s to come back to their start
+(a closed peer's last tasks end a moment after its session), and a last
+sample taken. rss_slope_mb_per_h is the least-squares slope of the
 samples after the first --settle-minutes (5; all of them in a shorter run);
 fds_end_minus_start and tasks_end_minus_start compare the last sample (all
 sessions ended) with the first one before any session opened.
@@ -95,6 +97,11 @@ def buffer_bytes(server: Server) -> float | None:
             if line.startswith("vidchat_session_buffer_bytes "):
                 return float(line.split()[1])
     return None
+
+
+def server_tasks(server: Server) -> int | None:
+    """The server's asyncio tasks alive now (/api/health)."""
+    return (server.get_json("/api/health").get("process") or {}).get("asyncio_tasks")
 
 
 def sample(server: Server, started: float) -> dict[str, Any]:
@@ -275,6 +282,18 @@ class Soak:
                                    "every session ended and nothing runs")
         except AssertionError as exc:
             self.problems[str(exc)[:160]] += 1
+
+        # A closed peer's or socket's last tasks (aiortc's closing handles, a
+        # writer's last flush) end a moment after its session; wait for the
+        # count to come back, and report what is left after --settle-tasks.
+        def tasks_back() -> bool:
+            return (server_tasks(self.server) or 0) <= (samples[0]["asyncio_tasks"] or 0)
+
+        try:
+            await eventually_async(lambda: asyncio.to_thread(tasks_back), args.settle_tasks,
+                                   "the server's tasks back to their start", interval=0.5)
+        except AssertionError:
+            pass  # tasks_end_minus_start says how many are left
         stop_sampling.set()
         await sampling
         samples.append(await asyncio.to_thread(sample, self.server, started))  # all sessions ended
@@ -339,6 +358,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    "(1 GiB) it fills for about 27 minutes with 4 sessions, in both processes, and a soak would read "
                    "that as a leak; small, it is full within the settle minutes")
     p.add_argument("--drain-timeout", type=float, default=60.0)
+    p.add_argument("--settle-tasks", type=float, default=30.0, help="seconds the server's asyncio tasks get to "
+                   "come back to their start once every session ended, before the last sample")
     token_args(p)
     args = p.parse_args(argv)
     args.width, args.height = (int(x) for x in args.size.lower().split("x"))

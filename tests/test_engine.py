@@ -41,6 +41,32 @@ CASES = {
 }
 
 
+def test_the_engine_core_is_started_with_onednns_primitive_cache_bounded(omni_engine: LocalEngine):
+    """oneDNN keeps 1,024 matmul primitives by default, and on live video
+    (each prompt a new length) the engine core grew for hours filling them
+    (the soak, docs/operations.md). vLLM spawns its engine core with this
+    process's environment, so the bound must be in it once the engine runs."""
+    import os
+
+    from vidchat.engine.local import ONEDNN_PRIMITIVE_CACHE_CAPACITY
+
+    assert not omni_engine.closed
+    assert os.environ.get("ONEDNN_PRIMITIVE_CACHE_CAPACITY") == ONEDNN_PRIMITIVE_CACHE_CAPACITY
+
+
+async def test_the_engine_core_gives_its_free_native_memory_back(omni_engine: LocalEngine):
+    """vLLM runs vidchat's worker extension inside the engine core: the trim
+    answers from that process, not this one (vidchat.engine.heap_trim)."""
+    import os
+
+    import psutil
+
+    replies = await omni_engine.trim_heap()
+    children = {p.pid for p in psutil.Process(os.getpid()).children(recursive=True)}
+    assert len(replies) == 1 and replies[0]["pid"] in children, (replies, children)
+    assert isinstance(replies[0]["trimmed"], bool)
+
+
 @pytest.mark.parametrize("case", CASES)
 async def test_streams_deltas_that_join_to_the_text(omni_engine: LocalEngine, case: str):
     kw = CASES[case]

@@ -23,7 +23,7 @@ from vidchat.app.settings import Settings
 from vidchat.app.state import AppState
 from vidchat.conversation import prewarm_auto
 from vidchat.conversation.prewarm import Prewarmer
-from vidchat.engine import EngineError
+from vidchat.engine import EngineError, heap_trim
 from vidchat.engine.local import LocalEngine
 
 log = logging.getLogger(__name__)
@@ -138,6 +138,7 @@ def _lifespan(state: AppState, loop_watch: LoopWatch) -> Callable[[FastAPI], Asy
         if state.banner:
             log.warning(state.banner)
         reaper = asyncio.create_task(_reap_idle_sessions(state))
+        trimming = asyncio.create_task(heap_trim.keep_trimming(lambda: (state.engine, state.compare_engine)))
         state.prewarmer = Prewarmer(state, state.settings.prewarm)
         state.prewarmer.start()
         if not owns_engine:
@@ -149,6 +150,7 @@ def _lifespan(state: AppState, loop_watch: LoopWatch) -> Callable[[FastAPI], Asy
             yield
         finally:
             reaper.cancel()
+            trimming.cancel()
             await state.prewarmer.stop()
             loop_watch.stop()
             # Empty after ClosingServer.shutdown; not when the app is served another way (tests, ASGI servers).
