@@ -142,6 +142,31 @@ async def test_metrics_count_a_socket_session_and_carry_vllms_own_families(serve
         value(before, "vllm:generation_tokens_total", **_vllm_labels(before))
 
 
+@pytest.mark.engine
+async def test_the_start_ups_objects_are_set_aside_so_the_full_collection_runs_as_sessions_come_and_go(server):
+    """With the start-up's ~800,000 objects counted, Python's full collection
+    (the one that frees what closed sessions leave in cycles) waited for
+    200,000 new survivors and almost never ran (the soak, docs/operations.md)."""
+    before = server.get_json("/api/health")["process"]
+    assert before["gc_frozen_objects"] > 100_000, before
+
+    async def a_session_then_full_passes() -> int:
+        async with websockets.connect(server.ws_url, max_size=None) as ws:
+            await ws.send(json.dumps({"type": "session.config", "max_tokens": 4, "temperature": 0.0}))
+            for data in MOVING[:5]:
+                await ws.send(json.dumps({"type": "video.frame", "data": data}))
+            await ws.send(json.dumps({"type": "video.query", "text": "What is there?"}))
+            await until_done(ws)
+        return (await asyncio.to_thread(server.get_json, "/api/health"))["process"]["gc_full_collections"]
+
+    await eventually_async(lambda: _more(a_session_then_full_passes(), before["gc_full_collections"]), 120,
+                           "a full collection while sessions come and go", interval=0.0)
+
+
+async def _more(count, than: int) -> bool:
+    return await count > than
+
+
 def _vllm_labels(samples: dict) -> dict[str, str]:
     """The labels vLLM puts on its series (model_name, engine)."""
     for (name, labels) in samples:

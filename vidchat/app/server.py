@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import json
 import logging
 from pathlib import Path
@@ -190,6 +191,7 @@ async def _load_engine(state: AppState) -> None:
         state.engine_settled(None, str(exc))
         return
     await prewarm_auto.settle(state, engine)  # --prewarm auto times a frame here, before the server is ready
+    _freeze_startup_objects()
     state.engine_settled(engine)
     log.info("vidchat ready on http://%s:%d", state.settings.host, state.settings.port)
     keepers = [] if state.settings.engine_url else [_keeper(state, main=True)]
@@ -206,6 +208,19 @@ async def _load_engine(state: AppState) -> None:
             keepers.append(_keeper(state, main=False))
     # Until the app shuts down (the lifespan cancels it) or every engine stays down.
     state.keeping = asyncio.create_task(_keep(keepers), name="engine-keepers")
+
+
+def _freeze_startup_objects() -> None:
+    """Set the start-up's objects (the libraries and the model's, about
+    800,000) aside from the garbage collector. Python runs its full pass only
+    once a quarter as many new objects have survived as it already holds, so
+    with them counted it almost never ran: cycles that closed sessions left
+    (aiortc's peer objects, an answer's last frames) piled up for hours (the
+    soak, docs/operations.md). Set aside, they are never scanned again, and
+    the full pass comes as often as the sessions' own objects call for it."""
+    gc.collect()
+    gc.freeze()
+    gc.collect()  # a full pass over what is left resets the count the next one waits for
 
 
 async def _keep(keepers: list[EngineKeeper]) -> None:

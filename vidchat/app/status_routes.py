@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import gc
 import logging
 import re
 import threading
@@ -127,7 +128,10 @@ def _process_figures() -> dict[str, Any]:
     # Numbers stripped: a pool's threads count under one name.
     threads = collections.Counter(re.sub(r"\d+", "N", t.name) for t in threading.enumerate())
     return {"asyncio_tasks": sum(tasks.values()), "threads": threading.active_count(),
-            "asyncio_tasks_by_coroutine": dict(tasks), "threads_by_name": dict(threads)}
+            "asyncio_tasks_by_coroutine": dict(tasks), "threads_by_name": dict(threads),
+            # Whether the start-up's objects were set aside (vidchat.app.server._freeze_startup_objects)
+            # and how often the collector's full pass ran since.
+            "gc_frozen_objects": gc.get_freeze_count(), "gc_full_collections": gc.get_stats()[-1]["collections"]}
 
 
 def client_config_route(app: FastAPI, state: AppState) -> None:
