@@ -17,9 +17,10 @@ next door opens in its place.
 
 Every --sample-every (10) s it samples the server's and the engine core's
 RSS, open file descriptors and threads (psutil), the server's asyncio tasks
-(/api/health, with what each runs) and vidchat_session_buffer_bytes
-(/metrics). The server runs with a small --mm-cache-gb (see its help): vLLM's
-processed-frame cache is bounded and fills on live video. At the end every
+(/api/health, with what each runs, and how often Python's full collection
+ran) and vidchat_session_buffer_bytes (/metrics). The server runs with a
+small --mm-cache-gb (see its help): vLLM's processed-frame cache is bounded
+and fills on live video. At the end every
 session is closed, the server drained (no session, nothing running), its
 asyncio tasks given up to --settle-tasks (30) s to come back to their start
 (a closed peer's last tasks end a moment after its session), and a last
@@ -111,6 +112,7 @@ def sample(server: Server, started: float) -> dict[str, Any]:
             "asyncio_tasks": (health.get("process") or {}).get("asyncio_tasks"),
             "tasks_by_coroutine": (health.get("process") or {}).get("asyncio_tasks_by_coroutine"),
             "threads_by_name": (health.get("process") or {}).get("threads_by_name"),
+            "gc_full_collections": (health.get("process") or {}).get("gc_full_collections"),
             "sessions": health.get("sessions"), "buffer_bytes": buffer_bytes(server)}
 
 

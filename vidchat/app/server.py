@@ -24,7 +24,7 @@ from vidchat.app.settings import Settings
 from vidchat.app.state import AppState
 from vidchat.conversation import prewarm_auto
 from vidchat.conversation.prewarm import Prewarmer
-from vidchat.engine import EngineError, heap_trim
+from vidchat.engine import EngineError, native_memory
 from vidchat.engine.local import LocalEngine
 
 log = logging.getLogger(__name__)
@@ -139,7 +139,7 @@ def _lifespan(state: AppState, loop_watch: LoopWatch) -> Callable[[FastAPI], Asy
         if state.banner:
             log.warning(state.banner)
         reaper = asyncio.create_task(_reap_idle_sessions(state))
-        trimming = asyncio.create_task(heap_trim.keep_trimming(lambda: (state.engine, state.compare_engine)))
+        trimming = asyncio.create_task(native_memory.keep_trimming(lambda: (state.engine, state.compare_engine)))
         state.prewarmer = Prewarmer(state, state.settings.prewarm)
         state.prewarmer.start()
         if not owns_engine:

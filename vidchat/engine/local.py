@@ -14,7 +14,7 @@ from typing import Any, AsyncIterator, Sequence
 import numpy as np
 from PIL import Image
 
-from vidchat.engine import ModelEngine
+from vidchat.engine import ModelEngine, native_memory
 from vidchat.engine.errors import EngineDead, EngineError, engine_dead_message
 from vidchat.engine.families import Family, family_of, model_type_of
 from vidchat.engine.hardware import on_gpu
@@ -29,9 +29,6 @@ from vidchat.engine.vllm_media import accepted_media, vllm_prompt
 from vidchat.media import AUDIO_RATE
 
 log = logging.getLogger(__name__)
-# Enough for the fixed shapes (the vision tower's, each decode batch size);
-# see LocalEngine.start.
-ONEDNN_PRIMITIVE_CACHE_CAPACITY = "16"
 
 
 class LocalReply:
@@ -162,14 +159,7 @@ class LocalEngine(ModelEngine):
         # One engine-core child process, with the model worker inside it: the
         # fastest start, and nothing more to clean up at exit.
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
-        # oneDNN keeps every matmul primitive it builds, up to 1,024 by
-        # default. vLLM's CPU linears build one per layer shape and token
-        # count and keep their own 32 most recent per layer, so the global
-        # cache only holds shapes no layer uses any more: on live video (each
-        # prompt a new length) the engine core grew by hundreds of MB an hour
-        # filling it (docs/operations.md, the soak). The engine core inherits
-        # this at its start; an operator's own setting wins.
-        os.environ.setdefault("ONEDNN_PRIMITIVE_CACHE_CAPACITY", ONEDNN_PRIMITIVE_CACHE_CAPACITY)
+        native_memory.bound_onednn_cache()  # before vLLM spawns its engine core
         from vllm.engine.arg_utils import AsyncEngineArgs
         from vllm.v1.engine.async_llm import AsyncLLM
 
@@ -212,7 +202,7 @@ class LocalEngine(ModelEngine):
 
     async def trim_heap(self) -> list[dict[str, Any]]:
         """Give the engine core's whole free malloc pages back to the system
-        (vidchat.engine.heap_trim); one ``{"pid", "trimmed"}`` per worker."""
+        (vidchat.engine.native_memory); one ``{"pid", "trimmed"}`` per worker."""
         llm = self._llm
         if llm is None:
             return []

@@ -9,7 +9,7 @@ from typing import Any
 
 from vidchat.engine import EngineError, EngineOptions, cpu_has_native_bf16, tokens_per_frame
 from vidchat.engine.families import Family
-from vidchat.engine.heap_trim import WORKER_EXTENSION
+from vidchat.engine.native_memory import WORKER_EXTENSION
 
 log = logging.getLogger(__name__)
 
@@ -53,7 +53,7 @@ def vllm_engine_kwargs(options: EngineOptions, dtype: str, gpu: bool, processor_
     # No "Loading safetensors checkpoint shards" progress bar on the console:
     # the model loads in seconds and "engine ready" says when it has.
     kwargs["use_tqdm_on_load"] = False
-    # The engine core gives its free native memory back now and then (vidchat.engine.heap_trim).
+    # The engine core gives its free native memory back now and then (vidchat.engine.native_memory).
     kwargs["worker_extension_cls"] = WORKER_EXTENSION
     # Warm-ups (vidchat.conversation.prewarm) run at a lower priority than answers, so
     # a question never waits behind a queued warm-up. Only when warm-ups

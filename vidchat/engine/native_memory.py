@@ -1,11 +1,20 @@
-"""Native memory a long-running process freed goes back to the system.
+"""What keeps the native (C) heaps of the server and the engine core flat
+over hours (the soak, docs/operations.md, "The soak").
 
-glibc's malloc keeps freed memory in its arenas for reuse and gives back to
-the system only what is free at the top of a heap. The server decodes frames
-on some threads and frees them on others, and vLLM's engine core on CPU
-allocates tensors of a new size for each prompt: both leave free holes in the
-middle of their heaps, and their RSS crept up for as long as the soak ran
-with nothing more in use (docs/operations.md, "The soak").
+oneDNN keeps every matmul primitive it builds, up to 1,024 by default.
+vLLM's CPU linears build one per layer shape and token count and keep their
+own 32 most recent per layer, so the global cache only holds shapes no layer
+uses any more: on live video (each prompt a new length) the engine core grew
+by hundreds of MB an hour filling it. :func:`bound_onednn_cache` bounds it
+to :data:`ONEDNN_PRIMITIVE_CACHE_CAPACITY` before vLLM spawns its engine
+core, which inherits the setting; an operator's own setting wins.
+
+Freed native memory goes back to the system. glibc's malloc keeps freed
+memory in its arenas for reuse and gives back to the system only what is
+free at the top of a heap. The server decodes frames on some threads and
+frees them on others, and vLLM's engine core on CPU allocates tensors of a
+new size for each prompt: both leave free holes in the middle of their
+heaps.
 ``malloc_trim(0)`` gives back every whole free page of every arena; Dask's
 workers call it for the same reason. vidchat calls it every
 :data:`TRIM_EVERY_S` in the server, and in the engine core through vLLM's own
@@ -24,6 +33,7 @@ from typing import Any, Callable, Iterable
 
 log = logging.getLogger(__name__)
 
+ONEDNN_PRIMITIVE_CACHE_CAPACITY = "16"
 TRIM_EVERY_S = 60.0
 WORKER_EXTENSION = f"{__name__}.HeapTrimWorker"
 
@@ -40,6 +50,11 @@ def _malloc_trim() -> Callable[[int], int] | None:
 
 
 _MALLOC_TRIM = _malloc_trim()
+
+
+def bound_onednn_cache() -> None:
+    """Bound oneDNN's global primitive cache for processes started from now on."""
+    os.environ.setdefault("ONEDNN_PRIMITIVE_CACHE_CAPACITY", ONEDNN_PRIMITIVE_CACHE_CAPACITY)
 
 
 def trim_native_heap() -> bool:
