@@ -15,8 +15,8 @@ free at the top of a heap. The server decodes frames on some threads and
 frees them on others, and vLLM's engine core on CPU allocates tensors of a
 new size for each prompt: both leave free holes in the middle of their
 heaps.
-``malloc_trim(0)`` gives back every whole free page of every arena; Dask's
-workers call it for the same reason. vidchat calls it every
+``malloc_trim(0)`` gives back every whole free page of every arena (Dask's
+documentation suggests it for the same reason). vidchat calls it every
 :data:`TRIM_EVERY_S` in the server, and in the engine core through vLLM's own
 hook for code that runs beside its model (``worker_extension_cls``:
 :class:`HeapTrimWorker`). Where the C library is not glibc it does nothing.
