@@ -409,7 +409,9 @@ async def test_a_reload_comes_back_to_the_same_session_and_shows_the_servers_cha
             assert await session_id(page) == sid  # the same session: not a new one
             await page.wait_for_function(f"{BOT_MESSAGES}.length === 2", timeout=30_000)
             assert await user_texts(page) == questions
-            assert await bot_texts(page) == answers
+            # Python's str.strip (the server's stored turn) also takes control characters
+            # such as \x1c that a random model's last token can end with; JavaScript's does not.
+            assert [t.strip() for t in await bot_texts(page)] == [t.strip() for t in answers]
             assert await page.locator("#vc-chat .thought-group").count() == panels
             again = await stats_when(server, sid, lambda s: s["frames_kept"] > kept_before,
                                      "frames kept on top of the old buffer")
