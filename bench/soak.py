@@ -100,19 +100,20 @@ def buffer_bytes(server: Server) -> float | None:
     return None
 
 
-def server_tasks(server: Server) -> int | None:
-    """The server's asyncio tasks alive now (/api/health)."""
-    return (server.get_json("/api/health").get("process") or {}).get("asyncio_tasks")
+def server_process(server: Server) -> tuple[dict[str, Any], dict[str, Any]]:
+    """/api/health, and its ``process`` figures (tasks, threads, collections)."""
+    health = server.get_json("/api/health")
+    return health, health.get("process") or {}
 
 
 def sample(server: Server, started: float) -> dict[str, Any]:
-    health = server.get_json("/api/health")
+    health, process = server_process(server)
     return {"t_s": round(time.monotonic() - started, 1),
             "server": _proc_figures(server.process), "engine": _proc_figures(engine_core(server)),
-            "asyncio_tasks": (health.get("process") or {}).get("asyncio_tasks"),
-            "tasks_by_coroutine": (health.get("process") or {}).get("asyncio_tasks_by_coroutine"),
-            "threads_by_name": (health.get("process") or {}).get("threads_by_name"),
-            "gc_full_collections": (health.get("process") or {}).get("gc_full_collections"),
+            "asyncio_tasks": process.get("asyncio_tasks"),
+            "tasks_by_coroutine": process.get("asyncio_tasks_by_coroutine"),
+            "threads_by_name": process.get("threads_by_name"),
+            "gc_full_collections": process.get("gc_full_collections"),
             "sessions": health.get("sessions"), "buffer_bytes": buffer_bytes(server)}
 
 
@@ -289,7 +290,7 @@ class Soak:
         # writer's last flush) end a moment after its session; wait for the
         # count to come back, and report what is left after --settle-tasks.
         def tasks_back() -> bool:
-            return (server_tasks(self.server) or 0) <= (samples[0]["asyncio_tasks"] or 0)
+            return (server_process(self.server)[1].get("asyncio_tasks") or 0) <= (samples[0]["asyncio_tasks"] or 0)
 
         try:
             await eventually_async(lambda: asyncio.to_thread(tasks_back), args.settle_tasks,
