@@ -125,7 +125,8 @@ def create_app(state: AppState) -> FastAPI:
 
 def _lifespan(state: AppState, loop_watch: LoopWatch) -> Callable[[FastAPI], AsyncContextManager[None]]:
     """What runs while the app serves: the engine's load (unless one was
-    handed in), the idle reaper, warm-ups and the loop-lag watch."""
+    handed in), the idle reaper, warm-ups, the loop-lag watch, and the
+    rounds that give memory back (native heaps, closed tabs' page state)."""
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -140,6 +141,9 @@ def _lifespan(state: AppState, loop_watch: LoopWatch) -> Callable[[FastAPI], Asy
             log.warning(state.banner)
         reaper = asyncio.create_task(_reap_idle_sessions(state))
         trimming = asyncio.create_task(native_memory.keep_trimming(lambda: (state.engine, state.compare_engine)))
+        from vidchat.doors.page.tab_states import keep_tab_states_bounded
+        tab_upkeep = asyncio.create_task(keep_tab_states_bounded(
+            lambda: getattr(state.page_app, "state_holder", None), keep_s=state.settings.closed_tab_timeout))
         state.prewarmer = Prewarmer(state, state.settings.prewarm)
         state.prewarmer.start()
         if not owns_engine:
@@ -152,6 +156,7 @@ def _lifespan(state: AppState, loop_watch: LoopWatch) -> Callable[[FastAPI], Asy
         finally:
             reaper.cancel()
             trimming.cancel()
+            tab_upkeep.cancel()
             await state.prewarmer.stop()
             loop_watch.stop()
             # Empty after ClosingServer.shutdown; not when the app is served another way (tests, ASGI servers).

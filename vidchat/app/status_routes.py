@@ -95,6 +95,8 @@ def running_routes(app: FastAPI, state: AppState, loop_watch: LoopWatch) -> None
             "loop_lag": loop_watch.snapshot(),
             # What a leak would grow (bench/soak.py samples it with the process's RSS and fds).
             "process": _process_figures(),
+            # The tabs whose page state Gradio holds (vidchat.doors.page.tab_states keeps them bounded).
+            "page_tabs": _page_tabs(state),
             # --engine-url: each model server's health (null in-process).
             "replicas": await replica_health(state),
         }
@@ -120,6 +122,14 @@ def running_routes(app: FastAPI, state: AppState, loop_watch: LoopWatch) -> None
         """Start a new loop-lag window (for bench/looplag.py)."""
         loop_watch.reset()
         return {"reset": True}
+
+
+def _page_tabs(state: AppState) -> dict[str, int] | None:
+    holder = getattr(state.page_app, "state_holder", None)
+    if holder is None:
+        return None
+    from vidchat.doors.page.tab_states import tab_counts
+    return tab_counts(holder)
 
 
 def _process_figures() -> dict[str, Any]:
