@@ -126,7 +126,7 @@ def create_app(state: AppState) -> FastAPI:
 def _lifespan(state: AppState, loop_watch: LoopWatch) -> Callable[[FastAPI], AsyncContextManager[None]]:
     """What runs while the app serves: the engine's load (unless one was
     handed in), the idle reaper, warm-ups, the loop-lag watch, and the
-    rounds that give memory back (native heaps, closed tabs' page state)."""
+    rounds that give memory back (native heaps, the page state Gradio keeps per tab)."""
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:

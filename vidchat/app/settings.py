@@ -328,8 +328,8 @@ def build_parser() -> argparse.ArgumentParser:
 # flag's name, instead of failing every session later.
 AT_LEAST = {"max_sessions": 1, "max_frame_pixels": 1, "max_body_bytes": 1024, "ws_max_frame_bytes": 1024,
             "max_sessions_per_client": 0, "max_concurrent_answers": 0, "connect_timeout": 0,
-            "session_idle_timeout": 1, "closed_tab_timeout": 1, "ws_idle_timeout": 1, "ws_config_timeout": 0.1, "ws_send_timeout": 0.5,
-            "tensor_parallel_size": 1, "data_parallel_size": 1, "turn_ttl": 60,
+            "session_idle_timeout": 1, "closed_tab_timeout": 1, "ws_idle_timeout": 1, "ws_config_timeout": 0.1,
+            "ws_send_timeout": 0.5, "tensor_parallel_size": 1, "data_parallel_size": 1, "turn_ttl": 60,
             "max_session_mb": 0, "engine_connect_timeout": 0.1, "engine_first_byte_timeout": 0.1,
             "ws_max_audio_seconds": 0.1, "max_upload_mb": 0, "engine_restarts": 0, "stream_fps": 0.1}
 # And above: a session keeps at most MAX_AUDIO_SECONDS of audio, at every door.

@@ -128,7 +128,7 @@ def _page_tabs(state: AppState) -> dict[str, int] | None:
     holder = getattr(state.page_app, "state_holder", None)
     if holder is None:
         return None
-    from vidchat.doors.page.tab_states import tab_counts
+    from vidchat.doors.page.tab_states import tab_counts  # the page's package imports Gradio: only with a page
     return tab_counts(holder)
 
 
