@@ -1,7 +1,7 @@
 """vidchat.doors.page.tab_states on real Gradio state: what Gradio 6 keeps
 per tab grows with every answer and every closed tab, and the rounds bring
 it back to the page's own (docs/operations.md, "What the soak found"). The
-same through the real server and real vLLM: tests/test_operations.py."""
+same through the real server, real vLLM and a WebRTC peer: tests/test_webrtc.py."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ from vidchat.doors.page.tab_states import drop_stray_copies, forget_closed_tabs,
 pytestmark = pytest.mark.unit
 
 
-def _page() -> tuple[gr.Blocks, gr.HTML, gr.JSON, StateHolder]:
+def _page() -> tuple[gr.Blocks, StateHolder]:
     with gr.Blocks() as blocks:
         view = gr.HTML("first")
         details = gr.JSON(value=None)
@@ -27,7 +27,7 @@ def _page() -> tuple[gr.Blocks, gr.HTML, gr.JSON, StateHolder]:
         button.click(lambda: ("x", {}), None, [view, details])
     holder = StateHolder()
     holder.set_blocks(blocks)
-    return blocks, view, details, holder
+    return blocks, holder
 
 
 async def _an_answer(blocks: gr.Blocks, holder: StateHolder, tab: str, n: int) -> None:
@@ -38,7 +38,7 @@ async def _an_answer(blocks: gr.Blocks, holder: StateHolder, tab: str, n: int) -
 
 
 async def test_each_answer_leaves_a_stray_copy_in_gradio_and_a_round_drops_them_all():
-    blocks, view, details, holder = _page()
+    blocks, holder = _page()
     own = len(holder["tab"].config_values)
     for n in range(5):
         await _an_answer(blocks, holder, "tab", n)
@@ -54,7 +54,7 @@ async def test_each_answer_leaves_a_stray_copy_in_gradio_and_a_round_drops_them_
 
 
 def test_a_closed_tab_is_forgotten_once_unused_for_the_timeout_and_an_open_or_recent_one_is_kept():
-    _, _, _, holder = _page()
+    _, holder = _page()
     for tab in ("open", "closed-long-ago", "closed-just-now", "closed-never-used"):
         holder[tab]
     now = datetime.datetime.now()
@@ -71,7 +71,7 @@ def test_a_closed_tab_is_forgotten_once_unused_for_the_timeout_and_an_open_or_re
 
 
 async def test_the_rounds_run_until_cancelled_and_a_missing_page_is_no_error():
-    blocks, _, _, holder = _page()
+    blocks, holder = _page()
     await _an_answer(blocks, holder, "tab", 0)
     holder.session_data["gone"] = holder["gone"]
     holder.session_data["gone"].is_closed = True

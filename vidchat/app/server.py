@@ -142,8 +142,8 @@ def _lifespan(state: AppState, loop_watch: LoopWatch) -> Callable[[FastAPI], Asy
         reaper = asyncio.create_task(_reap_idle_sessions(state))
         trimming = asyncio.create_task(native_memory.keep_trimming(lambda: (state.engine, state.compare_engine)))
         from vidchat.doors.page.tab_states import keep_tab_states_bounded
-        tab_upkeep = asyncio.create_task(keep_tab_states_bounded(
-            lambda: getattr(state.page_app, "state_holder", None), keep_s=state.settings.closed_tab_timeout))
+        tab_upkeep = asyncio.create_task(keep_tab_states_bounded(lambda: state.page_tabs,
+                                                                 keep_s=state.settings.closed_tab_timeout))
         state.prewarmer = Prewarmer(state, state.settings.prewarm)
         state.prewarmer.start()
         if not owns_engine:

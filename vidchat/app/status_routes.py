@@ -125,7 +125,7 @@ def running_routes(app: FastAPI, state: AppState, loop_watch: LoopWatch) -> None
 
 
 def _page_tabs(state: AppState) -> dict[str, int] | None:
-    holder = getattr(state.page_app, "state_holder", None)
+    holder = state.page_tabs
     if holder is None:
         return None
     from vidchat.doors.page.tab_states import tab_counts  # the page's package imports Gradio: only with a page

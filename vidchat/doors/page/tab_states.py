@@ -37,23 +37,26 @@ log = logging.getLogger(__name__)
 ROUND_EVERY_S = 60.0  # at most; a few times within the timeout when it is shorter
 
 
+def _stray_keys(holder: Any, table: dict) -> list[int]:
+    """The ids in one of a tab's tables that are not the page's own components."""
+    return [key for key in table if key not in holder.blocks.blocks]
+
+
 def tab_counts(holder: Any) -> dict[str, int]:
     """How many tabs' state Gradio holds, how many of those are closed, and
     how many stray component copies they hold now (/api/health's ``page_tabs``)."""
     states = list(holder.session_data.values())
-    own = holder.blocks.blocks
     return {"held": len(states), "closed": sum(1 for s in states if getattr(s, "is_closed", False)),
-            "stray_copies": sum(1 for s in states for key in s.config_values if key not in own)}
+            "stray_copies": sum(len(_stray_keys(holder, s.config_values)) for s in states)}
 
 
 def drop_stray_copies(holder: Any) -> int:
     """Drop, in every tab's state, the entries under ids that are not the
     page's own components; returns how many went."""
-    own = holder.blocks.blocks
     dropped = 0
     for tab_state in list(holder.session_data.values()):
         for table in (tab_state.config_values, tab_state.blocks_config.blocks):
-            stray = [key for key in table if key not in own]
+            stray = _stray_keys(holder, table)
             for key in stray:
                 del table[key]
             dropped += len(stray)
