@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import io
+import json
 import re
 import urllib.request
 import zipfile
@@ -283,3 +284,50 @@ async def test_both_models_answers_each_question_with_both_side_by_side(two_mode
             assert await both.count() == 1  # the new answer's fold came, and no second answer beside it
         finally:
             await browser.close()
+
+
+@pytest.mark.engine
+async def test_the_second_models_answer_is_recorded_counted_and_logged_as_its_own(two_models):
+    """Both models with recording on: the second model's bundle names the
+    second model (--compare-model, its engine's options), so a replay re-asks
+    that model; /metrics counts each answer under the engine that gave it and
+    what it was for (engine, kind), never the second's as the chat's; and the
+    server's log names the answers by a hash, never by their ids (the only
+    guard of /inputs/<id>/ when no login is configured)."""
+    from test_operations import scrape, value
+
+    client = RtcClient(two_models.url, SyntheticVideo(fps=15))
+    await client.connect()
+    try:
+        await eventually_async(lambda: _at_least(client.stats(), "frames_received", 10), 20, "10 frames received")
+        gradio = Client(two_models.url + "/", verbose=False)
+        await asyncio.to_thread(gradio.predict, True, client.session_id, api_name="/both_models")
+        folder = lambda: [p for p in two_models.record_dir.rglob("manifest.json")  # noqa: E731
+                          if client.session_id[:8] in str(p)]
+        before = scrape(two_models)
+        history = (await asyncio.to_thread(gradio.predict, "Which model?", [], client.session_id, *SETTINGS, True,
+                                           api_name="/ask"))[0]
+        answer_id = history[-1]["metadata"]["id"]
+        await eventually_async(lambda: len(folder()) == 2, 60, "both answers recorded")
+        await until_idle(two_models, within=2.0)
+    finally:
+        await client.close()
+    after = scrape(two_models)
+    manifests = {m["engine"]["role"]: m for m in (json.loads(p.read_text()) for p in folder())}
+    assert set(manifests) == {"main", "compare"}
+    assert manifests["main"]["model_option"] == "tiny" and manifests["compare"]["model_option"] == "tiny-vl"
+    assert "tiny-vl" in manifests["compare"]["model"] and "tiny-vl" not in manifests["main"]["model"]
+    assert manifests["compare"]["engine"]["max_model_len"] == TEST_MAX_MODEL_LEN
+
+    def grew(name: str, **labels: str) -> float:
+        return value(after, name, **labels) - value(before, name, **labels)
+
+    for engine, kind in (("main", "chat"), ("compare", "second")):
+        labels = {"door": "page", "engine": engine, "kind": kind}
+        assert grew("vidchat_answers_total", status="completed", **labels) == 1, labels
+        assert grew("vidchat_first_token_seconds_count", **labels) == 1, labels
+    assert grew("vidchat_answers_total", door="page", status="completed", engine="main", kind="second") == 0
+
+    from vidchat.conversation.log_context import session_hash
+    log_text = two_models.log_path.read_text()
+    assert answer_id not in log_text and f"answer {session_hash(answer_id)} completed" in log_text

@@ -106,6 +106,35 @@ def test_metrics_is_guarded_like_the_api():
     assert ok.status_code == 200 and "vidchat_engine_up" in ok.text
 
 
+@pytest.mark.unit
+def test_api_health_tells_anyone_liveness_and_counts_and_only_an_operator_the_rest():
+    """/api/health is public (load balancers poll it): to anyone, whether it
+    is up and how many sessions and answers there are; the model's path, the
+    process's threads and tasks and the engines' figures only to an operator
+    (the server token, or a call on this machine not through a proxy)."""
+    from starlette.testclient import TestClient
+
+    from vidchat.app.access import build_access
+    from vidchat.app.server import create_app
+    from vidchat.app.settings import Settings
+    from vidchat.app.state import AppState
+
+    settings = Settings(token="s3cret-token")
+    state = AppState(settings=settings, model_path="/srv/models/secret-path", access=build_access(settings))
+    client = TestClient(create_app(state), base_url="http://localhost")  # from "testclient": not this machine
+    counts = {"ok", "status", "sessions", "sessions_by_kind", "answers", "questions_asked"}
+    public = client.get("/api/health")
+    assert public.status_code == 503  # no engine: not ready, and it says so to anyone
+    assert set(public.json()) == counts and "secret-path" not in public.text
+    operator = client.get("/api/health", headers={"Authorization": "Bearer s3cret-token"}).json()
+    assert counts < set(operator) and operator["model"] == "/srv/models/secret-path"
+    assert "threads_by_name" in operator["process"]
+    # From this machine, but through a proxy: a visitor, not an operator.
+    local = TestClient(create_app(state), base_url="http://localhost", client=("127.0.0.1", 5000))
+    assert set(local.get("/api/health").json()) > counts
+    assert set(local.get("/api/health", headers={"X-Forwarded-For": "203.0.113.9"}).json()) == counts
+
+
 @pytest.mark.engine
 async def test_metrics_count_a_socket_session_and_carry_vllms_own_families(server):
     before = scrape(server)
@@ -133,9 +162,11 @@ async def test_metrics_count_a_socket_session_and_carry_vllms_own_families(serve
 
     assert grew("vidchat_frames_received_total", door="socket") >= 5
     assert grew("vidchat_frames_kept_total", door="socket") >= 5
-    assert grew("vidchat_answers_total", door="socket", status="completed") == 1
-    assert grew("vidchat_first_token_seconds_count", door="socket") == 1
-    assert grew("vidchat_answer_tokens_total", door="socket") == done["stats"]["completion_tokens"]
+    chat = {"door": "socket", "engine": "main", "kind": "chat"}
+    assert grew("vidchat_answers_total", status="completed", **chat) == 1
+    assert grew("vidchat_first_token_seconds_count", **chat) == 1
+    assert grew("vidchat_answer_tokens_total", **chat) == done["stats"]["completion_tokens"]
+    assert done["stats"]["engine"] == "main"  # the record names the engine that answered
     assert value(after, "vidchat_event_loop_lag_seconds_count") > value(before, "vidchat_event_loop_lag_seconds_count")
     # vLLM's own counters moved with the answer.
     assert value(after, "vllm:generation_tokens_total", **_vllm_labels(after)) > \
@@ -208,7 +239,7 @@ async def test_a_killed_engine_comes_back_and_the_same_session_is_answered(artif
         samples = scrape(srv)
         assert value(samples, "vidchat_engine_restarts_total", engine="main") == 1
         assert value(samples, "vidchat_engine_up", engine="main") == 1
-        assert value(samples, "vidchat_answers_total", door="socket", status="failed") == 1
+        assert value(samples, "vidchat_answers_total", door="socket", status="failed", engine="main", kind="chat") == 1
         await eventually_async(lambda: srv.get_json("/api/health")["running_requests"] == 0, 10,
                                "nothing left running")
         assert "the main model engine stopped" in srv.log() and "is back (restart 1)" in srv.log()

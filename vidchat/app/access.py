@@ -108,6 +108,15 @@ def parse_auth(entries: Iterable[str]) -> dict[str, str]:
     return users
 
 
+def is_operator(login: str | None, client_host: str, headers: Any) -> bool:
+    """Whether a request may use the operator routes (and see /api/health's
+    process details): the server token, or a call made on this machine
+    without going through a proxy; a page login never."""
+    if login is not None:
+        return login == TOKEN_LOGIN
+    return is_loopback(client_host or "") and not is_forwarded(headers)
+
+
 def _route_regex(template: str) -> str:
     """A route template as a regex: ``{x:path}`` any rest, ``{x}`` one segment."""
     parts = re.split(r"(\{[^}]+\})", template)

@@ -39,6 +39,7 @@ def engine_options(settings: Settings, model_path: str, tiny: bool, main: bool =
         tensor_parallel_size=settings.tensor_parallel_size,
         data_parallel_size=settings.data_parallel_size,
         prometheus_stats=main,
+        role="main" if main else "compare",
     )
 
 

@@ -18,7 +18,7 @@ from starlette.formparsers import MultiPartException
 from starlette.requests import cookie_parser
 
 from vidchat.app.access import (
-    TOKEN_LOGIN, Access, UploadQuota, is_forwarded, is_loopback, route_kind, user_login,
+    TOKEN_LOGIN, Access, UploadQuota, is_operator, route_kind, user_login,
 )
 from vidchat.app.gradio_logins import GradioHandles, PageLogins, Receive, Scope, Send
 from vidchat.doors.server_contract import LOGIN_HEADER, UPLOAD_DELETE_CACHE, UPLOAD_ROUTE
@@ -159,10 +159,7 @@ class Guard:
         return None, None
 
     def _operator_ok(self, scope: Scope, headers: dict[str, str], login: str | None) -> bool:
-        if login is not None:  # the server token, or a page's login: that never suffices
-            return login == TOKEN_LOGIN
-        client = (scope.get("client") or ("", 0))[0]
-        return is_loopback(client or "") and not is_forwarded(headers)
+        return is_operator(login, (scope.get("client") or ("", 0))[0], headers)
 
     async def _body(self, scope: Scope, receive: Receive, send: Send, headers: dict[str, str]) -> bytes | None:
         """The whole request body, at most --max-body-bytes of it; None when

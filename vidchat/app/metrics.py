@@ -50,12 +50,16 @@ class Metrics:
                                        ["door"], registry=registry)
         self.frames_kept = Counter("vidchat_frames_kept_total", "Frames the filter kept in a session's buffer.",
                                    ["door"], registry=registry)
-        self.answers = Counter("vidchat_answers_total", "Answers ended, by how they ended.", ["door", "status"],
-                               registry=registry)
+        # ``engine``: which engine answered (main, or compare: --compare-model);
+        # ``kind``: what the answer was for (chat, watch, talk, reask, second),
+        # so the second model's answers and re-asks neither count as the
+        # chat's nor mix into its first-token times.
+        self.answers = Counter("vidchat_answers_total", "Answers ended, by how they ended.",
+                               ["door", "status", "engine", "kind"], registry=registry)
         self.first_token = Histogram("vidchat_first_token_seconds", "Question received to first token sent.",
-                                     ["door"], buckets=FIRST_TOKEN_BUCKETS, registry=registry)
-        self.answer_tokens = Counter("vidchat_answer_tokens_total", "Tokens generated for answers.", ["door"],
-                                     registry=registry)
+                                     ["door", "engine", "kind"], buckets=FIRST_TOKEN_BUCKETS, registry=registry)
+        self.answer_tokens = Counter("vidchat_answer_tokens_total", "Tokens generated for answers.",
+                                     ["door", "engine", "kind"], registry=registry)
         self.loop_lag = Histogram("vidchat_event_loop_lag_seconds", "How late the event loop woke a timer.",
                                   buckets=LOOP_LAG_BUCKETS, registry=registry)
         self.engine_restarts = Counter("vidchat_engine_restarts_total", "Engines started again after they died.",
@@ -75,16 +79,26 @@ class Metrics:
 
         return counted
 
-    def answer_done(self, kind: str, status: str, first_token_s: float | None, tokens: int) -> None:
-        """The conversation core's hook at each answer's Done."""
+    def answer_done(self, kind: str, status: str, first_token_s: float | None, tokens: int, *,
+                    engine: str = "main", run_kind: str = "chat") -> None:
+        """The conversation core's hook at each answer's Done: ``kind`` is
+        the session's registry kind (its door), ``engine`` the engine that
+        answered, ``run_kind`` what the answer was for (vidchat.conversation.runs.AnswerRun.kind)."""
         door = door_of(kind)
         if door is None:
             return
-        self.answers.labels(door, status).inc()
+        self.answers.labels(door, status, engine, run_kind).inc()
         if first_token_s is not None:
-            self.first_token.labels(door).observe(max(0.0, first_token_s))
+            self.first_token.labels(door, engine, run_kind).observe(max(0.0, first_token_s))
         if tokens:
-            self.answer_tokens.labels(door).inc(tokens)
+            self.answer_tokens.labels(door, engine, run_kind).inc(tokens)
+
+
+# The (engine, kind) pairs an answer can have, whose series exist from the
+# start at 0: the main engine answers the chat, Watch, Talk and re-asks; the
+# second model its Both-models answers and re-asks put to it.
+ANSWER_SERIES = (("main", "chat"), ("main", "watch"), ("main", "talk"), ("main", "reask"),
+                 ("compare", "second"), ("compare", "reask"))
 
 
 _metrics: Metrics | None = None
@@ -96,12 +110,13 @@ def metrics() -> Metrics:
     if _metrics is None:
         _metrics = Metrics()
         for door in DOORS.values():  # every door's series from the start, at 0
-            for status in ("completed", "cancelled", "failed"):
-                _metrics.answers.labels(door, status)
+            for engine, run_kind in ANSWER_SERIES:
+                for status in ("completed", "cancelled", "failed"):
+                    _metrics.answers.labels(door, status, engine, run_kind)
+                _metrics.first_token.labels(door, engine, run_kind)
+                _metrics.answer_tokens.labels(door, engine, run_kind)
             _metrics.frames_received.labels(door)
             _metrics.frames_kept.labels(door)
-            _metrics.first_token.labels(door)
-            _metrics.answer_tokens.labels(door)
         for engine in ("main", "compare"):
             _metrics.engine_restarts.labels(engine)
     return _metrics

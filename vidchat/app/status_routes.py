@@ -13,13 +13,15 @@ import re
 import threading
 from typing import Any
 
-from fastapi import FastAPI
+from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
 from vidchat.app import metrics as app_metrics
+from vidchat.app.access import is_operator
 from vidchat.app.loopwatch import LoopWatch
 from vidchat.app.state import AppState
 from vidchat.app.turn import TurnError
+from vidchat.doors.server_contract import login_of
 
 log = logging.getLogger(__name__)
 
@@ -69,23 +71,33 @@ def running_routes(app: FastAPI, state: AppState, loop_watch: LoopWatch) -> None
     """What runs and how well: health (engine, answers, warm-ups, loop lag) and the switches the benchmarks use."""
 
     @app.get("/api/health")
-    async def health() -> JSONResponse:
+    async def health(request: Request) -> JSONResponse:
+        """Liveness and counts for anyone (a public route: load balancers
+        and the Space poll it); the model, the engines' caches, warm-ups and
+        the process's tasks and threads only for an operator (the server
+        token, or a call on this machine not through a proxy)."""
         engine = state.engine
         ok = state.ready
-        body = {
+        counts = {
             "ok": ok,
             "status": state.readiness()[1],
-            "model": state.model_path,
-            "banner": state.banner,
             "sessions": len(state.registry),
             "sessions_by_kind": state.registry.count_by_kind(),
+            "answers": state.answer_gate.snapshot(),
+            "questions_asked": state.answer_gate.asked,
+        }
+        client = request.client.host if request.client else ""
+        if not is_operator(login_of(request.headers), client, request.headers):
+            return JSONResponse(counts, status_code=200 if ok else 503)
+        body = {
+            **counts,
+            "model": state.model_path,
+            "banner": state.banner,
             "running_requests": engine.running_requests if ok else None,
             "compare_model": ({"model": state.compare_model_path, "status": state.compare_readiness()[1],
                                "running_requests": state.compare_engine.running_requests
                                if state.compare_readiness()[0] else None}
                               if state.compare_model_path else None),
-            "answers": state.answer_gate.snapshot(),
-            "questions_asked": state.answer_gate.asked,
             "running_warmups": engine.running_warmups if ok else None,
             "prewarm": state.prewarmer.snapshot() if state.prewarmer else None,
             # How many frames vLLM's encoder cache holds (vidchat.engine.vllm_args.encoder_cache_budget).

@@ -75,6 +75,7 @@ class Conversation(SessionRecord):
         # talk epochs and a stop count.)
         self.turn = 0
         self._moved_by = ""  # what moved the turn last (a question, "stop", "clear", "closed")
+        self._turn_cause = TYPED  # why the turn's question was asked (typed, scene, spoken)
         self._side_turn = 0  # the same for re-asks beside the chat: a newer one replaces a running one
         self._tasks: set[asyncio.Task] = set()  # questions asked in a task of the conversation (submit)
         self.modes = Modes(self)  # Watch and Talk, as tasks of the conversation
@@ -191,7 +192,7 @@ class Conversation(SessionRecord):
                                        queue=self.state.answer_gate, sample=sample, spoken=spoken,
                                        question_audio=question_audio, frames_optional=frames_optional,
                                        ticket=ticket, current=lambda: self.turn == ticket)
-        answer.chat = self.generation
+        answer.chat, answer.cause = self.generation, self._turn_cause
         if self.stream is not None:
             answer.source_state = self.stream.state
         run = AnswerRun(self, self, answer, record=record, continues_chat=continues_chat, remember=remember)
@@ -206,6 +207,7 @@ class Conversation(SessionRecord):
             cause = SPOKEN
         elif at is not None:
             cause = SCENE
+        self._turn_cause = cause
         self.event_hub.publish(QuestionAsked(ticket, question, cause, at,
                                                 None if spoken is None else round(spoken.seconds, 3)))
         return ticket

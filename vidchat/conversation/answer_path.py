@@ -23,7 +23,7 @@ from vidchat.media.session import Sample, Session, SessionSettings
 from vidchat.media.sampling import uniform_indices
 from vidchat.conversation.session_record import SessionRecord, SideSlot
 from vidchat.conversation.settings_table import UNBOUNDED_MAX_TOKENS, check_all, question_problem, read_settings
-from vidchat.conversation.session_events import EventHub, SettingsChanged
+from vidchat.conversation.session_events import TYPED, EventHub, SettingsChanged
 from vidchat.engine import ChatEngine, EngineError, Prepared, Reply, Turn
 
 log = logging.getLogger(__name__)
@@ -171,6 +171,8 @@ class Answer:
     mark: dict | None = None  # a QA verdict, {"mark": "good" | "bad", "note"} (vidchat.conversation.answer_marks)
     # A stream's state when asked ("live", "reconnecting", ...; vidchat.media.streams), None for other sources.
     source_state: str | None = None
+    # Why it was asked (vidchat.conversation.session_events: typed, scene, spoken).
+    cause: str = TYPED
     _slot: Slot | None = field(default=None, repr=False)
     _abandon: asyncio.Event = field(default_factory=asyncio.Event, repr=False)
 
@@ -203,6 +205,11 @@ class Answer:
             await self.reply.aclose()
         finally:
             self.free()
+
+    @property
+    def engine_role(self) -> str:
+        """Which of the server's engines answered: "main" or "compare" (--compare-model)."""
+        return self.reply.engine.options.role
 
     def summary(self) -> dict[str, Any]:
         sample = self.sample
@@ -247,6 +254,7 @@ class Answer:
             },
             system_prompt=self.options.system_prompt,
             model=self.reply.engine.model_path,
+            engine=self.engine_role,
             model_revision=getattr(self.reply.engine, "model_revision", ""),
             prompt=self.prompt_text,  # as the model's template rendered it, special tokens included
             mark=self.mark,

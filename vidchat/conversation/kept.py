@@ -64,11 +64,20 @@ async def save_bundle(state: Any, entry: Any, answer: "Answer", answer_id: str, 
     if not root:
         raise RecordingOff("the server was started without --record-dir")
     folder = Path(root) / f"session-{time.strftime('%Y%m%d')}-{entry.session.id[:8]}"
-    path = await asyncio.to_thread(write_bundle, folder, answer, source=source, model_option=state.settings.model,
-                                   engine_options=state.engine.options)
+    engine = answer.reply.engine  # the engine that answered: the second model's answers are its own
+    path = await asyncio.to_thread(write_bundle, folder, answer, source=source,
+                                   model_option=model_option(state.settings, answer),
+                                   engine_options=engine.options)
     keep_bundle(entry, answer_id, path)
     log.info("session %s… answer recorded in %s", entry.session.id[:6], path)
     return path
+
+
+def model_option(settings: Any, answer: "Answer") -> str:
+    """The option the answering engine's model was chosen by (--model, or
+    --compare-model for the second model): what a replay or a baseline of the
+    answer names, so neither is credited to the other model."""
+    return settings.compare_model if answer.engine_role == "compare" else settings.model
 
 
 class RecordingOff(Exception):

@@ -1,8 +1,9 @@
 """Which session, door and answer a log line is about, for logs a machine
 reads (``--log-format json``): context variables set where a session's
 work runs (a door's task, an answer's run), read by the log formatter, so
-no log call has to pass them. The session is named by a short hash of its
-id, never the id (which is a credential)."""
+no log call has to pass them. A session and an answer are named by a short
+hash of their ids, never the ids (credentials: an answer's id is all that
+guards its /inputs/<id>/ routes when no login is configured)."""
 
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ _answer: contextvars.ContextVar[str | None] = contextvars.ContextVar("vidchat_an
 
 
 def session_hash(session_id: str) -> str:
-    """A session's name in logs: 8 hex digits of a hash of its id."""
+    """A session's (or an answer's) name in logs: 8 hex digits of a hash of its id."""
     return hashlib.blake2b(session_id.encode(), digest_size=4).hexdigest()
 
 
@@ -35,7 +36,7 @@ def bind(session_id: str, kind: str) -> None:
 
 
 def bind_answer(answer_id: str | None) -> None:
-    _answer.set(answer_id)
+    _answer.set(None if answer_id is None else session_hash(answer_id))
 
 
 def current() -> dict[str, str]:

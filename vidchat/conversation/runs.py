@@ -21,7 +21,7 @@ import vidchat.conversation.log_context as log_context
 from vidchat.conversation.answer_queue import Abandoned
 from vidchat.conversation.answer_path import Answer
 from vidchat.conversation.session_record import SessionRecord, SideSlot
-from vidchat.conversation.session_events import AnswerEvent
+from vidchat.conversation.session_events import SCENE, SPOKEN, TYPED, AnswerEvent
 from vidchat.engine import EngineError
 
 log = logging.getLogger(__name__)
@@ -38,6 +38,10 @@ UNHEARD_GRACE_S = 8.0
 _RUNNING: set[asyncio.Task] = set()  # the answer runs' tasks, held until they end
 
 COMPLETED, CANCELLED, FAILED = "completed", "cancelled", "failed"
+# What a run answers, by why its question was asked (metrics' ``kind``): the
+# chat's own questions; re-asks and the second model's answers are kinds of
+# their own, whatever asked the question they answer.
+KIND_OF_CAUSE = {TYPED: "chat", SCENE: "watch", SPOKEN: "talk"}
 
 
 
@@ -129,6 +133,15 @@ class AnswerRun:
         self._task = asyncio.get_running_loop().create_task(self._run())
         _RUNNING.add(self._task)  # asyncio keeps only weak references to tasks
         self._task.add_done_callback(_RUNNING.discard)
+
+    @property
+    def kind(self) -> str:
+        """What it answers: "chat", "watch", "talk", "reask" or "second" (metrics' kind label)."""
+        if getattr(self.slot, "second", False):
+            return "second"
+        if self.slot is not self.conversation:
+            return "reask"
+        return KIND_OF_CAUSE.get(self.answer.cause, "chat")
 
     async def cancel(self, why: str | None = None) -> None:
         """The one way to stop it: stop generating (or waiting). The run
@@ -250,7 +263,8 @@ class AnswerRun:
         log_context.bind_answer(answer_id)
         # One line per answer, whichever door asked: what ran, how it ended and why.
         log.info("session %s…: answer %s %s: %d of %d tokens (%s), prompt %d tokens (%d cached), "
-                 "%d frames, history %d of %d turns%s", answer.session_id[:6], answer_id or "-", done.status,
+                 "%d frames, history %d of %d turns%s", answer.session_id[:6],
+                 log_context.session_hash(answer_id) if answer_id else "-", done.status,
                  stats.completion_tokens, answer.options.max_tokens, stats.finish_reason or "no finish",
                  stats.prompt_tokens, stats.cached_tokens, stats.frames, stats.history_turns,
                  stats.history_turns_total, f", {answer.cancelled_by}" if answer.cancelled_by else "")
@@ -319,7 +333,7 @@ def _count(run: AnswerRun, done: Done) -> None:
     first_token_s = run._first_token_at - received if run._first_token_at is not None else None
     try:
         metrics.answer_done(run.conversation.kind, done.status, first_token_s,
-                            answer.reply.stats.completion_tokens)
+                            answer.reply.stats.completion_tokens, engine=answer.engine_role, run_kind=run.kind)
     except Exception:  # noqa: BLE001 - a metric never breaks an answer
         log.debug("counting the answer failed", exc_info=True)
 

@@ -39,6 +39,9 @@ class EngineOptions:
     # default registry, as `vllm serve` has them): the main engine's only,
     # since a second engine's would replace them.
     prometheus_stats: bool = False
+    # Which of the server's engines this is ("main" or "compare", --compare-model):
+    # an answer's record, bundle, baseline and metrics name the engine that answered.
+    role: str = "main"
 
 
 @dataclass
