@@ -32,7 +32,8 @@ class _State:
     """What the routes read of the app: the settings and whether each model is ready."""
 
     def __init__(self, suite_dir: str, compare: str = "", compare_ready: bool = False) -> None:
-        self.settings = types.SimpleNamespace(suite_dir=suite_dir, model="tiny", compare_model=compare)
+        self.settings = types.SimpleNamespace(suite_dir=suite_dir, model="tiny", compare_model=compare,
+                                              suite_keep_runs=20)
         self.compare_model_path = compare
         self.engine, self.ready = object(), True
         self.compare_engine = object() if compare_ready else None
@@ -98,8 +99,8 @@ def test_one_run_at_a_time_and_only_its_login_sees_it(tmp_path, monkeypatch):
     release = asyncio.Event()
     asked: list[tuple[object, str]] = []
 
-    async def held_ask_cases(suite, state, engine, settings, model, out, jobs, baseline, progress):
-        asked.append((engine, model))
+    async def held_ask_cases(suite, state, settings, model, out, jobs, baseline, progress, *, role):
+        asked.append((role, model))
         await release.wait()
         return []
 
@@ -114,12 +115,12 @@ def test_one_run_at_a_time_and_only_its_login_sees_it(tmp_path, monkeypatch):
         run = started.json()
         assert run["state"] == "running" and run["model"] == "tiny-vl" and run["total"] == 1
         busy = ann.post("/suites/run", json={"engine": "main"})
-        assert busy.status_code == 409 and "going on" in busy.json()["detail"]
+        assert busy.status_code == 409 and f"run {run['run']} of this suite is going on" in busy.json()["detail"]
         bob = TestClient(app, headers={"x-vidchat-login": "user:bob"})
         assert bob.get(f"/suites/runs/{run['run']}").status_code == 403
         assert bob.get("/suites").json()["run"] is None  # another login's run is not shown
         assert ann.get(f"/suites/runs/{run['run']}/report.html").status_code == 404  # no report yet
-        assert asked == [(state.compare_engine, "tiny-vl")]  # the second model's engine, by its name
+        assert asked == [("compare", "tiny-vl")]  # the second model's engine, by its role and name
         ann.portal.call(release.set)
         ann.portal.call(_until_finished, app, run["run"])
         finished = ann.get(f"/suites/runs/{run['run']}").json()

@@ -62,6 +62,8 @@ class ClosingServer(uvicorn.Server):
         state = self.vidchat_state
         log.info("shutting down: closing %d session(s)", len(state.registry))
         try:
+            if state.suite_runs is not None:
+                await state.suite_runs.close()  # first: it would open sessions and ask the engine as they stop
             if state.prewarmer is not None:
                 await state.prewarmer.stop()
             await state.registry.close_all(timeout=SHUTDOWN_GRACE_S)
@@ -157,6 +159,8 @@ def _lifespan(state: AppState, loop_watch: LoopWatch) -> Callable[[FastAPI], Asy
             reaper.cancel()
             trimming.cancel()
             tab_upkeep.cancel()
+            if state.suite_runs is not None:
+                await state.suite_runs.close()
             await state.prewarmer.stop()
             loop_watch.stop()
             # Empty after ClosingServer.shutdown; not when the app is served another way (tests, ASGI servers).

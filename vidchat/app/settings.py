@@ -143,6 +143,11 @@ class Settings(ModelSettings):
         "which saves the answer's bundle under DIR/bundles/, adds a case re-asking it to DIR/suite.toml and keeps "
         "its answer as this model's baseline. Empty: no Add to suite; nothing is written.",
     )
+    suite_keep_runs: int = _opt(
+        20, "Run folders kept under the suite's runs/ (each holds a run's reports and a recording bundle per ask): "
+        "after each run, from the page or `vidchat suite run` without --out, the oldest beyond this many are "
+        "deleted, so the disk does not grow with every run. 0: keep every run.",
+    )
     # --- server -------------------------------------------------------
     host: str = _opt("127.0.0.1", "Address to bind. Use 0.0.0.0 only when you mean to expose the app.")
     port: int = _opt(7860, "TCP port for the page, the WebRTC offer endpoint and the WebSocket protocol.")
@@ -331,7 +336,8 @@ AT_LEAST = {"max_sessions": 1, "max_frame_pixels": 1, "max_body_bytes": 1024, "w
             "session_idle_timeout": 1, "closed_tab_timeout": 1, "ws_idle_timeout": 1, "ws_config_timeout": 0.1,
             "ws_send_timeout": 0.5, "tensor_parallel_size": 1, "data_parallel_size": 1, "turn_ttl": 60,
             "max_session_mb": 0, "engine_connect_timeout": 0.1, "engine_first_byte_timeout": 0.1,
-            "ws_max_audio_seconds": 0.1, "max_upload_mb": 0, "engine_restarts": 0, "stream_fps": 0.1}
+            "ws_max_audio_seconds": 0.1, "max_upload_mb": 0, "engine_restarts": 0, "stream_fps": 0.1,
+            "suite_keep_runs": 0}
 # And above: a session keeps at most MAX_AUDIO_SECONDS of audio, at every door.
 AT_MOST = {"ws_max_audio_seconds": MAX_AUDIO_SECONDS}
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from vidchat.app.access import Access
 from vidchat.app.engine_keeper import EngineLife
@@ -22,6 +22,9 @@ from vidchat.conversation.registry import SessionRegistry
 from vidchat.engine import ChatEngine, ENGINE_DEAD_MESSAGE, EngineError, EngineOptions
 from vidchat.media import DEFAULT_STORE_MAX_PIXELS, describe_store_limit
 from vidchat.media.streams import Streams
+
+if TYPE_CHECKING:
+    from vidchat.qa.suite_runs import SuiteRuns
 
 
 @dataclass
@@ -56,6 +59,7 @@ class AppState:
     metrics: Any = None  # vidchat.app.metrics.Metrics once the app serves /metrics
     keeping: asyncio.Task | None = None  # the engine keepers' task (vidchat.app.engine_keeper)
     streams: Streams = field(default_factory=lambda: Streams({}))  # --stream: live streams as sources
+    suite_runs: SuiteRuns | None = None  # the Suites panel's runs (vidchat.app.suite_run_routes), closed at shutdown
 
     def __post_init__(self) -> None:
         self.registry.app = self  # every session's conversation asks with this app's engine and settings
@@ -156,6 +160,23 @@ class AppState:
         if self.compare_engine is not None:
             return False, "The second model's engine has stopped (see the server log for the cause)."
         return False, "The second model is still loading (it starts after the first)."
+
+    async def engine_for(self, role: str) -> ChatEngine:
+        """The engine that answers for ``role`` ("main" or "compare") now,
+        waiting while its keeper restarts it. Work that asks many times (a
+        suite run, a replay) looks its engine up here at each ask: one it
+        held on to would be the dead one after a restart. Raises EngineError."""
+        if role != "compare":
+            return await self.wait_engine()
+        while True:
+            ready, reason = self.compare_readiness()
+            if ready:
+                return self.compare_engine
+            kept = self.keeping is not None and not self.keeping.done()
+            dying = self.compare_engine is not None and self.compare_engine.is_dead
+            if not kept or self.compare_life.down_because or not (dying or self.compare_life.restarting_since):
+                raise EngineError(reason)
+            await asyncio.sleep(0.05)  # its keeper notices within WATCH_INTERVAL_S, then restarts it
 
     @property
     def page_tabs(self) -> Any:

@@ -28,7 +28,7 @@ def _case_row(case: Any) -> dict[str, Any]:
 
 def router(state: Any) -> APIRouter:
     api = APIRouter()
-    runs = SuiteRuns(state)
+    runs = state.suite_runs = SuiteRuns(state)  # the server cancels a run still going at shutdown
 
     def owned_run(request: Request, run_id: str) -> Any:
         run = runs.runs.get(run_id)
@@ -42,7 +42,8 @@ def router(state: Any) -> APIRouter:
     async def suite_cases_list(request: Request) -> dict[str, Any]:
         """The suite's cases, the models it can run on, and the caller's newest run."""
         needs_suite(state)
-        out: dict[str, Any] = {"folder": str(runs.root), "engines": ["main"] + (["compare"] if
+        # The suite's folder by its name: the server's paths are not the page's business.
+        out: dict[str, Any] = {"folder": runs.root.name, "engines": ["main"] + (["compare"] if
                                state.compare_model_path else []), "cases": [], "error": None}
         try:
             suite = await asyncio.to_thread(runs.read)

@@ -11,7 +11,7 @@ import logging
 import sys
 from typing import Any
 
-from vidchat.qa.replay_run import FAILED, USAGE, Run, answer_record
+from vidchat.qa.replay_run import FAILED, USAGE, Run, answer_record, replay_session
 
 log = logging.getLogger("vidchat.qa.replay")
 
@@ -34,8 +34,9 @@ def _bundle_options(run: Run, recorded: dict[str, Any]) -> Any:
     return options.updated(**flags, **run.changes.answer)
 
 
-async def reask_bundle(run: Run, state: Any, engine: Any, bundle: Any) -> int:
-    """Re-ask one bundle and print its answer; an exit status (0, FAILED or USAGE)."""
+async def reask_bundle(run: Run, state: Any, bundle: Any) -> int:
+    """Re-ask one bundle on the engine of ``run.role`` (as it is now) and
+    print its answer; an exit status (0, FAILED or USAGE)."""
     from vidchat.conversation import answer_path
     from vidchat.engine import EngineError
     from vidchat.media.session import SessionSettings
@@ -58,6 +59,11 @@ async def reask_bundle(run: Run, state: Any, engine: Any, bundle: Any) -> int:
             return USAGE
         sample = sample.frames_at(uniform_indices(len(sample.frames), n_frames))
     try:
+        engine = await state.engine_for(run.role)
+    except EngineError as exc:
+        run.output.failure(manifest.get("t"), bundle.question, str(exc))
+        return FAILED
+    try:
         answer_path.check_options(options, engine)
         engine.check_request(len(sample.frames), options.frames_as)
     except (ValueError, EngineError) as exc:
@@ -74,16 +80,13 @@ async def reask_bundle(run: Run, state: Any, engine: Any, bundle: Any) -> int:
     history = [] if run.args.no_history else bundle.history()
     t = manifest.get("t")
     # The app's one answer path, with the bundle's frozen sample in place of a buffer's.
-    entry = state.new_session("replay")
-    try:
-        done = await (await entry.ask(bundle.question, options, engine=engine,
-                                                              history=history, sample=sample,
-                                                              spoken=bundle.spoken)).finish()
-    except EngineError as exc:
-        done = None
-        error = str(exc)
-    finally:
-        await state.registry.close(entry.session.id, "re-ask finished")
+    error = None
+    async with replay_session(state, "re-ask finished") as entry:
+        try:
+            done = await (await entry.ask(bundle.question, options, engine=engine, history=history, sample=sample,
+                                          spoken=bundle.spoken)).finish()
+        except EngineError as exc:
+            done, error = None, str(exc)
     if done is not None:
         error = done.error
     if error:

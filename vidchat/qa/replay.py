@@ -83,7 +83,7 @@ from vidchat.qa.engine_start import resolve, start_engine
 from vidchat.qa.playback import EPS, Playback, Question, Schedule, media_events
 from vidchat.qa.reask import reask_bundle
 from vidchat.qa.replay_options import UsageError, build_parser, parse_every, parse_sets, parse_watch
-from vidchat.qa.replay_run import FAILED, USAGE, Output, Run, answer_record
+from vidchat.qa.replay_run import FAILED, USAGE, Output, Run, answer_record, replay_session
 
 log = logging.getLogger("vidchat.qa.replay")
 
@@ -102,11 +102,11 @@ class _FileAsker:
     """Asks one file's questions in turn through the conversation, each with
     the chat so far, and prints (and records) each answer or failure."""
 
-    def __init__(self, run: Run, engine, talking, options, settings: dict[str, Any], path: str,
+    def __init__(self, run: Run, state: Any, talking, options, settings: dict[str, Any], path: str,
                  playback: Playback) -> None:
         from vidchat.engine import Turn
 
-        self.run, self.engine, self.talking, self.options = run, engine, talking, options
+        self.run, self.state, self.talking, self.options = run, state, talking, options
         self.settings, self.path, self.playback = settings, path, playback
         self.history: list[Turn] = []
         self.failures = 0
@@ -127,7 +127,8 @@ class _FileAsker:
             log.warning("question at %g s is past the end of the file (%.3f s): asked at the end", q.at,
                         self.playback.end)
         try:
-            answer_run = await self.talking.ask(q.text, self.options, engine=self.engine, history=tuple(self.history))
+            engine = await self.state.engine_for(run.role)  # now: the engine may have restarted since the last ask
+            answer_run = await self.talking.ask(q.text, self.options, engine=engine, history=tuple(self.history))
             done = await answer_run.finish()
         except answer_path.NoFrames:
             self._failed(q, f"no video frame before {q.at:g} s of {path}")
@@ -150,29 +151,40 @@ class _FileAsker:
 
             rec["bundle"] = str(write_bundle(run.out_dir, answer, history=self.history, settings=self.settings,
                                              t=q.at, source=path, model_option=run.model_option,
-                                             engine_options=self.engine.options))
+                                             engine_options=engine.options))
         run.output.answer(rec)
         if not run.args.no_history and answer.reply.text:
             self.history.extend([Turn("user", q.text), Turn("assistant", answer.reply.text)])
 
 
-async def replay_file(run: Run, state, engine, path: str) -> int:
-    """Play one file into a new session, asking each question when playback reaches it."""
-    from vidchat import conversation
+async def replay_file(run: Run, state: Any, path: str) -> int:
+    """Play one file into a new session, asking each question when playback
+    reaches it, on the engine of ``run.role`` as it is at each ask."""
     from vidchat.conversation import answer_path
+    from vidchat.engine import EngineError
 
     schedule = Schedule([(q.at, q.text) for q in run.args.ask], parse_every(run.args.every))
-    entry = state.new_session("replay")
-    session = entry.session
-    playback = Playback(session, run.args.watch_every if run.watch else None, name=os.path.basename(path))
-    options = state.answer_defaults().updated(**run.changes.answer)
-    try:
-        answer_path.apply_settings(session, engine, options, run.changes.session)
-    except ValueError as exc:  # OptionError included
-        print(f"vidchat.replay: {exc}", file=sys.stderr)
-        return USAGE
-    settings = effective_settings(options, session.settings, session.store_max_pixels)
-    asker = _FileAsker(run, engine, entry, options, settings, path, playback)
+    async with replay_session(state, "replay finished") as entry:
+        session = entry.session
+        playback = Playback(session, run.args.watch_every if run.watch else None, name=os.path.basename(path))
+        options = state.answer_defaults().updated(**run.changes.answer)
+        try:
+            answer_path.apply_settings(session, await state.engine_for(run.role), options, run.changes.session)
+        except ValueError as exc:  # OptionError included
+            print(f"vidchat.replay: {exc}", file=sys.stderr)
+            return USAGE
+        except EngineError as exc:  # down for good: each question fails, saying why
+            for q in run.args.ask:
+                run.output.failure(q.at, q.text, str(exc))
+            return FAILED
+        settings = effective_settings(options, session.settings, session.store_max_pixels)
+        asker = _FileAsker(run, state, entry, options, settings, path, playback)
+        await _play(run, path, schedule, playback, asker)
+    return FAILED if asker.failures else 0
+
+
+async def _play(run: Run, path: str, schedule: Schedule, playback: Playback, asker: _FileAsker) -> None:
+    """The file, decoded into the session, each question asked when playback reaches it."""
     t_start = time.perf_counter()
     for t, _, kind, payload in media_events(path, schedule):
         # Playback has reached T: what starts at T or later is for later questions.
@@ -189,14 +201,12 @@ async def replay_file(run: Run, state, engine, path: str) -> int:
             schedule.stop_periodic()
             continue
         await asker.ask(schedule.pop(), at_end=q.at > end + EPS)
-    stats = session.stats
+    stats = playback.session.stats
     wall = time.perf_counter() - t_start
     log.info("replayed %s: %d frames (%d kept, %d bad, %d scene changes) over %.2f s of media; decoding and "
              "filtering took %.2f s (%.1f× real time), answering %.2f s; %.2f s in all", path, playback.frames,
-             stats["frames_kept"], playback.bad_frames, session.scene_changes, end, feed_s,
+             stats["frames_kept"], playback.bad_frames, playback.session.scene_changes, end, feed_s,
              end / feed_s if feed_s > 0 else float("inf"), asker.answer_s, wall)
-    await state.registry.close(session.id, "replay finished")
-    return FAILED if asker.failures else 0
 
 
 # ---------------------------------------------------------------------------
@@ -215,9 +225,9 @@ async def _run(run: Run, model_path: str, banner: str | None, sources: list[tupl
     try:
         for kind, source in sources:
             if kind == "bundle":
-                code = await reask_bundle(run, state, engine, source)
+                code = await reask_bundle(run, state, source)
             else:
-                code = await replay_file(run, state, engine, source)
+                code = await replay_file(run, state, source)
             if code == USAGE:
                 return USAGE  # the same settings would be refused for the rest too
             status = status or code

@@ -7,10 +7,11 @@ share it."""
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import sys
 from dataclasses import dataclass
-from typing import Any, TextIO
+from typing import Any, AsyncIterator, TextIO
 
 from vidchat.qa.replay_options import Changes
 
@@ -80,3 +81,19 @@ class Run:
     out_dir: str | None
     output: Output
     watch: str | None = None  # watch mode's question
+    role: str = "main"  # which of the app's engines answers ("main" or "compare"), looked up at each ask
+
+
+@contextlib.asynccontextmanager
+async def replay_session(state: Any, why: str) -> AsyncIterator[Any]:
+    """A "replay" session of the app's registry for one file or bundle,
+    closed when the block ends however it ends (a setting the engine
+    refuses, a clip that fails partway, a cancelled run). On a server it
+    would otherwise stay registered for good: it counts against
+    --max-sessions, holds its frames, and keeps a draining replica's
+    /readyz from reaching zero sessions."""
+    entry = state.new_session("replay")
+    try:
+        yield entry
+    finally:
+        await state.registry.close(entry.session.id, why)

@@ -30,11 +30,10 @@ import dataclasses
 import json
 import logging
 import sys
-import time
 import types
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 from vidchat.qa.engine_start import resolve, start_engine
 from vidchat.qa.reask import reask_bundle
@@ -43,6 +42,7 @@ from vidchat.qa.replay_options import changes_of
 from vidchat.qa.replay_run import USAGE, Run
 from vidchat.qa.suite_checks import run_checks
 from vidchat.qa.suite_file import BASELINE_FILE, Case, Suite, SuiteError, add_bundle, read_suite
+from vidchat.qa.suite_report import new_run_folder, prune_runs
 
 log = logging.getLogger("vidchat.qa.suite")
 
@@ -91,21 +91,21 @@ class _Capture:
         self.records.append({"t": t, "question": question, "error": reason})
 
 
-def _run_for(case: Case, settings: Any, model: str, out_dir: Path) -> Run:
-    """A replay Run for one case: its asks, its settings, its bundles' folder."""
+def _run_for(case: Case, settings: Any, model: str, out_dir: Path, role: str) -> Run:
+    """A replay Run for one case: its asks, its settings, its bundles' folder, its engine's role."""
     changes = changes_of(case.settings, f"case {case.name!r}: settings")
     asks = [types.SimpleNamespace(at=a.at, text=a.question) for a in case.asks if a.at is not None]
     args = types.SimpleNamespace(ask=asks, every=[], no_history=False, watch_every=None)
-    return Run(args, settings, model, changes, str(out_dir), _Capture())
+    return Run(args, settings, model, changes, str(out_dir), _Capture(), role=role)
 
 
-async def _ask_case(case: Case, state: Any, engine: Any, settings: Any, model: str, out: Path) -> list[dict]:
+async def _ask_case(case: Case, state: Any, settings: Any, model: str, out: Path, role: str) -> list[dict]:
     """The case's records, one per ask in the suite's order (an error record where it failed)."""
     from vidchat.conversation.recording import BundleError, read_bundle
 
     folder = out / "bundles" / _safe(model) / _safe(case.name)
     folder.mkdir(parents=True, exist_ok=True)
-    run = _run_for(case, settings, model, folder)
+    run = _run_for(case, settings, model, folder, role)
     if case.bundle is not None:
         try:
             bundle = await asyncio.to_thread(read_bundle, case.bundle)
@@ -115,14 +115,14 @@ async def _ask_case(case: Case, state: Any, engine: Any, settings: Any, model: s
         if question is not None and question != bundle.question:
             bundle = copy.copy(bundle)
             bundle.manifest = {**bundle.manifest, "question": question}
-        code = await reask_bundle(run, state, engine, bundle)
+        code = await reask_bundle(run, state, bundle)
         if code == USAGE and not run.output.records:
             return [{"error": f"{case.bundle}: its settings can't be asked on this model"}]
         return run.output.records[:1] or [{"error": "no answer"}]
     if not case.video.is_file():
         return [{"error": f"{case.video}: no such clip"} for _ in case.asks]
     try:
-        code = await replay_file(run, state, engine, str(case.video))
+        code = await replay_file(run, state, str(case.video))
     except Exception as exc:  # noqa: BLE001 - a clip PyAV can't read is this case's error
         return [{"error": f"{case.video}: {exc}"} for _ in case.asks]
     if code == USAGE:
@@ -148,7 +148,10 @@ def _safe(name: str) -> str:
     return "".join(c if c.isalnum() or c in "-_." else "_" for c in name)[:80] or "_"
 
 
-def _result(case: Case, index: int, model: str, rec: dict, baseline: dict) -> AskResult:
+def _result(case: Case, index: int, model: str, rec: dict, baseline: dict, accepting: bool = False) -> AskResult:
+    """One ask's row. ``accepting``: this run writes its answers as the
+    baseline (--update-baseline), so same_as_baseline holds it to the answer
+    it accepts, not to the one it replaces."""
     ask = case.asks[index]
     question = rec.get("question") or ask.question or ""
     result = AskResult(case.name, index, model, question, note=case.note, mark=case.mark)
@@ -164,24 +167,31 @@ def _result(case: Case, index: int, model: str, rec: dict, baseline: dict) -> As
     result.inputs_sha256 = rec.get("inputs_sha256")
     result.bundle = rec.get("bundle")
     result.changed_from_baseline = None if before is None else result.answer != before
-    checks = run_checks(ask.expect, result.answer, result.first_token_ms, before)
+    checks = run_checks(ask.expect, result.answer, result.first_token_ms, result.answer if accepting else before,
+                        accepting=accepting)
     result.checks = [c.as_dict() for c in checks]
+    unjudged = [c for c in checks if not c.judged]
+    if unjudged:  # an ask that could not be judged is an error, not a failed check
+        result.error = "; ".join(f"{c.check}: {c.detail}" for c in unjudged)
+        return result
     result.status = PASSED if all(c.ok for c in checks) else FAILED_CHECK
     return result
 
 
-async def ask_cases(suite: Suite, state: Any, engine: Any, settings: Any, model: str, out: Path, jobs: int,
-                    baseline: dict, progress: Any = lambda r: None) -> list[AskResult]:
-    """Every case of the suite on one started engine, up to ``jobs`` cases at
-    once, in the suite's order. The command line's runner and the page's
+async def ask_cases(suite: Suite, state: Any, settings: Any, model: str, out: Path, jobs: int, baseline: dict,
+                    progress: Callable[[AskResult], None] = lambda r: None, *, role: str = "main",
+                    accepting: bool = False) -> list[AskResult]:
+    """Every case of the suite on the app's engine of ``role`` (looked up at
+    each ask, so a restarted engine answers the rest), up to ``jobs`` cases
+    at once, in the suite's order. The command line's runner and the page's
     Suites panel (vidchat.qa.suite_runs, on the server's own engine and
-    answer queue) both ask through it."""
+    answer queue) both ask through it. ``accepting``: see _result."""
     room = asyncio.Semaphore(jobs)
 
     async def one(case: Case) -> list[AskResult]:
         async with room:
-            records = await _ask_case(case, state, engine, settings, model, out)
-        results = [_result(case, i, model, rec, baseline) for i, rec in enumerate(records)]
+            records = await _ask_case(case, state, settings, model, out, role)
+        results = [_result(case, i, model, rec, baseline, accepting) for i, rec in enumerate(records)]
         for r in results:
             progress(r)
         return results
@@ -191,7 +201,7 @@ async def ask_cases(suite: Suite, state: Any, engine: Any, settings: Any, model:
 
 
 async def _run_model(suite: Suite, settings: Any, model: str, out: Path, jobs: int, baseline: dict,
-                     progress: Any) -> list[AskResult]:
+                     progress: Callable[[AskResult], None], accepting: bool) -> list[AskResult]:
     from vidchat.engine import EngineError
 
     settings = (dataclasses.replace(settings, engine_url=model, model="auto") if _is_url(model)
@@ -203,7 +213,7 @@ async def _run_model(suite: Suite, settings: Any, model: str, out: Path, jobs: i
         return [AskResult(c.name, i, model, a.question or "", error=f"model {model}: {exc}")
                 for c in suite.cases for i, a in enumerate(c.asks)]
     try:
-        return await ask_cases(suite, state, engine, settings, model, out, jobs, baseline, progress)
+        return await ask_cases(suite, state, settings, model, out, jobs, baseline, progress, accepting=accepting)
     finally:
         await state.registry.close_all()
         engine.shutdown()
@@ -242,26 +252,29 @@ def _update_baseline(suite: Suite, results: list[AskResult]) -> None:
     (suite.root / BASELINE_FILE).write_text(json.dumps(baseline, indent=2, ensure_ascii=False) + "\n")
 
 
-def report_of(suite: Suite, models: list[str], results: list[AskResult]) -> dict[str, Any]:
+def report_of(suite: Suite, models: list[str], results: list[AskResult],
+              baseline_written: bool = False) -> dict[str, Any]:
     """results.json's content."""
     return {"suite": suite.name, "models": models, "asks": [r.as_dict() for r in results],
-            "summary": summary_of(results)}
+            "summary": summary_of(results), "baseline_written": baseline_written}
 
 
 def run_suite(suite: Suite, settings: Any, models: list[str], out: Path, jobs: int = 4,
-              update_baseline: bool = False, progress: Any = lambda r: None) -> dict[str, Any]:
-    """Every case on every model; writes the reports into ``out`` and returns results.json's content."""
+              update_baseline: bool = False, progress: Callable[[AskResult], None] = lambda r: None) -> dict[str, Any]:
+    """Every case on every model; writes the reports into ``out`` and returns
+    results.json's content. With ``update_baseline`` the answers become the
+    baseline first, and the run's same_as_baseline checks hold them to it."""
     from vidchat.qa.suite_report import write_reports
 
     baseline = suite.baseline()
     out.mkdir(parents=True, exist_ok=True)
     results: list[AskResult] = []
     for model in models:  # one after another: one engine in memory at a time
-        results += asyncio.run(_run_model(suite, settings, model, out, jobs, baseline, progress))
-    report = report_of(suite, models, results)
-    write_reports(out, report, baseline)
+        results += asyncio.run(_run_model(suite, settings, model, out, jobs, baseline, progress, update_baseline))
     if update_baseline:
         _update_baseline(suite, results)
+    report = report_of(suite, models, results, baseline_written=update_baseline)
+    write_reports(out, report, baseline)
     return report
 
 
@@ -318,12 +331,16 @@ def _main_run(argv: list[str]) -> int:
     except SuiteError as exc:
         print(f"vidchat.suite: {exc}", file=sys.stderr)
         return USAGE
-    out = Path(args.out) if args.out else suite.root / "runs" / time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+    out = Path(args.out) if args.out else new_run_folder(suite.root / "runs")
     report = run_suite(suite, settings, models or [settings.model], out, args.jobs, args.update_baseline,
                        _progress(sys.stderr))
+    if not args.out:
+        prune_runs(suite.root / "runs", settings.suite_keep_runs)
     s = report["summary"]
     print(f"suite {suite.name}: {s['passed']} passed, {s['failed']} failed, {s['errors']} errors "
           f"({len(report['asks'])} asks on {len(report['models'])} model(s)); report: {out / 'report.html'}")
+    if args.update_baseline:
+        print(f"baseline written: {suite.root / BASELINE_FILE} (this run's answers, which its checks held to)")
     return 0 if s["failed"] == 0 and s["errors"] == 0 else 1
 
 

@@ -1,5 +1,6 @@
 """A suite ask's checks against the answer it got: each one ✓ or ✗ with a
-detail a person reads (what was expected, what came)."""
+detail a person reads (what was expected, what came), or not judged at all
+(same_as_baseline with no baseline: the ask is an error, not a failure)."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ class CheckResult:
     check: str
     ok: bool
     detail: str
+    judged: bool = True  # False: there was nothing to judge the answer against
 
     def as_dict(self) -> dict[str, Any]:
         return {"check": self.check, "ok": self.ok, "detail": self.detail}
@@ -23,10 +25,11 @@ def _words(value: Any) -> list[str]:
 
 
 def run_checks(expect: dict[str, Any], answer: str, first_token_ms: float | None,
-               baseline: str | None) -> list[CheckResult]:
+               baseline: str | None, accepting: bool = False) -> list[CheckResult]:
     """Every check of ``expect`` on ``answer``. ``baseline``: this model's
-    answer in baseline.json (None: there is none, and same_as_baseline fails
-    saying so rather than passing)."""
+    answer in baseline.json (None: there is none, and same_as_baseline is
+    not judged, saying so, rather than passing). ``accepting``: the run
+    writes ``baseline`` as this model's baseline (--update-baseline)."""
     results: list[CheckResult] = []
     lowered = answer.casefold()
     for word in _words(expect.get("contains", [])):
@@ -47,9 +50,10 @@ def run_checks(expect: dict[str, Any], answer: str, first_token_ms: float | None
     if expect.get("same_as_baseline"):
         if baseline is None:
             results.append(CheckResult("same_as_baseline", False,
-                                       "no baseline for this model: run with --update-baseline first"))
+                                       "no baseline for this model: run with --update-baseline first", judged=False))
         else:
             same = answer == baseline
-            results.append(CheckResult("same_as_baseline", same,
-                                       "the same as the baseline" if same else "differs from the baseline"))
+            said = "differs from the baseline" if not same else (
+                "accepted as the baseline (--update-baseline writes it)" if accepting else "the same as the baseline")
+            results.append(CheckResult("same_as_baseline", same, said))
     return results

@@ -110,6 +110,22 @@ def _settings(values: Any, where: str) -> dict[str, Any]:
     return dict(values)
 
 
+def _in_range(settings: dict[str, Any], own: dict[str, Any], where: str) -> None:
+    """Each of a case's settings within the settings table's range (the one
+    every door checks against), so a value out of range is refused before
+    any engine starts rather than failing every ask. A bound that depends on
+    the model (max_tokens against its context) is the engine's to check."""
+    from vidchat.conversation.settings_table import ALIASES, SETTINGS, UNBOUNDED_MAX_TOKENS
+
+    for key, value in settings.items():
+        name = ALIASES.get(key, key)
+        try:
+            SETTINGS[name].check(value, name=key, high=UNBOUNDED_MAX_TOKENS if name == "max_tokens" else None)
+        except ValueError as exc:
+            origin = "settings" if key in own else "settings (from the suite's [settings])"
+            raise SuiteError(f"{where}: {origin}: {exc}") from None
+
+
 def _expect(values: Any, where: str) -> dict[str, Any]:
     _typed(values, dict, where, "expect")
     unknown = sorted(set(values) - set(CHECKS))
@@ -174,7 +190,9 @@ def _case(raw: Any, root: Path, index: int, defaults: dict[str, Any], names: set
     if (video is None) == (bundle is None):
         raise SuiteError(f"{where}: give exactly one of video or bundle")
     source = _typed(video if video is not None else bundle, str, where, "video" if video is not None else "bundle")
-    settings = {**defaults, **_settings(raw.get("settings", {}), where)}
+    own = _settings(raw.get("settings", {}), where)
+    settings = {**defaults, **own}
+    _in_range(settings, own, where)
     asks_raw = raw.get("ask", [{}] if bundle is not None else None)
     if not isinstance(asks_raw, list) or not asks_raw:
         raise SuiteError(f"{where}: ask must be one or more [[case.ask]] tables")

@@ -10,6 +10,9 @@ import difflib
 import html
 import json
 import logging
+import re
+import shutil
+import time
 import xml.etree.ElementTree as ET
 from pathlib import Path
 from typing import Any
@@ -17,6 +20,45 @@ from typing import Any
 log = logging.getLogger(__name__)
 
 THUMB = (160, 120)
+RUN_NAME = re.compile(r"^\d{8}T\d{6}Z(-[a-z]+)?(-\d+)?$")  # what new_run_folder names; nothing else is pruned
+
+
+def new_run_folder(runs: Path, suffix: str = "") -> Path:
+    """A new folder under ``runs`` for one run's reports, made now and only
+    for it: ``<UTC time><suffix>``, then ``-2``, ``-3``… when a run started
+    in the same second already has that name (two runs never share one)."""
+    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime()) + suffix
+    runs.mkdir(parents=True, exist_ok=True)
+    for n in range(1, 1000):
+        folder = runs / (stamp if n == 1 else f"{stamp}-{n}")
+        try:
+            folder.mkdir()
+            return folder
+        except FileExistsError:
+            continue
+    raise OSError(f"{runs}: no free folder name for a run started at {stamp}")
+
+
+def _started(folder: Path) -> tuple[str, int]:
+    """A run folder's place in time: its second, then its number within the second."""
+    number = RUN_NAME.match(folder.name).group(2)
+    return folder.name[:16], int(number[1:]) if number else 1
+
+
+def prune_runs(runs: Path, keep: int) -> list[Path]:
+    """Delete all but the newest ``keep`` run folders under ``runs``
+    (--suite-keep-runs; 0 keeps them all): each run writes a bundle per ask,
+    so without this the suite's folder grows with every run. Only folders
+    named as new_run_folder names them are touched. Returns those deleted."""
+    if keep <= 0 or not runs.is_dir():
+        return []
+    found = sorted((p for p in runs.iterdir() if p.is_dir() and RUN_NAME.match(p.name)), key=_started)
+    old = found[:-keep]
+    for folder in old:
+        shutil.rmtree(folder, ignore_errors=True)
+    if old:
+        log.info("%s: deleted %d old run folder(s), keeping the newest %d (--suite-keep-runs)", runs, len(old), keep)
+    return old
 
 
 def write_reports(out: Path, report: dict[str, Any], baseline: dict[str, Any]) -> None:
@@ -80,7 +122,7 @@ def word_diff(before: str, after: str) -> str:
 
 
 def _answer_cell(a: dict[str, Any], baseline: str | None) -> str:
-    if a["status"] == "error":
+    if a["status"] == "error" and not a.get("answer"):
         return f"<td class='error'><b>error</b>: {html.escape(a.get('error') or '')}</td>"
     checks = "".join(f"<li class='{'ok' if c['ok'] else 'bad'}'>{'✓' if c['ok'] else '✗'} {html.escape(c['check'])}: "
                      f"{html.escape(c['detail'])}</li>" for c in a["checks"])
@@ -88,6 +130,8 @@ def _answer_cell(a: dict[str, Any], baseline: str | None) -> str:
     if a.get("changed_from_baseline") and baseline is not None:
         text += f"<div class='diff'><b>changed from the baseline:</b> {word_diff(baseline, a['answer'])}</div>"
     took = "" if a.get("first_token_ms") is None else f"first token {a['first_token_ms']:.0f} ms · "
+    if a["status"] == "error":  # answered, but it could not be judged (no baseline)
+        text = f"<b>error</b>: {html.escape(a.get('error') or '')}<br>{text}"
     return (f"<td class='{a['status']}'><p class='answer'>{text}</p><ul>{checks}</ul>"
             f"<p class='meta'>{took}{a.get('tokens')} tokens · {a.get('frames')} frames · "
             f"inputs {html.escape((a.get('inputs_sha256') or '')[:16])}</p></td>")
@@ -121,6 +165,8 @@ def report_html(report: dict[str, Any], baseline: dict[str, Any]) -> str:
                     f"</th>{cells}</tr>")
     s = report["summary"]
     head = "".join(f"<th>{html.escape(m)}</th>" for m in models)
+    written = ("<p class='baseline'>This run's answers were written as the baseline (baseline.json); its "
+               "same_as_baseline checks hold them to what it accepted.</p>" if report.get("baseline_written") else "")
     return f"""<!doctype html><html lang="en"><meta charset="utf-8">
 <title>{html.escape(report['suite'])}: suite report</title>
 <style>
@@ -138,6 +184,7 @@ body.only-failed tr.passed {{ display: none; }}
 <h1>{html.escape(report['suite'])}</h1>
 <p>{s['passed']} passed, {s['failed']} failed, {s['errors']} errors · {len(report['asks'])} asks on
 {len(models)} model(s)</p>
+{written}
 <label><input type="checkbox" onchange="document.body.classList.toggle('only-failed', this.checked)">
 show only what failed</label>
 <table><tr><th>case and what the model got</th>{head}</tr>
