@@ -205,16 +205,27 @@ def _build_processor(arch: Arch, out: Path, tokenizer) -> None:
     processor.save_pretrained(out)
 
 
+def build_configuration(preset_name: str, out_dir: str | os.PathLike, *, true_size: bool = False) -> Path:
+    """Write everything of a preset's folder but its weights: config.json,
+    the tokenizer and the processor. A check of the configuration needs no
+    more, and takes seconds where the weights take minutes and hundreds of MB
+    (the unit tier builds this; the engine tier the whole folder)."""
+    arch = arch_of(preset_name)
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    tokenizer = build_tokenizer(arch.kind, arch.model_max_length, out)
+    transformers_config(arch, depth_of(arch, true_size)).save_pretrained(out)
+    _build_processor(arch, out, tokenizer)
+    return out
+
+
 def build(preset_name: str, out_dir: str | os.PathLike, seed: int = SEED, *, true_size: bool = False) -> Path:
     """Write the true-architecture model folder of a Qwen preset (reduced
     depth unless `true_size`)."""
     arch = arch_of(preset_name)
     depth = depth_of(arch, true_size)
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    tokenizer = build_tokenizer(arch.kind, arch.model_max_length, out)
-    n_params = _build_weights(arch, depth, out, seed)
-    _build_processor(arch, out, tokenizer)
+    out = build_configuration(preset_name, out_dir, true_size=true_size)
+    n_params = _build_weights(arch, depth, out, seed)  # its config.json is the same configuration, as the model saves it
     (out / "vidchat_archbuild.json").write_text(json.dumps({
         "preset": arch.preset, "true_size": true_size, "text_layers": depth.text, "vision_depth": depth.vision,
         "audio_layers": depth.audio if arch.kind == "omni" else 0, "real_text_layers": arch.layers,
