@@ -1,16 +1,28 @@
 """The stream reader (vidchat.media.streams) without a server or a model:
 the --stream option's rules, credentials kept out of what is shown, and one
 reader feeding several real sessions from a file under --media-dir (PyAV
-decodes it as it would a camera), stopping a while after the last leaves.
-The RTSP and HLS streams through the server are tests/test_streams.py."""
+decodes it as it would a camera), stopping a while after the last leaves;
+one reader however an attach and the reader's end interleave; the protocols
+each stream may open (an HLS playlist from HTTP naming a local file is
+refused). The RTSP and HLS streams through the server are
+tests/test_streams.py; a camera with audio through an outage,
+tests/test_stream_outage.py."""
 
 from __future__ import annotations
 
+import threading
+from types import SimpleNamespace
+from typing import Callable, Iterator
+
 import pytest
 
+from vidchat.devtools.free_ports import allocate_port
+from vidchat.devtools.stream_sources import serve_folder, write_hls
 from vidchat.devtools.waits import eventually
 from vidchat.media.session import Session
-from vidchat.media.streams import IDLE, LIVE, StreamReader, Streams, UnknownStream, parse_streams, redact
+from vidchat.media.stream_protocols import protocol_whitelist
+from vidchat.media.streams import (IDLE, LIVE, RECONNECTING, StreamReader, Streams, UnknownStream, parse_streams,
+                                   redact)
 
 from test_protocol import make_video
 
@@ -84,3 +96,127 @@ def test_one_reader_feeds_every_attached_session_and_stops_after_the_last_leaves
         reader.detach(first)
         reader.detach(second)
     eventually(lambda: reader.state == IDLE and reader.snapshot()["sessions"] == 0, 20, "the reader stopped")
+
+
+class _Packet:
+    """A demuxed packet with no picture in it (the race needs none)."""
+
+    def decode(self) -> list:
+        return []
+
+
+class _Container:
+    """What the reader's opener returns, minus the media: ``packets`` is the demux."""
+
+    def __init__(self, packets: Iterator[_Packet], on_close: Callable[[], None] = lambda: None) -> None:
+        self.streams = SimpleNamespace(video=[object()], audio=[])
+        self._packets, self._on_close = packets, on_close
+
+    def demux(self, *streams: object) -> Iterator[_Packet]:
+        return self._packets
+
+    def close(self) -> None:
+        self._on_close()
+
+
+def test_an_attach_as_the_reader_retires_leaves_exactly_one_reader():
+    """Issue 57, point 16: the reader decides to end (nobody watches), and a
+    session attaches right then, before the thread is gone: the attach
+    starts a new reader and the old one ends, never two reading at once.
+    The attach is made from the first connection's close, the moment
+    between the thread's decision and its end."""
+    left, finish = threading.Event(), threading.Event()
+    opened: list[threading.Thread] = []
+    first, late = _session("f" * 8), _session("l" * 8)
+
+    def first_connection() -> Iterator[_Packet]:
+        yield _Packet()
+        left.wait(10)  # until the only session has left
+        yield _Packet()  # the reader looks again: nobody watches, linger 0, it retires
+
+    def later_connection() -> Iterator[_Packet]:
+        finish.wait(30)
+        return
+        yield
+
+    def opener(url: str) -> _Container:
+        opened.append(threading.current_thread())
+        if len(opened) == 1:
+            return _Container(first_connection(), on_close=lambda: reader.attach(late))
+        return _Container(later_connection())
+
+    reader = StreamReader("race", "rtsp://cam/race", linger_s=0.0, opener=opener)
+    reader.attach(first)
+    try:
+        eventually(lambda: opened, 10, "the first reader opened the stream")
+        reader.detach(first)
+        left.set()
+        eventually(lambda: len(opened) >= 2, 10, "the late session's reader opened the stream")
+        old, new = opened[0], opened[1]
+        # The old reader either ends, or (the bug) goes on to open the stream again beside the new one.
+        eventually(lambda: not old.is_alive() or opened.count(old) > 1, 10, "the old reader ended")
+        assert opened.count(old) == 1 and new is not old
+        readers = [t for t in threading.enumerate() if t.name == "stream race"]
+        assert readers == [new] and reader.snapshot()["sessions"] == 1
+    finally:
+        reader.detach(late)
+        finish.set()
+        reader.close()
+
+
+@pytest.mark.parametrize("url, allowed", [
+    ("rtsp://u:p@cam/1", "tcp"),
+    ("rtsps://cam/1", "tcp,tls"),
+    ("https://cam/live.m3u8", "http,https,tcp,tls,crypto"),
+    ("http://cam/video.mjpg", "http,https,tcp,tls,crypto"),
+    ("/media/door/index.m3u8", "file,http,https,tcp,tls,crypto"),
+    ("/media/clip.mp4", "file"),
+])
+def test_each_stream_opens_only_the_protocols_its_scheme_needs(url, allowed):
+    assert protocol_whitelist(url) == allowed
+
+
+@pytest.fixture
+def hls_site(tmp_path):
+    """An HTTP server on loopback with a good HLS stream (``/good/index.m3u8``)
+    and a playlist (``/bad/index.m3u8``) whose one segment is a ``file:`` URL
+    of a real segment on this machine."""
+    good = tmp_path / "site" / "good"
+    write_hls(good, seconds=3)
+    segment = sorted(good.glob("*.ts"))[0]
+    (tmp_path / "site" / "bad").mkdir()
+    (tmp_path / "site" / "bad" / "index.m3u8").write_text(
+        "#EXTM3U\n#EXT-X-VERSION:3\n#EXT-X-TARGETDURATION:2\n#EXT-X-PLAYLIST-TYPE:VOD\n"
+        f"#EXTINF:1.0,\n{segment.as_uri()}\n#EXT-X-ENDLIST\n")
+    port = allocate_port()
+    httpd = serve_folder(tmp_path / "site", port)
+    yield f"http://127.0.0.1:{port}", segment
+    httpd.shutdown()
+
+
+def test_a_playlist_from_http_may_not_make_the_server_read_its_files(hls_site):
+    """Issue 57, point 17: the stream is refused, and its error names the URL refused."""
+    site, segment = hls_site
+    reader = StreamReader("bad", f"{site}/bad/index.m3u8", linger_s=0.2)
+    session = _session("h" * 8)
+    reader.attach(session)
+    try:
+        eventually(lambda: reader.state == RECONNECTING and reader.error, 20, "the playlist refused")
+        assert f"the playlist names a file: URL ({segment.as_uri()})" in reader.error, reader.error
+        assert "may not open (protocols allowed: http,https,tcp,tls,crypto)" in reader.error
+        assert reader.offered == 0 and session.stats["frames_received"] == 0
+    finally:
+        reader.detach(session)
+        reader.close()
+
+
+def test_a_playlist_of_http_segments_still_plays(hls_site):
+    site, _ = hls_site
+    reader = StreamReader("good", f"{site}/good/index.m3u8", linger_s=0.2)
+    session = _session("g" * 8)
+    reader.attach(session)
+    try:
+        eventually(lambda: reader.state == LIVE and session.stats["frames_received"] >= 3, 20, "HLS frames")
+    finally:
+        reader.detach(session)
+        reader.close()

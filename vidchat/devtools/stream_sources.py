@@ -29,6 +29,7 @@ class RtspCamera:
     process: subprocess.Popen
     user: str = ""
     password: str = ""
+    audio: bool = False
 
     @property
     def url(self) -> str:
@@ -42,12 +43,15 @@ class RtspCamera:
 
 
 def start_rtsp_camera(port: int, path: str = "/cam", size: str = "320x240", fps: int = 10, user: str = "",
-                      password: str = "", timeout: float = 20.0) -> RtspCamera:
-    """Start the camera on 127.0.0.1:``port``; returns once it listens."""
+                      password: str = "", timeout: float = 20.0, audio: bool = False) -> RtspCamera:
+    """Start the camera on 127.0.0.1:``port`` (with AAC audio beside the
+    video if ``audio``); returns once it listens."""
     args = [SYSTEM_PYTHON, str(CAMERA_SCRIPT), "--port", str(port), "--path", path, "--size", size,
             "--fps", str(fps)]
     if user:
         args += ["--user", user, "--password", password]
+    if audio:
+        args.append("--audio")
     process = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     ready: list[str] = []
 
@@ -61,7 +65,7 @@ def start_rtsp_camera(port: int, path: str = "/cam", size: str = "320x240", fps:
         process.kill()
         err = process.stderr.read() if process.poll() is not None else ""
         raise RuntimeError(f"the RTSP camera did not start on port {port}: {ready[:1]} {err[-2000:]}")
-    return RtspCamera(port, path, process, user, password)
+    return RtspCamera(port, path, process, user, password, audio)
 
 
 def write_hls(folder: Path, seconds: float = 6.0, size: tuple[int, int] = (320, 240), fps: int = 10,

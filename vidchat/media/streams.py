@@ -16,7 +16,10 @@ moment of the feed each frame was (``frame_source_times``).
 
 A stream that fails (refused, dropped, or ``STALL_S`` without a frame) is
 opened again after a backoff (0.5 s, doubling, at most 8 s); attached
-sessions stay attached and keep what they have. URLs may carry credentials
+sessions stay attached and keep what they have. Each connection's stall
+timer starts when it opens: its first packets are often audio or parameter
+sets, never a picture. Each stream opens only the FFmpeg protocols its
+scheme needs (vidchat.media.stream_protocols). URLs may carry credentials
 (``rtsp://user:pass@cam/…``): only :func:`redact`'s form is ever logged,
 shown or sent."""
 
@@ -36,6 +39,7 @@ import numpy as np
 from vidchat.media import AUDIO_RATE
 from vidchat.media.clock import TrackClock
 from vidchat.media.evs import FrameError
+from vidchat.media.stream_protocols import playlist_refusal, protocol_whitelist
 from vidchat.media.video_frames import offer_decoded
 
 log = logging.getLogger(__name__)
@@ -109,8 +113,10 @@ class StreamReader:
     """One stream, read once for every session attached to it."""
 
     def __init__(self, name: str, url: str, fps: float = 10.0, linger_s: float = LINGER_S,
-                 opener: Callable[[str], Any] | None = None) -> None:
+                 opener: Callable[[str], Any] | None = None, stall_s: float = STALL_S,
+                 backoff_s: tuple[float, float] = BACKOFF_S) -> None:
         self.name, self.url, self.fps, self.linger_s = name, url, fps, linger_s
+        self.stall_s, self.backoff_s = stall_s, backoff_s
         self.shown_url = redact(url)
         self._open = opener or self._open_url
         self._lock = threading.Lock()
@@ -180,11 +186,24 @@ class StreamReader:
     # -- the reader thread -----------------------------------------------------
 
     def _open_url(self, url: str) -> Any:
-        options = {"rtsp_transport": "tcp"} if url.lower().startswith(("rtsp://", "rtsps://")) else {}
-        return av.open(url, options=options, timeout=(STALL_S, STALL_S))
+        options = {"protocol_whitelist": protocol_whitelist(url)}
+        if url.lower().startswith(("rtsp://", "rtsps://")):
+            options["rtsp_transport"] = "tcp"
+        try:
+            return av.open(url, options=options, timeout=(self.stall_s, self.stall_s))
+        except av.error.InvalidDataError as exc:
+            # A segment outside the whitelist reads as bad data; say which URL it was.
+            refusal = playlist_refusal(url, self.stall_s)
+            if refusal is None:
+                raise
+            raise PermissionError(refusal) from exc
 
-    def _done(self) -> bool:
-        """Stopped, or nobody watched for ``linger_s`` (the thread ends; a new attach starts another)."""
+    def _retire(self) -> bool:
+        """Whether the thread is to end now: stopped, or nobody watched for
+        ``linger_s``. A thread that retires gives up ``_thread`` under the
+        lock attach takes, so an attach from then on starts a new reader; so
+        the caller ends at the first True and never asks again (a second ask
+        could see the new session and carry on beside the new reader)."""
         if self._stop.is_set():
             return True
         with self._lock:
@@ -197,30 +216,30 @@ class StreamReader:
             return True
 
     def _run(self) -> None:
-        wait = BACKOFF_S[0]
-        while not self._done():
+        wait = self.backoff_s[0]
+        while not self._retire():
             self.connects += 1
             try:
-                self._read_once()
-                if self._done():
+                if self._read_once():
                     break
                 self.error = "the stream ended"
             except Exception as exc:  # noqa: BLE001 - any failure reopens the stream
                 self.error = str(exc).replace(self.url, self.shown_url) or type(exc).__name__
-            if self._done():
+            if self._retire():
                 break
             if self.state == LIVE:
-                wait = BACKOFF_S[0]  # it ran: start the backoff again
+                wait = self.backoff_s[0]  # it ran: start the backoff again
             self.state = RECONNECTING
             log.warning("stream %s (%s): %s; reopening in %.1f s", self.name, self.shown_url, self.error, wait)
             if self._stop.wait(wait):
                 break
-            wait = min(wait * 2, BACKOFF_S[1])
+            wait = min(wait * 2, self.backoff_s[1])
         if self._stop.is_set():
             self.state = IDLE
         log.info("stream %s: stopped (nobody watches)", self.name)
 
-    def _read_once(self) -> None:
+    def _read_once(self) -> bool:
+        """Read one connection until it fails (raises), ends (False) or the reader retires (True)."""
         container = self._open(self.url)
         try:
             video = container.streams.video[0] if container.streams.video else None
@@ -232,11 +251,11 @@ class StreamReader:
             due = 0.0
             with self._lock:
                 self._placed.clear()  # a new connection: each session's position is said again
-            started = time.monotonic()
+            started = picture_at = time.monotonic()  # the stall timer starts with the connection
             paced: tuple[float, float] | None = None  # (first media time, when it played)
             for packet in container.demux(*(s for s in (video, audio) if s is not None)):
-                if self._done():
-                    return
+                if self._retire():
+                    return True
                 for frame in packet.decode():
                     now = time.monotonic()
                     media_t = _seconds(frame)
@@ -244,13 +263,14 @@ class StreamReader:
                         if paced is None:
                             paced = (media_t, now)
                         ahead = paced[1] + (media_t - paced[0]) - now
-                        if 0 < ahead < STALL_S:
+                        if 0 < ahead < self.stall_s:
                             self._stop.wait(ahead)
                             now = time.monotonic()
                     if isinstance(frame, av.AudioFrame):
                         self._offer_audio(frame, resampler, clock.place(media_t, now))
                         continue
                     self.decoded += 1
+                    picture_at = now  # one skipped below still shows the source is alive
                     # Over --stream-fps: skipped before any conversion. Offers keep to a
                     # grid (a quarter interval early still counts: a source at exactly
                     # that rate jitters), restarted after a gap rather than caught up in a burst.
@@ -259,8 +279,9 @@ class StreamReader:
                     due = due + interval if now - due < interval else now + interval
                     stream_t = media_t if media_t is not None else now - started
                     self._offer_video(frame, clock.place(media_t, now), stream_t, now)
-                if self.last_frame_at is not None and time.monotonic() - self.last_frame_at > STALL_S:
-                    raise TimeoutError(f"no frame for {STALL_S:g} s")
+                if time.monotonic() - picture_at > self.stall_s:
+                    raise TimeoutError(f"no frame for {self.stall_s:g} s")
+            return False
         finally:
             container.close()
 
