@@ -35,14 +35,15 @@ fingerprint="$(cat pyproject.toml scripts/setup.sh | sha256sum | cut -c1-16) $ex
 install_test_programs() {
     # Debian's chromium for the browser tests, coturn for the TURN relay test,
     # espeak-ng to speak the Talk mode tests' questions (generated offline),
-    # GStreamer's RTSP server (run by the system python3) as the streams tests' IP camera.
+    # GStreamer's RTSP server (run by the system python3) as the streams tests' IP camera
+    # (plugins-bad for its AAC encoder, voaacenc: the camera with audio).
     local missing=()
     [[ -x /usr/bin/chromium ]] || missing+=(chromium)
     [[ -x /usr/bin/turnserver ]] || missing+=(coturn)
     [[ -x /usr/bin/espeak-ng ]] || missing+=(espeak-ng)
     local pkg
     for pkg in gir1.2-gst-rtsp-server-1.0 python3-gi gstreamer1.0-plugins-base gstreamer1.0-plugins-good \
-               gstreamer1.0-plugins-ugly; do
+               gstreamer1.0-plugins-ugly gstreamer1.0-plugins-bad; do
         dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || missing+=("$pkg")
     done
     if (( ${#missing[@]} )); then
