@@ -12,9 +12,12 @@ exact frames, audio and history. Each ask's answer is checked
 (vidchat.qa.suite_checks) and written to ``--out`` (default
 ``SUITE/runs/<UTC time>/``) as results.json, junit.xml and report.html
 (vidchat.qa.suite_report), with each answer's recording bundle under
-``bundles/``. ``--update-baseline`` writes this run's answers into
-SUITE/baseline.json. Exit status: 0 every check passed, 1 a check failed or
-an ask errored, 2 the suite (or a flag) can't be read.
+``bundles/``; without ``--out`` the oldest run folders beyond
+``--suite-keep-runs`` are deleted. ``--update-baseline`` writes this run's
+answers into SUITE/baseline.json and holds its same_as_baseline checks to
+them. Exit status: 0 every check passed, 1 a check failed or an ask errored
+(one with no baseline to judge it by included), 2 the suite (or a flag)
+can't be read.
 
 The app's options apply as in app.py (--cache-dir, --max-model-len, ...);
 ``--model`` may be given several times, and each ``--engine-url`` (a model

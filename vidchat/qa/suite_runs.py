@@ -162,8 +162,8 @@ class SuiteRuns:
         finally:
             run.ended = time.time()
             s = summary_of(run.results)
-            log.info("suite %s on %s: %s, %d passed, %d failed, %d errors", suite.name, run.model, run.state,
-                     s["passed"], s["failed"], s["errors"])
+            log.info("suite %s on %s: %s%s, %d passed, %d failed, %d errors", suite.name, run.model, run.state,
+                     f" ({run.error})" if run.error else "", s["passed"], s["failed"], s["errors"])
         try:
             await asyncio.to_thread(prune_runs, self.root / "runs", self.state.settings.suite_keep_runs)
         except OSError as exc:  # the run's outcome stands; the disk is tidied at the next one
