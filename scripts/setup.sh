@@ -55,8 +55,52 @@ install_test_programs() {
     fi
 }
 
+# The published Realtime clients the tests drive the server with
+# (tests/test_realtime_clients.py), in a venv of their own: openai-agents pins
+# websockets<17, below vidchat's. About 460 MB; uv, where .venv has it, links
+# them from its cache in seconds after the first time.
+install_realtime_clients() {
+    local requirements=tests/realtime_clients_requirements.txt
+    local clients_stamp=.venv-clients/.vidchat-ready
+    local want
+    want=$(sha256sum $requirements | cut -c1-16)
+    [[ -f $clients_stamp ]] && grep -qxF -- "$want" $clients_stamp && return 0
+    echo "setup: installing the published Realtime clients into .venv-clients" >&2
+    [[ -x .venv-clients/bin/python ]] || "$python" -m venv .venv-clients
+    if [[ -x .venv/bin/uv ]]; then
+        .venv/bin/uv pip install -q "${uv_args[@]}" --python .venv-clients/bin/python -r $requirements
+    else
+        .venv-clients/bin/python -m pip --disable-pip-version-check -q install -r $requirements
+    fi
+    echo "$want" > $clients_stamp
+}
+
+# pip's configuration (indexes, wheel folders, constraints, certificate) as uv's arguments: uv reads none of it.
+uv_args=()
+read_pip_config() {
+    local -A conf=()
+    local line key value
+    while IFS= read -r line; do
+        key=${line%%=*}; key=${key#*.}
+        value=${line#*=}; value=${value#\'}; value=${value%\'}
+        conf[$key]=$value
+    done < <(.venv/bin/python -m pip config list 2>/dev/null)  # (-q would silence it)
+    uv_args=(--index-strategy unsafe-best-match)
+    local item
+    for item in ${conf[index-url]:-}; do uv_args+=(--index-url "$item"); done
+    for item in ${conf[extra-index-url]:-}; do uv_args+=(--extra-index-url "$item"); done
+    for item in ${conf[find-links]:-}; do uv_args+=(--find-links "$item"); done
+    for item in ${conf[constraint]:-}; do uv_args+=(--constraint "$item"); done
+    [[ -n ${conf[cert]:-} ]] && export SSL_CERT_FILE=${conf[cert]}
+    return 0
+}
+
 if [[ -f $stamp ]] && grep -qxF -- "$fingerprint" $stamp; then
-    [[ $want_test == 1 ]] && install_test_programs
+    if [[ $want_test == 1 ]]; then
+        install_test_programs
+        read_pip_config
+        install_realtime_clients
+    fi
     exit 0
 fi
 # A test environment also serves `make run`; don't downgrade it.
@@ -86,21 +130,8 @@ fi
 # had, pip installs everything as before.
 uv_install() {
     "${pip[@]}" install uv >/dev/null 2>&1 && [[ -x .venv/bin/uv ]] || return 1
-    local -A conf=()
-    local line key value
-    while IFS= read -r line; do
-        key=${line%%=*}; key=${key#*.}
-        value=${line#*=}; value=${value#\'}; value=${value%\'}
-        conf[$key]=$value
-    done < <(.venv/bin/python -m pip config list 2>/dev/null)  # (-q would silence it)
-    local args=(--python .venv/bin/python --index-strategy unsafe-best-match)
-    local item
-    for item in ${conf[index-url]:-}; do args+=(--index-url "$item"); done
-    for item in ${conf[extra-index-url]:-}; do args+=(--extra-index-url "$item"); done
-    for item in ${conf[find-links]:-}; do args+=(--find-links "$item"); done
-    for item in ${conf[constraint]:-}; do args+=(--constraint "$item"); done
-    [[ -n ${conf[cert]:-} ]] && export SSL_CERT_FILE=${conf[cert]}
-    .venv/bin/uv pip install -q "${args[@]}" "${pip_args[@]}" -e ".[$extras]"
+    read_pip_config
+    .venv/bin/uv pip install -q --python .venv/bin/python "${uv_args[@]}" "${pip_args[@]}" -e ".[$extras]"
 }
 
 echo "setup: installing vidchat[$extras] into .venv (first time takes a few minutes)" >&2
@@ -133,6 +164,10 @@ fi
 # compile; that is not an error of the install)
 [[ $want_test == 1 ]] || .venv/bin/python -m compileall -q -j 0 .venv/lib/python3.11/site-packages >/dev/null || true
 
-[[ $want_test == 1 ]] && install_test_programs
+if [[ $want_test == 1 ]]; then
+    install_test_programs
+    read_pip_config
+    install_realtime_clients
+fi
 echo "$fingerprint" > $stamp
 echo "setup: .venv ready in $(( $(date +%s) - start )) s ($(du -sh .venv | cut -f1))" >&2

@@ -149,8 +149,11 @@ def test_session_update_is_read_by_the_settings_table_and_refusals_name_the_fiel
                            ({"max_output_tokens": 0}, "session.max_output_tokens"),
                            ({"audio": {"input": {"format": {"type": "audio/pcmu"}}}}, "session.audio.input.format"),
                            ({"audio": "pcm16"}, "session.audio"), ({"audio": {"input": 5}}, "session.audio.input"),
-                           ({"audio": {"input": {"turn_detection": {"type": "semantic_vad"}}}},
+                           ({"audio": {"input": {"turn_detection": {"type": "no_such_vad"}}}},
                             "session.audio.input.turn_detection"),
+                           ({"audio": {"input": {"transcription": "whisper-1"}}},
+                            "session.audio.input.transcription"),
+                           ({"tools": {"type": "function"}}, "session.tools"),
                            ({"output_modalities": ["video"]}, "session.output_modalities")]:
         with pytest.raises(rt.EventError) as refused:
             rt.parse_session({"type": "realtime", **session})
@@ -165,7 +168,8 @@ def test_user_items_are_checked_before_anything_is_taken_in():
     assert [(p.kind, p.pts_ms, p.index) for p in parts] == [("input_text", None, 0), ("input_image", 40, 1)]
     acked = items.acked_item("item_1", parts)
     assert acked["content"] == [{"type": "input_text", "text": "hi"}, {"type": "input_image"}]  # no image echoed
-    for item, code in [({"type": "message", "role": "assistant", "content": []}, "unsupported_item"),
+    for item, code in [({"type": "function_call", "name": "f", "arguments": "{}"}, "unsupported_item"),
+                       ({"type": "message", "role": "developer", "content": []}, "unsupported_item"),
                        ({"type": "message", "role": "user", "content": []}, "invalid_value"),
                        ({"type": "message", "role": "user", "content": [{"type": "input_image",
                                                                         "image_url": "https://x/y.jpg"}]},
@@ -175,6 +179,17 @@ def test_user_items_are_checked_before_anything_is_taken_in():
         with pytest.raises(rt.EventError) as refused:
             items.user_parts(item)
         assert refused.value.code == code
+    # Assistant and system messages are history (issue 57 point 21), checked as the GA types have them.
+    assert items.history_text({"role": "assistant", "content": [{"type": "output_text", "text": "Hi."}, {
+        "type": "output_audio", "transcript": "There."}]}, "assistant") == "Hi.\nThere."
+    assert items.history_text({"role": "system", "content": [{"type": "input_text", "text": "Be kind."}]},
+                              "system") == "Be kind."
+    for item, role, code in [({"content": [{"type": "input_text", "text": "x"}]}, "assistant", "unsupported_content"),
+                             ({"content": [{"type": "output_text", "text": 3}]}, "assistant", "invalid_value"),
+                             ({"content": []}, "system", "invalid_value")]:
+        with pytest.raises(rt.EventError) as refused:
+            items.history_text(item, role)
+        assert refused.value.code == code, item
 
 
 @pytest.mark.unit
@@ -197,14 +212,25 @@ def test_what_is_not_served_is_refused_by_name():
                  "output_audio_buffer.clear", "transcription_session.update"):
         refused = rt.not_served(kind)
         assert refused.code == "unsupported_event" and refused.message.startswith(f"{kind} is not served here: ")
-    # Fields that ask for what is not served are refused, never silently ignored; empty ones ask for nothing.
-    for session, param in [({"tools": [{"type": "function", "name": "f"}]}, "session.tools"),
-                           ({"audio": {"input": {"transcription": {"model": "whisper-1"}}}},
-                            "session.audio.input.transcription")]:
+    # Issue 57 point 20: in session.update, what can't be honoured is left
+    # out and named, and the rest applies; empty or null ones ask for nothing.
+    update = rt.parse_session({"type": "realtime", "instructions": "Be brief.", "tools": [
+        {"type": "function", "name": "f"}], "audio": {"input": {"transcription": {"model": "whisper-1"},
+                                                                "turn_detection": {"type": "semantic_vad"}}}})
+    assert update.left_out == ["session.tools", "session.audio.input.transcription",
+                               "session.audio.input.turn_detection"]
+    assert update.answer == {"instructions": "Be brief."} and update.turn_detection is rt.UNSET
+    assert rt.parse_session({"type": "realtime", "tools": [], "audio": {"input": {"transcription": None}}}).left_out == []
+    # Null is no change, in a response as in a session (point 19): the session's instructions stay.
+    assert rt.response_fields({"instructions": None, "max_output_tokens": None}) == {}
+    assert rt.parse_session({"type": "realtime", "instructions": None}).answer == {}
+    # A response's metadata is echoed (point 18); a malformed one is refused by name.
+    assert rt.response_metadata({"metadata": {"client_event_id": "e1"}}) == {"client_event_id": "e1"}
+    assert rt.response_metadata({}) is None and rt.response_metadata(None) is None
+    for bad in ({"k": 1}, ["x"], {f"k{i}": "v" for i in range(17)}):
         with pytest.raises(rt.EventError) as refused:
-            rt.parse_session({"type": "realtime", **session})
-        assert refused.value.code == "unsupported" and refused.value.param == param
-    rt.parse_session({"type": "realtime", "tools": [], "audio": {"input": {"transcription": None}}})
+            rt.response_metadata({"metadata": bad})
+        assert refused.value.param == "response.metadata"
     with pytest.raises(rt.EventError) as refused:
         rt.response_fields({"tools": [{"type": "function", "name": "f"}]})
     assert refused.value.param == "response.tools"

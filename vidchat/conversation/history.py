@@ -25,8 +25,17 @@ class Exchange:
     answer: str
     stopped: bool = False  # cut short (Stop, a newer question, barge-in): the text so far
 
-    def turns(self) -> tuple[Turn, Turn]:
+    def turns(self) -> tuple[Turn, ...]:
         return Turn("user", self.question), Turn("assistant", self.answer)
+
+
+@dataclass(frozen=True)
+class Note(Exchange):
+    """A system message a client put in the chat (the Realtime door's
+    history items): one system turn, its text as ``question``."""
+
+    def turns(self) -> tuple[Turn, ...]:
+        return (Turn("system", self.question),)
 
 
 class ChatHistory:
@@ -42,7 +51,14 @@ class ChatHistory:
         return tuple(turn for exchange in self.exchanges for turn in exchange.turns())
 
     def add(self, answer_id: str | None, question: str, answer: str, stopped: bool = False) -> None:
-        self.exchanges.append(Exchange(answer_id, question, answer, stopped))
+        self._append(Exchange(answer_id, question, answer, stopped))
+
+    def add_note(self, text: str) -> None:
+        """A system message in the chat, where it was said (vidchat.doors.realtime)."""
+        self._append(Note(None, text, ""))
+
+    def _append(self, exchange: Exchange) -> None:
+        self.exchanges.append(exchange)
         if 2 * len(self.exchanges) > self.max_turns:
             # A quarter at a time, not an exchange every answer: what is sent
             # keeps its cached prefix between cuts (vidchat.engine.history_cut).

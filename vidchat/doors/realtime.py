@@ -172,7 +172,11 @@ class RealtimeConnection(SocketSession):
             self._watch_stream(update.stream)
         if update.turn_detection is not rt.UNSET:
             await self.turns.request(update.turn_detection)
-        await self.emit({"type": "session.updated", **self.audio_notice(update.answer), "session": self.describe()})
+        extra = self.audio_notice(update.answer).get("vidchat", {})
+        if update.left_out:  # what was asked and not honoured; the rest took effect
+            extra = {**extra, "left_out": update.left_out}
+        await self.emit({"type": "session.updated", **({"vidchat": extra} if extra else {}),
+                         "session": self.describe()})
 
     def _watch_stream(self, name: str | None) -> None:
         """The session watches the server's stream ``name`` (checked to exist), or none."""
@@ -196,21 +200,39 @@ class RealtimeConnection(SocketSession):
         its images are frames on the timeline (filtered, or kept in the buffer).
         The question's limits are checked before any frame is taken in."""
         item = msg.get("item")
+        if items.message_role(item) != "user":
+            await self._history_item(item)
+            return
         parts = items.user_parts(item)
-        item_id = item["id"] if isinstance(item.get("id"), str) and item["id"] else rt.new_id("item")
+        item_id = _item_id(item)
         texts = [p.value for p in parts if p.kind == "input_text" and p.value.strip()]
         max_s = self.settings.ws_max_audio_seconds
         spoken = [await _audio({"audio": p.value}, "input_audio", f"item.content[{p.index}].audio",
                                Pcm16Resampler(self.audio.rate), max_s) for p in parts if p.kind == "input_audio"]
         self.question.check(texts, spoken, max_s)
         frames = [await _frame(self.media, p, arrived) for p in parts if p.kind == "input_image"]
-        self.question.add(texts, spoken)
+        self.question.add(texts, spoken, len(frames))
         # Every item is added, then done, as the GA event sequence has it:
         # SDK clients wait for each item's .done, frames-only ones included.
         added, done = rt.item_events(items.acked_item(item_id, parts), self.next_item(item_id), "added", "done")
         if frames:
             added["vidchat"] = {"frames": frames}
         await self.emit(added, done)
+
+    async def _history_item(self, item: dict[str, Any]) -> None:
+        """An assistant's or a system message: the chat as the client has it
+        (replayed after a reconnect, or at a hand-off), kept as the
+        conversation's history the next responses are asked with. An
+        assistant message answers the text items before it: the two are one
+        exchange. A system message is a system turn of the chat."""
+        role = items.message_role(item)
+        text, item_id = items.history_text(item, role), _item_id(item)
+        if role == "assistant":
+            self.entry.history.add(None, self.question.take_answered_text(), text)
+        else:
+            self.entry.history.add_note(text)
+        await self.emit(*rt.item_events(items.history_item(item_id, role, text), self.next_item(item_id),
+                                        "added", "done"))
 
     # -- input_audio_buffer ----------------------------------------------------------
 
@@ -259,6 +281,11 @@ class RealtimeConnection(SocketSession):
         "response.cancel": _on_response_cancel,
         **dict.fromkeys(rt.NOT_SERVED, _not_served),  # each named in an error, never silence
     }
+
+
+def _item_id(item: dict[str, Any]) -> str:
+    """The client's id for its item, or one of ours."""
+    return item["id"] if isinstance(item.get("id"), str) and item["id"] else rt.new_id("item")
 
 
 async def _frame(media: SocketMedia, part: items.Part, arrived: float) -> dict[str, Any]:

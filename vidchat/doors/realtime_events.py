@@ -21,6 +21,7 @@ from vidchat.conversation.settings_table import ALIASES, SETTINGS, SettingTypeEr
 from vidchat.doors.protocol_config import ConfigError, parse_turn_detection
 from vidchat.doors.socket_session import Refusal
 
+SEMANTIC_VAD = "semantic_vad"  # the API's model-judged turn detection: not served (server_vad is)
 INPUT_RATES = (24_000, 16_000)  # audio/pcm rates taken (24 kHz is the API's; 16 kHz is the session's own)
 UNSET: Any = object()  # a field the event did not carry
 # What of the answer record rides on response.done (the whole one is /inputs/<answer_id>/record.json).
@@ -73,6 +74,9 @@ class SessionUpdate:
     record: Any = UNSET
     stream: Any = UNSET  # a stream's name, or None (the client's own frames)
     settings: dict[str, dict[str, Any]] = field(default_factory=lambda: {"session": {}, "answer": {}})
+    # Fields asked for that vidchat can't honour (tools, transcription, semantic_vad), by param:
+    # the rest of the update still applies; session.updated leaves these out and names them.
+    left_out: list[str] = field(default_factory=list)
 
 
 def max_tokens(value: Any, param: str) -> int | None:
@@ -96,14 +100,17 @@ def instructions_of(value: Any, param: str) -> str | None:
     return value or None
 
 
-# What a session and a response both take, each with its check; "tools" is refused in both.
+# What a session and a response both take, each with its check.
 ANSWER_FIELDS = {"instructions": instructions_of, "max_output_tokens": max_tokens, "output_modalities": modalities}
 
 
 def answer_fields(values: dict[str, Any], where: str) -> dict[str, Any]:
-    """``values``' ANSWER_FIELDS, checked (``where``: "session" or "response", as refusals name them)."""
-    unserved(values, "tools", f"{where}.tools", "function calling (tools) is not served here")
-    return {key: check(values[key], f"{where}.{key}") for key, check in ANSWER_FIELDS.items() if key in values}
+    """``values``' ANSWER_FIELDS, checked (``where``: "session" or "response", as refusals name them).
+    A null is no change, as an absent field is: ``response.create {response:
+    {instructions: null}}`` (what LiveKit's plugin sends) keeps the session's
+    instructions, where taking it as "none" left the model without its system prompt."""
+    return {key: check(values[key], f"{where}.{key}") for key, check in ANSWER_FIELDS.items()
+            if values.get(key) is not None}
 
 
 def answer_options(options: Any, fields: dict[str, Any], default_max_tokens: int) -> Any:
@@ -138,13 +145,23 @@ def parse_session(session: Any) -> SessionUpdate:
     audio_in = audio.get("input") or {}
     if not isinstance(audio_in, dict):
         raise EventError("session.audio.input must be an object", param="session.audio.input")
-    unserved(audio_in, "transcription", "session.audio.input.transcription",
-             "transcription is not served here (spoken questions reach the model as audio)")
+    # Published clients ask for these by default (openai-agents, LiveKit's
+    # plugin): refusing the whole update for them threw away the instructions
+    # and limits that came with them. Left out, and named; a malformed one is still an error.
+    for where, value, kind in (("session.tools", session.get("tools"), list),
+                               ("session.audio.input.transcription", audio_in.get("transcription"), dict)):
+        if value is not None and not isinstance(value, kind):
+            raise EventError(f"{where} must be {'a list' if kind is list else 'an object'} or null", param=where)
+        if value:
+            update.left_out.append(where)
     if "format" in audio_in:
         update.input_rate = _input_rate(audio_in["format"])
-    if "turn_detection" in audio_in:
+    detection = audio_in.get("turn_detection")
+    if isinstance(detection, dict) and detection.get("type") == SEMANTIC_VAD:
+        update.left_out.append("session.audio.input.turn_detection")  # turn detection stays as it was
+    elif "turn_detection" in audio_in:
         try:  # the seed door's server_vad, whose names are OpenAI's
-            update.turn_detection = parse_turn_detection(audio_in["turn_detection"])
+            update.turn_detection = parse_turn_detection(detection)
         except ConfigError as exc:
             raise EventError(str(exc), param="session.audio.input.turn_detection") from None
     if "vidchat" in session:
@@ -200,8 +217,26 @@ def response_fields(params: Any) -> dict[str, Any]:
     params = {} if params is None else params
     if not isinstance(params, dict):
         raise EventError("response must be an object", param="response")
+    unserved(params, "tools", "response.tools", "function calling (tools) is not served here")
     unserved(params, "input", "response.input", "not supported: add items to the conversation")
     return answer_fields(params, "response")
+
+
+def response_metadata(params: Any) -> dict[str, str] | None:
+    """response.create's ``response.metadata``, echoed on the response's
+    response.created and response.done: clients match their requests to
+    responses by it (LiveKit's plugin by ``client_event_id``). The API's
+    limits: up to 16 pairs, keys up to 64 characters, string values up to 512."""
+    value = params.get("metadata") if isinstance(params, dict) else None
+    if value is None:
+        return None
+    param = "response.metadata"
+    if (not isinstance(value, dict) or len(value) > 16
+            or any(not isinstance(k, str) or len(k) > 64 or not isinstance(v, str) or len(v) > 512
+                   for k, v in value.items())):
+        raise EventError(f"{param} must be an object of at most 16 string values (keys up to 64 characters, "
+                         "values up to 512)", param=param)
+    return value
 
 
 def in_conversation(params: Any) -> bool:
@@ -248,7 +283,7 @@ def usage(stats: dict[str, Any] | None) -> dict[str, Any] | None:
 
 def response(response_id: str, status: str, *, output: list[dict[str, Any]] = (), max_output_tokens: Any = None,
              stats: dict[str, Any] | None = None, reason: str | None = None,
-             error: str | None = None) -> dict[str, Any]:
+             error: str | None = None, metadata: dict[str, str] | None = None) -> dict[str, Any]:
     """The realtime.response object of response.created (in_progress) and response.done."""
     details = None
     if status in ("cancelled", "failed", "incomplete"):
@@ -257,7 +292,7 @@ def response(response_id: str, status: str, *, output: list[dict[str, Any]] = ()
     return {"id": response_id, "object": "realtime.response", "status": status, "status_details": details,
             "output": list(output), "output_modalities": ["text"], "conversation_id": None,
             "max_output_tokens": "inf" if max_output_tokens is None else max_output_tokens,
-            "usage": usage(stats), "metadata": None}
+            "usage": usage(stats), "metadata": metadata}
 
 
 class ResponseEvents:
@@ -265,9 +300,11 @@ class ResponseEvents:
     output item, conversation item and content part added; text deltas; text,
     part, item done; response.done (always, once)."""
 
-    def __init__(self, response_id: str, max_output_tokens: int | None) -> None:
-        self.id, self.max_output_tokens = response_id, max_output_tokens
+    def __init__(self, response_id: str, max_output_tokens: int | None,
+                 metadata: dict[str, str] | None = None) -> None:
+        self.id, self.max_output_tokens, self.metadata = response_id, max_output_tokens, metadata
         self.item_id = new_id("item")
+        self.previous_item: str | None = None  # what the answer's item follows: its .added and .done say the same
 
     def _item(self, stage: str, text: str | None, status: str, previous: str | None) -> list[dict[str, Any]]:
         """The answer's item ``stage`` ("added", "done"): as the response's output and as the conversation's item."""
@@ -282,10 +319,11 @@ class ResponseEvents:
                 "content_index": 0, **fields}
 
     def created(self) -> dict[str, Any]:
-        return {"type": "response.created",
-                "response": response(self.id, "in_progress", max_output_tokens=self.max_output_tokens)}
+        return {"type": "response.created", "response": response(
+            self.id, "in_progress", max_output_tokens=self.max_output_tokens, metadata=self.metadata)}
 
     def started(self, previous_item: str | None) -> list[dict[str, Any]]:
+        self.previous_item = previous_item
         return [*self._item("added", None, "in_progress", previous_item),
                 self._part("response.content_part.added", part={"type": "text", "text": ""})]
 
@@ -314,10 +352,11 @@ class ResponseEvents:
         if text is not None:
             events = [self._part("response.output_text.done", text=text),
                       self._part("response.content_part.done", part={"type": "text", "text": text}),
-                      *self._item("done", text, "completed" if status == "completed" else "incomplete", None)]
+                      *self._item("done", text, "completed" if status == "completed" else "incomplete",
+                                  self.previous_item)]
         done: dict[str, Any] = {"type": "response.done", "response": response(
             self.id, status, output=[events[-1]["item"]] if events else [], max_output_tokens=self.max_output_tokens,
-            stats=stats, reason=reason, error=error)}
+            stats=stats, reason=reason, error=error, metadata=self.metadata)}
         if record is not None:
             done["vidchat"] = record
         return [*events, done]

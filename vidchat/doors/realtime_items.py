@@ -29,13 +29,59 @@ class Part:
     index: int = 0
 
 
-def user_parts(item: Any) -> list[Part]:
-    """A user message's content, checked before anything is taken in; raises EventError."""
+# What an assistant's or a system message may hold (the GA types'), and where its text is.
+HISTORY_CONTENT = {"assistant": {"output_text": "text", "output_audio": "transcript"},
+                   "system": {"input_text": "text"}}
+
+
+def message_role(item: Any) -> str:
+    """A conversation.item.create's message role ("user", "assistant",
+    "system"); raises EventError for anything else (function calls and their
+    outputs: tools are not served)."""
     if not isinstance(item, dict):
         raise EventError("conversation.item.create needs an 'item' object", param="item")
-    if item.get("type", "message") != "message" or item.get("role") != "user":
-        raise EventError("only user messages are taken (item.type \"message\", item.role \"user\")",
-                         code="unsupported_item", param="item.role")
+    role = item.get("role")
+    if item.get("type", "message") != "message" or role not in ("user", *HISTORY_CONTENT):
+        raise EventError("only messages are taken (item.type \"message\", item.role \"user\", \"assistant\" "
+                         "or \"system\")", code="unsupported_item", param="item.role")
+    return role
+
+
+def history_text(item: dict[str, Any], role: str) -> str:
+    """An assistant's or a system message's text (an output_audio part by
+    its transcript: there is no audio to keep), checked; raises EventError.
+    Clients replay their chat this way after a reconnect and at hand-offs."""
+    content = item.get("content")
+    if not isinstance(content, list) or not content:
+        raise EventError("item.content must be a non-empty list", param="item.content")
+    kinds, texts = HISTORY_CONTENT[role], []
+    for i, part in enumerate(content):
+        kind = part.get("type") if isinstance(part, dict) else None
+        if kind not in kinds:
+            raise EventError(f"item.content[{i}].type of a{'n' if role == 'assistant' else ''} {role} message must "
+                             f"be {' or '.join(kinds)}, got {kind!r}", code="unsupported_content",
+                             param=f"item.content[{i}].type")
+        text = part.get(kinds[kind])
+        if not isinstance(text, str) and not (kind == "output_audio" and text is None):
+            raise EventError(f"item.content[{i}].{kinds[kind]} must be a string", param=f"item.content[{i}].{kinds[kind]}")
+        texts.append(text or "")
+    text = "\n".join(t for t in texts if t)
+    if len(text) > MAX_QUESTION_CHARS:
+        raise EventError(f"item.content: a history message is at most {MAX_QUESTION_CHARS} characters",
+                         "question_too_long", "item.content")
+    return text
+
+
+def history_item(item_id: str, role: str, text: str) -> dict[str, Any]:
+    """An assistant's or a system message as conversation.item.added/done say it back."""
+    return message_item(item_id, role, "completed",
+                        [{"type": "output_text" if role == "assistant" else "input_text", "text": text}])
+
+
+def user_parts(item: Any) -> list[Part]:
+    """A user message's content, checked before anything is taken in; raises EventError."""
+    if message_role(item) != "user":
+        raise EventError("item.role must be \"user\" here", code="unsupported_item", param="item.role")
     content = item.get("content")
     if not isinstance(content, list) or not content:
         raise EventError("item.content must be a non-empty list", param="item.content")
@@ -71,14 +117,17 @@ def acked_item(item_id: str, parts: list[Part]) -> dict[str, Any]:
 
 class Question:
     """The text and audio items added since the last response: the next
-    response's question. An item that would pass a limit is refused whole."""
+    response's question. An item that would pass a limit is refused whole.
+    Image items count too: a picture alone is something to answer (the API
+    answers it, and the Agents SDK asks a response after every message)."""
 
     def __init__(self) -> None:
         self.texts: list[str] = []
         self.audio: list[np.ndarray] = []  # 16 kHz float samples, one array an item
+        self.images = 0  # image items since the last response (their frames are in the buffer)
 
     def __bool__(self) -> bool:
-        return bool(self.texts or self.audio)
+        return bool(self.texts or self.audio or self.images)
 
     def check(self, texts: list[str], audio: list[np.ndarray], max_audio_s: float) -> None:
         """Raises EventError when an item's text and audio would make the question too long."""
@@ -89,11 +138,20 @@ class Question:
             raise EventError(f"the next response's spoken question would pass {max_audio_s:g} s of audio",
                              "question_too_long", "item.content")
 
-    def add(self, texts: list[str], audio: list[np.ndarray]) -> None:
+    def add(self, texts: list[str], audio: list[np.ndarray], images: int = 0) -> None:
         self.texts += texts
         self.audio += audio
+        self.images += images
 
     def take_text(self) -> str:
+        """The text for a response (its image items are answered with it)."""
+        text, self.texts, self.images = "\n".join(self.texts), [], 0
+        return text
+
+    def take_answered_text(self) -> str:
+        """The text an assistant history message answered: the question of
+        that exchange. Image items stay pending: their frames are the
+        buffer's, not the exchange's, and still ask for the next response."""
         text, self.texts = "\n".join(self.texts), []
         return text
 

@@ -80,18 +80,20 @@ class RealtimeResponses:
         if self.busy:
             raise rt.EventError("a response is in progress: cancel it first, or wait for its response.done",
                                 "conversation_already_has_active_response")
-        fields = rt.response_fields(request)
+        fields, metadata = rt.response_fields(request), rt.response_metadata(request)
         continues_chat = rt.in_conversation(request)
         options = rt.answer_options(conn.options, fields, conn.state.answer_defaults().max_tokens)
         try:
             answer_path.check_options(options, conn.state.engine)
         except ValueError as exc:
             raise rt.setting_refused(exc, "response", fields) from None
-        if not conn.question:  # frames alone are no question for the model
-            raise rt.EventError("no question: add an input_text or input_audio item (or commit the audio buffer) "
-                                "before response.create", "empty_conversation")
+        if not conn.question:
+            raise rt.EventError("nothing to answer: add an input_text, input_audio or input_image item (or commit "
+                                "the audio buffer) since the last response before response.create",
+                                "empty_conversation")
+        # Image items alone: answered on the frames, with no text question.
         text, audio = conn.question.take()
-        await self.start(text, options, conn.audio_notice(fields), question_audio=audio,
+        await self.start(text, options, conn.audio_notice(fields), metadata, question_audio=audio,
                          continues_chat=continues_chat)
 
     async def cancel_asked(self) -> None:
@@ -101,9 +103,10 @@ class RealtimeResponses:
         await self.cancel("client_cancelled")
 
     async def start(self, question: str, options: answer_path.AnswerOptions, notice: dict[str, Any] | None = None,
-                    **how: Any) -> None:
+                    metadata: dict[str, str] | None = None, **how: Any) -> None:
         """Start a response, once the previous one has sent its response.done
-        (cancelled, if it still runs); ``notice`` rides on its response.created."""
+        (cancelled, if it still runs); ``notice`` rides on its response.created,
+        ``metadata`` (response.create's) on its response.created and response.done."""
         conn = self.conn
         async with self._lock:
             previous = self.current
@@ -112,7 +115,7 @@ class RealtimeResponses:
             await conn.finish_answer()
             if conn.entry is None or conn.closed:
                 return
-            response = self.current = RealtimeResponse(conn, options.max_tokens)
+            response = self.current = RealtimeResponse(conn, options.max_tokens, metadata)
             conn.stream_answer(response.answer(question, options, notice or {}, how), f"realtime-{response.say.id}")
 
 
@@ -121,9 +124,9 @@ class RealtimeResponse:
     Words (vidchat.conversation.Words). Bound to this response, so its
     events carry its own ids whatever starts after it."""
 
-    def __init__(self, conn: Client, max_output_tokens: int | None) -> None:
+    def __init__(self, conn: Client, max_output_tokens: int | None, metadata: dict[str, str] | None = None) -> None:
         self.conn = conn
-        self.say = rt.ResponseEvents(rt.new_id("resp"), max_output_tokens)
+        self.say = rt.ResponseEvents(rt.new_id("resp"), max_output_tokens, metadata)
         self.run: conversation.AnswerRun | None = None
         # Cancelled while it was set up (no run yet): the run is cancelled once there is one.
         self.cancelled = False

@@ -204,7 +204,9 @@ class ModelEngine:
                               f"(at least {MIN_AUDIO_SAMPLES / AUDIO_RATE * 1000:.0f} ms of audio).")
         if warmup:
             question, max_tokens, temperature, seed = "", 1, 0.0, None
-        elif not spoken and (not question or not question.strip()):
+        elif not spoken and not n_frames and (not question or not question.strip()):
+            # Frames with no text are a question (the Realtime door's picture
+            # alone, which the API answers); nothing at all is not.
             raise EngineError("The question is empty.")
         self.check_request(n_frames, frames_as)
         if seed is not None and not SEED_RANGE[0] <= seed <= SEED_RANGE[1]:
