@@ -11,7 +11,7 @@ import hmac
 import json
 import logging
 import re
-from typing import Any, Callable
+from typing import Any, Callable, NamedTuple
 from urllib.parse import parse_qsl, quote, unquote_to_bytes, urlsplit
 
 from starlette.formparsers import MultiPartException
@@ -50,6 +50,37 @@ _HANDLE_IN_PATH = re.compile(r"/gradio_api/(?:heartbeat/(?P<hash>[^/]+)|call/(?:
 # Bodies up to this size are parsed on the event loop (well under a millisecond);
 # larger ones, up to --max-body-bytes, in a worker thread.
 PARSE_ON_LOOP_BYTES = 64 << 10
+
+
+class BodyBound(NamedTuple):
+    path: str  # a route, or all routes under it when it ends with "/" ("": any other)
+    limit: int | None  # bytes; None: --max-body-bytes
+    carries: str  # what such a body is, as its 413 says
+
+
+# The one table of request-body bounds (docs/hosting.md gives the figures):
+# each route's body is bounded by what its content needs, and refused with
+# 413 before anything of it is parsed; the first entry that matches applies.
+# One 16 MiB figure for every route once let a 117 KB "offer" be parsed. The
+# page's file upload is not here: it is streamed within --max-upload-mb.
+BODY_BOUNDS = (
+    # A browser's SDP offer (one video, one audio track, a data channel and
+    # their candidates) is a few KB; ten times that still fits.
+    BodyBound("/webrtc/offer", 64 << 10, "a WebRTC offer"),
+    # A question at its longest (64 Ki characters, 768 KiB JSON-escaped) and its settings.
+    BodyBound("/gradio_api/", None, "a page call (a question and its settings, --max-body-bytes)"),
+    # The page's reports (/webrtc/*), /api/*, suite and input routes: small JSON.
+    BodyBound("", 64 << 10, "this route's request"),
+)
+
+
+def body_bound(path: str, max_body_bytes: int) -> tuple[int, str]:
+    """(the largest body ``path`` takes, in bytes; what it carries), from BODY_BOUNDS."""
+    route = path.rstrip("/") or "/"
+    for bound in BODY_BOUNDS:
+        if route == bound.path or (bound.path.endswith("/") and path.startswith(bound.path)) or not bound.path:
+            return (max_body_bytes if bound.limit is None else bound.limit), bound.carries
+    raise AssertionError("BODY_BOUNDS ends with a catch-all")
 _SAFE_METHODS = ("GET", "HEAD")
 
 
@@ -162,13 +193,13 @@ class Guard:
         return is_operator(login, (scope.get("client") or ("", 0))[0], headers)
 
     async def _body(self, scope: Scope, receive: Receive, send: Send, headers: dict[str, str]) -> bytes | None:
-        """The whole request body, at most --max-body-bytes of it; None when
-        it was refused (413, answered) or the client went away."""
-        limit = self.max_body_bytes
+        """The whole request body, at most its route's bound (body_bound);
+        None when it was refused (413, answered) or the client went away."""
+        limit, carries = body_bound(scope.get("path", ""), self.max_body_bytes)
         declared = headers.get("content-length")
         if declared is not None and declared.isdigit() and int(declared) > limit:
-            await _deny(scope, receive, send, 413, f"Request body too large: {declared} bytes (limit {limit}, "
-                                                   f"--max-body-bytes)")
+            await _deny(scope, receive, send, 413, f"Request body too large: {declared} bytes; {carries} takes "
+                                                   f"at most {limit} bytes")
             return None
         buffered = bytearray()
         while True:
@@ -177,8 +208,8 @@ class Guard:
                 return None
             buffered += message.get("body", b"")
             if len(buffered) > limit:
-                await _deny(scope, receive, send, 413, f"Request body too large (limit {limit} bytes, "
-                                                       f"--max-body-bytes)")
+                await _deny(scope, receive, send, 413, f"Request body too large: over {limit} bytes, the most "
+                                                       f"{carries} takes")
                 return None
             if not message.get("more_body"):
                 return bytes(buffered)

@@ -148,6 +148,11 @@ class Settings(ModelSettings):
         "after each run, from the page or `vidchat suite run` without --out, the oldest beyond this many are "
         "deleted, so the disk does not grow with every run. 0: keep every run.",
     )
+    suite_max_cases: int = _opt(
+        500, "Cases one login may have in the suite by Add to suite (each brings a recording bundle under "
+        "DIR/bundles/): past it, Add to suite is refused (403) saying so, until cases it added are removed from "
+        "DIR/suite.toml. Without a login (loopback, no --token/--auth) every caller shares one allowance.",
+    )
     # --- server -------------------------------------------------------
     host: str = _opt("127.0.0.1", "Address to bind. Use 0.0.0.0 only when you mean to expose the app.")
     port: int = _opt(7860, "TCP port for the page, the WebRTC offer endpoint and the WebSocket protocol.")
@@ -186,6 +191,12 @@ class Settings(ModelSettings):
         "(its outbound queue full, or one send stuck) is closed with 1008; frame acks are dropped first.",
     )
     ws_max_audio_seconds: float = _opt(30.0, "Socket doors (WebSocket protocol, Realtime API): most seconds of audio kept per session, and of a spoken question (at most 600).")
+    ws_max_fps: float = _opt(
+        60.0, "Socket doors (WebSocket protocol, Realtime API): most frames a session takes in a second, in bursts "
+        "of up to a second's worth; frames above it are dropped before they are decoded (the seed's ack says "
+        "reason 'rate', the Realtime door's error code is 'rate') and counted in the session's stats "
+        "(frames_rate_dropped), so one client cannot make the server decode thousands of frames a second.",
+    )
     # --- WebRTC -------------------------------------------------------
     ice_servers: str = _opt(
         "",
@@ -256,10 +267,11 @@ class Settings(ModelSettings):
     )
     # --- limits ---------------------------------------------------------
     max_body_bytes: int = _opt(
-        16 << 20, "Largest request body on every route but the page's file upload (bytes): /webrtc/*, /api/* and "
-        "the page's API (/gradio_api/*, whose questions carry the chat so far, each answer with its 'What the model "
-        "got' fold: a 100-question chat passed 1 MiB); larger gets 413 before anything of it is parsed, and large "
-        "bodies are parsed off the event loop. Uploads are bounded by --max-upload-mb instead.",
+        1 << 20, "Largest request body of the page's API (/gradio_api/* but its file upload), in bytes: a question "
+        "and the settings it is asked with (a question at its longest, 64 Ki characters, is 768 KiB even with "
+        "every character JSON-escaped); larger gets 413 before anything of it is parsed, and large bodies are "
+        "parsed off the event loop. Every other route has the bound its content needs (a WebRTC offer 64 KiB, "
+        "any other request 64 KiB: docs/hosting.md); uploads are bounded by --max-upload-mb instead.",
     )
     max_upload_mb: float = _opt(
         64.0, "Uploads one login keeps on the server at once (files sent to the page's /gradio_api/upload, such as "
@@ -334,10 +346,10 @@ def build_parser() -> argparse.ArgumentParser:
 AT_LEAST = {"max_sessions": 1, "max_frame_pixels": 1, "max_body_bytes": 1024, "ws_max_frame_bytes": 1024,
             "max_sessions_per_client": 0, "max_concurrent_answers": 0, "connect_timeout": 0,
             "session_idle_timeout": 1, "closed_tab_timeout": 1, "ws_idle_timeout": 1, "ws_config_timeout": 0.1,
-            "ws_send_timeout": 0.5, "tensor_parallel_size": 1, "data_parallel_size": 1, "turn_ttl": 60,
+            "ws_send_timeout": 0.5, "ws_max_fps": 1, "tensor_parallel_size": 1, "data_parallel_size": 1, "turn_ttl": 60,
             "max_session_mb": 0, "engine_connect_timeout": 0.1, "engine_first_byte_timeout": 0.1,
             "ws_max_audio_seconds": 0.1, "max_upload_mb": 0, "engine_restarts": 0, "stream_fps": 0.1,
-            "suite_keep_runs": 0}
+            "suite_keep_runs": 0, "suite_max_cases": 1}
 # And above: a session keeps at most MAX_AUDIO_SECONDS of audio, at every door.
 AT_MOST = {"ws_max_audio_seconds": MAX_AUDIO_SECONDS}
 

@@ -12,6 +12,8 @@ session's frames and audio, and says so to the client.
 from __future__ import annotations
 
 import binascii
+import logging
+import time
 from typing import Any, Protocol
 
 import numpy as np
@@ -26,6 +28,8 @@ from vidchat.conversation.stream_source import refuse_own_frames
 from vidchat.media.workers import run_media
 from vidchat.media.numbers import is_int, is_number
 
+log = logging.getLogger(__name__)
+
 # Messages longer than this are parsed and decoded in a worker thread, in
 # slices that yield the interpreter lock (vidchat.doors.wire): a 640×480 frame's
 # JSON+base64 costs ~0.3 ms, an 8 MB one ~55 ms, which would stall every other
@@ -34,6 +38,8 @@ INLINE_PARSE_CHARS = 64 * 1024
 
 # Longest client frame_id (a string) echoed back in acks.
 MAX_FRAME_ID_CHARS = 256
+# The reason a frame over --ws-max-fps is refused with (an ack's, a Realtime error's code).
+RATE = "rate"
 
 
 def is_millis(value: Any) -> bool:
@@ -44,6 +50,29 @@ def is_frame_id(value: Any) -> bool:
     if isinstance(value, str):
         return 0 < len(value) <= MAX_FRAME_ID_CHARS
     return is_int(value) and -(1 << 63) <= value < (1 << 63)
+
+
+class FrameRate:
+    """A session's frame intake, at most ``fps`` frames a second on average
+    (--ws-max-fps), in bursts of up to a second's worth: a token bucket. It
+    is checked before a frame is decoded, so a client that sends thousands
+    of frames a second costs the server their parsing, not their decoding."""
+
+    def __init__(self, fps: float) -> None:
+        self.fps = fps
+        self.burst = max(1.0, fps)
+        self._tokens = self.burst
+        self._at: float | None = None
+
+    def admit(self, now: float) -> bool:
+        """Whether a frame arriving at ``now`` (monotonic seconds) is taken."""
+        if self._at is not None:
+            self._tokens = min(self.burst, self._tokens + (now - self._at) * self.fps)
+        self._at = now
+        if self._tokens < 1.0:
+            return False
+        self._tokens -= 1.0
+        return True
 
 
 class Refused(Exception):
@@ -121,6 +150,7 @@ class SocketMedia:
     def __init__(self, conn: Client) -> None:
         self.conn = conn
         self.clock = ClientClock()
+        self.rate = FrameRate(conn.settings.ws_max_fps)
         # Kept frames by the session's kept-frame number (seq): the client's
         # frame_id, pts_ms and capture_ts_ms, while the frame is in the buffer.
         self.frame_meta: dict[int, dict[str, Any]] = {}
@@ -163,9 +193,10 @@ class SocketMedia:
             return
         session = self.conn.entry.session
         try:
-            seq = await self.take_image(msg, "video.frame", t)
+            seq = await self.take_image(msg, "video.frame", t, arrived=arrived)
         except Refused as refused:
-            await self.conn.error(refused.message)
+            if refused.reason != RATE:  # one error per frame would flood a client that sends too many
+                await self.conn.error(refused.message)
             await self.ack(msg, arrived, False, refused.reason)
             return
         if seq is None:  # a near-duplicate of the frame before (EVS)
@@ -175,11 +206,20 @@ class SocketMedia:
         pushed_out = self.forget_evicted(session.oldest_seq)
         await self.ack(msg, arrived, True, dropped_frame_id=pushed_out)
 
-    async def take_image(self, msg: dict[str, Any], kind: str, t: float | None, key: str = "data") -> int | None:
+    async def take_image(self, msg: dict[str, Any], kind: str, t: float | None, key: str = "data",
+                         arrived: float | None = None) -> int | None:
         """The image in ``msg[key]`` (base64, or a data URL) onto the session's
         timeline at ``t``, through its filter: the kept frame's number, None
-        for a near-duplicate (dropped). Raises Refused (bad base64, too large,
-        not an image; or the session watches a stream), for every socket door alike."""
+        for a near-duplicate (dropped). Raises Refused (over --ws-max-fps,
+        counted in the session's stats; bad base64, too large, not an image;
+        or the session watches a stream), for every socket door alike."""
+        if not self.rate.admit(time.monotonic() if arrived is None else arrived):
+            session = self.conn.entry.session
+            if not session.frames_rate_dropped:
+                log.info("session %s…: frames over --ws-max-fps (%g a second) are dropped", session.id[:6],
+                         self.rate.fps)
+            session.frames_rate_dropped += 1
+            raise Refused(RATE, f"{kind} dropped: more than {self.rate.fps:g} frames a second (--ws-max-fps)")
         watching = refuse_own_frames(self.conn.entry)
         if watching is not None:
             raise Refused("stream_source", f"{kind} refused: {watching}")

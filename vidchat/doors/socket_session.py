@@ -26,8 +26,8 @@ from vidchat.conversation import log_context
 from vidchat.conversation import Conversation
 from vidchat.conversation.registry import TooManySessions
 from vidchat.doors.server_contract import login_of
-from vidchat.doors.socket_transport import (CLOSE_ERROR, CLOSE_NORMAL, CLOSE_TRY_LATER, TIMEOUT, Disconnected,
-                                            SocketTransport, parse_message)
+from vidchat.doors.socket_transport import (CLOSE_ERROR, CLOSE_FLUSH_S, CLOSE_NORMAL, CLOSE_TRY_LATER, TIMEOUT,
+                                            Disconnected, SocketTransport, parse_message)
 
 if TYPE_CHECKING:
     from fastapi import WebSocket
@@ -174,13 +174,18 @@ class SocketSession(SocketTransport):
         return self.entry
 
     async def closed_by_server(self) -> None:
-        """The registry ended this session (time limit, shutdown): say why, then close."""
+        """The registry ended this session (time limit, shutdown): say why, then
+        close, whatever the socket is doing: the reason goes only if there is
+        room for it, and the close waits at most CLOSE_FLUSH_S, none of it on a
+        send (a client that floods and reads nothing once kept its session
+        past its --session-time-limit for good)."""
         if self.closed:
             return  # it ended from this side (the client left, video.done, idle): nothing to say
         sid = self.entry.session.id if self.entry is not None else ""
         reason = self.state.registry.closed_reason(sid) or "closed by the server"
+        self.ending = True
         await self.refuse(f"Session ended: {reason}", "session_ended", kind="server_error")
-        await self.close(1001, reason)
+        await self.close(1001, reason, flush_s=CLOSE_FLUSH_S)
 
     async def _shutdown(self, reason: str) -> None:
         if self.reservation is not None:
@@ -227,7 +232,7 @@ class SocketSession(SocketTransport):
             ended = await self._dispatch(msg, arrived)
             if ended:
                 return ended
-        return "client gone"
+        return self.stuck or "client gone"
 
     async def _dispatch(self, msg: dict[str, Any], arrived: float) -> str | None:
         kind = msg.get("type")

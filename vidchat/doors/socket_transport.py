@@ -13,8 +13,12 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import fcntl
 import json
 import logging
+import socket
+import struct
+import termios
 import time
 from typing import TYPE_CHECKING, Any, Callable
 
@@ -77,6 +81,8 @@ async def parse_message(raw: str) -> Any:
 MAX_QUEUED_BYTES = 1 << 20
 # How long close() waits for the queued messages and the close frame.
 CLOSE_FLUSH_S = 2.0
+# How often a close looks whether the client has taken what was sent to it.
+DELIVERY_POLL_S = 0.05
 
 
 class _CloseFrame:
@@ -90,10 +96,13 @@ class SocketSender:
     Sends go through a bounded queue that one writer task empties, so a
     client that stops reading never blocks the code that sends to it: its
     frame acks are dropped once the queue is full, other messages wait for
-    room, and a client that stays full for ``send_timeout`` seconds is
-    closed with 1008 (:attr:`stuck`). Without that, one stalled reader held
-    its session's handler in a send for good, and with it the reaper that
-    tried to tell it its session had ended."""
+    room, and a client that reads nothing for ``send_timeout`` seconds is
+    closed with 1008 (:attr:`stuck`): one whose TCP acknowledges none of
+    what waits for it (:class:`ClientReads`), one that stays behind (acks
+    dropped, or a message waiting for room) with no half of the queue read
+    meanwhile, or one whose single send takes that long. Without that, one
+    stalled reader held its session's handler in a send for good, and with
+    it the reaper that tried to tell it its session had ended."""
 
     door = "ws"  # the logs' name for the door (each socket door's session says its own)
 
@@ -106,12 +115,19 @@ class SocketSender:
         self._has_work = asyncio.Event()
         self._has_room = asyncio.Event()
         self._has_room.set()
-        self._full_since: float | None = None
+        self._full_since: float | None = None  # since when the client has been behind (acks dropped, or a send waits)
+        self._sent_while_full = 0  # bytes the writer has got out since then
+        self._reads = ClientReads(_find_transport(websocket))
+        self._acked: int | None = None  # the client's TCP's count of bytes taken, at the last check
+        self._unread_since: float | None = None  # since when it has taken none of what waits for it
         self._writer: asyncio.Task | None = None
         self._gone = asyncio.Event()  # no more sends: the client left, was closed, or is stuck
         self._closed = False
         self.dropped_acks = 0
         self.stuck: str | None = None  # why the server gave up on a client that reads nothing
+        # The server is ending the session: what is said now goes if there is
+        # room for it at once, and no send waits (a full queue drops it).
+        self.ending = False
         self._closing: asyncio.Task | None = None
 
     @property
@@ -128,14 +144,23 @@ class SocketSender:
         is cancelled meanwhile."""
         if self._closed:
             return False
+        self._check_reading()
+        if self._closed:  # just given up on
+            return False
         text = _serialised(msg)
         if self._queued_bytes + len(text) > MAX_QUEUED_BYTES and self._queue:
-            self._evict_droppable()
+            # Behind from here on, whether dropped acks make room or this
+            # waits for it (dropped acks once did not count, so a client that
+            # read nothing was never closed).
+            if self._evict_droppable():
+                self._mark_full()
             while self._queued_bytes + len(text) > MAX_QUEUED_BYTES and self._queue and not self._closed:
+                if self.ending:
+                    return False
                 if droppable:
                     self.dropped_acks += 1
                     self._mark_full()
-                    return True
+                    return not self._closed
                 self._mark_full()
                 self._has_room.clear()
                 await self._wait_for_room()
@@ -144,6 +169,23 @@ class SocketSender:
         self._put(text, droppable)
         return True
 
+    def _check_reading(self) -> None:
+        """Give up on a client whose TCP has taken none of what waits for it
+        for ``send_timeout`` seconds. The writer alone cannot tell: the
+        kernel's send buffer (autotuned up to megabytes) takes acks for
+        minutes from a client that reads nothing, so no send ever waited."""
+        sample = self._reads.sample()
+        if sample is None:
+            return
+        acked, waiting = sample
+        now = time.monotonic()
+        if waiting == 0 or acked != self._acked:
+            self._acked, self._unread_since = acked, None
+        elif self._unread_since is None:
+            self._unread_since = now
+        elif now - self._unread_since >= self.send_timeout:
+            self._give_up(f"the client read nothing for {self.send_timeout:g} s (--ws-send-timeout)")
+
     def _put(self, item: str | _CloseFrame, droppable: bool) -> None:
         self._queue.append((item, droppable))
         self._queued_bytes += len(item) if isinstance(item, str) else 0
@@ -151,13 +193,15 @@ class SocketSender:
         if self._writer is None:
             self._writer = asyncio.create_task(self._write(), name=f"ws-writer {self.peer}")
 
-    def _evict_droppable(self) -> None:
+    def _evict_droppable(self) -> int:
+        """Drop the queued acks; how many there were."""
         kept = collections.deque(item for item in self._queue if not item[1])
         evicted = len(self._queue) - len(kept)
         if evicted:
             self.dropped_acks += evicted
             self._queue = kept
             self._queued_bytes = sum(len(i) for i, _ in kept if isinstance(i, str))
+        return evicted
 
     def _mark_full(self) -> None:
         now = time.monotonic()
@@ -190,7 +234,6 @@ class SocketSender:
                 return
             self._queued_bytes -= len(item)
             if self._queued_bytes <= MAX_QUEUED_BYTES // 2:
-                self._full_since = None
                 self._has_room.set()
             try:
                 # uvicorn's send waits for the transport to take more before it
@@ -203,6 +246,13 @@ class SocketSender:
                 log.debug("ws %s: send failed: %r", self.peer, exc)
                 self._mark_gone()
                 return
+            if self._full_since is not None:
+                # Nothing left to send, or half a queue sent since it fell
+                # behind: it reads again (room alone says nothing: evicting
+                # acks makes room too).
+                self._sent_while_full += len(item)
+                if not self._queue or self._sent_while_full >= MAX_QUEUED_BYTES // 2:
+                    self._full_since, self._sent_while_full = None, 0
 
     def _mark_gone(self) -> None:
         """The client is gone: nothing more is sent, and whoever waits to send or to receive is let go."""
@@ -226,29 +276,55 @@ class SocketSender:
         self._closing = asyncio.create_task(self._send_close(_CloseFrame(CLOSE_POLICY, why), flush_s=0.5))
 
     async def _send_close(self, frame: _CloseFrame, flush_s: float = CLOSE_FLUSH_S) -> None:
+        """Send the close frame, then cut the connection unless the client's
+        TCP has taken all that waits for it within ``flush_s``: a close frame
+        the kernel took is not one the client reads, and a client that reads
+        nothing would keep its connection (and the server its buffers) for good."""
+        deadline = time.monotonic() + flush_s
         try:
             await asyncio.wait_for(self.ws.close(code=frame.code, reason=frame.reason[:120]), flush_s)
+            if not await self._delivered(deadline - time.monotonic()):
+                self._cut(f"the client took nothing of the close for {flush_s:g} s")
         except asyncio.TimeoutError:
-            _abort_transport(self.ws)
+            self._cut(f"the close frame could not be sent within {flush_s:g} s")
         except Exception:
             pass
         finally:
             self._gone.set()
 
-    async def close(self, code: int = CLOSE_NORMAL, reason: str = "") -> None:
+    async def _delivered(self, timeout: float) -> bool:
+        """Whether the client's TCP takes all that waits for it within
+        ``timeout`` seconds (True where that cannot be told)."""
+        deadline = time.monotonic() + timeout
+        while True:
+            sample = self._reads.sample()
+            if sample is None or sample[1] == 0:
+                return True
+            if time.monotonic() >= deadline:
+                return False
+            await asyncio.sleep(DELIVERY_POLL_S)
+
+    async def close(self, code: int = CLOSE_NORMAL, reason: str = "", flush_s: float | None = None) -> None:
         """Close the socket once (later calls do nothing), after what is queued
-        is sent: at most CLOSE_FLUSH_S for both, then the connection is cut."""
+        is sent: at most ``flush_s`` for both (CLOSE_FLUSH_S past a send
+        under way, which may take ``send_timeout``), then the connection is cut.
+        Nothing more is received from the moment it starts."""
         if self._closed:
             if self._writer is not None and self.stuck is None and not await self._finished_writing(CLOSE_FLUSH_S):
                 self._writer.cancel()
             return
         self._closed = True
         self._has_room.set()
+        self._gone.set()  # the message loop stops taking the client's messages now, not after the flush
         self._put(_CloseFrame(code, reason), False)
-        if not await self._finished_writing(CLOSE_FLUSH_S + self.send_timeout):
+        flush_s = CLOSE_FLUSH_S + self.send_timeout if flush_s is None else flush_s
+        if not await self._finished_writing(flush_s):
             self._writer.cancel()
-            _abort_transport(self.ws)
-        self._gone.set()
+            self._cut(f"what was queued and the close were not sent within {flush_s:g} s")
+
+    def _cut(self, why: str) -> None:
+        log.info("%s %s: connection cut: %s", self.door, self.peer, why)
+        _abort_transport(self.ws)
 
     async def _finished_writing(self, timeout: float) -> bool:
         writer = self._writer
@@ -267,6 +343,8 @@ class SocketTransport(SocketSender):
         super().__init__(websocket, send_timeout)
         self.client_host = websocket.client.host if websocket.client else None
         self._recv: asyncio.Future | None = None
+        self._last_error: str | None = None  # the last error logged, and how often it was sent again since
+        self._error_repeats = 0
 
     async def error(self, message: str, event: Callable[[str], dict[str, Any]] | None = None) -> bool:
         """Send an error, its message cut to MAX_ERROR_CHARS: the seed's
@@ -275,8 +353,12 @@ class SocketTransport(SocketSender):
         if len(message) > MAX_ERROR_CHARS:
             message = message[:MAX_ERROR_CHARS - 3] + "..."
         sent = await self.send({"type": "error", "message": message} if event is None else event(message))
-        if sent:
-            log.info("%s %s: error sent: %s", self.door, self.peer, message)
+        if sent and message == self._last_error:
+            self._error_repeats += 1  # one line, not thousands, for a client that repeats its mistake
+        elif sent:
+            repeated = f" (the one before sent {self._error_repeats} more times)" if self._error_repeats else ""
+            log.info("%s %s: error sent: %s%s", self.door, self.peer, message, repeated)
+            self._last_error, self._error_repeats = message, 0
         return sent
 
     async def receive(self, timeout: float) -> str | _Timeout:
@@ -325,27 +407,72 @@ def _abort_transport(websocket: "WebSocket") -> None:
     """Cut the TCP connection of a client whose close frame cannot get
     through: a closed asyncio transport waits for its buffer to drain, which
     a peer that reads nothing never lets happen, so the socket would stay
-    open for nobody. ASGI has no call for it: this finds uvicorn's protocol
-    behind the send callable (Starlette wraps it in closures on the way) and
-    does nothing on a server where there is none."""
-    abort = _find_abort(getattr(websocket, "_send", None), depth=6)
-    if abort is not None:
-        abort()
+    open for nobody. Does nothing on a server where the transport cannot be found."""
+    transport = _find_transport(websocket)
+    if transport is not None:
+        transport.abort()
 
 
-def _find_abort(send: Any, depth: int) -> Callable[[], None] | None:
+def _find_transport(websocket: "WebSocket") -> Any:
+    """The asyncio transport under a WebSocket, or None. ASGI has no call
+    for it: this finds uvicorn's protocol behind the send callable
+    (Starlette wraps it in closures on the way)."""
+    return _transport_behind(getattr(websocket, "_send", None), depth=6)
+
+
+def _transport_behind(send: Any, depth: int) -> Any:
     if send is None or depth == 0:
         return None
     transport = getattr(getattr(send, "__self__", None), "transport", None)
     if callable(getattr(transport, "abort", None)):
-        return transport.abort
+        return transport
     for cell in getattr(send, "__closure__", None) or ():
         try:
             inner = cell.cell_contents
         except ValueError:  # an empty cell
             continue
         if callable(inner):
-            found = _find_abort(inner, depth - 1)
+            found = _transport_behind(inner, depth - 1)
             if found is not None:
                 return found
     return None
+
+
+# Linux's struct tcp_info: tcpi_bytes_acked, a __u64 at this offset since Linux 4.1.
+_TCPI_BYTES_ACKED = 120
+
+
+class ClientReads:
+    """What the client's TCP has taken of what was sent to it, as the kernel
+    counts it: the bytes it has acknowledged so far, and the bytes still
+    waiting for it (the kernel's send queue and the transport's buffer). A
+    client that reads nothing soon acknowledges nothing (its receive buffer
+    full, its window shut) while the server's send buffer still takes writes.
+    Linux TCP only; elsewhere (or a transport that is not a socket's)
+    :meth:`sample` says nothing and the queue's rules alone apply."""
+
+    def __init__(self, transport: Any) -> None:
+        self._transport = transport
+        get = getattr(transport, "get_extra_info", None)
+        sock = get("socket") if callable(get) else None
+        usable = (sock is not None and hasattr(socket, "TCP_INFO")
+                  and getattr(sock, "family", None) in (socket.AF_INET, socket.AF_INET6))
+        self._sock = sock if usable else None
+
+    def sample(self) -> tuple[int, int] | None:
+        """(bytes acknowledged, bytes waiting), or None when it cannot be told."""
+        sock = self._sock
+        if sock is None:
+            return None
+        try:
+            info = sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, 256)
+            queued = fcntl.ioctl(sock.fileno(), termios.TIOCOUTQ, b"\0" * 4)  # Linux's SIOCOUTQ
+        except (OSError, ValueError):  # closed meanwhile
+            self._sock = None
+            return None
+        if len(info) < _TCPI_BYTES_ACKED + 8:  # a kernel before 4.1
+            self._sock = None
+            return None
+        acked = struct.unpack_from("=Q", info, _TCPI_BYTES_ACKED)[0]
+        buffered = self._transport.get_write_buffer_size()
+        return acked, struct.unpack("=i", queued)[0] + buffered

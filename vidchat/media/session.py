@@ -154,6 +154,9 @@ class Session(SessionMedia):
         self._encoded: set[int] = set()
         self._in_flight: set[int] = set()  # being encoded by a warm-up now
         self.encode_budget: int | None = None
+        # Frames a socket door dropped over --ws-max-fps, before decoding: they
+        # never reach the buffer, so frames_received does not count them.
+        self.frames_rate_dropped = 0
 
     # -- questions ---------------------------------------------------------
 
@@ -255,6 +258,7 @@ class Session(SessionMedia):
             self._encoded = set()
             self._in_flight = set()
             self.timeline_start = None
+            self.frames_rate_dropped = 0
             self.last_activity = time.monotonic()
 
     # -- introspection -----------------------------------------------------
@@ -301,7 +305,8 @@ class Session(SessionMedia):
         with self._lock:
             arrival = self._buffer.newest_arrival
             return {
-                **self._buffer.stats(max_frames=self.settings.max_frames, audio_seconds=self._audio.seconds),
+                **self._buffer.stats(max_frames=self.settings.max_frames, audio_seconds=self._audio.seconds,
+                                     frames_rate_dropped=self.frames_rate_dropped),
                 # By arrival on this process's clock, so it works whatever clock t uses.
                 "newest_frame_age_s": time.monotonic() - arrival if arrival is not None else None,
             }
