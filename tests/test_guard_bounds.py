@@ -227,6 +227,100 @@ def test_the_real_page_api_refuses_a_body_over_max_body_bytes(monkeypatch, tmp_p
     assert client.post("/gradio_api/upload", files={"files": ("a.zip", b"a" * 100_000)}).status_code == 200
 
 
+# ---- each route its own bound (issue 57, point 6) ------------------------------------------------
+
+def browser_offer() -> bytes:
+    """The body a page posts to /webrtc/offer: a real offer (aiortc's, as
+    large as a browser's) with a video and an audio track and a data channel."""
+    from aiortc import RTCPeerConnection, VideoStreamTrack
+    from aiortc.mediastreams import AudioStreamTrack
+
+    async def offer() -> str:
+        pc = RTCPeerConnection()
+        pc.addTrack(VideoStreamTrack())
+        pc.addTrack(AudioStreamTrack())
+        pc.createDataChannel("vidchat")
+        await pc.setLocalDescription(await pc.createOffer())
+        sdp = pc.localDescription.sdp
+        await pc.close()
+        return sdp
+
+    return json.dumps({"type": "offer", "sdp": asyncio.run(offer())}).encode()
+
+
+def padded_offer(size: int) -> bytes:
+    """An offer of ``size`` bytes whose SDP has no media section at all: the
+    route would refuse it as "no audio or video track" if it ever parsed it."""
+    head = b'{"type": "offer", "sdp": "v=0\\r\\n'
+    tail = b'"}'
+    return head + b"a=x-pad:" + b"p" * (size - len(head) - len(tail) - 8) + tail
+
+
+def test_an_offer_past_its_bound_is_refused_413_before_it_is_parsed(monkeypatch):
+    parsed: list = []
+    monkeypatch.setattr(guard_module, "json", types.SimpleNamespace(
+        loads=lambda raw: parsed.append(len(raw)) or json.loads(raw), dumps=json.dumps))
+    guard, reached = stand_in_guard(max_body=16 << 20)  # the page API's bound is no offer's
+    big = padded_offer(117_000)  # the size seen from outside: parsed, and refused as having no track
+    assert len(big) == 117_000
+    status, body = drive(guard, "/webrtc/offer", chunks=(big,), headers={"Content-Length": str(len(big))})
+    assert status == 413 and "a WebRTC offer" in body["detail"] and "65536" in body["detail"], body
+    status, body = drive(guard, "/webrtc/offer", chunks=(big[:50_000], big[50_000:]))  # no Content-Length
+    assert status == 413 and "a WebRTC offer" in body["detail"], body
+    assert not reached and not parsed
+    # A real offer is a few KB, far inside the bound, and reaches the route whole.
+    offer = browser_offer()
+    assert 1000 < len(offer) < 16 << 10
+    assert drive(guard, "/webrtc/offer", chunks=(offer,), headers={"Content-Length": str(len(offer))})[0] == 200
+    assert reached == [("/webrtc/offer", offer)]
+
+
+def test_the_real_offer_route_answers_413_not_a_parse_error(monkeypatch, tmp_path):
+    client, _ = page_client([], monkeypatch, tmp_path)
+    r = client.post("/webrtc/offer", content=padded_offer(117_000), headers={"Content-Type": "application/json"})
+    assert r.status_code == 413 and "a WebRTC offer" in r.json()["detail"], r.text
+    # Under the bound the route itself reads it: the same padding, smaller, is its 400.
+    r = client.post("/webrtc/offer", content=padded_offer(60_000), headers={"Content-Type": "application/json"})
+    assert r.status_code == 400 and "no audio or video track" in r.json()["detail"], r.text
+
+
+def test_the_page_api_takes_a_longest_question_and_refuses_more():
+    from vidchat.app.settings import parse_settings
+    from vidchat.conversation.settings_table import MAX_QUESTION_CHARS
+
+    default = parse_settings([]).max_body_bytes
+    guard, reached = stand_in_guard(max_body=default)
+    # The longest question, every character escaped as JSON can (a pair of \\uXXXX each), with settings.
+    question = "\U0001F600" * MAX_QUESTION_CHARS
+    longest = json.dumps({"data": [question, "sid", 0.7, 256, "uniform", 16, True], "fn_index": 3,
+                          "session_hash": "h"}).encode()
+    assert len(longest) > 12 * MAX_QUESTION_CHARS
+    assert drive(guard, "/gradio_api/queue/join", chunks=(longest,))[0] == 200
+    over = json.dumps({"data": ["q" * default, "sid"], "fn_index": 3}).encode()
+    status, body = drive(guard, "/gradio_api/queue/join", chunks=(over,), headers={"Content-Length": str(len(over))})
+    assert status == 413 and "--max-body-bytes" in body["detail"] and "a page call" in body["detail"], body
+    assert len(reached) == 1
+
+
+def test_small_json_routes_take_small_bodies():
+    guard, reached = stand_in_guard(max_body=16 << 20)
+    report = json.dumps({"session_id": "s", "kind": "file", "name": "x" * 70_000, "position": 1}).encode()
+    for path in ("/webrtc/source", "/webrtc/close", "/api/drain", "/suites/run"):
+        status, body = drive(guard, path, chunks=(report,))
+        assert status == 413 and "this route's request" in body["detail"], (path, body)
+    assert not reached
+    small = json.dumps({"session_id": "s", "kind": "camera"}).encode()
+    assert drive(guard, "/webrtc/source", chunks=(small,))[0] == 200
+
+
+def test_every_bound_is_in_one_table():
+    assert guard_module.body_bound("/webrtc/offer", 1 << 20) == (64 << 10, "a WebRTC offer")
+    assert guard_module.body_bound("/webrtc/offer/", 1 << 20)[0] == 64 << 10
+    assert guard_module.body_bound("/gradio_api/call/ask", 123_456)[0] == 123_456
+    assert guard_module.body_bound("/webrtc/typing", 1 << 20)[0] == 64 << 10
+    assert guard_module.BODY_BOUNDS[-1].path == ""  # a catch-all: no route goes unbounded
+
+
 # ---- tokens with any bytes ----------------------------------------------------------------------
 
 def test_a_non_ascii_token_is_refused_not_a_server_error(monkeypatch, tmp_path):

@@ -7,12 +7,14 @@ what was queued, in order, before the close frame."""
 from __future__ import annotations
 
 import asyncio
+import socket
 import time
 from types import SimpleNamespace
 
 import pytest
 
 from vidchat.conversation.registry import SessionRegistry
+from vidchat.devtools.waits import eventually_async
 from vidchat.doors import socket_transport
 from vidchat.doors.socket_transport import CLOSE_POLICY, Disconnected, SocketTransport
 
@@ -133,3 +135,76 @@ async def test_the_reaper_goes_on_while_one_session_closer_hangs():
     await asyncio.wait_for(registry.close_all(timeout=0.2), 5)  # shutdown gives up on the hung closer
     await asyncio.wait_for(released.wait(), 5)
 
+
+
+# ---- a client whose kernel takes what the server sends, and which reads none of it (issue 57, point 1) ----
+
+class KernelSocket:
+    """A WebSocket over a real TCP connection whose sends always go through
+    at once, as uvicorn's do while the kernel's send buffer takes them: the
+    client at the other end (a 4 KB receive buffer) reads nothing."""
+
+    def __init__(self, transport: asyncio.Transport) -> None:
+        self.client = SimpleNamespace(host="127.0.0.1", port=5001)
+        self.transport = transport  # found behind _send, as uvicorn's protocol is
+        self._send = self.asgi_send
+        self.incoming: asyncio.Queue = asyncio.Queue()
+
+    async def asgi_send(self, message: dict) -> None:
+        pass
+
+    async def send_text(self, text: str) -> None:
+        self.transport.write(text.encode())
+
+    async def close(self, code: int = 1000, reason: str = "") -> None:
+        self.transport.write(b"close")
+
+    async def receive(self) -> dict:
+        return await self.incoming.get()
+
+
+async def never_reading_client() -> tuple[KernelSocket, socket.socket, asyncio.AbstractServer]:
+    accepted: asyncio.Queue = asyncio.Queue()
+
+    async def on_client(reader, writer) -> None:
+        await accepted.put(writer.transport)
+
+    server = await asyncio.start_server(on_client, "127.0.0.1", 0)
+    client = socket.socket()
+    client.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    await asyncio.to_thread(client.connect, server.sockets[0].getsockname())
+    return KernelSocket(await asyncio.wait_for(accepted.get(), 10)), client, server
+
+
+async def test_a_client_whose_kernel_takes_acks_but_that_reads_none_is_closed_after_the_timeout():
+    ws, client, server = await never_reading_client()
+    transport = SocketTransport(ws, send_timeout=0.5)
+    ack = {"type": "video.frame.ack", "frame_id": 1, "pad": "x" * 200}
+    deadline = time.monotonic() + 30
+    try:
+        # A client that sends frames at a camera's pace: an ack each. No send ever waits (the
+        # kernel takes them all), yet the client reads nothing: it is closed all the same.
+        while await transport.send(ack, droppable=True) and time.monotonic() < deadline:
+            await asyncio.sleep(0.01)  # the camera's pace, not a wait for anything
+        assert transport.stuck and "--ws-send-timeout" in transport.stuck, "never closed"
+        assert transport._queued_bytes < socket_transport.MAX_QUEUED_BYTES  # no queue filled: the kernel said it
+        # Its close could not reach it: the connection is cut (KernelSocket.close closes nothing).
+        await eventually_async(ws.transport.is_closing, 10, "the connection cut")
+    finally:
+        client.close()
+        server.close()
+
+
+async def test_a_close_does_not_wait_on_a_client_that_reads_nothing():
+    ws, client, server = await never_reading_client()
+    transport = SocketTransport(ws, send_timeout=600)  # far longer than the test: the send timeout never acts
+    try:
+        for _ in range(200):  # more than its receive buffer holds
+            assert await transport.send({"type": "response.text.delta", "delta": "y" * 1000})
+        transport.ending = True  # the session's time limit: the last word goes only if there is room
+        await asyncio.wait_for(transport.close(1001, "reached the session time limit", flush_s=0.5), 10)
+        assert transport.stuck is None
+        await eventually_async(ws.transport.is_closing, 10, "the connection cut")
+    finally:
+        client.close()
+        server.close()
