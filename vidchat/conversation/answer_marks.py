@@ -8,11 +8,11 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
 from pathlib import Path
 from typing import Any
 
 from vidchat.conversation.bundle_format import MANIFEST
+from vidchat.conversation.safe_files import writable, write_whole
 
 MARKS = ("good", "bad")
 MAX_NOTE = 500  # characters
@@ -27,6 +27,7 @@ def checked(mark: Any, note: Any = "") -> dict[str, str] | None:
         raise ValueError(f"mark must be \"good\" or \"bad\" (or empty to take it back), got {mark!r}")
     if not isinstance(note, str) or len(note) > MAX_NOTE:
         raise ValueError(f"note must be text of at most {MAX_NOTE} characters")
+    writable("note", note)  # it goes into the bundle's manifest and a suite's case
     return {"mark": mark, "note": note.strip()}
 
 
@@ -38,10 +39,7 @@ def mark_bundle(path: str | os.PathLike, mark: dict[str, str] | None) -> None:
     manifest["mark"] = mark
     if isinstance(manifest.get("record"), dict):
         manifest["record"]["mark"] = mark
-    fd, tmp = tempfile.mkstemp(dir=manifest_path.parent, prefix=".manifest-")
-    with os.fdopen(fd, "w") as out:
-        out.write(json.dumps(manifest, indent=2, ensure_ascii=False) + "\n")
-    os.replace(tmp, manifest_path)
+    write_whole(manifest_path, json.dumps(manifest, indent=2, ensure_ascii=False) + "\n")
 
 
 def mark_answer(entry: Any, answer_id: str, answer: Any, mark: dict[str, str] | None) -> str | None:

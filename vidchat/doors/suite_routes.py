@@ -24,7 +24,9 @@ from fastapi import APIRouter, HTTPException, Request
 
 from vidchat.conversation import answer_marks, suite_cases
 from vidchat.conversation.recording import write_bundle
+from vidchat.conversation.safe_files import Unwritable, writable
 from vidchat.doors.inputs import PATH_PREFIX, owned_answer
+from vidchat.doors.server_contract import login_of
 
 log = logging.getLogger(__name__)
 
@@ -35,7 +37,10 @@ def _text(body: Any, name: str) -> str:
     value = body.get(name, "") if isinstance(body, dict) else None
     if not isinstance(value, str) or len(value) > MAX_NOTE:
         raise HTTPException(400, f"{name} must be text of at most {MAX_NOTE} characters")
-    return value.strip()
+    try:
+        return writable(name, value).strip()
+    except Unwritable as exc:
+        raise HTTPException(400, str(exc)) from None
 
 
 async def json_body(request: Request, shape: str) -> dict[str, Any]:
@@ -55,17 +60,18 @@ def needs_suite(state: Any) -> None:
         raise HTTPException(404, "this server keeps no suite (start it with --suite-dir DIR)")
 
 
-def _add(state: Any, entry: Any, answer: Any, note: str, words: list[str]) -> dict[str, Any]:
-    """Write the bundle, the case and the baseline (in a worker thread: files)."""
+def _add(state: Any, entry: Any, answer: Any, login: str | None, note: str, words: list[str]) -> dict[str, Any]:
+    """Write the bundle, the case and the baseline, whole or not at all (in a worker thread: files)."""
     root = Path(state.settings.suite_dir)
     slug = re.sub(r"[^A-Za-z0-9]+", "-", answer.question.lower()).strip("-")[:40] or "answer"
-    name = suite_cases.free_name(root, slug)
-    bundles = root / "bundles"
-    bundles.mkdir(parents=True, exist_ok=True)
-    target = Path(write_bundle(bundles, answer, source="page", model_option=state.settings.model,
-                               engine_options=state.engine.options, name=name))
-    suite_cases.append_case(root, name, target, contains=words, same_as_baseline=True, note=note, mark=answer.mark)
-    suite_cases.keep_baseline(root, state.settings.model, name, {"0": answer.reply.text})
+
+    def save(bundles: Path, name: str) -> Path:
+        return Path(write_bundle(bundles, answer, source="page", model_option=state.settings.model,
+                                 engine_options=state.engine.options, name=name))
+
+    name, target = suite_cases.add_case(root, slug, save, model=state.settings.model, answer=answer.reply.text,
+                                        login=login, max_cases=state.settings.suite_max_cases, contains=words,
+                                        note=note, mark=answer.mark)
     log.info("session %s…: answer added to the suite %s as case %s", entry.session.id[:6], root, name)
     return {"case": name, "suite": str(root / suite_cases.SUITE_FILE), "bundle": str(target),
             "model": state.settings.model}
@@ -82,7 +88,13 @@ def router(state: Any) -> APIRouter:
         note, expect = _text(body, "note"), _text(body, "expect")
         words = [w.strip() for w in expect.split(",") if w.strip()]
         try:
-            return await asyncio.to_thread(_add, state, entry, answer, note, words)
+            return await asyncio.to_thread(_add, state, entry, answer, login_of(request.headers), note, words)
+        except Unwritable as exc:
+            raise HTTPException(400, str(exc)) from None
+        except suite_cases.TooManyCases as exc:
+            raise HTTPException(403, str(exc)) from None
+        except suite_cases.SuiteUnreadable as exc:
+            raise HTTPException(409, str(exc)) from None
         except OSError as exc:
             raise HTTPException(500, f"could not write to the suite: {exc}") from None
 

@@ -30,7 +30,6 @@ import argparse
 import asyncio
 import copy
 import dataclasses
-import json
 import logging
 import sys
 import types
@@ -248,11 +247,16 @@ def _progress(stream: Any) -> Any:
 
 
 def _update_baseline(suite: Suite, results: list[AskResult]) -> None:
-    baseline = suite.baseline()
-    for r in results:
-        if r.status != ERRORED:
-            baseline.setdefault(r.model, {}).setdefault(r.case, {})[str(r.ask)] = r.answer
-    (suite.root / BASELINE_FILE).write_text(json.dumps(baseline, indent=2, ensure_ascii=False) + "\n")
+    """The answers into baseline.json, read and written whole under the suite's
+    lock file, so an Add to suite on a server meanwhile loses no entry."""
+    from vidchat.conversation.suite_cases import edit_baseline
+
+    def keep(baseline: dict) -> None:
+        for r in results:
+            if r.status != ERRORED:
+                baseline.setdefault(r.model, {}).setdefault(r.case, {})[str(r.ask)] = r.answer
+
+    edit_baseline(suite.root, keep)
 
 
 def report_of(suite: Suite, models: list[str], results: list[AskResult],

@@ -180,7 +180,7 @@ def _ask(raw: Any, root: Path, case: str, index: int, is_bundle: bool) -> Ask:
 def _case(raw: Any, root: Path, index: int, defaults: dict[str, Any], names: set[str]) -> Case:
     where = _where(root, f"#{index + 1}")
     _typed(raw, dict, where, "case")
-    name = _typed(raw.get("name", f"case-{index + 1}"), str, where, "name")
+    name = _typed(raw.get("name", suite_cases.default_name(index)), str, where, "name")
     where = _where(root, name)
     _only(raw, ("name", "video", "bundle", "settings", "ask", "note", "mark"), where)
     if name in names:
