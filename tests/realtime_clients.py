@@ -59,9 +59,11 @@ class Events:
         return sum(e.get("type") == kind for e in self.seen)
 
     async def until(self, kind: str, count: int) -> None:
-        """Until ``count`` events of type ``kind`` have arrived in all."""
+        """Until ``count`` events of type ``kind`` have arrived in all, or an
+        ``error`` (then what was asked may never come: the test reads the error)."""
+        errors = self.count("error")
         async with asyncio.timeout(WAIT_S):
-            while self.count(kind) < count:
+            while self.count(kind) < count and self.count("error") == errors:
                 self._changed.clear()
                 await self._changed.wait()
 
