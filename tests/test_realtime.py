@@ -220,7 +220,8 @@ def test_what_is_not_served_is_refused_by_name():
     assert update.left_out == ["session.tools", "session.audio.input.transcription",
                                "session.audio.input.turn_detection"]
     assert update.answer == {"instructions": "Be brief."} and update.turn_detection is rt.UNSET
-    assert rt.parse_session({"type": "realtime", "tools": [], "audio": {"input": {"transcription": None}}}).left_out == []
+    nothing_asked = rt.parse_session({"type": "realtime", "tools": [], "audio": {"input": {"transcription": None}}})
+    assert nothing_asked.left_out == []
     # Null is no change, in a response as in a session (point 19): the session's instructions stay.
     assert rt.response_fields({"instructions": None, "max_output_tokens": None}) == {}
     assert rt.parse_session({"type": "realtime", "instructions": None}).answer == {}

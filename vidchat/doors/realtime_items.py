@@ -61,9 +61,10 @@ def history_text(item: dict[str, Any], role: str) -> str:
             raise EventError(f"item.content[{i}].type of a{'n' if role == 'assistant' else ''} {role} message must "
                              f"be {' or '.join(kinds)}, got {kind!r}", code="unsupported_content",
                              param=f"item.content[{i}].type")
-        text = part.get(kinds[kind])
-        if not isinstance(text, str) and not (kind == "output_audio" and text is None):
-            raise EventError(f"item.content[{i}].{kinds[kind]} must be a string", param=f"item.content[{i}].{kinds[kind]}")
+        key = kinds[kind]
+        text = part.get(key)
+        if not isinstance(text, str) and not (kind == "output_audio" and text is None):  # audio with no transcript
+            raise EventError(f"item.content[{i}].{key} must be a string", param=f"item.content[{i}].{key}")
         texts.append(text or "")
     text = "\n".join(t for t in texts if t)
     if len(text) > MAX_QUESTION_CHARS:
