@@ -2,7 +2,13 @@
 the tiny model): it must not hold its session, its place or the server's
 reaper. Beside it another client's frames are acked, its question answered
 and its --session-time-limit enforced; the one that reads nothing is closed
-once it has stayed full for --ws-send-timeout (issue 43, item 1)."""
+once it has stayed full for --ws-send-timeout (issue 43, item 1).
+
+The client the issue made (issue 57, point 1: the `websockets` library,
+max_queue=1, a 4 KB receive buffer, frames in a loop, nothing read), on both
+socket doors: closed after --ws-send-timeout although the kernel takes every
+ack the server sends it, and ended at --session-time-limit when the send
+timeout is longer; and frames over --ws-max-fps acked with reason "rate"."""
 
 from __future__ import annotations
 
@@ -15,6 +21,7 @@ import time
 
 import pytest
 import websockets
+import websockets.asyncio.client
 from websockets.client import ClientProtocol
 from websockets.uri import parse_uri
 
@@ -127,3 +134,111 @@ async def test_a_client_that_never_reads_is_closed_and_holds_nobody_up(slow_serv
     finally:
         stuck.close()
         blaster.join(timeout=10)
+
+
+# ---- the reviewer's client (issue 57, point 1), on both socket doors --------------------------
+
+TINY_JPEG = base64.b64encode(synthetic.encode_jpeg(synthetic.static_clip(16, 16, n=1).frames[0])).decode()
+DOORS = {
+    # door: (its path, what opens its session, one frame as it sends them)
+    "ws": ("/v1/video/chat/stream", {"type": "session.config"},
+           lambda n: {"type": "video.frame", "data": TINY_JPEG, "frame_id": n}),
+    "realtime": ("/v1/realtime?model=tiny", None,
+                 lambda n: {"type": "conversation.item.create", "item": {"type": "message", "role": "user", "content": [
+                     {"type": "input_image", "image_url": "data:image/jpeg;base64," + TINY_JPEG}]}}),
+}
+
+
+async def flood_never_reading(srv, door: str, within: float) -> tuple[int, int, bool]:
+    """The client as the issue made it: the `websockets` library with
+    max_queue=1 and ping_interval=None, over a socket with a 4 KB receive
+    buffer, sending frames in a loop and reading nothing. (its local port,
+    frames sent, whether the server ended the connection within ``within`` s)."""
+    path, opening, frame = DOORS[door]
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    sock.setblocking(False)
+    await asyncio.get_running_loop().sock_connect(sock, ("127.0.0.1", srv.port))
+    port = sock.getsockname()[1]
+    ws = await websockets.asyncio.client.connect(f"ws://127.0.0.1:{srv.port}{path}", max_queue=1,
+                                                 ping_interval=None, sock=sock)
+    sent = 0
+
+    async def flood() -> None:
+        nonlocal sent
+        if opening is not None:
+            await ws.send(json.dumps(opening))
+        while True:
+            await ws.send(json.dumps(frame(sent)))
+            sent += 1
+
+    try:
+        await asyncio.wait_for(flood(), within)
+    except websockets.ConnectionClosed:
+        return port, sent, True
+    except asyncio.TimeoutError:
+        return port, sent, False
+    finally:
+        ws.transport.abort()
+    raise AssertionError("unreachable")
+
+
+async def sessions_of(srv, kind: str) -> int:
+    health = await asyncio.to_thread(srv.get_json, "/api/health")
+    return health["sessions_by_kind"].get(kind, 0)
+
+
+@pytest.mark.parametrize("door", DOORS)
+async def test_a_flooding_client_that_never_reads_is_closed_after_the_send_timeout(slow_server, door):
+    # Within its time limit: only the send timeout may end it (the log says which did).
+    port, sent, ended = await flood_never_reading(slow_server, door, TIME_LIMIT_S + 15)
+    assert ended, f"{sent} frames sent and never closed"
+    assert f"{door} 127.0.0.1:{port}: closing with 1008: the client read nothing for {SEND_TIMEOUT_S:g} s " \
+           f"(--ws-send-timeout)" in slow_server.log(), slow_server.log()[-3000:]
+    await eventually_async(lambda: _no_sessions(slow_server, door), 10, f"its {door} session closed")
+
+
+async def _no_sessions(srv, kind: str) -> bool:
+    return await sessions_of(srv, kind) == 0
+
+
+async def test_frames_over_max_fps_are_acked_rate_and_the_rest_taken(slow_server):
+    ws = await websockets.connect(slow_server.ws_url, max_size=None)
+    try:
+        await ws.send(json.dumps({"type": "session.config"}))
+        count = 200  # sent at once: far more than a second's worth at the default 60 a second
+        for n in range(count):
+            await ws.send(json.dumps({"type": "video.frame", "data": TINY_JPEG, "frame_id": n}))
+        messages = [await recv(ws) for _ in range(count)]
+    finally:
+        await ws.close()
+    assert all(m["type"] == "video.frame.ack" for m in messages), [m for m in messages if m["type"] != "video.frame.ack"]
+    reasons = [m.get("reason") for m in messages]
+    assert "rate" in reasons and reasons[0] is None, reasons  # the first are taken (kept or filtered), the excess not
+    assert all(not m["accepted"] for m in messages if m.get("reason") == "rate")
+    assert sum(r != "rate" for r in reasons) < count
+
+
+@pytest.fixture(scope="module")
+def limit_server(tiny_omni_path, artifacts_dir):
+    """A send timeout far past the time limit: the limit is what must end a client that reads nothing.
+    The model need not load: a socket session is a session while it loads."""
+    args = [*TINY_SERVER_ARGS, *SERVER_ARGS, "--ws-idle-timeout", "300", "--ws-send-timeout", "300",
+            "--session-time-limit", str(SHORT_LIMIT_S)]
+    srv = start_server(args, artifacts_dir / "server-time-limit.log", loaded=False)
+    yield srv
+    stop_server(srv)
+
+
+SHORT_LIMIT_S = 6
+
+
+@pytest.mark.parametrize("door", DOORS)
+async def test_a_flooding_client_that_never_reads_is_ended_at_its_time_limit(limit_server, door):
+    port, sent, ended = await flood_never_reading(limit_server, door, SHORT_LIMIT_S + 60)
+    assert ended, f"{sent} frames sent and never closed"
+    log_text = limit_server.log()
+    assert f"{door} 127.0.0.1:{port}: error sent: Session ended: reached the session time limit" in log_text, \
+        log_text[-3000:]
+    assert f"{door} 127.0.0.1:{port}: closing with 1008" not in log_text  # not the send timeout
+    await eventually_async(lambda: _no_sessions(limit_server, door), 10, f"its {door} session closed")

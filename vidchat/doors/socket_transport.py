@@ -267,7 +267,7 @@ class SocketSender:
         if self.stuck is not None:
             return
         self.stuck = why
-        log.warning("%s %s: closing: %s (%d acks dropped)", self.door, self.peer, why, self.dropped_acks)
+        log.warning("%s %s: closing with 1008: %s (%d acks dropped)", self.door, self.peer, why, self.dropped_acks)
         self._queue.clear()
         self._queued_bytes = 0
         self._mark_gone()
