@@ -154,10 +154,10 @@ def test_an_unreadable_suite_is_not_added_to(tmp_path):
     root.mkdir()
     (root / "suite.toml").write_text('name = "a\x7fb"\n')  # what a DEL written as is did to a suite
     made: list[str] = []
-    with pytest.raises(suite_cases.SuiteUnreadable, match="fix it before adding to it"):
+    with pytest.raises(suite_cases.SuiteConflict, match="fix it before adding to it"):
         _add(root, made=made)
     (root / "suite.toml").write_text('name = "s"\ncase = [{ video = "v.mp4" }]\n')  # a static array: no [[case]] after it
-    with pytest.raises(suite_cases.SuiteUnreadable):
+    with pytest.raises(suite_cases.SuiteConflict):
         _add(root, made=made)
     assert made == [] and (root / "suite.toml").read_text() == 'name = "s"\ncase = [{ video = "v.mp4" }]\n'
 

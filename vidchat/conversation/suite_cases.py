@@ -36,8 +36,9 @@ ADDED_BY_FILE = ".added-by.json"
 Baseline = dict[str, dict[str, dict[str, str]]]  # {model: {case: {ask index: answer}}}
 
 
-class SuiteUnreadable(ValueError):
-    """A suite file as it is on disk can't be read, so nothing is added to it."""
+class SuiteConflict(ValueError):
+    """The suite as it is on disk can't take the case (a file of it can't be
+    read, or it has a case of that name); nothing is added to it."""
 
 
 class TooManyCases(ValueError):
@@ -56,7 +57,7 @@ def _suite_text(root: Path) -> str | None:
     except FileNotFoundError:
         return None
     except (OSError, UnicodeDecodeError) as exc:
-        raise SuiteUnreadable(f"{file} can't be read ({exc}); fix it before adding to it") from None
+        raise SuiteConflict(f"{file} can't be read ({exc}); fix it before adding to it") from None
 
 
 def _parsed(root: Path, text: str | None) -> dict[str, Any]:
@@ -65,7 +66,7 @@ def _parsed(root: Path, text: str | None) -> dict[str, Any]:
     try:
         return tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
-        raise SuiteUnreadable(f"{root / SUITE_FILE} can't be read ({exc}); fix it before adding to it") from None
+        raise SuiteConflict(f"{root / SUITE_FILE} can't be read ({exc}); fix it before adding to it") from None
 
 
 def _names(data: dict[str, Any]) -> list[str]:
@@ -144,7 +145,7 @@ def _case_table(case: dict[str, Any]) -> Any:
 
 def _with_case(root: Path, text: str | None, case: dict[str, Any]) -> str:
     """suite.toml's text with ``case`` added after its last case, the rest as it was;
-    SuiteUnreadable when the result would not read back as exactly that."""
+    SuiteConflict when the result would not read back as exactly that."""
     try:
         doc = tomlkit.parse(text) if text else tomlkit.document()
         if not text:
@@ -154,22 +155,22 @@ def _with_case(root: Path, text: str | None, case: dict[str, Any]) -> str:
         doc["case"].append(_case_table(case))
         new = tomlkit.dumps(doc)
     except (TOMLKitError, TypeError, ValueError) as exc:
-        raise SuiteUnreadable(f"{root / SUITE_FILE}: a case can't be added to it ({exc})") from None
+        raise SuiteConflict(f"{root / SUITE_FILE}: a case can't be added to it ({exc})") from None
     _check_added(root, text, new, case)
     return new
 
 
 def _check_added(root: Path, old: str | None, new: str, case: dict[str, Any]) -> None:
-    """Raise SuiteUnreadable unless ``new`` reads, with tomllib, as ``old`` plus ``case``."""
+    """Raise SuiteConflict unless ``new`` reads, with tomllib, as ``old`` plus ``case``."""
     try:
         data = tomllib.loads(new)
     except tomllib.TOMLDecodeError as exc:
-        raise SuiteUnreadable(f"{root / SUITE_FILE}: with the case added it would not read ({exc})") from None
+        raise SuiteConflict(f"{root / SUITE_FILE}: with the case added it would not read ({exc})") from None
     before = _parsed(root, old) if old else {"name": root.resolve().name}
     cases = data.pop("case", None)
     if not (isinstance(cases, list) and cases and cases[-1] == case
             and cases[:-1] == before.pop("case", []) and data == before):
-        raise SuiteUnreadable(f"{root / SUITE_FILE}: with the case added it would not read as the same suite "
+        raise SuiteConflict(f"{root / SUITE_FILE}: with the case added it would not read as the same suite "
                               "plus that case; nothing was changed")
 
 
@@ -179,9 +180,9 @@ def _read_json(path: Path) -> dict[str, Any]:
     except FileNotFoundError:
         return {}
     except (OSError, ValueError) as exc:
-        raise SuiteUnreadable(f"{path} can't be read ({exc}); fix it before adding to it") from None
+        raise SuiteConflict(f"{path} can't be read ({exc}); fix it before adding to it") from None
     if not isinstance(data, dict):
-        raise SuiteUnreadable(f"{path}: expected a JSON object, got {type(data).__name__}")
+        raise SuiteConflict(f"{path}: expected a JSON object, got {type(data).__name__}")
     return data
 
 
@@ -196,14 +197,14 @@ def _check_json(text: str) -> None:
 def append_case(root: Path, name: str, bundle: Path, *, contains: Sequence[str] = (),
                 same_as_baseline: bool = False, note: str = "", mark: dict[str, str] | None = None) -> None:
     """Add a bundle case named ``name`` to suite.toml (made, with the folder's
-    name, when there is none); ValueError (Unwritable, SuiteUnreadable) when it
+    name, when there is none); ValueError (Unwritable, SuiteConflict) when it
     can't be, the file then as it was."""
     case = _case(name, bundle.relative_to(root).as_posix(), contains, same_as_baseline, note, mark)
     _writable_case(case)
     with locked(root):
         text = _suite_text(root)
         if name in _names(_parsed(root, text)):
-            raise SuiteUnreadable(f"{root / SUITE_FILE} already has a case named {name!r}")
+            raise SuiteConflict(f"{root / SUITE_FILE} already has a case named {name!r}")
         new = _with_case(root, text, case)
         write_whole(root / SUITE_FILE, new, lambda back: _check_added(root, text, back, case))
 

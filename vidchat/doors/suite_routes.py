@@ -93,7 +93,7 @@ def router(state: Any) -> APIRouter:
             raise HTTPException(400, str(exc)) from None
         except suite_cases.TooManyCases as exc:
             raise HTTPException(403, str(exc)) from None
-        except suite_cases.SuiteUnreadable as exc:
+        except suite_cases.SuiteConflict as exc:
             raise HTTPException(409, str(exc)) from None
         except OSError as exc:
             raise HTTPException(500, f"could not write to the suite: {exc}") from None
