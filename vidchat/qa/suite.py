@@ -193,6 +193,9 @@ async def ask_cases(suite: Suite, state: Any, settings: Any, model: str, out: Pa
     async def one(case: Case) -> list[AskResult]:
         async with room:
             records = await _ask_case(case, state, settings, model, out, role)
+        # A case's clip or bundle by its path in the suite: the page shows errors, not the server's paths.
+        records = [{**rec, "error": rec["error"].replace(f"{suite.root}/", "")} if "error" in rec else rec
+                   for rec in records]
         results = [_result(case, i, model, rec, baseline, accepting) for i, rec in enumerate(records)]
         for r in results:
             progress(r)
