@@ -472,6 +472,20 @@ def test_client_streams_a_video_file(server, tmp_path):
 
 
 @pytest.mark.engine
+def test_client_fast_paces_a_long_clip_under_the_servers_frame_rate(server):
+    """--fast sends a clip quicker than real time but at most --fast-fps
+    frames a second (50, under the server's --ws-max-fps of 60): a clip
+    longer than the server's one-second burst loses no frame to the rate
+    limit. Sent unpaced, 200 frames in well under a second were cut to about
+    60 (acked reason "rate")."""
+    res = run_client(server, "--synthetic", "--duration", "8", "--fps", "25", "--fast", "--json", timeout=120)
+    assert res.returncode == 0, res.stdout + res.stderr
+    msgs = [json.loads(line) for line in res.stdout.splitlines() if line.strip()]
+    evs = next(m for m in msgs if m["type"] == "response.evs_stats")
+    assert evs["total_count"] == 200, evs
+
+
+@pytest.mark.engine
 def test_client_fails_without_a_server(server):
     res = run_client(server, "--synthetic", "--url", f"ws://127.0.0.1:{free_port()}/v1/video/chat/stream",
                      timeout=30)

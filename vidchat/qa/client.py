@@ -23,6 +23,7 @@ import asyncio
 import base64
 import json
 import logging
+import math
 import sys
 import time
 from dataclasses import dataclass, field
@@ -33,6 +34,8 @@ from vidchat.qa.client_media import Event, jpeg_b64, media_of
 log = logging.getLogger("vidchat.qa.client")
 
 DEFAULT_URL = "ws://127.0.0.1:7860/v1/video/chat/stream"
+# --fast's pace: under the server's default --ws-max-fps (60), whose excess it drops.
+FAST_FPS = 50.0
 
 
 @dataclass(order=True)
@@ -129,13 +132,15 @@ async def send_json(ws: Any, msg: dict[str, Any]) -> None:
 
 
 async def stream(ws: Any, events: Iterator[Event], questions: list[Question], printer: Printer,
-                 fast: bool, quality: int, send_pts: bool = True) -> int:
+                 fast: bool, quality: int, send_pts: bool = True, fast_fps: float = FAST_FPS) -> int:
     """Send frames/audio paced by their timestamps and the questions at theirs; returns frames sent.
 
     Real time: a question goes out at its time even if the previous answer is
     still streaming (the server then interrupts that answer). --fast: the
     stream pauses until the previous answer is complete, so each question
-    sees exactly the frames up to its time. Each frame and audio chunk carries
+    sees exactly the frames up to its time, and frames go at most ``fast_fps``
+    a second (the server drops those above its --ws-max-fps, 60 by default,
+    before decoding them: a clip sent faster would lose frames). Each frame and audio chunk carries
     its time in the clip as ``pts_ms``, so the server places it on the
     session's timeline where it belongs whatever the sending speed.
     """
@@ -143,6 +148,7 @@ async def stream(ws: Any, events: Iterator[Event], questions: list[Question], pr
     loop = asyncio.get_running_loop()
     t0 = loop.time()
     frames = 0
+    last_frame_at = -math.inf
 
     async def ask(q: Question, wait: bool) -> None:
         if wait:
@@ -159,6 +165,11 @@ async def stream(ws: Any, events: Iterator[Event], questions: list[Question], pr
                 await asyncio.sleep(delay)
         timing = {"pts_ms": round(t * 1000.0, 3)} if send_pts else {}
         if kind == "frame":
+            if fast:
+                delay = last_frame_at + 1.0 / fast_fps - loop.time()
+                if delay > 0:
+                    await asyncio.sleep(delay)
+                last_frame_at = loop.time()
             await send_json(ws, {"type": "video.frame", "data": jpeg_b64(payload, quality), **timing})
             frames += 1
             if frames % 50 == 0:
@@ -216,7 +227,7 @@ async def run(args: argparse.Namespace) -> int:
 
             reader = asyncio.create_task(read())
             sender = asyncio.create_task(stream(ws, events, args.ask, printer, args.fast, args.jpeg_quality,
-                                                   send_pts=not args.no_pts))
+                                                   send_pts=not args.no_pts, fast_fps=args.fast_fps))
             # Whichever ends first: the sender (all sent and answered) or the reader (server closed).
             await asyncio.wait({reader, sender}, return_when=asyncio.FIRST_COMPLETED)
             if sender.done():
@@ -270,6 +281,9 @@ def build_parser() -> argparse.ArgumentParser:
     src.add_argument("--fast", action="store_true",
                      help="send as fast as possible instead of in real time; each question then waits "
                      "for the previous answer")
+    src.add_argument("--fast-fps", type=float, default=FAST_FPS,
+                     help="with --fast: most frames sent a second (keep it under the server's --ws-max-fps, "
+                     "which drops frames above it)")
     src.add_argument("--no-pts", action="store_true",
                      help="send no pts_ms with frames and audio (as a seed-protocol client does); the server "
                      "then stamps them on arrival, so --fast compresses the clip's timeline")
@@ -304,8 +318,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if bool(args.video) == args.synthetic:
         parser.error("give a video file or --synthetic (not both)")
-    if args.fps <= 0 or args.duration <= 0 or args.max_width < 16 or not 1 <= args.jpeg_quality <= 95:
-        parser.error("--fps and --duration must be positive, --max-width >= 16, --jpeg-quality 1..95")
+    if args.fps <= 0 or args.fast_fps <= 0 or args.duration <= 0 or args.max_width < 16 or not 1 <= args.jpeg_quality <= 95:
+        parser.error("--fps, --fast-fps and --duration must be positive, --max-width >= 16, --jpeg-quality 1..95")
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO, stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s", datefmt="%H:%M:%S")
     if not args.verbose:
