@@ -28,7 +28,7 @@ from conftest import CACHE_DIR, ROOT, TEST_MAX_IMAGES, TEST_MAX_MODEL_LEN
 from vidchat.conversation import recording
 from vidchat.conversation.answer_path import Answer, AnswerOptions
 from vidchat.media.session import Session
-from vidchat.engine import ReplyStats, Turn, inputs_digest
+from vidchat.engine import EngineOptions, ReplyStats, Turn, inputs_digest
 from vidchat.media import AUDIO_RATE
 
 CLIP_SECONDS = 4.0
@@ -379,7 +379,8 @@ def _answer(audio: bool = True, text: str = "an answer") -> Answer:
     sample = session.sample()
     stats = ReplyStats(frames=len(sample.frames), audio_seconds=0 if sample.audio is None else sample.audio.size
                        / AUDIO_RATE, inputs_sha256=inputs_digest(sample.frames, sample.audio), prompt_tokens=12)
-    reply = types.SimpleNamespace(stats=stats, text=text, engine=types.SimpleNamespace(model_path="/m/tiny"))
+    reply = types.SimpleNamespace(stats=stats, text=text, engine=types.SimpleNamespace(model_path="/m/tiny",
+                                                                                   options=EngineOptions(model="/m/tiny")))
     return Answer("What is it?", reply, sample, AnswerOptions(temperature=0.0, seed=7), prompt_text="<prompt>")
 
 

@@ -134,3 +134,36 @@ async def _until_finished(app, run_id: str) -> None:
     """Wait for the run's task (it ends once its asks are done and its reports written)."""
     tasks = [t for t in asyncio.all_tasks() if t.get_name() == f"suite run {run_id}"]
     await asyncio.gather(*tasks)
+
+
+def test_a_second_models_answer_is_added_as_that_models_baseline(tmp_path, monkeypatch):
+    """Add to suite of an answer the second model gave (Both models, or a
+    re-ask on it): its bundle names --compare-model and the answering
+    engine's options, and its text becomes --compare-model's baseline, never
+    the main model's; the reply names paths within the suite, not the
+    server's folders."""
+    import json
+
+    from vidchat.engine import EngineOptions
+
+    suite = _suite(tmp_path)
+    state = _State(str(suite), compare="tiny-vl", compare_ready=True)
+    state.settings.suite_max_cases = 10
+    state.engine = types.SimpleNamespace(options=EngineOptions(model="main-model"))
+    compare = types.SimpleNamespace(options=EngineOptions(model="second-model", role="compare"))
+    answer = types.SimpleNamespace(question="Which one?", mark=None,
+                                   reply=types.SimpleNamespace(text="the second's words", engine=compare))
+    answer.engine_role = "compare"
+    written = {}
+
+    def write_bundle(bundles, given, *, source, model_option, engine_options, name):
+        written.update(model_option=model_option, engine=engine_options)
+        (bundles / name).mkdir()
+        return bundles / name
+
+    monkeypatch.setattr(suite_routes, "write_bundle", write_bundle)
+    entry = types.SimpleNamespace(session=types.SimpleNamespace(id="s" * 32))
+    reply = suite_routes._add(state, entry, answer, "user:qa", "", [])
+    assert written == {"model_option": "tiny-vl", "engine": compare.options}
+    assert reply == {"case": "which-one", "suite": "suite.toml", "bundle": "bundles/which-one", "model": "tiny-vl"}
+    assert json.loads((suite / "baseline.json").read_text()) == {"tiny-vl": {"which-one": {"0": "the second's words"}}}

@@ -33,7 +33,10 @@ class RecordedReply:
         )
         self.engine = SimpleNamespace(model_path=manifest.get("model") or "",
                                       model_revision=manifest.get("model_revision") or record.get("model_revision")
-                                      or "")
+                                      or "",
+                                      # The engine that answered ("main" or "compare"), as recorded.
+                                      options=SimpleNamespace(role=(manifest.get("engine") or {}).get("role")
+                                                              or record.get("engine") or "main"))
 
     def __aiter__(self) -> "RecordedReply":
         return self

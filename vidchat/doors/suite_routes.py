@@ -22,7 +22,7 @@ from typing import Any
 
 from fastapi import APIRouter, HTTPException, Request
 
-from vidchat.conversation import answer_marks, suite_cases
+from vidchat.conversation import answer_marks, kept, suite_cases
 from vidchat.conversation.recording import write_bundle
 from vidchat.conversation.safe_files import Unwritable, writable
 from vidchat.doors.inputs import PATH_PREFIX, owned_answer
@@ -65,16 +65,20 @@ def _add(state: Any, entry: Any, answer: Any, login: str | None, note: str, word
     root = Path(state.settings.suite_dir)
     slug = re.sub(r"[^A-Za-z0-9]+", "-", answer.question.lower()).strip("-")[:40] or "answer"
 
-    def save(bundles: Path, name: str) -> Path:
-        return Path(write_bundle(bundles, answer, source="page", model_option=state.settings.model,
-                                 engine_options=state.engine.options, name=name))
+    # Filed as the answering model's: a second model's answer is its baseline, not the main model's.
+    model = kept.model_option(state.settings, answer)
 
-    name, target = suite_cases.add_case(root, slug, save, model=state.settings.model, answer=answer.reply.text,
+    def save(bundles: Path, name: str) -> Path:
+        return Path(write_bundle(bundles, answer, source="page", model_option=model,
+                                 engine_options=answer.reply.engine.options, name=name))
+
+    name, target = suite_cases.add_case(root, slug, save, model=model, answer=answer.reply.text,
                                         login=login, max_cases=state.settings.suite_max_cases, contains=words,
                                         note=note, mark=answer.mark)
     log.info("session %s…: answer added to the suite %s as case %s", entry.session.id[:6], root, name)
-    return {"case": name, "suite": str(root / suite_cases.SUITE_FILE), "bundle": str(target),
-            "model": state.settings.model}
+    # Paths relative to the suite's folder: the server's own layout is not the caller's to see.
+    return {"case": name, "suite": suite_cases.SUITE_FILE, "bundle": target.relative_to(root).as_posix(),
+            "model": model}
 
 
 def router(state: Any) -> APIRouter:
