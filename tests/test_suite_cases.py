@@ -246,3 +246,21 @@ def test_the_written_suite_reads_with_tomllib_as_every_run_reads_it(tmp_path):
     data = tomllib.loads((root / "suite.toml").read_text())
     assert data["case"][0]["note"] == 'quote " backslash \\ tab \t newline \n end'
     assert data["case"][0]["ask"][0]["expect"]["contains"] == ["ü", "\u2028"]
+
+
+def test_the_command_lines_add_refused_for_its_note_leaves_no_copy_behind(tmp_path):
+    """``vidchat suite add`` copies the bundle, then adds its case: a note
+    TOML can't hold is refused (ValueError naming the field, said by the
+    command as its error) and the copy is taken back, so the next add of that
+    bundle gets its own name, not a folder left over."""
+    from vidchat.qa.suite_file import add_bundle
+
+    source = tmp_path / "recorded" / "door"
+    source.mkdir(parents=True)
+    (source / "manifest.json").write_text("{}")
+    suite = tmp_path / "suite"
+    with pytest.raises(Unwritable, match="^note can't be written"):
+        add_bundle(suite, source, note="a\ud800b")
+    assert not (suite / "bundles").exists() or not list((suite / "bundles").iterdir())
+    case = add_bundle(suite, source, note="a\x7fb")
+    assert case.name == "door" and case.note == "a\x7fb" and (suite / "bundles" / "door").is_dir()

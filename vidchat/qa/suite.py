@@ -371,7 +371,7 @@ def _main_add(argv: list[str]) -> int:
         read_bundle(args.bundle)  # refused now, not at the next run
         case = add_bundle(args.suite, args.bundle, name=args.name, contains=args.contains,
                           same_as_baseline=args.same_as_baseline, note=args.note)
-    except (SuiteError, BundleError, OSError) as exc:
+    except (SuiteError, BundleError, OSError, ValueError) as exc:  # ValueError: a note or name TOML can't hold
         print(f"vidchat.suite: {exc}", file=sys.stderr)
         return USAGE
     print(f"added case {case.name!r} ({case.bundle}) to {Path(args.suite) / 'suite.toml'}")

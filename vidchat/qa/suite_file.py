@@ -264,6 +264,12 @@ def add_bundle(folder: str | Path, bundle: str | Path, *, name: str | None = Non
         shutil.copytree(source, target)
     else:
         shutil.copyfile(source, target)
-    suite_cases.append_case(root, case_name, target, contains=contains, same_as_baseline=same_as_baseline, note=note,
-                            mark=_bundle_mark(target))
+    try:
+        suite_cases.append_case(root, case_name, target, contains=contains, same_as_baseline=same_as_baseline,
+                                note=note, mark=_bundle_mark(target))
+    except BaseException:
+        # Refused (a note TOML can't hold, a name taken meanwhile): the copy goes too, so no orphan
+        # bundle is left to block the next add of that name.
+        shutil.rmtree(target) if target.is_dir() else target.unlink(missing_ok=True)
+        raise
     return next(c for c in read_suite(root).cases if c.name == case_name)
