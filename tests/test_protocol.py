@@ -486,6 +486,29 @@ def test_client_fast_paces_a_long_clip_under_the_servers_frame_rate(server):
 
 
 @pytest.mark.engine
+async def test_frames_over_the_rate_are_dropped_before_the_filter_and_counted(server):
+    """150 frames sent at once, far above --ws-max-fps (60, in bursts of a
+    second's worth): the filter sees only those taken, and video.done's
+    evs_stats counts the rest as rate_dropped_count; those asked with a
+    frame_id are acked reason "rate"."""
+    ws = await connect(server, max_tokens=2)
+    for i in range(150):
+        await send(ws, {"type": "video.frame", "data": MOVING[i % len(MOVING)], "frame_id": str(i)})
+    await send(ws, {"type": "video.done"})
+    acks, evs = [], None
+    while evs is None:
+        msg = await recv(ws, 60)
+        if msg["type"] == "video.frame.ack":
+            acks.append(msg)
+        elif msg["type"] == "response.evs_stats":
+            evs = msg
+    assert evs["rate_dropped_count"] >= 1 and evs["total_count"] + evs["rate_dropped_count"] == 150, evs
+    # (An ack may itself be dropped for a client that falls behind: at most one per frame.)
+    assert 1 <= sum(a.get("reason") == "rate" for a in acks) <= evs["rate_dropped_count"]
+    await ws.close()
+
+
+@pytest.mark.engine
 def test_client_fails_without_a_server(server):
     res = run_client(server, "--synthetic", "--url", f"ws://127.0.0.1:{free_port()}/v1/video/chat/stream",
                      timeout=30)

@@ -134,7 +134,9 @@ class Connection(SocketSession):
         evs_stats = self.entry.session.stats.get("evs")
         if evs_stats is not None:
             keys = ("retained_count", "dropped_count", "total_count", "drop_rate")
-            await self.send({"type": "response.evs_stats", **{k: evs_stats[k] for k in keys}})
+            # rate_dropped_count: frames over --ws-max-fps, dropped before the filter saw them.
+            await self.send({"type": "response.evs_stats", **{k: evs_stats[k] for k in keys},
+                             "rate_dropped_count": self.entry.session.frames_rate_dropped})
         await self.send({"type": "session.done"})
         await self.close(CLOSE_NORMAL, "session done")
         return "finished (video.done)"
