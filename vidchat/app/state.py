@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from vidchat.app.access import Access
 from vidchat.app.engine_keeper import EngineLife
@@ -23,8 +23,13 @@ from vidchat.engine import ChatEngine, ENGINE_DEAD_MESSAGE, EngineError, EngineO
 from vidchat.media import DEFAULT_STORE_MAX_PIXELS, describe_store_limit
 from vidchat.media.streams import Streams
 
-if TYPE_CHECKING:
-    from vidchat.qa.suite_runs import SuiteRuns
+
+class ClosedAtShutdown(Protocol):
+    """Work the server cancels and awaits as it stops (the Suites panel's
+    runs, vidchat.qa.suite_runs.SuiteRuns): named by what the app does with
+    it, so the app's state imports nothing of qa, which imports the app."""
+
+    async def close(self) -> None: ...
 
 
 @dataclass
@@ -59,7 +64,7 @@ class AppState:
     metrics: Any = None  # vidchat.app.metrics.Metrics once the app serves /metrics
     keeping: asyncio.Task | None = None  # the engine keepers' task (vidchat.app.engine_keeper)
     streams: Streams = field(default_factory=lambda: Streams({}))  # --stream: live streams as sources
-    suite_runs: SuiteRuns | None = None  # the Suites panel's runs (vidchat.app.suite_run_routes), closed at shutdown
+    suite_runs: ClosedAtShutdown | None = None  # the Suites panel's runs (vidchat.app.suite_run_routes), closed at shutdown
 
     def __post_init__(self) -> None:
         self.registry.app = self  # every session's conversation asks with this app's engine and settings

@@ -76,43 +76,12 @@ def running_routes(app: FastAPI, state: AppState, loop_watch: LoopWatch) -> None
         and the Space poll it); the model, the engines' caches, warm-ups and
         the process's tasks and threads only for an operator (the server
         token, or a call on this machine not through a proxy)."""
-        engine = state.engine
-        ok = state.ready
-        counts = {
-            "ok": ok,
-            "status": state.readiness()[1],
-            "sessions": len(state.registry),
-            "sessions_by_kind": state.registry.count_by_kind(),
-            "answers": state.answer_gate.snapshot(),
-            "questions_asked": state.answer_gate.asked,
-        }
         client = request.client.host if request.client else ""
-        if not is_operator(login_of(request.headers), client, request.headers):
-            return JSONResponse(counts, status_code=200 if ok else 503)
-        body = {
-            **counts,
-            "model": state.model_path,
-            "banner": state.banner,
-            "running_requests": engine.running_requests if ok else None,
-            "compare_model": ({"model": state.compare_model_path, "status": state.compare_readiness()[1],
-                               "running_requests": state.compare_engine.running_requests
-                               if state.compare_readiness()[0] else None}
-                              if state.compare_model_path else None),
-            "running_warmups": engine.running_warmups if ok else None,
-            "prewarm": state.prewarmer.snapshot() if state.prewarmer else None,
-            # How many frames vLLM's encoder cache holds (vidchat.engine.vllm_args.encoder_cache_budget).
-            "encoder_cache": ({"tokens": engine.encoder_cache_tokens, "tokens_per_frame": engine.tokens_per_frame,
-                               "frames": engine.encoder_cache_tokens // engine.tokens_per_frame}
-                              if ok and engine.tokens_per_frame and engine.encoder_cache_tokens else None),
-            "loop_lag": loop_watch.snapshot(),
-            # What a leak would grow (bench/soak.py samples it with the process's RSS and fds).
-            "process": _process_figures(),
-            # The tabs whose page state Gradio holds (vidchat.doors.page.tab_states keeps them bounded).
-            "page_tabs": _page_tabs(state),
-            # --engine-url: each model server's health (null in-process).
-            "replicas": await replica_health(state),
-        }
-        return JSONResponse(body, status_code=200 if ok else 503)
+        operator = is_operator(login_of(request.headers), client, request.headers)
+        body = _health_counts(state)
+        if operator:
+            body.update(await _health_details(state, loop_watch))
+        return JSONResponse(body, status_code=200 if state.ready else 503)
 
     @app.get("/metrics")
     async def prometheus_metrics() -> Response:
@@ -134,6 +103,45 @@ def running_routes(app: FastAPI, state: AppState, loop_watch: LoopWatch) -> None
         """Start a new loop-lag window (for bench/looplag.py)."""
         loop_watch.reset()
         return {"reset": True}
+
+
+def _health_counts(state: AppState) -> dict[str, Any]:
+    """/api/health for anyone: whether it serves, and how many sessions and answers."""
+    return {
+        "ok": state.ready,
+        "status": state.readiness()[1],
+        "sessions": len(state.registry),
+        "sessions_by_kind": state.registry.count_by_kind(),
+        "answers": state.answer_gate.snapshot(),
+        "questions_asked": state.answer_gate.asked,
+    }
+
+
+async def _health_details(state: AppState, loop_watch: LoopWatch) -> dict[str, Any]:
+    """/api/health's figures for an operator: the models, the engines' work and caches, the process."""
+    engine, ok = state.engine, state.ready
+    return {
+        "model": state.model_path,
+        "banner": state.banner,
+        "running_requests": engine.running_requests if ok else None,
+        "compare_model": ({"model": state.compare_model_path, "status": state.compare_readiness()[1],
+                           "running_requests": state.compare_engine.running_requests
+                           if state.compare_readiness()[0] else None}
+                          if state.compare_model_path else None),
+        "running_warmups": engine.running_warmups if ok else None,
+        "prewarm": state.prewarmer.snapshot() if state.prewarmer else None,
+        # How many frames vLLM's encoder cache holds (vidchat.engine.vllm_args.encoder_cache_budget).
+        "encoder_cache": ({"tokens": engine.encoder_cache_tokens, "tokens_per_frame": engine.tokens_per_frame,
+                           "frames": engine.encoder_cache_tokens // engine.tokens_per_frame}
+                          if ok and engine.tokens_per_frame and engine.encoder_cache_tokens else None),
+        "loop_lag": loop_watch.snapshot(),
+        # What a leak would grow (bench/soak.py samples it with the process's RSS and fds).
+        "process": _process_figures(),
+        # The tabs whose page state Gradio holds (vidchat.doors.page.tab_states keeps them bounded).
+        "page_tabs": _page_tabs(state),
+        # --engine-url: each model server's health (null in-process).
+        "replicas": await replica_health(state),
+    }
 
 
 def _page_tabs(state: AppState) -> dict[str, int] | None:
