@@ -65,6 +65,7 @@ SHARED_FIXTURE_GROUPS = {
     # the suite's `vllm serve` (tiny_vllm_serve)
     "test_hosting": "vllm-serve", "test_hosting_page": "vllm-serve", "test_space": "vllm-serve",
     "test_remote_engine": "vllm-serve", "test_realtime": "vllm-serve", "test_router": "vllm-serve",
+    "test_suite_add": "vllm-serve",
     # the in-process tiny engines (omni_engine, vl_engine)
     "test_engine": "tiny-engines", "test_answer_path": "tiny-engines", "test_video_timing": "tiny-engines",
     "test_conversation": "tiny-engines", "test_prewarm": "tiny-engines", "test_talk": "tiny-engines",
@@ -75,7 +76,7 @@ SHARED_FIXTURE_GROUPS = {
 # long unit is left for the end while the other worker idles.
 LONGEST_FIRST = ["test_preset_qwen", "vllm-serve", "test_webrtc", "test_replay", "test_compare",
                  "test_preset_smolvlm", "test_page", "test_access", "test_app", "test_operations", "test_suite",
-                 "test_page_polish", "tiny-engines", "test_slow_client", "test_bench_soak", "test_page_layout",
+                 "test_page_polish", "test_slow_client", "test_suite_server", "tiny-engines", "test_realtime_clients", "test_bench_soak", "test_page_layout",
                  "test_page_cpu_default", "test_page_suite", "test_streams", "test_bench_page", "test_page_watch",
                  "test_page_talk", "test_protocol", "test_encoder_cache", "test_fuzz"]
 
