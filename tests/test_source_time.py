@@ -201,7 +201,9 @@ class _Stats:
 
 class _Reply:
     stats = _Stats()
-    engine = type("E", (), {"model_path": "m"})()
+    from vidchat.engine import EngineOptions
+
+    engine = type("E", (), {"model_path": "m", "options": EngineOptions(model="m")})()
     text = ""
 
 
