@@ -190,12 +190,24 @@ async def sessions_of(srv, kind: str) -> int:
 
 @pytest.mark.parametrize("door", DOORS)
 async def test_a_flooding_client_that_never_reads_is_closed_after_the_send_timeout(slow_server, door):
-    # Within its time limit: only the send timeout may end it (the log says which did).
+    # Within its time limit: only the send timeout may end it (the log says which did). Such a
+    # client soon stops sending too (its full receive buffer makes its TCP drop the server's
+    # acknowledgements): nothing then arrives that the server would answer, and the server
+    # must notice without a send of its own (it once waited for the time limit to do it).
+    ended_by = {reason: slow_server.log().count(reason) for reason in (SENT_NOTHING_CLOSE, TIME_LIMIT_CLOSE)}
     port, sent, ended = await flood_never_reading(slow_server, door, TIME_LIMIT_S + 15)
     assert ended, f"{sent} frames sent and never closed"
     assert f"{door} 127.0.0.1:{port}: closing with 1008: the client read nothing for {SEND_TIMEOUT_S:g} s " \
            f"(--ws-send-timeout)" in slow_server.log(), slow_server.log()[-3000:]
     await eventually_async(lambda: _no_sessions(slow_server, door), 10, f"its {door} session closed")
+    log_text = slow_server.log()
+    assert log_text.count(SENT_NOTHING_CLOSE) == ended_by[SENT_NOTHING_CLOSE] + 1, log_text[-3000:]
+    assert log_text.count(TIME_LIMIT_CLOSE) == ended_by[TIME_LIMIT_CLOSE], "ended by its time limit, not the send timeout"
+
+
+# The registry's line as a session closes, by why it closed.
+SENT_NOTHING_CLOSE = f"the client read nothing for {SEND_TIMEOUT_S:g} s (--ws-send-timeout), "
+TIME_LIMIT_CLOSE = "reached the session time limit"
 
 
 async def _no_sessions(srv, kind: str) -> bool:
@@ -242,3 +254,33 @@ async def test_a_flooding_client_that_never_reads_is_ended_at_its_time_limit(lim
         log_text[-3000:]
     assert f"{door} 127.0.0.1:{port}: closing with 1008" not in log_text  # not the send timeout
     await eventually_async(lambda: _no_sessions(limit_server, door), 10, f"its {door} session closed")
+
+
+async def test_a_client_that_stops_sending_and_never_reads_is_closed_after_the_send_timeout(slow_server):
+    """A client that sends a burst of frames, then neither reads nor sends
+    (what a never-reading flood comes to once its own TCP stalls): nothing
+    arrives that the server would answer, so no send of the server's looks
+    at the client, and it was left open until its time limit. The server
+    sees on its own that its acks stay unread, and closes it after
+    --ws-send-timeout, well within the limit."""
+    ended_by = {reason: slow_server.log().count(reason) for reason in (SENT_NOTHING_CLOSE, TIME_LIMIT_CLOSE)}
+    path, opening, frame = DOORS["ws"]
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    sock.setblocking(False)
+    await asyncio.get_running_loop().sock_connect(sock, ("127.0.0.1", slow_server.port))
+    ws = await websockets.asyncio.client.connect(f"ws://127.0.0.1:{slow_server.port}{path}", max_queue=1,
+                                                 ping_interval=None, sock=sock)
+    try:
+        await ws.send(json.dumps(opening))
+        for n in range(500):  # each asks for an ack: far more than a 4 KB buffer holds
+            await ws.send(json.dumps(frame(n)))
+
+        def closed_for_reading_nothing() -> bool:
+            return slow_server.log().count(SENT_NOTHING_CLOSE) == ended_by[SENT_NOTHING_CLOSE] + 1
+
+        await eventually_async(closed_for_reading_nothing, TIME_LIMIT_S + 10, "closed for reading nothing")
+    finally:
+        ws.transport.abort()
+    await eventually_async(lambda: _no_sessions(slow_server, "ws"), 10, "its session closed")
+    assert slow_server.log().count(TIME_LIMIT_CLOSE) == ended_by[TIME_LIMIT_CLOSE], "ended by its time limit"

@@ -83,6 +83,8 @@ MAX_QUEUED_BYTES = 1 << 20
 CLOSE_FLUSH_S = 2.0
 # How often a close looks whether the client has taken what was sent to it.
 DELIVERY_POLL_S = 0.05
+# How often an idle writer looks whether the client takes what waits for it.
+READ_CHECK_S = 0.5
 
 
 class _CloseFrame:
@@ -219,6 +221,19 @@ class SocketSender:
             for wait in waits:
                 wait.cancel()
 
+    async def _watch_while_idle(self) -> None:
+        """Wait for something to send, looking every READ_CHECK_S whether the
+        client still takes what the kernel holds for it. A client that stops
+        reading can stop sending too (its full receive buffer makes its TCP
+        drop the segments that acknowledge its own data, so its sends stall):
+        then nothing arrives that the server would answer, no send looks, and
+        without this the connection sat open until the keepalive pings gave up."""
+        while not self._has_work.is_set():
+            try:
+                await asyncio.wait_for(self._has_work.wait(), READ_CHECK_S)
+            except asyncio.TimeoutError:
+                self._check_reading()
+
     async def _write(self) -> None:
         """The writer task: sends what is queued, in order, each send bounded by ``send_timeout``."""
         while True:
@@ -226,7 +241,7 @@ class SocketSender:
                 if self._closed:
                     return  # the client left: nothing more will be queued
                 self._has_work.clear()
-                await self._has_work.wait()
+                await self._watch_while_idle()
                 continue
             item, _ = self._queue.popleft()
             if isinstance(item, _CloseFrame):
