@@ -132,6 +132,9 @@ async def test_frames_consumed_names_the_sampled_frames_before_the_first_delta(s
 # ---- video.query audio_data: spoken questions ------------------------------
 
 async def test_a_question_spoken_in_the_query_is_the_audio_the_model_gets(server, question_speech):
+    from test_operations import scrape, value
+
+    before = scrape(server)
     ws = await connect(server, **SHORT)
     for i, data in enumerate(MOVING):
         await send(ws, {"type": "video.frame", "data": data, "pts_ms": i * 500})
@@ -153,6 +156,12 @@ async def test_a_question_spoken_in_the_query_is_the_audio_the_model_gets(server
     stats = check_answer(await until(ws, "response.text.done"))["stats"]
     assert stats["spoken_question"] is not None and "Answer in one word." in stats["prompt"]
     assert stats["audio_seconds"] == pytest.approx(seconds, abs=2 / AUDIO_RATE)
+    # /metrics counts spoken questions as Talk's, not the chat's typed ones.
+    after = scrape(server)
+    for kind, grew in (("talk", 2), ("chat", 0)):
+        labels = {"door": "socket", "status": "completed", "engine": "main", "kind": kind}
+        assert value(after, "vidchat_answers_total", **labels) - value(before, "vidchat_answers_total", **labels) \
+            == grew, kind
 
     # Unusable audio: a clear error, and the session goes on.
     for audio_data, error in [("not base64!!", "Invalid base64 in video.query 'audio_data'"),

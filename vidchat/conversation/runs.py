@@ -141,6 +141,8 @@ class AnswerRun:
             return "second"
         if self.slot is not self.conversation:
             return "reask"
+        if self.answer.spoken is not None:  # Talk, a socket's server_vad turn, or a video.query's audio_data
+            return "talk"
         return KIND_OF_CAUSE.get(self.answer.cause, "chat")
 
     async def cancel(self, why: str | None = None) -> None:
