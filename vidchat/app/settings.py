@@ -194,8 +194,9 @@ class Settings(ModelSettings):
     ws_max_fps: float = _opt(
         60.0, "Socket doors (WebSocket protocol, Realtime API): most frames a session takes in a second, in bursts "
         "of up to a second's worth; frames above it are dropped before they are decoded (the seed's ack says "
-        "reason 'rate', the Realtime door's error code is 'rate') and counted in the session's stats "
-        "(frames_rate_dropped), so one client cannot make the server decode thousands of frames a second.",
+        "reason 'rate', the Realtime door's error code is 'rate') and counted (the seed's video.done answers "
+        "them as response.evs_stats.rate_dropped_count), so one client cannot make the server decode thousands of "
+        "frames a second.",
     )
     # --- WebRTC -------------------------------------------------------
     ice_servers: str = _opt(
