@@ -19,6 +19,7 @@ import socket
 import threading
 import time
 
+import psutil
 import pytest
 import websockets
 import websockets.asyncio.client
@@ -280,6 +281,15 @@ async def test_a_client_that_stops_sending_and_never_reads_is_closed_after_the_s
             return slow_server.log().count(SENT_NOTHING_CLOSE) == ended_by[SENT_NOTHING_CLOSE] + 1
 
         await eventually_async(closed_for_reading_nothing, TIME_LIMIT_S + 10, "closed for reading nothing")
+        # Cut with a reset: the server's end of the connection is gone at once, not left
+        # sending a FIN behind the acks the client never read (it stayed for minutes).
+        client_port = sock.getsockname()[1]
+
+        def server_end_gone() -> bool:
+            return not any(c.laddr and c.laddr.port == slow_server.port and c.raddr and c.raddr.port == client_port
+                           for c in psutil.net_connections(kind="tcp"))
+
+        await eventually_async(server_end_gone, 10, "the server's end of the connection closed")
     finally:
         ws.transport.abort()
     await eventually_async(lambda: _no_sessions(slow_server, "ws"), 10, "its session closed")

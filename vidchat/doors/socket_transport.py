@@ -425,6 +425,12 @@ def _abort_transport(websocket: "WebSocket") -> None:
     open for nobody. Does nothing on a server where the transport cannot be found."""
     transport = _find_transport(websocket)
     if transport is not None:
+        try:
+            # A reset, not a FIN queued behind what the client never read: the
+            # kernel then frees that data at once instead of retrying it for minutes.
+            transport.get_extra_info("socket").setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        except (AttributeError, OSError):
+            pass  # not a socket's transport, or closed meanwhile: a plain abort
         transport.abort()
 
 
