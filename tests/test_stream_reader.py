@@ -10,6 +10,7 @@ tests/test_stream_outage.py."""
 
 from __future__ import annotations
 
+import contextlib
 import threading
 from types import SimpleNamespace
 from typing import Callable, Iterator
@@ -194,29 +195,30 @@ def hls_site(tmp_path):
     httpd.shutdown()
 
 
+@contextlib.contextmanager
+def _watched(name: str, url: str) -> Iterator[tuple[StreamReader, Session]]:
+    """A reader of ``url`` with one session attached, detached and closed after."""
+    reader = StreamReader(name, url, linger_s=0.2)
+    session = _session(name[0] * 8)
+    reader.attach(session)
+    try:
+        yield reader, session
+    finally:
+        reader.detach(session)
+        reader.close()
+
+
 def test_a_playlist_from_http_may_not_make_the_server_read_its_files(hls_site):
     """Issue 57, point 17: the stream is refused, and its error names the URL refused."""
     site, segment = hls_site
-    reader = StreamReader("bad", f"{site}/bad/index.m3u8", linger_s=0.2)
-    session = _session("h" * 8)
-    reader.attach(session)
-    try:
+    with _watched("bad", f"{site}/bad/index.m3u8") as (reader, session):
         eventually(lambda: reader.state == RECONNECTING and reader.error, 20, "the playlist refused")
         assert f"the playlist names a file: URL ({segment.as_uri()})" in reader.error, reader.error
         assert "may not open (protocols allowed: http,https,tcp,tls,crypto)" in reader.error
         assert reader.offered == 0 and session.stats["frames_received"] == 0
-    finally:
-        reader.detach(session)
-        reader.close()
 
 
 def test_a_playlist_of_http_segments_still_plays(hls_site):
     site, _ = hls_site
-    reader = StreamReader("good", f"{site}/good/index.m3u8", linger_s=0.2)
-    session = _session("g" * 8)
-    reader.attach(session)
-    try:
+    with _watched("good", f"{site}/good/index.m3u8") as (reader, session):
         eventually(lambda: reader.state == LIVE and session.stats["frames_received"] >= 3, 20, "HLS frames")
-    finally:
-        reader.detach(session)
-        reader.close()
