@@ -367,11 +367,13 @@ async def test_foreign_host_websocket_is_refused(server):
 
 @pytest.mark.engine
 def test_oversized_bodies_get_413(server):
-    # The default --max-body-bytes is 16 MiB, on the page's API as on /webrtc/* and /api/*.
+    # Each route its own bound (vidchat.app.guard.BODY_BOUNDS): an offer 64 KiB, the page's API
+    # --max-body-bytes (1 MiB by default); each refusal names the bound it met.
     big = b'{"type": "offer", "sdp": "' + b"a" * (17 << 20) + b'"}'
-    for path in ("/webrtc/offer", "/gradio_api/queue/join"):
+    for path, said in (("/webrtc/offer", "a WebRTC offer takes at most 65536 bytes"),
+                       ("/gradio_api/queue/join", "--max-body-bytes")):
         status, body = call(server, "POST", path, big, {"Content-Type": "application/json"})
-        assert status == 413 and "--max-body-bytes" in body["detail"], path
+        assert status == 413 and said in body["detail"], (path, body)
     # Without a Content-Length (chunked), counted as it arrives.
     for path in ("/webrtc/close", "/gradio_api/call/ask"):
         conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=15)

@@ -54,7 +54,8 @@ async def test_an_answer_added_to_the_suite_from_the_page_passes_suite_run(serve
             said = form.locator(".vc-add-suite-said")
             await page.wait_for_function("document.querySelector('#vc-inputs .vc-add-suite-said')"
                                          "?.textContent.startsWith('added as case')", timeout=30_000)
-            assert str(suite_server.suite_dir / "suite.toml") in await said.inner_text()
+            # Named within the suite's folder: the server's own paths are not the page's to show.
+            assert await said.inner_text() == "added as case “what-is-in-front-of-the-camera” to suite.toml"
             await page.screenshot(path=str(artifacts_dir / "page-add-to-suite.png"), full_page=True)
 
             # The Suites panel: the case is listed, and a run on the server's own model passes it.

@@ -22,7 +22,8 @@ from vidchat.devtools import synthetic
 from conftest import ROOT, SESSION_IDLE_TIMEOUT, free_port, eventually_async
 
 NO_FRAMES = "No frames available. Send video.frame before video.query."
-EVS_KEYS = {"retained_count", "dropped_count", "total_count", "drop_rate"}
+# The seed's four, and the frames dropped over --ws-max-fps before the filter saw them.
+EVS_KEYS = {"retained_count", "dropped_count", "total_count", "drop_rate", "rate_dropped_count"}
 STATIC_JPEG = base64.b64encode(synthetic.encode_jpeg(synthetic.static_clip(120, 160, n=1).frames[0])).decode()
 # Small, all different: the filter keeps every one of them.
 MOVING = [base64.b64encode(j).decode() for j in synthetic.cuts_clip(120, 160, cuts=8, hold=1).jpegs()]

@@ -412,19 +412,21 @@ ANSWER_TOKENS = 8
 
 @pytest.mark.timeout(600)
 async def test_a_hundred_questions_in_one_chat_all_answer_within_the_context(server):
-    """The page sends its whole chat with each question; once that outgrows
-    --max-model-len (4096 tokens here) the oldest turns are left out, and the
-    record says how many went. No question fails for length."""
+    """The chat the model gets is the conversation's own (the /ask API's
+    history is only the caller's picture of it, echoed back, so none is sent
+    here: a hundred exchanges of it would pass the page API's body bound);
+    once it outgrows --max-model-len (4096 tokens here) the oldest turns are
+    left out, and the record says how many went. No question fails for length."""
     client = RtcClient(server.url, SyntheticVideo())
     await client.connect()
     try:
         await wait_for(lambda: _enough(client, frames=10), timeout=20)
         gradio = Client(server.url + "/", verbose=False)
-        history, records = [], []
+        records = []
         for i in range(100):
             history, _, stats = await asyncio.to_thread(
                 lambda: submit(server, client.session_id, f"Question {i}: {LONG_QUESTION}", k=1, max_tokens=ANSWER_TOKENS,
-                               temperature=1.0, history=history, gradio=gradio).result(120))
+                               temperature=1.0, gradio=gradio).result(120))
             # Sampled, not greedy: greedy decoding of the random model drifts
             # into tokens that decode to no text, and an empty answer is not
             # a turn of the chat, which then stops growing.
