@@ -81,6 +81,8 @@ def body_bound(path: str, max_body_bytes: int) -> tuple[int, str]:
         if route == bound.path or (bound.path.endswith("/") and path.startswith(bound.path)) or not bound.path:
             return (max_body_bytes if bound.limit is None else bound.limit), bound.carries
     raise AssertionError("BODY_BOUNDS ends with a catch-all")
+
+
 _SAFE_METHODS = ("GET", "HEAD")
 
 
@@ -129,7 +131,7 @@ class Guard:
         login, refusal = await self._login(scope, headers)
         scope = _with_login(scope, login)
         needs = route_kind(path)
-        if needs == "operator" and (refusal is not None or not self._operator_ok(scope, headers, login)):
+        if needs == "operator" and (refusal is not None or not is_operator(login, (scope.get("client") or ("", 0))[0], headers)):
             await _deny(scope, receive, send, 403, "Operator endpoint: send the server token (Authorization: "
                                                    "Bearer), or call it from the server's own machine, not "
                                                    "through a proxy")
@@ -188,9 +190,6 @@ class Guard:
                     return None, (403, f"The Hugging Face user {user!r} is not on this server's --hf-users")
                 return user_login(user), None
         return None, None
-
-    def _operator_ok(self, scope: Scope, headers: dict[str, str], login: str | None) -> bool:
-        return is_operator(login, (scope.get("client") or ("", 0))[0], headers)
 
     async def _body(self, scope: Scope, receive: Receive, send: Send, headers: dict[str, str]) -> bytes | None:
         """The whole request body, at most its route's bound (body_bound);
