@@ -17,6 +17,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from vidchat.devtools import harness  # noqa: E402
+
 RESULTS = ROOT / "bench" / "results"
 # As bench/ingest.py: the tiny model and a small KV cache, so start-up stays short on 2 cores.
 BASE_ARGS = ["--model", "tiny", "--kv-cache-gb", "0.25", "--max-model-len", "4096", "--max-images", "16"]

@@ -61,8 +61,17 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "bench")]
 
 from _server import (  # noqa: E402
-    RESULTS, Server, cpu_seconds, fmt, log_problem_summary, percentile, quiet_loggers, rss_mb, start_server,
-    stop_server, token_args,
+    RESULTS,
+    Server,
+    cpu_seconds,
+    fmt,
+    log_problem_summary,
+    percentile,
+    quiet_loggers,
+    rss_mb,
+    start_server,
+    stop_server,
+    token_args,
 )
 from load import QUESTIONS, Answer, Frames, PageClient, WsClient, gradio_client  # noqa: E402
 

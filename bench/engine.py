@@ -28,7 +28,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from vidchat.app import presets
+from vidchat.app import models
 from vidchat.app.server import engine_options  # noqa: E402
 from vidchat.app.settings import Settings  # noqa: E402
 from vidchat.devtools import tinymodel  # noqa: E402
@@ -46,21 +46,21 @@ def test_frames(n: int, seed: int) -> list[np.ndarray]:
 
 def preset_model(name: str, true_size: bool) -> Path:
     """A random-weight folder with the preset's true configuration."""
-    preset = presets.get(name)
+    preset = models.preset_named(name)
     if preset is None:
         raise SystemExit(f"no preset {name!r}; see: python app.py --model list")
     cache = Settings().cache_dir
     if preset.family == "smolvlm":
-        from vidchat.devtools import archbuild_smolvlm
+        from vidchat.devtools import smolvlm_build
 
-        variant = archbuild_smolvlm.variant_of(name)
-        layers = archbuild_smolvlm._true_config(variant)["text_config"]["num_hidden_layers"]
+        variant = smolvlm_build.variant_of(name)
+        layers = smolvlm_build._true_config(variant)["text_config"]["num_hidden_layers"]
         if true_size:
-            return archbuild_smolvlm.ensure(cache, variant, text_layers=layers, vision_layers=None)
-        return archbuild_smolvlm.ensure(cache, variant)
-    from vidchat.devtools import archbuild_qwen
+            return smolvlm_build.ensure(cache, variant, text_layers=layers, vision_layers=None)
+        return smolvlm_build.ensure(cache, variant)
+    from vidchat.devtools import qwen_build
 
-    return archbuild_qwen.ensure(cache, name, true_size=true_size)
+    return qwen_build.ensure(cache, name, true_size=true_size)
 
 
 def add_model_args(parser: argparse.ArgumentParser, kv_cache_gb: float = 0.5) -> None:
@@ -80,7 +80,7 @@ def engine_for(args: argparse.Namespace) -> EngineOptions:
         global FRAME_SIZE
         FRAME_SIZE = (240, 320)  # as vidchat stores frames
         path = args.model if args.model != "tiny" else str(preset_model(args.preset, args.true_size))
-        settings = presets.apply(Settings(kv_cache_gb=args.kv_cache_gb), presets.get(args.preset))
+        settings = models.apply_preset(Settings(kv_cache_gb=args.kv_cache_gb), models.preset_named(args.preset))
         options = engine_options(settings, str(path), tiny=False)
         options.max_images = max(options.max_images, args.frames)
         if args.dtype:

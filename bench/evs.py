@@ -34,11 +34,11 @@ from PIL import Image
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
-from vidchat.media.session import Session, SessionSettings  # noqa: E402
-from vidchat.media.sampling import uniform_indices  # noqa: E402
 from vidchat.devtools import synthetic  # noqa: E402
 from vidchat.media import AUDIO_RATE
 from vidchat.media.evs import FrameFilter  # noqa: E402
+from vidchat.media.sampling import uniform_indices  # noqa: E402
+from vidchat.media.session import Session, SessionSettings  # noqa: E402
 
 SIZES = [(480, 640), (720, 1280)]
 REPEATS = 5

@@ -48,17 +48,17 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from engine import preset_model  # noqa: E402  (bench/engine.py: random-weight true-size presets)
 from warm import rows as warm_rows  # noqa: E402  (bench/warm.py: the cold/warm/slid rows)
 
-from vidchat import conversation
-from vidchat.app import presets
+from vidchat.app import models
 from vidchat.app.server import engine_options  # noqa: E402
 from vidchat.app.settings import Settings  # noqa: E402
-from vidchat.conversation.answer_path import AnswerOptions  # noqa: E402
-from vidchat.media.session import SessionSettings  # noqa: E402
+from vidchat.conversation import conversation, runs
+from vidchat.conversation.answers import AnswerOptions
 from vidchat.conversation.registry import SessionRegistry  # noqa: E402
 from vidchat.devtools import tinymodel  # noqa: E402
 from vidchat.engine import EngineOptions  # noqa: E402
 from vidchat.engine.local import LocalEngine  # noqa: E402
 from vidchat.media import AUDIO_RATE  # noqa: E402
+from vidchat.media.session import SessionSettings  # noqa: E402
 
 log = logging.getLogger("bench.gpu")
 SIDE = 448
@@ -84,10 +84,10 @@ def options_for(name: str, true_size: bool) -> EngineOptions:
         path = tinymodel.ensure(Settings().cache_dir, "omni")
         return EngineOptions(model=str(path), dtype="float32", max_model_len=8192, kv_cache_gb=0.5, max_images=16,
                              max_image_pixels=PIXELS, encoder_cache_frames=2 * 16)
-    preset = presets.get(name)
+    preset = models.preset_named(name)
     if preset is None:
         raise SystemExit(f"no preset {name!r}; see: python app.py --model list")
-    settings = presets.apply(Settings(), preset)
+    settings = models.apply_preset(Settings(), preset)
     options = engine_options(settings, str(preset_model(name, true_size)), tiny=False)
     options.max_image_pixels = PIXELS
     options.max_images = max(options.max_images, 16)
@@ -117,7 +117,7 @@ async def question(engine: LocalEngine, entry, options: AnswerOptions, text: str
     run = await entry.ask(text, options, engine=engine, continues_chat=False)
     first = None
     async for event in run.events():
-        if isinstance(event, conversation.Delta) and first is None:
+        if isinstance(event, runs.Delta) and first is None:
             first = time.perf_counter() - t0
     answer = run.answer
     stats = answer.reply.stats
@@ -209,7 +209,7 @@ async def main() -> None:
     for name in models:
         options = options_for(name, true_size=not args.reduced)
         rows = await measure(options, name, repeats, tokens)
-        family = presets.get(name).family if presets.get(name) else "tiny"
+        family = models.preset_named(name).family if models.preset_named(name) else "tiny"
         if family in PRUNING_FAMILIES:
             rows[f"16 frames as video, pruned {PRUNING_RATE:g}"] = await pruned_video(options, repeats, tokens)
         else:

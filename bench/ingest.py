@@ -84,7 +84,7 @@ from aiortc import MediaStreamTrack, RTCConfiguration, RTCPeerConnection, RTCRtp
 from aiortc.mediastreams import MediaStreamError  # noqa: E402
 
 from vidchat.devtools import harness, synthetic  # noqa: E402
-from vidchat.devtools.rtc_client import RtcClient, VIDEO_CLOCK  # noqa: E402
+from vidchat.devtools.rtc_client import VIDEO_CLOCK, RtcClient  # noqa: E402
 
 WIDTH, HEIGHT, FPS = 640, 480, 30
 CLIP_SECONDS = 10

@@ -61,17 +61,27 @@ from typing import Any, Awaitable, Callable
 import numpy as np
 import psutil
 from aiortc import RTCSessionDescription
-from websockets.asyncio.client import ClientConnection, connect
 from gradio_client import Client as GradioClient
+from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "bench")]
 
 from _server import (  # noqa: E402
-    RESULTS, Server, cpu_seconds, fmt, log_problem_summary, percentile, quiet_loggers, rss_mb, start_server,
-    stop_server, token_args,
+    RESULTS,
+    Server,
+    cpu_seconds,
+    fmt,
+    log_problem_summary,
+    percentile,
+    quiet_loggers,
+    rss_mb,
+    start_server,
+    stop_server,
+    token_args,
 )
+
 from vidchat.devtools import synthetic  # noqa: E402
 from vidchat.devtools.rtc_client import RtcClient, SyntheticVideo  # noqa: E402
 

@@ -1,5 +1,5 @@
 """Long-chat benchmark: questions once a chat has outgrown the model's
-context, with the kept turns cut a step at a time (vidchat.engine.history_cut)
+context, with the kept turns cut a step at a time (vidchat.engine.prompts)
 against the latest cut that fits (a pair left out every question, the rule
 before), in the same run, through real vLLM.
 
@@ -36,15 +36,17 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from engine import add_model_args, engine_for, pct  # noqa: E402  (bench/engine.py: the same model choice)
 
-from vidchat.engine import Turn  # noqa: E402
-from vidchat.engine import history_cut  # noqa: E402
+from vidchat.engine import (
+    Turn,  # noqa: E402
+    prompts,
+)
 from vidchat.engine.local import LocalEngine  # noqa: E402
 
 log = logging.getLogger("bench.longchat")
 WORDS = ("red blue green door window table chair lamp person cup book plant left right moves stands "
          "near behind under light dark small large picture camera room").split()
 ANSWER_TOKENS = 8
-RULES = {"step": history_cut.CUT_STEP_SHARE, "latest": 0.0}  # a share of 0: a step of one token
+RULES = {"step": prompts.CUT_STEP_SHARE, "latest": 0.0}  # a share of 0: a step of one token
 
 
 def sentence(rng: random.Random, words: int) -> str:
@@ -57,7 +59,7 @@ def frame(rng: random.Random) -> np.ndarray:
 
 async def ask_in_turn(engine: LocalEngine, rule: str, questions: int, seed: int) -> list:
     """A chat that fills the context, then ``questions`` more: each question's ReplyStats."""
-    history_cut.CUT_STEP_SHARE = RULES[rule]
+    prompts.CUT_STEP_SHARE = RULES[rule]
     rng = random.Random(seed)
     history: list[Turn] = []
     # Pairs of ~60 and ~25 words until the chat alone is over the context.
@@ -83,7 +85,7 @@ async def run(args: argparse.Namespace) -> None:
         for rule in ("step", "latest"):
             results[rule] = await ask_in_turn(engine, rule, args.questions, seed=7 if rule == "step" else 8)
     finally:
-        history_cut.CUT_STEP_SHARE = RULES["step"]
+        prompts.CUT_STEP_SHARE = RULES["step"]
         engine.shutdown()
 
     figures = {}

@@ -4,7 +4,7 @@ Every session's signalling, RTP packets, WebSocket frames and streamed answer
 tokens go through one asyncio loop. Work that holds that loop (a decode, a big
 JSON parse, a base64 decode, a lock wait) delays all of them at once, so the
 loop's lag is what every user feels as jitter. The server measures it itself
-(vidchat/app/loopwatch.py: a task that asks to wake every 10 ms and records how
+(vidchat/app/metrics.py: a task that asks to wake every 10 ms and records how
 late it woke) and reports it in `GET /api/health` under `loop_lag`; this
 script only loads the server and reads that.
 
@@ -59,6 +59,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "bench")]
 
 from ingest import SERVER_ARGS, BenchClient, EncodedVideo, encode_clip, http_json, start_server, stop_server  # noqa: E402
+
 from vidchat.devtools.rtc_client import RtcClient, SyntheticVideo  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results"

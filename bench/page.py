@@ -50,7 +50,15 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from vidchat.devtools import harness  # noqa: E402
 from vidchat.devtools.page import (  # noqa: E402
-    BOT_MESSAGES, WEBCAM_SIZE, launch, next_frame, open_and_start, set_setting, wait_for_answer, write_wav, write_y4m,
+    BOT_MESSAGES,
+    WEBCAM_SIZE,
+    launch,
+    next_frame,
+    open_and_start,
+    set_setting,
+    wait_for_answer,
+    write_wav,
+    write_y4m,
 )
 
 log = logging.getLogger("bench.page")
@@ -163,7 +171,7 @@ async def _mode(page, server: harness.Server, questions: int, mode: str, typing_
     summary = summarise(*await _round(page, server, questions, typing_ms), questions)
     health = server.get_json("/api/health")
     # With warm-ups on, the page's Enter has the server take each question's
-    # sample at once and warm it (vidchat.conversation.prewarm question_now); off, never.
+    # sample at once and warm it (vidchat.conversation.warmup question_now); off, never.
     taken_at_enter = health["prewarm"]["pins_used"] - pins_before
     summary.update(mode_run=switched["mode"], loop_lag_so_far=health["loop_lag"], samples_taken_at_enter=taken_at_enter)
     return summary
@@ -171,7 +179,7 @@ async def _mode(page, server: harness.Server, questions: int, mode: str, typing_
 
 def _labels() -> dict[str, str]:
     """The page's label of each sampling rule, by its name."""
-    from vidchat.conversation.settings_table import SETTINGS
+    from vidchat.conversation.asking import SETTINGS
 
     return {value: label for label, value in SETTINGS["sampling"].page_choices()}
 

@@ -39,12 +39,12 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "bench")]
 
-from _server import RESULTS, fmt, percentile, quiet_loggers, start_server, stop_server  # noqa: E402
-from load import Answer, Frames, Tally, WsClient, ask_while_streaming, run_ws  # noqa: E402
-from openai import AsyncOpenAI  # noqa: E402
 # Imported here, not lazily by the first `api.realtime`: a lazy import on the event loop while a worker thread
 # imports gradio_client raced in CI ("partially initialized module 'httpx'").
 import openai.resources.realtime  # noqa: E402,F401
+from _server import RESULTS, fmt, percentile, quiet_loggers, start_server, stop_server  # noqa: E402
+from load import Answer, Frames, Tally, WsClient, ask_while_streaming, run_ws  # noqa: E402
+from openai import AsyncOpenAI  # noqa: E402
 
 log = logging.getLogger("bench.realtime")
 

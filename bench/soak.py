@@ -56,7 +56,8 @@ sys.path[:0] = [str(ROOT), str(ROOT / "bench")]
 from _server import RESULTS, Server, fmt, quiet_loggers, start_server, stop_server, token_args  # noqa: E402
 from load import QUESTIONS, Answer, Frames, PageClient, WsClient  # noqa: E402
 from realtime import RealtimeClient  # noqa: E402
-from vidchat.devtools.waits import eventually_async  # noqa: E402
+
+from vidchat.devtools.harness import eventually_async
 
 log = logging.getLogger("bench.soak")
 DOORS = ("page", "socket", "realtime")

@@ -39,9 +39,9 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "bench")]
 
 from _server import RESULTS, start_server, stop_server  # noqa: E402
-from vidchat.devtools.free_ports import allocate_port  # noqa: E402
+
+from vidchat.devtools.harness import allocate_port, eventually, eventually_async
 from vidchat.devtools.stream_sources import start_rtsp_camera  # noqa: E402
-from vidchat.devtools.waits import eventually, eventually_async  # noqa: E402
 from vidchat.media.session import Session  # noqa: E402
 from vidchat.media.streams import LIVE, StreamReader  # noqa: E402
 

@@ -1,5 +1,5 @@
 """Talk mode benchmark: from the end of a spoken question to its answer's
-first token, through vidchat's own listener (vidchat.conversation.talk), answer path and
+first token, through vidchat's own listener (vidchat.conversation.modes), answer path and
 real vLLM.
 
     .venv/bin/python bench/talk.py [--utterances 20] [--silence-ms 500]
@@ -43,14 +43,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from engine import add_model_args, engine_for  # noqa: E402  (bench/engine.py: the same model choice)
 
-from vidchat import conversation
-from vidchat.conversation import talk  # noqa: E402
-from vidchat.conversation.answer_path import AnswerOptions  # noqa: E402
-from vidchat.media.session import SessionSettings  # noqa: E402
+from vidchat.conversation import conversation, modes, runs
+from vidchat.conversation.answers import AnswerOptions
 from vidchat.conversation.registry import SessionRegistry  # noqa: E402
-from vidchat.devtools import synthetic_audio as sa  # noqa: E402
+from vidchat.devtools import synthetic as sa
 from vidchat.engine.local import LocalEngine  # noqa: E402
 from vidchat.media import AUDIO_RATE  # noqa: E402
+from vidchat.media.session import SessionSettings  # noqa: E402
 from vidchat.media.vad import SpeechStarted, TurnDetector, TurnSettings, Utterance  # noqa: E402
 
 log = logging.getLogger("bench.talk")
@@ -89,11 +88,11 @@ async def speak_in_real_time(entry, audio: np.ndarray) -> float:
     return start + audio.size / AUDIO_RATE
 
 
-async def first_token(run: conversation.AnswerRun) -> float:
+async def first_token(run: runs.AnswerRun) -> float:
     """When the run's first text came; the run is read to its end."""
     first = None
     async for event in run.events():
-        if isinstance(event, conversation.Delta) and first is None:
+        if isinstance(event, runs.Delta) and first is None:
             first = time.monotonic()
     return first if first is not None else time.monotonic()
 
@@ -106,7 +105,7 @@ async def spoken_round(engine, args) -> dict[str, list[float]]:
     frames = asyncio.create_task(feed_frames(entry, stop))
     await asyncio.sleep(args.frames * 0.5 + 0.5)
     settings = TurnSettings(min_silence_s=args.silence_ms / 1000)
-    listener = talk.listener(entry, settings)
+    listener = modes.listener(entry, settings)
     voices = [sa.speech(p, words_per_minute=150 + 10 * (i % 4)) for i, p in enumerate(PHRASES)]
     out: dict[str, list[float]] = {"decision": [], "engine": [], "total": [], "typed": [], "extra": []}
     try:

@@ -1,5 +1,5 @@
 """Warm-up benchmark: what keeping a session's frames prefilled buys, through
-real vLLM and vidchat's own answer path (vidchat.conversation.answer_path, vidchat.conversation.prewarm).
+real vLLM and vidchat's own answer path (vidchat.conversation.asking, vidchat.conversation.warmup).
 
     .venv/bin/python bench/warm.py [--frames 16] [--repeats 5] [--sessions 16]
     .venv/bin/python bench/warm.py --preset smolvlm2-256m --true-size
@@ -43,14 +43,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from engine import add_model_args, engine_for  # noqa: E402  (bench/engine.py: the same model choice)
 
-from vidchat import conversation  # noqa: E402
-from vidchat.conversation import answer_path
-from vidchat.conversation.answer_queue import AnswerQueue  # noqa: E402
-from vidchat.conversation.answer_path import AnswerOptions  # noqa: E402
-from vidchat.conversation.prewarm import Prewarmer  # noqa: E402
-from vidchat.media.session import SessionSettings  # noqa: E402
+from vidchat.conversation import asking, conversation, runs
+from vidchat.conversation.answers import AnswerOptions, AnswerQueue
 from vidchat.conversation.registry import SessionRegistry  # noqa: E402
+from vidchat.conversation.warmup import Prewarmer
 from vidchat.engine.local import LocalEngine  # noqa: E402
+from vidchat.media.session import SessionSettings  # noqa: E402
 
 log = logging.getLogger("bench.warm")
 FRAME = (240, 320)
@@ -77,7 +75,7 @@ async def ttft(engine, entry, options, question="What happens in this video?",
     t0 = time.perf_counter()
     first = None
     async for event in run.events():
-        if isinstance(event, conversation.Delta):
+        if isinstance(event, runs.Delta):
             first = time.perf_counter() - t0
             await run.cancel()
     if first is None:
@@ -97,7 +95,7 @@ def text_of_length(engine, tokens: int) -> str:
 
 
 async def warm(engine, entry, options) -> None:
-    prepared = await asyncio.to_thread(answer_path.prepare, engine, entry, entry.session.sample(), options, (), "", True)
+    prepared = await asyncio.to_thread(asking.prepare, engine, entry, entry.session.sample(), options, (), "", True)
     await engine.warm(prepared)
 
 
@@ -172,7 +170,7 @@ async def audio_rows(engine, frames: int, repeats: int) -> dict[str, float]:
             # What the prewarmer would warm: the finished segments, or (one
             # clip) all the audio so far.
             warm_sample = session.sample() if form == "one_clip" else session.sample().without_audio_tail()
-            await engine.warm(await asyncio.to_thread(answer_path.prepare, engine, entry, warm_sample, options, (), "",
+            await engine.warm(await asyncio.to_thread(asking.prepare, engine, entry, warm_sample, options, (), "",
                                                       True))
             session.add_audio((rng.standard_normal(16000) * 0.1).astype(np.float32), t=100.0 + frames)
             ms, _, cached[form] = await ttft(engine, entry, options)
@@ -220,7 +218,7 @@ async def load(engine, sessions: int, frames: int, rounds: int, prewarm: bool) -
                 run = await entry.ask("What changed?", options)
                 t0 = time.perf_counter()
                 async for event in run.events():
-                    if isinstance(event, conversation.Delta):
+                    if isinstance(event, runs.Delta):
                         times.append((time.perf_counter() - t0) * 1000)
                         await run.cancel()
                 await asyncio.sleep(0.3)  # a user reads, then asks again

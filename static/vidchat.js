@@ -75,7 +75,7 @@ whenShown("#vc-start").then((button) => {
 });
 
 // A reloaded tab that was running comes back to its session: the same
-// buffer, and the chat as the server keeps it (vidchat/doors/page/chat_view.py).
+// buffer, and the chat as the server keeps it (vidchat/doors/page/chat.py).
 const before = resumeAfterReload();
 if (before) {
   Promise.all([whenShown("#vc-start"), whenShown("#vidchat-session-id")]).then(() => {
@@ -99,7 +99,7 @@ window.vidchat = {
   // (counted by the page's own events, vidchat/doors/page/layout.py): equal counts mean
   // no typed question is still being answered.
   questions: { asked: 0, finished: 0 },
-  // Diagnostics: Clear chat events ended (vidchat/doors/page/events.py),
+  // Diagnostics: Clear chat events ended (vidchat/doors/page/layout.py),
   // each once its empty chat is shown.
   clears: 0,
   // Diagnostics: the candidate types of the pair ICE chose, e.g.

@@ -19,11 +19,11 @@ from pathlib import Path
 import pytest
 
 from vidchat.devtools import harness, tinymodel, vllm_servers
-from vidchat.devtools.harness import ROOT, Server  # noqa: F401 - re-exported for the test modules
-from vidchat.devtools.free_ports import allocate_port  # noqa: F401 - re-exported
-from vidchat.devtools.waits import NeverHappened, eventually, eventually_async  # noqa: F401 - re-exported
-from vidchat.devtools.machine_share import MachineShare
-from vidchat.devtools.tiers import count_engine_start  # noqa: F401 - re-exported
+from vidchat.devtools.harness import ROOT, NeverHappened, Server, allocate_port, eventually, eventually_async  # noqa: F401 - re-exported for the test modules
+from vidchat.devtools.tiers import (
+    MachineShare,
+    count_engine_start,  # noqa: F401 - re-exported
+)
 from vidchat.engine import EngineOptions
 from vidchat.engine.local import LocalEngine
 
@@ -52,7 +52,7 @@ SESSION_IDLE_TIMEOUT = 20
 SERVER_ARGS = ["--ws-idle-timeout", "4", "--ws-config-timeout", "2",
                "--session-idle-timeout", str(SESSION_IDLE_TIMEOUT),
                # Closed tabs' page state forgotten within a second or two, and the rounds that keep
-               # every tab's bounded run every 0.5 s, under all the page tests (vidchat.doors.page.tab_states).
+               # every tab's bounded run every 0.5 s, under all the page tests (vidchat.doors.page.layout).
                "--closed-tab-timeout", "1"]
 
 free_port = allocate_port  # the name the older test modules use

@@ -83,7 +83,7 @@ def with_audio(meta: dict[str, Any], pixels: list[np.ndarray], seconds: float,
                says: float | None = None) -> tuple[dict[str, Any], bytes]:
     """``meta`` with ``seconds`` of silence as its audio, whose manifest says
     it lasts ``says`` seconds (default: the truth); (the manifest, the WAV)."""
-    from vidchat.conversation.bundle_format import wav_bytes
+    from vidchat.conversation.bundles import wav_bytes
     from vidchat.media import AUDIO_RATE
 
     audio = np.zeros(round(seconds * AUDIO_RATE), np.float32)

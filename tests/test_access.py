@@ -16,13 +16,23 @@ import urllib.request
 import pytest
 import websockets
 from aiortc import RTCPeerConnection
+from conftest import (
+    CACHE_DIR,
+    ROOT,
+    SERVER_ARGS,
+    TEST_MAX_IMAGES,
+    TEST_MAX_MODEL_LEN,
+    Server,
+    eventually,
+    eventually_async,
+    free_port,
+    stop_server,
+)
 from playwright.async_api import async_playwright
-
-from vidchat.devtools.page import ask as page_ask, launch, wait_for_answer, write_wav, write_y4m
-
-from conftest import (CACHE_DIR, ROOT, SERVER_ARGS, TEST_MAX_IMAGES, TEST_MAX_MODEL_LEN, Server, free_port,
-                      stop_server, eventually, eventually_async)
 from test_protocol import SHORT, check_answer, expect_error, frames, recv, send, until
+
+from vidchat.devtools.page import ask as page_ask
+from vidchat.devtools.page import launch, wait_for_answer, write_wav, write_y4m
 
 TOKEN = "s3cret-token"
 USER, PASSWORD = "alice", "wonderland"
@@ -486,7 +496,7 @@ async def test_recording_is_opt_in_and_bundles_download_with_the_same_inputs(gua
     import io
     import zipfile
 
-    from vidchat.conversation.recording import read_bundle
+    from vidchat.conversation.bundles import read_bundle
 
     tab, gradio = await logged_in_tab(guarded)
     try:

@@ -8,13 +8,12 @@ import logging
 import time
 
 import pytest
+from conftest import eventually_async
 
 from vidchat.app.access import Access, AccessError, default_allowed_hosts, parse_auth
-from vidchat.app.log_redaction import RedactAccessLog, redact_query
-from vidchat.conversation.answer_queue import Abandoned, AnswerQueue
+from vidchat.app.logs import RedactAccessLog, redact_query
+from vidchat.conversation.answers import Abandoned, AnswerQueue
 from vidchat.conversation.registry import SessionRegistry, TooManySessions
-
-from conftest import eventually_async
 
 pytestmark = pytest.mark.unit
 
@@ -163,7 +162,7 @@ def test_on_a_space_the_page_signs_in_with_hugging_face(monkeypatch):
 def test_the_access_log_keeps_what_a_person_reads_not_what_a_page_polls():
     import logging
 
-    from vidchat.app.log_redaction import QuietPolling
+    from vidchat.app.logs import QuietPolling
 
     def kept(method, path, status):
         record = logging.LogRecord("uvicorn.access", logging.INFO, __file__, 1, '%s - "%s %s HTTP/%s" %d',

@@ -11,7 +11,7 @@ import types
 
 import pytest
 
-from vidchat.conversation import answer_marks
+from vidchat.conversation import bundles
 from vidchat.conversation.suite_cases import append_case
 from vidchat.qa.suite_file import add_bundle, read_suite
 from vidchat.qa.suite_report import report_html
@@ -31,27 +31,27 @@ def fake_bundle(folder, mark=None):
 @pytest.mark.parametrize("mark, note, said", [
     ("meh", "", 'mark must be "good" or "bad"'),
     ("bad", 3, "note must be text"),
-    ("good", "x" * (answer_marks.MAX_NOTE + 1), f"at most {answer_marks.MAX_NOTE} characters"),
+    ("good", "x" * (bundles.MAX_NOTE + 1), f"at most {bundles.MAX_NOTE} characters"),
 ])
 def test_a_mark_is_good_or_bad_with_a_short_note(mark, note, said):
     with pytest.raises(ValueError, match=said):
-        answer_marks.checked(mark, note)
-    assert answer_marks.checked("bad", "  missed the red light ") == {"mark": "bad", "note": "missed the red light"}
-    assert answer_marks.checked("", "ignored") is None  # empty takes a mark back
+        bundles.checked(mark, note)
+    assert bundles.checked("bad", "  missed the red light ") == {"mark": "bad", "note": "missed the red light"}
+    assert bundles.checked("", "ignored") is None  # empty takes a mark back
 
 
 def test_marking_a_recorded_answer_writes_its_bundle_and_taking_it_back_clears_it(tmp_path):
     bundle = fake_bundle(tmp_path / "0001")
     entry = types.SimpleNamespace(bundles={"a1": str(bundle)})
     answer = types.SimpleNamespace(mark=None)
-    verdict = answer_marks.checked("bad", "described the frame before")
-    assert answer_marks.mark_answer(entry, "a1", answer, verdict) == str(bundle)
+    verdict = bundles.checked("bad", "described the frame before")
+    assert bundles.mark_answer(entry, "a1", answer, verdict) == str(bundle)
     manifest = json.loads((bundle / "manifest.json").read_text())
     assert answer.mark == manifest["mark"] == manifest["record"]["mark"] == verdict
-    assert answer_marks.mark_answer(entry, "a1", answer, None) == str(bundle)
+    assert bundles.mark_answer(entry, "a1", answer, None) == str(bundle)
     assert json.loads((bundle / "manifest.json").read_text())["mark"] is None and answer.mark is None
     # An answer never recorded keeps its mark on itself (its record says it).
-    assert answer_marks.mark_answer(types.SimpleNamespace(bundles={}), "a2", answer, verdict) is None
+    assert bundles.mark_answer(types.SimpleNamespace(bundles={}), "a2", answer, verdict) is None
     assert answer.mark == verdict
     assert not list(tmp_path.glob("0001/.manifest-*"))  # the manifest is replaced whole, nothing left beside it
 

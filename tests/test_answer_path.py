@@ -10,17 +10,16 @@ import types
 
 import numpy as np
 import pytest
+from conftest import TEST_MAX_IMAGES, eventually_async
 
-from vidchat import conversation
-from vidchat.conversation import answer_path
-from vidchat.conversation.answer_path import AnswerOptions, OptionError
-from vidchat.media.session import SessionSettings
+from vidchat.conversation import asking, conversation, runs
+from vidchat.conversation.answers import AnswerOptions
+from vidchat.conversation.asking import OptionError
+from vidchat.conversation.events import Notice, QuestionRefused
 from vidchat.conversation.registry import SessionRegistry
-from vidchat.conversation.session_events import Notice, QuestionRefused
 from vidchat.doors.page import NOT_RUNNING, page_request
 from vidchat.engine import Turn
-
-from conftest import TEST_MAX_IMAGES, eventually_async
+from vidchat.media.session import SessionSettings
 
 
 def filled_entry(kind="webrtc", n=6, **settings):
@@ -52,7 +51,7 @@ def talking_of(engine, entry):
 async def drain_run(run, seen: list | None = None):
     """Read a run's events to its Done; its deltas into ``seen``."""
     async for event in run.events():
-        if isinstance(event, conversation.Delta) and seen is not None:
+        if isinstance(event, runs.Delta) and seen is not None:
             seen.append(event.text)
     return run.answer.reply.stats
 
@@ -63,8 +62,8 @@ async def test_racing_questions_leave_exactly_one_generation(omni_engine):
     talking = talking_of(omni_engine, entry)
     # Five questions for one session at once, as from two doors or two /ask calls.
     results = await asyncio.gather(*(talking.ask(f"Q{i}", LONG) for i in range(5)), return_exceptions=True)
-    started = [r for r in results if isinstance(r, conversation.AnswerRun)]
-    superseded = [r for r in results if isinstance(r, answer_path.Superseded)]
+    started = [r for r in results if isinstance(r, runs.AnswerRun)]
+    superseded = [r for r in results if isinstance(r, asking.Superseded)]
     assert len(started) == 1 and len(superseded) == 4, results
     winner = started[0]
     assert winner.answer.question == "Q4" and entry.answer is winner.answer  # the last to arrive wins
@@ -72,7 +71,7 @@ async def test_racing_questions_leave_exactly_one_generation(omni_engine):
     seen = 0
     reader = winner.events()
     async for event in reader:
-        if isinstance(event, conversation.Delta):
+        if isinstance(event, runs.Delta):
             assert omni_engine.running_requests == 1
             seen += 1
             if seen == 20:
@@ -116,7 +115,7 @@ async def test_questions_arriving_while_an_abort_winds_down_wait_for_it(omni_eng
 
     streamed: list[str] = []
     results = await asyncio.gather(ask_and_stream("Q1"), ask_and_stream("Q2"), return_exceptions=True)
-    started = [r for r in results if isinstance(r, conversation.AnswerRun)]
+    started = [r for r in results if isinstance(r, runs.AnswerRun)]
     assert [r.answer.question for r in started] == ["Q2"], results
     # The peak is watched until the winner has streamed a while: the aborted
     # one is long gone by then, or it would have overlapped.
@@ -136,7 +135,7 @@ async def test_question_arriving_during_preparation_wins(omni_engine):
     first = asyncio.create_task(talking.ask("first", LONG))
     await asyncio.sleep(0)  # the first is being prepared in its worker thread
     second = await talking.ask("second", AnswerOptions(max_tokens=2, temperature=0.0))
-    with pytest.raises(answer_path.Superseded):
+    with pytest.raises(asking.Superseded):
         await first
     assert entry.answer is second.answer
     await drain_run(second)
@@ -145,13 +144,13 @@ async def test_question_arriving_during_preparation_wins(omni_engine):
 
 @pytest.mark.engine
 async def test_no_frames_is_the_cores_fact_and_each_door_says_what_to_do(omni_engine):
-    from vidchat.doors.page.chat_feed import NO_FRAMES_HINT
-    from vidchat.doors.socket_session import SocketSession
+    from vidchat.doors.page.chat import NO_FRAMES_HINT
+    from vidchat.doors.socket.session import SocketSession
 
     for kind in ("ws", "webrtc"):  # the core says the same to every door
         entry = filled_entry(kind=kind, n=0)
-        with pytest.raises(answer_path.NoFrames) as err:
-            await answer_path.ask(omni_engine, entry, "Hi?", AnswerOptions())
+        with pytest.raises(asking.NoFrames) as err:
+            await asking.ask(omni_engine, entry, "Hi?", AnswerOptions())
         assert str(err.value) == "No frames available."
     assert err.value.said_with(SocketSession.no_frames_hint) == \
         "No frames available. Send video.frame before video.query."
@@ -171,15 +170,15 @@ async def test_no_frames_is_the_cores_fact_and_each_door_says_what_to_do(omni_en
 ])
 def test_options_are_checked_in_one_place(omni_engine, change, fragment):
     with pytest.raises(OptionError, match=fragment.replace("(", r"\(").replace(".", r"\.")):
-        answer_path.check_options(AnswerOptions().updated(**change), omni_engine)
+        asking.check_options(AnswerOptions().updated(**change), omni_engine)
 
 
 @pytest.mark.engine
 def test_frames_per_question_are_counted_against_the_engine_for_images_and_video(omni_engine):
-    answer_path.check_options(AnswerOptions(seed=2**63 - 1), omni_engine, SessionSettings(num_sample_frames=TEST_MAX_IMAGES))
+    asking.check_options(AnswerOptions(seed=2**63 - 1), omni_engine, SessionSettings(num_sample_frames=TEST_MAX_IMAGES))
     for frames_as in ("images", "video"):
         with pytest.raises(OptionError, match=f"carries {TEST_MAX_IMAGES + 1} frames"):
-            answer_path.check_options(AnswerOptions(frames_as=frames_as), omni_engine,
+            asking.check_options(AnswerOptions(frames_as=frames_as), omni_engine,
                                SessionSettings(num_sample_frames=TEST_MAX_IMAGES + 1))
 
 
@@ -213,7 +212,7 @@ def _said(question: str, text: str):
 @pytest.mark.unit
 @pytest.mark.parametrize("change, joins", [
     ({}, True),
-    ({"status": conversation.CANCELLED}, True),  # Stop or a newer question: the text the user saw
+    ({"status": runs.CANCELLED}, True),  # Stop or a newer question: the text the user saw
     ({"text": " "}, False),  # said nothing
     ({"started": False}, False),  # never had a place
     ({"continues_chat": False}, False),  # asked outside the chat (Realtime's conversation "none")
@@ -230,12 +229,12 @@ def test_only_an_answered_exchange_of_this_chat_joins_the_servers_history(change
                                 generation=entry.generation)
     if change.get("older_chat"):
         entry.clear()
-    done = conversation.Done(_said("Colour?", change.get("text", "Blue.")), change.get("status", conversation.COMPLETED),
+    done = runs.Done(_said("Colour?", change.get("text", "Blue.")), change.get("status", runs.COMPLETED),
                              None, change.get("started", True), True, "a1")
     entry._answered(run, done)
     if joins:
         assert entry.history.turns() == (Turn("user", "Colour?"), Turn("assistant", "Blue."))
-        assert entry.history.exchanges[0].stopped == (done.status == conversation.CANCELLED)
+        assert entry.history.exchanges[0].stopped == (done.status == runs.CANCELLED)
     else:
         assert entry.history.turns() == ()
 
@@ -266,7 +265,7 @@ async def test_a_refused_question_and_a_notice_change_nothing_the_engine_sees(om
 @pytest.mark.engine
 async def test_video_answers_carry_their_real_frame_rate(omni_engine):
     entry = filled_entry(n=8)
-    answer = await answer_path.ask(omni_engine, entry, "What moves?", AnswerOptions(frames_as="video", max_tokens=2))
+    answer = await asking.ask(omni_engine, entry, "What moves?", AnswerOptions(frames_as="video", max_tokens=2))
     await drain(answer)
     summary = answer.summary()
     assert summary["frames_as"] == "video" and summary["frame_times"] == [0.0, 2.0, 4.0, 7.0]
@@ -282,9 +281,9 @@ async def test_each_session_has_its_own_prefix_cache_salt(omni_engine):
     options = AnswerOptions(max_tokens=2, temperature=0.0, system_prompt="Watch closely. " * 100)
 
     async def ask(entry):
-        answer = await answer_path.ask(omni_engine, entry, "What is shown?", options)
+        answer = await asking.ask(omni_engine, entry, "What is shown?", options)
         stats = await drain(answer)
-        answer_path.release(entry, answer)
+        asking.release(entry, answer)
         return answer.reply._prompt["cache_salt"], stats
 
     salt_a1, cold = await ask(first)
@@ -305,9 +304,9 @@ async def test_the_answer_record_names_its_exact_inputs(omni_engine):
     options = AnswerOptions(max_tokens=2, temperature=0.0, include_audio=False)
     records = []
     for e in (entry, twin, other):
-        answer = await answer_path.ask(omni_engine, e, "What is shown?", options)
+        answer = await asking.ask(omni_engine, e, "What is shown?", options)
         await drain(answer)
-        answer_path.release(e, answer)
+        asking.release(e, answer)
         records.append((answer, answer.summary()))
     (a, ra), (_, rb), (_, rc) = records
     assert ra["inputs_sha256"] == inputs_digest(a.sample.frames, None) and len(ra["inputs_sha256"]) == 64
@@ -339,10 +338,10 @@ async def test_a_question_being_prepared_when_its_session_closes_never_starts():
             submitted.append(prepared)
             raise AssertionError("a closed session's question reached the engine")
 
-    asked = asyncio.create_task(answer_path.ask(HeldEngine(), entry, "Still there?", AnswerOptions(max_tokens=2)))
+    asked = asyncio.create_task(asking.ask(HeldEngine(), entry, "Still there?", AnswerOptions(max_tokens=2)))
     assert await asyncio.to_thread(preparing.wait, 10)
     assert await registry.close(entry.session.id, "peer closed")
     release.set()
-    with pytest.raises(answer_path.Superseded, match="session closed"):
+    with pytest.raises(asking.Superseded, match="session closed"):
         await asked
     assert submitted == [] and entry.answer is None

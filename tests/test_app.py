@@ -9,8 +9,7 @@ import urllib.request
 
 import psutil
 import pytest
-
-from conftest import ROOT, start_server, stop_server, eventually_async
+from conftest import ROOT, eventually_async, start_server, stop_server
 
 
 def fetch(url: str) -> tuple[int, str]:
@@ -137,19 +136,16 @@ async def test_a_socket_session_runs_while_the_model_loads_and_ctrl_c_leaves_no_
     and is refused once it runs, as this model hears nothing.
     Then, with a tab streaming its camera and a socket open, Ctrl-C tells
     the socket why, exits within seconds and leaves no process behind."""
-    import time
-
-    from playwright.async_api import async_playwright
-
-    from vidchat.devtools.page import launch, open_and_start, write_wav, write_y4m
-
     import asyncio
     import base64
     import json
+    import time
 
     import websockets
+    from playwright.async_api import async_playwright
 
     from vidchat.devtools import synthetic
+    from vidchat.devtools.page import launch, open_and_start, write_wav, write_y4m
 
     # The Realtime socket sends nothing while the model loads and answers:
     # an idle timeout longer than a slow machine's load keeps it open.

@@ -9,7 +9,6 @@ import re
 import sys
 
 import pytest
-
 from conftest import load_script
 
 pytestmark = pytest.mark.engine

@@ -6,7 +6,6 @@ from __future__ import annotations
 import re
 
 import pytest
-
 from conftest import load_script
 
 pytestmark = pytest.mark.browser

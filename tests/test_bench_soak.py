@@ -12,7 +12,6 @@ import subprocess
 import sys
 
 import pytest
-
 from conftest import CACHE_DIR, ROOT
 
 pytestmark = pytest.mark.engine

@@ -8,7 +8,6 @@ import re
 import sys
 
 import pytest
-
 from conftest import load_script
 
 pytestmark = pytest.mark.engine

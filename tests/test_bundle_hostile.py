@@ -7,10 +7,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import hostile_bundles as hb
 import pytest
 from playwright.async_api import async_playwright
-
-import hostile_bundles as hb
 
 pytestmark = pytest.mark.browser
 

@@ -15,19 +15,17 @@ import shutil
 import tracemalloc
 import types
 
+import hostile_bundles as hb
 import numpy as np
 import pytest
-
-from vidchat.conversation import answer_path, kept, recording
-from vidchat.conversation.answer_queue import AnswerQueue
-from vidchat.conversation.answer_path import AnswerOptions
-from vidchat.media.session import SessionSettings
-from vidchat.conversation.registry import SessionRegistry
-from vidchat.doors.page.reask import load_bundle, reask, reask_choices
-from vidchat.doors.webrtc_routes import talk_state_of
-
-import hostile_bundles as hb
 from conftest import eventually_async
+
+from vidchat.conversation import asking, bundles, runs
+from vidchat.conversation.answers import AnswerOptions, AnswerQueue
+from vidchat.conversation.registry import SessionRegistry
+from vidchat.doors.page.questions import load_bundle, reask, reask_choices
+from vidchat.doors.webrtc_routes import talk_state_of
+from vidchat.media.session import SessionSettings
 
 AUDIO_CAP_S = 30.0  # the server's --ws-max-audio-seconds default
 
@@ -98,7 +96,7 @@ async def test_a_bundle_whose_audio_is_longer_than_the_cap_is_refused_naming_the
     assert "Not a bundle vidchat can read" in message and "audio.seconds" in message, message
     assert f"at most {AUDIO_CAP_S:g} s" in message and "--ws-max-audio-seconds" in message, message
     # Read back without a server's cap (replay), the same bundle loads.
-    bundle = recording.read_bundle(hb.write_zip(tmp_path / "b.zip", pixels, meta, wav=wav))
+    bundle = bundles.read_bundle(hb.write_zip(tmp_path / "b.zip", pixels, meta, wav=wav))
     assert bundle.audio.size == (AUDIO_CAP_S + 10) * 16000
 
 
@@ -120,14 +118,14 @@ def test_a_bundle_with_audio_must_say_how_long_it_is_and_counts_it_in_the_decode
     pixels = hb.frames()
     meta, wav = hb.with_audio(hb.manifest(pixels), pixels, 1.0)
     del meta["audio"]["seconds"]
-    with pytest.raises(recording.BundleError, match="'audio.seconds' must be a number"):
-        recording.read_bundle(hb.write_zip(tmp_path / "a.zip", pixels, meta, wav=wav))
+    with pytest.raises(bundles.BundleError, match="'audio.seconds' must be a number"):
+        bundles.read_bundle(hb.write_zip(tmp_path / "a.zip", pixels, meta, wav=wav))
     # Frames just under the budget, plus audio over what is left of it.
     meta = hb.manifest(pixels)
     meta["frames"][0]["width"], meta["frames"][0]["height"] = 10_000, 17_000  # 486 MB decoded
     meta["audio"] = {"file": "audio.wav", "seconds": 500.0}  # 30.5 MB more as float32
-    with pytest.raises(recording.BundleError, match=r"frames and 500 s of audio would decode to 517 MB"):
-        recording.read_bundle(hb.write_zip(tmp_path / "b.zip", [], meta))  # no files: refused before reading
+    with pytest.raises(bundles.BundleError, match=r"frames and 500 s of audio would decode to 517 MB"):
+        bundles.read_bundle(hb.write_zip(tmp_path / "b.zip", [], meta))  # no files: refused before reading
 
 
 # ---- points 6 and 9, through real vLLM -------------------------------------------------------
@@ -217,7 +215,7 @@ async def test_a_reask_is_never_read_aloud_nor_kept_as_a_chat_answer(omni_engine
     assert "Re-asked" in updates[-1]
     assert talk_state_of(entry)["answer"] == said  # and after: the re-ask is never read aloud
     assert list(entry.answers) == chat_ids and [a.ticket for a in entry.answers.values()] == [1, 2, 3]
-    assert [answer_id for answer_id, _ in kept.chat_answers(entry)] == chat_ids[::-1]
+    assert [answer_id for answer_id, _ in runs.chat_answers(entry)] == chat_ids[::-1]
     assert [answer_id for _, answer_id in reask_choices(state, entry.session.id)] == chat_ids[::-1]
     assert entry.warm_history[-2].text == "Question 3?"  # nor is it the chat's last turn
     assert omni_engine.running_requests == 0

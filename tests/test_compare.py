@@ -13,13 +13,21 @@ import zipfile
 from pathlib import Path
 
 import pytest
+from conftest import (
+    SERVER_ARGS,
+    TEST_MAX_IMAGES,
+    TEST_MAX_MODEL_LEN,
+    eventually,
+    eventually_async,
+    start_server,
+    stop_server,
+    until_idle,
+)
 from gradio_client import Client, handle_file
 
 from vidchat.app.settings import Settings
-from vidchat.conversation.recording import png_bytes, read_bundle
+from vidchat.conversation.bundles import png_bytes, read_bundle
 from vidchat.devtools.rtc_client import RtcClient, SyntheticVideo
-
-from conftest import (SERVER_ARGS, TEST_MAX_IMAGES, TEST_MAX_MODEL_LEN, start_server, stop_server, until_idle, eventually, eventually_async)
 
 CHROMIUM = "/usr/bin/chromium"
 # /ask and /reask settings after the session id: k, sampling, window, filter on,
@@ -328,6 +336,6 @@ async def test_the_second_models_answer_is_recorded_counted_and_logged_as_its_ow
         assert grew("vidchat_first_token_seconds_count", **labels) == 1, labels
     assert grew("vidchat_answers_total", door="page", status="completed", engine="main", kind="second") == 0
 
-    from vidchat.conversation.log_context import session_hash
+    from vidchat.conversation.events import session_hash
     log_text = two_models.log_path.read_text()
     assert answer_id not in log_text and f"answer {session_hash(answer_id)} completed" in log_text

@@ -8,17 +8,16 @@ import asyncio
 import contextlib
 
 import pytest
-
-from vidchat import conversation
-from vidchat.conversation import CANCELLED, COMPLETED, Delta, Done, Queued, Started, answer_path
-from vidchat.conversation.answer_queue import AnswerQueue
-
 from conftest import eventually_async
 from test_answer_path import LONG, filled_entry
 
+from vidchat.conversation import asking, conversation
+from vidchat.conversation.answers import AnswerQueue
+from vidchat.conversation.runs import CANCELLED, COMPLETED, Delta, Done, Queued, Started
+
 pytestmark = pytest.mark.engine
 
-SHORT = answer_path.AnswerOptions(max_tokens=6, temperature=0.0)
+SHORT = asking.AnswerOptions(max_tokens=6, temperature=0.0)
 
 
 def kinds(events) -> list[str]:
@@ -35,7 +34,7 @@ async def test_a_run_streams_its_events_in_order_and_ends_with_one_done(omni_eng
     entry = filled_entry()
     entry.state = conversation.Standalone(omni_engine)
     talking = entry
-    run = await talking.ask("What is there?", answer_path.AnswerOptions(max_tokens=8, temperature=0.0))
+    run = await talking.ask("What is there?", asking.AnswerOptions(max_tokens=8, temperature=0.0))
     log: list = []
     await read(run, log, "q")
     names = kinds(e for _, e in log)
@@ -73,11 +72,11 @@ async def test_a_reask_runs_beside_the_chat_and_leaves_its_answer_running(omni_e
     entry.state = conversation.Standalone(omni_engine)
     talking = entry
     log: list = []
-    chat_run = await talking.ask("Describe it.", answer_path.AnswerOptions(max_tokens=40, temperature=0.0, seed=1))
+    chat_run = await talking.ask("Describe it.", asking.AnswerOptions(max_tokens=40, temperature=0.0, seed=1))
     reading = asyncio.create_task(read(chat_run, log, "chat"))
     await eventually_async(lambda: any(isinstance(e, Delta) for _, e in log), 60, "the chat's answer streams")
     original = chat_run.answer
-    again = await talking.reask(original, SHORT, answer_path.frozen_sample(original))
+    again = await talking.reask(original, SHORT, asking.frozen_sample(original))
     assert entry.answer is original  # the chat's slot is untouched
     await read(again, log, "reask")
     await reading
@@ -116,7 +115,7 @@ async def test_a_question_or_history_beyond_the_caps_is_refused_naming_the_field
     """Issue 43 point 4: one cap for a question's text and one for its
     history, in the settings table, checked in the core every door asks
     through, before the running answer is touched."""
-    from vidchat.conversation.settings_table import MAX_HISTORY_CHARS, MAX_HISTORY_TURNS, MAX_QUESTION_CHARS
+    from vidchat.conversation.asking import MAX_HISTORY_CHARS, MAX_HISTORY_TURNS, MAX_QUESTION_CHARS
     from vidchat.engine import Turn
 
     entry = filled_entry()
@@ -136,7 +135,7 @@ async def test_a_question_or_history_beyond_the_caps_is_refused_naming_the_field
     ]
     for kwargs, message, field in refusals:
         question = kwargs.pop("question")
-        with pytest.raises(answer_path.QuestionTooLarge) as refused:
+        with pytest.raises(asking.QuestionTooLarge) as refused:
             await talking.ask(question, SHORT, **kwargs)
         assert message in str(refused.value) and refused.value.field == field
     # The answer that was running was not cancelled by the refusals.
@@ -158,12 +157,12 @@ async def test_a_sampled_answer_records_the_seed_it_drew_and_replays_exactly_wit
     entry = filled_entry()
     entry.state = conversation.Standalone(omni_engine)
     talking = entry
-    sampled = answer_path.AnswerOptions(max_tokens=12, temperature=1.0)
+    sampled = asking.AnswerOptions(max_tokens=12, temperature=1.0)
     first = await (await talking.ask("Describe it.", sampled)).finish()
     seed = first.answer.options.seed
     assert isinstance(seed, int) and first.answer.summary()["seed"] == seed
     assert entry.warm_options.seed is None  # what the next warm-up prepares for is what was asked
-    again = await talking.reask(first.answer, sampled.updated(seed=seed), answer_path.frozen_sample(first.answer))
+    again = await talking.reask(first.answer, sampled.updated(seed=seed), asking.frozen_sample(first.answer))
     assert (await again.finish()).text == first.text
     other = await (await talking.ask("Describe it.", sampled)).finish()
     assert other.answer.options.seed != seed

@@ -10,7 +10,6 @@ import sys
 
 import pytest
 import yaml
-
 from conftest import ROOT
 
 pytestmark = pytest.mark.unit

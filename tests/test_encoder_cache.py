@@ -11,13 +11,12 @@ from __future__ import annotations
 import logging
 
 import pytest
-
 from conftest import tiny_options
 from test_engine import collect, frames
-from vidchat.media.session import Session, SessionSettings
+
 from vidchat.engine import tokens_per_frame
-from vidchat.engine.vllm_args import ENCODER_CACHE_FLOOR_TOKENS, ENCODER_CACHE_MAX_TOKENS, encoder_cache_budget
-from vidchat.engine.local import LocalEngine
+from vidchat.engine.local import ENCODER_CACHE_FLOOR_TOKENS, ENCODER_CACHE_MAX_TOKENS, LocalEngine, encoder_cache_budget
+from vidchat.media.session import Session, SessionSettings
 
 SESSIONS, PER_QUESTION = 8, 16
 

@@ -6,12 +6,11 @@ import asyncio
 
 import numpy as np
 import pytest
+from conftest import TEST_MAX_IMAGES, eventually_async
 
 from vidchat.engine import EngineError, Turn
 from vidchat.engine.local import LocalEngine
 from vidchat.media import AUDIO_RATE
-
-from conftest import TEST_MAX_IMAGES, eventually_async
 
 pytestmark = pytest.mark.engine
 
@@ -48,7 +47,7 @@ def test_the_engine_core_is_started_with_onednns_primitive_cache_bounded(omni_en
     process's environment, so the bound must be in it once the engine runs."""
     import os
 
-    from vidchat.engine.native_memory import ONEDNN_PRIMITIVE_CACHE_CAPACITY
+    from vidchat.engine.local import ONEDNN_PRIMITIVE_CACHE_CAPACITY
 
     assert not omni_engine.closed
     assert os.environ.get("ONEDNN_PRIMITIVE_CACHE_CAPACITY") == ONEDNN_PRIMITIVE_CACHE_CAPACITY
@@ -56,7 +55,7 @@ def test_the_engine_core_is_started_with_onednns_primitive_cache_bounded(omni_en
 
 async def test_the_engine_core_gives_its_free_native_memory_back(omni_engine: LocalEngine):
     """vLLM runs vidchat's worker extension inside the engine core: the trim
-    answers from that process, not this one (vidchat.engine.native_memory)."""
+    answers from that process, not this one (vidchat.engine.local)."""
     import os
 
     import psutil

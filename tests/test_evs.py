@@ -10,7 +10,7 @@ import pytest
 from PIL import Image
 
 from vidchat.devtools import synthetic
-from vidchat.media import evs, thumbnails
+from vidchat.media import evs
 from vidchat.media.evs import FrameError, FrameFilter
 
 pytestmark = pytest.mark.unit
@@ -174,13 +174,13 @@ def test_frame_size_change_mid_stream():
 
 def test_jpeg_and_array_thumbnails_agree():
     x = clip("static", 480, 640).frames[0]
-    a = thumbnails.thumbnail(x)
-    j = thumbnails.thumbnail(synthetic.encode_jpeg(x))
-    assert a.shape == j.shape == (3, thumbnails.GRID_ROWS, thumbnails.GRID_COLS)
+    a = evs.thumbnail(x)
+    j = evs.thumbnail(synthetic.encode_jpeg(x))
+    assert a.shape == j.shape == (3, evs.GRID_ROWS, evs.GRID_COLS)
     assert np.mean(np.abs(a - j)) < 4.0
     # Video planes come in limited ("TV") range, 16..235: close, not equal.
     # The filter only compares frames of one stream with each other.
-    p = thumbnails.thumbnail_from_planes(*yuv420p(x))
+    p = evs.thumbnail_from_planes(*yuv420p(x))
     assert np.mean(np.abs(a - p)) < 8.0
 
 
@@ -188,8 +188,8 @@ def test_non_contiguous_and_pil_inputs():
     x = clip("static", 480, 640).frames[0]
     flipped = x[:, ::-1]
     assert not flipped.flags.c_contiguous
-    np.testing.assert_allclose(thumbnails.thumbnail(flipped), thumbnails.thumbnail(np.ascontiguousarray(flipped)))
-    np.testing.assert_allclose(thumbnails.thumbnail(Image.fromarray(x)), thumbnails.thumbnail(x))
+    np.testing.assert_allclose(evs.thumbnail(flipped), evs.thumbnail(np.ascontiguousarray(flipped)))
+    np.testing.assert_allclose(evs.thumbnail(Image.fromarray(x)), evs.thumbnail(x))
     f = FrameFilter()
     assert f.check(Image.fromarray(x).convert("L"), 0.0)
     assert f.check(np.asarray(Image.fromarray(x).convert("L").convert("RGB")), 0.1) is False
@@ -240,7 +240,7 @@ def test_png_bytes_accepted():
 def yuv420p(rgb: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """The Y, U and V planes a WebRTC decoder hands out for this picture."""
     av = pytest.importorskip("av")
-    from vidchat.media.video_frames import yuv_planes
+    from vidchat.media.session import yuv_planes
 
     luma, (u, v) = yuv_planes(av.VideoFrame.from_ndarray(np.ascontiguousarray(rgb), format="rgb24")
                               .reformat(format="yuv420p"))
@@ -278,7 +278,7 @@ def offer(path: str, rgb: np.ndarray):
 
 def check(f: FrameFilter, path: str, rgb: np.ndarray, t: float) -> bool:
     x = offer(path, rgb)
-    return f.check_thumbnail(thumbnails.thumbnail_from_planes(*x), t) if path == "planes" else f.check(x, t)
+    return f.check_thumbnail(evs.thumbnail_from_planes(*x), t) if path == "planes" else f.check(x, t)
 
 
 PATHS = ["array", "jpeg", "planes"]
@@ -358,11 +358,11 @@ def test_luma_plane_alone_is_judged_on_brightness():
     # A producer without chroma planes keeps the old, luma-only judgement.
     red, blue = solid(equal_luma_colour(0)), solid(equal_luma_colour(5))
     f = FrameFilter()
-    assert f.check_thumbnail(thumbnails.thumbnail_from_array(yuv420p(red)[0]), 0.0)
-    assert f.check_thumbnail(thumbnails.thumbnail_from_array(yuv420p(blue)[0]), 0.1) is False
-    assert f.check_thumbnail(thumbnails.thumbnail_from_planes(*yuv420p(blue)), 0.2) is False  # no colour to compare with
-    assert f.check_thumbnail(thumbnails.thumbnail_from_planes(*yuv420p(red)), 0.3) is False
-    assert f.check_thumbnail(thumbnails.thumbnail_from_planes(*yuv420p(blue)), 0.4) is False  # the reference is still luma-only
+    assert f.check_thumbnail(evs.thumbnail_from_array(yuv420p(red)[0]), 0.0)
+    assert f.check_thumbnail(evs.thumbnail_from_array(yuv420p(blue)[0]), 0.1) is False
+    assert f.check_thumbnail(evs.thumbnail_from_planes(*yuv420p(blue)), 0.2) is False  # no colour to compare with
+    assert f.check_thumbnail(evs.thumbnail_from_planes(*yuv420p(red)), 0.3) is False
+    assert f.check_thumbnail(evs.thumbnail_from_planes(*yuv420p(blue)), 0.4) is False  # the reference is still luma-only
 
 
 def test_session_luma_frames_with_chroma_planes_keep_colour_changes():
@@ -380,7 +380,7 @@ def test_session_luma_frames_with_chroma_planes_keep_colour_changes():
 
 def test_nv12_planes_are_split():
     av = pytest.importorskip("av")
-    from vidchat.media.video_frames import yuv_planes
+    from vidchat.media.session import yuv_planes
 
     rgb = np.ascontiguousarray(frame(5, 48, 64))
     planar = av.VideoFrame.from_ndarray(rgb, format="rgb24").reformat(format="yuv420p")

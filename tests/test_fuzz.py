@@ -510,7 +510,8 @@ def test_out_of_order_messages(server, server_log):
 # ---- hostile recording bundles (issue 21) -------------------------------------------
 
 import hostile_bundles as hb  # noqa: E402 - the bundle builders, shared with the hosting tests
-from vidchat.conversation import recording  # noqa: E402
+
+from vidchat.conversation import bundles
 
 MANIFEST_FIELDS = ([("", k) for k in ("question", "answer", "history", "t", "source", "model", "model_option",
                                       "engine", "seed", "settings", "prompt", "timings", "tokens",
@@ -551,16 +552,16 @@ def shown_raw(page: str) -> list[str]:
           suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 @given(manifest_changes)
 def test_fuzz_bundle_manifests_are_refused_by_name_or_shown_as_text(tmp_path_factory, changes):
-    from vidchat.doors import inputs as answer_inputs
+    from vidchat.doors import answer_routes as answer_inputs
     from vidchat.doors.page import compare_html
 
     path, _ = mutated_bundle(tmp_path_factory.mktemp("bundle") / "b.zip", changes)
     try:
-        bundle = recording.read_bundle(path)
-    except recording.BundleError as exc:
+        bundle = bundles.read_bundle(path)
+    except bundles.BundleError as exc:
         assert str(exc)  # a message for the page, which shows it escaped
         return
-    answer = recording.recorded_answer(bundle)
+    answer = bundles.recorded_answer(bundle)
     json.dumps(answer.summary())
     page = compare_html(answer, None, "", "note") + answer_inputs.details_html(answer, "answer-id")
     assert not shown_raw(page), shown_raw(page)

@@ -24,11 +24,10 @@ from pathlib import Path
 
 import pytest
 from starlette.testclient import TestClient
-
 from test_hosting_rules import build_app
+
 from vidchat.app import guard as guard_module
-from vidchat.app.access import MIN_UPLOAD_CHARGE, Access, UploadQuota, user_login
-from vidchat.app.gradio_logins import PageLogins
+from vidchat.app.access import MIN_UPLOAD_CHARGE, Access, PageLogins, UploadQuota, user_login
 from vidchat.app.guard import Guard
 
 pytestmark = pytest.mark.unit
@@ -286,7 +285,7 @@ def test_the_real_offer_route_answers_413_not_a_parse_error(monkeypatch, tmp_pat
 
 def test_the_page_api_takes_a_longest_question_and_refuses_more():
     from vidchat.app.settings import parse_settings
-    from vidchat.conversation.settings_table import MAX_QUESTION_CHARS
+    from vidchat.conversation.asking import MAX_QUESTION_CHARS
 
     default = parse_settings([]).max_body_bytes
     guard, reached = stand_in_guard(max_body=default)

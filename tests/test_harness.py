@@ -1,4 +1,4 @@
-"""The harness's own helpers (vidchat.devtools.waits and .free_ports) and the tier guard."""
+"""The harness's own helpers (vidchat.devtools.harness and .free_ports) and the tier guard."""
 
 from __future__ import annotations
 
@@ -8,10 +8,9 @@ import time
 
 import pytest
 
-from vidchat.devtools import free_ports
-from vidchat.devtools.free_ports import allocate_port
-from vidchat.devtools.waits import NeverHappened, eventually, eventually_async
-from vidchat.devtools.machine_share import MachineShare
+from vidchat.devtools import harness
+from vidchat.devtools.harness import NeverHappened, allocate_port, eventually, eventually_async
+from vidchat.devtools.tiers import MachineShare
 
 pytestmark = pytest.mark.unit
 
@@ -81,7 +80,7 @@ def test_allocated_ports_are_free_distinct_and_outside_the_ephemeral_range():
         low, _high = map(int, f.read().split())
     ports = [allocate_port() for _ in range(50)]
     assert len(set(ports)) == 50
-    assert all(free_ports._PORT_LOW <= p < free_ports._PORT_HIGH < low for p in ports)
+    assert all(harness._PORT_LOW <= p < harness._PORT_HIGH < low for p in ports)
     for port in ports[:5]:  # nothing listens there: a server can bind it
         with socket.socket() as s:
             s.bind(("127.0.0.1", port))
@@ -95,12 +94,12 @@ def test_a_taken_port_is_skipped():
         busy = allocate_port()
         with socket.socket() as holder:
             holder.bind(("127.0.0.1", busy))
-            low, high = free_ports._PORT_LOW, free_ports._PORT_HIGH
-            free_ports._port_counter = iter(range(busy - low, high - low))
+            low, high = harness._PORT_LOW, harness._PORT_HIGH
+            harness._port_counter = iter(range(busy - low, high - low))
             assert allocate_port() == busy + 1
     finally:
         taken.close()
-        free_ports._port_counter = __import__("itertools").count(int(time.time()) % 1000)
+        harness._port_counter = __import__("itertools").count(int(time.time()) % 1000)
 
 
 def test_a_unit_test_that_starts_an_engine_a_server_or_chromium_fails(pytester):
@@ -172,7 +171,7 @@ def test_work_units_name_real_modules_and_keep_shared_fixtures_on_one_worker():
 OTHER_WORKER = """
 import sys
 from pathlib import Path
-from vidchat.devtools.machine_share import MachineShare
+from vidchat.devtools.tiers import MachineShare
 share = MachineShare(sys.argv[1], Path(sys.argv[2]))
 share.test_starts()
 print("holding", flush=True)

@@ -1,4 +1,4 @@
-"""Which turns of a long chat go with a question (vidchat.engine.history_cut):
+"""Which turns of a long chat go with a question (vidchat.engine.prompts):
 whole pairs that fit, cut on a grid so that what is kept stays the same
 prefix while the chat grows."""
 
@@ -8,7 +8,7 @@ import random
 
 import pytest
 
-from vidchat.engine.history_cut import cut_step, history_start
+from vidchat.engine.prompts import cut_step, history_start
 
 pytestmark = pytest.mark.unit
 
@@ -92,7 +92,7 @@ def test_a_chat_of_many_turns_is_cut_to_what_the_prompt_itself_can_hold(tiny_omn
     from transformers import AutoProcessor
 
     from vidchat.engine import EngineOptions, ModelEngine, Turn
-    from vidchat.engine.families import family_of, model_type_of
+    from vidchat.engine.prompts import family_of, model_type_of
 
     processor = AutoProcessor.from_pretrained(tiny_omni_path)
     options = EngineOptions(model=str(tiny_omni_path), max_model_len=4096)

@@ -14,9 +14,9 @@ import pytest
 from PIL import Image
 
 from vidchat.app.settings import parse_settings
+from vidchat.doors.socket import seed
+from vidchat.media import DEFAULT_MAX_FRAME_PIXELS, evs
 from vidchat.media.session import FrameError, Session
-from vidchat.doors import protocol
-from vidchat.media import DEFAULT_MAX_FRAME_PIXELS, evs, thumbnails
 
 pytestmark = pytest.mark.unit
 
@@ -104,8 +104,8 @@ def test_jpeg_png_and_webp_are_accepted(fmt, mode, kw):
     assert s.add_jpeg(encode(fmt, 64, 48, mode, **kw))
     sample = s.sample()
     assert len(sample.frames) == 1 and sample.frames[0].shape == (48, 64, 3)
-    grid = thumbnails.thumbnail_from_bytes(encode(fmt, 64, 48, mode, **kw))
-    assert grid.shape == (3, thumbnails.GRID_ROWS, thumbnails.GRID_COLS)
+    grid = evs.thumbnail_from_bytes(encode(fmt, 64, 48, mode, **kw))
+    assert grid.shape == (3, evs.GRID_ROWS, evs.GRID_COLS)
 
 
 def test_broken_data_in_an_accepted_format_is_a_frame_error():
@@ -141,7 +141,7 @@ def test_max_frame_pixels_from_the_environment(monkeypatch):
 def test_json_nested_too_deeply_is_a_value_error(raw):
     # Short messages are parsed inline, long ones (> 64 KiB) in a worker thread.
     with pytest.raises(ValueError, match="nested too deeply"):
-        asyncio.run(protocol.Connection._parse(None, raw))
+        asyncio.run(seed.Connection._parse(None, raw))
 
 
 @pytest.mark.parametrize("raw", ['{"type": "video.query", "text": "\\ud800 what?"}',
@@ -150,12 +150,12 @@ def test_json_nested_too_deeply_is_a_value_error(raw):
 def test_lone_surrogates_are_refused(raw):
     # Valid JSON syntax, but not text: it would break the tokenizer and the replies' UTF-8.
     with pytest.raises(ValueError, match="lone surrogate"):
-        asyncio.run(protocol.Connection._parse(None, raw))
+        asyncio.run(seed.Connection._parse(None, raw))
 
 
 def test_surrogate_pairs_and_other_text_are_parsed():
     raw = '{"type": "video.query", "text": "\\ud83d\\ude00 caf\\u00e9 \\u0000"}'  # how ensure_ascii encoders write 😀
-    assert asyncio.run(protocol.Connection._parse(None, raw)) == {"type": "video.query", "text": "😀 café \x00"}
+    assert asyncio.run(seed.Connection._parse(None, raw)) == {"type": "video.query", "text": "😀 café \x00"}
     big = '{"type": "video.frame", "data": "' + "A" * 100_000 + '"}'
-    msg = asyncio.run(protocol.Connection._parse(None, big))
+    msg = asyncio.run(seed.Connection._parse(None, big))
     assert msg["type"] == "video.frame" and len(msg["data"]) == 100_000

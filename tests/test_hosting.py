@@ -24,16 +24,16 @@ import time
 from contextlib import closing
 from pathlib import Path
 
+import hostile_bundles as hb
 import httpx
 import pytest
 import websockets
 import websockets.exceptions
+from conftest import SERVER_ARGS, TEST_MAX_IMAGES, TEST_MAX_MODEL_LEN, eventually_async, start_server, stop_server
 from itsdangerous import TimestampSigner
-
-import hostile_bundles as hb
-from conftest import SERVER_ARGS, TEST_MAX_IMAGES, TEST_MAX_MODEL_LEN, start_server, stop_server, eventually_async
 from test_hosting_rules import build_app, sample_path
 from test_protocol import MOVING, check_answer, recv, send, until
+
 from vidchat.app.access import OPERATOR_ROUTES, PUBLIC_ROUTES, WS_PATH
 
 pytestmark = pytest.mark.engine

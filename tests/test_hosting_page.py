@@ -8,9 +8,8 @@ refused."""
 from __future__ import annotations
 
 import pytest
-from playwright.async_api import async_playwright
-
 from conftest import start_server, stop_server
+from playwright.async_api import async_playwright
 from test_hosting import BASE_ARGS, GUARDED_MODES, SPACE_ENV, hf_cookie
 
 pytestmark = pytest.mark.browser

@@ -12,20 +12,19 @@ import json
 import time
 import zipfile
 
+import hostile_bundles as hb
 import pytest
 from starlette.routing import Mount
 
-import hostile_bundles as hb
+from vidchat import doors
 from vidchat.app import access
-from vidchat.doors import server_contract
-from vidchat.app.access import Access, OPERATOR_ROUTES, PUBLIC_ROUTES, route_kind, user_login
-from vidchat.app.gradio_logins import PageLogins
+from vidchat.app.access import OPERATOR_ROUTES, PUBLIC_ROUTES, Access, PageLogins, route_kind, user_login
 from vidchat.app.guard import Guard
 from vidchat.app.settings import forwarded_allow_ips, parse_settings
-from vidchat.conversation import recording
+from vidchat.conversation import bundles
+from vidchat.doors import as_text
+from vidchat.doors.socket.config import wants_vidchat_events
 from vidchat.media.session import Session, SessionSettings, check_frame_budget, session_budget_bytes
-from vidchat.doors.markup import as_text
-from vidchat.doors.protocol_config import wants_vidchat_events
 
 pytestmark = pytest.mark.unit
 
@@ -161,7 +160,7 @@ def test_the_login_header_is_the_guards_own():
     assert status == 200 and logins == [b"token"]
     page_token = guard.access.page_token("alice")
     status, scope, _ = run_guard(guard, "/webrtc/stats", {"Authorization": f"Bearer {page_token}"})
-    assert status == 200 and server_contract.login_of({"x-vidchat-login": dict(scope["headers"])[b"x-vidchat-login"]
+    assert status == 200 and doors.login_of({"x-vidchat-login": dict(scope["headers"])[b"x-vidchat-login"]
                                              .decode()}) == user_login("alice")
     assert run_guard(guard, "/webrtc/stats", {"Authorization": "Bearer p.forged.sig"})[0] == 403
 
@@ -220,7 +219,7 @@ def test_only_clients_that_know_vidchat_get_its_extra_events():
 
 
 def test_vidchat_events_must_be_a_bool():
-    from vidchat.doors.protocol_config import ConfigError, parse_config
+    from vidchat.doors.socket.config import ConfigError, parse_config
 
     with pytest.raises(ConfigError, match="vidchat_events"):
         parse_config({"vidchat_events": "yes"})
@@ -250,8 +249,8 @@ def test_a_session_refuses_settings_over_its_budget_and_keeps_its_own():
 # ---- bundles as untrusted input -------------------------------------------------------------
 
 def test_markup_in_every_string_field_is_read_as_text(tmp_path):
-    bundle = recording.read_bundle(hb.hostile_zip(tmp_path / "hostile.zip"))
-    answer = recording.recorded_answer(bundle)
+    bundle = bundles.read_bundle(hb.hostile_zip(tmp_path / "hostile.zip"))
+    answer = bundles.recorded_answer(bundle)
     from vidchat.doors.page import compare_html
 
     page = compare_html(answer, None, "", "note")
@@ -263,8 +262,8 @@ def test_markup_in_every_string_field_is_read_as_text(tmp_path):
 def test_markup_in_a_number_field_is_refused_by_name(tmp_path, group, name):
     pixels = hb.frames()
     meta = hb.with_value(hb.manifest(pixels), group, name, hb.MARKUP)
-    with pytest.raises(recording.BundleError) as refused:
-        recording.read_bundle(hb.write_zip(tmp_path / "b.zip", pixels, meta))
+    with pytest.raises(bundles.BundleError) as refused:
+        bundles.read_bundle(hb.write_zip(tmp_path / "b.zip", pixels, meta))
     assert f"'{name}'" in str(refused.value) or f".{name}" in str(refused.value), refused.value
 
 
@@ -277,18 +276,18 @@ def test_markup_in_a_number_field_is_refused_by_name(tmp_path, group, name):
 def test_wrong_types_and_ranges_are_refused_like_any_bad_setting(tmp_path, group, name, value):
     pixels = hb.frames()
     meta = hb.with_value(hb.manifest(pixels), group, name, value)
-    with pytest.raises(recording.BundleError, match=name):
-        recording.read_bundle(hb.write_zip(tmp_path / "b.zip", pixels, meta))
+    with pytest.raises(bundles.BundleError, match=name):
+        bundles.read_bundle(hb.write_zip(tmp_path / "b.zip", pixels, meta))
 
 
 def test_a_bundle_whose_frames_would_decode_past_the_budget_is_refused_before_decoding(tmp_path):
-    meta = hb.manifest([hb.frames(1)[0]] * recording.MAX_BUNDLE_FRAMES)
+    meta = hb.manifest([hb.frames(1)[0]] * bundles.MAX_BUNDLE_FRAMES)
     for entry in meta["frames"]:
         entry["width"] = entry["height"] = 4096
     path = hb.write_zip(tmp_path / "bomb.zip", [], meta)  # no frame files: it must not get that far
     started = time.perf_counter()
-    with pytest.raises(recording.BundleError, match=r"would decode to 49152 MB.*at most 512 MB"):
-        recording.read_bundle(path)
+    with pytest.raises(bundles.BundleError, match=r"would decode to 49152 MB.*at most 512 MB"):
+        bundles.read_bundle(path)
     assert time.perf_counter() - started < 1.0
 
 
@@ -296,8 +295,8 @@ def test_a_frame_whose_header_lies_about_its_size_is_refused_before_decoding(tmp
     pixels = hb.frames(2, (64, 48))
     meta = hb.manifest(pixels)
     meta["frames"][1]["width"], meta["frames"][1]["height"] = 32, 24  # the file is 64x48
-    with pytest.raises(recording.BundleError, match="the manifest says 32x24"):
-        recording.read_bundle(hb.write_zip(tmp_path / "b.zip", pixels, meta))
+    with pytest.raises(bundles.BundleError, match="the manifest says 32x24"):
+        bundles.read_bundle(hb.write_zip(tmp_path / "b.zip", pixels, meta))
 
 
 def test_the_escaping_helper_escapes_quotes_and_any_value():
@@ -318,26 +317,26 @@ def test_the_bundles_zip_is_streamed_in_pieces_and_reads_back(tmp_path):
             for member in zf.namelist():
                 (folder / member.split("/", 1)[1]).write_bytes(zf.read(member))
         folders.append(folder)
-    pieces = list(recording.iter_zip_bundles(folders, chunk=256))
+    pieces = list(bundles.iter_zip_bundles(folders, chunk=256))
     assert len([p for p in pieces if p]) > len(folders) * 4  # written as it goes, not at the end
     data = b"".join(pieces)
     with zipfile.ZipFile(io.BytesIO(data)) as zf:
         assert zf.testzip() is None
         assert sorted({n.split("/")[0] for n in zf.namelist()}) == ["0001", "0002", "0003"]
     one = tmp_path / "one.zip"
-    one.write_bytes(recording.zip_bundles(folders[:1]))
-    assert recording.read_bundle(one).digest() == recording.read_bundle(one).inputs_sha256
+    one.write_bytes(bundles.zip_bundles(folders[:1]))
+    assert bundles.read_bundle(one).digest() == bundles.read_bundle(one).inputs_sha256
 
 
 def test_a_sessions_bundles_are_bounded_in_memory(tmp_path):
-    from vidchat.conversation import kept
-    from vidchat.conversation import Conversation
+    from vidchat.conversation import runs
+    from vidchat.conversation.conversation import Conversation
 
     entry = Conversation(Session("s"), kind="ws")
-    for n in range(kept.KEEP_BUNDLES_PER_SESSION + 5):
-        kept.keep_bundle(entry, f"a{n}", tmp_path / f"b{n}")
-    assert len(entry.bundles) == kept.KEEP_BUNDLES_PER_SESSION
-    assert "a0" not in entry.bundles and f"a{kept.KEEP_BUNDLES_PER_SESSION + 4}" in entry.bundles
+    for n in range(runs.KEEP_BUNDLES_PER_SESSION + 5):
+        runs.keep_bundle(entry, f"a{n}", tmp_path / f"b{n}")
+    assert len(entry.bundles) == runs.KEEP_BUNDLES_PER_SESSION
+    assert "a0" not in entry.bundles and f"a{runs.KEEP_BUNDLES_PER_SESSION + 4}" in entry.bundles
 
 
 def test_the_docs_document_the_public_routes_and_the_new_limits():

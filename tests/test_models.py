@@ -48,7 +48,7 @@ def test_a_cpu_without_native_bfloat16_is_told_apart_from_one_with_it():
 def test_the_tiny_models_banner_suggests_a_model_that_fits_the_machine(monkeypatch, tmp_path, gpu):
     monkeypatch.setattr(models, "on_gpu", lambda: gpu)
     _, banner = models.resolve_model("tiny", str(tmp_path))
-    wanted, other = ((models.presets.DEFAULT_GPU_PRESET, models.DEFAULT_CPU_MODEL) if gpu else
-                     (models.presets.DEFAULT_CPU_PRESET, models.DEFAULT_GPU_MODEL))
+    wanted, other = ((models.DEFAULT_GPU_PRESET, models.DEFAULT_CPU_MODEL) if gpu else
+                     (models.DEFAULT_CPU_PRESET, models.DEFAULT_GPU_MODEL))
     assert banner.startswith(models.TINY_BANNER) and f"--model {wanted} " in banner
     assert other not in banner  # never a model this machine can't run

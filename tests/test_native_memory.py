@@ -1,4 +1,4 @@
-"""vidchat.engine.native_memory: the server and the engine core give their free
+"""vidchat.engine.local: the server and the engine core give their free
 native memory back every minute (docs/operations.md, "The soak"). The engine
 core's side runs through real vLLM in tests/test_engine.py."""
 
@@ -8,7 +8,7 @@ import asyncio
 
 import pytest
 
-from vidchat.engine.native_memory import HeapTrimWorker, keep_trimming, trim_native_heap
+from vidchat.engine.local import HeapTrimWorker, keep_trimming, trim_native_heap
 
 pytestmark = pytest.mark.unit
 

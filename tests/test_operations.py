@@ -15,11 +15,10 @@ import urllib.request
 import psutil
 import pytest
 import websockets
+from conftest import TINY_SERVER_ARGS, eventually_async, start_server, stop_server
 from prometheus_client.parser import text_string_to_metric_families
 
 from vidchat.devtools import synthetic
-
-from conftest import TINY_SERVER_ARGS, eventually_async, start_server, stop_server
 
 # Small, all different: the filter keeps every one of them.
 MOVING = [base64.b64encode(j).decode() for j in synthetic.cuts_clip(120, 160, cuts=8, hold=1).jpegs()]

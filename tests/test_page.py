@@ -15,18 +15,29 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import MACHINE, eventually_async, thumbnail_colours, until_idle
 from PIL import Image
 from playwright.async_api import Page, async_playwright
 
 from vidchat.devtools.page import (  # noqa: F401 - re-exported for the other browser tests
-    BOT_HAS_TEXT, BOT_MESSAGES, CHROMIUM, ask, bot_texts, launch, next_frame, open_and_start,
-    session_id, set_setting, wait_for_answer, wait_live, write_wav, write_y4m,
+    BOT_HAS_TEXT,
+    BOT_MESSAGES,
+    CHROMIUM,
+    ask,
+    bot_texts,
+    launch,
+    next_frame,
+    open_and_start,
+    session_id,
+    set_setting,
+    wait_for_answer,
+    wait_live,
+    write_wav,
+    write_y4m,
 )
 from vidchat.doors.page import STOPPED
 from vidchat.doors.webrtc_routes import RELOAD_GRACE_S
 from vidchat.engine import inputs_digest
-
-from conftest import MACHINE, eventually_async, thumbnail_colours, until_idle
 
 pytestmark = pytest.mark.browser
 
@@ -182,7 +193,7 @@ async def test_page_streams_an_answer_and_two_tabs_use_their_own_frames(server, 
             # The tab must send its question and its Stop while a 2,000-token
             # answer streams: beside the other test worker's load it once took
             # 13 s for a key press, and the answer ended first. These steps
-            # have the machine to themselves (vidchat.devtools.machine_share).
+            # have the machine to themselves (vidchat.devtools.tiers).
             async with MACHINE.alone():
                 asked = ["Tell me everything.", "Actually, just one word?"]
                 shown, tries = 1, []
@@ -744,7 +755,7 @@ async def test_a_video_file_source_records_the_files_own_time_through_seek_and_l
             # reports: beside the other test worker's load the starved tab's callbacks
             # ran late and a frame was placed 0.65 s (a loop), then 2.46 s (a seek) off
             # in clean runs. So the file plays with the machine to itself
-            # (vidchat.devtools.machine_share; README 'File positions in records').
+            # (vidchat.devtools.tiers; README 'File positions in records').
             async with MACHINE.alone():
                 page = await start_file_source(browser, server, clip, min_buffer=16)
                 await set_setting(page, "vc-max-tokens", "4")

@@ -14,11 +14,19 @@ import pytest
 from playwright.async_api import async_playwright
 
 from vidchat.devtools.page import (
-    BOT_HAS_TEXT, BOT_MESSAGES, ask, bot_texts, launch, open_and_start, session_id, set_setting, wait_for_answer,
-    write_wav, write_y4m,
+    BOT_HAS_TEXT,
+    BOT_MESSAGES,
+    ask,
+    bot_texts,
+    launch,
+    open_and_start,
+    session_id,
+    set_setting,
+    wait_for_answer,
+    write_wav,
+    write_y4m,
 )
 from vidchat.doors.page import STOPPED
-
 
 pytestmark = pytest.mark.browser
 

@@ -1,6 +1,6 @@
 """The CPU default preset end to end through the page: a SmolVLM2-256M with
 its true configuration (random weights, reduced depth; see
-vidchat/devtools/archbuild_smolvlm.py) served with `--preset smolvlm2-256m`, driven in
+vidchat/devtools/smolvlm_build.py) served with `--preset smolvlm2-256m`, driven in
 Chromium with a fake camera."""
 
 from __future__ import annotations
@@ -8,9 +8,8 @@ from __future__ import annotations
 import re
 
 import pytest
-from playwright.async_api import async_playwright
-
 from conftest import CACHE_DIR, SERVER_ARGS, start_server, stop_server
+from playwright.async_api import async_playwright
 from test_page import media  # noqa: F401 (a fixture)
 
 from vidchat.devtools.page import ask, launch, open_and_start, wait_for_answer
@@ -24,9 +23,9 @@ NEW_FRAMES = re.compile(r"(?:[1-4] of 4 frames new \(encoded for this question\)
 
 @pytest.fixture(scope="module")
 def smol_server(artifacts_dir):
-    from vidchat.devtools import archbuild_smolvlm
+    from vidchat.devtools import smolvlm_build
 
-    path = archbuild_smolvlm.ensure(CACHE_DIR, PRESET)
+    path = smolvlm_build.ensure(CACHE_DIR, PRESET)
     # The preset's own limits; only the KV cache is sized for a test machine.
     srv = start_server(["--model", str(path), "--preset", PRESET, "--kv-cache-gb", "0.5", "--max-tokens", "8",
                         "--temperature", "0", *SERVER_ARGS], artifacts_dir / "server-smolvlm.log", timeout=300)

@@ -10,16 +10,14 @@ from __future__ import annotations
 
 import contextlib
 import re
-
 from typing import Any, AsyncIterator
 
 import pytest
+from conftest import eventually_async
 from playwright.async_api import async_playwright
 
-from vidchat.conversation.settings_table import SETTINGS
+from vidchat.conversation.asking import SETTINGS
 from vidchat.devtools.page import ask, launch, open_and_start, set_setting, wait_for_answer, write_wav, write_y4m
-
-from conftest import eventually_async
 
 pytestmark = pytest.mark.browser
 

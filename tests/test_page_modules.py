@@ -9,7 +9,6 @@ import re
 from pathlib import Path
 
 import pytest
-
 from conftest import ROOT
 
 pytestmark = pytest.mark.unit
@@ -35,7 +34,7 @@ def _graph() -> dict[Path, list[Path]]:
 
 
 def test_the_page_loads_its_script_as_a_module():
-    from vidchat.doors.page.view import HEAD
+    from vidchat.doors.page.chat import HEAD
 
     assert '<script type="module" src="/static/vidchat/vidchat.js">' in HEAD
 

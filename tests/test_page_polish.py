@@ -27,13 +27,21 @@ import socket
 from typing import Any, AsyncIterator
 
 import pytest
+from conftest import eventually_async, start_server, stop_server
 from playwright.async_api import async_playwright
 
-from vidchat.devtools.page import BOT_MESSAGES, ask, launch, open_and_start, session_id, set_setting, \
-    wait_for_answer, write_wav, write_y4m
-from vidchat.doors.page.events import WATCH_STOPPED
-
-from conftest import eventually_async, start_server, stop_server
+from vidchat.devtools.page import (
+    BOT_MESSAGES,
+    ask,
+    launch,
+    open_and_start,
+    session_id,
+    set_setting,
+    wait_for_answer,
+    write_wav,
+    write_y4m,
+)
+from vidchat.doors.page.layout import WATCH_STOPPED
 
 pytestmark = pytest.mark.browser
 
@@ -50,7 +58,7 @@ FILL_ANSWER = """() => {
     '<p>' + 'A long answer that goes on. '.repeat(60) + '</p><p>' + 'x'.repeat(400) + '</p><p>Inline: <code>' + '68K`'.repeat(60) + '</code></p>'
     + '<pre><code>for frame in frames: print(frame.index, frame.time, frame.width, frame.height, '
     + 'frame.kept_by_the_filter, frame.seen_at)</code></pre>'
-    // The fold's audio player, as vidchat.doors.inputs draws it when the
+    // The fold's audio player, as vidchat.doors.answer_routes draws it when the
     // question had audio (timing decides whether it had: CI's flake of stop 56).
     + '<p>Audio 0.00–4.00 s (4.0 s): <audio controls preload="metadata"></audio></p>');
 }""" % BOT_MESSAGES

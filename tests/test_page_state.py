@@ -8,19 +8,19 @@ from __future__ import annotations
 
 import types
 
+import hostile_bundles as hb
 import pytest
 
-from vidchat.conversation import kept
-from vidchat.media.session import SessionSettings
+from vidchat.conversation import runs
+from vidchat.conversation.asking import SAMPLING_STRATEGIES, SETTINGS
+from vidchat.conversation.events import STOPPED as STOPPED_WHY
+from vidchat.conversation.events import AnswerEvent, QuestionAsked, QuestionRefused
 from vidchat.conversation.registry import SessionRegistry
-from vidchat.conversation.settings_table import SAMPLING_STRATEGIES, SETTINGS
 from vidchat.conversation.runs import CANCELLED, COMPLETED, FAILED, Delta, Done, Queued, Started
-from vidchat.conversation.session_events import STOPPED as STOPPED_WHY, AnswerEvent, QuestionAsked, QuestionRefused
 from vidchat.doors.page import STOPPED, notice
-from vidchat.doors.page.chat_feed import ChatTranscript
-from vidchat.doors.page.reask import bundle_choices, load_bundle, reask_choices
-
-import hostile_bundles as hb
+from vidchat.doors.page.chat import ChatTranscript
+from vidchat.doors.page.questions import bundle_choices, load_bundle, reask_choices
+from vidchat.media.session import SessionSettings
 
 pytestmark = pytest.mark.unit
 
@@ -71,7 +71,7 @@ async def test_the_reask_list_tells_repeated_questions_apart_and_forgets_a_clear
     entry.session.timeline_start = 100.0
     state = types.SimpleNamespace(registry=registry)
     for t in (112.0, 118.5):
-        kept.remember(entry, _answer("What just changed?", t))
+        runs.remember(entry, _answer("What just changed?", t))
     labels = [label for label, _ in reask_choices(state, entry.session.id)]
     assert labels == ["latest, at 18.5 s: What just changed? (16 frames, T=0.7)",
                       "at 12.0 s: What just changed? (16 frames, T=0.7)"]
@@ -80,7 +80,7 @@ async def test_the_reask_list_tells_repeated_questions_apart_and_forgets_a_clear
     entry.clear()
     assert reask_choices(state, entry.session.id, loaded) == bundle_choices(loaded) == [
         ("bundle: Recorded? (16 frames, b.zip)", "bundle-x")]
-    kept.remember(entry, _answer("After the clear", 130.0, chat=1))
+    runs.remember(entry, _answer("After the clear", 130.0, chat=1))
     assert [label for label, _ in reask_choices(state, entry.session.id)] == [
         "latest, at 30.0 s: After the clear (16 frames, T=0.7)"]
     assert len(entry.answers) == 3  # still kept: their inputs stay served, the timings chart counts them
@@ -109,7 +109,7 @@ def test_the_sampling_picker_shows_labels_and_sends_the_protocols_names():
 
 
 def _answered(history_turns: int, total: int, max_model_len: int | None = 8192):
-    from vidchat.conversation.answer_path import Answer
+    from vidchat.conversation.answers import Answer
     from vidchat.engine import ReplyStats
 
     stats = ReplyStats(history_turns=history_turns, history_turns_total=total)
@@ -119,7 +119,7 @@ def _answered(history_turns: int, total: int, max_model_len: int | None = 8192):
 
 
 def test_a_chat_cut_to_fit_the_context_is_said_in_one_line_under_the_answer():
-    from vidchat.doors.inputs import history_cut
+    from vidchat.doors.answer_routes import history_cut
 
     assert history_cut(_answered(36, 50)) == (
         "<p class='vc-history-cut'>14 older turns of the chat left out to fit the model's 8,192 tokens: "
@@ -130,7 +130,7 @@ def test_a_chat_cut_to_fit_the_context_is_said_in_one_line_under_the_answer():
 
 
 def test_what_the_model_got_starts_with_where_the_record_and_bundle_download():
-    from vidchat.doors.inputs import record_links_html
+    from vidchat.doors.answer_routes import record_links_html
 
     plain, recorded = record_links_html("abcdefgh123", False), record_links_html("abcdefgh123", True)
     assert "/inputs/abcdefgh123/record.json" in plain and "bundle.zip" not in plain
@@ -142,8 +142,8 @@ def test_what_the_model_got_starts_with_where_the_record_and_bundle_download():
     ("", "the box is empty or not a number"), ("abc", "you typed 'abc'"), (float("nan"), "you typed nan"),
 ])
 def test_a_page_number_box_is_refused_in_the_users_words(value, said):
-    from vidchat.conversation.answer_path import OptionError
-    from vidchat.doors.page.answers import positive_number
+    from vidchat.conversation.asking import OptionError
+    from vidchat.doors.page.questions import positive_number
 
     with pytest.raises(OptionError) as refused:
         positive_number("At most every (s)", value, "seconds", "Watch is off.")

@@ -15,11 +15,10 @@ import sys
 import tomllib
 
 import pytest
+from conftest import CACHE_DIR, ROOT, TINY_SERVER_ARGS
 from playwright.async_api import async_playwright
 
 from vidchat.devtools.page import ask, launch, open_and_start, set_setting, wait_for_answer, write_wav, write_y4m
-
-from conftest import CACHE_DIR, ROOT, TINY_SERVER_ARGS
 
 pytestmark = pytest.mark.browser
 

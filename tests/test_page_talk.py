@@ -13,13 +13,12 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-from playwright.async_api import async_playwright
-
-from vidchat.devtools import synthetic_audio as sa
-from vidchat.devtools.page import BOT_MESSAGES, launch, open_and_start, session_id, set_setting
-
 from conftest import eventually_async
+from playwright.async_api import async_playwright
 from test_page import media, wav_samples  # noqa: F401 (media is a fixture)
+
+from vidchat.devtools import synthetic as sa
+from vidchat.devtools.page import BOT_MESSAGES, launch, open_and_start, session_id, set_setting
 
 pytestmark = pytest.mark.browser
 

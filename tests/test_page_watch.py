@@ -11,13 +11,21 @@ import asyncio
 from pathlib import Path
 
 import pytest
+from conftest import eventually_async
 from playwright.async_api import async_playwright
 
 from vidchat.devtools.page import (
-    BOT_HAS_TEXT, ask, bot_texts, launch, next_frame, open_and_start, session_id, set_setting, write_wav, write_y4m,
+    BOT_HAS_TEXT,
+    ask,
+    bot_texts,
+    launch,
+    next_frame,
+    open_and_start,
+    session_id,
+    set_setting,
+    write_wav,
+    write_y4m,
 )
-
-from conftest import eventually_async
 
 pytestmark = pytest.mark.browser
 

@@ -1,6 +1,6 @@
 """The Qwen presets on their true architectures, through real vLLM.
 
-`vidchat.devtools.archbuild_qwen` writes, for each Qwen preset, a random-weight model
+`vidchat.devtools.qwen_build` writes, for each Qwen preset, a random-weight model
 with the checkpoint's own configuration (widths, heads, KV heads, M-RoPE,
 vision tower, Omni audio encoder, vocabulary size, special-token ids, chat
 template, processor sizes); only the depth is cut (2 text layers, 2 vision
@@ -37,15 +37,14 @@ import os
 
 import numpy as np
 import pytest
+from conftest import CACHE_DIR
 
-from vidchat.app import presets, server
+from vidchat.app import models, server
 from vidchat.app.settings import Settings
-from vidchat.devtools import archbuild_qwen, qwen_arch, qwen_vocab
+from vidchat.devtools import qwen_build
 from vidchat.engine import video_fps
 from vidchat.engine.local import LocalEngine
 from vidchat.media import AUDIO_RATE
-
-from conftest import CACHE_DIR
 
 DEFAULT_PRESETS = ["qwen2.5-omni-3b", "qwen2.5-vl-3b", "qwen3-vl-4b"]
 LARGE_PRESETS = ["qwen2.5-omni-7b", "qwen2.5-vl-7b"]
@@ -74,7 +73,7 @@ def tone(seconds: float) -> np.ndarray:
 @dataclasses.dataclass
 class Running:
     name: str
-    arch: qwen_arch.Arch
+    arch: qwen_build.Arch
     path: str
     settings: Settings
     engine: LocalEngine
@@ -88,12 +87,12 @@ def qwen(request) -> Running:
     name = request.param
     while _current:  # never two engines at once, whatever order pytest picks
         _current.pop().shutdown()
-    path = archbuild_qwen.ensure(CACHE_DIR, name)
-    settings = presets.apply(Settings(), presets.get(name))
+    path = qwen_build.ensure(CACHE_DIR, name)
+    settings = models.apply_preset(Settings(), models.preset_named(name))
     options = dataclasses.replace(server.engine_options(settings, str(path), tiny=False), kv_cache_gb=0.5)
     engine = LocalEngine.start(options)
     _current.append(engine)
-    yield Running(name, qwen_arch.ARCHS[name], str(path), settings, engine)
+    yield Running(name, qwen_build.ARCHS[name], str(path), settings, engine)
     if engine in _current:
         _current.remove(engine)
     engine.shutdown()
@@ -146,15 +145,15 @@ def test_folder_has_the_true_configuration_at_reduced_depth(name, tmp_path):
     """The configuration, tokenizer and processor a preset's folder gets,
     built without its weights (the unit tier never builds real-size weights:
     the engine tests below load the whole folder, built by the same code)."""
-    arch = qwen_arch.ARCHS[name]
-    path = archbuild_qwen.build_configuration(name, tmp_path)
+    arch = qwen_build.ARCHS[name]
+    path = qwen_build.build_configuration(name, tmp_path)
     assert not list(path.glob("*.safetensors"))
     cfg = json.loads((path / "config.json").read_text())
     if arch.kind == "omni":
         thinker = cfg["thinker_config"]
         text, vision, top = thinker["text_config"], thinker["vision_config"], thinker
         assert thinker["audio_config"]["d_model"] == 1280 and thinker["audio_config"]["output_dim"] == arch.hidden
-        assert thinker["audio_config"]["encoder_layers"] == qwen_arch.AUDIO_LAYERS
+        assert thinker["audio_config"]["encoder_layers"] == qwen_build.AUDIO_LAYERS
         assert (top["audio_token_index"], top["image_token_index"], top["video_token_index"]) == (151646, 151655, 151656)
     else:
         text, vision, top = cfg["text_config"], cfg["vision_config"], cfg
@@ -162,8 +161,8 @@ def test_folder_has_the_true_configuration_at_reduced_depth(name, tmp_path):
     assert (text["hidden_size"], text["intermediate_size"], text["num_attention_heads"],
             text["num_key_value_heads"], text["vocab_size"]) == (
         arch.hidden, arch.intermediate, arch.heads, arch.kv_heads, arch.vocab_size)
-    assert text["num_hidden_layers"] == qwen_arch.TEXT_LAYERS < arch.layers
-    assert vision["depth"] == qwen_arch.VISION_DEPTH and vision["out_hidden_size"] == arch.hidden
+    assert text["num_hidden_layers"] == qwen_build.TEXT_LAYERS < arch.layers
+    assert vision["depth"] == qwen_build.VISION_DEPTH and vision["out_hidden_size"] == arch.hidden
     if arch.kind == "qwen3-vl":
         assert vision["patch_size"] == 16 and vision["hidden_size"] == 1024
         assert all(i < vision["depth"] for i in vision["deepstack_visual_indexes"])
@@ -176,8 +175,8 @@ def test_folder_has_the_true_configuration_at_reduced_depth(name, tmp_path):
     from transformers import AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(path)
-    for offset, (token, _) in enumerate(qwen_vocab.special_tokens(arch.kind)):
-        assert tok.convert_tokens_to_ids(token) == qwen_vocab.FIRST_SPECIAL_ID + offset, token
+    for offset, (token, _) in enumerate(qwen_build.special_tokens(arch.kind)):
+        assert tok.convert_tokens_to_ids(token) == qwen_build.FIRST_SPECIAL_ID + offset, token
 
 
 # Parameters of the full-depth architecture: the Hub's safetensors counts for
@@ -189,14 +188,14 @@ TRUE_SIZE_PARAMS = {"qwen2.5-vl-3b": 3.75e9, "qwen2.5-vl-7b": 8.29e9, "qwen3-vl-
 
 
 @pytest.mark.unit
-@pytest.mark.parametrize("name", list(qwen_arch.ARCHS))
+@pytest.mark.parametrize("name", list(qwen_build.ARCHS))
 def test_full_depth_architecture_has_the_published_size(name):
     """Built on the meta device (no memory): every layer, the real index lists."""
-    model = archbuild_qwen.meta_model(name, true_size=True)
+    model = qwen_build.meta_model(name, true_size=True)
     n = sum(p.numel() for k, p in model.named_parameters() if not k.startswith(("talker", "token2wav")))
     assert n == pytest.approx(TRUE_SIZE_PARAMS[name], rel=0.005)
-    arch = qwen_arch.ARCHS[name]
-    cfg = qwen_arch.config_for(name, true_size=True)
+    arch = qwen_build.ARCHS[name]
+    cfg = qwen_build.config_for(name, true_size=True)
     cfg = getattr(cfg, "thinker_config", cfg)
     assert cfg.text_config.num_hidden_layers == arch.layers
     if arch.kind == "qwen3-vl":

@@ -1,6 +1,6 @@
 """The SmolVLM2 presets on their true architecture, through real vLLM.
 
-`vidchat.devtools.archbuild_smolvlm` writes a random-weight SmolVLM2-256M-Video-Instruct
+`vidchat.devtools.smolvlm_build` writes a random-weight SmolVLM2-256M-Video-Instruct
 folder with the published configuration (depth cut to 2 text layers and 2
 vision layers; widths, heads, vocabulary, special-token ids and processor
 settings true: depth changes no shape and no token count, and the full
@@ -27,17 +27,17 @@ import time
 
 import numpy as np
 import pytest
+from conftest import CACHE_DIR
 
-from vidchat.app import presets, server
+from vidchat.app import models, server
 from vidchat.app.settings import Settings
-from vidchat.conversation import answer_path
-from vidchat.conversation.answer_path import AnswerOptions, OptionError
-from vidchat.media.session import SessionSettings
-from vidchat.devtools import archbuild_smolvlm
+from vidchat.conversation import asking
+from vidchat.conversation.answers import AnswerOptions
+from vidchat.conversation.asking import OptionError
+from vidchat.devtools import smolvlm_build
 from vidchat.engine import EngineError
 from vidchat.engine.local import LocalEngine
-
-from conftest import CACHE_DIR
+from vidchat.media.session import SessionSettings
 
 PRESET = "smolvlm2-256m"
 TOKENS_PER_FRAME = 67  # 64 <image> + <fake_token_around_image><global-img>…<fake_token_around_image>
@@ -51,12 +51,12 @@ def frames(n: int, seed: int = 0) -> list[np.ndarray]:
 
 
 def preset_settings(name: str = PRESET) -> Settings:
-    return presets.apply(Settings(), presets.get(name))
+    return models.apply_preset(Settings(), models.preset_named(name))
 
 
 @pytest.fixture(scope="module")
 def smol_path():
-    return archbuild_smolvlm.ensure(CACHE_DIR, "256m")
+    return smolvlm_build.ensure(CACHE_DIR, "256m")
 
 
 @pytest.fixture(scope="module")
@@ -114,11 +114,11 @@ def test_the_folder_has_the_true_architecture(smol_path):
     text, vision = config.text_config, config.vision_config
     assert (text.hidden_size, text.intermediate_size, text.num_attention_heads, text.num_key_value_heads,
             text.vocab_size) == (576, 1536, 9, 3, 49280)
-    assert text.num_hidden_layers == archbuild_smolvlm.TEXT_LAYERS  # reduced from 30
+    assert text.num_hidden_layers == smolvlm_build.TEXT_LAYERS  # reduced from 30
     assert (vision.hidden_size, vision.intermediate_size, vision.num_attention_heads,
             vision.image_size, vision.patch_size) == (768, 3072, 12, 512, 16)
-    assert vision.num_hidden_layers == archbuild_smolvlm.DEFAULT_VISION_LAYERS["256m"] == 2
-    assert archbuild_smolvlm._true_config("256m")["vision_config"]["num_hidden_layers"] == 12  # the true depth
+    assert vision.num_hidden_layers == smolvlm_build.DEFAULT_VISION_LAYERS["256m"] == 2
+    assert smolvlm_build._true_config("256m")["vision_config"]["num_hidden_layers"] == 12  # the true depth
 
 
 @pytest.mark.engine
@@ -130,12 +130,12 @@ def test_engine_takes_images_only(smol_engine):
     with pytest.raises(EngineError, match="does not take video; send frames as images"):
         smol_engine.ask(QUESTION, frames(2), frames_as="video", max_tokens=4)
     with pytest.raises(OptionError, match="does not take video"):
-        answer_path.check_options(AnswerOptions(frames_as="video"), smol_engine)
+        asking.check_options(AnswerOptions(frames_as="video"), smol_engine)
     with pytest.raises(OptionError, match="does not take video"):
-        answer_path.check_options(AnswerOptions(frames_as="video"), smol_engine, SessionSettings(num_sample_frames=4))
+        asking.check_options(AnswerOptions(frames_as="video"), smol_engine, SessionSettings(num_sample_frames=4))
     # The preset's own frames per question pass.
-    answer_path.check_options(AnswerOptions(frames_as="images"), smol_engine,
-                       SessionSettings(num_sample_frames=presets.get(PRESET).frames_per_question))
+    asking.check_options(AnswerOptions(frames_as="images"), smol_engine,
+                       SessionSettings(num_sample_frames=models.preset_named(PRESET).frames_per_question))
 
 
 @pytest.mark.engine
@@ -152,7 +152,7 @@ async def test_audio_is_dropped_not_refused(smol_engine):
 async def test_tokens_per_frame_match_the_hf_processor(smol_engine):
     one, two = await answer(smol_engine, 1), await answer(smol_engine, 2, seed=1)
     per_frame = two.stats.prompt_tokens - one.stats.prompt_tokens
-    assert per_frame == TOKENS_PER_FRAME == archbuild_smolvlm.tokens_per_frame("256m")
+    assert per_frame == TOKENS_PER_FRAME == smolvlm_build.tokens_per_frame("256m")
     assert one.stats.prompt_tokens == hf_prompt_tokens(smol_engine, 1)
     assert two.stats.prompt_tokens == hf_prompt_tokens(smol_engine, 2)
 
@@ -179,7 +179,7 @@ async def test_sixteen_frames_stream_to_completion(smol_engine):
 async def test_2_2b_preset_streams():
     """The 2.2B preset: true widths, text and vision cut to 2 layers each (its
     27-layer tower costs ~0.6 TFLOP a frame); ~40 s with the build, ~25 s cached."""
-    path = archbuild_smolvlm.ensure(CACHE_DIR, "2.2b")
+    path = smolvlm_build.ensure(CACHE_DIR, "2.2b")
     options = dataclasses.replace(server.engine_options(preset_settings("smolvlm2-2.2b"), str(path), tiny=False),
                                   kv_cache_gb=0.5)
     engine = LocalEngine.start(options)
@@ -188,11 +188,11 @@ async def test_2_2b_preset_streams():
         assert engine._processor.image_seq_len == 81
         one, two = await answer(engine, 1), await answer(engine, 2, seed=1)
         assert two.stats.completion_tokens == 4
-        assert two.stats.prompt_tokens - one.stats.prompt_tokens == archbuild_smolvlm.tokens_per_frame("2.2b") == 84
+        assert two.stats.prompt_tokens - one.stats.prompt_tokens == smolvlm_build.tokens_per_frame("2.2b") == 84
         assert two.stats.prompt_tokens == hf_prompt_tokens(engine, 2)
         print(f"2.2B: {one.stats.prompt_tokens} prompt tokens for 1 frame, {two.stats.prompt_tokens} for 2")
     finally:
         engine.shutdown()
     # The EngineCore exited by itself once torn down, not killed after vLLM's
-    # 5-s grace (vidchat.engine.core_exit).
+    # 5-s grace (vidchat.engine.local).
     assert engine.core_exit_codes == [0], engine.core_exit_codes

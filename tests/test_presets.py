@@ -5,13 +5,12 @@ from __future__ import annotations
 import subprocess
 import sys
 
-from vidchat.app import presets
-from vidchat.app.settings import Settings, parse_settings
-from vidchat.engine import families
-
+import pytest
 from conftest import ROOT
 
-import pytest
+from vidchat.app import models
+from vidchat.app.settings import Settings, parse_settings
+from vidchat.engine import prompts
 
 pytestmark = pytest.mark.unit
 
@@ -20,13 +19,13 @@ NAMES = ["qwen2.5-omni-3b", "qwen2.5-omni-7b", "qwen2.5-vl-3b", "qwen2.5-vl-7b",
 
 
 def test_the_promised_presets_exist_with_consistent_limits():
-    assert set(NAMES) <= set(presets.PRESETS)
+    assert set(NAMES) <= set(models.PRESETS)
     for name in NAMES:
-        p = presets.get(name)
-        s = presets.apply(Settings(), p)
+        p = models.preset_named(name)
+        s = models.apply_preset(Settings(), p)
         assert s.frames_per_question <= s.max_images, name
         assert (s.max_audios > 0) == p.audio, name
-        family = families.BY_MODEL_TYPE[{"qwen2.5-omni": "qwen2_5_omni", "qwen2.5-vl": "qwen2_5_vl",
+        family = prompts.BY_MODEL_TYPE[{"qwen2.5-omni": "qwen2_5_omni", "qwen2.5-vl": "qwen2_5_vl",
                                          "qwen3-vl": "qwen3_vl", "smolvlm": "smolvlm"}[p.family]]
         assert (family.video is None) == p.video.startswith("no"), name
         if family.video is None:
@@ -34,8 +33,8 @@ def test_the_promised_presets_exist_with_consistent_limits():
 
 
 def test_a_flag_wins_over_the_preset():
-    p = presets.get("smolvlm2-256m")
-    chosen = presets.apply(parse_settings(["--max-images", "8", "--frames-per-question", "2"]), p)
+    p = models.preset_named("smolvlm2-256m")
+    chosen = models.apply_preset(parse_settings(["--max-images", "8", "--frames-per-question", "2"]), p)
     assert chosen.max_images == 8 and chosen.frames_per_question == 2
     assert chosen.max_videos == 0 and chosen.max_model_len == 8192  # left at defaults: the preset's
 
@@ -47,11 +46,11 @@ def test_the_cpu_presets_sample_stable_and_their_sessions_start_with_it():
     from vidchat.app.state import default_session_settings
 
     for name in NAMES:
-        chosen = presets.apply(Settings(), presets.get(name))
+        chosen = models.apply_preset(Settings(), models.preset_named(name))
         assert chosen.sampling == ("stable" if name.startswith("smolvlm") else "uniform"), name
-    cpu = presets.apply(Settings(), presets.get("smolvlm2-256m"))
+    cpu = models.apply_preset(Settings(), models.preset_named("smolvlm2-256m"))
     assert default_session_settings(cpu).sampling == "stable" and default_session_settings(cpu).num_sample_frames == 4
-    assert presets.apply(parse_settings(["--sampling", "latest_frames"]), presets.get("smolvlm2-256m")).sampling \
+    assert models.apply_preset(parse_settings(["--sampling", "latest_frames"]), models.preset_named("smolvlm2-256m")).sampling \
         == "latest_frames"
 
 
@@ -61,20 +60,20 @@ def test_model_list_prints_every_preset_with_its_needs():
     assert out.returncode == 0, out.stderr
     for name in NAMES:
         line = next(line for line in out.stdout.splitlines() if line.startswith(name + " "))
-        p = presets.get(name)
+        p = models.preset_named(name)
         assert p.model in line and p.where in line and ("yes" if p.audio else "no") in line
         assert line.rstrip().endswith(str(p.frames_per_question))
     assert "runs on" in out.stdout and "needs" in out.stdout and "frames/question" in out.stdout
 
 
 def test_family_rules():
-    smol = families.family_of("smolvlm")
+    smol = prompts.family_of("smolvlm")
     assert smol.processor_kwargs(76800) == {"do_image_splitting": False}  # an edge length there, not pixels
-    qwen = families.family_of("qwen2_5_vl")
+    qwen = prompts.family_of("qwen2_5_vl")
     assert qwen.processor_kwargs(76800) == {"size": {"shortest_edge": 3136, "longest_edge": 76800}}
     import numpy as np
 
     video, meta = qwen.video_item(np.zeros((4, 8, 8, 3), np.uint8), 2.5)
     assert meta == {"fps": 2.5, "duration": 1.6, "total_num_frames": 4, "frames_indices": [0, 1, 2, 3],
                     "do_sample_frames": False}
-    assert families.family_of("qwen2_5_omni_thinker").video_item(video, 2.5) is video
+    assert prompts.family_of("qwen2_5_omni_thinker").video_item(video, 2.5) is video

@@ -1,4 +1,4 @@
-"""Warm-ups (vidchat.conversation.prewarm) through real vLLM on the tiny omni model: a
+"""Warm-ups (vidchat.conversation.warmup) through real vLLM on the tiny omni model: a
 warmed sample is a prefix-cache hit at question time, warm-ups give way to
 answers, stop with their session, and never cross sessions."""
 
@@ -11,16 +11,13 @@ import types
 
 import numpy as np
 import pytest
-
-from vidchat import conversation
-from vidchat.conversation import answer_path, prewarm, prewarm_auto
-from vidchat.conversation.answer_queue import AnswerQueue
-from vidchat.conversation.answer_path import AnswerOptions
-from vidchat.conversation.prewarm import Prewarmer
-from vidchat.media.session import SessionSettings
-from vidchat.conversation.registry import SessionRegistry
-
 from conftest import eventually_async
+
+from vidchat.conversation import asking, conversation, warmup
+from vidchat.conversation.answers import AnswerOptions, AnswerQueue
+from vidchat.conversation.registry import SessionRegistry
+from vidchat.conversation.warmup import Prewarmer
+from vidchat.media.session import SessionSettings
 
 QUESTION = AnswerOptions(max_tokens=2, temperature=0.0, include_audio=False)
 
@@ -38,15 +35,15 @@ def add_frames(entry, n: int, seed: int, t0: float) -> None:
 
 
 async def warm(engine, entry, options=QUESTION):
-    prepared = await asyncio.to_thread(answer_path.prepare, engine, entry, entry.session.sample(), options, (), "", True)
+    prepared = await asyncio.to_thread(asking.prepare, engine, entry, entry.session.sample(), options, (), "", True)
     return await engine.warm(prepared)
 
 
 async def ask(engine, entry, question="What is there?", options=QUESTION):
-    answer = await answer_path.ask(engine, entry, question, options)
+    answer = await asking.ask(engine, entry, question, options)
     async for _ in answer.reply:
         pass
-    answer_path.release(entry, answer)
+    asking.release(entry, answer)
     return answer.reply.stats
 
 
@@ -91,14 +88,14 @@ async def test_a_question_is_scheduled_before_a_warm_up_sent_first(omni_engine):
     # Long enough to be still generating at its first token (the tiny model
     # never ends an answer on its own): a 2-token answer may already be done.
     long = dataclasses.replace(QUESTION, max_tokens=2000)
-    answer = await answer_path.ask(omni_engine, asking, "Now?", long, queue=state.answer_gate)
+    answer = await asking.ask(omni_engine, asking, "Now?", long, queue=state.answer_gate)
     await answer.wait_turn()
     assert omni_engine.running_warmups == 0 and prewarmer.stats.yielded == 1
     async for _ in answer.reply:
         assert omni_engine._llm.get_num_unfinished_requests() == 1  # the question alone
         break
     await answer.reply.aclose()
-    answer_path.release(asking, answer)
+    asking.release(asking, answer)
     await step
     assert prewarmer.stats.warmups == 0
     await prewarmer._step()  # the engine is idle again: the warm-up is done now
@@ -136,14 +133,14 @@ async def test_idle_mode_waits_while_an_answer_generates(omni_engine):
     registry = SessionRegistry()
     busy, idle = entry_with_frames(registry, n=4, seed=7), entry_with_frames(registry, seed=8)
     prewarmer = Prewarmer(fake_state(omni_engine, registry), "idle", interval_s=0.0)
-    answer = await answer_path.ask(omni_engine, busy, "Talk.", AnswerOptions(max_tokens=2000, temperature=0.0,
+    answer = await asking.ask(omni_engine, busy, "Talk.", AnswerOptions(max_tokens=2000, temperature=0.0,
                                                                        include_audio=False))
     reading = asyncio.create_task(answer.reply.__anext__())
     await reading
     await prewarmer._step()
     assert prewarmer.stats.warmups == 0 and prewarmer.stats.skipped_busy == 1
     await answer.reply.aclose()
-    answer_path.release(busy, answer)
+    asking.release(busy, answer)
     await prewarmer._step()
     assert prewarmer.stats.warmups == 1
 
@@ -215,15 +212,15 @@ def test_the_budget_follows_the_measured_cost_of_a_new_frame():
 
 @pytest.mark.unit
 def test_auto_turns_warm_ups_on_only_where_a_frame_is_slow_to_encode():
-    cheap, slow = prewarm_auto.choose(6.0), prewarm_auto.choose(480.0)  # the tiny model; a faster CPU
+    cheap, slow = warmup.choose(6.0), warmup.choose(480.0)  # the tiny model; a faster CPU
     assert cheap.chosen == "off" and slow.chosen == "idle"
     assert "6 ms" in cheap.reason and "150 ms" in cheap.reason and "480 ms" in slow.reason
     # The true-size CPU default on a busy day (~1 s a frame): encoding ahead
     # one frame at a time still pays, since a question waits at most for
     # that one frame (the frame in flight is its one new frame).
-    slowest = prewarm_auto.choose(994.0)
+    slowest = warmup.choose(994.0)
     assert slowest.chosen == "idle" and "994 ms" in slowest.reason and "one frame at a time" in slowest.reason
-    assert prewarm_auto.explicit("always").chosen == "always"
+    assert warmup.explicit("always").chosen == "always"
 
 
 @pytest.mark.unit
@@ -245,7 +242,7 @@ async def test_auto_stays_off_until_its_choice_then_seeds_the_encoder_budget():
     prewarmer = Prewarmer(fake_state(None, registry), "auto")
     prewarmer.start()
     assert prewarmer.mode == "off" and prewarmer.snapshot()["setting"] == "auto"
-    await prewarmer.apply_choice(prewarm_auto.choose(480.0))
+    await prewarmer.apply_choice(warmup.choose(480.0))
     snap = prewarmer.snapshot()
     assert (snap["mode"], snap["chosen"], snap["frame_encode_ms"]) == ("idle", "idle", 480.0)
     assert "more than 150 ms" in snap["reason"] and prewarmer.frame_cost.slow
@@ -327,7 +324,7 @@ async def test_finished_audio_segments_are_warmed_and_only_the_newest_is_new(omn
     # From the first frame (100 s): the first segment is cut short at the
     # front, on the stream's 2-s grid; a name is only ever given to the same samples.
     assert [size for size, _ in warm_sample.audio_parts] == [16000] + [32000] * 7
-    prepared = await asyncio.to_thread(answer_path.prepare, omni_engine, entry, warm_sample, with_audio, (), "", True)
+    prepared = await asyncio.to_thread(asking.prepare, omni_engine, entry, warm_sample, with_audio, (), "", True)
     assert prepared.prompt["multi_modal_uuids"]["audio"] == [f"{entry.cache_salt}/audio/{name}"
                                                              for _, name in warm_sample.audio_parts]
     warmed = await omni_engine.warm(prepared)
@@ -344,7 +341,7 @@ async def test_finished_audio_segments_are_warmed_and_only_the_newest_is_new(omn
     # As one clip (the default), the same audio is new again as soon as it
     # grows: only the frames are reused.
     monkeypatch.setattr(omni_engine.options, "split_audio", False)
-    one_clip = await asyncio.to_thread(answer_path.prepare, omni_engine, entry, entry.session.sample(),
+    one_clip = await asyncio.to_thread(asking.prepare, omni_engine, entry, entry.session.sample(),
                                        with_audio, (), "Again?")
     reply = omni_engine.submit(one_clip)
     async for _ in reply:
@@ -357,7 +354,7 @@ async def test_the_sample_taken_at_enter_is_warmed_whole_and_is_the_questions(om
     """Enter pressed (question_now): the sample is taken then, warmed with
     all its audio, and the question that arrives a moment later takes it,
     not the media that came in between, and finds it all prefilled."""
-    monkeypatch.setattr(prewarm, "PIN_S", 60.0)  # however slow this machine's warm-up is today
+    monkeypatch.setattr(warmup, "PIN_S", 60.0)  # however slow this machine's warm-up is today
     registry = SessionRegistry()
     entry = entry_with_frames(registry, seed=11)  # frames at 100..115 s
     add_audio(entry, 16.5, 99.5, seed=3)
@@ -378,10 +375,10 @@ async def test_the_sample_taken_at_enter_is_warmed_whole_and_is_the_questions(om
     pin = prewarmer.take_pin(entry)
     assert pin is not None and prewarmer.take_pin(entry) is None  # used once
     assert 17 not in pin.sample.seqs and pin.sample.audio_end == pytest.approx(116.0)
-    answer = await answer_path.ask(omni_engine, entry, "What is there?", with_audio, sample=pin.sample)
+    answer = await asking.ask(omni_engine, entry, "What is there?", with_audio, sample=pin.sample)
     async for _ in answer.reply:
         pass
-    answer_path.release(entry, answer)
+    asking.release(entry, answer)
     stats = answer.reply.stats
     assert stats.audio_seconds == pytest.approx(16.0) and stats.audio_parts == []  # one clip, the default
     # Everything but the question, all of the audio too (all full blocks).
@@ -409,14 +406,14 @@ async def test_the_sample_taken_at_enter_is_warmed_whole_and_is_the_questions(om
 
 @pytest.mark.unit
 def test_speech_starting_in_talk_mode_warms_the_session_first():
-    from vidchat.conversation import talk
+    from vidchat.conversation import modes
 
     registry = SessionRegistry()
     entry = registry.create("webrtc", SessionSettings(evs_enabled=False))
     prewarmer = Prewarmer(types.SimpleNamespace(registry=registry), "idle")
-    talk.speech_warms(types.SimpleNamespace(prewarmer=prewarmer), entry)()
+    modes.speech_warms(types.SimpleNamespace(prewarmer=prewarmer), entry)()
     assert prewarmer.state_of(entry.session.id).urgent_until > time.monotonic()
-    assert talk.speech_warms(types.SimpleNamespace(prewarmer=None), entry) is None
+    assert modes.speech_warms(types.SimpleNamespace(prewarmer=None), entry) is None
 
 
 @pytest.mark.engine
@@ -427,7 +424,7 @@ async def test_an_enter_sample_with_nothing_new_for_a_model_that_hears_nothing_i
     so once a warm-up has warmed these frames the Enter sample has nothing
     new, and its question must not wait for a second warm-up of it (the
     true-size CPU default's still scene: 130-250 ms of waiting for nothing)."""
-    monkeypatch.setattr(prewarm, "PIN_S", 60.0)
+    monkeypatch.setattr(warmup, "PIN_S", 60.0)
     assert not vl_engine.accepts_audio
     registry = SessionRegistry()
     entry = entry_with_frames(registry, seed=21)
@@ -445,7 +442,7 @@ async def test_an_enter_sample_with_nothing_new_for_a_model_that_hears_nothing_i
 
 
 class SeedClient:
-    """What SocketAnswers needs of its connection (vidchat.doors.socket_answers.Client), minus the socket."""
+    """What SocketAnswers needs of its connection (vidchat.doors.socket.session.Client), minus the socket."""
 
     def __init__(self, state, entry, options) -> None:
         self.state, self.entry, self.options = state, entry, options
@@ -480,16 +477,16 @@ async def test_a_seed_session_with_history_is_warmed_with_it(omni_engine, monkey
     """history: true on the seed socket: the next question carries the chat
     before its frames, so its warm-up must too, or it shares nothing but the
     system prompt. Without history, the warm-up carries none."""
-    from vidchat.conversation import warm_plan
-    from vidchat.doors.socket_answers import SocketAnswers
+    from vidchat.conversation import warmup
+    from vidchat.doors.socket.session import SocketAnswers
 
-    monkeypatch.setattr(warm_plan, "SETTLE_S", 0.0)  # warmed as soon as the answer ends
+    monkeypatch.setattr(warmup, "SETTLE_S", 0.0)  # warmed as soon as the answer ends
     registry = SessionRegistry()
     entry = registry.create("ws", SessionSettings(evs_enabled=False, num_sample_frames=16))
     add_frames(entry, 16, seed=31, t0=100.0)
     state = fake_state(omni_engine, registry)
-    talk = AnswerOptions(max_tokens=8, temperature=0.0, include_audio=False)
-    answers = SocketAnswers(SeedClient(state, entry, talk))
+    modes = AnswerOptions(max_tokens=8, temperature=0.0, include_audio=False)
+    answers = SocketAnswers(SeedClient(state, entry, modes))
     answers.set_history(True)
     await answers.ask("What is there?")
     await answers.conn.finish_answer()

@@ -16,10 +16,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 import websockets
+from conftest import ROOT, SESSION_IDLE_TIMEOUT, eventually_async, free_port
 
 from vidchat.devtools import synthetic
-
-from conftest import ROOT, SESSION_IDLE_TIMEOUT, free_port, eventually_async
 
 NO_FRAMES = "No frames available. Send video.frame before video.query."
 # The seed's four, and the frames dropped over --ws-max-fps before the filter saw them.
@@ -640,7 +639,7 @@ async def test_a_drained_replica_takes_no_new_sessions_and_keeps_its_open_ones(s
 
 @pytest.mark.engine
 async def test_an_oversize_query_is_refused_naming_the_field_and_the_session_goes_on(server):
-    from vidchat.conversation.settings_table import MAX_QUESTION_CHARS
+    from vidchat.conversation.asking import MAX_QUESTION_CHARS
 
     ws = await connect(server, **SHORT)
     await frames(ws, n=2)

@@ -14,13 +14,24 @@ import base64
 
 import numpy as np
 import pytest
+from test_protocol import (
+    MOVING,
+    SHORT,
+    STATIC_JPEG,
+    answer,
+    check_answer,
+    connect,
+    expect_closed,
+    expect_error,
+    recv,
+    send,
+    still_alive,
+    until,
+)
 
-from vidchat.devtools import synthetic_audio as sa
-from vidchat.doors.socket_config import NO_AUDIO_OUTPUT_NOTICE
+from vidchat.devtools import synthetic as sa
+from vidchat.doors.socket.session import NO_AUDIO_OUTPUT_NOTICE
 from vidchat.media import AUDIO_RATE
-
-from test_protocol import (MOVING, SHORT, STATIC_JPEG, answer, check_answer, connect, expect_closed, expect_error,
-                           recv, send, still_alive, until)
 
 pytestmark = pytest.mark.engine
 

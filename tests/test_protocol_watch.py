@@ -9,10 +9,9 @@ server has none; tests/test_compare.py records on a server that has one)."""
 from __future__ import annotations
 
 import pytest
-
-from vidchat.doors.protocol_config import ConfigError, parse_watch
-
 from test_protocol import MOVING, SHORT, check_answer, connect, expect_error, frames, recv, send, still_alive, until
+
+from vidchat.doors.socket.config import ConfigError, parse_watch
 
 WATCH = {"question": "What changed?", "every_s": 0.3}
 

@@ -1,4 +1,4 @@
-"""The OpenAI Realtime door (/v1/realtime, vidchat.doors.realtime) with the
+"""The OpenAI Realtime door (/v1/realtime, vidchat.doors.socket.realtime) with the
 official ``openai`` SDK as its client, against the real server (uvicorn
 subprocess, real vLLM on the tiny random omni model): session events, frames
 as input_image items, text and spoken questions, responses and their events
@@ -19,28 +19,26 @@ import httpx
 import numpy as np
 import pytest
 import websockets
+from conftest import SERVER_ARGS, TINY_SERVER_ARGS, start_server, stop_server, until_idle
 from openai import AsyncOpenAI
 from openai.types.realtime import RealtimeServerEvent
 from PIL import Image
 from pydantic import TypeAdapter
+from test_protocol import MOVING
 
 from vidchat.app.settings import Settings
-from vidchat.conversation.answer_path import AnswerOptions
-from vidchat.devtools import synthetic_audio as sa
-from vidchat.doors import realtime_events as rt
-from vidchat.doors import realtime_items as items
-from vidchat.doors.realtime import RealtimeConnection
-from vidchat.doors.socket_media import Refused, pcm16_audio
-from vidchat.doors.protocol_config import ConfigError, TurnDetection
-from vidchat.doors.socket_transport import Disconnected
-from vidchat.doors.socket_turns import SocketTurns
+from vidchat.conversation.answers import AnswerOptions
+from vidchat.devtools import synthetic as sa
+from vidchat.doors.socket import realtime as items
+from vidchat.doors.socket import realtime_events as rt
+from vidchat.doors.socket.config import ConfigError, TurnDetection
+from vidchat.doors.socket.intake import Refused, pcm16_audio
+from vidchat.doors.socket.realtime import RealtimeConnection
+from vidchat.doors.socket.session import NO_AUDIO_OUTPUT_NOTICE, SocketTurns
+from vidchat.doors.socket.transport import Disconnected
 from vidchat.engine import NO_SPOKEN_QUESTIONS
-from vidchat.doors.socket_config import NO_AUDIO_OUTPUT_NOTICE
 from vidchat.media import AUDIO_RATE
 from vidchat.media.audio import AudioInput, ClipTooShort, Pcm16Resampler
-
-from conftest import SERVER_ARGS, TINY_SERVER_ARGS, start_server, stop_server, until_idle
-from test_protocol import MOVING
 
 RATE = 24_000
 TOKEN = "realtime-test-token"
@@ -307,7 +305,7 @@ def test_input_audio_appends_cost_the_same_however_much_is_held():
 
 @pytest.mark.unit
 async def test_turn_detection_asked_while_the_model_loads_waits_for_it_at_both_socket_doors():
-    """One rule for the seed and Realtime doors (vidchat.doors.socket_turns):
+    """One rule for the seed and Realtime doors (vidchat.doors.socket.session):
     turn_detection asked for while the model loads is kept (and described)
     and set once it runs; a model that takes no spoken questions is then an
     error, and the session goes on. Refused at once when the model runs."""
@@ -361,7 +359,7 @@ class FakeSocket:
 
 @pytest.mark.unit
 async def test_the_shared_event_loop_answers_every_bad_event_with_an_error_and_goes_on():
-    # The loop is vidchat.doors.socket_session's (the seed door's too); the errors are shaped by this door.
+    # The loop is vidchat.doors.socket.session's (the seed door's too); the errors are shaped by this door.
     events = [{"type": "conversation.item.retrieve", "item_id": "item_1", "event_id": "evt_1"},
               {"type": "conversation.item.delete", "item_id": "item_1"},
               {"type": "conversation.item.truncate", "item_id": "item_1", "content_index": 0, "audio_end_ms": 0},

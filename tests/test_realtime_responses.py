@@ -17,15 +17,14 @@ import numpy as np
 import pytest
 from openai.types.realtime import RealtimeServerEvent
 from pydantic import TypeAdapter, ValidationError
+from test_realtime import FakeSocket, text_item
 
 from vidchat.app.settings import Settings
 from vidchat.app.state import AppState
-from vidchat.doors.protocol_config import TurnDetection
-from vidchat.doors.realtime import RealtimeConnection
+from vidchat.doors.socket.config import TurnDetection
+from vidchat.doors.socket.realtime import RealtimeConnection
 from vidchat.engine import EngineOptions, Prepared, ReplyStats
 from vidchat.media.vad import Utterance
-
-from test_realtime import FakeSocket, text_item
 
 SERVER_EVENT = TypeAdapter(RealtimeServerEvent)
 ACTIVE = "conversation_already_has_active_response"
@@ -131,7 +130,7 @@ async def settled(conn: RealtimeConnection) -> None:
 
 async def closed(conn: RealtimeConnection, ws: FakeSocket) -> list[dict]:
     """Everything the connection sent, once it is closed: sends are queued
-    to a writer (vidchat.doors.socket_transport), and the close sends what is queued first."""
+    to a writer (vidchat.doors.socket.transport), and the close sends what is queued first."""
     await settled(conn)
     async with asyncio.timeout(10):
         await conn.close()

@@ -9,12 +9,12 @@ import re
 import urllib.request
 
 import pytest
-
-from conftest import start_server, stop_server, tiny_options, eventually_async
+from conftest import eventually_async, start_server, stop_server, tiny_options
 from test_engine import collect, frames
 from test_protocol import LONG, SHORT, answer, check_answer, connect, send, until
 from test_protocol import frames as send_frames
 from test_webrtc import _enough, submit, wait_for
+
 from vidchat.devtools.rtc_client import RtcClient, SyntheticVideo
 from vidchat.engine.remote import RemoteEngine
 

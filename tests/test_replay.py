@@ -23,13 +23,13 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
 from conftest import CACHE_DIR, ROOT, TEST_MAX_IMAGES, TEST_MAX_MODEL_LEN
-from vidchat.conversation import recording
-from vidchat.conversation.answer_path import Answer, AnswerOptions
-from vidchat.media.session import Session
+
+from vidchat.conversation import bundles
+from vidchat.conversation.answers import Answer, AnswerOptions
 from vidchat.engine import EngineOptions, ReplyStats, Turn, inputs_digest
 from vidchat.media import AUDIO_RATE
+from vidchat.media.session import Session
 
 CLIP_SECONDS = 4.0
 CLIP_FPS = 10
@@ -209,7 +209,7 @@ def test_bundles_read_back_to_the_inputs_the_engine_hashed(run_with_out):
     assert [p.name for p in folders] == ["0001-t1.5", "0002-t2.0", "0003-t4.0"]
     assert [r["bundle"] for r in a] == [str(p) for p in folders]
     for rec, folder in zip(a, folders):
-        bundle = recording.read_bundle(folder)
+        bundle = bundles.read_bundle(folder)
         m = bundle.manifest
         assert m["version"] == 1 and m["question"] == rec["question"] and m["answer"] == rec["answer"]
         assert m["inputs_sha256"] == rec["inputs_sha256"] == bundle.digest()
@@ -230,7 +230,7 @@ def test_bundles_read_back_to_the_inputs_the_engine_hashed(run_with_out):
         with wave.open(str(folder / "audio.wav")) as w:
             assert (w.getnchannels(), w.getsampwidth(), w.getframerate()) == (1, 2, AUDIO_RATE)
             assert w.getnframes() == bundle.audio.size == round(rec["audio_seconds"] * AUDIO_RATE)
-    history = [recording.read_bundle(p).manifest["history"] for p in folders]
+    history = [bundles.read_bundle(p).manifest["history"] for p in folders]
     assert history[0] == []  # the failed question at 0 s is not part of the chat
     assert history[1] == [{"role": "user", "content": "What moves?"}, {"role": "assistant", "content": a[0]["answer"]}]
     assert len(history[2]) == 4
@@ -243,7 +243,7 @@ def reask_run(run_with_out, watch_clips, tmp_path_factory):
     replays the clip with hard cuts in watch mode (--watch is for the video file only)."""
     folders = sorted(run_with_out.out.iterdir())
     zipped = tmp_path_factory.mktemp("zips") / "second.zip"
-    zipped.write_bytes(recording.zip_bundles([folders[1]]))
+    zipped.write_bytes(bundles.zip_bundles([folders[1]]))
     cwd = tmp_path_factory.mktemp("cwd_c")
     res = replay(str(folders[0]), str(zipped), str(watch_clips.cuts), *ENGINE_ARGS, "--set", "frames_as=video",
                  "--set", "temperature=0", "--watch", "What changed?", "--watch-every", "1", "--json", cwd=cwd)
@@ -322,7 +322,7 @@ def test_missing_file_exits_2(tmp_path):
 
 @pytest.mark.unit
 def test_media_events_are_in_file_seconds_and_audio_is_cut_at_question_times(clip_dir):
-    from vidchat.qa.playback import Schedule, media_events
+    from vidchat.qa.replay import Schedule, media_events
 
     schedule = Schedule([(1.5, "a"), (1.25, "b")], [(1.0, "c")])
     events = list(media_events(str(clip_dir / "clip.mp4"), schedule))
@@ -345,7 +345,7 @@ def test_media_events_are_in_file_seconds_and_audio_is_cut_at_question_times(cli
 
 def watch_times(path: Path, every_s: float) -> list[float]:
     """When replay's watch mode asks, for a file: a session fed as replay feeds it."""
-    from vidchat.qa.playback import Playback, Schedule, media_events
+    from vidchat.qa.replay import Playback, Schedule, media_events
 
     playback = Playback(Session("watch"), watch_every=every_s)
     return [t for t, _, kind, payload in media_events(str(path), Schedule([], [])) if playback.feed(t, kind, payload)]
@@ -387,14 +387,14 @@ def _answer(audio: bool = True, text: str = "an answer") -> Answer:
 @pytest.mark.unit
 def test_bundle_round_trip_folder_and_zip(tmp_path):
     answer = _answer()
-    path = recording.write_bundle(tmp_path / "rec", answer, history=[Turn("user", "hi"), Turn("assistant", "yo")],
+    path = bundles.write_bundle(tmp_path / "rec", answer, history=[Turn("user", "hi"), Turn("assistant", "yo")],
                                   t=1.5, source="camera", model_option="tiny")
     assert path.name == "0001-t1.5"
     assert sorted(p.name for p in path.iterdir()) == ["audio.wav", "frame-0001.png", "frame-0002.png",
                                                       "frame-0003.png", "frame-0004.png", "manifest.json"]
-    second = recording.write_bundle(tmp_path / "rec", _answer(audio=False))
+    second = bundles.write_bundle(tmp_path / "rec", _answer(audio=False))
     assert second.name == "0002" and not (second / "audio.wav").exists()
-    bundle = recording.read_bundle(path)
+    bundle = bundles.read_bundle(path)
     assert bundle.digest() == bundle.inputs_sha256 == answer.reply.stats.inputs_sha256
     assert all(np.array_equal(a, b) for a, b in zip(bundle.frames, answer.sample.frames))
     assert bundle.audio.dtype == np.float32 and np.array_equal(bundle.audio, answer.sample.audio)
@@ -405,72 +405,72 @@ def test_bundle_round_trip_folder_and_zip(tmp_path):
     sample = bundle.sample()
     assert inputs_digest(sample.frames, sample.audio) == bundle.inputs_sha256
 
-    data = recording.zip_bundles([path, second])
+    data = bundles.zip_bundles([path, second])
     both = tmp_path / "both.zip"
     both.write_bytes(data)
-    assert not recording.is_bundle(both)
-    with pytest.raises(recording.BundleError, match="2 bundles"):
-        recording.read_bundle(both)
+    assert not bundles.is_bundle(both)
+    with pytest.raises(bundles.BundleError, match="2 bundles"):
+        bundles.read_bundle(both)
     one = tmp_path / "one.zip"
-    one.write_bytes(recording.zip_bundles([path]))
-    assert recording.is_bundle(one) and recording.read_bundle(one).digest() == bundle.inputs_sha256
+    one.write_bytes(bundles.zip_bundles([path]))
+    assert bundles.is_bundle(one) and bundles.read_bundle(one).digest() == bundle.inputs_sha256
     assert sorted(p.name for p in tmp_path.iterdir()) == ["both.zip", "one.zip", "rec"]  # no temporary left
 
 
 @pytest.mark.unit
 def test_audio_that_is_not_16_bit_exact_is_kept_as_float_wav():
     audio = np.random.default_rng(1).uniform(-1, 1, 1000).astype(np.float32)
-    data, fmt = recording.wav_bytes(audio)
+    data, fmt = bundles.wav_bytes(audio)
     assert fmt == "float32"
-    back, rate = recording.read_wav(data)
+    back, rate = bundles.read_wav(data)
     assert rate == AUDIO_RATE and back.dtype == np.float32 and np.array_equal(back, audio)
     pcm = (np.arange(-32768, 32768, 97, dtype=np.int16).astype(np.float32) * np.float32(1 / 32768))
-    data, fmt = recording.wav_bytes(pcm)
-    assert fmt == "pcm16" and np.array_equal(recording.read_wav(data)[0], pcm)
+    data, fmt = bundles.wav_bytes(pcm)
+    assert fmt == "pcm16" and np.array_equal(bundles.read_wav(data)[0], pcm)
 
 
 @pytest.mark.unit
 def test_bad_bundles_are_refused(tmp_path):
-    path = recording.write_bundle(tmp_path, _answer())
+    path = bundles.write_bundle(tmp_path, _answer())
     manifest = json.loads((path / "manifest.json").read_text())
     for change, message in [({"version": 2}, "version 2"),
                             ({"frames": [{"file": "../x.png", "width": 1, "height": 1}]}, "bad file name"),
                             ({"question": ""}, "no question")]:
         (path / "manifest.json").write_text(json.dumps({**manifest, **change}))
-        with pytest.raises(recording.BundleError, match=message):
-            recording.read_bundle(path)
+        with pytest.raises(bundles.BundleError, match=message):
+            bundles.read_bundle(path)
     (path / "manifest.json").write_text(json.dumps(manifest))
     (path / "frame-0002.png").unlink()
-    with pytest.raises(recording.BundleError, match="frame-0002.png is missing"):
-        recording.read_bundle(path)
+    with pytest.raises(bundles.BundleError, match="frame-0002.png is missing"):
+        bundles.read_bundle(path)
 
 
 @pytest.mark.unit
 def test_a_zip_that_would_unpack_huge_is_refused_before_unpacking(tmp_path, monkeypatch):
     import zipfile
 
-    path = recording.write_bundle(tmp_path / "rec", _answer())
+    path = bundles.write_bundle(tmp_path / "rec", _answer())
     bomb = tmp_path / "bomb.zip"
     with zipfile.ZipFile(bomb, "w", zipfile.ZIP_DEFLATED) as zf:
         for child in sorted(path.iterdir()):
             if child.name != "frame-0001.png":
                 zf.write(child, f"b/{child.name}")
         zf.writestr("b/frame-0001.png", b"\0" * (4 << 20))  # 4 MiB of zeros: a few KB packed
-    monkeypatch.setattr(recording, "MAX_MEMBER_BYTES", 1 << 20)
-    with pytest.raises(recording.BundleError, match="would unpack to 4194304 bytes"):
-        recording.read_bundle(bomb)
+    monkeypatch.setattr(bundles, "MAX_MEMBER_BYTES", 1 << 20)
+    with pytest.raises(bundles.BundleError, match="would unpack to 4194304 bytes"):
+        bundles.read_bundle(bomb)
     many = json.loads((path / "manifest.json").read_text())
     many["frames"] = many["frames"] * 300
     (path / "manifest.json").write_text(json.dumps(many))
-    with pytest.raises(recording.BundleError, match="at most 1024"):
-        recording.read_bundle(path)
+    with pytest.raises(bundles.BundleError, match="at most 1024"):
+        bundles.read_bundle(path)
 
 
 @pytest.mark.unit
 def test_a_bundle_reads_back_as_a_finished_answer_for_the_page(tmp_path):
     answer = _answer()
-    path = recording.write_bundle(tmp_path / "rec", answer, history=[Turn("user", "hi"), Turn("assistant", "yo")])
-    loaded = recording.recorded_answer(recording.read_bundle(path))
+    path = bundles.write_bundle(tmp_path / "rec", answer, history=[Turn("user", "hi"), Turn("assistant", "yo")])
+    loaded = bundles.recorded_answer(bundles.read_bundle(path))
     assert loaded.bundle_name == path.name and loaded.question == answer.question
     assert loaded.reply.text == answer.reply.text and loaded.history == (Turn("user", "hi"), Turn("assistant", "yo"))
     assert loaded.options.seed == 7 and loaded.options.temperature == 0.0
@@ -485,7 +485,7 @@ def test_a_bundle_reads_back_as_a_finished_answer_for_the_page(tmp_path):
 
 @pytest.mark.unit
 def test_periodic_questions_stop_with_the_file_but_later_asks_stay():
-    from vidchat.qa.playback import Question, Schedule
+    from vidchat.qa.replay import Question, Schedule
 
     schedule = Schedule([(10.0, "late")], [(2.0, "tick")])
     assert [schedule.pop().at for _ in range(2)] == [2.0, 4.0]

@@ -1,6 +1,6 @@
 """Past one machine, the parts without a model server: the consistent hash
 that pins sessions to replicas, the routing key and its header, the options
-(vidchat.engine.replicas, vidchat.engine.remote). The real replicas and
+(vidchat.engine.remote, vidchat.engine.remote). The real replicas and
 vllm-router are test_router's."""
 
 from __future__ import annotations
@@ -14,8 +14,7 @@ import pytest
 
 from vidchat.app.settings import parse_settings
 from vidchat.engine import EngineError, EngineOptions
-from vidchat.engine.remote import RemoteEngine
-from vidchat.engine.replicas import HashRing, ReplicaPool, routing_key, shown_url, split_urls
+from vidchat.engine.remote import HashRing, RemoteEngine, ReplicaPool, routing_key, shown_url, split_urls
 
 pytestmark = pytest.mark.unit
 

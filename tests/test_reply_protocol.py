@@ -7,7 +7,7 @@ import asyncio
 
 import pytest
 
-from vidchat.conversation.recorded_reply import RecordedReply
+from vidchat.conversation.bundles import RecordedReply
 from vidchat.engine import Reply, ReplyStats
 from vidchat.engine.local import LocalReply
 from vidchat.engine.remote import RemoteReply

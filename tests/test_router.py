@@ -23,9 +23,9 @@ import urllib.request
 from dataclasses import dataclass, field
 
 import pytest
-
-from conftest import TEST_MAX_IMAGES, TEST_MAX_MODEL_LEN, start_server, stop_server, eventually_async
+from conftest import TEST_MAX_IMAGES, TEST_MAX_MODEL_LEN, eventually_async, start_server, stop_server
 from test_protocol import check_answer, connect, send, until
+
 from vidchat.devtools import synthetic, vllm_servers
 
 pytestmark = pytest.mark.engine

@@ -15,14 +15,13 @@ import threading
 import types
 
 import pytest
-
-from vidchat import conversation
-from vidchat.conversation import CANCELLED, COMPLETED, Delta, Done, answer_path, runs
-from vidchat.conversation.answer_path import AnswerOptions
-from vidchat.doors.page import answers as page_answers
-
 from conftest import eventually_async
 from test_answer_path import LONG, filled_entry
+
+from vidchat.conversation import asking, conversation, runs
+from vidchat.conversation.answers import AnswerOptions
+from vidchat.conversation.runs import CANCELLED, COMPLETED, Delta, Done
+from vidchat.doors.page import questions as page_answers
 
 SHORT = AnswerOptions(max_tokens=6, temperature=0.0)
 
@@ -113,14 +112,14 @@ async def test_clear_while_a_page_question_is_prepared_never_leaves_a_run_behind
     entry.state = state
 
     preparing, release = threading.Event(), threading.Event()
-    real_prepare = answer_path.prepare
+    real_prepare = asking.prepare
 
     def held_prepare(*args, **kwargs):
         preparing.set()
         release.wait(30)
         return real_prepare(*args, **kwargs)
 
-    monkeypatch.setattr(answer_path, "prepare", held_prepare)
+    monkeypatch.setattr(asking, "prepare", held_prepare)
     settings = [4, "uniform", 10, False, 0.95, 64, "images", False, 6, 0.0, "5"]
     updates: list = []
 
@@ -134,7 +133,7 @@ async def test_clear_while_a_page_question_is_prepared_never_leaves_a_run_behind
     release.set()
     await asyncio.wait_for(asking, 30)
     assert entry.answer is None  # the question for the old chat never started
-    monkeypatch.setattr(answer_path, "prepare", real_prepare)
+    monkeypatch.setattr(asking, "prepare", real_prepare)
     caplog.set_level(logging.INFO, logger="vidchat.conversation")
     # The next question starts at once: nothing holds the chat.
     talking = entry
@@ -174,11 +173,11 @@ async def test_a_cancelled_run_whose_engine_hangs_is_force_done_after_the_grace(
     monkeypatch.setattr(conversation.runs, "CANCEL_GRACE_S", 0.2)
     entry = filled_entry()
     reply = _StuckReply()
-    answer = answer_path.Answer("q", reply, entry.session.sample(), SHORT, session_id=entry.session.id)
+    answer = asking.Answer("q", reply, entry.session.sample(), SHORT, session_id=entry.session.id)
     entry.answer = answer
     entry.state = conversation.Standalone(engine=None)
     talking = entry
-    run = conversation.AnswerRun(talking, entry, answer, record=False, continues_chat=True, remember=True)
+    run = runs.AnswerRun(talking, entry, answer, record=False, continues_chat=True, remember=True)
     log: list = []
     reading = asyncio.create_task(read_all(run.events(), log))
     await eventually_async(lambda: any(isinstance(e, Delta) for e in log), 5, "the first delta")

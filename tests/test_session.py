@@ -9,11 +9,11 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from vidchat.media.session import Session, SessionSettings
-from vidchat.media.sampling import stable_indices, uniform_indices
 from vidchat.devtools import synthetic
 from vidchat.media import AUDIO_RATE
 from vidchat.media.evs import FrameError
+from vidchat.media.sampling import stable_indices, uniform_indices
+from vidchat.media.session import Session, SessionSettings
 
 pytestmark = pytest.mark.unit
 
@@ -538,7 +538,7 @@ def test_luma_frames_render_rgb_only_when_kept():
 
 
 def test_scene_changes_are_counted_and_watch_is_rate_limited():
-    from vidchat.conversation.watch import SceneWatch
+    from vidchat.conversation.modes import SceneWatch
 
     session = Session("watch", SessionSettings())
     colour = lambda c: np.full((120, 160, 3), c, np.uint8)  # noqa: E731

@@ -10,18 +10,23 @@ import asyncio
 import json
 
 import pytest
+from test_answer_path import filled_entry
 
-from vidchat import conversation
-from vidchat.conversation import Delta, Done, Started, answer_path
-from vidchat.conversation.answer_path import AnswerOptions
-from vidchat.conversation.session_events import (
-    MAX_BEHIND, AnswerEvent, QuestionAsked, Closed, EventHub, SceneChanged, SettingsChanged,
+from vidchat.conversation import asking, conversation
+from vidchat.conversation.answers import AnswerOptions
+from vidchat.conversation.events import (
+    MAX_BEHIND,
+    AnswerEvent,
+    Closed,
+    EventHub,
+    QuestionAsked,
+    SceneChanged,
+    SettingsChanged,
 )
 from vidchat.conversation.registry import SessionRegistry
-from vidchat.doors.session_stream import server_sent, wire
+from vidchat.conversation.runs import Delta, Done, Started
+from vidchat.doors.webrtc_routes import server_sent, wire
 from vidchat.media.session import SessionSettings
-
-from test_answer_path import filled_entry
 
 SHORT = AnswerOptions(max_tokens=6, temperature=0.0)
 
@@ -86,7 +91,7 @@ async def test_an_answer_a_settings_change_and_the_end_reach_the_sessions_stream
     entry.state = conversation.Standalone(omni_engine)
     talking = entry
     with talking.event_hub.subscribe() as events:
-        answer_path.apply_settings(entry.session, omni_engine, SHORT, {"num_sample_frames": 3, "max_frames": 64},
+        asking.apply_settings(entry.session, omni_engine, SHORT, {"num_sample_frames": 3, "max_frames": 64},
                                    entry.event_hub)
         run = await talking.ask("What is there?", SHORT)
         await asyncio.wait_for(run.ended.wait(), 60)

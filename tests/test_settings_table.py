@@ -1,4 +1,4 @@
-"""The one settings table (vidchat.conversation.settings_table): every question setting
+"""The one settings table (vidchat.conversation.asking): every question setting
 is refused for the same reason wherever it comes from (the page and its
 /ask API, session.config, replay's --set and a bundle's manifest); only the
 name differs: the page says its own label."""
@@ -9,11 +9,11 @@ import dataclasses
 
 import pytest
 
-from vidchat.conversation import answer_path
-from vidchat.conversation.answer_path import AnswerOptions
+from vidchat.conversation import asking
+from vidchat.conversation.answers import AnswerOptions
+from vidchat.conversation.asking import ALIASES, SETTINGS
+from vidchat.doors.socket.config import FIELDS, VIDCHAT_FIELDS, parse_config
 from vidchat.media.session import SessionSettings
-from vidchat.conversation.settings_table import ALIASES, SETTINGS
-from vidchat.doors.protocol_config import FIELDS, VIDCHAT_FIELDS, parse_config
 
 pytestmark = pytest.mark.unit
 
@@ -31,7 +31,7 @@ def _reason(message: str) -> str:
 def test_a_bad_value_is_refused_for_the_same_reason_at_every_door(name, value):
     spec = SETTINGS[name]
     with pytest.raises(ValueError) as socket_or_bundle:  # session.config, --set and manifests share this path
-        answer_path.checked_settings({name: value})
+        asking.checked_settings({name: value})
     with pytest.raises(ValueError) as page:
         spec.from_page(value, high=4096 if name == "max_tokens" else None)
     assert str(page.value).startswith(f"{spec.label} must be "), page.value
@@ -57,7 +57,7 @@ def test_every_setting_a_session_or_an_answer_has_is_in_the_table_and_the_socket
 
 def test_defaults_pass_their_own_table():
     SessionSettings().validate()
-    answer_path.check_options(AnswerOptions(), None, SessionSettings())
+    asking.check_options(AnswerOptions(), None, SessionSettings())
     assert parse_config({"num_frames": 8, "use_audio_in_video": False}).session == {"num_sample_frames": 8}
 
 

@@ -23,12 +23,11 @@ import psutil
 import pytest
 import websockets
 import websockets.asyncio.client
+from conftest import SERVER_ARGS, TINY_SERVER_ARGS, eventually_async
 from websockets.client import ClientProtocol
 from websockets.uri import parse_uri
 
 from vidchat.devtools import synthetic
-
-from conftest import SERVER_ARGS, TINY_SERVER_ARGS, eventually_async
 from vidchat.devtools.harness import start_server, stop_server
 
 pytestmark = pytest.mark.engine

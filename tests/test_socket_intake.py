@@ -3,7 +3,7 @@
 says reason "rate" (with no error message each: a client that sends too many
 would get thousands), the Realtime door's refusal carries the code "rate",
 and the session's stats count them. Driven on the real intake
-(vidchat.doors.socket_media) with a real session, no server; the real
+(vidchat.doors.socket.intake) with a real session, no server; the real
 server's part is tests/test_slow_client.py."""
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import pytest
 
 from vidchat.conversation.registry import SessionRegistry
 from vidchat.devtools import synthetic
-from vidchat.doors.socket_media import FrameRate, Refused, SocketMedia
+from vidchat.doors.socket.intake import FrameRate, Refused, SocketMedia
 
 pytestmark = pytest.mark.unit
 

@@ -1,4 +1,4 @@
-"""The socket doors' transport (vidchat.doors.socket_transport) against a
+"""The socket doors' transport (vidchat.doors.socket.transport) against a
 fake WebSocket whose sends can be held: a client that reads nothing never
 blocks the code that sends to it, its acks are dropped first, it is closed
 with 1008 once it stays full for the send timeout, and a normal close sends
@@ -14,9 +14,9 @@ from types import SimpleNamespace
 import pytest
 
 from vidchat.conversation.registry import SessionRegistry
-from vidchat.devtools.waits import eventually_async
-from vidchat.doors import socket_transport
-from vidchat.doors.socket_transport import CLOSE_POLICY, Disconnected, SocketTransport
+from vidchat.devtools.harness import eventually_async
+from vidchat.doors.socket import transport as socket_transport
+from vidchat.doors.socket.transport import CLOSE_POLICY, Disconnected, SocketTransport
 
 pytestmark = pytest.mark.unit
 

@@ -12,11 +12,12 @@ from starlette.testclient import TestClient
 
 from vidchat.app.access import Access
 from vidchat.app.guard import Guard
-from vidchat.conversation.answer_path import Answer, AnswerOptions, frozen_sample
-from vidchat.media.session import Session, SessionSettings
+from vidchat.conversation.answers import Answer, AnswerOptions
+from vidchat.conversation.asking import frozen_sample
 from vidchat.conversation.registry import SessionRegistry
 from vidchat.doors.webrtc_routes import router
 from vidchat.media.clock import NTP_TO_UNIX_S, SenderClock, SourceTimeline, ntp_to_unix
+from vidchat.media.session import Session, SessionSettings
 
 pytestmark = pytest.mark.unit
 

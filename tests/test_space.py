@@ -14,7 +14,6 @@ import tomllib
 import gradio
 import pytest
 import yaml
-
 from conftest import ROOT, start_server, stop_server
 
 # The GPU hardware names a Space card may suggest (huggingface_hub's SpaceHardware).

@@ -15,9 +15,8 @@ from __future__ import annotations
 
 import pytest
 
-from vidchat.devtools.free_ports import allocate_port
+from vidchat.devtools.harness import allocate_port, eventually
 from vidchat.devtools.stream_sources import start_rtsp_camera
-from vidchat.devtools.waits import eventually
 from vidchat.media.session import Session
 from vidchat.media.streams import LIVE, RECONNECTING, StreamReader
 

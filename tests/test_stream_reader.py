@@ -16,16 +16,22 @@ from types import SimpleNamespace
 from typing import Callable, Iterator
 
 import pytest
-
-from vidchat.devtools.free_ports import allocate_port
-from vidchat.devtools.stream_sources import serve_folder, write_hls
-from vidchat.devtools.waits import eventually
-from vidchat.media.session import Session
-from vidchat.media.stream_protocols import protocol_whitelist
-from vidchat.media.streams import (IDLE, LIVE, RECONNECTING, StreamReader, Streams, UnknownStream, parse_streams,
-                                   redact)
-
 from test_protocol import make_video
+
+from vidchat.devtools.harness import allocate_port, eventually
+from vidchat.devtools.stream_sources import serve_folder, write_hls
+from vidchat.media.session import Session
+from vidchat.media.streams import (
+    IDLE,
+    LIVE,
+    RECONNECTING,
+    StreamReader,
+    Streams,
+    UnknownStream,
+    parse_streams,
+    protocol_whitelist,
+    redact,
+)
 
 pytestmark = pytest.mark.unit
 

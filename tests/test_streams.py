@@ -10,12 +10,11 @@ import asyncio
 import json
 
 import pytest
+from conftest import STREAM_SECRET, eventually_async
 from openai import AsyncOpenAI
+from test_protocol import MOVING, answer, connect, expect_error, recv, send, still_alive, until
 
 from vidchat.devtools.stream_sources import serve_folder, start_rtsp_camera, write_hls
-
-from conftest import STREAM_SECRET, eventually_async
-from test_protocol import MOVING, answer, connect, expect_error, recv, send, still_alive, until
 
 SHORT = dict(max_tokens=4, temperature=0.0)
 SECRET = STREAM_SECRET

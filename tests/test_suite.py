@@ -16,9 +16,9 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 
 import pytest
-
 from conftest import CACHE_DIR, ROOT, TEST_MAX_IMAGES, TEST_MAX_MODEL_LEN
 from test_replay import make_clip
+
 from vidchat.qa import suite as suite_cli
 from vidchat.qa.suite_file import SuiteError, read_suite
 

@@ -15,7 +15,6 @@ import stat
 
 import httpx
 import pytest
-
 from conftest import SERVER_ARGS, TEST_MAX_IMAGES, TEST_MAX_MODEL_LEN, start_server, stop_server
 from test_protocol import MOVING, SHORT, check_answer, connect, send, until
 

@@ -17,12 +17,11 @@ import threading
 import tomllib
 
 import pytest
+from conftest import ROOT
 
-from vidchat.conversation import answer_marks, suite_cases
+from vidchat.conversation import bundles, suite_cases
 from vidchat.conversation.safe_files import Unwritable
 from vidchat.qa.suite_file import read_suite
-
-from conftest import ROOT
 
 pytestmark = pytest.mark.unit
 
@@ -229,13 +228,13 @@ def test_a_marked_manifest_keeps_its_mode_and_a_refused_mark_leaves_nothing(tmp_
     manifest = bundle / "manifest.json"
     manifest.write_text(json.dumps({"version": 1, "record": {}}))
     manifest.chmod(0o644)
-    answer_marks.mark_bundle(bundle, {"mark": "good", "note": ""})
+    bundles.mark_bundle(bundle, {"mark": "good", "note": ""})
     assert stat.S_IMODE(manifest.stat().st_mode) == 0o644  # readable as the bundle's other files, not 0600
     assert json.loads(manifest.read_text())["mark"] == {"mark": "good", "note": ""}
     with pytest.raises(ValueError, match="note can't be written"):
-        answer_marks.checked("bad", "\ud800")
+        bundles.checked("bad", "\ud800")
     with pytest.raises(UnicodeEncodeError):  # even past the check: nothing is left beside the manifest
-        answer_marks.mark_bundle(bundle, {"mark": "bad", "note": "\ud800"})
+        bundles.mark_bundle(bundle, {"mark": "bad", "note": "\ud800"})
     assert sorted(os.listdir(bundle)) == ["manifest.json"]
     assert json.loads(manifest.read_text())["mark"] == {"mark": "good", "note": ""}
 

@@ -13,9 +13,9 @@ import pytest
 from fastapi import FastAPI
 from fastapi.testclient import TestClient
 
-from vidchat.app import suite_run_routes
-from vidchat.doors import suite_routes
-from vidchat.qa import suite_runs
+from vidchat.app import routes
+from vidchat.doors import answer_routes
+from vidchat.qa import suite
 
 pytestmark = pytest.mark.unit
 
@@ -50,8 +50,8 @@ class _State:
 
 def _client(state: _State, login: str | None = None) -> TestClient:
     app = FastAPI()
-    app.include_router(suite_routes.router(state))
-    app.include_router(suite_run_routes.router(state))
+    app.include_router(answer_routes.suite_router(state))
+    app.include_router(routes.router(state))
     # The access guard sets the caller's login in this header (vidchat.app.guard).
     return TestClient(app, headers={"x-vidchat-login": login} if login else {})
 
@@ -104,11 +104,11 @@ def test_one_run_at_a_time_and_only_its_login_sees_it(tmp_path, monkeypatch):
         await release.wait()
         return []
 
-    monkeypatch.setattr(suite_runs, "ask_cases", held_ask_cases)
+    monkeypatch.setattr(suite, "ask_cases", held_ask_cases)
     state = _State(str(_suite(tmp_path)), compare="tiny-vl", compare_ready=True)
     app = FastAPI()
-    app.include_router(suite_routes.router(state))
-    app.include_router(suite_run_routes.router(state))
+    app.include_router(answer_routes.suite_router(state))
+    app.include_router(routes.router(state))
     with TestClient(app, headers={"x-vidchat-login": "user:ann"}) as ann:
         started = ann.post("/suites/run", json={"engine": "compare"})
         assert started.status_code == 200
@@ -161,9 +161,9 @@ def test_a_second_models_answer_is_added_as_that_models_baseline(tmp_path, monke
         (bundles / name).mkdir()
         return bundles / name
 
-    monkeypatch.setattr(suite_routes, "write_bundle", write_bundle)
+    monkeypatch.setattr(answer_routes, "write_bundle", write_bundle)
     entry = types.SimpleNamespace(session=types.SimpleNamespace(id="s" * 32))
-    reply = suite_routes._add(state, entry, answer, "user:qa", "", [])
+    reply = answer_routes._add(state, entry, answer, "user:qa", "", [])
     assert written == {"model_option": "tiny-vl", "engine": compare.options}
     assert reply == {"case": "which-one", "suite": "suite.toml", "bundle": "bundles/which-one", "model": "tiny-vl"}
     assert json.loads((suite / "baseline.json").read_text()) == {"tiny-vl": {"which-one": {"0": "the second's words"}}}

@@ -16,9 +16,9 @@ import httpx
 import pytest
 from fastapi import FastAPI
 
-from vidchat.app import suite_run_routes
+from vidchat.app import routes
+from vidchat.qa import suite
 from vidchat.qa import suite as suite_cli
-from vidchat.qa import suite_runs
 from vidchat.qa.suite_file import read_suite
 from vidchat.qa.suite_report import junit, new_run_folder, prune_runs
 
@@ -58,10 +58,10 @@ async def test_two_runs_asked_at_once_start_one_and_the_other_is_told_which(tmp_
         await release.wait()
         return []
 
-    monkeypatch.setattr(suite_runs, "ask_cases", held_ask_cases)
+    monkeypatch.setattr(suite, "ask_cases", held_ask_cases)
     state = _State(str(_suite(tmp_path)))
     app = FastAPI()
-    app.include_router(suite_run_routes.router(state))
+    app.include_router(routes.router(state))
     async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://suite") as client:
         answers = await asyncio.gather(*(client.post("/suites/run", json={"engine": "main"}) for _ in range(2)))
         assert sorted(r.status_code for r in answers) == [200, 409], [r.text for r in answers]

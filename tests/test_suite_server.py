@@ -17,7 +17,6 @@ import urllib.error
 import urllib.request
 
 import pytest
-
 from conftest import SERVER_ARGS, TINY_SERVER_ARGS, eventually, start_server, stop_server
 from test_operations import engine_cores
 from test_replay import make_clip

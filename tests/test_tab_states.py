@@ -1,4 +1,4 @@
-"""vidchat.doors.page.tab_states on real Gradio state: what Gradio 6 keeps
+"""vidchat.doors.page.layout on real Gradio state: what Gradio 6 keeps
 per tab grows with every answer and every closed tab, and the rounds bring
 it back to the page's own (docs/operations.md, "What the soak found"). The
 same through the real server, real vLLM and a WebRTC peer: tests/test_webrtc.py."""
@@ -12,8 +12,13 @@ import gradio as gr
 import pytest
 from gradio.state_holder import StateHolder
 
-from vidchat.devtools.waits import eventually_async
-from vidchat.doors.page.tab_states import drop_stray_copies, forget_closed_tabs, keep_tab_states_bounded, tab_counts
+from vidchat.devtools.harness import eventually_async
+from vidchat.doors.page.layout import (
+    drop_stray_copies,
+    forget_closed_tabs,
+    keep_tab_states_bounded,
+    tab_counts,
+)
 
 pytestmark = pytest.mark.unit
 

@@ -1,4 +1,4 @@
-"""Talk mode (vidchat.conversation.talk) through real vLLM on the tiny omni model: an
+"""Talk mode (vidchat.conversation.modes) through real vLLM on the tiny omni model: an
 utterance heard in a session's audio becomes a question whose audio is
 exactly the utterance, speech during an answer aborts it in vLLM
 (barge-in), and the listener ends with its session."""
@@ -10,17 +10,16 @@ import time
 
 import numpy as np
 import pytest
-
-from vidchat.conversation import answer_path, talk
-from vidchat.conversation.answer_path import AnswerOptions
-from vidchat.media.session import SessionSettings
-from vidchat.conversation.registry import SessionRegistry
-from vidchat.devtools import synthetic_audio as sa
-from vidchat.engine import EngineError, NO_SPOKEN_QUESTIONS
-from vidchat.media import AUDIO_RATE
-from vidchat.media.vad import TurnSettings, Utterance
-
 from conftest import eventually_async
+
+from vidchat.conversation import asking, modes
+from vidchat.conversation.answers import AnswerOptions
+from vidchat.conversation.registry import SessionRegistry
+from vidchat.devtools import synthetic as sa
+from vidchat.engine import NO_SPOKEN_QUESTIONS, EngineError
+from vidchat.media import AUDIO_RATE
+from vidchat.media.session import SessionSettings
+from vidchat.media.vad import TurnSettings, Utterance
 
 pytestmark = pytest.mark.engine
 
@@ -64,7 +63,7 @@ async def test_an_utterance_becomes_a_question_whose_audio_is_the_utterance(omni
     registry = SessionRegistry()
     t0 = time.monotonic()
     entry = new_entry(registry, t0)
-    listener = talk.listener(entry, TurnSettings())
+    listener = modes.listener(entry, TurnSettings())
     await vad_loaded(listener)  # the listener starts from the audio it finds: none yet
     track = sa.compose([(sa.silence(1.0), False), (question, True), (sa.silence(1.0), False)])
     feed(entry, track.audio, t0 + 2.0)
@@ -72,9 +71,9 @@ async def test_an_utterance_becomes_a_question_whose_audio_is_the_utterance(omni
     true_start, true_end = (t0 + 2.0 + x for x in track.speech[0])
     assert abs(spoken.speech_start - true_start) <= 0.15 and abs(spoken.speech_end - true_end) <= 0.15
 
-    answer = await answer_path.ask(omni_engine, entry, "", SHORT, spoken=spoken)
+    answer = await asking.ask(omni_engine, entry, "", SHORT, spoken=spoken)
     await drain(answer)
-    answer_path.release(entry, answer)
+    asking.release(entry, answer)
     stats = answer.summary()
     origin = answer.sample.origin
     # The audio the model got is the utterance's span, sample for sample.
@@ -88,7 +87,7 @@ async def test_an_utterance_becomes_a_question_whose_audio_is_the_utterance(omni
     assert stats["completion_tokens"] == SHORT.max_tokens
     assert stats["prompt_tokens"] > 0 and stats["include_audio"] is True
     # The chat goes on with the spoken turn as its label, not as empty text.
-    assert answer_path.spoken_text(answer).startswith("🎤 spoken question (")
+    assert asking.spoken_text(answer).startswith("🎤 spoken question (")
     await registry.close(entry.session.id, "test over")
     assert not listener.running
 
@@ -97,11 +96,11 @@ async def test_speech_during_an_answer_aborts_it_and_becomes_the_next_question(o
     registry = SessionRegistry()
     t0 = time.monotonic()
     entry = new_entry(registry, t0)
-    coming = []  # speech starting tells the warm-ups a question is coming (vidchat.conversation.prewarm)
-    listener = talk.listener(entry, TurnSettings(), barge_in=True, on_speech=lambda: coming.append(time.monotonic()))
+    coming = []  # speech starting tells the warm-ups a question is coming (vidchat.conversation.warmup)
+    listener = modes.listener(entry, TurnSettings(), barge_in=True, on_speech=lambda: coming.append(time.monotonic()))
     await vad_loaded(listener)
     feed(entry, sa.silence(0.5), t0 + 1.0)
-    typed = await answer_path.ask(omni_engine, entry, "Tell me a long story.", LONG)
+    typed = await asking.ask(omni_engine, entry, "Tell me a long story.", LONG)
     streaming = asyncio.create_task(drain(typed))
     await eventually_async(lambda: typed.reply.stats.completion_tokens >= 3, 30, "the long answer generates")
     assert omni_engine.running_requests == 1
@@ -113,9 +112,9 @@ async def test_speech_during_an_answer_aborts_it_and_becomes_the_next_question(o
     assert listener.stats.barge_ins == 1 and listener.speech_starts == 1 and len(coming) == 1
     await eventually_async(lambda: omni_engine.running_requests == 0, 2, "the abort reached the engine")
     # The utterance that interrupted is the next question.
-    answer = await answer_path.ask(omni_engine, entry, "", SHORT, spoken=spoken)
+    answer = await asking.ask(omni_engine, entry, "", SHORT, spoken=spoken)
     await drain(answer)
-    answer_path.release(entry, answer)
+    asking.release(entry, answer)
     assert answer.reply.stats.finish_reason == "length" and answer.summary()["spoken_question"] is not None
     await registry.close(entry.session.id, "test over")
 
@@ -124,17 +123,17 @@ async def test_without_barge_in_the_answer_goes_on(omni_engine, question):
     registry = SessionRegistry()
     t0 = time.monotonic()
     entry = new_entry(registry, t0)
-    listener = talk.listener(entry, TurnSettings(), barge_in=False)
+    listener = modes.listener(entry, TurnSettings(), barge_in=False)
     await vad_loaded(listener)
     feed(entry, sa.silence(0.5), t0 + 1.0)
-    typed = await answer_path.ask(omni_engine, entry, "Tell me a story.", AnswerOptions(max_tokens=400, temperature=0.0))
+    typed = await asking.ask(omni_engine, entry, "Tell me a story.", AnswerOptions(max_tokens=400, temperature=0.0))
     streaming = asyncio.create_task(drain(typed))
     feed(entry, np.concatenate([question, sa.silence(1.0)]), t0 + 1.5)
     await next_utterance(listener)
     await asyncio.wait_for(streaming, 60)
     assert not typed.reply.stats.cancelled and typed.reply.stats.finish_reason == "length"
     assert listener.stats.barge_ins == 0
-    answer_path.release(entry, typed)
+    asking.release(entry, typed)
     await registry.close(entry.session.id, "test over")
 
 
@@ -148,7 +147,7 @@ async def test_a_model_that_hears_nothing_refuses_spoken_questions_and_says_what
     from vidchat.media.vad import Utterance
 
     with pytest.raises(EngineError) as err:
-        await answer_path.ask(omni_engine, entry, "", SHORT, spoken=Utterance(t0 + 1.0, t0 + 2.0, -20.0))
+        await asking.ask(omni_engine, entry, "", SHORT, spoken=Utterance(t0 + 1.0, t0 + 2.0, -20.0))
     assert str(err.value) == NO_SPOKEN_QUESTIONS and "--preset qwen2.5-omni-3b" in str(err.value)
     assert omni_engine.running_requests == 0
     await registry.close(entry.session.id, "test over")
@@ -156,25 +155,25 @@ async def test_a_model_that_hears_nothing_refuses_spoken_questions_and_says_what
 
 async def test_a_spoken_question_is_recorded_and_re_asked_with_the_same_audio(omni_engine, question, tmp_path):
     """QA: a recorded spoken question replays as a spoken question, on exactly the same inputs."""
-    from vidchat.conversation import recording
+    from vidchat.conversation import bundles
 
     registry = SessionRegistry()
     t0 = time.monotonic()
     entry = new_entry(registry, t0)
-    listener = talk.listener(entry, TurnSettings())
+    listener = modes.listener(entry, TurnSettings())
     feed(entry, np.concatenate([sa.silence(0.5), question, sa.silence(1.0)]), t0 + 2.0)
     spoken = await next_utterance(listener)
-    answer = await answer_path.ask(omni_engine, entry, "", SHORT, spoken=spoken)
+    answer = await asking.ask(omni_engine, entry, "", SHORT, spoken=spoken)
     await drain(answer)
-    answer_path.release(entry, answer)
-    path = recording.write_bundle(tmp_path, answer)
-    bundle = recording.read_bundle(path)
+    asking.release(entry, answer)
+    path = bundles.write_bundle(tmp_path, answer)
+    bundle = bundles.read_bundle(path)
     assert bundle.question == "" and bundle.manifest["spoken_question"] == answer.summary()["spoken_question"]
     assert bundle.spoken is not None and bundle.spoken.seconds == pytest.approx(spoken.seconds, abs=1e-3)
     other = registry.create("replay")
-    again = await answer_path.ask(omni_engine, other, bundle.question, SHORT, sample=bundle.sample(), spoken=bundle.spoken)
+    again = await asking.ask(omni_engine, other, bundle.question, SHORT, sample=bundle.sample(), spoken=bundle.spoken)
     await drain(again)
-    answer_path.release(other, again)
+    asking.release(other, again)
     assert again.reply.stats.inputs_sha256 == answer.reply.stats.inputs_sha256 == bundle.inputs_sha256
     assert again.summary()["spoken_question"]["seconds"] == pytest.approx(spoken.seconds, abs=1e-3)
     assert again.reply.text == answer.reply.text  # greedy, same inputs: the same answer
@@ -188,8 +187,6 @@ async def test_talk_runs_as_a_task_of_the_conversation_that_a_typed_question_nev
     question meanwhile leaves Talk running (no loop to restart), and Talk
     switched off ends the task and the listener."""
     import types
-
-    from vidchat import conversation
 
     registry = SessionRegistry()
     t0 = time.monotonic()

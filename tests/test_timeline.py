@@ -14,12 +14,13 @@ import av
 import numpy as np
 import pytest
 
-from vidchat.media.session import Session, SessionSettings
 from vidchat.conversation.registry import SessionRegistry
 from vidchat.doors import webrtc
-from vidchat.media import AUDIO_RATE, DEFAULT_MAX_FRAME_BYTES, clock as vidchat_clock
+from vidchat.media import AUDIO_RATE, DEFAULT_MAX_FRAME_BYTES
+from vidchat.media import clock as vidchat_clock
 from vidchat.media.audio import AudioWindow
-from vidchat.media.clock import ClientClock, REANCHOR_S, TrackClock
+from vidchat.media.clock import REANCHOR_S, ClientClock, TrackClock
+from vidchat.media.session import Session, SessionSettings
 
 pytestmark = pytest.mark.unit
 
@@ -334,9 +335,9 @@ def test_settings_change_does_not_wait_for_a_decode_in_progress():
 
 
 def test_frame_size_cap_follows_the_server_option():
-    from vidchat.media.evs import FrameError
     from vidchat.app.settings import Settings
     from vidchat.app.state import AppState
+    from vidchat.media.evs import FrameError
 
     junk = b"\x00" * (DEFAULT_MAX_FRAME_BYTES + 10)
     with pytest.raises(FrameError, match="too large"):

@@ -5,9 +5,9 @@ from __future__ import annotations
 import hashlib
 import json
 
-from vidchat.devtools import tinymodel
-
 import pytest
+
+from vidchat.devtools import tinymodel
 
 pytestmark = pytest.mark.unit
 

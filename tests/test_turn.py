@@ -14,8 +14,8 @@ from urllib.parse import parse_qs, urlparse
 import pytest
 from starlette.testclient import TestClient
 
-from vidchat.app.space import check_space_relay
-from vidchat.app.turn import TurnError, TurnMinter, minter_from
+from vidchat.app.ice_servers import TurnError, TurnMinter, minter_from
+from vidchat.app.settings import check_space_relay
 
 pytestmark = pytest.mark.unit
 

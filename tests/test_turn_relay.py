@@ -13,9 +13,8 @@ import subprocess
 import pytest
 from aiortc import RTCConfiguration, RTCIceServer
 from aiortc.rtcconfiguration import RTCIceTransportPolicy
+from conftest import eventually, eventually_async, free_port
 from playwright.async_api import async_playwright
-
-from conftest import free_port, eventually, eventually_async
 from test_page import media  # noqa: F401  (the fake camera clip fixture)
 
 from vidchat.devtools.page import launch

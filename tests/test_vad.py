@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from vidchat.devtools import synthetic_audio as sa
+from vidchat.devtools import synthetic as sa
 from vidchat.media import AUDIO_RATE
 from vidchat.media.vad import SpeechStarted, TurnDetector, TurnSettings, Utterance
 

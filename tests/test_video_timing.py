@@ -37,8 +37,6 @@ import pytest
 from vidchat.engine import video_fps
 from vidchat.engine.local import LocalEngine
 
-
-
 pytestmark = pytest.mark.engine
 
 N_FRAMES = 8

@@ -1,4 +1,4 @@
-"""Warm-up scheduling (vidchat.conversation.prewarm) against a fake engine:
+"""Warm-up scheduling (vidchat.conversation.warmup) against a fake engine:
 a question that arrives while a warm-up is planned never runs beside it in
 idle mode, one session's Enter reports neither abort nor crowd out another
 session's warm-ups, and the history a door's next question carries is the
@@ -18,14 +18,12 @@ import types
 import numpy as np
 import pytest
 
-from vidchat import conversation
-from vidchat.conversation import answer_path
-from vidchat.conversation.answer_queue import AnswerQueue
-from vidchat.conversation.answer_path import AnswerOptions
-from vidchat.conversation.prewarm import Prewarmer
-from vidchat.media.session import SessionSettings
+from vidchat.conversation import asking, conversation, runs
+from vidchat.conversation.answers import AnswerOptions, AnswerQueue
 from vidchat.conversation.registry import SessionRegistry
+from vidchat.conversation.warmup import Prewarmer
 from vidchat.engine import Turn
+from vidchat.media.session import SessionSettings
 
 pytestmark = pytest.mark.unit
 
@@ -183,16 +181,16 @@ async def test_pins_are_warmed_longest_unwarmed_session_first():
 # -- (c) the warm history is the chat the conversation keeps on the server -------
 
 
-def finished(question: str, text: str) -> answer_path.Answer:
+def finished(question: str, text: str) -> asking.Answer:
     reply = types.SimpleNamespace(text=text, stats=types.SimpleNamespace(cancelled=False))
-    return answer_path.Answer(question, reply, sample=None, options=OPTIONS)
+    return asking.Answer(question, reply, sample=None, options=OPTIONS)
 
 
-def answered(talking, answer: answer_path.Answer, *, continues_chat: bool = True, slot=None, generation=None) -> None:
+def answered(talking, answer: asking.Answer, *, continues_chat: bool = True, slot=None, generation=None) -> None:
     """The conversation's rule at a run's Done (what AnswerRun._end calls)."""
     run = types.SimpleNamespace(continues_chat=continues_chat, slot=slot or talking,
                                 generation=talking.generation if generation is None else generation)
-    talking._answered(run, conversation.Done(answer, conversation.COMPLETED, None, True, True, "answer-id"))
+    talking._answered(run, runs.Done(answer, runs.COMPLETED, None, True, True, "answer-id"))
 
 
 @pytest.mark.parametrize("kind", ["webrtc", "ws", "replay"])

@@ -9,12 +9,11 @@ import time
 
 import numpy as np
 import pytest
+from conftest import SESSION_IDLE_TIMEOUT, eventually_async, thumbnail_colours, until_idle, until_running
 from gradio_client import Client
 
-from vidchat.conversation.settings_table import SETTINGS
+from vidchat.conversation.asking import SETTINGS
 from vidchat.devtools.rtc_client import RtcClient, SyntheticAudio, SyntheticVideo
-
-from conftest import SESSION_IDLE_TIMEOUT, eventually_async, thumbnail_colours, until_idle, until_running
 
 pytestmark = pytest.mark.engine
 
@@ -213,7 +212,7 @@ async def test_a_new_question_cancels_the_one_still_answering(server):
 
 async def test_what_gradio_keeps_for_a_tab_stays_bounded_as_it_asks_and_is_forgotten_once_closed(server):
     """Gradio 6 kept a stray copy of the answer's views per answer, and a
-    closed tab's whole state until 256 newer tabs came (vidchat.doors.page.tab_states;
+    closed tab's whole state until 256 newer tabs came (vidchat.doors.page.layout;
     the shared server runs its rounds every 0.5 s: --closed-tab-timeout 1)."""
     client = RtcClient(server.url, SyntheticVideo())
     await client.connect()
@@ -437,7 +436,7 @@ async def test_a_hundred_questions_in_one_chat_all_answer_within_the_context(ser
         trimmed = [i for i, (n, total) in enumerate(sent) if n < total]
         assert trimmed and trimmed == list(range(trimmed[0], 100)), (sent[-3:], [r["prompt_tokens"] for r in records][-3:])  # once full, the oldest always go
         assert all(n % 2 == 0 for n, _ in sent)  # whole question-and-answer pairs
-        # The kept turns are cut a step at a time (vidchat.engine.history_cut):
+        # The kept turns are cut a step at a time (vidchat.engine.prompts):
         # between two cuts they are the prompt's unchanged prefix, served
         # from vLLM's cache; only a question that moves the cut prefills it.
         full = records[trimmed[0]:]

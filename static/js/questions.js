@@ -1,11 +1,11 @@
 // Questions: typing warms the session's prompt on the server, and Enter
-// takes the question's frames at once (vidchat/conversation/prewarm.py).
+// takes the question's frames at once (vidchat/conversation/warmup.py).
 import { authHeaders } from "./api.js";
 import { settingsAccepted } from "./slider_checks.js";
 import { $, state } from "./state.js";
 
 // Typing a question: the server warms this session's prompt at once
-// (vidchat/conversation/prewarm.py), so the answer starts sooner. At most every 1.5 s.
+// (vidchat/conversation/warmup.py), so the answer starts sooner. At most every 1.5 s.
 let lastTypingSignal = 0;
 document.addEventListener("input", (e) => {
   if (!e.target?.closest?.("#vc-question") || !state.sessionId) return;
@@ -18,7 +18,7 @@ document.addEventListener("input", (e) => {
 
 // Sending the question: the server takes its frames and audio now, as Enter
 // is pressed, and warms exactly them while Gradio carries the question over
-// (vidchat/conversation/prewarm.py question_now). Listened for while the key travels
+// (vidchat/conversation/warmup.py question_now). Listened for while the key travels
 // down (capture), so this leaves before Gradio's own submit.
 function questionSent() {
   if (!state.sessionId) return;

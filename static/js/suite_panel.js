@@ -1,6 +1,6 @@
 // The Suites panel (with the server's --suite-dir): the suite's cases, a run
 // on this model or the second one, its progress while it goes on, the table of
-// its asks and a link to its report. The server runs it (vidchat/qa/suite_runs.py);
+// its asks and a link to its report. The server runs it (vidchat/qa/suite.py);
 // this only asks and shows.
 import { authHeaders } from "./api.js";
 

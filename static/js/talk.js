@@ -1,4 +1,4 @@
-// Talk mode: the server listens (vidchat/conversation/talk.py); this tab shows
+// Talk mode: the server listens (vidchat/conversation/modes.py); this tab shows
 // what it hears and reads the answers aloud with the browser's own speech
 // synthesis (no server cost), stopping at once on barge-in or Stop.
 import { authHeaders } from "./api.js";

@@ -18,10 +18,19 @@ from starlette.formparsers import MultiPartException
 from starlette.requests import cookie_parser
 
 from vidchat.app.access import (
-    TOKEN_LOGIN, Access, UploadQuota, is_operator, route_kind, user_login,
+    TOKEN_LOGIN,
+    Access,
+    GradioHandles,
+    PageLogins,
+    Receive,
+    Scope,
+    Send,
+    UploadQuota,
+    is_operator,
+    route_kind,
+    user_login,
 )
-from vidchat.app.gradio_logins import GradioHandles, PageLogins, Receive, Scope, Send
-from vidchat.doors.server_contract import LOGIN_HEADER, UPLOAD_DELETE_CACHE, UPLOAD_ROUTE
+from vidchat.doors import LOGIN_HEADER, UPLOAD_DELETE_CACHE, UPLOAD_ROUTE
 
 log = logging.getLogger(__name__)
 

@@ -1,13 +1,15 @@
 """Serving vidchat: parse the options, resolve the model, and run the app
 under uvicorn until Ctrl-C. ``vidchat`` (``vidchat serve``) and ``python
-app.py`` (what a Space runs) both come here."""
+app.py`` (what a Space runs) both come here.
+"""
 
 from __future__ import annotations
 
 import logging
 import os
 import sys
-from typing import TYPE_CHECKING, Any
+from importlib import metadata
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 if TYPE_CHECKING:
     from vidchat.app.access import Access
@@ -15,7 +17,7 @@ if TYPE_CHECKING:
     from vidchat.app.state import AppState
 
 
-def main(argv: list[str] | None = None) -> int:
+def serve(argv: list[str] | None = None) -> int:
     """Parse the options, resolve the model, and serve until Ctrl-C; the exit status."""
     from vidchat.app.settings import parse_settings
 
@@ -26,23 +28,23 @@ def main(argv: list[str] | None = None) -> int:
         datefmt="%H:%M:%S",
     )
     if settings.log_format == "json":
-        from vidchat.app.json_logs import use_json_logs
+        from vidchat.app.logs import use_json_logs
 
         use_json_logs()
     log = logging.getLogger("vidchat")
     if settings.log_level.lower() != "debug":
-        from vidchat.app.console import quiet_libraries
+        from vidchat.app.logs import quiet_libraries
 
         quiet_libraries()
 
+    from vidchat.app.settings import space_settings
     from vidchat.engine import EngineError
-    from vidchat.app.space import space_settings
 
     settings = space_settings(settings)
     if settings.model == "list":
-        from vidchat.app.presets import table
+        from vidchat.app.models import preset_table
 
-        print(table())
+        print(preset_table())
         return 0
     try:
         settings, resolved = _resolve(settings, log)
@@ -67,10 +69,10 @@ def _resolve(settings: "Settings", log: logging.Logger) -> tuple["Settings", dic
     """The settings with the model's preset applied, and what the options
     name resolved: the model and its banner, the compared model, ICE servers
     and the TURN minter. Raises EngineError or ValueError for bad usage."""
+    from vidchat.app.ice_servers import minter_from
     from vidchat.app.models import resolve_model, resolve_settings
     from vidchat.app.server import parse_ice_servers
-    from vidchat.app.space import check_space_relay
-    from vidchat.app.turn import minter_from
+    from vidchat.app.settings import check_space_relay
 
     settings, model_path, banner = resolve_settings(settings)
     compare_path, compare_banner = (resolve_model(settings.compare_model, settings.cache_dir)
@@ -91,7 +93,7 @@ def _app_state(settings: "Settings", access: "Access", resolved: dict[str, Any])
     from vidchat.app.models import TINY_BANNER
     from vidchat.app.settings import session_time_limit
     from vidchat.app.state import AppState, default_session_settings
-    from vidchat.conversation.answer_queue import AnswerQueue
+    from vidchat.conversation.answers import AnswerQueue
     from vidchat.conversation.registry import SessionRegistry
     from vidchat.media.streams import Streams
 
@@ -125,11 +127,10 @@ def _serve(state: "AppState", log: logging.Logger) -> int:
     """Run the app under uvicorn until Ctrl-C; 0 if the model ran, else 1."""
     import uvicorn
 
-    from vidchat.app.log_redaction import install_log_redaction
+    from vidchat.app.logs import install_log_redaction
     from vidchat.app.server import SHUTDOWN_GRACE_S, ClosingServer, create_app
-    from vidchat.app.settings import forwarded_allow_ips
-    from vidchat.doors.page.view import model_label
-    from vidchat.app.space import on_space
+    from vidchat.app.settings import forwarded_allow_ips, on_space
+    from vidchat.doors.page.chat import model_label
 
     settings = state.settings
     install_log_redaction()
@@ -167,3 +168,70 @@ def exit_now(code: int) -> None:
     sys.stderr.flush()
     logging.shutdown()
     os._exit(code)
+
+
+# ``vidchat``, the command on the PATH: ``vidchat`` (or ``vidchat serve``)
+# serves with the options of ``python app.py``; ``vidchat replay …``,
+# ``vidchat client …`` and ``vidchat suite …`` are ``python -m
+# vidchat.replay``, ``python -m vidchat.client`` and ``python -m
+# vidchat.suite``; ``vidchat --version`` says which vidchat this is.
+
+USAGE = """usage: vidchat [serve] [OPTIONS]      serve the page, the sockets and the model (vidchat --help)
+       vidchat replay CLIP [OPTIONS]  a recorded clip or bundles through the same answer path (vidchat replay --help)
+       vidchat client [OPTIONS]       a seed-protocol client for a running server (vidchat client --help)
+       vidchat suite run|add SUITE …  QA suites: re-run what you found on every model (vidchat suite run --help)
+       vidchat --version"""
+
+
+def version() -> str:
+    try:
+        return metadata.version("vidchat")
+    except metadata.PackageNotFoundError:  # run from a checkout that was never installed
+        return "unknown"
+
+
+def _replay(argv: list[str]) -> int:
+    from vidchat.qa.replay import main
+
+    return main(argv)
+
+
+def _client(argv: list[str]) -> int:
+    from vidchat.qa.client import main
+
+    return main(argv)
+
+
+def _suite(argv: list[str]) -> int:
+    from vidchat.qa.suite import main
+
+    return main(argv)
+
+
+COMMANDS: dict[str, Callable[[list[str]], int]] = {"replay": _replay, "client": _client, "suite": _suite}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """The exit status of the command ``argv`` names (serving is the default)."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    if args and args[0] in ("--version", "-V"):
+        print(f"vidchat {version()}")
+        return 0
+    if args and args[0] in COMMANDS:
+        return COMMANDS[args[0]](args[1:])
+    if args and args[0] == "serve":
+        args = args[1:]
+    elif args and not args[0].startswith("-"):
+        print(f"vidchat: unknown command {args[0]!r}\n{USAGE}", file=sys.stderr)
+        return 2
+    if any(a in ("-h", "--help") for a in args):
+        print(USAGE + "\n")
+
+    # Serving ends by exiting at once once the server has shut down (exit_now says why).
+    exit_now(serve(args))
+    return 0  # not reached
+
+
+def run() -> None:
+    """The console script."""
+    sys.exit(main())

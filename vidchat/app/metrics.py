@@ -19,17 +19,24 @@ Two kinds of figures:
 
 from __future__ import annotations
 
+import asyncio
+import collections
 import logging
+import time
 from typing import Any, Callable, Iterable
 
 from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, Counter, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
+from vidchat.conversation.events import DOORS
+
 log = logging.getLogger(__name__)
 
-from vidchat.conversation.log_context import DOORS
+
 FIRST_TOKEN_BUCKETS = (0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+
 LOOP_LAG_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
+
 # The prewarmer's counters (PrewarmStats) by the outcome label they are counted under.
 WARMUP_OUTCOMES = {"completed": "warmups", "skipped_same_inputs": "skipped_same_inputs",
                    "skipped_busy": "skipped_busy", "skipped_budget": "skipped_budget", "aborted": "aborted",
@@ -236,3 +243,52 @@ def exposition() -> bytes:
 def gpu_snapshot() -> list[dict[str, Any]]:
     """The GPUs' figures now (empty without a GPU)."""
     return (_collector._gpu if _collector is not None else GpuReader()).snapshot()
+
+
+# Event-loop lag, measured from inside the server.
+#
+# A task asks to wake every ``interval_s`` and records how late it woke: that
+# delay is how long something else held the event loop (a decode, a JSON
+# parse, a template render), i.e. how long every other session's signalling,
+# frames and streamed tokens waited. ``/api/health`` reports it, and
+# ``bench/looplag.py`` reads it under load.
+
+class LoopWatch:
+    def __init__(self, interval_s: float = 0.01, keep: int = 6_000,
+                 observe: Callable[[float], None] | None = None) -> None:
+        self.interval_s = interval_s
+        self._observe = observe  # each lag in seconds (the /metrics histogram)
+        self._lags_ms: collections.deque[float] = collections.deque(maxlen=keep)
+        self._task: asyncio.Task | None = None
+
+    def start(self) -> None:
+        if self._task is None:
+            self._task = asyncio.create_task(self._run(), name="loopwatch")
+
+    def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            self._task = None
+
+    async def _run(self) -> None:
+        while True:
+            due = time.perf_counter() + self.interval_s
+            await asyncio.sleep(self.interval_s)
+            lag_s = max(0.0, time.perf_counter() - due)
+            self._lags_ms.append(lag_s * 1000)
+            if self._observe is not None:
+                self._observe(lag_s)
+
+    def reset(self) -> None:
+        """Start a new measurement window (the benchmark calls this before loading the server)."""
+        self._lags_ms.clear()
+
+    def snapshot(self) -> dict[str, Any]:
+        lags = sorted(self._lags_ms)
+        if not lags:
+            return {"samples": 0, "p50_ms": None, "p99_ms": None, "max_ms": None}
+
+        def pick(q: float) -> float:
+            return round(lags[min(len(lags) - 1, int(q * (len(lags) - 1)))], 2)
+
+        return {"samples": len(lags), "p50_ms": pick(0.5), "p99_ms": pick(0.99), "max_ms": round(lags[-1], 2)}

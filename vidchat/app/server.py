@@ -14,17 +14,17 @@ import uvicorn
 from fastapi import FastAPI, WebSocket
 from fastapi.staticfiles import StaticFiles
 
-from vidchat.app import metrics as app_metrics, status_routes
+from vidchat.app import metrics as app_metrics
+from vidchat.app import routes
 from vidchat.app.access import default_allowed_hosts, split_list
-from vidchat.app.engine_keeper import EngineKeeper
-from vidchat.app.engine_open import engine_options, open_engine  # noqa: F401 (the server's names for them)
+from vidchat.app.engine_keeper import EngineKeeper, engine_options, open_engine
 from vidchat.app.guard import Guard
-from vidchat.app.loopwatch import LoopWatch
+from vidchat.app.metrics import LoopWatch
 from vidchat.app.settings import Settings
 from vidchat.app.state import AppState
-from vidchat.conversation import prewarm_auto
-from vidchat.conversation.prewarm import Prewarmer
-from vidchat.engine import EngineError, native_memory
+from vidchat.conversation import warmup
+from vidchat.conversation.warmup import Prewarmer
+from vidchat.engine import EngineError, local
 from vidchat.engine.local import LocalEngine
 
 log = logging.getLogger(__name__)
@@ -94,29 +94,30 @@ def create_app(state: AppState) -> FastAPI:
     """The app: the engine loads in its lifespan while the port already
     answers; then the status routes, the doors' routes, vidchat's static
     files, the access guard in front of every route, and the page mounted last."""
-    from vidchat.app import suite_run_routes
-    from vidchat.doors import inputs as answer_inputs, media_dir, protocol, page as ui, realtime, suite_routes, webrtc_routes
+    from vidchat.doors import answer_routes, webrtc_routes
+    from vidchat.doors import page as ui
+    from vidchat.doors.socket import realtime, seed
 
     state.metrics = app_metrics.attach(state)
     loop_watch = LoopWatch(observe=state.metrics.loop_lag.observe)
     app = FastAPI(title="vidchat", lifespan=_lifespan(state, loop_watch), docs_url=None, redoc_url=None)
     app.state.vidchat = state
-    status_routes.replica_routes(app, state)
-    status_routes.running_routes(app, state, loop_watch)
-    status_routes.client_config_route(app, state)
+    routes.replica_routes(app, state)
+    routes.running_routes(app, state, loop_watch)
+    routes.client_config_route(app, state)
     app.include_router(webrtc_routes.router(state))
-    app.include_router(answer_inputs.router(state))
-    app.include_router(suite_routes.router(state))
-    app.include_router(suite_run_routes.router(state))
-    app.include_router(media_dir.router(state))
+    app.include_router(answer_routes.router(state))
+    app.include_router(answer_routes.suite_router(state))
+    app.include_router(routes.router(state))
+    app.include_router(webrtc_routes.media_dir_router(state))
 
     @app.websocket("/v1/video/chat/stream")
     async def video_chat_stream(websocket: WebSocket) -> None:
-        await protocol.Connection.serve(state, websocket)
+        await seed.Connection.serve(state, websocket)
 
     @app.websocket("/v1/realtime")
     async def realtime_api(websocket: WebSocket) -> None:
-        """The OpenAI Realtime API (vidchat.doors.realtime), for the official SDK."""
+        """The OpenAI Realtime API (vidchat.doors.socket.realtime), for the official SDK."""
         await realtime.RealtimeConnection.serve(state, websocket)
 
     # StaticFiles refuses paths that resolve outside its directory.
@@ -142,14 +143,14 @@ def _lifespan(state: AppState, loop_watch: LoopWatch) -> Callable[[FastAPI], Asy
         if state.banner:
             log.warning(state.banner)
         reaper = asyncio.create_task(_reap_idle_sessions(state))
-        trimming = asyncio.create_task(native_memory.keep_trimming(lambda: (state.engine, state.compare_engine)))
-        from vidchat.doors.page.tab_states import keep_tab_states_bounded
+        trimming = asyncio.create_task(local.keep_trimming(lambda: (state.engine, state.compare_engine)))
+        from vidchat.doors.page.layout import keep_tab_states_bounded
         tab_upkeep = asyncio.create_task(keep_tab_states_bounded(lambda: state.page_tabs,
                                                                  keep_s=state.settings.closed_tab_timeout))
         state.prewarmer = Prewarmer(state, state.settings.prewarm)
         state.prewarmer.start()
         if not owns_engine:
-            await prewarm_auto.settle(state, measure=False)
+            await warmup.settle(state, measure=False)
         loop_watch.start()
         log.info("vidchat listening on http://%s:%d%s", state.settings.host, state.settings.port,
                  " (loading the model)" if owns_engine else "")
@@ -199,7 +200,7 @@ async def _load_engine(state: AppState) -> None:
         log.error("the model failed to load: %s", exc, exc_info=not isinstance(exc, EngineError))
         state.engine_settled(None, str(exc))
         return
-    await prewarm_auto.settle(state, engine)  # --prewarm auto times a frame here, before the server is ready
+    await warmup.settle(state, engine)  # --prewarm auto times a frame here, before the server is ready
     _freeze_startup_objects()
     state.engine_settled(engine)
     log.info("vidchat ready on http://%s:%d", state.settings.host, state.settings.port)

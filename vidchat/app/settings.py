@@ -9,13 +9,17 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import logging
 import os
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
 
-from vidchat.media.session import MAX_AUDIO_SECONDS
-from vidchat.media.session_settings import SAMPLING_STRATEGIES
+from vidchat.app.ice_servers import TurnMinter, has_relay
 from vidchat.media import DEFAULT_MAX_FRAME_BYTES, DEFAULT_MAX_FRAME_PIXELS, FRAMES_AS
+from vidchat.media.session import MAX_AUDIO_SECONDS, SAMPLING_STRATEGIES
+
+log = logging.getLogger(__name__)
+
 
 ENV_PREFIX = "VIDCHAT_"
 
@@ -123,7 +127,7 @@ class Settings(ModelSettings):
         "System prompt put before every conversation.",
     )
     prewarm: str = _opt(
-        "auto", "Keep each session's next question prefilled in the engine (vidchat/conversation/prewarm.py): 'idle' sends "
+        "auto", "Keep each session's next question prefilled in the engine (vidchat/conversation/warmup.py): 'idle' sends "
         "warm-ups only while no answer is generating, 'always' also beside answers (at lower priority), 'off' "
         "never. With warm-ups on, the page's Enter also has the server take the question's frames and audio at "
         "once and warm them while the question travels. 'auto' (the default) times one encode of a stored-size "
@@ -135,7 +139,7 @@ class Settings(ModelSettings):
     )
     record_dir: str = _opt(
         "", "Save every answer as a recording bundle (its frames as PNG, audio as WAV, question, chat history, "
-        "settings, prompt, answer, timings; layout in vidchat/conversation/bundle_format.py) in a new folder under this one. "
+        "settings, prompt, answer, timings; layout in vidchat/conversation/bundles.py) in a new folder under this one. "
         "Empty: recording is off; nothing is written to disk unless this is set.",
     )
     suite_dir: str = _opt(
@@ -351,6 +355,7 @@ AT_LEAST = {"max_sessions": 1, "max_frame_pixels": 1, "max_body_bytes": 1024, "w
             "max_session_mb": 0, "engine_connect_timeout": 0.1, "engine_first_byte_timeout": 0.1,
             "ws_max_audio_seconds": 0.1, "max_upload_mb": 0, "engine_restarts": 0, "stream_fps": 0.1,
             "suite_keep_runs": 0, "suite_max_cases": 1}
+
 # And above: a session keeps at most MAX_AUDIO_SECONDS of audio, at every door.
 AT_MOST = {"ws_max_audio_seconds": MAX_AUDIO_SECONDS}
 
@@ -394,3 +399,40 @@ def session_time_limit(settings: Settings) -> float:
     if settings.session_time_limit >= 0:
         return settings.session_time_limit
     return 0.0 if is_loopback(settings.host) else 1800.0
+
+
+# Running as a Hugging Face Space (``SPACE_ID`` set in the environment).
+#
+# A Space routes its public address to port 7860 of the container and lets no
+# UDP in, so vidchat there binds to every interface (not loopback) and starts
+# only with a TURN relay. Sign-in comes from the Space's ``hf_oauth`` (see
+# vidchat.app.access). The Space card is the README's front matter (docs/hosting.md).
+
+SPACE_HOST = "0.0.0.0"
+
+LOOPBACK_DEFAULT = "127.0.0.1"
+
+
+def on_space(env: Mapping[str, str] | None = None) -> bool:
+    return bool((os.environ if env is None else env).get("SPACE_ID"))
+
+
+def space_settings(settings: Any, env: Mapping[str, str] | None = None) -> Any:
+    """On a Space, the default loopback bind becomes every interface: the
+    Space's proxy reaches the container from outside it."""
+    if on_space(env) and settings.host == LOOPBACK_DEFAULT:
+        log.info("on a Hugging Face Space: binding %s:%d for the Space's proxy", SPACE_HOST, settings.port)
+        return dataclasses.replace(settings, host=SPACE_HOST)
+    return settings
+
+
+def check_space_relay(ice_servers: list[dict[str, Any]], turn: TurnMinter | None,
+                      env: Mapping[str, str] | None = None) -> None:
+    """On a Hugging Face Space (``SPACE_ID`` set) refuse to start without a
+    TURN relay: a Space's container takes no inbound UDP, so without one
+    every viewer's camera would fail to connect after a long wait."""
+    if on_space(env) and turn is None and not any(has_relay(s) for s in ice_servers):
+        raise ValueError("this is a Hugging Face Space, which takes no inbound UDP: browsers can reach it only "
+                         "through a TURN relay. Set --turn cloudflare (with a Cloudflare TURN key or HF_TOKEN "
+                         "as a Space secret) or --ice-servers with a turn: server (VIDCHAT_TURN / "
+                         "VIDCHAT_ICE_SERVERS as Space variables)")

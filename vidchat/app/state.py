@@ -9,24 +9,22 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from vidchat.app.access import Access
+from vidchat.app.access import Access, PageLogins
 from vidchat.app.engine_keeper import EngineLife
-from vidchat.app.gradio_logins import PageLogins
 from vidchat.app.models import TINY_BANNER
 from vidchat.app.settings import Settings
-from vidchat.conversation.answer_queue import AnswerQueue
-from vidchat.conversation.answer_path import AnswerOptions
-from vidchat.media.session import SessionSettings, check_frame_budget, session_budget_bytes
-from vidchat.conversation import Conversation
+from vidchat.conversation.answers import AnswerOptions, AnswerQueue
+from vidchat.conversation.conversation import Conversation
 from vidchat.conversation.registry import SessionRegistry
-from vidchat.engine import ChatEngine, ENGINE_DEAD_MESSAGE, EngineError, EngineOptions
+from vidchat.engine import ENGINE_DEAD_MESSAGE, ChatEngine, EngineError, EngineOptions
 from vidchat.media import DEFAULT_STORE_MAX_PIXELS, describe_store_limit
+from vidchat.media.session import SessionSettings, check_frame_budget, session_budget_bytes
 from vidchat.media.streams import Streams
 
 
 class ClosedAtShutdown(Protocol):
     """Work the server cancels and awaits as it stops (the Suites panel's
-    runs, vidchat.qa.suite_runs.SuiteRuns): named by what the app does with
+    runs, vidchat.qa.suite.SuiteRuns): named by what the app does with
     it, so the app's state imports nothing of qa, which imports the app."""
 
     async def close(self) -> None: ...
@@ -40,7 +38,7 @@ class AppState:
     engine: ChatEngine | None = None
     registry: SessionRegistry = field(default_factory=SessionRegistry)
     ice_servers: list[dict[str, Any]] = field(default_factory=list)
-    turn: Any = None  # vidchat.app.turn.TurnMinter with --turn cloudflare
+    turn: Any = None  # vidchat.app.ice_servers.TurnMinter with --turn cloudflare
     access: Access = field(default_factory=Access)
     page_logins: PageLogins = field(default_factory=PageLogins)  # filled in by vidchat.doors.page.mount
     page_app: Any = None  # the page's Gradio app, once mounted (its streams end at shutdown)
@@ -51,7 +49,7 @@ class AppState:
     engine_error: str | None = None
     loading_since: float = field(default_factory=time.monotonic)
     # --compare-model: a second engine, loaded after the first, for Re-ask only.
-    prewarmer: Any = None  # vidchat.conversation.prewarm.Prewarmer, started with the server
+    prewarmer: Any = None  # vidchat.conversation.warmup.Prewarmer, started with the server
     owns_engines: bool = False  # the app started its engines (and shuts them down), none was handed to it
     compare_model_path: str = ""
     compare_tiny: bool = False
@@ -64,7 +62,7 @@ class AppState:
     metrics: Any = None  # vidchat.app.metrics.Metrics once the app serves /metrics
     keeping: asyncio.Task | None = None  # the engine keepers' task (vidchat.app.engine_keeper)
     streams: Streams = field(default_factory=lambda: Streams({}))  # --stream: live streams as sources
-    suite_runs: ClosedAtShutdown | None = None  # the Suites panel's runs (vidchat.app.suite_run_routes), closed at shutdown
+    suite_runs: ClosedAtShutdown | None = None  # the Suites panel's runs (vidchat.app.routes), closed at shutdown
 
     def __post_init__(self) -> None:
         self.registry.app = self  # every session's conversation asks with this app's engine and settings
@@ -75,7 +73,7 @@ class AppState:
 
     async def ice_config(self) -> list[dict[str, Any]]:
         """ICE servers for a new peer: the static ones, then freshly minted
-        TURN (raises vidchat.app.turn.TurnError when it cannot be minted)."""
+        TURN (raises vidchat.app.ice_servers.TurnError when it cannot be minted)."""
         minted = await self.turn.ice_servers() if self.turn is not None else []
         return [*self.ice_servers, *minted]
 

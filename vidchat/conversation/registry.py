@@ -14,8 +14,8 @@ import secrets
 import time
 from typing import Any, Awaitable, Callable
 
-from vidchat.conversation import Conversation
-from vidchat.conversation.session_events import Closed
+from vidchat.conversation.conversation import Conversation
+from vidchat.conversation.events import Closed
 from vidchat.media.session import Session, SessionSettings
 
 log = logging.getLogger(__name__)

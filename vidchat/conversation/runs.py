@@ -2,47 +2,55 @@
 SpeechHandle): its typed events (Queued, Started, Delta, Done), the readers
 doors subscribe with, and the one way to stop it (AnswerRun.cancel, with a
 force-done after CANCEL_GRACE_S). vidchat.conversation's module text says
-how runs, readers and the preemption rule fit together."""
+how runs, readers and the preemption rule fit together.
+"""
 
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import dataclasses
 import logging
+import secrets
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, AsyncIterator, Protocol, Union
+from typing import TYPE_CHECKING, Any, AsyncIterator, Protocol, Union
 
-import vidchat.conversation.answer_path as answer_path
-import vidchat.conversation.kept as kept
-import vidchat.conversation.log_context as log_context
-from vidchat.conversation.answer_queue import Abandoned
-from vidchat.conversation.answer_path import Answer
-from vidchat.conversation.session_record import SessionRecord, SideSlot
-from vidchat.conversation.session_events import SCENE, SPOKEN, TYPED, AnswerEvent
+import vidchat.conversation.asking as answer_path
+import vidchat.conversation.runs as kept
+from vidchat.conversation import events
+from vidchat.conversation.answers import Abandoned, Answer, SessionRecord, SideSlot
+from vidchat.conversation.bundles import write_bundle
+from vidchat.conversation.events import SCENE, SPOKEN, TYPED, AnswerEvent
 from vidchat.engine import EngineError
 
+if TYPE_CHECKING:
+    from vidchat.conversation.answers import Answer
+
 log = logging.getLogger(__name__)
+
 
 # How long a cancelled answer may take to end before its Done is made
 # without it (LiveKit's interruption timeout): vLLM's abort takes effect at
 # its next step, so only an engine that hangs ever needs this.
 CANCEL_GRACE_S = 3.0
+
 # How long an answer may stream with nobody listening (no reader of the run,
 # no listener of its session's events, nobody awaiting it) before it is
 # cancelled: long enough for a reloading tab to come back to it, short enough
 # that a client gone for good does not keep the engine busy for nobody.
 UNHEARD_GRACE_S = 8.0
+
 _RUNNING: set[asyncio.Task] = set()  # the answer runs' tasks, held until they end
 
 COMPLETED, CANCELLED, FAILED = "completed", "cancelled", "failed"
+
 # What a run answers, by why its question was asked (metrics' ``kind``): the
 # chat's own questions; re-asks and the second model's answers are kinds of
 # their own, whatever asked the question they answer.
 KIND_OF_CAUSE = {TYPED: "chat", SCENE: "watch", SPOKEN: "talk"}
-
 
 
 @dataclass(frozen=True)
@@ -166,7 +174,7 @@ class AnswerRun:
 
     async def _run(self) -> None:
         answer, reply = self.answer, self.answer.reply
-        log_context.bind(self.conversation.session.id, self.conversation.kind)  # this task's log lines
+        events.bind(self.conversation.session.id, self.conversation.kind)  # this task's log lines
         error: str | None = None
         started = False
         current = True
@@ -256,17 +264,17 @@ class AnswerRun:
         if self.record and started and answer_id is not None:
             try:
                 bundle = await kept.save_bundle(conversation.state, conversation, answer, answer_id,
-                                                source=log_context.door_name(conversation.kind))
+                                                source=events.door_name(conversation.kind))
             except kept.RecordingOff as exc:
                 record_error = f"Not recorded: {exc}."
             except OSError as exc:
                 record_error = f"Could not save the recording: {exc}"
         stats = answer.reply.stats
-        log_context.bind_answer(answer_id)
+        events.bind_answer(answer_id)
         # One line per answer, whichever door asked: what ran, how it ended and why.
         log.info("session %s…: answer %s %s: %d of %d tokens (%s), prompt %d tokens (%d cached), "
                  "%d frames, history %d of %d turns%s", answer.session_id[:6],
-                 log_context.session_hash(answer_id) if answer_id else "-", done.status,
+                 events.session_hash(answer_id) if answer_id else "-", done.status,
                  stats.completion_tokens, answer.options.max_tokens, stats.finish_reason or "no finish",
                  stats.prompt_tokens, stats.cached_tokens, stats.frames, stats.history_turns,
                  stats.history_turns_total, f", {answer.cancelled_by}" if answer.cancelled_by else "")
@@ -404,3 +412,92 @@ async def _places(answer: Answer) -> AsyncIterator[int]:
         if not waiting.done():  # the reader went away while it waited
             await answer.cancel()
             waiting.cancel()
+
+
+# What the model got, kept: each answered question's inputs stay with its
+# session (the last few, under an unguessable id) for the page's "what the
+# model got" view and its downloads, and a finished answer is saved as a
+# bundle when recording is on. The one recording rule of every door; the view
+# and the routes that serve it are vidchat.doors.answer_routes.
+
+KEEP_PER_SESSION = 8
+
+# Recorded bundles a session keeps track of (their folders stay on disk; the
+# oldest is only forgotten by the session's download links).
+KEEP_BUNDLES_PER_SESSION = 64
+
+
+def remember(entry: Any, answer: "Answer") -> str:
+    """Keep an answer's inputs for its session's page; returns its id (the
+    same id when the answer is already kept, e.g. a spoken question's
+    player shown before its answer)."""
+    kept: collections.OrderedDict = entry.answers
+    for known_id, known in kept.items():
+        if known is answer:
+            return known_id
+    answer_id = secrets.token_urlsafe(16)
+    kept[answer_id] = answer
+    while len(kept) > KEEP_PER_SESSION:
+        kept.popitem(last=False)
+    return answer_id
+
+
+def chat_answers(entry: Any) -> list[tuple[str, "Answer"]]:
+    """The kept answers of the chat as it is now, newest first, as (id,
+    answer): those of a cleared chat are left out (their inputs stay served
+    while kept, and the live view's timings still count them)."""
+    chat = entry.generation
+    return [(answer_id, answer) for answer_id, answer in reversed(entry.answers.items())
+            if getattr(answer, "chat", 0) == chat]
+
+
+async def save_bundle(state: Any, entry: Any, answer: "Answer", answer_id: str, source: str) -> Path:
+    """Save a finished answer as a bundle under --record-dir, in its
+    session's folder, and keep it for the session's download links: the one
+    recording rule of the page and the socket. Raises RecordingOff without
+    --record-dir (nothing is written unless the server was told where), and
+    OSError when the folder can't be written."""
+    root = state.settings.record_dir
+    if not root:
+        raise RecordingOff("the server was started without --record-dir")
+    folder = Path(root) / f"session-{time.strftime('%Y%m%d')}-{entry.session.id[:8]}"
+    engine = answer.reply.engine  # the engine that answered: the second model's answers are its own
+    path = await asyncio.to_thread(write_bundle, folder, answer, source=source,
+                                   model_option=model_option(state.settings, answer),
+                                   engine_options=engine.options)
+    keep_bundle(entry, answer_id, path)
+    log.info("session %s… answer recorded in %s", entry.session.id[:6], path)
+    return path
+
+
+def model_option(settings: Any, answer: "Answer") -> str:
+    """The option the answering engine's model was chosen by (--model, or
+    --compare-model for the second model): what a replay or a baseline of the
+    answer names, so neither is credited to the other model."""
+    return settings.compare_model if answer.engine_role == "compare" else settings.model
+
+
+class RecordingOff(Exception):
+    pass
+
+
+def keep_bundle(entry: Any, answer_id: str, path: Any) -> None:
+    """Remember a recorded answer's bundle folder for the session's download links."""
+    entry.bundles[answer_id] = path
+    while len(entry.bundles) > KEEP_BUNDLES_PER_SESSION:
+        entry.bundles.pop(next(iter(entry.bundles)))
+
+
+def find(registry: Any, answer_id: str) -> "tuple[Any, Answer] | tuple[None, None]":
+    for entry in registry.entries():
+        answer = entry.answers.get(answer_id)
+        if answer is not None:
+            return entry, answer
+    return None, None
+
+
+def record(answer: "Answer", answer_id: str | None = None) -> dict[str, Any]:
+    """The answer record: question, answer text and everything the model was given (frames by time and index)."""
+    out = {"id": answer_id, "question": answer.question, "answer": answer.reply.text}
+    out.update(answer.summary())
+    return out

@@ -1,7 +1,7 @@
 """Adding a recorded answer to a QA suite's folder (docs/suites.md): the
 case that re-asks it, added to suite.toml, and its answer kept as a model's
 baseline. The one rule for ``vidchat suite add`` (vidchat.qa.suite), the
-page's Add to suite (vidchat.doors.suite_routes) and ``--update-baseline``;
+page's Add to suite (vidchat.doors.answer_routes) and ``--update-baseline``;
 reading and checking a suite is vidchat.qa.suite_file.
 
 suite.toml is edited with tomlkit, which keeps a hand-edited file's comments
@@ -110,7 +110,7 @@ def _case(name: str, bundle: str, contains: Sequence[str], same_as_baseline: boo
     case: dict[str, Any] = {"name": name, "bundle": bundle}
     if note:
         case["note"] = note
-    if mark:  # the answer's QA verdict (vidchat.conversation.answer_marks)
+    if mark:  # the answer's QA verdict (vidchat.conversation.bundles)
         case["mark"] = {"mark": mark["mark"], "note": mark.get("note", "")}
     expect: dict[str, Any] = {}
     if contains:

@@ -1,30 +1,63 @@
 """The harness the tests and the benchmarks share to start vidchat (app.py in
 a subprocess, exactly as users run it) and stop it.
 
-Its companions: :mod:`vidchat.devtools.waits` (waiting for a condition with a
-deadline), :mod:`vidchat.devtools.free_ports` (free ports) and
+Its companions: :mod:`vidchat.devtools.harness` (waiting for a condition with a
+deadline), :mod:`vidchat.devtools.harness` (free ports) and
 :mod:`vidchat.devtools.vllm_servers` (``vllm serve`` and vllm-router).
 """
 
 from __future__ import annotations
 
+import asyncio
+import inspect
+import itertools
 import json
 import logging
 import os
 import signal
+import socket
 import subprocess
 import sys
+import threading
 import time
 import urllib.error
 import urllib.parse
 import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Awaitable, Callable, TypeVar
 
-from vidchat.devtools.free_ports import allocate_port
+# Free TCP ports for the servers the tests and the benchmarks start.
+#
+# Ports come from below Linux's ephemeral range (32768-60999 by default), so no
+# outgoing connection of this or any other process is given the port between
+# the check here and the server's own bind; each process walks its own
+# stretch, and a port is never handed out twice in one process.
+
+_PORT_LOW, _PORT_HIGH = 20_000, 32_000
+
+_port_lock = threading.Lock()
+
+_port_counter = itertools.count((os.getpid() * 211) % (_PORT_HIGH - _PORT_LOW))
+
+
+def allocate_port(host: str = "127.0.0.1") -> int:
+    """A TCP port on ``host`` that nothing listens on and that the kernel
+    does not hand out by itself."""
+    with _port_lock:
+        for _ in range(_PORT_HIGH - _PORT_LOW):
+            port = _PORT_LOW + next(_port_counter) % (_PORT_HIGH - _PORT_LOW)
+            with socket.socket() as s:
+                try:
+                    s.bind((host, port))
+                except OSError:
+                    continue
+            return port
+    raise RuntimeError(f"no free port in {_PORT_LOW}-{_PORT_HIGH} on {host}")
+
 
 ROOT = Path(__file__).resolve().parents[2]
+
 log = logging.getLogger("vidchat.harness")
 
 # The tiny omni model with a small KV cache and context: quick to start on 2
@@ -94,7 +127,6 @@ class Server:
         import psutil
 
         return psutil.Process(self.proc.pid)
-
 
 
 def _ready(server: Server) -> bool:
@@ -175,3 +207,81 @@ def stop_server(server: Server, timeout: float = 30) -> int:
             return -9
     return proc.returncode
 
+
+# Waiting for a condition with a deadline, never for a fixed time.
+#
+# A wait that runs out says what never happened and what it saw last, so a
+# failure reads as a sentence instead of a bare ``assert False``. The tests,
+# the benchmarks and :mod:`vidchat.devtools.vllm_servers` share these waits.
+
+T = TypeVar("T")
+
+
+class NeverHappened(AssertionError):
+    """A condition did not hold within its deadline."""
+
+
+def _describe(what: str, within: float, last: Any) -> str:
+    shown = repr(last)
+    if len(shown) > 600:
+        shown = shown[:600] + "…"
+    return f"within {within:g} s, never: {what} (last seen: {shown})"
+
+
+class _Tries:
+    """The bookkeeping both waits share: the deadline and the last thing seen."""
+
+    def __init__(self, within: float, what: str) -> None:
+        self.within, self.what = within, what
+        self.deadline = time.monotonic() + within
+        self.last: Any = None
+
+    def saw(self, value: Any) -> bool:
+        self.last = value
+        return bool(value) and not isinstance(value, Exception)
+
+    def give_up_if_late(self) -> None:
+        if time.monotonic() >= self.deadline:
+            raise NeverHappened(_describe(self.what, self.within, self.last))
+
+
+def eventually(predicate: Callable[[], T], within: float, what: str, interval: float = 0.05) -> T:
+    """Call ``predicate`` until it returns something truthy and return that;
+    raise :class:`NeverHappened` naming ``what`` once ``within`` seconds pass.
+    An exception the predicate raises counts as "not yet" (a server still
+    starting refuses connections) and is shown if the deadline passes; an
+    AssertionError is final (the predicate says it can never come true)."""
+    tries = _Tries(within, what)
+    while True:
+        try:
+            value = predicate()
+        except AssertionError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - "not yet", reported at the deadline
+            value = exc
+        if tries.saw(value):
+            return value
+        tries.give_up_if_late()
+        time.sleep(interval)
+
+
+async def eventually_async(predicate: Callable[[], T | Awaitable[T]], within: float, what: str,
+                           interval: float = 0.05) -> T:
+    """:func:`eventually` for a running event loop: ``predicate`` may be a
+    plain function or return an awaitable; the loop keeps running between
+    tries. A blocking predicate (HTTP with urllib) belongs in
+    ``asyncio.to_thread`` inside it."""
+    tries = _Tries(within, what)
+    while True:
+        try:
+            value = predicate()
+            if inspect.isawaitable(value):
+                value = await value
+        except AssertionError:
+            raise
+        except Exception as exc:  # noqa: BLE001
+            value = exc
+        if tries.saw(value):
+            return value
+        tries.give_up_if_late()
+        await asyncio.sleep(interval)

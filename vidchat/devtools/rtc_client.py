@@ -14,9 +14,9 @@ import time
 import urllib.request
 from typing import Callable
 
+import aioice.ice
 import av
 import numpy as np
-import aioice.ice
 from aiortc import MediaStreamTrack, RTCConfiguration, RTCPeerConnection, RTCSessionDescription
 
 VIDEO_CLOCK = 90_000

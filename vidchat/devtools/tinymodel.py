@@ -24,7 +24,7 @@ import sys
 from pathlib import Path
 from typing import Sequence
 
-from vidchat.engine.modelcache import build_once
+from vidchat.engine.weights import build_once
 
 log = logging.getLogger(__name__)
 

@@ -16,9 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, TypeVar
 
-from vidchat.devtools.harness import ROOT, per_worker
-from vidchat.devtools.free_ports import allocate_port
-from vidchat.devtools.waits import eventually
+from vidchat.devtools.harness import ROOT, allocate_port, eventually, per_worker
 
 log = logging.getLogger("vidchat.harness")
 
@@ -137,7 +135,7 @@ def tiny_serve_args(max_model_len: int = 4096, max_images: int = 16) -> list[str
     """`vllm serve` arguments for the tiny omni model as the suite and the
     benchmarks run it: small KV cache, one process, cached-token counts on."""
     from vidchat.devtools import tinymodel
-    from vidchat.engine.families import family_of
+    from vidchat.engine.prompts import family_of
 
     kwargs = family_of("qwen2_5_omni").processor_kwargs(tinymodel.MAX_PIXELS)
     return ["--dtype", "float32", "--max-model-len", str(max_model_len), "--enforce-eager",

@@ -47,13 +47,12 @@ from aiortc import RTCConfiguration, RTCIceServer, RTCPeerConnection, RTCSession
 from aiortc.mediastreams import MediaStreamError
 from aiortc.rtp import RtcpSrPacket
 
-from vidchat.conversation import log_context
-from vidchat.conversation import Conversation
-from vidchat.conversation.stream_source import detach_stream
+from vidchat.conversation import events
+from vidchat.conversation.conversation import Conversation, detach_stream
 from vidchat.media import AUDIO_RATE
 from vidchat.media.clock import SenderClock, TrackClock
 from vidchat.media.evs import FrameError
-from vidchat.media.video_frames import offer_decoded
+from vidchat.media.session import offer_decoded
 from vidchat.media.workers import run_media
 
 log = logging.getLogger(__name__)
@@ -209,7 +208,7 @@ def media_time(frame: av.frame.Frame) -> float | None:
 async def run_consumer(consume, track, entry: Conversation, stats: MediaStats, on_failure) -> None:
     """Run one track's consumer; the track ending is normal, anything else
     ends the session with the cause (never a frozen picture with live audio)."""
-    log_context.bind(entry.session.id, entry.kind)  # this consumer task's log lines
+    events.bind(entry.session.id, entry.kind)  # this consumer task's log lines
     try:
         await consume(track, entry, stats)
     except MediaStreamError:

@@ -10,24 +10,194 @@ Every route that names a session answers only the login that opened it
 from __future__ import annotations
 
 import asyncio
+import collections
 import hmac
 import json
 import logging
+import posixpath
 import time
+from pathlib import Path
 from typing import Any, AsyncIterator, Callable
 
 from fastapi import APIRouter, HTTPException, Request
-from fastapi.responses import StreamingResponse
+from fastapi.responses import FileResponse, StreamingResponse
 
-from vidchat.doors.server_contract import IceUnavailable, login_of
-from vidchat.conversation import Conversation
+from vidchat.conversation.conversation import Conversation, UnknownStream, attach_stream, detach_stream
+from vidchat.conversation.events import (
+    AnswerEvent,
+    ChatCleared,
+    Closed,
+    Notice,
+    QuestionAsked,
+    QuestionRefused,
+    SceneChanged,
+    SessionEvent,
+    SettingsChanged,
+    SoundLevel,
+    SourceState,
+    SpeechStarted,
+    SpeechStopped,
+    Subscription,
+    Utterance,
+)
 from vidchat.conversation.registry import TooManySessions
-from vidchat.conversation.stream_source import UnknownStream, attach_stream, detach_stream
-from vidchat.doors.session_stream import server_sent
+from vidchat.conversation.runs import Delta, Done, Queued, Started
+from vidchat.doors import IceUnavailable, login_of
 from vidchat.doors.webrtc import Peer
-from vidchat.doors.webrtc_requests import parse_source_report, read_json as _read_json, read_offer as _read_offer
+from vidchat.media import is_number
+from vidchat.media.clock import SENT_SOURCE_KINDS
 
 log = logging.getLogger(__name__)
+
+
+# The page's WebRTC requests read and checked (vidchat.doors.webrtc_routes
+# serves them): a JSON body, an offer (one video and one audio track at most;
+# a tab watching a stream may send only a data channel), and a report of where
+# its video source is.
+
+async def read_json(request: Request) -> dict[str, Any]:
+    # sendBeacon posts text/plain, so parse the body whatever its type says.
+    try:
+        body = json.loads(await request.body() or b"{}")
+    except json.JSONDecodeError:
+        raise HTTPException(400, "body must be JSON")
+    if not isinstance(body, dict):
+        raise HTTPException(400, "body must be a JSON object")
+    return body
+
+
+async def read_offer(request: Request) -> dict[str, Any]:
+    body = await read_json(request)
+    if body.get("type") != "offer" or not isinstance(body.get("sdp"), str):
+        raise HTTPException(400, "expected {type: 'offer', sdp: '...'}")
+    sections = [line.split(None, 1)[0][2:] for line in body["sdp"].splitlines() if line.startswith("m=") and " " in line]
+    counts = collections.Counter(sections)
+    stream = body.get("stream")
+    if stream is not None and (not isinstance(stream, str) or not stream):
+        raise HTTPException(400, "stream must be the name of one of the server's streams (GET /api/streams)")
+    # A tab watching a stream may send no media of its own: a data channel keeps its connection.
+    channels = counts["application"] if stream else 0
+    if not counts["video"] and not counts["audio"] and not channels:
+        raise HTTPException(400, "the offer carries no audio or video track")
+    if counts["video"] > 1 or counts["audio"] > 1 or channels > 1 or \
+            len(sections) > counts["video"] + counts["audio"] + channels:
+        raise HTTPException(400, f"an offer may carry one video and one audio track; this one has "
+                                 f"{', '.join(f'{n} {kind}' for kind, n in counts.items())}")
+    return body
+
+
+SOURCE_NAME_MAX = 200
+
+SOURCE_RATE_MAX = 16.0  # browsers refuse playbackRate above 16
+
+
+def parse_source_report(body: dict[str, Any]) -> dict[str, Any]:
+    """A page's /webrtc/source report as :meth:`vidchat.media.session.Session.set_source`
+    arguments; raises ValueError naming the first bad field."""
+    sid = body.get("session_id")
+    if not isinstance(sid, str) or not sid:
+        raise ValueError("session_id must be the session's id (text)")
+    kind = body.get("kind")
+    if kind not in SENT_SOURCE_KINDS:
+        raise ValueError(f"kind must be one of {', '.join(SENT_SOURCE_KINDS)}, got {kind!r}")
+    out: dict[str, Any] = {"session_id": sid, "kind": kind}
+    at = body.get("at")
+    if at is not None:
+        if not is_number(at) or at <= 0:
+            raise ValueError(f"at must be the page's time in ms since the Unix epoch, or null, got {at!r}")
+        out["at_sender_s"] = float(at) / 1000.0
+    if kind != "file":
+        return out
+    name = body.get("name")
+    if name is not None and not isinstance(name, str):
+        raise ValueError(f"name must be the file's name (text) or null, got {type(name).__name__}")
+    if name:
+        # Only the base name: a path would say more about the viewer's disk than the record needs.
+        name = posixpath.basename(name.replace("\\", "/")).strip()[:SOURCE_NAME_MAX] or None
+    position = body.get("position")
+    if not is_number(position) or position < 0:
+        raise ValueError(f"position must be a number of seconds >= 0, got {position!r}")
+    playing = body.get("playing", True)
+    if not isinstance(playing, bool):
+        raise ValueError(f"playing must be true or false, got {playing!r}")
+    rate = body.get("rate", 1.0)
+    if not is_number(rate) or not 0 < rate <= SOURCE_RATE_MAX:
+        raise ValueError(f"rate must be a number in (0, {SOURCE_RATE_MAX:g}], got {rate!r}")
+    duration = body.get("duration")
+    if duration is not None and (not is_number(duration) or duration <= 0):
+        raise ValueError(f"duration must be a positive number of seconds or null, got {duration!r}")
+    loop = body.get("loop", False)
+    if not isinstance(loop, bool):
+        raise ValueError(f"loop must be true or false, got {loop!r}")
+    out.update(name=name, position_s=float(position), playing=playing, rate=float(rate),
+               duration_s=None if duration is None else float(duration), loop=loop)
+    return out
+
+
+# The session's events (vidchat.conversation.events) as the page
+# reads them: server-sent events, one per event, named by what happened, with
+# a JSON body. The door only translates; what happens is the conversation's.
+
+# A comment line this often keeps a proxy from closing a quiet stream.
+KEEPALIVE_S = 15.0
+
+
+def wire(event: SessionEvent) -> tuple[str, dict[str, Any]]:
+    """(event name, body) of one session event."""
+    if isinstance(event, QuestionAsked):
+        return "question.asked", {"ticket": event.ticket, "question": event.question, "cause": event.cause,
+                                  "at": event.at, "spoken_seconds": event.spoken_seconds}
+    if isinstance(event, QuestionRefused):
+        return "question.refused", {"ticket": event.ticket, "why": event.why, "reason": event.reason}
+    if isinstance(event, ChatCleared):
+        return "chat.cleared", {}
+    if isinstance(event, Notice):
+        return "notice", {"text": event.text}
+    if isinstance(event, AnswerEvent):
+        side = {"side": True} if event.side else {"ticket": event.ticket}
+        inner = event.event
+        if isinstance(inner, Queued):
+            return "answer.queued", {"ahead": inner.ahead, **side}
+        if isinstance(inner, Started):
+            return "answer.started", {"question": inner.answer.question, **side}
+        if isinstance(inner, Delta):
+            return "answer.delta", {"text": inner.text, **side}
+        if isinstance(inner, Done):
+            return "answer.done", {"answer_id": event.answer_id, "status": inner.status, "error": inner.error,
+                                   "text": inner.text, **side}
+    if isinstance(event, SpeechStarted):
+        return "speech.started", {"t": event.start}
+    if isinstance(event, SpeechStopped):
+        return "speech.stopped", {"t": event.t}
+    if isinstance(event, Utterance):
+        return "utterance", {"start": event.start, "end": event.end}
+    if isinstance(event, SoundLevel):
+        return "sound.level", {"dbfs": event.dbfs, "t": event.t}
+    if isinstance(event, SceneChanged):
+        return "scene.changed", {"t": event.t}
+    if isinstance(event, SettingsChanged):
+        return "settings.changed", dict(event.values)
+    if isinstance(event, SourceState):
+        return "source.state", {"state": event.state, "why": event.why}
+    if isinstance(event, Closed):
+        return "closed", {"reason": event.reason}
+    return "unknown", {}
+
+
+async def server_sent(events: Subscription) -> AsyncIterator[bytes]:
+    """The stream, until the session closes (``closed`` is its last event)."""
+    yield b": vidchat session events\n\n"  # at once: the page knows it is subscribed
+    while True:
+        event = await events.get(timeout=KEEPALIVE_S)
+        if event is None:
+            yield b": keepalive\n\n"
+            continue
+        name, body = wire(event)
+        yield f"event: {name}\ndata: {json.dumps(body, default=str)}\n\n".encode()
+        if isinstance(event, Closed):
+            return
+
+
 # Tasks started by a request and outliving it (held so they are not collected).
 _background: set[asyncio.Task] = set()
 
@@ -115,7 +285,7 @@ def _peer_routes(api: APIRouter, state, peers: dict[str, Peer], mine: Callable[[
 
     @api.post("/webrtc/offer")
     async def offer(request: Request) -> dict[str, Any]:
-        body = await _read_offer(request)
+        body = await read_offer(request)
         _check_stream(state, body)  # before any session exists
         try:
             # Before any session exists: a relay that can't be had leaves nothing behind.
@@ -155,7 +325,7 @@ def _peer_routes(api: APIRouter, state, peers: dict[str, Peer], mine: Callable[[
         """Stop (the session ends), or ``reload_grace: true`` (the tab went
         away, perhaps to reload): its peer ends at once, and the session
         RELOAD_GRACE_S later unless the tab came back for it (a resume)."""
-        body = await _read_json(request)
+        body = await read_json(request)
         sid = str(body.get("session_id", ""))
         if state.registry.get(sid) is not None:
             mine(request, sid)
@@ -200,7 +370,7 @@ def _page_report_routes(api: APIRouter, state, mine: Callable[[Request, Any], Co
     @api.post("/webrtc/source")
     async def source(request: Request) -> dict[str, Any]:
         """Where the page's video source is: a file's position, or a switch to camera or screen."""
-        body = await _read_json(request)
+        body = await read_json(request)
         try:
             report = parse_source_report(body)
         except ValueError as exc:
@@ -217,9 +387,9 @@ def _page_report_routes(api: APIRouter, state, mine: Callable[[Request, Any], Co
     @api.post("/webrtc/typing")
     async def typing(request: Request) -> dict[str, Any]:
         """The page's user is typing a question: warm this session's prompt now
-        (vidchat.conversation.prewarm). ``"enter": true``: the question was just sent; its
+        (vidchat.conversation.warmup). ``"enter": true``: the question was just sent; its
         sample is taken now, as the user pressed Enter, and warmed."""
-        body = await _read_json(request)
+        body = await read_json(request)
         entry = mine(request, str(body.get("session_id", "")))
         if state.prewarmer is not None:
             state.prewarmer.question_coming(entry.session.id)
@@ -269,7 +439,7 @@ def _talk_routes(api: APIRouter, state, mine: Callable[[Request, Any], Conversat
     async def talk_playback(request: Request) -> dict[str, Any]:
         """The page started or stopped reading an answer aloud: its own voice,
         coming back through the microphone, must not be taken for a question."""
-        body = await _read_json(request)
+        body = await read_json(request)
         entry = mine(request, str(body.get("session_id", "")))
         speaking = body.get("speaking")
         if not isinstance(speaking, bool):
@@ -285,7 +455,7 @@ def _event_routes(api: APIRouter, mine: Callable[[Request, Any], Conversation]) 
     @api.get("/webrtc/events")
     async def session_events(request: Request, session_id: str) -> StreamingResponse:
         """The session's one event stream, as server-sent events
-        (vidchat.doors.session_stream): speech, utterances, scene changes,
+        (vidchat.doors.webrtc_routes): speech, utterances, scene changes,
         each answer's queued/started/delta/done, settings changes, and
         ``closed`` last. Subscribed as the request arrives: nothing after it is missed."""
         events = mine(request, session_id).event_hub.subscribe()
@@ -307,7 +477,7 @@ def _view_routes(api: APIRouter, state, mine: Callable[[Request, Any], Conversat
     @api.get("/webrtc/live")
     async def live(request: Request, session_id: str) -> dict[str, Any]:
         """The live view's strip of kept frames and answer timings (polled every few seconds)."""
-        from vidchat.doors.inputs import live_view
+        from vidchat.doors.answer_routes import live_view
 
         entry = mine(request, session_id)
         return await asyncio.to_thread(live_view, entry)
@@ -331,3 +501,46 @@ def _view_routes(api: APIRouter, state, mine: Callable[[Request, Any], Conversat
         if entry.stream is not None:  # the stream it watches: its state, fps, size and latency
             out["stream"] = entry.stream.snapshot()
         return out
+
+
+# --media-dir: video files the page may pick as a source.
+#
+# The browser plays the file itself and sends it over the session's peer like a
+# camera, so this module only lists the folder and serves its files. Only
+# regular files directly inside the folder, with a video or audio extension,
+# are listed or served: no subfolders, no links out, nothing else on the disk.
+
+MEDIA_EXTENSIONS = frozenset({".mp4", ".webm", ".mkv", ".mov", ".ogv", ".ogg", ".m4v", ".mp3", ".wav", ".m4a"})
+
+
+def media_files(folder: str) -> dict[str, Path]:
+    """Name -> path of the playable files directly in `folder` (empty when unset)."""
+    if not folder:
+        return {}
+    root = Path(folder).expanduser().resolve()
+    if not root.is_dir():
+        return {}
+    out = {}
+    for path in sorted(root.iterdir()):
+        if path.suffix.lower() in MEDIA_EXTENSIONS and path.is_file() and not path.is_symlink() \
+                and path.resolve().parent == root:
+            out[path.name] = path
+    return out
+
+
+def media_dir_router(state: Any) -> APIRouter:
+    api = APIRouter()
+
+    @api.get("/api/media")
+    async def listing() -> dict[str, Any]:
+        files = media_files(state.settings.media_dir)
+        return {"files": [{"name": name, "bytes": path.stat().st_size} for name, path in files.items()]}
+
+    @api.get("/media/{name}")
+    async def media(name: str) -> FileResponse:
+        path = media_files(state.settings.media_dir).get(name)
+        if path is None:
+            raise HTTPException(404, "no such file in --media-dir")
+        return FileResponse(path)
+
+    return api

@@ -4,8 +4,8 @@ checks).
 
 The interface itself (:class:`ChatEngine`, :class:`Reply`) is
 :mod:`vidchat.engine.interface`; the records that cross it (options, turns,
-prepared questions, reply stats) :mod:`vidchat.engine.records`; its errors
-:mod:`vidchat.engine.errors`. Two engines implement it, neither a kind of
+prepared questions, reply stats) :mod:`vidchat.engine.interface`; its errors
+:mod:`vidchat.engine.interface`. Two engines implement it, neither a kind of
 the other: the in-process vLLM `AsyncLLM` (:mod:`vidchat.engine.local`) and
 a remote ``vllm serve`` (:mod:`vidchat.engine.remote`). Doors and the
 conversation code import only this package's names, never an implementation.
@@ -17,37 +17,108 @@ import hashlib
 import itertools
 import logging
 import math
+import os
+from pathlib import Path
 from typing import Any, Sequence
 
 import numpy as np
 from PIL import Image
 
-from vidchat.engine.chat_template import chat_template_kwargs, tokens_per_frame  # noqa: F401
-from vidchat.engine.errors import (ENGINE_DEAD_MESSAGE, NO_SPOKEN_QUESTIONS, EngineDead, EngineError,  # noqa: F401
-                                   engine_dead_message)
-from vidchat.engine.families import Family, family_of
-from vidchat.engine.hardware import cpu_has_native_bf16, on_gpu  # noqa: F401 (the engine's names)
-from vidchat.engine.history_cut import cut_step, history_start
-from vidchat.engine.interface import WARMUP_PRIORITY, ChatEngine, Reply  # noqa: F401
-from vidchat.engine.payload import audio_clips, inputs_digest, video_fps  # noqa: F401  (part of the interface)
-from vidchat.engine.records import SEED_RANGE, EngineOptions, Prepared, ReplyStats, Turn  # noqa: F401
-from vidchat.engine.start_log import ENGINE_START_LOG_ENV  # noqa: F401
+from vidchat.engine.interface import (  # noqa: F401
+    ENGINE_DEAD_MESSAGE,
+    NO_SPOKEN_QUESTIONS,
+    SEED_RANGE,
+    WARMUP_PRIORITY,
+    ChatEngine,
+    EngineDead,
+    EngineError,
+    EngineOptions,
+    Prepared,
+    Reply,
+    ReplyStats,
+    Turn,
+    engine_dead_message,
+)
+from vidchat.engine.prompts import (
+    Family,
+    audio_clips,
+    chat_template_kwargs,
+    cut_step,
+    family_of,
+    history_start,
+    inputs_digest,
+    tokens_per_frame,
+    video_fps,
+)
 from vidchat.media import AUDIO_RATE, FRAMES_AS, MIN_AUDIO_SAMPLES
 
 log = logging.getLogger(__name__)
+
+
+# What the machine can do for the model: a GPU, or a CPU that computes
+# bfloat16 natively (vidchat.engine.local picks the dtype from it).
+
+def cpu_has_native_bf16(cpuinfo: str | None = None) -> bool:
+    """Whether this CPU computes bfloat16 natively (x86 avx512_bf16 or
+    amx_bf16, Arm's bf16 feature). Unknown platforms count as yes, so vLLM's
+    own choice stands there."""
+    if cpuinfo is None:
+        try:
+            cpuinfo = Path("/proc/cpuinfo").read_text()
+        except OSError:
+            return True
+    flags = set()
+    for line in cpuinfo.splitlines():
+        key, _, value = line.partition(":")
+        if key.strip().lower() in ("flags", "features"):
+            flags.update(value.split())
+    if not flags:
+        return True
+    return bool(flags & {"avx512_bf16", "amx_bf16", "bf16"})
+
+
+def on_gpu() -> bool:
+    try:
+        import torch
+
+        return bool(torch.cuda.is_available())
+    except Exception:  # a CPU-only torch may not even have the CUDA module
+        return False
+
+
+# The record of every vLLM engine a run starts, kept for the test suite:
+# it counts them in its own process and in the servers, replays and
+# benchmarks it launches (vidchat.devtools.tiers).
+
+# Each start appends a line to this file when the variable names one.
+ENGINE_START_LOG_ENV = "VIDCHAT_ENGINE_START_LOG"
+
+
+def note_engine_start(model: str, start_s: float) -> None:
+    """Append this start (process, seconds it took, model) to the file
+    ``ENGINE_START_LOG_ENV`` names, if it names one."""
+    path = os.environ.get(ENGINE_START_LOG_ENV)
+    if path:
+        with open(path, "a") as f:
+            f.write(f"{os.getpid()} {start_s:.1f} {model}\n")
+
 
 # The history budget (Engine.fit_history): audio encoders of the supported
 # families give at most 25 tokens a second; a turn's chat-template markup
 # costs a few tokens beyond its text; a small margin absorbs the rest.
 AUDIO_TOKENS_PER_S = 25
+
 TURN_TEMPLATE_TOKENS = 8
+
 HISTORY_MARGIN_TOKENS = 32
+
 # Inside the chat template a turn tokenizes at most this much longer than
 # counted alone plus its markup allowance (about half a token on the tiny
 # model's small vocabulary). While the kept turns leave this much room each,
 # they fit for certain and the rendered prompt is not checked: rendering and
 # tokenizing a long chat costs tens of milliseconds a question.
 TURN_SLACK_TOKENS = 4
+
 TURN_TOKENS_REMEMBERED = 2048  # turns' token counts kept (all sessions' chats together)
 
 
@@ -62,7 +133,7 @@ class ModelEngine:
                  family: Family | None, revision: str, accepts_audio: bool, accepts_video: bool) -> None:
         self.options = options
         self.model_path = model_path
-        self.model_revision = revision  # vidchat.engine.revision.model_revision: which exact weights
+        self.model_revision = revision  # vidchat.engine.weights.model_revision: which exact weights
         self.start_s = start_s
         self.family = family or family_of(None)
         self._processor = processor
@@ -96,7 +167,7 @@ class ModelEngine:
         whether (or, as a number, how many clips of) audio follows the frames."""
         # Frames, then audio, then the question: what changes least between
         # two questions of a session comes first, so a later question (or a
-        # warm-up, vidchat.conversation.prewarm) shares the longest prefix with this one.
+        # warm-up, vidchat.conversation.warmup) shares the longest prefix with this one.
         # The audio window grows with every chunk received: placed before the
         # frames, it would make every frame token new each time.
         parts: list[dict[str, Any]] = []
@@ -140,7 +211,7 @@ class ModelEngine:
         question and room for the answer. The oldest question-and-answer
         pairs go first, so a long chat (watch mode adds an answer every few
         seconds) never makes every later question fail for length; they go a
-        step at a time, so that what is kept stays cached (vidchat.engine.history_cut)."""
+        step at a time, so that what is kept stays cached (vidchat.engine.prompts)."""
         tokenizer = getattr(self._processor, "tokenizer", None)
         if not history or tokenizer is None:
             return history

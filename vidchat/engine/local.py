@@ -1,34 +1,393 @@
 """The in-process engine: one vLLM `AsyncLLM`, questions in, text deltas out.
 Frames reach vLLM as arrays/PIL images, never through base64 or JSON; the
-prompt a question becomes is built in :mod:`vidchat.engine.vllm_media`."""
+prompt a question becomes is built in :mod:`vidchat.engine.local`.
+"""
 
 from __future__ import annotations
 
 import asyncio
+import ctypes
+import ctypes.util
+import gc
 import logging
 import os
+import signal
 import time
 import uuid
-from typing import Any, AsyncIterator, Sequence
+from typing import Any, AsyncIterator, Callable, Iterable, Sequence
 
 import numpy as np
 from PIL import Image
+from vllm.v1.engine.core import EngineCoreProc
 
-from vidchat.engine import ModelEngine, native_memory
-from vidchat.engine.errors import EngineDead, EngineError, engine_dead_message
-from vidchat.engine.families import Family, family_of, model_type_of
-from vidchat.engine.hardware import on_gpu
-from vidchat.engine.interface import WARMUP_PRIORITY
-from vidchat.engine.payload import audio_clips, inputs_digest, video_fps
-from vidchat.engine.records import EngineOptions, Prepared, ReplyStats, Turn
-from vidchat.engine.revision import model_revision
-from vidchat.engine.start_log import note_engine_start
-from vidchat.engine.vllm_args import dtype_for, load_processor, stat_loggers, vllm_engine_kwargs
-from vidchat.engine.vllm_errors import core_exit_codes, death_cause, reworded_error
-from vidchat.engine.vllm_media import accepted_media, vllm_prompt
+from vidchat.engine import (
+    ModelEngine,
+    cpu_has_native_bf16,
+    note_engine_start,
+    on_gpu,
+    tokens_per_frame,
+)
+from vidchat.engine.interface import (
+    WARMUP_PRIORITY,
+    EngineDead,
+    EngineError,
+    EngineOptions,
+    Prepared,
+    ReplyStats,
+    Turn,
+    engine_dead_message,
+)
+from vidchat.engine.prompts import (
+    Family,
+    as_video,
+    audio_clips,
+    family_of,
+    inputs_digest,
+    model_type_of,
+    to_pil,
+    video_fps,
+)
+from vidchat.engine.weights import model_revision
 from vidchat.media import AUDIO_RATE
 
 log = logging.getLogger(__name__)
+
+
+# What keeps the native (C) heaps of the server and the engine core flat
+# over hours (the soak, docs/operations.md, "The soak").
+#
+# oneDNN keeps every matmul primitive it builds, up to 1,024 by default.
+# vLLM's CPU linears build one per layer shape and token count and keep their
+# own 32 most recent per layer, so the global cache only holds shapes no layer
+# uses any more: on live video (each prompt a new length) the engine core grew
+# by hundreds of MB an hour filling it. :func:`bound_onednn_cache` bounds it
+# to :data:`ONEDNN_PRIMITIVE_CACHE_CAPACITY` before vLLM spawns its engine
+# core, which inherits the setting; an operator's own setting wins.
+#
+# Freed native memory goes back to the system. glibc's malloc keeps freed
+# memory in its arenas for reuse and gives back to the system only what is
+# free at the top of a heap. The server decodes frames on some threads and
+# frees them on others, and vLLM's engine core on CPU allocates tensors of a
+# new size for each prompt: both leave free holes in the middle of their
+# heaps.
+# ``malloc_trim(0)`` gives back every whole free page of every arena (Dask's
+# documentation suggests it for the same reason). vidchat calls it every
+# :data:`TRIM_EVERY_S` in the server, and in the engine core through vLLM's own
+# hook for code that runs beside its model (``worker_extension_cls``:
+# :class:`HeapTrimWorker`). Where the C library is not glibc it does nothing.
+
+ONEDNN_PRIMITIVE_CACHE_CAPACITY = "16"
+
+TRIM_EVERY_S = 60.0
+
+WORKER_EXTENSION = f"{__name__}.HeapTrimWorker"
+
+
+def _malloc_trim() -> Callable[[int], int] | None:
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+    except OSError:
+        return None
+    trim = getattr(libc, "malloc_trim", None)
+    if trim is not None:
+        trim.argtypes, trim.restype = [ctypes.c_size_t], ctypes.c_int
+    return trim
+
+
+_MALLOC_TRIM = _malloc_trim()
+
+
+def bound_onednn_cache() -> None:
+    """Bound oneDNN's global primitive cache for processes started from now on."""
+    os.environ.setdefault("ONEDNN_PRIMITIVE_CACHE_CAPACITY", ONEDNN_PRIMITIVE_CACHE_CAPACITY)
+
+
+def trim_native_heap() -> bool:
+    """Give this process's whole free malloc pages back to the system; True
+    if any were (False also where the C library has no ``malloc_trim``)."""
+    return bool(_MALLOC_TRIM(0)) if _MALLOC_TRIM is not None else False
+
+
+class HeapTrimWorker:
+    """Mixed into vLLM's worker class, which lives in the engine core."""
+
+    def vidchat_trim_heap(self) -> dict[str, Any]:
+        return {"pid": os.getpid(), "trimmed": trim_native_heap()}
+
+
+async def keep_trimming(engines: Callable[[], Iterable[Any]], every_s: float = TRIM_EVERY_S) -> None:
+    """Trim this process, then each engine that can be (``trim_heap``), every
+    ``every_s`` until cancelled. A failure is logged and tried again next time:
+    an engine restarting or gone is no reason to stop."""
+    while True:
+        await asyncio.sleep(every_s)
+        try:
+            await asyncio.to_thread(trim_native_heap)
+        except Exception:
+            log.debug("trimming the server's heap failed", exc_info=True)
+        for engine in list(engines()):
+            trim = getattr(engine, "trim_heap", None)
+            if trim is None or getattr(engine, "is_dead", False):
+                continue
+            try:
+                await trim()
+            except Exception:
+                log.debug("trimming an engine's heap failed", exc_info=True)
+
+
+# vLLM's engine arguments for vidchat's options on this machine: the
+# dtype, the processor and its tokens per frame, the per-prompt limits, the
+# caches' sizes, the scheduling policy and the stat loggers.
+
+# vLLM's encoder cache is as large as its per-step token budget
+# (max_num_batched_tokens; 2,048 on CPU, at least 8,192 on a GPU), which
+# cannot be set apart. Raised only when a sample per session needs more, and
+# never past this: a step that large is as long as the budget allows.
+ENCODER_CACHE_FLOOR_TOKENS = {"cpu": 2048, "gpu": 8192}
+
+ENCODER_CACHE_MAX_TOKENS = 65536
+
+
+def dtype_for(dtype: str, gpu: bool) -> str:
+    """The dtype vLLM runs the model in: ``auto`` means float32 on a CPU without native bfloat16."""
+    if dtype == "auto" and not gpu and not cpu_has_native_bf16():
+        # vLLM's "auto" runs a bfloat16 checkpoint in bfloat16 on a CPU
+        # too; without native bf16 instructions every matmul is emulated,
+        # about 100x slower than float32 here (AVX2: 2.7 s against 21 ms).
+        log.info("this CPU has no native bfloat16 (avx512_bf16, amx_bf16 or Arm bf16): running the model in "
+                 "float32, which is many times faster here; --dtype bfloat16 overrides")
+        return "float32"
+    return dtype
+
+
+def vllm_engine_kwargs(options: EngineOptions, dtype: str, gpu: bool, processor_kwargs: dict[str, Any],
+                       per_frame: int | None) -> dict[str, Any]:
+    """vLLM's engine arguments for these options on this machine (``per_frame``:
+    the processor's tokens per frame, which sizes the encoder cache when asked)."""
+    limits = {"image": options.max_images, "video": options.max_videos, "audio": options.max_audios}
+    kwargs: dict[str, Any] = dict(
+        model=options.model,
+        dtype=dtype,
+        max_model_len=options.max_model_len,
+        limit_mm_per_prompt=limits,
+        enforce_eager=options.enforce_eager,
+        disable_log_stats=True,
+        seed=options.seed,
+    )
+    # vLLM keeps processed frames for reuse (4 GiB by default): bounded
+    # here, since live video makes every frame new and the cache only grows.
+    kwargs["mm_processor_cache_gb"] = options.mm_cache_gb
+    # No "Loading safetensors checkpoint shards" progress bar on the console:
+    # the model loads in seconds and "engine ready" says when it has.
+    kwargs["use_tqdm_on_load"] = False
+    # The engine core gives its free native memory back now and then (vidchat.engine.local).
+    kwargs["worker_extension_cls"] = WORKER_EXTENSION
+    # Warm-ups (vidchat.conversation.warmup) run at a lower priority than answers, so
+    # a question never waits behind a queued warm-up. Only when warm-ups
+    # are on from the start: otherwise vLLM schedules first come, first
+    # served, exactly as before warm-ups existed.
+    if options.priority_scheduling:
+        kwargs["scheduling_policy"] = "priority"
+    if processor_kwargs:
+        kwargs["mm_processor_kwargs"] = processor_kwargs
+    if options.encoder_cache_frames > 0:
+        if per_frame:
+            budget = encoder_cache_budget(per_frame, options.encoder_cache_frames, gpu)
+            if budget is not None:
+                kwargs["max_num_batched_tokens"] = budget
+    if gpu:
+        kwargs["gpu_memory_utilization"] = options.gpu_memory_utilization
+    if options.video_pruning_rate > 0:
+        kwargs["video_pruning_rate"] = options.video_pruning_rate
+    if options.tensor_parallel_size > 1:
+        kwargs["tensor_parallel_size"] = options.tensor_parallel_size
+    if options.data_parallel_size > 1:
+        kwargs["data_parallel_size"] = options.data_parallel_size
+    else:
+        # Unset, vLLM on CPU reserves most of the RAM and starts slowly.
+        kwargs["kv_cache_memory_bytes"] = int(options.kv_cache_gb * (1 << 30))
+        kwargs["distributed_executor_backend"] = "uni"
+    return kwargs
+
+
+def load_processor(options: EngineOptions, family: Family) -> tuple[Any, dict[str, Any], int | None]:
+    """The model's processor, the kwargs vLLM's processor gets, and its tokens per frame (None: not measurable)."""
+    from transformers import AutoProcessor
+
+    processor_kwargs = family.processor_kwargs(options.max_image_pixels)
+    if options.max_image_pixels and family.pixel_cap is None:
+        log.info("%s: the per-frame pixel cap is not passed to this model family's processor "
+                 "(frames are still stored at no more than %d pixels)", family.name, options.max_image_pixels)
+    try:
+        processor = AutoProcessor.from_pretrained(options.model)
+    except ImportError as exc:  # e.g. SmolVLM's processor needs num2words
+        raise EngineError(f"the processor of {options.model!r} needs a package that is missing: {exc}") from exc
+    # Measured always: the history budget (fit_history) reserves each
+    # frame's tokens; the encoder cache is sized by it when asked.
+    per_frame = None
+    try:
+        per_frame = tokens_per_frame(processor, options.max_image_pixels, processor_kwargs)
+    except Exception as exc:  # a processor with other call conventions: vLLM's size stays
+        log.warning("could not measure tokens per frame for %s (%s); vLLM's encoder cache keeps "
+                    "its default size", options.model, exc)
+    return processor, processor_kwargs, per_frame
+
+
+def stat_loggers(options: EngineOptions) -> list[Any] | None:
+    """vLLM's stat loggers: its Prometheus one alone where asked (its vllm:
+    families for /metrics; vLLM's default logger would print a stats line
+    every few seconds), none otherwise."""
+    if not options.prometheus_stats:
+        return None
+    from vllm.v1.metrics.loggers import PrometheusStatLogger
+
+    return [PrometheusStatLogger]
+
+
+def encoder_cache_budget(per_frame: int, frames: int, gpu: bool) -> int | None:
+    """vLLM's ``max_num_batched_tokens`` that makes its encoder cache hold
+    ``frames`` frames of ``per_frame`` tokens; None where its default does."""
+    floor = ENCODER_CACHE_FLOOR_TOKENS["gpu" if gpu else "cpu"]
+    need = per_frame * frames
+    if need <= floor:
+        return None
+    if need > ENCODER_CACHE_MAX_TOKENS:
+        log.warning("vLLM's encoder cache would need %d tokens for %d frames of %d tokens; capped at %d "
+                    "(%d frames): lower --max-sessions or frames per question to keep every session's "
+                    "frames encoded", need, frames, per_frame, ENCODER_CACHE_MAX_TOKENS,
+                    ENCODER_CACHE_MAX_TOKENS // per_frame)
+        return ENCODER_CACHE_MAX_TOKENS
+    return need
+
+
+# A question's media as the in-process vLLM `AsyncLLM` takes them: which
+# kinds vLLM accepts for the model, and the prompt a question becomes (its
+# text, frames or video, audio clips, and the names their encodings are
+# cached under within the session's salt). Frames go as arrays/PIL images,
+# never through base64 or JSON.
+
+def accepted_media(llm: Any, processor: Any) -> tuple[bool, bool]:
+    """(audio, video): whether vLLM itself accepts each for this model
+    within our limits, or, where that can't be read, whether the processor
+    has the part for it."""
+    # Not the processor first: it may have a video processor that vLLM
+    # never calls (SmolVLM).
+    limits = allowed_mm_limits(llm)
+    if limits is None:
+        audio = getattr(processor, "feature_extractor", None) is not None
+        video = getattr(processor, "video_processor", None) is not None
+        return audio, video
+    return limits.get("audio", 0) > 0, limits.get("video", 0) > 0
+
+
+def allowed_mm_limits(llm: Any) -> dict[str, int] | None:
+    """Items per prompt vLLM allows for each modality of this model (its own
+    support within limit_mm_per_prompt), or None when it can't be read."""
+    try:
+        from vllm.multimodal import MULTIMODAL_REGISTRY
+
+        return dict(MULTIMODAL_REGISTRY.get_processing_info(llm.model_config).allowed_mm_limits)
+    except Exception:
+        log.debug("could not read vLLM's multimodal limits", exc_info=True)
+        return None
+
+
+def vllm_prompt(family: Family, prompt_text: str, frames: Sequence[np.ndarray | Image.Image], frames_as: str,
+                clips: Sequence[tuple[np.ndarray, str | None]], fps: float | None, cache_salt: str | None,
+                frame_ids: Sequence[str] | None) -> dict[str, Any]:
+    """The prompt as vLLM takes it: text, media, the media's cache names and the salt."""
+    prompt: dict[str, Any] = {"prompt": prompt_text}
+    if cache_salt:
+        # vLLM mixes the salt into the first block's hash: prefix-cache
+        # hits then only happen between requests with the same salt.
+        prompt["cache_salt"] = cache_salt
+    mm = multi_modal_data(family, frames, frames_as, [clip for clip, _ in clips], fps)
+    if mm:
+        prompt["multi_modal_data"] = mm
+    uuids = media_uuids(cache_salt, len(frames), frame_ids, frames_as, clips)
+    if uuids:
+        prompt["multi_modal_uuids"] = uuids
+    if fps is not None and family.fps_kwarg:
+        prompt["mm_processor_kwargs"] = {"fps": fps}
+    return prompt
+
+
+def multi_modal_data(family: Family, frames: Sequence[np.ndarray | Image.Image], frames_as: str,
+                     clips: Sequence[np.ndarray], fps: float | None) -> dict[str, Any]:
+    """The frames (as images, or one video in the family's form) and the audio clips, as vLLM takes them."""
+    mm: dict[str, Any] = {}
+    if frames:
+        if frames_as == "video":
+            mm["video"] = family.video_item(as_video(frames), fps)
+        else:
+            mm["image"] = [to_pil(f) for f in frames]
+    if clips:
+        mm["audio"] = [(clip, AUDIO_RATE) for clip in clips]
+    return mm
+
+
+def media_uuids(cache_salt: str | None, n_frames: int, frame_ids: Sequence[str] | None, frames_as: str,
+                clips: Sequence[tuple[Any, str | None]]) -> dict[str, list[str]]:
+    """The names vLLM caches each frame's (or the video's) and each audio
+    clip's encoding under, within the session's salt; none without a salt or names."""
+    uuids: dict[str, list[str]] = {}
+    if cache_salt and n_frames and frame_ids is not None and len(frame_ids) == n_frames:
+        if frames_as == "video":
+            uuids["video"] = [f"{cache_salt}/video/{','.join(map(str, frame_ids))}"]
+        else:
+            uuids["image"] = [f"{cache_salt}/{fid}" for fid in frame_ids]
+    if cache_salt and clips and all(name is not None for _, name in clips):
+        uuids["audio"] = [f"{cache_salt}/audio/{name}" for _, name in clips]
+    return uuids
+
+
+# What vLLM's failures mean, in the words a user reads: an exception
+# reworded as what to change, and a dead engine's cause (its process's exit).
+
+def core_exit_codes(llm: Any) -> list[int | None] | None:
+    """How vLLM's EngineCore processes ended (0: by themselves; -9: killed
+    after vLLM's grace), or None when this vLLM does not say."""
+    try:
+        return [proc.exitcode for proc in llm.engine_core.resources.engine_manager.processes]
+    except AttributeError:
+        return None
+
+
+def death_cause(codes: list[int | None] | None) -> str:
+    """Why an engine whose EngineCore processes ended so died, in words."""
+    for code in codes or ():
+        if code is not None and code < 0:
+            try:
+                name = signal.Signals(-code).name
+            except ValueError:
+                name = f"signal {-code}"
+            return f"its process was killed ({name})"
+        if code:
+            return f"its process exited with code {code}"
+    return "its process stopped"
+
+
+def reworded_error(exc: BaseException, request_id: str, max_model_len: int, dead: Any,
+                   why_dead: Any = lambda: None) -> EngineError:
+    """vLLM's exception as the error a user reads: what to change, where
+    something can be changed. ``dead()``: whether the engine has died;
+    ``why_dead()``: why, in words."""
+    from vllm.v1.engine.exceptions import EngineDeadError, EngineGenerateError
+
+    cause = exc.__cause__ if isinstance(exc, EngineGenerateError) and exc.__cause__ else exc
+    text = str(cause)
+    if isinstance(exc, EngineDeadError) or dead():
+        return EngineDead(engine_dead_message(why_dead()))
+    if "longer than the maximum model length" in text or "maximum context length" in text:
+        return EngineError(
+            f"The question with its frames and chat history is too long for the model "
+            f"(limit {max_model_len} tokens): send fewer frames, clear the "
+            f"chat, or restart with a larger --max-model-len. ({text.splitlines()[0]})"
+        )
+    if "may be provided in one prompt" in text:
+        return EngineError(f"{text.splitlines()[0]} Lower 'frames per question' or raise --max-images.")
+    log.exception("request %s failed", request_id, exc_info=exc)
+    return EngineError(f"The model failed to answer: {text.splitlines()[0] if text else type(cause).__name__}")
 
 
 class LocalReply:
@@ -159,13 +518,12 @@ class LocalEngine(ModelEngine):
         # One engine-core child process, with the model worker inside it: the
         # fastest start, and nothing more to clean up at exit.
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
-        native_memory.bound_onednn_cache()  # before vLLM spawns its engine core
+        bound_onednn_cache()  # before vLLM spawns its engine core
         from vllm.engine.arg_utils import AsyncEngineArgs
         from vllm.v1.engine.async_llm import AsyncLLM
 
-        from vidchat.engine import core_exit
 
-        core_exit.install()
+        install()
         t0 = time.perf_counter()
         gpu = on_gpu()
         dtype = dtype_for(options.dtype, gpu)
@@ -202,7 +560,7 @@ class LocalEngine(ModelEngine):
 
     async def trim_heap(self) -> list[dict[str, Any]]:
         """Give the engine core's whole free malloc pages back to the system
-        (vidchat.engine.native_memory); one ``{"pid", "trimmed"}`` per worker."""
+        (vidchat.engine.local); one ``{"pid", "trimmed"}`` per worker."""
         llm = self._llm
         if llm is None:
             return []
@@ -349,3 +707,33 @@ def _prefill_s(out: Any) -> float | None:
     if not first or not scheduled or first < scheduled:
         return None
     return first - scheduled
+
+
+# The EngineCore process exits as soon as vLLM has torn it down.
+#
+# vLLM runs each engine's core in a spawned process. When it is told to stop
+# it tears its resources down in about a second, then the interpreter's exit
+# runs a final cyclic garbage collection over everything vLLM unfroze (torch,
+# the model, the caches): on this project's 2-core machines that scan outlasts
+# vLLM's 5-second grace, so every shutdown waited 5 s and ended in a SIGKILL
+# and a "force killing" warning. vLLM already freezes the heap before exit on
+# ROCm for this reason; :func:`install` does the same on every platform, by
+# starting the core through :func:`run_engine_core`, which calls vLLM's own
+# and freezes what survives it.
+
+# Captured at import, in the parent and in each spawned child alike; only the
+# parent installs the wrapper, so this is always vLLM's own entry point.
+_VLLM_RUN_ENGINE_CORE = EngineCoreProc.__dict__["run_engine_core"].__func__
+
+
+def run_engine_core(*args: Any, **kwargs: Any) -> None:
+    """vLLM's EngineCore entry point; what survives it is frozen, so the exit skips the final scan."""
+    try:
+        _VLLM_RUN_ENGINE_CORE(*args, **kwargs)
+    finally:
+        gc.freeze()
+
+
+def install() -> None:
+    """Start every later EngineCore of this process through :func:`run_engine_core` (idempotent)."""
+    EngineCoreProc.run_engine_core = staticmethod(run_engine_core)

@@ -8,11 +8,13 @@ here keeps the doors, the session and the engine agreeing.
 from __future__ import annotations
 
 import math
+from typing import Any
 
 # The session's audio timeline, the engine's input and the WebSocket
 # protocol's PCM16 chunks all run at 16 kHz mono (what Whisper-style audio
 # encoders take).
 AUDIO_RATE = 16_000
+
 # Shorter audio fails a Whisper-style encoder (it needs several 10 ms frames):
 # the engine drops such a sliver, and the audio's segments never end on one.
 MIN_AUDIO_SAMPLES = AUDIO_RATE // 10
@@ -62,3 +64,20 @@ DEFAULT_MAX_FRAME_BYTES = 10 * 1024 * 1024
 # Largest decoded frame accepted, in pixels (width × height), checked from the
 # image header before any pixel is decoded; --max-frame-pixels overrides it.
 DEFAULT_MAX_FRAME_PIXELS = 4096 * 4096
+
+
+# A value as a number, the way every door and setting checks one: a JSON
+# true/false (a Python bool, which is an int) is never a number, and a number
+# is finite. One definition for the settings table, the session's settings,
+# the media clock, the doors' fields and Talk's settings.
+
+def is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def is_number(value: Any) -> bool:
+    """An int or a finite float, never a bool (math.isfinite is not asked
+    of ints: it raises OverflowError for a huge JSON integer)."""
+    if isinstance(value, bool):
+        return False
+    return isinstance(value, int) or (isinstance(value, float) and math.isfinite(value))

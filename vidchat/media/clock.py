@@ -30,7 +30,7 @@ import threading
 import time
 from typing import Any, NamedTuple
 
-from vidchat.media.numbers import is_number
+from vidchat.media import is_number
 
 log = logging.getLogger(__name__)
 

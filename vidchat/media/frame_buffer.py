@@ -29,9 +29,8 @@ from typing import Any, Callable, NamedTuple
 import numpy as np
 from PIL import Image
 
-from vidchat.media import evs, reduce_factor, stored_size, thumbnails
+from vidchat.media import evs, is_int, reduce_factor, stored_size
 from vidchat.media.evs import FrameError
-from vidchat.media.numbers import is_int
 
 # A kept frame counts as a scene change when at least this share of the
 # picture changed since the previous kept frame (a cut, a new shot, the
@@ -126,7 +125,7 @@ class FrameBuffer:
         """Offer a decoded frame (any RGB-able array or image); its kept number, or None."""
         arr = evs.as_rgb_array(frame)
         self.received_size = (arr.shape[1], arr.shape[0])
-        return self.ingest(lambda: thumbnails.thumbnail_from_array(arr),
+        return self.ingest(lambda: evs.thumbnail_from_array(arr),
                            lambda: store_array(arr, self.store_max_pixels), t)
 
     def add_luma(self, luma: np.ndarray, render_rgb: Callable[[int, int], np.ndarray],
@@ -149,9 +148,9 @@ class FrameBuffer:
             return freeze(np.array(rgb, dtype=np.uint8, order="C", copy=True))
 
         if chroma is None:
-            return self.ingest(lambda: thumbnails.thumbnail_from_array(luma), stored, t)
+            return self.ingest(lambda: evs.thumbnail_from_array(luma), stored, t)
         u, v = chroma
-        return self.ingest(lambda: thumbnails.thumbnail_from_planes(luma, u, v), stored, t)
+        return self.ingest(lambda: evs.thumbnail_from_planes(luma, u, v), stored, t)
 
     def add_encoded(self, data: bytes | bytearray | memoryview, t: float | None) -> int | None:
         """Offer an encoded frame (JPEG, PNG or WebP), refused with FrameError
@@ -161,7 +160,7 @@ class FrameBuffer:
         # draft() only works before decoding, so the thumbnail and the stored
         # copy each open their own lazy image.
         limit = self.max_frame_pixels
-        return self.ingest(lambda: thumbnails.thumbnail_from_bytes(data, limit),
+        return self.ingest(lambda: evs.thumbnail_from_bytes(data, limit),
                            lambda: store_image(evs.open_image(data, limit), self.store_max_pixels), t)
 
     def ingest(self, make_thumb: Callable[[], np.ndarray], make_stored: Callable[[], np.ndarray],

@@ -125,7 +125,7 @@ def stable_indices(seqs: Sequence[int], k: int) -> list[int]:
     plus the newest. As the window slides, a new frame replaces only the
     newest pick, and the grid moves one place every `stride` frames: the
     frames before stay the same, in the same order, so a later question
-    shares their prompt prefix and their encodings (vidchat.conversation.prewarm)."""
+    shares their prompt prefix and their encodings (vidchat.conversation.warmup)."""
     n = len(seqs)
     trivial = _trivial_pick(n, k)
     if trivial is not None:

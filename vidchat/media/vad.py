@@ -22,8 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from vidchat.media import AUDIO_RATE
-from vidchat.media.numbers import is_number
+from vidchat.media import AUDIO_RATE, is_number
 
 log = logging.getLogger(__name__)
 

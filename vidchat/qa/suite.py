@@ -9,7 +9,7 @@ after another (memory), cases at once up to ``--jobs``. A video case plays
 through replay's deterministic path (the file's own clock, each ask at its
 second, the chat so far as history); a bundle case is re-asked with its
 exact frames, audio and history. Each ask's answer is checked
-(vidchat.qa.suite_checks) and written to ``--out`` (default
+(vidchat.qa.suite) and written to ``--out`` (default
 ``SUITE/runs/<UTC time>/``) as results.json, junit.xml and report.html
 (vidchat.qa.suite_report), with each answer's recording bundle under
 ``bundles/``; without ``--out`` the oldest run folders beyond
@@ -31,20 +31,76 @@ import asyncio
 import copy
 import dataclasses
 import logging
+import re
+import secrets
 import sys
+import time
 import types
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-from vidchat.qa.engine_start import resolve, start_engine
-from vidchat.qa.reask import reask_bundle
-from vidchat.qa.replay import _quiet, replay_file
-from vidchat.qa.replay_options import changes_of
-from vidchat.qa.replay_run import USAGE, Run
-from vidchat.qa.suite_checks import run_checks
+from vidchat.qa.commands import changes_of
+from vidchat.qa.replay import USAGE, Run, _quiet, reask_bundle, replay_file, resolve, start_engine
 from vidchat.qa.suite_file import BASELINE_FILE, Case, Suite, SuiteError, add_bundle, read_suite
 from vidchat.qa.suite_report import new_run_folder, prune_runs
+
+log = logging.getLogger(__name__)
+
+
+# A suite ask's checks against the answer it got: each one ✓ or ✗ with a
+# detail a person reads (what was expected, what came), or not judged at all
+# (same_as_baseline with no baseline: the ask is an error, not a failure).
+
+@dataclass(frozen=True)
+class CheckResult:
+    check: str
+    ok: bool
+    detail: str
+    judged: bool = True  # False: there was nothing to judge the answer against
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"check": self.check, "ok": self.ok, "detail": self.detail}
+
+
+def _words(value: Any) -> list[str]:
+    return [value] if isinstance(value, str) else list(value)
+
+
+def run_checks(expect: dict[str, Any], answer: str, first_token_ms: float | None,
+               baseline: str | None, accepting: bool = False) -> list[CheckResult]:
+    """Every check of ``expect`` on ``answer``. ``baseline``: this model's
+    answer in baseline.json (None: there is none, and same_as_baseline is
+    not judged, saying so, rather than passing). ``accepting``: the run
+    writes ``baseline`` as this model's baseline (--update-baseline)."""
+    results: list[CheckResult] = []
+    lowered = answer.casefold()
+    for word in _words(expect.get("contains", [])):
+        found = word.casefold() in lowered
+        results.append(CheckResult("contains", found, f"{'has' if found else 'lacks'} {word!r}"))
+    for word in _words(expect.get("not_contains", [])):
+        found = word.casefold() in lowered
+        results.append(CheckResult("not_contains", not found, f"{'has' if found else 'lacks'} {word!r}"))
+    if "matches" in expect:
+        hit = re.search(expect["matches"], answer)
+        results.append(CheckResult("matches", hit is not None,
+                                   f"/{expect['matches']}/ {'matched ' + repr(hit.group(0)) if hit else 'no match'}"))
+    if "max_first_token_ms" in expect:
+        limit = float(expect["max_first_token_ms"])
+        ok = first_token_ms is not None and first_token_ms <= limit
+        took = "no first token" if first_token_ms is None else f"first token after {first_token_ms:.0f} ms"
+        results.append(CheckResult("max_first_token_ms", ok, f"{took} (at most {limit:g} ms)"))
+    if expect.get("same_as_baseline"):
+        if baseline is None:
+            results.append(CheckResult("same_as_baseline", False,
+                                       "no baseline for this model: run with --update-baseline first", judged=False))
+        else:
+            same = answer == baseline
+            said = "differs from the baseline" if not same else (
+                "accepted as the baseline (--update-baseline writes it)" if accepting else "the same as the baseline")
+            results.append(CheckResult("same_as_baseline", same, said))
+    return results
+
 
 log = logging.getLogger("vidchat.qa.suite")
 
@@ -103,7 +159,7 @@ def _run_for(case: Case, settings: Any, model: str, out_dir: Path, role: str) ->
 
 async def _ask_case(case: Case, state: Any, settings: Any, model: str, out: Path, role: str) -> list[dict]:
     """The case's records, one per ask in the suite's order (an error record where it failed)."""
-    from vidchat.conversation.recording import BundleError, read_bundle
+    from vidchat.conversation.bundles import BundleError, read_bundle
 
     folder = out / "bundles" / _safe(model) / _safe(case.name)
     folder.mkdir(parents=True, exist_ok=True)
@@ -186,7 +242,7 @@ async def ask_cases(suite: Suite, state: Any, settings: Any, model: str, out: Pa
     """Every case of the suite on the app's engine of ``role`` (looked up at
     each ask, so a restarted engine answers the rest), up to ``jobs`` cases
     at once, in the suite's order. The command line's runner and the page's
-    Suites panel (vidchat.qa.suite_runs, on the server's own engine and
+    Suites panel (vidchat.qa.suite, on the server's own engine and
     answer queue) both ask through it. ``accepting``: see _result."""
     room = asyncio.Semaphore(jobs)
 
@@ -365,7 +421,7 @@ def _main_add(argv: list[str]) -> int:
     parser.add_argument("--same-as-baseline", action="store_true", help="expect this model's baseline answer")
     parser.add_argument("--note", default="", help="a note kept with the case")
     args = parser.parse_args(argv)
-    from vidchat.conversation.recording import BundleError, read_bundle
+    from vidchat.conversation.bundles import BundleError, read_bundle
 
     try:
         read_bundle(args.bundle)  # refused now, not at the next run
@@ -385,3 +441,160 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(__doc__.split("\n\n")[1], file=sys.stderr)
         return USAGE
     return commands[argv[0]](argv[1:])
+
+
+# The page's Suites panel, on the server (docs/suites.md): the suite of
+# ``--suite-dir`` run on the server's own model (or ``--compare-model``'s),
+# through the command line's runner (vidchat.qa.suite.ask_cases), so its asks
+# share the engine and the fair answer queue with live sessions instead of
+# loading a model of their own. One run at a time per server: a suite run is a
+# burst of asks, and two at once would only halve each other's speed. A run
+# belongs to the login that started it: only that login is shown its progress
+# and served its report. Each run has a folder of its own under DIR/runs/
+# (the oldest beyond --suite-keep-runs are deleted), and a run still going
+# when the server shuts down is cancelled and awaited (SuiteRuns.close).
+
+RUNNING, FINISHED, FAILED = "running", "finished", "failed"
+
+JOBS = 2  # cases at once: a live session's next question waits behind at most this many asks
+
+KEEP_RUNS = 8  # finished runs whose progress and report stay reachable from the page
+
+
+class SuiteBusy(RuntimeError):
+    """A run is going on already."""
+
+
+@dataclass
+class SuiteRun:
+    id: str
+    owner: str | None
+    engine: str  # "main" or "compare"
+    model: str  # the model as the baseline names it (the server's --model or --compare-model)
+    suite: str
+    total: int
+    out: Path
+    folder: str  # ``out`` relative to the suite's folder, as the page is shown it (not the server's paths)
+    state: str = RUNNING
+    results: list[AskResult] = field(default_factory=list)
+    error: str | None = None
+    started: float = field(default_factory=time.time)
+    ended: float | None = None
+
+    def done_text(self) -> str:
+        return f"{len(self.results)} of {self.total} asks done, on {self.model}"
+
+    def as_dict(self) -> dict[str, Any]:
+        rows = [{k: v for k, v in dataclasses.asdict(r).items()
+                 if k in ("case", "ask", "question", "answer", "status", "checks", "error", "first_token_ms",
+                          "changed_from_baseline")} for r in self.results]
+        return {"run": self.id, "suite": self.suite, "engine": self.engine, "model": self.model,
+                "state": self.state, "done": len(self.results), "total": self.total, "asks": rows,
+                "summary": summary_of(self.results), "error": self.error,
+                "report": f"/suites/runs/{self.id}/report.html" if self.state == FINISHED else None,
+                "folder": self.folder}
+
+
+class SuiteRuns:
+    """The server's suite runs (vidchat.doors.answer_routes serves them)."""
+
+    def __init__(self, state: Any) -> None:
+        self.state = state
+        self.runs: dict[str, SuiteRun] = {}
+        self._task: asyncio.Task | None = None  # the running one (asyncio keeps only weak references to tasks)
+        # Held from the check that none runs until the new run is registered:
+        # the suite is read in a thread in between, where a second request
+        # would otherwise pass the same check.
+        self._starting = asyncio.Lock()
+        self.closed = False
+
+    @property
+    def root(self) -> Path:
+        return Path(self.state.settings.suite_dir)
+
+    def read(self) -> Suite:
+        """The suite as it is on disk now (raises SuiteError)."""
+        if not (self.root / "suite.toml").is_file():
+            return Suite(name=self.root.name, root=self.root, cases=())
+        return read_suite(self.root)
+
+    def running(self) -> SuiteRun | None:
+        return next((r for r in self.runs.values() if r.state == RUNNING), None)
+
+    def _model(self, which: str) -> str:
+        """The model of ``which`` engine, when it can take a run now (raises
+        EngineError saying why not). Only checked here: each ask looks the
+        engine up when it asks (AppState.engine_for), so a run goes on with
+        the engine its keeper restarted."""
+        from vidchat.engine import EngineError
+
+        state = self.state
+        ready, reason = state.compare_readiness() if which == "compare" else state.readiness()
+        if not ready:
+            raise EngineError(reason)
+        return state.settings.compare_model if which == "compare" else state.settings.model
+
+    async def start(self, which: str, owner: str | None) -> SuiteRun:
+        """Start a run of the suite on the server's model (``main``) or the
+        second one (``compare``); raises SuiteBusy, SuiteError or EngineError."""
+        from vidchat.engine import EngineError
+
+        async with self._starting:
+            if self.closed:
+                raise EngineError("the server is shutting down")
+            if (busy := self.running()) is not None:
+                raise SuiteBusy(f"run {busy.id} of this suite is going on ({busy.done_text()}, started "
+                                f"{time.time() - busy.started:.0f} s ago); wait for it to end")
+            model = self._model(which)
+            suite = await asyncio.to_thread(self.read)
+            if not suite.cases:
+                raise SuiteError(f"{self.root / 'suite.toml'}: no case yet (add one with Add to suite)")
+            out = await asyncio.to_thread(new_run_folder, self.root / "runs", f"-{which}")
+            run = SuiteRun(secrets.token_urlsafe(9), owner, which, model, suite.name, asks_in(suite), out,
+                           str(out.relative_to(self.root)))
+            self.runs[run.id] = run
+            for old in [r for r in self.runs.values() if r.state != RUNNING][:-KEEP_RUNS]:
+                self.runs.pop(old.id, None)
+            self._task = asyncio.create_task(self._run(run, suite), name=f"suite run {run.id}")
+        log.info("suite %s: run %s on %s (%s) started, %d asks, reports into %s", suite.name, run.id, which, model,
+                 run.total, run.folder)
+        return run
+
+    async def close(self) -> None:
+        """At shutdown, before the sessions close and the engines stop: a run
+        still going is cancelled (its sessions close as its cases end) and
+        awaited, instead of asking a stopping engine until the loop ends."""
+        async with self._starting:
+            self.closed = True
+        task, going = self._task, self.running()
+        if task is not None and not task.done():
+            if going is not None:
+                log.info("suite %s: cancelling run %s at shutdown (%s)", going.suite, going.id, going.done_text())
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+
+    async def _run(self, run: SuiteRun, suite: Suite) -> None:
+        from vidchat.qa.suite_report import write_reports
+
+        try:
+            baseline = await asyncio.to_thread(suite.baseline)
+            results = await ask_cases(suite, self.state, self.state.settings, run.model, run.out, JOBS,
+                                      baseline, run.results.append, role=run.engine)
+            report = report_of(suite, [run.model], results)
+            await asyncio.to_thread(write_reports, run.out, report, baseline)
+            run.state = FINISHED
+        except asyncio.CancelledError:
+            run.state, run.error = FAILED, "the server shut down during the run"
+            raise
+        except Exception as exc:  # noqa: BLE001 - the run fails, the server goes on
+            log.exception("suite %s: the run on %s failed", suite.name, run.model)
+            run.state, run.error = FAILED, f"{type(exc).__name__}: {exc}"
+        finally:
+            run.ended = time.time()
+            s = summary_of(run.results)
+            log.info("suite %s on %s: %s%s, %d passed, %d failed, %d errors", suite.name, run.model, run.state,
+                     f" ({run.error})" if run.error else "", s["passed"], s["failed"], s["errors"])
+        try:
+            await asyncio.to_thread(prune_runs, self.root / "runs", self.state.settings.suite_keep_runs)
+        except OSError as exc:  # the run's outcome stands; the disk is tidied at the next one
+            log.warning("suite %s: old runs not pruned: %s", suite.name, exc)

@@ -29,10 +29,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
 
-from vidchat.conversation import answer_marks, suite_cases
-from vidchat.conversation.recording import BundleError, read_manifest
+from vidchat.conversation import bundles, suite_cases
+from vidchat.conversation.bundles import BundleError, read_manifest
 from vidchat.conversation.suite_cases import BASELINE_FILE, SUITE_FILE
-from vidchat.qa.replay_options import UsageError, changes_of
+from vidchat.qa.commands import UsageError, changes_of
 
 CHECKS = ("contains", "not_contains", "matches", "max_first_token_ms", "same_as_baseline")
 
@@ -115,7 +115,7 @@ def _in_range(settings: dict[str, Any], own: dict[str, Any], where: str) -> None
     every door checks against), so a value out of range is refused before
     any engine starts rather than failing every ask. A bound that depends on
     the model (max_tokens against its context) is the engine's to check."""
-    from vidchat.conversation.settings_table import ALIASES, SETTINGS, UNBOUNDED_MAX_TOKENS
+    from vidchat.conversation.asking import ALIASES, SETTINGS, UNBOUNDED_MAX_TOKENS
 
     for key, value in settings.items():
         name = ALIASES.get(key, key)
@@ -211,7 +211,7 @@ def _mark(raw: Any, where: str) -> dict | None:
     _typed(raw, dict, where, "mark")
     _only(raw, ("mark", "note"), f"{where}: mark")
     try:
-        return answer_marks.checked(raw.get("mark"), raw.get("note", ""))
+        return bundles.checked(raw.get("mark"), raw.get("note", ""))
     except ValueError as exc:
         raise SuiteError(f"{where}: {exc}") from None
 
@@ -243,7 +243,7 @@ def _bundle_mark(bundle: Path) -> dict | None:
         manifest = read_manifest(bundle)
     except (BundleError, OSError, zipfile.BadZipFile):
         return None  # the run says what is wrong with the bundle, as its case's error
-    return answer_marks.of_manifest(manifest)
+    return bundles.of_manifest(manifest)
 
 
 def add_bundle(folder: str | Path, bundle: str | Path, *, name: str | None = None, contains: Sequence[str] = (),

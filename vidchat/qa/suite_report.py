@@ -91,8 +91,8 @@ def _thumbs(bundle: str | None, times: list[float]) -> str:
     """The frames the model got, inline (read back from the answer's recording)."""
     if not bundle:
         return ""
-    from vidchat.conversation.recording import BundleError, read_bundle
-    from vidchat.doors.inputs import thumb_data_url
+    from vidchat.conversation.bundles import BundleError, read_bundle
+    from vidchat.doors.answer_routes import thumb_data_url
 
     try:
         frames = read_bundle(bundle).sample().frames

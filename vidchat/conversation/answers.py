@@ -1,0 +1,395 @@
+"""An answer and where it runs: one question with exactly what the model was
+given (:class:`Answer`, with its :class:`AnswerOptions`), its place in the
+fair queue in front of the engine (:class:`AnswerQueue`), and the slots a
+session's answers run in (:class:`SessionRecord`, :class:`SideSlot`).
+
+The queue: at most --max-concurrent-answers answers generate at once, across
+all sessions and every door. Questions beyond the cap wait first come, first
+served, and are told how many questions are ahead of them whenever that
+changes. A session never holds more than one place, since its new question
+replaces its old one (vidchat.conversation.asking.ask), so first-come order is
+also fair between sessions.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import logging
+import secrets
+import time
+from dataclasses import dataclass, field, replace
+from typing import Any, Awaitable, Callable
+
+from vidchat.conversation.events import TYPED, EventHub
+from vidchat.engine import Reply, Turn
+from vidchat.media.session import Sample, Session
+
+log = logging.getLogger(__name__)
+
+
+OnWait = Callable[[int], Awaitable[None]]  # called with the number of questions ahead
+
+
+class Abandoned(Exception):
+    """The question left the queue before its turn (replaced, stopped, session closed)."""
+
+
+class _Waiter:
+    def __init__(self) -> None:
+        self.granted = False
+        self.changed = asyncio.Event()
+
+
+class Slot:
+    """One answer's permission to generate; release it exactly once."""
+
+    def __init__(self, queue: "AnswerQueue | None") -> None:
+        self._queue = queue
+
+    def release(self) -> None:
+        queue, self._queue = self._queue, None
+        if queue is not None:
+            queue._release()
+
+
+class AnswerQueue:
+    def __init__(self, limit: int = 0) -> None:
+        self.limit = limit  # 0: no cap
+        self.running = 0
+        # Every question that asked for a place since the start, whatever came
+        # of it: how a test sees that a refused call ran nothing.
+        self.asked = 0
+        self._waiting: collections.deque[_Waiter] = collections.deque()
+        # Called with every answer (vidchat.conversation.asking.Answer) about to ask for its
+        # turn, before it may generate (vidchat.conversation.warmup gives way to it).
+        self.arrival_hooks: list[Callable[[Any], Awaitable[None]]] = []
+
+    async def announce(self, answer: Any) -> None:
+        for hook in list(self.arrival_hooks):
+            try:
+                await hook(answer)
+            except Exception:
+                log.exception("answer arrival hook failed")
+
+    def snapshot(self) -> dict[str, int]:
+        return {"limit": self.limit, "running": self.running, "waiting": len(self._waiting)}
+
+    async def acquire(self, on_wait: OnWait | None = None, abandon: asyncio.Event | None = None) -> Slot:
+        """Wait for a turn. Raises Abandoned when `abandon` is set first."""
+        self.asked += 1
+        if self.limit <= 0:
+            return Slot(None)
+        if self.running < self.limit and not self._waiting:
+            self.running += 1
+            return Slot(self)
+        waiter = _Waiter()
+        self._waiting.append(waiter)
+        told = None
+        try:
+            while not waiter.granted:
+                if abandon is not None and abandon.is_set():
+                    raise Abandoned()
+                ahead = self._waiting.index(waiter)
+                if ahead != told and on_wait is not None:
+                    told = ahead
+                    await on_wait(ahead)
+                    continue  # the queue may have moved while we were telling
+                waiter.changed.clear()
+                waits = [asyncio.ensure_future(waiter.changed.wait())]
+                if abandon is not None:
+                    waits.append(asyncio.ensure_future(abandon.wait()))
+                try:
+                    await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+                finally:
+                    for w in waits:
+                        w.cancel()
+        except BaseException:
+            if waiter.granted:
+                self._release()  # our turn came as we left: pass it on
+            else:
+                self._waiting.remove(waiter)
+                self._tell_all()
+            raise
+        return Slot(self)
+
+    def _release(self) -> None:
+        self.running -= 1
+        while self._waiting and self.running < self.limit:
+            waiter = self._waiting.popleft()
+            waiter.granted = True
+            self.running += 1
+            waiter.changed.set()
+        self._tell_all()
+
+    def _tell_all(self) -> None:
+        for waiter in self._waiting:
+            waiter.changed.set()
+
+
+# What the registry and the doors know of a session, and the slots its
+# answers run in.
+#
+# A session is one object, its :class:`vidchat.conversation.Conversation`,
+# which builds on :class:`SessionRecord`: the record holds what every door
+# reads (its media, who opened it, its limits, how to end its transport, its
+# kept answers); the conversation adds what the session does with the model.
+# An :class:`AnswerSlot` is where one answer at a time runs: the session's
+# chat is one, and its re-asks run in a :class:`SideSlot` beside it.
+
+Closer = Callable[[], Awaitable[None]]
+
+
+class AnswerSlot:
+    """Where one answer at a time runs: a newer one replaces it."""
+
+    def __init__(self) -> None:
+        self.answer: Any = None  # the answer being generated here (vidchat.conversation.asking.Answer)
+        # What the next question will most likely carry besides its frames
+        # (vidchat.conversation.warmup prepares for the same kind of question).
+        self.warm_options: Any = None
+        self.answer_ended = 0.0  # time.monotonic() when its last answer ended (the warm-ups wait a moment)
+        # Held while an aborted answer winds down: an abort that reaches vLLM
+        # while the request is still being registered only takes effect at its
+        # first output, and a question arriving meanwhile must not start beside it.
+        self._cancelling = asyncio.Lock()
+
+    async def cancel_answer(self, why: str | None = None) -> None:
+        """Abort the running answer (its vLLM request included), if any, and
+        return only once no earlier answer here is still generating
+        (``why``: see answer_path.Answer.cancel)."""
+        async with self._cancelling:
+            answer, self.answer = self.answer, None
+            if answer is not None:
+                await answer.cancel(why)
+
+
+class SessionRecord(AnswerSlot):
+    """A session as the registry keeps it; its own answer slot is the chat's."""
+
+    def __init__(self, session: Session, kind: str, *, client: str | None = None,
+                 owner: str | None = None) -> None:
+        super().__init__()
+        self.session = session
+        self.kind = kind  # the door that opened it: "webrtc", "ws", "realtime", "replay", "bundle"
+        # Whatever owns the session's transport (a peer connection, a socket)
+        # registers how to end it, so expiry and shutdown can close it.
+        self.closers: list[Closer] = []
+        # Set by SessionRegistry.close: a question still being prepared then
+        # never reaches vLLM (nobody is left to read its answer).
+        self.closed = False
+        self.media: Any = None  # the live media's counters (WebRTC), shown in the page's status line
+        # Proves a reconnecting tab owns this session (WebRTC); never logged.
+        self.resume_token = secrets.token_urlsafe(24)
+        # Sent with every request of this session as vLLM's cache_salt, so prefix
+        # cache hits never cross sessions (no timing channel between users).
+        self.cache_salt = secrets.token_hex(16)
+        self.bundles: dict = {}  # recorded answers' bundle folders, by answer id (--record-dir)
+        # The last answers' inputs, by answer id (vidchat.doors.answer_routes).
+        self.answers: collections.OrderedDict = collections.OrderedDict()
+        self.client = client  # the client's network address (for --max-sessions-per-client)
+        # The login that opened it (vidchat.app.access: a page user, a Hugging Face
+        # user or the server token); only that login is served its frames,
+        # answers and page calls. None: the server asks for no login.
+        self.owner = owner
+        self.deadline: float | None = None  # time.monotonic() at which --session-time-limit ends it
+        self.talk: Any = None  # Talk mode's listener (vidchat.conversation.modes), while Talk is on
+        # time.monotonic() when the page's last typed question arrived: an Enter
+        # report arriving after it is that question's, late (vidchat.conversation.warmup).
+        self.typed_question_at = float("-inf")
+        # What happens in the session, for every door that listens
+        # (vidchat.conversation.events; Conversation.events() is its stream).
+        self.event_hub = EventHub()
+        self._side: SideSlot | None = None
+        self._second: SideSlot | None = None
+        # Both models (--compare-model): each chat question is asked of the
+        # second model too (vidchat.conversation.conversation).
+        self.both_models = False
+        self.stream: Any = None  # the stream of --stream it watches (vidchat.conversation.conversation)
+        # Its tab went away and may come back for it (a reload, WebRTC's
+        # grace): nobody asks meanwhile, so it gets no warm-ups.
+        self.away = False
+
+    def release(self) -> None:
+        """The session has closed: let its frames, audio, kept answers and
+        last answers go now, not at the garbage collector's next full pass
+        (the conversation refers back to itself, see SessionRegistry.close)."""
+        self.session.reset()
+        self.answers.clear()
+        self.closers.clear()
+        self.answer = None
+        self._side = self._second = None
+
+    def side_slot(self) -> "SideSlot":
+        """Where this session's re-asks run (made on first use)."""
+        if self._side is None:
+            self._side = SideSlot(self)
+        return self._side
+
+    def second_slot(self) -> "SideSlot":
+        """Where the second model's answers to the chat's questions run (Both models)."""
+        if self._second is None:
+            self._second = SideSlot(self, second=True)
+        return self._second
+
+    def time_left(self) -> float | None:
+        return None if self.deadline is None else max(0.0, self.deadline - time.monotonic())
+
+
+class SideSlot(AnswerSlot):
+    """Where a session's re-asks run: beside the chat's answer, never in its
+    slot, so a re-ask neither cancels the chat's answer nor is read aloud by
+    Talk. Same session and cache salt (its prefix-cache hits are the
+    session's own); a newer re-ask still replaces a running one. The second
+    model's answers (``second``) run in a slot of their own, so a re-ask and
+    they never replace each other."""
+
+    def __init__(self, record: SessionRecord, second: bool = False) -> None:
+        super().__init__()
+        self.record = record
+        self.second = second
+
+    @property
+    def session(self) -> Session:
+        return self.record.session
+
+    @property
+    def cache_salt(self) -> str:
+        return self.record.cache_salt
+
+    @property
+    def closed(self) -> bool:
+        return self.record.closed
+
+
+@dataclass
+class AnswerOptions:
+    frames_as: str = "images"
+    max_tokens: int = 256
+    temperature: float = 0.7
+    include_audio: bool = True
+    system_prompt: str | None = None
+    seed: int | None = None
+
+    def updated(self, **changes: Any) -> "AnswerOptions":
+        return replace(self, **changes)
+
+
+@dataclass
+class Answer:
+    """One question with exactly what the model was given."""
+
+    question: str
+    reply: Reply
+    sample: Sample
+    options: AnswerOptions
+    prompt_text: str = ""
+    ticket: int = 0  # the session's question number, in arrival order
+    prep_ms: float = 0.0
+    video_fps: float | None = None
+    bundle_name: str = ""  # the recording this answer was read from (a bundle loaded into the page)
+    chat: int = 0  # the chat it was asked in (Conversation.generation: Clear starts another)
+    session_id: str = ""
+
+    queue: AnswerQueue | None = None
+    history: tuple[Turn, ...] = ()  # the earlier turns the model was given
+    spoken: Any = None  # vidchat.media.vad.Utterance: the audio was the question (Talk mode)
+    # The sample was taken as Enter was pressed, this long before the
+    # question was asked (vidchat.conversation.warmup.Prewarmer.question_now); None: on arrival.
+    sampled_before_ms: float | None = None
+    asked_at: float = field(default_factory=time.monotonic)  # on the session's clock (its timeline)
+    cancelled_by: str | None = None  # why it was cancelled, when the canceller said (the first cause)
+    mark: dict | None = None  # a QA verdict, {"mark": "good" | "bad", "note"} (vidchat.conversation.bundles)
+    # A stream's state when asked ("live", "reconnecting", ...; vidchat.media.streams), None for other sources.
+    source_state: str | None = None
+    # Why it was asked (vidchat.conversation.events: typed, scene, spoken).
+    cause: str = TYPED
+    _slot: Slot | None = field(default=None, repr=False)
+    _abandon: asyncio.Event = field(default_factory=asyncio.Event, repr=False)
+
+    async def wait_turn(self, on_wait: OnWait | None = None) -> None:
+        """Wait for a place among the answers generating at once
+        (--max-concurrent-answers); call before reading the reply. Raises
+        Abandoned when the answer is cancelled while it waits."""
+        if self.queue is None or self._slot is not None:
+            return
+        await self.queue.announce(self)
+        slot = await self.queue.acquire(on_wait, self._abandon)
+        if self._abandon.is_set():
+            slot.release()
+            raise Abandoned()
+        self._slot = slot
+
+    def free(self) -> None:
+        """Give the answer's place in the queue back (idempotent)."""
+        slot, self._slot = self._slot, None
+        if slot is not None:
+            slot.release()
+
+    async def cancel(self, why: str | None = None) -> None:
+        """Stop generating (or waiting); the vLLM request is aborted. ``why``:
+        the reason a door reports (vidchat.conversation.modes.BARGED_IN …)."""
+        if not self._abandon.is_set():
+            self.cancelled_by = why
+        self._abandon.set()
+        try:
+            await self.reply.aclose()
+        finally:
+            self.free()
+
+    @property
+    def engine_role(self) -> str:
+        """Which of the server's engines answered: "main" or "compare" (--compare-model)."""
+        return self.reply.engine.options.role
+
+    def summary(self) -> dict[str, Any]:
+        sample = self.sample
+        stats = self.reply.stats.as_dict()
+        stats.update(
+            frame_indices=list(sample.indices),
+            frame_times=[sample.relative(t) for t in sample.timestamps],
+            frame_sizes=[f"{f.shape[1]}x{f.shape[0]}" for f in sample.frames],
+            audio_span=([sample.relative(sample.audio_start), sample.relative(sample.audio_end)]
+                        if sample.audio_start is not None and stats.get("audio_seconds") else None),
+            # Where in the played file (seconds of the file; null for a live source).
+            frame_source_times=[None if p is None else round(p, 3) for p in sample.frame_source_times()],
+            # Captured within a few tenths of a seek: that frame's position may be the other side's.
+            frame_source_at_jump=sample.frame_source_at_jump(),
+            audio_source_span=([None if p is None else round(p, 3) for p in sample.audio_source_span]
+                               if sample.audio_source_span is not None and stats.get("audio_seconds") else None),
+            source=sample.source,
+            # Frames swapped for already-encoded ones to stay within the
+            # encoder budget (a CPU that encodes slower than frames are kept).
+            frames_substituted=sample.substituted,
+            # ...and those left out where nothing encoded was left to swap in
+            # (a session's first seconds); frames_new: those not yet encoded
+            # when sampled, which this question encoded (or waited for).
+            frames_left_out=sample.left_out,
+            frames_new=sample.new_frames,
+            sampled_at_enter_ms=None if self.sampled_before_ms is None else round(self.sampled_before_ms, 1),
+            frames_as=self.options.frames_as,
+            video_fps=None if self.video_fps is None else round(self.video_fps, 3),
+            seed=self.options.seed,
+            temperature=self.options.temperature,
+            max_tokens=self.options.max_tokens,
+            prep_ms=round(self.prep_ms, 2),
+            ttft_ms=None if stats.get("ttft_s") is None else round(stats["ttft_s"] * 1000, 1),
+            prefill_ms=None if stats.get("prefill_s") is None else round(stats["prefill_s"] * 1000, 1),
+            include_audio=self.options.include_audio or self.spoken is not None,
+            # A spoken question (Talk mode): its span on the timeline; the
+            # audio the model got is exactly that span (audio_span).
+            spoken_question=None if self.spoken is None else {
+                "seconds": round(self.spoken.seconds, 3),
+                "start": sample.relative(self.spoken.start),
+                "end": sample.relative(self.spoken.end),
+            },
+            system_prompt=self.options.system_prompt,
+            model=self.reply.engine.model_path,
+            engine=self.engine_role,
+            model_revision=getattr(self.reply.engine, "model_revision", ""),
+            prompt=self.prompt_text,  # as the model's template rendered it, special tokens included
+            mark=self.mark,
+        )
+        if self.source_state is not None:  # watching a stream: whether it was live when asked
+            stats["source_state"] = self.source_state
+        return stats

@@ -1,0 +1,693 @@
+"""The page's chat, said from the session's one event stream
+(Conversation.events()): the page sends only its question, and every
+message of the chat (the question, "waiting", the answer as it streams, the
+stopped mark, the record note, "what the model got" under it, Watch's
+scene notices and Talk's spoken bubbles) is drawn here from what the
+conversation says happened. A tab that comes back (a reload) starts from
+the conversation's history and goes on from its events.
+
+:class:`ChatTranscript` keeps the chat as messages, :class:`Redraws` says
+when to draw it again; :func:`feed` is the long-lived page event that draws
+it, and :func:`exchange_updates` the same for one question of an API
+caller (/ask).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import weakref
+from dataclasses import dataclass, field
+from typing import Any, AsyncIterator, Callable
+
+import gradio as gr
+
+from vidchat.conversation import asking, runs
+from vidchat.conversation.answers import Answer
+from vidchat.conversation.events import (
+    NO_FRAMES,
+    REPLACED,
+    SCENE,
+    AnswerEvent,
+    ChatCleared,
+    Closed,
+    Notice,
+    QuestionAsked,
+    QuestionRefused,
+)
+from vidchat.conversation.events import (
+    SPOKEN as SPOKEN_CAUSE,
+)
+from vidchat.conversation.events import (
+    STOPPED as STOPPED_WHY,
+)
+from vidchat.conversation.runs import CANCELLED, Delta, Done, Queued, Started
+from vidchat.doors import answer_routes as answer_inputs
+from vidchat.doors import as_text
+
+# How the page shows things: the chat's own messages (notices, spoken
+# questions), what the model got, the re-ask comparison, the model's label.
+# No events here.
+
+HEAD = '<link rel="stylesheet" href="/static/vidchat/vidchat.css"><script type="module" src="/static/vidchat/vidchat.js"></script>'
+
+PREVIEW_HTML = """
+<div class="vc-live" id="vc-live-access" data-mode="{access_mode}" data-suites="{suites}">
+  <div class="vc-video-wrap">
+    <video id="vc-preview" autoplay playsinline muted></video>
+    <div class="vc-conn" id="vc-conn" data-tone="idle">Not started</div>
+    <div class="vc-ready" id="vc-ready" role="status"></div>
+  </div>
+  <div class="vc-controls">
+    <button id="vc-start" class="vc-btn vc-primary" disabled title="The page's script is loading">Start camera</button>
+    <button id="vc-stop" class="vc-btn" disabled>Stop camera</button>
+  </div>
+  <div class="vc-devices">
+    <label>Source <select id="vc-source" title="Switching keeps the session: same buffer, same chat">
+      <option value="camera" selected>Camera</option>
+      <option value="screen">Screen, window or tab</option>
+      <option value="file">Video file</option></select></label>
+    <label>Camera <select id="vc-camera"><option value="">Default</option></select></label>
+    <label>Microphone <select id="vc-mic"><option value="">Default</option></select></label>
+    <label>Resolution <select id="vc-res">
+      <option value="320x240">320×240</option>
+      <option value="640x480" selected>640×480</option>
+      <option value="1280x720">1280×720</option></select></label>
+    <label>Frame rate <select id="vc-fps">
+      <option value="5">5 fps</option><option value="15" selected>15 fps</option>
+      <option value="30">30 fps</option></select></label>
+  </div>
+  <div class="vc-file-row" id="vc-file-row" hidden>
+    <label>Video file <input type="file" id="vc-file" accept="video/*,audio/*"></label>
+    <label>or from the server <select id="vc-media"><option value="">(none listed)</option></select></label>
+    <span class="vc-muted">Plays here (pause, seek and loop with its controls) and goes to the model like a camera;
+      it is never uploaded.</span>
+  </div>
+  <div class="vc-stats" id="vc-stats">No session</div>
+  <div class="vc-live-view" id="vc-live-view" hidden>
+    <div class="vc-kept" id="vc-kept" title="The newest frames the filter kept"></div>
+    <div class="vc-chart-box">
+      <div class="vc-chart-axis" aria-hidden="true"><span id="vc-chart-top"></span><span>0</span></div>
+      <svg class="vc-chart" id="vc-chart" viewBox="0 0 200 40" preserveAspectRatio="none" role="img"
+           aria-label="time to first token and tokens per second of recent answers"></svg>
+    </div>
+    <div class="vc-chart-legend vc-muted" id="vc-chart-legend"></div>
+  </div>
+  <div class="vc-store vc-muted" id="vc-store">{store_limit}</div>
+  <div class="vc-note" id="vc-note" role="status"></div>
+</div>
+"""
+
+# Browser-side Talk controls (static/js/talk.js): the answers are read aloud
+# with the browser's own speech synthesis, so they cost the server nothing.
+TALK_HTML = """
+<div class="vc-talk-bar" id="vc-talk-bar">
+  <span class="vc-talk-status" id="vc-talk-status" data-state="off" role="status">Talk is off</span>
+  <span class="vc-level" id="vc-talk-level" hidden aria-hidden="true"><span class="vc-level-bar"></span></span>
+  <label class="vc-muted">Voice <select id="vc-voice"><option value="">browser default</option></select></label>
+  <button class="vc-btn" id="vc-mute" type="button" aria-pressed="false">🔊 Read aloud</button>
+</div>
+"""
+
+NOT_RUNNING = (
+    "The camera isn't running yet. Press **Start camera** under the preview, allow access, "
+    "and ask again once the preview shows."
+)
+
+STOPPED = "(stopped)"
+
+# The model may end its answer at once (its end token first): say so rather
+# than leave an empty bubble that looks like a hang.
+NO_TEXT = "(the model returned no text)"
+
+# Page notices are chat messages too, but not the model's words: they carry
+# this marker (Gradio keeps a message's metadata across the round trip, and a
+# metadata without a title renders as an ordinary bubble) and never go back
+# to the model as assistant turns.
+NOTICE = {"log": "vidchat notice"}
+
+
+def notice(text: str) -> dict[str, Any]:
+    return {"role": "assistant", "content": text, "metadata": dict(NOTICE)}
+
+
+# Between a question and its first token (reading the frames, the prompt):
+# the page's chat says the model is at work rather than showing nothing, or
+# an empty bubble. Words, not only dots: a screen reader and a machine
+# without the page's styles read them too.
+TYPING = "<span class='vc-typing'>Thinking…</span>"
+
+
+def typing() -> dict[str, Any]:
+    return notice(TYPING)
+
+
+# A spoken question's bubble (Talk mode): its label, then a player.
+SPOKEN = {"log": "vidchat spoken question"}
+
+
+def spoken_bubble(answer, answer_id: str) -> dict[str, Any]:
+    label = asking.spoken_label(answer.spoken.seconds)
+    player = (f"<audio controls preload='metadata' class='vc-spoken-audio' "
+              f"src='{answer_inputs.PATH_PREFIX}{answer_id}/audio.wav'></audio>")
+    return {"role": "user", "content": f"{label}\n\n{player}", "metadata": dict(SPOKEN)}
+
+
+def fold_message(entry: Any, answer: Answer, answer_id: str) -> dict[str, Any]:
+    """The "what the model got" fold under an answer, as the chat shows it
+    (its thumbnails are encoded here: call it off the event loop)."""
+    return {"role": "assistant",
+            "content": answer_inputs.details_html(answer, answer_id, answer_id in entry.bundles),
+            "metadata": {"title": answer_inputs.title(answer), "status": "done", "id": answer_id}}
+
+
+def frames_html(answer, answer_id: str | None = None, recorded: bool = False) -> str:
+    """Thumbnails of the frames sent, inline as data URLs: nothing touches
+    disk; above them, where its record (and its bundle, when recorded) downloads."""
+    if answer is None:
+        return "<p class='vc-muted'>Ask a question to see the frames and audio the model received.</p>"
+    tiles = []
+    positions, at_jump = answer.sample.frame_source_times(), answer.sample.frame_source_at_jump()
+    for frame, t, idx, pos, near in zip(answer.sample.frames, answer.sample.timestamps, answer.sample.indices,
+                                        positions, at_jump):
+        src = answer_inputs.thumb_data_url(frame, (160, 120), quality=80)
+        tiles.append(
+            f"<figure><img src='{src}' alt='frame {as_text(idx)}'>"
+            f"<figcaption>{answer_inputs.frame_caption(idx, answer.sample.relative(t), pos, near)}</figcaption></figure>"
+        )
+    audio = answer.reply.stats.audio_seconds
+    head = (
+        f"<p>{len(tiles)} frame(s) as {as_text(answer.options.frames_as)}, "
+        f"{audio:.1f} s of audio{'' if audio else ' (none)'}; times in seconds since the session's first media.</p>"
+    )
+    links = f"<p class='vc-record-links'>{answer_inputs.record_links_html(answer_id, recorded)}</p>" if answer_id else ""
+    keep = (mark_html(answer_id, getattr(answer, "mark", None)) + add_to_suite_html(answer_id)) if answer_id else ""
+    return (links + keep + head + answer_inputs.new_frames_line(answer.summary()) + "<div class='vc-frames'>"
+            + "".join(tiles) + "</div>" + answer_inputs.history_cut(answer))
+
+
+def mark_html(answer_id: str, mark: dict | None) -> str:
+    """Good or bad, with a note (static/js/suites.js posts it; vidchat.conversation.bundles keeps it)."""
+    said = ""
+    if mark:
+        said = f"marked {as_text(mark['mark'])}" + (f": {as_text(mark['note'])}" if mark.get("note") else "")
+    pressed = (mark or {}).get("mark")
+    return (f"<form class='vc-mark' data-answer='{as_text(answer_id)}'><span class='vc-mark-ask'>This answer is</span>"
+            f"<button type='button' class='vc-btn' data-mark='good' aria-pressed='{str(pressed == 'good').lower()}'>"
+            "✓ Good</button>"
+            f"<button type='button' class='vc-btn' data-mark='bad' aria-pressed='{str(pressed == 'bad').lower()}'>"
+            "✗ Bad</button>"
+            "<input name='note' placeholder='why (optional)' aria-label='why this answer is good or bad'>"
+            f"<span class='vc-mark-said' role='status'>{said}</span></form>")
+
+
+def add_to_suite_html(answer_id: str) -> str:
+    """Add to suite (static/js/suites.js shows it when the server has a --suite-dir)."""
+    return (f"<form class='vc-add-suite' data-answer='{as_text(answer_id)}'>"
+            "<input name='note' placeholder='note (what to look for)' aria-label='note'>"
+            "<input name='expect' placeholder='expect these words (comma-separated)' aria-label='expect these words'>"
+            "<button type='submit' class='vc-btn'>Add to suite</button>"
+            "<span class='vc-add-suite-said' role='status'></span></form>")
+
+
+def model_label(state) -> str:
+    """The model as a person would name it: a hub id, a folder's name, or the test model."""
+    if state.tiny:
+        return "tiny test model (random weights)"
+    path = state.model_path.rstrip("/")
+    return path.rsplit("/", 1)[-1] if path.startswith(("/", ".", "~")) else path
+
+
+def second_model_label(state) -> str:
+    """--compare-model's model, as the page names it."""
+    name = state.compare_model_path.rstrip("/").rsplit("/", 1)[-1]
+    return "tiny test model (vision only)" if state.compare_tiny and "vl" in name else name
+
+
+def both_labels(state) -> tuple[str, str]:
+    """The two models of Both models, as their answers are headed."""
+    return model_label(state), f"{second_model_label(state)} (second model)"
+
+
+def both_html(labels: tuple[str, str], first: str, second: str) -> str:
+    """Both models' answers to one question, side by side (one above the
+    other on a narrow screen): each headed by its model, its text as said."""
+    cols = "".join(f"<div class='vc-both-col'><div class='vc-both-model'>{as_text(label)}</div>"
+                   f"<div class='vc-both-text'>{as_text(text)}</div></div>"
+                   for label, text in zip(labels, (first, second)))
+    return f"<div class='vc-both'>{cols}</div>"
+
+
+def _short(text: str, n: int = 48) -> str:
+    return text if len(text) <= n else text[: n - 1] + "…"
+
+
+def _model_cell(answer: Answer) -> str:
+    engine = answer.reply.engine
+    name = str(engine.model_path).rstrip("/").rsplit("/", 1)[-1]
+    revision = getattr(engine, "model_revision", "")
+    return (f"<span title='{as_text(str(engine.model_path))}'>{as_text(name)}</span>"
+            + (f"<br><small>{as_text(revision)}</small>" if revision else ""))
+
+
+def _column(heading: str, answer: Answer | None, text: str) -> str:
+    rows = ""
+    if answer is not None:
+        rec = answer.summary()
+        cells = (("frames", f"{rec['frames']} as {rec['frames_as']}"),
+                 ("audio", f"{rec['audio_seconds']:.1f} s"),
+                 ("temperature", rec["temperature"]),
+                 ("seed", rec["seed"] if rec["seed"] is not None else "random"),
+                 ("max tokens", rec["max_tokens"]),
+                 ("system prompt", _short(rec.get("system_prompt") or "(none)", 60)),
+                 ("prompt tokens", rec["prompt_tokens"]),
+                 ("first token", f"{rec['ttft_ms']} ms" if rec.get("ttft_ms") is not None else "–"),
+                 ("tokens/s", f"{rec['tokens_per_s']:.1f}" if rec.get("tokens_per_s") else "–"))
+        rows = f"<tr><th>model</th><td>{_model_cell(answer)}</td></tr>"
+        rows += "".join(f"<tr><th>{label}</th><td>{as_text(value)}</td></tr>" for label, value in cells)
+        rows += f"<tr><th>inputs_sha256</th><td><code>{as_text(str(rec['inputs_sha256'])[:16])}…</code></td></tr>"
+    return (f"<div class='vc-compare-col'><h4>{as_text(heading)}</h4>"
+            f"<div class='vc-compare-text'>{as_text(text) or '…'}</div><table>{rows}</table></div>")
+
+
+def compare_html(original: Answer, again: Answer | None, text: str, note: str = "",
+                 again_heading: str = "Re-asked") -> str:
+    same = again is not None and again.reply.stats.inputs_sha256 == original.reply.stats.inputs_sha256
+    verdict = ("" if again is None or not again.reply.stats.inputs_sha256 else
+               "<p class='vc-muted'>Same inputs (inputs_sha256 matches).</p>" if same else
+               "<p class='vc-muted'>Different inputs: a subset of the original frames, audio left out, or a "
+               "model that does not take audio.</p>")
+    heading = f"Recorded ({original.bundle_name})" if original.bundle_name else "Original"
+    return (f"<p><b>{as_text(original.question)}</b></p>{verdict}"
+            f"{'<p class=vc-muted>' + as_text(note) + '</p>' if note else ''}"
+            f"<div class='vc-compare' id='vc-compare-cols'>{_column(heading, original, original.reply.text)}"
+            f"{_column(again_heading, again, text)}</div>")
+
+
+def waiting_text(ahead: int) -> str:
+    if ahead <= 0:
+        return "⏳ waiting: yours is the next question to be answered"
+    return f"⏳ waiting: {ahead} question{'s' if ahead != 1 else ''} ahead"
+
+
+# The chat panel drawn from the conversation's history, which keeps the
+# chat on the server: what a tab's chat feed starts from (vidchat.doors.page.chat;
+# a reload shows the same chat), so the chat it shows is the one the model has. Each exchange is its question,
+# its answer's text (marked where it was cut short) and, while the session
+# still keeps that answer's inputs, the "what the model got" fold under it.
+
+def chat_messages(state: Any, entry: Any) -> list[dict[str, Any]]:
+    """The chat's messages, oldest first, as the page's chatbot shows them."""
+    messages: list[dict[str, Any]] = []
+    for exchange in entry.history.exchanges:
+        messages.append({"role": "user", "content": exchange.question})
+        messages.append({"role": "assistant", "content": exchange.answer})
+        if exchange.stopped:
+            messages.append(notice(STOPPED))
+        answer = entry.answers.get(exchange.answer_id) if exchange.answer_id else None
+        if answer is not None:
+            messages.append(fold_message(entry, answer, exchange.answer_id))
+    return messages
+
+
+# What a tab's chat has shown (the chat feed marks it as it draws,
+# vidchat.doors.page.chat), so the page's own events end only once their
+# effect is on the page: a question's outcome, a Clear.
+
+class Rendered:
+    """What a tab's chat has shown, by question ticket and by chat."""
+
+    def __init__(self) -> None:
+        self._shown: dict[int, asyncio.Event] = {}
+        self.chat_drawn = -1  # the newest chat (Conversation.generation) drawn
+        self._drawn = asyncio.Event()
+
+    def event(self, ticket: int) -> asyncio.Event:
+        return self._shown.setdefault(ticket, asyncio.Event())
+
+    def shown(self, transcript: Any) -> None:
+        for ticket, exchange in transcript.exchanges.items():
+            if exchange.ended:
+                self.event(ticket).set()
+        while len(self._shown) > 64:
+            self._shown.pop(next(iter(self._shown)))
+        self.chat_drawn = transcript.generation
+        drawn, self._drawn = self._drawn, asyncio.Event()
+        drawn.set()
+
+    async def cleared(self, entry: Any, within: float = 2.0) -> None:
+        """Return once the tab's chat shows the conversation's newest chat
+        (or ``within`` seconds passed: a tab without its chat feed goes on)."""
+        deadline = time.monotonic() + within
+        while self.chat_drawn < entry.generation and time.monotonic() < deadline:
+            try:
+                await asyncio.wait_for(self._drawn.wait(), max(0.0, deadline - time.monotonic()))
+            except asyncio.TimeoutError:
+                return
+
+
+_RENDERED: "weakref.WeakKeyDictionary[Any, Rendered]" = weakref.WeakKeyDictionary()
+
+
+def rendered(entry: Any) -> Rendered:
+    """The session's marks (keyed by its event hub: one per session, and hashable where the entry is not)."""
+    return _RENDERED.setdefault(entry.event_hub, Rendered())
+
+
+# What a question before any frame should have done, as the page's user acts on it.
+NO_FRAMES_HINT = "Wait a moment after **Start camera**, then ask again."
+
+# Streamed text reaches the page at most this often (20 updates a second).
+STREAM_UPDATE_S = 0.05
+
+# The browser re-renders the whole message at each update, so a long answer's
+# updates come further apart (up to this), its rendering work growing with its
+# length rather than with its length squared: a 2,000-token answer at 20
+# updates a second kept a tab on a loaded 2-core machine from taking a key.
+# Now an update comes every 0.3 s at 2,000 characters and every second from
+# 8,000 on: a page of text a second is still faster than anyone reads.
+STREAM_MAX_UPDATE_S = 1.0
+
+STREAM_CHARS_PER_S = 8_000
+
+LOADING_EVERY_S = 1.0  # how often "the model is loading" is said again while a question waits for it
+
+
+@dataclass
+class _Second:
+    """The second model's answer to one question (Both models), beside the first's."""
+
+    labels: tuple[str, str]  # the two models, as the page names them
+    answer: Any = None
+    waiting: str | None = None
+    done: Any = None  # its Done
+    tail: list[dict[str, Any]] = field(default_factory=list)  # its notes and fold, after the first model's
+
+    def text(self) -> str:
+        return self.answer.reply.text if self.answer is not None else ""
+
+
+@dataclass
+class _Exchange:
+    """One question's part of the chat, by its ticket."""
+
+    ticket: int
+    lead: list[dict[str, Any]]  # the scene notice and the question's bubble
+    answer: Any = None  # vidchat.conversation.asking.Answer, from its Started
+    waiting: str | None = None  # "waiting" or "loading" while it has no place yet
+    tail: list[dict[str, Any]] = field(default_factory=list)  # the marks, notes and fold after its text
+    ended: bool = False
+    second: _Second | None = None  # Both models: the second model's answer, side by side with this one
+
+    def messages(self, shows_typing: bool = False) -> list[dict[str, Any]]:
+        out = list(self.lead)
+        text = self.answer.reply.text if self.answer is not None else ""
+        if self.second is not None:
+            first = text or (self.waiting if self.waiting and not self.ended else "…" if not self.ended else "")
+            second = self.second.text() or self.second.waiting or ("" if self.second.done else "…")
+            out.append({"role": "assistant", "content": both_html(self.second.labels, first, second)})
+            return out + self.tail + self.second.tail
+        if self.waiting is not None and not self.ended:
+            out.append(notice(self.waiting))
+        elif not text and not self.ended and shows_typing:
+            out.append(typing())
+        elif text or (self.answer is not None and not self.ended):
+            out.append({"role": "assistant", "content": text})
+        return out + self.tail
+
+
+class ChatTranscript:
+    """The chat of one session as the page shows it, kept from its events."""
+
+    def __init__(self, state: Any, entry: Any, messages: list[dict[str, Any]] | None = None,
+                 shows_typing: bool = False) -> None:
+        self.state, self.entry = state, entry
+        # The page's own chat says "Thinking…" until the first token; an API
+        # caller's stream (/ask, /watch, /talk) carries only what happened.
+        self.shows_typing = shows_typing
+        self.items: list[Any] = list(messages or [])  # plain messages and _Exchange, in order
+        self.exchanges: dict[int, _Exchange] = {}
+        self.shown: tuple[Any, str | None] | None = None  # the newest answer done: "what the model got"
+        self.cleared = False
+        self.generation = entry.generation  # the chat drawn (Clear starts another)
+
+    def messages(self) -> list[dict[str, Any]]:
+        out: list[dict[str, Any]] = []
+        for item in self.items:
+            out.extend(item.messages(self.shows_typing) if isinstance(item, _Exchange) else [item])
+        return out
+
+    def pending(self) -> bool:
+        """A question waits for the model to load."""
+        return any(not x.ended and x.answer is None for x in self.exchanges.values())
+
+    def say_loading(self) -> bool:
+        if self.state.ready or not self.pending():
+            return False
+        text = f"⏳ {self.state.readiness()[1]} Your question will be answered once it is ready."
+        for x in self.exchanges.values():
+            if not x.ended and x.answer is None:
+                x.waiting = text
+        return True
+
+    async def apply(self, event: Any) -> bool:
+        """Take one event; True when the chat (or what the model got) changed."""
+        if isinstance(event, QuestionAsked):
+            self._asked(event)
+        elif isinstance(event, QuestionRefused):
+            return self._refused(event)
+        elif isinstance(event, AnswerEvent) and event.second:
+            return await self._second(event)
+        elif isinstance(event, AnswerEvent) and not event.side:
+            return await self._answer(event)
+        elif isinstance(event, ChatCleared):
+            self.items.clear()
+            self.exchanges.clear()
+            self.shown, self.cleared = None, True
+            self.generation += 1
+        elif isinstance(event, Notice):
+            self.items.append(notice(event.text))
+        else:
+            return False
+        return True
+
+    def _asked(self, event: QuestionAsked) -> None:
+        lead: list[dict[str, Any]] = []
+        if event.cause == SCENE:
+            start = self.entry.session.timeline_start
+            when = f" at {event.at - start:.1f} s" if event.at is not None and start is not None else ""
+            lead.append(notice(f"👁 Scene changed{when}: asking the standing question."))
+        if event.cause == SPOKEN_CAUSE:
+            lead.append({"role": "user", "content": asking.spoken_label(event.spoken_seconds or 0.0),
+                         "metadata": dict(SPOKEN)})
+        else:
+            lead.append({"role": "user", "content": event.question})
+        exchange = _Exchange(event.ticket, lead)
+        self.exchanges[event.ticket] = exchange
+        self.items.append(exchange)
+
+    def _refused(self, event: QuestionRefused) -> bool:
+        exchange = self.exchanges.get(event.ticket)
+        if exchange is None or exchange.ended:
+            return False
+        exchange.ended = True
+        if event.why == STOPPED_WHY:
+            exchange.tail.append(notice(STOPPED))
+        elif event.why == NO_FRAMES:
+            exchange.tail.append(notice(asking.NoFrames().said_with(NO_FRAMES_HINT)))
+        elif event.why != REPLACED:  # replaced by a newer question: it simply was not answered
+            exchange.tail.append(notice(f"⚠ {event.reason}"))
+        return True
+
+    def _exchange_of(self, event: AnswerEvent) -> _Exchange | None:
+        """The question an answer event is of; one asked before this chat was
+        drawn (a reload mid-answer) joins it at its first event."""
+        exchange = self.exchanges.get(event.ticket)
+        if exchange is not None or self.cleared:
+            return exchange
+        run = self.entry._chat_run
+        if run is None or run.answer.ticket != event.ticket:
+            return None
+        exchange = _Exchange(event.ticket, [{"role": "user", "content": asking.spoken_text(run.answer)}],
+                             answer=run.answer)
+        self.exchanges[event.ticket] = exchange
+        self.items.append(exchange)
+        return exchange
+
+    async def _answer(self, event: AnswerEvent) -> bool:
+        exchange = self._exchange_of(event)
+        if exchange is None or exchange.ended:
+            return False
+        inner = event.event
+        if isinstance(inner, Queued):
+            exchange.waiting = waiting_text(inner.ahead)
+        elif isinstance(inner, Started):
+            exchange.waiting = None
+            exchange.answer = inner.answer
+            if inner.answer.spoken is not None:  # its bubble plays exactly the audio the model got
+                exchange.lead[-1] = spoken_bubble(inner.answer, runs.remember(self.entry, inner.answer))
+        elif isinstance(inner, Done):
+            await self._done(exchange, inner)
+        return not isinstance(inner, Delta) or exchange.answer is not None
+
+    async def _second(self, event: AnswerEvent) -> bool:
+        """The second model's answer to a question of the chat (Both models)."""
+        exchange = self.exchanges.get(event.ticket)
+        if exchange is None:
+            return False
+        if exchange.second is None:
+            exchange.second = _Second(both_labels(self.state))
+        second, inner = exchange.second, event.event
+        if isinstance(inner, Queued):
+            second.waiting = waiting_text(inner.ahead)
+        elif isinstance(inner, Started):
+            second.waiting, second.answer = None, inner.answer
+        elif isinstance(inner, Done):
+            second.waiting, second.answer, second.done = None, inner.answer, inner
+            if inner.error:
+                second.tail.append(notice(f"⚠ Second model: {inner.error}"))
+            if inner.answer_id is not None and inner.started:
+                fold = await asyncio.to_thread(fold_message, self.entry, inner.answer, inner.answer_id)
+                fold["metadata"] = {**fold["metadata"], "title": "Second model · " + fold["metadata"]["title"]}
+                second.tail.append(fold)
+        return True
+
+    async def _done(self, exchange: _Exchange, done: Done) -> None:
+        """The answer's last state: its text (or why there is none), the
+        recording's note, and what the model got, folded under it. Thumbnails
+        are encoded after the answer, so they never delay its first token,
+        and in a worker thread, so they never stall the event loop."""
+        exchange.ended, exchange.waiting = True, None
+        exchange.answer = answer = done.answer
+        tail = exchange.tail
+        if not done.text:
+            tail.append(notice(f"⚠ {done.error}" if done.error else STOPPED if done.status == CANCELLED
+                               else NO_TEXT))
+        elif done.error is not None:
+            tail.append(notice(f"⚠ {done.error}"))
+        elif done.status == CANCELLED:  # Stop, Clear, a newer question or barge-in: the text so far, then the mark
+            tail.append(notice(STOPPED))
+        if done.record_error:
+            tail.append(notice(done.record_error if done.record_error.startswith("Not recorded")
+                               else f"⚠ {done.record_error}"))
+        if done.answer_id is not None and done.started:
+            tail.append(await asyncio.to_thread(fold_message, self.entry, answer, done.answer_id))
+            self.shown = (answer, done.answer_id)
+
+    async def views(self) -> tuple[Any, Any]:
+        """What the model got for the newest answer, and its reply's details."""
+        if self.shown is None:
+            return gr.skip(), (None if self.cleared else gr.skip())
+        answer, answer_id = self.shown
+        html = await asyncio.to_thread(frames_html, answer, answer_id, answer_id in self.entry.bundles)
+        return html, answer.summary()
+
+
+def _stream_every(transcript: ChatTranscript) -> float:
+    """How far apart a streaming answer's updates go (STREAM_CHARS_PER_S)."""
+    streaming = [x for x in transcript.exchanges.values() if not x.ended and x.answer is not None]
+    longest = max((len(x.answer.reply.text) for x in streaming), default=0)
+    return min(STREAM_MAX_UPDATE_S, STREAM_UPDATE_S + longest / STREAM_CHARS_PER_S)
+
+
+class Redraws:
+    """When to draw a transcript again, from a subscription to the session's
+    events: :meth:`next` returns once the chat changed enough to be drawn
+    (streamed text at most every _stream_every), True when what the model
+    got changed too, and None at the session's end or once ``until()``.
+    (A waiter, not a generator: the tokens pass through no layer of it.)"""
+
+    def __init__(self, transcript: ChatTranscript, subscription: Any,
+                 until: Callable[[], bool] = lambda: False) -> None:
+        self.transcript, self.subscription, self.until = transcript, subscription, until
+        self._drawn_at = 0.0
+        self._behind = False  # text came that was not drawn yet
+        self._closed = False
+
+    async def next(self) -> bool | None:
+        transcript, subscription = self.transcript, self.subscription
+        while not self._closed and not self.until():
+            wait = LOADING_EVERY_S
+            if self._behind:
+                wait = max(0.0, self._drawn_at + _stream_every(transcript) - time.monotonic())
+            event = await subscription.get(timeout=wait)
+            if event is None:
+                if self._behind or transcript.say_loading():
+                    return self._drawn(False)
+                continue
+            burst = [event, *subscription.pending()]
+            changed, done = False, False
+            for one in burst:
+                changed = await transcript.apply(one) or changed
+                done = done or (isinstance(one, AnswerEvent) and isinstance(one.event, Done)) \
+                    or isinstance(one, (ChatCleared, QuestionRefused))
+                self._closed = self._closed or isinstance(one, Closed)
+            only_text = changed and not done and all(
+                isinstance(one, AnswerEvent) and isinstance(one.event, Delta) for one in burst)
+            if only_text and time.monotonic() - self._drawn_at < _stream_every(transcript):
+                self._behind = True
+            elif changed or self._behind:
+                return self._drawn(done)
+        return None
+
+    def _drawn(self, views_changed: bool) -> bool:
+        self._behind = False
+        self._drawn_at = time.monotonic()
+        return views_changed
+
+
+async def feed(state: Any, entry: Any, reask_list: Callable[[], Any] = lambda: gr.skip()) -> AsyncIterator[tuple]:
+    """The tab's chat for the life of its session: (chat, what the model got,
+    details, the re-ask list), drawn first from the conversation's history,
+    then again at each change the session's events say. ``reask_list``: the
+    re-ask list's update as the chat's answers change (gr.skip() when they did not)."""
+    marks = rendered(entry)
+    with entry.event_hub.subscribe() as subscription:
+        messages = await asyncio.to_thread(chat_messages, state, entry)
+        transcript = ChatTranscript(state, entry, messages, shows_typing=True)
+        last = next(((answer_id, answer) for answer_id, answer in runs.chat_answers(entry) if answer.reply.text),
+                    None)
+        if last is not None:
+            transcript.shown = (last[1], last[0])
+        yield (transcript.messages(), *(await transcript.views()), reask_list())
+        marks.shown(transcript)
+        redraws = Redraws(transcript, subscription)
+        while (views_changed := await redraws.next()) is not None:
+            views = await transcript.views() if views_changed else (gr.skip(), gr.skip())
+            yield (transcript.messages(), *views, reask_list() if views_changed else gr.skip())
+            marks.shown(transcript)
+
+
+class _OneQuestion:
+    """A subscription narrowed to one question's events (an API caller's /ask)."""
+
+    def __init__(self, subscription: Any, ticket: int) -> None:
+        self.subscription, self.ticket = subscription, ticket
+
+    def _mine(self, event: Any) -> bool:
+        return getattr(event, "ticket", self.ticket) == self.ticket and not getattr(event, "side", False) \
+            and not isinstance(event, (Notice, ChatCleared))
+
+    async def get(self, timeout: float | None = None) -> Any:
+        while True:
+            event = await self.subscription.get(timeout)
+            if event is None or self._mine(event):
+                return event
+
+    def pending(self) -> list[Any]:
+        return [e for e in self.subscription.pending() if self._mine(e)]
+
+
+async def exchange_updates(state: Any, entry: Any, before: list[dict[str, Any]], ask: Callable[[], int]) \
+        -> AsyncIterator[tuple]:
+    """One question's part of the chat after ``before`` (an API caller's
+    chat), from asking it (``ask`` returns its ticket) to its outcome."""
+    with entry.event_hub.subscribe() as subscription:
+        transcript = ChatTranscript(state, entry, before)
+        ticket = ask()
+        mine = transcript.exchanges
+        redraws = Redraws(transcript, _OneQuestion(subscription, ticket),
+                          until=lambda: ticket in mine and mine[ticket].ended)
+        yield transcript.messages(), gr.skip(), gr.skip()
+        while (views_changed := await redraws.next()) is not None:
+            yield (transcript.messages(), *((await transcript.views()) if views_changed else (gr.skip(), gr.skip())))
