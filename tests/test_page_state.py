@@ -12,7 +12,7 @@ import hostile_bundles as hb
 import pytest
 
 from vidchat.conversation import runs
-from vidchat.conversation.asking import SAMPLING_STRATEGIES, SETTINGS
+from vidchat.conversation.asking import SETTINGS
 from vidchat.conversation.events import STOPPED as STOPPED_WHY
 from vidchat.conversation.events import AnswerEvent, QuestionAsked, QuestionRefused
 from vidchat.conversation.registry import SessionRegistry
@@ -20,7 +20,7 @@ from vidchat.conversation.runs import CANCELLED, COMPLETED, FAILED, Delta, Done,
 from vidchat.doors.page import STOPPED, notice
 from vidchat.doors.page.chat import ChatTranscript
 from vidchat.doors.page.questions import bundle_choices, load_bundle, reask_choices
-from vidchat.media.session import SessionSettings
+from vidchat.media.session import SAMPLING_STRATEGIES, SessionSettings
 
 pytestmark = pytest.mark.unit
 
@@ -109,7 +109,6 @@ def test_the_sampling_picker_shows_labels_and_sends_the_protocols_names():
 
 
 def _answered(history_turns: int, total: int, max_model_len: int | None = 8192):
-    from vidchat.conversation.answers import Answer
     from vidchat.engine import ReplyStats
 
     stats = ReplyStats(history_turns=history_turns, history_turns_total=total)

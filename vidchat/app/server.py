@@ -20,7 +20,6 @@ from vidchat.app.access import default_allowed_hosts, split_list
 from vidchat.app.engine_keeper import EngineKeeper, engine_options, open_engine
 from vidchat.app.guard import Guard
 from vidchat.app.metrics import LoopWatch
-from vidchat.app.settings import Settings
 from vidchat.app.state import AppState
 from vidchat.conversation import warmup
 from vidchat.conversation.warmup import Prewarmer

@@ -19,21 +19,16 @@ from typing import Any, Callable, Sequence
 
 from vidchat.conversation.answers import Answer, AnswerOptions, AnswerQueue, SessionRecord, SideSlot
 from vidchat.conversation.events import EventHub, SettingsChanged
-from vidchat.engine import SEED_RANGE, ChatEngine, EngineError, Prepared, Reply, Turn
-from vidchat.media import FRAMES_AS, is_int, is_number
+from vidchat.engine import SEED_RANGE, ChatEngine, EngineError, Prepared, Turn
+from vidchat.media import FRAMES_AS
 from vidchat.media.sampling import uniform_indices
 from vidchat.media.session import (
-    AUDIO_MODES,
-    MAX_FRAMES_LIMIT,
-    SAMPLING_CHOICES,
-    SAMPLING_STRATEGIES,
     SESSION_SETTINGS,
     Sample,
     Session,
     SessionSettings,
     Setting,
     SettingValueError,
-    page_number,
 )
 
 log = logging.getLogger(__name__)

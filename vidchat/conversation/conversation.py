@@ -33,7 +33,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, AsyncIterator, Callable, Sequence
 
-from vidchat.conversation import asking, runs
+from vidchat.conversation import asking
 from vidchat.conversation.answers import Answer, AnswerOptions, SessionRecord
 from vidchat.conversation.asking import NoFrames, Superseded
 from vidchat.conversation.asking import ask as ask_answer

@@ -23,7 +23,6 @@ from typing import Any, AsyncIterator, Callable
 
 import numpy as np
 
-import vidchat.conversation.modes as talk
 from vidchat.conversation.events import SCENE, SPOKEN, SceneChanged, SettingsChanged, SoundLevel, SpeechStopped
 from vidchat.media.session import Session
 from vidchat.media.vad import SpeechStarted, TurnDetector, TurnSettings, Utterance
@@ -133,17 +132,17 @@ class Modes:
         """Ask each utterance the session's microphone hears, as it ends
         (the listener, with barge-in, is the session's: vidchat.conversation.modes)."""
         entry = self.conversation
-        listener = talk.listener(entry, settings, barge_in, on_speech=on_speech)
+        heard = listener(entry, settings, barge_in, on_speech=on_speech)
         if self.talking:
             return  # the running task reads the same listener, with its new settings
-        self._talk = asyncio.get_running_loop().create_task(self._talking(listener, options),
+        self._talk = asyncio.get_running_loop().create_task(self._talking(heard, options),
                                                             name=f"talk-{entry.session.id[:6]}")
 
     async def stop_talking(self) -> None:
         task, self._talk = self._talk, None
         if task is not None:
             task.cancel()
-        await talk.stop(self.conversation)
+        await stop(self.conversation)
 
     async def _talking(self, listener: Any, options: Options) -> None:
         conversation = self.conversation

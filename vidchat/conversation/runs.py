@@ -18,9 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, AsyncIterator, Protocol, Union
 
-import vidchat.conversation.asking as answer_path
-import vidchat.conversation.runs as kept
-from vidchat.conversation import events
+from vidchat.conversation import asking, events
 from vidchat.conversation.answers import Abandoned, Answer, SessionRecord, SideSlot
 from vidchat.conversation.bundles import write_bundle
 from vidchat.conversation.events import SCENE, SPOKEN, TYPED, AnswerEvent
@@ -203,7 +201,7 @@ class AnswerRun:
                     await asyncio.shield(reply.aclose())  # aborts the vLLM request if it did not end
                 except Exception:  # noqa: BLE001
                     log.debug("aborting the reply failed", exc_info=True)
-                answer_path.release(self.slot, answer)
+                asking.release(self.slot, answer)
                 current = self.conversation.is_current(self)
             if not self.ended.is_set():
                 self._end(await self._done(error, started, current))
@@ -235,7 +233,7 @@ class AnswerRun:
             return
         log.info("session %s…: a cancelled answer did not end within %.0f s; done without it",
                  self.answer.session_id[:6], CANCEL_GRACE_S)
-        answer_path.release(self.slot, self.answer)
+        asking.release(self.slot, self.answer)
         self._end(self._plain_done(None, True, False, cancelled=True))
 
     def _end(self, done: Done) -> None:
@@ -253,7 +251,7 @@ class AnswerRun:
         answer = self.answer
         status = FAILED if error else CANCELLED if (cancelled or answer.reply.stats.cancelled or not started) \
             else COMPLETED
-        answer_id = kept.remember(self.conversation, answer) if self.remember else None
+        answer_id = remember(self.conversation, answer) if self.remember else None
         return Done(answer, status, error, started, current, answer_id)
 
     async def _done(self, error: str | None, started: bool, current: bool) -> Done:
@@ -263,9 +261,9 @@ class AnswerRun:
         bundle = record_error = None
         if self.record and started and answer_id is not None:
             try:
-                bundle = await kept.save_bundle(conversation.state, conversation, answer, answer_id,
+                bundle = await save_bundle(conversation.state, conversation, answer, answer_id,
                                                 source=events.door_name(conversation.kind))
-            except kept.RecordingOff as exc:
+            except RecordingOff as exc:
                 record_error = f"Not recorded: {exc}."
             except OSError as exc:
                 record_error = f"Could not save the recording: {exc}"

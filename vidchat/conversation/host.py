@@ -1,0 +1,89 @@
+"""The host: exactly what a conversation, a suite run, a replay and a re-ask
+may use of whoever serves them.
+
+The server's state (vidchat.app.state.AppState) is one host; a tool without
+a server (replay, the benchmarks) brings a small one of its own. Nothing
+below the doors reaches for the app: what it needs comes in as a
+:class:`Host`, and a type checker holds both sides to this one list.
+
+An engine is looked up by its role when an answer is asked
+(:meth:`Host.engine_for`), never held across a restart: a keeper may have
+replaced a dead engine since the last question.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Literal, Protocol
+
+if TYPE_CHECKING:
+    from vidchat.conversation.answers import AnswerOptions, AnswerQueue
+    from vidchat.conversation.registry import SessionRegistry
+    from vidchat.conversation.warmup import Prewarmer
+    from vidchat.engine import ChatEngine
+
+# Which of the server's engines answers: its model, or the second model
+# beside it (--compare-model).
+EngineRole = Literal["main", "compare"]
+
+
+class HostSettings(Protocol):
+    """The settings a conversation, a suite run and a replay read (a subset
+    of the server's options, vidchat.app.settings.Settings)."""
+
+    @property
+    def model(self) -> str: ...
+
+    @property
+    def compare_model(self) -> str: ...
+
+    @property
+    def record_dir(self) -> str: ...  # "": recording is off
+
+    @property
+    def suite_dir(self) -> str: ...
+
+    @property
+    def suite_keep_runs(self) -> int: ...
+
+
+class AnswerMetrics(Protocol):
+    """How an answer ended, for the server's /metrics (vidchat.app.metrics)."""
+
+    def answer_done(self, door: str, status: str, first_token_s: float | None, completion_tokens: int, *,
+                    engine: str, run_kind: str) -> None: ...
+
+
+class Host(Protocol):
+    """What serves a conversation (see the module's docstring)."""
+
+    @property
+    def settings(self) -> HostSettings: ...
+
+    @property
+    def registry(self) -> SessionRegistry: ...
+
+    @property
+    def answer_gate(self) -> AnswerQueue | None: ...  # the server's answer queue (--max-running-answers)
+
+    @property
+    def metrics(self) -> AnswerMetrics | None: ...
+
+    @property
+    def prewarmer(self) -> Prewarmer | None: ...
+
+    def engine_now(self, role: EngineRole = "main") -> ChatEngine | None:
+        """The engine answering for ``role`` at this moment, without waiting (None while it starts)."""
+        ...
+
+    async def engine_for(self, role: EngineRole = "main") -> ChatEngine:
+        """The engine that answers for ``role`` now, waiting while it starts or
+        restarts; raises vidchat.engine.EngineError when it is down for good."""
+        ...
+
+    def readiness(self, role: EngineRole = "main") -> tuple[bool, str]:
+        """Whether ``role``'s engine answers now, and if not, why (for the user)."""
+        ...
+
+    def answer_defaults(self) -> AnswerOptions:
+        """The options a question gets when its door names none."""
+        ...
