@@ -24,32 +24,33 @@ from typing import Any, Sequence
 import numpy as np
 from PIL import Image
 
-from vidchat.engine.interface import (  # noqa: F401
-    ENGINE_DEAD_MESSAGE,
-    NO_SPOKEN_QUESTIONS,
-    SEED_RANGE,
-    WARMUP_PRIORITY,
-    ChatEngine,
-    EngineDead,
-    EngineError,
-    EngineOptions,
-    Prepared,
-    Reply,
-    ReplyStats,
-    Turn,
-    engine_dead_message,
-)
+# The interface's names are this package's too ("X as X": re-exported, for
+# mypy's strict no-implicit-reexport); so are the prompt helpers that doors
+# and the conversation use.
+from vidchat.engine.interface import ENGINE_DEAD_MESSAGE as ENGINE_DEAD_MESSAGE
+from vidchat.engine.interface import NO_SPOKEN_QUESTIONS as NO_SPOKEN_QUESTIONS
+from vidchat.engine.interface import SEED_RANGE as SEED_RANGE
+from vidchat.engine.interface import WARMUP_PRIORITY as WARMUP_PRIORITY
+from vidchat.engine.interface import ChatEngine as ChatEngine
+from vidchat.engine.interface import EngineDead as EngineDead
+from vidchat.engine.interface import EngineError as EngineError
+from vidchat.engine.interface import EngineOptions as EngineOptions
+from vidchat.engine.interface import Prepared as Prepared
+from vidchat.engine.interface import Reply as Reply
+from vidchat.engine.interface import ReplyStats as ReplyStats
+from vidchat.engine.interface import Turn as Turn
+from vidchat.engine.interface import engine_dead_message as engine_dead_message
 from vidchat.engine.prompts import (
     Family,
-    audio_clips,
     chat_template_kwargs,
     cut_step,
     family_of,
     history_start,
-    inputs_digest,
-    tokens_per_frame,
-    video_fps,
 )
+from vidchat.engine.prompts import audio_clips as audio_clips
+from vidchat.engine.prompts import inputs_digest as inputs_digest
+from vidchat.engine.prompts import tokens_per_frame as tokens_per_frame
+from vidchat.engine.prompts import video_fps as video_fps
 from vidchat.media import AUDIO_RATE, FRAMES_AS, MIN_AUDIO_SAMPLES
 
 log = logging.getLogger(__name__)
@@ -185,8 +186,9 @@ class ModelEngine:
         for turn in history:
             messages.append({"role": turn.role, "content": [{"type": "text", "text": turn.text}]})
         messages.append({"role": "user", "content": parts})
-        return self._processor.apply_chat_template(messages, tokenize=False, add_generation_prompt=True,
-                                                   **chat_template_kwargs(self.processor_kwargs))
+        prompt: str = self._processor.apply_chat_template(messages, tokenize=False, add_generation_prompt=True,
+                                                          **chat_template_kwargs(self.processor_kwargs))
+        return prompt
 
     def check_request(self, n_frames: int, frames_as: str) -> None:
         """Raise EngineError for a frame count or form this engine would refuse."""
@@ -254,7 +256,7 @@ class ModelEngine:
         return tokens + TURN_TEMPLATE_TOKENS
 
     def ask(self, question: str, frames: Sequence[np.ndarray | Image.Image] = (),
-            audio: np.ndarray | None = None, *, request_id: str | None = None, **options: Any) -> Any:
+            audio: np.ndarray | None = None, *, request_id: str | None = None, **options: Any) -> Reply:
         """prepare() and submit() in one call (benchmarks and tests; the app
         prepares off the event loop)."""
         return self.submit(self.prepare(question, frames, audio, **options), request_id)
@@ -308,7 +310,13 @@ class ModelEngine:
         return None
 
     def prepare(self, question: str, frames: Sequence[np.ndarray | Image.Image] = (),
-                audio: np.ndarray | None = None, **options: Any) -> Prepared:
+                audio: np.ndarray | None = None, *, frame_times: Sequence[float] | None = None,
+                history: Sequence[Turn] = (), system_prompt: str | None = None, frames_as: str = "images",
+                max_tokens: int = 256, temperature: float = 0.7, seed: int | None = None,
+                ignore_eos: bool = False, cache_salt: str | None = None,
+                frame_ids: Sequence[str] | None = None, warmup: bool = False, spoken: bool = False,
+                audio_parts: Sequence[tuple[int, str | None]] = ()) -> Prepared:
+        """The question made ready for the engine (its keywords: each implementation's docstring)."""
         raise NotImplementedError
 
     def submit(self, prepared: Prepared, request_id: str | None = None) -> Reply:

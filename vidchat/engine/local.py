@@ -14,7 +14,7 @@ import os
 import signal
 import time
 import uuid
-from typing import Any, AsyncIterator, Callable, Iterable, Sequence
+from typing import TYPE_CHECKING, Any, AsyncGenerator, Callable, Iterable, Sequence
 
 import numpy as np
 from PIL import Image
@@ -49,6 +49,10 @@ from vidchat.engine.prompts import (
 )
 from vidchat.engine.weights import model_revision
 from vidchat.media import AUDIO_RATE
+
+if TYPE_CHECKING:  # for annotations only: the code imports what it calls where it calls it
+    from vllm import SamplingParams
+    from vllm.outputs import RequestOutput
 
 log = logging.getLogger(__name__)
 
@@ -219,7 +223,8 @@ def load_processor(options: EngineOptions, family: Family) -> tuple[Any, dict[st
         log.info("%s: the per-frame pixel cap is not passed to this model family's processor "
                  "(frames are still stored at no more than %d pixels)", family.name, options.max_image_pixels)
     try:
-        processor = AutoProcessor.from_pretrained(options.model)
+        # transformers leaves AutoProcessor.from_pretrained unannotated
+        processor = AutoProcessor.from_pretrained(options.model)  # type: ignore[no-untyped-call]
     except ImportError as exc:  # e.g. SmolVLM's processor needs num2words
         raise EngineError(f"the processor of {options.model!r} needs a package that is missing: {exc}") from exc
     # Measured always: the history budget (fit_history) reserves each
@@ -367,8 +372,8 @@ def death_cause(codes: list[int | None] | None) -> str:
     return "its process stopped"
 
 
-def reworded_error(exc: BaseException, request_id: str, max_model_len: int, dead: Any,
-                   why_dead: Any = lambda: None) -> EngineError:
+def reworded_error(exc: BaseException, request_id: str, max_model_len: int, dead: Callable[[], bool],
+                   why_dead: Callable[[], str | None] = lambda: None) -> EngineError:
     """vLLM's exception as the error a user reads: what to change, where
     something can be changed. ``dead()``: whether the engine has died;
     ``why_dead()``: why, in words."""
@@ -395,14 +400,15 @@ class LocalReply:
     stream ends. Leaving the stream early (break, `aclose`, or the
     task being cancelled) aborts the request inside vLLM."""
 
-    def __init__(self, engine: "LocalEngine", request_id: str, prompt: dict, params: Any, stats: ReplyStats):
+    def __init__(self, engine: "LocalEngine", request_id: str, prompt: dict[str, Any], params: SamplingParams,
+                 stats: ReplyStats) -> None:
         self.engine = engine
         self.request_id = request_id
         self.stats = stats
         self.text = ""
         self._prompt = prompt
         self._params = params
-        self._gen: AsyncIterator | None = None
+        self._gen: AsyncGenerator[RequestOutput, None] | None = None
         self._done = False
         self._busy = False
         self._abort_requested = False
@@ -571,7 +577,8 @@ class LocalEngine(ModelEngine):
     def running_requests(self) -> int:
         """Answers vLLM still holds (0 after every answer ends or is
         aborted); warm-ups are counted apart, in :attr:`running_warmups`."""
-        return max(0, self._llm.get_num_unfinished_requests() - len(self._warming))
+        unfinished: int = self._llm.get_num_unfinished_requests()
+        return max(0, unfinished - len(self._warming))
 
     @property
     def is_dead(self) -> bool:
@@ -699,7 +706,7 @@ def _stats(frames: Sequence[Any], audio: np.ndarray | None, clips: Sequence[tupl
                       history_turns=history_turns, history_turns_total=history_turns_total)
 
 
-def _prefill_s(out: Any) -> float | None:
+def _prefill_s(out: RequestOutput) -> float | None:
     """Scheduled -> first token on the engine core's clock (vLLM keeps it
     where its stat loggers run: the server's main engine)."""
     metrics = getattr(out, "metrics", None)

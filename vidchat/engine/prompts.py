@@ -16,7 +16,7 @@ from PIL import Image
 TYPICAL_FRAME = (640, 480)
 
 
-def chat_template_kwargs(processor_kwargs: dict | None) -> dict[str, Any]:
+def chat_template_kwargs(processor_kwargs: dict[str, Any] | None) -> dict[str, Any]:
     """The processor's kwargs as transformers 5 wants them at apply_chat_template:
     in ``processor_kwargs``. SmolVLM's processor otherwise puts its video
     defaults (num_frames, fps) in ``**kwargs``, and transformers then warns
@@ -26,7 +26,8 @@ def chat_template_kwargs(processor_kwargs: dict | None) -> dict[str, Any]:
     return {"processor_kwargs": dict(processor_kwargs)} if processor_kwargs else {}
 
 
-def tokens_per_frame(processor: Any, max_image_pixels: int = 0, processor_kwargs: dict | None = None) -> int:
+def tokens_per_frame(processor: Any, max_image_pixels: int = 0,
+                     processor_kwargs: dict[str, Any] | None = None) -> int:
     """Prompt tokens one webcam frame costs with this processor: a 640x480
     frame as sent, and as sessions store it (scaled down to
     ``max_image_pixels``), run through the model's own processor, minus the
@@ -65,11 +66,11 @@ def inputs_digest(frames: Sequence[np.ndarray | Image.Image], audio: np.ndarray 
     for frame in frames:
         array = np.ascontiguousarray(np.asarray(frame))
         digest.update(f"frame {array.shape} {array.dtype}\n".encode())
-        digest.update(memoryview(array).cast("B"))
+        digest.update(array.data.cast("B"))  # the array's own buffer, no copy
     if audio is not None:
         samples = np.ascontiguousarray(audio)
         digest.update(f"audio {samples.shape} {samples.dtype}\n".encode())
-        digest.update(memoryview(samples).cast("B"))
+        digest.update(samples.data.cast("B"))
     return digest.hexdigest()
 
 
@@ -83,12 +84,13 @@ def audio_clips(audio: np.ndarray, parts: Sequence[tuple[int, str | None]],
     sizes = [size for size, _ in parts]
     if len(parts) < 2 or max_clips < 2 or sum(sizes) != audio.size or min(sizes) <= 0:
         return [(audio, None)]
-    spans = [[size, name, name] for size, name in parts]
+    # (samples, first segment's name, last segment's name) per clip
+    spans = [(size, name, name) for size, name in parts]
     while len(spans) > max_clips:
         first, second = spans.pop(0), spans[0]
-        second[0] += first[0]
-        second[1] = first[1]
-    clips, offset = [], 0
+        spans[0] = (first[0] + second[0], first[1], second[2])
+    clips: list[tuple[np.ndarray, str | None]] = []
+    offset = 0
     for size, first_name, last_name in spans:
         name = None if first_name is None or last_name is None else (
             first_name if first_name == last_name else f"{first_name}~{last_name}")
@@ -109,7 +111,7 @@ def as_video(frames: Sequence[np.ndarray | Image.Image]) -> np.ndarray:
     arrays = [np.asarray(f.convert("RGB")) if isinstance(f, Image.Image) else f for f in frames]
     h, w = arrays[-1].shape[:2]
     same = [
-        a if a.shape[:2] == (h, w) else np.asarray(Image.fromarray(a).resize((w, h), Image.BILINEAR)) for a in arrays
+        a if a.shape[:2] == (h, w) else np.asarray(Image.fromarray(a).resize((w, h), Image.Resampling.BILINEAR)) for a in arrays
     ]
     return np.stack(same)
 
@@ -208,7 +210,8 @@ def model_type_of(model: str) -> str | None:
     try:
         from transformers import AutoConfig
 
-        return AutoConfig.from_pretrained(model).model_type
+        model_type: str | None = AutoConfig.from_pretrained(model).model_type
+        return model_type
     except Exception:
         return None
 

@@ -99,12 +99,12 @@ def chat_messages(question: str, frames: Sequence[np.ndarray | Image.Image], aud
     then the question's frames, audio and text in the in-process prompt's
     order. Frames are named by salt and ``frame_ids`` (vLLM caches their
     encodings under those names) when every frame has one."""
-    named = cache_salt and frame_ids is not None and len(frame_ids) == len(frames)
+    ids = frame_ids if cache_salt and frame_ids is not None and len(frame_ids) == len(frames) else None
     content: list[dict[str, Any]] = []
     for i, frame in enumerate(frames):
         part: dict[str, Any] = {"type": "image_url", "image_url": {"url": png_data_url(frame)}}
-        if named:
-            part["uuid"] = f"{cache_salt}/{frame_ids[i]}"
+        if ids is not None:
+            part["uuid"] = f"{cache_salt}/{ids[i]}"
         content.append(part)
     if audio is not None:
         content.append({"type": "input_audio", "input_audio": {"data": wav_base64(audio), "format": "wav"}})
@@ -158,7 +158,7 @@ def chunk_delta(chunk: dict[str, Any], stats: ReplyStats) -> str | None:
     for choice in chunk.get("choices") or []:
         if choice.get("finish_reason"):
             stats.finish_reason = choice["finish_reason"]
-        delta = (choice.get("delta") or {}).get("content")
+        delta: str | None = (choice.get("delta") or {}).get("content")
         if delta:
             return delta
     return None
@@ -311,7 +311,7 @@ class ReplicaPool:
         self.replicas = {url: Replica(url) for url in urls}
         self.ring = HashRing(list(self.replicas))
         self._probed_at = float("-inf")
-        self._probing: asyncio.Task | None = None
+        self._probing: asyncio.Task[None] | None = None
 
     @property
     def urls(self) -> list[str]:
@@ -523,12 +523,12 @@ class RemoteEngine(ModelEngine):
         self.first_byte_timeout = first_byte_timeout
         self._client = httpx.AsyncClient(timeout=httpx.Timeout(first_byte_timeout, connect=connect_timeout))
         self._client_loop: asyncio.AbstractEventLoop | None = None  # where its connections live (shutdown)
-        self._closing: asyncio.Task | None = None
+        self._closing: asyncio.Task[None] | None = None
         self._running: set[str] = set()
         self._closed = False
 
     @classmethod
-    def start(cls, options: EngineOptions, url: str | list[str], *,  # type: ignore[override]
+    def start(cls, options: EngineOptions, url: str | list[str], *,
               session_header: str = DEFAULT_SESSION_HEADER, connect_timeout: float = CONNECT_TIMEOUT_S,
               first_byte_timeout: float = FIRST_BYTE_TIMEOUT_S) -> "RemoteEngine":
         """Find the served model and load its processor (blocking). ``url``:
@@ -542,7 +542,8 @@ class RemoteEngine(ModelEngine):
         served = _served_model(urls, connect_timeout)
         name = options.model or served
         try:
-            processor = AutoProcessor.from_pretrained(name)
+            # transformers leaves AutoProcessor.from_pretrained unannotated
+            processor = AutoProcessor.from_pretrained(name)  # type: ignore[no-untyped-call]
         except Exception as exc:
             raise EngineError(f"the processor of {name!r} could not be loaded here (vidchat reads it to know "
                               f"what the model takes): pass --model with its hub id or a local copy "
@@ -630,7 +631,7 @@ class RemoteEngine(ModelEngine):
             raise EngineError("Frames go to a remote model server (--engine-url) as images; send frames as images.")
         super().check_request(n_frames, frames_as)
 
-    def submit(self, prepared: Prepared, request_id: str | None = None) -> RemoteReply:  # type: ignore[override]
+    def submit(self, prepared: Prepared, request_id: str | None = None) -> RemoteReply:
         if self.is_dead:
             raise EngineDead(ENGINE_DEAD_MESSAGE)
         rid = request_id or f"vidchat-{next(self._ids)}-{uuid.uuid4().hex[:8]}"

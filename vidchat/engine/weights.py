@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Callable
 
 
-def build_once(cache_dir: str | os.PathLike, folder: str, build: Callable[[Path], object]) -> Path:
+def build_once(cache_dir: str | os.PathLike[str], folder: str, build: Callable[[Path], object]) -> Path:
     """``cache_dir/folder``, made by ``build(tmp_folder)`` if it isn't there yet.
 
     Built into a temporary folder and renamed into place, so a crash mid-build

@@ -72,7 +72,11 @@ class AudioWindow:
 
     @property
     def start(self) -> float | None:
-        return None if self.end is None else self.end - self.length / AUDIO_RATE
+        return None if self.end is None else self._start_before(self.end)
+
+    def _start_before(self, end: float) -> float:
+        """The time of the oldest sample held, for a window that ends at ``end``."""
+        return end - self.length / AUDIO_RATE
 
     @property
     def seconds(self) -> float:
@@ -111,21 +115,20 @@ class AudioWindow:
             if gap < -RESET_S or gap * AUDIO_RATE >= self.cap_samples:
                 self.clear()
             elif gap > JITTER_S:
-                self._append(np.zeros(int(round(gap * AUDIO_RATE)), dtype=np.int16))
+                self._append(np.zeros(int(round(gap * AUDIO_RATE)), dtype=np.int16), self.end)
             elif gap < -JITTER_S:
                 # Overlaps what is held (a resent or early chunk): keep only what is new.
                 pcm = pcm[int(round(-gap * AUDIO_RATE)):]
                 if pcm.size == 0:
                     return
-        if self.end is None:
-            self.end = t
-        self._append(pcm)
+        self._append(pcm, t if self.end is None else self.end)
 
-    def _append(self, pcm: np.ndarray) -> None:
+    def _append(self, pcm: np.ndarray, end: float) -> None:
+        """Add ``pcm`` after the window's ``end`` (its first sample's time, where the window is empty)."""
         self.chunks.append(pcm)
         self.length += pcm.size
         self.total += pcm.size
-        self.end += pcm.size / AUDIO_RATE
+        self.end = end + pcm.size / AUDIO_RATE
         self._trim()
 
     def _trim(self) -> None:
@@ -148,11 +151,12 @@ class AudioWindow:
         listener that follows the stream; None when there is none yet. ``t``
         None, or later than the window's end (the stream restarted earlier):
         nothing before now counts."""
-        if self.end is None:
+        end = self.end
+        if end is None:
             return None
-        if t is None or t > self.end + 0.05:
-            return np.zeros(0, np.float32), self.end, self.end
-        return self.window(max(t, self.start))
+        if t is None or t > end + 0.05:
+            return np.zeros(0, np.float32), end, end
+        return self.window(max(t, self._start_before(end)))
 
     def window(self, start: float, end: float | None = None) -> tuple[np.ndarray, float, float] | None:
         """Float32 samples from ``start`` to ``end`` (default: the newest),
@@ -160,8 +164,7 @@ class AudioWindow:
         span = self._span(start, end)
         if span is None:
             return None
-        first, last = span
-        window_start = self.start
+        first, last, window_start = span
         return self._samples(first, last), window_start + first / AUDIO_RATE, window_start + last / AUDIO_RATE
 
     def parts(self, start: float, end: float | None = None, segment_s: float = SEGMENT_S,
@@ -198,20 +201,25 @@ class AudioWindow:
         every chunk, so a span from there would start at another sample each
         time and make every segment after it new; from the grid, the
         segments stay the same (up to ``segment_s`` less audio)."""
-        if self.end is None or self.length == 0 or start > self.start:
+        if self.end is None or self.length == 0:
+            return start
+        held_start = self._start_before(self.end)
+        if start > held_start:
             return start
         step = segment_samples(segment_s)
         base = self.total - self.length
         first_grid = -(-base // step) * step  # the first grid point at or after the oldest sample held
-        return self.start + (first_grid - base) / AUDIO_RATE
+        return held_start + (first_grid - base) / AUDIO_RATE
 
-    def _span(self, start: float, end: float | None) -> tuple[int, int] | None:
-        """Sample indices (into what is held) of a span; None when empty."""
+    def _span(self, start: float, end: float | None) -> tuple[int, int, float] | None:
+        """Sample indices (into what is held) of a span, and the time of the
+        oldest sample held; None when empty."""
         if self.end is None or self.length == 0:
             return None
-        first = max(0, int(round((start - self.start) * AUDIO_RATE)))
-        last = self.length if end is None else min(self.length, int(round((end - self.start) * AUDIO_RATE)))
-        return None if last - first <= 0 else (first, last)
+        held_start = self._start_before(self.end)
+        first = max(0, int(round((start - held_start) * AUDIO_RATE)))
+        last = self.length if end is None else min(self.length, int(round((end - held_start) * AUDIO_RATE)))
+        return None if last - first <= 0 else (first, last, held_start)
 
     def _samples(self, first: int, last: int) -> np.ndarray:
         # Only the chunks the span needs, walking back from the newest.
@@ -225,7 +233,8 @@ class AudioWindow:
                 break
         pcm = np.concatenate(parts[::-1])
         pcm = pcm[first - offset: last - offset]
-        return pcm.astype(np.float32) * (1.0 / 32768.0)
+        samples: np.ndarray = pcm.astype(np.float32) * (1.0 / 32768.0)
+        return samples
 
 
 class Pcm16Resampler:

@@ -83,15 +83,14 @@ import numpy as np
 from PIL import Image
 
 from vidchat.media import DEFAULT_MAX_FRAME_PIXELS
-from vidchat.media.images import (  # noqa: F401
-    ACCEPTED_FORMATS,
-    ACCEPTED_NAMES,
-    FrameError,
-    as_rgb_array,
-    load_image,
-    open_image,
-    to_rgb,
-)
+
+# The image helpers are this module's names too (the frame buffer's, the
+# session's and the doors'): "X as X" re-exports them.
+from vidchat.media.images import FrameError as FrameError
+from vidchat.media.images import as_rgb_array as as_rgb_array
+from vidchat.media.images import load_image as load_image
+from vidchat.media.images import open_image as open_image
+from vidchat.media.images import to_rgb as to_rgb
 
 # The thumbnails the EVS filter (:mod:`vidchat.media.evs`) compares: a frame
 # reduced to a grid of GRID_ROWS × GRID_COLS cells, each the mean Y, Cb − 128
@@ -143,7 +142,7 @@ def _sample_index(height: int, width: int, channels: int) -> np.ndarray:
     rows = _positions(height, GRID_ROWS * s).reshape(GRID_ROWS, 1, s, 1, 1)
     cols = _positions(width, GRID_COLS * s).reshape(1, GRID_COLS, 1, s, 1)
     chans = np.arange(channels).reshape(1, 1, 1, 1, channels)
-    flat = ((rows * width + cols) * channels + chans).reshape(GRID_ROWS * GRID_COLS, s * s * channels)
+    flat: np.ndarray = ((rows * width + cols) * channels + chans).reshape(GRID_ROWS * GRID_COLS, s * s * channels)
     flat = flat.copy()  # own, compact buffer rather than a view
     flat.setflags(write=False)
     return flat
@@ -291,7 +290,7 @@ def _luma_changed(ref: _Reference, cur: np.ndarray, noise_floor: float) -> np.nd
     sxy, mean_y = ref.moments[3:] @ cur
     gain = _clamp_gain(float(sxy) / ref.sxx) if ref.sxx > 1e-3 else 1.0
     shift = _clamp_shift(float(mean_y) - gain * ref.mean)
-    resid = np.abs(cur - gain * ref.cells - shift)
+    resid: np.ndarray = np.abs(cur - gain * ref.cells - shift)
     n_out = int(np.count_nonzero(resid > 2.0 * noise_floor))
     if 0 < n_out < cur.size // 2:
         # Something moved: refit the lighting on the cells that did not change,
@@ -315,7 +314,7 @@ def _chroma_changed(ref_c: np.ndarray, css: float, cur: np.ndarray, noise_floor:
     """
     gain = _clamp_gain(float(ref_c.reshape(-1) @ cur.reshape(-1)) / css) if css > 1e-3 else 1.0
     d = cur - gain * ref_c
-    dist2 = np.einsum("ij,ij->j", d, d)
+    dist2: np.ndarray = np.einsum("ij,ij->j", d, d)
     floor2 = noise_floor * noise_floor
     out = dist2 > 4.0 * floor2
     n_out = int(np.count_nonzero(out))

@@ -179,14 +179,17 @@ class FrameBuffer:
         with self._ingest_lock:
             with self._lock:
                 filt = self.filter
-            grid = make_thumb() if filt is not None else None
-            keep = filt.decide(grid, t) if filt is not None else True
+            grid = None  # the filter's thumbnail of this frame, where there is a filter
+            keep = True
+            if filt is not None:
+                grid = make_thumb()
+                keep = filt.decide(grid, t)
             stored = make_stored() if keep else None
             with self._lock:
-                if filt is not None:
+                if filt is not None and grid is not None:
                     filt.record(grid, t, keep)
                 self.received += 1
-                if keep:
+                if stored is not None:  # kept
                     seq = self._keep(filt, stored, t)
                 self._on_media(t, now)
                 self.newest_received_t = t

@@ -75,7 +75,7 @@ def open_image(data: bytes | bytearray | memoryview, max_pixels: int = DEFAULT_M
         # Image.open's own loop, restricted to the accepted formats and
         # without its bomb check (which would refuse with PIL's message).
         factory, accept = Image.OPEN[fmt]
-        verdict = accept(prefix)
+        verdict = accept(prefix) if accept is not None else True  # no check: any prefix (as PIL's loop)
         if isinstance(verdict, str):  # the format's decoder is missing from this PIL build
             raise FrameError(f"{fmt} images cannot be read by this server: {verdict}")
         if not verdict:

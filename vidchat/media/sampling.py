@@ -11,19 +11,28 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
-from typing import Any, Protocol, Sequence
+from typing import AbstractSet, Any, Protocol, Sequence, TypeVar
 
 import numpy as np
 from PIL import Image
 
 from vidchat.media import AUDIO_RATE
 
+V = TypeVar("V")
+
 
 class Kept(Protocol):
-    """A kept frame as sampling sees it."""
+    """A kept frame as sampling sees it (read-only: the buffer's frames are named tuples)."""
 
-    t: float  # capture time on the session's timeline
-    seq: int  # the session's kept-frame number
+    @property
+    def t(self) -> float:
+        """Capture time on the session's timeline."""
+        ...
+
+    @property
+    def seq(self) -> int:
+        """The session's kept-frame number."""
+        ...
 
 
 @dataclass
@@ -70,6 +79,7 @@ class Sample:
             return self.without_audio()
         keep = self.audio_parts[:-1]
         n = sum(size for size, _ in keep)
+        assert self.audio_start is not None  # a sample's audio always has its start
         return dataclasses.replace(self, audio=self.audio[:n], audio_end=self.audio_start + n / AUDIO_RATE,
                                    audio_parts=keep)
 
@@ -85,7 +95,7 @@ class Sample:
         """``source_times`` parallel to ``timestamps`` (all None when unknown)."""
         return self._per_frame(self.source_times, None)
 
-    def _per_frame(self, values: list, unknown: Any) -> list:
+    def _per_frame(self, values: Sequence[V], unknown: V) -> list[V]:
         """``values`` where there is one per frame, else ``unknown`` for each (nobody knew)."""
         return list(values) if len(values) == len(self.timestamps) else [unknown] * len(self.timestamps)
 
@@ -197,6 +207,7 @@ def pick(frames: Sequence[Kept], k: int, strategy: str, *, span: tuple[float, fl
     ``span`` (timeline start, end; a spoken question): k frames spread over
     the span, plus the kept frame on screen when it began; the strategy is
     not used."""
+    window_start: float | None
     if span is not None:
         candidates, window_start = span_candidates(frames, span), span[0]
     elif strategy == "latest_seconds":
@@ -213,8 +224,8 @@ def pick(frames: Sequence[Kept], k: int, strategy: str, *, span: tuple[float, fl
 
 
 def within_encode_budget(frames: Sequence[Kept], candidates: list[int], picked: list[int],
-                         encoded: set[int], budget: int | None,
-                         in_flight: set[int] = frozenset()) -> tuple[list[int], int, int]:
+                         encoded: AbstractSet[int], budget: int | None,
+                         in_flight: AbstractSet[int] = frozenset()) -> tuple[list[int], int, int]:
     """With an encoder budget (a CPU where encoding a frame costs most of a
     second), at most ``budget`` picked frames may be new to the engine: not
     in ``encoded``, nor in ``in_flight`` (being encoded by a warm-up now,

@@ -423,14 +423,15 @@ __all__ = ["FrameError", "Session", "SessionSettings", "Sample"]
 def _question_audio(window: AudioWindow, frames: list[StoredFrame], picked: list[int],
                     window_start: float | None, span: tuple[float, float] | None,
                     s: SessionSettings, audio_after: float | None = None,
-                    ) -> tuple[tuple[np.ndarray, float, float] | None, tuple]:
+                    ) -> tuple[tuple[np.ndarray, float, float] | None, tuple[tuple[int, str], ...]]:
     """The audio that goes with a question's frames, and its segments (see Session.sample)."""
     if span is not None:
         return window.window(span[0], span[1]), ()  # a spoken question: one clip
     if audio_after is not None:
-        if window.end is None:
+        held_start = window.start
+        if held_start is None:  # no audio yet
             return None, ()
-        start = max(audio_after, window.start)  # all of it since then, as much as is kept
+        start = max(audio_after, held_start)  # all of it since then, as much as is kept
         return window.window(start), window.parts(start, min_samples=MIN_AUDIO_SAMPLES)
     if s.audio_mode == "frames" and picked:
         start = frames[picked[0]].t
@@ -658,7 +659,9 @@ def yuv_planes(frame: av.VideoFrame) -> tuple[np.ndarray, tuple[np.ndarray, np.n
     """Views of a planar or NV12 frame's Y plane and its U and V planes (no copy)."""
     def plane(i: int, width_bytes: int) -> np.ndarray:
         p = frame.planes[i]
-        return np.frombuffer(p, np.uint8).reshape(p.height, p.line_size)[:, :width_bytes]
+        # memoryview: a plane is a buffer (no copy), which numpy's stubs
+        # only see as one through memoryview on Python 3.11.
+        return np.frombuffer(memoryview(p), np.uint8).reshape(p.height, p.line_size)[:, :width_bytes]
 
     luma = plane(0, frame.width)
     if len(frame.planes) == 2:  # NV12: U and V interleaved in one plane
@@ -675,7 +678,7 @@ def render_rgb(frame: av.VideoFrame, width: int, height: int) -> np.ndarray:
     return frame.reformat(width=width, height=height, format="rgb24", interpolation="AREA").to_ndarray()
 
 
-def offer_decoded(session: Any, frame: av.VideoFrame, t: float) -> bool:
+def offer_decoded(session: Session, frame: av.VideoFrame, t: float) -> bool:
     """Offer a decoded frame captured at ``t`` to ``session``'s filter and
     buffer; True if kept (raises FrameError for an unusable one). The filter
     reads the Y, U and V planes in place: most frames are dropped and never

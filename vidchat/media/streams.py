@@ -42,7 +42,7 @@ import numpy as np
 from vidchat.media import AUDIO_RATE
 from vidchat.media.clock import TrackClock
 from vidchat.media.evs import FrameError
-from vidchat.media.session import offer_decoded
+from vidchat.media.session import Session, offer_decoded
 
 log = logging.getLogger(__name__)
 
@@ -113,7 +113,8 @@ def _read_playlist(url: str, timeout: float) -> str:
         pair = f"{urllib.parse.unquote(parts.username)}:{urllib.parse.unquote(parts.password or '')}"
         request.add_header("Authorization", "Basic " + base64.b64encode(pair.encode()).decode())
     with urllib.request.urlopen(request, timeout=timeout) as response:  # noqa: S310 - the operator's own URL
-        return response.read(MAX_PLAYLIST_BYTES).decode("utf-8", "replace")
+        data: bytes = response.read(MAX_PLAYLIST_BYTES)
+    return data.decode("utf-8", "replace")
 
 
 def _named_urls(text: str) -> list[str]:
@@ -232,14 +233,15 @@ class StreamReader:
         self.shown_url = redact(url)
         self._open = opener or self._open_url
         self._lock = threading.Lock()
-        self._sessions: dict[str, Any] = {}
+        self._sessions: dict[str, Session] = {}
         self._placed: dict[str, float] = {}  # session id -> when its source position was last said
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
         self._empty_since: float | None = None
         self.state = IDLE
         self.error: str | None = None
-        self.width = self.height = None
+        self.width: int | None = None
+        self.height: int | None = None
         self.last_frame_at: float | None = None
         self.decoded = 0  # frames decoded (every one the stream sent)
         self.offered = 0  # frames offered to the sessions (at most fps a second)
@@ -249,7 +251,7 @@ class StreamReader:
 
     # -- sessions --------------------------------------------------------------
 
-    def attach(self, session: Any) -> None:
+    def attach(self, session: Session) -> None:
         with self._lock:
             self._sessions[session.id] = session
             self._placed.pop(session.id, None)
@@ -261,7 +263,7 @@ class StreamReader:
                 self._thread.start()
         log.info("stream %s: a session attached (%d now)", self.name, len(self._sessions))
 
-    def detach(self, session: Any) -> None:
+    def detach(self, session: Session) -> None:
         with self._lock:
             if self._sessions.pop(session.id, None) is None:
                 return
@@ -379,7 +381,8 @@ class StreamReader:
                             self._stop.wait(ahead)
                             now = time.monotonic()
                     if isinstance(frame, av.AudioFrame):
-                        self._offer_audio(frame, resampler, clock.place(media_t, now))
+                        if resampler is not None:  # always: audio is demuxed only where there is one
+                            self._offer_audio(frame, resampler, clock.place(media_t, now))
                         continue
                     self.decoded += 1
                     picture_at = now  # one skipped below still shows the source is alive
@@ -420,14 +423,15 @@ class StreamReader:
                 return
         self._latencies = self._latencies[-199:] + [(time.monotonic() - t) * 1000]
 
-    def _offer_audio(self, frame: av.AudioFrame, resampler: Any, t: float) -> None:
+    def _offer_audio(self, frame: av.AudioFrame, resampler: av.AudioResampler, t: float) -> None:
         with self._lock:
             sessions = list(self._sessions.values())
+        at: float | None = t
         for out in resampler.resample(frame):
             samples = out.to_ndarray().reshape(-1).astype(np.float32, copy=False)
             for session in sessions:
-                session.add_audio(samples, t)
-            t = None  # a second output continues the first
+                session.add_audio(samples, at)
+            at = None  # a second output continues the first
 
 
 class Streams:
@@ -448,7 +452,7 @@ class Streams:
             raise UnknownStream(f"no stream named {name!r}; the streams here: {known}")
         return reader
 
-    def attach(self, name: str, session: Any) -> StreamReader:
+    def attach(self, name: str, session: Session) -> StreamReader:
         """Attach ``session`` to stream ``name`` (leaving any other); raises UnknownStream."""
         reader = self.check(name)
         self.detach(session)
@@ -456,7 +460,7 @@ class Streams:
         self._attached[session.id] = name
         return reader
 
-    def detach(self, session: Any) -> None:
+    def detach(self, session: Session) -> None:
         name = self._attached.pop(session.id, None)
         if name is not None:
             self.readers[name].detach(session)

@@ -53,13 +53,15 @@ class FairWorkers:
         self._name = name
         self._initializer = initializer
         self._cond = threading.Condition()
-        self._pending: dict[Hashable, collections.deque[tuple[Future, Callable[[], Any]]]] = {}
+        # Jobs of any result type wait together: each pairs a Future with the
+        # callable whose result it carries (Any: one T per job, not per queue).
+        self._pending: dict[Hashable, collections.deque[tuple[Future[Any], Callable[[], Any]]]] = {}
         self._turns: collections.deque[Hashable] = collections.deque()  # shares with a job waiting, none running
         self._threads: list[threading.Thread] = []
 
-    def submit(self, share: Hashable, fn: Callable[[], T]) -> Future:
+    def submit(self, share: Hashable, fn: Callable[[], T]) -> Future[T]:
         """Queue ``fn`` for ``share``; its Future (cancel it to skip a job not yet started)."""
-        future: Future = Future()
+        future: Future[T] = Future()
         with self._cond:
             if not self._threads:
                 self._start()
@@ -80,7 +82,7 @@ class FairWorkers:
             thread.start()
             self._threads.append(thread)
 
-    def _next(self) -> tuple[Hashable, Future, Callable[[], Any]]:
+    def _next(self) -> tuple[Hashable, Future[Any], Callable[[], Any]]:
         with self._cond:
             while not self._turns:
                 self._cond.wait()
