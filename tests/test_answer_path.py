@@ -44,7 +44,7 @@ async def drain(answer, seen: list | None = None):
 
 def talking_of(engine, entry):
     """The entry's conversation, with an engine and no app around it."""
-    entry.state = conversation.Standalone(engine)
+    entry.host = conversation.Standalone(engine)
     return entry
 
 

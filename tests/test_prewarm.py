@@ -103,10 +103,8 @@ async def test_a_question_is_scheduled_before_a_warm_up_sent_first(omni_engine):
 
 
 def fake_state(engine, registry, answer_gate=None):
-    state = types.SimpleNamespace(engine=engine, registry=registry, answer_gate=answer_gate or AnswerQueue(0),
-                                  answer_defaults=lambda: QUESTION)
-    registry.app = state
-    return state
+    """A host of the registry's conversations and the prewarmer (the server's AppState in tests)."""
+    return conversation.Standalone(engine, answer_gate or AnswerQueue(0), QUESTION, registry=registry)
 
 
 @pytest.mark.engine
@@ -297,7 +295,7 @@ async def test_slow_frames_are_encoded_one_at_a_time_and_a_question_brings_one_n
     assert question.seqs[-1] == newest and question.new_frames == 1 and len(question.seqs) == 16
     # The record says so; the answer's prefill marks its frames encoded, so
     # the next question brings nothing new.
-    entry.state = conversation.Standalone(omni_engine)
+    entry.host = conversation.Standalone(omni_engine)
     done = await (await entry.ask("What is there?", QUESTION)).finish()
     record = done.answer.summary()
     assert (record["frames_new"], record["frames_substituted"], record["frames_left_out"]) == (1, 0, 0)
@@ -390,7 +388,7 @@ async def test_the_sample_taken_at_enter_is_warmed_whole_and_is_the_questions(om
     entry.session.update_settings(num_sample_frames=8)
     assert prewarmer.take_pin(entry) is None
     await prewarmer.question_now(sid)
-    entry.state = prewarmer.state
+    entry.host = prewarmer.host
     talking = entry
     await talking.stop()  # the chat's turn moved on: its question came (or was stopped) without it
     assert prewarmer.take_pin(entry) is None
@@ -410,10 +408,11 @@ def test_speech_starting_in_talk_mode_warms_the_session_first():
 
     registry = SessionRegistry()
     entry = registry.create("webrtc", SessionSettings(evs_enabled=False))
-    prewarmer = Prewarmer(types.SimpleNamespace(registry=registry), "idle")
-    modes.speech_warms(types.SimpleNamespace(prewarmer=prewarmer), entry)()
+    host = conversation.Standalone(None, registry=registry)
+    assert modes.speech_warms(host, entry) is None  # no warm-ups
+    host.prewarmer = prewarmer = Prewarmer(host, "idle")
+    modes.speech_warms(host, entry)()
     assert prewarmer.state_of(entry.session.id).urgent_until > time.monotonic()
-    assert modes.speech_warms(types.SimpleNamespace(prewarmer=None), entry) is None
 
 
 @pytest.mark.engine

@@ -35,7 +35,7 @@ async def read_all(reader, log: list) -> None:
 @pytest.mark.engine
 async def test_a_run_nobody_reads_ends_by_itself_and_frees_its_slot(omni_engine):
     entry = filled_entry()
-    entry.state = conversation.Standalone(omni_engine)
+    entry.host = conversation.Standalone(omni_engine)
     talking = entry
     run = await talking.ask("What is there?", SHORT)
     await asyncio.wait_for(run.ended.wait(), 60)  # nobody ever read it
@@ -58,7 +58,7 @@ async def test_an_answer_nobody_listens_to_is_stopped_after_the_grace_and_a_list
     UNHEARD_GRACE_S. One listener of the session's events keeps it going."""
     monkeypatch.setattr(runs, "UNHEARD_GRACE_S", 0.3)
     entry = filled_entry()
-    entry.state = conversation.Standalone(omni_engine)
+    entry.host = conversation.Standalone(omni_engine)
     talking = entry
     options = AnswerOptions(max_tokens=400, temperature=0.0)
     with entry.event_hub.subscribe() as listening:
@@ -78,7 +78,7 @@ async def test_an_answer_nobody_listens_to_is_stopped_after_the_grace_and_a_list
 @pytest.mark.engine
 async def test_the_last_reader_leaving_mid_answer_cancels_it_and_one_left_keeps_it(omni_engine):
     entry = filled_entry()
-    entry.state = conversation.Standalone(omni_engine)
+    entry.host = conversation.Standalone(omni_engine)
     talking = entry
     run = await talking.ask("Tell me everything.", LONG)
     first, second = run.events(), run.events()
@@ -107,9 +107,9 @@ async def test_clear_while_a_page_question_is_prepared_never_leaves_a_run_behind
     stalled 5 s (PREEMPT_GRACE_S) and the session's answer slot stayed set."""
     entry = filled_entry()
     registry = types.SimpleNamespace(get=lambda sid: entry if sid == entry.session.id else None)
-    state = types.SimpleNamespace(engine=omni_engine, answer_gate=None, ready=True, registry=registry,
-                                  answer_defaults=AnswerOptions, settings=None, prewarmer=None)
-    entry.state = state
+    state = conversation.Standalone(omni_engine, registry=registry)
+    state.ready = True  # what the page reads of the app besides its host
+    entry.host = state
 
     preparing, release = threading.Event(), threading.Event()
     real_prepare = asking.prepare
@@ -170,12 +170,12 @@ class _StuckReply:
 
 @pytest.mark.unit
 async def test_a_cancelled_run_whose_engine_hangs_is_force_done_after_the_grace(monkeypatch):
-    monkeypatch.setattr(conversation.runs, "CANCEL_GRACE_S", 0.2)
+    monkeypatch.setattr(runs, "CANCEL_GRACE_S", 0.2)
     entry = filled_entry()
     reply = _StuckReply()
     answer = asking.Answer("q", reply, entry.session.sample(), SHORT, session_id=entry.session.id)
     entry.answer = answer
-    entry.state = conversation.Standalone(engine=None)
+    entry.host = conversation.Standalone(engine=None)
     talking = entry
     run = runs.AnswerRun(talking, entry, answer, record=False, continues_chat=True, remember=True)
     log: list = []
@@ -197,9 +197,9 @@ async def test_the_chat_lives_on_the_server_and_clear_empties_it(omni_engine):
     and Clear chat empties it. Here the page's event is given no chat at all."""
     entry = filled_entry()
     registry = types.SimpleNamespace(get=lambda sid: entry if sid == entry.session.id else None)
-    state = types.SimpleNamespace(engine=omni_engine, answer_gate=None, ready=True, registry=registry,
-                                  answer_defaults=AnswerOptions, settings=None, prewarmer=None)
-    entry.state = state
+    state = conversation.Standalone(omni_engine, registry=registry)
+    state.ready = True  # what the page reads of the app besides its host
+    entry.host = state
     settings = [4, "uniform", 10, False, 0.95, 64, "images", False, 6, 1.0, "5"]
 
     async def ask_on_page(text: str) -> dict:

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from conftest import eventually_async
 
-from vidchat.conversation import asking, modes
+from vidchat.conversation import asking, conversation, modes
 from vidchat.conversation.answers import AnswerOptions
 from vidchat.conversation.registry import SessionRegistry
 from vidchat.devtools import synthetic as sa
@@ -186,13 +186,10 @@ async def test_talk_runs_as_a_task_of_the_conversation_that_a_typed_question_nev
     utterance the listener hears is asked as a spoken question; a typed
     question meanwhile leaves Talk running (no loop to restart), and Talk
     switched off ends the task and the listener."""
-    import types
-
     registry = SessionRegistry()
     t0 = time.monotonic()
     entry = new_entry(registry, t0)
-    state = types.SimpleNamespace(registry=registry, engine=None, prewarmer=None)
-    entry.state = state
+    entry.host = conversation.Standalone(None, registry=registry)
     talking = entry
     asked: list = []
     talking.submit = lambda question, options, **kw: asked.append((question, kw)) or len(asked)

@@ -19,11 +19,17 @@ import logging
 import secrets
 import time
 from dataclasses import dataclass, field, replace
-from typing import Any, Awaitable, Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Awaitable, Callable
 
 from vidchat.conversation.events import TYPED, EventHub
-from vidchat.engine import Reply, Turn
+from vidchat.engine.interface import Reply, Turn
 from vidchat.media.session import Sample, Session
+from vidchat.media.streams import StreamReader
+from vidchat.media.vad import Utterance
+
+if TYPE_CHECKING:
+    from vidchat.conversation.modes import Listener
 
 log = logging.getLogger(__name__)
 
@@ -63,9 +69,9 @@ class AnswerQueue:
         self._waiting: collections.deque[_Waiter] = collections.deque()
         # Called with every answer (vidchat.conversation.asking.Answer) about to ask for its
         # turn, before it may generate (vidchat.conversation.warmup gives way to it).
-        self.arrival_hooks: list[Callable[[Any], Awaitable[None]]] = []
+        self.arrival_hooks: list[Callable[[Answer], Awaitable[None]]] = []
 
-    async def announce(self, answer: Any) -> None:
+    async def announce(self, answer: Answer) -> None:
         for hook in list(self.arrival_hooks):
             try:
                 await hook(answer)
@@ -144,10 +150,10 @@ class AnswerSlot:
     """Where one answer at a time runs: a newer one replaces it."""
 
     def __init__(self) -> None:
-        self.answer: Any = None  # the answer being generated here (vidchat.conversation.asking.Answer)
+        self.answer: Answer | None = None  # the answer being generated here
         # What the next question will most likely carry besides its frames
         # (vidchat.conversation.warmup prepares for the same kind of question).
-        self.warm_options: Any = None
+        self.warm_options: AnswerOptions | None = None
         self.answer_ended = 0.0  # time.monotonic() when its last answer ended (the warm-ups wait a moment)
         # Held while an aborted answer winds down: an abort that reaches vLLM
         # while the request is still being registered only takes effect at its
@@ -184,16 +190,16 @@ class SessionRecord(AnswerSlot):
         # Sent with every request of this session as vLLM's cache_salt, so prefix
         # cache hits never cross sessions (no timing channel between users).
         self.cache_salt = secrets.token_hex(16)
-        self.bundles: dict = {}  # recorded answers' bundle folders, by answer id (--record-dir)
+        self.bundles: dict[str, Path] = {}  # recorded answers' bundle folders, by answer id (--record-dir)
         # The last answers' inputs, by answer id (vidchat.doors.answer_routes).
-        self.answers: collections.OrderedDict = collections.OrderedDict()
+        self.answers: collections.OrderedDict[str, Answer] = collections.OrderedDict()
         self.client = client  # the client's network address (for --max-sessions-per-client)
         # The login that opened it (vidchat.app.access: a page user, a Hugging Face
         # user or the server token); only that login is served its frames,
         # answers and page calls. None: the server asks for no login.
         self.owner = owner
         self.deadline: float | None = None  # time.monotonic() at which --session-time-limit ends it
-        self.talk: Any = None  # Talk mode's listener (vidchat.conversation.modes), while Talk is on
+        self.talk: Listener | None = None  # Talk mode's listener (vidchat.conversation.modes), once Talk was on
         # time.monotonic() when the page's last typed question arrived: an Enter
         # report arriving after it is that question's, late (vidchat.conversation.warmup).
         self.typed_question_at = float("-inf")
@@ -205,7 +211,7 @@ class SessionRecord(AnswerSlot):
         # Both models (--compare-model): each chat question is asked of the
         # second model too (vidchat.conversation.conversation).
         self.both_models = False
-        self.stream: Any = None  # the stream of --stream it watches (vidchat.conversation.conversation)
+        self.stream: StreamReader | None = None  # the stream of --stream it watches (vidchat.conversation.conversation)
         # Its tab went away and may come back for it (a reload, WebRTC's
         # grace): nobody asks meanwhile, so it gets no warm-ups.
         self.away = False
@@ -293,13 +299,13 @@ class Answer:
 
     queue: AnswerQueue | None = None
     history: tuple[Turn, ...] = ()  # the earlier turns the model was given
-    spoken: Any = None  # vidchat.media.vad.Utterance: the audio was the question (Talk mode)
+    spoken: Utterance | None = None  # the audio was the question (Talk mode)
     # The sample was taken as Enter was pressed, this long before the
     # question was asked (vidchat.conversation.warmup.Prewarmer.question_now); None: on arrival.
     sampled_before_ms: float | None = None
     asked_at: float = field(default_factory=time.monotonic)  # on the session's clock (its timeline)
     cancelled_by: str | None = None  # why it was cancelled, when the canceller said (the first cause)
-    mark: dict | None = None  # a QA verdict, {"mark": "good" | "bad", "note"} (vidchat.conversation.bundles)
+    mark: dict[str, str] | None = None  # a QA verdict, {"mark": "good" | "bad", "note"} (vidchat.conversation.bundles)
     # A stream's state when asked ("live", "reconnecting", ...; vidchat.media.streams), None for other sources.
     source_state: str | None = None
     # Why it was asked (vidchat.conversation.events: typed, scene, spoken).
@@ -340,7 +346,8 @@ class Answer:
     @property
     def engine_role(self) -> str:
         """Which of the server's engines answered: "main" or "compare" (--compare-model)."""
-        return self.reply.engine.options.role
+        role: str = self.reply.engine.options.role
+        return role
 
     def summary(self) -> dict[str, Any]:
         sample = self.sample

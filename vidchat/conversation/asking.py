@@ -19,7 +19,7 @@ from typing import Any, Callable, Sequence
 
 from vidchat.conversation.answers import Answer, AnswerOptions, AnswerQueue, SessionRecord, SideSlot
 from vidchat.conversation.events import EventHub, SettingsChanged
-from vidchat.engine import SEED_RANGE, ChatEngine, EngineError, Prepared, Turn
+from vidchat.engine.interface import SEED_RANGE, ChatEngine, EngineError, Prepared, Turn
 from vidchat.media import FRAMES_AS
 from vidchat.media.sampling import uniform_indices
 from vidchat.media.session import (

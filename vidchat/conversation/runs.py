@@ -8,7 +8,6 @@ how runs, readers and the preemption rule fit together.
 from __future__ import annotations
 
 import asyncio
-import collections
 import contextlib
 import dataclasses
 import logging
@@ -16,16 +15,18 @@ import secrets
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, AsyncIterator, Protocol, Union
+from typing import TYPE_CHECKING, Any, AsyncGenerator, Protocol, Union
 
 from vidchat.conversation import asking, events
 from vidchat.conversation.answers import Abandoned, Answer, SessionRecord, SideSlot
 from vidchat.conversation.bundles import write_bundle
 from vidchat.conversation.events import SCENE, SPOKEN, TYPED, AnswerEvent
-from vidchat.engine import EngineError
+from vidchat.conversation.host import Host, HostSettings
+from vidchat.engine.interface import EngineError
 
 if TYPE_CHECKING:
-    from vidchat.conversation.answers import Answer
+    from vidchat.conversation.conversation import Conversation
+    from vidchat.conversation.registry import SessionRegistry
 
 log = logging.getLogger(__name__)
 
@@ -41,7 +42,7 @@ CANCEL_GRACE_S = 3.0
 # that a client gone for good does not keep the engine busy for nobody.
 UNHEARD_GRACE_S = 8.0
 
-_RUNNING: set[asyncio.Task] = set()  # the answer runs' tasks, held until they end
+_RUNNING: set[asyncio.Task[None]] = set()  # the answer runs' tasks, held until they end
 
 COMPLETED, CANCELLED, FAILED = "completed", "cancelled", "failed"
 
@@ -120,9 +121,9 @@ class AnswerRun:
     leaves before the Done the answer is cancelled (nobody is left to read
     it: abort-on-disconnect)."""
 
-    # ``conversation``: the vidchat.conversation.Conversation that asked (its
-    # state, entry, chat generation and the rule for what the chat keeps).
-    def __init__(self, conversation: Any, slot: SessionRecord | SideSlot, answer: Answer, *, record: bool,
+    # ``conversation``: the Conversation that asked (its host, session, chat
+    # generation and the rule for what the chat keeps).
+    def __init__(self, conversation: Conversation, slot: SessionRecord | SideSlot, answer: Answer, *, record: bool,
                  continues_chat: bool, remember: bool) -> None:
         self.conversation, self.slot, self.answer = conversation, slot, answer
         self.record, self.continues_chat, self.remember = record, continues_chat, remember
@@ -261,8 +262,8 @@ class AnswerRun:
         bundle = record_error = None
         if self.record and started and answer_id is not None:
             try:
-                bundle = await save_bundle(conversation.state, conversation, answer, answer_id,
-                                                source=events.door_name(conversation.kind))
+                bundle = await save_bundle(conversation.host, conversation, answer, answer_id,
+                                           source=events.door_name(conversation.kind))
             except RecordingOff as exc:
                 record_error = f"Not recorded: {exc}."
             except OSError as exc:
@@ -332,7 +333,8 @@ def _prefilled(run: AnswerRun) -> None:
 
 def _count(run: AnswerRun, done: Done) -> None:
     """Tell the app's metrics (when it keeps any) how the answer ended."""
-    metrics = getattr(run.conversation.state, "metrics", None)
+    host = run.conversation.host
+    metrics = host.metrics if host is not None else None
     if metrics is None:
         return
     answer = run.answer
@@ -388,7 +390,7 @@ class RunReader:
                 pass
 
 
-async def _places(answer: Answer) -> AsyncIterator[int]:
+async def _places(answer: Answer) -> AsyncGenerator[int, None]:
     """The number of answers ahead while this one waits for its place;
     raises Abandoned when it is cancelled while it waits."""
     places: asyncio.Queue[int] = asyncio.Queue()
@@ -425,11 +427,11 @@ KEEP_PER_SESSION = 8
 KEEP_BUNDLES_PER_SESSION = 64
 
 
-def remember(entry: Any, answer: "Answer") -> str:
+def remember(entry: SessionRecord, answer: Answer) -> str:
     """Keep an answer's inputs for its session's page; returns its id (the
     same id when the answer is already kept, e.g. a spoken question's
     player shown before its answer)."""
-    kept: collections.OrderedDict = entry.answers
+    kept = entry.answers
     for known_id, known in kept.items():
         if known is answer:
             return known_id
@@ -440,35 +442,35 @@ def remember(entry: Any, answer: "Answer") -> str:
     return answer_id
 
 
-def chat_answers(entry: Any) -> list[tuple[str, "Answer"]]:
+def chat_answers(entry: Conversation) -> list[tuple[str, Answer]]:
     """The kept answers of the chat as it is now, newest first, as (id,
     answer): those of a cleared chat are left out (their inputs stay served
     while kept, and the live view's timings still count them)."""
     chat = entry.generation
     return [(answer_id, answer) for answer_id, answer in reversed(entry.answers.items())
-            if getattr(answer, "chat", 0) == chat]
+            if answer.chat == chat]
 
 
-async def save_bundle(state: Any, entry: Any, answer: "Answer", answer_id: str, source: str) -> Path:
+async def save_bundle(host: Host | None, entry: SessionRecord, answer: Answer, answer_id: str, source: str) -> Path:
     """Save a finished answer as a bundle under --record-dir, in its
     session's folder, and keep it for the session's download links: the one
     recording rule of the page and the socket. Raises RecordingOff without
     --record-dir (nothing is written unless the server was told where), and
     OSError when the folder can't be written."""
-    root = state.settings.record_dir
-    if not root:
+    if host is None or not host.settings.record_dir:
         raise RecordingOff("the server was started without --record-dir")
+    root = host.settings.record_dir
     folder = Path(root) / f"session-{time.strftime('%Y%m%d')}-{entry.session.id[:8]}"
     engine = answer.reply.engine  # the engine that answered: the second model's answers are its own
     path = await asyncio.to_thread(write_bundle, folder, answer, source=source,
-                                   model_option=model_option(state.settings, answer),
+                                   model_option=model_option(host.settings, answer),
                                    engine_options=engine.options)
     keep_bundle(entry, answer_id, path)
     log.info("session %s… answer recorded in %s", entry.session.id[:6], path)
     return path
 
 
-def model_option(settings: Any, answer: "Answer") -> str:
+def model_option(settings: HostSettings, answer: Answer) -> str:
     """The option the answering engine's model was chosen by (--model, or
     --compare-model for the second model): what a replay or a baseline of the
     answer names, so neither is credited to the other model."""
@@ -479,14 +481,14 @@ class RecordingOff(Exception):
     pass
 
 
-def keep_bundle(entry: Any, answer_id: str, path: Any) -> None:
+def keep_bundle(entry: SessionRecord, answer_id: str, path: Path) -> None:
     """Remember a recorded answer's bundle folder for the session's download links."""
     entry.bundles[answer_id] = path
     while len(entry.bundles) > KEEP_BUNDLES_PER_SESSION:
         entry.bundles.pop(next(iter(entry.bundles)))
 
 
-def find(registry: Any, answer_id: str) -> "tuple[Any, Answer] | tuple[None, None]":
+def find(registry: SessionRegistry, answer_id: str) -> tuple[Conversation, Answer] | tuple[None, None]:
     for entry in registry.entries():
         answer = entry.answers.get(answer_id)
         if answer is not None:
@@ -494,7 +496,7 @@ def find(registry: Any, answer_id: str) -> "tuple[Any, Answer] | tuple[None, Non
     return None, None
 
 
-def record(answer: "Answer", answer_id: str | None = None) -> dict[str, Any]:
+def record(answer: Answer, answer_id: str | None = None) -> dict[str, Any]:
     """The answer record: question, answer text and everything the model was given (frames by time and index)."""
     out = {"id": answer_id, "question": answer.question, "answer": answer.reply.text}
     out.update(answer.summary())
