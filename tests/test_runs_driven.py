@@ -127,11 +127,11 @@ async def test_clear_while_a_page_question_is_prepared_never_leaves_a_run_behind
         async for update in page_answers.respond(state, text, [], entry.session.id, *settings):
             updates.append(update)
 
-    asking = asyncio.create_task(ask_on_page("What is there?"))
+    asked = asyncio.create_task(ask_on_page("What is there?"))
     await asyncio.to_thread(preparing.wait, 30)
     await page_answers.clear_chat(state, entry.session.id)  # while the question is prepared
     release.set()
-    await asyncio.wait_for(asking, 30)
+    await asyncio.wait_for(asked, 30)
     assert entry.answer is None  # the question for the old chat never started
     monkeypatch.setattr(asking, "prepare", real_prepare)
     caplog.set_level(logging.INFO, logger="vidchat.conversation")
