@@ -44,7 +44,7 @@ async def test_a_run_streams_its_events_in_order_and_ends_with_one_done(omni_eng
     assert done.status == COMPLETED and done.started and done.current and done.error is None
     assert done.text == "".join(e.text for _, e in log if isinstance(e, Delta))
     assert done.answer_id in entry.answers  # its inputs are kept for the session's page
-    assert run.finished.is_set() and entry.answer is None and omni_engine.running_requests == 0
+    assert run.over.is_set() and entry.answer is None and omni_engine.running_requests == 0
 
 
 async def test_a_newer_question_cancels_the_running_answer_whose_done_comes_first(omni_engine):

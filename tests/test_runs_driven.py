@@ -38,8 +38,8 @@ async def test_a_run_nobody_reads_ends_by_itself_and_frees_its_slot(omni_engine)
     entry.host = conversation.Standalone(omni_engine)
     talking = entry
     run = await talking.ask("What is there?", SHORT)
-    await asyncio.wait_for(run.ended.wait(), 60)  # nobody ever read it
-    assert run.finished.is_set() and entry.answer is None and not talking.answering
+    await asyncio.wait_for(run.over.wait(), 60)  # nobody ever read it
+    assert run.over.is_set() and entry.answer is None and not talking.answering
     done = await run.finish()
     assert isinstance(done, Done) and done.status == COMPLETED and done.answer.reply.stats.completion_tokens > 0
     # A late reader still gets the whole run, first event to Done.
@@ -63,12 +63,12 @@ async def test_an_answer_nobody_listens_to_is_stopped_after_the_grace_and_a_list
     options = AnswerOptions(max_tokens=400, temperature=0.0)
     with entry.event_hub.subscribe() as listening:
         heard = await talking.ask("Tell me everything.", options)
-        await asyncio.wait_for(heard.ended.wait(), 120)
+        await asyncio.wait_for(heard.over.wait(), 120)
         assert listening.pending()  # it was listening all along
     assert (await heard.finish()).status == COMPLETED
     assert heard.answer.reply.stats.completion_tokens == 400
     unheard = await talking.ask("Tell me everything.", options)
-    await asyncio.wait_for(unheard.ended.wait(), 120)
+    await asyncio.wait_for(unheard.over.wait(), 120)
     done = unheard._events[-1]
     assert done.status == CANCELLED and done.answer.cancelled_by == "nobody listens"
     assert 0 < done.answer.reply.stats.completion_tokens < 400
@@ -89,11 +89,11 @@ async def test_the_last_reader_leaving_mid_answer_cancels_it_and_one_left_keeps_
             break
     await first.aclose()  # one door leaves: the other still listens, the answer goes on
     await eventually_async(lambda: sum(isinstance(e, Delta) for e in kept) >= 5, 60, "the answer streams on")
-    assert not run.ended.is_set() and not run.answer._abandon.is_set()
+    assert run.done is None and not run.answer._abandon.is_set()
     keeper.cancel()  # the last door leaves without reading to the end
     with contextlib.suppress(asyncio.CancelledError):
         await keeper
-    await asyncio.wait_for(run.ended.wait(), 30)
+    await asyncio.wait_for(run.over.wait(), 30)
     done = await run.finish()
     assert done.status == CANCELLED and done.started
     assert done.answer.reply.stats.completion_tokens < LONG.max_tokens
@@ -185,7 +185,7 @@ async def test_a_cancelled_run_whose_engine_hangs_is_force_done_after_the_grace(
     await asyncio.wait_for(reading, 10)  # ends on the forced Done, the stream still stuck
     done = log[-1]
     assert isinstance(done, Done) and done.status == CANCELLED and not done.current
-    assert run.ended.is_set() and run.finished.is_set() and entry.answer is None and reply.aclosed.is_set()
+    assert run.done is not None and run.over.is_set() and entry.answer is None and reply.aclosed.is_set()
     assert sum(isinstance(e, Done) for e in log) == 1
     run._task.cancel()  # the stuck stream itself (an engine that hangs) is not the run's to end
 

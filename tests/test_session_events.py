@@ -94,7 +94,7 @@ async def test_an_answer_a_settings_change_and_the_end_reach_the_sessions_stream
         asking.apply_settings(entry.session, omni_engine, SHORT, {"num_sample_frames": 3, "max_frames": 64},
                                    entry.event_hub)
         run = await talking.ask("What is there?", SHORT)
-        await asyncio.wait_for(run.ended.wait(), 60)
+        await asyncio.wait_for(run.over.wait(), 60)
         await registry.close(entry.session.id, "stopped by the client")
         got = events.pending()
     kinds = [type(e.event).__name__ if isinstance(e, AnswerEvent) else type(e).__name__ for e in got]

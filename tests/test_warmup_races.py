@@ -184,10 +184,10 @@ def finished(question: str, text: str) -> asking.Answer:
     return asking.Answer(question, reply, sample=None, options=OPTIONS)
 
 
-def answered(talking, answer: asking.Answer, *, continues_chat: bool = True, slot=None, generation=None) -> None:
+def answered(talking, answer: asking.Answer, *, continues_chat: bool = True, slot=None, chat=None) -> None:
     """The conversation's rule at a run's Done (what AnswerRun._end calls)."""
-    run = types.SimpleNamespace(continues_chat=continues_chat, slot=slot or talking,
-                                generation=talking.generation if generation is None else generation)
+    run = types.SimpleNamespace(continues_chat=continues_chat, slot=slot or talking.chat,
+                                chat=talking.chat_began if chat is None else chat)
     talking._answered(run, runs.Done(answer, runs.COMPLETED, None, True, True, "answer-id"))
 
 
@@ -214,8 +214,8 @@ def test_an_answer_the_chat_does_not_continue_with_is_not_kept(kind, how):
     talking = entry
     answer = finished("What is there?", "" if how == "said nothing" else "A cat.")
     answered(talking, answer, continues_chat=how != "no history",
-             slot=entry.side_slot() if how == "re-ask" else None,
-             generation=talking.generation - 1 if how == "cleared" else None)
+             slot=entry.side if how == "re-ask" else None,
+             chat=talking.chat_began - 1 if how == "cleared" else None)
     assert talking.history.turns() == () and entry.warm_history == ()
 
 

@@ -1,7 +1,7 @@
 """An answer and where it runs: one question with exactly what the model was
 given (:class:`Answer`, with its :class:`AnswerOptions`), its place in the
 fair queue in front of the engine (:class:`AnswerQueue`), and the slots a
-session's answers run in (:class:`SessionRecord`, :class:`SideSlot`).
+session's answers run in (:class:`AnswerSlot`, three to a :class:`SessionRecord`).
 
 The queue: at most --max-concurrent-answers answers generate at once, across
 all sessions and every door. Questions beyond the cap wait first come, first
@@ -20,7 +20,7 @@ import secrets
 import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Awaitable, Callable
+from typing import TYPE_CHECKING, Any, Awaitable, Callable, Literal
 
 from vidchat.conversation.events import TYPED, EventHub
 from vidchat.engine.interface import Reply, Turn
@@ -140,16 +140,29 @@ class AnswerQueue:
 # which builds on :class:`SessionRecord`: the record holds what every door
 # reads (its media, who opened it, its limits, how to end its transport, its
 # kept answers); the conversation adds what the session does with the model.
-# An :class:`AnswerSlot` is where one answer at a time runs: the session's
-# chat is one, and its re-asks run in a :class:`SideSlot` beside it.
+#
+# Its answers run in three slots of one kind (:class:`AnswerSlot`): its chat,
+# its re-asks beside the chat ("side"), and the second model's answers to the
+# chat's questions ("second", Both models). One answer at a time runs in a
+# slot: a newer question there replaces it. Each slot has one counter, its
+# turn: each question asked in it takes the next number as its ticket (as do
+# Stop, Clear and the session's end in the chat), and a question is current
+# while its slot's turn is still its ticket. The second model's slot keeps no
+# count of its own: its answers are to the chat's questions, under their
+# tickets, current while the chat's turn is theirs.
 
 Closer = Callable[[], Awaitable[None]]
 
+SlotKind = Literal["chat", "side", "second"]
+
 
 class AnswerSlot:
-    """Where one answer at a time runs: a newer one replaces it."""
+    """Where one answer at a time of a session runs (see above)."""
 
-    def __init__(self) -> None:
+    def __init__(self, record: SessionRecord, kind: SlotKind, follows: AnswerSlot | None = None) -> None:
+        self.record, self.kind = record, kind
+        self._follows = follows  # the slot whose turn is this one's (the second model's: the chat's)
+        self._turn = 0
         self.answer: Answer | None = None  # the answer being generated here
         # What the next question will most likely carry besides its frames
         # (vidchat.conversation.warmup prepares for the same kind of question).
@@ -160,24 +173,55 @@ class AnswerSlot:
         # first output, and a question arriving meanwhile must not start beside it.
         self._cancelling = asyncio.Lock()
 
+    @property
+    def turn(self) -> int:
+        """The ticket of the slot's newest question (or of the Stop or Clear since)."""
+        return self._follows.turn if self._follows is not None else self._turn
+
+    def move(self) -> int:
+        """The next ticket: a question of this slot prepared for an older one never starts."""
+        if self._follows is not None:
+            raise RuntimeError(f"the {self.kind} slot takes the tickets of the slot it follows")
+        self._turn += 1
+        return self._turn
+
+    def holds(self, ticket: int) -> bool:
+        """Whether the question with ``ticket`` is still this slot's newest (and the session open)."""
+        return self.turn == ticket and not self.closed
+
+    @property
+    def session(self) -> Session:
+        return self.record.session
+
+    @property
+    def cache_salt(self) -> str:
+        # The session's: its prefix-cache hits, whichever slot asks, are its own.
+        return self.record.cache_salt
+
+    @property
+    def closed(self) -> bool:
+        return self.record.closed
+
     async def cancel_answer(self, why: str | None = None) -> None:
         """Abort the running answer (its vLLM request included), if any, and
         return only once no earlier answer here is still generating
-        (``why``: see answer_path.Answer.cancel)."""
+        (``why``: see Answer.cancel)."""
         async with self._cancelling:
             answer, self.answer = self.answer, None
             if answer is not None:
                 await answer.cancel(why)
 
 
-class SessionRecord(AnswerSlot):
-    """A session as the registry keeps it; its own answer slot is the chat's."""
+class SessionRecord:
+    """A session as the registry keeps it, with its three answer slots."""
 
     def __init__(self, session: Session, kind: str, *, client: str | None = None,
                  owner: str | None = None) -> None:
-        super().__init__()
         self.session = session
         self.kind = kind  # the door that opened it: "webrtc", "ws", "realtime", "replay", "bundle"
+        self.chat = AnswerSlot(self, "chat")
+        self.side = AnswerSlot(self, "side")
+        self.second = AnswerSlot(self, "second", follows=self.chat)
         # Whatever owns the session's transport (a peer connection, a socket)
         # registers how to end it, so expiry and shutdown can close it.
         self.closers: list[Closer] = []
@@ -206,8 +250,6 @@ class SessionRecord(AnswerSlot):
         # What happens in the session, for every door that listens
         # (vidchat.conversation.events; Conversation.events() is its stream).
         self.event_hub = EventHub()
-        self._side: SideSlot | None = None
-        self._second: SideSlot | None = None
         # Both models (--compare-model): each chat question is asked of the
         # second model too (vidchat.conversation.conversation).
         self.both_models = False
@@ -216,6 +258,26 @@ class SessionRecord(AnswerSlot):
         # grace): nobody asks meanwhile, so it gets no warm-ups.
         self.away = False
 
+    # The session's answer is its chat's (the doors' and the warm-ups' word for it).
+    @property
+    def answer(self) -> Answer | None:
+        return self.chat.answer
+
+    @answer.setter
+    def answer(self, answer: Answer | None) -> None:
+        self.chat.answer = answer
+
+    @property
+    def warm_options(self) -> AnswerOptions | None:
+        return self.chat.warm_options
+
+    @warm_options.setter
+    def warm_options(self, options: AnswerOptions | None) -> None:
+        self.chat.warm_options = options
+
+    def slots(self) -> tuple[AnswerSlot, AnswerSlot, AnswerSlot]:
+        return self.chat, self.side, self.second
+
     def release(self) -> None:
         """The session has closed: let its frames, audio, kept answers and
         last answers go now, not at the garbage collector's next full pass
@@ -223,49 +285,11 @@ class SessionRecord(AnswerSlot):
         self.session.reset()
         self.answers.clear()
         self.closers.clear()
-        self.answer = None
-        self._side = self._second = None
-
-    def side_slot(self) -> "SideSlot":
-        """Where this session's re-asks run (made on first use)."""
-        if self._side is None:
-            self._side = SideSlot(self)
-        return self._side
-
-    def second_slot(self) -> "SideSlot":
-        """Where the second model's answers to the chat's questions run (Both models)."""
-        if self._second is None:
-            self._second = SideSlot(self, second=True)
-        return self._second
+        for slot in self.slots():
+            slot.answer = None
 
     def time_left(self) -> float | None:
         return None if self.deadline is None else max(0.0, self.deadline - time.monotonic())
-
-
-class SideSlot(AnswerSlot):
-    """Where a session's re-asks run: beside the chat's answer, never in its
-    slot, so a re-ask neither cancels the chat's answer nor is read aloud by
-    Talk. Same session and cache salt (its prefix-cache hits are the
-    session's own); a newer re-ask still replaces a running one. The second
-    model's answers (``second``) run in a slot of their own, so a re-ask and
-    they never replace each other."""
-
-    def __init__(self, record: SessionRecord, second: bool = False) -> None:
-        super().__init__()
-        self.record = record
-        self.second = second
-
-    @property
-    def session(self) -> Session:
-        return self.record.session
-
-    @property
-    def cache_salt(self) -> str:
-        return self.record.cache_salt
-
-    @property
-    def closed(self) -> bool:
-        return self.record.closed
 
 
 @dataclass
@@ -294,7 +318,7 @@ class Answer:
     prep_ms: float = 0.0
     video_fps: float | None = None
     bundle_name: str = ""  # the recording this answer was read from (a bundle loaded into the page)
-    chat: int = 0  # the chat it was asked in (Conversation.generation: Clear starts another)
+    chat: int = 0  # the chat it was asked in (Conversation.chat_began: Clear starts another)
     session_id: str = ""
 
     queue: AnswerQueue | None = None

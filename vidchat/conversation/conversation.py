@@ -16,13 +16,15 @@ the Done the answer is cancelled. :meth:`AnswerRun.cancel` is the one way to
 stop it; a cancelled run whose engine does not let go is force-done after
 CANCEL_GRACE_S.
 
-The one preemption rule: a newer question in the chat (any door, any kind:
-typed, spoken, watched) cancels the running answer, and the newer run starts
-only once the older run's Done has been taken by its readers (at once when
-nobody reads it; a reader that stopped reading holds it at most
+An answer is *over* once its Done has been taken by every reader
+(:attr:`AnswerRun.over`; at once when nobody reads it). The one preemption
+rule: a newer question in the chat (any door, any kind: typed, spoken,
+watched) cancels the running answer, and the newer run starts only once the
+older one is over (a reader that stopped reading holds it at most
 PREEMPT_GRACE_S). A re-ask runs beside the chat (its own slot): it never
 cancels the chat's answer, is never kept among the chat's answers, and so is
-never read aloud nor offered as chat history.
+never read aloud nor offered as chat history. The slots, and the turn each
+question takes in its slot, are vidchat.conversation.answers'.
 """
 
 from __future__ import annotations
@@ -164,7 +166,7 @@ async def ask_second(conversation: Conversation, first: Answer, history: Sequenc
     """The second model's answer to the chat's question ``first`` (None,
     with a notice in the chat, when it can't answer)."""
     host = conversation.serving()
-    slot = conversation.second_slot()
+    slot = conversation.second
     await slot.cancel_answer()  # the previous question's second answer, if it still runs
     engine = host.engine_now("compare")  # not waited for: the chat's answer runs meanwhile
     if engine is None:
@@ -174,13 +176,13 @@ async def ask_second(conversation: Conversation, first: Answer, history: Sequenc
     try:
         answer = await ask_answer(engine, slot, first.question, first.options, history=history,
                                   queue=host.answer_gate, sample=first.sample, spoken=first.spoken, ticket=ticket,
-                                  current=lambda: conversation.turn == ticket and not conversation.closed)
+                                  current=lambda: slot.holds(ticket))
     except Superseded:
         return None
     except (EngineError, NoFrames, ValueError) as exc:
         conversation.event_hub.publish(Notice(NOT_ANSWERED + str(exc)))
         return None
-    answer.chat = conversation.generation
+    answer.chat = conversation.chat_began
     return AnswerRun(conversation, slot, answer, record=record, continues_chat=False, remember=True)
 
 
@@ -193,7 +195,8 @@ PREEMPT_GRACE_S = 5.0
 
 class Conversation(SessionRecord):
     """A session and what it does with the model: the registry's one object
-    per session (SessionRegistry.create), whose own slot runs the chat's answers."""
+    per session (SessionRegistry.create); its chat's answers run in its
+    ``chat`` slot (vidchat.conversation.answers says how slots and turns go)."""
 
     def __init__(self, session: Session, kind: str, *, host: Host | None = None, client: str | None = None,
                  owner: str | None = None) -> None:
@@ -204,15 +207,14 @@ class Conversation(SessionRecord):
         self.host = host
         self._chat_run: AnswerRun | None = None
         self.history = ChatHistory()  # the chat, on the server, for every door and the warm-ups
-        self.generation = 0  # the chat's number: Clear starts a new one
-        # The chat's turn: each question, Stop, Clear and the session's end
-        # move it on; a question prepared for an older turn never starts.
-        # (The one counter, where there were a question sequence, watch and
-        # talk epochs and a stop count.)
-        self.turn = 0
+        # The chat's turn (its slot's): each question, Stop, Clear and the
+        # session's end take the next number; a question prepared for an
+        # older one never starts. Clear starts a new chat at the number it
+        # took: the chat's answers are those asked since.
+        self.chat_began = 0
+        self._chats_cleared = 0  # read only as ``generation`` (see there)
         self._moved_by = ""  # what moved the turn last (a question, "stop", "clear", "closed")
         self._turn_cause = TYPED  # why the turn's question was asked (typed, scene, spoken)
-        self._side_turn = 0  # the same for re-asks beside the chat: a newer one replaces a running one
         self._tasks: set[asyncio.Task[object]] = set()  # questions asked in a task of the conversation (submit)
         self.modes = Modes(self)  # Watch and Talk, as tasks of the conversation
         self.closers.append(self._closed)
@@ -225,21 +227,31 @@ class Conversation(SessionRecord):
 
     # -- the chat's turn and the one way to stop its answer ------------------
 
+    @property
+    def turn(self) -> int:
+        """The chat's turn: its newest question's ticket (or Stop's, Clear's, the end's since)."""
+        return self.chat.turn
+
+    @property
+    def generation(self) -> int:
+        """How many times the chat was cleared. No rule here reads it (an
+        answer's chat is ``chat_began``); the page's chat feed counts the
+        ChatCleared events it drew against it."""
+        return self._chats_cleared
+
     def _move_turn(self, by: str) -> int:
-        self.turn += 1
         self._moved_by = by
-        return self.turn
+        return self.chat.move()
 
     async def cancel(self, why: str | None = None) -> None:
         """The one way to cancel the chat's answer (Stop, Clear, barge-in, a
         newer question): its run ends with a cancelled Done within its grace."""
         run = self._chat_run
-        if run is not None and not run.ended.is_set():
+        if run is not None and run.done is None:
             await run.cancel(why)
-        elif self.answer is not None:  # an answer asked outside a run (vidchat.conversation.asking.ask)
-            await self.cancel_answer(why)
-        if self._second is not None:  # Both models: the second model's answer to the same question
-            await self._second.cancel_answer(why)
+        elif self.chat.answer is not None:  # an answer asked outside a run (vidchat.conversation.asking.ask)
+            await self.chat.cancel_answer(why)
+        await self.second.cancel_answer(why)  # Both models: the second model's answer to the same question
 
     async def stop(self, why: str | None = None) -> None:
         """Stop: the running answer ends, a question not started yet ends
@@ -253,11 +265,11 @@ class Conversation(SessionRecord):
         later is not added to the new one (nor does the next warm-up carry
         it); its answer is cancelled (nobody's chat shows it any more).
         Watch and Talk go on."""
-        self.generation += 1
-        self._move_turn("clear")
+        self.chat_began = self._move_turn("clear")
+        self._chats_cleared += 1
         self.history.clear()
-        self.event_hub.publish(ChatCleared())
-        if self._chat_run is not None and not self._chat_run.ended.is_set():
+        self.event_hub.publish(ChatCleared(self.chat_began))
+        if self._chat_run is not None and self._chat_run.done is None:
             self._in_task(self.cancel())
 
     async def _closed(self) -> None:
@@ -282,7 +294,7 @@ class Conversation(SessionRecord):
         slot, that the door continues the chat with, and that said something
         (a stopped answer's text too: the user saw it)."""
         text = done.answer.reply.text.strip()
-        if (not run.continues_chat or run.slot is not self or run.generation != self.generation
+        if (not run.continues_chat or run.slot is not self.chat or run.chat != self.chat_began
                 or not done.started or not text):
             return
         # History comes before the frames in the prompt: the next warm-up
@@ -294,10 +306,6 @@ class Conversation(SessionRecord):
         """The chat the next question will carry, so its warm-up (vidchat.conversation.warmup)
         starts as the question will."""
         return self.history.turns()
-
-    def is_current(self, run: AnswerRun) -> bool:
-        """Whether ``run`` is still its slot's newest question."""
-        return run.answer.ticket == (self.turn if run.slot is self else self._side_turn)
 
     # -- asking ------------------------------------------------------------
 
@@ -321,25 +329,25 @@ class Conversation(SessionRecord):
         elif ticket != self.turn:
             raise asking.Superseded("A newer question replaced this one.")
         previous = self._chat_run
-        if previous is not None and not previous.ended.is_set():
+        if previous is not None and previous.done is None:
             await previous.cancel()  # arms its force-done: its Done comes within the grace
-        if previous is not None and not previous.finished.is_set():
+        if previous is not None and not previous.over.is_set():
             try:
-                await asyncio.wait_for(previous.finished.wait(), PREEMPT_GRACE_S)
+                await asyncio.wait_for(previous.over.wait(), PREEMPT_GRACE_S)
             except asyncio.TimeoutError:
                 log.info("session %s…: the replaced answer's reader did not finish; going on",
                          self.session.id[:6])
         if history is None:
             history = self.history.turns() if continues_chat else ()
         host = self.serving()
-        answer = await asking.ask(engine or await host.engine_for("main"), self, question, options,
+        answer = await asking.ask(engine or await host.engine_for("main"), self.chat, question, options,
                                   history=history, queue=host.answer_gate, sample=sample, spoken=spoken,
                                   question_audio=question_audio, frames_optional=frames_optional,
-                                  ticket=ticket, current=lambda: self.turn == ticket)
-        answer.chat, answer.cause = self.generation, self._turn_cause
+                                  ticket=ticket, current=lambda: self.chat.holds(ticket))
+        answer.chat, answer.cause = self.chat_began, self._turn_cause
         if self.stream is not None:
             answer.source_state = self.stream.state
-        run = AnswerRun(self, self, answer, record=record, continues_chat=continues_chat, remember=remember)
+        run = AnswerRun(self, self.chat, answer, record=record, continues_chat=continues_chat, remember=remember)
         self._chat_run = run
         if self.both_models and continues_chat:
             self._in_task(ask_second(self, answer, history, record=record))
@@ -380,7 +388,7 @@ class Conversation(SessionRecord):
     def answering(self) -> bool:
         """A chat answer runs whose Done has not been delivered yet (a newer question would cut it short)."""
         run = self._chat_run
-        return run is not None and not run.finished.is_set()
+        return run is not None and not run.over.is_set()
 
     async def reask(self, original: Answer, options: AnswerOptions, sample: Sample, *,
                     engine: ChatEngine | None = None) -> AnswerRun:
@@ -390,15 +398,14 @@ class Conversation(SessionRecord):
         answers: those are the chat's (Talk reads the newest aloud, the
         re-ask list and the timings chart read them), and a re-ask of a
         loaded bundle would keep its decoded frames with the session."""
-        slot = self.side_slot()
-        self._side_turn += 1
-        ticket = self._side_turn
+        slot = self.side
+        ticket = slot.move()
         await slot.cancel_answer()
         host = self.serving()
         answer = await asking.ask(engine or await host.engine_for("main"), slot, original.question, options,
                                   history=original.history, queue=host.answer_gate, sample=sample,
                                   spoken=original.spoken, ticket=ticket,
-                                  current=lambda: self._side_turn == ticket and not self.closed)
+                                  current=lambda: slot.holds(ticket))
         return AnswerRun(self, slot, answer, record=False, continues_chat=False, remember=False)
 
 

@@ -100,6 +100,8 @@ class AnswerEvent:
 class ChatCleared:
     """Clear chat: what was said before is no longer the chat."""
 
+    chat: int = 0  # the new chat's number (Conversation.chat_began)
+
 
 @dataclass(frozen=True)
 class Notice:

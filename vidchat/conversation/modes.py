@@ -179,9 +179,9 @@ async def scene_changes(conversation: Conversation, watcher: SceneWatch,
             conversation.event_hub.publish(SceneChanged(t))
         if conversation.host is None or conversation.host.engine_now("main") is None:
             continue
-        while (run := conversation._chat_run) is not None and not run.finished.is_set() and not stopped():
+        while (run := conversation._chat_run) is not None and not run.over.is_set() and not stopped():
             try:  # looked at again each second: watching switched off meanwhile ends here
-                await asyncio.wait_for(asyncio.shield(run.finished.wait()), 1.0)
+                await asyncio.wait_for(asyncio.shield(run.over.wait()), 1.0)
             except asyncio.TimeoutError:
                 pass
         if stopped():
@@ -368,7 +368,7 @@ class Listener:
             self.entry.event_hub.publish(event)
             if self.on_speech is not None:
                 self.on_speech()
-            if self.barge_in and self.entry.answer is not None:
+            if self.barge_in and self.entry.chat.answer is not None:
                 self.stats.barge_ins += 1
                 log.info("session %s… barge-in: speech at %.2f s stops the answer", sid, event.start)
                 await self.entry.cancel(BARGED_IN)  # the conversation's one way to cancel the chat's answer

@@ -180,9 +180,8 @@ class SessionRegistry:
         # Each step is bounded: a closer that hangs (a client that reads
         # nothing, a peer that never answers) delays this session's end by at
         # most CLOSE_STEP_S, and no other session's.
-        await _bounded(entry.cancel_answer(), "aborting the answer of", sid)  # nobody is left to read it
-        if entry._side is not None:
-            await _bounded(entry._side.cancel_answer(), "aborting the re-ask of", sid)
+        for slot in entry.slots():  # nobody is left to read their answers
+            await _bounded(slot.cancel_answer(), f"aborting the {slot.kind} answer of", sid)
         for closer in list(entry.closers):  # a closer may unregister itself
             await _bounded(closer(), "a closer of", sid)
         entry.event_hub.publish(Closed(reason))  # the last event its listeners get

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, AsyncGenerator, Protocol, Union
 
 from vidchat.conversation import asking, events
-from vidchat.conversation.answers import Abandoned, Answer, SessionRecord, SideSlot
+from vidchat.conversation.answers import Abandoned, Answer, AnswerSlot, SessionRecord
 from vidchat.conversation.bundles import write_bundle
 from vidchat.conversation.events import SCENE, SPOKEN, TYPED, AnswerEvent
 from vidchat.conversation.host import Host, HostSettings
@@ -122,13 +122,17 @@ class AnswerRun:
     it: abort-on-disconnect)."""
 
     # ``conversation``: the Conversation that asked (its host, session, chat
-    # generation and the rule for what the chat keeps).
-    def __init__(self, conversation: Conversation, slot: SessionRecord | SideSlot, answer: Answer, *, record: bool,
+    # and the rule for what the chat keeps); ``slot``: one of its three.
+    def __init__(self, conversation: Conversation, slot: AnswerSlot, answer: Answer, *, record: bool,
                  continues_chat: bool, remember: bool) -> None:
         self.conversation, self.slot, self.answer = conversation, slot, answer
         self.record, self.continues_chat, self.remember = record, continues_chat, remember
-        self.ended = asyncio.Event()  # set by the run as its Done is made: it always comes
-        self.finished = asyncio.Event()  # set once every reader has taken the Done (at once with no reader)
+        # Its Done, once made (it always comes): the run has ended, its readers may not have taken it yet.
+        self.done: Done | None = None
+        # The answer is over: its Done has been taken by every reader (at once with none). The
+        # conversation's preemption rule waits for this before a newer question in the chat starts.
+        self.over = asyncio.Event()
+        self._made = asyncio.Event()  # set with ``done`` (finish() waits for it)
         self._events: list[RunEvent] = []
         self._more = asyncio.Event()  # replaced at each event: readers wait on the one of their time
         self._readers = 0
@@ -136,7 +140,7 @@ class AnswerRun:
         self._first_token_at: float | None = None
         self._awaited = False  # finish() waits for it (replay, benchmarks): someone takes its Done
         self._unheard_since: float | None = None
-        self.generation = conversation.generation  # the chat it belongs to (Clear starts another)
+        self.chat = conversation.chat_began  # the chat it belongs to (Clear starts another)
         self._task = asyncio.get_running_loop().create_task(self._run())
         _RUNNING.add(self._task)  # asyncio keeps only weak references to tasks
         self._task.add_done_callback(_RUNNING.discard)
@@ -144,9 +148,9 @@ class AnswerRun:
     @property
     def kind(self) -> str:
         """What it answers: "chat", "watch", "talk", "reask" or "second" (metrics' kind label)."""
-        if getattr(self.slot, "second", False):
+        if self.slot.kind == "second":
             return "second"
-        if self.slot is not self.conversation:
+        if self.slot.kind == "side":
             return "reask"
         if self.answer.spoken is not None:  # Talk, a socket's server_vad turn, or a video.query's audio_data
             return "talk"
@@ -156,7 +160,7 @@ class AnswerRun:
         """The one way to stop it: stop generating (or waiting). The run
         still ends with its Done; if the engine does not let it end within
         CANCEL_GRACE_S, the Done is made without it (force-done)."""
-        if not self.ended.is_set() and self._forced is None:
+        if self.done is None and self._forced is None:
             self._forced = asyncio.get_running_loop().call_later(CANCEL_GRACE_S, self._force_done)
         await self.answer.cancel(why)
 
@@ -166,10 +170,10 @@ class AnswerRun:
         self._events.append(event)
         more, self._more = self._more, asyncio.Event()
         more.set()
-        entry = self.conversation  # the session's one stream has every answer of it, re-asks marked
-        entry.event_hub.publish(AnswerEvent(event, event.answer_id if isinstance(event, Done) else None,
-                                         side=self.slot is not entry, ticket=self.answer.ticket,
-                                         second=getattr(self.slot, "second", False)))
+        # The session's one stream has every answer of it, those beside the chat marked.
+        self.conversation.event_hub.publish(AnswerEvent(
+            event, event.answer_id if isinstance(event, Done) else None, side=self.slot.kind != "chat",
+            ticket=self.answer.ticket, second=self.slot.kind == "second"))
 
     async def _run(self) -> None:
         answer, reply = self.answer, self.answer.reply
@@ -203,11 +207,11 @@ class AnswerRun:
                 except Exception:  # noqa: BLE001
                     log.debug("aborting the reply failed", exc_info=True)
                 asking.release(self.slot, answer)
-                current = self.conversation.is_current(self)
-            if not self.ended.is_set():
-                self._end(await self._done(error, started, current))
+                current = self.slot.holds(answer.ticket)
+            if self.done is None:
+                self._end(await self._recorded_done(error, started, current))
         finally:
-            if not self.ended.is_set():  # the task itself was cancelled (shutdown)
+            if self.done is None:  # the task itself was cancelled (shutdown)
                 self._end(self._plain_done(None, started, False, cancelled=True))
 
     def _check_heard(self) -> None:
@@ -230,7 +234,7 @@ class AnswerRun:
     def _force_done(self) -> None:
         """The cancelled answer did not end within the grace: its Done now
         (the engine's abort goes on in the background; its place is given back)."""
-        if self.ended.is_set():
+        if self.done is not None:
             return
         log.info("session %s…: a cancelled answer did not end within %.0f s; done without it",
                  self.answer.session_id[:6], CANCEL_GRACE_S)
@@ -243,9 +247,10 @@ class AnswerRun:
         _count(self, done)
         self.conversation._answered(self, done)
         self._publish(done)
-        self.ended.set()
+        self.done = done
+        self._made.set()
         if self._readers == 0:
-            self.finished.set()
+            self.over.set()
 
     def _plain_done(self, error: str | None, started: bool, current: bool, cancelled: bool = False) -> Done:
         """The run's Done without a recording, its inputs kept as asked."""
@@ -255,7 +260,7 @@ class AnswerRun:
         answer_id = remember(self.conversation, answer) if self.remember else None
         return Done(answer, status, error, started, current, answer_id)
 
-    async def _done(self, error: str | None, started: bool, current: bool) -> Done:
+    async def _recorded_done(self, error: str | None, started: bool, current: bool) -> Done:
         done = self._plain_done(error, started, current)
         answer, answer_id = self.answer, done.answer_id
         conversation = self.conversation
@@ -291,8 +296,8 @@ class AnswerRun:
         self._readers -= 1
         if self._readers:
             return
-        if self.ended.is_set():
-            self.finished.set()
+        if self.done is not None:
+            self.over.set()
         elif not took_done and not self.answer._abandon.is_set():
             # The last door listening went away: nobody reads this answer now.
             self._leaving = asyncio.get_running_loop().create_task(self.cancel())
@@ -317,17 +322,16 @@ class AnswerRun:
     async def finish(self) -> Done:
         """Wait for the run's Done without a door (replay, benchmarks)."""
         self._awaited = True
-        await self.ended.wait()
-        done = self._events[-1]
-        assert isinstance(done, Done), "an answer run ends with Done"
-        return done
+        await self._made.wait()
+        assert self.done is not None, "an answer run ends with Done"
+        return self.done
 
 
 def _prefilled(run: AnswerRun) -> None:
     """The engine has the question's frames encoded now: a later question or
     warm-up counts them as such (vidchat.media.sampling's encoder budget).
     Not a second model's: its engine is another one."""
-    if not getattr(run.slot, "second", False):
+    if run.slot.kind != "second":
         run.conversation.session.mark_encoded(run.answer.sample.seqs)
 
 
@@ -446,7 +450,7 @@ def chat_answers(entry: Conversation) -> list[tuple[str, Answer]]:
     """The kept answers of the chat as it is now, newest first, as (id,
     answer): those of a cleared chat are left out (their inputs stay served
     while kept, and the live view's timings still count them)."""
-    chat = entry.generation
+    chat = entry.chat_began
     return [(answer_id, answer) for answer_id, answer in reversed(entry.answers.items())
             if answer.chat == chat]
 

@@ -404,9 +404,9 @@ def warm_candidates(host: Host, warm_states: dict[str, WarmState], pins: EnterPi
             warm = warm_states.get(sid)
             pinned.append((warm.at if warm else 0.0, entry, sample_key(entry, segments)))  # Enter: first of all
             continue
-        if entry.answer is not None or entry.session.frame_count == 0:
+        if entry.chat.answer is not None or entry.session.frame_count == 0:
             continue  # its own answer is filling the cache; nothing to warm yet
-        if now - entry.answer_ended < SETTLE_S:
+        if now - entry.chat.answer_ended < SETTLE_S:
             continue
         key = sample_key(entry, segments)
         warm = warm_states.get(sid)
@@ -484,7 +484,8 @@ async def plan_warmup(engine: ChatEngine, entry: Conversation, options: AnswerOp
     if not sample.frames:
         return None
     try:
-        prepared = await asyncio.to_thread(asking.prepare, engine, entry, sample, options, entry.warm_history, "", True)
+        prepared = await asyncio.to_thread(asking.prepare, engine, entry.chat, sample, options, entry.warm_history,
+                                           "", True)
     except Exception as exc:
         log.debug("session %s…: no warm-up: %s", entry.session.id[:6], exc)
         return None
@@ -517,7 +518,7 @@ def sample_key(entry: Conversation, audio_segments: bool = False) -> SampleKey:
     where the engine takes the audio in segments, a finished segment."""
     session = entry.session
     segments = session.audio_segments if audio_segments else None
-    return (session.kept_count, segments, session.settings, entry.warm_options, entry.warm_history)
+    return (session.kept_count, segments, session.settings, entry.chat.warm_options, entry.warm_history)
 
 
 # The one warm-up the engine runs at a time, and the prewarmer's counters.
@@ -856,7 +857,7 @@ class Prewarmer:
             return False
         gate = self.host.answer_gate
         return (engine.running_requests > 0 or (gate is not None and gate.snapshot().get("waiting", 0) > 0)
-                or any(e.answer is not None for e in self.host.registry.entries()))
+                or any(e.chat.answer is not None for e in self.host.registry.entries()))
 
     async def _step(self) -> None:
         engine = self.host.engine_now("main")  # each step: a restarted engine is another one
@@ -895,7 +896,7 @@ class Prewarmer:
         warm.at = time.monotonic()
         pin = self._pins.get(sid)
         self.frame_cost.apply(entry.session)
-        plan = await plan_warmup(engine, entry, entry.warm_options or self.host.answer_defaults(), pin,
+        plan = await plan_warmup(engine, entry, entry.chat.warm_options or self.host.answer_defaults(), pin,
                                  frames_ahead(self.frame_cost))
         if plan is None:
             warm.key = key
