@@ -129,7 +129,7 @@ async def question(engine: LocalEngine, entry, options: AnswerOptions, text: str
 async def case(engine: LocalEngine, repeats: int, frames: int, *, tokens: int, frames_as: str = "images",
                audio_s: float = 0.0, reask: bool = False) -> dict[str, float]:
     """One row: the median over `repeats` sessions, each with new frames."""
-    registry = SessionRegistry(repeats + 1, app=conversation.Standalone(engine))
+    registry = conversation.Standalone(engine, registry=SessionRegistry(repeats + 1)).registry
     options = AnswerOptions(max_tokens=tokens, temperature=0.0, include_audio=audio_s > 0, frames_as=frames_as)
     results = []
     for r in range(repeats):

@@ -33,7 +33,6 @@ import logging
 import statistics
 import sys
 import time
-import types
 from pathlib import Path
 
 import numpy as np
@@ -104,7 +103,7 @@ async def rows(engine, frames: int, repeats: int, frames_as: str, sampling: str,
     """The cold/warm/slid/text row (printed; the medians returned), with
     frames of `frame` (height, width), stored at that size."""
     options = AnswerOptions(max_tokens=4, temperature=0.0, include_audio=False, frames_as=frames_as)
-    registry = SessionRegistry(64, app=conversation.Standalone(engine))
+    registry = conversation.Standalone(engine, registry=SessionRegistry(64)).registry
     out: dict[str, list[float]] = {k: [] for k in ("cold", "warm", "slid1", "slid4", "text")}
     prompt_tokens = cached = {}
     for r in range(repeats):
@@ -150,7 +149,7 @@ async def audio_rows(engine, frames: int, repeats: int) -> dict[str, float]:
     of audio: with the audio as one clip (all of it new again) and in 2-s
     segments (only the newest is new; vidchat.media.audio)."""
     options = AnswerOptions(max_tokens=4, temperature=0.0, include_audio=True)
-    registry = SessionRegistry(64, app=conversation.Standalone(engine))
+    registry = conversation.Standalone(engine, registry=SessionRegistry(64)).registry
     out: dict[str, list[float]] = {"cold": [], "one_clip": [], "segments": []}
     cached: dict[str, int] = {}
     prompt_tokens = 0
@@ -189,10 +188,8 @@ async def load(engine, sessions: int, frames: int, rounds: int, prewarm: bool) -
     """Sessions stream (one new kept frame each every 0.2 s) and take turns asking; p95 TTFT."""
     registry = SessionRegistry(sessions + 1)
     gate = AnswerQueue(8)
-    state = types.SimpleNamespace(engine=engine, registry=registry, answer_gate=gate,
-                                  answer_defaults=lambda: options, settings=None)
-    registry.app = state
     options = AnswerOptions(max_tokens=8, temperature=0.0, include_audio=False)
+    state = conversation.Standalone(engine, gate, options, registry=registry)
     entries = [registry.create("webrtc", SessionSettings(evs_enabled=False, num_sample_frames=frames))
                for _ in range(sessions)]
     feeds = [Feed(5000 + i) for i in range(sessions)]

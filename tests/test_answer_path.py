@@ -44,7 +44,7 @@ async def drain(answer, seen: list | None = None):
 
 def talking_of(engine, entry):
     """The entry's conversation, with an engine and no app around it."""
-    entry.state = conversation.Standalone(engine)
+    entry.host = conversation.Standalone(engine)
     return entry
 
 
@@ -150,7 +150,7 @@ async def test_no_frames_is_the_cores_fact_and_each_door_says_what_to_do(omni_en
     for kind in ("ws", "webrtc"):  # the core says the same to every door
         entry = filled_entry(kind=kind, n=0)
         with pytest.raises(asking.NoFrames) as err:
-            await asking.ask(omni_engine, entry, "Hi?", AnswerOptions())
+            await asking.ask(omni_engine, entry.chat, "Hi?", AnswerOptions())
         assert str(err.value) == "No frames available."
     assert err.value.said_with(SocketSession.no_frames_hint) == \
         "No frames available. Send video.frame before video.query."
@@ -225,8 +225,8 @@ def test_only_an_answered_exchange_of_this_chat_joins_the_servers_history(change
     exchanges), and neither is an answer that said nothing."""
     entry = filled_entry()
     run = types.SimpleNamespace(continues_chat=change.get("continues_chat", True),
-                                slot=entry.side_slot() if change.get("side") else entry,
-                                generation=entry.generation)
+                                slot=entry.side if change.get("side") else entry.chat,
+                                chat=entry.chat_began)
     if change.get("older_chat"):
         entry.clear()
     done = runs.Done(_said("Colour?", change.get("text", "Blue.")), change.get("status", runs.COMPLETED),
@@ -265,7 +265,7 @@ async def test_a_refused_question_and_a_notice_change_nothing_the_engine_sees(om
 @pytest.mark.engine
 async def test_video_answers_carry_their_real_frame_rate(omni_engine):
     entry = filled_entry(n=8)
-    answer = await asking.ask(omni_engine, entry, "What moves?", AnswerOptions(frames_as="video", max_tokens=2))
+    answer = await asking.ask(omni_engine, entry.chat, "What moves?", AnswerOptions(frames_as="video", max_tokens=2))
     await drain(answer)
     summary = answer.summary()
     assert summary["frames_as"] == "video" and summary["frame_times"] == [0.0, 2.0, 4.0, 7.0]
@@ -281,9 +281,9 @@ async def test_each_session_has_its_own_prefix_cache_salt(omni_engine):
     options = AnswerOptions(max_tokens=2, temperature=0.0, system_prompt="Watch closely. " * 100)
 
     async def ask(entry):
-        answer = await asking.ask(omni_engine, entry, "What is shown?", options)
+        answer = await asking.ask(omni_engine, entry.chat, "What is shown?", options)
         stats = await drain(answer)
-        asking.release(entry, answer)
+        asking.release(entry.chat, answer)
         return answer.reply._prompt["cache_salt"], stats
 
     salt_a1, cold = await ask(first)
@@ -304,9 +304,9 @@ async def test_the_answer_record_names_its_exact_inputs(omni_engine):
     options = AnswerOptions(max_tokens=2, temperature=0.0, include_audio=False)
     records = []
     for e in (entry, twin, other):
-        answer = await asking.ask(omni_engine, e, "What is shown?", options)
+        answer = await asking.ask(omni_engine, e.chat, "What is shown?", options)
         await drain(answer)
-        asking.release(e, answer)
+        asking.release(e.chat, answer)
         records.append((answer, answer.summary()))
     (a, ra), (_, rb), (_, rc) = records
     assert ra["inputs_sha256"] == inputs_digest(a.sample.frames, None) and len(ra["inputs_sha256"]) == 64
@@ -338,7 +338,7 @@ async def test_a_question_being_prepared_when_its_session_closes_never_starts():
             submitted.append(prepared)
             raise AssertionError("a closed session's question reached the engine")
 
-    asked = asyncio.create_task(asking.ask(HeldEngine(), entry, "Still there?", AnswerOptions(max_tokens=2)))
+    asked = asyncio.create_task(asking.ask(HeldEngine(), entry.chat, "Still there?", AnswerOptions(max_tokens=2)))
     assert await asyncio.to_thread(preparing.wait, 10)
     assert await registry.close(entry.session.id, "peer closed")
     release.set()

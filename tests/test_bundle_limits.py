@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 from conftest import eventually_async
 
-from vidchat.conversation import asking, bundles, runs
+from vidchat.conversation import bundles, conversation, runs
 from vidchat.conversation.answers import AnswerOptions, AnswerQueue
 from vidchat.conversation.registry import SessionRegistry
 from vidchat.doors.page.questions import load_bundle, reask, reask_choices
@@ -36,11 +36,11 @@ def page_state(engine=None, queue=None, registry=None):
     async def wait_engine(timeout=None):
         return engine
 
-    state = types.SimpleNamespace(engine=engine, answer_gate=queue, registry=registry or SessionRegistry(),
-                                  compare_model_path=None, compare_engine=None, wait_engine=wait_engine,
-                                  settings=types.SimpleNamespace(ws_max_audio_seconds=AUDIO_CAP_S),
-                                  answer_defaults=AnswerOptions)
-    state.registry.app = state
+    state = conversation.Standalone(engine, queue, registry=registry or SessionRegistry())
+    # What the page reads of the app besides its host.
+    state.compare_model_path, state.compare_engine, state.wait_engine = None, None, wait_engine
+    state.ready = engine is not None
+    state.settings = types.SimpleNamespace(ws_max_audio_seconds=AUDIO_CAP_S, record_dir="", model="", compare_model="")
     return state
 
 
@@ -192,7 +192,7 @@ async def test_a_reask_is_never_read_aloud_nor_kept_as_a_chat_answer(omni_engine
     for i in range(6):
         entry.session.add_frame(rng.integers(0, 255, (96, 128, 3), dtype=np.uint8), t=100.0 + i)
     state = page_state(omni_engine, AnswerQueue(8), registry)
-    entry.state = state
+    entry.host = state
     talking = entry
     short = AnswerOptions(max_tokens=6, temperature=0.0)
     chat_ids = []

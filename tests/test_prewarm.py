@@ -40,10 +40,10 @@ async def warm(engine, entry, options=QUESTION):
 
 
 async def ask(engine, entry, question="What is there?", options=QUESTION):
-    answer = await asking.ask(engine, entry, question, options)
+    answer = await asking.ask(engine, entry.chat, question, options)
     async for _ in answer.reply:
         pass
-    asking.release(entry, answer)
+    asking.release(entry.chat, answer)
     return answer.reply.stats
 
 
@@ -79,7 +79,8 @@ async def test_a_question_is_scheduled_before_a_warm_up_sent_first(omni_engine):
     arriving while a warm-up prefills makes the warm-up give way (idle mode),
     and by its first token vLLM holds nothing but that question."""
     registry = SessionRegistry()
-    warming, asking = entry_with_frames(registry, seed=3), entry_with_frames(registry, n=4, seed=4)
+    entry_with_frames(registry, seed=3)  # the session warmed
+    questioner = entry_with_frames(registry, n=4, seed=4)
     state = fake_state(omni_engine, registry, answer_gate=AnswerQueue(0))
     prewarmer = Prewarmer(state, "idle", interval_s=0.0)
     state.answer_gate.arrival_hooks.append(prewarmer.answer_arriving)
@@ -88,14 +89,14 @@ async def test_a_question_is_scheduled_before_a_warm_up_sent_first(omni_engine):
     # Long enough to be still generating at its first token (the tiny model
     # never ends an answer on its own): a 2-token answer may already be done.
     long = dataclasses.replace(QUESTION, max_tokens=2000)
-    answer = await asking.ask(omni_engine, asking, "Now?", long, queue=state.answer_gate)
+    answer = await asking.ask(omni_engine, questioner.chat, "Now?", long, queue=state.answer_gate)
     await answer.wait_turn()
     assert omni_engine.running_warmups == 0 and prewarmer.stats.yielded == 1
     async for _ in answer.reply:
         assert omni_engine._llm.get_num_unfinished_requests() == 1  # the question alone
         break
     await answer.reply.aclose()
-    asking.release(asking, answer)
+    asking.release(questioner.chat, answer)
     await step
     assert prewarmer.stats.warmups == 0
     await prewarmer._step()  # the engine is idle again: the warm-up is done now
@@ -103,10 +104,8 @@ async def test_a_question_is_scheduled_before_a_warm_up_sent_first(omni_engine):
 
 
 def fake_state(engine, registry, answer_gate=None):
-    state = types.SimpleNamespace(engine=engine, registry=registry, answer_gate=answer_gate or AnswerQueue(0),
-                                  answer_defaults=lambda: QUESTION)
-    registry.app = state
-    return state
+    """A host of the registry's conversations and the prewarmer (the server's AppState in tests)."""
+    return conversation.Standalone(engine, answer_gate or AnswerQueue(0), QUESTION, registry=registry)
 
 
 @pytest.mark.engine
@@ -133,14 +132,14 @@ async def test_idle_mode_waits_while_an_answer_generates(omni_engine):
     registry = SessionRegistry()
     busy, idle = entry_with_frames(registry, n=4, seed=7), entry_with_frames(registry, seed=8)
     prewarmer = Prewarmer(fake_state(omni_engine, registry), "idle", interval_s=0.0)
-    answer = await asking.ask(omni_engine, busy, "Talk.", AnswerOptions(max_tokens=2000, temperature=0.0,
+    answer = await asking.ask(omni_engine, busy.chat, "Talk.", AnswerOptions(max_tokens=2000, temperature=0.0,
                                                                        include_audio=False))
     reading = asyncio.create_task(answer.reply.__anext__())
     await reading
     await prewarmer._step()
     assert prewarmer.stats.warmups == 0 and prewarmer.stats.skipped_busy == 1
     await answer.reply.aclose()
-    asking.release(busy, answer)
+    asking.release(busy.chat, answer)
     await prewarmer._step()
     assert prewarmer.stats.warmups == 1
 
@@ -297,7 +296,7 @@ async def test_slow_frames_are_encoded_one_at_a_time_and_a_question_brings_one_n
     assert question.seqs[-1] == newest and question.new_frames == 1 and len(question.seqs) == 16
     # The record says so; the answer's prefill marks its frames encoded, so
     # the next question brings nothing new.
-    entry.state = conversation.Standalone(omni_engine)
+    entry.host = conversation.Standalone(omni_engine)
     done = await (await entry.ask("What is there?", QUESTION)).finish()
     record = done.answer.summary()
     assert (record["frames_new"], record["frames_substituted"], record["frames_left_out"]) == (1, 0, 0)
@@ -375,10 +374,10 @@ async def test_the_sample_taken_at_enter_is_warmed_whole_and_is_the_questions(om
     pin = prewarmer.take_pin(entry)
     assert pin is not None and prewarmer.take_pin(entry) is None  # used once
     assert 17 not in pin.sample.seqs and pin.sample.audio_end == pytest.approx(116.0)
-    answer = await asking.ask(omni_engine, entry, "What is there?", with_audio, sample=pin.sample)
+    answer = await asking.ask(omni_engine, entry.chat, "What is there?", with_audio, sample=pin.sample)
     async for _ in answer.reply:
         pass
-    asking.release(entry, answer)
+    asking.release(entry.chat, answer)
     stats = answer.reply.stats
     assert stats.audio_seconds == pytest.approx(16.0) and stats.audio_parts == []  # one clip, the default
     # Everything but the question, all of the audio too (all full blocks).
@@ -390,7 +389,7 @@ async def test_the_sample_taken_at_enter_is_warmed_whole_and_is_the_questions(om
     entry.session.update_settings(num_sample_frames=8)
     assert prewarmer.take_pin(entry) is None
     await prewarmer.question_now(sid)
-    entry.state = prewarmer.state
+    entry.host = prewarmer.host
     talking = entry
     await talking.stop()  # the chat's turn moved on: its question came (or was stopped) without it
     assert prewarmer.take_pin(entry) is None
@@ -410,10 +409,11 @@ def test_speech_starting_in_talk_mode_warms_the_session_first():
 
     registry = SessionRegistry()
     entry = registry.create("webrtc", SessionSettings(evs_enabled=False))
-    prewarmer = Prewarmer(types.SimpleNamespace(registry=registry), "idle")
-    modes.speech_warms(types.SimpleNamespace(prewarmer=prewarmer), entry)()
+    host = conversation.Standalone(None, registry=registry)
+    assert modes.speech_warms(host, entry) is None  # no warm-ups
+    host.prewarmer = prewarmer = Prewarmer(host, "idle")
+    modes.speech_warms(host, entry)()
     assert prewarmer.state_of(entry.session.id).urgent_until > time.monotonic()
-    assert modes.speech_warms(types.SimpleNamespace(prewarmer=None), entry) is None
 
 
 @pytest.mark.engine

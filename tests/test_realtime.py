@@ -310,9 +310,12 @@ async def test_turn_detection_asked_while_the_model_loads_waits_for_it_at_both_s
     and set once it runs; a model that takes no spoken questions is then an
     error, and the session goes on. Refused at once when the model runs."""
     loaded = asyncio.Event()
-    state = SimpleNamespace(engine=None, ready=False)
+    state = SimpleNamespace(engine=None)
 
-    async def wait_engine():
+    def engine_now(role="main"):
+        return state.engine
+
+    async def engine_for(role="main"):
         await loaded.wait()
         return state.engine
 
@@ -322,14 +325,14 @@ async def test_turn_detection_asked_while_the_model_loads_waits_for_it_at_both_s
         errors.append(message)
         return True
 
-    state.wait_engine = wait_engine
+    state.engine_now, state.engine_for = engine_now, engine_for
     turns = SocketTurns(SimpleNamespace(state=state, entry=object(), error=error), None)
     asked = TurnDetection()
     turns.check(asked)  # while it loads, what it hears is not known yet
     await turns.request(asked)
     waiting = turns._loading
     assert waiting is not None and turns.describe() == asked.describe() and errors == []
-    state.engine, state.ready = SimpleNamespace(accepts_audio=False), True
+    state.engine = SimpleNamespace(accepts_audio=False)
     loaded.set()
     await waiting
     assert errors == [f"turn_detection is off: {NO_SPOKEN_QUESTIONS}"] and turns.describe() is None

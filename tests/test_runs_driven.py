@@ -35,11 +35,11 @@ async def read_all(reader, log: list) -> None:
 @pytest.mark.engine
 async def test_a_run_nobody_reads_ends_by_itself_and_frees_its_slot(omni_engine):
     entry = filled_entry()
-    entry.state = conversation.Standalone(omni_engine)
+    entry.host = conversation.Standalone(omni_engine)
     talking = entry
     run = await talking.ask("What is there?", SHORT)
-    await asyncio.wait_for(run.ended.wait(), 60)  # nobody ever read it
-    assert run.finished.is_set() and entry.answer is None and not talking.answering
+    await asyncio.wait_for(run.over.wait(), 60)  # nobody ever read it
+    assert run.over.is_set() and entry.answer is None and not talking.answering
     done = await run.finish()
     assert isinstance(done, Done) and done.status == COMPLETED and done.answer.reply.stats.completion_tokens > 0
     # A late reader still gets the whole run, first event to Done.
@@ -58,17 +58,17 @@ async def test_an_answer_nobody_listens_to_is_stopped_after_the_grace_and_a_list
     UNHEARD_GRACE_S. One listener of the session's events keeps it going."""
     monkeypatch.setattr(runs, "UNHEARD_GRACE_S", 0.3)
     entry = filled_entry()
-    entry.state = conversation.Standalone(omni_engine)
+    entry.host = conversation.Standalone(omni_engine)
     talking = entry
     options = AnswerOptions(max_tokens=400, temperature=0.0)
     with entry.event_hub.subscribe() as listening:
         heard = await talking.ask("Tell me everything.", options)
-        await asyncio.wait_for(heard.ended.wait(), 120)
+        await asyncio.wait_for(heard.over.wait(), 120)
         assert listening.pending()  # it was listening all along
     assert (await heard.finish()).status == COMPLETED
     assert heard.answer.reply.stats.completion_tokens == 400
     unheard = await talking.ask("Tell me everything.", options)
-    await asyncio.wait_for(unheard.ended.wait(), 120)
+    await asyncio.wait_for(unheard.over.wait(), 120)
     done = unheard._events[-1]
     assert done.status == CANCELLED and done.answer.cancelled_by == "nobody listens"
     assert 0 < done.answer.reply.stats.completion_tokens < 400
@@ -78,7 +78,7 @@ async def test_an_answer_nobody_listens_to_is_stopped_after_the_grace_and_a_list
 @pytest.mark.engine
 async def test_the_last_reader_leaving_mid_answer_cancels_it_and_one_left_keeps_it(omni_engine):
     entry = filled_entry()
-    entry.state = conversation.Standalone(omni_engine)
+    entry.host = conversation.Standalone(omni_engine)
     talking = entry
     run = await talking.ask("Tell me everything.", LONG)
     first, second = run.events(), run.events()
@@ -89,11 +89,11 @@ async def test_the_last_reader_leaving_mid_answer_cancels_it_and_one_left_keeps_
             break
     await first.aclose()  # one door leaves: the other still listens, the answer goes on
     await eventually_async(lambda: sum(isinstance(e, Delta) for e in kept) >= 5, 60, "the answer streams on")
-    assert not run.ended.is_set() and not run.answer._abandon.is_set()
+    assert run.done is None and not run.answer._abandon.is_set()
     keeper.cancel()  # the last door leaves without reading to the end
     with contextlib.suppress(asyncio.CancelledError):
         await keeper
-    await asyncio.wait_for(run.ended.wait(), 30)
+    await asyncio.wait_for(run.over.wait(), 30)
     done = await run.finish()
     assert done.status == CANCELLED and done.started
     assert done.answer.reply.stats.completion_tokens < LONG.max_tokens
@@ -107,9 +107,9 @@ async def test_clear_while_a_page_question_is_prepared_never_leaves_a_run_behind
     stalled 5 s (PREEMPT_GRACE_S) and the session's answer slot stayed set."""
     entry = filled_entry()
     registry = types.SimpleNamespace(get=lambda sid: entry if sid == entry.session.id else None)
-    state = types.SimpleNamespace(engine=omni_engine, answer_gate=None, ready=True, registry=registry,
-                                  answer_defaults=AnswerOptions, settings=None, prewarmer=None)
-    entry.state = state
+    state = conversation.Standalone(omni_engine, registry=registry)
+    state.ready = True  # what the page reads of the app besides its host
+    entry.host = state
 
     preparing, release = threading.Event(), threading.Event()
     real_prepare = asking.prepare
@@ -127,11 +127,11 @@ async def test_clear_while_a_page_question_is_prepared_never_leaves_a_run_behind
         async for update in page_answers.respond(state, text, [], entry.session.id, *settings):
             updates.append(update)
 
-    asking = asyncio.create_task(ask_on_page("What is there?"))
+    asked = asyncio.create_task(ask_on_page("What is there?"))
     await asyncio.to_thread(preparing.wait, 30)
     await page_answers.clear_chat(state, entry.session.id)  # while the question is prepared
     release.set()
-    await asyncio.wait_for(asking, 30)
+    await asyncio.wait_for(asked, 30)
     assert entry.answer is None  # the question for the old chat never started
     monkeypatch.setattr(asking, "prepare", real_prepare)
     caplog.set_level(logging.INFO, logger="vidchat.conversation")
@@ -170,12 +170,12 @@ class _StuckReply:
 
 @pytest.mark.unit
 async def test_a_cancelled_run_whose_engine_hangs_is_force_done_after_the_grace(monkeypatch):
-    monkeypatch.setattr(conversation.runs, "CANCEL_GRACE_S", 0.2)
+    monkeypatch.setattr(runs, "CANCEL_GRACE_S", 0.2)
     entry = filled_entry()
     reply = _StuckReply()
     answer = asking.Answer("q", reply, entry.session.sample(), SHORT, session_id=entry.session.id)
     entry.answer = answer
-    entry.state = conversation.Standalone(engine=None)
+    entry.host = conversation.Standalone(engine=None)
     talking = entry
     run = runs.AnswerRun(talking, entry, answer, record=False, continues_chat=True, remember=True)
     log: list = []
@@ -185,7 +185,7 @@ async def test_a_cancelled_run_whose_engine_hangs_is_force_done_after_the_grace(
     await asyncio.wait_for(reading, 10)  # ends on the forced Done, the stream still stuck
     done = log[-1]
     assert isinstance(done, Done) and done.status == CANCELLED and not done.current
-    assert run.ended.is_set() and run.finished.is_set() and entry.answer is None and reply.aclosed.is_set()
+    assert run.done is not None and run.over.is_set() and entry.answer is None and reply.aclosed.is_set()
     assert sum(isinstance(e, Done) for e in log) == 1
     run._task.cancel()  # the stuck stream itself (an engine that hangs) is not the run's to end
 
@@ -197,9 +197,9 @@ async def test_the_chat_lives_on_the_server_and_clear_empties_it(omni_engine):
     and Clear chat empties it. Here the page's event is given no chat at all."""
     entry = filled_entry()
     registry = types.SimpleNamespace(get=lambda sid: entry if sid == entry.session.id else None)
-    state = types.SimpleNamespace(engine=omni_engine, answer_gate=None, ready=True, registry=registry,
-                                  answer_defaults=AnswerOptions, settings=None, prewarmer=None)
-    entry.state = state
+    state = conversation.Standalone(omni_engine, registry=registry)
+    state.ready = True  # what the page reads of the app besides its host
+    entry.host = state
     settings = [4, "uniform", 10, False, 0.95, 64, "images", False, 6, 1.0, "5"]
 
     async def ask_on_page(text: str) -> dict:

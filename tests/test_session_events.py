@@ -88,13 +88,13 @@ async def test_an_answer_a_settings_change_and_the_end_reach_the_sessions_stream
     entry = registry.create("ws", SessionSettings(evs_enabled=False, num_sample_frames=4))
     for i, frame in enumerate(filled_entry(n=4).session.sample().frames):
         entry.session.add_frame(frame, t=100.0 + i)
-    entry.state = conversation.Standalone(omni_engine)
+    entry.host = conversation.Standalone(omni_engine)
     talking = entry
     with talking.event_hub.subscribe() as events:
         asking.apply_settings(entry.session, omni_engine, SHORT, {"num_sample_frames": 3, "max_frames": 64},
                                    entry.event_hub)
         run = await talking.ask("What is there?", SHORT)
-        await asyncio.wait_for(run.ended.wait(), 60)
+        await asyncio.wait_for(run.over.wait(), 60)
         await registry.close(entry.session.id, "stopped by the client")
         got = events.pending()
     kinds = [type(e.event).__name__ if isinstance(e, AnswerEvent) else type(e).__name__ for e in got]

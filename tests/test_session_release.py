@@ -40,8 +40,8 @@ async def test_a_closed_sessions_frames_audio_and_kept_answers_go_without_the_ga
     # ...and the last answers of the chat, a re-ask and the second model
     # (their runs' events hold them too), which doors may hold after the close
     entry._chat_run = types.SimpleNamespace(answer=Ended(entry.session.sample(4)))
-    entry.side_slot().answer = Ended(entry.session.sample(2))
-    entry.second_slot().answer = Ended(entry.session.sample(3))
+    entry.side.answer = Ended(entry.session.sample(2))
+    entry.second.answer = Ended(entry.session.sample(3))
     stored = [weakref.ref(f.pixels) for f in entry.session._buffer.frames]
     assert len(stored) == 6 and all(r() is not None for r in stored)
     del sample

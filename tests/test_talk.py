@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from conftest import eventually_async
 
-from vidchat.conversation import asking, modes
+from vidchat.conversation import asking, conversation, modes
 from vidchat.conversation.answers import AnswerOptions
 from vidchat.conversation.registry import SessionRegistry
 from vidchat.devtools import synthetic as sa
@@ -71,9 +71,9 @@ async def test_an_utterance_becomes_a_question_whose_audio_is_the_utterance(omni
     true_start, true_end = (t0 + 2.0 + x for x in track.speech[0])
     assert abs(spoken.speech_start - true_start) <= 0.15 and abs(spoken.speech_end - true_end) <= 0.15
 
-    answer = await asking.ask(omni_engine, entry, "", SHORT, spoken=spoken)
+    answer = await asking.ask(omni_engine, entry.chat, "", SHORT, spoken=spoken)
     await drain(answer)
-    asking.release(entry, answer)
+    asking.release(entry.chat, answer)
     stats = answer.summary()
     origin = answer.sample.origin
     # The audio the model got is the utterance's span, sample for sample.
@@ -100,7 +100,7 @@ async def test_speech_during_an_answer_aborts_it_and_becomes_the_next_question(o
     listener = modes.listener(entry, TurnSettings(), barge_in=True, on_speech=lambda: coming.append(time.monotonic()))
     await vad_loaded(listener)
     feed(entry, sa.silence(0.5), t0 + 1.0)
-    typed = await asking.ask(omni_engine, entry, "Tell me a long story.", LONG)
+    typed = await asking.ask(omni_engine, entry.chat, "Tell me a long story.", LONG)
     streaming = asyncio.create_task(drain(typed))
     await eventually_async(lambda: typed.reply.stats.completion_tokens >= 3, 30, "the long answer generates")
     assert omni_engine.running_requests == 1
@@ -112,9 +112,9 @@ async def test_speech_during_an_answer_aborts_it_and_becomes_the_next_question(o
     assert listener.stats.barge_ins == 1 and listener.speech_starts == 1 and len(coming) == 1
     await eventually_async(lambda: omni_engine.running_requests == 0, 2, "the abort reached the engine")
     # The utterance that interrupted is the next question.
-    answer = await asking.ask(omni_engine, entry, "", SHORT, spoken=spoken)
+    answer = await asking.ask(omni_engine, entry.chat, "", SHORT, spoken=spoken)
     await drain(answer)
-    asking.release(entry, answer)
+    asking.release(entry.chat, answer)
     assert answer.reply.stats.finish_reason == "length" and answer.summary()["spoken_question"] is not None
     await registry.close(entry.session.id, "test over")
 
@@ -126,14 +126,14 @@ async def test_without_barge_in_the_answer_goes_on(omni_engine, question):
     listener = modes.listener(entry, TurnSettings(), barge_in=False)
     await vad_loaded(listener)
     feed(entry, sa.silence(0.5), t0 + 1.0)
-    typed = await asking.ask(omni_engine, entry, "Tell me a story.", AnswerOptions(max_tokens=400, temperature=0.0))
+    typed = await asking.ask(omni_engine, entry.chat, "Tell me a story.", AnswerOptions(max_tokens=400, temperature=0.0))
     streaming = asyncio.create_task(drain(typed))
     feed(entry, np.concatenate([question, sa.silence(1.0)]), t0 + 1.5)
     await next_utterance(listener)
     await asyncio.wait_for(streaming, 60)
     assert not typed.reply.stats.cancelled and typed.reply.stats.finish_reason == "length"
     assert listener.stats.barge_ins == 0
-    asking.release(entry, typed)
+    asking.release(entry.chat, typed)
     await registry.close(entry.session.id, "test over")
 
 
@@ -147,7 +147,7 @@ async def test_a_model_that_hears_nothing_refuses_spoken_questions_and_says_what
     from vidchat.media.vad import Utterance
 
     with pytest.raises(EngineError) as err:
-        await asking.ask(omni_engine, entry, "", SHORT, spoken=Utterance(t0 + 1.0, t0 + 2.0, -20.0))
+        await asking.ask(omni_engine, entry.chat, "", SHORT, spoken=Utterance(t0 + 1.0, t0 + 2.0, -20.0))
     assert str(err.value) == NO_SPOKEN_QUESTIONS and "--preset qwen2.5-omni-3b" in str(err.value)
     assert omni_engine.running_requests == 0
     await registry.close(entry.session.id, "test over")
@@ -163,17 +163,17 @@ async def test_a_spoken_question_is_recorded_and_re_asked_with_the_same_audio(om
     listener = modes.listener(entry, TurnSettings())
     feed(entry, np.concatenate([sa.silence(0.5), question, sa.silence(1.0)]), t0 + 2.0)
     spoken = await next_utterance(listener)
-    answer = await asking.ask(omni_engine, entry, "", SHORT, spoken=spoken)
+    answer = await asking.ask(omni_engine, entry.chat, "", SHORT, spoken=spoken)
     await drain(answer)
-    asking.release(entry, answer)
+    asking.release(entry.chat, answer)
     path = bundles.write_bundle(tmp_path, answer)
     bundle = bundles.read_bundle(path)
     assert bundle.question == "" and bundle.manifest["spoken_question"] == answer.summary()["spoken_question"]
     assert bundle.spoken is not None and bundle.spoken.seconds == pytest.approx(spoken.seconds, abs=1e-3)
     other = registry.create("replay")
-    again = await asking.ask(omni_engine, other, bundle.question, SHORT, sample=bundle.sample(), spoken=bundle.spoken)
+    again = await asking.ask(omni_engine, other.chat, bundle.question, SHORT, sample=bundle.sample(), spoken=bundle.spoken)
     await drain(again)
-    asking.release(other, again)
+    asking.release(other.chat, again)
     assert again.reply.stats.inputs_sha256 == answer.reply.stats.inputs_sha256 == bundle.inputs_sha256
     assert again.summary()["spoken_question"]["seconds"] == pytest.approx(spoken.seconds, abs=1e-3)
     assert again.reply.text == answer.reply.text  # greedy, same inputs: the same answer
@@ -186,13 +186,10 @@ async def test_talk_runs_as_a_task_of_the_conversation_that_a_typed_question_nev
     utterance the listener hears is asked as a spoken question; a typed
     question meanwhile leaves Talk running (no loop to restart), and Talk
     switched off ends the task and the listener."""
-    import types
-
     registry = SessionRegistry()
     t0 = time.monotonic()
     entry = new_entry(registry, t0)
-    state = types.SimpleNamespace(registry=registry, engine=None, prewarmer=None)
-    entry.state = state
+    entry.host = conversation.Standalone(None, registry=registry)
     talking = entry
     asked: list = []
     talking.submit = lambda question, options, **kw: asked.append((question, kw)) or len(asked)

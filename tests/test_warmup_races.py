@@ -73,9 +73,7 @@ def entry_with_frames(registry: SessionRegistry, seed: int = 0, kind: str = "web
 
 
 def prewarmer_for(engine: FakeEngine, registry: SessionRegistry, mode: str = "idle") -> Prewarmer:
-    state = types.SimpleNamespace(engine=engine, registry=registry, answer_gate=AnswerQueue(0),
-                                  answer_defaults=lambda: OPTIONS)
-    registry.app = state
+    state = conversation.Standalone(engine, AnswerQueue(0), OPTIONS, registry=registry)
     prewarmer = Prewarmer(state, mode, interval_s=0.0)
     state.answer_gate.arrival_hooks.append(prewarmer.answer_arriving)
     return prewarmer
@@ -105,7 +103,7 @@ async def test_a_question_arriving_while_a_warm_up_is_planned_is_not_run_beside_
     if which == "the chat's question":
         asking.answer = answer  # as answer_path.ask leaves it before the answer asks for its turn
     # (a re-ask runs in the session's side slot, which the registry does not list)
-    await prewarmer.state.answer_gate.announce(answer)
+    await prewarmer.host.answer_gate.announce(answer)
     engine.prepare_may_end.set()
     await step
     assert engine.warmed == [] and prewarmer.stats.skipped_busy == 1, prewarmer.snapshot()
@@ -186,17 +184,17 @@ def finished(question: str, text: str) -> asking.Answer:
     return asking.Answer(question, reply, sample=None, options=OPTIONS)
 
 
-def answered(talking, answer: asking.Answer, *, continues_chat: bool = True, slot=None, generation=None) -> None:
+def answered(talking, answer: asking.Answer, *, continues_chat: bool = True, slot=None, chat=None) -> None:
     """The conversation's rule at a run's Done (what AnswerRun._end calls)."""
-    run = types.SimpleNamespace(continues_chat=continues_chat, slot=slot or talking,
-                                generation=talking.generation if generation is None else generation)
+    run = types.SimpleNamespace(continues_chat=continues_chat, slot=slot or talking.chat,
+                                chat=talking.chat_began if chat is None else chat)
     talking._answered(run, runs.Done(answer, runs.COMPLETED, None, True, True, "answer-id"))
 
 
 @pytest.mark.parametrize("kind", ["webrtc", "ws", "replay"])
 def test_a_chat_answer_is_kept_on_the_server_and_warmed_with(kind):
     entry = SessionRegistry().create(kind)
-    entry.state = conversation.Standalone(engine=None)
+    entry.host = conversation.Standalone(engine=None)
     talking = entry
     talking.history.add("a0", "Hi?", "Hello.")
     answered(talking, finished("What is there?", " A cat. "))
@@ -212,12 +210,12 @@ def test_an_answer_the_chat_does_not_continue_with_is_not_kept(kind, how):
     continues_chat=False; a re-ask runs in the side slot; an answer of a
     chat cleared since it was asked, or one with no text, is not the chat's."""
     entry = SessionRegistry().create(kind)
-    entry.state = conversation.Standalone(engine=None)
+    entry.host = conversation.Standalone(engine=None)
     talking = entry
     answer = finished("What is there?", "" if how == "said nothing" else "A cat.")
     answered(talking, answer, continues_chat=how != "no history",
-             slot=entry.side_slot() if how == "re-ask" else None,
-             generation=talking.generation - 1 if how == "cleared" else None)
+             slot=entry.side if how == "re-ask" else None,
+             chat=talking.chat_began - 1 if how == "cleared" else None)
     assert talking.history.turns() == () and entry.warm_history == ()
 
 

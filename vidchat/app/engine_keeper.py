@@ -18,12 +18,15 @@ import collections
 import logging
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Callable
 
 from vidchat.app.settings import Settings
 from vidchat.devtools import tinymodel
-from vidchat.engine import ChatEngine, EngineError, EngineOptions
+from vidchat.engine.interface import ChatEngine, EngineError, EngineOptions
 from vidchat.engine.local import LocalEngine
+
+if TYPE_CHECKING:
+    from vidchat.app.state import AppState
 
 log = logging.getLogger(__name__)
 
@@ -49,7 +52,7 @@ class EngineLife:
     stopped_because: str | None = None
     down_because: str | None = None
     restarts: int = 0
-    _recent: collections.deque = field(default_factory=collections.deque, repr=False)
+    _recent: collections.deque[float] = field(default_factory=collections.deque, repr=False)
 
     def may_restart(self, limit_per_hour: int, now: float) -> bool:
         while self._recent and self._recent[0] < now - RESTART_WINDOW_S:
@@ -69,10 +72,11 @@ class EngineLife:
         return None
 
 
-def death_cause(engine: Any) -> str:
-    """Why an engine died, in words (its process's exit, where known)."""
+def death_cause(engine: ChatEngine) -> str:
+    """Why an engine died, in words (its process's exit, where known: an
+    in-process engine says; the interface does not ask it of every engine)."""
     cause = getattr(engine, "death_cause", None)
-    return cause() if callable(cause) else "the engine process ended"
+    return str(cause()) if callable(cause) else "the engine process ended"
 
 
 class EngineKeeper:
@@ -81,7 +85,7 @@ class EngineKeeper:
     ``get``/``put`` read and replace the app's engine; ``start`` builds a new
     one from ``options`` (blocking: it runs in a worker thread)."""
 
-    def __init__(self, state: Any, life: EngineLife, get: Callable[[], ChatEngine | None],
+    def __init__(self, state: AppState, life: EngineLife, get: Callable[[], ChatEngine | None],
                  put: Callable[[ChatEngine | None], None], options: Callable[[], EngineOptions],
                  start: Callable[[EngineOptions], ChatEngine], limit_per_hour: int,
                  stays_down: Callable[[], None] | None = None) -> None:
@@ -145,7 +149,7 @@ class EngineKeeper:
             life.restarts += 1
             life.restarting_since = None
             life.stopped_because = None
-            metrics = getattr(self.state, "metrics", None)
+            metrics = self.state.metrics
             if metrics is not None:
                 metrics.engine_restarts.labels(life.name).inc()
             self._put(engine)
@@ -195,17 +199,19 @@ def engine_options(settings: Settings, model_path: str, tiny: bool, main: bool =
     )
 
 
-async def open_engine(state: Any) -> ChatEngine:
+async def open_engine(state: AppState) -> ChatEngine:
     """The engine ``state.settings`` names, started in a worker thread: vLLM
     in this process, or the model served at --engine-url (whose model path
     then becomes the state's). Raises EngineError with vLLM's own reason."""
-    settings = state.settings
+    settings, options = state.settings, state.engine_options
+    if options is None:  # whoever opens the engine sets them first (engine_options)
+        raise EngineError("the engine's options were not set")
     if not settings.engine_url:
-        return await asyncio.to_thread(LocalEngine.start, state.engine_options)
+        return await asyncio.to_thread(LocalEngine.start, options)
     from vidchat.engine.remote import RemoteEngine
 
     engine = await asyncio.to_thread(
-        RemoteEngine.start, state.engine_options, settings.engine_url,
+        RemoteEngine.start, options, settings.engine_url,
         session_header=settings.engine_session_header, connect_timeout=settings.engine_connect_timeout,
         first_byte_timeout=settings.engine_first_byte_timeout)
     state.model_path = engine.model_path

@@ -23,12 +23,15 @@ import asyncio
 import collections
 import logging
 import time
-from typing import Any, Callable, Iterable
+from typing import TYPE_CHECKING, Any, Callable, Iterable
 
 from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, Counter, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from vidchat.conversation.events import DOORS
+
+if TYPE_CHECKING:
+    from vidchat.app.state import AppState
 
 log = logging.getLogger(__name__)
 
@@ -134,7 +137,7 @@ class AppCollector:
     app was last attached (a process serves one app; tests start several)."""
 
     def __init__(self) -> None:
-        self.state: Any = None
+        self.state: AppState | None = None
         self._gpu = GpuReader()
 
     def describe(self) -> Iterable[Metric]:
@@ -157,10 +160,10 @@ class AppCollector:
                                labels=["engine"])
         up.add_metric(["main"], 1.0 if state.ready else 0.0)
         if state.compare_model_path:
-            up.add_metric(["compare"], 1.0 if state.compare_readiness()[0] else 0.0)
+            up.add_metric(["compare"], 1.0 if state.readiness("compare")[0] else 0.0)
         yield up
         warmups = CounterMetricFamily("vidchat_warmups", "Warm-ups, by outcome.", labels=["outcome"])
-        stats = getattr(getattr(state, "prewarmer", None), "stats", None)
+        stats = state.prewarmer.stats if state.prewarmer is not None else None
         for outcome, attribute in WARMUP_OUTCOMES.items():
             warmups.add_metric([outcome], getattr(stats, attribute, 0) if stats is not None else 0)
         yield warmups
@@ -221,7 +224,7 @@ class GpuReader:
 _collector: AppCollector | None = None
 
 
-def attach(state: Any) -> Metrics:
+def attach(state: AppState) -> Metrics:
     """Serve ``state``'s figures at /metrics; returns the event counters."""
     global _collector
     if _collector is None:
@@ -259,7 +262,7 @@ class LoopWatch:
         self.interval_s = interval_s
         self._observe = observe  # each lag in seconds (the /metrics histogram)
         self._lags_ms: collections.deque[float] = collections.deque(maxlen=keep)
-        self._task: asyncio.Task | None = None
+        self._task: asyncio.Task[None] | None = None
 
     def start(self) -> None:
         if self._task is None:

@@ -215,7 +215,7 @@ def _case_row(case: Any) -> dict[str, Any]:
             "mark": case.mark}
 
 
-def router(state: Any) -> APIRouter:
+def router(state: AppState) -> APIRouter:
     api = APIRouter()
     runs = state.suite_runs = SuiteRuns(state)  # the server cancels a run still going at shutdown
 

@@ -23,7 +23,7 @@ from vidchat.app.metrics import LoopWatch
 from vidchat.app.state import AppState
 from vidchat.conversation import warmup
 from vidchat.conversation.warmup import Prewarmer
-from vidchat.engine import EngineError, local
+from vidchat.engine import ChatEngine, EngineError, local
 from vidchat.engine.local import LocalEngine
 
 log = logging.getLogger(__name__)
@@ -243,7 +243,7 @@ def _keeper(state: AppState, main: bool) -> EngineKeeper:
                             lambda: state.engine_options, LocalEngine.start, state.settings.engine_restarts,
                             stays_down=state.engine_stays_down)
 
-    def put_compare(engine: Any) -> None:
+    def put_compare(engine: ChatEngine | None) -> None:
         state.compare_engine = engine
 
     options = engine_options(state.settings, state.compare_model_path, state.compare_tiny, main=False)

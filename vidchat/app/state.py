@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 import time
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from vidchat.app.access import Access, PageLogins
 from vidchat.app.engine_keeper import EngineLife
@@ -15,11 +15,18 @@ from vidchat.app.models import TINY_BANNER
 from vidchat.app.settings import Settings
 from vidchat.conversation.answers import AnswerOptions, AnswerQueue
 from vidchat.conversation.conversation import Conversation
+from vidchat.conversation.host import EngineRole, Host
 from vidchat.conversation.registry import SessionRegistry
-from vidchat.engine import ENGINE_DEAD_MESSAGE, ChatEngine, EngineError, EngineOptions
+from vidchat.conversation.warmup import Prewarmer
+from vidchat.doors import Server
+from vidchat.engine.interface import ENGINE_DEAD_MESSAGE, ChatEngine, EngineError, EngineOptions
 from vidchat.media import DEFAULT_STORE_MAX_PIXELS, describe_store_limit
 from vidchat.media.session import SessionSettings, check_frame_budget, session_budget_bytes
 from vidchat.media.streams import Streams
+
+if TYPE_CHECKING:
+    from vidchat.app.ice_servers import TurnMinter
+    from vidchat.app.metrics import Metrics
 
 
 class ClosedAtShutdown(Protocol):
@@ -38,7 +45,7 @@ class AppState:
     engine: ChatEngine | None = None
     registry: SessionRegistry = field(default_factory=SessionRegistry)
     ice_servers: list[dict[str, Any]] = field(default_factory=list)
-    turn: Any = None  # vidchat.app.ice_servers.TurnMinter with --turn cloudflare
+    turn: TurnMinter | None = None  # with --turn cloudflare
     access: Access = field(default_factory=Access)
     page_logins: PageLogins = field(default_factory=PageLogins)  # filled in by vidchat.doors.page.mount
     page_app: Any = None  # the page's Gradio app, once mounted (its streams end at shutdown)
@@ -49,7 +56,7 @@ class AppState:
     engine_error: str | None = None
     loading_since: float = field(default_factory=time.monotonic)
     # --compare-model: a second engine, loaded after the first, for Re-ask only.
-    prewarmer: Any = None  # vidchat.conversation.warmup.Prewarmer, started with the server
+    prewarmer: Prewarmer | None = None  # started with the server
     owns_engines: bool = False  # the app started its engines (and shuts them down), none was handed to it
     compare_model_path: str = ""
     compare_tiny: bool = False
@@ -59,13 +66,13 @@ class AppState:
     # While an engine restarts or stays down after dying (vidchat.app.engine_keeper).
     engine_life: EngineLife = field(default_factory=lambda: EngineLife("main"))
     compare_life: EngineLife = field(default_factory=lambda: EngineLife("compare"))
-    metrics: Any = None  # vidchat.app.metrics.Metrics once the app serves /metrics
-    keeping: asyncio.Task | None = None  # the engine keepers' task (vidchat.app.engine_keeper)
+    metrics: Metrics | None = None  # once the app serves /metrics
+    keeping: asyncio.Task[None] | None = None  # the engine keepers' task (vidchat.app.engine_keeper)
     streams: Streams = field(default_factory=lambda: Streams({}))  # --stream: live streams as sources
     suite_runs: ClosedAtShutdown | None = None  # the Suites panel's runs (vidchat.app.routes), closed at shutdown
 
     def __post_init__(self) -> None:
-        self.registry.app = self  # every session's conversation asks with this app's engine and settings
+        self.registry.host = self  # every session's conversation asks with this app's engines and settings
 
     @property
     def ready(self) -> bool:
@@ -77,8 +84,11 @@ class AppState:
         minted = await self.turn.ice_servers() if self.turn is not None else []
         return [*self.ice_servers, *minted]
 
-    def readiness(self) -> tuple[bool, str]:
-        """(ready, reason) for /readyz and the page."""
+    def readiness(self, role: EngineRole = "main") -> tuple[bool, str]:
+        """(ready, reason) of ``role``'s engine, for /readyz, the page and
+        whoever asks (the reason in words for the user)."""
+        if role == "compare":
+            return self.compare_readiness()
         if self.ready:
             return True, "ready"
         life = self.engine_life.status()
@@ -144,7 +154,7 @@ class AppState:
             else:  # it just died: its keeper takes it within WATCH_INTERVAL_S
                 await asyncio.sleep(0.05 if left is None else min(0.05, left))
         ready, reason = self.readiness()
-        if not ready:
+        if not ready or self.engine is None:
             raise EngineError(reason)
         return self.engine
 
@@ -164,16 +174,22 @@ class AppState:
             return False, "The second model's engine has stopped (see the server log for the cause)."
         return False, "The second model is still loading (it starts after the first)."
 
-    async def engine_for(self, role: str) -> ChatEngine:
-        """The engine that answers for ``role`` ("main" or "compare") now,
-        waiting while its keeper restarts it. Work that asks many times (a
-        suite run, a replay) looks its engine up here at each ask: one it
-        held on to would be the dead one after a restart. Raises EngineError."""
+    def engine_now(self, role: EngineRole = "main") -> ChatEngine | None:
+        """The engine answering for ``role`` at this moment, without waiting
+        (None while it loads, restarts or is down)."""
+        engine = self.compare_engine if role == "compare" else self.engine
+        return engine if engine is not None and not engine.is_dead else None
+
+    async def engine_for(self, role: EngineRole = "main") -> ChatEngine:
+        """The engine that answers for ``role`` now, waiting while it loads or
+        its keeper restarts it. Whatever asks looks its engine up here at each
+        ask: one it held on to would be the dead one after a restart. Raises
+        EngineError when it is down for good."""
         if role != "compare":
             return await self.wait_engine()
         while True:
             ready, reason = self.compare_readiness()
-            if ready:
+            if ready and self.compare_engine is not None:
                 return self.compare_engine
             kept = self.keeping is not None and not self.keeping.done()
             dying = self.compare_engine is not None and self.compare_engine.is_dead
@@ -220,7 +236,7 @@ class AppState:
     def session_budget_bytes(self) -> int:
         return session_budget_bytes(self.settings.max_session_mb, self.store_max_pixels())
 
-    def check_frame_budget(self, max_frames: Any) -> None:
+    def check_frame_budget(self, max_frames: int) -> None:
         """Raise ValueError when ``max_frames`` stored frames would not fit --max-session-mb."""
         check_frame_budget(max_frames, self.store_max_pixels(), self.session_budget_bytes())
 
@@ -239,3 +255,14 @@ class AppState:
 def default_session_settings(settings: Settings) -> SessionSettings:
     return SessionSettings(audio_seconds=settings.ws_max_audio_seconds,
                            num_sample_frames=settings.frames_per_question, sampling=settings.sampling)
+
+
+if TYPE_CHECKING:
+    # The type checker holds AppState to the protocols it serves: Host (what
+    # the conversations, suite runs and replays may use of the server) and
+    # the doors' Server (a Host, and what only a door needs besides).
+    def _serves_conversations(state: AppState) -> Host:
+        return state
+
+    def _serves_doors(state: AppState) -> Server:
+        return state

@@ -16,11 +16,13 @@ the Done the answer is cancelled. :meth:`AnswerRun.cancel` is the one way to
 stop it; a cancelled run whose engine does not let go is force-done after
 CANCEL_GRACE_S.
 
-The one preemption rule: a newer question in the chat (any door, any kind:
-typed, spoken, watched) cancels the running answer, and the newer run starts
-only once the older run's Done has been taken by its readers (at once when
-nobody reads it; a reader that stopped reading holds it at most
+An answer is *over* once its Done has been taken by every reader
+(:attr:`AnswerRun.over`; at once when nobody reads it). The one preemption
+rule: a newer question in the chat (any door, any kind: typed, spoken,
+watched) cancels the running answer, and the newer run starts only once the
+older one is over (a reader that stopped reading holds it at most
 PREEMPT_GRACE_S). A re-ask runs beside the chat (its own slot): it never
 cancels the chat's answer, is never kept among the chat's answers, and so is
-never read aloud nor offered as chat history.
+never read aloud nor offered as chat history. The slots, and the turn each
+question takes in its slot, are vidchat.conversation.answers'.
 """

@@ -1,7 +1,7 @@
 """An answer and where it runs: one question with exactly what the model was
 given (:class:`Answer`, with its :class:`AnswerOptions`), its place in the
 fair queue in front of the engine (:class:`AnswerQueue`), and the slots a
-session's answers run in (:class:`SessionRecord`, :class:`SideSlot`).
+session's answers run in (:class:`AnswerSlot`, three to a :class:`SessionRecord`).
 
 The queue: at most --max-concurrent-answers answers generate at once, across
 all sessions and every door. Questions beyond the cap wait first come, first
@@ -19,11 +19,17 @@ import logging
 import secrets
 import time
 from dataclasses import dataclass, field, replace
-from typing import Any, Awaitable, Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Awaitable, Callable, Literal
 
 from vidchat.conversation.events import TYPED, EventHub
-from vidchat.engine import Reply, Turn
+from vidchat.engine.interface import Reply, Turn
 from vidchat.media.session import Sample, Session
+from vidchat.media.streams import StreamReader
+from vidchat.media.vad import Utterance
+
+if TYPE_CHECKING:
+    from vidchat.conversation.modes import Listener
 
 log = logging.getLogger(__name__)
 
@@ -63,9 +69,9 @@ class AnswerQueue:
         self._waiting: collections.deque[_Waiter] = collections.deque()
         # Called with every answer (vidchat.conversation.asking.Answer) about to ask for its
         # turn, before it may generate (vidchat.conversation.warmup gives way to it).
-        self.arrival_hooks: list[Callable[[Any], Awaitable[None]]] = []
+        self.arrival_hooks: list[Callable[[Answer], Awaitable[None]]] = []
 
-    async def announce(self, answer: Any) -> None:
+    async def announce(self, answer: Answer) -> None:
         for hook in list(self.arrival_hooks):
             try:
                 await hook(answer)
@@ -134,44 +140,88 @@ class AnswerQueue:
 # which builds on :class:`SessionRecord`: the record holds what every door
 # reads (its media, who opened it, its limits, how to end its transport, its
 # kept answers); the conversation adds what the session does with the model.
-# An :class:`AnswerSlot` is where one answer at a time runs: the session's
-# chat is one, and its re-asks run in a :class:`SideSlot` beside it.
+#
+# Its answers run in three slots of one kind (:class:`AnswerSlot`): its chat,
+# its re-asks beside the chat ("side"), and the second model's answers to the
+# chat's questions ("second", Both models). One answer at a time runs in a
+# slot: a newer question there replaces it. Each slot has one counter, its
+# turn: each question asked in it takes the next number as its ticket (as do
+# Stop, Clear and the session's end in the chat), and a question is current
+# while its slot's turn is still its ticket. The second model's slot keeps no
+# count of its own: its answers are to the chat's questions, under their
+# tickets, current while the chat's turn is theirs.
 
 Closer = Callable[[], Awaitable[None]]
 
+SlotKind = Literal["chat", "side", "second"]
+
 
 class AnswerSlot:
-    """Where one answer at a time runs: a newer one replaces it."""
+    """Where one answer at a time of a session runs (see above)."""
 
-    def __init__(self) -> None:
-        self.answer: Any = None  # the answer being generated here (vidchat.conversation.asking.Answer)
+    def __init__(self, record: SessionRecord, kind: SlotKind, follows: AnswerSlot | None = None) -> None:
+        self.record, self.kind = record, kind
+        self._follows = follows  # the slot whose turn is this one's (the second model's: the chat's)
+        self._turn = 0
+        self.answer: Answer | None = None  # the answer being generated here
         # What the next question will most likely carry besides its frames
         # (vidchat.conversation.warmup prepares for the same kind of question).
-        self.warm_options: Any = None
+        self.warm_options: AnswerOptions | None = None
         self.answer_ended = 0.0  # time.monotonic() when its last answer ended (the warm-ups wait a moment)
         # Held while an aborted answer winds down: an abort that reaches vLLM
         # while the request is still being registered only takes effect at its
         # first output, and a question arriving meanwhile must not start beside it.
         self._cancelling = asyncio.Lock()
 
+    @property
+    def turn(self) -> int:
+        """The ticket of the slot's newest question (or of the Stop or Clear since)."""
+        return self._follows.turn if self._follows is not None else self._turn
+
+    def move(self) -> int:
+        """The next ticket: a question of this slot prepared for an older one never starts."""
+        if self._follows is not None:
+            raise RuntimeError(f"the {self.kind} slot takes the tickets of the slot it follows")
+        self._turn += 1
+        return self._turn
+
+    def holds(self, ticket: int) -> bool:
+        """Whether the question with ``ticket`` is still this slot's newest (and the session open)."""
+        return self.turn == ticket and not self.closed
+
+    @property
+    def session(self) -> Session:
+        return self.record.session
+
+    @property
+    def cache_salt(self) -> str:
+        # The session's: its prefix-cache hits, whichever slot asks, are its own.
+        return self.record.cache_salt
+
+    @property
+    def closed(self) -> bool:
+        return self.record.closed
+
     async def cancel_answer(self, why: str | None = None) -> None:
         """Abort the running answer (its vLLM request included), if any, and
         return only once no earlier answer here is still generating
-        (``why``: see answer_path.Answer.cancel)."""
+        (``why``: see Answer.cancel)."""
         async with self._cancelling:
             answer, self.answer = self.answer, None
             if answer is not None:
                 await answer.cancel(why)
 
 
-class SessionRecord(AnswerSlot):
-    """A session as the registry keeps it; its own answer slot is the chat's."""
+class SessionRecord:
+    """A session as the registry keeps it, with its three answer slots."""
 
     def __init__(self, session: Session, kind: str, *, client: str | None = None,
                  owner: str | None = None) -> None:
-        super().__init__()
         self.session = session
         self.kind = kind  # the door that opened it: "webrtc", "ws", "realtime", "replay", "bundle"
+        self.chat = AnswerSlot(self, "chat")
+        self.side = AnswerSlot(self, "side")
+        self.second = AnswerSlot(self, "second", follows=self.chat)
         # Whatever owns the session's transport (a peer connection, a socket)
         # registers how to end it, so expiry and shutdown can close it.
         self.closers: list[Closer] = []
@@ -184,31 +234,49 @@ class SessionRecord(AnswerSlot):
         # Sent with every request of this session as vLLM's cache_salt, so prefix
         # cache hits never cross sessions (no timing channel between users).
         self.cache_salt = secrets.token_hex(16)
-        self.bundles: dict = {}  # recorded answers' bundle folders, by answer id (--record-dir)
+        self.bundles: dict[str, Path] = {}  # recorded answers' bundle folders, by answer id (--record-dir)
         # The last answers' inputs, by answer id (vidchat.doors.answer_routes).
-        self.answers: collections.OrderedDict = collections.OrderedDict()
+        self.answers: collections.OrderedDict[str, Answer] = collections.OrderedDict()
         self.client = client  # the client's network address (for --max-sessions-per-client)
         # The login that opened it (vidchat.app.access: a page user, a Hugging Face
         # user or the server token); only that login is served its frames,
         # answers and page calls. None: the server asks for no login.
         self.owner = owner
         self.deadline: float | None = None  # time.monotonic() at which --session-time-limit ends it
-        self.talk: Any = None  # Talk mode's listener (vidchat.conversation.modes), while Talk is on
+        self.talk: Listener | None = None  # Talk mode's listener (vidchat.conversation.modes), once Talk was on
         # time.monotonic() when the page's last typed question arrived: an Enter
         # report arriving after it is that question's, late (vidchat.conversation.warmup).
         self.typed_question_at = float("-inf")
         # What happens in the session, for every door that listens
         # (vidchat.conversation.events; Conversation.events() is its stream).
         self.event_hub = EventHub()
-        self._side: SideSlot | None = None
-        self._second: SideSlot | None = None
         # Both models (--compare-model): each chat question is asked of the
         # second model too (vidchat.conversation.conversation).
         self.both_models = False
-        self.stream: Any = None  # the stream of --stream it watches (vidchat.conversation.conversation)
+        self.stream: StreamReader | None = None  # the stream of --stream it watches (vidchat.conversation.conversation)
         # Its tab went away and may come back for it (a reload, WebRTC's
         # grace): nobody asks meanwhile, so it gets no warm-ups.
         self.away = False
+
+    # The session's answer is its chat's (the doors' and the warm-ups' word for it).
+    @property
+    def answer(self) -> Answer | None:
+        return self.chat.answer
+
+    @answer.setter
+    def answer(self, answer: Answer | None) -> None:
+        self.chat.answer = answer
+
+    @property
+    def warm_options(self) -> AnswerOptions | None:
+        return self.chat.warm_options
+
+    @warm_options.setter
+    def warm_options(self, options: AnswerOptions | None) -> None:
+        self.chat.warm_options = options
+
+    def slots(self) -> tuple[AnswerSlot, AnswerSlot, AnswerSlot]:
+        return self.chat, self.side, self.second
 
     def release(self) -> None:
         """The session has closed: let its frames, audio, kept answers and
@@ -217,49 +285,11 @@ class SessionRecord(AnswerSlot):
         self.session.reset()
         self.answers.clear()
         self.closers.clear()
-        self.answer = None
-        self._side = self._second = None
-
-    def side_slot(self) -> "SideSlot":
-        """Where this session's re-asks run (made on first use)."""
-        if self._side is None:
-            self._side = SideSlot(self)
-        return self._side
-
-    def second_slot(self) -> "SideSlot":
-        """Where the second model's answers to the chat's questions run (Both models)."""
-        if self._second is None:
-            self._second = SideSlot(self, second=True)
-        return self._second
+        for slot in self.slots():
+            slot.answer = None
 
     def time_left(self) -> float | None:
         return None if self.deadline is None else max(0.0, self.deadline - time.monotonic())
-
-
-class SideSlot(AnswerSlot):
-    """Where a session's re-asks run: beside the chat's answer, never in its
-    slot, so a re-ask neither cancels the chat's answer nor is read aloud by
-    Talk. Same session and cache salt (its prefix-cache hits are the
-    session's own); a newer re-ask still replaces a running one. The second
-    model's answers (``second``) run in a slot of their own, so a re-ask and
-    they never replace each other."""
-
-    def __init__(self, record: SessionRecord, second: bool = False) -> None:
-        super().__init__()
-        self.record = record
-        self.second = second
-
-    @property
-    def session(self) -> Session:
-        return self.record.session
-
-    @property
-    def cache_salt(self) -> str:
-        return self.record.cache_salt
-
-    @property
-    def closed(self) -> bool:
-        return self.record.closed
 
 
 @dataclass
@@ -288,18 +318,18 @@ class Answer:
     prep_ms: float = 0.0
     video_fps: float | None = None
     bundle_name: str = ""  # the recording this answer was read from (a bundle loaded into the page)
-    chat: int = 0  # the chat it was asked in (Conversation.generation: Clear starts another)
+    chat: int = 0  # the chat it was asked in (Conversation.chat_began: Clear starts another)
     session_id: str = ""
 
     queue: AnswerQueue | None = None
     history: tuple[Turn, ...] = ()  # the earlier turns the model was given
-    spoken: Any = None  # vidchat.media.vad.Utterance: the audio was the question (Talk mode)
+    spoken: Utterance | None = None  # the audio was the question (Talk mode)
     # The sample was taken as Enter was pressed, this long before the
     # question was asked (vidchat.conversation.warmup.Prewarmer.question_now); None: on arrival.
     sampled_before_ms: float | None = None
     asked_at: float = field(default_factory=time.monotonic)  # on the session's clock (its timeline)
     cancelled_by: str | None = None  # why it was cancelled, when the canceller said (the first cause)
-    mark: dict | None = None  # a QA verdict, {"mark": "good" | "bad", "note"} (vidchat.conversation.bundles)
+    mark: dict[str, str] | None = None  # a QA verdict, {"mark": "good" | "bad", "note"} (vidchat.conversation.bundles)
     # A stream's state when asked ("live", "reconnecting", ...; vidchat.media.streams), None for other sources.
     source_state: str | None = None
     # Why it was asked (vidchat.conversation.events: typed, scene, spoken).
@@ -340,7 +370,8 @@ class Answer:
     @property
     def engine_role(self) -> str:
         """Which of the server's engines answered: "main" or "compare" (--compare-model)."""
-        return self.reply.engine.options.role
+        role: str = self.reply.engine.options.role
+        return role
 
     def summary(self) -> dict[str, Any]:
         sample = self.sample

@@ -17,9 +17,9 @@ import secrets
 import time
 from typing import Any, Callable, Sequence
 
-from vidchat.conversation.answers import Answer, AnswerOptions, AnswerQueue, SessionRecord, SideSlot
+from vidchat.conversation.answers import Answer, AnswerOptions, AnswerQueue, AnswerSlot
 from vidchat.conversation.events import EventHub, SettingsChanged
-from vidchat.engine import SEED_RANGE, ChatEngine, EngineError, Prepared, Turn
+from vidchat.engine.interface import SEED_RANGE, ChatEngine, EngineError, Prepared, Turn
 from vidchat.media import FRAMES_AS
 from vidchat.media.sampling import uniform_indices
 from vidchat.media.session import (
@@ -277,7 +277,7 @@ def apply_settings(session: Session, engine: ChatEngine | None, options: AnswerO
 
 async def ask(
     engine: ChatEngine,
-    entry: SessionRecord | SideSlot,
+    entry: AnswerSlot,
     question: str,
     options: AnswerOptions,
     history: Sequence[Turn] = (),
@@ -325,7 +325,8 @@ async def ask(
                     queue=queue, history=tuple(history), session_id=session.id, spoken=spoken)
     # No await since the ticket check: no other question can have started.
     entry.answer = answer
-    entry.warm_options = asked_with  # the next warm-up (vidchat.conversation.warmup) prepares for the same kind of question
+    # The next warm-up (vidchat.conversation.warmup) prepares for the same kind of question.
+    entry.warm_options = asked_with
     log.info(
         "session %s… question %d: %d frames as %s, %.1f s audio, prepared in %.1f ms",
         session.id[:6], ticket, len(sample.frames), options.frames_as,
@@ -334,8 +335,8 @@ async def ask(
     return answer
 
 
-def prepare(engine: ChatEngine, entry: SessionRecord | SideSlot, sample: Sample, options: AnswerOptions, history: Sequence[Turn] = (),
-            question: str = "", warmup: bool = False, spoken: bool = False) -> Prepared:
+def prepare(engine: ChatEngine, entry: AnswerSlot, sample: Sample, options: AnswerOptions,
+            history: Sequence[Turn] = (), question: str = "", warmup: bool = False, spoken: bool = False) -> Prepared:
     """A sample and options as the engine's prompt, with the session's cache
     salt: the one rule for questions and their warm-ups (vidchat.conversation.warmup),
     so a warm-up's prompt is exactly the question's minus the question."""
@@ -404,7 +405,7 @@ def frozen_sample(answer: Answer, frames: int | None = None) -> Sample:
     return original.frames_at(picks)
 
 
-def release(entry: SessionRecord | SideSlot, answer: Answer) -> None:
+def release(entry: AnswerSlot, answer: Answer) -> None:
     """Mark an answer finished: its place and its slot are free. (What the
     chat keeps of it is the conversation's: Conversation._answered.)"""
     answer.free()

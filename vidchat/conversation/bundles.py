@@ -29,15 +29,21 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from types import SimpleNamespace
-from typing import Any, Callable, Iterable, Iterator
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, cast, overload
 
 import numpy as np
 from PIL import Image
 
 from vidchat.conversation.safe_files import writable, write_whole
-from vidchat.engine import ReplyStats, Turn, inputs_digest
+from vidchat.engine.interface import ReplyStats, Turn
+from vidchat.engine.prompts import inputs_digest
 from vidchat.media import AUDIO_RATE
 from vidchat.media.session import MAX_AUDIO_SECONDS
+from vidchat.media.vad import Utterance
+
+if TYPE_CHECKING:
+    from vidchat.conversation.answers import Answer
+    from vidchat.media.sampling import Sample
 
 log = logging.getLogger(__name__)
 
@@ -271,7 +277,7 @@ def _json_safe(value: Any) -> Any:
     return value
 
 
-def history_dicts(history: Iterable[Turn | dict]) -> list[dict[str, str]]:
+def history_dicts(history: Iterable[Turn | dict[str, Any]]) -> list[dict[str, str]]:
     """Chat history as [{"role", "content"}] (from engine Turns or such dicts)."""
     out = []
     for turn in history:
@@ -294,10 +300,10 @@ def _next_seq(root: Path) -> int:
 
 
 def write_bundle(
-    root: str | os.PathLike,
-    answer: Any,
+    root: str | os.PathLike[str],
+    answer: Answer,
     *,
-    history: Sequence[Turn | dict] | None = None,
+    history: Sequence[Turn | dict[str, Any]] | None = None,
     settings: dict[str, Any] | None = None,
     t: float | None = None,
     source: str | None = None,
@@ -341,7 +347,7 @@ def write_bundle(
 
 
 def _manifest(answer: Any, record: dict[str, Any], history: Any, settings: dict[str, Any], digest: str,
-              frame_entries: list, audio_entry: Any, **asked: Any) -> dict[str, Any]:
+              frame_entries: list[dict[str, Any]], audio_entry: Any, **asked: Any) -> dict[str, Any]:
     """The bundle's manifest.json (layout: vidchat.conversation.bundles);
     ``asked``: t, source, model_option, engine_options."""
     t, source, model_option, engine_options = (asked[k] for k in ("t", "source", "model_option", "engine_options"))
@@ -429,7 +435,7 @@ def _remove_tree(path: Path) -> None:
     path.rmdir()
 
 
-def zip_bundles(paths: Iterable[str | os.PathLike]) -> bytes:
+def zip_bundles(paths: Iterable[str | os.PathLike[str]]) -> bytes:
     """Bundle folders packed into one zip, in memory (one folder per bundle,
     under its own name). A zip of one bundle can be re-asked as it is."""
     return b"".join(iter_zip_bundles(paths))
@@ -454,7 +460,7 @@ class _Pipe(io.RawIOBase):
         return out
 
 
-def iter_zip_bundles(paths: Iterable[str | os.PathLike], chunk: int = 1 << 20) -> Iterator[bytes]:
+def iter_zip_bundles(paths: Iterable[str | os.PathLike[str]], chunk: int = 1 << 20) -> Iterator[bytes]:
     """The zip of :func:`zip_bundles` as it is written, a piece at a time, so
     a download of many bundles never holds them all in memory. The folders
     are checked before the first piece (raises BundleError)."""
@@ -657,7 +663,7 @@ __all__ = [
 _SAFE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 
 
-class _Decoded(list):
+class _Decoded(list[np.ndarray]):
     """A LazyFrames' frames decoded (a list that can be referred to weakly)."""
 
 
@@ -673,7 +679,7 @@ class LazyFrames(Sequence[np.ndarray]):
 
     def __init__(self, pngs: list[bytes], sizes: list[tuple[int, int]]) -> None:
         self._pngs, self._sizes = pngs, sizes
-        self._held: weakref.ref | None = None
+        self._held: weakref.ref[_Decoded] | None = None
         self._lock = threading.Lock()
 
     @property
@@ -687,7 +693,13 @@ class LazyFrames(Sequence[np.ndarray]):
     def _shared(self) -> "_Decoded | None":
         return self._held() if self._held is not None else None
 
-    def __getitem__(self, index):  # type: ignore[override]
+    @overload
+    def __getitem__(self, index: int) -> np.ndarray: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> list[np.ndarray]: ...
+
+    def __getitem__(self, index: int | slice) -> np.ndarray | list[np.ndarray]:
         if isinstance(index, slice):
             return [self[i] for i in range(*index.indices(len(self)))]
         shared = self._shared()
@@ -696,7 +708,7 @@ class LazyFrames(Sequence[np.ndarray]):
         index = range(len(self))[index]  # negative indices, and IndexError past the end
         return read_png(self._pngs[index], self._sizes[index])
 
-    def __iter__(self):
+    def __iter__(self) -> Iterator[np.ndarray]:
         # One pass decodes each frame once; a held decoded list is reused.
         shared = self._shared()
         if shared is not None:
@@ -727,24 +739,23 @@ class Bundle:
 
     @property
     def question(self) -> str:
-        return self.manifest["question"]
+        return str(self.manifest["question"])
 
     @property
-    def spoken(self) -> Any:
-        """The spoken question (a vidchat.media.vad.Utterance) when the audio was the question, else None."""
-        from vidchat.media.vad import Utterance
-
+    def spoken(self) -> Utterance | None:
+        """The spoken question when the audio was the question, else None."""
         spoken = self.manifest.get("spoken_question")
         if not isinstance(spoken, dict):
             return None
-        start = spoken.get("start") if isinstance(spoken.get("start"), (int, float)) else 0.0
-        seconds = spoken.get("seconds") if isinstance(spoken.get("seconds"), (int, float)) else 0.0
-        return Utterance(float(start), float(start) + float(seconds), level_dbfs=-120.0)
+        start, seconds = spoken.get("start"), spoken.get("seconds")
+        start = float(start) if isinstance(start, (int, float)) else 0.0
+        seconds = float(seconds) if isinstance(seconds, (int, float)) else 0.0
+        return Utterance(start, start + seconds, level_dbfs=-120.0)
 
     @property
     def inputs_sha256(self) -> str:
         """What the manifest says the engine got."""
-        return self.manifest.get("inputs_sha256", "")
+        return str(self.manifest.get("inputs_sha256", ""))
 
     def digest(self) -> str:
         """The hash of the frames and audio as read back (equals inputs_sha256 for an intact bundle)."""
@@ -755,7 +766,7 @@ class Bundle:
     def history(self) -> list[Turn]:
         return [Turn(h["role"], h["content"]) for h in self.manifest.get("history") or []]
 
-    def sample(self):
+    def sample(self) -> Sample:
         """The frames and audio as a :class:`vidchat.media.session.Sample`, on the
         recorded timeline (times as recorded, origin 0)."""
         from vidchat.media.session import Sample
@@ -771,12 +782,13 @@ class Bundle:
         # The audio's segments as the engine got them, so a re-ask sends the
         # same clips; unnamed, so vLLM tells them apart by their samples.
         parts = record.get("audio_parts")
-        audio_parts: tuple = ()
+        audio_parts: tuple[tuple[int, str | None], ...] = ()
         if (self.audio is not None and isinstance(parts, list) and parts
                 and all(isinstance(n, int) and n > 0 for n in parts) and sum(parts) == self.audio.size):
             audio_parts = tuple((n, None) for n in parts)
         # Lazy frames are shared, not copied: copying would decode them all.
-        frames = self.frames if isinstance(self.frames, LazyFrames) else list(self.frames)
+        # (A Sample reads its frames as a sequence: by index, by length, in order.)
+        frames = cast("list[np.ndarray]", self.frames) if isinstance(self.frames, LazyFrames) else list(self.frames)
         return Sample(frames=frames, timestamps=list(self.frame_times),
                       indices=list(self.frame_indices), audio=self.audio,
                       audio_start=span[0], audio_end=span[1], origin=0.0,
@@ -788,7 +800,7 @@ class Bundle:
                       audio_parts=audio_parts)
 
 
-def with_frames_decoded(answer: Any) -> Any:
+def with_frames_decoded(answer: Answer) -> Answer:
     """``answer`` with its frames as arrays, for one use of them all (a
     re-ask): a loaded bundle's lazy frames are decoded once and shared with
     any other use under way; any other answer is returned as it is."""
@@ -798,7 +810,7 @@ def with_frames_decoded(answer: Any) -> Any:
     return dataclasses.replace(answer, sample=dataclasses.replace(answer.sample, frames=frames.decoded()))
 
 
-def recorded_answer(bundle: Bundle):
+def recorded_answer(bundle: Bundle) -> Answer:
     """A bundle as a finished :class:`vidchat.conversation.asking.Answer`: the page lists it
     beside the session's own answers and re-asks it the same way."""
     from vidchat.conversation.answers import Answer, AnswerOptions
@@ -853,7 +865,7 @@ def _safe_file(name: Any) -> str:
     return name
 
 
-def read_manifest(path: str | os.PathLike) -> dict[str, Any]:
+def read_manifest(path: str | os.PathLike[str]) -> dict[str, Any]:
     """A bundle's manifest alone (folder or zip, with the same size checks as
     :func:`read_bundle`), for what needs its fields and not its frames;
     raises BundleError."""
@@ -877,7 +889,7 @@ def read_manifest(path: str | os.PathLike) -> dict[str, Any]:
     return manifest
 
 
-def is_bundle(path: str | os.PathLike) -> bool:
+def is_bundle(path: str | os.PathLike[str]) -> bool:
     """A bundle folder, or a zip with exactly one bundle in it."""
     p = Path(path)
     if p.is_dir():
@@ -895,7 +907,7 @@ def _manifests(zf: zipfile.ZipFile) -> list[str]:
     return [n for n in zf.namelist() if PurePosixPath(n).name == MANIFEST and len(PurePosixPath(n).parts) <= 2]
 
 
-def read_bundle(path: str | os.PathLike, *, lazy: bool = False,
+def read_bundle(path: str | os.PathLike[str], *, lazy: bool = False,
                 max_audio_seconds: float = MAX_AUDIO_SECONDS) -> Bundle:
     """Read a bundle folder (or a zip holding one bundle) into memory; raises
     BundleError. ``lazy``: its frames stay PNG bytes (:class:`LazyFrames`),
@@ -966,7 +978,7 @@ def _read(src: _Folder | _Zip, where: str, lazy: bool = False,
         pngs: list[bytes] = []
         held = 0 if audio is None else audio.nbytes
 
-        def checked():  # each frame decoded once, to check it and hash it, then dropped
+        def checked() -> Iterator[np.ndarray]:  # each frame decoded once, to check it and hash it, then dropped
             nonlocal held
             for entry, size in zip(listed, sizes):
                 png = src.read(_safe_file(entry.get("file")))
@@ -1012,7 +1024,7 @@ def checked(mark: Any, note: Any = "") -> dict[str, str] | None:
     return {"mark": mark, "note": note.strip()}
 
 
-def mark_bundle(path: str | os.PathLike, mark: dict[str, str] | None) -> None:
+def mark_bundle(path: str | os.PathLike[str], mark: dict[str, str] | None) -> None:
     """Write the mark into a recorded bundle's manifest (and the record it
     holds), replacing the file whole so a reader never sees half of it."""
     manifest_path = Path(path) / MANIFEST

@@ -16,13 +16,15 @@ the Done the answer is cancelled. :meth:`AnswerRun.cancel` is the one way to
 stop it; a cancelled run whose engine does not let go is force-done after
 CANCEL_GRACE_S.
 
-The one preemption rule: a newer question in the chat (any door, any kind:
-typed, spoken, watched) cancels the running answer, and the newer run starts
-only once the older run's Done has been taken by its readers (at once when
-nobody reads it; a reader that stopped reading holds it at most
+An answer is *over* once its Done has been taken by every reader
+(:attr:`AnswerRun.over`; at once when nobody reads it). The one preemption
+rule: a newer question in the chat (any door, any kind: typed, spoken,
+watched) cancels the running answer, and the newer run starts only once the
+older one is over (a reader that stopped reading holds it at most
 PREEMPT_GRACE_S). A re-ask runs beside the chat (its own slot): it never
 cancels the chat's answer, is never kept among the chat's answers, and so is
-never read aloud nor offered as chat history.
+never read aloud nor offered as chat history. The slots, and the turn each
+question takes in its slot, are vidchat.conversation.answers'.
 """
 
 from __future__ import annotations
@@ -30,11 +32,13 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from dataclasses import dataclass
-from typing import Any, AsyncIterator, Callable, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, AsyncIterator, Callable, Coroutine, Sequence
+
+import numpy as np
 
 from vidchat.conversation import asking
-from vidchat.conversation.answers import Answer, AnswerOptions, SessionRecord
+from vidchat.conversation.answers import Answer, AnswerOptions, AnswerQueue, SessionRecord
 from vidchat.conversation.asking import NoFrames, Superseded
 from vidchat.conversation.asking import ask as ask_answer
 from vidchat.conversation.events import (
@@ -51,6 +55,7 @@ from vidchat.conversation.events import (
     QuestionRefused,
     SessionEvent,
 )
+from vidchat.conversation.host import AnswerMetrics, EngineRole, Host, HostSettings
 from vidchat.conversation.modes import Modes
 from vidchat.conversation.runs import (  # noqa: F401 (the conversation's events, for every door)
     CANCEL_GRACE_S,
@@ -66,9 +71,14 @@ from vidchat.conversation.runs import (  # noqa: F401 (the conversation's events
     Started,
     Words,
 )
-from vidchat.engine import ChatEngine, EngineError, Turn
+from vidchat.engine.interface import ENGINE_DEAD_MESSAGE, ChatEngine, EngineError, Turn
 from vidchat.media.session import Sample, Session
-from vidchat.media.streams import Streams, UnknownStream  # noqa: F401 (the doors' name for a refused one)
+from vidchat.media.streams import StreamReader, Streams, UnknownStream  # noqa: F401 (the doors' name for a refused one)
+from vidchat.media.vad import Utterance
+
+if TYPE_CHECKING:
+    from vidchat.conversation.registry import SessionRegistry
+    from vidchat.conversation.warmup import Prewarmer
 
 log = logging.getLogger(__name__)
 
@@ -151,28 +161,28 @@ class ChatHistory:
 NOT_ANSWERED = "Both models: the second model did not answer this question. "
 
 
-async def ask_second(conversation: Any, first: Answer, history: Sequence[Turn], *,
+async def ask_second(conversation: Conversation, first: Answer, history: Sequence[Turn], *,
                      record: bool) -> AnswerRun | None:
     """The second model's answer to the chat's question ``first`` (None,
     with a notice in the chat, when it can't answer)."""
-    state = conversation.state
-    slot = conversation.second_slot()
+    host = conversation.serving()
+    slot = conversation.second
     await slot.cancel_answer()  # the previous question's second answer, if it still runs
-    ready, reason = state.compare_readiness()
-    if not ready:
-        conversation.event_hub.publish(Notice(NOT_ANSWERED + reason))
+    engine = host.engine_now("compare")  # not waited for: the chat's answer runs meanwhile
+    if engine is None:
+        conversation.event_hub.publish(Notice(NOT_ANSWERED + host.readiness("compare")[1]))
         return None
     ticket = first.ticket
     try:
-        answer = await ask_answer(state.compare_engine, slot, first.question, first.options, history=history,
-                                  queue=state.answer_gate, sample=first.sample, spoken=first.spoken, ticket=ticket,
-                                  current=lambda: conversation.turn == ticket and not conversation.closed)
+        answer = await ask_answer(engine, slot, first.question, first.options, history=history,
+                                  queue=host.answer_gate, sample=first.sample, spoken=first.spoken, ticket=ticket,
+                                  current=lambda: slot.holds(ticket))
     except Superseded:
         return None
     except (EngineError, NoFrames, ValueError) as exc:
         conversation.event_hub.publish(Notice(NOT_ANSWERED + str(exc)))
         return None
-    answer.chat = conversation.generation
+    answer.chat = conversation.chat_began
     return AnswerRun(conversation, slot, answer, record=record, continues_chat=False, remember=True)
 
 
@@ -185,46 +195,63 @@ PREEMPT_GRACE_S = 5.0
 
 class Conversation(SessionRecord):
     """A session and what it does with the model: the registry's one object
-    per session (SessionRegistry.create), whose own slot runs the chat's answers."""
+    per session (SessionRegistry.create); its chat's answers run in its
+    ``chat`` slot (vidchat.conversation.answers says how slots and turns go)."""
 
-    def __init__(self, session: Session, kind: str, *, state: Any = None, client: str | None = None,
+    def __init__(self, session: Session, kind: str, *, host: Host | None = None, client: str | None = None,
                  owner: str | None = None) -> None:
         super().__init__(session, kind, client=client, owner=owner)
         # What it asks with (vidchat.app.state.AppState, or Standalone for a
-        # tool without an app): the engine, the answer queue, the settings.
-        self.state = state
+        # tool without an app): its engines by role, the answer queue, the
+        # settings. None until its registry is given one (a test's session).
+        self.host = host
         self._chat_run: AnswerRun | None = None
         self.history = ChatHistory()  # the chat, on the server, for every door and the warm-ups
-        self.generation = 0  # the chat's number: Clear starts a new one
-        # The chat's turn: each question, Stop, Clear and the session's end
-        # move it on; a question prepared for an older turn never starts.
-        # (The one counter, where there were a question sequence, watch and
-        # talk epochs and a stop count.)
-        self.turn = 0
+        # The chat's turn (its slot's): each question, Stop, Clear and the
+        # session's end take the next number; a question prepared for an
+        # older one never starts. Clear starts a new chat at the number it
+        # took: the chat's answers are those asked since.
+        self.chat_began = 0
+        self._chats_cleared = 0  # read only as ``generation`` (see there)
         self._moved_by = ""  # what moved the turn last (a question, "stop", "clear", "closed")
         self._turn_cause = TYPED  # why the turn's question was asked (typed, scene, spoken)
-        self._side_turn = 0  # the same for re-asks beside the chat: a newer one replaces a running one
-        self._tasks: set[asyncio.Task] = set()  # questions asked in a task of the conversation (submit)
+        self._tasks: set[asyncio.Task[object]] = set()  # questions asked in a task of the conversation (submit)
         self.modes = Modes(self)  # Watch and Talk, as tasks of the conversation
         self.closers.append(self._closed)
 
+    def serving(self) -> Host:
+        """Its host; a session asked before it has one is a mistake of its maker."""
+        if self.host is None:
+            raise RuntimeError(f"session {self.session.id[:6]}… has no host to ask with")
+        return self.host
+
     # -- the chat's turn and the one way to stop its answer ------------------
 
+    @property
+    def turn(self) -> int:
+        """The chat's turn: its newest question's ticket (or Stop's, Clear's, the end's since)."""
+        return self.chat.turn
+
+    @property
+    def generation(self) -> int:
+        """How many times the chat was cleared. No rule here reads it (an
+        answer's chat is ``chat_began``); the page's chat feed counts the
+        ChatCleared events it drew against it."""
+        return self._chats_cleared
+
     def _move_turn(self, by: str) -> int:
-        self.turn += 1
         self._moved_by = by
-        return self.turn
+        return self.chat.move()
 
     async def cancel(self, why: str | None = None) -> None:
         """The one way to cancel the chat's answer (Stop, Clear, barge-in, a
         newer question): its run ends with a cancelled Done within its grace."""
         run = self._chat_run
-        if run is not None and not run.ended.is_set():
+        if run is not None and run.done is None:
             await run.cancel(why)
-        elif self.answer is not None:  # an answer asked outside a run (vidchat.conversation.asking.ask)
-            await self.cancel_answer(why)
-        if self._second is not None:  # Both models: the second model's answer to the same question
-            await self._second.cancel_answer(why)
+        elif self.chat.answer is not None:  # an answer asked outside a run (vidchat.conversation.asking.ask)
+            await self.chat.cancel_answer(why)
+        await self.second.cancel_answer(why)  # Both models: the second model's answer to the same question
 
     async def stop(self, why: str | None = None) -> None:
         """Stop: the running answer ends, a question not started yet ends
@@ -238,11 +265,11 @@ class Conversation(SessionRecord):
         later is not added to the new one (nor does the next warm-up carry
         it); its answer is cancelled (nobody's chat shows it any more).
         Watch and Talk go on."""
-        self.generation += 1
-        self._move_turn("clear")
+        self.chat_began = self._move_turn("clear")
+        self._chats_cleared += 1
         self.history.clear()
-        self.event_hub.publish(ChatCleared())
-        if self._chat_run is not None and not self._chat_run.ended.is_set():
+        self.event_hub.publish(ChatCleared(self.chat_began))
+        if self._chat_run is not None and self._chat_run.done is None:
             self._in_task(self.cancel())
 
     async def _closed(self) -> None:
@@ -256,7 +283,7 @@ class Conversation(SessionRecord):
         super().release()
         self._chat_run = None  # its last answer's run: the answer's frames with it
 
-    def _in_task(self, work: Any) -> asyncio.Task:
+    def _in_task(self, work: Coroutine[Any, Any, object]) -> asyncio.Task[object]:
         task = asyncio.get_running_loop().create_task(work)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
@@ -267,7 +294,7 @@ class Conversation(SessionRecord):
         slot, that the door continues the chat with, and that said something
         (a stopped answer's text too: the user saw it)."""
         text = done.answer.reply.text.strip()
-        if (not run.continues_chat or run.slot is not self or run.generation != self.generation
+        if (not run.continues_chat or run.slot is not self.chat or run.chat != self.chat_began
                 or not done.started or not text):
             return
         # History comes before the frames in the prompt: the next warm-up
@@ -275,21 +302,18 @@ class Conversation(SessionRecord):
         self.history.add(done.answer_id, asking.spoken_text(done.answer), text, stopped=done.status == CANCELLED)
 
     @property
-    def warm_history(self) -> tuple:
+    def warm_history(self) -> tuple[Turn, ...]:
         """The chat the next question will carry, so its warm-up (vidchat.conversation.warmup)
         starts as the question will."""
         return self.history.turns()
 
-    def is_current(self, run: AnswerRun) -> bool:
-        """Whether ``run`` is still its slot's newest question."""
-        return run.answer.ticket == (self.turn if run.slot is self else self._side_turn)
-
     # -- asking ------------------------------------------------------------
 
     async def ask(self, question: str, options: AnswerOptions, *, engine: ChatEngine | None = None,
-                  history: Sequence[Turn] | None = None, sample: Sample | None = None, spoken: Any = None,
-                  question_audio: Any = None, record: bool = False, continues_chat: bool = True,
-                  remember: bool = True, frames_optional: bool = False, ticket: int | None = None,
+                  history: Sequence[Turn] | None = None, sample: Sample | None = None,
+                  spoken: Utterance | None = None, question_audio: np.ndarray | None = None, record: bool = False,
+                  continues_chat: bool = True, remember: bool = True, frames_optional: bool = False,
+                  ticket: int | None = None,
                   cause: str = TYPED, at: float | None = None) -> AnswerRun:
         """A question in the chat: the running answer is cancelled and its
         Done delivered before this one starts. ``history``: None, the
@@ -305,30 +329,31 @@ class Conversation(SessionRecord):
         elif ticket != self.turn:
             raise asking.Superseded("A newer question replaced this one.")
         previous = self._chat_run
-        if previous is not None and not previous.ended.is_set():
+        if previous is not None and previous.done is None:
             await previous.cancel()  # arms its force-done: its Done comes within the grace
-        if previous is not None and not previous.finished.is_set():
+        if previous is not None and not previous.over.is_set():
             try:
-                await asyncio.wait_for(previous.finished.wait(), PREEMPT_GRACE_S)
+                await asyncio.wait_for(previous.over.wait(), PREEMPT_GRACE_S)
             except asyncio.TimeoutError:
                 log.info("session %s…: the replaced answer's reader did not finish; going on",
                          self.session.id[:6])
         if history is None:
             history = self.history.turns() if continues_chat else ()
-        answer = await asking.ask(engine or self.state.engine, self, question, options, history=history,
-                                       queue=self.state.answer_gate, sample=sample, spoken=spoken,
-                                       question_audio=question_audio, frames_optional=frames_optional,
-                                       ticket=ticket, current=lambda: self.turn == ticket)
-        answer.chat, answer.cause = self.generation, self._turn_cause
+        host = self.serving()
+        answer = await asking.ask(engine or await host.engine_for("main"), self.chat, question, options,
+                                  history=history, queue=host.answer_gate, sample=sample, spoken=spoken,
+                                  question_audio=question_audio, frames_optional=frames_optional,
+                                  ticket=ticket, current=lambda: self.chat.holds(ticket))
+        answer.chat, answer.cause = self.chat_began, self._turn_cause
         if self.stream is not None:
             answer.source_state = self.stream.state
-        run = AnswerRun(self, self, answer, record=record, continues_chat=continues_chat, remember=remember)
+        run = AnswerRun(self, self.chat, answer, record=record, continues_chat=continues_chat, remember=remember)
         self._chat_run = run
         if self.both_models and continues_chat:
             self._in_task(ask_second(self, answer, history, record=record))
         return run
 
-    def _asked(self, question: str, cause: str, at: float | None, spoken: Any) -> int:
+    def _asked(self, question: str, cause: str, at: float | None, spoken: Utterance | None) -> int:
         ticket = self._move_turn("question")
         if spoken is not None:
             cause = SPOKEN
@@ -340,7 +365,7 @@ class Conversation(SessionRecord):
         return ticket
 
     def submit(self, question: str, options: AnswerOptions | Callable[[], AnswerOptions], *, cause: str = TYPED,
-               at: float | None = None, spoken: Any = None, sample: Sample | None = None,
+               at: float | None = None, spoken: Utterance | None = None, sample: Sample | None = None,
                pinned_at: float | None = None, record: bool = False) -> int:
         """Ask in a task of the conversation, for a door that only listens
         (the page): the question joins the chat at once (QuestionAsked), waits
@@ -363,7 +388,7 @@ class Conversation(SessionRecord):
     def answering(self) -> bool:
         """A chat answer runs whose Done has not been delivered yet (a newer question would cut it short)."""
         run = self._chat_run
-        return run is not None and not run.finished.is_set()
+        return run is not None and not run.over.is_set()
 
     async def reask(self, original: Answer, options: AnswerOptions, sample: Sample, *,
                     engine: ChatEngine | None = None) -> AnswerRun:
@@ -373,28 +398,24 @@ class Conversation(SessionRecord):
         answers: those are the chat's (Talk reads the newest aloud, the
         re-ask list and the timings chart read them), and a re-ask of a
         loaded bundle would keep its decoded frames with the session."""
-        slot = self.side_slot()
-        self._side_turn += 1
-        ticket = self._side_turn
+        slot = self.side
+        ticket = slot.move()
         await slot.cancel_answer()
-        answer = await asking.ask(engine or self.state.engine, slot, original.question, options,
-                                       history=original.history, queue=self.state.answer_gate, sample=sample,
-                                       spoken=original.spoken, ticket=ticket,
-                                       current=lambda: self._side_turn == ticket and not self.closed)
+        host = self.serving()
+        answer = await asking.ask(engine or await host.engine_for("main"), slot, original.question, options,
+                                  history=original.history, queue=host.answer_gate, sample=sample,
+                                  spoken=original.spoken, ticket=ticket,
+                                  current=lambda: slot.holds(ticket))
         return AnswerRun(self, slot, answer, record=False, continues_chat=False, remember=False)
 
 
-async def _submitted(conversation: Conversation, ticket: int, question: str, options: Any, spoken: Any,
+async def _submitted(conversation: Conversation, ticket: int, question: str,
+                     options: AnswerOptions | Callable[[], AnswerOptions], spoken: Utterance | None,
                      sample: Sample | None, pinned_at: float | None, record: bool) -> None:
     """A submitted question, asked in a task of its conversation (Conversation.submit)."""
     refused: tuple[str, str] | None = None
     try:
-        while getattr(conversation.state, "engine", None) is None and conversation.turn == ticket:
-            try:
-                await conversation.state.wait_engine(timeout=1.0)
-            except EngineError:
-                if conversation.state.engine_down or conversation.state.ready:
-                    raise  # it failed, or is down for good: said as this question's refusal
+        await _engine_up(conversation, ticket)
         if conversation.turn != ticket:
             raise asking.Superseded("")
         try:
@@ -421,14 +442,80 @@ async def _submitted(conversation: Conversation, ticket: int, question: str, opt
             conversation.event_hub.publish(QuestionRefused(ticket, *refused))
 
 
+# How often a submitted question waiting for the model looks whether a newer
+# question, Stop or Clear replaced it meanwhile.
+ENGINE_WAIT_LOOK_S = 1.0
+
+
+async def _engine_up(conversation: Conversation, ticket: int) -> None:
+    """Wait while the model loads or restarts, as long as question ``ticket``
+    is the chat's newest; raises EngineError when the engine is down for good."""
+    host = conversation.serving()
+    while host.engine_now("main") is None and conversation.turn == ticket:
+        try:
+            await asyncio.wait_for(host.engine_for("main"), ENGINE_WAIT_LOOK_S)
+        except asyncio.TimeoutError:
+            pass
+
+
+def _new_registry() -> SessionRegistry:
+    from vidchat.conversation.registry import SessionRegistry  # it imports this module
+
+    return SessionRegistry()
+
+
+@dataclass(frozen=True)
+class StandaloneSettings:
+    """A standalone host's settings: no model option to name, no recording, no suites."""
+
+    model: str = ""
+    compare_model: str = ""
+    record_dir: str = ""
+    suite_dir: str = ""
+    suite_keep_runs: int = 0
+
+
 @dataclass
 class Standalone:
-    """What a conversation needs of the app, for a tool without one (the
-    benchmarks): an engine, and optionally the answer queue."""
+    """The host of a tool without a server (the benchmarks, tests): one
+    engine, answering for every role, and optionally the answer queue and
+    the options a question gets by default. Records nothing (no
+    --record-dir) and counts nothing; warms nothing unless given a prewarmer."""
 
-    engine: ChatEngine
-    answer_gate: Any = None
-    settings: Any = None  # no --record-dir: recording is off
+    engine: ChatEngine | None
+    answer_gate: AnswerQueue | None = None
+    defaults: AnswerOptions = field(default_factory=AnswerOptions)
+    settings: HostSettings = field(default_factory=StandaloneSettings)
+    registry: SessionRegistry = field(default_factory=_new_registry)
+    metrics: AnswerMetrics | None = None
+    prewarmer: Prewarmer | None = None
+
+    def __post_init__(self) -> None:
+        self.registry.host = self
+
+    def engine_now(self, role: EngineRole = "main") -> ChatEngine | None:
+        return self.engine if self.engine is not None and not self.engine.is_dead else None
+
+    async def engine_for(self, role: EngineRole = "main") -> ChatEngine:
+        engine = self.engine_now(role)
+        if engine is None:
+            raise EngineError(self.readiness(role)[1])
+        return engine
+
+    def readiness(self, role: EngineRole = "main") -> tuple[bool, str]:
+        if self.engine is None:
+            return False, "No model engine."
+        if self.engine.is_dead:
+            return False, ENGINE_DEAD_MESSAGE
+        return True, "ready"
+
+    def answer_defaults(self) -> AnswerOptions:
+        return self.defaults
+
+
+if TYPE_CHECKING:
+    def _is_a_host(standalone: Standalone) -> Host:  # the type checker holds Standalone to the protocol
+        return standalone
 
 
 # A session watching one of the server's streams (--stream,
@@ -441,7 +528,7 @@ class Standalone:
 # stream), and each answer's record says whether the stream was live when it
 # was asked (``source_state``).
 
-def attach_stream(entry: Any, streams: Streams, name: str) -> Any:
+def attach_stream(entry: SessionRecord, streams: Streams, name: str) -> StreamReader:
     """Attach ``entry``'s session to stream ``name``; raises UnknownStream naming it and the streams there are."""
     reader = streams.attach(name, entry.session)
     if entry.stream is None:
@@ -453,14 +540,14 @@ def attach_stream(entry: Any, streams: Streams, name: str) -> Any:
     return reader
 
 
-def detach_stream(entry: Any, streams: Streams) -> None:
+def detach_stream(entry: SessionRecord, streams: Streams) -> None:
     """The session watches no stream any more (its frames stay)."""
     if entry.stream is not None:
         streams.detach(entry.session)
         entry.stream = None
 
 
-def refuse_own_frames(entry: Any) -> str | None:
+def refuse_own_frames(entry: SessionRecord) -> str | None:
     """Why a client's own frame is refused (its session watches a stream), or None."""
     if entry.stream is None:
         return None

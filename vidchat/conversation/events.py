@@ -17,9 +17,12 @@ import collections
 import contextvars
 import hashlib
 from dataclasses import dataclass, field
-from typing import Any, AsyncIterator, Union
+from typing import TYPE_CHECKING, Any, AsyncIterator, Union
 
 from vidchat.media.vad import SpeechStarted, Utterance  # the detector's own events, as they are
+
+if TYPE_CHECKING:
+    from vidchat.conversation.runs import RunEvent
 
 # Events a listener may fall behind by before its oldest are dropped: an
 # answer's deltas at vLLM's pace for a few seconds.
@@ -86,7 +89,7 @@ class AnswerEvent:
     own answer (a re-ask beside the chat, or the second model's); ``second``:
     the second model's answer to the chat's question ``ticket`` (Both models)."""
 
-    event: Any
+    event: RunEvent
     answer_id: str | None = None
     side: bool = False
     ticket: int = 0
@@ -96,6 +99,8 @@ class AnswerEvent:
 @dataclass(frozen=True)
 class ChatCleared:
     """Clear chat: what was said before is no longer the chat."""
+
+    chat: int = 0  # the new chat's number (Conversation.chat_began)
 
 
 @dataclass(frozen=True)
@@ -159,6 +164,8 @@ class EventHub:
         with self.subscribe() as listener:
             while True:
                 event = await listener.get()
+                if event is None:
+                    continue  # only a get with a timeout comes back empty
                 yield event
                 if isinstance(event, Closed):
                     return
@@ -169,7 +176,7 @@ class Subscription:
 
     def __init__(self, hub: EventHub) -> None:
         self._hub = hub
-        self._queue: collections.deque = collections.deque()
+        self._queue: collections.deque[SessionEvent] = collections.deque()
         self._more = asyncio.Event()
         self.dropped = 0
 

@@ -2,13 +2,15 @@
 may use of whoever serves them.
 
 The server's state (vidchat.app.state.AppState) is one host; a tool without
-a server (replay, the benchmarks) brings a small one of its own. Nothing
-below the doors reaches for the app: what it needs comes in as a
-:class:`Host`, and a type checker holds both sides to this one list.
+a server (replay, the benchmarks) brings a small one of its own
+(vidchat.conversation.conversation.Standalone). Nothing below the doors
+reaches for the app: what it needs comes in as a :class:`Host`, and a type
+checker holds both sides to this one list.
 
 An engine is looked up by its role when an answer is asked
-(:meth:`Host.engine_for`), never held across a restart: a keeper may have
-replaced a dead engine since the last question.
+(:meth:`Host.engine_for`, or :meth:`Host.engine_now` where nothing may wait),
+never held across a restart: a keeper may have replaced a dead engine since
+the last question.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ if TYPE_CHECKING:
     from vidchat.conversation.answers import AnswerOptions, AnswerQueue
     from vidchat.conversation.registry import SessionRegistry
     from vidchat.conversation.warmup import Prewarmer
-    from vidchat.engine import ChatEngine
+    from vidchat.engine.interface import ChatEngine
 
 # Which of the server's engines answers: its model, or the second model
 # beside it (--compare-model).
@@ -31,10 +33,10 @@ class HostSettings(Protocol):
     of the server's options, vidchat.app.settings.Settings)."""
 
     @property
-    def model(self) -> str: ...
+    def model(self) -> str: ...  # --model: what a recording names as the answering model
 
     @property
-    def compare_model(self) -> str: ...
+    def compare_model(self) -> str: ...  # --compare-model ("": none)
 
     @property
     def record_dir(self) -> str: ...  # "": recording is off
@@ -49,8 +51,11 @@ class HostSettings(Protocol):
 class AnswerMetrics(Protocol):
     """How an answer ended, for the server's /metrics (vidchat.app.metrics)."""
 
-    def answer_done(self, door: str, status: str, first_token_s: float | None, completion_tokens: int, *,
-                    engine: str, run_kind: str) -> None: ...
+    def answer_done(self, kind: str, status: str, first_token_s: float | None, tokens: int, *,
+                    engine: str, run_kind: str) -> None:
+        """At each answer's Done: ``kind`` the session's (its door), ``engine``
+        the role that answered, ``run_kind`` what it answered (AnswerRun.kind)."""
+        ...
 
 
 class Host(Protocol):
@@ -63,25 +68,26 @@ class Host(Protocol):
     def registry(self) -> SessionRegistry: ...
 
     @property
-    def answer_gate(self) -> AnswerQueue | None: ...  # the server's answer queue (--max-running-answers)
+    def answer_gate(self) -> AnswerQueue | None: ...  # the fair queue in front of the engines (None: no cap)
 
     @property
-    def metrics(self) -> AnswerMetrics | None: ...
+    def metrics(self) -> AnswerMetrics | None: ...  # None: nobody counts answers
 
     @property
-    def prewarmer(self) -> Prewarmer | None: ...
+    def prewarmer(self) -> Prewarmer | None: ...  # None: no warm-ups
 
     def engine_now(self, role: EngineRole = "main") -> ChatEngine | None:
-        """The engine answering for ``role`` at this moment, without waiting (None while it starts)."""
+        """The engine answering for ``role`` at this moment, without waiting
+        (None while it loads, restarts or is down)."""
         ...
 
     async def engine_for(self, role: EngineRole = "main") -> ChatEngine:
-        """The engine that answers for ``role`` now, waiting while it starts or
+        """The engine that answers for ``role`` now, waiting while it loads or
         restarts; raises vidchat.engine.EngineError when it is down for good."""
         ...
 
     def readiness(self, role: EngineRole = "main") -> tuple[bool, str]:
-        """Whether ``role``'s engine answers now, and if not, why (for the user)."""
+        """Whether ``role``'s engine answers now, and if not, why (in words for the user)."""
         ...
 
     def answer_defaults(self) -> AnswerOptions:

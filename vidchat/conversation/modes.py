@@ -19,14 +19,19 @@ import logging
 import math
 import time
 from dataclasses import dataclass, field
-from typing import Any, AsyncIterator, Callable
+from typing import TYPE_CHECKING, AsyncIterator, Callable
 
 import numpy as np
 
+from vidchat.conversation.answers import AnswerOptions, SessionRecord
 from vidchat.conversation.events import SCENE, SPOKEN, SceneChanged, SettingsChanged, SoundLevel, SpeechStopped
 from vidchat.media.session import Session
 from vidchat.media.vad import SpeechStarted, TurnDetector, TurnSettings, Utterance
 from vidchat.media.workers import run_vad
+
+if TYPE_CHECKING:
+    from vidchat.conversation.conversation import Conversation
+    from vidchat.conversation.host import Host
 
 log = logging.getLogger(__name__)
 
@@ -77,16 +82,16 @@ class SceneWatch:
             await asyncio.sleep(WATCH_POLL_S)
 
 
-Options = Callable[[], Any]  # the AnswerOptions a mode's question is asked with, read as it is asked
+Options = Callable[[], AnswerOptions]  # what a mode's question is asked with, read as it is asked
 
 
 class Modes:
     """One conversation's Watch and Talk tasks (``conversation.modes``)."""
 
-    def __init__(self, conversation: Any) -> None:
+    def __init__(self, conversation: Conversation) -> None:
         self.conversation = conversation
-        self._watch: asyncio.Task | None = None
-        self._talk: asyncio.Task | None = None
+        self._watch: asyncio.Task[None] | None = None
+        self._talk: asyncio.Task[None] | None = None
         self.watch_question: str | None = None
 
     @property
@@ -128,7 +133,8 @@ class Modes:
         except Exception:  # noqa: BLE001 - watching ends, the session goes on
             log.exception("session %s…: watching failed", conversation.session.id[:6])
 
-    def talk(self, settings: TurnSettings, barge_in: bool, options: Options, on_speech: Any = None) -> None:
+    def talk(self, settings: TurnSettings, barge_in: bool, options: Options,
+             on_speech: Callable[[], None] | None = None) -> None:
         """Ask each utterance the session's microphone hears, as it ends
         (the listener, with barge-in, is the session's: vidchat.conversation.modes)."""
         entry = self.conversation
@@ -144,7 +150,7 @@ class Modes:
             task.cancel()
         await stop(self.conversation)
 
-    async def _talking(self, listener: Any, options: Options) -> None:
+    async def _talking(self, listener: Listener, options: Options) -> None:
         conversation = self.conversation
         me = asyncio.current_task()
 
@@ -153,14 +159,15 @@ class Modes:
 
         try:
             async for spoken in heard(listener, stale):
-                conversation.submit("", options, cause=SPOKEN, spoken=spoken)
+                if isinstance(spoken, Utterance):  # always, without ``starts``
+                    conversation.submit("", options, cause=SPOKEN, spoken=spoken)
         except asyncio.CancelledError:
             raise
         except Exception:  # noqa: BLE001 - Talk ends, the session goes on
             log.exception("session %s…: talk failed", conversation.session.id[:6])
 
 
-async def scene_changes(conversation: Any, watcher: SceneWatch,
+async def scene_changes(conversation: Conversation, watcher: SceneWatch,
                         stopped: Callable[[], bool]) -> AsyncIterator[float | None]:
     """Watch mode's moments to ask the standing question, for every
     door: each (rate-limited) scene change, none while the model loads,
@@ -170,11 +177,11 @@ async def scene_changes(conversation: Any, watcher: SceneWatch,
     async for t in watcher.changes(stopped):
         if t is not None:
             conversation.event_hub.publish(SceneChanged(t))
-        if conversation.state.engine is None:
+        if conversation.host is None or conversation.host.engine_now("main") is None:
             continue
-        while (run := conversation._chat_run) is not None and not run.finished.is_set() and not stopped():
+        while (run := conversation._chat_run) is not None and not run.over.is_set() and not stopped():
             try:  # looked at again each second: watching switched off meanwhile ends here
-                await asyncio.wait_for(asyncio.shield(run.finished.wait()), 1.0)
+                await asyncio.wait_for(asyncio.shield(run.over.wait()), 1.0)
             except asyncio.TimeoutError:
                 pass
         if stopped():
@@ -182,24 +189,26 @@ async def scene_changes(conversation: Any, watcher: SceneWatch,
         yield t
 
 
-async def heard(listener: Any, stale: Callable[[], bool] = lambda: False,
-            starts: bool = False) -> AsyncIterator[Any]:
+async def heard(listener: Listener, stale: Callable[[], bool] = lambda: False,
+                starts: bool = False) -> AsyncIterator[Event]:
     """Talk mode's turns for a door, from the session's listener
     (vidchat.conversation.modes): each finished utterance (and, with ``starts``, each
     speech start) until ``stale()`` says this reader is done (looked at
     every second while nothing is heard). An utterance heard just as the
     reader went stale is put back for the next reader, never dropped."""
     while True:
-        waiter = asyncio.ensure_future(listener.next_event() if starts else listener.next_utterance())
+        waiter: asyncio.Future[Event] = asyncio.ensure_future(
+            listener.next_event() if starts else listener.next_utterance())
         try:
             while not waiter.done():
                 await asyncio.wait({waiter}, timeout=1.0)
                 if stale():
                     return
         finally:
-            if waiter.done() and not waiter.cancelled() and waiter.exception() is None and stale() \
-                    and isinstance(waiter.result(), Utterance):
-                listener.put_back(waiter.result())
+            got = waiter.result() if waiter.done() and not waiter.cancelled() and waiter.exception() is None \
+                else None
+            if isinstance(got, Utterance) and stale():
+                listener.put_back(got)
             waiter.cancel()
         yield waiter.result()
 
@@ -245,14 +254,14 @@ class TalkStats:
 class Listener:
     """Turn detection over one session's audio, while Talk is on."""
 
-    entry: Any  # the session's vidchat.conversation.Conversation (not imported: it imports this module)
+    entry: Conversation  # the session's (not imported at run time: it imports this module)
     settings: TurnSettings = field(default_factory=TurnSettings)
     barge_in: bool = True
     # Called as speech starts: a spoken question is coming (the server's
     # warm-ups take this session first, vidchat.conversation.warmup question_coming).
     on_speech: Callable[[], None] | None = None
     stats: TalkStats = field(default_factory=TalkStats)
-    events: asyncio.Queue = field(default_factory=lambda: asyncio.Queue(maxsize=64))
+    events: asyncio.Queue[Event] = field(default_factory=lambda: asyncio.Queue(maxsize=64))
     # The state a page shows: "listening", "hearing you".
     hearing: bool = False
     speech_starts: int = 0
@@ -260,10 +269,10 @@ class Listener:
     level_t: float | None = None  # its time on the session's timeline
     _level_at: float = float("-inf")
     _detector: TurnDetector | None = None
-    _task: asyncio.Task | None = None
+    _task: asyncio.Task[None] | None = None
     _pos: float | None = None
     _playback_until: float = 0.0
-    _returned: collections.deque = field(default_factory=collections.deque)
+    _returned: collections.deque[Utterance] = field(default_factory=collections.deque)
 
     def start(self) -> None:
         """Listen from now on: audio already received is not a turn, all that comes after is."""
@@ -305,7 +314,7 @@ class Listener:
             if isinstance(event, Utterance):
                 return event
 
-    async def next_event(self) -> Any:
+    async def next_event(self) -> Event:
         """The next speech start or finished utterance (one put back comes first)."""
         if self._returned:
             return self._returned.popleft()
@@ -359,7 +368,7 @@ class Listener:
             self.entry.event_hub.publish(event)
             if self.on_speech is not None:
                 self.on_speech()
-            if self.barge_in and self.entry.answer is not None:
+            if self.barge_in and self.entry.chat.answer is not None:
                 self.stats.barge_ins += 1
                 log.info("session %s… barge-in: speech at %.2f s stops the answer", sid, event.start)
                 await self.entry.cancel(BARGED_IN)  # the conversation's one way to cancel the chat's answer
@@ -375,7 +384,7 @@ class Listener:
         self.events.put_nowait(event)
 
 
-def listener(entry: Any, settings: TurnSettings | None = None, barge_in: bool = True,
+def listener(entry: Conversation, settings: TurnSettings | None = None, barge_in: bool = True,
              on_speech: Callable[[], None] | None = None) -> Listener:
     """The session's listener, started (one per session; new settings replace the old ones)."""
     current: Listener | None = getattr(entry, "talk", None)
@@ -396,16 +405,16 @@ def listener(entry: Any, settings: TurnSettings | None = None, barge_in: bool = 
     return made
 
 
-def speech_warms(state: Any, entry: Any) -> Callable[[], None] | None:
+def speech_warms(host: Host, entry: SessionRecord) -> Callable[[], None] | None:
     """A listener's ``on_speech`` that warms the session first (a spoken
     question is coming), when the server has warm-ups."""
-    prewarmer = getattr(state, "prewarmer", None)
+    prewarmer = host.prewarmer
     if prewarmer is None:
         return None
     return lambda: prewarmer.question_coming(entry.session.id)
 
 
-async def stop(entry: Any) -> None:
+async def stop(entry: SessionRecord) -> None:
     current: Listener | None = getattr(entry, "talk", None)
     if current is not None:
         await current.stop()

@@ -12,11 +12,14 @@ import asyncio
 import logging
 import secrets
 import time
-from typing import Any, Awaitable, Callable
+from typing import TYPE_CHECKING, Any, Awaitable, Callable
 
 from vidchat.conversation.conversation import Conversation
 from vidchat.conversation.events import Closed
 from vidchat.media.session import Session, SessionSettings
+
+if TYPE_CHECKING:
+    from vidchat.conversation.host import Host
 
 log = logging.getLogger(__name__)
 
@@ -55,8 +58,8 @@ class Reservation:
 class SessionRegistry:
     def __init__(self, max_sessions: int = 16, default_settings: Callable[[], SessionSettings] | None = None,
                  max_per_client: int = 0, uncapped_client: Callable[[str], bool] | None = None,
-                 time_limit_s: float = 0.0, app: Any = None):
-        self._app = app
+                 time_limit_s: float = 0.0, host: Host | None = None) -> None:
+        self._host = host
         self.max_sessions = max_sessions
         self.max_per_client = max_per_client  # 0: no cap
         self._uncapped_client = uncapped_client or (lambda client: False)
@@ -65,7 +68,7 @@ class SessionRegistry:
         self._entries: dict[str, Conversation] = {}
         self._pending: set[Reservation] = set()
         self._closed_reasons: dict[str, str] = {}
-        self._closing: set[asyncio.Task] = set()  # closes started by close_soon, still running
+        self._closing: set[asyncio.Task[bool]] = set()  # closes started by close_soon, still running
         # A replica being drained (POST /api/drain) takes no new sessions;
         # open ones, and tabs re-attaching to them, carry on until they end.
         self.draining = False
@@ -75,19 +78,19 @@ class SessionRegistry:
         return self._default_settings()
 
     @property
-    def app(self) -> Any:
-        """What its conversations ask with (vidchat.app.state.AppState: the
-        engine, the answer queue, the settings)."""
-        return self._app
+    def host(self) -> Host | None:
+        """What its conversations ask with (vidchat.app.state.AppState, or a
+        tool's vidchat.conversation.conversation.Standalone)."""
+        return self._host
 
-    @app.setter
-    def app(self, app: Any) -> None:
-        # An app holds its registry, so it may come after the registry and
-        # even after the first sessions (a tool's, a test's): they serve it too.
-        self._app = app
+    @host.setter
+    def host(self, host: Host | None) -> None:
+        # A host holds its registry, so it may come after the registry and
+        # even after the first sessions (a tool's, a test's): they ask with it too.
+        self._host = host
         for entry in self._entries.values():
-            if entry.state is None:
-                entry.state = app
+            if entry.host is None:
+                entry.host = host
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -128,7 +131,7 @@ class SessionRegistry:
             reservation.release()
         sid = secrets.token_urlsafe(16)
         entry = Conversation(Session(sid, settings or self._default_settings(), **session_kwargs), kind,
-                             state=self._app, client=client, owner=owner)
+                             host=self._host, client=client, owner=owner)
         if self.time_limit_s > 0:
             entry.deadline = time.monotonic() + self.time_limit_s
         self._entries[sid] = entry
@@ -147,7 +150,7 @@ class SessionRegistry:
         entry = self._entries.get(sid) if isinstance(sid, str) else None
         return entry.owner if entry is not None else None
 
-    def get_for(self, sid: Any, login: str | None) -> Conversation | None:
+    def get_for(self, sid: object, login: str | None) -> Conversation | None:
         """The session ``sid`` when ``login`` may use it: the one that opened
         it (any caller, for a session opened without a login); else None, as
         for an id that does not exist, so a guessed id tells nothing."""
@@ -177,9 +180,8 @@ class SessionRegistry:
         # Each step is bounded: a closer that hangs (a client that reads
         # nothing, a peer that never answers) delays this session's end by at
         # most CLOSE_STEP_S, and no other session's.
-        await _bounded(entry.cancel_answer(), "aborting the answer of", sid)  # nobody is left to read it
-        if entry._side is not None:
-            await _bounded(entry._side.cancel_answer(), "aborting the re-ask of", sid)
+        for slot in entry.slots():  # nobody is left to read their answers
+            await _bounded(slot.cancel_answer(), f"aborting the {slot.kind} answer of", sid)
         for closer in list(entry.closers):  # a closer may unregister itself
             await _bounded(closer(), "a closer of", sid)
         entry.event_hub.publish(Closed(reason))  # the last event its listeners get

@@ -8,7 +8,6 @@ how runs, readers and the preemption rule fit together.
 from __future__ import annotations
 
 import asyncio
-import collections
 import contextlib
 import dataclasses
 import logging
@@ -16,16 +15,18 @@ import secrets
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, AsyncIterator, Protocol, Union
+from typing import TYPE_CHECKING, Any, AsyncGenerator, Protocol, Union
 
 from vidchat.conversation import asking, events
-from vidchat.conversation.answers import Abandoned, Answer, SessionRecord, SideSlot
+from vidchat.conversation.answers import Abandoned, Answer, AnswerSlot, SessionRecord
 from vidchat.conversation.bundles import write_bundle
 from vidchat.conversation.events import SCENE, SPOKEN, TYPED, AnswerEvent
-from vidchat.engine import EngineError
+from vidchat.conversation.host import Host, HostSettings
+from vidchat.engine.interface import EngineError
 
 if TYPE_CHECKING:
-    from vidchat.conversation.answers import Answer
+    from vidchat.conversation.conversation import Conversation
+    from vidchat.conversation.registry import SessionRegistry
 
 log = logging.getLogger(__name__)
 
@@ -41,7 +42,7 @@ CANCEL_GRACE_S = 3.0
 # that a client gone for good does not keep the engine busy for nobody.
 UNHEARD_GRACE_S = 8.0
 
-_RUNNING: set[asyncio.Task] = set()  # the answer runs' tasks, held until they end
+_RUNNING: set[asyncio.Task[None]] = set()  # the answer runs' tasks, held until they end
 
 COMPLETED, CANCELLED, FAILED = "completed", "cancelled", "failed"
 
@@ -120,14 +121,18 @@ class AnswerRun:
     leaves before the Done the answer is cancelled (nobody is left to read
     it: abort-on-disconnect)."""
 
-    # ``conversation``: the vidchat.conversation.Conversation that asked (its
-    # state, entry, chat generation and the rule for what the chat keeps).
-    def __init__(self, conversation: Any, slot: SessionRecord | SideSlot, answer: Answer, *, record: bool,
+    # ``conversation``: the Conversation that asked (its host, session, chat
+    # and the rule for what the chat keeps); ``slot``: one of its three.
+    def __init__(self, conversation: Conversation, slot: AnswerSlot, answer: Answer, *, record: bool,
                  continues_chat: bool, remember: bool) -> None:
         self.conversation, self.slot, self.answer = conversation, slot, answer
         self.record, self.continues_chat, self.remember = record, continues_chat, remember
-        self.ended = asyncio.Event()  # set by the run as its Done is made: it always comes
-        self.finished = asyncio.Event()  # set once every reader has taken the Done (at once with no reader)
+        # Its Done, once made (it always comes): the run has ended, its readers may not have taken it yet.
+        self.done: Done | None = None
+        # The answer is over: its Done has been taken by every reader (at once with none). The
+        # conversation's preemption rule waits for this before a newer question in the chat starts.
+        self.over = asyncio.Event()
+        self._made = asyncio.Event()  # set with ``done`` (finish() waits for it)
         self._events: list[RunEvent] = []
         self._more = asyncio.Event()  # replaced at each event: readers wait on the one of their time
         self._readers = 0
@@ -135,7 +140,7 @@ class AnswerRun:
         self._first_token_at: float | None = None
         self._awaited = False  # finish() waits for it (replay, benchmarks): someone takes its Done
         self._unheard_since: float | None = None
-        self.generation = conversation.generation  # the chat it belongs to (Clear starts another)
+        self.chat = conversation.chat_began  # the chat it belongs to (Clear starts another)
         self._task = asyncio.get_running_loop().create_task(self._run())
         _RUNNING.add(self._task)  # asyncio keeps only weak references to tasks
         self._task.add_done_callback(_RUNNING.discard)
@@ -143,9 +148,9 @@ class AnswerRun:
     @property
     def kind(self) -> str:
         """What it answers: "chat", "watch", "talk", "reask" or "second" (metrics' kind label)."""
-        if getattr(self.slot, "second", False):
+        if self.slot.kind == "second":
             return "second"
-        if self.slot is not self.conversation:
+        if self.slot.kind == "side":
             return "reask"
         if self.answer.spoken is not None:  # Talk, a socket's server_vad turn, or a video.query's audio_data
             return "talk"
@@ -155,7 +160,7 @@ class AnswerRun:
         """The one way to stop it: stop generating (or waiting). The run
         still ends with its Done; if the engine does not let it end within
         CANCEL_GRACE_S, the Done is made without it (force-done)."""
-        if not self.ended.is_set() and self._forced is None:
+        if self.done is None and self._forced is None:
             self._forced = asyncio.get_running_loop().call_later(CANCEL_GRACE_S, self._force_done)
         await self.answer.cancel(why)
 
@@ -165,10 +170,10 @@ class AnswerRun:
         self._events.append(event)
         more, self._more = self._more, asyncio.Event()
         more.set()
-        entry = self.conversation  # the session's one stream has every answer of it, re-asks marked
-        entry.event_hub.publish(AnswerEvent(event, event.answer_id if isinstance(event, Done) else None,
-                                         side=self.slot is not entry, ticket=self.answer.ticket,
-                                         second=getattr(self.slot, "second", False)))
+        # The session's one stream has every answer of it, those beside the chat marked.
+        self.conversation.event_hub.publish(AnswerEvent(
+            event, event.answer_id if isinstance(event, Done) else None, side=self.slot.kind != "chat",
+            ticket=self.answer.ticket, second=self.slot.kind == "second"))
 
     async def _run(self) -> None:
         answer, reply = self.answer, self.answer.reply
@@ -202,11 +207,11 @@ class AnswerRun:
                 except Exception:  # noqa: BLE001
                     log.debug("aborting the reply failed", exc_info=True)
                 asking.release(self.slot, answer)
-                current = self.conversation.is_current(self)
-            if not self.ended.is_set():
-                self._end(await self._done(error, started, current))
+                current = self.slot.holds(answer.ticket)
+            if self.done is None:
+                self._end(await self._recorded_done(error, started, current))
         finally:
-            if not self.ended.is_set():  # the task itself was cancelled (shutdown)
+            if self.done is None:  # the task itself was cancelled (shutdown)
                 self._end(self._plain_done(None, started, False, cancelled=True))
 
     def _check_heard(self) -> None:
@@ -229,7 +234,7 @@ class AnswerRun:
     def _force_done(self) -> None:
         """The cancelled answer did not end within the grace: its Done now
         (the engine's abort goes on in the background; its place is given back)."""
-        if self.ended.is_set():
+        if self.done is not None:
             return
         log.info("session %s…: a cancelled answer did not end within %.0f s; done without it",
                  self.answer.session_id[:6], CANCEL_GRACE_S)
@@ -242,9 +247,10 @@ class AnswerRun:
         _count(self, done)
         self.conversation._answered(self, done)
         self._publish(done)
-        self.ended.set()
+        self.done = done
+        self._made.set()
         if self._readers == 0:
-            self.finished.set()
+            self.over.set()
 
     def _plain_done(self, error: str | None, started: bool, current: bool, cancelled: bool = False) -> Done:
         """The run's Done without a recording, its inputs kept as asked."""
@@ -254,15 +260,15 @@ class AnswerRun:
         answer_id = remember(self.conversation, answer) if self.remember else None
         return Done(answer, status, error, started, current, answer_id)
 
-    async def _done(self, error: str | None, started: bool, current: bool) -> Done:
+    async def _recorded_done(self, error: str | None, started: bool, current: bool) -> Done:
         done = self._plain_done(error, started, current)
         answer, answer_id = self.answer, done.answer_id
         conversation = self.conversation
         bundle = record_error = None
         if self.record and started and answer_id is not None:
             try:
-                bundle = await save_bundle(conversation.state, conversation, answer, answer_id,
-                                                source=events.door_name(conversation.kind))
+                bundle = await save_bundle(conversation.host, conversation, answer, answer_id,
+                                           source=events.door_name(conversation.kind))
             except RecordingOff as exc:
                 record_error = f"Not recorded: {exc}."
             except OSError as exc:
@@ -290,8 +296,8 @@ class AnswerRun:
         self._readers -= 1
         if self._readers:
             return
-        if self.ended.is_set():
-            self.finished.set()
+        if self.done is not None:
+            self.over.set()
         elif not took_done and not self.answer._abandon.is_set():
             # The last door listening went away: nobody reads this answer now.
             self._leaving = asyncio.get_running_loop().create_task(self.cancel())
@@ -316,23 +322,23 @@ class AnswerRun:
     async def finish(self) -> Done:
         """Wait for the run's Done without a door (replay, benchmarks)."""
         self._awaited = True
-        await self.ended.wait()
-        done = self._events[-1]
-        assert isinstance(done, Done), "an answer run ends with Done"
-        return done
+        await self._made.wait()
+        assert self.done is not None, "an answer run ends with Done"
+        return self.done
 
 
 def _prefilled(run: AnswerRun) -> None:
     """The engine has the question's frames encoded now: a later question or
     warm-up counts them as such (vidchat.media.sampling's encoder budget).
     Not a second model's: its engine is another one."""
-    if not getattr(run.slot, "second", False):
+    if run.slot.kind != "second":
         run.conversation.session.mark_encoded(run.answer.sample.seqs)
 
 
 def _count(run: AnswerRun, done: Done) -> None:
     """Tell the app's metrics (when it keeps any) how the answer ended."""
-    metrics = getattr(run.conversation.state, "metrics", None)
+    host = run.conversation.host
+    metrics = host.metrics if host is not None else None
     if metrics is None:
         return
     answer = run.answer
@@ -388,7 +394,7 @@ class RunReader:
                 pass
 
 
-async def _places(answer: Answer) -> AsyncIterator[int]:
+async def _places(answer: Answer) -> AsyncGenerator[int, None]:
     """The number of answers ahead while this one waits for its place;
     raises Abandoned when it is cancelled while it waits."""
     places: asyncio.Queue[int] = asyncio.Queue()
@@ -425,11 +431,11 @@ KEEP_PER_SESSION = 8
 KEEP_BUNDLES_PER_SESSION = 64
 
 
-def remember(entry: Any, answer: "Answer") -> str:
+def remember(entry: SessionRecord, answer: Answer) -> str:
     """Keep an answer's inputs for its session's page; returns its id (the
     same id when the answer is already kept, e.g. a spoken question's
     player shown before its answer)."""
-    kept: collections.OrderedDict = entry.answers
+    kept = entry.answers
     for known_id, known in kept.items():
         if known is answer:
             return known_id
@@ -440,35 +446,35 @@ def remember(entry: Any, answer: "Answer") -> str:
     return answer_id
 
 
-def chat_answers(entry: Any) -> list[tuple[str, "Answer"]]:
+def chat_answers(entry: Conversation) -> list[tuple[str, Answer]]:
     """The kept answers of the chat as it is now, newest first, as (id,
     answer): those of a cleared chat are left out (their inputs stay served
     while kept, and the live view's timings still count them)."""
-    chat = entry.generation
+    chat = entry.chat_began
     return [(answer_id, answer) for answer_id, answer in reversed(entry.answers.items())
-            if getattr(answer, "chat", 0) == chat]
+            if answer.chat == chat]
 
 
-async def save_bundle(state: Any, entry: Any, answer: "Answer", answer_id: str, source: str) -> Path:
+async def save_bundle(host: Host | None, entry: SessionRecord, answer: Answer, answer_id: str, source: str) -> Path:
     """Save a finished answer as a bundle under --record-dir, in its
     session's folder, and keep it for the session's download links: the one
     recording rule of the page and the socket. Raises RecordingOff without
     --record-dir (nothing is written unless the server was told where), and
     OSError when the folder can't be written."""
-    root = state.settings.record_dir
-    if not root:
+    if host is None or not host.settings.record_dir:
         raise RecordingOff("the server was started without --record-dir")
+    root = host.settings.record_dir
     folder = Path(root) / f"session-{time.strftime('%Y%m%d')}-{entry.session.id[:8]}"
     engine = answer.reply.engine  # the engine that answered: the second model's answers are its own
     path = await asyncio.to_thread(write_bundle, folder, answer, source=source,
-                                   model_option=model_option(state.settings, answer),
+                                   model_option=model_option(host.settings, answer),
                                    engine_options=engine.options)
     keep_bundle(entry, answer_id, path)
     log.info("session %s… answer recorded in %s", entry.session.id[:6], path)
     return path
 
 
-def model_option(settings: Any, answer: "Answer") -> str:
+def model_option(settings: HostSettings, answer: Answer) -> str:
     """The option the answering engine's model was chosen by (--model, or
     --compare-model for the second model): what a replay or a baseline of the
     answer names, so neither is credited to the other model."""
@@ -479,14 +485,14 @@ class RecordingOff(Exception):
     pass
 
 
-def keep_bundle(entry: Any, answer_id: str, path: Any) -> None:
+def keep_bundle(entry: SessionRecord, answer_id: str, path: Path) -> None:
     """Remember a recorded answer's bundle folder for the session's download links."""
     entry.bundles[answer_id] = path
     while len(entry.bundles) > KEEP_BUNDLES_PER_SESSION:
         entry.bundles.pop(next(iter(entry.bundles)))
 
 
-def find(registry: Any, answer_id: str) -> "tuple[Any, Answer] | tuple[None, None]":
+def find(registry: SessionRegistry, answer_id: str) -> tuple[Conversation, Answer] | tuple[None, None]:
     for entry in registry.entries():
         answer = entry.answers.get(answer_id)
         if answer is not None:
@@ -494,7 +500,7 @@ def find(registry: Any, answer_id: str) -> "tuple[Any, Answer] | tuple[None, Non
     return None, None
 
 
-def record(answer: "Answer", answer_id: str | None = None) -> dict[str, Any]:
+def record(answer: Answer, answer_id: str | None = None) -> dict[str, Any]:
     """The answer record: question, answer text and everything the model was given (frames by time and index)."""
     out = {"id": answer_id, "question": answer.question, "answer": answer.reply.text}
     out.update(answer.summary())

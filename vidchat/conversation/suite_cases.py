@@ -23,6 +23,7 @@ from typing import Any, Callable, Sequence
 
 import tomlkit
 from tomlkit.exceptions import TOMLKitError
+from tomlkit.items import AoT
 
 from vidchat.conversation.safe_files import locked, writable, write_whole
 
@@ -149,10 +150,13 @@ def _with_case(root: Path, text: str | None, case: dict[str, Any]) -> str:
     try:
         doc = tomlkit.parse(text) if text else tomlkit.document()
         if not text:
-            doc.add("name", root.resolve().name)
+            doc.add("name", tomlkit.item(root.resolve().name))
         if "case" not in doc:
             doc.append("case", tomlkit.aot())
-        doc["case"].append(_case_table(case))
+        cases = doc["case"]
+        if not isinstance(cases, AoT):
+            raise TypeError("its 'case' is not an array of tables ([[case]])")
+        cases.append(_case_table(case))
         new = tomlkit.dumps(doc)
     except (TOMLKitError, TypeError, ValueError) as exc:
         raise SuiteConflict(f"{root / SUITE_FILE}: a case can't be added to it ({exc})") from None

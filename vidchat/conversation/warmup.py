@@ -45,11 +45,24 @@ import logging
 import time
 import uuid
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any, Sequence
 
 import numpy as np
 
+from vidchat.engine.interface import ChatEngine, Prepared, ReplyStats
+from vidchat.media.session import Sample, Session, SessionSettings
+
+if TYPE_CHECKING:
+    from vidchat.conversation.answers import Answer, AnswerOptions
+    from vidchat.conversation.conversation import Conversation
+    from vidchat.conversation.host import Host
+
 log = logging.getLogger(__name__)
+
+# What a warm-up was taken for (sample_key) and what besides its frames a
+# question must share with it (WarmPlan.prompt_key): compared, never read.
+SampleKey = tuple[object, ...]
+PromptKey = tuple[object, ...]
 
 
 # ``--prewarm auto``: warm-ups where a frame is slow to encode, none where it is cheap.
@@ -134,14 +147,15 @@ class FrameCost:
         a second a frame) as many as encode within ENCODE_BUDGET_S, and at
         least one: the newest frame, so the answer sees the moment it was
         asked, while warm-ups have encoded the others as they arrived."""
-        if not self.slow:
+        per_frame_s = self.per_frame_s
+        if per_frame_s is None or not self.slow:
             # A GPU or the tiny model (tens of ms a frame): a question's new
             # frames cost less than the page's own round trip; every one goes.
             return None
-        budget = max(1, int(ENCODE_BUDGET_S / self.per_frame_s))
+        budget = max(1, int(ENCODE_BUDGET_S / per_frame_s))
         return budget if budget < frames else None
 
-    def apply(self, session: Any) -> None:
+    def apply(self, session: Session) -> None:
         session.encode_budget = self.budget(session.settings.num_sample_frames)
 
 
@@ -182,7 +196,7 @@ def choose(frame_ms: float, threshold_ms: float = AUTO_THRESHOLD_MS) -> PrewarmC
         "a question's frames cost little, warm-ups would cost the page more", round(frame_ms, 1), threshold_ms)
 
 
-async def _one_token_s(engine: Any, frames: list[np.ndarray], salt: str) -> float:
+async def _one_token_s(engine: ChatEngine, frames: list[np.ndarray], salt: str) -> float:
     """Seconds a one-token request takes with these frames (never a cache hit: a salt of its own)."""
     prepared = await asyncio.to_thread(engine.prepare, "Describe.", frames, None, max_tokens=1, temperature=0.0,
                                        cache_salt=salt, frame_ids=[str(i) for i in range(len(frames))] or None)
@@ -191,7 +205,7 @@ async def _one_token_s(engine: Any, frames: list[np.ndarray], salt: str) -> floa
     return time.perf_counter() - started
 
 
-async def measure_frame_ms(engine: Any, seed: int = 0) -> float:
+async def measure_frame_ms(engine: ChatEngine, seed: int = 0) -> float:
     """One frame's encoding cost in ms: a one-token request with one
     stored-size frame minus the same request without it."""
     frame = np.random.default_rng(seed).integers(0, 255, (*PROBE_FRAME_HW, 3), dtype=np.uint8)
@@ -202,7 +216,7 @@ async def measure_frame_ms(engine: Any, seed: int = 0) -> float:
     return max(0.0, (frame_s - text_s) * 1000)
 
 
-async def decide(engine: Any, setting: str) -> PrewarmChoice:
+async def decide(engine: ChatEngine | None, setting: str) -> PrewarmChoice:
     """The mode for ``--prewarm SETTING`` on this engine: measured for auto."""
     if setting != "auto":
         return explicit(setting)
@@ -215,20 +229,20 @@ async def decide(engine: Any, setting: str) -> PrewarmChoice:
         return PrewarmChoice("auto", "off", f"auto: a frame could not be timed ({exc}); off")
 
 
-async def settle(state: Any, engine: Any = None, measure: bool = True) -> PrewarmChoice | None:
+async def settle(host: Host, engine: ChatEngine | None = None, measure: bool = True) -> PrewarmChoice | None:
     """Resolve the server's --prewarm once its engine is up, apply it to the
     prewarmer and say so in the log (None: no prewarmer to set).
     ``measure`` false (an engine handed to the server by a test or a
     benchmark, which counts its requests): auto stays off, unmeasured.
     ``engine``: the one just started, before the server says it is ready
     (default: the server's)."""
-    prewarmer = getattr(state, "prewarmer", None)
+    prewarmer = host.prewarmer
     if prewarmer is None:
         return None
     if prewarmer.setting == "auto" and not measure:
         choice = PrewarmChoice("auto", "off", "auto: the engine was handed to the server; not measured, off")
     else:
-        choice = await decide(engine or state.engine, prewarmer.setting)
+        choice = await decide(engine or host.engine_now("main"), prewarmer.setting)
     await prewarmer.apply_choice(choice)
     log.info("warm-ups: %s (%s)", choice.chosen, choice.reason)
     return choice
@@ -247,8 +261,8 @@ class Pin:
     """The sample taken as Enter was pressed, for the question on its way."""
 
     at: float  # time.monotonic()
-    sample: Any
-    settings: Any  # the session's settings it was taken with
+    sample: Sample
+    settings: SessionSettings  # the session's settings it was taken with
     turn: int  # the conversation's turn then (Conversation.turn): a later question makes the pin stale
     warmed: bool = False
 
@@ -260,7 +274,7 @@ class EnterPins:
         self._pins: dict[str, Pin] = {}
         self._taking: set[str] = set()  # sessions whose Enter sample is being taken
 
-    def begin(self, entry: Any, now: float) -> bool:
+    def begin(self, entry: Conversation, now: float) -> bool:
         """Whether an Enter report of this session may take a pin (then call
         :meth:`end` once its sample is taken): not while a report's sample is
         being taken, nor while the session's pin waits for its question."""
@@ -279,7 +293,7 @@ class EnterPins:
     def get(self, session_id: str) -> Pin | None:
         return self._pins.get(session_id)
 
-    def take(self, entry: Any) -> Pin | None:
+    def take(self, entry: Conversation) -> Pin | None:
         """The pin for this question (None when there is none, it is older
         than PIN_S, or the question came with other sampling settings): used once."""
         pin = self._pins.pop(entry.session.id, None)
@@ -288,18 +302,18 @@ class EnterPins:
             return None
         return pin
 
-    def waiting(self, entry: Any, now: float) -> bool:
+    def waiting(self, entry: Conversation, now: float) -> bool:
         """A fresh pin of this session waits for its question (warmed or not):
         another Enter before that question arrives takes no new one."""
         pin = self._pins.get(entry.session.id)
         return pin is not None and now - pin.at < PIN_S and pin.turn == entry.turn
 
-    def unwarmed(self, entry: Any, now: float) -> bool:
+    def unwarmed(self, entry: Conversation, now: float) -> bool:
         """A fresh pin of this session's coming question, not warmed yet: warmed before anything else."""
         pin = self._pins.get(entry.session.id)
         return pin is not None and not pin.warmed and self.waiting(entry, now)
 
-    def prune(self, live: dict[str, Any], now: float) -> None:
+    def prune(self, live: dict[str, Conversation], now: float) -> None:
         """Forget the pins of ended sessions, stale ones, and those a question overtook."""
         for sid in [s for s in self._pins if s not in live or now - self._pins[s].at > PIN_S
                     or self._pins[s].turn != live[s].turn]:
@@ -330,16 +344,16 @@ SETTLE_S = 0.5
 class WarmState:
     """What was last warmed for one session."""
 
-    key: tuple | None = None  # the sample key it was warmed for
+    key: SampleKey | None = None  # the sample key it was warmed for
     inputs_sha256: str = ""  # lead_digest of the frames it warmed
-    prompt_key: tuple | None = None
+    prompt_key: PromptKey | None = None
     at: float = 0.0  # time.monotonic() of the last warm-up start
     urgent_until: float = 0.0
     warmed: int = 0
     last_cached_tokens: int = 0
     last_prompt_tokens: int = 0
 
-    def record(self, key: tuple, plan: WarmPlan, stats: Any) -> None:
+    def record(self, key: SampleKey, plan: WarmPlan, stats: ReplyStats) -> None:
         """A warm-up of ``plan``, taken for sample key ``key``, finished with the engine's ``stats``."""
         self.key, self.inputs_sha256, self.prompt_key = key, plan.lead, plan.prompt_key
         self.warmed += 1
@@ -350,10 +364,10 @@ class WarmState:
 class WarmPlan:
     """One warm-up of one session, prepared and not yet sent."""
 
-    sample: Any
+    sample: Sample
     at_enter: bool  # the sample is the one taken as Enter was pressed
-    prepared: Any  # the engine's prompt for it
-    prompt_key: tuple  # what besides the frames a question must share with it
+    prepared: Prepared  # the engine's prompt for it
+    prompt_key: PromptKey  # what besides the frames a question must share with it
     lead: str  # lead_digest of its frames
     new_frames: int  # its frames not yet in the engine's caches
 
@@ -365,8 +379,8 @@ class WarmPlan:
                 and not (slow_frames and self.new_frames))
 
 
-def warm_candidates(state: Any, warm_states: dict[str, WarmState], pins: EnterPins,
-                    now: float, interval_s: float, slow_frames: bool = False) -> list[tuple[bool, float, Any, tuple]]:
+def warm_candidates(host: Host, warm_states: dict[str, WarmState], pins: EnterPins, now: float, interval_s: float,
+                    slow_frames: bool = False) -> list[tuple[bool, float, Conversation, SampleKey]]:
     """The sessions worth a warm-up now, most urgent first, as (not urgent,
     last warmed, entry, sample key): a pinned Enter before anything (the
     longest unwarmed of those first, so no session's Enters crowd out
@@ -376,11 +390,12 @@ def warm_candidates(state: Any, warm_states: dict[str, WarmState], pins: EnterPi
     just started) is warmed again as soon as the last one-frame warm-up
     ends, so its first question finds its frames encoded. Forgets the warm
     states and pins of sessions that ended."""
-    live = {}
-    out = []
-    pinned = []
-    segments = getattr(state.engine, "splits_audio", False)
-    for entry in state.registry.entries():
+    live: dict[str, Conversation] = {}
+    out: list[tuple[bool, float, Conversation, SampleKey]] = []
+    pinned: list[tuple[float, Conversation, SampleKey]] = []
+    engine = host.engine_now("main")
+    segments = engine is not None and engine.splits_audio
+    for entry in host.registry.entries():
         sid = entry.session.id
         live[sid] = entry
         if entry.away:
@@ -389,9 +404,9 @@ def warm_candidates(state: Any, warm_states: dict[str, WarmState], pins: EnterPi
             warm = warm_states.get(sid)
             pinned.append((warm.at if warm else 0.0, entry, sample_key(entry, segments)))  # Enter: first of all
             continue
-        if entry.answer is not None or entry.session.frame_count == 0:
+        if entry.chat.answer is not None or entry.session.frame_count == 0:
             continue  # its own answer is filling the cache; nothing to warm yet
-        if now - entry.answer_ended < SETTLE_S:
+        if now - entry.chat.answer_ended < SETTLE_S:
             continue
         key = sample_key(entry, segments)
         warm = warm_states.get(sid)
@@ -413,12 +428,14 @@ def warm_candidates(state: Any, warm_states: dict[str, WarmState], pins: EnterPi
     return [(False, -1.0, entry, key) for _, entry, key in pinned] + out
 
 
-def starting(session: Any) -> bool:
+def starting(session: Session) -> bool:
     """The session's buffer holds fewer encoded frames than a question takes (its camera just started)."""
-    return session.encoded_in_buffer() < min(session.settings.num_sample_frames, session.frame_count)
+    encoded: int = session.encoded_in_buffer()
+    kept: int = session.frame_count
+    return encoded < min(session.settings.num_sample_frames, kept)
 
 
-def beyond_share(frame_cost: FrameCost, session: Any, warm: WarmState | None) -> bool:
+def beyond_share(frame_cost: FrameCost, session: Session, warm: WarmState | None) -> bool:
     """Where frames are slow, a session whose camera just started is warmed
     beyond the engine share, for at most a question's worth of one-frame
     warm-ups: its first question finds its frames encoded."""
@@ -437,7 +454,8 @@ def frames_ahead(frame_cost: FrameCost) -> int | None:
     return 1 if frame_cost.slow else -1
 
 
-def warm_sample(engine: Any, entry: Any, pin: Pin | None, new_frames: int | None = -1) -> tuple[Any, bool]:
+def warm_sample(engine: ChatEngine, entry: Conversation, pin: Pin | None,
+                new_frames: int | None = -1) -> tuple[Sample, bool]:
     """What a warm-up of this session sends, and whether it is the sample
     taken at Enter. ``new_frames``: at most this many frames new to the
     engine (-1: the session's encode budget, as its question)."""
@@ -445,7 +463,7 @@ def warm_sample(engine: Any, entry: Any, pin: Pin | None, new_frames: int | None
         pin.warmed = True
         return pin.sample, True  # all of it: the question will carry exactly this
     sample = entry.session.sample(new_frames=new_frames)
-    if getattr(engine, "splits_audio", False):
+    if engine.splits_audio:
         # The audio's finished segments, not the newest one if it is still
         # growing: the question's will be longer (vidchat.media.audio).
         return sample.without_audio_tail(), False
@@ -454,7 +472,7 @@ def warm_sample(engine: Any, entry: Any, pin: Pin | None, new_frames: int | None
     return sample.without_audio(), False
 
 
-async def plan_warmup(engine: Any, entry: Any, options: Any, pin: Pin | None,
+async def plan_warmup(engine: ChatEngine, entry: Conversation, options: AnswerOptions, pin: Pin | None,
                       new_frames: int | None) -> WarmPlan | None:
     """The warm-up of this session the engine would get now, prepared as
     ``options`` would prepare its next question (``new_frames`` as
@@ -466,7 +484,8 @@ async def plan_warmup(engine: Any, entry: Any, options: Any, pin: Pin | None,
     if not sample.frames:
         return None
     try:
-        prepared = await asyncio.to_thread(asking.prepare, engine, entry, sample, options, entry.warm_history, "", True)
+        prepared = await asyncio.to_thread(asking.prepare, engine, entry.chat, sample, options, entry.warm_history,
+                                           "", True)
     except Exception as exc:
         log.debug("session %s…: no warm-up: %s", entry.session.id[:6], exc)
         return None
@@ -475,31 +494,31 @@ async def plan_warmup(engine: Any, entry: Any, options: Any, pin: Pin | None,
     # for the encoder): otherwise the sample taken at Enter (with audio) and a
     # background warm-up (without) send the same prompt, and the Enter one
     # would make its question wait for a warm-up of nothing new.
-    prompt_key = (prepared.prompt_text, options.frames_as,
+    prompt_key: PromptKey = (prepared.prompt_text, options.frames_as,
                   sample.audio_parts if prepared.stats.audio_seconds else ())
     lead = await asyncio.to_thread(lead_digest, sample.frames, options.frames_as)
     new = len(sample.seqs) - entry.session.encoded_count(sample.seqs)
     return WarmPlan(sample, at_enter, prepared, prompt_key, lead, new)
 
 
-def lead_digest(frames: Any, frames_as: str) -> str:
+def lead_digest(frames: Sequence[np.ndarray], frames_as: str) -> str:
     """What a warm-up must share with a question to be worth it: all frames
     but the newest, as separate images. Only the newest frame (and the audio
     after the frames) is then left for the question to prefill, a frame's
     worth of work; warming again for each new newest frame would cost more
     than it saves. A video is one item: any new frame makes all of it new."""
-    from vidchat.engine import inputs_digest
+    from vidchat.engine.prompts import inputs_digest
 
     return inputs_digest(frames if frames_as == "video" or len(frames) < 2 else frames[:-1], None)
 
 
-def sample_key(entry: Any, audio_segments: bool = False) -> tuple:
+def sample_key(entry: Conversation, audio_segments: bool = False) -> SampleKey:
     """Changes whenever the next question's warmed inputs may have: a kept
     frame, new settings, a finished answer (new history or options), and,
     where the engine takes the audio in segments, a finished segment."""
     session = entry.session
     segments = session.audio_segments if audio_segments else None
-    return (session.kept_count, segments, session.settings, entry.warm_options, entry.warm_history)
+    return (session.kept_count, segments, session.settings, entry.chat.warm_options, entry.warm_history)
 
 
 # The one warm-up the engine runs at a time, and the prewarmer's counters.
@@ -529,7 +548,8 @@ class PrewarmStats:
     repeated_enter_reports: int = 0  # Enter reports while that session's pin still waits for its question: ignored
     failed: int = 0
     busy_s: float = 0.0
-    recent: collections.deque = field(default_factory=lambda: collections.deque(maxlen=512))  # (end, seconds)
+    # (end, seconds) of the latest warm-ups
+    recent: collections.deque[tuple[float, float]] = field(default_factory=lambda: collections.deque(maxlen=512))
 
     def share(self, now: float) -> float:
         """Share of the last SHARE_WINDOW_S spent running warm-ups."""
@@ -553,13 +573,13 @@ class WarmupInFlight:
 
     def __init__(self, stats: PrewarmStats) -> None:
         self.stats = stats
-        self.current: tuple[str, asyncio.Task, str] | None = None  # (session id, warm-up, its inputs)
-        self.yielding: asyncio.Task | None = None  # a warm-up cancelled to make way for an answer
+        self.current: tuple[str, asyncio.Future[ReplyStats], str] | None = None  # (session id, warm-up, its inputs)
+        self.yielding: asyncio.Future[ReplyStats] | None = None  # a warm-up cancelled to make way for an answer
         # Answers announced so far (Prewarmer.answer_arriving): a warm-up planned
         # while one arrived is not started in idle mode (it saw no warm-up to stop).
         self.arrivals = 0
 
-    async def give_way(self, task: asyncio.Task) -> None:
+    async def give_way(self, task: asyncio.Future[ReplyStats]) -> None:
         """Abort this warm-up for an answer, returning once the abort is done
         (so it reaches vLLM before the answer does)."""
         self.yielding = task
@@ -577,7 +597,7 @@ class WarmupInFlight:
         if current is not None and current[0] == session_id and self.yielding is not current[1] and not wanted:
             await self.give_way(current[1])
 
-    async def answer_arriving(self, answer: Any, idle: bool) -> None:
+    async def answer_arriving(self, answer: Answer, idle: bool) -> None:
         """A question is about to generate. The warm-up in flight gives way
         (is aborted, and the abort reaches vLLM before the question does)
         unless its prefix is the question's: a warm-up of that session with
@@ -600,8 +620,8 @@ class WarmupInFlight:
             return
         await self.give_way(task)
 
-    async def warm(self, engine: Any, entry: Any, plan: WarmPlan, *, busy: bool, warm: WarmState, key: tuple,
-                   pin: Pin | None) -> tuple[Any, float] | None:
+    async def warm(self, engine: ChatEngine, entry: Conversation, plan: WarmPlan, *, busy: bool, warm: WarmState,
+                   key: SampleKey, pin: Pin | None) -> tuple[ReplyStats, float] | None:
         """Run the planned warm-up of this session, unless ``busy``, and
         record what it warmed in ``warm`` (taken for sample key ``key``;
         ``pin``: the session's Enter sample, if any). The engine's stats and
@@ -617,7 +637,7 @@ class WarmupInFlight:
             warm.key = key
             return None
         if done is None:
-            if plan.at_enter:
+            if plan.at_enter and pin is not None:
                 pin.warmed = False  # its question may still come: the sample taken at Enter is warmed then
             return None
         stats, took = done
@@ -627,7 +647,7 @@ class WarmupInFlight:
         _log_warmed(sid, plan.sample, stats, took, pin if plan.at_enter else None, plan.new_frames)
         return done
 
-    async def run(self, engine: Any, entry: Any, plan: WarmPlan) -> tuple[Any, float] | None:
+    async def run(self, engine: ChatEngine, entry: Conversation, plan: WarmPlan) -> tuple[ReplyStats, float] | None:
         """Send the planned warm-up of this session and wait for it: the
         engine's stats and the seconds it took, or None when it was aborted
         (its session ended) or gave way to an answer. An engine error is
@@ -670,7 +690,7 @@ class WarmupInFlight:
         return stats, took
 
 
-def _log_warmed(sid: str, sample: Any, stats: Any, took: float, pin: Pin | None, new_frames: int) -> None:
+def _log_warmed(sid: str, sample: Sample, stats: ReplyStats, took: float, pin: Pin | None, new_frames: int) -> None:
     log.log(logging.INFO if pin is not None else logging.DEBUG,
             "session %s…: warmed %s%d frames (%d new), %d prompt tokens (%d already cached) in %.0f ms, "
             "%.0f ms after Enter", sid[:6], "the sample taken at Enter: " if pin is not None else "",
@@ -693,11 +713,11 @@ URGENT_FOR_S = 0.5
 
 
 class Prewarmer:
-    def __init__(self, state: Any, mode: str = "idle", interval_s: float = DEFAULT_INTERVAL_S,
+    def __init__(self, host: Host, mode: str = "idle", interval_s: float = DEFAULT_INTERVAL_S,
                  max_share: float = 0.5) -> None:
         if mode not in MODES and mode != "auto":
             raise ValueError(f"prewarm mode must be one of auto, {', '.join(MODES)}, got {mode!r}")
-        self.state = state
+        self.host = host
         # --prewarm auto stays off until the engine is up and a frame is timed (apply_choice).
         self.setting = mode
         self.choice: PrewarmChoice = pending() if mode == "auto" else explicit(mode)
@@ -708,7 +728,7 @@ class Prewarmer:
         self._warm: dict[str, WarmState] = {}
         self._pins = EnterPins()
         self._wake = asyncio.Event()
-        self._task: asyncio.Task | None = None
+        self._task: asyncio.Task[None] | None = None
         self._flight = WarmupInFlight(self.stats)
         self.frame_cost = FrameCost()
 
@@ -716,9 +736,11 @@ class Prewarmer:
     def start(self) -> None:
         if self.mode != "off" and self._task is None:
             self._task = asyncio.get_running_loop().create_task(self._run(), name="vidchat-prewarm")
-            self.state.answer_gate.arrival_hooks.append(self.answer_arriving)
+            gate = self.host.answer_gate
+            if gate is not None:
+                gate.arrival_hooks.append(self.answer_arriving)
 
-    async def set_mode(self, mode: Any) -> None:
+    async def set_mode(self, mode: str) -> None:
         """Change the mode while running ('off' stops the loop; a warm-up in
         flight finishes; 'auto': what --prewarm auto chose at start-up)."""
         if mode == "auto" and self.setting == "auto":
@@ -730,7 +752,7 @@ class Prewarmer:
             self.mode = mode
             # Nothing encodes ahead now: a question takes the frames its
             # sampling picks, all of them, as before warm-ups ran.
-            for entry in self.state.registry.entries():
+            for entry in self.host.registry.entries():
                 entry.session.encode_budget = None
             return
         self.mode = mode
@@ -745,8 +767,9 @@ class Prewarmer:
         await self.set_mode(choice.chosen)
 
     async def stop(self) -> None:
-        if self.answer_arriving in self.state.answer_gate.arrival_hooks:
-            self.state.answer_gate.arrival_hooks.remove(self.answer_arriving)
+        gate = self.host.answer_gate
+        if gate is not None and self.answer_arriving in gate.arrival_hooks:
+            gate.arrival_hooks.remove(self.answer_arriving)
         task, self._task = self._task, None
         if task is not None:
             task.cancel()
@@ -768,7 +791,7 @@ class Prewarmer:
         whole prompt but the question prefilled. One pin per question on its
         way (EnterPins.begin): a page posting Enter in a loop gets one warm-up
         per PIN_S. Not in ``off`` mode: there, a question samples on arrival."""
-        entry = self.state.registry.get(session_id)
+        entry = self.host.registry.get(session_id)
         if self.mode == "off" or entry is None or entry.session.frame_count == 0:
             return
         if await _pin_enter_sample(entry, self._pins, self.stats):
@@ -782,7 +805,7 @@ class Prewarmer:
             await self._flight.give_way_at_enter(session_id, wanted)
             self._wake.set()
 
-    def take_pin(self, entry: Any) -> Pin | None:
+    def take_pin(self, entry: Conversation) -> Pin | None:
         """The sample taken at Enter for this question (None when there is
         none, it is older than PIN_S, or the question came with other
         sampling settings): used once."""
@@ -791,7 +814,7 @@ class Prewarmer:
             self.stats.pins_used += 1
         return pin
 
-    async def answer_arriving(self, answer: Any) -> None:
+    async def answer_arriving(self, answer: Answer) -> None:
         """A question is about to generate: the warm-up in flight gives way
         unless it warms the question's own prefix (WarmupInFlight.answer_arriving)."""
         await self._flight.answer_arriving(answer, idle=self.mode == "idle")
@@ -828,24 +851,25 @@ class Prewarmer:
                 log.exception("warm-up step failed")
                 await asyncio.sleep(1.0)
 
-    def _engine_busy(self, engine: Any) -> bool:
+    def _engine_busy(self, engine: ChatEngine) -> bool:
         """In idle mode: an answer is generating, waiting for its turn, or being prepared."""
         if self.mode != "idle":
             return False
-        return (engine.running_requests > 0 or self.state.answer_gate.snapshot().get("waiting", 0) > 0
-                or any(e.answer is not None for e in self.state.registry.entries()))
+        gate = self.host.answer_gate
+        return (engine.running_requests > 0 or (gate is not None and gate.snapshot().get("waiting", 0) > 0)
+                or any(e.chat.answer is not None for e in self.host.registry.entries()))
 
     async def _step(self) -> None:
-        engine = self.state.engine
-        if engine is None or engine.is_dead:
+        engine = self.host.engine_now("main")  # each step: a restarted engine is another one
+        if engine is None:
             return
         now = time.monotonic()
         if self.frame_cost.slow:
             # Every session keeps to one new frame a question, also one no
             # warm-up has reached yet (the engine's share spent on others).
-            for entry in self.state.registry.entries():
+            for entry in self.host.registry.entries():
                 self.frame_cost.apply(entry.session)
-        candidates = warm_candidates(self.state, self._warm, self._pins, now, self.interval_s, self.frame_cost.slow)
+        candidates = warm_candidates(self.host, self._warm, self._pins, now, self.interval_s, self.frame_cost.slow)
         if not candidates:
             return
         if self._engine_busy(engine):
@@ -860,11 +884,11 @@ class Prewarmer:
         if len(candidates) > 1:
             self._wake.set()
 
-    def _budget(self, session: Any, took_s: float, new_frames: int) -> None:
+    def _budget(self, session: Session, took_s: float, new_frames: int) -> None:
         self.frame_cost.learn(took_s, new_frames)
         self.frame_cost.apply(session)
 
-    async def _warm_entry(self, engine: Any, entry: Any, key: tuple, arrivals: int) -> None:
+    async def _warm_entry(self, engine: ChatEngine, entry: Conversation, key: SampleKey, arrivals: int) -> None:
         """Plan and run one warm-up of this session; ``arrivals``: the count
         of answers announced when the engine was found idle."""
         sid = entry.session.id
@@ -872,7 +896,7 @@ class Prewarmer:
         warm.at = time.monotonic()
         pin = self._pins.get(sid)
         self.frame_cost.apply(entry.session)
-        plan = await plan_warmup(engine, entry, entry.warm_options or self.state.answer_defaults(), pin,
+        plan = await plan_warmup(engine, entry, entry.chat.warm_options or self.host.answer_defaults(), pin,
                                  frames_ahead(self.frame_cost))
         if plan is None:
             warm.key = key
@@ -881,7 +905,7 @@ class Prewarmer:
             warm.key = key
             self.stats.skipped_same_inputs += 1
             return
-        if self.state.registry.get(sid) is not entry:
+        if self.host.registry.get(sid) is not entry:
             return  # the session ended while its prompt was prepared
         # A question that came while the prompt was prepared found no warm-up
         # to stop: none starts beside it. No await from here to _flight.run,
@@ -892,7 +916,7 @@ class Prewarmer:
             self._budget(entry.session, done[1], plan.new_frames)
 
 
-async def _pin_enter_sample(entry: Any, pins: EnterPins, stats: PrewarmStats) -> bool:
+async def _pin_enter_sample(entry: Conversation, pins: EnterPins, stats: PrewarmStats) -> bool:
     """Take the session's sample as Enter was pressed and pin it for its
     question; False when the report is late, repeated, or overtaken."""
     now = time.monotonic()

@@ -7,8 +7,14 @@ and the "what the model got" view. A door translates; rules live below it
 from __future__ import annotations
 
 import html
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol
 from urllib.parse import unquote
+
+from vidchat.conversation.host import Host, HostSettings
+
+if TYPE_CHECKING:
+    from vidchat.conversation.conversation import Conversation
+    from vidchat.media.streams import Streams
 
 # What the server (vidchat.app) and the doors agree on, so that no door
 # imports the app: the header the access guard puts the caller's login in,
@@ -34,6 +40,79 @@ def login_of(headers: Any) -> str | None:
     from the request's headers (a Starlette Headers or any mapping)."""
     value = headers.get(LOGIN_HEADER) if headers is not None else None
     return unquote(value) if value else None
+
+
+# What a door may use of the server (vidchat.app.state.AppState): the host
+# every conversation asks with, and what only a door needs besides (the
+# options of its wire, the streams, new sessions, ICE for a new peer).
+# Named here so that no door imports the app.
+
+class DoorSettings(HostSettings, Protocol):
+    """The server's options the doors read (a subset of vidchat.app.settings.Settings)."""
+
+    @property
+    def ws_send_timeout(self) -> float: ...
+
+    @property
+    def ws_config_timeout(self) -> float: ...
+
+    @property
+    def ws_idle_timeout(self) -> float: ...
+
+    @property
+    def ws_max_audio_seconds(self) -> float: ...
+
+    @property
+    def ws_max_fps(self) -> float: ...
+
+    @property
+    def ws_max_frame_bytes(self) -> int: ...
+
+    @property
+    def connect_timeout(self) -> float: ...
+
+    @property
+    def media_dir(self) -> str: ...
+
+    @property
+    def suite_max_cases(self) -> int: ...
+
+
+class Server(Host, Protocol):
+    """The server as the doors see it: a :class:`vidchat.conversation.host.Host`, and more."""
+
+    @property
+    def settings(self) -> DoorSettings: ...
+
+    @property
+    def streams(self) -> Streams: ...  # --stream: the live streams a session may watch
+
+    @property
+    def model_path(self) -> str: ...  # the main model, as the Realtime door names it
+
+    @property
+    def ice_servers(self) -> list[dict[str, Any]]: ...  # the static ones (ice_config adds minted TURN)
+
+    @property
+    def engine_down(self) -> bool:
+        """The main engine failed to load or died for good: no point waiting for it."""
+        ...
+
+    def new_session(self, kind: str, **kwargs: Any) -> Conversation:
+        """Register a session with the server's limits (raises TooManySessions, or ValueError)."""
+        ...
+
+    def check_frame_budget(self, max_frames: int) -> None:
+        """Raise ValueError when ``max_frames`` stored frames would not fit --max-session-mb."""
+        ...
+
+    async def ice_config(self) -> list[dict[str, Any]]:
+        """ICE servers for a new peer (raises IceUnavailable when TURN cannot be minted)."""
+        ...
+
+    def gpu_figures(self) -> list[dict[str, Any]]:
+        """Each GPU's memory and utilisation now (empty without a GPU)."""
+        ...
 
 
 class IceUnavailable(RuntimeError):

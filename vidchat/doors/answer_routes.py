@@ -28,7 +28,7 @@ from vidchat.conversation import bundles, runs, suite_cases
 from vidchat.conversation.bundles import audio_used, iter_zip_bundles, png_bytes, wav_bytes, write_bundle
 from vidchat.conversation.runs import KEEP_PER_SESSION, find, record
 from vidchat.conversation.safe_files import Unwritable, writable
-from vidchat.doors import as_text, login_of
+from vidchat.doors import Server, as_text, login_of
 
 if TYPE_CHECKING:
     from vidchat.conversation.answers import Answer
@@ -202,7 +202,7 @@ def _owned(request: Request, entry: "Conversation") -> None:
         raise HTTPException(403, "this answer belongs to another login's session")
 
 
-def owned_answer(state: Any, request: Request, answer_id: str) -> "tuple[Conversation, Answer]":
+def owned_answer(state: Server, request: Request, answer_id: str) -> "tuple[Conversation, Answer]":
     """A kept answer and its session, for the login that opened that session
     (HTTPException 404 or 403 otherwise)."""
     entry, answer = find(state.registry, answer_id)
@@ -213,7 +213,7 @@ def owned_answer(state: Any, request: Request, answer_id: str) -> "tuple[Convers
     return entry, answer
 
 
-def router(state: Any) -> APIRouter:
+def router(state: Server) -> APIRouter:
     api = APIRouter()
     owned = _owned
 
@@ -307,13 +307,14 @@ async def json_body(request: Request, shape: str) -> dict[str, Any]:
     return body
 
 
-def needs_suite(state: Any) -> None:
+def needs_suite(state: Server) -> None:
     """HTTPException 404 on a server without --suite-dir."""
     if not state.settings.suite_dir:
         raise HTTPException(404, "this server keeps no suite (start it with --suite-dir DIR)")
 
 
-def _add(state: Any, entry: Any, answer: Any, login: str | None, note: str, words: list[str]) -> dict[str, Any]:
+def _add(state: Server, entry: Conversation, answer: Answer, login: str | None, note: str,
+         words: list[str]) -> dict[str, Any]:
     """Write the bundle, the case and the baseline, whole or not at all (in a worker thread: files)."""
     root = Path(state.settings.suite_dir)
     slug = re.sub(r"[^A-Za-z0-9]+", "-", answer.question.lower()).strip("-")[:40] or "answer"
@@ -334,7 +335,7 @@ def _add(state: Any, entry: Any, answer: Any, login: str | None, note: str, word
             "model": model}
 
 
-def suite_router(state: Any) -> APIRouter:
+def suite_router(state: Server) -> APIRouter:
     api = APIRouter()
 
     @api.post(PATH_PREFIX + "{answer_id}/add-to-suite")

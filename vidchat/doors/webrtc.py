@@ -49,6 +49,7 @@ from aiortc.rtp import RtcpSrPacket
 
 from vidchat.conversation import events
 from vidchat.conversation.conversation import Conversation, detach_stream
+from vidchat.doors import Server
 from vidchat.media import AUDIO_RATE
 from vidchat.media.clock import SenderClock, TrackClock
 from vidchat.media.evs import FrameError
@@ -225,7 +226,7 @@ async def run_consumer(consume, track, entry: Conversation, stats: MediaStats, o
 class Peer:
     """One aiortc peer feeding one session; a resumed session gets a new Peer."""
 
-    def __init__(self, state, entry: Conversation, peers: dict[str, "Peer"],
+    def __init__(self, state: Server, entry: Conversation, peers: dict[str, "Peer"],
                  ice_servers: list[dict[str, Any]] | None = None) -> None:
         self.state = state
         self.entry = entry

@@ -42,7 +42,7 @@ from vidchat.conversation.events import (
 )
 from vidchat.conversation.registry import TooManySessions
 from vidchat.conversation.runs import Delta, Done, Queued, Started
-from vidchat.doors import IceUnavailable, login_of
+from vidchat.doors import IceUnavailable, Server, login_of
 from vidchat.doors.webrtc import Peer
 from vidchat.media import is_number
 from vidchat.media.clock import SENT_SOURCE_KINDS
@@ -208,7 +208,7 @@ _background: set[asyncio.Task] = set()
 RELOAD_GRACE_S = 6.0
 
 
-def _resumable(state, body: dict[str, Any], login: str | None) -> Conversation | None:
+def _resumable(state: Server, body: dict[str, Any], login: str | None) -> Conversation | None:
     """The session a reconnecting tab proves it owns, or None."""
     resume = body.get("resume")
     if not isinstance(resume, dict):
@@ -257,7 +257,7 @@ def talk_state_of(entry: Conversation) -> dict[str, Any]:
     return out
 
 
-def router(state) -> APIRouter:
+def router(state: Server) -> APIRouter:
     """The routes of the page's WebRTC side: its peer, where its video
     source is, its typing, Talk's state, the live strip and the stats."""
     api = APIRouter()
@@ -280,7 +280,8 @@ def router(state) -> APIRouter:
     return api
 
 
-def _peer_routes(api: APIRouter, state, peers: dict[str, Peer], mine: Callable[[Request, Any], Conversation]) -> None:
+def _peer_routes(api: APIRouter, state: Server, peers: dict[str, Peer],
+                 mine: Callable[[Request, Any], Conversation]) -> None:
     """/webrtc/offer (a new session's peer, or a resumed one's) and /webrtc/close."""
 
     @api.post("/webrtc/offer")
@@ -341,7 +342,7 @@ def _peer_routes(api: APIRouter, state, peers: dict[str, Peer], mine: Callable[[
         return {"closed": closed}
 
 
-def _check_stream(state, body: dict[str, Any]) -> None:
+def _check_stream(state: Server, body: dict[str, Any]) -> None:
     """An offer naming a stream names one of the server's (HTTPException 400 naming it otherwise)."""
     if body.get("stream"):
         try:
@@ -350,7 +351,7 @@ def _check_stream(state, body: dict[str, Any]) -> None:
             raise HTTPException(400, str(exc)) from None
 
 
-def _watch_stream(state, entry: Conversation, name: str | None) -> None:
+def _watch_stream(state: Server, entry: Conversation, name: str | None) -> None:
     """The page's Source menu chose a stream (the server brings its frames), or its own media."""
     if name:
         attach_stream(entry, state.streams, name)
@@ -358,13 +359,13 @@ def _watch_stream(state, entry: Conversation, name: str | None) -> None:
         detach_stream(entry, state.streams)
 
 
-async def _close_unless_resumed(state, peers: dict[str, Peer], sid: str) -> None:
+async def _close_unless_resumed(state: Server, peers: dict[str, Peer], sid: str) -> None:
     await asyncio.sleep(RELOAD_GRACE_S)  # a timer: the reloaded tab's resume, if it comes, makes a new peer
     if state.registry.get(sid) is not None and peers.get(sid) is None:
         await state.registry.close(sid, "the tab went away")
 
 
-def _page_report_routes(api: APIRouter, state, mine: Callable[[Request, Any], Conversation]) -> None:
+def _page_report_routes(api: APIRouter, state: Server, mine: Callable[[Request, Any], Conversation]) -> None:
     """What the page tells about its session: where its video source is, and that a question is coming."""
 
     @api.post("/webrtc/source")
@@ -401,7 +402,7 @@ def _page_report_routes(api: APIRouter, state, mine: Callable[[Request, Any], Co
         return {"ok": True, "prewarm": state.prewarmer.mode if state.prewarmer else "off"}
 
 
-def _talk_routes(api: APIRouter, state, mine: Callable[[Request, Any], Conversation]) -> None:
+def _talk_routes(api: APIRouter, state: Server, mine: Callable[[Request, Any], Conversation]) -> None:
     """Talk mode's state for the page (once, or streamed) and the page's reading aloud."""
 
     @api.get("/webrtc/talk")
@@ -471,7 +472,7 @@ def _event_routes(api: APIRouter, mine: Callable[[Request, Any], Conversation]) 
                                  headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no"})
 
 
-def _view_routes(api: APIRouter, state, mine: Callable[[Request, Any], Conversation]) -> None:
+def _view_routes(api: APIRouter, state: Server, mine: Callable[[Request, Any], Conversation]) -> None:
     """What the page shows of its session: the live strip and the stats line."""
 
     @api.get("/webrtc/live")
@@ -528,7 +529,7 @@ def media_files(folder: str) -> dict[str, Path]:
     return out
 
 
-def media_dir_router(state: Any) -> APIRouter:
+def media_dir_router(state: Server) -> APIRouter:
     api = APIRouter()
 
     @api.get("/api/media")

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any, Iterable, Sequence
 
 import numpy as np
 from PIL import Image
@@ -58,7 +58,7 @@ def tokens_per_frame(processor: Any, max_image_pixels: int = 0,
 # video, the audio as clips, the frames' rate, and the digest that names
 # exactly those inputs (the same for every engine, so records compare).
 
-def inputs_digest(frames: Sequence[np.ndarray | Image.Image], audio: np.ndarray | None) -> str:
+def inputs_digest(frames: Iterable[np.ndarray | Image.Image], audio: np.ndarray | None) -> str:
     """SHA-256 of exactly the pixels and samples handed to the engine, with
     their shapes and types, in order: two answers with the same digest saw the
     same input (the QA workbench compares runs by it)."""

@@ -269,7 +269,7 @@ def _tab_slot(state: Any, loaded: dict | None) -> Conversation:
     slot = getattr(loaded, "slot", None)
     if slot is None:
         # Outside the registry (it holds no media), with its own cache salt.
-        slot = Conversation(Session("bundle-" + secrets.token_urlsafe(9)), kind="bundle", state=state)
+        slot = Conversation(Session("bundle-" + secrets.token_urlsafe(9)), kind="bundle", host=state)
         if isinstance(loaded, TabBundles):
             loaded.slot = slot
     return slot

@@ -19,6 +19,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from vidchat.conversation.conversation import refuse_own_frames
+from vidchat.doors import DoorSettings
 from vidchat.doors.socket import transport
 from vidchat.media import AUDIO_RATE, is_int, is_number
 from vidchat.media.audio import Pcm16Resampler
@@ -133,7 +134,7 @@ class Client(Protocol):
     """What the intake needs of its connection (vidchat.doors.socket.seed.Connection)."""
 
     entry: Any  # vidchat.conversation.Conversation, None before the session opens
-    settings: Any  # vidchat.app.settings.Settings
+    settings: DoorSettings
 
     async def send(self, msg: dict[str, Any], droppable: bool = False) -> bool: ...
 

@@ -29,6 +29,7 @@ from vidchat.conversation import asking, runs
 from vidchat.conversation.asking import MAX_QUESTION_CHARS, current_values
 from vidchat.conversation.conversation import UnknownStream, attach_stream, detach_stream
 from vidchat.conversation.registry import TooManySessions
+from vidchat.doors import DoorSettings, Server
 from vidchat.doors.answer_routes import record_links
 from vidchat.doors.socket import realtime_events as rt
 from vidchat.doors.socket.config import ConfigError
@@ -207,8 +208,8 @@ class Question:
 class Client(Protocol):
     """What the responses need of their connection (vidchat.doors.socket.realtime.RealtimeConnection)."""
 
-    state: Any  # vidchat.app.state.AppState
-    settings: Any  # vidchat.app.settings.Settings
+    state: Server
+    settings: DoorSettings
     entry: Any  # the session's conversation, None before the session opens
     options: asking.AnswerOptions
     question: Question  # the text and audio items since the last response
@@ -265,7 +266,7 @@ class RealtimeResponses:
         continues_chat = rt.in_conversation(request)
         options = rt.answer_options(conn.options, fields, conn.state.answer_defaults().max_tokens)
         try:
-            asking.check_options(options, conn.state.engine)
+            asking.check_options(options, conn.state.engine_now())
         except ValueError as exc:
             raise rt.setting_refused(exc, "response", fields) from None
         if not conn.question:
@@ -335,7 +336,7 @@ class RealtimeResponse:
 
     async def _answer(self, question: str, options: asking.AnswerOptions, how: dict[str, Any]) -> None:
         conn = self.conn
-        await conn.state.wait_engine()
+        await conn.state.engine_for()
         try:
             # The Realtime conversation's items are the conversation's chat,
             # kept on the server: each response is asked with the exchanges
@@ -416,7 +417,7 @@ class RealtimeConnection(SocketSession):
 
     door, noun = "realtime", "event"
 
-    def __init__(self, state: Any, websocket: "WebSocket") -> None:
+    def __init__(self, state: Server, websocket: "WebSocket") -> None:
         super().__init__(state, websocket)
         self.model = websocket.query_params.get("model") or state.model_path
         self.session_id = rt.new_id("sess")
@@ -500,7 +501,7 @@ class RealtimeConnection(SocketSession):
         except ConfigError as exc:
             raise rt.EventError(str(exc), param="session.vidchat.record") from None
         try:
-            asking.apply_settings(self.entry.session, state.engine, options, update.settings["session"],
+            asking.apply_settings(self.entry.session, state.engine_now(), options, update.settings["session"],
                                        self.entry.event_hub)
         except ValueError as exc:  # OptionError or the settings' own check: nothing was changed
             raise rt.setting_refused(exc, "session", update.answer) from None

@@ -49,6 +49,7 @@ from typing import TYPE_CHECKING, Any
 
 from vidchat.conversation import modes
 from vidchat.conversation.conversation import Conversation
+from vidchat.doors import Server
 from vidchat.doors.socket.intake import SocketMedia
 from vidchat.doors.socket.session import SessionConfig, SocketAnswers, SocketSession, SocketTurns, SocketWatch
 from vidchat.doors.socket.transport import CLOSE_NORMAL
@@ -70,7 +71,7 @@ class Connection(SocketSession):
 
     door, noun = "ws", "message"
 
-    def __init__(self, state: Any, websocket: "WebSocket") -> None:
+    def __init__(self, state: Server, websocket: "WebSocket") -> None:
         super().__init__(state, websocket)
         self.media = SocketMedia(self)
         self.answers = SocketAnswers(self)

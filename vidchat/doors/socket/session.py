@@ -28,11 +28,12 @@ from vidchat.conversation.answers import AnswerOptions
 from vidchat.conversation.asking import current_values
 from vidchat.conversation.conversation import Conversation, UnknownStream, attach_stream, detach_stream
 from vidchat.conversation.events import SCENE, TYPED
+from vidchat.conversation.host import HostSettings
 from vidchat.conversation.modes import SceneWatch, heard, scene_changes
 from vidchat.conversation.registry import TooManySessions
 from vidchat.conversation.runs import AnswerRun, Done
+from vidchat.doors import DoorSettings, Server, login_of
 from vidchat.doors import answer_routes as answer_inputs
-from vidchat.doors import login_of
 from vidchat.doors.socket.config import (
     UPDATABLE_INFO,
     ConfigError,
@@ -58,6 +59,8 @@ from vidchat.media.vad import SpeechStarted, Utterance
 
 if TYPE_CHECKING:
     from fastapi import WebSocket
+
+    from vidchat.doors.socket.seed import Connection
 
 log = logging.getLogger(__name__)
 
@@ -87,7 +90,7 @@ class SocketSession(SocketTransport):
     no_frames_hint = "Send video.frame before video.query."
     handlers: dict[str, Handler] = {}
 
-    def __init__(self, state: Any, websocket: "WebSocket") -> None:
+    def __init__(self, state: Server, websocket: "WebSocket") -> None:
         super().__init__(websocket, send_timeout=state.settings.ws_send_timeout)
         self.state, self.settings = state, state.settings
         self.entry: Conversation | None = None
@@ -97,7 +100,7 @@ class SocketSession(SocketTransport):
         self.answer_task: asyncio.Task | None = None  # the answer streaming (stream_answer), one at a time
 
     @classmethod
-    async def serve(cls, state: Any, websocket: "WebSocket") -> None:
+    async def serve(cls, state: Server, websocket: "WebSocket") -> None:
         """Serve one client until it leaves, fails or times out."""
         try:
             await cls(state, websocket).run()
@@ -295,7 +298,7 @@ class SocketSession(SocketTransport):
 RECORD_OFF = "record: the server was started without --record-dir (nothing is written to disk without it)"
 
 
-def check_record(settings: Any, on: Any) -> None:
+def check_record(settings: HostSettings, on: object) -> None:
     """Recording is taken only where the server was told where to write
     (--record-dir), at every door that can switch it on; raises ConfigError."""
     if on and not settings.record_dir:
@@ -305,8 +308,8 @@ def check_record(settings: Any, on: Any) -> None:
 class Client(Protocol):
     """What the answers need of their connection (vidchat.doors.socket.seed.Connection)."""
 
-    state: Any  # vidchat.app.state.AppState
-    settings: Any  # vidchat.app.settings.Settings
+    state: Server
+    settings: DoorSettings
     entry: Any  # vidchat.conversation.Conversation, None before the session opens
     options: asking.AnswerOptions
     media: Any  # vidchat.doors.socket.intake.SocketMedia
@@ -357,7 +360,7 @@ class SocketAnswers:
     async def on_query(self, msg: dict[str, Any]) -> None:
         """video.query: a typed question, or a spoken one (audio_data)."""
         conn = self.conn
-        if not conn.state.ready:  # the model loads or restarts (or stays down: the wait says why)
+        if conn.state.engine_now() is None:  # the model loads or restarts (or stays down: the wait says why)
             await self._query_when_ready(msg)
             return
         text = msg.get("text", "")
@@ -393,7 +396,7 @@ class SocketAnswers:
 
         async def when_ready() -> None:
             try:
-                await conn.state.wait_engine()
+                await conn.state.engine_for()
             except EngineError as exc:
                 await conn.error(str(exc))
                 return
@@ -597,7 +600,7 @@ class SessionConfig:
     """session.config and session.update for one connection
     (vidchat.doors.socket.seed.Connection: its transport, session and parts)."""
 
-    def __init__(self, conn: Any) -> None:
+    def __init__(self, conn: Connection) -> None:
         self.conn = conn
         self.loading_task: asyncio.Task | None = None  # opened while the model loaded: runs once it is ready
 
@@ -664,7 +667,7 @@ class SessionConfig:
             await conn.error(str(exc))
         if changes.info.get("source") is not None:
             await self._watch_stream(changes.info["source"])
-        if state.engine is None:  # its limits are known once it runs
+        if state.engine_now() is None:  # its limits are known once it runs
             self.loading_task = asyncio.create_task(self._after_load())
         if changes.info.get("turn_detection") is not None:
             await conn.turns.request(changes.info["turn_detection"])
@@ -693,7 +696,7 @@ class SessionConfig:
         options are checked against its limits (turn detection waits by itself)."""
         conn = self.conn
         try:
-            engine = await conn.state.wait_engine()
+            engine = await conn.state.engine_for()
         except EngineError as exc:
             await self._refuse(str(exc), CLOSE_TRY_LATER, "engine not running")
             return
@@ -714,7 +717,7 @@ class SessionConfig:
 
     def _answer_options(self, changes: dict[str, Any], sampling: SessionSettings) -> AnswerOptions:
         options = self.conn.options.updated(**changes)
-        asking.check_options(options, self.conn.state.engine, sampling)
+        asking.check_options(options, self.conn.state.engine_now(), sampling)
         return options
 
     async def update(self, msg: dict[str, Any]) -> None:
@@ -732,7 +735,7 @@ class SessionConfig:
             if watch is not None and not changes.session.get("evs_enabled", conn.entry.session.settings.evs_enabled):
                 raise ConfigError(WATCH_NEEDS_EVS)
             options = conn.options.updated(**changes.answer)
-            asking.apply_settings(conn.entry.session, conn.state.engine, options, changes.session,
+            asking.apply_settings(conn.entry.session, conn.state.engine_now(), options, changes.session,
                                        conn.entry.event_hub)
         except ValueError as exc:  # ConfigError, OptionError or the settings' own check: nothing was changed
             await conn.error(f"session.update rejected: {exc}")
@@ -789,7 +792,8 @@ class SocketTurns:
 
     def hears(self) -> bool:
         """Whether the running model takes spoken questions."""
-        return bool(getattr(self.conn.state.engine, "accepts_audio", False))
+        engine = self.conn.state.engine_now()
+        return engine is not None and engine.accepts_audio
 
     def describe(self) -> dict[str, Any] | None:
         turns = self.turns if self.turns is not None else self.after_load
@@ -798,14 +802,14 @@ class SocketTurns:
     def check(self, turns: TurnDetection | None) -> None:
         """Raises ConfigError when the running model takes no spoken questions
         (while it loads that is known only once it runs: :meth:`request`)."""
-        if turns is not None and self.conn.state.engine is not None and not self.hears():
+        if turns is not None and self.conn.state.engine_now() is not None and not self.hears():
             raise ConfigError(f"turn_detection: {NO_SPOKEN_QUESTIONS}")
 
     async def request(self, turns: TurnDetection | None) -> None:
         """A door's turn_detection (null: off), for every socket door: set
         now, or, while the model loads, once it runs; then a model that
         takes no spoken questions is said in an error, and the session goes on."""
-        if not self.conn.state.ready:
+        if self.conn.state.engine_now() is None:
             self.after_load = turns
             if self._loading is None:
                 self._loading = asyncio.create_task(self._when_loaded(), name="turns-wait-for-the-model")
@@ -816,7 +820,7 @@ class SocketTurns:
 
     async def _when_loaded(self) -> None:
         try:
-            await self.conn.state.wait_engine()
+            await self.conn.state.engine_for()
         except EngineError:
             return  # the model failed: the door ends the session
         self._loading = None
