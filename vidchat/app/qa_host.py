@@ -11,14 +11,15 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import logging
-from typing import AsyncIterator, Callable
+from typing import TYPE_CHECKING, AsyncIterator, Callable
 
-from vidchat.app.engine_keeper import engine_options, open_engine
 from vidchat.app.models import resolve_settings
 from vidchat.app.settings import Settings
-from vidchat.app.state import AppState, default_session_settings
 from vidchat.conversation.answers import AnswerOptions
 from vidchat.conversation.registry import SessionRegistry
+
+if TYPE_CHECKING:
+    from vidchat.app.state import AppState
 
 log = logging.getLogger("vidchat.qa")
 
@@ -26,6 +27,10 @@ log = logging.getLogger("vidchat.qa")
 async def start_host(settings: Settings, model_option: str, model_path: str, banner: str | None) -> AppState:
     """An app state (its session registry) with a started engine, from
     resolved ``settings``; raises EngineError. Close it with :func:`close_host`."""
+    # Here, not at the top: they import vLLM, which a command refused for bad usage never needs.
+    from vidchat.app.engine_keeper import engine_options, open_engine
+    from vidchat.app.state import AppState, default_session_settings
+
     state = AppState(settings=settings, model_path=model_path, banner=banner,
                      registry=SessionRegistry(settings.max_sessions, lambda: default_session_settings(settings)))
     state.engine_options = engine_options(settings, model_path, state.tiny)
