@@ -19,7 +19,7 @@ import pytest
 from conftest import CACHE_DIR, ROOT, TEST_MAX_IMAGES, TEST_MAX_MODEL_LEN
 from test_replay import make_clip
 
-from vidchat.qa import suite as suite_cli
+from vidchat.app import qa_cli, qa_host
 from vidchat.qa.suite_file import SuiteError, read_suite
 
 ENGINE_ARGS = ["--cache-dir", str(CACHE_DIR), "--max-model-len", str(TEST_MAX_MODEL_LEN), "--kv-cache-gb", "0.25",
@@ -90,16 +90,16 @@ def test_a_suite_file_is_refused_naming_the_file_the_case_and_the_field(tmp_path
         read_suite(root)
     assert str(root / "suite.toml") in str(refused.value) and said in str(refused.value), refused.value
     # The command says the same and exits 2, before any engine starts.
-    assert suite_cli.main(["run", str(root), "--model", "tiny"]) == 2
+    assert qa_cli.suite_main(["run", str(root), "--model", "tiny"]) == 2
     assert said in capsys.readouterr().err
 
 
 @pytest.mark.unit
 def test_each_model_and_each_engine_url_is_a_model_of_the_run():
-    models, rest = suite_cli._split_models(["--model", "tiny", "--engine-url", "http://127.0.0.1:8000",
-                                            "--model=tiny-vl", "--max-model-len", "4096"])
+    models, rest = qa_cli.split_models(["--model", "tiny", "--engine-url", "http://127.0.0.1:8000",
+                                        "--model=tiny-vl", "--max-model-len", "4096"])
     assert models == ["tiny", "http://127.0.0.1:8000", "tiny-vl"] and rest == ["--max-model-len", "4096"]
-    assert [suite_cli._is_url(m) for m in models] == [False, True, False]
+    assert [qa_host.is_url(m) for m in models] == [False, True, False]
 
 
 @pytest.mark.engine

@@ -39,10 +39,10 @@ class _State:
         self.compare_engine = object() if compare_ready else None
         self._compare_ready = compare_ready
 
-    def readiness(self) -> tuple[bool, str]:
-        return self.ready, "ready"
-
-    def compare_readiness(self) -> tuple[bool, str]:
+    def readiness(self, role: str = "main") -> tuple[bool, str]:
+        """As the Host says it (vidchat.conversation.host): each engine's by its role."""
+        if role == "main":
+            return self.ready, "ready"
         if not self.compare_model_path:
             return False, "No second model: start vidchat with --compare-model to compare two models."
         return self._compare_ready, "The second model is loading."
@@ -99,7 +99,7 @@ def test_one_run_at_a_time_and_only_its_login_sees_it(tmp_path, monkeypatch):
     release = asyncio.Event()
     asked: list[tuple[object, str]] = []
 
-    async def held_ask_cases(suite, state, settings, model, out, jobs, baseline, progress, *, role):
+    async def held_ask_cases(suite, host, model, out, jobs, baseline, progress, *, role, flag_defaults):
         asked.append((role, model))
         await release.wait()
         return []

@@ -16,7 +16,7 @@ import httpx
 import pytest
 from fastapi import FastAPI
 
-from vidchat.app import routes
+from vidchat.app import qa_cli, qa_host, routes
 from vidchat.qa import suite
 from vidchat.qa import suite as suite_cli
 from vidchat.qa.suite_file import read_suite
@@ -41,7 +41,7 @@ class _State:
                                               suite_keep_runs=20)
         self.compare_model_path = ""
 
-    def readiness(self) -> tuple[bool, str]:
+    def readiness(self, role: str = "main") -> tuple[bool, str]:
         return True, "ready"
 
 
@@ -122,14 +122,14 @@ def test_a_setting_out_of_range_is_refused_before_any_engine_starts(tmp_path, ca
     def no_engine(*args, **kwargs):
         raise AssertionError("an engine was started for a suite that can't run")
 
-    monkeypatch.setattr(suite_cli, "start_engine", no_engine)
+    monkeypatch.setattr(qa_host, "start_host", no_engine)
     (tmp_path / "suite.toml").write_text('[settings]\ntemperature = -3\n[[case]]\nname = "red-door"\n'
                                          'video = "c.mp4"\n[[case.ask]]\nat = 1\nquestion = "Q"\n')
-    assert suite_cli.main(["run", str(tmp_path), "--model", "tiny"]) == 2
+    assert qa_cli.suite_main(["run", str(tmp_path), "--model", "tiny"]) == 2
     said = capsys.readouterr().err
     assert str(tmp_path / "suite.toml") in said and "case 'red-door'" in said, said
     assert "temperature must be a number in 0..100, got -3" in said and "[settings]" in said
     (tmp_path / "suite.toml").write_text('[[case]]\nname = "few"\nvideo = "c.mp4"\n'
                                          'settings = { num_sample_frames = 0 }\n[[case.ask]]\nat = 1\nquestion = "Q"\n')
-    assert suite_cli.main(["run", str(tmp_path), "--model", "tiny"]) == 2
+    assert qa_cli.suite_main(["run", str(tmp_path), "--model", "tiny"]) == 2
     assert "case 'few': settings: num_sample_frames must be an integer in 1..1024, got 0" in capsys.readouterr().err

@@ -191,21 +191,21 @@ def version() -> str:
 
 
 def _replay(argv: list[str]) -> int:
-    from vidchat.qa.replay import main
+    from vidchat.app.qa_cli import replay_main
 
-    return main(argv)
+    return replay_main(argv)
 
 
 def _client(argv: list[str]) -> int:
-    from vidchat.qa.client import main
+    from vidchat.app.qa_cli import client_main
 
-    return main(argv)
+    return client_main(argv)
 
 
 def _suite(argv: list[str]) -> int:
-    from vidchat.qa.suite import main
+    from vidchat.app.qa_cli import suite_main
 
-    return main(argv)
+    return suite_main(argv)
 
 
 COMMANDS: dict[str, Callable[[list[str]], int]] = {"replay": _replay, "client": _client, "suite": _suite}

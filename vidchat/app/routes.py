@@ -21,6 +21,7 @@ from vidchat.app import metrics as app_metrics
 from vidchat.app.access import is_operator
 from vidchat.app.ice_servers import TurnError
 from vidchat.app.metrics import LoopWatch
+from vidchat.app.qa_host import flag_defaults
 from vidchat.app.state import AppState
 from vidchat.doors import login_of
 from vidchat.doors.answer_routes import json_body, needs_suite
@@ -217,7 +218,8 @@ def _case_row(case: Any) -> dict[str, Any]:
 
 def router(state: AppState) -> APIRouter:
     api = APIRouter()
-    runs = state.suite_runs = SuiteRuns(state)  # the server cancels a run still going at shutdown
+    # The server's own host; the server cancels a run still going at shutdown.
+    runs = state.suite_runs = SuiteRuns(state, flag_defaults=flag_defaults())
 
     def owned_run(request: Request, run_id: str) -> Any:
         run = runs.runs.get(run_id)

@@ -14,6 +14,12 @@ Examples::
 Exit status: 0 when the session ended normally, 1 when the server could not
 be reached or the connection ended early, 2 for bad arguments, 3 when the
 server reported errors.
+
+This module is the library: :func:`run` has one session and returns how it
+went (:class:`ClientResult`), telling a :class:`Listener` each message as it
+comes, and raises :class:`ClientError` when the session could not be had to
+its end. The command line (its flags, what it prints, its exit status) is
+the app's ``qa_cli`` module.
 """
 
 from __future__ import annotations
@@ -25,25 +31,27 @@ import io
 import json
 import logging
 import math
-import sys
 import time
 from dataclasses import dataclass, field
-from typing import Any, Iterator
+from typing import TYPE_CHECKING, Any, Iterator, Protocol
 
 import numpy as np
 from PIL import Image
 
 from vidchat.media import AUDIO_RATE
 
+if TYPE_CHECKING:
+    from websockets.asyncio.client import ClientConnection
+
 # What the protocol client (``python -m vidchat.client``) sends: a video
 # file's frames and audio, or a synthetic webcam-like clip with a tone, as
 # (time in seconds, "frame" | "audio", payload) events in time order, and the
 # JPEG each frame goes out as.
 
+
 log = logging.getLogger("vidchat.qa.client")
 
-
-Event = tuple[float, str, Any]  # frame: RGB uint8 array; audio: int16 mono 16 kHz array
+Event = tuple[float, str, np.ndarray]  # frame: RGB uint8 array; audio: int16 mono 16 kHz array
 
 
 def _fit(width: int, height: int, max_width: int) -> tuple[int, int]:
@@ -69,13 +77,14 @@ def file_events(path: str, fps: float, max_width: int, with_audio: bool) -> Iter
         start: float | None = None
         next_frame_t = 0.0
         for frame in container.decode(**streams):
-            if frame.time is None:
+            # Only the video and audio streams are decoded; a frame without a time has no place.
+            if not isinstance(frame, (av.VideoFrame, av.AudioFrame)) or frame.time is None:
                 continue
             if start is None:
                 start = frame.time
             t = frame.time - start
             if isinstance(frame, av.AudioFrame):
-                for out in resampler.resample(frame):
+                for out in resampler.resample(frame) if resampler is not None else ():
                     yield max(t, 0.0), "audio", out.to_ndarray().reshape(-1).astype(np.int16)
             elif t + 1e-6 >= next_frame_t:
                 next_frame_t = max(next_frame_t + 1.0 / fps, t)
@@ -114,18 +123,6 @@ def jpeg_b64(frame: np.ndarray, quality: int) -> str:
     return base64.b64encode(buf.getvalue()).decode("ascii")
 
 
-def media_of(args: argparse.Namespace) -> Iterator[Event]:
-    """What this client sends: a synthetic clip, or a file's frames and audio."""
-    with_audio = args.audio != "none"
-    if args.synthetic:
-        return synthetic_events(args.duration, args.fps, args.max_width, with_audio)
-    if args.audio == "tone":
-        log.warning("--audio tone is only for --synthetic; sending the file's own audio")
-    return file_events(args.video, args.fps, args.max_width, with_audio)
-
-
-log = logging.getLogger("vidchat.qa.client")
-
 DEFAULT_URL = "ws://127.0.0.1:7860/v1/video/chat/stream"
 
 # --fast's pace: under the server's default --ws-max-fps (60), whose excess it drops.
@@ -150,78 +147,82 @@ def parse_ask(value: str) -> Question:
     return Question(at, text.strip())
 
 
-class Printer:
-    """Shows the server's messages: streamed answers on stdout, errors on stderr."""
+class ClientError(Exception):
+    """The session could not be had to its end: the server could not be
+    reached, the connection failed or ended before session.done, or the
+    media could not be sent. The message says which, for the user."""
 
-    def __init__(self, as_json: bool) -> None:
-        self.as_json = as_json
-        self.errors = 0
+
+class Listener(Protocol):
+    """Who is told what happens, as it happens (the command line prints it)."""
+
+    def asked(self, q: Question) -> None:
+        """``q`` is about to be sent."""
+
+    def message(self, msg: dict[str, Any]) -> None:
+        """The server sent ``msg`` (a parsed JSON message)."""
+
+
+class _Quiet:
+    def asked(self, q: Question) -> None:
+        pass
+
+    def message(self, msg: dict[str, Any]) -> None:
+        pass
+
+
+@dataclass
+class ClientResult:
+    """How the session went: its answers (response.text.done messages), the
+    frame filter's statistics, the server's error messages, frames sent."""
+
+    answers: list[dict[str, Any]] = field(default_factory=list)
+    evs_stats: dict[str, Any] | None = None
+    errors: list[dict[str, Any]] = field(default_factory=list)
+    frames: int = 0
+
+
+class Tracker:
+    """What the client knows of the session from the server's messages:
+    whether a question waits for its answer, whether the session is done;
+    each message also goes to the listener."""
+
+    def __init__(self, listener: Listener) -> None:
+        self.listener = listener
+        self.result = ClientResult()
         self.finished = False  # session.done received
         self.answering = False
         self.idle = asyncio.Event()  # no question waiting for its answer
         self.idle.set()
-        self.answers: list[dict[str, Any]] = []
-        self.evs_stats: dict[str, Any] | None = None
 
     def asked(self, q: Question) -> None:
         self.idle.clear()
-        if not self.as_json:
-            print(f"\nQ [{q.at:.1f}s]: {q.text}", flush=True)
+        self.listener.asked(q)
 
     def handle(self, msg: dict[str, Any]) -> None:
         kind = msg.get("type")
-        if self.as_json:
-            print(json.dumps(msg, ensure_ascii=False), flush=True)
         if kind == "response.start":
             self.answering = True
-            if not self.as_json:
-                print("A: ", end="", flush=True)
-        elif kind == "response.text.delta":
-            if not self.as_json:
-                print(msg.get("delta", ""), end="", flush=True)
         elif kind == "response.text.done":
             self.answering = False
-            self.answers.append(msg)
+            self.result.answers.append(msg)
             self.idle.set()
-            if not self.as_json:
-                print()
-                print(f"   ({_describe_stats(msg.get('stats') or {})})", flush=True)
         elif kind == "response.evs_stats":
-            self.evs_stats = msg
-            if not self.as_json:
-                total = msg.get("total_count", 0)
-                print(f"\nEVS filter: kept {msg.get('retained_count')} of {total} frames, dropped "
-                      f"{msg.get('dropped_count')} (drop rate {100 * msg.get('drop_rate', 0.0):.1f} %)", flush=True)
+            self.result.evs_stats = msg
         elif kind == "session.done":
             self.finished = True
         elif kind == "error":
-            self.errors += 1
+            self.result.errors.append(msg)
             if not self.answering:
                 self.idle.set()  # the question was refused (or unrelated): nothing to wait for
-            if not self.as_json:
-                print(f"server error: {msg.get('message')}", file=sys.stderr, flush=True)
+        self.listener.message(msg)
 
 
-def _count(n: Any, noun: str) -> str:
-    return f"? {noun}s" if n is None else f"{n} {noun}{'' if n == 1 else 's'}"
-
-
-def _describe_stats(stats: dict[str, Any]) -> str:
-    parts = [_count(stats.get("completion_tokens"), "token"), _count(stats.get("frames"), "frame")]
-    if stats.get("audio_seconds"):
-        parts.append(f"{stats['audio_seconds']:.1f} s audio")
-    if stats.get("ttft_s") is not None:
-        parts.append(f"first token {1000 * stats['ttft_s']:.0f} ms")
-    if stats.get("cancelled"):
-        parts.append("interrupted")
-    return ", ".join(parts)
-
-
-async def send_json(ws: Any, msg: dict[str, Any]) -> None:
+async def send_json(ws: ClientConnection, msg: dict[str, Any]) -> None:
     await ws.send(json.dumps(msg))
 
 
-async def stream(ws: Any, events: Iterator[Event], questions: list[Question], printer: Printer,
+async def stream(ws: ClientConnection, events: Iterator[Event], questions: list[Question], tracker: Tracker,
                  fast: bool, quality: int, send_pts: bool = True, fast_fps: float = FAST_FPS) -> int:
     """Send frames/audio paced by their timestamps and the questions at theirs; returns frames sent.
 
@@ -242,8 +243,8 @@ async def stream(ws: Any, events: Iterator[Event], questions: list[Question], pr
 
     async def ask(q: Question, wait: bool) -> None:
         if wait:
-            await printer.idle.wait()
-        printer.asked(q)
+            await tracker.idle.wait()
+        tracker.asked(q)
         await send_json(ws, {"type": "video.query", "text": q.text})
 
     for t, kind, payload in events:
@@ -267,43 +268,48 @@ async def stream(ws: Any, events: Iterator[Event], questions: list[Question], pr
         else:
             await send_json(ws, {"type": "audio.chunk", "data": base64.b64encode(payload.tobytes()).decode(),
                                  **timing})
-        await asyncio.sleep(0)  # let the reader print what has arrived
+        await asyncio.sleep(0)  # let the reader take what has arrived
     for q in pending:  # questions after the end of the video
         await ask(q, wait=True)
-    await printer.idle.wait()
+    await tracker.idle.wait()
     return frames
 
 
-def session_config(args: argparse.Namespace) -> dict[str, Any]:
-    """The session.config this client opens with, from its flags."""
-    config: dict[str, Any] = {
-        "type": "session.config",
-        "model": args.model,
-        "modalities": ["text"],
-        "max_frames": args.max_frames,
-        "num_sample_frames": args.num_frames,
-        "evs_enabled": not args.no_evs,
-        "evs_threshold": args.evs_threshold,
-        "max_tokens": args.max_tokens,
-    }
-    for key in ("temperature", "frames_as", "sampling", "system_prompt"):
-        if getattr(args, key) is not None:
-            config[key] = getattr(args, key)
-    return config
+@dataclass(frozen=True)
+class Connection:
+    """Where the client connects and how long it waits."""
+
+    url: str = DEFAULT_URL
+    connect_timeout: float = 10.0  # seconds to wait for the connection
+    done_timeout: float = 120.0  # seconds to wait for the server to finish after the last frame
 
 
-async def run(args: argparse.Namespace) -> int:
+@dataclass(frozen=True)
+class Pacing:
+    """How the media goes out (see :func:`stream`)."""
+
+    fast: bool = False
+    jpeg_quality: int = 85
+    send_pts: bool = True
+    fast_fps: float = FAST_FPS
+
+
+async def run(connection: Connection, config: dict[str, Any], events: Iterator[Event], questions: list[Question],
+              pacing: Pacing = Pacing(), listener: Listener | None = None) -> ClientResult:
+    """One session: open it with ``config`` (its session.config), stream
+    ``events`` asking ``questions`` at their times, end it with video.done
+    and wait for session.done. Each message goes to ``listener`` as it comes.
+    Raises ClientError when the session could not be had to its end; the
+    server's error messages are in the result."""
     import websockets
 
-    events = media_of(args)
-    config = session_config(args)
-    printer = Printer(args.json)
+    tracker = Tracker(listener or _Quiet())
+    url = connection.url
     try:
-        ws = await websockets.connect(args.url, open_timeout=args.connect_timeout, max_size=None)
+        ws = await websockets.connect(url, open_timeout=connection.connect_timeout, max_size=None)
     except (OSError, asyncio.TimeoutError, websockets.InvalidHandshake, websockets.InvalidURI) as exc:
-        print(f"cannot connect to {args.url}: {exc}", file=sys.stderr)
-        return 1
-    log.info("connected to %s", args.url)
+        raise ClientError(f"cannot connect to {url}: {exc}") from exc
+    log.info("connected to %s", url)
     started = time.monotonic()
     try:
         async with ws:
@@ -311,119 +317,36 @@ async def run(args: argparse.Namespace) -> int:
 
             async def read() -> None:
                 async for raw in ws:
-                    printer.handle(json.loads(raw))
-                    if printer.finished:
+                    tracker.handle(json.loads(raw))
+                    if tracker.finished:
                         return
 
             reader = asyncio.create_task(read())
-            sender = asyncio.create_task(stream(ws, events, args.ask, printer, args.fast, args.jpeg_quality,
-                                                   send_pts=not args.no_pts, fast_fps=args.fast_fps))
+            sender = asyncio.create_task(stream(ws, events, questions, tracker, pacing.fast, pacing.jpeg_quality,
+                                                send_pts=pacing.send_pts, fast_fps=pacing.fast_fps))
             # Whichever ends first: the sender (all sent and answered) or the reader (server closed).
             await asyncio.wait({reader, sender}, return_when=asyncio.FIRST_COMPLETED)
             if sender.done():
-                if sender.exception() is not None and not isinstance(sender.exception(), websockets.ConnectionClosed):
+                failure = sender.exception()
+                if failure is not None and not isinstance(failure, websockets.ConnectionClosed):
                     reader.cancel()
-                    print(f"streaming failed: {sender.exception()!r}", file=sys.stderr)
-                    return 1
-                frames = sender.result()
+                    raise ClientError(f"streaming failed: {failure!r}") from failure
+                tracker.result.frames = sender.result()
                 await send_json(ws, {"type": "video.done"})
-                await asyncio.wait_for(reader, timeout=args.done_timeout)
-                log.info("sent %d frames in %.1f s", frames, time.monotonic() - started)
+                await asyncio.wait_for(reader, timeout=connection.done_timeout)
+                log.info("sent %d frames in %.1f s", tracker.result.frames, time.monotonic() - started)
             else:  # the server ended the session
                 sender.cancel()
                 await asyncio.gather(sender, return_exceptions=True)
-                if reader.exception() is not None:
-                    raise reader.exception()
+                ended = reader.exception()
+                if ended is not None:
+                    raise ended
     except websockets.ConnectionClosed as exc:
         log.debug("connection closed: %r", exc)
-    except asyncio.TimeoutError:
-        print("the server did not end the session in time", file=sys.stderr)
-        return 1
+    except asyncio.TimeoutError as exc:
+        raise ClientError("the server did not end the session in time") from exc
     except OSError as exc:
-        print(f"connection to {args.url} failed: {exc}", file=sys.stderr)
-        return 1
-    if not printer.finished:
-        print("the connection ended before session.done", file=sys.stderr)
-        return 1
-    return 3 if printer.errors else 0
-
-
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="python -m vidchat.client",
-        description="Stream a video file (or synthetic webcam frames) to a vidchat server over the "
-        "seed WebSocket protocol, ask questions at given times and print the streamed answers "
-        "and the frame filter's statistics.",
-        epilog="Exit status: 0 ok, 1 connection failed or ended early, 2 bad arguments, "
-        "3 the server reported errors. Example: python -m vidchat.client clip.mp4 "
-        "--ask '2:What is happening?' --ask '5:And now?'",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
-    )
-    src = parser.add_argument_group("what to stream")
-    src.add_argument("video", nargs="?", help="video file to stream (anything PyAV/FFmpeg reads)")
-    src.add_argument("--synthetic", action="store_true", help="stream generated webcam-like frames instead of a file")
-    src.add_argument("--duration", type=float, default=5.0, help="seconds of synthetic video")
-    src.add_argument("--fps", type=float, default=5.0, help="frames per second to send (a file is subsampled)")
-    src.add_argument("--max-width", type=int, default=640, help="downscale wider frames to this width")
-    src.add_argument("--jpeg-quality", type=int, default=85, help="JPEG quality of the frames sent (1-95)")
-    src.add_argument("--audio", choices=("auto", "tone", "none"), default="auto",
-                     help="auto: the file's audio track (a 440 Hz tone with --synthetic); tone; none")
-    src.add_argument("--fast", action="store_true",
-                     help="send as fast as possible instead of in real time; each question then waits "
-                     "for the previous answer")
-    src.add_argument("--fast-fps", type=float, default=FAST_FPS,
-                     help="with --fast: most frames sent a second (keep it under the server's --ws-max-fps, "
-                     "which drops frames above it)")
-    src.add_argument("--no-pts", action="store_true",
-                     help="send no pts_ms with frames and audio (as a seed-protocol client does); the server "
-                     "then stamps them on arrival, so --fast compresses the clip's timeline")
-    ask = parser.add_argument_group("questions")
-    ask.add_argument("--ask", action="append", type=parse_ask, default=[], metavar="SECONDS:QUESTION",
-                     help="ask QUESTION when the video reaches SECONDS (repeatable)")
-    ask.add_argument("--max-tokens", type=int, default=128, help="longest answer in tokens")
-    ask.add_argument("--temperature", type=float, default=None, help="sampling temperature (server default if unset)")
-    ask.add_argument("--system-prompt", default=None, help="system prompt (server default if unset)")
-    ask.add_argument("--frames-as", choices=("images", "video"), default=None,
-                     help="give the model the frames as images or as one video (server default if unset)")
-    sess = parser.add_argument_group("session.config")
-    sess.add_argument("--model", default="", help="model name sent in session.config (vidchat ignores it)")
-    sess.add_argument("--max-frames", type=int, default=64, help="frames the server keeps for this session")
-    sess.add_argument("--num-frames", type=int, default=16, help="frames sampled for each question")
-    sess.add_argument("--sampling", choices=("uniform", "stable", "latest_frames", "latest_seconds"), default=None,
-                      help="how frames are picked for a question (server default if unset)")
-    sess.add_argument("--no-evs", action="store_true", help="turn the near-duplicate frame filter off")
-    sess.add_argument("--evs-threshold", type=float, default=0.95, help="filter threshold (0..1)")
-    conn = parser.add_argument_group("connection and output")
-    conn.add_argument("--url", default=DEFAULT_URL, help="the server's WebSocket URL")
-    conn.add_argument("--connect-timeout", type=float, default=10.0, help="seconds to wait for the connection")
-    conn.add_argument("--done-timeout", type=float, default=120.0,
-                      help="seconds to wait for the server to finish after the last frame")
-    conn.add_argument("--json", action="store_true", help="print every server message as one JSON line")
-    conn.add_argument("-v", "--verbose", action="store_true", help="log progress and debug details")
-    return parser
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    if bool(args.video) == args.synthetic:
-        parser.error("give a video file or --synthetic (not both)")
-    if args.fps <= 0 or args.fast_fps <= 0 or args.duration <= 0 or args.max_width < 16 or not 1 <= args.jpeg_quality <= 95:
-        parser.error("--fps, --fast-fps and --duration must be positive, --max-width >= 16, --jpeg-quality 1..95")
-    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO, stream=sys.stderr,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s", datefmt="%H:%M:%S")
-    if not args.verbose:
-        logging.getLogger("websockets").setLevel(logging.WARNING)
-    if args.video:
-        import os
-
-        if not os.path.isfile(args.video):
-            parser.error(f"no such file: {args.video}")
-    try:
-        return asyncio.run(run(args))
-    except KeyboardInterrupt:
-        return 130
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+        raise ClientError(f"connection to {url} failed: {exc}") from exc
+    if not tracker.finished:
+        raise ClientError("the connection ended before session.done")
+    return tracker.result

@@ -1,69 +1,20 @@
-"""``python -m vidchat.replay``'s command line: the app's options plus
-replay's own, and the checks that turn a malformed one into a usage error
-(exit status 2) before any engine starts.
+"""What replay's and suites' settings and questions are, read from text
+(replay's --set, --every and --watch, a suite's [settings]), with the checks
+that refuse a malformed one as a :class:`UsageError` before any engine
+starts. The command line itself (its parser, its exit statuses) is the
+app's: its ``qa_cli`` module.
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
-import os
 from dataclasses import dataclass
 from typing import Any, Sequence
 
-from vidchat.conversation.modes import DEFAULT_EVERY_S
-from vidchat.media.frame_buffer import SCENE_CHANGE_SHARE
-from vidchat.qa.client import parse_ask
-
 
 class UsageError(ValueError):
-    pass
-
-
-def build_parser() -> argparse.ArgumentParser:
-    """The app's parser (every model, engine and session option) plus replay's own."""
-    from vidchat.app.settings import ENV_PREFIX
-    from vidchat.app.settings import build_parser as app_parser
-
-    parser = app_parser()
-    parser.prog = "python -m vidchat.replay"
-    parser.description = (
-        "Play a video file through vidchat's pipeline as fast as the machine allows, on the file's own "
-        "timestamps, asking questions when playback reaches their second; or re-ask a recorded bundle.")
-    parser.epilog = (
-        "Exit status: 0 all answered, 1 a question failed or the engine did not start, 2 bad usage. "
-        "The app's options apply as in app.py (--model tiny, --frames-per-question, --temperature ...). "
-        f"Every app option can also be set by an environment variable {ENV_PREFIX}<OPTION>.")
-    if ENV_PREFIX + "LOG_LEVEL" not in os.environ:
-        parser.set_defaults(log_level="warning")  # quiet by default; results go to stdout
-    g = parser.add_argument_group("replay")
-    g.add_argument("sources", nargs="+", metavar="FILE|BUNDLE",
-                   help="a video file (anything PyAV/FFmpeg reads), a bundle folder or zip to re-ask, or a folder "
-                   "of bundles; several may be given")
-    g.add_argument("--ask", action="append", type=parse_ask, default=[], metavar="T:QUESTION",
-                   help="ask QUESTION when playback reaches second T of the file (repeatable)")
-    g.add_argument("--every", nargs=2, action="append", default=[], metavar=("SECONDS", "QUESTION"),
-                   help="ask QUESTION at SECONDS, 2×SECONDS, … until the file ends (repeatable)")
-    g.add_argument("--watch", metavar="QUESTION", default=None,
-                   help="watch mode: ask QUESTION whenever the filter sees a scene change (a kept frame where at "
-                   f"least {SCENE_CHANGE_SHARE * 100:g}%% of the picture changed), at most once every "
-                   "--watch-every seconds of the file")
-    g.add_argument("--watch-every", type=float, default=DEFAULT_EVERY_S, metavar="SECONDS",
-                   help="with --watch: the fewest seconds of the file between two watch questions (changes in "
-                   "between are asked about once, when the pause ends)")
-    g.add_argument("--set", dest="set_", action="append", default=[], metavar="KEY=VALUE",
-                   help="an answer or sampling setting, named as in the WebSocket session.config (temperature, "
-                   "frames_as, max_tokens, seed, system_prompt, include_audio, num_sample_frames, sampling, "
-                   "evs_threshold, …); VALUE is JSON (0.5, true, null, \"text\") or else plain text (repeatable)")
-    g.add_argument("--json", action="store_true", help="print one JSON object per answer, one per line")
-    g.add_argument("--out", metavar="DIR", default=None,
-                   help="write each answer's recording bundle into a new folder under DIR (--record-dir does "
-                   "the same); nothing is written to disk when neither is set")
-    g.add_argument("--no-history", action="store_true",
-                   help="ask each question alone, without the earlier questions and answers")
-    g.add_argument("-v", "--verbose", action="store_true", help="log progress (and vLLM's own log) on stderr")
-    return parser
+    """A malformed setting, question or source: the command line's usage error (exit status 2)."""
 
 
 @dataclass
@@ -75,6 +26,7 @@ class Changes:
 
 
 def parse_sets(items: Sequence[str]) -> Changes:
+    """--set's KEY=VALUE items (VALUE as JSON, else plain text), checked as session.config checks them."""
     raw: dict[str, Any] = {}
     for item in items:
         key, sep, text = item.partition("=")
@@ -110,6 +62,7 @@ def changes_of(raw: dict[str, Any], where: str) -> Changes:
 
 
 def parse_every(items: Sequence[Sequence[str]]) -> list[tuple[float, str]]:
+    """--every's (SECONDS, QUESTION) pairs, checked."""
     out = []
     for seconds, question in items:
         try:

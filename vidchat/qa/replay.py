@@ -67,45 +67,148 @@ start, 2 bad usage (no such file, malformed --ask/--set, a setting out of
 range).
 
 Nothing is written to disk unless ``--out`` (or ``--record-dir``) is given.
+
+This module is the library the command and the QA suites share: it plays a
+file or re-asks a bundle on a :class:`ReplayHost` its caller brings (the
+command's own, made by the app's ``qa_host`` module, or a server's), hands each
+answer or failure to a callback and returns them as a :class:`SourceResult`,
+and raises :class:`SettingsRefused` for settings no source could run with. It
+never prints and never picks an exit status: the command line
+(the app's ``qa_cli`` module) does both.
 """
 
 from __future__ import annotations
 
-import argparse
-import asyncio
 import contextlib
 import dataclasses
 import heapq
-import json
 import logging
 import math
 import os
-import sys
 import time
-from dataclasses import dataclass
-from typing import Any, AsyncIterator, Iterator, Sequence, TextIO
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, AsyncIterator, Callable, Iterator, Protocol, Sequence
 
 import numpy as np
 
-from vidchat.app.models import resolve_settings as resolve  # noqa: F401 (replay's and suites' name for it)
-from vidchat.conversation.modes import SceneWatch
+from vidchat.conversation.answers import Answer, AnswerOptions
+from vidchat.conversation.bundles import MANIFEST, Bundle, is_bundle, read_bundle, write_bundle
+from vidchat.conversation.host import EngineRole, Host
+from vidchat.conversation.modes import DEFAULT_EVERY_S, SceneWatch
+from vidchat.engine.interface import ChatEngine, EngineError, Turn
 from vidchat.media import AUDIO_RATE
-from vidchat.qa.commands import Changes, UsageError, build_parser, parse_every, parse_sets, parse_watch
+from vidchat.qa.commands import Changes, UsageError
 
-# What one replay run carries (its command line, the app's settings, --set's
-# changes, where bundles go) and how its answers come out: one line per answer
-# on stdout, text or JSON, and each failure on stderr. File replay, bundle
-# re-asks and QA suites (which keep the records instead of printing them)
-# share it.
+if TYPE_CHECKING:
+    import av.container
 
-# Exit statuses: a setting out of range would be refused for every source, so
-# USAGE stops the run; FAILED lets the other sources go on.
-USAGE = 2
+    from vidchat.conversation.conversation import Conversation
+    from vidchat.media.session import Sample, Session
 
-FAILED = 1
+log = logging.getLogger("vidchat.qa.replay")
+
+# Times closer than this are the same instant (float pts arithmetic).
+EPS = 1e-6
 
 
-def answer_record(answer, *, t: float | None, settings: dict[str, Any], source: str,
+class ReplayHost(Host, Protocol):
+    """A :class:`~vidchat.conversation.host.Host` that also registers a
+    session as its server would (its storage size, frame cap and memory
+    budget: the server's AppState.new_session): replay and suites open
+    one session per file or bundle through it."""
+
+    def new_session(self, kind: str) -> Conversation: ...
+
+
+class SettingsRefused(UsageError):
+    """Settings no source could be asked with (out of range, or not for a
+    bundle): the command line's usage error (exit status 2)."""
+
+
+@dataclass(frozen=True)
+class ReplayPlan:
+    """What one replay asks and how: the command line's flags, or a suite case's."""
+
+    asks: Sequence[tuple[float, str]] = ()  # (second of the file, question)
+    every: Sequence[tuple[float, str]] = ()  # (period in seconds, question)
+    watch: str | None = None  # watch mode's question
+    watch_every: float = DEFAULT_EVERY_S
+    no_history: bool = False  # each question alone, without the earlier ones
+    changes: Changes = field(default_factory=lambda: Changes({}, {}))  # --set's, or a case's settings
+    # The host's answer options when none of the app's answer flags is given
+    # (--frames-as, --max-tokens, --temperature, --system-prompt): where the
+    # host's answer_defaults() differ from them, a flag was given, and it
+    # changes a bundle's recorded options (before ``changes``). None: no flag applies.
+    flag_defaults: AnswerOptions | None = None
+    out_dir: str | None = None  # where each answer's bundle goes (None: nowhere)
+    model_option: str = ""  # the model as the command named it, for the bundles' manifests
+    role: EngineRole = "main"  # which of the host's engines answers, looked up at each ask
+
+
+@dataclass(frozen=True)
+class Answered:
+    """One answer, as replay's JSON line has it: t, question, answer, watch,
+    the app's answer record, settings, source and bundle."""
+
+    record: dict[str, Any]
+
+    @property
+    def t(self) -> float | None:
+        t: float | None = self.record["t"]
+        return t
+
+    @property
+    def question(self) -> str:
+        return str(self.record["question"])
+
+
+@dataclass(frozen=True)
+class Failed:
+    """A question that got no answer, and why."""
+
+    t: float | None
+    question: str
+    reason: str
+    watch: bool = False
+
+    def as_dict(self) -> dict[str, Any]:
+        """Replay's JSON line for it (``"watch"`` only when true)."""
+        return {"t": self.t, "question": self.question, "error": self.reason, **({"watch": True} if self.watch else {})}
+
+
+Outcome = Answered | Failed
+Report = Callable[[Outcome], None]
+
+
+def _ignore(outcome: Outcome) -> None:
+    """The default report: the outcomes come back in the result only."""
+
+
+@dataclass
+class SourceResult:
+    """What one file or bundle gave, in the order it gave it."""
+
+    source: str
+    outcomes: list[Outcome] = field(default_factory=list)
+
+    @property
+    def failed(self) -> bool:
+        return any(isinstance(o, Failed) for o in self.outcomes)
+
+
+class _Outcomes:
+    """A source's outcomes, each reported as it comes and kept for its result."""
+
+    def __init__(self, source: str, report: Report) -> None:
+        self.result, self._report = SourceResult(source), report
+
+    def add(self, outcome: Outcome) -> None:
+        self.result.outcomes.append(outcome)
+        self._report(outcome)
+
+
+def answer_record(answer: Answer, *, t: float | None, settings: dict[str, Any], source: str,
                   watch: bool = False) -> dict[str, Any]:
     """The JSON line: the question, the answer, and the app's answer record."""
     record: dict[str, Any] = {"t": t, "question": answer.question, "answer": answer.reply.text, "watch": watch}
@@ -116,84 +219,31 @@ def answer_record(answer, *, t: float | None, settings: dict[str, Any], source: 
     return record
 
 
-class Output:
-    def __init__(self, stream: TextIO, as_json: bool):
-        self.stream, self.as_json = stream, as_json
-
-    def answer(self, rec: dict[str, Any]) -> None:
-        if self.as_json:
-            self._line(json.dumps(rec, ensure_ascii=False))
-            return
-        when = "" if rec["t"] is None else f"[{rec['t']:g} s] "
-        if rec.get("watch"):
-            when += "(scene change) "
-        times = rec.get("frame_times") or []
-        if len(times) == 1:
-            parts = [f"1 frame at {times[0]:g} s"]
-        else:
-            parts = [f"{len(times)} frames {times[0]:g}–{times[-1]:g} s" if times else "no frames"]
-        if rec.get("frames_as") == "video":
-            parts[0] += " as video"
-        if rec.get("audio_seconds"):
-            parts.append(f"{rec['audio_seconds']:.2f} s audio")
-        parts.append(f"{rec.get('prompt_tokens')} prompt tokens")
-        if rec.get("ttft_ms") is not None:
-            parts.append(f"first token {rec['ttft_ms']:.0f} ms")
-        parts.append(f"inputs {rec.get('inputs_sha256', '')[:16]}")
-        if rec.get("bundle"):
-            parts.append(f"bundle {rec['bundle']}")
-        self._line(f"{when}Q: {rec['question']}\nA: {rec['answer']}\n   ({', '.join(parts)})")
-
-    def failure(self, t: float | None, question: str, reason: str, watch: bool = False) -> None:
-        when = "" if t is None else f" at {t:g} s"
-        print(f"vidchat.replay: {'watch ' if watch else ''}question{when} failed: {reason}", file=sys.stderr,
-              flush=True)
-        if self.as_json:
-            rec = {"t": t, "question": question, "error": reason, **({"watch": True} if watch else {})}
-            self._line(json.dumps(rec, ensure_ascii=False))
-
-    def _line(self, text: str) -> None:
-        print(text, file=self.stream, flush=True)
-
-
-@dataclass
-class Run:
-    args: argparse.Namespace
-    settings: Any  # vidchat.app.settings.Settings
-    model_option: str
-    changes: Changes
-    out_dir: str | None
-    output: Output
-    watch: str | None = None  # watch mode's question
-    role: str = "main"  # which of the app's engines answers ("main" or "compare"), looked up at each ask
-
-
 @contextlib.asynccontextmanager
-async def replay_session(state: Any, why: str) -> AsyncIterator[Any]:
-    """A "replay" session of the app's registry for one file or bundle,
+async def replay_session(host: ReplayHost, why: str) -> AsyncIterator[Conversation]:
+    """A "replay" session of the host's registry for one file or bundle,
     closed when the block ends however it ends (a setting the engine
     refuses, a clip that fails partway, a cancelled run). On a server it
     would otherwise stay registered for good: it counts against
     --max-sessions, holds its frames, and keeps a draining replica's
     /readyz from reaching zero sessions."""
-    entry = state.new_session("replay")
+    entry = host.new_session("replay")
     try:
         yield entry
     finally:
-        await state.registry.close(entry.session.id, why)
+        await host.registry.close(entry.session.id, why)
 
 
-# A video file played into a session on the file's own clock, for
-# ``python -m vidchat.replay``: when each question is due (:class:`Schedule`),
-# the file's frames and audio as one stream of events in time order
-# (:func:`media_events`, audio split at question times), and each event put
-# into the session with watch mode's decision (:class:`Playback`). No wall
-# clock decides anything, so every run feeds the session the same way.
+# A video file played into a session on the file's own clock: when each
+# question is due (:class:`Schedule`), the file's frames and audio as one
+# stream of events in time order (:func:`media_events`, audio split at
+# question times), and each event put into the session with watch mode's
+# decision (:class:`Playback`). No wall clock decides anything, so every run
+# feeds the session the same way.
 
-log = logging.getLogger("vidchat.qa.replay")
-
-# Times closer than this are the same instant (float pts arithmetic).
-EPS = 1e-6
+# (seconds of the file, rank, "frame" | "audio", RGB frame or float32 mono 16 kHz samples);
+# rank 0: a frame before audio of the same instant (ties in a fixed order).
+MediaEvent = tuple[float, int, str, np.ndarray]
 
 
 @dataclass(frozen=True)
@@ -247,14 +297,14 @@ class Schedule:
         return sorted(set(found))
 
 
-def _file_start(container) -> float:
+def _file_start(container: av.container.InputContainer) -> float:
     import av
 
     start = container.start_time
-    return start / av.time_base if start is not None else 0.0
+    return float(start / av.time_base) if start is not None else 0.0
 
 
-def video_events(path: str) -> Iterator[tuple]:
+def video_events(path: str) -> Iterator[MediaEvent]:
     """Every decoded video frame as RGB, at its presentation time."""
     import av
 
@@ -265,7 +315,7 @@ def video_events(path: str) -> Iterator[tuple]:
         stream.thread_type = "AUTO"  # frame threads: faster, same pictures
         start = _file_start(container)
         rate = float(stream.average_rate) if stream.average_rate else 30.0
-        last = None
+        last: float | None = None
         for frame in container.decode(stream):
             if frame.time is not None:
                 t = frame.time - start
@@ -275,11 +325,10 @@ def video_events(path: str) -> Iterator[tuple]:
                 log.debug("skipping a video frame before the file's start (%.3f s)", t)
                 continue
             last = t = max(t, 0.0)
-            # rank 0: a frame before audio of the same instant (ties in a fixed order).
             yield t, 0, "frame", frame.to_ndarray(format="rgb24")
 
 
-def audio_events(path: str, schedule: Schedule) -> Iterator[tuple]:
+def audio_events(path: str, schedule: Schedule) -> Iterator[MediaEvent]:
     """The audio track as float32 mono 16 kHz chunks, placed from the first
     frame's time on by sample count, split at question times."""
     import av
@@ -290,10 +339,10 @@ def audio_events(path: str, schedule: Schedule) -> Iterator[tuple]:
         stream = container.streams.audio[0]
         start = _file_start(container)
         resampler = av.AudioResampler(format="flt", layout="mono", rate=AUDIO_RATE)
-        origin: float | None = None
+        origin = 0.0  # the first audio frame's time (set when it is decoded)
         count = 0  # samples placed so far
 
-        def pieces(samples: np.ndarray) -> Iterator[tuple]:
+        def pieces(samples: np.ndarray) -> Iterator[MediaEvent]:
             nonlocal count
             t0 = origin + count / AUDIO_RATE
             if t0 < 0:  # priming before the file's start
@@ -310,17 +359,19 @@ def audio_events(path: str, schedule: Schedule) -> Iterator[tuple]:
             yield origin + count / AUDIO_RATE, 1, "audio", samples
             count += samples.size
 
+        decoded = False
         for frame in container.decode(stream):
-            if origin is None:
+            if not decoded:
+                decoded = True
                 origin = frame.time - start if frame.time is not None else 0.0
             for out in resampler.resample(frame):
                 yield from pieces(out.to_ndarray().reshape(-1).astype(np.float32))
-        if origin is not None:
+        if decoded:
             for out in resampler.resample(None):
                 yield from pieces(out.to_ndarray().reshape(-1).astype(np.float32))
 
 
-def media_events(path: str, schedule: Schedule) -> Iterator[tuple]:
+def media_events(path: str, schedule: Schedule) -> Iterator[MediaEvent]:
     """Video and audio of one file merged by time (each stream decoded on its
     own, so the file's interleaving does not matter)."""
     return heapq.merge(video_events(path), audio_events(path, schedule), key=lambda e: (e[0], e[1]))
@@ -332,7 +383,7 @@ class Playback:
     session counts scene changes) and the watch question may be asked now,
     rate-limited on the file's clock, so it is the same on every run."""
 
-    def __init__(self, session, watch_every: float | None = None, name: str | None = None):
+    def __init__(self, session: Session, watch_every: float | None = None, name: str | None = None):
         self.session = session
         # The file's start is the session timeline's start: answer records then
         # give frame and audio times in seconds of the file.
@@ -347,10 +398,10 @@ class Playback:
         self.frames = self.bad_frames = 0
         self.end = 0.0  # seconds of media fed so far
 
-    def feed(self, t: float, kind: str, payload) -> bool:
+    def feed(self, t: float, kind: str, payload: np.ndarray) -> bool:
         """Put one event from :func:`media_events` into the session; True
         when the watch question is due at ``t`` (only ever after a frame)."""
-        from vidchat.media.evs import FrameError
+        from vidchat.media.images import FrameError
 
         if kind != "frame":
             self.end = max(self.end, t + payload.size / AUDIO_RATE)
@@ -366,68 +417,69 @@ class Playback:
         return self.watch is not None and self.watch.due(t)
 
 
+class _Recorded(Protocol):
+    """What a re-ask reads of a Bundle (vidchat.conversation.bundles), typed:
+    its sample() has no annotations there yet."""
+
+    def sample(self) -> Sample: ...
+
+
 # Re-asking a recorded bundle: its exact frames, audio and chat history put
 # to an engine again through the app's one answer path, with its recorded
-# settings changed by --set and the app's answer flags. Frame selection is
+# settings changed by the app's answer flags and --set. Frame selection is
 # frozen (only ``num_sample_frames`` may pick fewer of the bundle's frames), so
 # unchanged frames and audio give the bundle's own ``inputs_sha256``.
-
-log = logging.getLogger("vidchat.qa.replay")
 
 # Keys of the answer options the app also sets by flags (--temperature ...).
 _ANSWER_FLAGS = ("frames_as", "max_tokens", "temperature", "system_prompt")
 
 
-def _bundle_options(run: Run, recorded: dict[str, Any]) -> Any:
+def _bundle_options(host: Host, plan: ReplayPlan, recorded: dict[str, Any]) -> AnswerOptions:
     """A bundle's recorded answer options, then the app's answer flags where
-    given (not at their default), then --set."""
-    from vidchat.app.settings import Settings
-    from vidchat.conversation.answers import AnswerOptions
-
+    given (not at their default: plan.flag_defaults), then --set."""
     names = {f.name for f in dataclasses.fields(AnswerOptions)}
     options = AnswerOptions(**{k: v for k, v in recorded.items() if k in names})
-    defaults = Settings()
-    flags = {k: getattr(run.settings, k) for k in _ANSWER_FLAGS if getattr(run.settings, k) != getattr(defaults, k)}
-    if "system_prompt" in flags:
-        flags["system_prompt"] = flags["system_prompt"] or None
-    return options.updated(**flags, **run.changes.answer)
+    flags: dict[str, Any] = {}
+    if plan.flag_defaults is not None:
+        given = host.answer_defaults()
+        flags = {k: getattr(given, k) for k in _ANSWER_FLAGS if getattr(given, k) != getattr(plan.flag_defaults, k)}
+    return options.updated(**{**flags, **plan.changes.answer})
 
 
-async def reask_bundle(run: Run, state: Any, bundle: Any) -> int:
-    """Re-ask one bundle on the engine of ``run.role`` (as it is now) and
-    print its answer; an exit status (0, FAILED or USAGE)."""
+async def reask_bundle(host: ReplayHost, plan: ReplayPlan, bundle: Bundle, report: Report = _ignore) -> SourceResult:
+    """Re-ask one bundle on the host's engine of ``plan.role`` (as it is now);
+    its answer or failure goes to ``report`` and into the result. Raises
+    SettingsRefused for settings a bundle can't be asked with."""
     from vidchat.conversation import asking
-    from vidchat.engine import EngineError
     from vidchat.media.sampling import uniform_indices
     from vidchat.media.session import SessionSettings
 
+    outcomes = _Outcomes(bundle.path, report)
     manifest = bundle.manifest
     recorded = dict(manifest.get("settings") or {})
-    options = _bundle_options(run, recorded)
-    frozen = sorted(set(run.changes.session) - {"num_sample_frames"})
+    options = _bundle_options(host, plan, recorded)
+    frozen = sorted(set(plan.changes.session) - {"num_sample_frames"})
     if frozen:
-        print(f"vidchat.replay: a bundle's frames are fixed: {', '.join(frozen)} cannot change "
-              "(num_sample_frames may pick fewer of them)", file=sys.stderr)
-        return USAGE
-    sample = bundle.sample()
-    n_frames = run.changes.session.get("num_sample_frames")
+        raise SettingsRefused(f"a bundle's frames are fixed: {', '.join(frozen)} cannot change "
+                              "(num_sample_frames may pick fewer of them)")
+    recording: _Recorded = bundle
+    sample = recording.sample()
+    n_frames = plan.changes.session.get("num_sample_frames")
     if n_frames is not None:
         if not isinstance(n_frames, int) or n_frames < 1:
-            print(f"vidchat.replay: num_sample_frames must be a positive integer, got {n_frames!r}",
-                  file=sys.stderr)
-            return USAGE
+            raise SettingsRefused(f"num_sample_frames must be a positive integer, got {n_frames!r}")
         sample = sample.frames_at(uniform_indices(len(sample.frames), n_frames))
+    t = manifest.get("t")
     try:
-        engine = await state.engine_for(run.role)
+        engine = await host.engine_for(plan.role)
     except EngineError as exc:
-        run.output.failure(manifest.get("t"), bundle.question, str(exc))
-        return FAILED
+        outcomes.add(Failed(t, bundle.question, str(exc)))
+        return outcomes.result
     try:
         asking.check_options(options, engine)
         engine.check_request(len(sample.frames), options.frames_as)
     except (ValueError, EngineError) as exc:
-        print(f"vidchat.replay: {exc}", file=sys.stderr)
-        return USAGE
+        raise SettingsRefused(str(exc)) from exc
     if bundle.digest() != bundle.inputs_sha256:
         log.warning("%s: its frames and audio hash to %s, not to the recorded inputs_sha256 %s (edited?)",
                     bundle.path, bundle.digest(), bundle.inputs_sha256)
@@ -436,69 +488,33 @@ async def reask_bundle(run: Run, state: Any, bundle: Any) -> int:
                 **dataclasses.asdict(options)}
     if n_frames is not None:
         settings["num_sample_frames"] = n_frames
-    history = [] if run.args.no_history else bundle.history()
-    t = manifest.get("t")
+    history = [] if plan.no_history else bundle.history()
     # The app's one answer path, with the bundle's frozen sample in place of a buffer's.
     error = None
-    async with replay_session(state, "re-ask finished") as entry:
+    done = None
+    async with replay_session(host, "re-ask finished") as entry:
         try:
             done = await (await entry.ask(bundle.question, options, engine=engine, history=history, sample=sample,
                                           spoken=bundle.spoken)).finish()
         except EngineError as exc:
-            done, error = None, str(exc)
+            error = str(exc)
     if done is not None:
         error = done.error
-    if error:
-        run.output.failure(t, bundle.question, error)
-        return FAILED
-    _say_reasked(run, engine, bundle, done.answer, settings, history, t)
-    return 0
-
-
-def _say_reasked(run: Run, engine, bundle, answer, settings: dict[str, Any], history: Any, t: float | None) -> None:
-    """A re-asked bundle's line (and its own bundle with --out)."""
-    rec = answer_record(answer, t=t, settings=settings, source=bundle.path)
+    if error or done is None:
+        outcomes.add(Failed(t, bundle.question, error or "no answer"))
+        return outcomes.result
+    rec = answer_record(done.answer, t=t, settings=settings, source=str(bundle.path))
     rec["bundle_inputs_sha256"] = bundle.inputs_sha256
-    if run.out_dir:
-        from vidchat.conversation.bundles import write_bundle
-
-        rec["bundle"] = str(write_bundle(run.out_dir, answer, history=history, settings=settings, t=t,
-                                         source=bundle.path, model_option=run.model_option,
+    if plan.out_dir:
+        rec["bundle"] = str(write_bundle(plan.out_dir, done.answer, history=history, settings=settings, t=t,
+                                         source=str(bundle.path), model_option=plan.model_option,
                                          engine_options=engine.options))
-    run.output.answer(rec)
+    outcomes.add(Answered(rec))
+    return outcomes.result
 
 
-# An engine for a tool without a server (replay, QA suites): an app state
-# with a started engine (in-process, or a model served elsewhere with
-# --engine-url), made as the server makes them. The model is resolved as
-# app.py resolves it (vidchat.app.models.resolve_settings).
-
-log = logging.getLogger("vidchat.qa")
-
-
-async def start_engine(settings: Any, model_option: str, model_path: str, banner: str | None) -> tuple[Any, Any]:
-    """An app state (its session registry) and a started engine (in-process,
-    or --engine-url's), as the server makes them from ``settings``; raises EngineError."""
-    from vidchat.app.engine_keeper import engine_options, open_engine
-    from vidchat.app.state import AppState, default_session_settings
-    from vidchat.conversation.registry import SessionRegistry
-
-    state = AppState(settings=settings, model_path=model_path, banner=banner,
-                     registry=SessionRegistry(settings.max_sessions, lambda: default_session_settings(settings)))
-    state.engine_options = engine_options(settings, model_path, state.tiny)
-    if banner:
-        # Asked for by name it is no surprise; a fallback from 'auto' is.
-        (log.info if model_option.startswith("tiny") else log.warning)(banner)
-    engine = await open_engine(state)  # in-process, or a model served elsewhere (--engine-url)
-    state.engine_settled(engine)
-    log.info("engine ready in %.1f s", engine.start_s)
-    return state, engine
-
-
-log = logging.getLogger("vidchat.qa.replay")
-
-
-def effective_settings(options, session_settings, store_max_pixels: int | None) -> dict[str, Any]:
+def effective_settings(options: AnswerOptions, session_settings: Any,
+                       store_max_pixels: int | None) -> dict[str, Any]:
     """Answer options and sampling settings, flat, under the names --set takes."""
     return {**dataclasses.asdict(options), **dataclasses.asdict(session_settings),
             "store_max_pixels": store_max_pixels}
@@ -506,33 +522,28 @@ def effective_settings(options, session_settings, store_max_pixels: int | None) 
 
 class _FileAsker:
     """Asks one file's questions in turn through the conversation, each with
-    the chat so far, and prints (and records) each answer or failure."""
+    the chat so far, and reports (and keeps) each answer or failure."""
 
-    def __init__(self, run: Run, state: Any, talking, options, settings: dict[str, Any], path: str,
-                 playback: Playback) -> None:
-        from vidchat.engine import Turn
-
-        self.run, self.state, self.talking, self.options = run, state, talking, options
-        self.settings, self.path, self.playback = settings, path, playback
+    def __init__(self, host: ReplayHost, plan: ReplayPlan, talking: Conversation, options: AnswerOptions,
+                 settings: dict[str, Any], path: str, playback: Playback, outcomes: _Outcomes) -> None:
+        self.host, self.plan, self.talking, self.options = host, plan, talking, options
+        self.settings, self.path, self.playback, self.outcomes = settings, path, playback, outcomes
         self.history: list[Turn] = []
-        self.failures = 0
         self.answer_s = 0.0  # seconds spent answering, apart from decoding and filtering
 
     def _failed(self, q: Question, reason: str) -> None:
-        self.failures += 1
-        self.run.output.failure(q.at, q.text, reason, q.watch)
+        self.outcomes.add(Failed(q.at, q.text, reason, q.watch))
 
     async def ask(self, q: Question, at_end: bool = False) -> None:
         from vidchat.conversation import asking, runs
-        from vidchat.engine import EngineError, Turn
 
-        run, path = self.run, self.path
+        plan, path = self.plan, self.path
         t0 = time.perf_counter()
         if at_end and not q.periodic:
             log.warning("question at %g s is past the end of the file (%.3f s): asked at the end", q.at,
                         self.playback.end)
         try:
-            engine = await self.state.engine_for(run.role)  # now: the engine may have restarted since the last ask
+            engine = await self.host.engine_for(plan.role)  # now: the engine may have restarted since the last ask
             answer_run = await self.talking.ask(q.text, self.options, engine=engine, history=tuple(self.history))
             done = await answer_run.finish()
         except asking.NoFrames:
@@ -551,44 +562,45 @@ class _FileAsker:
             self._failed(q, "the answer was aborted")
             return
         rec = answer_record(answer, t=q.at, settings=self.settings, source=path, watch=q.watch)
-        if run.out_dir:
-            from vidchat.conversation.bundles import write_bundle
-
-            rec["bundle"] = str(write_bundle(run.out_dir, answer, history=self.history, settings=self.settings,
-                                             t=q.at, source=path, model_option=run.model_option,
+        if plan.out_dir:
+            rec["bundle"] = str(write_bundle(plan.out_dir, answer, history=self.history, settings=self.settings,
+                                             t=q.at, source=path, model_option=plan.model_option,
                                              engine_options=engine.options))
-        run.output.answer(rec)
-        if not run.args.no_history and answer.reply.text:
+        self.outcomes.add(Answered(rec))
+        if not plan.no_history and answer.reply.text:
             self.history.extend([Turn("user", q.text), Turn("assistant", answer.reply.text)])
 
 
-async def replay_file(run: Run, state: Any, path: str) -> int:
+async def replay_file(host: ReplayHost, plan: ReplayPlan, path: str, report: Report = _ignore) -> SourceResult:
     """Play one file into a new session, asking each question when playback
-    reaches it, on the engine of ``run.role`` as it is at each ask."""
+    reaches it, on the host's engine of ``plan.role`` as it is at each ask;
+    each answer or failure goes to ``report`` and into the result. Raises
+    SettingsRefused for settings the engine refuses (they would be refused
+    for every source)."""
     from vidchat.conversation import asking
-    from vidchat.engine import EngineError
 
-    schedule = Schedule([(q.at, q.text) for q in run.args.ask], parse_every(run.args.every))
-    async with replay_session(state, "replay finished") as entry:
+    outcomes = _Outcomes(path, report)
+    schedule = Schedule(plan.asks, plan.every)
+    async with replay_session(host, "replay finished") as entry:
         session = entry.session
-        playback = Playback(session, run.args.watch_every if run.watch else None, name=os.path.basename(path))
-        options = state.answer_defaults().updated(**run.changes.answer)
+        playback = Playback(session, plan.watch_every if plan.watch else None, name=os.path.basename(path))
+        options = host.answer_defaults().updated(**plan.changes.answer)
         try:
-            asking.apply_settings(session, await state.engine_for(run.role), options, run.changes.session)
+            engine: ChatEngine | None = await host.engine_for(plan.role)
+            asking.apply_settings(session, engine, options, plan.changes.session)
         except ValueError as exc:  # OptionError included
-            print(f"vidchat.replay: {exc}", file=sys.stderr)
-            return USAGE
+            raise SettingsRefused(str(exc)) from exc
         except EngineError as exc:  # down for good: each question fails, saying why
-            for q in run.args.ask:
-                run.output.failure(q.at, q.text, str(exc))
-            return FAILED
+            for at, text in plan.asks:
+                outcomes.add(Failed(at, text, str(exc)))
+            return outcomes.result
         settings = effective_settings(options, session.settings, session.store_max_pixels)
-        asker = _FileAsker(run, state, entry, options, settings, path, playback)
-        await _play(run, path, schedule, playback, asker)
-    return FAILED if asker.failures else 0
+        asker = _FileAsker(host, plan, entry, options, settings, path, playback, outcomes)
+        await _play(plan, path, schedule, playback, asker)
+    return outcomes.result
 
 
-async def _play(run: Run, path: str, schedule: Schedule, playback: Playback, asker: _FileAsker) -> None:
+async def _play(plan: ReplayPlan, path: str, schedule: Schedule, playback: Playback, asker: _FileAsker) -> None:
     """The file, decoded into the session, each question asked when playback reaches it."""
     t_start = time.perf_counter()
     for t, _, kind, payload in media_events(path, schedule):
@@ -596,8 +608,8 @@ async def _play(run: Run, path: str, schedule: Schedule, playback: Playback, ask
         while (q := schedule.peek()) is not None and q.at <= t + EPS:
             await asker.ask(schedule.pop())
         # Watch mode: asked at the frame that (after the pause) shows the changed scene.
-        if playback.feed(t, kind, payload):
-            await asker.ask(Question(t, run.watch, watch=True))
+        if playback.feed(t, kind, payload) and plan.watch is not None:
+            await asker.ask(Question(t, plan.watch, watch=True))
     feed_s = time.perf_counter() - t_start - asker.answer_s
     end = playback.end
     # Questions left: explicit ones past the end are asked at the end; periodic ones stop with the file.
@@ -614,116 +626,39 @@ async def _play(run: Run, path: str, schedule: Schedule, playback: Playback, ask
              end / feed_s if feed_s > 0 else float("inf"), asker.answer_s, wall)
 
 
-async def _run(run: Run, model_path: str, banner: str | None, sources: list[tuple[str, Any]]) -> int:
-    from vidchat.engine import EngineError
-
-    try:
-        state, engine = await start_engine(run.settings, run.model_option, model_path, banner)
-    except EngineError as exc:
-        print(f"vidchat.replay: {exc}", file=sys.stderr)
-        return FAILED
-    status = 0
-    try:
-        for kind, source in sources:
-            if kind == "bundle":
-                code = await reask_bundle(run, state, source)
-            else:
-                code = await replay_file(run, state, source)
-            if code == USAGE:
-                return USAGE  # the same settings would be refused for the rest too
-            status = status or code
-        return status
-    finally:
-        await state.registry.close_all()
-        engine.shutdown()
+Source = Bundle | str  # a bundle to re-ask, or a video file's path
 
 
-def _quiet(verbose: bool, level: str) -> None:
-    logging.basicConfig(level=logging.INFO if verbose else level.upper(), stream=sys.stderr,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s", datefmt="%H:%M:%S")
-    # vLLM logs to stdout by default: keep stdout for results.
-    os.environ["VLLM_LOGGING_STREAM"] = "ext://sys.stderr"
-    if not verbose:
-        from vidchat.app.logs import quiet_libraries
-
-        quiet_libraries()
-
-
-def find_sources(paths: Sequence[str], is_bundle, read_bundle) -> list[tuple[str, Any]]:
-    """("bundle", Bundle) or ("file", path) for each argument; a folder of
-    bundles gives each of its bundles, in name order. Bundles are read now,
-    so a broken one is reported before the engine starts."""
-    from pathlib import Path
-
-    from vidchat.conversation.bundles import MANIFEST
-
-    found: list[tuple[str, Any]] = []
+def find_sources(paths: Sequence[str]) -> list[Source]:
+    """Each argument's bundle, or its file's path; a folder of bundles gives
+    each of its bundles, in name order. Bundles are read now, so a broken one
+    is reported before the engine starts (raises UsageError or BundleError)."""
+    found: list[Source] = []
     for path in paths:
         if is_bundle(path):
-            found.append(("bundle", read_bundle(path)))
+            found.append(read_bundle(path))
         elif os.path.isdir(path):
             inner = sorted(p for p in Path(path).iterdir()
                            if not p.name.startswith(".") and (p / MANIFEST).is_file())
             if not inner:
                 raise UsageError(f"{path} is a folder with no bundles in it")
-            found.extend(("bundle", read_bundle(p)) for p in inner)
+            found.extend(read_bundle(p) for p in inner)
         elif os.path.isfile(path):
-            found.append(("file", path))
+            found.append(path)
         else:
             raise UsageError(f"no such file: {path}")
     return found
 
 
-def main(argv: Sequence[str] | None = None, stdout: TextIO | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    from vidchat.app.settings import settings_from_args
-
-    settings = settings_from_args(parser, args)
-    _quiet(args.verbose, settings.log_level)
-
-    from vidchat.conversation.bundles import BundleError, is_bundle, read_bundle
-    from vidchat.engine import EngineError
-
-    try:
-        sources = find_sources(args.sources, is_bundle, read_bundle)
-        files = [s for kind, s in sources if kind == "file"]
-        watch = parse_watch(args.watch, args.watch_every)
-        if files and not args.ask and not args.every and not watch:
-            raise UsageError("nothing to ask: give --ask T:QUESTION, --every SECONDS QUESTION or --watch QUESTION")
-        if not files and (args.ask or args.every or watch):
-            raise UsageError("--ask, --every and --watch are for video files: a bundle re-asks its own question")
-        parse_every(args.every)  # checked now; the schedule is built once the engine runs
-        changes = parse_sets(args.set_)
-        bundles = [s for kind, s in sources if kind == "bundle"]
-        recorded = {b.manifest.get("model_option") or b.manifest.get("model") for b in bundles}
-    except (UsageError, BundleError) as exc:
-        parser.print_usage(sys.stderr)
-        print(f"{parser.prog}: error: {exc}", file=sys.stderr)
-        return USAGE
-
-    # The model: as app.py resolves it; a bundle's own unless --model names another.
-    model_option = settings.model
-    if bundles and settings.model == "auto" and "VIDCHAT_MODEL" not in os.environ:
-        if len(recorded) > 1:
-            print(f"{parser.prog}: the bundles were recorded with different models ({', '.join(map(str, recorded))}):"
-                  " name one with --model", file=sys.stderr)
-            return USAGE
-        model_option = recorded.pop() or "auto"
-        settings = dataclasses.replace(settings, model=model_option)
-    try:
-        settings, model_path, banner = resolve(settings)
-    except (EngineError, ValueError) as exc:
-        print(f"{parser.prog}: {exc}", file=sys.stderr)
-        return USAGE
-
-    run = Run(args, settings, model_option, changes, args.out or settings.record_dir or None,
-              Output(stdout or sys.stdout, args.json), watch)
-    try:
-        return asyncio.run(_run(run, model_path, banner, sources))
-    except KeyboardInterrupt:
-        return 130
-
-
-if __name__ == "__main__":  # the guard also keeps vLLM's spawned engine process from re-running main
-    sys.exit(main())
+async def replay_sources(host: ReplayHost, plan: ReplayPlan, sources: Sequence[Source],
+                         report: Report = _ignore) -> list[SourceResult]:
+    """Every source in turn on ``host``, each file or bundle in a session of
+    its own; raises SettingsRefused at the first source whose settings are
+    refused (the same settings would be refused for the rest too)."""
+    results = []
+    for source in sources:
+        if isinstance(source, Bundle):
+            results.append(await reask_bundle(host, plan, source, report))
+        else:
+            results.append(await replay_file(host, plan, source, report))
+    return results

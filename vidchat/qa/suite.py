@@ -22,31 +22,39 @@ can't be read.
 The app's options apply as in app.py (--cache-dir, --max-model-len, ...);
 ``--model`` may be given several times, and each ``--engine-url`` (a model
 served elsewhere, vllm serve) is one more model, named by its URL.
+
+This module is the library: the host each model's cases are asked on comes
+in from whoever calls it (the command line's engine of its own for each
+model, made by the app's ``qa_host`` module; the server's own for the page's Suites panel),
+results come back as :class:`AskResult` and :class:`SuiteReport`, and
+every session a run opens is closed however the run ends. The command line
+(printing, exit statuses) is the app's ``qa_cli`` module.
 """
 
 from __future__ import annotations
 
-import argparse
 import asyncio
+import contextlib
 import copy
 import dataclasses
 import logging
 import re
 import secrets
-import sys
 import time
-import types
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any, AsyncContextManager, Callable
 
+from vidchat.conversation.answers import AnswerOptions
+from vidchat.conversation.bundles import BundleError, read_bundle
+from vidchat.conversation.host import EngineRole
+from vidchat.engine.interface import EngineError
 from vidchat.qa.commands import changes_of
-from vidchat.qa.replay import USAGE, Run, _quiet, reask_bundle, replay_file, resolve, start_engine
-from vidchat.qa.suite_file import BASELINE_FILE, Case, Suite, SuiteError, add_bundle, read_suite
-from vidchat.qa.suite_report import new_run_folder, prune_runs
+from vidchat.qa.replay import Answered, Outcome, ReplayHost, ReplayPlan, SettingsRefused, reask_bundle, replay_file
+from vidchat.qa.suite_file import Case, Suite, SuiteError, read_suite
+from vidchat.qa.suite_report import new_run_folder, prune_runs, write_reports
 
-log = logging.getLogger(__name__)
-
+log = logging.getLogger("vidchat.qa.suite")
 
 # A suite ask's checks against the answer it got: each one ✓ or ✗ with a
 # detail a person reads (what was expected, what came), or not judged at all
@@ -102,8 +110,6 @@ def run_checks(expect: dict[str, Any], answer: str, first_token_ms: float | None
     return results
 
 
-log = logging.getLogger("vidchat.qa.suite")
-
 PASSED, FAILED_CHECK, ERRORED = "passed", "failed", "error"
 
 
@@ -127,7 +133,7 @@ class AskResult:
     frame_times: list[float] = field(default_factory=list)
     bundle: str | None = None  # the answer's recording, under the run's folder (the report's thumbnails)
     note: str = ""  # the case's note
-    mark: dict | None = None  # the QA verdict on the answer the case was made from ({"mark", "note"})
+    mark: dict[str, str] | None = None  # the QA verdict on the answer the case was made from ({"mark", "note"})
 
     def as_dict(self) -> dict[str, Any]:
         out = dataclasses.asdict(self)
@@ -136,34 +142,28 @@ class AskResult:
         return out
 
 
-class _Capture:
-    """replay's Output, kept instead of printed: the records of one case's asks."""
-
-    def __init__(self) -> None:
-        self.records: list[dict[str, Any]] = []
-
-    def answer(self, rec: dict[str, Any]) -> None:
-        self.records.append(rec)
-
-    def failure(self, t: float | None, question: str, reason: str, watch: bool = False) -> None:
-        self.records.append({"t": t, "question": question, "error": reason})
-
-
-def _run_for(case: Case, settings: Any, model: str, out_dir: Path, role: str) -> Run:
-    """A replay Run for one case: its asks, its settings, its bundles' folder, its engine's role."""
+def _plan_for(case: Case, model: str, out_dir: Path, role: EngineRole,
+              flag_defaults: AnswerOptions | None) -> ReplayPlan:
+    """A replay plan for one case: its asks, its settings, its bundles' folder, its engine's role."""
     changes = changes_of(case.settings, f"case {case.name!r}: settings")
-    asks = [types.SimpleNamespace(at=a.at, text=a.question) for a in case.asks if a.at is not None]
-    args = types.SimpleNamespace(ask=asks, every=[], no_history=False, watch_every=None)
-    return Run(args, settings, model, changes, str(out_dir), _Capture(), role=role)
+    asks = [(a.at, a.question or "") for a in case.asks if a.at is not None]
+    return ReplayPlan(asks=asks, changes=changes, flag_defaults=flag_defaults, out_dir=str(out_dir),
+                      model_option=model, role=role)
 
 
-async def _ask_case(case: Case, state: Any, settings: Any, model: str, out: Path, role: str) -> list[dict]:
+def _record(outcome: Outcome) -> dict[str, Any]:
+    """replay's JSON line for an outcome: the answer's record, or {"t", "question", "error"}."""
+    if isinstance(outcome, Answered):
+        return outcome.record
+    return {"t": outcome.t, "question": outcome.question, "error": outcome.reason}
+
+
+async def _ask_case(case: Case, host: ReplayHost, model: str, out: Path, role: EngineRole,
+                    flag_defaults: AnswerOptions | None) -> list[dict[str, Any]]:
     """The case's records, one per ask in the suite's order (an error record where it failed)."""
-    from vidchat.conversation.bundles import BundleError, read_bundle
-
     folder = out / "bundles" / _safe(model) / _safe(case.name)
     folder.mkdir(parents=True, exist_ok=True)
-    run = _run_for(case, settings, model, folder, role)
+    plan = _plan_for(case, model, folder, role, flag_defaults)
     if case.bundle is not None:
         try:
             bundle = await asyncio.to_thread(read_bundle, case.bundle)
@@ -173,22 +173,23 @@ async def _ask_case(case: Case, state: Any, settings: Any, model: str, out: Path
         if question is not None and question != bundle.question:
             bundle = copy.copy(bundle)
             bundle.manifest = {**bundle.manifest, "question": question}
-        code = await reask_bundle(run, state, bundle)
-        if code == USAGE and not run.output.records:
+        try:
+            result = await reask_bundle(host, plan, bundle)
+        except SettingsRefused:
             return [{"error": f"{case.bundle}: its settings can't be asked on this model"}]
-        return run.output.records[:1] or [{"error": "no answer"}]
-    if not case.video.is_file():
+        return [_record(o) for o in result.outcomes[:1]] or [{"error": "no answer"}]
+    if case.video is None or not case.video.is_file():
         return [{"error": f"{case.video}: no such clip"} for _ in case.asks]
     try:
-        code = await replay_file(run, state, str(case.video))
+        result = await replay_file(host, plan, str(case.video))
+    except SettingsRefused:
+        return [{"error": f"case {case.name!r}: its settings can't be asked on this model"} for _ in case.asks]
     except Exception as exc:  # noqa: BLE001 - a clip PyAV can't read is this case's error
         return [{"error": f"{case.video}: {exc}"} for _ in case.asks]
-    if code == USAGE:
-        return [{"error": f"case {case.name!r}: its settings can't be asked on this model"} for _ in case.asks]
-    return _in_ask_order(case, run.output.records)
+    return _in_ask_order(case, [_record(o) for o in result.outcomes])
 
 
-def _in_ask_order(case: Case, records: list[dict]) -> list[dict]:
+def _in_ask_order(case: Case, records: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Replay answers in time order; the suite reports in its own order."""
     left = list(records)
     ordered = []
@@ -206,7 +207,11 @@ def _safe(name: str) -> str:
     return "".join(c if c.isalnum() or c in "-_." else "_" for c in name)[:80] or "_"
 
 
-def _result(case: Case, index: int, model: str, rec: dict, baseline: dict, accepting: bool = False) -> AskResult:
+Baseline = dict[str, Any]  # {model: {case: {ask index: answer}}} (baseline.json)
+
+
+def _result(case: Case, index: int, model: str, rec: dict[str, Any], baseline: Baseline,
+            accepting: bool = False) -> AskResult:
     """One ask's row. ``accepting``: this run writes its answers as the
     baseline (--update-baseline), so same_as_baseline holds it to the answer
     it accepts, not to the one it replaces."""
@@ -236,19 +241,29 @@ def _result(case: Case, index: int, model: str, rec: dict, baseline: dict, accep
     return result
 
 
-async def ask_cases(suite: Suite, state: Any, settings: Any, model: str, out: Path, jobs: int, baseline: dict,
-                    progress: Callable[[AskResult], None] = lambda r: None, *, role: str = "main",
-                    accepting: bool = False) -> list[AskResult]:
-    """Every case of the suite on the app's engine of ``role`` (looked up at
+Progress = Callable[["AskResult"], None]
+
+
+def _no_progress(result: AskResult) -> None:
+    """The default progress: results come back when the run ends."""
+
+
+async def ask_cases(suite: Suite, host: ReplayHost, model: str, out: Path, jobs: int, baseline: Baseline,
+                    progress: Progress = _no_progress, *, role: EngineRole = "main", accepting: bool = False,
+                    flag_defaults: AnswerOptions | None = None) -> list[AskResult]:
+    """Every case of the suite on the host's engine of ``role`` (looked up at
     each ask, so a restarted engine answers the rest), up to ``jobs`` cases
     at once, in the suite's order. The command line's runner and the page's
-    Suites panel (vidchat.qa.suite, on the server's own engine and
-    answer queue) both ask through it. ``accepting``: see _result."""
+    Suites panel (:class:`SuiteRuns`, on the server's own engine and answer
+    queue) both ask through it. ``accepting``: see _result. ``flag_defaults``:
+    see ReplayPlan (the app's answer flags given explicitly change bundle
+    cases' recorded options). Each case's session is closed when the case
+    ends, however it ends."""
     room = asyncio.Semaphore(jobs)
 
     async def one(case: Case) -> list[AskResult]:
         async with room:
-            records = await _ask_case(case, state, settings, model, out, role)
+            records = await _ask_case(case, host, model, out, role, flag_defaults)
         # A case's clip or bundle by its path in the suite: the page shows errors, not the server's paths.
         records = [{**rec, "error": rec["error"].replace(f"{suite.root}/", "")} if "error" in rec else rec
                    for rec in records]
@@ -261,23 +276,29 @@ async def ask_cases(suite: Suite, state: Any, settings: Any, model: str, out: Pa
     return [r for case_results in done for r in case_results]
 
 
-async def _run_model(suite: Suite, settings: Any, model: str, out: Path, jobs: int, baseline: dict,
-                     progress: Callable[[AskResult], None], accepting: bool) -> list[AskResult]:
-    from vidchat.engine import EngineError
+# A host for one model, opened for its cases and closed after them (its
+# engine stopped, its sessions closed): the command line opens an engine of
+# its own per model (the app's qa_host module). Raises EngineError, or ValueError
+# for a model it can't resolve.
+OpenHost = Callable[[str], AsyncContextManager[ReplayHost]]
 
-    settings = (dataclasses.replace(settings, engine_url=model, model="auto") if _is_url(model)
-                else dataclasses.replace(settings, model=model, engine_url=""))
-    try:
-        settings, model_path, banner = resolve(settings)
-        state, engine = await start_engine(settings, model, model_path, banner)
-    except (EngineError, ValueError) as exc:
-        return [AskResult(c.name, i, model, a.question or "", error=f"model {model}: {exc}")
-                for c in suite.cases for i, a in enumerate(c.asks)]
-    try:
-        return await ask_cases(suite, state, settings, model, out, jobs, baseline, progress, accepting=accepting)
-    finally:
-        await state.registry.close_all()
-        engine.shutdown()
+
+async def run_model(suite: Suite, model: str, open_host: OpenHost, out: Path, jobs: int, baseline: Baseline,
+                    progress: Progress = _no_progress, accepting: bool = False,
+                    flag_defaults: AnswerOptions | None = None) -> list[AskResult]:
+    """Every case on one model, on a host opened for it; a model whose host
+    can't be opened gives each ask an error saying why."""
+    results: list[AskResult]
+    async with contextlib.AsyncExitStack() as stack:
+        try:
+            host = await stack.enter_async_context(open_host(model))
+        except (EngineError, ValueError) as exc:
+            results = [AskResult(c.name, i, model, a.question or "", error=f"model {model}: {exc}")
+                       for c in suite.cases for i, a in enumerate(c.asks)]
+        else:
+            results = await ask_cases(suite, host, model, out, jobs, baseline, progress, accepting=accepting,
+                                      flag_defaults=flag_defaults)
+    return results
 
 
 def asks_in(suite: Suite) -> int:
@@ -292,25 +313,12 @@ def summary_of(results: list[AskResult]) -> dict[str, int]:
     return summary
 
 
-def _progress(stream: Any) -> Any:
-    """A line per ask on a terminal; nothing otherwise."""
-    if not stream.isatty():
-        return lambda result: None
-
-    def say(result: AskResult) -> None:
-        mark = {"passed": "✓", "failed": "✗", "error": "!"}[result.status]
-        print(f"{mark} {result.model} · {result.case} #{result.ask}: {result.error or result.answer[:60]!r}",
-              file=stream, flush=True)
-
-    return say
-
-
 def _update_baseline(suite: Suite, results: list[AskResult]) -> None:
     """The answers into baseline.json, read and written whole under the suite's
     lock file, so an Add to suite on a server meanwhile loses no entry."""
     from vidchat.conversation.suite_cases import edit_baseline
 
-    def keep(baseline: dict) -> None:
+    def keep(baseline: Baseline) -> None:
         for r in results:
             if r.status != ERRORED:
                 baseline.setdefault(r.model, {}).setdefault(r.case, {})[str(r.ask)] = r.answer
@@ -325,122 +333,48 @@ def report_of(suite: Suite, models: list[str], results: list[AskResult],
             "summary": summary_of(results), "baseline_written": baseline_written}
 
 
-def run_suite(suite: Suite, settings: Any, models: list[str], out: Path, jobs: int = 4,
-              update_baseline: bool = False, progress: Callable[[AskResult], None] = lambda r: None) -> dict[str, Any]:
-    """Every case on every model; writes the reports into ``out`` and returns
-    results.json's content. With ``update_baseline`` the answers become the
-    baseline first, and the run's same_as_baseline checks hold them to it."""
-    from vidchat.qa.suite_report import write_reports
+@dataclass(frozen=True)
+class SuiteReport:
+    """A finished run of a suite on its models (results.json is :meth:`as_dict`)."""
 
+    suite: Suite
+    models: list[str]
+    results: list[AskResult]
+    out: Path  # where its reports were written
+    baseline_written: bool = False
+
+    @property
+    def summary(self) -> dict[str, int]:
+        return summary_of(self.results)
+
+    @property
+    def ok(self) -> bool:
+        """Every check passed and no ask errored."""
+        s = self.summary
+        return s[FAILED_CHECK] == 0 and s["errors"] == 0
+
+    def as_dict(self) -> dict[str, Any]:
+        return report_of(self.suite, self.models, self.results, self.baseline_written)
+
+
+def run_suite(suite: Suite, models: list[str], open_host: OpenHost, out: Path, jobs: int = 4,
+              update_baseline: bool = False, progress: Progress = _no_progress,
+              flag_defaults: AnswerOptions | None = None) -> SuiteReport:
+    """Every case on every model, each on a host ``open_host`` opens for it;
+    writes the reports into ``out``. With ``update_baseline`` the answers
+    become the baseline first, and the run's same_as_baseline checks hold
+    them to it. Raises SuiteError for a baseline that can't be read."""
     baseline = suite.baseline()
     out.mkdir(parents=True, exist_ok=True)
     results: list[AskResult] = []
     for model in models:  # one after another: one engine in memory at a time
-        results += asyncio.run(_run_model(suite, settings, model, out, jobs, baseline, progress, update_baseline))
+        results += asyncio.run(run_model(suite, model, open_host, out, jobs, baseline, progress, update_baseline,
+                                         flag_defaults))
     if update_baseline:
         _update_baseline(suite, results)
-    report = report_of(suite, models, results, baseline_written=update_baseline)
-    write_reports(out, report, baseline)
+    report = SuiteReport(suite, models, results, out, baseline_written=update_baseline)
+    write_reports(out, report.as_dict(), baseline)
     return report
-
-
-def _split_models(argv: list[str]) -> tuple[list[str], list[str]]:
-    """The repeatable --model and --engine-url (each a model, named by its
-    URL) out of the app's flags, where each is given once."""
-    models, rest, i = [], [], 0
-    while i < len(argv):
-        arg = argv[i]
-        if arg in ("--model", "--engine-url") and i + 1 < len(argv):
-            models.append(argv[i + 1])
-            i += 2
-            continue
-        if arg.startswith(("--model=", "--engine-url=")):
-            models.append(arg.split("=", 1)[1])
-        else:
-            rest.append(arg)
-        i += 1
-    return models, rest
-
-
-def _is_url(model: str) -> bool:
-    return model.startswith(("http://", "https://"))
-
-
-def _run_parser() -> argparse.ArgumentParser:
-    from vidchat.app.settings import build_parser as app_parser
-
-    parser = app_parser()
-    parser.prog = "python -m vidchat.suite run"
-    parser.description = "Ask every case of a QA suite on every model; write results.json, junit.xml, report.html."
-    parser.set_defaults(log_level="warning")
-    g = parser.add_argument_group("suite")
-    g.add_argument("suite", metavar="SUITE", help="the suite's folder (suite.toml at its root)")
-    g.add_argument("--out", default=None, help="where the reports go (default SUITE/runs/<UTC time>/)")
-    g.add_argument("--update-baseline", action="store_true", help="write this run's answers into SUITE/baseline.json")
-    g.add_argument("--jobs", type=int, default=4, help="cases asked at once on a model (default 4)")
-    g.add_argument("-v", "--verbose", action="store_true", help="log progress (and vLLM's own log) on stderr")
-    return parser
-
-
-def _main_run(argv: list[str]) -> int:
-    from vidchat.app.settings import settings_from_args
-
-    models, rest = _split_models(argv)
-    parser = _run_parser()
-    args = parser.parse_args(rest)
-    settings = settings_from_args(parser, args)
-    _quiet(args.verbose, settings.log_level)
-    if args.jobs < 1:
-        parser.error(f"--jobs must be at least 1, got {args.jobs}")
-    try:
-        suite = read_suite(args.suite)
-    except SuiteError as exc:
-        print(f"vidchat.suite: {exc}", file=sys.stderr)
-        return USAGE
-    out = Path(args.out) if args.out else new_run_folder(suite.root / "runs")
-    report = run_suite(suite, settings, models or [settings.model], out, args.jobs, args.update_baseline,
-                       _progress(sys.stderr))
-    if not args.out:
-        prune_runs(suite.root / "runs", settings.suite_keep_runs)
-    s = report["summary"]
-    print(f"suite {suite.name}: {s['passed']} passed, {s['failed']} failed, {s['errors']} errors "
-          f"({len(report['asks'])} asks on {len(report['models'])} model(s)); report: {out / 'report.html'}")
-    if args.update_baseline:
-        print(f"baseline written: {suite.root / BASELINE_FILE} (this run's answers, which its checks held to)")
-    return 0 if s["failed"] == 0 and s["errors"] == 0 else 1
-
-
-def _main_add(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="python -m vidchat.suite add",
-                                     description="Copy a recorded bundle into a suite as a case.")
-    parser.add_argument("suite", metavar="SUITE")
-    parser.add_argument("bundle", metavar="BUNDLE", help="a bundle folder or zip (the page's, a socket's or replay's)")
-    parser.add_argument("--name", default=None, help="the case's name (default: the bundle's)")
-    parser.add_argument("--contains", action="append", default=[], metavar="WORD",
-                        help="expect the answer to contain WORD (repeatable)")
-    parser.add_argument("--same-as-baseline", action="store_true", help="expect this model's baseline answer")
-    parser.add_argument("--note", default="", help="a note kept with the case")
-    args = parser.parse_args(argv)
-    from vidchat.conversation.bundles import BundleError, read_bundle
-
-    try:
-        read_bundle(args.bundle)  # refused now, not at the next run
-        case = add_bundle(args.suite, args.bundle, name=args.name, contains=args.contains,
-                          same_as_baseline=args.same_as_baseline, note=args.note)
-    except (SuiteError, BundleError, OSError, ValueError) as exc:  # ValueError: a note or name TOML can't hold
-        print(f"vidchat.suite: {exc}", file=sys.stderr)
-        return USAGE
-    print(f"added case {case.name!r} ({case.bundle}) to {Path(args.suite) / 'suite.toml'}")
-    return 0
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
-    commands = {"run": _main_run, "add": _main_add}
-    if not argv or argv[0] not in commands:
-        print(__doc__.split("\n\n")[1], file=sys.stderr)
-        return USAGE
-    return commands[argv[0]](argv[1:])
 
 
 # The page's Suites panel, on the server (docs/suites.md): the suite of
@@ -469,7 +403,7 @@ class SuiteBusy(RuntimeError):
 class SuiteRun:
     id: str
     owner: str | None
-    engine: str  # "main" or "compare"
+    engine: EngineRole  # which of the server's engines answers
     model: str  # the model as the baseline names it (the server's --model or --compare-model)
     suite: str
     total: int
@@ -496,12 +430,14 @@ class SuiteRun:
 
 
 class SuiteRuns:
-    """The server's suite runs (vidchat.doors.answer_routes serves them)."""
+    """The server's suite runs (the app's routes serve them), on the
+    server's own host. ``flag_defaults``: see ReplayPlan."""
 
-    def __init__(self, state: Any) -> None:
-        self.state = state
+    def __init__(self, host: ReplayHost, flag_defaults: AnswerOptions | None = None) -> None:
+        self.host = host
+        self.flag_defaults = flag_defaults
         self.runs: dict[str, SuiteRun] = {}
-        self._task: asyncio.Task | None = None  # the running one (asyncio keeps only weak references to tasks)
+        self._task: asyncio.Task[None] | None = None  # the running one (asyncio keeps only weak references to tasks)
         # Held from the check that none runs until the new run is registered:
         # the suite is read in a thread in between, where a second request
         # would otherwise pass the same check.
@@ -510,7 +446,7 @@ class SuiteRuns:
 
     @property
     def root(self) -> Path:
-        return Path(self.state.settings.suite_dir)
+        return Path(self.host.settings.suite_dir)
 
     def read(self) -> Suite:
         """The suite as it is on disk now (raises SuiteError)."""
@@ -521,24 +457,20 @@ class SuiteRuns:
     def running(self) -> SuiteRun | None:
         return next((r for r in self.runs.values() if r.state == RUNNING), None)
 
-    def _model(self, which: str) -> str:
+    def _model(self, which: EngineRole) -> str:
         """The model of ``which`` engine, when it can take a run now (raises
         EngineError saying why not). Only checked here: each ask looks the
-        engine up when it asks (AppState.engine_for), so a run goes on with
+        engine up when it asks (Host.engine_for), so a run goes on with
         the engine its keeper restarted."""
-        from vidchat.engine import EngineError
-
-        state = self.state
-        ready, reason = state.compare_readiness() if which == "compare" else state.readiness()
+        ready, reason = self.host.readiness(which)
         if not ready:
             raise EngineError(reason)
-        return state.settings.compare_model if which == "compare" else state.settings.model
+        settings = self.host.settings
+        return settings.compare_model if which == "compare" else settings.model
 
-    async def start(self, which: str, owner: str | None) -> SuiteRun:
+    async def start(self, which: EngineRole, owner: str | None) -> SuiteRun:
         """Start a run of the suite on the server's model (``main``) or the
         second one (``compare``); raises SuiteBusy, SuiteError or EngineError."""
-        from vidchat.engine import EngineError
-
         async with self._starting:
             if self.closed:
                 raise EngineError("the server is shutting down")
@@ -574,12 +506,10 @@ class SuiteRuns:
             await asyncio.gather(task, return_exceptions=True)
 
     async def _run(self, run: SuiteRun, suite: Suite) -> None:
-        from vidchat.qa.suite_report import write_reports
-
         try:
             baseline = await asyncio.to_thread(suite.baseline)
-            results = await ask_cases(suite, self.state, self.state.settings, run.model, run.out, JOBS,
-                                      baseline, run.results.append, role=run.engine)
+            results = await ask_cases(suite, self.host, run.model, run.out, JOBS, baseline, run.results.append,
+                                      role=run.engine, flag_defaults=self.flag_defaults)
             report = report_of(suite, [run.model], results)
             await asyncio.to_thread(write_reports, run.out, report, baseline)
             run.state = FINISHED
@@ -595,6 +525,6 @@ class SuiteRuns:
             log.info("suite %s on %s: %s%s, %d passed, %d failed, %d errors", suite.name, run.model, run.state,
                      f" ({run.error})" if run.error else "", s["passed"], s["failed"], s["errors"])
         try:
-            await asyncio.to_thread(prune_runs, self.root / "runs", self.state.settings.suite_keep_runs)
+            await asyncio.to_thread(prune_runs, self.root / "runs", self.host.settings.suite_keep_runs)
         except OSError as exc:  # the run's outcome stands; the disk is tidied at the next one
             log.warning("suite %s: old runs not pruned: %s", suite.name, exc)

@@ -56,7 +56,7 @@ class Case:
     settings: dict[str, Any]  # the suite's, overridden by the case's, by socket name
     asks: tuple[Ask, ...]
     note: str = ""
-    mark: dict | None = None  # the answer's QA verdict when it was added ({"mark", "note"}: answer_marks)
+    mark: dict[str, str] | None = None  # the answer's QA verdict when it was added ({"mark", "note"}: answer_marks)
 
 
 @dataclass(frozen=True)
@@ -204,7 +204,7 @@ def _case(raw: Any, root: Path, index: int, defaults: dict[str, Any], names: set
                 _typed(raw.get("note", ""), str, where, "note"), _mark(raw.get("mark"), where))
 
 
-def _mark(raw: Any, where: str) -> dict | None:
+def _mark(raw: Any, where: str) -> dict[str, str] | None:
     """A case's ``mark = { mark = "good" | "bad", note = "…" }`` (the verdict of the answer it was made from)."""
     if raw is None:
         return None
@@ -237,7 +237,7 @@ def read_suite(folder: str | Path) -> Suite:
     return Suite(name, root, tuple(_case(c, root, i, defaults, names) for i, c in enumerate(cases_raw)))
 
 
-def _bundle_mark(bundle: Path) -> dict | None:
+def _bundle_mark(bundle: Path) -> dict[str, str] | None:
     """The mark a recorded bundle carries (its manifest's), or None."""
     try:
         manifest = read_manifest(bundle)

@@ -40,8 +40,10 @@ def new_run_folder(runs: Path, suffix: str = "") -> Path:
 
 
 def _started(folder: Path) -> tuple[str, int]:
-    """A run folder's place in time: its second, then its number within the second."""
-    number = RUN_NAME.match(folder.name).group(2)
+    """A run folder's place in time: its second, then its number within the
+    second (a folder not named as new_run_folder names them counts as the first)."""
+    named = RUN_NAME.match(folder.name)
+    number = named.group(2) if named is not None else None
     return folder.name[:16], int(number[1:]) if number else 1
 
 
@@ -95,7 +97,7 @@ def _thumbs(bundle: str | None, times: list[float]) -> str:
     from vidchat.doors.answer_routes import thumb_data_url
 
     try:
-        frames = read_bundle(bundle).sample().frames
+        frames = read_bundle(bundle).frames  # the frames as recorded, which the model got
     except (BundleError, OSError) as exc:
         log.warning("the report can't show the frames of %s: %s", bundle, exc)
         return ""
@@ -150,7 +152,7 @@ def _case_notes(a: dict[str, Any]) -> str:
 
 def report_html(report: dict[str, Any], baseline: dict[str, Any]) -> str:
     models = report["models"]
-    by_ask: dict[tuple[str, int], dict[str, dict]] = {}
+    by_ask: dict[tuple[str, int], dict[str, dict[str, Any]]] = {}
     for a in report["asks"]:
         by_ask.setdefault((a["case"], a["ask"]), {})[a["model"]] = a
     rows = []
