@@ -7,15 +7,14 @@ or a browser (the page's browser tests check they show)."""
 from __future__ import annotations
 
 import ast
-import asyncio
 import types
 from pathlib import Path
 
 import pytest
 from conftest import ROOT
 
-from vidchat.conversation.events import ChatCleared, Notice, QuestionAsked, QuestionRefused
 from vidchat.conversation.events import STOPPED as STOPPED_WHY
+from vidchat.conversation.events import ChatCleared, Notice, QuestionAsked, QuestionRefused
 from vidchat.conversation.registry import SessionRegistry
 from vidchat.doors.page.chat import ChatTranscript, ChatView, message_html, notice, typing
 from vidchat.doors.page.questions import PAGE_SETTINGS, ask_typed, page_defaults, sent_settings
@@ -96,7 +95,6 @@ async def test_a_question_is_one_call_that_returns_its_ticket_or_why_it_was_not_
         assert isinstance(first, QuestionAsked) and first.ticket == asked["ticket"]
         assert first.question == "What is there?"
     await entry.stop()
-    await asyncio.sleep(0)  # the question's task sees the stop
 
 
 def test_no_module_of_vidchat_touches_gradios_private_state():

@@ -41,7 +41,7 @@ function element(key, html) {
     copy.className = "vc-copy vc-copy-code";
     copy.title = "Copy";
     copy.setAttribute("aria-label", "Copy this code");
-    copy.textContent = "⧉";
+    copy.innerHTML = $("#vc-copy-icon")?.innerHTML ?? "Copy";
     pre.classList.add("vc-code");
     pre.append(copy);
   }
@@ -190,8 +190,8 @@ document.addEventListener("click", (e) => {
     const source = copy.classList.contains("vc-copy-code") ? copy.closest("pre")?.querySelector("code")
       : copy.closest(".vc-msg")?.querySelector(".vc-md");
     navigator.clipboard?.writeText(source?.innerText ?? "").then(() => {
-      copy.textContent = "✓";
-      setTimeout(() => { copy.textContent = "⧉"; }, 1200);
+      copy.dataset.copied = "true";  // said by its colour for a moment
+      setTimeout(() => { delete copy.dataset.copied; }, 1200);
     }).catch(() => {});
     return;
   }

@@ -483,8 +483,8 @@ def _event_routes(api: APIRouter, state, mine: Callable[[Request, Any], Conversa
 
     async def _chat_sent(entry: Conversation) -> AsyncIterator[bytes]:
         yield b": vidchat chat\n\n"  # at once: the page knows it is subscribed
-        draws = chat_draws(state, entry).__aiter__()
-        pending: asyncio.Future | None = None
+        draws = chat_draws(state, entry)
+        pending: asyncio.Future[tuple[str, dict[str, Any]]] | None = None
         try:
             while True:
                 # A draw, or a comment line every KEEPALIVE_S while nothing changes.

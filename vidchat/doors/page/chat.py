@@ -23,7 +23,7 @@ import asyncio
 import json
 import time
 from dataclasses import dataclass, field
-from typing import Any, AsyncIterator, Callable
+from typing import Any, AsyncGenerator, AsyncIterator, Callable
 
 from markdown_it import MarkdownIt
 
@@ -622,8 +622,16 @@ _MARKDOWN = MarkdownIt("commonmark", {"html": False, "breaks": True}).enable(["t
 _RENDER_CACHE_SIZE = 512
 
 
+# Icons are drawn, not emoji: a machine without an emoji font shows emoji as boxes.
+COPY_ICON = ("<svg viewBox='0 0 24 24' width='15' height='15' aria-hidden='true' fill='none' stroke='currentColor' "
+             "stroke-width='2'><rect x='9' y='9' width='11' height='11' rx='2'/>"
+             "<path d='M5 15V5a2 2 0 0 1 2-2h8'/></svg>")
+CLEAR_ICON = ("<svg viewBox='0 0 24 24' width='15' height='15' aria-hidden='true' fill='none' stroke='currentColor' "
+              "stroke-width='2'><path d='M4 7h16M9 7V4h6v3M6 7l1 13h10l1-13'/></svg>")
+
+
 def markdown_html(text: str) -> str:
-    return _MARKDOWN.render(text)
+    return str(_MARKDOWN.render(text))
 
 
 def _trusted(message: dict[str, Any]) -> bool:
@@ -638,7 +646,8 @@ def message_html(message: dict[str, Any]) -> str:
     answer's (with its copy button), a notice, or a fold ("what the model
     got") closed under its title."""
     meta = message.get("metadata") or {}
-    content = message.get("content") if isinstance(message.get("content"), str) else ""
+    raw = message.get("content")
+    content = raw if isinstance(raw, str) else ""
     role = "user" if message.get("role") == "user" else "bot"
     if meta.get("title"):
         return (f"<div class='vc-msg vc-bot vc-fold-msg' data-testid='bot'><details class='vc-fold'>"
@@ -646,7 +655,7 @@ def message_html(message: dict[str, Any]) -> str:
                 f"<div class='vc-fold-body'>{content}</div></details></div>")
     body = content if _trusted(message) else markdown_html(content)
     kind = " vc-notice" if meta.get("log") == NOTICE["log"] else ""
-    copy = ("<button type='button' class='vc-copy' aria-label='Copy this answer' title='Copy'>⧉</button>"
+    copy = (f"<button type='button' class='vc-copy' aria-label='Copy this answer' title='Copy'>{COPY_ICON}</button>"
             if role == "bot" and not kind and not meta else "")
     return f"<div class='vc-msg vc-{role}{kind}' data-testid='{role}'><div class='vc-md'>{body}</div>{copy}</div>"
 
@@ -708,7 +717,7 @@ class ChatView:
                 "generation": transcript.generation}
 
 
-async def chat_draws(state: Any, entry: Any) -> AsyncIterator[tuple[str, dict[str, Any]]]:
+async def chat_draws(state: Any, entry: Any) -> AsyncGenerator[tuple[str, dict[str, Any]], None]:
     """The tab's chat for the life of its session, said from the session's
     events as (event name, body): ``chat.draw`` (ChatView.draw) and
     ``inputs.view`` (what the model got for the newest answer: ``html``, and

@@ -23,6 +23,8 @@ from vidchat.conversation.events import Notice
 from vidchat.conversation.modes import DEFAULT_EVERY_S
 from vidchat.doors import UPLOAD_DELETE_CACHE, as_text, login_of
 from vidchat.doors.page.chat import (
+    CLEAR_ICON,
+    COPY_ICON,
     HEAD,
     NOT_RUNNING,
     PREVIEW_HTML,
@@ -75,9 +77,10 @@ LAST_UPDATE_IS_NOTHING = (gr.skip(), gr.skip(), gr.skip())
 # is no conversation to ask, and no event stream to draw it from).
 CHAT_HTML = """
 <div class="vc-chat-panel">
-  <div class="vc-chat-strip"><span class="vc-chat-label" data-testid="block-label">Chat</span>
-    <button type="button" class="vc-chat-clear" aria-label="Clear chat" title="Clear chat">🗑</button></div>
+  <div class="vc-chat-strip"><span class="vc-chat-label">Chat</span>
+    <button type="button" class="vc-chat-clear" title="Clear chat">{clear_icon}Clear</button></div>
   <div class="vc-chat-list" role="log" aria-live="polite" aria-label="Chat"></div>
+  <template id="vc-copy-icon">{copy_icon}</template>
   <template id="vc-not-running"><div class="vc-msg vc-bot vc-notice" data-testid="bot"><div class="vc-md">{not_running}</div></div></template>
 </div>
 """
@@ -442,7 +445,9 @@ def _chat_column(state) -> dict[str, Any]:
     """The chat, the question box, and the Watch, Talk and Both models switches under it."""
     # Each message in its own bubble: a notice (a refused setting, Stop) is
     # read as what it is, not as more words of the answer or notice before it.
-    gr.HTML(CHAT_HTML.replace("{not_running}", markdown_html(NOT_RUNNING)), elem_id="vc-chat")
+    gr.HTML(CHAT_HTML.replace("{not_running}", markdown_html(NOT_RUNNING)).replace("{clear_icon}", CLEAR_ICON)
+            .replace("{copy_icon}", COPY_ICON),
+            elem_id="vc-chat")
     api_chat = gr.Chatbot(visible=False, elem_id="vc-api-chat")
     with gr.Row(elem_classes="vc-ask"):
         # Its label is its accessible name (shown only to screen readers: the

@@ -132,7 +132,7 @@ def page_defaults(state: Any) -> dict[str, Any]:
             "temperature": s.temperature, "seed": "", "record": False, "system_prompt": s.system_prompt}
 
 
-def sent_settings(state: Any, sent: Any) -> tuple:
+def sent_settings(state: Any, sent: Any) -> tuple[Any, ...]:
     """The settings a page's question carries (name -> value, as its
     controls hold them), in page_request's order; one left out is the
     page's default. The Sampling picker's label stands for its strategy."""
@@ -145,13 +145,13 @@ def sent_settings(state: Any, sent: Any) -> tuple:
     return tuple(values)
 
 
-def _submit(state, entry, text: str, request: PageRequest) -> int:
+def _submit(entry: Conversation, text: str, request: PageRequest) -> int:
     """Ask a typed question of the conversation, with the options its settings say."""
     entry.typed_question_at = time.monotonic()
     return entry.submit(text, request.options, record=request.record)
 
 
-async def ask_typed(state, entry, message: Any, settings: Any) -> dict[str, Any]:
+async def ask_typed(state: Any, entry: Conversation, message: Any, settings: Any) -> dict[str, Any]:
     """The page's typed question (POST /webrtc/ask): its settings read and
     applied to the session now, then asked of the conversation. Returns
     ``{"ticket": n}`` (its outcome comes as the session's events, which the
@@ -169,7 +169,7 @@ async def ask_typed(state, entry, message: Any, settings: Any) -> dict[str, Any]
         return {"refused": why}
     event_start = time.perf_counter()
     subscription = entry.event_hub.subscribe()  # before it is asked: its first events are not missed
-    ticket = _submit(state, entry, text, request)
+    ticket = _submit(entry, text, request)
     task = asyncio.ensure_future(_log_latency(subscription, ticket, event_start))
     _timing.add(task)
     task.add_done_callback(_timing.discard)
@@ -177,7 +177,7 @@ async def ask_typed(state, entry, message: Any, settings: Any) -> dict[str, Any]
 
 
 # The latency loggers of questions still being answered (held so they are not collected).
-_timing: set[asyncio.Task] = set()
+_timing: set[asyncio.Task[None]] = set()
 
 
 async def _log_latency(subscription: Any, ticket: int, event_start: float) -> None:
@@ -229,7 +229,7 @@ async def respond(state, message: Any, history: list[dict], sid: str, *raw_setti
         yield ([*history, {"role": "user", "content": text}, notice(f"⚠ Settings not accepted: {exc}")],
                frames_html(None), None)
         return
-    async for update in exchange_updates(state, entry, history, lambda: _submit(state, entry, text, request)):
+    async for update in exchange_updates(state, entry, history, lambda: _submit(entry, text, request)):
         yield update
 
 
