@@ -89,12 +89,27 @@ function draw(body) {
   if (follow || body.reset) el.scrollTop = el.scrollHeight;
 }
 
-function drawInputs(body) {
+// What the model got, newest. Gradio draws a folded panel's contents only
+// once it is first opened: kept here and drawn whenever its box appears.
+let inputs = null;
+let inputsDrawn = 0;
+
+function fillInputs() {
   const html = $("#vc-inputs-html");
-  if (html) html.innerHTML = body.html;
+  if (!inputs || !html || html.dataset.drawn === String(inputsDrawn)) return;
+  html.innerHTML = inputs.html;
+  html.dataset.drawn = String(inputsDrawn);
   const details = $("#vc-details");
-  if (details) details.textContent = JSON.stringify(body.details, null, 2);
+  if (details) details.textContent = JSON.stringify(inputs.details, null, 2);
 }
+
+function drawInputs(body) {
+  inputs = body;
+  inputsDrawn += 1;
+  fillInputs();
+}
+
+new MutationObserver(fillInputs).observe(document.documentElement, { childList: true, subtree: true });
 
 // One server-sent event: "event: name" and "data: {json}" lines.
 function dispatch(block) {
