@@ -58,9 +58,12 @@ async def test_each_draw_names_only_what_changed_and_a_clear_starts_a_new_chat()
     assert "(stopped)" in stopped["html"]["q1.1"]
     await transcript.apply(Notice("A notice"))
     assert view.draw(transcript)["order"] == ["q1.0", "q1.1", "m1"]
+    await transcript.apply(QuestionAsked(2, "And now?"))
+    assert view.draw(transcript)["ended"] == []
     await transcript.apply(ChatCleared())
     cleared = view.draw(transcript)
     assert cleared["reset"] and cleared["order"] == [] and cleared["generation"] == first["generation"] + 1
+    assert cleared["ended"] == [2]  # its chat went before it ended: the page counts it over
 
 
 def test_a_questions_settings_come_by_name_and_one_left_out_is_the_pages_default():

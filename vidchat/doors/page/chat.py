@@ -670,7 +670,8 @@ class ChatView:
     def __init__(self) -> None:
         self._shown: dict[str, str] = {}  # key -> HTML the panel has
         self._rendered: dict[str, str] = {}  # message source -> HTML
-        self._ended: set[int] = set()
+        self._ended: dict[int, None] = {}  # the questions said ended (the newest 256)
+        self._open: set[int] = set()  # the questions drawn and not ended
         self._generation: int | None = None
 
     def _html(self, message: dict[str, Any]) -> str:
@@ -711,8 +712,15 @@ class ChatView:
         order = [key for key, _ in keyed]
         for gone in set(self._shown) - set(order):
             del self._shown[gone]
-        ended = [t for t, x in transcript.exchanges.items() if x.ended and t not in self._ended]
-        self._ended.update(ended)
+        now = transcript.exchanges
+        ended = [t for t, x in now.items() if x.ended and t not in self._ended]
+        # A question whose chat was cleared before it ended is over for the page too.
+        ended += [t for t in self._open if t not in now and t not in self._ended]
+        self._open = {t for t, x in now.items() if not x.ended}
+        for t in ended:
+            self._ended[t] = None
+        while len(self._ended) > 256:
+            self._ended.pop(next(iter(self._ended)))
         return {"reset": reset, "order": order, "html": changed, "ended": ended,
                 "generation": transcript.generation}
 
