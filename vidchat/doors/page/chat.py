@@ -651,7 +651,7 @@ def message_html(message: dict[str, Any]) -> str:
     role = "user" if message.get("role") == "user" else "bot"
     if meta.get("title"):
         return (f"<div class='vc-msg vc-bot vc-fold-msg' data-testid='bot'><details class='vc-fold'>"
-                f"<summary role='button'>{as_text(meta['title'])}</summary>"
+                f"<summary role='button'><span class='vc-fold-title'>{as_text(meta['title'])}</span></summary>"
                 f"<div class='vc-fold-body'>{content}</div></details></div>")
     body = content if _trusted(message) else markdown_html(content)
     kind = " vc-notice" if meta.get("log") == NOTICE["log"] else ""
