@@ -2,11 +2,14 @@
 // The page's markup comes from vidchat/doors/page/layout.py; these modules
 // only add behaviour, one concern each (static/js/): the credential (api),
 // sources and the file's clock (source), the peer with resume (peer), the
-// live figures (live), Talk (talk), typed questions (questions),
-// readiness (ready) and the words that follow the source (wording). The session id the server returns is written into a
-// hidden Gradio textbox, so every chat question carries its own tab's
-// session. window.vidchat is the surface tests and QA scripts read.
+// live figures (live), Talk (talk), typed questions (questions) with the
+// settings they carry (settings), the chat drawn from the session's events
+// (chat), readiness (ready) and the words that follow the source (wording).
+// The session id the server returns is written into a hidden Gradio
+// textbox, so every Gradio event (Stop, Clear, Watch, Talk, re-ask) carries
+// its own tab's session. window.vidchat is the surface tests and QA scripts read.
 import { beaconUrl, pageToken } from "./js/api.js";
+import { counts, questions } from "./js/chat.js";
 import { reconnect, start, stop, switchSource } from "./js/peer.js";
 import "./js/questions.js";
 import "./js/ready.js";
@@ -95,13 +98,11 @@ window.vidchat = {
   simulateNetworkDrop() { if (state.pc) { state.pc.close(); reconnect(); } },
   // Diagnostics: whether a reconnect loop (with its back-off wait) is still under way.
   get reconnecting() { return Boolean(state.reconnecting); },
-  // Diagnostics: typed questions asked and whose chat event has ended
-  // (counted by the page's own events, vidchat/doors/page/layout.py): equal counts mean
-  // no typed question is still being answered.
-  questions: { asked: 0, finished: 0 },
-  // Diagnostics: Clear chat events ended (vidchat/doors/page/layout.py),
-  // each once its empty chat is shown.
-  clears: 0,
+  // Diagnostics: typed questions asked, and those whose outcome the chat
+  // shows (static/js/chat.js): equal counts mean no typed question is still being answered.
+  questions,
+  // Diagnostics: Clear chat presses, each counted once its empty chat is shown (static/js/chat.js).
+  get clears() { return counts.clears; },
   // Diagnostics: the candidate types of the pair ICE chose, e.g.
   // {local: "relay", remote: "host"} when media goes through a TURN relay.
   async selectedPair() {

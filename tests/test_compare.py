@@ -80,7 +80,7 @@ def _load(srv, path: Path) -> tuple[Client, str, str]:
 
 
 # The chat's folded "what the model got" panels, one under each answer.
-FOLDS = "#vc-chat .thought-group [role=button]"
+FOLDS = "#vc-chat .vc-fold [role=button]"
 # The chat's links to its answers' records, one per answer's "what the model got" fold.
 RECORD_LINKS = "() => [...document.querySelectorAll('#vc-chat a[href*=\"/record.json\"]')].map((a) => a.href)"
 

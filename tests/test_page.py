@@ -145,7 +145,7 @@ async def test_page_streams_an_answer_and_two_tabs_use_their_own_frames(server, 
                     assert np.abs(c - np.array(colour)).max() < 45, (c, colour)
             # The panel folded under the answer names the engine's exact inputs:
             # the frames and audio it serves hash to the answer's inputs_sha256.
-            await red.locator("#vc-chat .thought-group [role=button]").first.click()
+            await red.locator("#vc-chat .vc-fold [role=button]").first.click()
             await red.wait_for_selector("#vc-chat .vc-inputs img")
             panel = await red.inner_html("#vc-chat .vc-inputs")
             sha = re.search(r"inputs_sha256 <code>([0-9a-f]{64})</code>", panel).group(1)
@@ -405,7 +405,7 @@ async def test_a_reload_comes_back_to_the_same_session_and_shows_the_servers_cha
             first_done = answer_names.index("answer.done")
             assert set(answer_names[1:first_done]) == {"answer.delta"}, names  # started, deltas, done
             questions, answers = await user_texts(page), await bot_texts(page)
-            panels = await page.locator("#vc-chat .thought-group").count()
+            panels = await page.locator("#vc-chat .vc-fold").count()
             # "What the model got (last question)" starts with where its record downloads.
             await page.click("#vc-inputs button, #vc-inputs .label-wrap")
             link = page.locator("#vc-inputs .vc-record-links a[href$='/record.json']")
@@ -423,7 +423,7 @@ async def test_a_reload_comes_back_to_the_same_session_and_shows_the_servers_cha
             # Python's str.strip (the server's stored turn) also takes control characters
             # such as \x1c that a random model's last token can end with; JavaScript's does not.
             assert [t.strip() for t in await bot_texts(page)] == [t.strip() for t in answers]
-            assert await page.locator("#vc-chat .thought-group").count() == panels
+            assert await page.locator("#vc-chat .vc-fold").count() == panels
             again = await stats_when(server, sid, lambda s: s["frames_kept"] > kept_before,
                                      "frames kept on top of the old buffer")
             assert again["frames_kept"] > kept_before
@@ -716,8 +716,8 @@ def read_timed_frame(png: bytes) -> tuple[int, int]:
 async def newest_answer_panel(page: Page, n: int, known: set[str]) -> tuple[str, str]:
     """The n-th answer's "What the model got" panel, unfolded, and its answer
     id (the one not in ``known``)."""
-    groups = page.locator("#vc-chat .thought-group [role=button]")
-    await page.wait_for_function(f"document.querySelectorAll('#vc-chat .thought-group [role=button]').length >= {n}",
+    groups = page.locator("#vc-chat .vc-fold [role=button]")
+    await page.wait_for_function(f"document.querySelectorAll('#vc-chat .vc-fold [role=button]').length >= {n}",
                                  timeout=10_000)
     await groups.nth(n - 1).click()
     panels = page.locator("#vc-chat .vc-inputs")

@@ -1,8 +1,8 @@
 """The page's chat is the conversation's, in a real Chromium against the app
-with real vLLM: a typed question sends only the question (one request on the
-stream the tab already has open), and the chat is drawn from the session's
-events, so an answer runs on whoever reads it: a tab reloaded mid-answer
-finds it still streaming and sees it end."""
+with real vLLM: a typed question is one request that returns its ticket,
+and the chat is drawn from the session's events (the stream the tab
+already has open), so an answer runs on whoever reads it: a tab reloaded
+mid-answer finds it still streaming and sees it end."""
 
 from __future__ import annotations
 
@@ -39,31 +39,36 @@ def camera(tmp_path_factory):
     return d / "cam.y4m", d / "mic.wav"
 
 
-async def test_a_typed_question_sends_only_the_question_and_no_follow_up_event(server, camera, tmp_path):
+async def test_a_typed_question_is_one_request_that_returns_its_ticket(server, camera, tmp_path):
+    """The question goes as one POST /webrtc/ask (the question, the session,
+    the settings: never the chat), answered with its ticket; no Gradio event
+    runs for it, and the chat shows it from the session's events."""
     async with async_playwright() as pw:
         browser = await launch(pw, *camera, tmp_path)
         try:
             page = await open_and_start(browser, server.url + "/", min_buffer=4)
             await set_setting(page, "vc-max-tokens", "6")
             await ask(page, "First?")
-            await wait_for_answer(page, 1)  # the chat feed's stream is open from here on
+            await wait_for_answer(page, 1)
             sent: list = []
             page.on("request", lambda r: sent.append((r.method, r.url, r.post_data))
-                    if r.url.startswith(server.url) and ("/gradio_api/" in r.url or "/webrtc/typing" in r.url)
-                    else None)
+                    if r.url.startswith(server.url) and ("/gradio_api/" in r.url or "/webrtc/" in r.url)
+                    and "/webrtc/stats" not in r.url and "/webrtc/live" not in r.url else None)
+            answered: list = []
+            page.on("response", lambda r: answered.append(r) if r.url.endswith("/webrtc/ask") else None)
             await ask(page, "Second?")
             await wait_for_answer(page, 2)
-            joins = [s for s in sent if "/gradio_api/queue/join" in s[1]]
-            # One Gradio event for the question (no Watch, Talk or re-ask
-            # events after it), and at most the Enter report that warms its sample.
-            assert len(joins) == 1, sent
-            assert [s for s in sent if s not in joins and "/webrtc/typing" not in s[1]
-                    and "/gradio_api/queue/data" not in s[1]] == [], sent
-            assert len([s for s in sent if "/webrtc/typing" in s[1]]) <= 1, sent
-            # It carries the question, the session and the settings: never the chat.
-            data = json.loads(joins[0][2])["data"]
-            assert data[0] == "Second?" and data[1] == await session_id(page)
-            assert not any(isinstance(value, list) for value in data), data
+            asks = [s for s in sent if s[1].endswith("/webrtc/ask")]
+            # One request for the question, and at most the typing report that warms its prompt.
+            assert len(asks) == 1 and asks[0][0] == "POST", sent
+            assert [s for s in sent if s not in asks and "/webrtc/typing" not in s[1]] == [], sent
+            body = json.loads(asks[0][2])
+            assert body["question"] == "Second?" and body["session_id"] == await session_id(page)
+            assert body["settings"]["max_tokens"] == 6 and not any(isinstance(v, list) for v in body.values())
+            reply = await answered[0].json()
+            assert isinstance(reply["ticket"], int), reply
+            # The chat came from the session's events, on the stream the tab already had open.
+            assert await page.evaluate("document.querySelectorAll('#vc-chat [data-testid=\"user\"]').length") == 2
         finally:
             await browser.close()
 

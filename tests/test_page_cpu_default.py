@@ -58,7 +58,7 @@ async def test_cpu_default_answers_through_the_page_with_its_preset(smol_server,
             assert await page.locator("#vc-sampling input").input_value() == "Spread, reusing the last picks"
             said = (await page.locator("#vc-inputs .vc-new-frames").inner_text()).strip()
             assert NEW_FRAMES.fullmatch(said), said
-            await page.locator("#vc-chat .thought-group [role=button]").last.click()  # the answer's fold says it too
+            await page.locator("#vc-chat .vc-fold [role=button]").last.click()  # the answer's fold says it too
             folded = page.locator("#vc-chat .vc-new-frames").last
             await folded.wait_for(state="visible", timeout=10_000)
             assert NEW_FRAMES.fullmatch((await folded.inner_text()).strip())

@@ -26,7 +26,7 @@ LONG_RUN = 2000  # characters without a space: a URL, code, the random model's o
 # The newest answer's text and both compare columns hold a long unbroken run.
 FILL_LONG = """(n) => {
   const bots = [...document.querySelectorAll('#vc-chat [data-testid="bot"]')]
-    .filter((m) => !m.querySelector('.thought-group'));
+    .filter((m) => !m.querySelector('.vc-fold'));
   const answer = bots[bots.length - 1];
   const leaves = [...answer.querySelectorAll('*')].filter((e) => e.children.length === 0 && e.textContent.trim());
   (leaves[leaves.length - 1] || answer).textContent = 'x'.repeat(n);
@@ -37,7 +37,7 @@ FILL_LONG = """(n) => {
 
 # Elements wider than their box (scrollWidth > clientWidth), by a short description.
 OVERFLOWING = """() => {
-  const picks = ['#vc-chat', '#vc-chat [data-testid="bot"]', '#vc-chat .message', '#vc-compare',
+  const picks = ['#vc-chat', '#vc-chat [data-testid="bot"]', '#vc-chat .vc-msg', '#vc-compare',
                  '#vc-compare .vc-compare', '#vc-compare .vc-compare-col'];
   const out = [];
   for (const sel of picks) for (const e of document.querySelectorAll(sel)) {

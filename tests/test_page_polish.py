@@ -53,7 +53,7 @@ SIZES = pytest.mark.parametrize("width, height", [(1280, 900), (390, 844)], ids=
 FILL_ANSWER = """() => {
   const bots = %s;
   const answer = bots[bots.length - 1];
-  const body = answer.querySelector('.prose, .md') || answer;
+  const body = answer.querySelector('.vc-md') || answer;
   body.insertAdjacentHTML('beforeend',
     '<p>' + 'A long answer that goes on. '.repeat(60) + '</p><p>' + 'x'.repeat(400) + '</p><p>Inline: <code>' + '68K`'.repeat(60) + '</code></p>'
     + '<pre><code>for frame in frames: print(frame.index, frame.time, frame.width, frame.height, '
@@ -67,8 +67,8 @@ FILL_ANSWER = """() => {
 OVERFLOWING = """() => {
   const picks = {
     page: [document.documentElement], 'question row': document.querySelectorAll('.vc-ask'),
-    chat: document.querySelectorAll('#vc-chat, #vc-chat .bubble-wrap'),
-    bubble: document.querySelectorAll('#vc-chat .message, #vc-chat [data-testid="bot"], #vc-chat [data-testid="user"]'),
+    chat: document.querySelectorAll('#vc-chat, #vc-chat .vc-chat-list'),
+    bubble: document.querySelectorAll('#vc-chat .vc-msg, #vc-chat [data-testid="bot"], #vc-chat [data-testid="user"]'),
     header: document.querySelectorAll('#vc-settings > .label-wrap, #vc-inputs > .label-wrap, '
                                       + '#vc-reask-panel > .label-wrap, #vc-settings button, '
                                       + '#vc-inputs button, #vc-reask-panel button'),
@@ -99,7 +99,7 @@ CODE_QUESTION = ("What does this print?\n```\nfor frame in frames: print(frame.i
 # The code blocks in the chat (the question's, the answer's): each scrolls
 # inside, within its bubble.
 CODE_BLOCKS = """() => [...document.querySelectorAll('#vc-chat pre')].map((pre) => {
-  const bubble = pre.closest('.message');
+  const bubble = pre.closest('.vc-msg');
   const [p, b] = [pre.getBoundingClientRect(), bubble.getBoundingClientRect()];
   return {scrolls: pre.scrollWidth > pre.clientWidth, overflowX: getComputedStyle(pre).overflowX,
           inside: p.left >= b.left - 1 && p.right <= b.right + 1};
@@ -118,14 +118,14 @@ QUESTION_BOX = """() => {
 # show in the scrolled list: any overlap, by what overlaps.
 CHROME_OVER_MESSAGES = """() => {
   const chat = document.querySelector('#vc-chat');
-  const list = chat.querySelector('.bubble-wrap');
+  const list = chat.querySelector('.vc-chat-list');
   const view = list.getBoundingClientRect();
   const shown = (r) => r.width > 0 && r.height > 0;
-  const chrome = [...chat.querySelectorAll('[data-testid="block-label"], .icon-button-wrapper')]
+  const chrome = [...chat.querySelectorAll('.vc-chat-label, .vc-chat-clear')]
     .filter((e) => !list.contains(e) && getComputedStyle(e).visibility !== 'hidden')
     .map((e) => [e.dataset.testid || e.className, e.getBoundingClientRect()]).filter(([, r]) => shown(r));
   const out = [];
-  for (const m of list.querySelectorAll('.message')) {
+  for (const m of list.querySelectorAll('.vc-msg')) {
     const r = m.getBoundingClientRect();
     const top = Math.max(r.top, view.top), bottom = Math.min(r.bottom, view.bottom);
     if (bottom <= top) continue;  // scrolled out of the list's view
@@ -142,7 +142,7 @@ CHROME_OVER_MESSAGES = """() => {
 # The chat's list scrolled to a fraction of its height, and held there (the
 # chat scrolls itself to its end as content comes: scrolled again until it stays).
 SCROLLED = """(fraction) => {
-  const list = document.querySelector('#vc-chat .bubble-wrap');
+  const list = document.querySelector('#vc-chat .vc-chat-list');
   const target = Math.round(fraction * (list.scrollHeight - list.clientHeight));
   if (Math.abs(list.scrollTop - target) <= 2) return true;
   list.scrollTop = target;
@@ -232,7 +232,7 @@ async def test_the_chat_fits_the_width_and_its_chrome_covers_no_message(server, 
         assert said is not None, await line.inner_text()
         left, context, sent, total = int(said[1]), said[2], int(said[3]), int(said[4])
         assert context == "4,096" and total == 2 and left >= 2 and left + sent == total, said.group(0)
-        await page.locator("#vc-chat .thought-group [role=button]").last.click()  # the second answer's fold
+        await page.locator("#vc-chat .vc-fold [role=button]").last.click()  # the second answer's fold
         await page.locator("#vc-chat .vc-history-cut").first.wait_for(state="visible", timeout=10_000)
         assert HISTORY_CUT.fullmatch((await page.locator("#vc-chat .vc-history-cut").first.inner_text()).strip())
         assert await line.evaluate("(e) => e.scrollWidth <= e.clientWidth + 1")
@@ -259,7 +259,7 @@ async def test_the_chat_fits_the_width_and_its_chrome_covers_no_message(server, 
 
         # The chat's own clear icon clears the conversation, as Clear chat does:
         # the next answer's chat holds only its own question.
-        await page.click("#vc-chat > .wrapper > .icon-button-wrapper button")
+        await page.click("#vc-chat .vc-chat-clear")
         await page.wait_for_function("window.vidchat.clears === 1", timeout=30_000)
         await ask(page, "After the clear?")
         await wait_for_answer(page, 1)

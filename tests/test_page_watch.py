@@ -134,7 +134,7 @@ EVENTS_ENDED = "window.vidchat.questions.asked > 0 && window.vidchat.questions.a
 NOTICE_TEXTS = ("[...document.querySelectorAll('#vc-chat [data-testid=\"bot\"]')]"
                 ".map((m) => m.innerText).filter((t) => t.includes('Scene changed'))")
 PANEL_SHOWN = ("[...document.querySelectorAll('#vc-chat [data-testid=\"bot\"]')]"
-               ".some((m) => m.querySelector('.thought-group'))")
+               ".some((m) => m.querySelector('.vc-fold'))")
 BOT_COUNT = "document.querySelectorAll('#vc-chat [data-testid=\"bot\"]').length"
 
 

@@ -210,35 +210,6 @@ async def test_a_new_question_cancels_the_one_still_answering(server):
         await client.close()
 
 
-async def test_what_gradio_keeps_for_a_tab_stays_bounded_as_it_asks_and_is_forgotten_once_closed(server):
-    """Gradio 6 kept a stray copy of the answer's views per answer, and a
-    closed tab's whole state until 256 newer tabs came (vidchat.doors.page.layout;
-    the shared server runs its rounds every 0.5 s: --closed-tab-timeout 1)."""
-    client = RtcClient(server.url, SyntheticVideo())
-    await client.connect()
-    gradio = Client(server.url + "/", verbose=False)
-    try:
-        await wait_for(lambda: _enough(client, frames=5), timeout=20)
-        for n in range(3):
-            reply = await asyncio.to_thread(ask, server, client.session_id, f"Question {n}?", k=4, max_tokens=4,
-                                            gradio=gradio)
-            assert reply[2]["completion_tokens"] == 4
-        tabs = lambda: asyncio.to_thread(lambda: server.get_json("/api/health")["page_tabs"])  # noqa: E731
-        open_now = await wait_for(lambda: _if(tabs(), lambda t: t["stray_copies"] == 0), 10,
-                                  "the tab's stray copies dropped while it stays open")
-        assert open_now["held"] >= 1
-    finally:
-        await asyncio.to_thread(gradio.close)  # its heartbeat stream ends: Gradio marks the tab closed
-        await client.close(tell_server=True)
-    await wait_for(lambda: _if(tabs(), lambda t: t["closed"] == 0 and t["held"] <= open_now["held"] - 1), 15,
-                   "the closed tab forgotten")
-
-
-async def _if(value, check):
-    got = await value
-    return got if check(got) else None
-
-
 async def test_closing_the_tab_mid_answer_aborts_the_generation(server):
     client = RtcClient(server.url, SyntheticVideo())
     await client.connect()

@@ -1,6 +1,9 @@
-// Questions: typing warms the session's prompt on the server, and Enter
-// takes the question's frames at once (vidchat/conversation/warmup.py).
+// Questions: typing warms the session's prompt on the server, and a question
+// is one request (POST /webrtc/ask) that returns its ticket; its outcome is
+// drawn in the chat from the session's events (static/js/chat.js).
 import { authHeaders } from "./api.js";
+import { questionSent, questions, saidWithoutSession } from "./chat.js";
+import { readSettings } from "./settings.js";
 import { settingsAccepted } from "./slider_checks.js";
 import { $, state } from "./state.js";
 
@@ -16,39 +19,60 @@ document.addEventListener("input", (e) => {
                             body: JSON.stringify({ session_id: state.sessionId }) }).catch(() => {});
 }, true);
 
-// Sending the question: the server takes its frames and audio now, as Enter
-// is pressed, and warms exactly them while Gradio carries the question over
-// (vidchat/conversation/warmup.py question_now). Listened for while the key travels
-// down (capture), so this leaves before Gradio's own submit.
-function questionSent() {
-  if (!state.sessionId) return;
-  fetch("/webrtc/typing", { method: "POST", keepalive: true,
-                            headers: authHeaders({ "Content-Type": "application/json" }),
-                            body: JSON.stringify({ session_id: state.sessionId, enter: true }) }).catch(() => {});
+// Gradio listens to `input` events: a plain `.value =` would leave its copy of the box as it was.
+function setBox(area, value) {
+  const proto = area.tagName === "TEXTAREA" ? HTMLTextAreaElement.prototype : HTMLInputElement.prototype;
+  Object.getOwnPropertyDescriptor(proto, "value").set.call(area, value);
+  area.dispatchEvent(new Event("input", { bubbles: true }));
 }
-// Each Enter (or Send) is one typed question's chat event: counted here,
-// as it happens, so window.vidchat.questions.asked is up before its answer
-// can show (the event's end counts it finished, vidchat/doors/page/layout.py).
-function questionAsked() {
-  if (window.vidchat?.questions) window.vidchat.questions.asked += 1;
+
+function say(text) {
+  const note = $("#vc-refused");
+  if (!note) return;
+  note.textContent = text;
+  note.hidden = !text;
 }
-// A refused setting (vidchat's slider checks) keeps the question from going.
-function refuse(e) {
-  e.preventDefault();
-  e.stopImmediatePropagation();
+
+async function send() {
+  const area = $("#vc-question textarea");
+  const text = area?.value ?? "";
+  if (!text.trim() || !settingsAccepted()) return;
+  setBox(area, "");  // the box empties as the question goes, and stays editable meanwhile
+  questions.asked += 1;
+  if (!state.sessionId) {
+    saidWithoutSession(text);
+    questionSent(null);
+    return;
+  }
+  let reply = {};
+  try {
+    const r = await fetch("/webrtc/ask", {
+      method: "POST", headers: authHeaders({ "Content-Type": "application/json" }),
+      body: JSON.stringify({ session_id: state.sessionId, question: text, settings: readSettings() }),
+    });
+    reply = await r.json().catch(() => ({}));
+    if (!r.ok) reply = { refused: typeof reply.detail === "string" ? reply.detail : `HTTP ${r.status}` };
+  } catch (err) {
+    reply = { refused: `The question did not reach the server (${err.message}).` };
+  }
+  if (reply.refused) {
+    if (!area.value) setBox(area, text);  // not asked: the question is back in its box to send again
+    say(`⚠ ${reply.refused}`);
+  } else {
+    say("");
+  }
+  questionSent(Number.isInteger(reply.ticket) ? reply.ticket : null);
 }
+
+// Enter sends (Shift+Enter: a new line), and so does Send. Listened for
+// while the key travels down (capture), before Gradio's own handling of the box.
 document.addEventListener("keydown", (e) => {
   if (e.key !== "Enter" || e.shiftKey || e.isComposing || !e.target?.closest?.("#vc-question")) return;
-  if (!settingsAccepted()) { refuse(e); return; }
-  questionAsked();
-  if (!e.target.value?.trim()) return;
-  questionSent();
+  e.preventDefault();
+  e.stopImmediatePropagation();
+  send();
 }, true);
 document.addEventListener("click", (e) => {
   if (!e.target?.closest?.("#vc-send")) return;
-  if (!settingsAccepted()) { refuse(e); return; }
-  questionAsked();
-}, true);
-document.addEventListener("pointerdown", (e) => {
-  if (e.target?.closest?.("#vc-send") && $("#vc-question textarea")?.value.trim() && settingsAccepted()) questionSent();
+  send();
 }, true);

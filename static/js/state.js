@@ -43,9 +43,12 @@ export function setNote(text, onRetry) {
   }
 }
 
-// Gradio listens to `input` events; a plain `.value =` would not reach the server.
+// Gradio listens to `input` events; a plain `.value =` would not reach the
+// server. The page's own modules hear of it as a "vidchat:session" event
+// (static/js/chat.js reads the new session's chat).
 export function publishSessionId(id) {
   state.sessionId = id;
+  document.dispatchEvent(new CustomEvent("vidchat:session", { detail: id }));
   const box = document.querySelector("#vidchat-session-id textarea, #vidchat-session-id input");
   if (!box) return;
   const proto = box.tagName === "TEXTAREA" ? HTMLTextAreaElement.prototype : HTMLInputElement.prototype;

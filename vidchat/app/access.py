@@ -407,17 +407,17 @@ def _session_params(blocks: Any, session_inputs: dict[int, int], fn_by_name: dic
     """fn_index -> the name /call/v2 takes the session id by: the API info
     Gradio maps named arguments through, which lists a function's inputs
     in order, leaving out those hidden from the API."""
-    fns = {fn._id: fn for fn in blocks.fns.values()}
     names = {}
     for endpoint, spec in blocks.get_api_info().get("named_endpoints", {}).items():
-        fn = fns.get(fn_by_name.get(endpoint.lstrip("/"), -1))
-        position = session_inputs.get(fn._id) if fn is not None else None
+        fn_index = fn_by_name.get(endpoint.lstrip("/"), -1)
+        fn = blocks.fns.get(fn_index)  # Blocks.fns: each event's function by its fn_index
+        position = session_inputs.get(fn_index) if fn is not None else None
         if position is None or fn.inputs[position].skip_api:
             continue
         index = sum(1 for block in fn.inputs[:position] if not block.skip_api)
         params = spec.get("parameters", [])
         if index < len(params) and isinstance(params[index].get("parameter_name"), str):
-            names[fn._id] = params[index]["parameter_name"]
+            names[fn_index] = params[index]["parameter_name"]
     return names
 
 

@@ -78,6 +78,7 @@ BODY_BOUNDS = (
     BodyBound("/webrtc/offer", 64 << 10, "a WebRTC offer"),
     # A question at its longest (64 Ki characters, 768 KiB JSON-escaped) and its settings.
     BodyBound("/gradio_api/", None, "a page call (a question and its settings, --max-body-bytes)"),
+    BodyBound("/webrtc/ask", None, "the page's question and its settings (--max-body-bytes)"),
     # The page's reports (/webrtc/*), /api/*, suite and input routes: small JSON.
     BodyBound("", 64 << 10, "this route's request"),
 )

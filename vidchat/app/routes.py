@@ -143,19 +143,9 @@ async def _health_details(state: AppState, loop_watch: LoopWatch) -> dict[str, A
         "loop_lag": loop_watch.snapshot(),
         # What a leak would grow (bench/soak.py samples it with the process's RSS and fds).
         "process": _process_figures(),
-        # The tabs whose page state Gradio holds (vidchat.doors.page.layout keeps them bounded).
-        "page_tabs": _page_tabs(state),
         # --engine-url: each model server's health (null in-process).
         "replicas": await replica_health(state),
     }
-
-
-def _page_tabs(state: AppState) -> dict[str, int] | None:
-    holder = state.page_tabs
-    if holder is None:
-        return None
-    from vidchat.doors.page.layout import tab_counts
-    return tab_counts(holder)
 
 
 def _process_figures() -> dict[str, Any]:

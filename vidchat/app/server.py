@@ -143,9 +143,6 @@ def _lifespan(state: AppState, loop_watch: LoopWatch) -> Callable[[FastAPI], Asy
             log.warning(state.banner)
         reaper = asyncio.create_task(_reap_idle_sessions(state))
         trimming = asyncio.create_task(local.keep_trimming(lambda: (state.engine, state.compare_engine)))
-        from vidchat.doors.page.layout import keep_tab_states_bounded
-        tab_upkeep = asyncio.create_task(keep_tab_states_bounded(lambda: state.page_tabs,
-                                                                 keep_s=state.settings.closed_tab_timeout))
         state.prewarmer = Prewarmer(state, state.settings.prewarm)
         state.prewarmer.start()
         if not owns_engine:
@@ -158,7 +155,6 @@ def _lifespan(state: AppState, loop_watch: LoopWatch) -> Callable[[FastAPI], Asy
         finally:
             reaper.cancel()
             trimming.cancel()
-            tab_upkeep.cancel()
             if state.suite_runs is not None:
                 await state.suite_runs.close()
             await state.prewarmer.stop()

@@ -198,11 +198,6 @@ class AppState:
             await asyncio.sleep(0.05)  # its keeper notices within WATCH_INTERVAL_S, then restarts it
 
     @property
-    def page_tabs(self) -> Any:
-        """Gradio's state of each page tab (its ``StateHolder``), once the page is mounted; else None."""
-        return getattr(self.page_app, "state_holder", None)
-
-    @property
     def tiny(self) -> bool:
         """Running on the random-weight test model (resolve_model's banner says so)."""
         return self.banner is not None and self.banner.startswith(TINY_BANNER)

@@ -27,22 +27,22 @@ TEST_CAMERA_SIZE = (320, 240)
 WEBCAM_SIZE = (640, 480)
 
 # The model's messages in the chat, without the "What the model got" panels
-# folded under them (titled messages, which Gradio renders as a thought group)
+# folded under them (a <details class="vc-fold">, vidchat/doors/page/chat.py)
 # or the "Thinking…" that stands for an answer until its first token.
 BOT_MESSAGES = ("[...document.querySelectorAll('#vc-chat [data-testid=\"bot\"]')]"
-                ".filter((m) => !m.querySelector('.thought-group, .vc-typing'))")
+                ".filter((m) => !m.querySelector('.vc-fold, .vc-typing'))")
 # JS predicate: the n-th bot message exists and shows text.
 BOT_HAS_TEXT = ("(() => { const b = " + BOT_MESSAGES + ";"
                 " return b.length >= %d && b[b.length - 1].innerText.trim().length > 0; })()")
 # JS predicate: the n-th bot message is final. Either a "What the model got"
 # panel follows it (the page appends one in an answer's last update, after any
 # notice; watched and spoken answers too), or it is the newest message and
-# every typed question's chat event has ended (a refused question's notice,
+# the chat shows every typed question's outcome (a refused question's notice,
 # or the camera-stopped hint, has no panel).
 ANSWER_FINAL = ("(() => { const all = [...document.querySelectorAll('#vc-chat [data-testid=\"bot\"]')];"
                 " let seen = 0;"
                 " for (const m of all) { if (m.querySelector('.vc-typing')) continue;"
-                " if (m.querySelector('.thought-group')) { if (seen >= %(n)d) return true; }"
+                " if (m.querySelector('.vc-fold')) { if (seen >= %(n)d) return true; }"
                 " else seen++; }"
                 " const q = window.vidchat.questions;"
                 " return seen === %(n)d && q.asked > 0 && q.asked === q.finished; })()")

@@ -43,6 +43,8 @@ from vidchat.conversation.events import (
 from vidchat.conversation.registry import TooManySessions
 from vidchat.conversation.runs import Delta, Done, Queued, Started
 from vidchat.doors import IceUnavailable, Server, login_of
+from vidchat.doors.page.chat import chat_draws
+from vidchat.doors.page.questions import ask_typed
 from vidchat.doors.webrtc import Peer
 from vidchat.media import is_number
 from vidchat.media.clock import SENT_SOURCE_KINDS
@@ -275,7 +277,7 @@ def router(state: Server) -> APIRouter:
     _peer_routes(api, state, peers, mine)
     _page_report_routes(api, state, mine)
     _talk_routes(api, state, mine)
-    _event_routes(api, mine)
+    _event_routes(api, state, mine)
     _view_routes(api, state, mine)
     return api
 
@@ -450,16 +452,25 @@ def _talk_routes(api: APIRouter, state: Server, mine: Callable[[Request, Any], C
         return {"ok": True, "listening": entry.talk is not None and entry.talk.running}
 
 
-def _event_routes(api: APIRouter, mine: Callable[[Request, Any], Conversation]) -> None:
-    """The session's one event stream, for the page."""
+def _event_routes(api: APIRouter, state, mine: Callable[[Request, Any], Conversation]) -> None:
+    """The session's one event stream, for the page, and the page's question."""
 
     @api.get("/webrtc/events")
-    async def session_events(request: Request, session_id: str) -> StreamingResponse:
+    async def session_events(request: Request, session_id: str, view: str = "") -> StreamingResponse:
         """The session's one event stream, as server-sent events
         (vidchat.doors.webrtc_routes): speech, utterances, scene changes,
         each answer's queued/started/delta/done, settings changes, and
-        ``closed`` last. Subscribed as the request arrives: nothing after it is missed."""
-        events = mine(request, session_id).event_hub.subscribe()
+        ``closed`` last. Subscribed as the request arrives: nothing after it is missed.
+        ``view=chat``: the same events said as the page's chat panel draws
+        them (vidchat.doors.page.chat.chat_draws: ``chat.draw``,
+        ``inputs.view``, ``closed``), from the chat the session has so far."""
+        entry = mine(request, session_id)
+        if view == "chat":
+            return StreamingResponse(_chat_sent(entry), media_type="text/event-stream",
+                                     headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no"})
+        if view:
+            raise HTTPException(400, "view must be 'chat' or left out")
+        events = entry.event_hub.subscribe()
 
         async def stream() -> AsyncIterator[bytes]:
             try:
@@ -470,6 +481,47 @@ def _event_routes(api: APIRouter, mine: Callable[[Request, Any], Conversation]) 
 
         return StreamingResponse(stream(), media_type="text/event-stream",
                                  headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no"})
+
+    async def _chat_sent(entry: Conversation) -> AsyncIterator[bytes]:
+        yield b": vidchat chat\n\n"  # at once: the page knows it is subscribed
+        draws = chat_draws(state, entry)
+        pending: asyncio.Future[tuple[str, dict[str, Any]]] | None = None
+        try:
+            while True:
+                # A draw, or a comment line every KEEPALIVE_S while nothing changes.
+                pending = pending or asyncio.ensure_future(draws.__anext__())
+                done, _ = await asyncio.wait({pending}, timeout=KEEPALIVE_S)
+                if not done:
+                    yield b": keepalive\n\n"
+                    continue
+                try:
+                    name, body = pending.result()
+                except StopAsyncIteration:
+                    return
+                finally:
+                    pending = None
+                yield f"event: {name}\ndata: {json.dumps(body, default=str)}\n\n".encode()
+        finally:
+            if pending is not None:  # the tab went: the draw under way ends before the draws close
+                pending.cancel()
+                await asyncio.gather(pending, return_exceptions=True)
+            await draws.aclose()
+
+    @api.post("/webrtc/ask")
+    async def ask(request: Request) -> dict[str, Any]:
+        """The page's typed question, one request: ``{session_id, question,
+        settings}`` (settings by the settings table's names, as the page's
+        controls hold them; one left out is the page's default). Answers
+        ``{"ticket": n}`` at once: the question's outcome comes as the
+        session's events (``question.asked`` with this ticket first), which
+        the chat draws; or ``{"refused": why}`` when its settings were not
+        accepted (nothing was asked)."""
+        body = await read_json(request)
+        entry = mine(request, str(body.get("session_id", "")))
+        try:
+            return await ask_typed(state, entry, body.get("question"), body.get("settings"))
+        except ValueError as exc:
+            raise HTTPException(400, str(exc)) from None
 
 
 def _view_routes(api: APIRouter, state: Server, mine: Callable[[Request, Any], Conversation]) -> None:

@@ -1,13 +1,13 @@
 """The Gradio page: live preview and chat side by side, settings folded away,
 and a panel showing exactly what the model was given for the last question.
 
-Browser behaviour (camera, WebRTC) lives in static/vidchat.js and its modules in static/js/. Here:
-:mod:`~vidchat.doors.page.chat` (how the chat shows things), :mod:`~vidchat.doors.page.questions`
-(the page's questions through the conversation, the same answer path the
-WebSocket door uses), :mod:`~vidchat.doors.page.chat` (the chat, drawn from the session's events),
-:mod:`~vidchat.doors.page.questions` (re-ask and compare), :mod:`~vidchat.doors.page.questions` (Watch and Talk),
-:mod:`~vidchat.doors.page.layout` (the controls) and :mod:`~vidchat.doors.page.layout`
-(which function each runs).
+Browser behaviour (camera, WebRTC, the question as one request, the chat
+panel drawn from the session's events) lives in static/vidchat.js and its
+modules in static/js/. Here: :mod:`~vidchat.doors.page.chat` (the chat said
+from the session's events, Markdown rendered on the server),
+:mod:`~vidchat.doors.page.questions` (a typed question through the
+conversation, re-ask and compare, Watch and Talk) and
+:mod:`~vidchat.doors.page.layout` (the controls, and which function each runs).
 """
 
 from vidchat.doors.page.chat import NOT_RUNNING, STOPPED, compare_html, notice

@@ -1,26 +1,31 @@
 """The page's chat, said from the session's one event stream
-(Conversation.events()): the page sends only its question, and every
-message of the chat (the question, "waiting", the answer as it streams, the
-stopped mark, the record note, "what the model got" under it, Watch's
-scene notices and Talk's spoken bubbles) is drawn here from what the
-conversation says happened. A tab that comes back (a reload) starts from
-the conversation's history and goes on from its events.
+(Conversation.events()): the page sends only its question (POST
+/webrtc/ask, which returns its ticket), and every message of the chat (the
+question, "waiting", the answer as it streams, the stopped mark, the record
+note, "what the model got" under it, Watch's scene notices and Talk's
+spoken bubbles) is drawn from what the conversation says happened. A tab
+that comes back (a reload), a second tab, Watch, Talk and typed questions
+all reach the chat the same way: the page reads the session's events
+(``GET /webrtc/events?view=chat``) and :func:`chat_draws` says them as
+drawing instructions for its chat panel, which static/js/chat.js applies.
 
 :class:`ChatTranscript` keeps the chat as messages, :class:`Redraws` says
-when to draw it again; :func:`feed` is the long-lived page event that draws
-it, and :func:`exchange_updates` the same for one question of an API
-caller (/ask).
+when to draw it again, :class:`ChatView` turns the messages into HTML
+(Markdown rendered here, on the server, by markdown-it-py with raw HTML off:
+a model's or a user's text can never put markup on the page);
+:func:`exchange_updates` draws one question of an API caller (/ask) as
+Gradio chat messages.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import time
-import weakref
 from dataclasses import dataclass, field
-from typing import Any, AsyncIterator, Callable
+from typing import Any, AsyncGenerator, AsyncIterator, Callable
 
-import gradio as gr
+from markdown_it import MarkdownIt
 
 from vidchat.conversation import asking, runs
 from vidchat.conversation.answers import Answer
@@ -137,9 +142,15 @@ def notice(text: str) -> dict[str, Any]:
 # without the page's styles read them too.
 TYPING = "<span class='vc-typing'>Thinking…</span>"
 
+# Messages whose content is the page's own markup (never a model's or a
+# user's text): drawn as they are, where every other message's Markdown is
+# rendered with raw HTML off.
+TYPING_MARK = {"log": "vidchat thinking"}
+BOTH = {"log": "vidchat both models"}
+
 
 def typing() -> dict[str, Any]:
-    return notice(TYPING)
+    return {"role": "assistant", "content": TYPING, "metadata": dict(TYPING_MARK)}
 
 
 # A spoken question's bubble (Talk mode): its label, then a player.
@@ -310,50 +321,6 @@ def chat_messages(state: Any, entry: Any) -> list[dict[str, Any]]:
     return messages
 
 
-# What a tab's chat has shown (the chat feed marks it as it draws,
-# vidchat.doors.page.chat), so the page's own events end only once their
-# effect is on the page: a question's outcome, a Clear.
-
-class Rendered:
-    """What a tab's chat has shown, by question ticket and by chat."""
-
-    def __init__(self) -> None:
-        self._shown: dict[int, asyncio.Event] = {}
-        self.chat_drawn = -1  # the newest chat (Conversation.generation) drawn
-        self._drawn = asyncio.Event()
-
-    def event(self, ticket: int) -> asyncio.Event:
-        return self._shown.setdefault(ticket, asyncio.Event())
-
-    def shown(self, transcript: Any) -> None:
-        for ticket, exchange in transcript.exchanges.items():
-            if exchange.ended:
-                self.event(ticket).set()
-        while len(self._shown) > 64:
-            self._shown.pop(next(iter(self._shown)))
-        self.chat_drawn = transcript.generation
-        drawn, self._drawn = self._drawn, asyncio.Event()
-        drawn.set()
-
-    async def cleared(self, entry: Any, within: float = 2.0) -> None:
-        """Return once the tab's chat shows the conversation's newest chat
-        (or ``within`` seconds passed: a tab without its chat feed goes on)."""
-        deadline = time.monotonic() + within
-        while self.chat_drawn < entry.generation and time.monotonic() < deadline:
-            try:
-                await asyncio.wait_for(self._drawn.wait(), max(0.0, deadline - time.monotonic()))
-            except asyncio.TimeoutError:
-                return
-
-
-_RENDERED: "weakref.WeakKeyDictionary[Any, Rendered]" = weakref.WeakKeyDictionary()
-
-
-def rendered(entry: Any) -> Rendered:
-    """The session's marks (keyed by its event hub: one per session, and hashable where the entry is not)."""
-    return _RENDERED.setdefault(entry.event_hub, Rendered())
-
-
 # What a question before any frame should have done, as the page's user acts on it.
 NO_FRAMES_HINT = "Wait a moment after **Start camera**, then ask again."
 
@@ -405,7 +372,8 @@ class _Exchange:
         if self.second is not None:
             first = text or (self.waiting if self.waiting and not self.ended else "…" if not self.ended else "")
             second = self.second.text() or self.second.waiting or ("" if self.second.done else "…")
-            out.append({"role": "assistant", "content": both_html(self.second.labels, first, second)})
+            out.append({"role": "assistant", "content": both_html(self.second.labels, first, second),
+                        "metadata": dict(BOTH)})
             return out + self.tail + self.second.tail
         if self.waiting is not None and not self.ended:
             out.append(notice(self.waiting))
@@ -430,6 +398,7 @@ class ChatTranscript:
         self.shown: tuple[Any, str | None] | None = None  # the newest answer done: "what the model got"
         self.cleared = False
         self.generation = entry.generation  # the chat drawn (Clear starts another)
+        self._views: tuple[str | None, str, dict[str, Any] | None] | None = None  # views()'s, by answer id
 
     def messages(self) -> list[dict[str, Any]]:
         out: list[dict[str, Any]] = []
@@ -574,13 +543,19 @@ class ChatTranscript:
             tail.append(await asyncio.to_thread(fold_message, self.entry, answer, done.answer_id))
             self.shown = (answer, done.answer_id)
 
-    async def views(self) -> tuple[Any, Any]:
-        """What the model got for the newest answer, and its reply's details."""
-        if self.shown is None:
-            return gr.skip(), (None if self.cleared else gr.skip())
-        answer, answer_id = self.shown
-        html = await asyncio.to_thread(frames_html, answer, answer_id, answer_id in self.entry.bundles)
-        return html, answer.summary()
+    async def views(self) -> tuple[str, dict[str, Any] | None]:
+        """What the model got for the newest answer, and its reply's details
+        (the empty panel before any answer, and again once the chat is
+        cleared). Kept between calls: its thumbnails are encoded once per answer."""
+        key = None if self.shown is None else self.shown[1]
+        if self._views is None or self._views[0] != key:
+            if self.shown is None:
+                self._views = (key, frames_html(None), None)
+            else:
+                answer, answer_id = self.shown
+                html = await asyncio.to_thread(frames_html, answer, answer_id, answer_id in self.entry.bundles)
+                self._views = (key, html, answer.summary())
+        return self._views[1], self._views[2]
 
 
 def _stream_every(transcript: ChatTranscript) -> float:
@@ -636,12 +611,126 @@ class Redraws:
         return views_changed
 
 
-async def feed(state: Any, entry: Any, reask_list: Callable[[], Any] = lambda: gr.skip()) -> AsyncIterator[tuple]:
-    """The tab's chat for the life of its session: (chat, what the model got,
-    details, the re-ask list), drawn first from the conversation's history,
-    then again at each change the session's events say. ``reask_list``: the
-    re-ask list's update as the chat's answers change (gr.skip() when they did not)."""
-    marks = rendered(entry)
+# The chat panel's HTML (static/js/chat.js draws it). Markdown as Gradio's
+# Chatbot rendered it (CommonMark with tables and strikethrough, a line break
+# where the text breaks a line), with raw HTML off: the text is escaped, and
+# markdown-it-py refuses javascript: and data: links.
+_MARKDOWN = MarkdownIt("commonmark", {"html": False, "breaks": True}).enable(["table", "strikethrough"])
+
+# Rendered messages kept by their source (a chat redrawn at each streamed
+# token renders only the message that changed).
+_RENDER_CACHE_SIZE = 512
+
+
+# Icons are drawn, not emoji: a machine without an emoji font shows emoji as boxes.
+COPY_ICON = ("<svg viewBox='0 0 24 24' width='15' height='15' aria-hidden='true' fill='none' stroke='currentColor' "
+             "stroke-width='2'><rect x='9' y='9' width='11' height='11' rx='2'/>"
+             "<path d='M5 15V5a2 2 0 0 1 2-2h8'/></svg>")
+CLEAR_ICON = ("<svg viewBox='0 0 24 24' width='15' height='15' aria-hidden='true' fill='none' stroke='currentColor' "
+              "stroke-width='2'><path d='M4 7h16M9 7V4h6v3M6 7l1 13h10l1-13'/></svg>")
+
+
+def markdown_html(text: str) -> str:
+    return str(_MARKDOWN.render(text))
+
+
+def _trusted(message: dict[str, Any]) -> bool:
+    """A message whose content is the page's own markup: a fold (its title),
+    "Thinking…", a spoken question's player, Both models' columns."""
+    meta = message.get("metadata") or {}
+    return bool(meta.get("title")) or meta.get("log") in (TYPING_MARK["log"], SPOKEN["log"], BOTH["log"])
+
+
+def message_html(message: dict[str, Any]) -> str:
+    """One chat message as the panel shows it: the question's bubble, an
+    answer's (with its copy button), a notice, or a fold ("what the model
+    got") closed under its title."""
+    meta = message.get("metadata") or {}
+    raw = message.get("content")
+    content = raw if isinstance(raw, str) else ""
+    role = "user" if message.get("role") == "user" else "bot"
+    if meta.get("title"):
+        return (f"<div class='vc-msg vc-bot vc-fold-msg' data-testid='bot'><details class='vc-fold'>"
+                f"<summary role='button'><span class='vc-fold-title'>{as_text(meta['title'])}</span></summary>"
+                f"<div class='vc-fold-body'>{content}</div></details></div>")
+    body = content if _trusted(message) else markdown_html(content)
+    kind = " vc-notice" if meta.get("log") == NOTICE["log"] else ""
+    copy = (f"<button type='button' class='vc-copy' aria-label='Copy this answer' title='Copy'>{COPY_ICON}</button>"
+            if role == "bot" and not kind and not meta else "")
+    return f"<div class='vc-msg vc-{role}{kind}' data-testid='{role}'><div class='vc-md'>{body}</div>{copy}</div>"
+
+
+class ChatView:
+    """What a tab's chat panel shows, kept per stream, so each draw names
+    only what changed: the messages in order (by a key that stays with a
+    message while it streams), the HTML of those new or changed, and the
+    questions whose outcome the chat now shows (the page counts its own
+    questions finished by them)."""
+
+    def __init__(self) -> None:
+        self._shown: dict[str, str] = {}  # key -> HTML the panel has
+        self._rendered: dict[str, str] = {}  # message source -> HTML
+        self._ended: dict[int, None] = {}  # the questions said ended (the newest 256)
+        self._open: set[int] = set()  # the questions drawn and not ended
+        self._generation: int | None = None
+
+    def _html(self, message: dict[str, Any]) -> str:
+        source = json.dumps([message.get("role"), message.get("content"), message.get("metadata")],
+                            default=str, ensure_ascii=False)
+        html = self._rendered.pop(source, None)
+        if html is None:
+            html = message_html(message)
+            while len(self._rendered) >= _RENDER_CACHE_SIZE:
+                self._rendered.pop(next(iter(self._rendered)))
+        self._rendered[source] = html  # newest last
+        return html
+
+    def _keyed(self, transcript: ChatTranscript) -> list[tuple[str, dict[str, Any]]]:
+        out: list[tuple[str, dict[str, Any]]] = []
+        for n, item in enumerate(transcript.items):
+            if isinstance(item, _Exchange):
+                out.extend((f"q{item.ticket}.{k}", m) for k, m in enumerate(item.messages(transcript.shows_typing)))
+            else:
+                out.append((f"m{n}", item))
+        return out
+
+    def draw(self, transcript: ChatTranscript) -> dict[str, Any]:
+        """The next draw: ``reset`` (a new chat: empty the panel first),
+        ``order`` (every message's key), ``html`` (key -> HTML of the
+        messages new or changed), ``ended`` (questions whose outcome is now
+        shown) and ``generation`` (the chat's: Clear starts another)."""
+        reset = self._generation != transcript.generation
+        if reset:
+            self._shown.clear()
+        self._generation = transcript.generation
+        keyed = self._keyed(transcript)
+        changed = {}
+        for key, message in keyed:
+            html = self._html(message)
+            if self._shown.get(key) != html:
+                changed[key] = self._shown[key] = html
+        order = [key for key, _ in keyed]
+        for gone in set(self._shown) - set(order):
+            del self._shown[gone]
+        now = transcript.exchanges
+        ended = [t for t, x in now.items() if x.ended and t not in self._ended]
+        # A question whose chat was cleared before it ended is over for the page too.
+        ended += [t for t in self._open if t not in now and t not in self._ended]
+        self._open = {t for t, x in now.items() if not x.ended}
+        for t in ended:
+            self._ended[t] = None
+        while len(self._ended) > 256:
+            self._ended.pop(next(iter(self._ended)))
+        return {"reset": reset, "order": order, "html": changed, "ended": ended,
+                "generation": transcript.generation}
+
+
+async def chat_draws(state: Any, entry: Any) -> AsyncGenerator[tuple[str, dict[str, Any]], None]:
+    """The tab's chat for the life of its session, said from the session's
+    events as (event name, body): ``chat.draw`` (ChatView.draw) and
+    ``inputs.view`` (what the model got for the newest answer: ``html``, and
+    the reply's ``details``), drawn first from the conversation's history,
+    then again at each change its events say; ``closed`` last."""
     with entry.event_hub.subscribe() as subscription:
         messages = await asyncio.to_thread(chat_messages, state, entry)
         transcript = ChatTranscript(state, entry, messages, shows_typing=True)
@@ -649,13 +738,19 @@ async def feed(state: Any, entry: Any, reask_list: Callable[[], Any] = lambda: g
                     None)
         if last is not None:
             transcript.shown = (last[1], last[0])
-        yield (transcript.messages(), *(await transcript.views()), reask_list())
-        marks.shown(transcript)
+        view = ChatView()
+        yield "chat.draw", view.draw(transcript)
+        html, details = await transcript.views()
+        yield "inputs.view", {"html": html, "details": details}
         redraws = Redraws(transcript, subscription)
+        generation = transcript.generation
         while (views_changed := await redraws.next()) is not None:
-            views = await transcript.views() if views_changed else (gr.skip(), gr.skip())
-            yield (transcript.messages(), *views, reask_list() if views_changed else gr.skip())
-            marks.shown(transcript)
+            yield "chat.draw", view.draw(transcript)
+            if views_changed or transcript.generation != generation:
+                generation = transcript.generation
+                html, details = await transcript.views()
+                yield "inputs.view", {"html": html, "details": details}
+    yield "closed", {}
 
 
 class _OneQuestion:
@@ -688,6 +783,9 @@ async def exchange_updates(state: Any, entry: Any, before: list[dict[str, Any]],
         mine = transcript.exchanges
         redraws = Redraws(transcript, _OneQuestion(subscription, ticket),
                           until=lambda: ticket in mine and mine[ticket].ended)
-        yield transcript.messages(), gr.skip(), gr.skip()
-        while (views_changed := await redraws.next()) is not None:
-            yield (transcript.messages(), *((await transcript.views()) if views_changed else (gr.skip(), gr.skip())))
+        # Every update carries the views whole (never gr.skip() for one of
+        # them): an output skipped and then given a value is what made
+        # Gradio keep a stray copy of it per answer.
+        yield transcript.messages(), *(await transcript.views())
+        while await redraws.next() is not None:
+            yield transcript.messages(), *(await transcript.views())

@@ -1,13 +1,16 @@
-"""The page's layout: what each control is and where it sits, and the
-access tokens the page carries. Which function each control runs is
-vidchat.doors.page.layout.
+"""The page's layout: what each control is and where it sits, which
+function each runs, and the access tokens the page carries.
+
+Gradio lays out the page, its settings and sign-in, and runs the events
+that are not a question (Stop, Clear, Watch, Talk, re-ask, the public API).
+A typed question is one request of the page's own (POST /webrtc/ask, which
+returns its ticket) and the chat panel is drawn by static/js/chat.js from
+the session's events (vidchat.doors.page.chat): no Gradio event carries a
+question or the chat, and nothing here reads or writes Gradio's state.
 """
 
 from __future__ import annotations
 
-import asyncio
-import datetime
-import json
 import logging
 from dataclasses import dataclass
 from typing import Any, Callable
@@ -20,16 +23,15 @@ from vidchat.conversation.events import Notice
 from vidchat.conversation.modes import DEFAULT_EVERY_S
 from vidchat.doors import UPLOAD_DELETE_CACHE, as_text, login_of
 from vidchat.doors.page.chat import (
+    CLEAR_ICON,
+    COPY_ICON,
     HEAD,
     NOT_RUNNING,
     PREVIEW_HTML,
     TALK_HTML,
-    feed,
     frames_html,
+    markdown_html,
     model_label,
-    notice,
-    rendered,
-    typing,
 )
 from vidchat.doors.page.questions import (
     MAX_BUNDLE_BYTES,
@@ -42,29 +44,24 @@ from vidchat.doors.page.questions import (
     clear_chat,
     load_bundle,
     mode_updates,
-    page_question,
+    page_defaults,
     reask,
     reask_choices,
     reask_engines,
-    remember_tab,
     respond,
     stop_answer,
-    tab_bundles,
     talk_switch,
     watch_switch,
 )
-from vidchat.media import FRAMES_AS, evs
+from vidchat.media import FRAMES_AS
 from vidchat.media.vad import TurnSettings
 
 log = logging.getLogger(__name__)
 
 
 # The page's events: which function of vidchat.doors.page each control
-# runs, in what order, with which inputs and outputs.
-#
-# The controls themselves are laid out by vidchat.doors.page.layout. Events are
-# registered in one fixed order (their fn_index is the access guard's map,
-# vidchat.doors.page.layout.page_functions).
+# runs, with which inputs and outputs. (Their fn_index is the access
+# guard's map, vidchat.doors.page.layout.page_functions, read once they are all registered.)
 
 # Said in the chat when Stop (beside Send) ended watching as well as the answer.
 WATCH_STOPPED = "Stop switched Watch off as well: tick Watch to go on watching."
@@ -74,42 +71,31 @@ WATCH_STOPPED = "Stop switched Watch off as well: tick Watch to go on watching."
 # yields nothing at all would blank the chat.)
 LAST_UPDATE_IS_NOTHING = (gr.skip(), gr.skip(), gr.skip())
 
-# A typed question's event has ended: counted, and a "Thinking…" still last
-# in the chat with no typed question left in flight goes (the browser put it
-# there at Send, and a session gone meanwhile has no chat feed to replace it).
-QUESTION_FINISHED_JS = ("(chat) => { const q = window.vidchat?.questions; if (q) q.finished += 1;"
-                        " const last = chat?.[chat.length - 1];"
-                        " const stale = q && q.asked === q.finished && JSON.stringify(last?.content ?? '')"
-                        ".includes('vc-typing');"
-                        " return [stale ? chat.slice(0, -1) : chat]; }")  # (one output: in a list of one)
+# The chat panel: its strip (the label, the clear icon) above the list of
+# messages that static/js/chat.js draws from the session's events. The
+# template is what the chat says to a question asked with no session (there
+# is no conversation to ask, and no event stream to draw it from).
+CHAT_HTML = """
+<div class="vc-chat-panel">
+  <div class="vc-chat-strip"><span class="vc-chat-label">Chat</span>
+    <button type="button" class="vc-chat-clear" title="Clear chat">{clear_icon}Clear</button></div>
+  <div class="vc-chat-list" role="log" aria-live="polite" aria-label="Chat"></div>
+  <template id="vc-copy-icon">{copy_icon}</template>
+  <template id="vc-not-running"><div class="vc-msg vc-bot vc-notice" data-testid="bot"><div class="vc-md">{not_running}</div></div></template>
+</div>
+"""
 
-# Clear chat's event has ended (the tab's chat is empty).
-CLEAR_FINISHED_JS = "() => { if (window.vidchat) window.vidchat.clears += 1; }"
-
-# Sending empties the question box into the field the question's event
-# reads. With no session (the camera not started, or stopped) there is no
-# conversation to ask and no chat feed: the question and why it was not
-# asked join the chat here, in the browser, as the server would say it.
-# With one, the question and "Thinking…" show at once, as the chat feed
-# draws them (vidchat.doors.page.chat), before the question's round trip.
-# (In the browser a message's content is a list of typed parts.)
-def _in_browser(message: dict) -> str:
-    return json.dumps({**message, "content": [{"type": "text", "text": message["content"]}]}, ensure_ascii=False)
-
-
-SEND_JS = ("(question, chat) => !question.trim() ? ['', question, chat]"
-           " : ['', window.vidchat?.sessionId ? question : '',"
-           " [...(chat || []), {role: 'user', content: [{type: 'text', text: question}]},"
-           " window.vidchat?.sessionId ? %s : %s]]" % (_in_browser(typing()), _in_browser(notice(NOT_RUNNING))))
+# What the model got (last question): drawn by static/js/chat.js from the same events.
+INPUTS_HTML = """<div id="vc-inputs-html">{empty}</div>
+<details class="vc-reply-details"><summary>Reply details</summary><pre id="vc-details">null</pre></details>"""
 
 
 @dataclass
 class Controls:
     """The page's controls that events read or write."""
 
-    chatbot: gr.Chatbot
+    api_chat: gr.Chatbot  # hidden: the public API's chat (/ask, /watch, /talk), in and out
     question: gr.Textbox
-    sent_question: gr.Textbox  # hidden: the question as sent, which the question's event reads
     question_note: gr.Markdown  # why nothing was asked, when there is no chat to say it in
     send: gr.Button
     stop: gr.Button
@@ -123,8 +109,10 @@ class Controls:
     both_models: gr.Checkbox  # Both models (shown with --compare-model only)
     clear: gr.Button
     settings_inputs: list[gr.components.Component]
-    inputs_view: gr.HTML
-    details: gr.JSON
+    inputs_panel: gr.Accordion
+    api_inputs_view: gr.HTML  # hidden: what the model got, as the public API returns it
+    api_details: gr.JSON  # hidden: the reply's details, as the public API returns them
+    reask_panel: gr.Accordion
     reask_from: gr.Dropdown
     reask_btn: gr.Button
     reask_engine: gr.Radio
@@ -134,9 +122,9 @@ class Controls:
     session_id: gr.Textbox
 
     @property
-    def outputs(self) -> list[gr.components.Component]:
-        """What an answer updates: the chat, the "what the model got" panel, the reply's details."""
-        return [self.chatbot, self.inputs_view, self.details]
+    def api_outputs(self) -> list[gr.components.Component]:
+        """What the public API's answer returns: the chat, the "what the model got" panel, the reply's details."""
+        return [self.api_chat, self.api_inputs_view, self.api_details]
 
 
 def wire(blocks: gr.Blocks, state: Any, page: Controls) -> None:
@@ -161,39 +149,6 @@ def wire(blocks: gr.Blocks, state: Any, page: Controls) -> None:
                             concurrency_limit=None)
     _reask(state, page, own)
     _settings_help(page)
-    _chat(state, page, own)  # last: the events above keep their fn_index (the guard's map)
-
-
-def _chat(state: Any, page: Controls, own: Callable) -> None:
-    """The tab's chat: one long-lived event per session that draws it from
-    the conversation (its history, then its events), a reload included."""
-
-    async def on_session(request: gr.Request, sid):
-        entry = state.registry.get(own(request, sid))
-        if entry is None:
-            yield (*LAST_UPDATE_IS_NOTHING, gr.skip())
-            return
-        listed: list = []
-
-        def reask_list():  # follows the chat's answers (and the bundles this tab loaded)
-            choices = reask_choices(state, entry.session.id, tab_bundles(request.session_hash))
-            if [c[1] for c in choices] == listed:
-                return gr.skip()
-            listed[:] = [c[1] for c in choices]
-            return gr.Dropdown(choices=choices, value=choices[0][1] if choices else None)
-
-        async for update in feed(state, entry, reask_list):
-            yield update
-        # The event's last message repeats its last update in full: ending on
-        # one that changes nothing keeps a chat the browser added to since
-        # (a question asked after the session ended) as it is.
-        yield (*LAST_UPDATE_IS_NOTHING, gr.skip())
-
-    # "multiple": a tab's next session (Start camera again) gets its own
-    # feed while the old one ends with its session.
-    page.session_id.change(on_session, [page.session_id], [*page.outputs, page.reask_from],
-                           api_visibility="private", show_progress="hidden", concurrency_limit=None,
-                           trigger_mode="multiple")
 
 
 def _settings_help(page: Controls) -> None:
@@ -207,10 +162,8 @@ def _settings_help(page: Controls) -> None:
 
 
 def _questions(state: Any, page: Controls, own: Callable) -> None:
-    """Typed questions (Enter, Send, the public /ask) and Stop."""
-
-    async def on_page_question(request: gr.Request, message, sid, *raw):
-        return await page_question(state, message, own(request, sid), *raw)
+    """The public /ask, and Stop. (The page's own typed question is POST
+    /webrtc/ask, static/js/questions.js: no Gradio event.)"""
 
     async def on_question(request: gr.Request, message, history, sid, *raw):
         async for update in respond(state, message, history, own(request, sid), *raw):
@@ -225,31 +178,12 @@ def _questions(state: Any, page: Controls, own: Callable) -> None:
             entry.event_hub.publish(Notice(WATCH_STOPPED))
         return False  # Stop ends watching too: the Watch box unticks
 
-    # The question box is not an output of the question's event, so it stays
-    # editable while an answer streams: a new question then replaces the
-    # running answer. The box empties as the question is sent: a step in the
-    # browser moves its text into a hidden field, which the question's event
-    # reads. The event sends only the question (and the settings it is asked
-    # with): the chat is the conversation's, drawn by the chat feed (_chat).
-    # It ends once its answer is whole in the chat, which the page counts
-    # (static/js/questions.js counts the key press): a refused question has
-    # no "what the model got" panel, so only the event's end says its reply
-    # is whole (tests, QA scripts).
-    inputs = [page.sent_question, page.session_id, *page.settings_inputs]
-    for trigger in (page.question.submit, page.send.click):
-        (trigger(None, [page.question, page.chatbot], [page.question, page.sent_question, page.chatbot], js=SEND_JS,
-                 queue=False,
-                 trigger_mode="multiple", api_visibility="private")
-         .then(on_page_question, inputs, page.question_note, api_visibility="private", concurrency_limit=None,
-               show_progress="hidden", trigger_mode="multiple")
-         .then(None, page.chatbot, page.chatbot, js=QUESTION_FINISHED_JS, queue=False,
-               api_visibility="private"))
-    # The public /ask: the same question, its part of the chat streamed after
+    # The public /ask: the question, its part of the chat streamed after
     # the caller's chat; the last message is the whole reply (what an API
     # client reads as the result).
     ask_api = gr.Button(visible=False, elem_id="vc-ask-api")
-    ask_api.click(on_question, [page.question, page.chatbot, page.session_id, *page.settings_inputs], page.outputs,
-                  api_name="ask", concurrency_limit=None)
+    ask_api.click(on_question, [page.question, page.api_chat, page.session_id, *page.settings_inputs],
+                  page.api_outputs, api_name="ask", concurrency_limit=None)
     page.stop.click(on_stop, [page.session_id], page.watch_on, concurrency_limit=None, api_name="stop")
 
 
@@ -257,20 +191,12 @@ def _clear(state: Any, page: Controls, own: Callable) -> None:
     """Clear chat, and the chat's own clear icon."""
 
     async def on_clear(request: gr.Request, sid, loaded):
-        mine = own(request, sid)
-        await clear_chat(state, mine)
-        entry = state.registry.get(mine)
-        if entry is not None:  # returned once the tab's chat is empty
-            await rendered(entry).cleared(entry)
+        await clear_chat(state, own(request, sid))  # the tab's chat empties as the session's events say
         choices = bundle_choices(loaded)  # the old chat's answers are no longer offered; loaded bundles are
         return gr.Dropdown(choices=choices, value=choices[0][1] if choices else None)
 
-    # The chat's own clear icon empties only the browser's copy of the chat:
-    # it clears the conversation as Clear chat does, or the chat would come back.
-    for trigger in (page.clear.click, page.chatbot.clear):
-        trigger(on_clear, [page.session_id, page.loaded_bundles], page.reask_from,
-                api_visibility="private").then(None, None, None, js=CLEAR_FINISHED_JS, queue=False,
-                                               api_visibility="private")
+    # The chat panel's own clear icon presses Clear chat (static/js/chat.js).
+    page.clear.click(on_clear, [page.session_id, page.loaded_bundles], page.reask_from, api_visibility="private")
 
 
 def _watch(state: Any, page: Controls, own: Callable) -> None:
@@ -291,8 +217,8 @@ def _watch(state: Any, page: Controls, own: Callable) -> None:
                          show_progress="hidden", trigger_mode="multiple", concurrency_limit=None)
     # The /watch API: switch it, then the chat as watching asks, until it ends.
     watch_api = gr.Button(visible=False, elem_id="vc-watch-api")
-    watch_api.click(on_watch_api, [page.watch_on, page.watch_question, page.watch_every, page.chatbot,
-                                   page.session_id, *page.settings_inputs], [*page.outputs, page.watch_on],
+    watch_api.click(on_watch_api, [page.watch_on, page.watch_question, page.watch_every, page.api_chat,
+                                   page.session_id, *page.settings_inputs], [*page.api_outputs, page.watch_on],
                     api_name="watch", concurrency_limit=None, show_progress="hidden")
 
 
@@ -316,8 +242,9 @@ def _talk(blocks: gr.Blocks, state: Any, page: Controls, own: Callable) -> None:
         control.change(on_switch, switch_inputs, [page.talk_on, page.question_note], api_visibility="private",
                        show_progress="hidden", trigger_mode="multiple", concurrency_limit=None)
     talk_api = gr.Button(visible=False, elem_id="vc-talk-api")
-    talk_api.click(on_talk_api, [page.talk_on, page.barge_in, page.talk_silence, page.talk_min_speech, page.chatbot,
-                                 page.session_id, *page.settings_inputs], [*page.outputs, page.talk_on],
+    talk_api.click(on_talk_api, [page.talk_on, page.barge_in, page.talk_silence, page.talk_min_speech,
+                                 page.api_chat, page.session_id, *page.settings_inputs],
+                   [*page.api_outputs, page.talk_on],
                    api_name="talk", concurrency_limit=None, show_progress="hidden")
 
     async def talk_availability():
@@ -338,10 +265,21 @@ def _reask(state: Any, page: Controls, own: Callable) -> None:
 
     async def on_load_bundle(request: gr.Request, path, sid, loaded):
         loaded, _, chosen, message = await load_bundle(state, path, loaded)
-        remember_tab(request.session_hash, loaded)  # the chat feed lists them beside the chat's answers
         choices = reask_choices(state, own(request, sid), loaded)
         return (loaded, gr.Dropdown(choices=choices, value=chosen or (choices[0][1] if choices else None)),
                 message, None)
+
+    async def on_look(request: gr.Request, sid, loaded, chosen):
+        """The list as the chat's answers are now (and the bundle this tab
+        loaded), read as the panel opens or the list is opened; the choice
+        stays unless it is no longer offered (then the newest)."""
+        choices = reask_choices(state, own(request, sid), loaded)
+        values = [value for _, value in choices]
+        return gr.Dropdown(choices=choices, value=chosen if chosen in values else values[0] if values else None)
+
+    for trigger in (page.reask_panel.expand, page.reask_from.focus):
+        trigger(on_look, [page.session_id, page.loaded_bundles, page.reask_from], page.reask_from,
+                api_visibility="private", show_progress="hidden", concurrency_limit=None)
 
     page.bundle_file.upload(on_load_bundle, [page.bundle_file, page.session_id, page.loaded_bundles],
                             [page.loaded_bundles, page.reask_from, page.comparison, page.bundle_file],
@@ -374,48 +312,56 @@ def _header(state) -> None:
 
 
 def _settings_panel(state) -> list[gr.components.Component]:
-    """The settings accordion; returns its inputs in respond()'s order."""
+    """The settings accordion; returns its inputs in respond()'s order
+    (vidchat.doors.page.questions.PAGE_SETTINGS: static/js/settings.js reads
+    them by their elem_id for the page's own questions)."""
     s = state.settings
+    d = page_defaults(state)
     max_images = max(1, s.max_images)
     with gr.Accordion("Settings", open=False, elem_id="vc-settings"):
         with gr.Row():
-            k = gr.Slider(1, max_images, value=min(s.frames_per_question, max_images), step=1,
+            k = gr.Slider(1, max_images, value=d["num_sample_frames"], step=1,
                           label=SETTINGS["num_sample_frames"].label, elem_id="vc-frames-per-question")
             # The picker shows each strategy's label and sends its name (the
             # protocol's); its help says what the chosen one does (events.py).
             strategy = SETTINGS["sampling"]
-            sampling = gr.Dropdown(strategy.page_choices(), value=s.sampling, label=strategy.label,
-                                   elem_id="vc-sampling", info=strategy.choice_help(s.sampling))
+            sampling = gr.Dropdown(strategy.page_choices(), value=d["sampling"], label=strategy.label,
+                                   elem_id="vc-sampling", info=strategy.choice_help(d["sampling"]))
             window = SETTINGS["sample_seconds"]
             by_value = {value: label for label, value in strategy.page_choices()}
-            seconds = gr.Slider(1, 60, value=10, step=1, label=f"{window.label} (s)", elem_id="vc-sample-seconds",
-                                info=f"Used by “{by_value['latest_seconds']}”")
+            seconds = gr.Slider(1, 60, value=d["sample_seconds"], step=1, label=f"{window.label} (s)",
+                                elem_id="vc-sample-seconds", info=f"Used by “{by_value['latest_seconds']}”")
         with gr.Row():
-            evs_on = gr.Checkbox(value=True, label=SETTINGS["evs_enabled"].label)
+            evs_on = gr.Checkbox(value=d["evs_enabled"], label=SETTINGS["evs_enabled"].label, elem_id="vc-evs")
             threshold = gr.Slider(
-                0.5, 1.0, value=evs.DEFAULT_THRESHOLD, step=0.005, label=SETTINGS["evs_threshold"].label,
+                0.5, 1.0, value=d["evs_threshold"], step=0.005, label=SETTINGS["evs_threshold"].label,
                 info="A frame is kept when more than (1 − threshold) of the picture changed: 0.95 → 5 %.",
+                elem_id="vc-evs-threshold",
             )
             # More than --max-session-mb holds at the stored size is refused
             # when asked, with the budget named (the model's size is known then).
-            max_frames = gr.Slider(4, 256, value=64, step=1, label=SETTINGS["max_frames"].label,
-                                   info="At most what the server's --max-session-mb holds")
+            max_frames = gr.Slider(4, 256, value=d["max_frames"], step=1, label=SETTINGS["max_frames"].label,
+                                   info="At most what the server's --max-session-mb holds", elem_id="vc-max-frames")
         with gr.Row():
-            frames_as = gr.Radio(list(FRAMES_AS), value=s.frames_as, label=SETTINGS["frames_as"].label)
-            audio_on = gr.Checkbox(value=True, label=f"{SETTINGS['include_audio'].label} (models that take it)")
-            max_tokens = gr.Slider(1, 2048, value=s.max_tokens, step=1, label=SETTINGS["max_tokens"].label,
+            frames_as = gr.Radio(list(FRAMES_AS), value=d["frames_as"], label=SETTINGS["frames_as"].label,
+                                 elem_id="vc-frames-as")
+            audio_on = gr.Checkbox(value=d["include_audio"],
+                                   label=f"{SETTINGS['include_audio'].label} (models that take it)",
+                                   elem_id="vc-include-audio")
+            max_tokens = gr.Slider(1, 2048, value=d["max_tokens"], step=1, label=SETTINGS["max_tokens"].label,
                                    elem_id="vc-max-tokens")
-            temperature = gr.Slider(0.0, 1.5, value=s.temperature, step=0.05, label=SETTINGS["temperature"].label,
+            temperature = gr.Slider(0.0, 1.5, value=d["temperature"], step=0.05, label=SETTINGS["temperature"].label,
                                     elem_id="vc-temperature")
-            seed = gr.Textbox(value="", label=SETTINGS["seed"].label, placeholder="random", elem_id="vc-seed",
+            seed = gr.Textbox(value=d["seed"], label=SETTINGS["seed"].label, placeholder="random", elem_id="vc-seed",
                               info="A whole number makes sampling repeatable; empty picks a new one each time.")
         allowed = bool(s.record_dir)
-        record = gr.Checkbox(value=False, interactive=allowed, elem_id="vc-record",
+        record = gr.Checkbox(value=d["record"], interactive=allowed, elem_id="vc-record",
                              label="Record each answer as a bundle on the server (its links: at the top of "
                                    "What the model got, and under each answer)" if allowed else
                              "Record (off: the server was started without --record-dir)")
-        system_prompt = gr.Textbox(value=s.system_prompt, label=SETTINGS["system_prompt"].label, lines=2, max_lines=6,
-                                   elem_id="vc-system-prompt", info="Put before every conversation; empty: none.")
+        system_prompt = gr.Textbox(value=d["system_prompt"], label=SETTINGS["system_prompt"].label, lines=2,
+                                   max_lines=6, elem_id="vc-system-prompt",
+                                   info="Put before every conversation; empty: none.")
     _checked_by_vidchat(k, seconds, threshold, max_frames, max_tokens, temperature)
     return [k, sampling, seconds, evs_on, threshold, max_frames, frames_as, audio_on, max_tokens, temperature, seed,
             record, system_prompt]
@@ -435,14 +381,16 @@ def _as_sent(payload):
 
 
 def page_state_capacity(max_sessions: int) -> int:
-    """How many tabs' page state Gradio keeps. It keeps a copy of the page's
-    component state for each tab it has seen (about 110 KB for this page),
-    by default for 10,000 tabs: over a gigabyte that a long-running server
-    grows into as visitors come and go, never given back. The least recently
-    used goes first, so a tab in use keeps its own (one idle while hundreds
-    of others came loses only the bundles it had loaded, see the docs); the
-    bound leaves room for many more tabs than sessions (a tab without a
-    camera has no session)."""
+    """How many tabs' page state Gradio keeps (Gradio's own bound, set
+    through its public ``state_session_capacity``). It keeps the values of
+    the page's controls for each tab it has seen, by default for 10,000
+    tabs, never given back. The chat and what the model got are not among
+    them (static/js/chat.js draws them from the session's events), so a
+    tab's copy is its settings, its switches and its loaded bundle. The
+    least recently used goes first, so a tab in use keeps its own (one idle
+    while hundreds of others came loses only the bundle it had loaded, see
+    the docs); the bound leaves room for many more tabs than sessions (a tab
+    without a camera has no session)."""
     return max(256, 8 * max_sessions)
 
 
@@ -479,23 +427,28 @@ def _controls(state) -> Controls:
         with gr.Column(scale=6, min_width=300):
             chat = _chat_column(state)
     settings_inputs = _settings_panel(state)
-    with gr.Accordion("What the model got (last question)", open=False, elem_id="vc-inputs"):
-        inputs_view = gr.HTML(frames_html(None))
-        details = gr.JSON(label="Reply details", value=None)
+    with gr.Accordion("What the model got (last question)", open=False, elem_id="vc-inputs") as inputs_panel:
+        gr.HTML(INPUTS_HTML.replace("{empty}", frames_html(None)), elem_id="vc-inputs-view")
     reasking = _reask_panel(state)
     if state.settings.suite_dir:
         _suites_panel(state)
     session_id = gr.Textbox(visible="hidden", elem_id="vidchat-session-id")
-    return Controls(**chat, settings_inputs=settings_inputs, inputs_view=inputs_view, details=details, **reasking,
-                    session_id=session_id)
+    # The public API's outputs (never shown on the page, whose chat and
+    # inputs panel static/js/chat.js draws).
+    api_inputs_view = gr.HTML(visible=False, elem_id="vc-api-inputs")
+    api_details = gr.JSON(visible=False, elem_id="vc-api-details")
+    return Controls(**chat, settings_inputs=settings_inputs, inputs_panel=inputs_panel,
+                    api_inputs_view=api_inputs_view, api_details=api_details, **reasking, session_id=session_id)
 
 
 def _chat_column(state) -> dict[str, Any]:
     """The chat, the question box, and the Watch, Talk and Both models switches under it."""
     # Each message in its own bubble: a notice (a refused setting, Stop) is
     # read as what it is, not as more words of the answer or notice before it.
-    chatbot = gr.Chatbot(label="Chat", height=440, elem_id="vc-chat", buttons=["copy"],
-                         group_consecutive_messages=False)
+    gr.HTML(CHAT_HTML.replace("{not_running}", markdown_html(NOT_RUNNING)).replace("{clear_icon}", CLEAR_ICON)
+            .replace("{copy_icon}", COPY_ICON),
+            elem_id="vc-chat")
+    api_chat = gr.Chatbot(visible=False, elem_id="vc-api-chat")
     with gr.Row(elem_classes="vc-ask"):
         # Its label is its accessible name (shown only to screen readers: the
         # placeholder says it on screen, in the chosen source's words, static/js/wording.js).
@@ -503,7 +456,6 @@ def _chat_column(state) -> dict[str, Any]:
                               scale=8, lines=1, max_lines=4, elem_id="vc-question")
         send = gr.Button("Send", variant="primary", scale=1, min_width=70, elem_id="vc-send")
         stop = gr.Button("Stop", scale=1, min_width=70, elem_id="vc-stop-answer")
-    sent_question = gr.Textbox(visible="hidden", elem_id="vc-sent-question")
     # A setting refused in the page (static/js/slider_checks.js) says so here, under the question.
     gr.HTML("<div id='vc-refused' class='vc-refused' role='alert' hidden></div>", elem_id="vc-refused-box")
     # Why nothing was asked when there is no session (no chat to say it in).
@@ -529,7 +481,7 @@ def _chat_column(state) -> dict[str, Any]:
                               visible=bool(state.compare_model_path), elem_id="vc-both-models",
                               info="The second model gets the same frames, audio, chat and seed")
     clear = gr.Button("Clear chat", size="sm", elem_id="vc-clear")
-    return dict(chatbot=chatbot, both_models=both_models, question=question, sent_question=sent_question, question_note=question_note,
+    return dict(api_chat=api_chat, both_models=both_models, question=question, question_note=question_note,
                 send=send, stop=stop,
                 watch_on=watch_on, watch_question=watch_question, watch_every=watch_every, talk_on=talk_on,
                 barge_in=barge_in, talk_silence=talk_silence, talk_min_speech=talk_min_speech, clear=clear)
@@ -537,7 +489,7 @@ def _chat_column(state) -> dict[str, Any]:
 
 def _reask_panel(state) -> dict[str, Any]:
     """Re-ask and compare: an earlier answer (or a loaded bundle) asked again on the same inputs."""
-    with gr.Accordion("Re-ask and compare", open=False, elem_id="vc-reask-panel"):
+    with gr.Accordion("Re-ask and compare", open=False, elem_id="vc-reask-panel") as reask_panel:
         two_models = bool(state.compare_model_path)
         gr.Markdown("Ask an earlier question again on **exactly the same frames, audio and history**, with the "
                     "settings above (frames per question takes that many of the original frames; the system "
@@ -560,7 +512,7 @@ def _reask_panel(state) -> dict[str, Any]:
                                   elem_id="vc-bundle-file", scale=2, height=130)
         comparison = gr.HTML("", elem_id="vc-compare")
         loaded_bundles = gr.State({})
-    return dict(reask_from=reask_from, reask_btn=reask_btn, reask_engine=reask_engine, bundle_file=bundle_file,
+    return dict(reask_panel=reask_panel, reask_from=reask_from, reask_btn=reask_btn, reask_engine=reask_engine, bundle_file=bundle_file,
                 comparison=comparison, loaded_bundles=loaded_bundles)
 
 
@@ -604,12 +556,12 @@ def page_functions(blocks: gr.Blocks, session_id: gr.components.Component) -> tu
     (fn_index -> its place in their inputs), and the fn_index of each API name."""
     takes_session = {}
     by_name = {}
-    for fn in blocks.fns.values():
+    for fn_index, fn in blocks.fns.items():  # Blocks.fns: each event's function by its fn_index
         for position, component in enumerate(fn.inputs):
             if component is session_id:
-                takes_session[fn._id] = position
+                takes_session[fn_index] = position
         if isinstance(fn.api_name, str):
-            by_name[fn.api_name] = fn._id
+            by_name[fn.api_name] = fn_index
     return takes_session, by_name
 
 
@@ -644,91 +596,3 @@ def hf_page_token(state, username: str | None) -> str:
             log.info("Hugging Face user %r is not on --hf-users", username)
         return ""
     return state.access.page_token(username)
-
-
-# The page state Gradio keeps for each tab, kept from growing.
-#
-# Gradio keeps a copy of the page's component state for every tab it has
-# seen (each component's configuration, the chat, the last answer's "what
-# the model got" and reply details, the tab's loaded bundle). Two things
-# grew it on a server left running (bench/soak.py found them;
-# docs/operations.md, "What the soak found"):
-#
-# - **Every answer, in an open tab.** An output first given ``gr.skip()``
-#   (an update) and then a value (the answer's inputs view and details, once
-#   it is done) is stored by Gradio 6 under a fresh component id each time,
-#   beside the component's own: about 12 KB more per answer that nothing
-#   reads (the tab's ``config_values`` are only written, and the extra
-#   component copies are only looked up under ids no event has). Each round
-#   drops the entries under ids that are not the page's own.
-# - **Every tab, once closed.** When a tab closes (its heartbeat stream
-#   ends) Gradio only marks its copy closed; the copy stays until
-#   ``page_state_capacity`` newer tabs push it out. A tab closed and not used
-#   for ``--closed-tab-timeout`` s is forgotten. A tab whose heartbeat only
-#   blinked (it reconnects, stays marked closed, and its next event finds its
-#   state) is in use, so it is kept; one that comes back after it was
-#   forgotten starts from the page's defaults, as Gradio's own expiry would
-#   leave it after an hour.
-#
-# The rounds run on the event loop, where Gradio changes these copies too.
-
-ROUND_EVERY_S = 60.0  # at most; a few times within the timeout when it is shorter
-
-
-def _stray_keys(holder: Any, table: dict) -> list[int]:
-    """The ids in one of a tab's tables that are not the page's own components."""
-    return [key for key in table if key not in holder.blocks.blocks]
-
-
-def tab_counts(holder: Any) -> dict[str, int]:
-    """How many tabs' state Gradio holds, how many of those are closed, and
-    how many stray component copies they hold now (/api/health's ``page_tabs``)."""
-    states = list(holder.session_data.values())
-    return {"held": len(states), "closed": sum(1 for s in states if getattr(s, "is_closed", False)),
-            "stray_copies": sum(len(_stray_keys(holder, s.config_values)) for s in states)}
-
-
-def drop_stray_copies(holder: Any) -> int:
-    """Drop, in every tab's state, the entries under ids that are not the
-    page's own components; returns how many went."""
-    dropped = 0
-    for tab_state in list(holder.session_data.values()):
-        for table in (tab_state.config_values, tab_state.blocks_config.blocks):
-            stray = _stray_keys(holder, table)
-            for key in stray:
-                del table[key]
-            dropped += len(stray)
-    return dropped
-
-
-def forget_closed_tabs(holder: Any, keep_s: float, now: datetime.datetime | None = None) -> int:
-    """Drop the state of each tab closed and unused for ``keep_s``; returns how many went."""
-    now = now or datetime.datetime.now()
-    idle_since = dict(holder.time_last_used)
-    gone = [tab for tab, tab_state in list(holder.session_data.items())
-            if getattr(tab_state, "is_closed", False)
-            and (now - idle_since.get(tab, datetime.datetime.min)).total_seconds() >= keep_s]
-    for tab in gone:
-        holder.delete_state(tab)  # gr.State values' delete callbacks, as Gradio's own expiry runs them
-        with holder.lock:
-            holder.session_data.pop(tab, None)
-            holder.time_last_used.pop(tab, None)
-    return len(gone)
-
-
-async def keep_tab_states_bounded(holder_of: Callable[[], Any], keep_s: float) -> None:
-    """A round of both every so often until cancelled (the app's lifespan runs it)."""
-    every_s = min(ROUND_EVERY_S, max(0.5, keep_s / 4))
-    while True:
-        await asyncio.sleep(every_s)
-        holder = holder_of()
-        if holder is None:  # no page mounted
-            continue
-        try:
-            gone = forget_closed_tabs(holder, keep_s)
-            dropped = drop_stray_copies(holder)
-        except Exception:
-            log.exception("keeping the tabs' page state bounded failed")
-            continue
-        if gone or dropped:
-            log.debug("page state: forgot %d closed tab(s), dropped %d stray component copies", gone, dropped)

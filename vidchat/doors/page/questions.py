@@ -1,7 +1,9 @@
 """The page's questions: its settings read through the one settings table,
-and the question asked of the conversation, which runs its answer; the chat
-shows it from the session's events (vidchat.doors.page.chat). Stop and
-Clear chat. (Re-asks beside the chat: vidchat.doors.page.questions.)
+and the question asked of the conversation, which runs its answer. A typed
+question is one request (POST /webrtc/ask: :func:`ask_typed`), which
+applies its settings and returns its ticket; the chat shows it from the
+session's events (vidchat.doors.page.chat). Stop and Clear chat; re-asks
+beside the chat; Watch and Talk switched from the page.
 """
 
 from __future__ import annotations
@@ -12,9 +14,8 @@ import dataclasses
 import logging
 import secrets
 import time
-import weakref
 from pathlib import Path
-from typing import Any, AsyncIterator, Callable
+from typing import Any, AsyncIterator
 
 import gradio as gr
 
@@ -31,22 +32,17 @@ from vidchat.doors.page.chat import (
     _short,
     compare_html,
     exchange_updates,
+    frames_html,
     model_label,
     notice,
-    rendered,
     second_model_label,
 )
 from vidchat.engine import NO_SPOKEN_QUESTIONS, EngineError
-from vidchat.media import is_number
+from vidchat.media import evs, is_number
 from vidchat.media.session import Session
 from vidchat.media.vad import TurnSettings
 
 log = logging.getLogger(__name__)
-
-
-# How long a question's page event waits, once its answer is done, for the
-# tab's chat to show it (the chat feed draws it; a tab without one goes on).
-SHOWN_WAIT_S = 2.0
 
 
 def typed(value: Any) -> str:
@@ -119,77 +115,98 @@ def applied_request(state, entry, raw_settings: tuple) -> PageRequest:
     return request
 
 
-def _record(raw_settings: tuple) -> bool:
-    """The page's Record box, in page_request's order."""
-    return len(raw_settings) > 11 and bool(raw_settings[11])
+# The page's settings, by the settings table's names, in page_request's
+# order (the page's POST /webrtc/ask sends them so; the Gradio events take
+# them as these inputs, vidchat.doors.page.layout).
+PAGE_SETTINGS = ("num_sample_frames", "sampling", "sample_seconds", "evs_enabled", "evs_threshold", "max_frames",
+                 "frames_as", "include_audio", "max_tokens", "temperature", "seed", "record", "system_prompt")
 
 
-def _options(state, entry, raw_settings: tuple) -> Callable[[], asking.AnswerOptions]:
-    """The question's options as the session runs them, read (and its
-    sampling settings applied) once the model runs: a value above what the
-    loaded model takes is refused then, naming the field."""
-    return lambda: applied_request(state, entry, raw_settings).options
+def page_defaults(state: Any) -> dict[str, Any]:
+    """The page's settings as a tab opens: its controls' values
+    (vidchat.doors.page.layout), and what a question that leaves one out is asked with."""
+    s = state.settings
+    return {"num_sample_frames": min(s.frames_per_question, max(1, s.max_images)), "sampling": s.sampling,
+            "sample_seconds": 10, "evs_enabled": True, "evs_threshold": evs.DEFAULT_THRESHOLD, "max_frames": 64,
+            "frames_as": s.frames_as, "include_audio": True, "max_tokens": s.max_tokens,
+            "temperature": s.temperature, "seed": "", "record": False, "system_prompt": s.system_prompt}
 
 
-def _submit(state, entry, text: str, raw_settings: tuple) -> int:
-    """Ask a typed question of the conversation, with the sample taken as
-    Enter was pressed when there is one (vidchat.conversation.warmup, already warmed)."""
+def sent_settings(state: Any, sent: Any) -> tuple[Any, ...]:
+    """The settings a page's question carries (name -> value, as its
+    controls hold them), in page_request's order; one left out is the
+    page's default. The Sampling picker's label stands for its strategy."""
+    sent = sent if isinstance(sent, dict) else {}
+    defaults = page_defaults(state)
+    values = [sent.get(name, defaults[name]) for name in PAGE_SETTINGS]
+    by_label = dict(SETTINGS["sampling"].page_choices())
+    at = PAGE_SETTINGS.index("sampling")
+    values[at] = by_label.get(values[at], values[at]) if isinstance(values[at], str) else values[at]
+    return tuple(values)
+
+
+def _submit(entry: Conversation, text: str, request: PageRequest) -> int:
+    """Ask a typed question of the conversation, with the options its settings say."""
     entry.typed_question_at = time.monotonic()
-    pin = state.prewarmer.take_pin(entry) if getattr(state, "prewarmer", None) is not None and state.ready else None
-    return entry.submit(text, _options(state, entry, raw_settings),
-                                                sample=None if pin is None else pin.sample,
-                                                pinned_at=None if pin is None else pin.at,
-                                                record=_record(raw_settings))
+    return entry.submit(text, request.options, record=request.record)
 
 
-async def page_question(state, message: Any, sid: str | None, *raw_settings: Any) -> Any:
-    """The page's typed question: asked, and this event ends once its
-    outcome is in the tab's chat (the chat feed draws it). Returns the
-    note under the question box: why nothing was asked, when nothing was."""
-    event_start = time.perf_counter()
+async def ask_typed(state: Any, entry: Conversation, message: Any, settings: Any) -> dict[str, Any]:
+    """The page's typed question (POST /webrtc/ask): its settings read and
+    applied to the session now, then asked of the conversation. Returns
+    ``{"ticket": n}`` (its outcome comes as the session's events, which the
+    chat panel draws), or ``{"refused": why}`` when its settings were not
+    accepted (the chat says so too). Raises ValueError for no question."""
     text = message.strip() if isinstance(message, str) else ""
-    entry = state.registry.get(sid) if isinstance(sid, str) else None
     if not text:
-        return gr.skip()
-    if entry is None:
-        return gr.update(value=NOT_RUNNING, visible=True)
+        raise ValueError("'question' must be non-empty text")
     events.bind(entry.session.id, entry.kind)
-    with entry.event_hub.subscribe() as subscription:
-        ticket = _submit(state, entry, text, raw_settings)
-        await _outcome(subscription, ticket, event_start)
     try:
-        await asyncio.wait_for(rendered(entry).event(ticket).wait(), SHOWN_WAIT_S)
-    except asyncio.TimeoutError:
-        pass
-    return gr.update(value="", visible=False)
+        request = applied_request(state, entry, sent_settings(state, settings))
+    except ValueError as exc:
+        why = f"Settings not accepted: {exc}"
+        entry.event_hub.publish(Notice(f"⚠ {why}"))
+        return {"refused": why}
+    event_start = time.perf_counter()
+    subscription = entry.event_hub.subscribe()  # before it is asked: its first events are not missed
+    ticket = _submit(entry, text, request)
+    task = asyncio.ensure_future(_log_latency(subscription, ticket, event_start))
+    _timing.add(task)
+    task.add_done_callback(_timing.discard)
+    return {"ticket": ticket}
 
 
-async def _outcome(subscription: Any, ticket: int, event_start: float) -> None:
-    """Wait for the question's answer to end (or its refusal), logging the
-    server's share of its latency (bench/page.py reads these lines)."""
+# The latency loggers of questions still being answered (held so they are not collected).
+_timing: set[asyncio.Task[None]] = set()
+
+
+async def _log_latency(subscription: Any, ticket: int, event_start: float) -> None:
+    """Log the server's share of a question's latency, until its answer
+    ends or it is refused (bench/page.py reads these lines)."""
     answer = None
     first_token = True
-    while True:
-        event = await subscription.get()
-        if isinstance(event, Closed) or isinstance(event, QuestionRefused) and event.ticket == ticket:
-            return
-        if not isinstance(event, AnswerEvent) or event.side or event.ticket != ticket:
-            continue
-        inner = event.event
-        if isinstance(inner, Started):
-            answer = inner.answer
-            log.info("chat event -> engine call: %.2f ms", (time.perf_counter() - event_start) * 1000)
-        elif isinstance(inner, Delta) and first_token and answer is not None:
-            first_token = False
-            stats = answer.reply.stats
-            since = time.perf_counter() - event_start
-            # The event's wall-clock time lets a browser on this machine split
-            # its own Enter -> first token into before/after the server.
-            log.info("chat event -> first token: %.1f ms (%d of %d prompt tokens from the cache; %d of %d frames "
-                     "new; event at %.3f)", since * 1000, stats.cached_tokens, stats.prompt_tokens,
-                     answer.sample.new_frames, len(answer.sample.frames), time.time() - since)
-        elif isinstance(inner, Done):
-            return
+    with subscription:
+        while True:
+            event = await subscription.get()
+            if isinstance(event, Closed) or isinstance(event, QuestionRefused) and event.ticket == ticket:
+                return
+            if not isinstance(event, AnswerEvent) or event.side or event.ticket != ticket:
+                continue
+            inner = event.event
+            if isinstance(inner, Started):
+                answer = inner.answer
+                log.info("chat event -> engine call: %.2f ms", (time.perf_counter() - event_start) * 1000)
+            elif isinstance(inner, Delta) and first_token and answer is not None:
+                first_token = False
+                stats = answer.reply.stats
+                since = time.perf_counter() - event_start
+                # The event's wall-clock time lets a browser on this machine split
+                # its own Enter -> first token into before/after the server.
+                log.info("chat event -> first token: %.1f ms (%d of %d prompt tokens from the cache; %d of %d "
+                         "frames new; event at %.3f)", since * 1000, stats.cached_tokens, stats.prompt_tokens,
+                         answer.sample.new_frames, len(answer.sample.frames), time.time() - since)
+            elif isinstance(inner, Done):
+                return
 
 
 async def respond(state, message: Any, history: list[dict], sid: str, *raw_settings: Any) -> AsyncIterator[tuple]:
@@ -199,14 +216,20 @@ async def respond(state, message: Any, history: list[dict], sid: str, *raw_setti
     text = message.strip() if isinstance(message, str) else ""
     history = list(history or [])
     if not text:
-        yield history, gr.skip(), gr.skip()
+        yield history, frames_html(None), None
         return
     entry = state.registry.get(sid) if isinstance(sid, str) else None
     if entry is None:
-        yield [*history, {"role": "user", "content": text}, notice(NOT_RUNNING)], gr.skip(), gr.skip()
+        yield [*history, {"role": "user", "content": text}, notice(NOT_RUNNING)], frames_html(None), None
         return
     events.bind(entry.session.id, entry.kind)
-    async for update in exchange_updates(state, entry, history, lambda: _submit(state, entry, text, raw_settings)):
+    try:
+        request = applied_request(state, entry, raw_settings)
+    except ValueError as exc:
+        yield ([*history, {"role": "user", "content": text}, notice(f"⚠ Settings not accepted: {exc}")],
+               frames_html(None), None)
+        return
+    async for update in exchange_updates(state, entry, history, lambda: _submit(entry, text, request)):
         yield update
 
 
@@ -247,21 +270,6 @@ class TabBundles(dict):
     def __init__(self, *args: Any, slot: Conversation | None = None, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.slot = slot
-
-
-# Each tab's loaded bundles by its Gradio session, held weakly (the tab's own
-# state holds them): the chat feed lists them in the re-ask list beside the
-# chat's answers without the tab sending them again.
-_TABS: "weakref.WeakValueDictionary[str, TabBundles]" = weakref.WeakValueDictionary()
-
-
-def remember_tab(tab: str | None, loaded: Any) -> None:
-    if tab and isinstance(loaded, TabBundles):
-        _TABS[tab] = loaded
-
-
-def tab_bundles(tab: str | None) -> dict | None:
-    return _TABS.get(tab) if tab else None
 
 
 def _tab_slot(state: Any, loaded: dict | None) -> Conversation:
@@ -550,7 +558,7 @@ async def mode_updates(state, sid: str | None, history: list[dict], switched: tu
     history = list(history or [])
     if box is False:
         said = note.get("value") if isinstance(note, dict) else None
-        yield [*history, notice(said)] if said else history, gr.skip(), gr.skip(), False
+        yield [*history, notice(said)] if said else history, frames_html(None), None, False
         return
     if entry is None or not running(entry.modes):
         return
@@ -558,6 +566,5 @@ async def mode_updates(state, sid: str | None, history: list[dict], switched: tu
     with entry.event_hub.subscribe() as subscription:
         transcript = ChatTranscript(state, entry, history)
         redraws = Redraws(transcript, subscription, until=lambda: not running(modes))
-        while (views_changed := await redraws.next()) is not None:
-            views = await transcript.views() if views_changed else (gr.skip(), gr.skip())
-            yield transcript.messages(), *views, gr.skip()
+        while await redraws.next() is not None:  # the views whole each time (see chat.exchange_updates)
+            yield transcript.messages(), *(await transcript.views()), gr.skip()
