@@ -50,10 +50,7 @@ TEST_MAX_IMAGES = 16
 # sent nothing for 8 s and its session expired mid-test.
 SESSION_IDLE_TIMEOUT = 20
 SERVER_ARGS = ["--ws-idle-timeout", "4", "--ws-config-timeout", "2",
-               "--session-idle-timeout", str(SESSION_IDLE_TIMEOUT),
-               # Closed tabs' page state forgotten within a second or two, and the rounds that keep
-               # every tab's bounded run every 0.5 s, under all the page tests (vidchat.doors.page.layout).
-               "--closed-tab-timeout", "1"]
+               "--session-idle-timeout", str(SESSION_IDLE_TIMEOUT)]
 
 free_port = allocate_port  # the name the older test modules use
 

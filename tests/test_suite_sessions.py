@@ -55,7 +55,7 @@ class _Host:
     def __init__(self, *engines: object) -> None:
         self.settings = types.SimpleNamespace(model="fake", compare_model="", record_dir="", suite_dir="",
                                               suite_keep_runs=0)
-        self.registry = SessionRegistry(app=self)
+        self.registry = SessionRegistry(host=self)
         self.answer_gate = self.metrics = self.prewarmer = None
         self.engines = list(engines)
         self.opened = 0

@@ -176,11 +176,6 @@ class Settings(ModelSettings):
         30.0, "End a WebRTC session whose newest frame or audio is older than this (seconds); until then a "
         "tab whose connection dropped can re-attach to it.",
     )
-    closed_tab_timeout: float = _opt(
-        600.0, "Forget the page state Gradio keeps for a browser tab (its chat, the last answer's inputs, its "
-        "loaded bundle) once the tab has been closed and unused for this many seconds; Gradio itself only "
-        "marks it closed, and a server left running grew with every visitor.",
-    )
     # --- seed WebSocket protocol --------------------------------------
     ws_idle_timeout: float = _opt(60.0, "WebSocket protocol: close a session after this many seconds without a message.")
     ws_config_timeout: float = _opt(10.0, "WebSocket protocol: seconds a client has to send session.config.")
@@ -350,7 +345,7 @@ def build_parser() -> argparse.ArgumentParser:
 # flag's name, instead of failing every session later.
 AT_LEAST = {"max_sessions": 1, "max_frame_pixels": 1, "max_body_bytes": 1024, "ws_max_frame_bytes": 1024,
             "max_sessions_per_client": 0, "max_concurrent_answers": 0, "connect_timeout": 0,
-            "session_idle_timeout": 1, "closed_tab_timeout": 1, "ws_idle_timeout": 1, "ws_config_timeout": 0.1,
+            "session_idle_timeout": 1, "ws_idle_timeout": 1, "ws_config_timeout": 0.1,
             "ws_send_timeout": 0.5, "ws_max_fps": 1, "tensor_parallel_size": 1, "data_parallel_size": 1, "turn_ttl": 60,
             "max_session_mb": 0, "engine_connect_timeout": 0.1, "engine_first_byte_timeout": 0.1,
             "ws_max_audio_seconds": 0.1, "max_upload_mb": 0, "engine_restarts": 0, "stream_fps": 0.1,

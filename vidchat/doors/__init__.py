@@ -14,6 +14,7 @@ from vidchat.conversation.host import Host, HostSettings
 
 if TYPE_CHECKING:
     from vidchat.conversation.conversation import Conversation
+    from vidchat.engine.interface import ChatEngine
     from vidchat.media.streams import Streams
 
 # What the server (vidchat.app) and the doors agree on, so that no door
@@ -113,6 +114,32 @@ class Server(Host, Protocol):
     def gpu_figures(self) -> list[dict[str, Any]]:
         """Each GPU's memory and utilisation now (empty without a GPU)."""
         ...
+
+
+class PageServer(Server, Protocol):
+    """What the page (vidchat.doors.page) uses of the server besides a door's:
+    the sign-in it mounts with, the banners it shows, the engines' states."""
+
+    banner: str | None  # the model's banner (random weights, a suggested model)
+    tiny: bool
+    compare_model_path: str  # "" without --compare-model
+    compare_tiny: bool
+    engine: ChatEngine | None
+    compare_engine: ChatEngine | None
+    page_app: Any  # the mounted Gradio app (its own type)
+    # vidchat.app.access's Access and PageLogins: the app's sign-in rules,
+    # which the page hands to Gradio as they are.
+    access: Any
+    page_logins: Any
+
+    @property
+    def ready(self) -> bool: ...
+
+    async def wait_engine(self, timeout: float | None = None) -> ChatEngine: ...
+
+    def compare_readiness(self) -> tuple[bool, str]: ...
+
+    def store_limit_text(self) -> str: ...
 
 
 class IceUnavailable(RuntimeError):

@@ -140,7 +140,7 @@ class TurnDetector:
     call returns the events it completed. Not thread-safe: one feeder."""
 
     settings: TurnSettings = field(default_factory=TurnSettings)
-    model: SpeechModel | None = None
+    model: SpeechModel = field(default_factory=lambda: SpeechModel())
     # The user's speech level (dBFS), learnt from their utterances; the echo
     # gate compares against it while the page speaks.
     user_level_dbfs: float = -20.0
@@ -151,10 +151,6 @@ class TurnDetector:
     _speech_end: float = 0.0  # end of the last window judged speech
     _confirmed: bool = False
     _levels: list[float] = field(default_factory=list)
-
-    def __post_init__(self) -> None:
-        if self.model is None:
-            self.model = SpeechModel()
 
     def feed(self, samples: np.ndarray, t: float) -> list[SpeechStarted | Utterance]:
         samples = np.asarray(samples, dtype=np.float32).reshape(-1)

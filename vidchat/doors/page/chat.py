@@ -47,8 +47,8 @@ from vidchat.conversation.events import (
     STOPPED as STOPPED_WHY,
 )
 from vidchat.conversation.runs import CANCELLED, Delta, Done, Queued, Started
+from vidchat.doors import PageServer, as_text
 from vidchat.doors import answer_routes as answer_inputs
-from vidchat.doors import as_text
 
 # How the page shows things: the chat's own messages (notices, spoken
 # questions), what the model got, the re-ask comparison, the model's label.
@@ -307,7 +307,7 @@ def waiting_text(ahead: int) -> str:
 # its answer's text (marked where it was cut short) and, while the session
 # still keeps that answer's inputs, the "what the model got" fold under it.
 
-def chat_messages(state: Any, entry: Any) -> list[dict[str, Any]]:
+def chat_messages(state: PageServer, entry: Any) -> list[dict[str, Any]]:
     """The chat's messages, oldest first, as the page's chatbot shows them."""
     messages: list[dict[str, Any]] = []
     for exchange in entry.history.exchanges:
@@ -387,7 +387,7 @@ class _Exchange:
 class ChatTranscript:
     """The chat of one session as the page shows it, kept from its events."""
 
-    def __init__(self, state: Any, entry: Any, messages: list[dict[str, Any]] | None = None,
+    def __init__(self, state: PageServer, entry: Any, messages: list[dict[str, Any]] | None = None,
                  shows_typing: bool = False) -> None:
         self.state, self.entry = state, entry
         # The page's own chat says "Thinking…" until the first token; an API
@@ -725,7 +725,7 @@ class ChatView:
                 "generation": transcript.generation}
 
 
-async def chat_draws(state: Any, entry: Any) -> AsyncGenerator[tuple[str, dict[str, Any]], None]:
+async def chat_draws(state: PageServer, entry: Any) -> AsyncGenerator[tuple[str, dict[str, Any]], None]:
     """The tab's chat for the life of its session, said from the session's
     events as (event name, body): ``chat.draw`` (ChatView.draw) and
     ``inputs.view`` (what the model got for the newest answer: ``html``, and
@@ -773,7 +773,7 @@ class _OneQuestion:
         return [e for e in self.subscription.pending() if self._mine(e)]
 
 
-async def exchange_updates(state: Any, entry: Any, before: list[dict[str, Any]], ask: Callable[[], int]) \
+async def exchange_updates(state: PageServer, entry: Any, before: list[dict[str, Any]], ask: Callable[[], int]) \
         -> AsyncIterator[tuple]:
     """One question's part of the chat after ``before`` (an API caller's
     chat), from asking it (``ask`` returns its ticket) to its outcome."""

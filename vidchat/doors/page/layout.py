@@ -21,7 +21,7 @@ from starlette.routing import Mount
 from vidchat.conversation.asking import SETTINGS
 from vidchat.conversation.events import Notice
 from vidchat.conversation.modes import DEFAULT_EVERY_S
-from vidchat.doors import UPLOAD_DELETE_CACHE, as_text, login_of
+from vidchat.doors import UPLOAD_DELETE_CACHE, PageServer, as_text, login_of
 from vidchat.doors.page.chat import (
     CLEAR_ICON,
     COPY_ICON,
@@ -127,7 +127,7 @@ class Controls:
         return [self.api_chat, self.api_inputs_view, self.api_details]
 
 
-def wire(blocks: gr.Blocks, state: Any, page: Controls) -> None:
+def wire(blocks: gr.Blocks, state: PageServer, page: Controls) -> None:
     """Register every event of the page (inside ``blocks``)."""
 
     # Every function that takes the session id gets it only when the
@@ -161,7 +161,7 @@ def _settings_help(page: Controls) -> None:
     sampling.change(explain, sampling, sampling, queue=False, show_progress="hidden", api_visibility="private")
 
 
-def _questions(state: Any, page: Controls, own: Callable) -> None:
+def _questions(state: PageServer, page: Controls, own: Callable) -> None:
     """The public /ask, and Stop. (The page's own typed question is POST
     /webrtc/ask, static/js/questions.js: no Gradio event.)"""
 
@@ -187,7 +187,7 @@ def _questions(state: Any, page: Controls, own: Callable) -> None:
     page.stop.click(on_stop, [page.session_id], page.watch_on, concurrency_limit=None, api_name="stop")
 
 
-def _clear(state: Any, page: Controls, own: Callable) -> None:
+def _clear(state: PageServer, page: Controls, own: Callable) -> None:
     """Clear chat, and the chat's own clear icon."""
 
     async def on_clear(request: gr.Request, sid, loaded):
@@ -199,7 +199,7 @@ def _clear(state: Any, page: Controls, own: Callable) -> None:
     page.clear.click(on_clear, [page.session_id, page.loaded_bundles], page.reask_from, api_visibility="private")
 
 
-def _watch(state: Any, page: Controls, own: Callable) -> None:
+def _watch(state: PageServer, page: Controls, own: Callable) -> None:
     """Watch: the standing question asked at scene changes, by a task of the conversation."""
 
     async def on_switch(request: gr.Request, on, q, every, sid, *raw):
@@ -222,7 +222,7 @@ def _watch(state: Any, page: Controls, own: Callable) -> None:
                     api_name="watch", concurrency_limit=None, show_progress="hidden")
 
 
-def _talk(blocks: gr.Blocks, state: Any, page: Controls, own: Callable) -> None:
+def _talk(blocks: gr.Blocks, state: PageServer, page: Controls, own: Callable) -> None:
     """Talk: each utterance asked as it ends, by a task of the conversation; and whether the model can hear at all."""
 
     async def on_switch(request: gr.Request, on, barge, silence, min_speech, sid, *raw):
@@ -260,7 +260,7 @@ def _talk(blocks: gr.Blocks, state: Any, page: Controls, own: Callable) -> None:
     blocks.load(talk_availability, None, page.talk_on, api_visibility="private", show_progress="hidden")
 
 
-def _reask(state: Any, page: Controls, own: Callable) -> None:
+def _reask(state: PageServer, page: Controls, own: Callable) -> None:
     """Re-ask and compare: the list of answers, loading a bundle, the re-ask itself."""
 
     async def on_load_bundle(request: gr.Request, path, sid, loaded):

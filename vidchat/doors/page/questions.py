@@ -24,7 +24,7 @@ from vidchat.conversation.asking import SETTINGS, UNBOUNDED_MAX_TOKENS, OptionEr
 from vidchat.conversation.conversation import Conversation
 from vidchat.conversation.events import AnswerEvent, Closed, Notice, QuestionRefused
 from vidchat.conversation.runs import CANCELLED, Delta, Done, Started
-from vidchat.doors import as_text
+from vidchat.doors import PageServer, as_text
 from vidchat.doors.page.chat import (
     NOT_RUNNING,
     ChatTranscript,
@@ -122,7 +122,7 @@ PAGE_SETTINGS = ("num_sample_frames", "sampling", "sample_seconds", "evs_enabled
                  "frames_as", "include_audio", "max_tokens", "temperature", "seed", "record", "system_prompt")
 
 
-def page_defaults(state: Any) -> dict[str, Any]:
+def page_defaults(state: PageServer) -> dict[str, Any]:
     """The page's settings as a tab opens: its controls' values
     (vidchat.doors.page.layout), and what a question that leaves one out is asked with."""
     s = state.settings
@@ -132,7 +132,7 @@ def page_defaults(state: Any) -> dict[str, Any]:
             "temperature": s.temperature, "seed": "", "record": False, "system_prompt": s.system_prompt}
 
 
-def sent_settings(state: Any, sent: Any) -> tuple[Any, ...]:
+def sent_settings(state: PageServer, sent: Any) -> tuple[Any, ...]:
     """The settings a page's question carries (name -> value, as its
     controls hold them), in page_request's order; one left out is the
     page's default. The Sampling picker's label stands for its strategy."""
@@ -151,7 +151,7 @@ def _submit(entry: Conversation, text: str, request: PageRequest) -> int:
     return entry.submit(text, request.options, record=request.record)
 
 
-async def ask_typed(state: Any, entry: Conversation, message: Any, settings: Any) -> dict[str, Any]:
+async def ask_typed(state: PageServer, entry: Conversation, message: Any, settings: Any) -> dict[str, Any]:
     """The page's typed question (POST /webrtc/ask): its settings read and
     applied to the session now, then asked of the conversation. Returns
     ``{"ticket": n}`` (its outcome comes as the session's events, which the
@@ -272,7 +272,7 @@ class TabBundles(dict):
         self.slot = slot
 
 
-def _tab_slot(state: Any, loaded: dict | None) -> Conversation:
+def _tab_slot(state: PageServer, loaded: dict | None) -> Conversation:
     """The entry a tab's re-asks run on when it has no session (see TabBundles)."""
     slot = getattr(loaded, "slot", None)
     if slot is None:
@@ -283,7 +283,7 @@ def _tab_slot(state: Any, loaded: dict | None) -> Conversation:
     return slot
 
 
-def _audio_cap(state: Any) -> float:
+def _audio_cap(state: PageServer) -> float:
     """Most seconds of audio a loaded bundle may hold: the socket doors' --ws-max-audio-seconds."""
     return getattr(getattr(state, "settings", None), "ws_max_audio_seconds", bundles.MAX_AUDIO_SECONDS)
 
