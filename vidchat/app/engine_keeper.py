@@ -14,10 +14,8 @@ down and ``/readyz``, the page and the log say why. A remote engine
 from __future__ import annotations
 
 import asyncio
-import collections
 import logging
 import time
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Callable
 
 from vidchat.app.settings import Settings
@@ -26,7 +24,7 @@ from vidchat.engine.interface import ChatEngine, EngineError, EngineOptions
 from vidchat.engine.local import LocalEngine
 
 if TYPE_CHECKING:
-    from vidchat.app.state import AppState
+    from vidchat.app.state import AppState, EngineLife
 
 log = logging.getLogger(__name__)
 
@@ -37,39 +35,7 @@ FIRST_BACKOFF_S = 2.0
 
 MAX_BACKOFF_S = 60.0
 
-RESTART_WINDOW_S = 3600.0
-
 SHUTDOWN_TIMEOUT_S = 15.0  # a dead engine's tear-down; past it the restart goes on anyway
-
-
-@dataclass
-class EngineLife:
-    """What the app says of one engine while it is not up: since when it
-    restarts, why it stopped, and why it stays down (past the cap)."""
-
-    name: str  # "main" or "compare": the metrics' label
-    restarting_since: float | None = None
-    stopped_because: str | None = None
-    down_because: str | None = None
-    restarts: int = 0
-    _recent: collections.deque[float] = field(default_factory=collections.deque, repr=False)
-
-    def may_restart(self, limit_per_hour: int, now: float) -> bool:
-        while self._recent and self._recent[0] < now - RESTART_WINDOW_S:
-            self._recent.popleft()
-        return len(self._recent) < limit_per_hour
-
-    def note_restart(self, now: float) -> None:
-        self._recent.append(now)
-
-    def status(self) -> str | None:
-        """The reason the engine is not up, as /readyz and the page say it (None: nothing to say)."""
-        if self.down_because:
-            return f"The model engine stopped ({self.stopped_because}) and stays down: {self.down_because}"
-        if self.restarting_since is not None:
-            return (f"Restarting the model… {time.monotonic() - self.restarting_since:.0f} s "
-                    f"(the engine stopped: {self.stopped_because})")
-        return None
 
 
 def death_cause(engine: ChatEngine) -> str:

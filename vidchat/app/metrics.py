@@ -23,15 +23,25 @@ import asyncio
 import collections
 import logging
 import time
-from typing import TYPE_CHECKING, Any, Callable, Iterable
+from typing import Any, Callable, Iterable, Protocol
 
 from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, Counter, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from vidchat.conversation.events import DOORS
+from vidchat.conversation.host import Host
 
-if TYPE_CHECKING:
-    from vidchat.app.state import AppState
+
+class Observed(Host, Protocol):
+    """What /metrics reads of the app at scrape time (vidchat.app.state.AppState):
+    the host's registry, queue and warm-ups, and whether each engine is up."""
+
+    @property
+    def ready(self) -> bool: ...
+
+    @property
+    def compare_model_path(self) -> str: ...
+
 
 log = logging.getLogger(__name__)
 
@@ -137,7 +147,7 @@ class AppCollector:
     app was last attached (a process serves one app; tests start several)."""
 
     def __init__(self) -> None:
-        self.state: AppState | None = None
+        self.state: Observed | None = None
         self._gpu = GpuReader()
 
     def describe(self) -> Iterable[Metric]:
@@ -224,7 +234,7 @@ class GpuReader:
 _collector: AppCollector | None = None
 
 
-def attach(state: AppState) -> Metrics:
+def attach(state: Observed) -> Metrics:
     """Serve ``state``'s figures at /metrics; returns the event counters."""
     global _collector
     if _collector is None:

@@ -5,12 +5,12 @@ that assembles them all import it, and imports run one way."""
 from __future__ import annotations
 
 import asyncio
+import collections
 import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
 from vidchat.app.access import Access, PageLogins
-from vidchat.app.engine_keeper import EngineLife
 from vidchat.app.models import TINY_BANNER
 from vidchat.app.settings import Settings
 from vidchat.conversation.answers import AnswerOptions, AnswerQueue
@@ -27,6 +27,40 @@ from vidchat.media.streams import Streams
 if TYPE_CHECKING:
     from vidchat.app.ice_servers import TurnMinter
     from vidchat.app.metrics import Metrics
+
+
+# How far back an engine's restarts are counted against --engine-restarts.
+RESTART_WINDOW_S = 3600.0
+
+
+@dataclass
+class EngineLife:
+    """What the app says of one engine while it is not up: since when it
+    restarts, why it stopped, and why it stays down (past the cap)."""
+
+    name: str  # "main" or "compare": the metrics' label
+    restarting_since: float | None = None
+    stopped_because: str | None = None
+    down_because: str | None = None
+    restarts: int = 0
+    _recent: collections.deque[float] = field(default_factory=collections.deque, repr=False)
+
+    def may_restart(self, limit_per_hour: int, now: float) -> bool:
+        while self._recent and self._recent[0] < now - RESTART_WINDOW_S:
+            self._recent.popleft()
+        return len(self._recent) < limit_per_hour
+
+    def note_restart(self, now: float) -> None:
+        self._recent.append(now)
+
+    def status(self) -> str | None:
+        """The reason the engine is not up, as /readyz and the page say it (None: nothing to say)."""
+        if self.down_because:
+            return f"The model engine stopped ({self.stopped_because}) and stays down: {self.down_because}"
+        if self.restarting_since is not None:
+            return (f"Restarting the model… {time.monotonic() - self.restarting_since:.0f} s "
+                    f"(the engine stopped: {self.stopped_because})")
+        return None
 
 
 class ClosedAtShutdown(Protocol):

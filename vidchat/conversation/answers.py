@@ -258,6 +258,17 @@ class SessionRecord:
         # grace): nobody asks meanwhile, so it gets no warm-ups.
         self.away = False
 
+    @property
+    def turn(self) -> int:
+        """The chat's turn: its newest question's ticket (or Stop's, Clear's, the end's since)."""
+        return self.chat.turn
+
+    @property
+    def warm_history(self) -> tuple[Turn, ...]:
+        """The chat the next question will carry, for its warm-up
+        (vidchat.conversation.warmup); a conversation keeps one, a bare record none."""
+        return ()
+
     # The session's answer is its chat's (the doors' and the warm-ups' word for it).
     @property
     def answer(self) -> Answer | None:

@@ -228,11 +228,6 @@ class Conversation(SessionRecord):
     # -- the chat's turn and the one way to stop its answer ------------------
 
     @property
-    def turn(self) -> int:
-        """The chat's turn: its newest question's ticket (or Stop's, Clear's, the end's since)."""
-        return self.chat.turn
-
-    @property
     def generation(self) -> int:
         """How many times the chat was cleared. No rule here reads it (an
         answer's chat is ``chat_began``); the page's chat feed counts the

@@ -53,8 +53,7 @@ from vidchat.engine.interface import ChatEngine, Prepared, ReplyStats
 from vidchat.media.session import Sample, Session, SessionSettings
 
 if TYPE_CHECKING:
-    from vidchat.conversation.answers import Answer, AnswerOptions
-    from vidchat.conversation.conversation import Conversation
+    from vidchat.conversation.answers import Answer, AnswerOptions, SessionRecord
     from vidchat.conversation.host import Host
 
 log = logging.getLogger(__name__)
@@ -263,7 +262,7 @@ class Pin:
     at: float  # time.monotonic()
     sample: Sample
     settings: SessionSettings  # the session's settings it was taken with
-    turn: int  # the conversation's turn then (Conversation.turn): a later question makes the pin stale
+    turn: int  # the conversation's turn then (SessionRecord.turn): a later question makes the pin stale
     warmed: bool = False
 
 
@@ -274,7 +273,7 @@ class EnterPins:
         self._pins: dict[str, Pin] = {}
         self._taking: set[str] = set()  # sessions whose Enter sample is being taken
 
-    def begin(self, entry: Conversation, now: float) -> bool:
+    def begin(self, entry: SessionRecord, now: float) -> bool:
         """Whether an Enter report of this session may take a pin (then call
         :meth:`end` once its sample is taken): not while a report's sample is
         being taken, nor while the session's pin waits for its question."""
@@ -293,7 +292,7 @@ class EnterPins:
     def get(self, session_id: str) -> Pin | None:
         return self._pins.get(session_id)
 
-    def take(self, entry: Conversation) -> Pin | None:
+    def take(self, entry: SessionRecord) -> Pin | None:
         """The pin for this question (None when there is none, it is older
         than PIN_S, or the question came with other sampling settings): used once."""
         pin = self._pins.pop(entry.session.id, None)
@@ -302,18 +301,18 @@ class EnterPins:
             return None
         return pin
 
-    def waiting(self, entry: Conversation, now: float) -> bool:
+    def waiting(self, entry: SessionRecord, now: float) -> bool:
         """A fresh pin of this session waits for its question (warmed or not):
         another Enter before that question arrives takes no new one."""
         pin = self._pins.get(entry.session.id)
         return pin is not None and now - pin.at < PIN_S and pin.turn == entry.turn
 
-    def unwarmed(self, entry: Conversation, now: float) -> bool:
+    def unwarmed(self, entry: SessionRecord, now: float) -> bool:
         """A fresh pin of this session's coming question, not warmed yet: warmed before anything else."""
         pin = self._pins.get(entry.session.id)
         return pin is not None and not pin.warmed and self.waiting(entry, now)
 
-    def prune(self, live: dict[str, Conversation], now: float) -> None:
+    def prune(self, live: dict[str, SessionRecord], now: float) -> None:
         """Forget the pins of ended sessions, stale ones, and those a question overtook."""
         for sid in [s for s in self._pins if s not in live or now - self._pins[s].at > PIN_S
                     or self._pins[s].turn != live[s].turn]:
@@ -380,7 +379,7 @@ class WarmPlan:
 
 
 def warm_candidates(host: Host, warm_states: dict[str, WarmState], pins: EnterPins, now: float, interval_s: float,
-                    slow_frames: bool = False) -> list[tuple[bool, float, Conversation, SampleKey]]:
+                    slow_frames: bool = False) -> list[tuple[bool, float, SessionRecord, SampleKey]]:
     """The sessions worth a warm-up now, most urgent first, as (not urgent,
     last warmed, entry, sample key): a pinned Enter before anything (the
     longest unwarmed of those first, so no session's Enters crowd out
@@ -390,9 +389,9 @@ def warm_candidates(host: Host, warm_states: dict[str, WarmState], pins: EnterPi
     just started) is warmed again as soon as the last one-frame warm-up
     ends, so its first question finds its frames encoded. Forgets the warm
     states and pins of sessions that ended."""
-    live: dict[str, Conversation] = {}
-    out: list[tuple[bool, float, Conversation, SampleKey]] = []
-    pinned: list[tuple[float, Conversation, SampleKey]] = []
+    live: dict[str, SessionRecord] = {}
+    out: list[tuple[bool, float, SessionRecord, SampleKey]] = []
+    pinned: list[tuple[float, SessionRecord, SampleKey]] = []
     engine = host.engine_now("main")
     segments = engine is not None and engine.splits_audio
     for entry in host.registry.entries():
@@ -454,7 +453,7 @@ def frames_ahead(frame_cost: FrameCost) -> int | None:
     return 1 if frame_cost.slow else -1
 
 
-def warm_sample(engine: ChatEngine, entry: Conversation, pin: Pin | None,
+def warm_sample(engine: ChatEngine, entry: SessionRecord, pin: Pin | None,
                 new_frames: int | None = -1) -> tuple[Sample, bool]:
     """What a warm-up of this session sends, and whether it is the sample
     taken at Enter. ``new_frames``: at most this many frames new to the
@@ -472,7 +471,7 @@ def warm_sample(engine: ChatEngine, entry: Conversation, pin: Pin | None,
     return sample.without_audio(), False
 
 
-async def plan_warmup(engine: ChatEngine, entry: Conversation, options: AnswerOptions, pin: Pin | None,
+async def plan_warmup(engine: ChatEngine, entry: SessionRecord, options: AnswerOptions, pin: Pin | None,
                       new_frames: int | None) -> WarmPlan | None:
     """The warm-up of this session the engine would get now, prepared as
     ``options`` would prepare its next question (``new_frames`` as
@@ -512,7 +511,7 @@ def lead_digest(frames: Sequence[np.ndarray], frames_as: str) -> str:
     return inputs_digest(frames if frames_as == "video" or len(frames) < 2 else frames[:-1], None)
 
 
-def sample_key(entry: Conversation, audio_segments: bool = False) -> SampleKey:
+def sample_key(entry: SessionRecord, audio_segments: bool = False) -> SampleKey:
     """Changes whenever the next question's warmed inputs may have: a kept
     frame, new settings, a finished answer (new history or options), and,
     where the engine takes the audio in segments, a finished segment."""
@@ -620,7 +619,7 @@ class WarmupInFlight:
             return
         await self.give_way(task)
 
-    async def warm(self, engine: ChatEngine, entry: Conversation, plan: WarmPlan, *, busy: bool, warm: WarmState,
+    async def warm(self, engine: ChatEngine, entry: SessionRecord, plan: WarmPlan, *, busy: bool, warm: WarmState,
                    key: SampleKey, pin: Pin | None) -> tuple[ReplyStats, float] | None:
         """Run the planned warm-up of this session, unless ``busy``, and
         record what it warmed in ``warm`` (taken for sample key ``key``;
@@ -647,7 +646,7 @@ class WarmupInFlight:
         _log_warmed(sid, plan.sample, stats, took, pin if plan.at_enter else None, plan.new_frames)
         return done
 
-    async def run(self, engine: ChatEngine, entry: Conversation, plan: WarmPlan) -> tuple[ReplyStats, float] | None:
+    async def run(self, engine: ChatEngine, entry: SessionRecord, plan: WarmPlan) -> tuple[ReplyStats, float] | None:
         """Send the planned warm-up of this session and wait for it: the
         engine's stats and the seconds it took, or None when it was aborted
         (its session ended) or gave way to an answer. An engine error is
@@ -805,7 +804,7 @@ class Prewarmer:
             await self._flight.give_way_at_enter(session_id, wanted)
             self._wake.set()
 
-    def take_pin(self, entry: Conversation) -> Pin | None:
+    def take_pin(self, entry: SessionRecord) -> Pin | None:
         """The sample taken at Enter for this question (None when there is
         none, it is older than PIN_S, or the question came with other
         sampling settings): used once."""
@@ -867,8 +866,8 @@ class Prewarmer:
         if self.frame_cost.slow:
             # Every session keeps to one new frame a question, also one no
             # warm-up has reached yet (the engine's share spent on others).
-            for entry in self.host.registry.entries():
-                self.frame_cost.apply(entry.session)
+            for live in self.host.registry.entries():
+                self.frame_cost.apply(live.session)
         candidates = warm_candidates(self.host, self._warm, self._pins, now, self.interval_s, self.frame_cost.slow)
         if not candidates:
             return
@@ -888,7 +887,7 @@ class Prewarmer:
         self.frame_cost.learn(took_s, new_frames)
         self.frame_cost.apply(session)
 
-    async def _warm_entry(self, engine: ChatEngine, entry: Conversation, key: SampleKey, arrivals: int) -> None:
+    async def _warm_entry(self, engine: ChatEngine, entry: SessionRecord, key: SampleKey, arrivals: int) -> None:
         """Plan and run one warm-up of this session; ``arrivals``: the count
         of answers announced when the engine was found idle."""
         sid = entry.session.id
@@ -916,7 +915,7 @@ class Prewarmer:
             self._budget(entry.session, done[1], plan.new_frames)
 
 
-async def _pin_enter_sample(entry: Conversation, pins: EnterPins, stats: PrewarmStats) -> bool:
+async def _pin_enter_sample(entry: SessionRecord, pins: EnterPins, stats: PrewarmStats) -> bool:
     """Take the session's sample as Enter was pressed and pin it for its
     question; False when the report is late, repeated, or overtaken."""
     now = time.monotonic()

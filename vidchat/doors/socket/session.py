@@ -60,7 +60,6 @@ from vidchat.media.vad import SpeechStarted, Utterance
 if TYPE_CHECKING:
     from fastapi import WebSocket
 
-    from vidchat.doors.socket.seed import Connection
 
 log = logging.getLogger(__name__)
 
@@ -600,7 +599,7 @@ class SessionConfig:
     """session.config and session.update for one connection
     (vidchat.doors.socket.seed.Connection: its transport, session and parts)."""
 
-    def __init__(self, conn: Connection) -> None:
+    def __init__(self, conn: SocketSession) -> None:
         self.conn = conn
         self.loading_task: asyncio.Task | None = None  # opened while the model loaded: runs once it is ready
 
