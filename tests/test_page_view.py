@@ -60,9 +60,9 @@ async def test_each_draw_names_only_what_changed_and_a_clear_starts_a_new_chat()
     assert view.draw(transcript)["order"] == ["q1.0", "q1.1", "m1"]
     await transcript.apply(QuestionAsked(2, "And now?"))
     assert view.draw(transcript)["ended"] == []
-    await transcript.apply(ChatCleared())
+    await transcript.apply(ChatCleared(chat=3))  # Clear took the chat's turn 3: the new chat's number
     cleared = view.draw(transcript)
-    assert cleared["reset"] and cleared["order"] == [] and cleared["generation"] == first["generation"] + 1
+    assert cleared["reset"] and cleared["order"] == [] and cleared["generation"] == 3 != first["generation"]
     assert cleared["ended"] == [2]  # its chat went before it ended: the page counts it over
 
 

@@ -212,7 +212,6 @@ class Conversation(SessionRecord):
         # older one never starts. Clear starts a new chat at the number it
         # took: the chat's answers are those asked since.
         self.chat_began = 0
-        self._chats_cleared = 0  # read only as ``generation`` (see there)
         self._moved_by = ""  # what moved the turn last (a question, "stop", "clear", "closed")
         self._turn_cause = TYPED  # why the turn's question was asked (typed, scene, spoken)
         self._tasks: set[asyncio.Task[object]] = set()  # questions asked in a task of the conversation (submit)
@@ -226,13 +225,6 @@ class Conversation(SessionRecord):
         return self.host
 
     # -- the chat's turn and the one way to stop its answer ------------------
-
-    @property
-    def generation(self) -> int:
-        """How many times the chat was cleared. No rule here reads it (an
-        answer's chat is ``chat_began``); the page's chat feed counts the
-        ChatCleared events it drew against it."""
-        return self._chats_cleared
 
     def _move_turn(self, by: str) -> int:
         self._moved_by = by
@@ -261,7 +253,6 @@ class Conversation(SessionRecord):
         it); its answer is cancelled (nobody's chat shows it any more).
         Watch and Talk go on."""
         self.chat_began = self._move_turn("clear")
-        self._chats_cleared += 1
         self.history.clear()
         self.event_hub.publish(ChatCleared(self.chat_began))
         if self._chat_run is not None and self._chat_run.done is None:

@@ -397,7 +397,7 @@ class ChatTranscript:
         self.exchanges: dict[int, _Exchange] = {}
         self.shown: tuple[Any, str | None] | None = None  # the newest answer done: "what the model got"
         self.cleared = False
-        self.generation = entry.generation  # the chat drawn (Clear starts another)
+        self.generation = entry.chat_began  # the chat drawn: its number (Clear starts another)
         self._views: tuple[str | None, str, dict[str, Any] | None] | None = None  # views()'s, by answer id
 
     def messages(self) -> list[dict[str, Any]]:
@@ -433,7 +433,7 @@ class ChatTranscript:
             self.items.clear()
             self.exchanges.clear()
             self.shown, self.cleared = None, True
-            self.generation += 1
+            self.generation = event.chat
         elif isinstance(event, Notice):
             self.items.append(notice(event.text))
         else:
