@@ -128,8 +128,17 @@ async def test_talk_asks_by_voice_and_reads_the_answer_aloud(server, media, spok
             # open page polls stays out of the access log: a handful of lines
             # for the whole of Talk so far, not seven a second.
             added, talked = access_lines(server) - log_lines_before, time.monotonic() - talk_began
-            print(f"Talk on for {talked:.0f} s: {added} access-log lines")
-            assert added <= 12, (added, talked, server.log().splitlines()[-40:])
+            requests = [ln for ln in server.log().splitlines() if ' "GET ' in ln or ' "POST ' in ln][-added:]
+            # A spoken question's player fetches its audio (a bubble's player
+            # only: the fold's waits to be played), one per utterance heard;
+            # everything else is a handful for the whole of Talk.
+            players = [ln for ln in requests if "/inputs/" in ln]
+            others = [ln for ln in requests if "/inputs/" not in ln]
+            utterances = (await asyncio.to_thread(fetch_json, server, f"/webrtc/talk?session_id={sid}"))["utterances"]
+            print(f"Talk on for {talked:.0f} s: {len(others)} access-log lines, {len(players)} player fetches "
+                  f"for {utterances} utterances")
+            assert len(others) <= 8, (talked, others)
+            assert len(players) <= utterances + 2, (utterances, players)  # + the test's own two fetches
             await page.screenshot(path=str(artifacts_dir / "page-talk.png"), full_page=True)
             # The voice picker's chosen name is whole, not cut under its arrow.
             room = await page.evaluate(VOICE_TEXT_ROOM)

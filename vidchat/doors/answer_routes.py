@@ -177,7 +177,7 @@ def details_html(answer: "Answer", answer_id: str, recorded: bool = False) -> st
     if audio_used(answer) is not None and rec.get("audio_span"):
         start, end = rec["audio_span"]
         audio = (f"<p>Audio {start:.2f}–{end:.2f} s ({rec['audio_seconds']:.1f} s): "
-                 f"<audio controls preload='metadata' src='{base}/audio.wav'></audio></p>")
+                 f"<audio controls preload='none' src='{base}/audio.wav'></audio></p>")
     params = {k: rec.get(k) for k in ("seed", "temperature", "max_tokens", "frames_as", "video_fps", "include_audio")}
     cached = f" ({rec['cached_tokens']} from the cache)" if rec.get("cached_tokens") else ""
     numbers = (f"{as_text(rec.get('prompt_tokens'))} prompt tokens{as_text(cached)} · first token "
