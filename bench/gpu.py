@@ -51,9 +51,12 @@ from warm import rows as warm_rows  # noqa: E402  (bench/warm.py: the cold/warm/
 from vidchat.app import models
 from vidchat.app.server import engine_options  # noqa: E402
 from vidchat.app.settings import Settings  # noqa: E402
-from vidchat.conversation import conversation, runs
+from vidchat.conversation import runs
 from vidchat.conversation.answers import AnswerOptions
-from vidchat.conversation.registry import SessionRegistry  # noqa: E402
+from vidchat.conversation.registry import (
+    SessionRegistry,  # noqa: E402
+    Standalone,
+)
 from vidchat.devtools import tinymodel  # noqa: E402
 from vidchat.engine import EngineOptions  # noqa: E402
 from vidchat.engine.local import LocalEngine  # noqa: E402
@@ -129,7 +132,7 @@ async def question(engine: LocalEngine, entry, options: AnswerOptions, text: str
 async def case(engine: LocalEngine, repeats: int, frames: int, *, tokens: int, frames_as: str = "images",
                audio_s: float = 0.0, reask: bool = False) -> dict[str, float]:
     """One row: the median over `repeats` sessions, each with new frames."""
-    registry = conversation.Standalone(engine, registry=SessionRegistry(repeats + 1)).registry
+    registry = Standalone(engine, registry=SessionRegistry(repeats + 1)).registry
     options = AnswerOptions(max_tokens=tokens, temperature=0.0, include_audio=audio_s > 0, frames_as=frames_as)
     results = []
     for r in range(repeats):

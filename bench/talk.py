@@ -43,8 +43,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from engine import add_model_args, engine_for  # noqa: E402  (bench/engine.py: the same model choice)
 
-from vidchat.conversation import conversation, modes, runs
+from vidchat.conversation import modes, runs
 from vidchat.conversation.answers import AnswerOptions
+from vidchat.conversation.registry import Standalone
 from vidchat.devtools import synthetic as sa
 from vidchat.engine.local import LocalEngine  # noqa: E402
 from vidchat.media import AUDIO_RATE  # noqa: E402
@@ -97,7 +98,7 @@ async def first_token(run: runs.AnswerRun) -> float:
 
 
 async def spoken_round(engine, args) -> dict[str, list[float]]:
-    registry = conversation.Standalone(engine).registry
+    registry = Standalone(engine).registry
     entry = registry.create("webrtc", SessionSettings(evs_enabled=False, num_sample_frames=args.frames))
     talking = entry
     stop = asyncio.Event()

@@ -42,9 +42,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from engine import add_model_args, engine_for  # noqa: E402  (bench/engine.py: the same model choice)
 
-from vidchat.conversation import asking, conversation, runs
+from vidchat.conversation import asking, runs
 from vidchat.conversation.answers import AnswerOptions, AnswerQueue
-from vidchat.conversation.registry import SessionRegistry  # noqa: E402
+from vidchat.conversation.registry import (
+    SessionRegistry,  # noqa: E402
+    Standalone,
+)
 from vidchat.conversation.warmup import Prewarmer
 from vidchat.engine.local import LocalEngine  # noqa: E402
 from vidchat.media.session import SessionSettings  # noqa: E402
@@ -103,7 +106,7 @@ async def rows(engine, frames: int, repeats: int, frames_as: str, sampling: str,
     """The cold/warm/slid/text row (printed; the medians returned), with
     frames of `frame` (height, width), stored at that size."""
     options = AnswerOptions(max_tokens=4, temperature=0.0, include_audio=False, frames_as=frames_as)
-    registry = conversation.Standalone(engine, registry=SessionRegistry(64)).registry
+    registry = Standalone(engine, registry=SessionRegistry(64)).registry
     out: dict[str, list[float]] = {k: [] for k in ("cold", "warm", "slid1", "slid4", "text")}
     prompt_tokens = cached = {}
     for r in range(repeats):
@@ -149,7 +152,7 @@ async def audio_rows(engine, frames: int, repeats: int) -> dict[str, float]:
     of audio: with the audio as one clip (all of it new again) and in 2-s
     segments (only the newest is new; vidchat.media.audio)."""
     options = AnswerOptions(max_tokens=4, temperature=0.0, include_audio=True)
-    registry = conversation.Standalone(engine, registry=SessionRegistry(64)).registry
+    registry = Standalone(engine, registry=SessionRegistry(64)).registry
     out: dict[str, list[float]] = {"cold": [], "one_clip": [], "segments": []}
     cached: dict[str, int] = {}
     prompt_tokens = 0
@@ -189,7 +192,7 @@ async def load(engine, sessions: int, frames: int, rounds: int, prewarm: bool) -
     registry = SessionRegistry(sessions + 1)
     gate = AnswerQueue(8)
     options = AnswerOptions(max_tokens=8, temperature=0.0, include_audio=False)
-    state = conversation.Standalone(engine, gate, options, registry=registry)
+    state = Standalone(engine, gate, options, registry=registry)
     entries = [registry.create("webrtc", SessionSettings(evs_enabled=False, num_sample_frames=frames))
                for _ in range(sessions)]
     feeds = [Feed(5000 + i) for i in range(sessions)]

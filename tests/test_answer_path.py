@@ -12,11 +12,11 @@ import numpy as np
 import pytest
 from conftest import TEST_MAX_IMAGES, eventually_async
 
-from vidchat.conversation import asking, conversation, runs
+from vidchat.conversation import asking, runs
 from vidchat.conversation.answers import AnswerOptions
 from vidchat.conversation.asking import OptionError
 from vidchat.conversation.events import Notice, QuestionRefused
-from vidchat.conversation.registry import SessionRegistry
+from vidchat.conversation.registry import SessionRegistry, Standalone
 from vidchat.doors.page import NOT_RUNNING, page_request
 from vidchat.engine import Turn
 from vidchat.media.session import SessionSettings
@@ -44,7 +44,7 @@ async def drain(answer, seen: list | None = None):
 
 def talking_of(engine, entry):
     """The entry's conversation, with an engine and no app around it."""
-    entry.host = conversation.Standalone(engine)
+    entry.host = Standalone(engine)
     return entry
 
 

@@ -20,9 +20,9 @@ import numpy as np
 import pytest
 from conftest import eventually_async
 
-from vidchat.conversation import bundles, conversation, runs
+from vidchat.conversation import bundles, runs
 from vidchat.conversation.answers import AnswerOptions, AnswerQueue
-from vidchat.conversation.registry import SessionRegistry
+from vidchat.conversation.registry import SessionRegistry, Standalone
 from vidchat.doors.page.questions import load_bundle, reask, reask_choices
 from vidchat.doors.webrtc_routes import talk_state_of
 from vidchat.media.session import SessionSettings
@@ -36,7 +36,7 @@ def page_state(engine=None, queue=None, registry=None):
     async def wait_engine(timeout=None):
         return engine
 
-    state = conversation.Standalone(engine, queue, registry=registry or SessionRegistry())
+    state = Standalone(engine, queue, registry=registry or SessionRegistry())
     # What the page reads of the app besides its host.
     state.compare_model_path, state.compare_engine, state.wait_engine = None, None, wait_engine
     state.ready = engine is not None

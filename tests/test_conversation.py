@@ -11,8 +11,9 @@ import pytest
 from conftest import eventually_async
 from test_answer_path import LONG, filled_entry
 
-from vidchat.conversation import asking, conversation
+from vidchat.conversation import asking
 from vidchat.conversation.answers import AnswerQueue
+from vidchat.conversation.registry import Standalone
 from vidchat.conversation.runs import CANCELLED, COMPLETED, Delta, Done, Queued, Started
 
 pytestmark = pytest.mark.engine
@@ -32,7 +33,7 @@ async def read(run, log: list, name: str):
 
 async def test_a_run_streams_its_events_in_order_and_ends_with_one_done(omni_engine):
     entry = filled_entry()
-    entry.host = conversation.Standalone(omni_engine)
+    entry.host = Standalone(omni_engine)
     talking = entry
     run = await talking.ask("What is there?", asking.AnswerOptions(max_tokens=8, temperature=0.0))
     log: list = []
@@ -49,7 +50,7 @@ async def test_a_run_streams_its_events_in_order_and_ends_with_one_done(omni_eng
 
 async def test_a_newer_question_cancels_the_running_answer_whose_done_comes_first(omni_engine):
     entry = filled_entry()
-    entry.host = conversation.Standalone(omni_engine)
+    entry.host = Standalone(omni_engine)
     talking = entry
     log: list = []
     first = await talking.ask("Tell me everything.", LONG)
@@ -69,7 +70,7 @@ async def test_a_newer_question_cancels_the_running_answer_whose_done_comes_firs
 
 async def test_a_reask_runs_beside_the_chat_and_leaves_its_answer_running(omni_engine):
     entry = filled_entry()
-    entry.host = conversation.Standalone(omni_engine)
+    entry.host = Standalone(omni_engine)
     talking = entry
     log: list = []
     chat_run = await talking.ask("Describe it.", asking.AnswerOptions(max_tokens=40, temperature=0.0, seed=1))
@@ -91,7 +92,7 @@ async def test_a_reask_runs_beside_the_chat_and_leaves_its_answer_running(omni_e
 async def test_a_run_waiting_for_its_place_says_so_and_a_cancel_there_ends_it_unstarted(omni_engine):
     gate = AnswerQueue(1)
     busy, waiting = filled_entry(), filled_entry()
-    busy.host = waiting.host = conversation.Standalone(omni_engine, gate)
+    busy.host = waiting.host = Standalone(omni_engine, gate)
     holder = await busy.ask("Go on.", LONG)
     holder_log: list = []
     holding = asyncio.create_task(read(holder, holder_log, "holder"))
@@ -119,7 +120,7 @@ async def test_a_question_or_history_beyond_the_caps_is_refused_naming_the_field
     from vidchat.engine import Turn
 
     entry = filled_entry()
-    entry.host = conversation.Standalone(omni_engine)
+    entry.host = Standalone(omni_engine)
     talking = entry
     log: list = []
     running = await talking.ask("Tell me everything.", LONG)
@@ -155,7 +156,7 @@ async def test_a_sampled_answer_records_the_seed_it_drew_and_replays_exactly_wit
     summary, hence its record and bundle), so the same inputs with that seed
     give the same sampled answer; another draw gives another seed."""
     entry = filled_entry()
-    entry.host = conversation.Standalone(omni_engine)
+    entry.host = Standalone(omni_engine)
     talking = entry
     sampled = asking.AnswerOptions(max_tokens=12, temperature=1.0)
     first = await (await talking.ask("Describe it.", sampled)).finish()

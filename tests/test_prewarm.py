@@ -13,9 +13,9 @@ import numpy as np
 import pytest
 from conftest import eventually_async
 
-from vidchat.conversation import asking, conversation, warmup
+from vidchat.conversation import asking, warmup
 from vidchat.conversation.answers import AnswerOptions, AnswerQueue
-from vidchat.conversation.registry import SessionRegistry
+from vidchat.conversation.registry import SessionRegistry, Standalone
 from vidchat.conversation.warmup import Prewarmer
 from vidchat.media.session import SessionSettings
 
@@ -105,7 +105,7 @@ async def test_a_question_is_scheduled_before_a_warm_up_sent_first(omni_engine):
 
 def fake_state(engine, registry, answer_gate=None):
     """A host of the registry's conversations and the prewarmer (the server's AppState in tests)."""
-    return conversation.Standalone(engine, answer_gate or AnswerQueue(0), QUESTION, registry=registry)
+    return Standalone(engine, answer_gate or AnswerQueue(0), QUESTION, registry=registry)
 
 
 @pytest.mark.engine
@@ -296,7 +296,7 @@ async def test_slow_frames_are_encoded_one_at_a_time_and_a_question_brings_one_n
     assert question.seqs[-1] == newest and question.new_frames == 1 and len(question.seqs) == 16
     # The record says so; the answer's prefill marks its frames encoded, so
     # the next question brings nothing new.
-    entry.host = conversation.Standalone(omni_engine)
+    entry.host = Standalone(omni_engine)
     done = await (await entry.ask("What is there?", QUESTION)).finish()
     record = done.answer.summary()
     assert (record["frames_new"], record["frames_substituted"], record["frames_left_out"]) == (1, 0, 0)
@@ -409,7 +409,7 @@ def test_speech_starting_in_talk_mode_warms_the_session_first():
 
     registry = SessionRegistry()
     entry = registry.create("webrtc", SessionSettings(evs_enabled=False))
-    host = conversation.Standalone(None, registry=registry)
+    host = Standalone(None, registry=registry)
     assert modes.speech_warms(host, entry) is None  # no warm-ups
     host.prewarmer = prewarmer = Prewarmer(host, "idle")
     modes.speech_warms(host, entry)()

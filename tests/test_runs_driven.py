@@ -18,8 +18,9 @@ import pytest
 from conftest import eventually_async
 from test_answer_path import LONG, filled_entry
 
-from vidchat.conversation import asking, conversation, runs
+from vidchat.conversation import asking, runs
 from vidchat.conversation.answers import AnswerOptions
+from vidchat.conversation.registry import Standalone
 from vidchat.conversation.runs import CANCELLED, COMPLETED, Delta, Done
 from vidchat.doors.page import questions as page_answers
 
@@ -35,7 +36,7 @@ async def read_all(reader, log: list) -> None:
 @pytest.mark.engine
 async def test_a_run_nobody_reads_ends_by_itself_and_frees_its_slot(omni_engine):
     entry = filled_entry()
-    entry.host = conversation.Standalone(omni_engine)
+    entry.host = Standalone(omni_engine)
     talking = entry
     run = await talking.ask("What is there?", SHORT)
     await asyncio.wait_for(run.over.wait(), 60)  # nobody ever read it
@@ -58,7 +59,7 @@ async def test_an_answer_nobody_listens_to_is_stopped_after_the_grace_and_a_list
     UNHEARD_GRACE_S. One listener of the session's events keeps it going."""
     monkeypatch.setattr(runs, "UNHEARD_GRACE_S", 0.3)
     entry = filled_entry()
-    entry.host = conversation.Standalone(omni_engine)
+    entry.host = Standalone(omni_engine)
     talking = entry
     options = AnswerOptions(max_tokens=400, temperature=0.0)
     with entry.event_hub.subscribe() as listening:
@@ -78,7 +79,7 @@ async def test_an_answer_nobody_listens_to_is_stopped_after_the_grace_and_a_list
 @pytest.mark.engine
 async def test_the_last_reader_leaving_mid_answer_cancels_it_and_one_left_keeps_it(omni_engine):
     entry = filled_entry()
-    entry.host = conversation.Standalone(omni_engine)
+    entry.host = Standalone(omni_engine)
     talking = entry
     run = await talking.ask("Tell me everything.", LONG)
     first, second = run.events(), run.events()
@@ -107,7 +108,7 @@ async def test_clear_while_a_page_question_is_prepared_never_leaves_a_run_behind
     stalled 5 s (PREEMPT_GRACE_S) and the session's answer slot stayed set."""
     entry = filled_entry()
     registry = types.SimpleNamespace(get=lambda sid: entry if sid == entry.session.id else None)
-    state = conversation.Standalone(omni_engine, registry=registry)
+    state = Standalone(omni_engine, registry=registry)
     state.ready = True  # what the page reads of the app besides its host
     entry.host = state
 
@@ -175,7 +176,7 @@ async def test_a_cancelled_run_whose_engine_hangs_is_force_done_after_the_grace(
     reply = _StuckReply()
     answer = asking.Answer("q", reply, entry.session.sample(), SHORT, session_id=entry.session.id)
     entry.answer = answer
-    entry.host = conversation.Standalone(engine=None)
+    entry.host = Standalone(engine=None)
     talking = entry
     run = runs.AnswerRun(talking, entry, answer, record=False, continues_chat=True, remember=True)
     log: list = []
@@ -197,7 +198,7 @@ async def test_the_chat_lives_on_the_server_and_clear_empties_it(omni_engine):
     and Clear chat empties it. Here the page's event is given no chat at all."""
     entry = filled_entry()
     registry = types.SimpleNamespace(get=lambda sid: entry if sid == entry.session.id else None)
-    state = conversation.Standalone(omni_engine, registry=registry)
+    state = Standalone(omni_engine, registry=registry)
     state.ready = True  # what the page reads of the app besides its host
     entry.host = state
     settings = [4, "uniform", 10, False, 0.95, 64, "images", False, 6, 1.0, "5"]

@@ -12,7 +12,7 @@ import json
 import pytest
 from test_answer_path import filled_entry
 
-from vidchat.conversation import asking, conversation
+from vidchat.conversation import asking
 from vidchat.conversation.answers import AnswerOptions
 from vidchat.conversation.events import (
     MAX_BEHIND,
@@ -23,7 +23,7 @@ from vidchat.conversation.events import (
     SceneChanged,
     SettingsChanged,
 )
-from vidchat.conversation.registry import SessionRegistry
+from vidchat.conversation.registry import SessionRegistry, Standalone
 from vidchat.conversation.runs import Delta, Done, Started
 from vidchat.doors.webrtc_routes import server_sent, wire
 from vidchat.media.session import SessionSettings
@@ -88,7 +88,7 @@ async def test_an_answer_a_settings_change_and_the_end_reach_the_sessions_stream
     entry = registry.create("ws", SessionSettings(evs_enabled=False, num_sample_frames=4))
     for i, frame in enumerate(filled_entry(n=4).session.sample().frames):
         entry.session.add_frame(frame, t=100.0 + i)
-    entry.host = conversation.Standalone(omni_engine)
+    entry.host = Standalone(omni_engine)
     talking = entry
     with talking.event_hub.subscribe() as events:
         asking.apply_settings(entry.session, omni_engine, SHORT, {"num_sample_frames": 3, "max_frames": 64},

@@ -12,9 +12,9 @@ import numpy as np
 import pytest
 from conftest import eventually_async
 
-from vidchat.conversation import asking, conversation, modes
+from vidchat.conversation import asking, modes
 from vidchat.conversation.answers import AnswerOptions
-from vidchat.conversation.registry import SessionRegistry
+from vidchat.conversation.registry import SessionRegistry, Standalone
 from vidchat.devtools import synthetic as sa
 from vidchat.engine import NO_SPOKEN_QUESTIONS, EngineError
 from vidchat.media import AUDIO_RATE
@@ -189,7 +189,7 @@ async def test_talk_runs_as_a_task_of_the_conversation_that_a_typed_question_nev
     registry = SessionRegistry()
     t0 = time.monotonic()
     entry = new_entry(registry, t0)
-    entry.host = conversation.Standalone(None, registry=registry)
+    entry.host = Standalone(None, registry=registry)
     talking = entry
     asked: list = []
     talking.submit = lambda question, options, **kw: asked.append((question, kw)) or len(asked)

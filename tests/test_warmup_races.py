@@ -18,9 +18,9 @@ import types
 import numpy as np
 import pytest
 
-from vidchat.conversation import asking, conversation, runs
+from vidchat.conversation import asking, runs
 from vidchat.conversation.answers import AnswerOptions, AnswerQueue
-from vidchat.conversation.registry import SessionRegistry
+from vidchat.conversation.registry import SessionRegistry, Standalone
 from vidchat.conversation.warmup import Prewarmer
 from vidchat.engine import Turn
 from vidchat.media.session import SessionSettings
@@ -73,7 +73,7 @@ def entry_with_frames(registry: SessionRegistry, seed: int = 0, kind: str = "web
 
 
 def prewarmer_for(engine: FakeEngine, registry: SessionRegistry, mode: str = "idle") -> Prewarmer:
-    state = conversation.Standalone(engine, AnswerQueue(0), OPTIONS, registry=registry)
+    state = Standalone(engine, AnswerQueue(0), OPTIONS, registry=registry)
     prewarmer = Prewarmer(state, mode, interval_s=0.0)
     state.answer_gate.arrival_hooks.append(prewarmer.answer_arriving)
     return prewarmer
@@ -194,7 +194,7 @@ def answered(talking, answer: asking.Answer, *, continues_chat: bool = True, slo
 @pytest.mark.parametrize("kind", ["webrtc", "ws", "replay"])
 def test_a_chat_answer_is_kept_on_the_server_and_warmed_with(kind):
     entry = SessionRegistry().create(kind)
-    entry.host = conversation.Standalone(engine=None)
+    entry.host = Standalone(engine=None)
     talking = entry
     talking.history.add("a0", "Hi?", "Hello.")
     answered(talking, finished("What is there?", " A cat. "))
@@ -210,7 +210,7 @@ def test_an_answer_the_chat_does_not_continue_with_is_not_kept(kind, how):
     continues_chat=False; a re-ask runs in the side slot; an answer of a
     chat cleared since it was asked, or one with no text, is not the chat's."""
     entry = SessionRegistry().create(kind)
-    entry.host = conversation.Standalone(engine=None)
+    entry.host = Standalone(engine=None)
     talking = entry
     answer = finished("What is there?", "" if how == "said nothing" else "A cat.")
     answered(talking, answer, continues_chat=how != "no history",

@@ -30,11 +30,19 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 
 from vidchat.conversation.events import DOORS
 from vidchat.conversation.host import Host
+from vidchat.conversation.registry import SessionRegistry
+from vidchat.conversation.warmup import Prewarmer
 
 
 class Observed(Host, Protocol):
     """What /metrics reads of the app at scrape time (vidchat.app.state.AppState):
     the host's registry, queue and warm-ups, and whether each engine is up."""
+
+    @property
+    def registry(self) -> SessionRegistry: ...
+
+    @property
+    def prewarmer(self) -> Prewarmer | None: ...
 
     @property
     def ready(self) -> bool: ...

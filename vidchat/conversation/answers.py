@@ -20,7 +20,7 @@ import secrets
 import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Awaitable, Callable, Literal
+from typing import Any, Awaitable, Callable, Literal, Protocol
 
 from vidchat.conversation.events import TYPED, EventHub
 from vidchat.engine.interface import Reply, Turn
@@ -28,13 +28,19 @@ from vidchat.media.session import Sample, Session
 from vidchat.media.streams import StreamReader
 from vidchat.media.vad import Utterance
 
-if TYPE_CHECKING:
-    from vidchat.conversation.modes import Listener
-
 log = logging.getLogger(__name__)
 
 
 OnWait = Callable[[int], Awaitable[None]]  # called with the number of questions ahead
+
+
+class TalkListener(Protocol):
+    """What a session's record knows of its Talk listener (vidchat.conversation.modes.Listener)."""
+
+    @property
+    def running(self) -> bool: ...
+
+    def set_playback(self, on: bool, hold_s: float = 0.3) -> None: ...
 
 
 class Abandoned(Exception):
@@ -243,7 +249,7 @@ class SessionRecord:
         # answers and page calls. None: the server asks for no login.
         self.owner = owner
         self.deadline: float | None = None  # time.monotonic() at which --session-time-limit ends it
-        self.talk: Listener | None = None  # Talk mode's listener (vidchat.conversation.modes), once Talk was on
+        self.talk: TalkListener | None = None  # Talk mode's listener (vidchat.conversation.modes), once Talk was on
         # time.monotonic() when the page's last typed question arrived: an Enter
         # report arriving after it is that question's, late (vidchat.conversation.warmup).
         self.typed_question_at = float("-inf")

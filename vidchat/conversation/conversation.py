@@ -32,13 +32,13 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, AsyncIterator, Callable, Coroutine, Sequence
 
 import numpy as np
 
 from vidchat.conversation import asking
-from vidchat.conversation.answers import Answer, AnswerOptions, AnswerQueue, SessionRecord
+from vidchat.conversation.answers import Answer, AnswerOptions, SessionRecord
 from vidchat.conversation.asking import NoFrames, Superseded
 from vidchat.conversation.asking import ask as ask_answer
 from vidchat.conversation.events import (
@@ -55,7 +55,7 @@ from vidchat.conversation.events import (
     QuestionRefused,
     SessionEvent,
 )
-from vidchat.conversation.host import AnswerMetrics, EngineRole, Host, HostSettings
+from vidchat.conversation.host import Host
 from vidchat.conversation.modes import Modes
 from vidchat.conversation.runs import (  # noqa: F401 (the conversation's events, for every door)
     CANCEL_GRACE_S,
@@ -71,14 +71,13 @@ from vidchat.conversation.runs import (  # noqa: F401 (the conversation's events
     Started,
     Words,
 )
-from vidchat.engine.interface import ENGINE_DEAD_MESSAGE, ChatEngine, EngineError, Turn
+from vidchat.engine.interface import ChatEngine, EngineError, Turn
 from vidchat.media.session import Sample, Session
 from vidchat.media.streams import StreamReader, Streams, UnknownStream  # noqa: F401 (the doors' name for a refused one)
 from vidchat.media.vad import Utterance
 
 if TYPE_CHECKING:
-    from vidchat.conversation.registry import SessionRegistry
-    from vidchat.conversation.warmup import Prewarmer
+    pass
 
 log = logging.getLogger(__name__)
 
@@ -442,66 +441,6 @@ async def _engine_up(conversation: Conversation, ticket: int) -> None:
             await asyncio.wait_for(host.engine_for("main"), ENGINE_WAIT_LOOK_S)
         except asyncio.TimeoutError:
             pass
-
-
-def _new_registry() -> SessionRegistry:
-    from vidchat.conversation.registry import SessionRegistry  # it imports this module
-
-    return SessionRegistry()
-
-
-@dataclass(frozen=True)
-class StandaloneSettings:
-    """A standalone host's settings: no model option to name, no recording, no suites."""
-
-    model: str = ""
-    compare_model: str = ""
-    record_dir: str = ""
-    suite_dir: str = ""
-    suite_keep_runs: int = 0
-
-
-@dataclass
-class Standalone:
-    """The host of a tool without a server (the benchmarks, tests): one
-    engine, answering for every role, and optionally the answer queue and
-    the options a question gets by default. Records nothing (no
-    --record-dir) and counts nothing; warms nothing unless given a prewarmer."""
-
-    engine: ChatEngine | None
-    answer_gate: AnswerQueue | None = None
-    defaults: AnswerOptions = field(default_factory=AnswerOptions)
-    settings: HostSettings = field(default_factory=StandaloneSettings)
-    registry: SessionRegistry = field(default_factory=_new_registry)
-    metrics: AnswerMetrics | None = None
-    prewarmer: Prewarmer | None = None
-
-    def __post_init__(self) -> None:
-        self.registry.host = self
-
-    def engine_now(self, role: EngineRole = "main") -> ChatEngine | None:
-        return self.engine if self.engine is not None and not self.engine.is_dead else None
-
-    async def engine_for(self, role: EngineRole = "main") -> ChatEngine:
-        engine = self.engine_now(role)
-        if engine is None:
-            raise EngineError(self.readiness(role)[1])
-        return engine
-
-    def readiness(self, role: EngineRole = "main") -> tuple[bool, str]:
-        if self.engine is None:
-            return False, "No model engine."
-        if self.engine.is_dead:
-            return False, ENGINE_DEAD_MESSAGE
-        return True, "ready"
-
-    def answer_defaults(self) -> AnswerOptions:
-        return self.defaults
-
-
-if TYPE_CHECKING:
-    def _is_a_host(standalone: Standalone) -> Host:  # the type checker holds Standalone to the protocol
-        return standalone
 
 
 # A session watching one of the server's streams (--stream,

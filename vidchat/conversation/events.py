@@ -17,12 +17,9 @@ import collections
 import contextvars
 import hashlib
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, AsyncIterator, Union
+from typing import Any, AsyncIterator, Union
 
 from vidchat.media.vad import SpeechStarted, Utterance  # the detector's own events, as they are
-
-if TYPE_CHECKING:
-    from vidchat.conversation.runs import RunEvent
 
 # Events a listener may fall behind by before its oldest are dropped: an
 # answer's deltas at vLLM's pace for a few seconds.
@@ -89,7 +86,7 @@ class AnswerEvent:
     own answer (a re-ask beside the chat, or the second model's); ``second``:
     the second model's answer to the chat's question ``ticket`` (Both models)."""
 
-    event: RunEvent
+    event: object  # the run's event (vidchat.conversation.runs.RunEvent: Queued, Started, Delta, Done)
     answer_id: str | None = None
     side: bool = False
     ticket: int = 0

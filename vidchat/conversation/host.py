@@ -3,7 +3,7 @@ may use of whoever serves them.
 
 The server's state (vidchat.app.state.AppState) is one host; a tool without
 a server (replay, the benchmarks) brings a small one of its own
-(vidchat.conversation.conversation.Standalone). Nothing below the doors
+(vidchat.conversation.registry.Standalone). Nothing below the doors
 reaches for the app: what it needs comes in as a :class:`Host`, and a type
 checker holds both sides to this one list.
 
@@ -15,12 +15,10 @@ the last question.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Literal, Protocol
+from typing import TYPE_CHECKING, Literal, Protocol, Sequence
 
 if TYPE_CHECKING:
-    from vidchat.conversation.answers import AnswerOptions, AnswerQueue
-    from vidchat.conversation.registry import SessionRegistry
-    from vidchat.conversation.warmup import Prewarmer
+    from vidchat.conversation.answers import AnswerOptions, AnswerQueue, SessionRecord
     from vidchat.engine.interface import ChatEngine
 
 # Which of the server's engines answers: its model, or the second model
@@ -58,6 +56,28 @@ class AnswerMetrics(Protocol):
         ...
 
 
+class Sessions(Protocol):
+    """The sessions a host keeps (vidchat.conversation.registry.SessionRegistry),
+    as what asks through the host may use them: find, list, count, close."""
+
+    def entries(self) -> Sequence[SessionRecord]: ...
+
+    def get(self, sid: str | None) -> SessionRecord | None: ...
+
+    def count_by_kind(self) -> dict[str, int]: ...
+
+    async def close(self, sid: str, reason: str = "closed") -> bool: ...
+
+    async def close_all(self, timeout: float = ...) -> None: ...
+
+
+class Warmups(Protocol):
+    """The host's warm-ups (vidchat.conversation.warmup.Prewarmer), as a
+    conversation tells them a question is coming."""
+
+    def question_coming(self, session_id: str) -> None: ...
+
+
 class Host(Protocol):
     """What serves a conversation (see the module's docstring)."""
 
@@ -65,7 +85,7 @@ class Host(Protocol):
     def settings(self) -> HostSettings: ...
 
     @property
-    def registry(self) -> SessionRegistry: ...
+    def registry(self) -> Sessions: ...
 
     @property
     def answer_gate(self) -> AnswerQueue | None: ...  # the fair queue in front of the engines (None: no cap)
@@ -74,7 +94,7 @@ class Host(Protocol):
     def metrics(self) -> AnswerMetrics | None: ...  # None: nobody counts answers
 
     @property
-    def prewarmer(self) -> Prewarmer | None: ...  # None: no warm-ups
+    def prewarmer(self) -> Warmups | None: ...  # None: no warm-ups
 
     def engine_now(self, role: EngineRole = "main") -> ChatEngine | None:
         """The engine answering for ``role`` at this moment, without waiting

@@ -19,19 +19,29 @@ import logging
 import math
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, AsyncIterator, Callable
+from typing import TYPE_CHECKING, AsyncIterator, Callable, Protocol
 
 import numpy as np
 
-from vidchat.conversation.answers import AnswerOptions, SessionRecord
-from vidchat.conversation.events import SCENE, SPOKEN, SceneChanged, SettingsChanged, SoundLevel, SpeechStopped
+from vidchat.conversation.answers import AnswerOptions, AnswerSlot, Closer, SessionRecord, TalkListener
+from vidchat.conversation.events import (
+    SCENE,
+    SPOKEN,
+    TYPED,
+    EventHub,
+    SceneChanged,
+    SettingsChanged,
+    SoundLevel,
+    SpeechStopped,
+)
+from vidchat.media.sampling import Sample
 from vidchat.media.session import Session
 from vidchat.media.vad import SpeechStarted, TurnDetector, TurnSettings, Utterance
 from vidchat.media.workers import run_vad
 
 if TYPE_CHECKING:
-    from vidchat.conversation.conversation import Conversation
     from vidchat.conversation.host import Host
+    from vidchat.conversation.runs import AnswerRun
 
 log = logging.getLogger(__name__)
 
@@ -85,10 +95,44 @@ class SceneWatch:
 Options = Callable[[], AnswerOptions]  # what a mode's question is asked with, read as it is asked
 
 
+class Talker(Protocol):
+    """What Watch and Talk use of the conversation they run in
+    (vidchat.conversation.conversation.Conversation): its session and
+    record, its host, its chat's running answer, and the two ways a door
+    asks and stops (``submit``, ``cancel``)."""
+
+    talk: TalkListener | None
+    _chat_run: AnswerRun | None
+
+    @property
+    def session(self) -> Session: ...
+
+    @property
+    def host(self) -> Host | None: ...
+
+    @property
+    def event_hub(self) -> EventHub: ...
+
+    @property
+    def chat(self) -> AnswerSlot: ...
+
+    @property
+    def closed(self) -> bool: ...
+
+    @property
+    def closers(self) -> list[Closer]: ...
+
+    def submit(self, question: str, options: AnswerOptions | Callable[[], AnswerOptions], *, cause: str = TYPED,
+               at: float | None = None, spoken: Utterance | None = None, sample: Sample | None = None,
+               pinned_at: float | None = None, record: bool = False) -> int: ...
+
+    async def cancel(self, why: str | None = None) -> None: ...
+
+
 class Modes:
     """One conversation's Watch and Talk tasks (``conversation.modes``)."""
 
-    def __init__(self, conversation: Conversation) -> None:
+    def __init__(self, conversation: Talker) -> None:
         self.conversation = conversation
         self._watch: asyncio.Task[None] | None = None
         self._talk: asyncio.Task[None] | None = None
@@ -167,7 +211,7 @@ class Modes:
             log.exception("session %s…: talk failed", conversation.session.id[:6])
 
 
-async def scene_changes(conversation: Conversation, watcher: SceneWatch,
+async def scene_changes(conversation: Talker, watcher: SceneWatch,
                         stopped: Callable[[], bool]) -> AsyncIterator[float | None]:
     """Watch mode's moments to ask the standing question, for every
     door: each (rate-limited) scene change, none while the model loads,
@@ -254,7 +298,7 @@ class TalkStats:
 class Listener:
     """Turn detection over one session's audio, while Talk is on."""
 
-    entry: Conversation  # the session's (not imported at run time: it imports this module)
+    entry: Talker  # the session's (not imported at run time: it imports this module)
     settings: TurnSettings = field(default_factory=TurnSettings)
     barge_in: bool = True
     # Called as speech starts: a spoken question is coming (the server's
@@ -384,7 +428,7 @@ class Listener:
         self.events.put_nowait(event)
 
 
-def listener(entry: Conversation, settings: TurnSettings | None = None, barge_in: bool = True,
+def listener(entry: Talker, settings: TurnSettings | None = None, barge_in: bool = True,
              on_speech: Callable[[], None] | None = None) -> Listener:
     """The session's listener, started (one per session; new settings replace the old ones)."""
     current: Listener | None = getattr(entry, "talk", None)
@@ -414,7 +458,7 @@ def speech_warms(host: Host, entry: SessionRecord) -> Callable[[], None] | None:
     return lambda: prewarmer.question_coming(entry.session.id)
 
 
-async def stop(entry: SessionRecord) -> None:
+async def stop(entry: Talker) -> None:
     current: Listener | None = getattr(entry, "talk", None)
     if current is not None:
         await current.stop()

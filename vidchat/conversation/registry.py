@@ -12,10 +12,15 @@ import asyncio
 import logging
 import secrets
 import time
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Awaitable, Callable
 
+from vidchat.conversation.answers import AnswerOptions, AnswerQueue
 from vidchat.conversation.conversation import Conversation
 from vidchat.conversation.events import Closed
+from vidchat.conversation.host import AnswerMetrics, EngineRole, HostSettings
+from vidchat.conversation.warmup import Prewarmer
+from vidchat.engine.interface import ENGINE_DEAD_MESSAGE, ChatEngine, EngineError
 from vidchat.media.session import Session, SessionSettings
 
 if TYPE_CHECKING:
@@ -237,3 +242,60 @@ class SessionRegistry:
                 task.cancel()
             if late:
                 log.warning("%d session(s) did not close within %g s at shutdown", len(late), timeout)
+
+
+# A host for a tool without a server (the benchmarks, the tests): it keeps
+# its sessions in a registry of its own.
+
+@dataclass(frozen=True)
+class StandaloneSettings:
+    """A standalone host's settings: no model option to name, no recording, no suites."""
+
+    model: str = ""
+    compare_model: str = ""
+    record_dir: str = ""
+    suite_dir: str = ""
+    suite_keep_runs: int = 0
+
+
+@dataclass
+class Standalone:
+    """The host of a tool without a server (the benchmarks, tests): one
+    engine, answering for every role, and optionally the answer queue and
+    the options a question gets by default. Records nothing (no
+    --record-dir) and counts nothing; warms nothing unless given a prewarmer."""
+
+    engine: ChatEngine | None
+    answer_gate: AnswerQueue | None = None
+    defaults: AnswerOptions = field(default_factory=AnswerOptions)
+    settings: HostSettings = field(default_factory=StandaloneSettings)
+    registry: SessionRegistry = field(default_factory=lambda: SessionRegistry())
+    metrics: AnswerMetrics | None = None
+    prewarmer: Prewarmer | None = None
+
+    def __post_init__(self) -> None:
+        self.registry.host = self
+
+    def engine_now(self, role: EngineRole = "main") -> ChatEngine | None:
+        return self.engine if self.engine is not None and not self.engine.is_dead else None
+
+    async def engine_for(self, role: EngineRole = "main") -> ChatEngine:
+        engine = self.engine_now(role)
+        if engine is None:
+            raise EngineError(self.readiness(role)[1])
+        return engine
+
+    def readiness(self, role: EngineRole = "main") -> tuple[bool, str]:
+        if self.engine is None:
+            return False, "No model engine."
+        if self.engine.is_dead:
+            return False, ENGINE_DEAD_MESSAGE
+        return True, "ready"
+
+    def answer_defaults(self) -> AnswerOptions:
+        return self.defaults
+
+
+if TYPE_CHECKING:
+    def _is_a_host(standalone: Standalone) -> Host:  # the type checker holds Standalone to the protocol
+        return standalone

@@ -8,6 +8,7 @@ how runs, readers and the preemption rule fit together.
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import dataclasses
 import logging
@@ -15,18 +16,16 @@ import secrets
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, AsyncGenerator, Protocol, Union
+from typing import Any, AsyncGenerator, Protocol, Union
 
 from vidchat.conversation import asking, events
 from vidchat.conversation.answers import Abandoned, Answer, AnswerSlot, SessionRecord
 from vidchat.conversation.bundles import write_bundle
-from vidchat.conversation.events import SCENE, SPOKEN, TYPED, AnswerEvent
-from vidchat.conversation.host import Host, HostSettings
+from vidchat.conversation.events import SCENE, SPOKEN, TYPED, AnswerEvent, EventHub
+from vidchat.conversation.host import Host, HostSettings, Sessions
 from vidchat.engine.interface import EngineError
+from vidchat.media.session import Session
 
-if TYPE_CHECKING:
-    from vidchat.conversation.conversation import Conversation
-    from vidchat.conversation.registry import SessionRegistry
 
 log = logging.getLogger(__name__)
 
@@ -112,6 +111,40 @@ class Words(Protocol):
     async def done(self, done: Done) -> None: ...
 
 
+class Keeper(Protocol):
+    """What keeping a session's answers and bundles uses of it (a SessionRecord)."""
+
+    @property
+    def session(self) -> Session: ...
+
+    @property
+    def answers(self) -> collections.OrderedDict[str, Answer]: ...
+
+    @property
+    def bundles(self) -> dict[str, Path]: ...
+
+
+class Asker(Keeper, Protocol):
+    """What a run uses of the conversation that asked it
+    (vidchat.conversation.conversation.Conversation): besides what it keeps,
+    its door, its host, its chat's number, its event stream, and its one
+    rule for what the chat keeps."""
+
+    @property
+    def kind(self) -> str: ...
+
+    @property
+    def host(self) -> Host | None: ...
+
+    @property
+    def chat_began(self) -> int: ...
+
+    @property
+    def event_hub(self) -> EventHub: ...
+
+    def _answered(self, run: AnswerRun, done: Done) -> None: ...
+
+
 class AnswerRun:
     """One question's answer, run by a task of the conversation from the
     moment it is asked: it waits for its place, streams, gives its place
@@ -123,7 +156,7 @@ class AnswerRun:
 
     # ``conversation``: the Conversation that asked (its host, session, chat
     # and the rule for what the chat keeps); ``slot``: one of its three.
-    def __init__(self, conversation: Conversation, slot: AnswerSlot, answer: Answer, *, record: bool,
+    def __init__(self, conversation: Asker, slot: AnswerSlot, answer: Answer, *, record: bool,
                  continues_chat: bool, remember: bool) -> None:
         self.conversation, self.slot, self.answer = conversation, slot, answer
         self.record, self.continues_chat, self.remember = record, continues_chat, remember
@@ -431,7 +464,7 @@ KEEP_PER_SESSION = 8
 KEEP_BUNDLES_PER_SESSION = 64
 
 
-def remember(entry: SessionRecord, answer: Answer) -> str:
+def remember(entry: Keeper, answer: Answer) -> str:
     """Keep an answer's inputs for its session's page; returns its id (the
     same id when the answer is already kept, e.g. a spoken question's
     player shown before its answer)."""
@@ -446,7 +479,7 @@ def remember(entry: SessionRecord, answer: Answer) -> str:
     return answer_id
 
 
-def chat_answers(entry: Conversation) -> list[tuple[str, Answer]]:
+def chat_answers(entry: Asker) -> list[tuple[str, Answer]]:
     """The kept answers of the chat as it is now, newest first, as (id,
     answer): those of a cleared chat are left out (their inputs stay served
     while kept, and the live view's timings still count them)."""
@@ -455,7 +488,7 @@ def chat_answers(entry: Conversation) -> list[tuple[str, Answer]]:
             if answer.chat == chat]
 
 
-async def save_bundle(host: Host | None, entry: SessionRecord, answer: Answer, answer_id: str, source: str) -> Path:
+async def save_bundle(host: Host | None, entry: Keeper, answer: Answer, answer_id: str, source: str) -> Path:
     """Save a finished answer as a bundle under --record-dir, in its
     session's folder, and keep it for the session's download links: the one
     recording rule of the page and the socket. Raises RecordingOff without
@@ -485,14 +518,15 @@ class RecordingOff(Exception):
     pass
 
 
-def keep_bundle(entry: SessionRecord, answer_id: str, path: Path) -> None:
+def keep_bundle(entry: Keeper, answer_id: str, path: Path) -> None:
     """Remember a recorded answer's bundle folder for the session's download links."""
     entry.bundles[answer_id] = path
     while len(entry.bundles) > KEEP_BUNDLES_PER_SESSION:
         entry.bundles.pop(next(iter(entry.bundles)))
 
 
-def find(registry: SessionRegistry, answer_id: str) -> tuple[Conversation, Answer] | tuple[None, None]:
+def find(registry: Sessions, answer_id: str) -> tuple[SessionRecord, Answer] | tuple[None, None]:
+    """The session that kept answer ``answer_id``, and the answer (None, None: no such answer)."""
     for entry in registry.entries():
         answer = entry.answers.get(answer_id)
         if answer is not None:

@@ -236,7 +236,7 @@ async def settle(host: Host, engine: ChatEngine | None = None, measure: bool = T
     ``engine``: the one just started, before the server says it is ready
     (default: the server's)."""
     prewarmer = host.prewarmer
-    if prewarmer is None:
+    if not isinstance(prewarmer, Prewarmer):  # none, or warm-ups of another kind: nothing to set
         return None
     if prewarmer.setting == "auto" and not measure:
         choice = PrewarmChoice("auto", "off", "auto: the engine was handed to the server; not measured, off")

@@ -14,6 +14,7 @@ from vidchat.conversation.host import Host, HostSettings
 
 if TYPE_CHECKING:
     from vidchat.conversation.conversation import Conversation
+    from vidchat.conversation.registry import SessionRegistry
     from vidchat.engine.interface import ChatEngine
     from vidchat.media.streams import Streams
 
@@ -84,6 +85,9 @@ class Server(Host, Protocol):
 
     @property
     def settings(self) -> DoorSettings: ...
+
+    @property
+    def registry(self) -> SessionRegistry: ...  # the doors find their conversations in it
 
     @property
     def streams(self) -> Streams: ...  # --stream: the live streams a session may watch
