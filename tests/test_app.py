@@ -244,14 +244,18 @@ async def test_engine_death_is_reported_and_the_server_stays_up(artifacts_dir, t
                         "--engine-restarts", "0", "--log-format", "json"],
                        artifacts_dir / "server-engine-death.log")
     try:
-        for child in psutil.Process(srv.proc.pid).children(recursive=True):
-            child.send_signal(signal.SIGKILL)
-        health = await eventually_async(lambda: (h := srv.get_json("/api/health"))["ok"] is False and h, 10,
-                                        "/api/health reports the engine down")
-        assert health["running_requests"] is None
-
+        # A session opened while the engine is up (one opened after it is down
+        # for good is refused at the door, before it has a session to log).
         async with websockets.connect(srv.ws_url) as ws:
             await ws.send(json.dumps({"type": "session.config"}))
+            await eventually_async(lambda: "started: model=" in srv.log(), 15, "the socket session started")
+            for child in psutil.Process(srv.proc.pid).children(recursive=True):
+                child.send_signal(signal.SIGKILL)
+            health = await eventually_async(lambda: (h := srv.get_json("/api/health"))["ok"] is False and h, 10,
+                                            "/api/health reports the engine down")
+            assert health["running_requests"] is None
+            await eventually_async(lambda: "stays down" in json.dumps(srv.get_json("/readyz")), 10,
+                                   "the keeper says the engine stays down")
             jpeg = synthetic.motion_clip(n=1).jpegs()[0]
             await ws.send(json.dumps({"type": "video.frame", "data": base64.b64encode(jpeg).decode()}))
             await ws.send(json.dumps({"type": "video.query", "text": "Anyone there?"}))
