@@ -123,7 +123,9 @@ async def test_page_streams_an_answer_and_two_tabs_use_their_own_frames(server, 
                                             {subtree: true, childList: true, characterData: true});
                 }"""
             )
-            await set_setting(red, "vc-max-tokens", "48")
+            # Long enough to outlast a draw's interval on a loaded machine
+            # (a reply generated within one interval is fairly drawn at once).
+            await set_setting(red, "vc-max-tokens", "128")
             await set_setting(blue, "vc-max-tokens", "24")
             await asyncio.gather(ask(red, "What colour is the wall?"), ask(blue, "What colour is the wall?"))
             red_texts, blue_texts = await asyncio.gather(wait_for_answer(red, 1), wait_for_answer(blue, 1))

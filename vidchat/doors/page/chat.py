@@ -578,25 +578,37 @@ class Redraws:
         self._drawn_at = 0.0
         self._behind = False  # text came that was not drawn yet
         self._closed = False
+        self._held: list[Any] = []  # the rest of a burst cut at an answer's first text
+        self._texted: set[tuple[int, bool, bool]] = set()  # answers whose first text was drawn
 
     async def next(self) -> bool | None:
         transcript, subscription = self.transcript, self.subscription
         while not self._closed and not self.until():
-            wait = LOADING_EVERY_S
-            if self._behind:
-                wait = max(0.0, self._drawn_at + _stream_every(transcript) - time.monotonic())
-            event = await subscription.get(timeout=wait)
-            if event is None:
-                if self._behind or transcript.say_loading():
-                    return self._drawn(False)
-                continue
-            burst = [event, *subscription.pending()]
+            if self._held:
+                burst, self._held = self._held, []
+            else:
+                wait = LOADING_EVERY_S
+                if self._behind:
+                    wait = max(0.0, self._drawn_at + _stream_every(transcript) - time.monotonic())
+                event = await subscription.get(timeout=wait)
+                if event is None:
+                    if self._behind or transcript.say_loading():
+                        return self._drawn(False)
+                    continue
+                burst = [event, *subscription.pending()]
             changed, done = False, False
-            for one in burst:
+            for at, one in enumerate(burst):
                 changed = await transcript.apply(one) or changed
                 done = done or (isinstance(one, AnswerEvent) and isinstance(one.event, Done)) \
                     or isinstance(one, (ChatCleared, QuestionRefused))
                 self._closed = self._closed or isinstance(one, Closed)
+                if self._first_text(one) and at + 1 < len(burst):
+                    # An answer's first words are drawn as they come, even when
+                    # the reader woke behind its whole reply: the first token is
+                    # what a person waits for, and a reply drawn at once never
+                    # looks like it streamed.
+                    self._held = burst[at + 1:]
+                    return self._drawn(done)
             only_text = changed and not done and all(
                 isinstance(one, AnswerEvent) and isinstance(one.event, Delta) for one in burst)
             if only_text and time.monotonic() - self._drawn_at < _stream_every(transcript):
@@ -604,6 +616,15 @@ class Redraws:
             elif changed or self._behind:
                 return self._drawn(done)
         return None
+
+    def _first_text(self, event: Any) -> bool:
+        if not (isinstance(event, AnswerEvent) and isinstance(event.event, Delta)) or not event.event.text:
+            return False
+        key = (event.ticket, event.side, event.second)
+        if key in self._texted:
+            return False
+        self._texted.add(key)
+        return True
 
     def _drawn(self, views_changed: bool) -> bool:
         self._behind = False
