@@ -123,15 +123,20 @@ async def test_video_consumer_stamps_frames_near_arrival_across_the_wrap():
                                                       sample_seconds=0.5, num_sample_frames=64))
     pts = [(WRAP - 4 * 4500 + i * 4500) % WRAP for i in range(30)]  # 20 fps, wraps after 4 frames
     track = ScriptedTrack("video", _video_frames(pts), interval=0.05)
+    stats = webrtc.MediaStats()
     before = time.monotonic()
-    await webrtc.run_consumer(webrtc.consume_video, track, entry, webrtc.MediaStats(), on_failure=None)
+    await webrtc.run_consumer(webrtc.consume_video, track, entry, stats, on_failure=None)
     after = time.monotonic()
     sample = entry.session.sample()
     stamps = sample.timestamps
     assert all(before - 0.5 <= t <= after + 0.1 for t in stamps), (before, stamps, after)
     assert stamps == sorted(stamps)
+    # Every frame is kept or, where the filter fell behind on a loaded
+    # machine, skipped for a newer one (by design: the newest frame wins).
+    assert stats.video_frames_seen == 30
+    assert entry.session.frame_count + stats.video_frames_skipped == 30
     # The last half second holds the last frames only, not the whole ring.
-    assert 0 < len(stamps) < entry.session.frame_count // 2 and entry.session.frame_count == 30
+    assert 0 < len(stamps) < entry.session.frame_count // 2
 
 
 async def test_audio_consumer_places_chunks_across_the_wrap(simulated_clock):
