@@ -14,12 +14,12 @@ One cycle is connect -> stream -> ask -> disconnect, alternating the doors
   odd cycles   the page's door: an aiortc peer (vidchat.devtools.rtc_client) sending
                live VP8, the question through the page's `/ask` chat endpoint
                (gradio_client, one per worker, as tests/test_webrtc.py does),
-               then `/webrtc/close` (what the page's Stop does).
+               then `/webrtc/close` (a tab giving up its session; the page's Stop pauses instead).
 Every third cycle hangs up while the answer streams (a long answer:
 --long-tokens at temperature 1), as soon as the first token shows, in turns
 one of two ways per door:
   WebSocket    a close handshake / the TCP connection simply dropped;
-  page         `/webrtc/close` (Stop, pagehide beacon) / the tab killed: the
+  page         `/webrtc/close` (a tab giving up its session) / the tab killed: the
                gradio job cancelled and the peer closed without telling the
                server (the session then ends when the server sees the peer
                gone, or by its idle reaper, --session-idle-timeout, 30 s).
@@ -194,7 +194,7 @@ class Worker:
             if ans.first is None or job.done():
                 c.problems.append(ans.problem() or "no token to hang up on (the answer ended first)")
             c.interrupted = ans.first is not None and not job.done()
-            if c.hangup == "stop":  # the page's Stop / pagehide beacon: the server ends the session
+            if c.hangup == "stop":  # a tab giving up its session: the server ends it
                 await page.rtc.close(tell_server=True)
                 told = True
             else:  # the tab killed: its event stream goes (the job is cancelled) and the peer with it

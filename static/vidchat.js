@@ -10,13 +10,13 @@
 // its own tab's session. window.vidchat is the surface tests and QA scripts read.
 import { beaconUrl, pageToken } from "./js/api.js";
 import { counts, questions } from "./js/chat.js";
-import { reconnect, start, stop, switchSource } from "./js/peer.js";
+import { pause, reconnect, start, stop, switchSource } from "./js/peer.js";
 import "./js/questions.js";
 import "./js/ready.js";
 import "./js/suites.js";
 import "./js/suite_panel.js";
 import { listServerMedia, listStreams, sourceKind } from "./js/source.js";
-import { $, resumeAfterReload, setNote, state, whenShown } from "./js/state.js";
+import { $, publishSessionId, resumeAfterReload, setNote, state, whenShown } from "./js/state.js";
 import { talk } from "./js/talk.js";
 
 function fileChosen(url, name) {
@@ -81,9 +81,17 @@ whenShown("#vc-start").then((button) => {
 // buffer, and the chat as the server keeps it (vidchat/doors/page/chat.py).
 const before = resumeAfterReload();
 if (before) {
-  Promise.all([whenShown("#vc-start"), whenShown("#vidchat-session-id")]).then(() => {
+  Promise.all([whenShown("#vc-start"), whenShown("#vidchat-session-id")]).then(async () => {
     Object.assign(state, { sessionId: before.id, resumeToken: before.token });
-    start(true);
+    if (!before.paused) { start(true); return; }
+    // Stopped before the reload: claim the session again (the server would
+    // end it after the reload grace), and show its chat; Start carries on.
+    if (await pause(before.id)) {
+      publishSessionId(before.id);
+      setNote("The chat and what the model got stay; Start carries on with them.");
+    } else {
+      Object.assign(state, { sessionId: "", resumeToken: "" });
+    }
   });
 }
 

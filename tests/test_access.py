@@ -492,7 +492,9 @@ def test_media_dir_lists_and_serves_only_its_own_video_files(guarded):
 
 
 @pytest.mark.engine
-async def test_recording_is_opt_in_and_bundles_download_with_the_same_inputs(guarded, tmp_path):
+async def test_recording_is_on_with_record_dir_and_bundles_download_with_the_same_inputs(guarded, tmp_path):
+    """--record-dir records every answer unless the question turns it off
+    (issue 59, point 4: its help says "Save every answer")."""
     import io
     import zipfile
 
@@ -507,11 +509,11 @@ async def test_recording_is_opt_in_and_bundles_download_with_the_same_inputs(gua
                                   api_name="/ask")[0]
 
         before = sorted(guarded.record_dir.rglob("*")) if guarded.record_dir.exists() else []
-        history = await asyncio.to_thread(ask, None)  # Record left at its default: off
+        history = await asyncio.to_thread(ask, False)  # Record turned off for this question
         assert (sorted(guarded.record_dir.rglob("*")) if guarded.record_dir.exists() else []) == before
         unrecorded = history[-1]["metadata"]["id"]
         assert call(guarded, "GET", f"/inputs/{unrecorded}/bundle.zip", headers=BEARER)[0] == 404
-        history = await asyncio.to_thread(ask, True)
+        history = await asyncio.to_thread(ask, None)  # Record left at its default: on, with --record-dir
         answer_id = history[-1]["metadata"]["id"]
         assert "bundle.zip" in str(history[-1]["content"])
         record = call(guarded, "GET", f"/inputs/{answer_id}/record.json", headers=BEARER)[1]

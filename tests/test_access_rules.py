@@ -176,4 +176,6 @@ def test_the_access_log_keeps_what_a_person_reads_not_what_a_page_polls():
     assert not kept("GET", "/api/health", 503)  # "loading", asked again and again
     assert kept("GET", "/webrtc/stats?session_id=x", 404)  # a failure is worth reading
     assert kept("POST", "/webrtc/offer", 200) and kept("GET", "/", 200)
+    # A playing file's position, reported every second (issue 59, point 11), unless it fails.
+    assert not kept("POST", "/webrtc/source", 200) and kept("POST", "/webrtc/source", 400)
     assert not kept("GET", "/readyz", 200)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import re
 import subprocess
 import sys
 import urllib.request
@@ -300,8 +301,8 @@ def test_the_console_says_what_the_user_needs_before_ready(server):
     before_ready = lines[:next(i for i, ln in enumerate(lines) if "vidchat ready on http://" in ln) + 1]
     print(f"{len(before_ready)} lines from start to ready")
     text = "\n".join(before_ready)
-    for needed in ("starting vidchat with tiny test model (random weights)", "RANDOM weights",
-                   "listening on http://127.0.0.1:", "model loaded on CPU in",
+    for needed in ("starting vidchat with model tiny (random weights)", "RANDOM weights",
+                   "listening on http://127.0.0.1:", "main model tiny loaded on CPU in",
                    "warm-ups: off (auto: a 320x240 frame took",
                    "vidchat ready on http://127.0.0.1:"):
         assert needed in text, needed
@@ -311,6 +312,10 @@ def test_the_console_says_what_the_user_needs_before_ready(server):
                   "encoder cache", "aioice"):
         assert noise not in text, noise
     assert not [ln for ln in lines if "aioice.ice" in ln], "ICE candidate pairs at INFO"
+    # Every line has its time, uvicorn's request and server lines too (issue 59, point 11).
+    untimed = [ln for ln in lines if ("uvicorn" in ln or '"GET ' in ln or '"POST ' in ln)
+               and not re.match(r"\d\d:\d\d:\d\d ", ln)]
+    assert not untimed, untimed[:5]
     assert len(before_ready) <= 20, text
     # --prewarm auto (the shared server's) timed a frame of the tiny model: cheap, so warm-ups are off, and says so.
     prewarm = server.get_json("/api/health")["prewarm"]

@@ -165,12 +165,13 @@ async def test_page_loads_a_bundle_and_compares_two_models_side_by_side(two_mode
 
 @pytest.mark.engine
 async def test_a_socket_client_records_each_answer_as_a_bundle(two_models, tmp_path):
-    """session.update {"record": true} (the server has --record-dir): each
-    answer, typed or watched, is saved, and response.text.done.stats.bundle
-    names its folder (bundle_url: its zip); off again, nothing more is saved."""
+    """The server has --record-dir and the client says nothing of record:
+    each answer, typed or watched, is saved (the flag's "every answer"), and
+    response.text.done.stats.bundle names its folder (bundle_url: its zip);
+    session.update {"record": false} turns it off for this session alone."""
     from test_protocol import SHORT, check_answer, connect, frames, recv, send, until
 
-    ws = await connect(two_models, record=True, watch={"question": "What changed?", "every_s": 0.3}, **SHORT)
+    ws = await connect(two_models, watch={"question": "What changed?", "every_s": 0.3}, **SHORT)
     try:
         await frames(ws, n=4)
         watched = await until(ws, "response.text.done", timeout=60)
@@ -339,3 +340,43 @@ async def test_the_second_models_answer_is_recorded_counted_and_logged_as_its_ow
     from vidchat.conversation.events import session_hash
     log_text = two_models.log_path.read_text()
     assert answer_id not in log_text and f"answer {session_hash(answer_id)} completed" in log_text
+
+
+@pytest.mark.browser
+@pytest.mark.parametrize("width, height", [(1280, 900), (390, 844)], ids=["desktop", "phone"])
+async def test_the_page_records_every_answer_with_record_dir_until_its_tick_is_cleared(two_models, tmp_path,
+                                                                                        width, height):
+    """--record-dir alone records (issue 59, point 4): a new tab's Record tick
+    is on, its typed answer is a bundle on disk with its download under the
+    answer; the tick cleared, the next answer writes nothing."""
+    from playwright.async_api import async_playwright
+
+    from vidchat.devtools.page import ask, launch, open_and_start, set_setting, wait_for_answer, write_wav, write_y4m
+
+    write_y4m(tmp_path / "cam.y4m", (180, 90, 40))
+    write_wav(tmp_path / "mic.wav")
+    async with async_playwright() as pw:
+        browser = await launch(pw, tmp_path / "cam.y4m", tmp_path / "mic.wav", tmp_path)
+        try:
+            page = await open_and_start(browser, two_models.url + "/", viewport=(width, height), min_buffer=4)
+            assert await page.is_checked("#vc-record input[type=checkbox]")
+            await set_setting(page, "vc-max-tokens", "4")
+            before = set(two_models.record_dir.rglob("manifest.json"))
+            await ask(page, "Recorded?")
+            await wait_for_answer(page, 1)
+            bundle_links = "#vc-chat a[href$='/bundle.zip']"
+            await page.wait_for_selector(bundle_links, state="attached")
+            answer_id = (await page.get_attribute(bundle_links, "href")).split("/")[2]
+            after = set(two_models.record_dir.rglob("manifest.json"))
+            assert len(after - before) == 1, after - before
+            assert json.loads(next(iter(after - before)).read_text())["question"] == "Recorded?"
+
+            await page.uncheck("#vc-record input[type=checkbox]")
+            await ask(page, "Not recorded?")
+            await wait_for_answer(page, 2)
+            assert set(two_models.record_dir.rglob("manifest.json")) == after
+            status = await asyncio.to_thread(
+                lambda: urllib.request.urlopen(two_models.url + f"/inputs/{answer_id}/bundle.zip").status)
+            assert status == 200
+        finally:
+            await browser.close()

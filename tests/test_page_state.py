@@ -58,11 +58,11 @@ async def test_an_answer_cut_short_is_marked_stopped_and_a_whole_one_is_not(even
     assert transcript.messages() == [QUESTION, *expected]
 
 
-def _answer(question: str, asked_at: float, temperature: float = 0.7, chat: int = 0):
+def _answer(question: str, asked_at: float, temperature: float = 0.7, chat: int = 0, model: str = "tiny"):
     """What the re-ask list reads of an answer (``chat``: the chat it was asked in)."""
     return types.SimpleNamespace(question=question, asked_at=asked_at, sample=types.SimpleNamespace(frames=[0] * 16),
                                  options=types.SimpleNamespace(temperature=temperature), bundle_name="b.zip",
-                                 chat=chat)
+                                 chat=chat, model_name=model)
 
 
 async def test_the_reask_list_tells_repeated_questions_apart_and_forgets_a_cleared_chat():
@@ -70,11 +70,13 @@ async def test_the_reask_list_tells_repeated_questions_apart_and_forgets_a_clear
     entry = registry.create("webrtc", SessionSettings())
     entry.session.timeline_start = 100.0
     state = types.SimpleNamespace(registry=registry)
-    for t in (112.0, 118.5):
-        runs.remember(entry, _answer("What just changed?", t))
+    for t, model in ((112.0, "tiny"), (118.5, "tiny"), (118.6, "tiny-vl")):
+        runs.remember(entry, _answer("What just changed?", t, model=model))
     labels = [label for label, _ in reask_choices(state, entry.session.id)]
-    assert labels == ["latest, at 18.5 s: What just changed? (16 frames, T=0.7)",
-                      "at 12.0 s: What just changed? (16 frames, T=0.7)"]
+    # Each entry names its model: Both models' two answers to one question read as two (issue 59, point 9).
+    assert labels == ["latest, at 18.6 s: What just changed? (tiny-vl, 16 frames, T=0.7)",
+                      "at 18.5 s: What just changed? (tiny, 16 frames, T=0.7)",
+                      "at 12.0 s: What just changed? (tiny, 16 frames, T=0.7)"]
 
     loaded = {"bundle-x": _answer("Recorded?", 0.0)}
     entry.clear()
@@ -82,8 +84,8 @@ async def test_the_reask_list_tells_repeated_questions_apart_and_forgets_a_clear
         ("bundle: Recorded? (16 frames, b.zip)", "bundle-x")]
     runs.remember(entry, _answer("After the clear", 130.0, chat=1))
     assert [label for label, _ in reask_choices(state, entry.session.id)] == [
-        "latest, at 30.0 s: After the clear (16 frames, T=0.7)"]
-    assert len(entry.answers) == 3  # still kept: their inputs stay served, the timings chart counts them
+        "latest, at 30.0 s: After the clear (tiny, 16 frames, T=0.7)"]
+    assert len(entry.answers) == 4  # still kept: their inputs stay served, the timings chart counts them
 
 
 @pytest.mark.parametrize("second_model", [None, "tiny-vl"], ids=["one model", "two models"])

@@ -30,6 +30,10 @@ def test_a_models_or_users_markup_is_shown_as_text_and_markdown_is_rendered():
     assert "vc-copy" in said and "data-testid='bot'" in said  # an answer has its copy button
     asked = message_html({"role": "user", "content": "[x](javascript:alert(1)) <b>hi</b>"})
     assert "href" not in asked and "&lt;b&gt;" in asked and "data-testid='user'" in asked
+    # A question is shown as it was typed, not as Markdown (issue 59, point 11).
+    typed = message_html({"role": "user", "content": "*star* **two**\n<img src=x>"})
+    assert "<em>" not in typed and "<strong>" not in typed and "<img" not in typed
+    assert "*star* **two**\n&lt;img src=x&gt;" in typed and "vc-typed" in typed
     # The page's own markup stays markup: "Thinking…", and a fold under its title.
     assert "<span class='vc-typing'>" in message_html(typing())
     fold = message_html({"role": "assistant", "content": "<div class='vc-inputs'>x</div>",
@@ -68,10 +72,14 @@ async def test_each_draw_names_only_what_changed_and_a_clear_starts_a_new_chat()
 
 def test_a_questions_settings_come_by_name_and_one_left_out_is_the_pages_default():
     settings = types.SimpleNamespace(frames_per_question=8, max_images=16, sampling="uniform", frames_as="images",
-                                     max_tokens=256, temperature=0.7, system_prompt="")
+                                     max_tokens=256, temperature=0.7, system_prompt="", record_dir="")
     state = types.SimpleNamespace(settings=settings)
     defaults = page_defaults(state)
     assert list(defaults) == list(PAGE_SETTINGS)
+    assert defaults["record"] is False
+    # --record-dir: a tab records every answer until its tick is cleared (issue 59, point 4).
+    assert page_defaults(types.SimpleNamespace(settings=types.SimpleNamespace(
+        **{**vars(settings), "record_dir": "/tmp/rec"})))["record"] is True
     sent = sent_settings(state, {"max_tokens": 6, "sampling": "The newest frames", "unknown": 1})
     assert sent[PAGE_SETTINGS.index("max_tokens")] == 6
     assert sent[PAGE_SETTINGS.index("sampling")] == "latest_frames"  # the picker's label names its strategy

@@ -123,7 +123,22 @@ function dispatch(block) {
   const body = JSON.parse(data.join("\n"));
   if (name === "chat.draw") draw(body);
   else if (name === "inputs.view") drawInputs(body);
+  else if (name === "closed") sessionEnded(body.reason || "");
   return name;
+}
+
+// The session ended (the time limit, idle, the server's shutdown): its chat
+// stays on screen, and says that it ended and why; Start begins a new one.
+function sessionEnded(reason) {
+  const el = list();
+  if (!el || el.querySelector(".vc-ended")) return;
+  const note = document.createElement("div");
+  note.className = "vc-msg vc-notice vc-ended";
+  note.dataset.testid = "session-ended";
+  note.textContent = `This session has ended${reason ? ` (${reason})` : ""}. Its chat stays here to read; `
+    + "the next Start begins a new session with an empty chat.";
+  el.append(note);
+  el.scrollTop = el.scrollHeight;
 }
 
 // Read the session's chat for as long as it runs. fetch, not EventSource:

@@ -56,7 +56,7 @@ async function connect(resume) {
     return;
   }
   if (resume && !answer.resumed) {
-    setNote("The server had already ended the old session (idle too long); this is a new one with an empty buffer.");
+    setNote("The previous session had ended (the chat above said why); this is a new one with an empty chat and buffer.");
   }
   state.resumeToken = answer.resume_token || "";
   publishSessionId(answer.session_id);
@@ -213,8 +213,9 @@ export async function start(resume = false) {
     setNote(note);
     fillDeviceLists().catch(() => {});
     setStatus("Connecting…", "busy");
-    await connect(resume === true);
-    startStatsPolling(() => stop(true));
+    // After Stop the tab still holds its session (paused): Start carries on with it.
+    await connect(resume === true || Boolean(state.sessionId));
+    startStatsPolling(() => stop(true, true));
   } catch (err) {
     setStatus(err.retry ? "Server full" : "Not running", "error");
     await stop(true);
@@ -222,7 +223,10 @@ export async function start(resume = false) {
   }
 }
 
-export async function stop(keepNote) {
+// Stop pauses: the source and the peer end, the session (its chat, kept
+// answers and frames) waits for the next Start. ended: the server already
+// ended the session, so the tab lets go of it too.
+export async function stop(keepNote, ended = false) {
   state.wantRunning = false;
   state.run += 1;
   stopStatsPolling();
@@ -234,16 +238,32 @@ export async function stop(keepNote) {
   leaveFile();
   const video = $("#vc-preview");
   if (video) video.srcObject = null;
-  if (sid) {
-    fetch("/webrtc/close", { method: "POST", headers: authHeaders({ "Content-Type": "application/json" }),
-                             body: JSON.stringify({ session_id: sid }) }).catch(() => {});
-  }
-  publishSessionId("");
-  state.resumeToken = "";
-  forgetResume();
   toggleButtons(false);
-  if (!keepNote) { setStatus("Stopped", "idle"); setNote(""); }
+  const paused = sid && !ended ? await pause(sid) : false;
+  if (!paused) {
+    publishSessionId("");
+    state.resumeToken = "";
+    forgetResume();
+  }
+  if (!keepNote) {
+    setStatus("Stopped", "idle");
+    setNote(paused ? "The chat and what the model got stay; Start carries on with them." : "");
+  }
   renderStats(null);
+}
+
+// Tells the server this tab keeps its session without media (Stop, or a
+// stopped tab reloaded); false when the session has ended meanwhile.
+export async function pause(sid) {
+  try {
+    const r = await fetch("/webrtc/close", { method: "POST", headers: authHeaders({ "Content-Type": "application/json" }),
+                                             body: JSON.stringify({ session_id: sid, pause: true }) });
+    if (!r.ok) return false;
+    keepResume(true);
+    return true;
+  } catch (_) {
+    return false;
+  }
 }
 
 function toggleButtons(running) {

@@ -58,11 +58,12 @@ export function publishSessionId(id) {
 
 // This tab's session survives a reload: its id and resume token are kept in
 // the tab's own sessionStorage (never shared with other tabs or sites) from
-// the moment the server gives them until Stop.
+// the moment the server gives them until the session ends.
 const RESUME_KEY = "vidchat.session";
-export function keepResume() {
+// paused: the tab had stopped its source (a reload comes back stopped, to the same chat).
+export function keepResume(paused = false) {
   try {
-    sessionStorage.setItem(RESUME_KEY, JSON.stringify({ id: state.sessionId, token: state.resumeToken }));
+    sessionStorage.setItem(RESUME_KEY, JSON.stringify({ id: state.sessionId, token: state.resumeToken, paused }));
   } catch (_) { /* storage off: a reload starts a new session */ }
 }
 export function forgetResume() {

@@ -22,6 +22,7 @@ from vidchat.app.settings import Settings
 from vidchat.devtools import tinymodel
 from vidchat.engine.interface import ChatEngine, EngineError, EngineOptions
 from vidchat.engine.local import LocalEngine
+from vidchat.engine.weights import model_name
 
 if TYPE_CHECKING:
     from vidchat.app.state import AppState, EngineLife
@@ -143,8 +144,10 @@ SEGMENTED_MAX_AUDIOS = 16
 
 def engine_options(settings: Settings, model_path: str, tiny: bool, main: bool = True) -> EngineOptions:
     """The engine's options (``main``: the main engine, whose vLLM stats feed /metrics)."""
+    option = settings.model if main else settings.compare_model
     return EngineOptions(
         model=model_path,
+        name="" if option == "auto" else model_name(option),
         dtype="float32" if tiny and settings.dtype == "auto" else settings.dtype,
         max_model_len=settings.max_model_len,
         kv_cache_gb=settings.kv_cache_gb,

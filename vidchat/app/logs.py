@@ -38,14 +38,20 @@ class JsonFormatter(logging.Formatter):
 
 
 def use_json_logs() -> None:
-    """Every handler of the root logger writes JSON, and uvicorn's loggers go
-    through the root's (the server is then started with log_config=None)."""
+    """Every handler of the root logger writes JSON (uvicorn's loggers go
+    through the root's: :func:`uvicorn_through_root`)."""
     # vLLM configures its loggers from this file, in the server and in its
     # engine-core child alike (which inherits the environment): JSON, errors only.
     os.environ.setdefault("VLLM_LOGGING_CONFIG_PATH", str(VLLM_LOGGING_CONFIG))
     root = logging.getLogger()
     for handler in root.handlers:
         handler.setFormatter(JsonFormatter())
+
+
+def uvicorn_through_root() -> None:
+    """uvicorn's request and server lines go through the root logger's
+    handler, so each has its time like every other line (uvicorn's own
+    format has none); the server is started with log_config=None."""
     for name in ("uvicorn", "uvicorn.error", "uvicorn.access"):
         logger = logging.getLogger(name)
         logger.handlers.clear()
@@ -89,6 +95,10 @@ POLLED_PATHS = ("/webrtc/stats", "/webrtc/live", "/webrtc/talk", "/webrtc/events
                 "/static/", "/assets/", "/svelte/", "/gradio_api/file=", "/favicon.ico")
 
 
+# ...and what it reports as often: a playing file's position, every second.
+POLLED_POSTS = ("/webrtc/source",)
+
+
 class QuietPolling(logging.Filter):
     def filter(self, record: logging.LogRecord) -> bool:
         args = record.args
@@ -96,11 +106,15 @@ class QuietPolling(logging.Filter):
                 logging.DEBUG):
             return True
         _, method, path, _, status = args[:5]
-        if method != "GET" or not isinstance(status, int) or not isinstance(path, str):
+        if method not in ("GET", "POST") or not isinstance(status, int) or not isinstance(path, str):
+            return True
+        if method == "POST" and path.split("?", 1)[0] not in POLLED_POSTS:
             return True
         path = path.split("?", 1)[0]
         if status == 503 and path in ("/api/health", "/readyz"):
             return False  # "not ready yet", asked over and over while the model loads
+        if method == "POST" and path in POLLED_POSTS:
+            return status >= 400
         return status >= 400 or not path.startswith(POLLED_PATHS)
 
 

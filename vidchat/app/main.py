@@ -27,6 +27,9 @@ def serve(argv: list[str] | None = None) -> int:
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
         datefmt="%H:%M:%S",
     )
+    from vidchat.app.logs import uvicorn_through_root
+
+    uvicorn_through_root()
     if settings.log_format == "json":
         from vidchat.app.logs import use_json_logs
 
@@ -135,7 +138,7 @@ def _serve(state: "AppState", log: logging.Logger) -> int:
     settings = state.settings
     install_log_redaction()
     app = create_app(state)
-    log.info("starting vidchat with %s", model_label(state))
+    log.info("starting vidchat with model %s%s", model_label(state), " (random weights)" if state.tiny else "")
     log.debug("model files: %s", state.model_path)
     # A frame of --ws-max-frame-bytes arrives base64-encoded inside JSON: let
     # such a message through so the protocol can answer it, not the transport.
@@ -151,8 +154,8 @@ def _serve(state: "AppState", log: logging.Logger) -> int:
     config = uvicorn.Config(app, host=settings.host, port=settings.port, log_level=settings.log_level.lower(),
                             ws_max_size=ws_max_size, ws="websockets-sansio", proxy_headers=True,
                             forwarded_allow_ips=trusted_proxies, timeout_graceful_shutdown=SHUTDOWN_GRACE_S,
-                            # JSON logs: uvicorn's loggers write through the root's JSON handler.
-                            **({"log_config": None} if settings.log_format == "json" else {}))
+                            # uvicorn's loggers write through the root's handler (logs.uvicorn_through_root).
+                            log_config=None)
     try:
         ClosingServer(config, state).run()
     except KeyboardInterrupt:

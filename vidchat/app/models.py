@@ -191,6 +191,13 @@ def resolve_settings(settings: Any) -> tuple[Any, str, str | None]:
     else:
         model_path, banner = resolve_model(settings.model, settings.cache_dir)
     preset = resolve_preset(settings.preset or settings.model)
+    if settings.model == "auto" and not settings.engine_url:
+        # Resolved before anything is written: a record, a bundle or a
+        # suite's baseline names the model 'auto' chose, never 'auto' (on
+        # another machine 'auto' is another model).
+        chosen = "tiny" if banner is not None or preset is None else preset.name
+        log.info("--model auto: %s", chosen)
+        settings = dataclasses.replace(settings, model=chosen)
     if settings.preset and preset is None:
         raise ValueError(f"--preset {settings.preset}: no such preset (python app.py --model list shows them)")
     if preset is not None and banner is None:  # not when 'auto' fell back to the tiny model

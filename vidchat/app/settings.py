@@ -139,8 +139,9 @@ class Settings(ModelSettings):
     )
     record_dir: str = _opt(
         "", "Save every answer as a recording bundle (its frames as PNG, audio as WAV, question, chat history, "
-        "settings, prompt, answer, timings; layout in vidchat/conversation/bundles.py) in a new folder under this one. "
-        "Empty: recording is off; nothing is written to disk unless this is set.",
+        "settings, prompt, answer, timings; layout in vidchat/conversation/bundles.py) in a new folder under this one, "
+        "for every session at every door unless it turns recording off for itself (the page's 'Record each answer' "
+        "tick, a socket's record: false). Empty: recording is off; nothing is written to disk unless this is set.",
     )
     suite_dir: str = _opt(
         "", "A QA suite's folder (docs/suites.md): each answer's 'What the model got' panel offers Add to suite, "

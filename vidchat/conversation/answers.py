@@ -24,6 +24,7 @@ from typing import Any, Awaitable, Callable, Literal, Protocol
 
 from vidchat.conversation.events import TYPED, EventHub
 from vidchat.engine.interface import Reply, Turn
+from vidchat.engine.weights import model_name
 from vidchat.media.session import Sample, Session
 from vidchat.media.streams import StreamReader
 from vidchat.media.vad import Utterance
@@ -263,6 +264,14 @@ class SessionRecord:
         # Its tab went away and may come back for it (a reload, WebRTC's
         # grace): nobody asks meanwhile, so it gets no warm-ups.
         self.away = False
+        # Its tab stopped its source (the page's Stop): the session, its chat
+        # and kept answers wait for the next Start, and it is not idle while
+        # the tab reads its events (SessionRegistry.expire).
+        self.paused = False
+        # How many times a tab attached itself to it (an offer, a resume, a
+        # paused tab's claim after a reload): a tab that went away is gone for
+        # good if none came back within the reload grace.
+        self.attachments = 0
 
     @property
     def turn(self) -> int:
@@ -390,6 +399,14 @@ class Answer:
         role: str = self.reply.engine.options.role
         return role
 
+    @property
+    def model_name(self) -> str:
+        """The answering model's one name (vidchat.engine.weights.model_name)."""
+        engine = self.reply.engine
+        options = getattr(engine, "options", None)
+        name = getattr(options, "name", "") or ""
+        return name or model_name(str(getattr(engine, "model_path", "") or ""))
+
     def summary(self) -> dict[str, Any]:
         sample = self.sample
         stats = self.reply.stats.as_dict()
@@ -433,6 +450,9 @@ class Answer:
             },
             system_prompt=self.options.system_prompt,
             model=self.reply.engine.model_path,
+            # The model's one name (preset, hub id or folder: vidchat.engine.weights.model_name),
+            # with model_revision the exact weights: what reports, baselines and the page call it.
+            model_name=self.model_name,
             engine=self.engine_role,
             model_revision=getattr(self.reply.engine, "model_revision", ""),
             prompt=self.prompt_text,  # as the model's template rendered it, special tokens included

@@ -78,6 +78,7 @@ log = logging.getLogger(__name__)
 #     t               media time at which the question was asked (seconds), or null
 #     source          where the media came from (a file name, "camera", a bundle…), or null
 #     model           the model path or hub id the engine ran
+#     model_name      the model's one name (preset, hub id or folder), as reports and baselines name it, or null
 #     model_option    the --model value it was resolved from ("tiny", a preset…), or null
 #     engine          the engine options (dtype, max_model_len, max_images, pixel cap, …), or null
 #     seed            the sampling seed (null: vLLM's own)
@@ -361,6 +362,7 @@ def _manifest(answer: Any, record: dict[str, Any], history: Any, settings: dict[
         "t": t,
         "source": source,
         "model": record.get("model"),
+        "model_name": record.get("model_name"),  # the model's one name (vidchat.engine.weights.model_name)
         "model_option": model_option,
         "engine": engine_options,
         "seed": record.get("seed"),
@@ -540,7 +542,7 @@ def check_manifest(manifest: dict[str, Any], where: str = "bundle",
         except ValueError as exc:
             raise BundleError(f"{where}: manifest {label + ' ' if label else ''}rejected: {exc}") from None
     _check(where, "answer", manifest.get("answer"), _text, "text")
-    for name in ("model", "model_option", "model_revision", "prompt", "source"):
+    for name in ("model", "model_name", "model_option", "model_revision", "prompt", "source"):
         _check(where, name, manifest.get(name), _text, "text or null")
     _check(where, "t", manifest.get("t"), _number, "a number or null")
     _check(where, "video_fps", manifest.get("video_fps"), lambda v: _number(v) and v > 0, "a positive number")
@@ -639,7 +641,10 @@ class RecordedReply:
                                       or "",
                                       # The engine that answered ("main" or "compare"), as recorded.
                                       options=SimpleNamespace(role=(manifest.get("engine") or {}).get("role")
-                                                              or record.get("engine") or "main"))
+                                                              or record.get("engine") or "main",
+                                                              # its one name as recorded (older bundles: none)
+                                                              name=manifest.get("model_name")
+                                                              or record.get("model_name") or ""))
 
     def __aiter__(self) -> "RecordedReply":
         return self

@@ -30,6 +30,7 @@ question takes in its slot, are vidchat.conversation.answers'.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import time
 from dataclasses import dataclass
@@ -382,7 +383,11 @@ class Conversation(SessionRecord):
         replaces a running one. A re-ask is not kept among the session's
         answers: those are the chat's (Talk reads the newest aloud, the
         re-ask list and the timings chart read them), and a re-ask of a
-        loaded bundle would keep its decoded frames with the session."""
+        loaded bundle would keep its decoded frames with the session.
+        ``options`` without a seed take the original's: the same weights,
+        inputs and seed give the same answer, so a difference means something."""
+        if options.seed is None and original.options.seed is not None:
+            options = dataclasses.replace(options, seed=original.options.seed)
         slot = self.side
         ticket = slot.move()
         await slot.cancel_answer()

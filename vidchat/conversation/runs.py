@@ -488,6 +488,13 @@ def chat_answers(entry: Asker) -> list[tuple[str, Answer]]:
             if answer.chat == chat]
 
 
+def records_by_default(settings: HostSettings) -> bool:
+    """Whether a new session records each answer unless it says otherwise
+    (the page's tick, a socket's ``record: false``): yes wherever the server
+    was given --record-dir, whose help promises every answer saved."""
+    return bool(settings.record_dir)
+
+
 async def save_bundle(host: Host | None, entry: Keeper, answer: Answer, answer_id: str, source: str) -> Path:
     """Save a finished answer as a bundle under --record-dir, in its
     session's folder, and keep it for the session's download links: the one

@@ -29,6 +29,7 @@ from vidchat.conversation.bundles import audio_used, iter_zip_bundles, png_bytes
 from vidchat.conversation.runs import KEEP_PER_SESSION, find, record
 from vidchat.conversation.safe_files import Unwritable, writable
 from vidchat.doors import Server, as_text, login_of
+from vidchat.engine.weights import model_name
 
 if TYPE_CHECKING:
     from vidchat.conversation.answers import Answer
@@ -319,11 +320,14 @@ def _add(state: Server, entry: Conversation, answer: Answer, login: str | None, 
     root = Path(state.settings.suite_dir)
     slug = re.sub(r"[^A-Za-z0-9]+", "-", answer.question.lower()).strip("-")[:40] or "answer"
 
-    # Filed as the answering model's: a second model's answer is its baseline, not the main model's.
-    model = runs.model_option(state.settings, answer)
+    # Filed as the answering model's: a second model's answer is its baseline,
+    # not the main model's; under the model's one name, as `vidchat suite run
+    # --model NAME` looks it up.
+    option = runs.model_option(state.settings, answer)
+    model = model_name(option)
 
     def save(bundles: Path, name: str) -> Path:
-        return Path(write_bundle(bundles, answer, source="page", model_option=model,
+        return Path(write_bundle(bundles, answer, source="page", model_option=option,
                                  engine_options=answer.reply.engine.options, name=name))
 
     name, target = suite_cases.add_case(root, slug, save, model=model, answer=answer.reply.text,

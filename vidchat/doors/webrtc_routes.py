@@ -301,6 +301,7 @@ def _peer_routes(api: APIRouter, state: Server, peers: dict[str, Peer],
             old = peers.get(entry.session.id)
             if old is not None:
                 await old.close()
+            entry.paused = False
         else:
             try:
                 entry = state.new_session("webrtc", client=request.client.host if request.client else None,
@@ -308,6 +309,7 @@ def _peer_routes(api: APIRouter, state: Server, peers: dict[str, Peer],
             except TooManySessions as exc:
                 raise HTTPException(503, str(exc))
         sid = entry.session.id
+        entry.attachments += 1
         peer = Peer(state, entry, peers, ice_servers)
         try:
             local = await peer.answer(body["sdp"])
@@ -325,22 +327,36 @@ def _peer_routes(api: APIRouter, state: Server, peers: dict[str, Peer],
 
     @api.post("/webrtc/close")
     async def close(request: Request) -> dict[str, Any]:
-        """Stop (the session ends), or ``reload_grace: true`` (the tab went
-        away, perhaps to reload): its peer ends at once, and the session
-        RELOAD_GRACE_S later unless the tab came back for it (a resume)."""
+        """``pause: true`` (the page's Stop): the peer ends, the session
+        with its chat and kept answers waits for the tab's next Start (also
+        the claim of a paused tab after its reload). ``reload_grace: true``
+        (the tab went away, perhaps to reload): its peer ends at once, and
+        the session RELOAD_GRACE_S later unless the tab came back for it.
+        Neither: the session ends (a tab that gives it up)."""
         body = await read_json(request)
         sid = str(body.get("session_id", ""))
-        if state.registry.get(sid) is not None:
+        entry = state.registry.get(sid)
+        if entry is not None:
             mine(request, sid)
-        if body.get("reload_grace") is True and state.registry.get(sid) is not None:
+        if body.get("pause") is True:
+            if entry is None:
+                raise HTTPException(404, "no such session (it ended: Clear, the time limit, or idle too long)")
             peer = peers.get(sid)
             if peer is not None:
                 await peer.close()
-            task = asyncio.create_task(_close_unless_resumed(state, peers, sid))
+            detach_stream(entry, state.streams)
+            entry.paused = True
+            entry.attachments += 1
+            return {"closed": False, "paused": True}
+        if body.get("reload_grace") is True and entry is not None:
+            peer = peers.get(sid)
+            if peer is not None:
+                await peer.close()
+            task = asyncio.create_task(_close_unless_resumed(state, peers, sid, entry.attachments))
             lingering.add(task)
             task.add_done_callback(lingering.discard)
             return {"closed": False, "closes_in_s": RELOAD_GRACE_S}
-        closed = await state.registry.close(sid, "stopped by the page")
+        closed = await state.registry.close(sid, "closed by its client")
         return {"closed": closed}
 
 
@@ -361,10 +377,15 @@ def _watch_stream(state: Server, entry: Conversation, name: str | None) -> None:
         detach_stream(entry, state.streams)
 
 
-async def _close_unless_resumed(state: Server, peers: dict[str, Peer], sid: str) -> None:
-    await asyncio.sleep(RELOAD_GRACE_S)  # a timer: the reloaded tab's resume, if it comes, makes a new peer
-    if state.registry.get(sid) is not None and peers.get(sid) is None:
+async def _close_unless_resumed(state: Server, peers: dict[str, Peer], sid: str, attachments: int) -> None:
+    await asyncio.sleep(RELOAD_GRACE_S)  # a timer: the reloaded tab's resume or claim, if it comes, attaches it
+    entry = state.registry.get(sid)
+    if entry is None:
+        return
+    if peers.get(sid) is None and entry.attachments == attachments:
         await state.registry.close(sid, "the tab went away")
+    else:
+        log.info("session %s… kept: its tab came back within %g s", sid[:6], RELOAD_GRACE_S)
 
 
 def _page_report_routes(api: APIRouter, state: Server, mine: Callable[[Request, Any], Conversation]) -> None:
@@ -548,6 +569,7 @@ def _view_routes(api: APIRouter, state: Server, mine: Callable[[Request, Any], C
         out["time_left_s"] = None if left is None else round(left, 1)
         out["watching"] = entry.modes.watching
         out["away"] = entry.away  # its tab went away (it may come back): no warm-ups meanwhile
+        out["paused"] = entry.paused  # its tab stopped its source: the session waits for Start
         if entry.media is not None:
             out["media"] = entry.media.as_dict()
         out["gpu"] = state.gpu_figures()  # empty without a GPU

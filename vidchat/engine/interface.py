@@ -25,6 +25,9 @@ SEED_RANGE = (-(2**63), 2**63 - 1)
 @dataclass
 class EngineOptions:
     model: str
+    # The model's one name (vidchat.engine.weights.model_name), as the app
+    # resolved --model: its log lines say it; "" names it by ``model``.
+    name: str = ""
     dtype: str = "auto"
     max_model_len: int = 8192
     kv_cache_gb: float = 1.0

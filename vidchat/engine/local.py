@@ -47,7 +47,7 @@ from vidchat.engine.prompts import (
     to_pil,
     video_fps,
 )
-from vidchat.engine.weights import model_revision
+from vidchat.engine.weights import model_name, model_revision
 from vidchat.media import AUDIO_RATE
 
 if TYPE_CHECKING:  # for annotations only: the code imports what it calls where it calls it
@@ -542,7 +542,8 @@ class LocalEngine(ModelEngine):
             raise EngineError(f"vLLM could not start model {options.model!r}: {exc}") from exc
         revision = model_revision(options.model)
         start_s = time.perf_counter() - t0
-        log.info("model loaded on %s in %.1f s", "GPU" if gpu else "CPU", start_s)
+        log.info("%s model %s loaded on %s in %.1f s", options.role, options.name or model_name(options.model),
+                 "GPU" if gpu else "CPU", start_s)
         log.debug("engine ready: %s (%s)", options.model, revision)
         note_engine_start(options.model, start_s)
         engine = cls(options, llm, processor, options.model, start_s, family, revision)

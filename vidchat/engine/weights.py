@@ -87,3 +87,21 @@ def _fingerprint(folder: Path) -> str:
                 f.seek(-(1 << 20), os.SEEK_END)
                 digest.update(f.read(1 << 20))
     return digest.hexdigest()[:16]
+
+
+# One name per model (issue 59, point 3): the page, records, reports, logs,
+# metrics and a suite's baselines name a model by what --model resolved to,
+# never by the option's literal text ("auto" is resolved before anything is
+# written: vidchat.app.models.resolve_settings). A preset or hub id is its own
+# name; the tiny test model is "tiny" whichever alias chose it; a folder is
+# named by its last part. Which exact weights: model_revision, beside it.
+TINY_ALIASES = {"tiny-omni": "tiny"}
+
+
+def model_name(option: str) -> str:
+    """The one name of the model ``option`` (a --model or --compare-model
+    value, or an engine's model path) chooses."""
+    option = option.strip()
+    if option.startswith(("/", ".", "~")):
+        return option.rstrip("/").rsplit("/", 1)[-1] or option
+    return TINY_ALIASES.get(option, option)

@@ -49,6 +49,7 @@ from vidchat.conversation.answers import AnswerOptions
 from vidchat.conversation.bundles import BundleError, read_bundle
 from vidchat.conversation.host import EngineRole
 from vidchat.engine.interface import EngineError
+from vidchat.engine.weights import model_name
 from vidchat.qa.commands import changes_of
 from vidchat.qa.replay import Answered, Outcome, ReplayHost, ReplayPlan, SettingsRefused, reask_bundle, replay_file
 from vidchat.qa.suite_file import Case, Suite, SuiteError, read_suite
@@ -260,6 +261,7 @@ async def ask_cases(suite: Suite, host: ReplayHost, model: str, out: Path, jobs:
     cases' recorded options). Each case's session is closed when the case
     ends, however it ends."""
     room = asyncio.Semaphore(jobs)
+    name = named(model, host, role)
 
     async def one(case: Case) -> list[AskResult]:
         async with room:
@@ -267,13 +269,23 @@ async def ask_cases(suite: Suite, host: ReplayHost, model: str, out: Path, jobs:
         # A case's clip or bundle by its path in the suite: the page shows errors, not the server's paths.
         records = [{**rec, "error": rec["error"].replace(f"{suite.root}/", "")} if "error" in rec else rec
                    for rec in records]
-        results = [_result(case, i, model, rec, baseline, accepting) for i, rec in enumerate(records)]
+        results = [_result(case, i, name, rec, baseline, accepting) for i, rec in enumerate(records)]
         for r in results:
             progress(r)
         return results
 
     done = await asyncio.gather(*(one(c) for c in suite.cases))
     return [r for case_results in done for r in case_results]
+
+
+def named(model: str, host: ReplayHost, role: EngineRole = "main") -> str:
+    """The model's one name, as its baselines, results and reports know it:
+    what the host resolved its --model (or --compare-model) to, so 'auto'
+    and 'tiny-omni' are filed under the model they chose (an --engine-url
+    run keeps its URL)."""
+    settings = host.settings
+    resolved = settings.compare_model if role == "compare" else settings.model
+    return model if resolved == "auto" else model_name(resolved)
 
 
 # A host for one model, opened for its cases and closed after them (its
@@ -293,7 +305,7 @@ async def run_model(suite: Suite, model: str, open_host: OpenHost, out: Path, jo
         try:
             host = await stack.enter_async_context(open_host(model))
         except (EngineError, ValueError) as exc:
-            results = [AskResult(c.name, i, model, a.question or "", error=f"model {model}: {exc}")
+            results = [AskResult(c.name, i, model_name(model), a.question or "", error=f"model {model}: {exc}")
                        for c in suite.cases for i, a in enumerate(c.asks)]
         else:
             results = await ask_cases(suite, host, model, out, jobs, baseline, progress, accepting=accepting,
@@ -372,7 +384,8 @@ def run_suite(suite: Suite, models: list[str], open_host: OpenHost, out: Path, j
                                          flag_defaults))
     if update_baseline:
         _update_baseline(suite, results)
-    report = SuiteReport(suite, models, results, out, baseline_written=update_baseline)
+    names = list(dict.fromkeys([r.model for r in results] or [model_name(m) for m in models]))
+    report = SuiteReport(suite, names, results, out, baseline_written=update_baseline)
     write_reports(out, report.as_dict(), baseline)
     return report
 
@@ -510,7 +523,7 @@ class SuiteRuns:
             baseline = await asyncio.to_thread(suite.baseline)
             results = await ask_cases(suite, self.host, run.model, run.out, JOBS, baseline, run.results.append,
                                       role=run.engine, flag_defaults=self.flag_defaults)
-            report = report_of(suite, [run.model], results)
+            report = report_of(suite, [named(run.model, self.host, run.engine)], results)
             await asyncio.to_thread(write_reports, run.out, report, baseline)
             run.state = FINISHED
         except asyncio.CancelledError:

@@ -49,6 +49,7 @@ from vidchat.conversation.events import (
 from vidchat.conversation.runs import CANCELLED, Delta, Done, Queued, Started
 from vidchat.doors import PageServer, as_text
 from vidchat.doors import answer_routes as answer_inputs
+from vidchat.engine.weights import model_name
 
 # How the page shows things: the chat's own messages (notices, spoken
 # questions), what the model got, the re-ask comparison, the model's label.
@@ -222,17 +223,16 @@ def add_to_suite_html(answer_id: str) -> str:
 
 
 def model_label(state) -> str:
-    """The model as a person would name it: a hub id, a folder's name, or the test model."""
-    if state.tiny:
-        return "tiny test model (random weights)"
-    path = state.model_path.rstrip("/")
-    return path.rsplit("/", 1)[-1] if path.startswith(("/", ".", "~")) else path
+    """The model by its one name (vidchat.engine.weights.model_name): its
+    preset, hub id or folder, as records, reports and baselines name it;
+    the remote server's model with --engine-url."""
+    option = state.settings.model
+    return model_name(state.model_path if option == "auto" and state.model_path else option)
 
 
 def second_model_label(state) -> str:
-    """--compare-model's model, as the page names it."""
-    name = state.compare_model_path.rstrip("/").rsplit("/", 1)[-1]
-    return "tiny test model (vision only)" if state.compare_tiny and "vl" in name else name
+    """--compare-model's model, by its one name."""
+    return model_name(state.settings.compare_model or state.compare_model_path)
 
 
 def both_labels(state) -> tuple[str, str]:
@@ -255,7 +255,7 @@ def _short(text: str, n: int = 48) -> str:
 
 def _model_cell(answer: Answer) -> str:
     engine = answer.reply.engine
-    name = str(engine.model_path).rstrip("/").rsplit("/", 1)[-1]
+    name = answer.model_name
     revision = getattr(engine, "model_revision", "")
     return (f"<span title='{as_text(str(engine.model_path))}'>{as_text(name)}</span>"
             + (f"<br><small>{as_text(revision)}</small>" if revision else ""))
@@ -281,6 +281,19 @@ def _column(heading: str, answer: Answer | None, text: str) -> str:
             f"<div class='vc-compare-text'>{as_text(text) or '…'}</div><table>{rows}</table></div>")
 
 
+def _answers_verdict(original: Answer, again: Answer | None, text: str) -> str:
+    """Once the re-ask has ended: whether the two answers are the same text,
+    and what that says (same weights, inputs and seed give the same answer)."""
+    if again is None or again.reply.stats.finish_reason is None:
+        return ""
+    if text == original.reply.text:
+        return "<p class='vc-same-answer' data-verdict='identical'>The answers are identical.</p>"
+    same_seed = again.options.seed is not None and again.options.seed == original.options.seed
+    why = (" (same seed: the model, its settings or the inputs differ)" if same_seed else
+           " (another seed: a sampled answer differs by its seed)")
+    return f"<p class='vc-same-answer' data-verdict='different'>The answers differ{why}.</p>"
+
+
 def compare_html(original: Answer, again: Answer | None, text: str, note: str = "",
                  again_heading: str = "Re-asked") -> str:
     same = again is not None and again.reply.stats.inputs_sha256 == original.reply.stats.inputs_sha256
@@ -288,6 +301,7 @@ def compare_html(original: Answer, again: Answer | None, text: str, note: str = 
                "<p class='vc-muted'>Same inputs (inputs_sha256 matches).</p>" if same else
                "<p class='vc-muted'>Different inputs: a subset of the original frames, audio left out, or a "
                "model that does not take audio.</p>")
+    verdict += _answers_verdict(original, again, text)
     heading = f"Recorded ({original.bundle_name})" if original.bundle_name else "Original"
     return (f"<p><b>{as_text(original.question)}</b></p>{verdict}"
             f"{'<p class=vc-muted>' + as_text(note) + '</p>' if note else ''}"
@@ -578,6 +592,7 @@ class Redraws:
         self._drawn_at = 0.0
         self._behind = False  # text came that was not drawn yet
         self._closed = False
+        self.closed_because = ""  # the session's end, as its Closed event says
         self._held: list[Any] = []  # the rest of a burst cut at an answer's first text
         self._texted: set[tuple[int, bool, bool]] = set()  # answers whose first text was drawn
 
@@ -601,7 +616,8 @@ class Redraws:
                 changed = await transcript.apply(one) or changed
                 done = done or (isinstance(one, AnswerEvent) and isinstance(one.event, Done)) \
                     or isinstance(one, (ChatCleared, QuestionRefused))
-                self._closed = self._closed or isinstance(one, Closed)
+                if isinstance(one, Closed):
+                    self._closed, self.closed_because = True, one.reason
                 if self._first_text(one) and at + 1 < len(burst):
                     # An answer's first words are drawn as they come, even when
                     # the reader woke behind its whole reply: the first token is
@@ -674,7 +690,13 @@ def message_html(message: dict[str, Any]) -> str:
         return (f"<div class='vc-msg vc-bot vc-fold-msg' data-testid='bot'><details class='vc-fold'>"
                 f"<summary role='button'><span class='vc-fold-title'>{as_text(meta['title'])}</span></summary>"
                 f"<div class='vc-fold-body'>{content}</div></details></div>")
-    body = content if _trusted(message) else markdown_html(content)
+    if _trusted(message):
+        body = content
+    elif role == "user":
+        # A question is shown as typed: `*star*` stays stars, `<img>` stays text.
+        body = f"<p class='vc-typed'>{as_text(content)}</p>"
+    else:
+        body = markdown_html(content)
     kind = " vc-notice" if meta.get("log") == NOTICE["log"] else ""
     copy = (f"<button type='button' class='vc-copy' aria-label='Copy this answer' title='Copy'>{COPY_ICON}</button>"
             if role == "bot" and not kind and not meta else "")
@@ -771,7 +793,7 @@ async def chat_draws(state: PageServer, entry: Any) -> AsyncGenerator[tuple[str,
                 generation = transcript.generation
                 html, details = await transcript.views()
                 yield "inputs.view", {"html": html, "details": details}
-    yield "closed", {}
+    yield "closed", {"reason": redraws.closed_because}
 
 
 class _OneQuestion:

@@ -129,7 +129,8 @@ def page_defaults(state: PageServer) -> dict[str, Any]:
     return {"num_sample_frames": min(s.frames_per_question, max(1, s.max_images)), "sampling": s.sampling,
             "sample_seconds": 10, "evs_enabled": True, "evs_threshold": evs.DEFAULT_THRESHOLD, "max_frames": 64,
             "frames_as": s.frames_as, "include_audio": True, "max_tokens": s.max_tokens,
-            "temperature": s.temperature, "seed": "", "record": False, "system_prompt": s.system_prompt}
+            "temperature": s.temperature, "seed": "", "record": runs.records_by_default(s),
+            "system_prompt": s.system_prompt}
 
 
 def sent_settings(state: PageServer, sent: Any) -> tuple[Any, ...]:
@@ -301,8 +302,9 @@ def reask_choices(state, sid: str, loaded: dict | None = None) -> list[tuple[str
         for n, (answer_id, answer) in enumerate(runs.chat_answers(entry)):
             when = [] if start is None else [f"at {answer.asked_at - start:.1f} s"]
             head = ", ".join((["latest"] if n == 0 else []) + when)
-            out.append((f"{head + ': ' if head else ''}{_short(answer.question)} ({len(answer.sample.frames)} "
-                        f"frames, T={answer.options.temperature:g})", answer_id))
+            # Each names its model: Both models' two answers to one question are two entries.
+            out.append((f"{head + ': ' if head else ''}{_short(answer.question)} ({answer.model_name}, "
+                        f"{len(answer.sample.frames)} frames, T={answer.options.temperature:g})", answer_id))
     return out + bundle_choices(loaded)
 
 

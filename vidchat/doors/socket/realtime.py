@@ -425,7 +425,8 @@ class RealtimeConnection(SocketSession):
         self.media = SocketMedia(self)  # the frame intake; its client clock places pts_ms
         self.turns = RealtimeTurns(self, None)
         self.audio = AudioInput(self.settings.ws_max_audio_seconds, rt.INPUT_RATES[0])  # input_audio_buffer
-        self.record = self.told_no_audio = False
+        self.record = runs.records_by_default(self.settings)
+        self.told_no_audio = False
         self.question = Question()  # the text and audio items since the last response
         self.last_item: str | None = None  # the next item's previous_item_id
         self.speech_item: str | None = None  # the item server VAD is hearing

@@ -31,7 +31,7 @@ from vidchat.conversation.events import SCENE, TYPED
 from vidchat.conversation.host import HostSettings
 from vidchat.conversation.modes import SceneWatch, heard, scene_changes
 from vidchat.conversation.registry import TooManySessions
-from vidchat.conversation.runs import AnswerRun, Done
+from vidchat.conversation.runs import AnswerRun, Done, records_by_default
 from vidchat.doors import DoorSettings, Server, login_of
 from vidchat.doors import answer_routes as answer_inputs
 from vidchat.doors.socket.config import (
@@ -341,7 +341,7 @@ class SocketAnswers:
         # record: each answer saved as a bundle. history: earlier questions
         # and answers (the conversation's, on the server) go with each
         # question, within the model's context.
-        self.record = False
+        self.record = records_by_default(conn.settings)
         self.keep_history = False
         self.waiting: asyncio.Task | None = None  # a question asked while the model loads
         self.audio_mark = float("-inf")  # where the last question's audio ended (undated audio: the seed's rule)
@@ -659,7 +659,7 @@ class SessionConfig:
         if "audio" in (changes.info.get("modalities") or []):
             conn.answers.notice = NO_AUDIO_OUTPUT_NOTICE
         try:
-            conn.answers.set_record(changes.info.get("record", False))
+            conn.answers.set_record(changes.info.get("record", records_by_default(conn.settings)))
             conn.answers.set_history(changes.info.get("history", False))
             await conn.watch.set(changes.info.get("watch"))
         except ValueError as exc:  # the session goes on, as with turn_detection

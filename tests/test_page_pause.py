@@ -1,0 +1,97 @@
+"""Stop is a pause (issue 59, point 1): stopping and starting the camera, or
+reloading a stopped tab, keeps the session with its chat and kept answers;
+the next question carries the chat. When the session does end, the chat
+says so. Real Chromium, real aiortc, real vLLM, at both page sizes."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import pytest
+from playwright.async_api import async_playwright
+
+from vidchat.devtools.page import ask, launch, open_and_start, session_id, set_setting, wait_for_answer, wait_live
+from vidchat.devtools.page import write_wav, write_y4m
+from vidchat.devtools.harness import eventually_async
+
+pytestmark = pytest.mark.browser
+
+SIZES = pytest.mark.parametrize("width, height", [(1280, 900), (390, 844)], ids=["desktop", "phone"])
+RECORDS = "[...document.querySelectorAll('#vc-chat a[href$=\"/record.json\"]')].map((a) => a.getAttribute('href'))"
+USER_BUBBLES = "document.querySelectorAll('#vc-chat .vc-user').length"
+
+
+@pytest.fixture(scope="module")
+def camera(tmp_path_factory):
+    d = tmp_path_factory.mktemp("camera")
+    write_y4m(d / "cam.y4m", (60, 140, 200))
+    write_wav(d / "mic.wav")
+    return d / "cam.y4m", d / "mic.wav"
+
+
+async def _stats(server, sid: str) -> dict:
+    return await asyncio.to_thread(server.http_json, f"/webrtc/stats?session_id={sid}")
+
+
+async def _paused(server, sid: str) -> dict:
+    async def check():
+        stats = await _stats(server, sid)
+        return stats if stats.get("paused") is True else None
+
+    return await eventually_async(check, 20, "the session paused", interval=0.1)
+
+
+async def _details(page) -> dict:
+    return json.loads(await page.text_content("#vc-details"))
+
+
+@SIZES
+async def test_stop_start_and_a_stopped_reload_keep_the_chat_and_its_answers(server, camera, tmp_path, width, height,
+                                                                             artifacts_dir):
+    async with async_playwright() as pw:
+        browser = await launch(pw, *camera, tmp_path)
+        try:
+            page = await open_and_start(browser, server.url + "/", viewport=(width, height), min_buffer=4)
+            sid = await session_id(page)
+            await set_setting(page, "vc-max-tokens", "6")
+            await ask(page, "Remember me?")
+            await wait_for_answer(page, 1)
+            first_record = (await page.evaluate(RECORDS))[0]
+
+            await page.click("#vc-stop")
+            await page.wait_for_function("document.querySelector('#vc-conn').textContent === 'Stopped'")
+            await _paused(server, sid)
+            assert await session_id(page) == sid
+            assert "Start carries on" in await page.inner_text("#vc-note")
+            assert await page.evaluate(USER_BUBBLES) == 1
+            await page.screenshot(path=str(artifacts_dir / f"page-paused-{width}.png"))
+
+            # Reloaded while stopped: the tab claims its session again and shows its chat.
+            await page.reload()
+            await page.wait_for_function(f"{USER_BUBBLES} === 1", timeout=30_000)
+            assert await session_id(page) == sid
+            assert await page.inner_text("#vc-conn") != "Live"
+            # The reload's grace passes and the session stays (the server says so in its log).
+            await eventually_async(lambda: f"session {sid[:6]}… kept: its tab came back" in server.log() or None, 20,
+                                   "the reload grace found the tab back")
+            assert (await _stats(server, sid))["paused"] is True
+
+            await page.click("#vc-start")
+            await wait_live(page)
+            assert await session_id(page) == sid
+            assert (await _stats(server, sid))["paused"] is False
+            assert await page.evaluate(USER_BUBBLES) == 1
+            await ask(page, "Still me?")
+            await wait_for_answer(page, 2)
+            # The second question carried the first exchange, and the first answer is still kept.
+            await page.wait_for_function("() => { const d = document.querySelector('#vc-details');"
+                                         " return d && d.textContent.includes('history_turns'); }")
+            details = await _details(page)
+            assert details["history_turns"] == 1 == details["history_turns_total"], details
+            kept = await asyncio.to_thread(server.http_json, first_record)
+            assert kept["question"] == "Remember me?"
+            assert len(await page.evaluate(RECORDS)) == 2
+            await page.click("#vc-stop")
+        finally:
+            await browser.close()
