@@ -33,6 +33,8 @@ CHROMIUM = "/usr/bin/chromium"
 # /ask and /reask settings after the session id: k, sampling, window, filter on,
 # threshold, max frames kept, frames as, audio, max tokens, temperature, seed, record.
 SETTINGS = [4, "uniform", 10, True, 0.95, 64, "images", True, 6, 0.0, "5"]
+# ...then record, the system prompt and the scene change share (vidchat.doors.page.questions.PAGE_SETTINGS).
+SCENE_SHARE = 0.12
 
 
 
@@ -102,7 +104,7 @@ async def test_a_loaded_bundle_is_reasked_on_either_model_with_the_same_inputs(t
     assert chosen.startswith("bundle-") and "Recorded (bundle.zip)" in shown and "Loaded the bundle (4 frames" in shown
 
     def reask(which: str, system_prompt: str = Settings().system_prompt):
-        return tab.predict("", chosen, *SETTINGS, False, system_prompt, which, api_name="/reask")
+        return tab.predict("", chosen, *SETTINGS, False, system_prompt, SCENE_SHARE, which, api_name="/reask")
 
     on_main = await asyncio.to_thread(reask, "main")
     on_second = await asyncio.to_thread(reask, "compare")
@@ -128,7 +130,7 @@ async def test_a_file_that_is_not_a_bundle_says_so(two_models, tmp_path):
         zf.writestr("readme.txt", "not a bundle")
     tab, chosen, shown = await asyncio.to_thread(_load, two_models, junk)
     assert not chosen and "Not a bundle vidchat can read" in shown
-    unknown = await asyncio.to_thread(tab.predict, "", "bundle-nope", *SETTINGS, False, "", "main",
+    unknown = await asyncio.to_thread(tab.predict, "", "bundle-nope", *SETTINGS, False, "", SCENE_SHARE, "main",
                                       api_name="/reask")
     assert "load a recorded bundle" in unknown
 
@@ -236,7 +238,9 @@ async def test_the_page_the_socket_and_replay_give_the_same_record_for_the_same_
     for record in (page_record, socket_stats, replay_record):
         assert record["frames"] == 4 and record["frame_sizes"] == page_record["frame_sizes"]
     # The answer record is the core's (Answer.summary): what each door adds is its own wrapping.
-    core = set(socket_stats) - {"answer_id", "record_url"}  # where the record is (inputs.record_links)
+    # Where the record is (inputs.record_links), and its bundle: with --record-dir every door records.
+    core = set(socket_stats) - {"answer_id", "record_url", "bundle", "bundle_url"}
+    assert {"bundle", "bundle_url"} <= set(socket_stats)
     assert core <= set(page_record) and set(page_record) - core == {"id", "question", "answer"}
     assert core <= set(replay_record)
     assert set(replay_record) - core == {"t", "question", "answer", "watch", "settings", "bundle",
@@ -359,8 +363,12 @@ async def test_the_page_records_every_answer_with_record_dir_until_its_tick_is_c
         browser = await launch(pw, tmp_path / "cam.y4m", tmp_path / "mic.wav", tmp_path)
         try:
             page = await open_and_start(browser, two_models.url + "/", viewport=(width, height), min_buffer=4)
-            assert await page.is_checked("#vc-record input[type=checkbox]")
             await set_setting(page, "vc-max-tokens", "4")
+            if not await page.locator("#vc-record").is_visible():
+                await page.click("#vc-settings button, #vc-settings .label-wrap")
+            tick = page.locator("#vc-record input")
+            await tick.wait_for(state="visible", timeout=30_000)
+            assert await tick.is_checked()
             before = set(two_models.record_dir.rglob("manifest.json"))
             await ask(page, "Recorded?")
             await wait_for_answer(page, 1)
@@ -371,7 +379,7 @@ async def test_the_page_records_every_answer_with_record_dir_until_its_tick_is_c
             assert len(after - before) == 1, after - before
             assert json.loads(next(iter(after - before)).read_text())["question"] == "Recorded?"
 
-            await page.uncheck("#vc-record input[type=checkbox]")
+            await tick.uncheck()
             await ask(page, "Not recorded?")
             await wait_for_answer(page, 2)
             assert set(two_models.record_dir.rglob("manifest.json")) == after

@@ -35,7 +35,7 @@ from vidchat.devtools.page import (  # noqa: F401 - re-exported for the other br
     write_wav,
     write_y4m,
 )
-from vidchat.doors.page import STOPPED
+from vidchat.doors.page import REPLACED_MID, STOPPED
 from vidchat.doors.webrtc_routes import RELOAD_GRACE_S
 from vidchat.engine import inputs_digest
 
@@ -242,11 +242,11 @@ async def test_page_streams_an_answer_and_two_tabs_use_their_own_frames(server, 
                 (artifacts_dir / "two-tab-tries.json").write_text(json.dumps(tries, indent=1))
                 # Sent, its question is in the chat and the box is empty again.
                 await eventually_async(lambda: _sent(red, asked), 30, "the box is empty and both questions show")
-                # Each answer cut short is marked stopped (the old one by the new
-                # question, the new one by Stop), then what the model got is folded under it.
+                # Each answer cut short says what cut it (the old one: the new
+                # question; the new one: Stop), then what the model got is folded under it.
                 texts = await wait_for_answer(red, shown, timeout=120)
                 last_four = [t.strip() for t in texts[-4:]]
-                assert last_four == [texts[-4].strip(), STOPPED, texts[-2].strip(), STOPPED], texts
+                assert last_four == [texts[-4].strip(), REPLACED_MID, texts[-2].strip(), STOPPED], texts
                 assert texts[-4].strip() and texts[-2].strip() and STOPPED not in texts[-4] + texts[-2]
             await red.screenshot(path=str(artifacts_dir / "page-stopped.png"))
 
@@ -410,11 +410,12 @@ async def test_a_reload_comes_back_to_the_same_session_and_shows_the_servers_cha
             assert set(answer_names[1:first_done]) == {"answer.delta"}, names  # started, deltas, done
             questions, answers = await user_texts(page), await bot_texts(page)
             panels = await page.locator("#vc-chat .vc-fold").count()
-            # "What the model got (last question)" starts with where its record downloads.
+            # "What the model got (newest answer)" names its question, then where its record downloads.
             await page.click("#vc-inputs button, #vc-inputs .label-wrap")
             link = page.locator("#vc-inputs .vc-record-links a[href$='/record.json']")
             await link.wait_for(timeout=10_000)
             assert "Download the record" in await link.inner_text()
+            assert await page.inner_text("#vc-inputs .vc-inputs-for") == "For “And now?” (tiny)."
             assert questions == ["What colour is it?", "And now?"] and len(answers) == 2 and panels == 2
             kept_before = (await _stats(server, sid))["frames_kept"]
 

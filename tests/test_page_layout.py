@@ -13,7 +13,7 @@ import re
 from typing import Any, AsyncIterator
 
 import pytest
-from conftest import eventually_async
+from conftest import TEST_MAX_MODEL_LEN, eventually_async
 from playwright.async_api import async_playwright
 
 from vidchat.conversation.asking import SETTINGS
@@ -249,19 +249,26 @@ async def test_a_refused_setting_names_its_field_and_leaves_the_chat_as_it_was(s
 @pytest.mark.parametrize("width, height", [(1280, 900), (390, 844)], ids=["desktop", "phone"])
 async def test_a_bad_value_in_a_slider_is_refused_by_name_and_nothing_is_asked(server, tmp_path, width, height):
     """Gradio's slider clamps a typed 0 to its minimum without a word; the
-    page refuses it instead, naming the field and its range, marks the
-    field, and asks nothing until it is fixed."""
+    page refuses it instead, naming the field alone and the server's own
+    range (the model's context for max tokens, what --max-session-mb holds
+    for frames kept), keeps what was typed in the box, marks the field, and
+    asks nothing until it is fixed (issue 59, point 2)."""
     async with camera_page(server, tmp_path, (width, height)) as page:
         await set_setting(page, "vc-max-tokens", "4")
         if not await page.locator("#vc-frames-per-question").is_visible():
             await page.click("#vc-settings button, #vc-settings .label-wrap")
+        # Frames kept: up to what the server's --max-session-mb holds at the stored size, as its help says.
+        kept_high = int(await page.get_attribute("#vc-max-frames input[type=range]", "max"))
+        assert 4 < kept_high < 256 and f"At most {kept_high}:" in await page.inner_text("#vc-max-frames")
         for elem_id, bad, said in (
                 ("vc-frames-per-question", "0", "Frames per question must be a whole number in 1.."),
-                ("vc-max-tokens", "-5", "Max tokens must be a whole number in 1..2048, got -5"),
-                ("vc-temperature", "9", "Temperature must be a number in 0..1.5, got 9")):
+                ("vc-max-tokens", "-5", f"Max tokens must be a whole number in 1..{TEST_MAX_MODEL_LEN}, got -5"),
+                ("vc-temperature", "9", "Temperature must be a number in 0..1.5, got 9"),
+                ("vc-max-frames", "100000", f"⚠ Max frames kept must be a whole number in 4..{kept_high}, got 100000")):
             good = await page.locator(f"#{elem_id} input[type=number]").input_value()
             await page.fill(f"#{elem_id} input[type=number]", bad)
-            await page.locator(f"#{elem_id} input[type=number]").blur()  # Gradio clamps it here
+            await page.locator(f"#{elem_id} input[type=number]").blur()  # Gradio would clamp it here
+            assert await page.locator(f"#{elem_id} input[type=number]").input_value() == bad  # kept as typed
             asked = await page.evaluate("window.vidchat.questions.asked")
             await ask(page, "Should not be asked?")
             refusal = page.locator("#vc-refused")
@@ -295,6 +302,13 @@ async def test_the_stored_size_note_says_the_live_figures(server, tmp_path, widt
         received, stored = stats["received_size"].replace("x", "×"), stats["frame_size"].replace("x", "×")
         assert f"this source's {received} frames are stored as {stored}." in note, (note, stats)
         assert "640×480 camera frame" not in note
+        # One rule (issue 59, point 8): the cap the note states is the one the
+        # session stores at, so what it says a frame becomes is what it became.
+        cap = int(re.search(r"up to ([\d,]+) pixels", note)[1].replace(",", ""))
+        from vidchat.media import stored_size
+
+        rw, rh = map(int, stats["received_size"].split("x"))
+        assert stats["frame_size"] == "x".join(map(str, stored_size(rw, rh, cap))), (note, stats)
         status = await page.inner_text("#vc-stats")
         assert f"stored {stored}" in status  # the note and the status line agree
         sizes = await page.evaluate("(() => { const n = document.querySelector('#vc-store');"

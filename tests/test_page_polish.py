@@ -234,10 +234,11 @@ async def test_the_chat_fits_the_width_and_its_chrome_covers_no_message(server, 
 
         # The second question's chat was cut to fit the context (point 7): What
         # the model got and the answer's fold say so, in one line that fits.
-        line = page.locator("#vc-inputs .vc-history-cut")
-        await line.wait_for(state="attached", timeout=30_000)  # the panel shows the second answer
-        if not await line.is_visible():
+        if not await page.locator("#vc-inputs .vc-inputs-for").is_visible():  # Gradio draws it open only
             await page.click("#vc-inputs button, #vc-inputs .label-wrap")
+        await page.wait_for_function("(document.querySelector('#vc-inputs .vc-inputs-for')?.textContent || '')"
+                                     ".startsWith('For “What does this print?')", timeout=30_000)
+        line = page.locator("#vc-inputs .vc-history-cut")
         await line.wait_for(state="visible", timeout=30_000)
         said = HISTORY_CUT.fullmatch((await line.inner_text()).strip())
         assert said is not None, await line.inner_text()

@@ -13,11 +13,12 @@ import pytest
 
 from vidchat.conversation import runs
 from vidchat.conversation.asking import SETTINGS
+from vidchat.conversation.events import REPLACED as REPLACED_WHY
 from vidchat.conversation.events import STOPPED as STOPPED_WHY
 from vidchat.conversation.events import AnswerEvent, QuestionAsked, QuestionRefused
 from vidchat.conversation.registry import SessionRegistry
 from vidchat.conversation.runs import CANCELLED, COMPLETED, FAILED, Delta, Done, Queued, Started
-from vidchat.doors.page import STOPPED, notice
+from vidchat.doors.page import REPLACED_MID, REPLACED_NOTE, STOPPED, notice
 from vidchat.doors.page.chat import ChatTranscript
 from vidchat.doors.page.questions import bundle_choices, load_bundle, reask_choices
 from vidchat.media.session import SAMPLING_STRATEGIES, SessionSettings
@@ -56,6 +57,29 @@ async def test_an_answer_cut_short_is_marked_stopped_and_a_whole_one_is_not(even
     for event in events:
         await transcript.apply(event)
     assert transcript.messages() == [QUESTION, *expected]
+
+
+async def test_four_questions_in_a_row_each_keep_their_bubble_and_say_what_became_of_them():
+    """Sent 0.15 s apart (issue 59, point 11): the first was answering and
+    is cut by the second; the second and third are replaced before they
+    start; the fourth answers. Each question shows, with its fate."""
+    entry = SessionRegistry().create("webrtc", SessionSettings())
+    transcript = ChatTranscript(types.SimpleNamespace(ready=True), entry)
+    await transcript.apply(QuestionAsked(1, "one"))
+    await transcript.apply(_answer_event(Started(_said("")), ticket=1))
+    await transcript.apply(_answer_event(Delta("so"), ticket=1))
+    for ticket, question in ((2, "two"), (3, "three"), (4, "four")):
+        await transcript.apply(QuestionAsked(ticket, question))
+    await transcript.apply(_answer_event(Done(_said("so"), CANCELLED, None, True, True, None), ticket=1))
+    await transcript.apply(QuestionRefused(2, REPLACED_WHY))
+    await transcript.apply(QuestionRefused(3, REPLACED_WHY))
+    await transcript.apply(_answer_event(Started(_said("")), ticket=4))
+    await transcript.apply(_answer_event(Done(_said("Four."), COMPLETED, None, True, True, None), ticket=4))
+    assert transcript.messages() == [
+        {"role": "user", "content": "one"}, {"role": "assistant", "content": "so"}, notice(REPLACED_MID),
+        {"role": "user", "content": "two"}, notice(REPLACED_NOTE),
+        {"role": "user", "content": "three"}, notice(REPLACED_NOTE),
+        {"role": "user", "content": "four"}, {"role": "assistant", "content": "Four."}]
 
 
 def _answer(question: str, asked_at: float, temperature: float = 0.7, chat: int = 0, model: str = "tiny"):

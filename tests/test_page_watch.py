@@ -184,3 +184,67 @@ async def test_clear_chat_stops_the_answer_and_nothing_of_the_old_chat_comes_bac
             await page.uncheck(WATCH_BOX)
         finally:
             await browser.close()
+
+
+def _write_still(path: Path, seconds: float = 4.0) -> None:
+    """A still room with sensor noise (a fake camera pointed at a wall)."""
+    import numpy as np
+
+    from vidchat.devtools.page import FPS, TEST_CAMERA_SIZE
+
+    w, h = TEST_CAMERA_SIZE
+    rng = np.random.default_rng(3)
+    room = np.linspace(60, 170, w)[None, :] + np.linspace(0, 30, h)[:, None]
+    with open(path, "wb") as f:
+        f.write(f"YUV4MPEG2 W{w} H{h} F{FPS}:1 Ip A1:1 C420jpeg\n".encode())
+        for _ in range(int(seconds * FPS)):
+            y = np.clip(room + rng.normal(0, 2.5, (h, w)), 0, 255).astype(np.uint8)
+            f.write(b"FRAME\n" + y.tobytes() + np.full((h // 2) * (w // 2) * 2, 128, np.uint8).tobytes())
+
+
+@pytest.mark.parametrize("width, height", [(1280, 900), (390, 844)], ids=["desktop", "phone"])
+async def test_watch_says_what_it_does_and_an_object_crossing_is_a_scene_change(server, tmp_path, width, height,
+                                                                                 artifacts_dir):
+    """Issue 59, point 7: a square a sixth of the picture's height sliding
+    across a still room (no cut, no colour change) is a scene change that
+    Watch asks about, and the page says what watching is doing; pointed at a
+    still wall with camera noise, it says it has seen no scene change."""
+    moving, still, tone = tmp_path / "moving.y4m", tmp_path / "still.y4m", tmp_path / "tone.wav"
+    write_y4m(moving, (90, 110, 140))
+    _write_still(still)
+    write_wav(tone)
+    status = "#vc-watch-status"
+    async with async_playwright() as pw:
+        browser = await launch(pw, moving, tone, tmp_path)
+        try:
+            page = await open_and_start(browser, server.url, viewport=(width, height), min_buffer=4)
+            await set_setting(page, "vc-max-tokens", "4")
+            await set_setting(page, "vc-watch-every", "1")
+            await _watch_asks(page, server)
+            await page.wait_for_function(
+                f"/^Watching for \\d+ s: [1-9]\\d* scene changes?, asked [1-9]/"
+                f".test(document.querySelector('{status}')?.textContent || '')", timeout=30_000)
+            await page.locator(status).scroll_into_view_if_needed()
+            await page.screenshot(path=str(artifacts_dir / f"page-watch-status-{width}.png"))
+            await page.uncheck(WATCH_BOX)
+            await page.wait_for_function(f"document.querySelector('{status}').hidden", timeout=10_000)
+        finally:
+            await browser.close()
+        browser = await launch(pw, still, tone, tmp_path)
+        try:
+            page = await open_and_start(browser, server.url, viewport=(width, height), min_buffer=1)
+            sid = await session_id(page)
+            await page.check(WATCH_BOX)
+
+            async def watched_a_while() -> dict | None:
+                watch = (await _stats(server, sid)).get("watch")
+                return watch if watch and watch["for_s"] >= 6 else None
+
+            watch = await eventually_async(watched_a_while, 30, "six seconds of watching", interval=0.2)
+            assert watch["scene_changes"] == 0 and watch["asked"] == 0 and watch["waiting"] == "scene_change"
+            await page.wait_for_function(
+                f"(document.querySelector('{status}')?.textContent || '').includes('no scene change yet')",
+                timeout=10_000)
+            assert await page.evaluate(SCENE_NOTICES) == 0
+        finally:
+            await browser.close()

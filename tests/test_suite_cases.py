@@ -74,7 +74,20 @@ def test_a_note_with_a_del_is_written_escaped_and_the_suite_still_reads(tmp_path
     assert "\x7f" not in text and "a\\u007fb" in text  # a raw DEL is illegal in TOML; escaped it is not
     case = read_suite(root).cases[0]
     assert (case.name, case.note, case.mark) == (name, "a\x7fb", {"mark": "bad", "note": "x\x7fy"})
-    assert case.asks[0].expect == {"contains": ["re\x7fd"], "same_as_baseline": True}
+    # Marked bad: held to the words asked for, not to its own answer as a baseline.
+    assert case.asks[0].expect == {"contains": ["re\x7fd"]}
+    assert not (root / "baseline.json").exists()
+
+
+def test_an_answer_marked_bad_is_added_without_becoming_the_baseline(tmp_path):
+    root = tmp_path / "suite"
+    good, _ = _add(root, wanted="good", mark={"mark": "good", "note": ""})
+    bad, _ = _add(root, wanted="bad", mark={"mark": "bad", "note": "wrong colour"})
+    cases = {c.name: c for c in read_suite(root).cases}
+    assert cases[good].asks[0].expect == {"same_as_baseline": True} and cases[bad].asks[0].expect == {}
+    assert list(json.loads((root / "baseline.json").read_text())["tiny"]) == [good]
+    assert suite_cases.keeps_baseline({"mark": "good"}) and suite_cases.keeps_baseline(None)
+    assert not suite_cases.keeps_baseline({"mark": "bad", "note": ""})
 
 
 @pytest.mark.parametrize("field, given", [

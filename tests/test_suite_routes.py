@@ -165,5 +165,6 @@ def test_a_second_models_answer_is_added_as_that_models_baseline(tmp_path, monke
     entry = types.SimpleNamespace(session=types.SimpleNamespace(id="s" * 32))
     reply = answer_routes._add(state, entry, answer, "user:qa", "", [])
     assert written == {"model_option": "tiny-vl", "engine": compare.options}
-    assert reply == {"case": "which-one", "suite": "suite.toml", "bundle": "bundles/which-one", "model": "tiny-vl"}
+    assert reply == {"case": "which-one", "suite": "suite.toml", "bundle": "bundles/which-one", "model": "tiny-vl",
+                     "baseline": True}
     assert json.loads((suite / "baseline.json").read_text()) == {"tiny-vl": {"which-one": {"0": "the second's words"}}}

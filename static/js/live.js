@@ -118,7 +118,29 @@ function streamFigures(st) {
   return `${st.name}: live, ${st.fps} fps, ${st.width}×${st.height}${latency}`;
 }
 
+// What Watch is doing, from the server's figures (/webrtc/stats "watch"):
+// for how long, the scene changes seen, the questions asked, what it waits for.
+function renderWatch(w) {
+  const el = $("#vc-watch-status");
+  if (!el) return;
+  el.hidden = !w;
+  if (!w) { el.textContent = ""; return; }
+  const head = `Watching for ${Math.round(w.for_s)} s`;
+  if (w.waiting === "scene_change") {
+    const share = `${Math.round(w.scene_change_share * 100)} %`;
+    el.textContent = `${head}: no scene change yet (one is ${share} of the picture changed, or crossed by ` +
+      "motion; a lower Scene change share in Settings is more sensitive).";
+    return;
+  }
+  const seen = `${w.scene_changes} scene change${w.scene_changes === 1 ? "" : "s"}`;
+  const asked = w.asked ? `, asked ${w.asked} (the last ${w.last_asked_s_ago} s ago)` : ", nothing asked yet";
+  const pause = w.waiting === "pause"
+    ? `; the newest change is asked in ${w.asks_in_s} s (at most every ${w.every_s} s)` : "";
+  el.textContent = `${head}: ${seen}${asked}${pause}.`;
+}
+
 export function renderStats(s) {
+  renderWatch(s?.watch);
   const el = $("#vc-stats");
   if (!el) return;
   if (!s) {

@@ -44,6 +44,7 @@ export function readSettings() {
     seed: text("vc-seed"),
     record: checked("vc-record"),
     system_prompt: text("vc-system-prompt"),
+    scene_change_share: number("vc-scene-share"),
   };
   return Object.fromEntries(Object.entries(read).filter(([, value]) => value !== undefined));
 }

@@ -12,8 +12,9 @@ function sliderBlock(input) {
   return block && block.querySelector("input[type=range]") ? block : null;
 }
 
+// The field's name alone: Gradio's label element holds the help text too.
 function labelOf(block) {
-  const label = block.querySelector("label, [data-testid='block-info']");
+  const label = block.querySelector("[data-testid='block-info']") || block.querySelector("label");
   return (label?.textContent || block.id).trim();
 }
 
@@ -57,6 +58,18 @@ document.addEventListener("input", (e) => {
   if (why) refused.set(block.id, why); else refused.delete(block.id);
   show();
 }, true);
+
+// A refused value stays in its box as typed: Gradio's slider would clamp it
+// when the box loses focus (0 frames became 1), and the box would then show
+// a value the refusal does not name. Its handlers don't hear of a refused box.
+for (const type of ["blur", "focusout", "change"]) {
+  document.addEventListener(type, (e) => {
+    const input = e.target;
+    if (!input?.matches?.("input[type=number]")) return;
+    const block = sliderBlock(input);
+    if (block && refused.has(block.id)) e.stopImmediatePropagation();
+  }, true);
+}
 
 // Whether a question may go: false (and the refusal shown) while a setting is refused.
 export function settingsAccepted() {

@@ -32,8 +32,9 @@ document.addEventListener("submit", async (e) => {
       body: JSON.stringify({ note: form.elements.note.value, expect: form.elements.expect.value }),
     });
     const body = await r.json().catch(() => ({}));
-    said.textContent = r.ok ? `added as case “${body.case}” to ${body.suite}`
-                            : `not added: ${body.detail || r.statusText}`;
+    said.textContent = !r.ok ? `not added: ${body.detail || r.statusText}`
+      : `added as case “${body.case}” to ${body.suite}`
+        + (body.baseline === false ? " (marked bad: its answer is not kept as the baseline)" : "");
     form.dataset.added = r.ok ? body.case : "";
   } catch (err) {
     said.textContent = `not added: ${err}`;

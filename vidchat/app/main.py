@@ -103,7 +103,7 @@ def _app_state(settings: "Settings", access: "Access", resolved: dict[str, Any])
     time_limit = session_time_limit(settings)
     bound_to_loopback = is_loopback(settings.host)
     compare_banner = resolved["compare_banner"]
-    return AppState(
+    state = AppState(
         settings=settings,
         model_path=resolved["model_path"],
         banner=resolved["banner"],
@@ -124,6 +124,13 @@ def _app_state(settings: "Settings", access: "Access", resolved: dict[str, Any])
         compare_tiny=bool(compare_banner and compare_banner.startswith(TINY_BANNER)),
         streams=Streams(resolved["streams"], fps=settings.stream_fps),
     )
+    # The engine's options before the page is built: the stored frame size
+    # (its pixel cap) the page states, the frames-kept limit its slider
+    # offers and the sessions' own cap are then one figure from one rule.
+    from vidchat.app.engine_keeper import engine_options
+
+    state.engine_options = engine_options(settings, state.model_path, state.tiny)
+    return state
 
 
 def _serve(state: "AppState", log: logging.Logger) -> int:

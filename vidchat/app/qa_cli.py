@@ -21,7 +21,7 @@ from typing import Any, Callable, Iterator, Sequence, TextIO
 from vidchat.app.settings import ENV_PREFIX, Settings, settings_from_args
 from vidchat.app.settings import build_parser as app_parser
 from vidchat.conversation.modes import DEFAULT_EVERY_S
-from vidchat.media.frame_buffer import SCENE_CHANGE_SHARE
+from vidchat.media.frame_buffer import DEFAULT_SCENE_CHANGE_SHARE
 from vidchat.qa.client import (
     DEFAULT_URL,
     FAST_FPS,
@@ -91,7 +91,8 @@ def replay_parser() -> argparse.ArgumentParser:
                    help="ask QUESTION at SECONDS, 2×SECONDS, … until the file ends (repeatable)")
     g.add_argument("--watch", metavar="QUESTION", default=None,
                    help="watch mode: ask QUESTION whenever the filter sees a scene change (a kept frame where at "
-                   f"least {SCENE_CHANGE_SHARE * 100:g}%% of the picture changed), at most once every "
+                   f"least {DEFAULT_SCENE_CHANGE_SHARE * 100:g}%% of the picture differs from the scene's first "
+                   "frame, --set scene_change_share=…), at most once every "
                    "--watch-every seconds of the file")
     g.add_argument("--watch-every", type=float, default=DEFAULT_EVERY_S, metavar="SECONDS",
                    help="with --watch: the fewest seconds of the file between two watch questions (changes in "

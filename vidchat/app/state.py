@@ -21,7 +21,7 @@ from vidchat.conversation.warmup import Prewarmer
 from vidchat.doors import Server
 from vidchat.engine.interface import ENGINE_DEAD_MESSAGE, ChatEngine, EngineError, EngineOptions
 from vidchat.media import DEFAULT_STORE_MAX_PIXELS, describe_store_limit
-from vidchat.media.session import SessionSettings, check_frame_budget, session_budget_bytes
+from vidchat.media.session import BYTES_PER_PIXEL, SessionSettings, check_frame_budget, session_budget_bytes
 from vidchat.media.streams import Streams
 
 if TYPE_CHECKING:
@@ -264,6 +264,12 @@ class AppState:
 
     def session_budget_bytes(self) -> int:
         return session_budget_bytes(self.settings.max_session_mb, self.store_max_pixels())
+
+    def frames_kept_limit(self) -> int:
+        """The most frames a session may keep: what --max-session-mb holds at
+        the stored size (the page's slider goes no further; check_frame_budget
+        refuses beyond it at every door)."""
+        return max(1, self.session_budget_bytes() // (self.store_max_pixels() * BYTES_PER_PIXEL))
 
     def check_frame_budget(self, max_frames: int) -> None:
         """Raise ValueError when ``max_frames`` stored frames would not fit --max-session-mb."""

@@ -19,7 +19,7 @@ import logging
 import math
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, AsyncIterator, Callable, Protocol
+from typing import TYPE_CHECKING, Any, AsyncIterator, Callable, Protocol
 
 import numpy as np
 
@@ -49,8 +49,9 @@ log = logging.getLogger(__name__)
 # Watch mode: a standing question asked by itself whenever the scene changes.
 #
 # The filter already measures how much of the picture changed for every frame
-# it keeps; a kept frame where most of it changed is a scene change
-# (vidchat.media.frame_buffer.SCENE_CHANGE_SHARE). This module turns the session's count
+# it keeps; a kept frame that differs from the scene's first frame by the
+# session's scene_change_share is a scene change (vidchat.media.frame_buffer:
+# a cut, and motion adding up). This module turns the session's count
 # of those into "ask now" moments, at most one every ``every_s`` seconds; a
 # change during the pause fires when the pause ends (several coalesce into one).
 # It knows nothing about doors: the page's watch event and ``vidchat.qa.replay
@@ -70,6 +71,9 @@ class SceneWatch:
         self.session = session
         self.every_s = every_s
         self._seen = session.scene_changes  # changes before watching began do not count
+        self._began_with = session.scene_changes
+        self.began = time.monotonic()
+        self.fired = 0
         self._last_fire: float | None = None
 
     def due(self, now: float) -> bool:
@@ -80,7 +84,25 @@ class SceneWatch:
             return False
         self._seen = self.session.scene_changes
         self._last_fire = now
+        self.fired += 1
         return True
+
+    def status(self, now: float) -> dict[str, Any]:
+        """What watching is doing, for a person looking at it (live; ``now``
+        on time.monotonic()): for how long, the scene changes it saw, the
+        questions it asked and when the last was, and what it waits for."""
+        changes = self.session.scene_changes - self._began_with
+        pending = self.session.scene_changes != self._seen
+        out: dict[str, Any] = {
+            "for_s": round(now - self.began, 1), "scene_changes": changes, "asked": self.fired,
+            "last_asked_s_ago": None if self._last_fire is None else round(now - self._last_fire, 1),
+            "every_s": self.every_s, "scene_change_share": self.session.settings.scene_change_share}
+        if pending and self._last_fire is not None and now - self._last_fire < self.every_s:
+            out["waiting"] = "pause"  # a change came within --every of the last question: asked when it ends
+            out["asks_in_s"] = round(self.every_s - (now - self._last_fire), 1)
+        elif not changes:
+            out["waiting"] = "scene_change"  # nothing has changed enough yet
+        return out
 
     async def changes(self, stopped: Callable[[], bool] | None = None) -> AsyncIterator[float | None]:
         """Live: yield the timeline time of each (rate-limited) scene change,
@@ -137,10 +159,16 @@ class Modes:
         self._watch: asyncio.Task[None] | None = None
         self._talk: asyncio.Task[None] | None = None
         self.watch_question: str | None = None
+        self.watcher: SceneWatch | None = None
 
     @property
     def watching(self) -> bool:
         return self._watch is not None and not self._watch.done()
+
+    def watch_status(self) -> dict[str, Any] | None:
+        """What watching is doing (SceneWatch.status), or None when not watching."""
+        watcher = self.watcher
+        return watcher.status(time.monotonic()) if self.watching and watcher is not None else None
 
     @property
     def talking(self) -> bool:
@@ -152,6 +180,7 @@ class Modes:
         self.stop_watching()
         entry = self.conversation
         watcher = SceneWatch(entry.session, every_s)
+        self.watcher = watcher
         self.watch_question = question
         self._watch = asyncio.get_running_loop().create_task(self._watching(watcher, question, options),
                                                              name=f"watch-{entry.session.id[:6]}")
@@ -159,6 +188,7 @@ class Modes:
     def stop_watching(self) -> None:
         task, self._watch = self._watch, None
         self.watch_question = None
+        self.watcher = None
         if task is not None:
             task.cancel()
 

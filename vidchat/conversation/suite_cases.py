@@ -239,6 +239,11 @@ def keep_baseline(root: Path, model: str, case: str, answers: dict[str, str]) ->
     edit_baseline(root, keep)
 
 
+def keeps_baseline(mark: dict[str, str] | None) -> bool:
+    """Whether an added answer becomes its model's baseline: not one marked bad."""
+    return not (mark and mark.get("mark") == "bad")
+
+
 def add_case(root: Path, wanted: str, save_bundle: Callable[[Path, str], Path], *, model: str, answer: str,
              login: str | None, max_cases: int, contains: Sequence[str] = (), note: str = "",
              mark: dict[str, str] | None = None) -> tuple[str, Path]:
@@ -247,8 +252,14 @@ def add_case(root: Path, wanted: str, save_bundle: Callable[[Path, str], Path], 
     folder, name)`` writes, its ``answer`` as ``model``'s baseline, and the
     case counted against ``login``'s ``max_cases``. Everything is checked
     (the text, the suite's files, the count) before anything is made; a
-    failure after that takes back what was made. Returns (name, bundle)."""
-    case = _case("", "", contains, True, note, mark)
+    failure after that takes back what was made. Returns (name, bundle).
+
+    An answer marked bad is not a baseline (it would hold later answers to
+    what someone judged wrong): its case is added without same_as_baseline,
+    baseline.json is left as it was, and :func:`keeps_baseline` says so to
+    whoever reports the add."""
+    kept = keeps_baseline(mark)
+    case = _case("", "", contains, kept, note, mark)
     _writable_case({**case, "name": wanted})
     who = login or ""
     with locked(root):
@@ -268,11 +279,13 @@ def add_case(root: Path, wanted: str, save_bundle: Callable[[Path, str], Path], 
         bundle = save_bundle(bundles, name)
         written: list[tuple[Path, str | None]] = []
         try:
-            for path, content, check in (
-                    (root / SUITE_FILE, new, lambda back: _check_added(root, text, back, case)),
-                    (root / BASELINE_FILE, _json_text({**baseline, model: {**baseline.get(model, {}),
-                                                                           name: {"0": answer}}}), _check_json),
-                    (root / ADDED_BY_FILE, _json_text({**added_by, name: who}), _check_json)):
+            files = [(root / SUITE_FILE, new, lambda back: _check_added(root, text, back, case))]
+            if kept:
+                files.append((root / BASELINE_FILE, _json_text({**baseline, model: {**baseline.get(model, {}),
+                                                                                   name: {"0": answer}}}),
+                              _check_json))
+            files.append((root / ADDED_BY_FILE, _json_text({**added_by, name: who}), _check_json))
+            for path, content, check in files:
                 old = path.read_text(encoding="utf-8") if path.exists() else None
                 write_whole(path, content, check)
                 written.append((path, old))

@@ -111,6 +111,10 @@ class Server(Host, Protocol):
         """Raise ValueError when ``max_frames`` stored frames would not fit --max-session-mb."""
         ...
 
+    def frames_kept_limit(self) -> int:
+        """The most frames a session may keep: what --max-session-mb holds at the stored size."""
+        ...
+
     async def ice_config(self) -> list[dict[str, Any]]:
         """ICE servers for a new peer (raises IceUnavailable when TURN cannot be minted)."""
         ...

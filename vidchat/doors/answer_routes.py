@@ -157,6 +157,34 @@ def new_frames_line(rec: dict) -> str:
     return f"<p class='vc-muted vc-new-frames'>{as_text(said)}</p>"
 
 
+# What a QA person keeps of an answer, in its fold under it in the chat
+# (static/js/suites.js posts them): a verdict, and Add to suite.
+
+def mark_html(answer_id: str, mark: dict | None) -> str:
+    """Good or bad, with a note (static/js/suites.js posts it; vidchat.conversation.bundles keeps it)."""
+    said = ""
+    if mark:
+        said = f"marked {as_text(mark['mark'])}" + (f": {as_text(mark['note'])}" if mark.get("note") else "")
+    pressed = (mark or {}).get("mark")
+    return (f"<form class='vc-mark' data-answer='{as_text(answer_id)}'><span class='vc-mark-ask'>This answer is</span>"
+            f"<button type='button' class='vc-btn' data-mark='good' aria-pressed='{str(pressed == 'good').lower()}'>"
+            "✓ Good</button>"
+            f"<button type='button' class='vc-btn' data-mark='bad' aria-pressed='{str(pressed == 'bad').lower()}'>"
+            "✗ Bad</button>"
+            "<input name='note' placeholder='why (optional)' aria-label='why this answer is good or bad'>"
+            f"<span class='vc-mark-said' role='status'>{said}</span></form>")
+
+
+def add_to_suite_html(answer_id: str) -> str:
+    """Add to suite (static/js/suites.js shows it when the server has a --suite-dir)."""
+    return (f"<form class='vc-add-suite' data-answer='{as_text(answer_id)}'>"
+            "<input name='note' placeholder='note (what to look for)' aria-label='note'>"
+            "<input name='expect' placeholder='expect these words (comma-separated)' aria-label='expect these words'>"
+            "<button type='submit' class='vc-btn'>Add to suite</button>"
+            "<span class='vc-add-suite-said' role='status'></span></form>")
+
+
+
 def details_html(answer: "Answer", answer_id: str, recorded: bool = False) -> str:
     """The collapsed panel under an answer. Thumbnails are inline (small);
     full frames, audio and the record are links to /inputs/<id>/."""
@@ -186,9 +214,10 @@ def details_html(answer: "Answer", answer_id: str, recorded: bool = False) -> st
                + (f" · {rec['tokens_per_s']:.1f} tokens/s" if rec.get("tokens_per_s") else ""))
     return (
         "<div class='vc-inputs'>"
+        f"{mark_html(answer_id, getattr(answer, 'mark', None))}{add_to_suite_html(answer_id)}"
         f"<div class='vc-frames' style='display:flex;flex-wrap:wrap;gap:6px'>{''.join(tiles)}</div>{audio}"
         f"{history_cut(answer)}{new_frames_line(rec)}"
-        f"<p class='vc-muted'>Model <code>{as_text(str(rec.get('model')))}</code>"
+        f"<p class='vc-muted'>Model <code>{as_text(str(rec.get('model_name') or rec.get('model')))}</code>"
         f"{' @ ' + as_text(rec['model_revision']) if rec.get('model_revision') else ''} · {numbers}</p>"
         f"<p class='vc-muted'>Sampling: <code>{as_text(json.dumps(params))}</code></p>"
         f"<p class='vc-muted'>inputs_sha256 <code>{as_text(rec.get('inputs_sha256'))}</code></p>"
@@ -336,7 +365,7 @@ def _add(state: Server, entry: Conversation, answer: Answer, login: str | None, 
     log.info("session %s…: answer added to the suite %s as case %s", entry.session.id[:6], root, name)
     # Paths relative to the suite's folder: the server's own layout is not the caller's to see.
     return {"case": name, "suite": suite_cases.SUITE_FILE, "bundle": target.relative_to(root).as_posix(),
-            "model": model}
+            "model": model, "baseline": suite_cases.keeps_baseline(answer.mark)}
 
 
 def suite_router(state: Server) -> APIRouter:

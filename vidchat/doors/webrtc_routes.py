@@ -568,6 +568,7 @@ def _view_routes(api: APIRouter, state: Server, mine: Callable[[Request, Any], C
         left = entry.time_left()
         out["time_left_s"] = None if left is None else round(left, 1)
         out["watching"] = entry.modes.watching
+        out["watch"] = entry.modes.watch_status()  # what watching is doing (None: not watching)
         out["away"] = entry.away  # its tab went away (it may come back): no warm-ups meanwhile
         out["paused"] = entry.paused  # its tab stopped its source: the session waits for Start
         if entry.media is not None:

@@ -241,7 +241,7 @@ _MOMENTS_TEMPLATE[2] = 1.0
 _MOMENTS_TEMPLATE[4] = 1.0 / _CELLS
 
 
-class _Reference:
+class Reference:
     """The last kept grid, with what the lighting fits need precomputed once.
 
     Each comparison then costs a handful of vector operations on 768 cells
@@ -281,7 +281,7 @@ def _clamp_shift(shift: float) -> float:
     return min(max(shift, -_MAX_SHIFT), _MAX_SHIFT)
 
 
-def _luma_changed(ref: _Reference, cur: np.ndarray, noise_floor: float) -> np.ndarray:
+def _luma_changed(ref: Reference, cur: np.ndarray, noise_floor: float) -> np.ndarray:
     """Cells whose luma changed by more than ``noise_floor`` after the lighting fit.
 
     Lighting model: ``new ≈ gain × old + shift`` with gain in 0.75..1.33 and
@@ -328,13 +328,20 @@ def _chroma_changed(ref_c: np.ndarray, css: float, cur: np.ndarray, noise_floor:
     return dist2 > floor2
 
 
-def changed_share(ref: _Reference, grid: np.ndarray, noise_floor: float) -> float:
-    """Share of cells whose brightness or colour changed by more than
-    ``noise_floor`` after the lighting fits (colour only where both grids have it)."""
+def changed_cells(ref: Reference, grid: np.ndarray, noise_floor: float) -> np.ndarray:
+    """The cells (GRID_ROWS × GRID_COLS booleans) whose brightness or colour
+    changed by more than ``noise_floor`` after the lighting fits (colour only
+    where both grids have it)."""
     luma, chroma = _split(grid)
     changed = _luma_changed(ref, luma, noise_floor)
     if chroma is not None and ref.chroma is not None:
         changed |= _chroma_changed(ref.chroma, ref.css, chroma, noise_floor)
+    return changed.reshape(GRID_ROWS, GRID_COLS)
+
+
+def changed_share(ref: Reference, grid: np.ndarray, noise_floor: float) -> float:
+    """Share of cells that changed (:func:`changed_cells`)."""
+    changed = changed_cells(ref, grid, noise_floor)
     return int(np.count_nonzero(changed)) / changed.size
 
 
@@ -348,7 +355,7 @@ class FrameFilter:
         if not (math.isfinite(noise_floor) and noise_floor > 0):
             raise ValueError(f"noise_floor must be a positive number of grey levels, got {noise_floor!r}")
         self.noise_floor = float(noise_floor)
-        self._ref: _Reference | None = None
+        self._ref: Reference | None = None
         self._ref_time: float | None = None
         self._retained = 0
         self._dropped = 0
@@ -405,7 +412,7 @@ class FrameFilter:
     def record(self, grid: np.ndarray, t: float, keep: bool) -> None:
         """Commit a decision: a kept grid becomes the new reference."""
         if keep:
-            self._ref = _Reference(grid)
+            self._ref = Reference(grid)
             self._ref_time = t
             self._retained += 1
         else:

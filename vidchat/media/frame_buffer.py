@@ -32,10 +32,18 @@ from PIL import Image
 from vidchat.media import evs, is_int, reduce_factor, stored_size
 from vidchat.media.evs import FrameError
 
-# A kept frame counts as a scene change when at least this share of the
-# picture changed since the previous kept frame (a cut, a new shot, the
-# camera turned away); a hand moving in view changes about 20 %.
-SCENE_CHANGE_SHARE = 0.4
+# A kept frame is a scene change (Watch asks then) when at least
+# ``scene_change_share`` of the picture either differs from the scene's
+# first frame (a cut, the camera turned away, something that came and
+# stayed) or was swept by motion within the last SWEEP_WINDOW_S: the cells
+# that changed from one kept frame to the next, added up, so an object
+# entering, leaving or moving across a good part of the frame counts though
+# each step changes little. Cells within the filter's noise floor (sensor
+# noise) and a change of the lighting as a whole do not count, so a still
+# scene never is one. The default: a hand-sized object crossing about half a
+# webcam's view (tests/test_scene_changes.py).
+DEFAULT_SCENE_CHANGE_SHARE = 0.12
+SWEEP_WINDOW_S = 4.0
 
 
 class StoredFrame(NamedTuple):
@@ -114,9 +122,14 @@ class FrameBuffer:
         # Each kept frame's number, never reused in the session's life (not
         # even after clear): the engine caches its encoding under that name.
         self.seq = 0
-        # Kept frames where most of the picture changed at once (watch mode).
+        # Scene changes (watch mode): kept frames that differ from the
+        # scene's first frame by scene_change_share of the picture.
         self.scene_changes = 0
         self.last_scene_change_t: float | None = None
+        self.scene_change_share = DEFAULT_SCENE_CHANGE_SHARE
+        self._scene_ref: evs.Reference | None = None  # the scene's first kept frame
+        self._last_ref: evs.Reference | None = None  # the previous kept frame
+        self._changed_at = np.full((evs.GRID_ROWS, evs.GRID_COLS), -np.inf)  # when each cell last moved
         self.newest_received_t: float | None = None
         self.newest_arrival: float | None = None
         self.received_size: tuple[int, int] | None = None  # (width, height) of the newest frame as it came
@@ -190,7 +203,7 @@ class FrameBuffer:
                     filt.record(grid, t, keep)
                 self.received += 1
                 if stored is not None:  # kept
-                    seq = self._keep(filt, stored, t)
+                    seq = self._keep(filt, stored, t, grid)
                 self._on_media(t, now)
                 self.newest_received_t = t
                 self.newest_arrival = now
@@ -198,20 +211,36 @@ class FrameBuffer:
             self.on_judged(seq is not None)
         return seq
 
-    def _keep(self, filt: evs.FrameFilter | None, stored: np.ndarray, t: float) -> int:
+    def _keep(self, filt: evs.FrameFilter | None, stored: np.ndarray, t: float, grid: np.ndarray | None) -> int:
         self.kept += 1
         self.seq += 1
         self.frames.append(StoredFrame(t, stored, self._position_at(t), self.seq))
-        if filt is not None and filt.last_similarity is not None \
-                and 1.0 - filt.last_similarity >= SCENE_CHANGE_SHARE:
-            self.scene_changes += 1
-            self.last_scene_change_t = t
+        if filt is not None and grid is not None:
+            self._judge_scene(grid, t, filt.noise_floor)
         return self.seq
 
+    def _judge_scene(self, grid: np.ndarray, t: float, noise_floor: float) -> None:
+        """Whether the kept frame ``grid`` begins a new scene (the rule above)."""
+        current = evs.Reference(grid)
+        if self._scene_ref is None or self._last_ref is None:
+            self._scene_ref = self._last_ref = current  # the first scene begins
+            return
+        moved = evs.changed_cells(self._last_ref, grid, noise_floor)
+        self._changed_at[moved] = t
+        swept = float(np.mean(self._changed_at >= t - SWEEP_WINDOW_S))
+        self._last_ref = current
+        if swept >= self.scene_change_share or \
+                evs.changed_share(self._scene_ref, grid, noise_floor) >= self.scene_change_share:
+            self.scene_changes += 1
+            self.last_scene_change_t = t
+            self._scene_ref = current
+            self._changed_at.fill(-np.inf)
+
     def configure(self, max_frames: int, evs_enabled: bool, evs_threshold: float,
-                  keepalive_s: float | None) -> None:
+                  keepalive_s: float | None, scene_change_share: float = DEFAULT_SCENE_CHANGE_SHARE) -> None:
         """New settings (caller holds the lock): the ring keeps its newest
         frames; a filter switched on or off is replaced, else retuned."""
+        self.scene_change_share = scene_change_share
         if max_frames != self.frames.maxlen:
             self.frames = deque(self.frames, maxlen=max_frames)  # keeps the newest
         if evs_enabled != self._filter_settings[0]:
@@ -227,6 +256,8 @@ class FrameBuffer:
         # A new filter rather than a reset one: a decode in flight records into the old.
         self.filter = make_filter(*self._filter_settings)
         self.received = self.kept = 0
+        self._scene_ref = self._last_ref = None  # the next kept frame begins a scene
+        self._changed_at.fill(-np.inf)
         self.newest_received_t = None
         self.newest_arrival = None
 

@@ -56,7 +56,7 @@ from vidchat.media import (
 from vidchat.media.audio import AudioWindow, segment_samples, to_int16
 from vidchat.media.clock import SourceTimeline
 from vidchat.media.evs import FrameError
-from vidchat.media.frame_buffer import FrameBuffer, StoredFrame
+from vidchat.media.frame_buffer import DEFAULT_SCENE_CHANGE_SHARE, FrameBuffer, StoredFrame
 from vidchat.media.sampling import Sample, pick, within_encode_budget
 
 logger = logging.getLogger(__name__)
@@ -219,6 +219,8 @@ SESSION_SETTINGS: dict[str, Setting] = {s.name: s for s in (
             low=0.0, low_open=True),
     Setting("keepalive_s", "session", "number", "Keep-alive", "null or a positive number of seconds",
             low=0.0, low_open=True, nullable=True),
+    Setting("scene_change_share", "session", "number", "Scene change share", "a number in (0, 1]",
+            low=0.0, low_open=True, high=1.0),
     Setting("audio_mode", "session", "choice", "Audio", "one of " + ", ".join(AUDIO_MODES), choices=AUDIO_MODES),
     Setting("audio_last_seconds", "session", "number", "Audio seconds", "a positive number",
             low=0.0, low_open=True),
@@ -236,6 +238,9 @@ class SessionSettings:
     evs_enabled: bool = True
     evs_threshold: float = evs.DEFAULT_THRESHOLD  # keep a frame when > (1 - x) of the picture changed
     keepalive_s: float | None = None  # keep >= 1 frame every N seconds even if nothing changes
+    # A kept frame is a scene change (Watch) when this share of the picture
+    # differs from the scene's first frame (vidchat.media.frame_buffer).
+    scene_change_share: float = DEFAULT_SCENE_CHANGE_SHARE
     audio_seconds: float = 30.0  # audio window cap
     audio_mode: str = "frames"  # "frames": from the first sampled frame on; "last": last audio_last_seconds
     audio_last_seconds: float = 10.0
@@ -280,6 +285,7 @@ class SessionMedia:
                                    store_max_pixels=store_max_pixels, max_frame_bytes=max_frame_bytes,
                                    max_frame_pixels=max_frame_pixels, on_media=self._on_media,
                                    position_at=self.source_timeline.position_at)
+        self._buffer.scene_change_share = settings.scene_change_share
         self._audio = AudioWindow(settings.audio_seconds)
         self._audio_arrived: float | None = None  # time.monotonic() of the newest audio
         self.timeline_start: float | None = None
@@ -579,7 +585,8 @@ class Session(SessionMedia):
             new = dataclasses.replace(self.settings, **changes)
             new.validate()
             check_frame_budget(new.max_frames, self.store_max_pixels, self.max_bytes)
-            self._buffer.configure(new.max_frames, new.evs_enabled, new.evs_threshold, new.keepalive_s)
+            self._buffer.configure(new.max_frames, new.evs_enabled, new.evs_threshold, new.keepalive_s,
+                                   new.scene_change_share)
             if new.audio_seconds != self.settings.audio_seconds:
                 self._audio.set_cap(new.audio_seconds)
             self.settings = new

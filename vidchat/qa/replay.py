@@ -36,7 +36,7 @@ only with a fixed seed (``--set seed=1``).
 
 Watch mode (``--watch QUESTION``, with or without --ask/--every) asks
 QUESTION whenever the session's filter counts a scene change (a kept frame
-where at least ``vidchat.media.frame_buffer.SCENE_CHANGE_SHARE`` of the picture changed;
+where at least ``scene_change_share`` of the picture differs from the scene's first frame;
 :class:`vidchat.conversation.modes.SceneWatch`), at most once every ``--watch-every``
 seconds of the file (default ``vidchat.conversation.modes.DEFAULT_EVERY_S``); changes
 during that pause are asked about once, at the first frame after it. The

@@ -10,7 +10,7 @@ conversation, re-ask and compare, Watch and Talk) and
 :mod:`~vidchat.doors.page.layout` (the controls, and which function each runs).
 """
 
-from vidchat.doors.page.chat import NOT_RUNNING, STOPPED, compare_html, notice
+from vidchat.doors.page.chat import NOT_RUNNING, REPLACED_MID, REPLACED_NOTE, STOPPED, compare_html, notice
 from vidchat.doors.page.layout import access_mode, hf_page_token, mount, password_page_token
 from vidchat.doors.page.questions import (
            clear_chat,
@@ -22,6 +22,6 @@ from vidchat.doors.page.questions import (
            watch_switch,
 )
 
-__all__ = ["NOT_RUNNING", "STOPPED", "access_mode", "clear_chat", "compare_html", "hf_page_token",
+__all__ = ["NOT_RUNNING", "REPLACED_MID", "REPLACED_NOTE", "STOPPED", "access_mode", "clear_chat", "compare_html", "hf_page_token",
            "mount", "notice", "page_request", "password_page_token", "reask", "respond",
            "stop_answer", "talk_switch", "watch_switch"]

@@ -121,6 +121,9 @@ NOT_RUNNING = (
 )
 
 STOPPED = "(stopped)"
+# What became of a question a newer one replaced: every question's bubble says its fate.
+REPLACED_NOTE = "(replaced by a newer question before it was answered)"
+REPLACED_MID = "(replaced by a newer question)"
 
 # The model may end its answer at once (its end token first): say so rather
 # than leave an empty bubble that looks like a hang.
@@ -173,6 +176,11 @@ def fold_message(entry: Any, answer: Answer, answer_id: str) -> dict[str, Any]:
             "metadata": {"title": answer_inputs.title(answer), "status": "done", "id": answer_id}}
 
 
+def _short_question(question: str, most: int = 80) -> str:
+    line = " ".join(question.split())
+    return line if len(line) <= most else line[:most - 1] + "…"
+
+
 def frames_html(answer, answer_id: str | None = None, recorded: bool = False) -> str:
     """Thumbnails of the frames sent, inline as data URLs: nothing touches
     disk; above them, where its record (and its bundle, when recorded) downloads."""
@@ -193,33 +201,12 @@ def frames_html(answer, answer_id: str | None = None, recorded: bool = False) ->
         f"{audio:.1f} s of audio{'' if audio else ' (none)'}; times in seconds since the session's first media.</p>"
     )
     links = f"<p class='vc-record-links'>{answer_inputs.record_links_html(answer_id, recorded)}</p>" if answer_id else ""
-    keep = (mark_html(answer_id, getattr(answer, "mark", None)) + add_to_suite_html(answer_id)) if answer_id else ""
-    return (links + keep + head + answer_inputs.new_frames_line(answer.summary()) + "<div class='vc-frames'>"
+    # Which question this panel is about (its verdict and Add to suite are
+    # in that answer's fold in the chat, as every answer's are).
+    about = (f"<p class='vc-inputs-for'>For “{as_text(_short_question(answer.question))}” "
+             f"({as_text(answer.model_name)}).</p>")
+    return (about + links + head + answer_inputs.new_frames_line(answer.summary()) + "<div class='vc-frames'>"
             + "".join(tiles) + "</div>" + answer_inputs.history_cut(answer))
-
-
-def mark_html(answer_id: str, mark: dict | None) -> str:
-    """Good or bad, with a note (static/js/suites.js posts it; vidchat.conversation.bundles keeps it)."""
-    said = ""
-    if mark:
-        said = f"marked {as_text(mark['mark'])}" + (f": {as_text(mark['note'])}" if mark.get("note") else "")
-    pressed = (mark or {}).get("mark")
-    return (f"<form class='vc-mark' data-answer='{as_text(answer_id)}'><span class='vc-mark-ask'>This answer is</span>"
-            f"<button type='button' class='vc-btn' data-mark='good' aria-pressed='{str(pressed == 'good').lower()}'>"
-            "✓ Good</button>"
-            f"<button type='button' class='vc-btn' data-mark='bad' aria-pressed='{str(pressed == 'bad').lower()}'>"
-            "✗ Bad</button>"
-            "<input name='note' placeholder='why (optional)' aria-label='why this answer is good or bad'>"
-            f"<span class='vc-mark-said' role='status'>{said}</span></form>")
-
-
-def add_to_suite_html(answer_id: str) -> str:
-    """Add to suite (static/js/suites.js shows it when the server has a --suite-dir)."""
-    return (f"<form class='vc-add-suite' data-answer='{as_text(answer_id)}'>"
-            "<input name='note' placeholder='note (what to look for)' aria-label='note'>"
-            "<input name='expect' placeholder='expect these words (comma-separated)' aria-label='expect these words'>"
-            "<button type='submit' class='vc-btn'>Add to suite</button>"
-            "<span class='vc-add-suite-said' role='status'></span></form>")
 
 
 def model_label(state) -> str:
@@ -478,7 +465,9 @@ class ChatTranscript:
             exchange.tail.append(notice(STOPPED))
         elif event.why == NO_FRAMES:
             exchange.tail.append(notice(asking.NoFrames().said_with(NO_FRAMES_HINT)))
-        elif event.why != REPLACED:  # replaced by a newer question: it simply was not answered
+        elif event.why == REPLACED:
+            exchange.tail.append(notice(REPLACED_NOTE))
+        else:
             exchange.tail.append(notice(f"⚠ {event.reason}"))
         return True
 
@@ -543,13 +532,16 @@ class ChatTranscript:
         exchange.ended, exchange.waiting = True, None
         exchange.answer = answer = done.answer
         tail = exchange.tail
+        # Cut short with a newer question in the chat: that question (typed,
+        # spoken or Watch's) replaced it; else Stop did.
+        cut = REPLACED_MID if any(t > exchange.ticket for t in self.exchanges) else STOPPED
         if not done.text:
-            tail.append(notice(f"⚠ {done.error}" if done.error else STOPPED if done.status == CANCELLED
+            tail.append(notice(f"⚠ {done.error}" if done.error else cut if done.status == CANCELLED
                                else NO_TEXT))
         elif done.error is not None:
             tail.append(notice(f"⚠ {done.error}"))
-        elif done.status == CANCELLED:  # Stop, Clear, a newer question or barge-in: the text so far, then the mark
-            tail.append(notice(STOPPED))
+        elif done.status == CANCELLED:  # the text so far, then the mark
+            tail.append(notice(cut))
         if done.record_error:
             tail.append(notice(done.record_error if done.record_error.startswith("Not recorded")
                                else f"⚠ {done.record_error}"))

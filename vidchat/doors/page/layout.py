@@ -54,6 +54,7 @@ from vidchat.doors.page.questions import (
     watch_switch,
 )
 from vidchat.media import FRAMES_AS
+from vidchat.media.session import MAX_FRAMES_LIMIT
 from vidchat.media.vad import TurnSettings
 
 log = logging.getLogger(__name__)
@@ -85,7 +86,7 @@ CHAT_HTML = """
 </div>
 """
 
-# What the model got (last question): drawn by static/js/chat.js from the same events.
+# What the model got (newest answer, named in it): drawn by static/js/chat.js from the same events.
 INPUTS_HTML = """<div id="vc-inputs-html">{empty}</div>
 <details class="vc-reply-details"><summary>Reply details</summary><pre id="vc-details">null</pre></details>"""
 
@@ -338,18 +339,23 @@ def _settings_panel(state) -> list[gr.components.Component]:
                 info="A frame is kept when more than (1 − threshold) of the picture changed: 0.95 → 5 %.",
                 elem_id="vc-evs-threshold",
             )
-            # More than --max-session-mb holds at the stored size is refused
-            # when asked, with the budget named (the model's size is known then).
-            max_frames = gr.Slider(4, 256, value=d["max_frames"], step=1, label=SETTINGS["max_frames"].label,
-                                   info="At most what the server's --max-session-mb holds", elem_id="vc-max-frames")
+            # The server's own limit: what --max-session-mb holds at the stored
+            # size (a value beyond it is refused in its box, as the server would).
+            kept_high = max(4, min(MAX_FRAMES_LIMIT, state.frames_kept_limit()))
+            max_frames = gr.Slider(4, kept_high, value=min(d["max_frames"], kept_high), step=1,
+                                   label=SETTINGS["max_frames"].label,
+                                   info=f"At most {kept_high}: what the server's --max-session-mb holds",
+                                   elem_id="vc-max-frames")
         with gr.Row():
             frames_as = gr.Radio(list(FRAMES_AS), value=d["frames_as"], label=SETTINGS["frames_as"].label,
                                  elem_id="vc-frames-as")
             audio_on = gr.Checkbox(value=d["include_audio"],
                                    label=f"{SETTINGS['include_audio'].label} (models that take it)",
                                    elem_id="vc-include-audio")
-            max_tokens = gr.Slider(1, 2048, value=d["max_tokens"], step=1, label=SETTINGS["max_tokens"].label,
-                                   elem_id="vc-max-tokens")
+            # The model's context is the server's limit (the prompt takes its share when asked).
+            tokens_high = max(1, s.max_model_len)
+            max_tokens = gr.Slider(1, tokens_high, value=min(d["max_tokens"], tokens_high), step=1,
+                                   label=SETTINGS["max_tokens"].label, elem_id="vc-max-tokens")
             temperature = gr.Slider(0.0, 1.5, value=d["temperature"], step=0.05, label=SETTINGS["temperature"].label,
                                     elem_id="vc-temperature")
             seed = gr.Textbox(value=d["seed"], label=SETTINGS["seed"].label, placeholder="random", elem_id="vc-seed",
@@ -362,9 +368,15 @@ def _settings_panel(state) -> list[gr.components.Component]:
         system_prompt = gr.Textbox(value=d["system_prompt"], label=SETTINGS["system_prompt"].label, lines=2,
                                    max_lines=6, elem_id="vc-system-prompt",
                                    info="Put before every conversation; empty: none.")
-    _checked_by_vidchat(k, seconds, threshold, max_frames, max_tokens, temperature)
+        # What Watch counts as a scene change (vidchat.media.frame_buffer): lower is more sensitive.
+        scene_share = gr.Slider(0.01, 1.0, value=d["scene_change_share"], step=0.01,
+                                label=SETTINGS["scene_change_share"].label, elem_id="vc-scene-share",
+                                info="Watch asks when this share of the picture changed since the last scene "
+                                     "change, or was crossed by motion in the last few seconds: lower is more "
+                                     "sensitive.")
+    _checked_by_vidchat(k, seconds, threshold, max_frames, max_tokens, temperature, scene_share)
     return [k, sampling, seconds, evs_on, threshold, max_frames, frames_as, audio_on, max_tokens, temperature, seed,
-            record, system_prompt]
+            record, system_prompt, scene_share]
 
 
 def _checked_by_vidchat(*sliders: gr.Slider) -> None:
@@ -427,7 +439,7 @@ def _controls(state) -> Controls:
         with gr.Column(scale=6, min_width=300):
             chat = _chat_column(state)
     settings_inputs = _settings_panel(state)
-    with gr.Accordion("What the model got (last question)", open=False, elem_id="vc-inputs") as inputs_panel:
+    with gr.Accordion("What the model got (newest answer)", open=False, elem_id="vc-inputs") as inputs_panel:
         gr.HTML(INPUTS_HTML.replace("{empty}", frames_html(None)), elem_id="vc-inputs-view")
     reasking = _reask_panel(state)
     if state.settings.suite_dir:
@@ -467,6 +479,8 @@ def _chat_column(state) -> dict[str, Any]:
         # No minimum/maximum on these numbers: Gradio's own check would replace the
         # chat with an error badge; vidchat checks them and names the field.
         watch_every = gr.Number(value=DEFAULT_EVERY_S, label=WATCH_EVERY_LABEL, scale=1, elem_id="vc-watch-every")
+    # What watching is doing, from the live stats (static/js/live.js).
+    gr.HTML("<p id='vc-watch-status' class='vc-muted' role='status' hidden></p>", elem_id="vc-watch-status-box")
     with gr.Row(elem_classes="vc-talk"):
         talk_on = gr.Checkbox(value=False, label="Talk: ask by voice", scale=2, elem_id="vc-talk",
                               info="Asks when you stop speaking; answers are read aloud")

@@ -21,6 +21,7 @@ import gradio as gr
 
 from vidchat.conversation import asking, bundles, events, modes, runs
 from vidchat.conversation.asking import SETTINGS, UNBOUNDED_MAX_TOKENS, OptionError
+from vidchat.media.frame_buffer import DEFAULT_SCENE_CHANGE_SHARE
 from vidchat.conversation.conversation import Conversation
 from vidchat.conversation.events import AnswerEvent, Closed, Notice, QuestionRefused
 from vidchat.conversation.runs import CANCELLED, Delta, Done, Started
@@ -85,12 +86,16 @@ class PageRequest:
 
 
 def page_request(state, k, sampling, seconds, evs_on, threshold, max_frames, frames_as, audio_on,
-                 max_tokens, temperature, seed, record=False, system_prompt=None) -> PageRequest:
+                 max_tokens, temperature, seed, record=False, system_prompt=None,
+                 scene_change_share=None) -> PageRequest:
     """Turn the page's (or the public /ask API's) raw values into settings;
-    raises OptionError naming the field, so the chat can say what to fix."""
+    raises OptionError naming the field, so the chat can say what to fix.
+    (The ones after ``seed`` may be left out by an API caller: their defaults.)"""
     raw = dict(num_sample_frames=k, sampling=sampling, sample_seconds=seconds, evs_enabled=evs_on,
                evs_threshold=threshold, max_frames=max_frames, frames_as=frames_as, include_audio=audio_on,
                max_tokens=max_tokens, temperature=temperature)
+    if scene_change_share is not None:
+        raw["scene_change_share"] = scene_change_share
     engine = getattr(state, "engine", None)  # None while the model loads
     high = {"max_tokens": engine.options.max_model_len if engine is not None else UNBOUNDED_MAX_TOKENS}
     values = {}
@@ -119,7 +124,8 @@ def applied_request(state, entry, raw_settings: tuple) -> PageRequest:
 # order (the page's POST /webrtc/ask sends them so; the Gradio events take
 # them as these inputs, vidchat.doors.page.layout).
 PAGE_SETTINGS = ("num_sample_frames", "sampling", "sample_seconds", "evs_enabled", "evs_threshold", "max_frames",
-                 "frames_as", "include_audio", "max_tokens", "temperature", "seed", "record", "system_prompt")
+                 "frames_as", "include_audio", "max_tokens", "temperature", "seed", "record", "system_prompt",
+                 "scene_change_share")
 
 
 def page_defaults(state: PageServer) -> dict[str, Any]:
@@ -130,7 +136,7 @@ def page_defaults(state: PageServer) -> dict[str, Any]:
             "sample_seconds": 10, "evs_enabled": True, "evs_threshold": evs.DEFAULT_THRESHOLD, "max_frames": 64,
             "frames_as": s.frames_as, "include_audio": True, "max_tokens": s.max_tokens,
             "temperature": s.temperature, "seed": "", "record": runs.records_by_default(s),
-            "system_prompt": s.system_prompt}
+            "system_prompt": s.system_prompt, "scene_change_share": DEFAULT_SCENE_CHANGE_SHARE}
 
 
 def sent_settings(state: PageServer, sent: Any) -> tuple[Any, ...]:
