@@ -10,7 +10,8 @@
 // its own tab's session. window.vidchat is the surface tests and QA scripts read.
 import { beaconUrl, pageToken } from "./js/api.js";
 import { counts, questions } from "./js/chat.js";
-import { pause, reconnect, start, stop, switchSource } from "./js/peer.js";
+import { PAUSED_STATS, pause, reconnect, start, stop, switchSource } from "./js/peer.js";
+import { renderStats } from "./js/live.js";
 import "./js/questions.js";
 import "./js/ready.js";
 import "./js/suites.js";
@@ -88,6 +89,7 @@ if (before) {
     // end it after the reload grace), and show its chat; Start carries on.
     if (await pause(before.id)) {
       publishSessionId(before.id);
+      renderStats(null, PAUSED_STATS);
       setNote("The chat and what the model got stay; Start carries on with them.");
     } else {
       Object.assign(state, { sessionId: "", resumeToken: "" });

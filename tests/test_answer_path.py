@@ -162,7 +162,7 @@ async def test_no_frames_is_the_cores_fact_and_each_door_says_what_to_do(omni_en
     ({"seed": 2**63}, "seed must be a whole number that fits a signed 64-bit integer"),
     ({"seed": -(2**63) - 1}, "signed 64-bit"),
     ({"seed": 1.5}, "seed must be"),
-    ({"temperature": float("nan")}, "temperature must be a number in 0..100"),
+    ({"temperature": float("nan")}, "temperature must be a number in 0..2"),
     ({"temperature": -0.1}, "temperature must be"),
     ({"max_tokens": 0}, "max_tokens must be a whole number in 1..4096"),
     ({"max_tokens": 10**9}, "max_tokens must be"),

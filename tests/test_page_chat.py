@@ -26,7 +26,7 @@ from vidchat.devtools.page import (
     write_wav,
     write_y4m,
 )
-from vidchat.doors.page import STOPPED
+from vidchat.doors.page import REPLACED_MID, REPLACED_NOTE, STOPPED
 
 pytestmark = pytest.mark.browser
 
@@ -113,5 +113,55 @@ async def test_a_tab_reloaded_mid_answer_finds_it_streaming_and_sees_it_end(serv
             answer_id = re.search(r"/inputs/([^/]+)/record\.json", await link.get_attribute("href")).group(1)
             record = await asyncio.to_thread(server.get_json, f"/inputs/{answer_id}/record.json")
             assert record["completion_tokens"] == 2048 and record["finish_reason"] == "length", record
+        finally:
+            await browser.close()
+
+
+MESSAGES = ("[...document.querySelectorAll('#vc-chat .vc-msg')].filter((m) => !m.querySelector('.vc-fold'))"
+            ".map((m) => [m.dataset.testid, m.innerText.trim()])")
+
+
+@pytest.mark.parametrize("width, height", [(1280, 900), (390, 844)], ids=["desktop", "phone"])
+async def test_questions_in_a_row_each_say_their_fate_and_the_chat_follows_past_an_open_fold(server, camera, tmp_path,
+                                                                                              width, height):
+    """Issue 59, point 11: four questions typed one right after another each keep their
+    bubble, as typed (not Markdown), and say what became of them; with an
+    answer's fold opened, the chat still follows the next answer to its end."""
+    async with async_playwright() as pw:
+        browser = await launch(pw, *camera, tmp_path)
+        try:
+            page = await open_and_start(browser, server.url + "/", viewport=(width, height), min_buffer=4)
+            await set_setting(page, "vc-max-tokens", "300")  # none ends before the next is typed
+            await set_setting(page, "vc-temperature", "0")
+            typed = ["one", "*two*", "three <img src=x>", "four"]
+            for text in typed:  # one after another, as fast as the box takes them
+                await ask(page, text)
+            await page.wait_for_function("(q => q.asked === 4 && q.finished === 4)(window.vidchat.questions)",
+                                         timeout=90_000)
+            said = await page.evaluate(MESSAGES)
+            users = [text for who, text in said if who == "user"]
+            assert users == typed, said  # every question, as typed: no italics, no image
+            assert await page.locator("#vc-chat img:not(.vc-frames img):not(figure img)").count() == 0
+            fates = {}
+            for who, text in said:
+                if who == "user":
+                    current = text
+                elif text in (REPLACED_NOTE, REPLACED_MID, STOPPED):
+                    fates[current] = text
+            # The first three were replaced (before or while answering); the last was answered.
+            assert set(fates) == {"one", "*two*", "three <img src=x>"} and STOPPED not in fates.values(), said
+            assert "four" not in fates
+
+            # A fold opened, then another question: the chat follows its answer to the end.
+            await set_setting(page, "vc-max-tokens", "60")
+            fold = page.locator("#vc-chat .vc-fold").last
+            await fold.locator("[role=button]").click()
+            await fold.locator(".vc-inputs").wait_for(state="visible")
+            await ask(page, "five")
+            await page.wait_for_function("(q => q.asked === 5 && q.finished === 5)(window.vidchat.questions)",
+                                         timeout=60_000)
+            end = await page.evaluate("(() => { const l = document.querySelector('#vc-chat .vc-chat-list');"
+                                      " return l.scrollHeight - l.scrollTop - l.clientHeight; })()")
+            assert end < 24, f"the chat stopped {end} px above its end"
         finally:
             await browser.close()

@@ -263,7 +263,7 @@ async def test_a_bad_value_in_a_slider_is_refused_by_name_and_nothing_is_asked(s
         for elem_id, bad, said in (
                 ("vc-frames-per-question", "0", "Frames per question must be a whole number in 1.."),
                 ("vc-max-tokens", "-5", f"Max tokens must be a whole number in 1..{TEST_MAX_MODEL_LEN}, got -5"),
-                ("vc-temperature", "9", "Temperature must be a number in 0..1.5, got 9"),
+                ("vc-temperature", "9", "Temperature must be a number in 0..2, got 9"),
                 ("vc-max-frames", "100000", f"⚠ Max frames kept must be a whole number in 4..{kept_high}, got 100000")):
             good = await page.locator(f"#{elem_id} input[type=number]").input_value()
             await page.fill(f"#{elem_id} input[type=number]", bad)

@@ -59,6 +59,7 @@ async def test_stop_start_and_a_stopped_reload_keep_the_chat_and_its_answers(ser
             await _paused(server, sid)
             assert await session_id(page) == sid
             assert "Start carries on" in await page.inner_text("#vc-note")
+            assert (await page.inner_text("#vc-stats")).startswith("Stopped: this session")  # not "No session"
             assert await page.evaluate(USER_BUBBLES) == 1
             await page.screenshot(path=str(artifacts_dir / f"page-paused-{width}.png"))
 
@@ -67,6 +68,7 @@ async def test_stop_start_and_a_stopped_reload_keep_the_chat_and_its_answers(ser
             await page.wait_for_function(f"{USER_BUBBLES} === 1", timeout=30_000)
             assert await session_id(page) == sid
             assert await page.inner_text("#vc-conn") != "Live"
+            assert (await page.inner_text("#vc-stats")).startswith("Stopped: this session")
             # The reload's grace passes and the session stays (the server says so in its log).
             await eventually_async(lambda: f"session {sid[:6]}… kept: its tab came back" in server.log() or None, 20,
                                    "the reload grace found the tab back")
@@ -83,7 +85,8 @@ async def test_stop_start_and_a_stopped_reload_keep_the_chat_and_its_answers(ser
             await page.wait_for_function(f"{RECORDS}.length === 2", timeout=30_000)
             second = await asyncio.to_thread(server.http_json, (await page.evaluate(RECORDS))[1])
             assert second["question"] == "Still me?"
-            assert second["history_turns"] == 1 == second["history_turns_total"], second
+            # One exchange before it: its question and its answer, two turns (messages) of two.
+            assert second["history_turns"] == 2 == second["history_turns_total"], second
             kept = await asyncio.to_thread(server.http_json, first_record)
             assert kept["question"] == "Remember me?"
             await page.click("#vc-stop")

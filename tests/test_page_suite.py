@@ -76,6 +76,8 @@ async def test_an_answer_added_to_the_suite_from_the_page_passes_suite_run(serve
             # The Suites panel: the case is listed, and a run on the server's own model passes it.
             await page.click("#vc-suites-panel button, #vc-suites-panel .label-wrap")
             panel = page.locator("#vc-suites")
+            # The server's own paths are not the page's to show: the suite by its folder's name.
+            assert str(suite_server.suite_dir) not in await panel.inner_text()
             await panel.locator(".vc-suite-table td", has_text="and-the-wall").wait_for(timeout=30_000)
             assert await panel.locator(".vc-suite-run").count() == 1  # no --compare-model: this model only
             await panel.locator(".vc-suite-run[data-engine=main]").click()

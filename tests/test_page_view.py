@@ -100,6 +100,11 @@ async def test_a_question_is_one_call_that_returns_its_ticket_or_why_it_was_not_
         assert isinstance(said, Notice) and refused["refused"] in said.text
         with pytest.raises(ValueError):
             await ask_typed(state, entry, "   ", {})
+        # A misspelt or unknown setting, or settings that are no object, are refused by name, not ignored.
+        with pytest.raises(ValueError, match="unknown setting.s. bogus: the page's are num_sample_frames"):
+            await ask_typed(state, entry, "What?", {"bogus": 1})
+        with pytest.raises(ValueError, match="'settings' must be an object"):
+            await ask_typed(state, entry, "What?", [1])
         asked = await ask_typed(state, entry, "What is there?", {"max_tokens": 6})
         assert asked == {"ticket": entry.turn}
         first = await events.get(timeout=1)

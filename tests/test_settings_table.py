@@ -19,7 +19,7 @@ pytestmark = pytest.mark.unit
 
 BAD = [("max_frames", 0), ("num_sample_frames", 2000), ("evs_threshold", 1.5), ("sample_seconds", 0),
        ("keepalive_s", -1), ("audio_last_seconds", 0.0), ("sampling", "random"), ("audio_mode", "loud"),
-       ("frames_as", "gif"), ("max_tokens", 0), ("temperature", 101), ("seed", 2**64), ("scene_change_share", 0)]
+       ("frames_as", "gif"), ("max_tokens", 0), ("temperature", 2.5), ("seed", 2**64), ("scene_change_share", 0)]
 
 
 def _reason(message: str) -> str:

@@ -128,7 +128,7 @@ def test_a_setting_out_of_range_is_refused_before_any_engine_starts(tmp_path, ca
     assert qa_cli.suite_main(["run", str(tmp_path), "--model", "tiny"]) == 2
     said = capsys.readouterr().err
     assert str(tmp_path / "suite.toml") in said and "case 'red-door'" in said, said
-    assert "temperature must be a number in 0..100, got -3" in said and "[settings]" in said
+    assert "temperature must be a number in 0..2, got -3" in said and "[settings]" in said
     (tmp_path / "suite.toml").write_text('[[case]]\nname = "few"\nvideo = "c.mp4"\n'
                                          'settings = { num_sample_frames = 0 }\n[[case.ask]]\nat = 1\nquestion = "Q"\n')
     assert qa_cli.suite_main(["run", str(tmp_path), "--model", "tiny"]) == 2

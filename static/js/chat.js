@@ -24,11 +24,19 @@ const chat = {
 
 const list = () => $("#vc-chat .vc-chat-list");
 
-// The list stays at its end while it is there (a streaming answer scrolls
-// into view); a reader who scrolled up is left where they are.
+// The list follows new text while the reader has not scrolled up from its
+// end (a streaming answer scrolls into view); a reader who scrolled up is
+// left where they are until they scroll back down. Judged by the reader's
+// scrolling, not by where the end is now: opening a fold makes the list
+// taller without anyone scrolling, and the next answer is still followed.
 function atEnd(el) {
   return el.scrollHeight - el.scrollTop - el.clientHeight < 24;
 }
+let following = true;
+document.addEventListener("scroll", (e) => {
+  const el = list();
+  if (el && e.target === el) following = atEnd(el);
+}, true);
 
 function element(key, html) {
   const holder = document.createElement("div");
@@ -51,7 +59,7 @@ function element(key, html) {
 function draw(body) {
   const el = list();
   if (!el) return;
-  const follow = atEnd(el);
+  const follow = following || atEnd(el);
   if (body.reset) {
     el.replaceChildren();
     if (chat.generation !== null && body.generation !== chat.generation && chat.clearing > 0) {

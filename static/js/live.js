@@ -139,12 +139,14 @@ function renderWatch(w) {
   el.textContent = `${head}: ${seen}${asked}${pause}.`;
 }
 
-export function renderStats(s) {
+// s: the server's figures, or none (idle says why: "No session", or a
+// stopped tab's session that waits for Start).
+export function renderStats(s, idle = "No session") {
   renderWatch(s?.watch);
   const el = $("#vc-stats");
   if (!el) return;
   if (!s) {
-    el.textContent = "No session";
+    el.textContent = idle;
     state.rateWindow = null;
     const view = $("#vc-live-view");
     if (view) view.hidden = true;

@@ -223,6 +223,8 @@ export async function start(resume = false) {
   }
 }
 
+export const PAUSED_STATS = "Stopped: this session, its chat and its kept frames wait for Start";
+
 // Stop pauses: the source and the peer end, the session (its chat, kept
 // answers and frames) waits for the next Start. ended: the server already
 // ended the session, so the tab lets go of it too.
@@ -249,7 +251,7 @@ export async function stop(keepNote, ended = false) {
     setStatus("Stopped", "idle");
     setNote(paused ? "The chat and what the model got stay; Start carries on with them." : "");
   }
-  renderStats(null);
+  renderStats(null, paused ? PAUSED_STATS : undefined);
 }
 
 // Tells the server this tab keeps its session without media (Stop, or a

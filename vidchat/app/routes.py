@@ -25,6 +25,7 @@ from vidchat.app.qa_host import flag_defaults
 from vidchat.app.state import AppState
 from vidchat.doors import login_of
 from vidchat.doors.answer_routes import json_body, needs_suite
+from vidchat.doors.page.chat import model_label, second_model_label
 from vidchat.engine import EngineError
 from vidchat.qa.suite import FINISHED, RUNNING, SuiteBusy, SuiteRuns
 from vidchat.qa.suite_file import SuiteError
@@ -128,9 +129,11 @@ async def _health_details(state: AppState, loop_watch: LoopWatch) -> dict[str, A
     engine, ok = state.engine, state.ready
     return {
         "model": state.model_path,
+        "model_name": model_label(state),  # its one name, as records, reports and baselines say it
         "banner": state.banner,
         "running_requests": engine.running_requests if ok else None,
-        "compare_model": ({"model": state.compare_model_path, "status": state.compare_readiness()[1],
+        "compare_model": ({"model": state.compare_model_path, "model_name": second_model_label(state),
+                           "status": state.compare_readiness()[1],
                            "running_requests": state.compare_engine.running_requests
                            if state.compare_readiness()[0] else None}
                           if state.compare_model_path else None),

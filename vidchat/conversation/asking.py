@@ -49,7 +49,9 @@ log = logging.getLogger(__name__)
 # vidchat.media.session, beside the media session that applies them;
 # this module adds the answer's rows and the rules for settings given as data.
 
-MAX_TEMPERATURE = 100.0
+# vLLM's own limit (its SamplingParams refuse more): checked here, at every
+# door, before anything is asked, instead of failing inside the engine.
+MAX_TEMPERATURE = 2.0
 
 
 def _table(*settings: Setting) -> dict[str, Setting]:

@@ -171,6 +171,8 @@ def vllm_engine_kwargs(options: EngineOptions, dtype: str, gpu: bool, processor_
     limits = {"image": options.max_images, "video": options.max_videos, "audio": options.max_audios}
     kwargs: dict[str, Any] = dict(
         model=options.model,
+        # vLLM's own metrics and outputs name the model by its one name (not its cache path).
+        **({"served_model_name": options.name} if options.name else {}),
         dtype=dtype,
         max_model_len=options.max_model_len,
         limit_mm_per_prompt=limits,

@@ -311,6 +311,7 @@ async def run(connection: Connection, config: dict[str, Any], events: Iterator[E
         raise ClientError(f"cannot connect to {url}: {exc}") from exc
     log.info("connected to %s", url)
     started = time.monotonic()
+    tasks: tuple[asyncio.Task[Any], ...] = ()
     try:
         async with ws:
             await send_json(ws, config)
@@ -324,6 +325,7 @@ async def run(connection: Connection, config: dict[str, Any], events: Iterator[E
             reader = asyncio.create_task(read())
             sender = asyncio.create_task(stream(ws, events, questions, tracker, pacing.fast, pacing.jpeg_quality,
                                                 send_pts=pacing.send_pts, fast_fps=pacing.fast_fps))
+            tasks = (reader, sender)
             # Whichever ends first: the sender (all sent and answered) or the reader (server closed).
             await asyncio.wait({reader, sender}, return_when=asyncio.FIRST_COMPLETED)
             if sender.done():
@@ -347,6 +349,12 @@ async def run(connection: Connection, config: dict[str, Any], events: Iterator[E
         raise ClientError("the server did not end the session in time") from exc
     except OSError as exc:
         raise ClientError(f"connection to {url} failed: {exc}") from exc
+    finally:
+        # Neither task outlives the session, and what ended one (the server
+        # closing the connection) is read here, not printed by asyncio later.
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
     if not tracker.finished:
         raise ClientError("the connection ended before session.done")
     return tracker.result

@@ -13,12 +13,13 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Callable
 
 import gradio as gr
 from starlette.routing import Mount
 
-from vidchat.conversation.asking import SETTINGS
+from vidchat.conversation.asking import MAX_TEMPERATURE, SETTINGS
 from vidchat.conversation.events import Notice
 from vidchat.conversation.modes import DEFAULT_EVERY_S
 from vidchat.doors import UPLOAD_DELETE_CACHE, PageServer, as_text, login_of
@@ -356,7 +357,8 @@ def _settings_panel(state) -> list[gr.components.Component]:
             tokens_high = max(1, s.max_model_len)
             max_tokens = gr.Slider(1, tokens_high, value=min(d["max_tokens"], tokens_high), step=1,
                                    label=SETTINGS["max_tokens"].label, elem_id="vc-max-tokens")
-            temperature = gr.Slider(0.0, 1.5, value=d["temperature"], step=0.05, label=SETTINGS["temperature"].label,
+            temperature = gr.Slider(0.0, MAX_TEMPERATURE, value=d["temperature"], step=0.05,
+                                    label=SETTINGS["temperature"].label,
                                     elem_id="vc-temperature")
             seed = gr.Textbox(value=d["seed"], label=SETTINGS["seed"].label, placeholder="random", elem_id="vc-seed",
                               info="A whole number makes sampling repeatable; empty picks a new one each time.")
@@ -539,7 +541,7 @@ def _suites_panel(state) -> None:
               f"{as_text(names['compare'])}</button>" if "compare" in names else "")
     with gr.Accordion("Suites", open=False, elem_id="vc-suites-panel"):
         gr.HTML(f"""<div id='vc-suites'>
-<p class='vc-muted'>The QA suite in <code>{as_text(state.settings.suite_dir)}</code>: each case asks a recorded answer's
+<p class='vc-muted'>The QA suite in the server's folder <code>{as_text(Path(state.settings.suite_dir).name)}</code>: each case asks a recorded answer's
 exact inputs again (Add to suite, under an answer's <em>What the model got</em>) or a clip at set moments, and checks
 the answer. A run shares this server's model and its queue with the live chats; its reports go into the suite's
 <code>runs/</code> folder. The same suite runs on the command line: <code>python -m vidchat.suite run</code>.</p>

@@ -167,6 +167,11 @@ async def ask_typed(state: PageServer, entry: Conversation, message: Any, settin
     text = message.strip() if isinstance(message, str) else ""
     if not text:
         raise ValueError("'question' must be non-empty text")
+    if settings is not None and not isinstance(settings, dict):
+        raise ValueError("'settings' must be an object of the page's settings by name")
+    unknown = sorted(set(settings or {}) - set(PAGE_SETTINGS))
+    if unknown:  # a misspelt name would otherwise be asked with its default, without a word
+        raise ValueError(f"unknown setting(s) {', '.join(unknown)}: the page's are {', '.join(PAGE_SETTINGS)}")
     events.bind(entry.session.id, entry.kind)
     try:
         request = applied_request(state, entry, sent_settings(state, settings))
