@@ -33,8 +33,6 @@ CHROMIUM = "/usr/bin/chromium"
 # /ask and /reask settings after the session id: k, sampling, window, filter on,
 # threshold, max frames kept, frames as, audio, max tokens, temperature, seed, record.
 SETTINGS = [4, "uniform", 10, True, 0.95, 64, "images", True, 6, 0.0, "5"]
-# ...then record, the system prompt and the scene change share (vidchat.doors.page.questions.PAGE_SETTINGS).
-SCENE_SHARE = 0.12
 
 
 
@@ -104,7 +102,7 @@ async def test_a_loaded_bundle_is_reasked_on_either_model_with_the_same_inputs(t
     assert chosen.startswith("bundle-") and "Recorded (bundle.zip)" in shown and "Loaded the bundle (4 frames" in shown
 
     def reask(which: str, system_prompt: str = Settings().system_prompt):
-        return tab.predict("", chosen, *SETTINGS, False, system_prompt, SCENE_SHARE, which, api_name="/reask")
+        return tab.predict("", chosen, *SETTINGS, False, system_prompt, which, api_name="/reask")
 
     on_main = await asyncio.to_thread(reask, "main")
     on_second = await asyncio.to_thread(reask, "compare")
@@ -130,7 +128,7 @@ async def test_a_file_that_is_not_a_bundle_says_so(two_models, tmp_path):
         zf.writestr("readme.txt", "not a bundle")
     tab, chosen, shown = await asyncio.to_thread(_load, two_models, junk)
     assert not chosen and "Not a bundle vidchat can read" in shown
-    unknown = await asyncio.to_thread(tab.predict, "", "bundle-nope", *SETTINGS, False, "", SCENE_SHARE, "main",
+    unknown = await asyncio.to_thread(tab.predict, "", "bundle-nope", *SETTINGS, False, "", "main",
                                       api_name="/reask")
     assert "load a recorded bundle" in unknown
 

@@ -111,6 +111,7 @@ class Controls:
     both_models: gr.Checkbox  # Both models (shown with --compare-model only)
     clear: gr.Button
     settings_inputs: list[gr.components.Component]
+    scene_share: gr.Slider  # what Watch counts as a scene change (not among the public API's inputs)
     inputs_panel: gr.Accordion
     api_inputs_view: gr.HTML  # hidden: what the model got, as the public API returns it
     api_details: gr.JSON  # hidden: the reply's details, as the public API returns them
@@ -214,7 +215,8 @@ def _watch(state: PageServer, page: Controls, own: Callable) -> None:
             yield update
         yield (*LAST_UPDATE_IS_NOTHING, gr.skip())
 
-    switch_inputs = [page.watch_on, page.watch_question, page.watch_every, page.session_id, *page.settings_inputs]
+    switch_inputs = [page.watch_on, page.watch_question, page.watch_every, page.session_id, *page.settings_inputs,
+                     page.scene_share]
     page.watch_on.change(on_switch, switch_inputs, [page.watch_on, page.question_note], api_visibility="private",
                          show_progress="hidden", trigger_mode="multiple", concurrency_limit=None)
     # The /watch API: switch it, then the chat as watching asks, until it ends.
@@ -313,7 +315,7 @@ def _header(state) -> None:
         gr.HTML(f"<div class='vc-banner' role='alert'>{as_text(state.banner)}</div>")
 
 
-def _settings_panel(state) -> list[gr.components.Component]:
+def _settings_panel(state) -> tuple[list[gr.components.Component], gr.Slider]:
     """The settings accordion; returns its inputs in respond()'s order
     (vidchat.doors.page.questions.PAGE_SETTINGS: static/js/settings.js reads
     them by their elem_id for the page's own questions)."""
@@ -377,8 +379,11 @@ def _settings_panel(state) -> list[gr.components.Component]:
                                      "change, or was crossed by motion in the last few seconds: lower is more "
                                      "sensitive.")
     _checked_by_vidchat(k, seconds, threshold, max_frames, max_tokens, temperature, scene_share)
+    # The public API events' inputs stay as they were (a caller passes them by
+    # position); the scene share goes with the page's own questions (by name)
+    # and with the Watch switch.
     return [k, sampling, seconds, evs_on, threshold, max_frames, frames_as, audio_on, max_tokens, temperature, seed,
-            record, system_prompt, scene_share]
+            record, system_prompt], scene_share
 
 
 def _checked_by_vidchat(*sliders: gr.Slider) -> None:
@@ -440,7 +445,7 @@ def _controls(state) -> Controls:
                     .replace("{suites}", "on" if state.settings.suite_dir else "off"), elem_id="vc-live-panel")
         with gr.Column(scale=6, min_width=300):
             chat = _chat_column(state)
-    settings_inputs = _settings_panel(state)
+    settings_inputs, scene_share = _settings_panel(state)
     with gr.Accordion("What the model got (newest answer)", open=False, elem_id="vc-inputs") as inputs_panel:
         gr.HTML(INPUTS_HTML.replace("{empty}", frames_html(None)), elem_id="vc-inputs-view")
     reasking = _reask_panel(state)
@@ -451,7 +456,7 @@ def _controls(state) -> Controls:
     # inputs panel static/js/chat.js draws).
     api_inputs_view = gr.HTML(visible=False, elem_id="vc-api-inputs")
     api_details = gr.JSON(visible=False, elem_id="vc-api-details")
-    return Controls(**chat, settings_inputs=settings_inputs, inputs_panel=inputs_panel,
+    return Controls(**chat, settings_inputs=settings_inputs, scene_share=scene_share, inputs_panel=inputs_panel,
                     api_inputs_view=api_inputs_view, api_details=api_details, **reasking, session_id=session_id)
 
 
