@@ -314,3 +314,45 @@ async def test_the_stored_size_note_says_the_live_figures(server, tmp_path, widt
         sizes = await page.evaluate("(() => { const n = document.querySelector('#vc-store');"
                                     " return [n.scrollWidth, n.clientWidth]; })()")
         assert sizes[0] <= sizes[1], f"the note overflows at {width} px: {sizes}"
+
+
+BOXES = """(sels) => Object.fromEntries(sels.map((s) => {
+  const r = document.querySelector(s).getBoundingClientRect();
+  return [s, {top: r.top + scrollY, bottom: r.bottom + scrollY, left: r.left, right: r.right}];
+}))"""
+
+
+@pytest.mark.parametrize("width, height", [(1280, 900), (390, 844)], ids=["desktop", "phone"])
+async def test_on_a_phone_the_chat_and_question_come_before_the_controls(server, tmp_path, artifacts_dir, width,
+                                                                         height):
+    """Issue 59, point 10: at 390 px the chat and its question box come right
+    under the preview and its Start/Stop, before the source pickers and the
+    settings; at 1280 the chat stays beside the preview. The Sampling
+    picker's text ends before its arrow, and the Suites table's headers are
+    never cut mid-word."""
+    async with camera_page(server, tmp_path, (width, height)) as page:
+        sels = ["#vc-preview", ".vc-controls", "#vc-chat", "#vc-question", ".vc-devices", "#vc-settings"]
+        b = await page.evaluate(BOXES, sels)
+        if width < 640:
+            assert b["#vc-preview"]["bottom"] <= b[".vc-controls"]["top"] + 1 <= b["#vc-chat"]["top"] + 1, b
+            assert b["#vc-chat"]["bottom"] <= b["#vc-question"]["top"] + 1, b
+            assert b["#vc-question"]["bottom"] <= b[".vc-devices"]["top"], b  # no picker to scroll past
+            assert b["#vc-question"]["bottom"] <= b["#vc-settings"]["top"], b
+            # The preview leaves the screen to the chat: at most about a third of it.
+            assert b["#vc-preview"]["bottom"] - b["#vc-preview"]["top"] <= 0.34 * height, b
+        else:
+            assert b["#vc-chat"]["left"] >= b["#vc-preview"]["right"] and b["#vc-chat"]["top"] < b["#vc-preview"]["bottom"]
+        await page.screenshot(path=str(artifacts_dir / f"page-layout-order-{width}.png"))
+        if not await page.locator("#vc-sampling").is_visible():
+            await page.click("#vc-settings button, #vc-settings .label-wrap")
+        fits = await page.evaluate("""() => {
+          const input = document.querySelector('#vc-sampling input');
+          const icon = document.querySelector('#vc-sampling .icon-wrap');
+          const text = input.getBoundingClientRect().right - parseFloat(getComputedStyle(input).paddingRight);
+          return [text, icon ? icon.getBoundingClientRect().left : Infinity];
+        }""")
+        assert fits[0] <= fits[1] + 1, f"the Sampling picker's text runs under its arrow: {fits}"
+        assert await page.evaluate("""() => { const th = document.createElement('th');
+          const t = document.createElement('table'); t.className = 'vc-suite-table';
+          t.append(th); document.body.append(t);
+          const ok = getComputedStyle(th).whiteSpace === 'nowrap'; t.remove(); return ok; }""")
