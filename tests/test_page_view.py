@@ -123,3 +123,23 @@ def test_no_module_of_vidchat_touches_gradios_private_state():
             elif isinstance(node, ast.Constant) and node.value in private:
                 found.append(f"{path.relative_to(ROOT)}:{node.lineno} {node.value!r}")
     assert found == []
+
+
+def test_a_stream_says_its_state_when_it_has_no_frames_and_its_frames_show_the_time_of_day():
+    """Issue 59, point 6: a question on a stream of the server's with no frames
+    speaks of that stream (no Start camera there), and its frames are
+    captioned by the time of day they came, not by a file position."""
+    import re
+    import time
+
+    from vidchat.doors.answer_routes import frame_caption, wall_clock
+    from vidchat.doors.page.chat import no_frames_hint
+
+    down = types.SimpleNamespace(stream=types.SimpleNamespace(
+        snapshot=lambda: {"name": "cam", "state": "reconnecting", "error": "connection refused"}))
+    assert no_frames_hint(down) == ("The stream **cam** is reconnecting: connection refused; "
+                                    "ask again once its frames come.")
+    assert "Start camera" in no_frames_hint(types.SimpleNamespace(stream=None))
+    assert frame_caption(3, 1.25, 2.1, wall="14:03:05.2") == "#3 · 1.25 s · 14:03:05.2"
+    assert "file" in frame_caption(3, 1.25, 2.1)
+    assert re.fullmatch(r"\d\d:\d\d:\d\d\.\d", wall_clock(time.monotonic()))

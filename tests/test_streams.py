@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 
 import pytest
 from conftest import STREAM_SECRET, eventually_async
@@ -178,10 +179,14 @@ async def test_the_realtime_door_watches_the_hls_stream(streams_server):
 
 
 @pytest.mark.browser
-async def test_a_page_tab_chooses_the_stream_and_asks(streams_server, tmp_path, artifacts_dir):
+@pytest.mark.parametrize("width, height", [(1280, 900), (390, 844)], ids=["desktop", "phone"])
+async def test_a_page_tab_chooses_the_stream_and_asks(streams_server, tmp_path, artifacts_dir, width, height):
     """The Source menu lists the server's streams; choosing one watches it
     (no camera: the server reads the stream), the live figures say its state,
-    fps, size and latency, and a question is answered on its frames."""
+    fps, size and latency, and a question is answered on its frames. The
+    preview shows the stream's frames as the server keeps them, the badge
+    says the stream's own state, and its frames are captioned by the time of
+    day they came (issue 59, point 6)."""
     from playwright.async_api import async_playwright
 
     from vidchat.devtools.page import launch, session_id, wait_for_answer, write_wav, write_y4m
@@ -191,7 +196,7 @@ async def test_a_page_tab_chooses_the_stream_and_asks(streams_server, tmp_path, 
     async with async_playwright() as pw:
         browser = await launch(pw, tmp_path / "cam.y4m", tmp_path / "mic.wav", tmp_path)
         try:
-            page = await browser.new_page(viewport={"width": 1280, "height": 900})
+            page = await browser.new_page(viewport={"width": width, "height": height})
             await page.goto(streams_server.url + "/")
             await page.wait_for_selector("#vc-source option[value='stream:cam']", state="attached", timeout=30_000)
             await page.select_option("#vc-source", "stream:cam")
@@ -201,6 +206,10 @@ async def test_a_page_tab_chooses_the_stream_and_asks(streams_server, tmp_path, 
                                          "document.querySelector('#vc-stats')?.textContent)", timeout=45_000)
             await page.wait_for_function("/buffer (\\d+)/.exec(document.querySelector('#vc-stats').textContent)"
                                          "?.[1] >= 4", timeout=30_000)
+            # Not a black preview under a "Live" badge: the kept frames, and the reader's state.
+            await page.wait_for_function("(i => i && !i.hidden && i.src.startsWith('data:image'))"
+                                         "(document.querySelector('#vc-stream-frame'))", timeout=30_000)
+            assert await page.inner_text("#vc-conn") == "Live"
             box = page.locator("#vc-question textarea")
             await box.fill("What moves?")
             await box.press("Enter")
@@ -212,7 +221,12 @@ async def test_a_page_tab_chooses_the_stream_and_asks(streams_server, tmp_path, 
             record = await page.evaluate("(u) => fetch(u).then((r) => r.json())", await link.get_attribute("href"))
             assert (record["source"]["kind"], record["source"]["name"], record["source_state"]) == \
                 ("stream", "cam", "live")
-            await page.locator("#vc-live-panel").screenshot(path=str(artifacts_dir / "page-stream.png"))
+            fold = page.locator("#vc-chat .vc-fold").last
+            await fold.locator("[role=button]").click()
+            captions = await fold.locator("figcaption").all_inner_texts()
+            assert captions and all(re.fullmatch(r"#\d+ · [\d.]+ s · \d\d:\d\d:\d\d\.\d", c) for c in captions), \
+                captions
+            await page.locator("#vc-live-panel").screenshot(path=str(artifacts_dir / f"page-stream-{width}.png"))
             await page.close(run_before_unload=True)  # the tab goes: its session ends after the reload grace
         finally:
             await browser.close()

@@ -1,7 +1,7 @@
 // What the session is doing, live: the status line's figures every second,
 // and the newest kept frames with a chart of answer timings every third.
 import { authHeaders } from "./api.js";
-import { reportSource } from "./source.js";
+import { reportSource, streamName } from "./source.js";
 import { $, setNote, setStatus, state } from "./state.js";
 
 const RATE_WINDOW_MS = 3000; // the status line's fps and % kept: over about the last 3 s
@@ -32,7 +32,8 @@ export function startStatsPolling(sessionGone) {
           return;
         }
         if (r.ok) renderStats(await r.json());
-        if (++state.ticks % 3 === 0) await refreshLiveView();
+        // A stream's preview is its newest kept frame: refreshed each tick, the live strip every third.
+        if (++state.ticks % 3 === 0 || streamName(state.source)) await refreshLiveView();
       } catch (_) { /* transient: next tick */ }
     }
     if (state.statsLoop === loop) state.statsTimer = setTimeout(tick, 1000);
@@ -50,11 +51,22 @@ async function refreshLiveView() {
                           { cache: "no-store", headers: authHeaders() });
     if (!r.ok) return;
     const live = await r.json();
+    showStreamFrame(live.kept[live.kept.length - 1]);
     view.hidden = false;
     $("#vc-kept").innerHTML = live.kept.map((f) =>
       `<figure><img src="${f.src}" alt="kept frame ${f.index}"><figcaption>#${f.index} · ${f.t.toFixed(1)} s</figcaption></figure>`).join("");
     drawChart(live.answers);
   } catch (_) { /* next tick */ }
+}
+
+// A stream of the server's (--stream) has no picture in this tab: the
+// preview shows the frames the server keeps of it instead, as they come.
+function showStreamFrame(newest) {
+  const img = $("#vc-stream-frame");
+  if (!img) return;
+  const on = Boolean(streamName(state.source) && newest);
+  img.hidden = !on;
+  if (on && img.getAttribute("src") !== newest.src) img.src = newest.src;
 }
 
 // One slot per answer, at least CHART_SLOTS of them, so the first answer is
@@ -141,8 +153,19 @@ function renderWatch(w) {
 
 // s: the server's figures, or none (idle says why: "No session", or a
 // stopped tab's session that waits for Start).
+// The badge over the preview says the stream's own state (its reader's, on
+// the server), with the reason, never "Live" over a stream that is not.
+function streamBadge(st) {
+  if (!st || !streamName(state.source) || !state.wantRunning) return;
+  if (st.state === "live") setStatus("Live", "live");
+  else setStatus(`${st.state === "reconnecting" ? "Reconnecting" : "Down"}${st.error ? `: ${st.error}` : ""}`,
+                 st.state === "reconnecting" ? "busy" : "error");
+}
+
 export function renderStats(s, idle = "No session") {
   renderWatch(s?.watch);
+  streamBadge(s?.stream);
+  if (!s) showStreamFrame(null);
   const el = $("#vc-stats");
   if (!el) return;
   if (!s) {

@@ -79,7 +79,9 @@ function onConnectionState(pc) {
   if (pc !== state.pc) return;
   const s = pc.connectionState;
   if (s === "connected") {
-    setStatus("Live", "live");
+    // A stream's badge is its reader's state, from the stats (static/js/live.js).
+    if (streamName(state.source)) setStatus("Connecting to the stream…", "busy");
+    else setStatus("Live", "live");
   } else if (s === "connecting" || s === "new") {
     setStatus("Connecting…", "busy");
   } else if (s === "disconnected") {

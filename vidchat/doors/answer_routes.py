@@ -16,6 +16,7 @@ import io
 import json
 import logging
 import re
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -100,12 +101,32 @@ def title(answer: "Answer") -> str:
     return f"What the model got: {frames} frames{new} as {answer.options.frames_as}{audio}"
 
 
-def frame_caption(index: Any, t: float | None, source_pos: float | None, at_jump: bool = False) -> str:
+def wall_clock(t: float) -> str:
+    """A time.monotonic() moment as the time of day it was (HH:MM:SS.s)."""
+    at = time.time() - (time.monotonic() - t)
+    return time.strftime("%H:%M:%S", time.localtime(at)) + f".{int(at % 1 * 10)}"
+
+
+def frame_walls(answer: "Answer") -> list[str | None]:
+    """Each frame's time of day when the question watched a stream (a live
+    camera of the server's has no file position to show), else None each."""
+    sample = answer.sample
+    kind = (sample.source or {}).get("kind") if isinstance(sample.source, dict) else None
+    if kind != "stream":
+        return [None] * len(sample.timestamps)
+    return [wall_clock(t) for t in sample.timestamps]
+
+
+def frame_caption(index: Any, t: float | None, source_pos: float | None, at_jump: bool = False,
+                  wall: str | None = None) -> str:
     """A frame's caption wherever the page shows one: its kept-frame number,
     its time on the session's timeline (seconds since its first media, as
     the record's frame_times) and, for a file, where in the file (marked
-    "≈" where the frame was captured at a seek and may show its other side)."""
+    "≈" where the frame was captured at a seek and may show its other side),
+    or for a stream the time of day it came (``wall``)."""
     at = "" if t is None else f" · {t:.2f} s"
+    if wall is not None:
+        return f"#{as_text(index)}{at} · {as_text(wall)}"
     if source_pos is not None:
         pos = round(source_pos, 1)
         near = ("<span title='captured at a seek: it may show the other side of it'>≈</span>" if at_jump else "")
@@ -193,14 +214,15 @@ def details_html(answer: "Answer", answer_id: str, recorded: bool = False) -> st
     tiles = []
     source_times = rec.get("frame_source_times") or [None] * len(rec["frame_times"])
     at_jump = rec.get("frame_source_at_jump") or [False] * len(rec["frame_times"])
-    for k, (frame, t, idx, pos, near) in enumerate(zip(answer.sample.frames, rec["frame_times"],
-                                                       rec["frame_indices"], source_times, at_jump)):
+    walls = frame_walls(answer)
+    for k, (frame, t, idx, pos, near, wall) in enumerate(zip(answer.sample.frames, rec["frame_times"],
+                                                             rec["frame_indices"], source_times, at_jump, walls)):
         tiles.append(
             f"<a href='{base}/frame/{k}.png' target='_blank' rel='noopener' title='open full size'>"
             # Inline sizes: the chat's own styles make message images full width.
             f"<figure style='margin:0;width:96px'><img src='{thumb_data_url(frame)}' alt='frame {as_text(idx)}' "
             f"style='width:96px;height:auto;max-width:96px;border-radius:3px'>"
-            f"<figcaption style='font-size:0.7rem;text-align:center'>{frame_caption(idx, t, pos, near)}</figcaption></figure></a>"
+            f"<figcaption style='font-size:0.7rem;text-align:center'>{frame_caption(idx, t, pos, near, wall)}</figcaption></figure></a>"
         )
     audio = ""
     if audio_used(answer) is not None and rec.get("audio_span"):

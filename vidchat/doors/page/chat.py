@@ -61,6 +61,7 @@ PREVIEW_HTML = """
 <div class="vc-live" id="vc-live-access" data-mode="{access_mode}" data-suites="{suites}">
   <div class="vc-video-wrap">
     <video id="vc-preview" autoplay playsinline muted></video>
+    <img id="vc-stream-frame" class="vc-stream-frame" alt="the stream's newest frame, as the server keeps it" hidden>
     <div class="vc-conn" id="vc-conn" data-tone="idle">Not started</div>
     <div class="vc-ready" id="vc-ready" role="status"></div>
   </div>
@@ -188,12 +189,14 @@ def frames_html(answer, answer_id: str | None = None, recorded: bool = False) ->
         return "<p class='vc-muted'>Ask a question to see the frames and audio the model received.</p>"
     tiles = []
     positions, at_jump = answer.sample.frame_source_times(), answer.sample.frame_source_at_jump()
-    for frame, t, idx, pos, near in zip(answer.sample.frames, answer.sample.timestamps, answer.sample.indices,
-                                        positions, at_jump):
+    walls = answer_inputs.frame_walls(answer)
+    for frame, t, idx, pos, near, wall in zip(answer.sample.frames, answer.sample.timestamps, answer.sample.indices,
+                                              positions, at_jump, walls):
         src = answer_inputs.thumb_data_url(frame, (160, 120), quality=80)
         tiles.append(
             f"<figure><img src='{src}' alt='frame {as_text(idx)}'>"
-            f"<figcaption>{answer_inputs.frame_caption(idx, answer.sample.relative(t), pos, near)}</figcaption></figure>"
+            f"<figcaption>{answer_inputs.frame_caption(idx, answer.sample.relative(t), pos, near, wall)}</figcaption>"
+            "</figure>"
         )
     audio = answer.reply.stats.audio_seconds
     head = (
@@ -324,6 +327,17 @@ def chat_messages(state: PageServer, entry: Any) -> list[dict[str, Any]]:
 
 # What a question before any frame should have done, as the page's user acts on it.
 NO_FRAMES_HINT = "Wait a moment after **Start camera**, then ask again."
+
+
+def no_frames_hint(entry: Any) -> str:
+    """What to do when a question found no frames, for the source in use: a
+    stream of the server's has no Start camera, only its own state."""
+    stream = getattr(entry, "stream", None)
+    if stream is None:
+        return NO_FRAMES_HINT
+    snap = stream.snapshot()
+    why = f": {snap['error']}" if snap.get("error") else ""
+    return f"The stream **{snap['name']}** is {snap['state']}{why}; ask again once its frames come."
 
 # Streamed text reaches the page at most this often (20 updates a second).
 STREAM_UPDATE_S = 0.05
@@ -464,7 +478,7 @@ class ChatTranscript:
         if event.why == STOPPED_WHY:
             exchange.tail.append(notice(STOPPED))
         elif event.why == NO_FRAMES:
-            exchange.tail.append(notice(asking.NoFrames().said_with(NO_FRAMES_HINT)))
+            exchange.tail.append(notice(asking.NoFrames().said_with(no_frames_hint(self.entry))))
         elif event.why == REPLACED:
             exchange.tail.append(notice(REPLACED_NOTE))
         else:
