@@ -218,10 +218,14 @@ async def test_password_page_logs_in_starts_the_camera_and_answers(guarded, tmp_
             (guarded.media_dir / "added.webm").write_bytes(b"\x1aE\xdf\xa3 added later")
             await page.focus("#vc-media")
             await page.wait_for_function(f"{media_names}.includes('added.webm')", timeout=10_000)
-            await page.click("#vc-stop")
+            sid = await page.evaluate("window.vidchat.sessionId")
+            await page.click("#vc-stop")  # a pause: the session waits for its tab
         finally:
             await browser.close()
             (guarded.media_dir / "added.webm").unlink(missing_ok=True)  # the listing test expects clip.webm alone
+    # The tab gone, its stopped session ends after the reload grace (the next tests count places).
+    eventually(lambda: "detail" in guarded.get_json(f"/webrtc/stats?session_id={sid}"), 30,
+               "the stopped tab's session ends once the tab is gone")
     log = guarded.log()
     assert "session_id=" not in log.replace("session_id=…", ""), "session ids must stay out of the access log"
 

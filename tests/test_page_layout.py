@@ -345,6 +345,7 @@ async def test_on_a_phone_the_chat_and_question_come_before_the_controls(server,
         await page.screenshot(path=str(artifacts_dir / f"page-layout-order-{width}.png"))
         if not await page.locator("#vc-sampling").is_visible():
             await page.click("#vc-settings button, #vc-settings .label-wrap")
+        await page.locator("#vc-sampling input").wait_for(state="visible", timeout=30_000)
         fits = await page.evaluate("""() => {
           const input = document.querySelector('#vc-sampling input');
           const icon = document.querySelector('#vc-sampling .icon-wrap');

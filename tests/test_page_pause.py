@@ -13,6 +13,7 @@ from playwright.async_api import async_playwright
 from vidchat.devtools.page import ask, launch, open_and_start, session_id, set_setting, wait_for_answer, wait_live
 from vidchat.devtools.page import write_wav, write_y4m
 from vidchat.devtools.harness import eventually_async
+from vidchat.doors.webrtc_routes import RELOAD_GRACE_S
 
 pytestmark = pytest.mark.browser
 
@@ -90,5 +91,16 @@ async def test_stop_start_and_a_stopped_reload_keep_the_chat_and_its_answers(ser
             kept = await asyncio.to_thread(server.http_json, first_record)
             assert kept["question"] == "Remember me?"
             await page.click("#vc-stop")
+            await _paused(server, sid)
         finally:
             await browser.close()
+    # Stopped, then its tab gone (a browser closed whole sends no pagehide
+    # beacon): the session ends once its chat stream has been gone for the
+    # reload grace, not at the idle timeout, and holds no place meanwhile for long.
+
+    async def ended() -> dict | None:
+        stats = await _stats(server, sid)
+        return stats if "detail" in stats else None
+
+    gone = await eventually_async(ended, RELOAD_GRACE_S + 20, "the stopped tab's session ends")
+    assert gone["detail"] == "session ended: the tab went away", gone

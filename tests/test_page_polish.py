@@ -365,10 +365,11 @@ async def test_while_the_model_loads_the_page_says_so_quietly_and_in_place(loadi
                                      timeout=30_000)
         assert (await page.text_content("#vc-ready")).startswith("Loading the model")  # still loading
         assert failures == [], failures
-        # The line lies on the preview: the column starts with the preview, as it does once the model is ready.
+        # The line lies on the preview: the page's main row starts with the preview, as it does once the
+        # model is ready (on a phone the live panel's parts are laid out by that row itself).
         place = await page.evaluate("""() => {
           const r = (s) => document.querySelector(s).getBoundingClientRect();
-          const [line, video, column] = [r('#vc-ready'), r('.vc-video-wrap'), r('.vc-live')];
+          const [line, video, column] = [r('#vc-ready'), r('.vc-video-wrap'), r('.vc-main')];
           return {inside: line.top >= video.top && line.bottom <= video.bottom, videoTop: video.top - column.top};
         }""")
         assert place["inside"] and abs(place["videoTop"]) <= 1, place

@@ -9,7 +9,7 @@ import asyncio
 
 import pytest
 
-from vidchat.conversation.events import AnswerEvent
+from vidchat.conversation.events import AnswerEvent, QuestionAsked
 from vidchat.conversation.runs import Delta
 from vidchat.doors.page.chat import Redraws
 
@@ -24,6 +24,9 @@ class Transcript:
         self.exchanges: dict = {}
 
     async def apply(self, event: object) -> bool:
+        if isinstance(event, QuestionAsked):
+            self.text += f"[{event.question}] "
+            return True
         if isinstance(event, AnswerEvent) and isinstance(event.event, Delta):
             self.text += event.event.text
             return True
@@ -84,3 +87,9 @@ async def test_text_arriving_later_is_not_cut_again():
     assert await redraws.next() is not None and transcript.text == "one "
     source.events.extend(deltas(1, "two ", "three"))
     assert await redraws.next() is not None and transcript.text == "one two three"
+
+
+async def test_a_question_found_with_its_answer_is_drawn_asked_first():
+    """The question and "Thinking…" get a draw before the answer's first words."""
+    drawn = await draws_of([QuestionAsked(1, "What?"), *deltas(1, "It ", "is.")], 3)
+    assert drawn == ["[What?] ", "[What?] It ", "[What?] It is."]

@@ -88,7 +88,9 @@ async def test_an_answer_added_to_the_suite_from_the_page_passes_suite_run(serve
             rows = panel.locator(".vc-suite-results tbody tr")
             assert await rows.count() == 2
             assert [await rows.nth(i).get_attribute("data-status") for i in range(2)] == ["passed", "passed"]
-            assert "same" in await rows.nth(1).inner_text()  # the unmarked answer equals its baseline
+            kept_row = rows.filter(has_text="and-the-wall")
+            assert "same" in await kept_row.inner_text()  # the unmarked answer equals its baseline
+            assert "no baseline" in await rows.filter(has_text="what-is-in-front").inner_text()  # the bad one
             report_url = await panel.locator("a.vc-suite-report").get_attribute("href")
             report = await page.evaluate("(u) => fetch(u).then(async (r) => [r.status, await r.text()])",
                                          report_url)

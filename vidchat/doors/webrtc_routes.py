@@ -277,7 +277,7 @@ def router(state: Server) -> APIRouter:
     _peer_routes(api, state, peers, mine)
     _page_report_routes(api, state, mine)
     _talk_routes(api, state, mine)
-    _event_routes(api, state, mine)
+    _event_routes(api, state, peers, mine)
     _view_routes(api, state, mine)
     return api
 
@@ -473,7 +473,8 @@ def _talk_routes(api: APIRouter, state: Server, mine: Callable[[Request, Any], C
         return {"ok": True, "listening": entry.talk is not None and entry.talk.running}
 
 
-def _event_routes(api: APIRouter, state, mine: Callable[[Request, Any], Conversation]) -> None:
+def _event_routes(api: APIRouter, state, peers: dict[str, Peer],
+                  mine: Callable[[Request, Any], Conversation]) -> None:
     """The session's one event stream, for the page, and the page's question."""
 
     @api.get("/webrtc/events")
@@ -504,6 +505,8 @@ def _event_routes(api: APIRouter, state, mine: Callable[[Request, Any], Conversa
                                  headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no"})
 
     async def _chat_sent(entry: Conversation) -> AsyncIterator[bytes]:
+        if entry.paused:
+            entry.attachments += 1  # a stopped tab reading its chat again (after a blip) is still there
         yield b": vidchat chat\n\n"  # at once: the page knows it is subscribed
         draws = chat_draws(state, entry)
         pending: asyncio.Future[tuple[str, dict[str, Any]]] | None = None
@@ -527,6 +530,17 @@ def _event_routes(api: APIRouter, state, mine: Callable[[Request, Any], Conversa
                 pending.cancel()
                 await asyncio.gather(pending, return_exceptions=True)
             await draws.aclose()
+            _paused_tab_left(entry)
+
+    def _paused_tab_left(entry: Conversation) -> None:
+        """A stopped tab's chat stream ended (the tab closed, crashed or
+        reloads; a tab closed by its browser may send no pagehide beacon): its
+        session waits RELOAD_GRACE_S for the tab to claim it again, as a
+        running tab's does, then ends instead of waiting for the idle timeout."""
+        if entry.paused and not entry.closed and entry.event_hub.listeners == 0:
+            task = asyncio.create_task(_close_unless_resumed(state, peers, entry.session.id, entry.attachments))
+            _background.add(task)
+            task.add_done_callback(_background.discard)
 
     @api.post("/webrtc/ask")
     async def ask(request: Request) -> dict[str, Any]:

@@ -624,11 +624,12 @@ class Redraws:
                     or isinstance(one, (ChatCleared, QuestionRefused))
                 if isinstance(one, Closed):
                     self._closed, self.closed_because = True, one.reason
-                if self._first_text(one) and at + 1 < len(burst):
-                    # An answer's first words are drawn as they come, even when
-                    # the reader woke behind its whole reply: the first token is
-                    # what a person waits for, and a reply drawn at once never
-                    # looks like it streamed.
+                if (isinstance(one, QuestionAsked) or self._first_text(one)) and at + 1 < len(burst):
+                    # A question is drawn as asked ("Thinking…" under it), and
+                    # an answer's first words as they come, even when the reader
+                    # woke behind the whole reply: the first token is what a
+                    # person waits for, and a reply drawn at once never looks
+                    # like it streamed.
                     self._held = burst[at + 1:]
                     return self._drawn(done)
             only_text = changed and not done and all(
