@@ -71,11 +71,13 @@ SHARED_FIXTURE_GROUPS = {
 # Units of work, longest first (seconds of a serial run, measured; the
 # rest are shorter): workers take them in this order as they free up, so no
 # long unit is left for the end while the other worker idles.
-LONGEST_FIRST = ["test_preset_qwen", "vllm-serve", "test_webrtc", "test_replay", "test_compare",
-                 "test_preset_smolvlm", "test_page", "test_access", "test_app", "test_operations", "test_suite",
-                 "test_page_polish", "test_slow_client", "test_suite_server", "tiny-engines", "test_realtime_clients", "test_bench_soak", "test_page_layout",
-                 "test_page_cpu_default", "test_page_suite", "test_streams", "test_bench_page", "test_page_watch",
-                 "test_page_talk", "test_protocol", "test_encoder_cache", "test_fuzz"]
+LONGEST_FIRST = ["vllm-serve", "test_page", "test_compare", "test_page_polish", "test_preset_qwen", "test_webrtc",
+                 "test_slow_client", "test_access", "test_page_watch", "test_suite", "test_replay", "tiny-engines",
+                 "test_app", "test_page_layout", "test_operations", "test_types", "test_bench_soak",
+                 "test_preset_smolvlm", "test_page_chat", "test_suite_server", "test_page_suite",
+                 "test_page_cpu_default", "test_page_talk", "test_bench_page", "test_page_pause", "test_protocol",
+                 "test_streams", "test_realtime_clients", "test_encoder_cache", "test_bundle_limits",
+                 "test_protocol_talk", "test_stream_outage", "test_fuzz"]
 
 
 def work_unit(nodeid: str) -> str:

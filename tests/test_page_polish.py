@@ -369,7 +369,8 @@ async def test_while_the_model_loads_the_page_says_so_quietly_and_in_place(loadi
         # model is ready (on a phone the live panel's parts are laid out by that row itself).
         place = await page.evaluate("""() => {
           const r = (s) => document.querySelector(s).getBoundingClientRect();
-          const [line, video, column] = [r('#vc-ready'), r('.vc-video-wrap'), r('.vc-main')];
+          const laidOut = getComputedStyle(document.querySelector('.vc-live')).display === 'contents';
+          const [line, video, column] = [r('#vc-ready'), r('.vc-video-wrap'), r(laidOut ? '.vc-main' : '.vc-live')];
           return {inside: line.top >= video.top && line.bottom <= video.bottom, videoTop: video.top - column.top};
         }""")
         assert place["inside"] and abs(place["videoTop"]) <= 1, place

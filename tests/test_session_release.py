@@ -53,3 +53,17 @@ async def test_a_closed_sessions_frames_audio_and_kept_answers_go_without_the_ga
         assert all(r() is None for r in stored), "a closed session's frames wait for the garbage collector"
     finally:
         gc.enable()
+
+
+async def test_a_paused_session_is_never_idle_and_a_running_one_is():
+    """The page's Stop pauses a session (issue 59, point 1): however long it
+    waits for Start, the idle reaper leaves it (it ends when its tab goes,
+    after the reload grace); a session with no input that is not paused expires."""
+    import time
+
+    registry = SessionRegistry()
+    paused, idle = registry.create("webrtc"), registry.create("webrtc")
+    paused.paused = True
+    for entry in (paused, idle):
+        entry.session.last_activity = time.monotonic() - 3600
+    assert await registry.expire(60) == [idle.session.id]

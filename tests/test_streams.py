@@ -226,7 +226,8 @@ async def test_a_page_tab_chooses_the_stream_and_asks(streams_server, tmp_path, 
             captions = await fold.locator("figcaption").all_inner_texts()
             assert captions and all(re.fullmatch(r"#\d+ · [\d.]+ s · \d\d:\d\d:\d\d\.\d", c) for c in captions), \
                 captions
-            await page.locator("#vc-live-panel").screenshot(path=str(artifacts_dir / f"page-stream-{width}.png"))
+            await page.locator(".vc-video-wrap").scroll_into_view_if_needed()
+            await page.screenshot(path=str(artifacts_dir / f"page-stream-{width}.png"))
             await page.close(run_before_unload=True)  # the tab goes: its session ends after the reload grace
         finally:
             await browser.close()

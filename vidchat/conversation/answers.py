@@ -265,8 +265,8 @@ class SessionRecord:
         # grace): nobody asks meanwhile, so it gets no warm-ups.
         self.away = False
         # Its tab stopped its source (the page's Stop): the session, its chat
-        # and kept answers wait for the next Start, and it is not idle while
-        # the tab reads its events (SessionRegistry.expire).
+        # and kept answers wait for the next Start; it is never idle
+        # (SessionRegistry.expire), and ends when its tab goes.
         self.paused = False
         # How many times a tab attached itself to it (an offer, a resume, a
         # paused tab's claim after a reload): a tab that went away is gone for

@@ -210,14 +210,15 @@ class SessionRegistry:
         """Close sessions (of `kind`) with no frame, audio or question for
         `max_idle_s`. A session watching a stream is not idle while the stream
         is being read, even while it reconnects: its frames come back by
-        themselves; nor is a paused one while its tab reads its events (a
-        person who paused the camera comes back to the same chat)."""
+        themselves; nor is a paused one (a person who paused the camera comes
+        back to the same chat): it ends when its tab goes, after the reload
+        grace (vidchat.doors.webrtc_routes), or at the time limit."""
         now = time.monotonic()
         stale = [
             sid
             for sid, e in self._entries.items()
             if (kind is None or e.kind == kind) and now - e.session.last_activity > max_idle_s
-            and e.stream is None and not (e.paused and e.event_hub.listeners > 0)
+            and e.stream is None and not e.paused
         ]
         for sid in stale:
             self.close_soon(sid, f"expired after {max_idle_s:.0f} s without input")
