@@ -224,7 +224,7 @@ async def test_password_page_logs_in_starts_the_camera_and_answers(guarded, tmp_
             await browser.close()
             (guarded.media_dir / "added.webm").unlink(missing_ok=True)  # the listing test expects clip.webm alone
     # The tab gone, its stopped session ends after the reload grace (the next tests count places).
-    eventually(lambda: call(guarded, "GET", f"/webrtc/stats?session_id={sid}", headers=BEARER)[0] == 404, 30,
+    eventually(lambda: call(guarded, "GET", f"/webrtc/stats?session_id={sid}", headers=BEARER)[0] == 404, 45,
                "the stopped tab's session ends once the tab is gone")
     log = guarded.log()
     assert "session_id=" not in log.replace("session_id=…", ""), "session ids must stay out of the access log"

@@ -13,7 +13,7 @@ from playwright.async_api import async_playwright
 from vidchat.devtools.page import ask, launch, open_and_start, session_id, set_setting, wait_for_answer, wait_live
 from vidchat.devtools.page import write_wav, write_y4m
 from vidchat.devtools.harness import eventually_async
-from vidchat.doors.webrtc_routes import RELOAD_GRACE_S
+from vidchat.doors.webrtc_routes import KEEPALIVE_S, RELOAD_GRACE_S
 
 pytestmark = pytest.mark.browser
 
@@ -102,5 +102,6 @@ async def test_stop_start_and_a_stopped_reload_keep_the_chat_and_its_answers(ser
         stats = await _stats(server, sid)
         return stats if "detail" in stats else None
 
-    gone = await eventually_async(ended, RELOAD_GRACE_S + 20, "the stopped tab's session ends")
+    # Noticed at the chat stream's next keepalive at the latest, then the grace.
+    gone = await eventually_async(ended, KEEPALIVE_S + RELOAD_GRACE_S + 20, "the stopped tab's session ends")
     assert gone["detail"] == "session ended: the tab went away", gone

@@ -453,6 +453,8 @@ def _talk_routes(api: APIRouter, state: Server, mine: Callable[[Request, Any], C
                         last = current
                         yield (json.dumps(current) + "\n").encode()
                     if await events.get(timeout=TALK_KEEPALIVE_S) is None:
+                        if await request.is_disconnected():
+                            return  # the tab went (a write to it may be dropped without a word)
                         yield (json.dumps(current) + "\n").encode()
                     events.pending()
 
@@ -488,7 +490,7 @@ def _event_routes(api: APIRouter, state, peers: dict[str, Peer],
         ``inputs.view``, ``closed``), from the chat the session has so far."""
         entry = mine(request, session_id)
         if view == "chat":
-            return StreamingResponse(_chat_sent(entry), media_type="text/event-stream",
+            return StreamingResponse(_chat_sent(entry, request), media_type="text/event-stream",
                                      headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no"})
         if view:
             raise HTTPException(400, "view must be 'chat' or left out")
@@ -504,7 +506,7 @@ def _event_routes(api: APIRouter, state, peers: dict[str, Peer],
         return StreamingResponse(stream(), media_type="text/event-stream",
                                  headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no"})
 
-    async def _chat_sent(entry: Conversation) -> AsyncIterator[bytes]:
+    async def _chat_sent(entry: Conversation, request: Request) -> AsyncIterator[bytes]:
         if entry.paused:
             entry.attachments += 1  # a stopped tab reading its chat again (after a blip) is still there
         yield b": vidchat chat\n\n"  # at once: the page knows it is subscribed
@@ -515,6 +517,10 @@ def _event_routes(api: APIRouter, state, peers: dict[str, Peer],
                 # A draw, or a comment line every KEEPALIVE_S while nothing changes.
                 pending = pending or asyncio.ensure_future(draws.__anext__())
                 done, _ = await asyncio.wait({pending}, timeout=KEEPALIVE_S)
+                # A tab that went is noticed here, at its next draw or keepalive
+                # (a write to its closed connection is dropped without a word).
+                if await request.is_disconnected():
+                    return
                 if not done:
                     yield b": keepalive\n\n"
                     continue
@@ -526,18 +532,22 @@ def _event_routes(api: APIRouter, state, peers: dict[str, Peer],
                     pending = None
                 yield f"event: {name}\ndata: {json.dumps(body, default=str)}\n\n".encode()
         finally:
+            # First, before any await: a stream ended by the tab's going is
+            # cancelled, and the awaits below may be cut short.
+            _paused_tab_left(entry)
             if pending is not None:  # the tab went: the draw under way ends before the draws close
                 pending.cancel()
                 await asyncio.gather(pending, return_exceptions=True)
             await draws.aclose()
-            _paused_tab_left(entry)
 
     def _paused_tab_left(entry: Conversation) -> None:
         """A stopped tab's chat stream ended (the tab closed, crashed or
         reloads; a tab closed by its browser may send no pagehide beacon): its
         session waits RELOAD_GRACE_S for the tab to claim it again, as a
         running tab's does, then ends instead of waiting for the idle timeout."""
-        if entry.paused and not entry.closed and entry.event_hub.listeners == 0:
+        if entry.paused and not entry.closed:  # a tab that comes back for it reads its chat again
+            log.info("session %s… stopped, and its tab stopped reading: it ends in %g s unless the tab comes back",
+                     entry.session.id[:6], RELOAD_GRACE_S)
             task = asyncio.create_task(_close_unless_resumed(state, peers, entry.session.id, entry.attachments))
             _background.add(task)
             task.add_done_callback(_background.discard)
