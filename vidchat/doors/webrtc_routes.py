@@ -278,6 +278,7 @@ def router(state: Server) -> APIRouter:
     _page_report_routes(api, state, mine)
     _talk_routes(api, state, mine)
     _event_routes(api, state, peers, mine)
+    _ask_route(api, state, mine)
     _view_routes(api, state, mine)
     return api
 
@@ -477,7 +478,7 @@ def _talk_routes(api: APIRouter, state: Server, mine: Callable[[Request, Any], C
 
 def _event_routes(api: APIRouter, state, peers: dict[str, Peer],
                   mine: Callable[[Request, Any], Conversation]) -> None:
-    """The session's one event stream, for the page, and the page's question."""
+    """The session's one event stream, for the page (and its chat's view of it)."""
 
     @api.get("/webrtc/events")
     async def session_events(request: Request, session_id: str, view: str = "") -> StreamingResponse:
@@ -551,6 +552,10 @@ def _event_routes(api: APIRouter, state, peers: dict[str, Peer],
             task = asyncio.create_task(_close_unless_resumed(state, peers, entry.session.id, entry.attachments))
             _background.add(task)
             task.add_done_callback(_background.discard)
+
+
+def _ask_route(api: APIRouter, state: Server, mine: Callable[[Request, Any], Conversation]) -> None:
+    """The page's typed question (its chat shows it from the session's events)."""
 
     @api.post("/webrtc/ask")
     async def ask(request: Request) -> dict[str, Any]:
