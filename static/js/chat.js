@@ -171,6 +171,10 @@ async function read(sid, signal) {
           const block = buffer.slice(0, end);
           buffer = buffer.slice(end + 2);
           if (dispatch(block) === "closed") closed = true;
+          // Draws that arrived together are still shown one after another
+          // (the question with "Thinking…", then its first words), each
+          // rendered before the next replaces it.
+          if (buffer.includes("\n\n")) await new Promise((resolve) => setTimeout(resolve, 0));
         }
       }
     } catch (err) {
