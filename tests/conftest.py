@@ -241,6 +241,17 @@ def server(tiny_omni_path, artifacts_dir, tmp_path_factory) -> Server:
     stop_server(srv)
 
 
+@pytest.fixture(scope="module")
+def camera(tmp_path_factory):
+    """A fake camera (a coloured room with a square sliding across) and microphone (a tone) for Chromium."""
+    from vidchat.devtools.page import write_wav, write_y4m
+
+    d = tmp_path_factory.mktemp("camera")
+    write_y4m(d / "cam.y4m", (200, 120, 40))
+    write_wav(d / "mic.wav")
+    return d / "cam.y4m", d / "mic.wav"
+
+
 def thumbnail_colours(inputs_html: str) -> list:
     """Mean colour of the top band (background only) of each thumbnail the
     page shows under 'What the model got'."""

@@ -23,20 +23,10 @@ from vidchat.devtools.page import (
     session_id,
     set_setting,
     wait_for_answer,
-    write_wav,
-    write_y4m,
 )
 from vidchat.doors.page import REPLACED_MID, REPLACED_NOTE, STOPPED
 
 pytestmark = pytest.mark.browser
-
-
-@pytest.fixture(scope="module")
-def camera(tmp_path_factory):
-    d = tmp_path_factory.mktemp("camera")
-    write_y4m(d / "cam.y4m", (200, 120, 40))
-    write_wav(d / "mic.wav")
-    return d / "cam.y4m", d / "mic.wav"
 
 
 async def test_a_typed_question_is_one_request_that_returns_its_ticket(server, camera, tmp_path):

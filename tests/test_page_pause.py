@@ -10,9 +10,8 @@ import asyncio
 import pytest
 from playwright.async_api import async_playwright
 
-from vidchat.devtools.page import ask, launch, open_and_start, session_id, set_setting, wait_for_answer, wait_live
-from vidchat.devtools.page import write_wav, write_y4m
 from vidchat.devtools.harness import eventually_async
+from vidchat.devtools.page import ask, launch, open_and_start, session_id, set_setting, wait_for_answer, wait_live
 from vidchat.doors.webrtc_routes import KEEPALIVE_S, RELOAD_GRACE_S
 
 pytestmark = pytest.mark.browser
@@ -20,14 +19,6 @@ pytestmark = pytest.mark.browser
 SIZES = pytest.mark.parametrize("width, height", [(1280, 900), (390, 844)], ids=["desktop", "phone"])
 RECORDS = "[...document.querySelectorAll('#vc-chat a[href$=\"/record.json\"]')].map((a) => a.getAttribute('href'))"
 USER_BUBBLES = "document.querySelectorAll('#vc-chat .vc-user').length"
-
-
-@pytest.fixture(scope="module")
-def camera(tmp_path_factory):
-    d = tmp_path_factory.mktemp("camera")
-    write_y4m(d / "cam.y4m", (60, 140, 200))
-    write_wav(d / "mic.wav")
-    return d / "cam.y4m", d / "mic.wav"
 
 
 async def _stats(server, sid: str) -> dict:

@@ -26,7 +26,6 @@ from vidchat.conversation.host import Host, HostSettings, Sessions
 from vidchat.engine.interface import EngineError
 from vidchat.media.session import Session
 
-
 log = logging.getLogger(__name__)
 
 

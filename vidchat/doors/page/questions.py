@@ -21,7 +21,6 @@ import gradio as gr
 
 from vidchat.conversation import asking, bundles, events, modes, runs
 from vidchat.conversation.asking import SETTINGS, UNBOUNDED_MAX_TOKENS, OptionError
-from vidchat.media.frame_buffer import DEFAULT_SCENE_CHANGE_SHARE
 from vidchat.conversation.conversation import Conversation
 from vidchat.conversation.events import AnswerEvent, Closed, Notice, QuestionRefused
 from vidchat.conversation.runs import CANCELLED, Delta, Done, Started
@@ -40,6 +39,7 @@ from vidchat.doors.page.chat import (
 )
 from vidchat.engine import NO_SPOKEN_QUESTIONS, EngineError
 from vidchat.media import evs, is_number
+from vidchat.media.frame_buffer import DEFAULT_SCENE_CHANGE_SHARE
 from vidchat.media.session import Session
 from vidchat.media.vad import TurnSettings
 
