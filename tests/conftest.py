@@ -66,7 +66,7 @@ SHARED_FIXTURE_GROUPS = {
     # the in-process tiny engines (omni_engine, vl_engine)
     "test_engine": "tiny-engines", "test_answer_path": "tiny-engines", "test_video_timing": "tiny-engines",
     "test_conversation": "tiny-engines", "test_prewarm": "tiny-engines", "test_talk": "tiny-engines",
-    "test_bench_talk": "tiny-engines", "test_bench_gpu": "tiny-engines",
+    "test_bench_talk": "tiny-engines", "test_bench_gpu": "tiny-engines", "test_memory": "tiny-engines",
 }
 # Units of work, longest first (seconds of a serial run, measured; the
 # rest are shorter): workers take them in this order as they free up, so no

@@ -159,7 +159,8 @@ def engine_options(settings: Settings, model_path: str, tiny: bool, main: bool =
         else settings.max_audios,
         split_audio=settings.audio_segments == "on",
         max_image_pixels=settings.max_image_pixels or (tinymodel.MAX_PIXELS if tiny else 0),
-        priority_scheduling=settings.prewarm != "off",
+        # Warm-ups and captions run behind answers (vidchat.conversation.warmup, .memory).
+        priority_scheduling=settings.prewarm != "off" or settings.memory != "off",
         encoder_cache_frames=settings.max_sessions * settings.frames_per_question,
         tensor_parallel_size=settings.tensor_parallel_size,
         data_parallel_size=settings.data_parallel_size,

@@ -30,6 +30,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 
 from vidchat.conversation.events import DOORS
 from vidchat.conversation.host import Host
+from vidchat.conversation.memory import Captioner
 from vidchat.conversation.registry import SessionRegistry
 from vidchat.conversation.warmup import Prewarmer
 
@@ -49,6 +50,9 @@ class Observed(Host, Protocol):
 
     @property
     def compare_model_path(self) -> str: ...
+
+    @property
+    def captioner(self) -> Captioner | None: ...
 
 
 log = logging.getLogger(__name__)
@@ -185,7 +189,25 @@ class AppCollector:
         for outcome, attribute in WARMUP_OUTCOMES.items():
             warmups.add_metric([outcome], getattr(stats, attribute, 0) if stats is not None else 0)
         yield warmups
+        yield from _memory_metrics(state)
         yield from self._gpu.collect()
+
+
+def _memory_metrics(state: Observed) -> Iterable[Metric]:
+    """The memory's captions by outcome, and each session's scene log (vidchat.conversation.memory)."""
+    captions = CounterMetricFamily("vidchat_memory_captions", "Keyframe captions, by outcome: written, aborted "
+                                   "(by an arriving question; written later), skipped (the engine was busy).",
+                                   labels=["outcome"])
+    stats = state.captioner.stats if state.captioner is not None else None
+    for outcome in ("written", "aborted", "skipped", "failed"):
+        captions.add_metric([outcome], getattr(stats, outcome, 0) if stats is not None else 0)
+    yield captions
+    keyframes = GaugeMetricFamily("vidchat_memory_keyframes", "Keyframes in a session's scene log.",
+                                  labels=["session"])
+    for entry in state.registry.entries():
+        if len(entry.session.scene_log):
+            keyframes.add_metric([entry.session.id[:8]], len(entry.session.scene_log))
+    yield keyframes
 
 
 class GpuReader:

@@ -139,6 +139,9 @@ async def _health_details(state: AppState, loop_watch: LoopWatch) -> dict[str, A
                           if state.compare_model_path else None),
         "running_warmups": engine.running_warmups if ok else None,
         "prewarm": state.prewarmer.snapshot() if state.prewarmer else None,
+        # The memory's captions (vidchat.conversation.memory) and new sessions' default (--memory).
+        "memory": {"setting": state.settings.memory, "new_sessions": state.registry.default_settings().memory,
+                   **(state.captioner.snapshot() if state.captioner else {})},
         # How many frames vLLM's encoder cache holds (vidchat.engine.local.encoder_cache_budget).
         "encoder_cache": ({"tokens": engine.encoder_cache_tokens, "tokens_per_frame": engine.tokens_per_frame,
                            "frames": engine.encoder_cache_tokens // engine.tokens_per_frame}

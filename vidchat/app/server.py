@@ -22,8 +22,9 @@ from vidchat.app.guard import Guard
 from vidchat.app.metrics import LoopWatch
 from vidchat.app.state import AppState
 from vidchat.conversation import warmup
+from vidchat.conversation.memory import Captioner, memory_default
 from vidchat.conversation.warmup import Prewarmer
-from vidchat.engine import ChatEngine, EngineError, local
+from vidchat.engine import ChatEngine, EngineError, local, on_gpu
 from vidchat.engine.local import LocalEngine
 
 log = logging.getLogger(__name__)
@@ -65,6 +66,8 @@ class ClosingServer(uvicorn.Server):
                 await state.suite_runs.close()  # first: it would open sessions and ask the engine as they stop
             if state.prewarmer is not None:
                 await state.prewarmer.stop()
+            if state.captioner is not None:
+                await state.captioner.stop()
             await state.registry.close_all(timeout=SHUTDOWN_GRACE_S)
         except Exception:  # noqa: BLE001 - shutting down regardless
             log.warning("closing the sessions at shutdown failed", exc_info=True)
@@ -93,7 +96,7 @@ def create_app(state: AppState) -> FastAPI:
     """The app: the engine loads in its lifespan while the port already
     answers; then the status routes, the doors' routes, vidchat's static
     files, the access guard in front of every route, and the page mounted last."""
-    from vidchat.doors import answer_routes, webrtc_routes
+    from vidchat.doors import answer_routes, memory_routes, webrtc_routes
     from vidchat.doors import page as ui
     from vidchat.doors.socket import realtime, seed
 
@@ -106,6 +109,7 @@ def create_app(state: AppState) -> FastAPI:
     routes.client_config_route(app, state)
     app.include_router(webrtc_routes.router(state))
     app.include_router(answer_routes.router(state))
+    app.include_router(memory_routes.router(state))
     app.include_router(answer_routes.suite_router(state))
     app.include_router(routes.router(state))
     app.include_router(webrtc_routes.media_dir_router(state))
@@ -145,6 +149,8 @@ def _lifespan(state: AppState, loop_watch: LoopWatch) -> Callable[[FastAPI], Asy
         trimming = asyncio.create_task(local.keep_trimming(lambda: (state.engine, state.compare_engine)))
         state.prewarmer = Prewarmer(state, state.settings.prewarm)
         state.prewarmer.start()
+        state.captioner = Captioner(state, state.memory)
+        state.captioner.start()
         if not owns_engine:
             await warmup.settle(state, measure=False)
         loop_watch.start()
@@ -158,6 +164,7 @@ def _lifespan(state: AppState, loop_watch: LoopWatch) -> Callable[[FastAPI], Asy
             if state.suite_runs is not None:
                 await state.suite_runs.close()
             await state.prewarmer.stop()
+            await state.captioner.stop()
             loop_watch.stop()
             # Empty after ClosingServer.shutdown; not when the app is served another way (tests, ASGI servers).
             await state.registry.close_all(timeout=SHUTDOWN_GRACE_S)
@@ -196,6 +203,7 @@ async def _load_engine(state: AppState) -> None:
         state.engine_settled(None, str(exc))
         return
     await warmup.settle(state, engine)  # --prewarm auto times a frame here, before the server is ready
+    log.info("memory: %s", memory_default(state.settings.memory, on_gpu() or bool(state.settings.engine_url))[1])
     _freeze_startup_objects()
     state.engine_settled(engine)
     log.info("vidchat ready on http://%s:%d", state.settings.host, state.settings.port)

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
 
 from vidchat.app.ice_servers import TurnMinter, has_relay
+from vidchat.conversation.memory import DEFAULT_MEMORY_PROMPT
 from vidchat.media import DEFAULT_MAX_FRAME_BYTES, DEFAULT_MAX_FRAME_PIXELS, FRAMES_AS
 from vidchat.media.session import MAX_AUDIO_SECONDS, SAMPLING_STRATEGIES
 
@@ -137,6 +138,20 @@ class Settings(ModelSettings):
         "'off'. The start-up log and /api/health say which mode runs and why.",
         choices=("auto", "off", "idle", "always"),
     )
+    memory: str = _opt(
+        "auto", "Live sessions that remember (docs/memory.md): each scene's first frame is kept in a scene log "
+        "(--memory-keyframes), the engine captions it while idle, and every question carries the captions and, "
+        "when it points at a time ('two minutes ago', 'at the start'), that time's keyframes. 'auto' turns it on "
+        "where the engine runs on a GPU and off on a CPU, where a caption holds the engine for a frame's encoding "
+        "that an arriving question cannot cut short. Each session can turn it on or off (the 'memory' setting).",
+        choices=("auto", "on", "off"),
+    )
+    memory_keyframes: int = _opt(256, "Keyframes a session's scene log keeps; past it the log thins its older "
+                                 "half (every second keyframe goes), so it always spans the whole session.")
+    memory_prompt: str = _opt(DEFAULT_MEMORY_PROMPT, "The instruction each keyframe is captioned with.")
+    memory_caption_tokens: int = _opt(48, "Longest caption in tokens.")
+    memory_tokens: int = _opt(512, "Most tokens of captions one question's prompt carries (newest first).")
+    memory_frames: int = _opt(2, "Most keyframes a question that points at a time gets beside its live frames.")
     record_dir: str = _opt(
         "", "Save every answer as a recording bundle (its frames as PNG, audio as WAV, question, chat history, "
         "settings, prompt, answer, timings; layout in vidchat/conversation/bundles.py) in a new folder under this one, "
@@ -350,7 +365,8 @@ AT_LEAST = {"max_sessions": 1, "max_frame_pixels": 1, "max_body_bytes": 1024, "w
             "ws_send_timeout": 0.5, "ws_max_fps": 1, "tensor_parallel_size": 1, "data_parallel_size": 1, "turn_ttl": 60,
             "max_session_mb": 0, "engine_connect_timeout": 0.1, "engine_first_byte_timeout": 0.1,
             "ws_max_audio_seconds": 0.1, "max_upload_mb": 0, "engine_restarts": 0, "stream_fps": 0.1,
-            "suite_keep_runs": 0, "suite_max_cases": 1}
+            "suite_keep_runs": 0, "suite_max_cases": 1, "memory_keyframes": 2, "memory_caption_tokens": 1,
+            "memory_tokens": 1, "memory_frames": 0}
 
 # And above: a session keeps at most MAX_AUDIO_SECONDS of audio, at every door.
 AT_MOST = {"ws_max_audio_seconds": MAX_AUDIO_SECONDS}

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import functools
 import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
@@ -16,9 +17,11 @@ from vidchat.app.settings import Settings
 from vidchat.conversation.answers import AnswerOptions, AnswerQueue
 from vidchat.conversation.conversation import Conversation
 from vidchat.conversation.host import EngineRole, Host
+from vidchat.conversation.memory import Captioner, MemoryOptions, memory_default
 from vidchat.conversation.registry import SessionRegistry
 from vidchat.conversation.warmup import Prewarmer
 from vidchat.doors import Server
+from vidchat.engine import on_gpu
 from vidchat.engine.interface import ENGINE_DEAD_MESSAGE, ChatEngine, EngineError, EngineOptions
 from vidchat.media import DEFAULT_STORE_MAX_PIXELS, describe_store_limit
 from vidchat.media.session import BYTES_PER_PIXEL, SessionSettings, check_frame_budget, session_budget_bytes
@@ -104,6 +107,7 @@ class AppState:
     keeping: asyncio.Task[None] | None = None  # the engine keepers' task (vidchat.app.engine_keeper)
     streams: Streams = field(default_factory=lambda: Streams({}))  # --stream: live streams as sources
     suite_runs: ClosedAtShutdown | None = None  # the Suites panel's runs (vidchat.app.routes), closed at shutdown
+    captioner: Captioner | None = None  # the memory's captions (vidchat.conversation.memory), started with the server
 
     def __post_init__(self) -> None:
         self.registry.host = self  # every session's conversation asks with this app's engines and settings
@@ -284,12 +288,28 @@ class AppState:
                                      max_bytes=self.session_budget_bytes(), **kwargs)
         if self.metrics is not None:
             entry.session.on_frame = self.metrics.frame_counter(kind)
+        entry.session.scene_log.limit = self.settings.memory_keyframes
         return entry
+
+    @property
+    def memory(self) -> MemoryOptions:
+        """How sessions remember (--memory-prompt, --memory-caption-tokens, --memory-tokens, --memory-frames)."""
+        return memory_options(self.settings)
+
+
+_gpu_here = functools.cache(on_gpu)  # torch is imported once, by the first session
+
+
+def memory_options(settings: Settings) -> MemoryOptions:
+    return MemoryOptions(settings.memory_prompt, settings.memory_caption_tokens, settings.memory_tokens,
+                         settings.memory_frames)
 
 
 def default_session_settings(settings: Settings) -> SessionSettings:
-    return SessionSettings(audio_seconds=settings.ws_max_audio_seconds,
-                           num_sample_frames=settings.frames_per_question, sampling=settings.sampling)
+    """A new session's settings from the server's options (--memory auto: on where the engine is on a GPU)."""
+    remembers = memory_default(settings.memory, bool(settings.engine_url) or _gpu_here())[0]
+    return SessionSettings(audio_seconds=settings.ws_max_audio_seconds, num_sample_frames=settings.frames_per_question,
+                           sampling=settings.sampling, memory=remembers)
 
 
 if TYPE_CHECKING:

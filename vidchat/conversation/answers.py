@@ -360,6 +360,8 @@ class Answer:
     source_state: str | None = None
     # Why it was asked (vidchat.conversation.events: typed, scene, spoken).
     cause: str = TYPED
+    # What it got of its session's memory (vidchat.conversation.memory.MemoryUse; None: memory off).
+    memory: Any = None
     _slot: Slot | None = field(default=None, repr=False)
     _abandon: asyncio.Event = field(default_factory=asyncio.Event, repr=False)
 
@@ -460,4 +462,6 @@ class Answer:
         )
         if self.source_state is not None:  # watching a stream: whether it was live when asked
             stats["source_state"] = self.source_state
+        if self.memory is not None:  # vidchat.conversation.memory: what it got of the scene log
+            stats.update(self.memory.record(sample.origin))
         return stats

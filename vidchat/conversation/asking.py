@@ -19,6 +19,7 @@ from typing import Any, Callable, Sequence
 
 from vidchat.conversation.answers import Answer, AnswerOptions, AnswerQueue, AnswerSlot
 from vidchat.conversation.events import EventHub, SettingsChanged
+from vidchat.conversation.memory import MemoryUse, with_memory
 from vidchat.engine.interface import SEED_RANGE, ChatEngine, EngineError, Prepared, Turn
 from vidchat.media import FRAMES_AS
 from vidchat.media.sampling import uniform_indices
@@ -290,6 +291,7 @@ async def ask(
     frames_optional: bool = False,
     ticket: int = 0,
     current: Callable[[], bool] = lambda: True,
+    memory: MemoryUse | None = None,
 ) -> Answer:
     """Answer a question about this session's buffer, replacing any answer it
     is still generating.
@@ -301,7 +303,10 @@ async def ask(
     turn moved on) raises Superseded and never reaches vLLM. A given `sample`
     (a re-ask of an earlier answer's exact inputs) replaces the buffer's.
     ``frames_optional``: a question with no frame yet is asked on its text
-    (and audio) alone instead of raising NoFrames (the Realtime API allows it)."""
+    (and audio) alone instead of raising NoFrames (the Realtime API allows it).
+    ``memory``: what the question gets of its session's memory
+    (vidchat.conversation.memory), its block before the question and its
+    keyframes before the sampled frames."""
     t0 = time.perf_counter()
     check_question(question, history)  # before the running answer is cancelled: a refusal changes nothing
     session = entry.session
@@ -311,20 +316,25 @@ async def ask(
         sample = session.sample(span=None if spoken is None else (spoken.start, spoken.end))
     if not sample.frames and not frames_optional:
         raise NoFrames()
+    if memory is not None and memory.frames and options.frames_as == "images":
+        # The keyframes asked about come first: the oldest live frames make room for them.
+        excess = len(sample.frames) + len(memory.frames) - engine.options.max_images
+        if excess > 0:
+            sample = sample.frames_at(list(range(min(excess, len(sample.frames) - 1), len(sample.frames))))
     asked_with = options  # what the next warm-up prepares for (a drawn seed changes no prompt)
     if options.seed is None:
         # The seed it actually uses, drawn here and recorded with the answer,
         # so a sampled answer replays exactly from its record or bundle.
         options = options.updated(seed=secrets.randbits(63))
     prepared = await asyncio.to_thread(prepare, engine, entry, sample, options, history, question,
-                                       spoken=spoken is not None)
+                                       spoken=spoken is not None, memory=memory)
     if entry.closed:
         raise Superseded("The session closed before this question started.")
     if not current():
         raise Superseded("A newer question replaced this one.")
     answer = Answer(question, engine.submit(prepared), sample, options, prompt_text=prepared.prompt_text,
                     ticket=ticket, prep_ms=(time.perf_counter() - t0) * 1000, video_fps=prepared.video_fps,
-                    queue=queue, history=tuple(history), session_id=session.id, spoken=spoken)
+                    queue=queue, history=tuple(history), session_id=session.id, spoken=spoken, memory=memory)
     # No await since the ticket check: no other question can have started.
     entry.answer = answer
     # The next warm-up (vidchat.conversation.warmup) prepares for the same kind of question.
@@ -338,15 +348,24 @@ async def ask(
 
 
 def prepare(engine: ChatEngine, entry: AnswerSlot, sample: Sample, options: AnswerOptions,
-            history: Sequence[Turn] = (), question: str = "", warmup: bool = False, spoken: bool = False) -> Prepared:
+            history: Sequence[Turn] = (), question: str = "", warmup: bool = False, spoken: bool = False,
+            memory: MemoryUse | None = None) -> Prepared:
     """A sample and options as the engine's prompt, with the session's cache
     salt: the one rule for questions and their warm-ups (vidchat.conversation.warmup),
-    so a warm-up's prompt is exactly the question's minus the question."""
+    so a warm-up's prompt is exactly the question's minus the question.
+    ``memory``: its block goes before the question, its keyframes before the
+    sampled frames (as images; a video's frames stay the live ones)."""
+    frame_ids = [str(q) for q in sample.seqs] if len(sample.seqs) == len(sample.frames) else None
+    frames, times = list(sample.frames), list(sample.timestamps)
+    if memory is not None and memory.frames and options.frames_as == "images" and not warmup:
+        frames = [f.pixels for f in memory.frames] + frames
+        times = [f.t for f in memory.frames] + times
+        frame_ids = None if frame_ids is None else memory.frame_ids() + frame_ids
     return engine.prepare(
-        question,
-        sample.frames,
+        with_memory(question, memory),
+        frames,
         sample.audio if options.include_audio or spoken else None,
-        frame_times=sample.timestamps,
+        frame_times=times,
         history=history,
         system_prompt=options.system_prompt,
         frames_as=options.frames_as,
@@ -355,7 +374,7 @@ def prepare(engine: ChatEngine, entry: AnswerSlot, sample: Sample, options: Answ
         seed=options.seed,
         cache_salt=entry.cache_salt,
         # Kept-frame numbers name the frames in vLLM's encoder cache, per session.
-        frame_ids=[str(q) for q in sample.seqs] if len(sample.seqs) == len(sample.frames) else None,
+        frame_ids=frame_ids,
         warmup=warmup,
         spoken=spoken,
         audio_parts=sample.audio_parts,

@@ -57,6 +57,7 @@ from vidchat.conversation.events import (
     SessionEvent,
 )
 from vidchat.conversation.host import Host
+from vidchat.conversation.memory import MemoryUse, session_recall
 from vidchat.conversation.modes import Modes
 from vidchat.conversation.runs import (  # noqa: F401 (the conversation's events, for every door)
     CANCEL_GRACE_S,
@@ -216,6 +217,8 @@ class Conversation(SessionRecord):
         self._turn_cause = TYPED  # why the turn's question was asked (typed, scene, spoken)
         self._tasks: set[asyncio.Task[object]] = set()  # questions asked in a task of the conversation (submit)
         self.modes = Modes(self)  # Watch and Talk, as tasks of the conversation
+        # A keyframe of the scene log picked on the page's timeline: its next question gets it.
+        self.memory_pin: int | None = None
         self.closers.append(self._closed)
 
     def serving(self) -> Host:
@@ -326,10 +329,12 @@ class Conversation(SessionRecord):
         if history is None:
             history = self.history.turns() if continues_chat else ()
         host = self.serving()
-        answer = await asking.ask(engine or await host.engine_for("main"), self.chat, question, options,
+        engine = engine or await host.engine_for("main")
+        memory = await self._recall(engine, question) if continues_chat else None
+        answer = await asking.ask(engine, self.chat, question, options,
                                   history=history, queue=host.answer_gate, sample=sample, spoken=spoken,
                                   question_audio=question_audio, frames_optional=frames_optional,
-                                  ticket=ticket, current=lambda: self.chat.holds(ticket))
+                                  ticket=ticket, current=lambda: self.chat.holds(ticket), memory=memory)
         answer.chat, answer.cause = self.chat_began, self._turn_cause
         if self.stream is not None:
             answer.source_state = self.stream.state
@@ -338,6 +343,15 @@ class Conversation(SessionRecord):
         if self.both_models and continues_chat:
             self._in_task(ask_second(self, answer, history, record=record))
         return run
+
+    async def _recall(self, engine: ChatEngine, question: str) -> MemoryUse | None:
+        """What this question gets of the session's memory (None: memory off);
+        a keyframe pinned on the page's timeline is used once."""
+        options = self.serving().memory
+        if options is None or not self.session.settings.memory:
+            return None
+        pinned, self.memory_pin = self.memory_pin, None
+        return await asyncio.to_thread(session_recall, self, engine, question, options, pinned)
 
     def _asked(self, question: str, cause: str, at: float | None, spoken: Utterance | None) -> int:
         ticket = self._move_turn("question")
@@ -395,7 +409,7 @@ class Conversation(SessionRecord):
         answer = await asking.ask(engine or await host.engine_for("main"), slot, original.question, options,
                                   history=original.history, queue=host.answer_gate, sample=sample,
                                   spoken=original.spoken, ticket=ticket,
-                                  current=lambda: slot.holds(ticket))
+                                  current=lambda: slot.holds(ticket), memory=original.memory)
         return AnswerRun(self, slot, answer, record=False, continues_chat=False, remember=False)
 
 

@@ -119,12 +119,23 @@ class SourceState:
 
 
 @dataclass(frozen=True)
+class MemoryCaption:
+    """A keyframe of the session's scene log got its caption
+    (vidchat.conversation.memory): ``time_ms`` from the session's start."""
+
+    seq: int
+    time_ms: int
+    caption: str
+
+
+@dataclass(frozen=True)
 class Closed:
     reason: str
 
 
 SessionEvent = Union[SpeechStarted, SpeechStopped, Utterance, SoundLevel, SceneChanged, QuestionAsked,
-                     QuestionRefused, AnswerEvent, ChatCleared, Notice, SettingsChanged, SourceState, Closed]
+                     QuestionRefused, AnswerEvent, ChatCleared, Notice, SettingsChanged, SourceState,
+                     MemoryCaption, Closed]
 
 
 class EventHub:

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Literal, Protocol, Sequence
 
 if TYPE_CHECKING:
     from vidchat.conversation.answers import AnswerOptions, AnswerQueue, SessionRecord
+    from vidchat.conversation.memory import MemoryOptions
     from vidchat.engine.interface import ChatEngine
 
 # Which of the server's engines answers: its model, or the second model
@@ -95,6 +96,9 @@ class Host(Protocol):
 
     @property
     def prewarmer(self) -> Warmups | None: ...  # None: no warm-ups
+
+    @property
+    def memory(self) -> MemoryOptions | None: ...  # how sessions remember (vidchat.conversation.memory); None: never
 
     def engine_now(self, role: EngineRole = "main") -> ChatEngine | None:
         """The engine answering for ``role`` at this moment, without waiting

@@ -19,6 +19,7 @@ from vidchat.conversation.answers import AnswerOptions, AnswerQueue
 from vidchat.conversation.conversation import Conversation
 from vidchat.conversation.events import Closed
 from vidchat.conversation.host import AnswerMetrics, EngineRole, HostSettings
+from vidchat.conversation.memory import MemoryOptions
 from vidchat.conversation.warmup import Prewarmer
 from vidchat.engine.interface import ENGINE_DEAD_MESSAGE, ChatEngine, EngineError
 from vidchat.media.session import Session, SessionSettings
@@ -275,6 +276,7 @@ class Standalone:
     registry: SessionRegistry = field(default_factory=lambda: SessionRegistry())
     metrics: AnswerMetrics | None = None
     prewarmer: Prewarmer | None = None
+    memory: MemoryOptions | None = None  # None: its sessions remember nothing
 
     def __post_init__(self) -> None:
         self.registry.host = self

@@ -17,6 +17,7 @@ import io
 import shutil
 import subprocess
 import wave
+from typing import Iterator
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -329,3 +330,21 @@ def wav_file_bytes(audio: np.ndarray, rate: int = AUDIO_RATE) -> bytes:
         w.setframerate(rate)
         w.writeframes(pcm16(audio))
     return buf.getvalue()
+
+
+def long_stream(minutes: float, scene_every_s: float = 30.0, fps: float = 1.0, height: int = 120,
+                width: int = 160, noise_sigma: float = 2.0, seed: int = 11) -> Iterator[tuple[float, np.ndarray, int]]:
+    """A live stream of ``minutes``: a new scene every ``scene_every_s``
+    seconds, each held still with sensor noise, at ``fps``. Yields (t in
+    seconds from its start, frame, scene number) as fast as it is read: the
+    memory's tests and bench/longsession.py play an hour in a minute."""
+    rng = np.random.default_rng(seed + 2000)
+    noise = _noise(height, width, noise_sigma, rng)
+    scene_number, scene = -1, None
+    for i in range(int(minutes * 60 * fps)):
+        t = i / fps
+        number = int(t // scene_every_s)
+        if number != scene_number:
+            scene_number, scene = number, make_scene(height, width, seed * 1000 + number)
+        assert scene is not None
+        yield t, _render(scene, noise), number

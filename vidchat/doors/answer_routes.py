@@ -206,6 +206,29 @@ def add_to_suite_html(answer_id: str) -> str:
 
 
 
+def memory_html(answer: "Answer", rec: dict[str, Any]) -> str:
+    """What the answer got of its session's memory (vidchat.conversation.memory): the keyframes
+    that joined its frames, with their times, and the captions its prompt listed."""
+    use = answer.memory
+    if use is None:
+        return ""
+    tiles = "".join(
+        f"<figure style='margin:0;width:96px'><img src='{thumb_data_url(f.pixels)}' alt='memory frame {f.seq}' "
+        f"style='width:96px;height:auto;max-width:96px;border-radius:3px'>"
+        f"<figcaption style='font-size:0.7rem;text-align:center'>{as_text(frame['time_s'])} s · "
+        f"{as_text(frame['ago_s'])} s ago</figcaption></figure>"
+        for f, frame in zip(use.frames, rec.get("memory_frames") or []))
+    listed = len(use.captions)
+    return (f"<div class='vc-memory-used'><p class='vc-muted'>Memory: {listed} caption{'s' * (listed != 1)} of "
+            f"{use.keyframes} keyframes, {rec.get('memory_tokens')} tokens"
+            + (f"; {len(use.frames)} keyframe{'s' * (len(use.frames) != 1)} for “{as_text(use.pointer.phrase)}”"
+               if use.frames and use.pointer is not None else
+               f"; {len(use.frames)} pinned keyframe{'s' * (len(use.frames) != 1)}" if use.frames else "")
+            + "</p>"
+            + (f"<div class='vc-frames' style='display:flex;flex-wrap:wrap;gap:6px'>{tiles}</div>" if tiles else "")
+            + "</div>")
+
+
 def details_html(answer: "Answer", answer_id: str, recorded: bool = False) -> str:
     """The collapsed panel under an answer. Thumbnails are inline (small);
     full frames, audio and the record are links to /inputs/<id>/."""
@@ -238,7 +261,7 @@ def details_html(answer: "Answer", answer_id: str, recorded: bool = False) -> st
         "<div class='vc-inputs'>"
         f"{mark_html(answer_id, getattr(answer, 'mark', None))}{add_to_suite_html(answer_id)}"
         f"<div class='vc-frames' style='display:flex;flex-wrap:wrap;gap:6px'>{''.join(tiles)}</div>{audio}"
-        f"{history_cut(answer)}{new_frames_line(rec)}"
+        f"{memory_html(answer, rec)}{history_cut(answer)}{new_frames_line(rec)}"
         f"<p class='vc-muted'>Model <code>{as_text(str(rec.get('model_name') or rec.get('model')))}</code>"
         f"{' @ ' + as_text(rec['model_revision']) if rec.get('model_revision') else ''} · {numbers}</p>"
         f"<p class='vc-muted'>Sampling: <code>{as_text(json.dumps(params))}</code></p>"

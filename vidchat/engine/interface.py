@@ -119,10 +119,15 @@ class Prepared:
     # The session's routing key (vidchat.engine.remote.routing_key): what
     # pins its requests, warm-ups included, to one model server.
     routing_key: str | None = None
+    # vLLM's scheduling priority where the engine schedules by priority
+    # (answers 0; the memory's captions CAPTION_PRIORITY, behind everything).
+    priority: int = 0
 
 
 # vLLM's priority scheduling handles lower values first; answers use 0.
 WARMUP_PRIORITY = 10
+
+CAPTION_PRIORITY = 20
 
 
 @runtime_checkable

@@ -403,8 +403,9 @@ class LocalReply:
     task being cancelled) aborts the request inside vLLM."""
 
     def __init__(self, engine: "LocalEngine", request_id: str, prompt: dict[str, Any], params: SamplingParams,
-                 stats: ReplyStats) -> None:
+                 stats: ReplyStats, priority: int = 0) -> None:
         self.engine = engine
+        self._priority = priority if engine.options.priority_scheduling else 0
         self.request_id = request_id
         self.stats = stats
         self.text = ""
@@ -425,7 +426,8 @@ class LocalReply:
         if self._done:
             raise StopAsyncIteration
         if self._gen is None:
-            self._gen = self.engine._llm.generate(self._prompt, self._params, self.request_id)
+            self._gen = self.engine._llm.generate(self._prompt, self._params, self.request_id,
+                                                  priority=self._priority)
         self._busy = True
         self._idle.clear()
         try:
@@ -692,7 +694,7 @@ class LocalEngine(ModelEngine):
         if self.is_dead:
             raise EngineDead(engine_dead_message(self.death_cause()))
         rid = request_id or f"vidchat-{next(self._ids)}-{uuid.uuid4().hex[:8]}"
-        return LocalReply(self, rid, prepared.prompt, prepared.params, prepared.stats)
+        return LocalReply(self, rid, prepared.prompt, prepared.params, prepared.stats, prepared.priority)
 
     def _translate(self, exc: BaseException, request_id: str) -> EngineError:
         """vLLM's exceptions, reworded so a user knows what to change."""

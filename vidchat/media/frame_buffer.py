@@ -119,6 +119,9 @@ class FrameBuffer:
         self.received = 0
         self.kept = 0
         self.on_judged: Callable[[bool], None] | None = None  # each frame judged (True: kept), for metrics
+        # Each kept frame that begins a scene (the session's first one too),
+        # under the lock: the session's scene log (vidchat.media.scene_log).
+        self.on_scene: Callable[[StoredFrame], None] | None = None
         # Each kept frame's number, never reused in the session's life (not
         # even after clear): the engine caches its encoding under that name.
         self.seq = 0
@@ -214,17 +217,20 @@ class FrameBuffer:
     def _keep(self, filt: evs.FrameFilter | None, stored: np.ndarray, t: float, grid: np.ndarray | None) -> int:
         self.kept += 1
         self.seq += 1
-        self.frames.append(StoredFrame(t, stored, self._position_at(t), self.seq))
-        if filt is not None and grid is not None:
-            self._judge_scene(grid, t, filt.noise_floor)
+        frame = StoredFrame(t, stored, self._position_at(t), self.seq)
+        self.frames.append(frame)
+        if filt is not None and grid is not None and self._judge_scene(grid, t, filt.noise_floor) \
+                and self.on_scene is not None:
+            self.on_scene(frame)
         return self.seq
 
-    def _judge_scene(self, grid: np.ndarray, t: float, noise_floor: float) -> None:
-        """Whether the kept frame ``grid`` begins a new scene (the rule above)."""
+    def _judge_scene(self, grid: np.ndarray, t: float, noise_floor: float) -> bool:
+        """Whether the kept frame ``grid`` begins a new scene (the rule above;
+        the first kept frame begins the first scene, but is no change)."""
         current = evs.Reference(grid)
         if self._scene_ref is None or self._last_ref is None:
             self._scene_ref = self._last_ref = current  # the first scene begins
-            return
+            return True
         moved = evs.changed_cells(self._last_ref, grid, noise_floor)
         self._changed_at[moved] = t
         swept = float(np.mean(self._changed_at >= t - SWEEP_WINDOW_S))
@@ -235,6 +241,8 @@ class FrameBuffer:
             self.last_scene_change_t = t
             self._scene_ref = current
             self._changed_at.fill(-np.inf)
+            return True
+        return False
 
     def configure(self, max_frames: int, evs_enabled: bool, evs_threshold: float,
                   keepalive_s: float | None, scene_change_share: float = DEFAULT_SCENE_CHANGE_SHARE) -> None:

@@ -58,6 +58,7 @@ from vidchat.media.clock import SourceTimeline
 from vidchat.media.evs import FrameError
 from vidchat.media.frame_buffer import DEFAULT_SCENE_CHANGE_SHARE, FrameBuffer, StoredFrame
 from vidchat.media.sampling import Sample, pick, within_encode_budget
+from vidchat.media.scene_log import SceneLog
 
 logger = logging.getLogger(__name__)
 
@@ -221,6 +222,7 @@ SESSION_SETTINGS: dict[str, Setting] = {s.name: s for s in (
             low=0.0, low_open=True, nullable=True),
     Setting("scene_change_share", "session", "number", "Scene change share", "a number in (0, 1]",
             low=0.0, low_open=True, high=1.0),
+    Setting("memory", "session", "bool", "Memory", "true or false"),
     Setting("audio_mode", "session", "choice", "Audio", "one of " + ", ".join(AUDIO_MODES), choices=AUDIO_MODES),
     Setting("audio_last_seconds", "session", "number", "Audio seconds", "a positive number",
             low=0.0, low_open=True),
@@ -241,6 +243,9 @@ class SessionSettings:
     # A kept frame is a scene change (Watch) when this share of the picture
     # differs from the scene's first frame (vidchat.media.frame_buffer).
     scene_change_share: float = DEFAULT_SCENE_CHANGE_SHARE
+    # Keep a scene log and put it in each question's prompt (vidchat.conversation.memory);
+    # the server's --memory gives a new session its default.
+    memory: bool = False
     audio_seconds: float = 30.0  # audio window cap
     audio_mode: str = "frames"  # "frames": from the first sampled frame on; "last": last audio_last_seconds
     audio_last_seconds: float = 10.0
@@ -286,9 +291,18 @@ class SessionMedia:
                                    max_frame_pixels=max_frame_pixels, on_media=self._on_media,
                                    position_at=self.source_timeline.position_at)
         self._buffer.scene_change_share = settings.scene_change_share
+        # What the session remembers beyond its ring (vidchat.media.scene_log),
+        # logged while its memory is on.
+        self.scene_log = SceneLog()
+        self._buffer.on_scene = self._scene_began
         self._audio = AudioWindow(settings.audio_seconds)
         self._audio_arrived: float | None = None  # time.monotonic() of the newest audio
         self.timeline_start: float | None = None
+
+    def _scene_began(self, frame: StoredFrame) -> None:
+        # Under the session's lock, on the ingest thread.
+        if self.settings.memory:
+            self.scene_log.add(frame.seq, frame.t, frame.pixels, frame.source_t)
 
     @property
     def on_frame(self) -> Callable[[bool], None] | None:
@@ -597,6 +611,7 @@ class Session(SessionMedia):
         with self._lock:
             self._buffer.clear()
             self._audio.clear()
+            self.scene_log.clear()
             self._encoded = set()
             self._in_flight = set()
             self.timeline_start = None

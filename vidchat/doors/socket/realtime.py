@@ -507,6 +507,7 @@ class RealtimeConnection(SocketSession):
         except ValueError as exc:  # OptionError or the settings' own check: nothing was changed
             raise rt.setting_refused(exc, "session", update.answer) from None
         self.options = options
+        self.memory_set(update.settings["session"])
         if update.input_rate is not rt.UNSET:
             self.audio.set_rate(update.input_rate)
         if update.record is not rt.UNSET:

@@ -27,7 +27,7 @@ from vidchat.conversation import asking, events, modes
 from vidchat.conversation.answers import AnswerOptions
 from vidchat.conversation.asking import current_values
 from vidchat.conversation.conversation import Conversation, UnknownStream, attach_stream, detach_stream
-from vidchat.conversation.events import SCENE, TYPED
+from vidchat.conversation.events import SCENE, TYPED, MemoryCaption
 from vidchat.conversation.host import HostSettings
 from vidchat.conversation.modes import SceneWatch, heard, scene_changes
 from vidchat.conversation.registry import TooManySessions
@@ -97,6 +97,10 @@ class SocketSession(SocketTransport):
         self.options = state.answer_defaults()
         self.last_input = time.monotonic()
         self.answer_task: asyncio.Task | None = None  # the answer streaming (stream_answer), one at a time
+        # The client set its session's memory (vidchat.conversation.memory) itself: it gets
+        # memory.caption as each keyframe is captioned. Other clients never see the event.
+        self.memory_events = False
+        self._captions_task: asyncio.Task | None = None
 
     @classmethod
     async def serve(cls, state: Server, websocket: "WebSocket") -> None:
@@ -199,7 +203,21 @@ class SocketSession(SocketTransport):
         self.reservation = None
         events.bind(self.entry.session.id, self.door)  # the rest of this connection's log lines
         self.entry.closers.append(self.closed_by_server)
+        self._captions_task = asyncio.create_task(self._say_captions(self.entry),
+                                                  name=f"captions-{self.entry.session.id[:6]}")
         return self.entry
+
+    def memory_set(self, session_changes: dict[str, Any]) -> None:
+        """A session.config/update's settings: one that names ``memory`` opts the client in to memory.caption."""
+        if "memory" in session_changes:
+            self.memory_events = True
+
+    async def _say_captions(self, entry: Conversation) -> None:
+        """memory.caption for each keyframe captioned, while the client is opted in and memory is on."""
+        async for event in entry.events():
+            if isinstance(event, MemoryCaption) and self.memory_events and entry.session.settings.memory:
+                await self.send({"type": "memory.caption", "seq": event.seq, "time_ms": event.time_ms,
+                                 "caption": event.caption})
 
     async def closed_by_server(self) -> None:
         """The registry ended this session (time limit, shutdown): say why, then
@@ -218,6 +236,8 @@ class SocketSession(SocketTransport):
     async def _shutdown(self, reason: str) -> None:
         if self.reservation is not None:
             self.reservation.release()
+        if self._captions_task is not None:
+            self._captions_task.cancel()
         self.stop_receiving()
         await self.stop_asking()
         if self.entry is not None:
@@ -650,6 +670,7 @@ class SessionConfig:
             options = self._answer_options(changes.answer, settings)
         except ValueError as exc:  # OptionError
             return await self._refuse(str(exc), CLOSE_POLICY, "invalid session.config")
+        conn.memory_set(changes.session)
         try:
             conn.start_session(settings=settings)  # in the handshake's place; told when the server ends it
         except TooManySessions as exc:
@@ -740,6 +761,7 @@ class SessionConfig:
             await conn.error(f"session.update rejected: {exc}")
             return
         conn.options = options
+        conn.memory_set(changes.session)
         if "record" in changes.info:
             conn.answers.set_record(changes.info["record"])
         if "history" in changes.info:
@@ -755,7 +777,8 @@ class SessionConfig:
             conn.announce_end()
         if "turn_detection" in changes.info and not conn.answers.closed:
             await conn.turns.request(changes.info["turn_detection"])
-        await conn.send({"type": "session.updated", "settings": self.describe()})
+        # The session's id: what GET /sessions/<id>/memory takes (vidchat.doors.memory_routes).
+        await conn.send({"type": "session.updated", "session_id": conn.entry.session.id, "settings": self.describe()})
 
     def describe(self) -> dict[str, Any]:
         """The session's settings as session.updated reports them."""

@@ -1,0 +1,182 @@
+"""Live sessions that remember (issue 60): the scene log, captions written
+while the engine is idle, questions about the past, and what the record
+and the doors show of it. The engine's captions are random words on the
+tiny model: these tests check times, counts, order, bounds and priority."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+
+import numpy as np
+import pytest
+from conftest import eventually_async
+
+from vidchat.conversation.answers import AnswerOptions, AnswerQueue
+from vidchat.conversation.memory import Captioner, MemoryOptions, Pointer, picks, pointed, recall
+from vidchat.conversation.registry import SessionRegistry, Standalone
+from vidchat.conversation.runs import COMPLETED, Done
+from vidchat.devtools.synthetic import long_stream
+from vidchat.media.scene_log import SceneLog
+from vidchat.media.session import Session, SessionSettings
+
+SCENE_S = 30.0
+T0 = 1000.0  # the clip's first frame on the session's clock
+
+
+def played(minutes: float, memory: bool = True, limit: int = 256, **settings) -> Session:
+    session = Session("memory-test", SessionSettings(memory=memory, **settings))
+    session.scene_log.limit = limit
+    for t, frame, _ in long_stream(minutes, SCENE_S):
+        session.add_frame(frame, t=T0 + t)
+    return session
+
+
+# ---- the scene log ------------------------------------------------------
+
+@pytest.mark.unit
+def test_one_keyframe_at_each_scene_change_and_none_with_memory_off():
+    session = played(10)
+    times = [k.t - T0 for k in session.scene_log.keyframes()]
+    assert times == [SCENE_S * i for i in range(20)], times
+    assert session.scene_log.keyframes()[0].pixels().shape == (120, 160, 3)  # the frame at the stored size
+    assert len(played(3, memory=False).scene_log) == 0
+
+
+@pytest.mark.unit
+def test_the_log_is_bounded_and_thinned_so_it_still_spans_the_whole_session():
+    session = played(30, limit=16)  # 60 scenes into 16 places
+    frames = session.scene_log.keyframes()
+    times = [k.t - T0 for k in frames]
+    assert len(frames) <= 16 and session.scene_log.added == 60
+    assert times[0] == 0.0 and times[-1] == 59 * SCENE_S, times  # the start and the newest are kept
+    assert times == sorted(times)
+    gaps = np.diff(times)
+    # The newest part in full, coarser further back (never finer than what follows it).
+    assert gaps[-1] == SCENE_S and gaps[0] > SCENE_S, gaps
+    assert all(a >= b for a, b in zip(gaps[1:-1], gaps[2:])), gaps
+
+
+@pytest.mark.unit
+def test_a_question_pointing_at_a_time_gets_the_keyframes_of_that_scene():
+    session = played(10)
+    keyframes = session.scene_log.keyframes()
+    now = session.newest_frame_time
+    assert now == pytest.approx(T0 + 599)
+    pointer = pointed("What was on screen 5 minutes ago?", now, T0)
+    assert pointer is not None and pointer.t == pytest.approx(now - 300)
+    chosen = picks(keyframes, pointer, 2)
+    assert len(chosen) == 2 and [k.t for k in chosen] == sorted(k.t for k in chosen)
+    assert all(abs(k.t - pointer.t) <= SCENE_S for k in chosen), [k.t - T0 for k in chosen]
+    scene_then = max(k.t for k in keyframes if k.t <= pointer.t)
+    assert scene_then in [k.t for k in chosen]  # the scene that was on screen then
+    assert pointed("and at the start?", now, T0) == Pointer("the start", T0)
+    earlier = pointed("What did I show you before?", now, T0)
+    assert earlier is not None and earlier.t is None
+    assert [k.t for k in picks(keyframes, earlier, 2)] == [T0 + 510, T0 + 540]  # the two scenes before this one
+    assert pointed("What is this?", now, T0) is None
+    assert pointed("two minutes ago, what was there?", now, T0).t == pytest.approx(now - 120)
+    wall = time.mktime((2026, 12, 7, 10, 15, 0, 0, 0, -1))
+    assert pointed("what happened at 10:08?", now, T0, now_wall=wall).t == pytest.approx(now - 420)
+    assert pointed("and at 10:00?", now, T0, now_wall=wall).t == T0  # before the session: its start
+
+
+@pytest.mark.unit
+def test_the_memory_block_lists_captions_newest_first_within_its_tokens():
+    session = played(10)
+    log = session.scene_log
+    for k in log.keyframes():
+        log.set_caption(k.seq, f"scene {int((k.t - T0) // SCENE_S)} with a red chair and a lamp")
+    words = lambda text: len(text.split())  # noqa: E731 - a tokenizer of whole words
+    now = session.newest_frame_time
+    use = recall(log.keyframes(), "What changed?", now, T0, MemoryOptions(tokens=60), words)
+    assert 0 < use.tokens <= 60 and use.tokens == words(use.text)
+    listed = [scene for scene, _, _ in use.captions]
+    assert listed == sorted(listed, reverse=True) and len(listed) < 20  # newest first, cut by the budget
+    assert "- 0:29 ago: scene 19" in use.text and not use.frames
+    whole = recall(log.keyframes(), "What was there 2 minutes ago?", now, T0, MemoryOptions(tokens=4096), words)
+    assert len(whole.captions) == 20 and len(whole.frames) == 2
+    assert "The first 2 images are from earlier in this session" in whole.text
+
+
+# ---- through real vLLM -----------------------------------------------------
+
+def remembering_host(engine, **options) -> Standalone:
+    return Standalone(engine, answer_gate=AnswerQueue(), memory=MemoryOptions(**options),
+                      registry=SessionRegistry())
+
+
+async def captioned(host: Standalone, entry, within: float = 120.0) -> None:
+    await eventually_async(lambda: not entry.session.scene_log.uncaptioned(), within, "every keyframe captioned")
+
+
+async def ask_and_finish(entry, question: str, options: AnswerOptions) -> Done:
+    run = await entry.ask(question, options)
+    return await run.finish()
+
+
+@pytest.mark.engine
+async def test_captions_are_written_while_idle_and_a_question_about_minute_5_gets_its_keyframes(omni_engine):
+    host = remembering_host(omni_engine, caption_tokens=6, frames=2)
+    entry = host.registry.create("replay", SessionSettings(memory=True, num_sample_frames=4))
+    for t, frame, _ in long_stream(10, SCENE_S):
+        entry.session.add_frame(frame, t=T0 + t)
+    captioner = Captioner(host, host.memory)
+    captioner.start()
+    try:
+        await captioned(host, entry)
+        assert captioner.stats.written == 20 and captioner.stats.aborted == 0
+        done = await ask_and_finish(entry, "What did you see 5 minutes ago?", AnswerOptions(max_tokens=4,
+                                                                                          temperature=0.0))
+    finally:
+        await captioner.stop()
+    assert done.status == COMPLETED
+    rec = done.answer.summary()
+    times = [f["time_s"] for f in rec["memory_frames"]]
+    assert len(times) == 2 and all(abs(t - 299) <= SCENE_S for t in times), times
+    assert rec["memory_tokens"] > 0 and len(rec["memory"]["captions"]) >= 1
+    assert rec["prompt_tokens"] <= omni_engine.options.max_model_len
+    assert len(rec["frame_times"]) == 4  # the live frames; the keyframes came before them
+    assert "Memory of this session" in rec["prompt"] and "The first 2 images" in rec["prompt"]
+
+
+@pytest.mark.engine
+async def test_a_caption_in_flight_is_aborted_by_a_question_and_written_later(omni_engine):
+    # A caption of 2,000 tokens runs for seconds on the tiny model: long enough to be cut.
+    host = remembering_host(omni_engine, caption_tokens=2000)
+    entry = host.registry.create("replay", SessionSettings(memory=True, num_sample_frames=2))
+    for t, frame, _ in long_stream(0.6, SCENE_S):  # two scenes
+        entry.session.add_frame(frame, t=T0 + t)
+    assert len(entry.session.scene_log) == 2
+    captioner = Captioner(host, host.memory)
+    captioner.start()
+    try:
+        await eventually_async(lambda: captioner.running, 60, "a caption starts")
+        done = await ask_and_finish(entry, "What is there?", AnswerOptions(max_tokens=4, temperature=0.0))
+        assert done.status == COMPLETED
+        assert captioner.stats.aborted == 1 and captioner.stats.written == 0
+        assert len(entry.session.scene_log.uncaptioned()) == 2  # nothing lost: both are still due
+        captioner.options = MemoryOptions(caption_tokens=4)
+        await captioned(host, entry)
+        assert captioner.stats.written == 2
+    finally:
+        await captioner.stop()
+    assert omni_engine.running_requests == 0
+
+
+@pytest.mark.engine
+async def test_a_small_context_never_overflows_with_memory_and_a_long_chat(omni_engine):
+    host = remembering_host(omni_engine, caption_tokens=4, tokens=512)
+    entry = host.registry.create("replay", SessionSettings(memory=True, num_sample_frames=4))
+    for t, frame, _ in long_stream(4, SCENE_S):
+        entry.session.add_frame(frame, t=T0 + t)
+    for k in entry.session.scene_log.keyframes():
+        entry.session.scene_log.set_caption(k.seq, "a long caption " * 20)
+    for i in range(12):  # a chat longer than the context holds
+        done = await ask_and_finish(entry, f"Question {i}: what was there 2 minutes ago?",
+                                    AnswerOptions(max_tokens=300, temperature=0.0))
+        assert done.status == COMPLETED, done.error
+        rec = done.answer.summary()
+        assert rec["prompt_tokens"] + rec["completion_tokens"] <= omni_engine.options.max_model_len
+        assert rec["memory_tokens"] <= 512

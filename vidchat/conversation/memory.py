@@ -1,0 +1,493 @@
+"""What a live session remembers beyond its ring of frames, for every door.
+
+Three parts, one idea:
+
+* **Captions** (:class:`Captioner`). The engine describes each keyframe of
+  a session's scene log (vidchat.media.scene_log) with a fixed instruction
+  (``--memory-prompt``, at most ``--memory-caption-tokens``), greedy and
+  seeded, so a caption is the same each time it is written. Captions are
+  the lowest-priority work there is: one at a time, started only while no
+  answer of any session is generating, waiting for its place or being
+  prepared; a question arriving for the engine aborts the caption in flight
+  (the abort reaches vLLM before the question does) and the keyframe is
+  captioned later. Where vLLM schedules by priority, a caption also runs
+  behind answers and warm-ups (``CAPTION_PRIORITY``).
+* **The memory block** (:func:`recall`). Each question of a session with
+  memory on carries the log as text before the question: captions, newest
+  first, with their time before now, within ``--memory-tokens``.
+* **Memory frames**. A question that points at a time ("two minutes ago",
+  "at 10:05", "at the start", "earlier", "before") gets the keyframes of
+  that time (:func:`pointed`, :func:`picks`), at most ``--memory-frames``,
+  before the live frames; the block says which images they are.
+
+What a question got (:class:`MemoryUse`) is kept with its answer: its
+record says ``memory_tokens`` and ``memory_frames`` with their times, a
+re-ask gets exactly the same memory, and a bundle carries it for replay.
+Times are on the session's media clock: "now" is the newest frame's
+capture time, so a clip replayed at any speed remembers the same way.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import dataclasses
+import logging
+import re
+import time
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Callable, Sequence
+
+import numpy as np
+
+from vidchat.conversation.events import MemoryCaption
+from vidchat.engine.interface import CAPTION_PRIORITY, ChatEngine, EngineError
+from vidchat.media.scene_log import Keyframe
+
+if TYPE_CHECKING:
+    from vidchat.conversation.answers import Answer, SessionRecord
+    from vidchat.conversation.host import Host
+
+log = logging.getLogger(__name__)
+
+DEFAULT_MEMORY_PROMPT = "Describe this scene in one short sentence."
+
+
+@dataclass(frozen=True)
+class MemoryOptions:
+    """The server's memory options (--memory-prompt, --memory-caption-tokens,
+    --memory-tokens, --memory-frames)."""
+
+    prompt: str = DEFAULT_MEMORY_PROMPT
+    caption_tokens: int = 48
+    tokens: int = 512
+    frames: int = 2
+
+    def __post_init__(self) -> None:
+        for name in ("caption_tokens", "tokens"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"memory {name.replace('_', ' ')} must be at least 1, got {getattr(self, name)}")
+        if self.frames < 0:
+            raise ValueError(f"memory frames must be 0 or more, got {self.frames}")
+        if not self.prompt.strip():
+            raise ValueError("the memory prompt must not be empty")
+
+
+# ---- questions that point at a time ------------------------------------
+
+@dataclass(frozen=True)
+class Pointer:
+    """The moment a question points at: ``t`` on the session's clock, or
+    None for "earlier"/"before" (the scenes before the current one)."""
+
+    phrase: str
+    t: float | None
+
+
+_NUMBERS = {"a": 1, "an": 1, "one": 1, "two": 2, "three": 3, "four": 4, "five": 5, "six": 6, "seven": 7,
+            "eight": 8, "nine": 9, "ten": 10, "eleven": 11, "twelve": 12, "fifteen": 15, "twenty": 20,
+            "thirty": 30, "forty": 40, "fifty": 50, "sixty": 60, "a few": 3, "a couple of": 2, "half a": 0.5,
+            "half an": 0.5}
+_UNITS = {"s": 1.0, "sec": 1.0, "second": 1.0, "m": 60.0, "min": 60.0, "minute": 60.0, "h": 3600.0,
+          "hr": 3600.0, "hour": 3600.0}
+_AGO = re.compile(r"\b(\d+(?:\.\d+)?|a couple of|a few|half an?|an?|one|two|three|four|five|six|seven|eight|nine|"
+                  r"ten|eleven|twelve|fifteen|twenty|thirty|forty|fifty|sixty)\s*"
+                  r"(seconds?|secs?|minutes?|mins?|hours?|hrs?|[smh])\s+ago\b", re.IGNORECASE)
+_CLOCK = re.compile(r"\bat\s+(\d{1,2})[:.](\d{2})(?::(\d{2}))?\s*([ap]\.?m\.?)?", re.IGNORECASE)
+_START = re.compile(r"\b(?:the\s+(?:very\s+)?(?:start|beginning)|at\s+first)\b", re.IGNORECASE)
+_EARLIER = re.compile(r"\b(?:earlier|before|previously|a while ago)\b", re.IGNORECASE)
+
+
+def pointed(question: str, now: float, start: float, now_wall: float | None = None) -> Pointer | None:
+    """The moment ``question`` points at (None: it points at none).
+    ``now``/``start``: the session's newest media time and first; ``now_wall``:
+    the Unix time of ``now`` (for a clock time like "at 10:05", local time)."""
+    match = _AGO.search(question)
+    if match:
+        amount = match.group(1).lower()
+        count = float(amount) if amount[0].isdigit() else _NUMBERS[amount]
+        unit = match.group(2).lower().rstrip("s") or "s"
+        seconds = count * _UNITS.get(unit, _UNITS.get(unit[:1], 1.0))
+        return Pointer(match.group(0), max(start, now - seconds))
+    match = _CLOCK.search(question)
+    if match and now_wall is not None:
+        return _clock_pointer(match, now, start, now_wall)
+    match = _START.search(question)
+    if match:
+        return Pointer(match.group(0), start)
+    match = _EARLIER.search(question)
+    if match:
+        return Pointer(match.group(0), None)
+    return None
+
+
+def _clock_pointer(match: re.Match[str], now: float, start: float, now_wall: float) -> Pointer | None:
+    hour, minute, second = int(match.group(1)), int(match.group(2)), int(match.group(3) or 0)
+    suffix = (match.group(4) or "").lower().replace(".", "")
+    if suffix == "pm" and hour < 12:
+        hour += 12
+    elif suffix == "am" and hour == 12:
+        hour = 0
+    if hour > 23 or minute > 59 or second > 59:
+        return None
+    local = time.localtime(now_wall)
+    wall = time.mktime((local.tm_year, local.tm_mon, local.tm_mday, hour, minute, second, 0, 0, -1))
+    # A time later than now is the last time the clock showed it: 12 hours
+    # earlier without am/pm (10:05 in the evening is 22:05), else a day.
+    while wall > now_wall + 60:
+        wall -= 12 * 3600 if not suffix and hour < 12 else 24 * 3600
+    return Pointer(match.group(0), max(start, now - (now_wall - wall)))
+
+
+def picks(keyframes: Sequence[Keyframe], pointer: Pointer | None, n: int) -> list[Keyframe]:
+    """At most ``n`` keyframes for a question pointing at ``pointer``, oldest
+    first: the scene on screen at that moment (the newest keyframe at or
+    before it), then those nearest to it; for "earlier", the scenes before
+    the current one, newest first."""
+    if pointer is None or n <= 0 or not keyframes:
+        return []
+    frames = sorted(keyframes, key=lambda k: k.t)
+    if pointer.t is None:
+        chosen = frames[:-1][::-1][:n]
+    else:
+        target = pointer.t
+        on_screen = [k for k in frames if k.t <= target]
+        first = on_screen[-1] if on_screen else frames[0]
+        rest = sorted((k for k in frames if k is not first), key=lambda k: abs(k.t - target))
+        chosen = [first, *rest[: n - 1]]
+    return sorted(chosen, key=lambda k: k.t)
+
+
+# ---- what a question gets ----------------------------------------------
+
+@dataclass(frozen=True)
+class MemoryFrame:
+    """A keyframe as one question got it (its pixels are the model's input)."""
+
+    seq: int
+    t: float  # capture time on the session's clock
+    ago_s: float  # before the question's newest media
+    source_t: float | None
+    caption: str | None
+    pixels: np.ndarray = field(repr=False, compare=False)
+
+
+@dataclass(frozen=True)
+class MemoryUse:
+    """What of the memory one question got: the block before its question,
+    its tokens, the captions it listed and the frames that joined its sample."""
+
+    text: str
+    tokens: int
+    frames: tuple[MemoryFrame, ...] = ()
+    captions: tuple[tuple[int, float, str], ...] = ()  # (seq, ago_s, caption), newest first
+    pointer: Pointer | None = None
+    keyframes: int = 0  # the log's size when asked
+
+    def record(self, origin: float) -> dict[str, Any]:
+        """The answer record's memory: times from the session's start (``origin``)."""
+        return {
+            "memory_tokens": self.tokens,
+            "memory_frames": [{"seq": f.seq, "time_s": round(f.t - origin, 3), "ago_s": round(f.ago_s, 3),
+                               "source_s": None if f.source_t is None else round(f.source_t, 3),
+                               "caption": f.caption} for f in self.frames],
+            "memory": {"text": self.text, "keyframes": self.keyframes,
+                       "pointed": None if self.pointer is None else self.pointer.phrase,
+                       "pointed_time_s": None if self.pointer is None or self.pointer.t is None
+                       else round(self.pointer.t - origin, 3),
+                       "captions": [{"seq": s, "ago_s": round(a, 3), "caption": c} for s, a, c in self.captions]},
+        }
+
+    def frame_ids(self) -> list[str]:
+        # Not the kept frames' numbers: a keyframe is a JPEG of that frame, other pixels.
+        return [f"m{f.seq}" for f in self.frames]
+
+
+def ago(seconds: float) -> str:
+    """0:05, 2:30, 1:02:03 ago."""
+    whole = int(round(max(0.0, seconds)))
+    hours, rest = divmod(whole, 3600)
+    minutes, secs = divmod(rest, 60)
+    return f"{hours}:{minutes:02d}:{secs:02d}" if hours else f"{minutes}:{secs:02d}"
+
+
+def recall(keyframes: Sequence[Keyframe], question: str, now: float, start: float, options: MemoryOptions,
+           count_tokens: Callable[[str], int], now_wall: float | None = None,
+           pinned: Sequence[Keyframe] = ()) -> MemoryUse:
+    """What a question asked at ``now`` gets of a log: the keyframes it points
+    at (or ``pinned``: picked on the page's timeline) and the captions, newest
+    first, as long as the block stays within ``options.tokens``."""
+    pointer = pointed(question, now, start, now_wall)
+    chosen = list(pinned)[: options.frames] if pinned else picks(keyframes, pointer, options.frames)
+    frames = tuple(MemoryFrame(k.seq, k.t, now - k.t, k.source_t, k.caption, k.pixels()) for k in chosen)
+    lines: list[str] = []
+    captions: list[tuple[int, float, str]] = []
+    head = "Memory of this session (what you saw earlier, newest first):"
+    tail = _frames_line(frames)
+    text = ""
+    for k in sorted(keyframes, key=lambda k: -k.t):
+        if k.caption is None:
+            continue
+        line = f"- {ago(now - k.t)} ago: {k.caption}"
+        candidate = _block(head, [*lines, line], tail)
+        if count_tokens(candidate) > options.tokens:
+            break
+        lines.append(line)
+        captions.append((k.seq, now - k.t, k.caption))
+        text = candidate
+    if not text and tail:
+        text = _block("", [], tail)
+    return MemoryUse(text, count_tokens(text) if text else 0, frames, tuple(captions), pointer, len(keyframes))
+
+
+def _frames_line(frames: Sequence[MemoryFrame]) -> str:
+    if not frames:
+        return ""
+    times = ", ".join(f"{ago(f.ago_s)} ago" for f in frames)
+    first = "The first image is" if len(frames) == 1 else f"The first {len(frames)} images are"
+    return f"{first} from earlier in this session ({times}); the other images are the video now."
+
+
+def _block(head: str, lines: Sequence[str], tail: str) -> str:
+    parts = [p for p in (head if lines else "", "\n".join(lines), tail) if p]
+    return "\n".join(parts) + "\n\n"
+
+
+def with_memory(question: str, use: MemoryUse | None) -> str:
+    """The question as the model gets it: the memory block first."""
+    return question if use is None or not use.text else use.text + question
+
+
+def token_counter(engine: ChatEngine) -> Callable[[str], int]:
+    """The engine's tokenizer as a counter (about four characters a token where it has none)."""
+    counter = getattr(engine, "count_tokens", None)
+    if callable(counter):
+        return counter  # type: ignore[no-any-return]
+    return lambda text: (len(text) + 3) // 4
+
+
+def session_recall(entry: SessionRecord, engine: ChatEngine, question: str, options: MemoryOptions,
+                   pinned_seq: int | None = None) -> MemoryUse | None:
+    """What ``entry``'s question gets of its memory (None: its memory is off, or empty)."""
+    session = entry.session
+    if not session.settings.memory:
+        return None
+    keyframes = session.scene_log.keyframes()
+    now = session.newest_frame_time
+    if not keyframes or now is None:
+        return None
+    start = session.timeline_start if session.timeline_start is not None else keyframes[0].t
+    pinned = [k for k in keyframes if k.seq == pinned_seq] if pinned_seq is not None else []
+    newest = keyframes[-1]
+    now_wall = newest.wall + (now - newest.t)
+    return recall(keyframes, question, now, start, options, token_counter(engine), now_wall, pinned)
+
+
+# ---- captions ----------------------------------------------------------
+
+@dataclass
+class CaptionStats:
+    written: int = 0
+    aborted: int = 0  # cut short by an arriving question (captioned again later)
+    skipped: int = 0  # put off: the engine was busy when one was due
+    failed: int = 0
+    busy_s: float = 0.0
+    # How long each abort took to reach vLLM (what a question waited for a caption), ms.
+    abort_ms: collections.deque[float] = field(default_factory=lambda: collections.deque(maxlen=1024))
+
+    def counts(self) -> dict[str, Any]:
+        return {"written": self.written, "aborted": self.aborted, "skipped": self.skipped, "failed": self.failed,
+                "busy_s": round(self.busy_s, 3)}
+
+
+# How often the captioner looks for work while it has none.
+LOOK_EVERY_S = 0.25
+
+
+class Captioner:
+    """Writes the scene logs' captions while the engine is idle (the module's rules)."""
+
+    def __init__(self, host: Host, options: MemoryOptions) -> None:
+        self.host = host
+        self.options = options
+        self.stats = CaptionStats()
+        self._task: asyncio.Task[None] | None = None
+        self._wake = asyncio.Event()
+        self._flight: asyncio.Future[str] | None = None
+        self._aborting: asyncio.Future[str] | None = None
+        self._next_session = 0  # round robin over sessions with keyframes to caption
+
+    def start(self) -> None:
+        gate = self.host.answer_gate
+        if gate is not None and self._answer_arriving not in gate.arrival_hooks:
+            gate.arrival_hooks.insert(0, self._answer_arriving)
+        self._task = asyncio.get_running_loop().create_task(self._run())
+
+    async def stop(self) -> None:
+        gate = self.host.answer_gate
+        if gate is not None and self._answer_arriving in gate.arrival_hooks:
+            gate.arrival_hooks.remove(self._answer_arriving)
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+            self._task = None
+
+    def poke(self) -> None:
+        self._wake.set()
+
+    @property
+    def running(self) -> bool:
+        return self._flight is not None
+
+    def snapshot(self) -> dict[str, Any]:
+        """What /api/health shows of the memory's captions."""
+        return {**dataclasses.asdict(self.options), **self.stats.counts(), "running": self.running}
+
+    async def _answer_arriving(self, answer: Answer) -> None:
+        """A question is about to generate: a caption in flight on its engine is aborted first."""
+        flight = self._flight
+        if flight is None or answer.engine_role != "main":
+            return
+        started = time.perf_counter()
+        self._aborting = flight
+        flight.cancel()
+        await asyncio.gather(flight, return_exceptions=True)
+        self.stats.abort_ms.append((time.perf_counter() - started) * 1000)
+
+    def _busy(self, engine: ChatEngine) -> bool:
+        """An answer of any session is generating, waiting for its place or being prepared."""
+        gate = self.host.answer_gate
+        return (engine.running_requests > 0 or (gate is not None and gate.snapshot().get("waiting", 0) > 0)
+                or any(slot.answer is not None for e in self.host.registry.entries() for slot in e.slots()))
+
+    async def _run(self) -> None:
+        while True:
+            try:
+                await asyncio.wait_for(self._wake.wait(), LOOK_EVERY_S)
+            except asyncio.TimeoutError:
+                pass
+            self._wake.clear()
+            try:
+                while await self._step():
+                    pass
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                log.exception("caption step failed")
+                await asyncio.sleep(1.0)
+
+    def _due(self) -> tuple[SessionRecord, Keyframe] | None:
+        """The next keyframe to caption: sessions in turn, each one's newest first."""
+        entries = [e for e in self.host.registry.entries()
+                   if not e.closed and e.session.settings.memory and len(e.session.scene_log)]
+        if not entries:
+            return None
+        for i in range(len(entries)):
+            entry = entries[(self._next_session + i) % len(entries)]
+            waiting = entry.session.scene_log.uncaptioned()
+            if waiting:
+                self._next_session = (self._next_session + i + 1) % len(entries)
+                return entry, waiting[0]
+        return None
+
+    async def _step(self) -> bool:
+        """Caption one keyframe if one is due and the engine is idle; whether one was written."""
+        engine = self.host.engine_now("main")
+        if engine is None:
+            return False
+        due = self._due()
+        if due is None:
+            return False
+        if self._busy(engine):
+            self.stats.skipped += 1
+            return False
+        entry, keyframe = due
+        caption = await self._caption(engine, entry, keyframe)
+        if caption is None:
+            return False
+        frame = entry.session.scene_log.set_caption(keyframe.seq, caption)
+        if frame is not None:
+            origin = entry.session.timeline_start
+            time_ms = int(round((frame.t - (origin if origin is not None else frame.t)) * 1000))
+            entry.event_hub.publish(MemoryCaption(frame.seq, time_ms, caption))
+        return True
+
+    async def _caption(self, engine: ChatEngine, entry: SessionRecord, keyframe: Keyframe) -> str | None:
+        """One caption, or None when it gave way to a question, its session ended or it failed."""
+        options = self.options
+        try:
+            prepared = await asyncio.to_thread(
+                engine.prepare, options.prompt, [keyframe.pixels()], None, max_tokens=options.caption_tokens,
+                temperature=0.0, seed=0, cache_salt=entry.cache_salt, frame_ids=[f"m{keyframe.seq}"])
+        except EngineError as exc:
+            self.stats.failed += 1
+            log.warning("session %s…: keyframe %d could not be captioned: %s", entry.session.id[:6],
+                        keyframe.seq, exc)
+            entry.session.scene_log.set_caption(keyframe.seq, "")
+            return None
+        finally:
+            keyframe.forget_pixels()
+        if self._busy(engine) or entry.closed:  # a question came while it was prepared
+            self.stats.skipped += 1
+            return None
+        prepared = dataclasses.replace(prepared, priority=CAPTION_PRIORITY)
+        reply = engine.submit(prepared)
+
+        async def written() -> str:
+            text = ""
+            try:
+                async for delta in reply:
+                    text += delta
+            finally:
+                await reply.aclose()
+            return text
+
+        flight = self._flight = asyncio.ensure_future(written())
+        started = time.monotonic()
+
+        async def session_ended() -> None:
+            flight.cancel()
+
+        entry.closers.append(session_ended)
+        try:
+            text = await asyncio.shield(flight)
+        except asyncio.CancelledError:
+            if self._aborting is flight:
+                self.stats.aborted += 1
+                return None
+            if flight.cancelled() and entry.closed:
+                return None
+            flight.cancel()  # the captioner itself is stopping
+            await asyncio.gather(flight, return_exceptions=True)
+            raise
+        except EngineError as exc:
+            self.stats.failed += 1
+            log.warning("session %s…: caption failed: %s", entry.session.id[:6], exc)
+            return None
+        finally:
+            self._flight = None
+            self._aborting = None
+            self.stats.busy_s += time.monotonic() - started
+            if session_ended in entry.closers:
+                entry.closers.remove(session_ended)
+        self.stats.written += 1
+        caption = " ".join(text.split())
+        log.debug("session %s…: keyframe %d captioned (%d characters)", entry.session.id[:6], keyframe.seq,
+                  len(caption))
+        return caption
+
+
+MEMORY_MODES = ("auto", "on", "off")
+
+
+def memory_default(mode: str, gpu: bool) -> tuple[bool, str]:
+    """Whether new sessions remember (--memory), and why, in words for the start-up log."""
+    if mode == "on":
+        return True, "on (--memory on)"
+    if mode == "off":
+        return False, "off (--memory off)"
+    if gpu:
+        return True, ("on (auto: the engine runs on a GPU, where a keyframe's caption takes milliseconds and "
+                      "an arriving question aborts it at once)")
+    return False, ("off (auto: on a CPU a caption holds the engine for its frame's encoding, which an arriving "
+                   "question cannot cut short; --memory on turns it on; docs/memory.md)")

@@ -1,0 +1,179 @@
+"""A session's scene log: one keyframe per scene, for the whole session.
+
+The ring of kept frames (vidchat.media.frame_buffer) holds seconds to a few
+minutes of a live source; the scene log is what the session remembers of
+everything before. Each time the filter's change detection begins a new
+scene (the rule Watch asks on, vidchat.media.frame_buffer: the session's
+first kept frame, a cut, or motion sweeping ``scene_change_share`` of the
+picture) the frame is added as a :class:`Keyframe`: its time, its place in
+a played file, its wall-clock time and the frame itself at the stored size,
+kept as a JPEG (quality 85: about 12 KB at 320×240 instead of 230 KB as an
+array, so 256 keyframes cost a session about 3 MB).
+
+Bounded, never cut off. At most ``limit`` keyframes (``--memory-keyframes``,
+default 256). When one more arrives, the older half of the log (all but its
+very first keyframe, the session's start) drops every second keyframe. The
+newest half is untouched, so the log always spans the whole session, with
+the recent past in full and each older stretch coarser the more often it was
+thinned: a keyframe that survives k thinnings stands for about 2^k scenes.
+
+Captions (vidchat.conversation.memory writes them while the engine is idle)
+are set on the keyframe they describe; a keyframe thinned away takes its
+caption with it.
+
+Threads. Keyframes are added by the ingest thread (under the session's
+lock) and read by the event loop; the log's own short lock guards its list.
+"""
+
+from __future__ import annotations
+
+import io
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+from PIL import Image
+
+DEFAULT_MEMORY_KEYFRAMES = 256
+
+# The strip under the page's preview, and GET /sessions/<id>/memory, show this wide a thumbnail.
+THUMBNAIL_WIDTH = 96
+
+JPEG_QUALITY = 85
+
+
+@dataclass
+class Keyframe:
+    """The first kept frame of one scene."""
+
+    seq: int  # its kept-frame number in the session (vidchat.media.frame_buffer.StoredFrame.seq)
+    t: float  # its capture time on the session's timeline (monotonic seconds)
+    wall: float  # the same moment as Unix time (what "at 10:05" points at)
+    source_t: float | None  # its position in the played file, when the source is one
+    size: tuple[int, int]  # (width, height) as stored
+    jpeg: bytes = field(repr=False)
+    caption: str | None = None
+    caption_wall: float | None = None  # when its caption was written (Unix time)
+    _thumb: bytes | None = field(default=None, repr=False)
+    _pixels: np.ndarray | None = field(default=None, repr=False)
+
+    def pixels(self) -> np.ndarray:
+        """The frame as the model gets it (decoded once, read-only)."""
+        if self._pixels is None:
+            arr = np.asarray(Image.open(io.BytesIO(self.jpeg)).convert("RGB"))
+            arr.setflags(write=False)
+            self._pixels = arr
+        return self._pixels
+
+    def forget_pixels(self) -> None:
+        """Drop the decoded copy (the JPEG stays): a question or caption used it."""
+        self._pixels = None
+
+    def thumbnail(self) -> bytes:
+        """A small JPEG for the page's strip."""
+        if self._thumb is None:
+            img = Image.open(io.BytesIO(self.jpeg))
+            height = max(1, round(img.height * THUMBNAIL_WIDTH / img.width))
+            out = io.BytesIO()
+            img.convert("RGB").resize((THUMBNAIL_WIDTH, height), Image.Resampling.BILINEAR).save(
+                out, "JPEG", quality=80)
+            self._thumb = out.getvalue()
+        return self._thumb
+
+
+def encode_jpeg(pixels: np.ndarray) -> bytes:
+    out = io.BytesIO()
+    Image.fromarray(np.ascontiguousarray(pixels)).save(out, "JPEG", quality=JPEG_QUALITY)
+    return out.getvalue()
+
+
+class SceneLog:
+    """A session's keyframes, oldest first, at most ``limit`` (thinned, see the module)."""
+
+    def __init__(self, limit: int = DEFAULT_MEMORY_KEYFRAMES) -> None:
+        if limit < 2:
+            raise ValueError(f"memory keyframes must be at least 2, got {limit}")
+        self.limit = limit
+        self._lock = threading.Lock()
+        self._frames: list[Keyframe] = []
+        self.added = 0  # keyframes added in the session's life
+        self.thinned = 0  # keyframes dropped by thinning
+        self.version = 0  # moves on every change (a keyframe added or thinned, a caption written)
+
+    def __len__(self) -> int:
+        return len(self._frames)
+
+    def add(self, seq: int, t: float, pixels: np.ndarray, source_t: float | None = None,
+            wall: float | None = None) -> Keyframe:
+        """Log a scene's first frame (``pixels`` at the stored size)."""
+        if wall is None:
+            wall = time.time() - (time.monotonic() - t)
+        frame = Keyframe(seq, t, wall, source_t, (int(pixels.shape[1]), int(pixels.shape[0])), encode_jpeg(pixels))
+        with self._lock:
+            self._frames.append(frame)
+            self.added += 1
+            if len(self._frames) > self.limit:
+                self._thin()
+            self.version += 1
+        return frame
+
+    def _thin(self) -> None:
+        # The older half but the first drops every second keyframe (the module's rule).
+        half = len(self._frames) // 2
+        before = len(self._frames)
+        self._frames = [self._frames[0], *self._frames[2:half:2], *self._frames[half:]]
+        self.thinned += before - len(self._frames)
+
+    def keyframes(self) -> list[Keyframe]:
+        """The log now, oldest first (a copy: the log may change meanwhile)."""
+        with self._lock:
+            return list(self._frames)
+
+    def get(self, seq: int) -> Keyframe | None:
+        with self._lock:
+            return next((k for k in self._frames if k.seq == seq), None)
+
+    def uncaptioned(self) -> list[Keyframe]:
+        """Keyframes without a caption yet, newest first (what a user asks about first)."""
+        with self._lock:
+            return [k for k in reversed(self._frames) if k.caption is None]
+
+    def set_caption(self, seq: int, caption: str) -> Keyframe | None:
+        """Give keyframe ``seq`` its caption; None when it was thinned away meanwhile."""
+        with self._lock:
+            frame = next((k for k in self._frames if k.seq == seq), None)
+            if frame is not None:
+                frame.caption = caption
+                frame.caption_wall = time.time()
+                self.version += 1
+            return frame
+
+    def clear(self) -> None:
+        with self._lock:
+            self._frames.clear()
+            self.version += 1
+
+    def memory_bytes(self) -> int:
+        with self._lock:
+            return sum(len(k.jpeg) + len(k._thumb or b"") + (k._pixels.nbytes if k._pixels is not None else 0)
+                       for k in self._frames)
+
+    def as_json(self, origin: float | None, now: float | None) -> dict[str, Any]:
+        """The log as GET /sessions/<id>/memory returns it: times in seconds
+        from the session's start (``origin``) and before its newest media (``now``)."""
+        frames = self.keyframes()
+        base = origin if origin is not None else (frames[0].t if frames else 0.0)
+        newest = now if now is not None else (frames[-1].t if frames else base)
+        return {
+            "limit": self.limit, "added": self.added, "thinned": self.thinned, "version": self.version,
+            "keyframes": [keyframe_json(k, base, newest) for k in frames],
+        }
+
+
+def keyframe_json(k: Keyframe, origin: float, now: float) -> dict[str, Any]:
+    return {"seq": k.seq, "time_s": round(k.t - origin, 3), "ago_s": round(max(0.0, now - k.t), 3),
+            "time_ms": int(round((k.t - origin) * 1000)), "wall": round(k.wall, 3),
+            "source_s": None if k.source_t is None else round(k.source_t, 3),
+            "size": f"{k.size[0]}x{k.size[1]}", "caption": k.caption}
