@@ -232,7 +232,10 @@ def test_auto_is_the_default_and_its_engine_schedules_answers_before_warm_ups():
     # auto may turn warm-ups on after start-up, so the engine is built with
     # priority scheduling from the start; only an explicit off leaves it out.
     assert engine_options(settings, "tiny", tiny=True).priority_scheduling
-    assert not engine_options(parse_settings(["--prewarm", "off"]), "tiny", tiny=True).priority_scheduling
+    # Captions (--memory, auto by default) run behind answers too: only both off leave it out.
+    assert engine_options(parse_settings(["--prewarm", "off"]), "tiny", tiny=True).priority_scheduling
+    assert not engine_options(parse_settings(["--prewarm", "off", "--memory", "off"]), "tiny",
+                              tiny=True).priority_scheduling
 
 
 @pytest.mark.unit

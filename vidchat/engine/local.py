@@ -405,7 +405,8 @@ class LocalReply:
     def __init__(self, engine: "LocalEngine", request_id: str, prompt: dict[str, Any], params: SamplingParams,
                  stats: ReplyStats, priority: int = 0) -> None:
         self.engine = engine
-        self._priority = priority if engine.options.priority_scheduling else 0
+        # Where vLLM schedules first come, first served, a priority is refused: none is sent.
+        self._priority = priority if engine is not None and engine.options.priority_scheduling else 0
         self.request_id = request_id
         self.stats = stats
         self.text = ""
