@@ -144,10 +144,11 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                      rec["prompt_tokens"], len(remembering.session.scene_log), captioner.stats.written)
     finally:
         await captioner.stop()
+        keyframes = len(remembering.session.scene_log)
         await host.registry.close_all()
         engine.shutdown()
     figures: dict[str, Any] = {
-        "minutes": args.minutes, "keyframes": len(remembering.session.scene_log) if remembering else 0,
+        "minutes": args.minutes, "keyframes": keyframes,
         "captions": captioner.stats.written, "captions_aborted": captioner.stats.aborted,
         "ttft_ms_min1": around(ttft, 1), "ttft_ms_min30": around(ttft, 30),
         f"ttft_ms_min{args.minutes}": around(ttft, args.minutes),

@@ -141,6 +141,59 @@ async def test_captions_are_written_while_idle_and_a_question_about_minute_5_get
     assert "Memory of this session" in rec["prompt"] and "The first 2 images" in rec["prompt"]
 
 
+class ReplayingStandalone(Standalone):
+    """A standalone host that opens sessions as replay and suites do (vidchat.qa.replay.ReplayHost)."""
+
+    def new_session(self, kind: str):
+        return self.registry.create(kind, SessionSettings())
+
+
+@pytest.mark.engine
+async def test_a_bundle_with_memory_is_replayed_identically_with_its_recorded_captions(omni_engine, tmp_path):
+    from vidchat.conversation.bundles import read_bundle, write_bundle
+    from vidchat.qa.replay import Answered, ReplayPlan, reask_bundle
+
+    host = remembering_host(omni_engine, caption_tokens=5)
+    entry = host.registry.create("webrtc", SessionSettings(memory=True, num_sample_frames=3))
+    for t, frame, _ in long_stream(6, SCENE_S):
+        entry.session.add_frame(frame, t=T0 + t)
+    for k in entry.session.scene_log.keyframes():
+        entry.session.scene_log.set_caption(k.seq, f"caption of keyframe {k.seq}")
+    done = await ask_and_finish(entry, "What was there at the start?", AnswerOptions(max_tokens=12, temperature=0.0))
+    original = done.answer.summary()
+    assert [f["time_s"] for f in original["memory_frames"]] == [0.0, 30.0]
+    bundle = read_bundle(write_bundle(tmp_path, done.answer, t=359.0))
+    assert bundle.memory.text == done.answer.memory.text
+    assert all(np.array_equal(a.pixels, b.pixels) for a, b in zip(bundle.memory.frames, done.answer.memory.frames))
+    # Replayed where nothing is remembered (a fresh session, memory off, other captions in no log):
+    # the recorded memory is what the model gets again.
+    replayer = ReplayingStandalone(omni_engine, answer_gate=AnswerQueue(), registry=SessionRegistry())
+    result = await reask_bundle(replayer, ReplayPlan(), bundle)
+    (outcome,) = result.outcomes
+    assert isinstance(outcome, Answered), outcome
+    again = outcome.record
+    assert again["prompt"] == original["prompt"] and again["answer"] == done.answer.reply.text
+    assert again["inputs_sha256"] == original["inputs_sha256"]
+    assert again["memory_frames"] == original["memory_frames"] and again["memory_tokens"] == original["memory_tokens"]
+    assert len(replayer.registry) == 0  # its session closed
+
+
+@pytest.mark.unit
+def test_a_suite_check_holds_the_memory_frames_to_a_span_of_the_clip():
+    from vidchat.qa.suite import run_checks
+    from vidchat.qa.suite_file import SuiteError, _expect
+
+    frames = [{"time_s": 118.0, "source_s": None}, {"time_s": 200.0, "source_s": 121.5}]
+    (ok,) = run_checks({"memory_frames_within": [115.0, 125.0]}, "", None, None, memory_frames=frames)
+    assert ok.ok and "118.0, 121.5" in ok.detail
+    (off,) = run_checks({"memory_frames_within": [119.0, 125.0]}, "", None, None, memory_frames=frames)
+    assert not off.ok and "not within" in off.detail
+    (none,) = run_checks({"memory_frames_within": [0, 10]}, "", None, None, memory_frames=[])
+    assert not none.ok and "no memory frames" in none.detail
+    with pytest.raises(SuiteError, match="memory_frames_within must be"):
+        _expect({"memory_frames_within": [125.0, 115.0]}, "suite.toml [case]")
+
+
 @pytest.mark.engine
 async def test_a_caption_in_flight_is_aborted_by_a_question_and_written_later(omni_engine):
     # A caption of 2,000 tokens runs for seconds on the tiny model: long enough to be cut.

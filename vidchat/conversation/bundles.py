@@ -100,6 +100,13 @@ log = logging.getLogger(__name__)
 #                     source_t existed lack it: readers treat it as null.
 #     audio           {"file", "format", "sample_rate", "samples", "seconds", "span"} or null
 #     record          the answer record as vidchat.conversation.asking.Answer.summary() gave it
+#     memory          what the question got of its session's memory (vidchat.conversation.memory),
+#                     or absent/null: {"text" (the block before the question, exactly), "tokens",
+#                     "keyframes", "pointed", "captions": [{"seq", "ago_s", "caption"}],
+#                     "frames": [{"file": "memory-0001.png", "seq", "t" (from the session's start), "ago_s", "source_t",
+#                     "caption", "width", "height"}]}; its keyframes are PNGs beside the frames,
+#                     given to the engine before them. A re-ask uses them as they are: the
+#                     recorded captions, never written again.
 #
 # Audio format. The engine gets float32 samples at 16 kHz mono. A session stores
 # audio as 16-bit PCM and hands out ``int16 / 32768``, so those samples are
@@ -341,6 +348,9 @@ def write_bundle(
     files, frame_entries, audio_entry = _media_files(frames, audio, record)
     manifest = _manifest(answer, record, history, settings, digest, frame_entries, audio_entry,
                          t=t, source=source, model_option=model_option, engine_options=engine_options)
+    memory = getattr(answer, "memory", None)
+    if memory is not None:
+        manifest["memory"] = _memory_entry(memory, files, answer.sample.origin)
     files[MANIFEST] = (json.dumps(_json_safe(manifest), indent=2, ensure_ascii=False) + "\n").encode()
     final = _write_whole(root, files, name, t)
     log.info("bundle written: %s (%d frames%s)", final, len(frames), ", audio" if audio is not None else "")
@@ -381,6 +391,72 @@ def _manifest(answer: Any, record: dict[str, Any], history: Any, settings: dict[
         "mark": record.get("mark"),  # a QA verdict (vidchat.conversation.bundles), null without one
         "record": record,
     }
+
+
+def _memory_entry(memory: Any, files: dict[str, bytes], origin: float) -> dict[str, Any]:
+    """The manifest's ``memory`` (layout above), its keyframes added to ``files`` as PNG; times
+    from the session's start (``origin``), as the bundle's frames have them."""
+    frames = []
+    for i, frame in enumerate(memory.frames):
+        fname = f"memory-{i + 1:04d}.png"
+        files[fname] = png_bytes(frame.pixels)
+        frames.append({"file": fname, "seq": frame.seq, "t": round(frame.t - origin, 6), "ago_s": round(frame.ago_s, 6),
+                       "source_t": frame.source_t, "caption": frame.caption,
+                       "width": int(frame.pixels.shape[1]), "height": int(frame.pixels.shape[0])})
+    pointer = memory.pointer
+    return {"text": memory.text, "tokens": memory.tokens, "keyframes": memory.keyframes,
+            "pointed": None if pointer is None else pointer.phrase,
+            "pointed_t": None if pointer is None or pointer.t is None else round(pointer.t - origin, 6),
+            "captions": [{"seq": s, "ago_s": round(a, 6), "caption": c} for s, a, c in memory.captions],
+            "frames": frames}
+
+
+# A bundle's memory may carry at most this many keyframes, and this much text.
+MAX_MEMORY_FRAMES = 16
+
+MAX_MEMORY_TEXT = 256 * 1024
+
+
+def _read_memory(src: _Folder | _Zip, where: str, entry: Any) -> Any:
+    """A bundle's memory (vidchat.conversation.memory.MemoryUse), checked field by field; None without one."""
+    from vidchat.conversation.memory import MemoryFrame, MemoryUse, Pointer
+
+    if entry is None:
+        return None
+
+    def bad(field: str, expected: str) -> BundleError:
+        return BundleError(f"{where}: manifest field 'memory.{field}' must be {expected}")
+
+    if not isinstance(entry, dict):
+        raise BundleError(f"{where}: manifest field 'memory' must be an object or null")
+    text, listed, captions = entry.get("text"), entry.get("frames") or [], entry.get("captions") or []
+    if not isinstance(text, str) or len(text) > MAX_MEMORY_TEXT:
+        raise bad("text", f"text of at most {MAX_MEMORY_TEXT} characters")
+    if not isinstance(listed, list) or len(listed) > MAX_MEMORY_FRAMES:
+        raise bad("frames", f"a list of at most {MAX_MEMORY_FRAMES}")
+    for name in ("tokens", "keyframes"):
+        if not _count(entry.get(name, 0)):
+            raise bad(name, "a whole number >= 0")
+    if not isinstance(captions, list) or not all(
+            isinstance(c, dict) and _count(c.get("seq")) and _number(c.get("ago_s")) and isinstance(c.get("caption"), str)
+            for c in captions):
+        raise bad("captions", "a list of {seq, ago_s, caption}")
+    frames = []
+    for n, f in enumerate(listed):
+        if not (isinstance(f, dict) and _count(f.get("seq")) and _number(f.get("t")) and _number(f.get("ago_s"))
+                and (f.get("source_t") is None or _number(f.get("source_t")))
+                and (f.get("caption") is None or isinstance(f.get("caption"), str))
+                and all(_count(f.get(k)) and 0 < f[k] <= 1 << 16 for k in ("width", "height"))):
+            raise bad(f"frames[{n}]", "{file, seq, t, ago_s, source_t, caption, width, height}")
+        pixels = read_png(src.read(_safe_file(f.get("file"))), (f["width"], f["height"]))
+        pixels.setflags(write=False)
+        frames.append(MemoryFrame(f["seq"], float(f["t"]), float(f["ago_s"]), f.get("source_t"), f.get("caption"),
+                                  pixels))
+    pointed, pointed_t = entry.get("pointed"), entry.get("pointed_t")
+    pointer = Pointer(pointed, float(pointed_t) if _number(pointed_t) else None) if isinstance(pointed, str) else None
+    return MemoryUse(text, int(entry.get("tokens", 0)), tuple(frames),
+                     tuple((c["seq"], float(c["ago_s"]), c["caption"]) for c in captions), pointer,
+                     int(entry.get("keyframes", 0)))
 
 
 def _media_files(frames: list[np.ndarray], audio: np.ndarray | None,
@@ -741,6 +817,8 @@ class Bundle:
     frame_times: list[float] = field(default_factory=list)
     frame_indices: list[int] = field(default_factory=list)
     _digest: str | None = field(default=None, repr=False)  # computed as the frames were read (lazily read)
+    # What the question got of its session's memory (vidchat.conversation.memory.MemoryUse), or None.
+    memory: Any = None
 
     @property
     def question(self) -> str:
@@ -828,7 +906,7 @@ def recorded_answer(bundle: Bundle) -> Answer:
     return Answer(bundle.question, RecordedReply(bundle.manifest), bundle.sample(), options,
                   prompt_text=bundle.manifest.get("prompt") or "", video_fps=bundle.manifest.get("video_fps"),
                   history=tuple(bundle.history()), bundle_name=Path(bundle.path).name, spoken=bundle.spoken,
-                  mark=of_manifest(bundle.manifest))
+                  mark=of_manifest(bundle.manifest), memory=bundle.memory)
 
 
 class _Folder:
@@ -1002,7 +1080,7 @@ def _read(src: _Folder | _Zip, where: str, lazy: bool = False,
     if any(t is None for t in times):  # recorded without times: evenly spaced, for a video's rate only
         times = [float(i) for i in range(len(frames))]
     return Bundle(where, manifest, frames, audio, times, [i if i is not None else n for n, i in enumerate(indices)],
-                  _digest=digest)
+                  _digest=digest, memory=_read_memory(src, where, manifest.get("memory")))
 
 
 # A QA person's verdict on an answer: good or bad, with a note. Kept on the

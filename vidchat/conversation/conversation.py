@@ -303,7 +303,7 @@ class Conversation(SessionRecord):
                   spoken: Utterance | None = None, question_audio: np.ndarray | None = None, record: bool = False,
                   continues_chat: bool = True, remember: bool = True, frames_optional: bool = False,
                   ticket: int | None = None,
-                  cause: str = TYPED, at: float | None = None) -> AnswerRun:
+                  cause: str = TYPED, at: float | None = None, memory: MemoryUse | None = None) -> AnswerRun:
         """A question in the chat: the running answer is cancelled and its
         Done delivered before this one starts. ``history``: None, the
         conversation's own chat (``continues_chat``; none otherwise), taken
@@ -311,7 +311,8 @@ class Conversation(SessionRecord):
         :meth:`submit` took for it (else it takes the next). Raises
         NoFrames, Superseded (a newer question, Stop or Clear came while it
         was prepared) or EngineError (QuestionTooLarge before anything is
-        cancelled)."""
+        cancelled). ``memory``: what it gets of the session's memory, as
+        recorded (a bundle's re-ask); by default the session's own, if on."""
         asking.check_question(question, history or ())
         if ticket is None:
             ticket = self._asked(question, cause, at, spoken)
@@ -330,7 +331,8 @@ class Conversation(SessionRecord):
             history = self.history.turns() if continues_chat else ()
         host = self.serving()
         engine = engine or await host.engine_for("main")
-        memory = await self._recall(engine, question) if continues_chat else None
+        if memory is None and continues_chat:
+            memory = await self._recall(engine, question)
         answer = await asking.ask(engine, self.chat, question, options,
                                   history=history, queue=host.answer_gate, sample=sample, spoken=spoken,
                                   question_audio=question_audio, frames_optional=frames_optional,

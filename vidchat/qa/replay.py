@@ -495,7 +495,7 @@ async def reask_bundle(host: ReplayHost, plan: ReplayPlan, bundle: Bundle, repor
     async with replay_session(host, "re-ask finished") as entry:
         try:
             done = await (await entry.ask(bundle.question, options, engine=engine, history=history, sample=sample,
-                                          spoken=bundle.spoken)).finish()
+                                          spoken=bundle.spoken, memory=bundle.memory)).finish()
         except EngineError as exc:
             error = str(exc)
     if done is not None:

@@ -77,11 +77,14 @@ def _words(value: Any) -> list[str]:
 
 
 def run_checks(expect: dict[str, Any], answer: str, first_token_ms: float | None,
-               baseline: str | None, accepting: bool = False) -> list[CheckResult]:
+               baseline: str | None, accepting: bool = False,
+               memory_frames: list[dict[str, Any]] | None = None) -> list[CheckResult]:
     """Every check of ``expect`` on ``answer``. ``baseline``: this model's
     answer in baseline.json (None: there is none, and same_as_baseline is
     not judged, saying so, rather than passing). ``accepting``: the run
-    writes ``baseline`` as this model's baseline (--update-baseline)."""
+    writes ``baseline`` as this model's baseline (--update-baseline).
+    ``memory_frames``: the keyframes the ask got of its session's memory
+    (its record's, vidchat.conversation.memory)."""
     results: list[CheckResult] = []
     lowered = answer.casefold()
     for word in _words(expect.get("contains", [])):
@@ -108,7 +111,22 @@ def run_checks(expect: dict[str, Any], answer: str, first_token_ms: float | None
             said = "differs from the baseline" if not same else (
                 "accepted as the baseline (--update-baseline writes it)" if accepting else "the same as the baseline")
             results.append(CheckResult("same_as_baseline", same, said))
+    if "memory_frames_within" in expect:
+        results.append(_memory_within(expect["memory_frames_within"], memory_frames or []))
     return results
+
+
+def _memory_within(span: list[float], frames: list[dict[str, Any]]) -> CheckResult:
+    """Every memory frame the ask got lies in ``span`` (seconds of the clip: a
+    frame's place in the played file, else its time from the session's start)."""
+    start, end = float(span[0]), float(span[1])
+    at = [f.get("source_s") if f.get("source_s") is not None else f.get("time_s") for f in frames]
+    if not at:
+        return CheckResult("memory_frames_within", False, f"no memory frames (wanted within {start:g}–{end:g} s)")
+    ok = all(isinstance(t, (int, float)) and start <= t <= end for t in at)
+    shown = ", ".join(f"{t:.1f}" if isinstance(t, (int, float)) else "?" for t in at)
+    return CheckResult("memory_frames_within", ok, f"memory frames at {shown} s ({'' if ok else 'not '}within "
+                       f"{start:g}–{end:g} s)")
 
 
 PASSED, FAILED_CHECK, ERRORED = "passed", "failed", "error"
@@ -232,7 +250,7 @@ def _result(case: Case, index: int, model: str, rec: dict[str, Any], baseline: B
     result.bundle = rec.get("bundle")
     result.changed_from_baseline = None if before is None else result.answer != before
     checks = run_checks(ask.expect, result.answer, result.first_token_ms, result.answer if accepting else before,
-                        accepting=accepting)
+                        accepting=accepting, memory_frames=rec.get("memory_frames"))
     result.checks = [c.as_dict() for c in checks]
     unjudged = [c for c in checks if not c.judged]
     if unjudged:  # an ask that could not be judged is an error, not a failed check

@@ -34,7 +34,7 @@ from vidchat.conversation.bundles import BundleError, read_manifest
 from vidchat.conversation.suite_cases import BASELINE_FILE, SUITE_FILE
 from vidchat.qa.commands import UsageError, changes_of
 
-CHECKS = ("contains", "not_contains", "matches", "max_first_token_ms", "same_as_baseline")
+CHECKS = ("contains", "not_contains", "matches", "max_first_token_ms", "same_as_baseline", "memory_frames_within")
 
 
 class SuiteError(ValueError):
@@ -150,6 +150,13 @@ def _expect(values: Any, where: str) -> dict[str, Any]:
             raise SuiteError(f"{where}: expect.max_first_token_ms must be above 0, got {limit!r}")
     if "same_as_baseline" in values:
         _typed(values["same_as_baseline"], bool, where, "expect.same_as_baseline")
+    if "memory_frames_within" in values:
+        span = values["memory_frames_within"]
+        if not (isinstance(span, list) and len(span) == 2 and all(
+                isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) for x in span)
+                and span[0] <= span[1]):
+            raise SuiteError(f"{where}: expect.memory_frames_within must be [start, end] in seconds of the clip, "
+                             f"start <= end, got {span!r}")
     return dict(values)
 
 
