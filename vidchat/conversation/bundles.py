@@ -453,7 +453,8 @@ def _read_memory(src: _Folder | _Zip, where: str, entry: Any) -> Any:
         frames.append(MemoryFrame(f["seq"], float(f["t"]), float(f["ago_s"]), f.get("source_t"), f.get("caption"),
                                   pixels))
     pointed, pointed_t = entry.get("pointed"), entry.get("pointed_t")
-    pointer = Pointer(pointed, float(pointed_t) if _number(pointed_t) else None) if isinstance(pointed, str) else None
+    when = float(pointed_t) if isinstance(pointed_t, (int, float)) and _number(pointed_t) else None
+    pointer = Pointer(pointed, when) if isinstance(pointed, str) else None
     return MemoryUse(text, int(entry.get("tokens", 0)), tuple(frames),
                      tuple((c["seq"], float(c["ago_s"]), c["caption"]) for c in captions), pointer,
                      int(entry.get("keyframes", 0)))
