@@ -219,17 +219,29 @@ async def test_a_caption_in_flight_is_aborted_by_a_question_and_written_later(om
 
 
 @pytest.mark.engine
-async def test_a_small_context_never_overflows_with_memory_and_a_long_chat(omni_engine):
+async def test_a_long_chat_is_folded_into_a_summary_and_the_context_never_overflows(omni_engine):
     host = remembering_host(omni_engine, caption_tokens=4, tokens=512)
     entry = host.registry.create("replay", SessionSettings(memory=True, num_sample_frames=4))
     for t, frame, _ in long_stream(4, SCENE_S):
         entry.session.add_frame(frame, t=T0 + t)
     for k in entry.session.scene_log.keyframes():
         entry.session.scene_log.set_caption(k.seq, "a long caption " * 20)
-    for i in range(12):  # a chat longer than the context holds
-        done = await ask_and_finish(entry, f"Question {i}: what was there 2 minutes ago?",
-                                    AnswerOptions(max_tokens=300, temperature=0.0))
-        assert done.status == COMPLETED, done.error
-        rec = done.answer.summary()
-        assert rec["prompt_tokens"] + rec["completion_tokens"] <= omni_engine.options.max_model_len
-        assert rec["memory_tokens"] <= 512
+    captioner = Captioner(host, host.memory)
+    captioner.start()
+    folded = []
+    try:
+        for i in range(10):  # 10 answers of 300 tokens: more chat than the context holds
+            done = await ask_and_finish(entry, f"Question {i}: what was there 2 minutes ago?",
+                                        AnswerOptions(max_tokens=300, temperature=0.0))
+            assert done.status == COMPLETED, done.error
+            rec = done.answer.summary()
+            assert rec["prompt_tokens"] + rec["completion_tokens"] <= omni_engine.options.max_model_len
+            assert rec["memory_tokens"] <= 512
+            folded.append(rec["history_folded"])
+            await eventually_async(lambda: captioner._fold_due(omni_engine) is None, 120, "the chat folded")
+    finally:
+        await captioner.stop()
+    assert captioner.stats.folds >= 1 and folded[-1] > 0 and folded == sorted(folded), folded
+    head = entry.history.turns()[0]
+    assert head.role == "system" and head.text.startswith("Summary of the earlier conversation")
+    assert entry.history.folded + len(entry.history) - 1 == 10  # every exchange is in the chat or its summary

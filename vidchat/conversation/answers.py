@@ -362,6 +362,8 @@ class Answer:
     cause: str = TYPED
     # What it got of its session's memory (vidchat.conversation.memory.MemoryUse; None: memory off).
     memory: Any = None
+    # Exchanges of its history folded into a summary (vidchat.conversation.memory; 0: none).
+    history_folded: int = 0
     _slot: Slot | None = field(default=None, repr=False)
     _abandon: asyncio.Event = field(default_factory=asyncio.Event, repr=False)
 
@@ -464,4 +466,5 @@ class Answer:
             stats["source_state"] = self.source_state
         if self.memory is not None:  # vidchat.conversation.memory: what it got of the scene log
             stats.update(self.memory.record(sample.origin))
+            stats["history_folded"] = self.history_folded
         return stats

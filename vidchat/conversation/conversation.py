@@ -117,10 +117,38 @@ class Note(Exchange):
         return (Turn("system", self.question),)
 
 
+@dataclass(frozen=True)
+class Summary(Exchange):
+    """The chat's oldest exchanges folded into a summary the model wrote
+    (vidchat.conversation.memory): one system turn, its text as ``question``,
+    standing for ``folded`` exchanges."""
+
+    folded: int = 0
+
+    def turns(self) -> tuple[Turn, ...]:
+        return (Turn("system", f"Summary of the earlier conversation ({self.folded} exchanges): {self.question}"),)
+
+
 class ChatHistory:
     def __init__(self, max_turns: int = MAX_HISTORY_TURNS) -> None:
         self.max_turns = max_turns
         self.exchanges: list[Exchange] = []
+
+    @property
+    def folded(self) -> int:
+        """Exchanges folded into the summary at its head (0: none)."""
+        head = self.exchanges[0] if self.exchanges else None
+        return head.folded if isinstance(head, Summary) else 0
+
+    def fold(self, oldest: list[Exchange], summary: str) -> bool:
+        """Replace ``oldest`` (still the chat's first exchanges) by one
+        Summary of them; False when the chat moved on meanwhile (cleared, cut)."""
+        if not oldest or self.exchanges[:len(oldest)] != oldest \
+                or any(a is not b for a, b in zip(self.exchanges, oldest)):
+            return False
+        folded = sum(e.folded if isinstance(e, Summary) else 1 for e in oldest)
+        self.exchanges[:len(oldest)] = [Summary(None, summary, "", folded=folded)]
+        return True
 
     def __len__(self) -> int:
         return len(self.exchanges)
@@ -338,6 +366,7 @@ class Conversation(SessionRecord):
                                   question_audio=question_audio, frames_optional=frames_optional,
                                   ticket=ticket, current=lambda: self.chat.holds(ticket), memory=memory)
         answer.chat, answer.cause = self.chat_began, self._turn_cause
+        answer.history_folded = self.history.folded if history and continues_chat else 0
         if self.stream is not None:
             answer.source_state = self.stream.state
         run = AnswerRun(self, self.chat, answer, record=record, continues_chat=continues_chat, remember=remember)

@@ -20,6 +20,14 @@ Three parts, one idea:
   that time (:func:`pointed`, :func:`picks`), at most ``--memory-frames``,
   before the live frames; the block says which images they are.
 
+* **Folding** (:meth:`Captioner._fold`). When a session's chat passes a
+  quarter of the model's context (``FOLD_SHARE``), its oldest half is folded
+  into a summary the model writes, by the captions' rules (idle only,
+  aborted by a question): one system turn in the chat's place
+  (vidchat.conversation.conversation.Summary), so a long session keeps what
+  was said instead of losing it to the history cut; an answer's record says
+  how many exchanges its history had folded (``history_folded``).
+
 What a question got (:class:`MemoryUse`) is kept with its answer: its
 record says ``memory_tokens`` and ``memory_frames`` with their times, a
 re-ask gets exactly the same memory, and a bundle carries it for replay.
@@ -41,7 +49,7 @@ from typing import TYPE_CHECKING, Any, Callable, Sequence
 import numpy as np
 
 from vidchat.conversation.events import MemoryCaption
-from vidchat.engine.interface import CAPTION_PRIORITY, ChatEngine, EngineError
+from vidchat.engine.interface import CAPTION_PRIORITY, ChatEngine, EngineError, Prepared
 from vidchat.media.scene_log import Keyframe
 
 if TYPE_CHECKING:
@@ -291,13 +299,14 @@ class CaptionStats:
     aborted: int = 0  # cut short by an arriving question (captioned again later)
     skipped: int = 0  # put off: the engine was busy when one was due
     failed: int = 0
+    folds: int = 0  # chats folded into a summary
     busy_s: float = 0.0
     # How long each abort took to reach vLLM (what a question waited for a caption), ms.
     abort_ms: collections.deque[float] = field(default_factory=lambda: collections.deque(maxlen=1024))
 
     def counts(self) -> dict[str, Any]:
         return {"written": self.written, "aborted": self.aborted, "skipped": self.skipped, "failed": self.failed,
-                "busy_s": round(self.busy_s, 3)}
+                "folds": self.folds, "busy_s": round(self.busy_s, 3)}
 
 
 # How often the captioner looks for work while it has none.
@@ -316,6 +325,8 @@ class Captioner:
         self._flight: asyncio.Future[str] | None = None
         self._aborting: asyncio.Future[str] | None = None
         self._next_session = 0  # round robin over sessions with keyframes to caption
+        # Each session's chat as last counted: (its shape, its tokens).
+        self._history_tokens: dict[str, tuple[tuple[int, int, int], int]] = {}
 
     def start(self) -> None:
         gate = self.host.answer_gate
@@ -391,16 +402,21 @@ class Captioner:
         return None
 
     async def _step(self) -> bool:
-        """Caption one keyframe if one is due and the engine is idle; whether one was written."""
+        """Fold a chat or caption one keyframe, if one is due and the engine
+        is idle; whether something was written."""
         engine = self.host.engine_now("main")
         if engine is None:
             return False
-        due = self._due()
-        if due is None:
+        fold = self._fold_due(engine)
+        due = None if fold is not None else self._due()
+        if fold is None and due is None:
             return False
         if self._busy(engine):
             self.stats.skipped += 1
             return False
+        if fold is not None:
+            return await self._fold(engine, *fold)
+        assert due is not None
         entry, keyframe = due
         caption = await self._caption(engine, entry, keyframe)
         if caption is None:
@@ -427,11 +443,22 @@ class Captioner:
             return None
         finally:
             keyframe.forget_pixels()
+        text = await self._written(engine, entry, prepared)
+        if text is None:
+            return None
+        self.stats.written += 1
+        caption = " ".join(text.split())
+        log.debug("session %s…: keyframe %d captioned (%d characters)", entry.session.id[:6], keyframe.seq,
+                  len(caption))
+        return caption
+
+    async def _written(self, engine: ChatEngine, entry: SessionRecord, prepared: Prepared) -> str | None:
+        """What the engine writes for ``prepared`` behind everything else: None
+        when a question came meanwhile (it is aborted first), its session ended or it failed."""
         if self._busy(engine) or entry.closed:  # a question came while it was prepared
             self.stats.skipped += 1
             return None
-        prepared = dataclasses.replace(prepared, priority=CAPTION_PRIORITY)
-        reply = engine.submit(prepared)
+        reply = engine.submit(dataclasses.replace(prepared, priority=CAPTION_PRIORITY))
 
         async def written() -> str:
             text = ""
@@ -450,7 +477,7 @@ class Captioner:
 
         entry.closers.append(session_ended)
         try:
-            text = await asyncio.shield(flight)
+            return await asyncio.shield(flight)
         except asyncio.CancelledError:
             if self._aborting is flight:
                 self.stats.aborted += 1
@@ -462,7 +489,7 @@ class Captioner:
             raise
         except EngineError as exc:
             self.stats.failed += 1
-            log.warning("session %s…: caption failed: %s", entry.session.id[:6], exc)
+            log.warning("session %s…: background work failed: %s", entry.session.id[:6], exc)
             return None
         finally:
             self._flight = None
@@ -470,11 +497,64 @@ class Captioner:
             self.stats.busy_s += time.monotonic() - started
             if session_ended in entry.closers:
                 entry.closers.remove(session_ended)
-        self.stats.written += 1
-        caption = " ".join(text.split())
-        log.debug("session %s…: keyframe %d captioned (%d characters)", entry.session.id[:6], keyframe.seq,
-                  len(caption))
-        return caption
+
+    # -- folding a long chat -------------------------------------------------
+
+    def _fold_due(self, engine: ChatEngine) -> tuple[SessionRecord, list[Any]] | None:
+        """A session with memory on whose chat passed FOLD_SHARE of the model's
+        context, and the oldest half of its exchanges to fold."""
+        count = token_counter(engine)
+        limit = engine.options.max_model_len * FOLD_SHARE
+        entries = self.host.registry.entries()
+        live = {e.session.id for e in entries}
+        for gone in [sid for sid in self._history_tokens if sid not in live]:
+            del self._history_tokens[gone]
+        for entry in entries:
+            history = getattr(entry, "history", None)
+            if entry.closed or not entry.session.settings.memory or history is None or len(history) < 3:
+                continue
+            exchanges = list(history.exchanges)
+            key = (len(exchanges), id(exchanges[-1]), id(exchanges[0]))
+            known = self._history_tokens.get(entry.session.id)
+            if known is None or known[0] != key:
+                known = (key, sum(count(turn.text) for e in exchanges for turn in e.turns()))
+                self._history_tokens[entry.session.id] = known
+            if known[1] > limit:
+                return entry, exchanges[: max(2, len(exchanges) // 2)]
+        return None
+
+    async def _fold(self, engine: ChatEngine, entry: SessionRecord, oldest: list[Any]) -> bool:
+        """Have the model summarise ``oldest`` and put the summary in their place."""
+        chat = "\n".join(f"{turn.role}: {turn.text}" for e in oldest for turn in e.turns())
+        try:
+            prepared = await asyncio.to_thread(
+                engine.prepare, FOLD_PROMPT + "\n\n" + chat, [], None, max_tokens=SUMMARY_TOKENS,
+                temperature=0.0, seed=0, cache_salt=entry.cache_salt)
+        except EngineError as exc:
+            self.stats.failed += 1
+            log.warning("session %s…: the chat could not be folded: %s", entry.session.id[:6], exc)
+            return False
+        text = await self._written(engine, entry, prepared)
+        if text is None:
+            return False
+        history = getattr(entry, "history", None)
+        if history is None or not history.fold(oldest, " ".join(text.split()) or "(nothing to say)"):
+            return False
+        self.stats.folds += 1
+        log.info("session %s…: the chat's %d oldest exchanges folded into a summary (%d folded in all)",
+                 entry.session.id[:6], len(oldest), history.folded)
+        return True
+
+
+# A chat is folded when it passes this share of the model's context: well
+# before vidchat.engine.ModelEngine.fit_history would cut it (the frames, the
+# memory block and the answer need the rest).
+FOLD_SHARE = 0.25
+
+FOLD_PROMPT = ("Summarize the conversation below in a few sentences: what was seen, asked and answered. "
+               "Keep names, times and numbers.")
+
+SUMMARY_TOKENS = 128
 
 
 MEMORY_MODES = ("auto", "on", "off")
