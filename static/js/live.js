@@ -1,6 +1,7 @@
 // What the session is doing, live: the status line's figures every second,
 // and the newest kept frames with a chart of answer timings every third.
 import { authHeaders } from "./api.js";
+import { refreshMemory } from "./memory.js";
 import { reportSource, streamName } from "./source.js";
 import { $, setNote, setStatus, state } from "./state.js";
 
@@ -32,6 +33,7 @@ export function startStatsPolling(sessionGone) {
           return;
         }
         if (r.ok) renderStats(await r.json());
+        await refreshMemory();
         // A stream's preview is its newest kept frame: refreshed each tick, the live strip every third.
         if (++state.ticks % 3 === 0 || streamName(state.source)) await refreshLiveView();
       } catch (_) { /* transient: next tick */ }

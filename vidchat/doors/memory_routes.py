@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 from fastapi import APIRouter, HTTPException, Request
 from fastapi.responses import JSONResponse, Response
 
+from vidchat.conversation.events import SettingsChanged
 from vidchat.doors import Server, login_of
 
 if TYPE_CHECKING:
@@ -53,14 +54,23 @@ def router(state: Server) -> APIRouter:
         return Response(frame.jpeg if full else frame.thumbnail(), media_type="image/jpeg",
                         headers={"Cache-Control": "private, max-age=3600"})
 
+    @api.post("/sessions/{sid}/memory")
+    async def switch(request: Request, sid: str) -> dict[str, Any]:
+        """{"memory": true|false}: the session's memory on or off (the page's switch; the
+        socket doors set it in session.config/update)."""
+        entry = owned(request, sid)
+        body = await _object(request)
+        on = body.get("memory")
+        if not isinstance(on, bool):
+            raise HTTPException(400, f"memory must be true or false, got {on!r}")
+        entry.session.update_settings(memory=on)
+        entry.event_hub.publish(SettingsChanged({"memory": on}))
+        return memory_json(entry)
+
     @api.post("/sessions/{sid}/memory/pin")
     async def pin(request: Request, sid: str) -> dict[str, Any]:
         entry = owned(request, sid)
-        try:
-            body = await request.json()
-        except ValueError:
-            raise HTTPException(400, "send a JSON object: {\"seq\": N} or {\"seq\": null}") from None
-        seq = body.get("seq") if isinstance(body, dict) else None
+        seq = (await _object(request)).get("seq")
         if seq is not None and (not isinstance(seq, int) or isinstance(seq, bool)
                                 or entry.session.scene_log.get(seq) is None):
             raise HTTPException(400, f"seq must be a keyframe of this session's memory or null, got {seq!r}")
@@ -68,3 +78,13 @@ def router(state: Server) -> APIRouter:
         return {"pinned": seq}
 
     return api
+
+
+async def _object(request: Request) -> dict[str, Any]:
+    try:
+        body = await request.json()
+    except ValueError:
+        body = None
+    if not isinstance(body, dict):
+        raise HTTPException(400, "send a JSON object")
+    return body

@@ -603,7 +603,14 @@ class Session(SessionMedia):
                                    new.scene_change_share)
             if new.audio_seconds != self.settings.audio_seconds:
                 self._audio.set_cap(new.audio_seconds)
+            remembers_now = new.memory and not self.settings.memory
             self.settings = new
+            if remembers_now and self._buffer.frames:
+                # Memory turned on mid-scene: the scene on screen is its first keyframe.
+                newest = self._buffer.frames[-1]
+                logged = self.scene_log.keyframes()
+                if not logged or logged[-1].seq < newest.seq:
+                    self.scene_log.add(newest.seq, newest.t, newest.pixels, newest.source_t)
         logger.debug("session %s: settings changed %s", self.id, changes)
 
     def reset(self) -> None:

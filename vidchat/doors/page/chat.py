@@ -91,6 +91,14 @@ PREVIEW_HTML = """
       it is never uploaded.</span>
   </div>
   <div class="vc-stats" id="vc-stats">No session</div>
+  <div class="vc-memory" id="vc-memory" hidden>
+    <div class="vc-memory-head">
+      <label title="A keyframe at each scene change, captioned while the model is idle: questions can ask about earlier moments">
+        <input type="checkbox" id="vc-memory-on"> Memory</label>
+      <span class="vc-muted" id="vc-memory-note" role="status"></span>
+    </div>
+    <div class="vc-memory-strip" id="vc-memory-strip" role="list" aria-label="the session's scenes, oldest first"></div>
+  </div>
   <div class="vc-live-view" id="vc-live-view" hidden>
     <div class="vc-kept" id="vc-kept" title="The newest frames the filter kept"></div>
     <div class="vc-chart-box">
