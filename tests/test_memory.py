@@ -245,3 +245,92 @@ async def test_a_long_chat_is_folded_into_a_summary_and_the_context_never_overfl
     head = entry.history.turns()[0]
     assert head.role == "system" and head.text.startswith("Summary of the earlier conversation")
     assert entry.history.folded + len(entry.history) - 1 == 10  # every exchange is in the chat or its summary
+
+
+# ---- the doors ---------------------------------------------------------------
+
+@pytest.mark.engine
+async def test_an_opted_in_socket_client_gets_memory_caption_and_its_log_over_http(server):
+    import base64
+    import json
+
+    import websockets
+
+    from vidchat.devtools import synthetic
+
+    scenes = [base64.b64encode(j).decode() for j in synthetic.cuts_clip(120, 160, cuts=3, hold=1).jpegs()]
+
+    async def messages(ws, until, within=90.0):
+        seen = []
+        deadline = asyncio.get_running_loop().time() + within
+        while not until(seen):
+            left = deadline - asyncio.get_running_loop().time()
+            seen.append(json.loads(await asyncio.wait_for(ws.recv(), max(left, 0.01))))
+        return seen
+
+    async with websockets.connect(server.ws_url, max_size=None) as remembering, \
+            websockets.connect(server.ws_url, max_size=None) as plain:
+        await remembering.send(json.dumps({"type": "session.config", "memory": True, "num_sample_frames": 2}))
+        await plain.send(json.dumps({"type": "session.config", "num_sample_frames": 2}))
+        for data in scenes:
+            for ws in (remembering, plain):
+                await ws.send(json.dumps({"type": "video.frame", "data": data}))
+        captions = [m for m in await messages(remembering, lambda seen: sum(
+            m["type"] == "memory.caption" for m in seen) >= 3) if m["type"] == "memory.caption"]
+        assert [c["seq"] for c in captions] == sorted({c["seq"] for c in captions}, reverse=True)  # newest first
+        assert all(isinstance(c["time_ms"], int) and c["time_ms"] >= 0 and isinstance(c["caption"], str)
+                   for c in captions)
+        await remembering.send(json.dumps({"type": "session.update", "max_tokens": 4}))
+        updated = (await messages(remembering, lambda seen: bool(seen) and seen[-1]["type"] == "session.updated"))[-1]
+        assert updated["settings"]["memory"] is True
+        memory = await asyncio.to_thread(server.get_json, f"/sessions/{updated['session_id']}/memory")
+        assert [k["seq"] for k in memory["keyframes"]] == sorted(c["seq"] for c in captions)
+        assert [k["caption"] for k in reversed(memory["keyframes"])] == [c["caption"] for c in captions]
+        assert memory["keyframes"][0]["time_s"] == 0.0 and memory["keyframes"][0]["thumbnail"].endswith(".jpg")
+        # The client that never named memory: no log, and not one memory.caption.
+        await plain.send(json.dumps({"type": "session.update", "max_tokens": 4}))
+        said = await messages(plain, lambda seen: bool(seen) and seen[-1]["type"] == "session.updated")
+        assert not [m for m in said if m["type"] == "memory.caption"]
+        plain_memory = await asyncio.to_thread(server.get_json, f"/sessions/{said[-1]['session_id']}/memory")
+        assert plain_memory["memory"] is False and plain_memory["keyframes"] == []
+    assert "no such session" in (await asyncio.to_thread(server.get_json, "/sessions/nope/memory"))["detail"]
+
+
+@pytest.mark.unit
+def test_the_memory_routes_serve_a_session_to_its_own_login_only():
+    from fastapi import FastAPI
+    from fastapi.testclient import TestClient
+
+    from vidchat.doors import LOGIN_HEADER
+    from vidchat.doors import memory_routes
+
+    registry = SessionRegistry()
+    entry = registry.create("webrtc", SessionSettings(memory=True), owner="alice")
+    for t, frame, _ in long_stream(1.5, SCENE_S):
+        entry.session.add_frame(frame, t=T0 + t)
+    sid = entry.session.id
+    app = FastAPI()
+
+    class State:
+        pass
+
+    state = State()
+    state.registry = registry
+    app.include_router(memory_routes.router(state))
+    client = TestClient(app)
+    alice, bob = {LOGIN_HEADER: "alice"}, {LOGIN_HEADER: "bob"}
+    body = client.get(f"/sessions/{sid}/memory", headers=alice).json()
+    assert [k["time_s"] for k in body["keyframes"]] == [0.0, 30.0, 60.0]
+    thumb = client.get(body["keyframes"][1]["thumbnail"], headers=alice)
+    assert thumb.status_code == 200 and thumb.headers["content-type"] == "image/jpeg"
+    assert client.get(f"/sessions/{sid}/memory", headers=bob).status_code == 404
+    assert client.get(body["keyframes"][1]["thumbnail"], headers=bob).status_code == 404
+    assert client.post(f"/sessions/{sid}/memory/pin", json={"seq": 2}, headers=bob).status_code == 404
+    seq = body["keyframes"][1]["seq"]
+    assert client.post(f"/sessions/{sid}/memory/pin", json={"seq": seq}, headers=alice).json() == {"pinned": seq}
+    assert entry.memory_pin == seq
+    refused = client.post(f"/sessions/{sid}/memory/pin", json={"seq": 999}, headers=alice)
+    assert refused.status_code == 400 and "keyframe of this session" in refused.json()["detail"]
+    off = client.post(f"/sessions/{sid}/memory", json={"memory": False}, headers=alice).json()
+    assert off["memory"] is False and entry.session.settings.memory is False
+    assert client.post(f"/sessions/{sid}/memory", json={"memory": "yes"}, headers=alice).status_code == 400
