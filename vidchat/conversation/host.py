@@ -19,7 +19,6 @@ from typing import TYPE_CHECKING, Literal, Protocol, Sequence
 
 if TYPE_CHECKING:
     from vidchat.conversation.answers import AnswerOptions, AnswerQueue, SessionRecord
-    from vidchat.conversation.memory import MemoryOptions
     from vidchat.engine.interface import ChatEngine
 
 # Which of the server's engines answers: its model, or the second model
@@ -79,6 +78,23 @@ class Warmups(Protocol):
     def question_coming(self, session_id: str) -> None: ...
 
 
+class MemorySettings(Protocol):
+    """How sessions remember (vidchat.conversation.memory.MemoryOptions: --memory-prompt,
+    --memory-caption-tokens, --memory-tokens, --memory-frames)."""
+
+    @property
+    def prompt(self) -> str: ...
+
+    @property
+    def caption_tokens(self) -> int: ...
+
+    @property
+    def tokens(self) -> int: ...
+
+    @property
+    def frames(self) -> int: ...
+
+
 class Host(Protocol):
     """What serves a conversation (see the module's docstring)."""
 
@@ -98,7 +114,7 @@ class Host(Protocol):
     def prewarmer(self) -> Warmups | None: ...  # None: no warm-ups
 
     @property
-    def memory(self) -> MemoryOptions | None: ...  # how sessions remember (vidchat.conversation.memory); None: never
+    def memory(self) -> MemorySettings | None: ...  # how sessions remember; None: never
 
     def engine_now(self, role: EngineRole = "main") -> ChatEngine | None:
         """The engine answering for ``role`` at this moment, without waiting

@@ -54,7 +54,7 @@ from vidchat.media.scene_log import Keyframe
 
 if TYPE_CHECKING:
     from vidchat.conversation.answers import Answer, SessionRecord
-    from vidchat.conversation.host import Host
+    from vidchat.conversation.host import Host, MemorySettings
 
 log = logging.getLogger(__name__)
 
@@ -219,7 +219,7 @@ def ago(seconds: float) -> str:
     return f"{hours}:{minutes:02d}:{secs:02d}" if hours else f"{minutes}:{secs:02d}"
 
 
-def recall(keyframes: Sequence[Keyframe], question: str, now: float, start: float, options: MemoryOptions,
+def recall(keyframes: Sequence[Keyframe], question: str, now: float, start: float, options: MemorySettings,
            count_tokens: Callable[[str], int], now_wall: float | None = None,
            pinned: Sequence[Keyframe] = ()) -> MemoryUse:
     """What a question asked at ``now`` gets of a log: the keyframes it points
@@ -274,7 +274,7 @@ def token_counter(engine: ChatEngine) -> Callable[[str], int]:
     return lambda text: (len(text) + 3) // 4
 
 
-def session_recall(entry: SessionRecord, engine: ChatEngine, question: str, options: MemoryOptions,
+def session_recall(entry: SessionRecord, engine: ChatEngine, question: str, options: MemorySettings,
                    pinned_seq: int | None = None) -> MemoryUse | None:
     """What ``entry``'s question gets of its memory (None: its memory is off, or empty)."""
     session = entry.session
@@ -316,7 +316,7 @@ LOOK_EVERY_S = 0.25
 class Captioner:
     """Writes the scene logs' captions while the engine is idle (the module's rules)."""
 
-    def __init__(self, host: Host, options: MemoryOptions) -> None:
+    def __init__(self, host: Host, options: MemorySettings) -> None:
         self.host = host
         self.options = options
         self.stats = CaptionStats()
@@ -352,7 +352,9 @@ class Captioner:
 
     def snapshot(self) -> dict[str, Any]:
         """What /api/health shows of the memory's captions."""
-        return {**dataclasses.asdict(self.options), **self.stats.counts(), "running": self.running}
+        options = self.options
+        return {"prompt": options.prompt, "caption_tokens": options.caption_tokens, "tokens": options.tokens,
+                "frames": options.frames, **self.stats.counts(), "running": self.running}
 
     async def _answer_arriving(self, answer: Answer) -> None:
         """A question is about to generate: a caption in flight on its engine is aborted first."""
