@@ -111,6 +111,14 @@ async def captioned(host: Standalone, entry, within: float = 120.0) -> None:
     await eventually_async(lambda: not entry.session.scene_log.uncaptioned(), within, "every keyframe captioned")
 
 
+def watching(host: Standalone, minutes: float, frames: int = 4, kind: str = "replay"):
+    """A session of ``host`` with memory on that has watched ``minutes`` of the synthetic stream."""
+    entry = host.registry.create(kind, SessionSettings(memory=True, num_sample_frames=frames))
+    for t, frame, _ in long_stream(minutes, SCENE_S):
+        entry.session.add_frame(frame, t=T0 + t)
+    return entry
+
+
 async def ask_and_finish(entry, question: str, options: AnswerOptions) -> Done:
     run = await entry.ask(question, options)
     return await run.finish()
@@ -119,9 +127,7 @@ async def ask_and_finish(entry, question: str, options: AnswerOptions) -> Done:
 @pytest.mark.engine
 async def test_captions_are_written_while_idle_and_a_question_about_minute_5_gets_its_keyframes(omni_engine):
     host = remembering_host(omni_engine, caption_tokens=6, frames=2)
-    entry = host.registry.create("replay", SessionSettings(memory=True, num_sample_frames=4))
-    for t, frame, _ in long_stream(10, SCENE_S):
-        entry.session.add_frame(frame, t=T0 + t)
+    entry = watching(host, 10, frames=4)
     captioner = Captioner(host, host.memory)
     captioner.start()
     try:
@@ -154,9 +160,7 @@ async def test_a_bundle_with_memory_is_replayed_identically_with_its_recorded_ca
     from vidchat.qa.replay import Answered, ReplayPlan, reask_bundle
 
     host = remembering_host(omni_engine, caption_tokens=5)
-    entry = host.registry.create("webrtc", SessionSettings(memory=True, num_sample_frames=3))
-    for t, frame, _ in long_stream(6, SCENE_S):
-        entry.session.add_frame(frame, t=T0 + t)
+    entry = watching(host, 6, frames=3, kind="webrtc")
     for k in entry.session.scene_log.keyframes():
         entry.session.scene_log.set_caption(k.seq, f"caption of keyframe {k.seq}")
     done = await ask_and_finish(entry, "What was there at the start?", AnswerOptions(max_tokens=12, temperature=0.0))
@@ -198,9 +202,7 @@ def test_a_suite_check_holds_the_memory_frames_to_a_span_of_the_clip():
 async def test_a_caption_in_flight_is_aborted_by_a_question_and_written_later(omni_engine):
     # A caption of 2,000 tokens runs for seconds on the tiny model: long enough to be cut.
     host = remembering_host(omni_engine, caption_tokens=2000)
-    entry = host.registry.create("replay", SessionSettings(memory=True, num_sample_frames=2))
-    for t, frame, _ in long_stream(0.6, SCENE_S):  # two scenes
-        entry.session.add_frame(frame, t=T0 + t)
+    entry = watching(host, 0.6, frames=2)  # two scenes
     assert len(entry.session.scene_log) == 2
     captioner = Captioner(host, host.memory)
     captioner.start()
@@ -221,9 +223,7 @@ async def test_a_caption_in_flight_is_aborted_by_a_question_and_written_later(om
 @pytest.mark.engine
 async def test_a_long_chat_is_folded_into_a_summary_and_the_context_never_overflows(omni_engine):
     host = remembering_host(omni_engine, caption_tokens=4, tokens=512)
-    entry = host.registry.create("replay", SessionSettings(memory=True, num_sample_frames=4))
-    for t, frame, _ in long_stream(4, SCENE_S):
-        entry.session.add_frame(frame, t=T0 + t)
+    entry = watching(host, 4, frames=4)
     for k in entry.session.scene_log.keyframes():
         entry.session.scene_log.set_caption(k.seq, "a long caption " * 20)
     captioner = Captioner(host, host.memory)
