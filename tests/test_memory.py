@@ -97,6 +97,9 @@ def test_the_memory_block_lists_captions_newest_first_within_its_tokens():
     assert "- 0:29 ago: scene 19" in use.text and not use.frames
     whole = recall(log.keyframes(), "What was there 2 minutes ago?", now, T0, MemoryOptions(tokens=4096), words)
     assert len(whole.captions) == 20 and len(whole.frames) == 2
+    as_video = recall(log.keyframes(), "What was there 2 minutes ago?", now, T0, MemoryOptions(tokens=4096), words,
+                      with_frames=False)  # frames sent as a video: the captions alone
+    assert not as_video.frames and "images are from earlier" not in as_video.text
     assert "The first 2 images are from earlier in this session" in whole.text
 
 

@@ -360,7 +360,7 @@ class Conversation(SessionRecord):
         host = self.serving()
         engine = engine or await host.engine_for("main")
         if memory is None and continues_chat:
-            memory = await self._recall(engine, question)
+            memory = await self._recall(engine, question, with_frames=options.frames_as == "images")
         answer = await asking.ask(engine, self.chat, question, options,
                                   history=history, queue=host.answer_gate, sample=sample, spoken=spoken,
                                   question_audio=question_audio, frames_optional=frames_optional,
@@ -375,14 +375,14 @@ class Conversation(SessionRecord):
             self._in_task(ask_second(self, answer, history, record=record))
         return run
 
-    async def _recall(self, engine: ChatEngine, question: str) -> MemoryUse | None:
+    async def _recall(self, engine: ChatEngine, question: str, with_frames: bool = True) -> MemoryUse | None:
         """What this question gets of the session's memory (None: memory off);
         a keyframe pinned on the page's timeline is used once."""
         options = self.serving().memory
         if options is None or not self.session.settings.memory:
             return None
         pinned, self.memory_pin = self.memory_pin, None
-        return await asyncio.to_thread(session_recall, self, engine, question, options, pinned)
+        return await asyncio.to_thread(session_recall, self, engine, question, options, pinned, with_frames)
 
     def _asked(self, question: str, cause: str, at: float | None, spoken: Utterance | None) -> int:
         ticket = self._move_turn("question")

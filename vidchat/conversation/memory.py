@@ -221,12 +221,14 @@ def ago(seconds: float) -> str:
 
 def recall(keyframes: Sequence[Keyframe], question: str, now: float, start: float, options: MemorySettings,
            count_tokens: Callable[[str], int], now_wall: float | None = None,
-           pinned: Sequence[Keyframe] = ()) -> MemoryUse:
+           pinned: Sequence[Keyframe] = (), with_frames: bool = True) -> MemoryUse:
     """What a question asked at ``now`` gets of a log: the keyframes it points
     at (or ``pinned``: picked on the page's timeline) and the captions, newest
-    first, as long as the block stays within ``options.tokens``."""
+    first, as long as the block stays within ``options.tokens``.
+    ``with_frames`` false: the captions alone (a question sending its frames as a video)."""
     pointer = pointed(question, now, start, now_wall)
-    chosen = list(pinned)[: options.frames] if pinned else picks(keyframes, pointer, options.frames)
+    most = options.frames if with_frames else 0
+    chosen = list(pinned)[:most] if pinned else picks(keyframes, pointer, most)
     frames = tuple(MemoryFrame(k.seq, k.t, now - k.t, k.source_t, k.caption, k.pixels()) for k in chosen)
     lines: list[str] = []
     captions: list[tuple[int, float, str]] = []
@@ -275,7 +277,7 @@ def token_counter(engine: ChatEngine) -> Callable[[str], int]:
 
 
 def session_recall(entry: SessionRecord, engine: ChatEngine, question: str, options: MemorySettings,
-                   pinned_seq: int | None = None) -> MemoryUse | None:
+                   pinned_seq: int | None = None, with_frames: bool = True) -> MemoryUse | None:
     """What ``entry``'s question gets of its memory (None: its memory is off, or empty)."""
     session = entry.session
     if not session.settings.memory:
@@ -288,7 +290,7 @@ def session_recall(entry: SessionRecord, engine: ChatEngine, question: str, opti
     pinned = [k for k in keyframes if k.seq == pinned_seq] if pinned_seq is not None else []
     newest = keyframes[-1]
     now_wall = newest.wall + (now - newest.t)
-    return recall(keyframes, question, now, start, options, token_counter(engine), now_wall, pinned)
+    return recall(keyframes, question, now, start, options, token_counter(engine), now_wall, pinned, with_frames)
 
 
 # ---- captions ----------------------------------------------------------
