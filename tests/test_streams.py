@@ -234,3 +234,48 @@ async def test_a_page_tab_chooses_the_stream_and_asks(streams_server, tmp_path, 
     watched = stream(streams_server, "cam")
     assert watched["connects"] >= 1 and sid
     await until_stream(streams_server, "cam", "the tab left", sessions=0)
+
+
+@pytest.mark.browser
+@pytest.mark.parametrize("width, height", [(1280, 900), (390, 844)], ids=["desktop", "phone"])
+async def test_a_stream_that_is_down_is_never_shown_live(streams_server, sources, tmp_path, artifacts_dir,
+                                                        width, height):
+    """The locked camera goes away: a tab choosing its stream gets a badge
+    with the reader's own state and reason, not "Live" over nothing, and a
+    question is told the stream has no frame yet, in the stream's words
+    (issue 59, point 6). The camera comes back for the tests after."""
+    from playwright.async_api import async_playwright
+
+    from vidchat.devtools.page import launch, write_wav, write_y4m
+
+    sources["locked"].stop()
+    write_y4m(tmp_path / "cam.y4m", (40, 160, 90))
+    write_wav(tmp_path / "mic.wav")
+    try:
+        async with async_playwright() as pw:
+            browser = await launch(pw, tmp_path / "cam.y4m", tmp_path / "mic.wav", tmp_path)
+            try:
+                page = await browser.new_page(viewport={"width": width, "height": height})
+                await page.goto(streams_server.url + "/")
+                await page.wait_for_selector("#vc-source option[value='stream:locked']", state="attached",
+                                             timeout=30_000)
+                await page.select_option("#vc-source", "stream:locked")
+                await page.click("#vc-start")
+                await page.wait_for_function(
+                    "/^(Reconnecting|Down)/.test(document.querySelector('#vc-conn').textContent)", timeout=30_000)
+                badge = await page.inner_text("#vc-conn")
+                assert "Live" not in badge and ":" in badge, badge  # the state with its reason
+                assert await page.get_attribute("#vc-conn", "data-tone") in ("busy", "error")
+                assert await page.locator("#vc-stream-frame").is_hidden()  # no picture to show
+                box = page.locator("#vc-question textarea")
+                await box.fill("What is there?")
+                await box.press("Enter")
+                said = page.locator("#vc-chat", has_text="No frames available.")
+                await said.wait_for(timeout=30_000)
+                text = await page.inner_text("#vc-chat")
+                assert "locked" in text and "Start camera" not in text, text[-400:]
+                await page.screenshot(path=str(artifacts_dir / f"page-stream-down-{width}.png"))
+            finally:
+                await browser.close()
+    finally:
+        sources["locked"] = start_rtsp_camera(streams_server.stream_ports["locked"], user="viewer", password=SECRET)
