@@ -49,13 +49,17 @@ def test_the_log_is_bounded_and_thinned_so_it_still_spans_the_whole_session():
     session = played(30, limit=16)  # 60 scenes into 16 places
     frames = session.scene_log.keyframes()
     times = [k.t - T0 for k in frames]
-    assert len(frames) <= 16 and session.scene_log.added == 60
+    assert len(frames) == 16 and session.scene_log.added == 60 and session.scene_log.thinned == 44
     assert times[0] == 0.0 and times[-1] == 59 * SCENE_S, times  # the start and the newest are kept
     assert times == sorted(times)
-    gaps = np.diff(times)
-    # The newest part in full, coarser further back (never finer than what follows it).
-    assert gaps[-1] == SCENE_S and gaps[0] > SCENE_S, gaps
-    assert all(a >= b for a, b in zip(gaps[1:-1], gaps[2:])), gaps
+    back = np.diff(times)[::-1]  # the gaps, newest first
+    assert back[0] == SCENE_S and all(a <= b for a, b in zip(back, back[1:])), back  # sparser further back
+    assert max(back) <= 0.3 * times[-1], back  # no hole: every stretch of the session has its keyframes
+    # An hour and a half at 8 places: still the whole session, spaced by age.
+    longer = [k.t - T0 for k in played(90, limit=8).scene_log.keyframes()]
+    assert len(longer) == 8 and longer[0] == 0.0 and longer[-1] == 179 * SCENE_S
+    gaps = np.diff(longer)[::-1]
+    assert all(a <= b for a, b in zip(gaps, gaps[1:])), longer
 
 
 @pytest.mark.unit
@@ -290,6 +294,11 @@ async def test_an_opted_in_socket_client_gets_memory_caption_and_its_log_over_ht
         assert [k["seq"] for k in memory["keyframes"]] == sorted(c["seq"] for c in captions)
         assert [k["caption"] for k in reversed(memory["keyframes"])] == [c["caption"] for c in captions]
         assert memory["keyframes"][0]["time_s"] == 0.0 and memory["keyframes"][0]["thumbnail"].endswith(".jpg")
+        # Without history (the seed's default) a question still carries the session's memory.
+        await remembering.send(json.dumps({"type": "video.query", "text": "What was there at the start?"}))
+        done = (await messages(remembering, lambda seen: bool(seen) and seen[-1]["type"] == "response.text.done"))[-1]
+        assert done["stats"]["memory_tokens"] > 0 and done["stats"]["history_turns"] == 0
+        assert [f["time_s"] for f in done["stats"]["memory_frames"]][0] == 0.0
         # The client that never named memory: no log, and not one memory.caption.
         await plain.send(json.dumps({"type": "session.update", "max_tokens": 4}))
         said = await messages(plain, lambda seen: bool(seen) and seen[-1]["type"] == "session.updated")
@@ -297,6 +306,14 @@ async def test_an_opted_in_socket_client_gets_memory_caption_and_its_log_over_ht
         plain_memory = await asyncio.to_thread(server.get_json, f"/sessions/{said[-1]['session_id']}/memory")
         assert plain_memory["memory"] is False and plain_memory["keyframes"] == []
     assert "no such session" in (await asyncio.to_thread(server.get_json, "/sessions/nope/memory"))["detail"]
+    # The Realtime door names the session's id for the same route (its own session.id is the API's).
+    async with websockets.connect(server.url.replace("http", "ws") + "/v1/realtime", max_size=None) as rt:
+        created = json.loads(await asyncio.wait_for(rt.recv(), 30))
+        assert created["type"] == "session.created"
+        realtime_id = created["session"]["vidchat"]["session_id"]
+        assert realtime_id != created["session"]["id"]
+        log = await asyncio.to_thread(server.get_json, f"/sessions/{realtime_id}/memory")
+        assert log["session_id"] == realtime_id and log["memory"] is False
 
 
 @pytest.mark.unit
@@ -334,6 +351,36 @@ def test_the_memory_routes_serve_a_session_to_its_own_login_only():
     assert entry.memory_pin == seq
     refused = client.post(f"/sessions/{sid}/memory/pin", json={"seq": 999}, headers=alice)
     assert refused.status_code == 400 and "keyframe of this session" in refused.json()["detail"]
+    assert client.post(f"/sessions/{sid}/memory/pin", json={}, headers=alice).status_code == 400  # say which
     off = client.post(f"/sessions/{sid}/memory", json={"memory": False}, headers=alice).json()
     assert off["memory"] is False and entry.session.settings.memory is False
+    assert off["keyframes"] == [] and len(entry.session.scene_log) == 0  # off keeps nothing
     assert client.post(f"/sessions/{sid}/memory", json={"memory": "yes"}, headers=alice).status_code == 400
+
+
+@pytest.mark.engine
+async def test_a_replay_captions_what_it_saw_before_each_question(omni_engine):
+    from vidchat.conversation.memory import write_captions
+
+    host = remembering_host(omni_engine, caption_tokens=4)
+    entry = watching(host, 3)
+    assert await write_captions(host, omni_engine, entry, host.memory) == 6
+    keyframes = entry.session.scene_log.keyframes()
+    assert all(k.caption is not None for k in keyframes)
+    written = [k.caption_wall for k in keyframes]
+    assert written == sorted(written)  # oldest first
+    assert await write_captions(host, omni_engine, entry, host.memory) == 0  # nothing twice
+
+
+@pytest.mark.unit
+def test_a_seed_session_starts_with_the_servers_memory():
+    from types import SimpleNamespace
+
+    from vidchat.doors.socket.session import SessionConfig
+
+    for remembers in (True, False):
+        state = SimpleNamespace(registry=SimpleNamespace(default_settings=lambda r=remembers: SessionSettings(
+            memory=r)), check_frame_budget=lambda n: None)
+        conn = SimpleNamespace(settings=SimpleNamespace(ws_max_audio_seconds=30.0), state=state)
+        assert SessionConfig(conn)._session_settings({}).memory is remembers
+        assert SessionConfig(conn)._session_settings({"memory": False}).memory is False

@@ -205,7 +205,7 @@ async def ask_second(conversation: Conversation, first: Answer, history: Sequenc
     try:
         answer = await ask_answer(engine, slot, first.question, first.options, history=history,
                                   queue=host.answer_gate, sample=first.sample, spoken=first.spoken, ticket=ticket,
-                                  current=lambda: slot.holds(ticket))
+                                  current=lambda: slot.holds(ticket), memory=first.memory)
     except Superseded:
         return None
     except (EngineError, NoFrames, ValueError) as exc:
@@ -359,7 +359,7 @@ class Conversation(SessionRecord):
             history = self.history.turns() if continues_chat else ()
         host = self.serving()
         engine = engine or await host.engine_for("main")
-        if memory is None and continues_chat:
+        if memory is None:  # with or without its chat (the seed's history off): memory is the session's
             memory = await self._recall(engine, question, with_frames=options.frames_as == "images")
         answer = await asking.ask(engine, self.chat, question, options,
                                   history=history, queue=host.answer_gate, sample=sample, spoken=spoken,

@@ -425,15 +425,13 @@ class Captioner:
         caption = await self._caption(engine, entry, keyframe)
         if caption is None:
             return False
-        frame = entry.session.scene_log.set_caption(keyframe.seq, caption)
-        if frame is not None:
-            origin = entry.session.timeline_start
-            time_ms = int(round((frame.t - (origin if origin is not None else frame.t)) * 1000))
-            entry.event_hub.publish(MemoryCaption(frame.seq, time_ms, caption))
+        captioned(entry, keyframe, caption)
         return True
 
-    async def _caption(self, engine: ChatEngine, entry: SessionRecord, keyframe: Keyframe) -> str | None:
-        """One caption, or None when it gave way to a question, its session ended or it failed."""
+    async def _caption(self, engine: ChatEngine, entry: SessionRecord, keyframe: Keyframe,
+                       now: bool = False) -> str | None:
+        """One caption, or None when it gave way to a question, its session ended or it failed.
+        ``now``: whatever else the engine runs (a replay's own captions: nobody waits)."""
         options = self.options
         try:
             prepared = await asyncio.to_thread(
@@ -447,7 +445,7 @@ class Captioner:
             return None
         finally:
             keyframe.forget_pixels()
-        text = await self._written(engine, entry, prepared)
+        text = await self._written(engine, entry, prepared, now)
         if text is None:
             return None
         self.stats.written += 1
@@ -456,10 +454,11 @@ class Captioner:
                   len(caption))
         return caption
 
-    async def _written(self, engine: ChatEngine, entry: SessionRecord, prepared: Prepared) -> str | None:
+    async def _written(self, engine: ChatEngine, entry: SessionRecord, prepared: Prepared,
+                       now: bool = False) -> str | None:
         """What the engine writes for ``prepared`` behind everything else: None
         when a question came meanwhile (it is aborted first), its session ended or it failed."""
-        if self._busy(engine) or entry.closed:  # a question came while it was prepared
+        if (self._busy(engine) and not now) or entry.closed:  # a question came while it was prepared
             self.stats.skipped += 1
             return None
         reply = engine.submit(dataclasses.replace(prepared, priority=CAPTION_PRIORITY))
@@ -548,6 +547,30 @@ class Captioner:
         log.info("session %s…: the chat's %d oldest exchanges folded into a summary (%d folded in all)",
                  entry.session.id[:6], len(oldest), history.folded)
         return True
+
+
+def captioned(entry: SessionRecord, keyframe: Keyframe, caption: str) -> None:
+    """Give ``keyframe`` its caption and tell the session's listeners (memory.caption)."""
+    frame = entry.session.scene_log.set_caption(keyframe.seq, caption)
+    if frame is not None:
+        origin = entry.session.timeline_start
+        time_ms = int(round((frame.t - (origin if origin is not None else frame.t)) * 1000))
+        entry.event_hub.publish(MemoryCaption(frame.seq, time_ms, caption))
+
+
+async def write_captions(host: Host, engine: ChatEngine, entry: SessionRecord, options: MemorySettings) -> int:
+    """Caption every keyframe of ``entry`` that has none yet, oldest first, now:
+    for a replay, where the engine has nobody else to serve and the file plays
+    as fast as it allows (vidchat.qa.replay asks this before each question, so a
+    replayed clip remembers as the live session would have once idle). How many were written."""
+    writer = Captioner(host, options)
+    written = 0
+    for keyframe in reversed(entry.session.scene_log.uncaptioned()):
+        caption = await writer._caption(engine, entry, keyframe, now=True)
+        if caption is not None:
+            captioned(entry, keyframe, caption)
+            written += 1
+    return written
 
 
 # A chat is folded when it passes this share of the model's context: well

@@ -70,7 +70,10 @@ def router(state: Server) -> APIRouter:
     @api.post("/sessions/{sid}/memory/pin")
     async def pin(request: Request, sid: str) -> dict[str, Any]:
         entry = owned(request, sid)
-        seq = (await _object(request)).get("seq")
+        body = await _object(request)
+        if "seq" not in body:
+            raise HTTPException(400, "send {\"seq\": N} to pin a keyframe, or {\"seq\": null} to unpin")
+        seq = body["seq"]
         if seq is not None and (not isinstance(seq, int) or isinstance(seq, bool)
                                 or entry.session.scene_log.get(seq) is None):
             raise HTTPException(400, f"seq must be a keyframe of this session's memory or null, got {seq!r}")

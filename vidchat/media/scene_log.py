@@ -11,11 +11,16 @@ kept as a JPEG (quality 85: about 12 KB at 320×240 instead of 230 KB as an
 array, so 256 keyframes cost a session about 3 MB).
 
 Bounded, never cut off. At most ``limit`` keyframes (``--memory-keyframes``,
-default 256). When one more arrives, the older half of the log (all but its
-very first keyframe, the session's start) drops every second keyframe. The
-newest half is untouched, so the log always spans the whole session, with
-the recent past in full and each older stretch coarser the more often it was
-thinned: a keyframe that survives k thinnings stands for about 2^k scenes.
+default 256). Past it, each new keyframe makes the log drop one: of those
+between the session's first keyframe and the newest (which always stay), the
+one whose neighbours are closest together on a logarithmic scale of age (how
+long before the newest keyframe they were). So the log always spans the
+whole session, and its keyframes end up evenly spaced in the logarithm of
+their age: the last minutes scene by scene, and the further back, the
+sparser, in proportion to how long ago (16 keyframes over an hour with a
+scene every 30 s: scene by scene for the last minute and a half, then one a
+minute, then one every 4 minutes, and 8 to 16 minutes apart from half an
+hour back to the start).
 
 Captions (vidchat.conversation.memory writes them while the engine is idle)
 are set on the keyframe they describe; a keyframe thinned away takes its
@@ -28,6 +33,7 @@ lock) and read by the event loop; the log's own short lock guards its list.
 from __future__ import annotations
 
 import io
+import math
 import threading
 import time
 from dataclasses import dataclass, field
@@ -114,17 +120,23 @@ class SceneLog:
         with self._lock:
             self._frames.append(frame)
             self.added += 1
-            if len(self._frames) > self.limit:
+            while len(self._frames) > self.limit:
                 self._thin()
             self.version += 1
         return frame
 
     def _thin(self) -> None:
-        # The older half but the first drops every second keyframe (the module's rule).
-        half = len(self._frames) // 2
-        before = len(self._frames)
-        self._frames = [self._frames[0], *self._frames[2:half:2], *self._frames[half:]]
-        self.thinned += before - len(self._frames)
+        # The module's rule: drop the keyframe whose neighbours are closest in log(age).
+        frames = self._frames
+        newest = frames[-1].t
+        # An age of 0 has no logarithm: ages count from one scene before the newest.
+        offset = max(1e-3, newest - frames[-2].t)
+
+        def gap_without(i: int) -> float:
+            return math.log((newest - frames[i - 1].t + offset) / (newest - frames[i + 1].t + offset))
+
+        del frames[min(range(1, len(frames) - 1), key=lambda i: (gap_without(i), -i))]
+        self.thinned += 1
 
     def keyframes(self) -> list[Keyframe]:
         """The log now, oldest first (a copy: the log may change meanwhile)."""

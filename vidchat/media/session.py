@@ -604,6 +604,8 @@ class Session(SessionMedia):
             if new.audio_seconds != self.settings.audio_seconds:
                 self._audio.set_cap(new.audio_seconds)
             remembers_now = new.memory and not self.settings.memory
+            if self.settings.memory and not new.memory:
+                self.scene_log.clear()  # off keeps nothing: a session with memory off has no log
             self.settings = new
             if remembers_now and self._buffer.frames:
                 # Memory turned on mid-scene: the scene on screen is its first keyframe.

@@ -95,6 +95,7 @@ import numpy as np
 from vidchat.conversation.answers import Answer, AnswerOptions
 from vidchat.conversation.bundles import MANIFEST, Bundle, is_bundle, read_bundle, write_bundle
 from vidchat.conversation.host import EngineRole, Host
+from vidchat.conversation.memory import write_captions
 from vidchat.conversation.modes import DEFAULT_EVERY_S, SceneWatch
 from vidchat.engine.interface import ChatEngine, EngineError, Turn
 from vidchat.media import AUDIO_RATE
@@ -544,6 +545,9 @@ class _FileAsker:
                         self.playback.end)
         try:
             engine = await self.host.engine_for(plan.role)  # now: the engine may have restarted since the last ask
+            memory = self.host.memory
+            if memory is not None and self.talking.session.settings.memory:
+                await write_captions(self.host, engine, self.talking, memory)  # what a live session had by now
             answer_run = await self.talking.ask(q.text, self.options, engine=engine, history=tuple(self.history))
             done = await answer_run.finish()
         except asking.NoFrames:

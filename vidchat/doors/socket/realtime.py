@@ -457,7 +457,9 @@ class RealtimeConnection(SocketSession):
                 "audio": {"input": {"format": rt.input_format(self.audio.rate),
                                     "turn_detection": self.turns.describe(), "transcription": None}},
                 "vidchat": {**current_values(self.entry.session.settings, options), "record": self.record,
-                            "stream": None if self.entry.stream is None else self.entry.stream.name}}
+                            "stream": None if self.entry.stream is None else self.entry.stream.name,
+                            # What GET /sessions/<id>/memory takes (vidchat.doors.memory_routes).
+                            "session_id": self.entry.session.id}}
 
     def next_item(self, item_id: str) -> str | None:
         """``item_id`` joins the conversation: the previous_item_id it follows."""

@@ -32,6 +32,9 @@ RECORD_KEYS = ("frames", "frame_indices", "frame_times", "frame_sizes", "inputs_
                "audio_span", "spoken_question", "prompt_tokens", "cached_tokens", "completion_tokens", "ttft_ms",
                "finish_reason", "frames_as", "temperature", "seed", "model")
 
+# ... and, where the session's memory was on (vidchat.conversation.memory), what it got of it.
+MEMORY_KEYS = ("memory_tokens", "memory_frames", "history_folded")
+
 
 # The API's client events this server does not serve, and why: each is
 # answered with an error naming it (code unsupported_event), and the session goes on.
@@ -339,7 +342,8 @@ class ResponseEvents:
         elif status == COMPLETED and summary.get("finish_reason") == "length":
             status, reason = "incomplete", "max_output_tokens"
         # The vidchat extra: what the model was given, and where the whole record is.
-        record = {**{key: summary.get(key) for key in RECORD_KEYS}, **links}
+        record = {**{key: summary.get(key) for key in RECORD_KEYS},
+                  **{key: summary[key] for key in MEMORY_KEYS if key in summary}, **links}
         return self.done(status, text=done.text if done.started else None, reason=reason, error=done.error,
                          stats=summary if done.started else None, record=record)
 

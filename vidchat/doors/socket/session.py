@@ -726,10 +726,11 @@ class SessionConfig:
             await conn.error(f"session.config: {exc}")
 
     def _session_settings(self, changes: dict[str, Any]) -> SessionSettings:
-        # The seed's defaults, but the server's sampling rule (a vidchat
-        # setting the seed protocol does not have: the CPU presets' 'stable').
-        base = SessionSettings(audio_seconds=self.conn.settings.ws_max_audio_seconds,
-                               sampling=self.conn.state.registry.default_settings().sampling)
+        # The seed's defaults, but the server's sampling rule and memory (vidchat
+        # settings the seed protocol does not have: the CPU presets' 'stable', --memory).
+        server = self.conn.state.registry.default_settings()
+        base = SessionSettings(audio_seconds=self.conn.settings.ws_max_audio_seconds, sampling=server.sampling,
+                               memory=server.memory)
         settings = dataclasses.replace(base, **changes)
         settings.validate()
         self.conn.state.check_frame_budget(settings.max_frames)
