@@ -175,6 +175,36 @@ async def test_websocket_needs_the_token(guarded):
 
 # ---- the page behind a password, in Chromium ------------------------------------
 
+async def wrong_password_keeps_the_user_name(page, screenshot) -> None:
+    """A wrong password is refused with a message; the user name stays as typed, the
+    password box is emptied and focused for the next try (issue 59, point 11)."""
+    await page.locator("input[type=password]").wait_for(timeout=30_000)
+    await page.locator("input[name=username]").fill(USER)
+    await page.locator("input[type=password]").fill("wrong")
+    await page.locator("button").filter(has_text="Login").click()
+    await page.get_by_text("Incorrect user name or password").wait_for(timeout=10_000)
+    assert await page.input_value("input[name=username]") == USER
+    assert await page.input_value("input[type=password]") == ""
+    assert await page.evaluate("document.activeElement.name") == "password"
+    await page.screenshot(path=str(screenshot))
+
+
+@pytest.mark.browser
+async def test_a_wrong_password_on_a_phone_keeps_the_user_name(guarded, tmp_path, artifacts_dir):
+    video, audio = tmp_path / "cam.y4m", tmp_path / "mic.wav"
+    write_y4m(video, (40, 160, 60))
+    write_wav(audio)
+    async with async_playwright() as pw:
+        browser = await launch(pw, video, audio, tmp_path)
+        try:
+            page = await browser.new_page(viewport={"width": 390, "height": 844})
+            await page.goto(f"http://127.0.0.1:{guarded.port}/")
+            await wrong_password_keeps_the_user_name(page, artifacts_dir / "login-phone.png")
+            assert await page.evaluate("document.documentElement.scrollWidth") <= 390  # nothing off the side
+        finally:
+            await browser.close()
+
+
 @pytest.mark.browser
 async def test_password_page_logs_in_starts_the_camera_and_answers(guarded, tmp_path, artifacts_dir):
     video, audio = tmp_path / "cam.y4m", tmp_path / "mic.wav"
@@ -185,14 +215,7 @@ async def test_password_page_logs_in_starts_the_camera_and_answers(guarded, tmp_
         try:
             page = await browser.new_page(viewport={"width": 1280, "height": 800})
             await page.goto(f"http://127.0.0.1:{guarded.port}/")
-            await page.locator("input[type=password]").wait_for(timeout=30_000)
-            await page.screenshot(path=str(artifacts_dir / "login.png"))
-            # A wrong password is refused and no page token is handed out.
-            await page.locator("input:not([type=password])").first.fill(USER)
-            await page.locator("input[type=password]").fill("wrong")
-            await page.locator("button").filter(has_text="Login").click()
-            await page.get_by_text("Incorrect").first.wait_for(timeout=10_000)
-            await page.locator("input:not([type=password])").first.fill(USER)  # the failed try clears it
+            await wrong_password_keeps_the_user_name(page, artifacts_dir / "login.png")
             await page.locator("input[type=password]").fill(PASSWORD)
             await page.locator("button").filter(has_text="Login").click()
             await page.locator("#vc-start").wait_for(timeout=30_000)

@@ -67,6 +67,8 @@ def test_secrets_are_redacted_from_request_lines():
                                ("1.2.3.4:5", "GET", "/webrtc/stats?session_id=abc123", "1.1", 200), None)
     RedactAccessLog().filter(record)
     assert "abc123" not in record.getMessage()
+    # A session's id in a path (its memory, issue 60) is as much a secret as in a query.
+    assert redact_query("/sessions/abc123/memory/4.jpg?full=1") == "/sessions/…/memory/4.jpg?full=1"
 
 
 def test_sessions_are_capped_per_client_and_reservations_count():
@@ -179,3 +181,6 @@ def test_the_access_log_keeps_what_a_person_reads_not_what_a_page_polls():
     # A playing file's position, reported every second (issue 59, point 11), unless it fails.
     assert not kept("POST", "/webrtc/source", 200) and kept("POST", "/webrtc/source", 400)
     assert not kept("GET", "/readyz", 200)
+    # The memory strip's log and thumbnails (issue 60), polled while a tab is open.
+    assert not kept("GET", "/sessions/abc/memory", 200) and not kept("GET", "/sessions/abc/memory/7.jpg", 200)
+    assert kept("POST", "/sessions/abc/memory", 200) and kept("GET", "/sessions/abc/memory", 404)

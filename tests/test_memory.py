@@ -384,3 +384,52 @@ def test_a_seed_session_starts_with_the_servers_memory():
         conn = SimpleNamespace(settings=SimpleNamespace(ws_max_audio_seconds=30.0), state=state)
         assert SessionConfig(conn)._session_settings({}).memory is remembers
         assert SessionConfig(conn)._session_settings({"memory": False}).memory is False
+
+
+@pytest.mark.engine
+async def test_a_suite_case_holds_a_clips_memory_frames_to_a_span_of_its_seconds(omni_engine, tmp_path):
+    """A 10-minute clip (a scene every 30 s) replayed by a suite with memory on:
+    at 10:00, "5 minutes ago" gets keyframes of minute 5, which the case's
+    memory_frames_within checks; a span elsewhere fails, saying where they were."""
+    import contextlib
+
+    from test_replay import make_clip
+
+    from vidchat.qa.suite import run_model
+    from vidchat.qa.suite_file import read_suite
+
+    frames = [frame for _, frame, _ in long_stream(10, SCENE_S)]
+    (tmp_path / "clips").mkdir()
+    make_clip(tmp_path / "clips" / "hour.mp4", seconds=600, fps=1, size=(160, 120),
+              picture=lambda i, n, h, w: frames[i], tone=False)
+    (tmp_path / "suite.toml").write_text("""name = "memory"
+[settings]
+temperature = 0
+max_tokens = 4
+num_sample_frames = 2
+memory = true
+
+[[case]]
+name = "ten-minutes"
+video = "clips/hour.mp4"
+  [[case.ask]]
+  at = 599.0
+  question = "What did you see 5 minutes ago?"
+  expect = { memory_frames_within = [265.0, 335.0] }
+  [[case.ask]]
+  at = 599.5
+  question = "And 5 minutes ago, again?"
+  expect = { memory_frames_within = [0.0, 100.0] }
+""")
+    host = ReplayingStandalone(omni_engine, answer_gate=AnswerQueue(), memory=MemoryOptions(caption_tokens=4),
+                               registry=SessionRegistry())
+
+    @contextlib.asynccontextmanager
+    async def open_host(model: str):
+        yield host
+
+    # The suite's runner for one model (run_suite runs each model in a loop of its own; this engine has one).
+    first, second = await run_model(read_suite(tmp_path), "tiny", open_host, tmp_path / "out", 1, {})
+    assert first.status == "passed", (first.error, first.checks)
+    assert second.status == "failed" and "not within 0–100 s" in second.checks[0]["detail"], second.checks
+    assert len(host.registry) == 0

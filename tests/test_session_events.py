@@ -65,6 +65,24 @@ async def test_a_listener_that_falls_behind_loses_its_oldest_events_and_never_cl
 
 
 @pytest.mark.unit
+async def test_a_listener_far_behind_loses_pieces_of_text_before_any_question_start_or_end():
+    # Four questions asked at once, their answers streaming faster than a starved page reads:
+    # the questions and each answer's end must all reach it, the text is on the answers.
+    hub = EventHub()
+    with hub.subscribe() as slow:
+        for ticket in range(1, 5):
+            hub.publish(QuestionAsked(ticket, f"q{ticket}", "typed", None, None))
+        for ticket in range(1, 5):
+            for _ in range(MAX_BEHIND // 2):
+                hub.publish(AnswerEvent(Delta("w"), ticket=ticket))
+            hub.publish(AnswerEvent("its Done", ticket=ticket))  # any run event that is not text
+        got = slow.pending()
+    assert slow.dropped == 4 + 4 * (MAX_BEHIND // 2 + 1) - MAX_BEHIND
+    assert [e.ticket for e in got if isinstance(e, QuestionAsked)] == [1, 2, 3, 4]
+    assert [e.ticket for e in got if isinstance(e, AnswerEvent) and not e.is_text] == [1, 2, 3, 4]
+
+
+@pytest.mark.unit
 async def test_the_events_generator_ends_with_closed_and_unsubscribes():
     hub = EventHub()
     seen = []

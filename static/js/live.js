@@ -33,7 +33,7 @@ export function startStatsPolling(sessionGone) {
           return;
         }
         if (r.ok) renderStats(await r.json());
-        await refreshMemory();
+        await refreshMemory(state.ticks);
         // A stream's preview is its newest kept frame: refreshed each tick, the live strip every third.
         if (++state.ticks % 3 === 0 || streamName(state.source)) await refreshLiveView();
       } catch (_) { /* transient: next tick */ }

@@ -58,12 +58,18 @@ function draw(m) {
   if (atEnd) strip.scrollLeft = strip.scrollWidth;  // follow the newest, unless the user scrolled back
 }
 
-export async function refreshMemory() {
+let remembering = false;
+
+// tick: the stats loop's count. With memory off the strip only has its switch
+// to show: it is asked every third tick then, every tick while captions come.
+export async function refreshMemory(tick = 0) {
   if (!$("#vc-memory") || !state.sessionId) return;
+  if (!remembering && tick % 3) return;
   try {
     const r = await fetch(url(), { cache: "no-store", headers: authHeaders() });
     if (!r.ok) return;
     const m = await r.json();
+    remembering = m.memory;
     const key = `${m.session_id}/${m.version}/${m.pinned}/${m.memory}`;
     if (key !== drawn) {
       drawn = key;
@@ -84,5 +90,6 @@ document.addEventListener("click", async (e) => {
 document.addEventListener("change", async (e) => {
   if (e.target.id !== "vc-memory-on" || !state.sessionId) return;
   await post("", { memory: e.target.checked });
+  remembering = e.target.checked;
   await refreshMemory();
 });

@@ -344,6 +344,62 @@ Receive = Callable[[], Awaitable[dict[str, Any]]]
 Send = Callable[[dict[str, Any]], Awaitable[None]]
 
 
+# The page's sign-in, for a password (--auth) or token login: vidchat's own
+# form in front of Gradio's POST /login (Gradio's own form clears both fields
+# after a wrong password; this one keeps the user name and says what went
+# wrong). A Hugging Face login keeps Gradio's page and its sign-in button.
+LOGIN_PAGE = """<!doctype html>
+<html lang="en"><head><meta charset="utf-8"><meta name="viewport" content="width=device-width, initial-scale=1">
+<title>vidchat: sign in</title>
+<style>
+  body { margin: 0; min-height: 100vh; display: grid; place-items: center; background: #f4f5f7;
+         font: 16px/1.4 system-ui, -apple-system, "Segoe UI", sans-serif; color: #1f2328; }
+  form { box-sizing: border-box; width: min(360px, calc(100vw - 32px)); background: #fff; border: 1px solid #d8dbe0; border-radius: 10px;
+         padding: 24px; display: flex; flex-direction: column; gap: 12px; box-shadow: 0 1px 3px rgba(0,0,0,.06); }
+  h1 { font-size: 1.3rem; margin: 0 0 4px; }
+  label { display: flex; flex-direction: column; gap: 4px; font-size: .9rem; }
+  input { font: inherit; padding: 8px 10px; border: 1px solid #c9ccd1; border-radius: 6px; }
+  button { font: inherit; font-weight: 600; padding: 9px; border: 0; border-radius: 6px; background: #4f46e5;
+           color: #fff; cursor: pointer; }
+  #said { margin: 0; min-height: 1.4em; color: #a93226; font-size: .9rem; }
+  .hint { margin: 0; color: #57606a; font-size: .85rem; }
+</style></head>
+<body><form id="login" autocomplete="on">
+  <h1>vidchat</h1>
+  <p class="hint">{hint}</p>
+  <label{user_hidden}>User name <input name="username" autocomplete="username" autofocus></label>
+  <label>{password_label} <input name="password" type="password" autocomplete="current-password" required></label>
+  <p id="said" role="alert"></p>
+  <button type="submit">Login</button>
+</form>
+<script>
+  const form = document.getElementById("login");
+  form.addEventListener("submit", async (event) => {
+    event.preventDefault();
+    const said = document.getElementById("said");
+    said.textContent = "";
+    let status = 0;
+    try { status = (await fetch("login", { method: "POST", body: new FormData(form) })).status; } catch (_) {}
+    if (status === 200) { location.reload(); return; }
+    said.textContent = status === 400 ? "Incorrect user name or password: try again."
+      : status ? `The server refused the login (HTTP ${status}).` : "The server did not answer: try again.";
+    const password = form.elements.password;
+    password.value = "";  // the user name stays as typed
+    password.focus();
+  });
+</script></body></html>
+"""
+
+
+def login_page(access: Access) -> str:
+    """The sign-in page for a password or token login (the server's own, see LOGIN_PAGE)."""
+    token_only = not access.passwords
+    return (LOGIN_PAGE.replace("{hint}", "Sign in with the server's token." if token_only else
+                               "Sign in with a user name and password of this server (--auth).")
+            .replace("{user_hidden}", " hidden" if token_only else "")
+            .replace("{password_label}", "Token" if token_only else "Password"))
+
+
 class PageLogins:
     """What the guard reads from the mounted Gradio page: Gradio's own record
     of who logged in (its password-login cookie, its Hugging Face sign-in

@@ -27,6 +27,7 @@ from vidchat.app.access import (
     Send,
     UploadQuota,
     is_operator,
+    login_page,
     route_kind,
     user_login,
 )
@@ -140,6 +141,10 @@ class Guard:
             return
         login, refusal = await self._login(scope, headers)
         scope = _with_login(scope, login)
+        if (kind == "http" and method in _SAFE_METHODS and path == "/" and login is None
+                and self.access.gradio_auth() is not None and not self.access.hf_oauth):
+            await _html(send, login_page(self.access))  # not signed in yet: vidchat's own sign-in form
+            return
         needs = route_kind(path)
         if needs == "operator" and (refusal is not None or not is_operator(login, (scope.get("client") or ("", 0))[0], headers)):
             await _deny(scope, receive, send, 403, "Operator endpoint: send the server token (Authorization: "
@@ -409,6 +414,14 @@ def _presented_token(headers: dict[str, str], scope: Scope) -> bytes | None:
         if unquote_to_bytes(key.replace(b"+", b" ")) == b"token":
             return unquote_to_bytes(value.replace(b"+", b" "))
     return None
+
+
+async def _html(send: Send, page: str) -> None:
+    body = page.encode()
+    await send({"type": "http.response.start", "status": 200,
+                "headers": [(b"content-type", b"text/html; charset=utf-8"), (b"content-length", str(len(body)).encode()),
+                            (b"cache-control", b"no-store")]})
+    await send({"type": "http.response.body", "body": body})
 
 
 async def _deny(scope: Scope, receive: Receive, send: Send, status: int, message: str) -> None:

@@ -63,7 +63,7 @@ def uvicorn_through_root() -> None:
 
 def redact_query(target: str) -> str:
     """A request target with credential, session-id and answer-id values blanked."""
-    target = re.sub(r"^/inputs/[^/?]+", "/inputs/…", target)
+    target = re.sub(r"^/(inputs|sessions)/[^/?]+", r"/\1/…", target)
     path, sep, query = target.partition("?")
     if not sep:
         return target
@@ -83,7 +83,7 @@ class RedactAccessLog(logging.Filter):
 
 
 def _has_secret(arg: Any) -> bool:
-    return isinstance(arg, str) and ("?" in arg or arg.startswith("/inputs/"))
+    return isinstance(arg, str) and ("?" in arg or arg.startswith(("/inputs/", "/sessions/")))
 
 
 # What an open page (and a health check) asks every second or so: kept out
@@ -94,6 +94,9 @@ POLLED_PATHS = ("/webrtc/stats", "/webrtc/live", "/webrtc/talk", "/webrtc/events
                 # and the page's static files, a line each per page load (the page itself, "/", stays)
                 "/static/", "/assets/", "/svelte/", "/gradio_api/file=", "/favicon.ico")
 
+
+# ...and the memory strip under the preview (vidchat.doors.memory_routes): the log and its thumbnails.
+POLLED_SESSION_PATHS = re.compile(r"/sessions/[^/]+/memory(/\d+\.jpg)?")
 
 # ...and what it reports as often: a playing file's position, every second.
 POLLED_POSTS = ("/webrtc/source",)
@@ -115,7 +118,7 @@ class QuietPolling(logging.Filter):
             return False  # "not ready yet", asked over and over while the model loads
         if method == "POST" and path in POLLED_POSTS:
             return status >= 400
-        return status >= 400 or not path.startswith(POLLED_PATHS)
+        return status >= 400 or not (path.startswith(POLLED_PATHS) or POLLED_SESSION_PATHS.fullmatch(path))
 
 
 def install_log_redaction() -> None:

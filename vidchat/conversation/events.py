@@ -92,6 +92,12 @@ class AnswerEvent:
     ticket: int = 0
     second: bool = False
 
+    @property
+    def is_text(self) -> bool:
+        """A piece of the answer's text (a Delta): what a reader can best do
+        without, since the answer's whole text so far is on the answer itself."""
+        return getattr(self.event, "is_text", False) is True
+
 
 @dataclass(frozen=True)
 class ChatCleared:
@@ -190,10 +196,18 @@ class Subscription:
 
     def put(self, event: SessionEvent) -> None:
         if len(self._queue) >= MAX_BEHIND and not isinstance(event, Closed):
-            self._queue.popleft()  # a reader this far behind loses its oldest news, not the session's time
-            self.dropped += 1
+            self._drop_one()  # a reader this far behind loses some news, not the session's time
         self._queue.append(event)
         self._more.set()
+
+    def _drop_one(self) -> None:
+        # A piece of an answer's text first: readers draw an answer's text from
+        # the answer itself, so a lost delta costs them nothing, where a lost
+        # question, start or end would leave a bubble that never says its fate.
+        queue = self._queue
+        index = next((i for i, queued in enumerate(queue) if isinstance(queued, AnswerEvent) and queued.is_text), 0)
+        del queue[index]
+        self.dropped += 1
 
     async def get(self, timeout: float | None = None) -> SessionEvent | None:
         """The next event; None when ``timeout`` seconds pass without one."""

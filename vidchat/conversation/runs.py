@@ -68,6 +68,8 @@ class Started:
 class Delta:
     text: str
 
+    is_text = True  # vidchat.conversation.events.AnswerEvent.is_text: a reader far behind loses these first
+
 
 @dataclass(frozen=True)
 class Done:

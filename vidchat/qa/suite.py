@@ -543,18 +543,23 @@ class SuiteRuns:
                                       role=run.engine, flag_defaults=self.flag_defaults)
             report = report_of(suite, [named(run.model, self.host, run.engine)], results)
             await asyncio.to_thread(write_reports, run.out, report, baseline)
+            await self._prune(suite)  # before the run says it ended: whoever waits for that sees the tidied folder
             run.state = FINISHED
         except asyncio.CancelledError:
             run.state, run.error = FAILED, "the server shut down during the run"
             raise
         except Exception as exc:  # noqa: BLE001 - the run fails, the server goes on
             log.exception("suite %s: the run on %s failed", suite.name, run.model)
+            await self._prune(suite)
             run.state, run.error = FAILED, f"{type(exc).__name__}: {exc}"
         finally:
             run.ended = time.time()
             s = summary_of(run.results)
             log.info("suite %s on %s: %s%s, %d passed, %d failed, %d errors", suite.name, run.model, run.state,
                      f" ({run.error})" if run.error else "", s["passed"], s["failed"], s["errors"])
+
+    async def _prune(self, suite: Suite) -> None:
+        """Old run folders beyond --suite-keep-runs go."""
         try:
             await asyncio.to_thread(prune_runs, self.root / "runs", self.host.settings.suite_keep_runs)
         except OSError as exc:  # the run's outcome stands; the disk is tidied at the next one

@@ -185,6 +185,7 @@ class SocketSession(SocketTransport):
 
     async def refuse_session(self, message: str, why: str) -> bool:
         """No session now (too many, the model failed): say so, close with "try later"; False for open()."""
+        self.give_place_back()
         await self.refuse(message, "session_refused", kind="server_error")
         await self.close(CLOSE_TRY_LATER, why)
         return False
@@ -233,9 +234,14 @@ class SocketSession(SocketTransport):
         await self.refuse(f"Session ended: {reason}", "session_ended", kind="server_error")
         await self.close(1001, reason, flush_s=CLOSE_FLUSH_S)
 
+    def give_place_back(self) -> None:
+        """The place taken at the handshake, for a session that will not open."""
+        reservation, self.reservation = self.reservation, None
+        if reservation is not None:
+            reservation.release()
+
     async def _shutdown(self, reason: str) -> None:
-        if self.reservation is not None:
-            self.reservation.release()
+        self.give_place_back()
         if self._captions_task is not None:
             self._captions_task.cancel()
         self.stop_receiving()
@@ -625,6 +631,7 @@ class SessionConfig:
 
     async def _refuse(self, message: str, code: int, reason: str) -> bool:
         """Tell the client why its session can't open, and close; False for open()."""
+        self.conn.give_place_back()  # at once: the close may take a while, and a refused client holds nothing
         await self.conn.error(message)
         await self.conn.close(code, reason)
         return False
