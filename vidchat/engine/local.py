@@ -225,8 +225,7 @@ def load_processor(options: EngineOptions, family: Family) -> tuple[Any, dict[st
         log.info("%s: the per-frame pixel cap is not passed to this model family's processor "
                  "(frames are still stored at no more than %d pixels)", family.name, options.max_image_pixels)
     try:
-        # transformers leaves AutoProcessor.from_pretrained unannotated
-        processor = AutoProcessor.from_pretrained(options.model)  # type: ignore[no-untyped-call]
+        processor = AutoProcessor.from_pretrained(options.model)
     except ImportError as exc:  # e.g. SmolVLM's processor needs num2words
         raise EngineError(f"the processor of {options.model!r} needs a package that is missing: {exc}") from exc
     # Measured always: the history budget (fit_history) reserves each
@@ -458,7 +457,7 @@ class LocalReply:
                     if self.stats.ttft_s is None:
                         self.stats.ttft_s = time.perf_counter() - self._started
                     self.text = completion.text
-                    return delta
+                    return str(delta)
                 if out.finished:
                     raise StopAsyncIteration
         except StopAsyncIteration:

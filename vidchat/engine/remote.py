@@ -542,8 +542,7 @@ class RemoteEngine(ModelEngine):
         served = _served_model(urls, connect_timeout)
         name = options.model or served
         try:
-            # transformers leaves AutoProcessor.from_pretrained unannotated
-            processor = AutoProcessor.from_pretrained(name)  # type: ignore[no-untyped-call]
+            processor = AutoProcessor.from_pretrained(name)
         except Exception as exc:
             raise EngineError(f"the processor of {name!r} could not be loaded here (vidchat reads it to know "
                               f"what the model takes): pass --model with its hub id or a local copy "
