@@ -6,6 +6,7 @@ password-protected page, Debian's Chromium."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import http.client
 import json
 import subprocess
@@ -189,32 +190,33 @@ async def wrong_password_keeps_the_user_name(page, screenshot) -> None:
     await page.screenshot(path=str(screenshot))
 
 
-@pytest.mark.browser
-async def test_a_wrong_password_on_a_phone_keeps_the_user_name(guarded, tmp_path, artifacts_dir):
+@contextlib.asynccontextmanager
+async def signing_in(guarded, tmp_path, width: int, height: int):
+    """A Chromium tab (fake camera and microphone) at the guarded server's sign-in form."""
     video, audio = tmp_path / "cam.y4m", tmp_path / "mic.wav"
     write_y4m(video, (40, 160, 60))
     write_wav(audio)
     async with async_playwright() as pw:
         browser = await launch(pw, video, audio, tmp_path)
         try:
-            page = await browser.new_page(viewport={"width": 390, "height": 844})
+            page = await browser.new_page(viewport={"width": width, "height": height})
             await page.goto(f"http://127.0.0.1:{guarded.port}/")
-            await wrong_password_keeps_the_user_name(page, artifacts_dir / "login-phone.png")
-            assert await page.evaluate("document.documentElement.scrollWidth") <= 390  # nothing off the side
+            yield page
         finally:
             await browser.close()
 
 
 @pytest.mark.browser
+async def test_a_wrong_password_on_a_phone_keeps_the_user_name(guarded, tmp_path, artifacts_dir):
+    async with signing_in(guarded, tmp_path, 390, 844) as page:
+        await wrong_password_keeps_the_user_name(page, artifacts_dir / "login-phone.png")
+        assert await page.evaluate("document.documentElement.scrollWidth") <= 390  # nothing off the side
+
+
+@pytest.mark.browser
 async def test_password_page_logs_in_starts_the_camera_and_answers(guarded, tmp_path, artifacts_dir):
-    video, audio = tmp_path / "cam.y4m", tmp_path / "mic.wav"
-    write_y4m(video, (40, 160, 60))
-    write_wav(audio)
-    async with async_playwright() as pw:
-        browser = await launch(pw, video, audio, tmp_path)
+    async with signing_in(guarded, tmp_path, 1280, 800) as page:
         try:
-            page = await browser.new_page(viewport={"width": 1280, "height": 800})
-            await page.goto(f"http://127.0.0.1:{guarded.port}/")
             await wrong_password_keeps_the_user_name(page, artifacts_dir / "login.png")
             await page.locator("input[type=password]").fill(PASSWORD)
             await page.locator("button").filter(has_text="Login").click()
@@ -244,7 +246,6 @@ async def test_password_page_logs_in_starts_the_camera_and_answers(guarded, tmp_
             sid = await page.evaluate("window.vidchat.sessionId")
             await page.click("#vc-stop")  # a pause: the session waits for its tab
         finally:
-            await browser.close()
             (guarded.media_dir / "added.webm").unlink(missing_ok=True)  # the listing test expects clip.webm alone
     # The tab gone, its stopped session ends after the reload grace (the next tests count places).
     eventually(lambda: call(guarded, "GET", f"/webrtc/stats?session_id={sid}", headers=BEARER)[0] == 404, 45,

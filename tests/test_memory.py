@@ -294,6 +294,12 @@ async def test_an_opted_in_socket_client_gets_memory_caption_and_its_log_over_ht
         assert [k["seq"] for k in memory["keyframes"]] == sorted(c["seq"] for c in captions)
         assert [k["caption"] for k in reversed(memory["keyframes"])] == [c["caption"] for c in captions]
         assert memory["keyframes"][0]["time_s"] == 0.0 and memory["keyframes"][0]["thumbnail"].endswith(".jpg")
+        # /metrics: the captions by outcome, and this session's log.
+        from test_operations import scrape
+
+        samples = await asyncio.to_thread(scrape, server)
+        assert samples[("vidchat_memory_captions_total", (("outcome", "written"),))] >= len(captions)
+        assert samples[("vidchat_memory_keyframes", (("session", updated["session_id"][:8]),))] == len(captions)
         # Without history (the seed's default) a question still carries the session's memory.
         await remembering.send(json.dumps({"type": "video.query", "text": "What was there at the start?"}))
         done = (await messages(remembering, lambda seen: bool(seen) and seen[-1]["type"] == "response.text.done"))[-1]
