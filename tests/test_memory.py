@@ -284,7 +284,7 @@ async def test_an_opted_in_socket_client_gets_memory_caption_and_its_log_over_ht
                 await ws.send(json.dumps({"type": "video.frame", "data": data}))
         captions = [m for m in await messages(remembering, lambda seen: sum(
             m["type"] == "memory.caption" for m in seen) >= 3) if m["type"] == "memory.caption"]
-        assert [c["seq"] for c in captions] == sorted({c["seq"] for c in captions}, reverse=True)  # newest first
+        assert len({c["seq"] for c in captions}) == len(captions)  # each keyframe captioned once
         assert all(isinstance(c["time_ms"], int) and c["time_ms"] >= 0 and isinstance(c["caption"], str)
                    for c in captions)
         await remembering.send(json.dumps({"type": "session.update", "max_tokens": 4}))
