@@ -57,7 +57,8 @@ async def until_stream(srv, name: str, what: str, **wanted) -> dict:
 
 @pytest.mark.engine
 async def test_sessions_watch_the_rtsp_camera_through_one_reader(streams_server):
-    first = await connect(streams_server, source={"stream": "cam"}, **SHORT)
+    # The first remembers (issue 60): its scene log is its own, the second keeps none.
+    first = await connect(streams_server, source={"stream": "cam"}, memory=True, **SHORT)
     second = await connect(streams_server, source={"stream": "cam"}, **SHORT)
     try:
         live = await until_stream(streams_server, "cam", "live with two sessions", state="live", sessions=2)
@@ -71,6 +72,12 @@ async def test_sessions_watch_the_rtsp_camera_through_one_reader(streams_server)
             assert stats["source_state"] == "live"
             times = stats["frame_source_times"]
             assert all(t is not None for t in times) and times == sorted(times)  # the stream's own clock
+        logs = []
+        for ws in (first, second):
+            sid = (await until_session_updated(ws, {}))["session_id"]
+            logs.append(await asyncio.to_thread(streams_server.get_json, f"/sessions/{sid}/memory"))
+        assert logs[0]["memory"] and len(logs[0]["keyframes"]) >= 1 and logs[0]["keyframes"][0]["time_s"] == 0.0
+        assert not logs[1]["memory"] and logs[1]["keyframes"] == []
         # The session takes no frames of its own while it watches a stream.
         await send(first, {"type": "video.frame", "data": MOVING[0]})
         refusal = await until(first, "error")
