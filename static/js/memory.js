@@ -5,13 +5,9 @@
 // next question. Read from GET /sessions/<id>/memory at each stats tick;
 // drawn again only when the log, the pin or the switch changed.
 import { authHeaders } from "./api.js";
-import { $, state } from "./state.js";
+import { $, esc, state } from "./state.js";
 
 let drawn = "";
-
-function esc(text) {
-  return String(text).replace(/[&<>"']/g, (c) => ({ "&": "&amp;", "<": "&lt;", ">": "&gt;", '"': "&quot;", "'": "&#39;" })[c]);
-}
 
 function clock(seconds) {
   const s = Math.max(0, Math.round(seconds));

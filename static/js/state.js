@@ -89,3 +89,8 @@ export function whenShown(selector) {
     seen.observe(document.documentElement, { childList: true, subtree: true });
   });
 }
+
+// Text the server or a user wrote, safe in HTML markup and in an attribute's quotes.
+export function esc(text) {
+  return String(text ?? "").replace(/[&<>"']/g, (c) => ({ "&": "&amp;", "<": "&lt;", ">": "&gt;", '"': "&quot;", "'": "&#39;" })[c]);
+}

@@ -3,15 +3,11 @@
 // its asks and a link to its report. The server runs it (vidchat/qa/suite.py);
 // this only asks and shows.
 import { authHeaders } from "./api.js";
+import { esc } from "./state.js";
 
 const POLL_MS = 1000; // while a run goes on: one small request a second
 const MARKS = { passed: "✓ passed", failed: "✗ failed", error: "! error" };
 
-function esc(text) {
-  const span = document.createElement("span");
-  span.textContent = text == null ? "" : String(text);
-  return span.innerHTML;
-}
 
 function panel() {
   return document.getElementById("vc-suites");

@@ -43,6 +43,7 @@ from vidchat.media.vad import Utterance
 
 if TYPE_CHECKING:
     from vidchat.conversation.answers import Answer
+    from vidchat.conversation.memory import MemoryUse
     from vidchat.media.sampling import Sample
 
 log = logging.getLogger(__name__)
@@ -393,7 +394,7 @@ def _manifest(answer: Any, record: dict[str, Any], history: Any, settings: dict[
     }
 
 
-def _memory_entry(memory: Any, files: dict[str, bytes], origin: float) -> dict[str, Any]:
+def _memory_entry(memory: MemoryUse, files: dict[str, bytes], origin: float) -> dict[str, Any]:
     """The manifest's ``memory`` (layout above), its keyframes added to ``files`` as PNG; times
     from the session's start (``origin``), as the bundle's frames have them."""
     frames = []
@@ -417,7 +418,7 @@ MAX_MEMORY_FRAMES = 16
 MAX_MEMORY_TEXT = 256 * 1024
 
 
-def _read_memory(src: _Folder | _Zip, where: str, entry: Any) -> Any:
+def _read_memory(src: _Folder | _Zip, where: str, entry: Any) -> MemoryUse | None:
     """A bundle's memory (vidchat.conversation.memory.MemoryUse), checked field by field; None without one."""
     from vidchat.conversation.memory import MemoryFrame, MemoryUse, Pointer
 
@@ -818,8 +819,8 @@ class Bundle:
     frame_times: list[float] = field(default_factory=list)
     frame_indices: list[int] = field(default_factory=list)
     _digest: str | None = field(default=None, repr=False)  # computed as the frames were read (lazily read)
-    # What the question got of its session's memory (vidchat.conversation.memory.MemoryUse), or None.
-    memory: Any = None
+    # What the question got of its session's memory (vidchat.conversation.memory), or None.
+    memory: MemoryUse | None = None
 
     @property
     def question(self) -> str:

@@ -143,7 +143,7 @@ class ChatHistory:
     def fold(self, oldest: list[Exchange], summary: str) -> bool:
         """Replace ``oldest`` (still the chat's first exchanges) by one
         Summary of them; False when the chat moved on meanwhile (cleared, cut)."""
-        if not oldest or self.exchanges[:len(oldest)] != oldest \
+        if not oldest or len(self.exchanges) < len(oldest) \
                 or any(a is not b for a, b in zip(self.exchanges, oldest)):
             return False
         folded = sum(e.folded if isinstance(e, Summary) else 1 for e in oldest)

@@ -323,7 +323,6 @@ class Captioner:
         self.options = options
         self.stats = CaptionStats()
         self._task: asyncio.Task[None] | None = None
-        self._wake = asyncio.Event()
         self._flight: asyncio.Future[str] | None = None
         self._aborting: asyncio.Future[str] | None = None
         self._next_session = 0  # round robin over sessions with keyframes to caption
@@ -344,9 +343,6 @@ class Captioner:
             self._task.cancel()
             await asyncio.gather(self._task, return_exceptions=True)
             self._task = None
-
-    def poke(self) -> None:
-        self._wake.set()
 
     @property
     def running(self) -> bool:
@@ -377,11 +373,7 @@ class Captioner:
 
     async def _run(self) -> None:
         while True:
-            try:
-                await asyncio.wait_for(self._wake.wait(), LOOK_EVERY_S)
-            except asyncio.TimeoutError:
-                pass
-            self._wake.clear()
+            await asyncio.sleep(LOOK_EVERY_S)  # polled: whether work is due depends on every session and the engine
             try:
                 while await self._step():
                     pass
@@ -443,8 +435,6 @@ class Captioner:
                         keyframe.seq, exc)
             entry.session.scene_log.set_caption(keyframe.seq, "")
             return None
-        finally:
-            keyframe.forget_pixels()
         text = await self._written(engine, entry, prepared, now)
         if text is None:
             return None

@@ -17,8 +17,8 @@ import io
 import shutil
 import subprocess
 import wave
-from typing import Iterator
 from dataclasses import dataclass, field
+from typing import Iterator
 
 import numpy as np
 from PIL import Image

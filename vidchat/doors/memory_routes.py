@@ -18,6 +18,7 @@ from fastapi.responses import JSONResponse, Response
 
 from vidchat.conversation.events import SettingsChanged
 from vidchat.doors import Server, login_of
+from vidchat.doors.answer_routes import json_body
 
 if TYPE_CHECKING:
     from vidchat.conversation.conversation import Conversation
@@ -59,7 +60,7 @@ def router(state: Server) -> APIRouter:
         """{"memory": true|false}: the session's memory on or off (the page's switch; the
         socket doors set it in session.config/update)."""
         entry = owned(request, sid)
-        body = await _object(request)
+        body = await json_body(request, '{"memory": true | false}')
         on = body.get("memory")
         if not isinstance(on, bool):
             raise HTTPException(400, f"memory must be true or false, got {on!r}")
@@ -70,7 +71,7 @@ def router(state: Server) -> APIRouter:
     @api.post("/sessions/{sid}/memory/pin")
     async def pin(request: Request, sid: str) -> dict[str, Any]:
         entry = owned(request, sid)
-        body = await _object(request)
+        body = await json_body(request, '{"seq": N | null}')
         if "seq" not in body:
             raise HTTPException(400, "send {\"seq\": N} to pin a keyframe, or {\"seq\": null} to unpin")
         seq = body["seq"]
@@ -82,12 +83,3 @@ def router(state: Server) -> APIRouter:
 
     return api
 
-
-async def _object(request: Request) -> dict[str, Any]:
-    try:
-        body = await request.json()
-    except ValueError:
-        body = None
-    if not isinstance(body, dict):
-        raise HTTPException(400, "send a JSON object")
-    return body

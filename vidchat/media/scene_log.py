@@ -63,19 +63,14 @@ class Keyframe:
     caption: str | None = None
     caption_wall: float | None = None  # when its caption was written (Unix time)
     _thumb: bytes | None = field(default=None, repr=False)
-    _pixels: np.ndarray | None = field(default=None, repr=False)
 
     def pixels(self) -> np.ndarray:
-        """The frame as the model gets it (decoded once, read-only)."""
-        if self._pixels is None:
-            arr = np.asarray(Image.open(io.BytesIO(self.jpeg)).convert("RGB"))
-            arr.setflags(write=False)
-            self._pixels = arr
-        return self._pixels
-
-    def forget_pixels(self) -> None:
-        """Drop the decoded copy (the JPEG stays): a question or caption used it."""
-        self._pixels = None
+        """The frame as the model gets it (read-only), decoded each time: a
+        millisecond, where a kept copy would stay with the keyframe for the
+        session's life (what holds a question's copy is its record)."""
+        arr = np.asarray(Image.open(io.BytesIO(self.jpeg)).convert("RGB"))
+        arr.setflags(write=False)
+        return arr
 
     def thumbnail(self) -> bytes:
         """A small JPEG for the page's strip."""
@@ -169,8 +164,7 @@ class SceneLog:
 
     def memory_bytes(self) -> int:
         with self._lock:
-            return sum(len(k.jpeg) + len(k._thumb or b"") + (k._pixels.nbytes if k._pixels is not None else 0)
-                       for k in self._frames)
+            return sum(len(k.jpeg) + len(k._thumb or b"") for k in self._frames)
 
     def as_json(self, origin: float | None, now: float | None) -> dict[str, Any]:
         """The log as GET /sessions/<id>/memory returns it: times in seconds
