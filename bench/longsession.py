@@ -29,7 +29,7 @@ log and the engine's client side; vLLM's engine core is a process of its own).
 Last line:
   longsession: minutes=… keyframes=… captions=… ttft_ms_min1=… ttft_ms_min30=… ttft_ms_min60=…
   prompt_tokens_max=… max_model_len=… question_delay_from_captions_ms_p95=… memory_hit_rate=…
-  rss_mb_start=… rss_mb_end=… [ttft_ratio_memory_on_off=…]
+  rss_mb_start=… rss_mb_end=… captions_aborted=… [ttft_ms_memory_on=… ttft_ms_memory_off=… ttft_ratio_memory_on_off=…]
 """
 
 from __future__ import annotations
@@ -149,13 +149,15 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         engine.shutdown()
     figures: dict[str, Any] = {
         "minutes": args.minutes, "keyframes": keyframes,
-        "captions": captioner.stats.written, "captions_aborted": captioner.stats.aborted,
+        "captions": captioner.stats.written,
         "ttft_ms_min1": around(ttft, 1), "ttft_ms_min30": around(ttft, 30),
         f"ttft_ms_min{args.minutes}": around(ttft, args.minutes),
         "prompt_tokens_max": prompt_max, "max_model_len": args.max_model_len,
         "question_delay_from_captions_ms_p95": round(pct(delays, 0.95), 1),
         "memory_hit_rate": round(sum(hits) / len(hits), 3) if hits else None,
         "rss_mb_start": round(rss_start), "rss_mb_end": round(rss_mb()),
+        # After the issue's fields, in its order: how many captions a question cut short.
+        "captions_aborted": captioner.stats.aborted,
     }
     if ttft_off:
         on, off = statistics.median(ttft.values()), statistics.median(ttft_off.values())
