@@ -206,7 +206,13 @@ def artifacts_dir() -> Path:
 
 def start_server(args: list[str], log_path: Path, timeout: float = 240, env_extra: dict | None = None,
                  token: str | None = None, loaded: bool = True) -> Server:
-    """harness.start_server with the suite's model cache."""
+    """harness.start_server with the suite's model cache, and memory off
+    unless the test names ``--memory``: the suite's `vllm serve` replicas run
+    on this CPU, where --memory auto would pick off had it known, but at
+    --engine-url auto assumes a GPU and captions in the background, which a
+    test counting a replica's requests or its prefix cache would read as its own."""
+    if "--memory" not in args:
+        args = [*args, "--memory", "off"]
     return harness.start_server(args, log_path, timeout=timeout, env_extra=env_extra, token=token,
                                 cache_dir=CACHE_DIR, loaded=loaded)
 

@@ -203,7 +203,8 @@ async def _load_engine(state: AppState) -> None:
         state.engine_settled(None, str(exc))
         return
     await warmup.settle(state, engine)  # --prewarm auto times a frame here, before the server is ready
-    log.info("memory: %s", memory_default(state.settings.memory, on_gpu() or bool(state.settings.engine_url))[1])
+    log.info("memory: %s", memory_default(state.settings.memory, gpu=not state.settings.engine_url and on_gpu(),
+                                        remote=bool(state.settings.engine_url))[1])
     _freeze_startup_objects()
     state.engine_settled(engine)
     log.info("vidchat ready on http://%s:%d", state.settings.host, state.settings.port)

@@ -307,7 +307,8 @@ def memory_options(settings: Settings) -> MemoryOptions:
 
 def default_session_settings(settings: Settings) -> SessionSettings:
     """A new session's settings from the server's options (--memory auto: on where the engine is on a GPU)."""
-    remembers = memory_default(settings.memory, bool(settings.engine_url) or _gpu_here())[0]
+    remembers = memory_default(settings.memory, gpu=not settings.engine_url and _gpu_here(),
+                               remote=bool(settings.engine_url))[0]
     return SessionSettings(audio_seconds=settings.ws_max_audio_seconds, num_sample_frames=settings.frames_per_question,
                            sampling=settings.sampling, memory=remembers)
 

@@ -577,12 +577,16 @@ SUMMARY_TOKENS = 128
 MEMORY_MODES = ("auto", "on", "off")
 
 
-def memory_default(mode: str, gpu: bool) -> tuple[bool, str]:
-    """Whether new sessions remember (--memory), and why, in words for the start-up log."""
+def memory_default(mode: str, gpu: bool, remote: bool = False) -> tuple[bool, str]:
+    """Whether new sessions remember (--memory), and why, in words for the start-up log.
+    ``remote``: the engine is at --engine-url, taken to be on a GPU (nothing says otherwise)."""
     if mode == "on":
         return True, "on (--memory on)"
     if mode == "off":
         return False, "off (--memory off)"
+    if remote:
+        return True, ("on (auto: the engine is at --engine-url, taken to be on a GPU, where a keyframe's "
+                      "caption takes milliseconds; --memory off if those replicas run on a CPU)")
     if gpu:
         return True, ("on (auto: the engine runs on a GPU, where a keyframe's caption takes milliseconds and "
                       "an arriving question aborts it at once)")
