@@ -38,7 +38,6 @@ import asyncio
 import base64
 import json
 import logging
-import statistics
 import sys
 import time
 from dataclasses import dataclass, field

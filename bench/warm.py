@@ -108,7 +108,7 @@ async def rows(engine, frames: int, repeats: int, frames_as: str, sampling: str,
     options = AnswerOptions(max_tokens=4, temperature=0.0, include_audio=False, frames_as=frames_as)
     registry = Standalone(engine, registry=SessionRegistry(64)).registry
     out: dict[str, list[float]] = {k: [] for k in ("cold", "warm", "slid1", "slid4", "text")}
-    prompt_tokens = cached = {}
+    prompt_tokens: dict[str, int] = {}
     for r in range(repeats):
         entry = registry.create("webrtc", SessionSettings(evs_enabled=False, num_sample_frames=frames,
                                                           sampling=sampling), store_max_pixels=frame[0] * frame[1])

@@ -47,7 +47,7 @@ def test_the_engine_core_is_started_with_onednns_primitive_cache_bounded(omni_en
     process's environment, so the bound must be in it once the engine runs."""
     import os
 
-    from vidchat.engine.local import ONEDNN_PRIMITIVE_CACHE_CAPACITY
+    from vidchat.engine.native_heap import ONEDNN_PRIMITIVE_CACHE_CAPACITY
 
     assert not omni_engine.closed
     assert os.environ.get("ONEDNN_PRIMITIVE_CACHE_CAPACITY") == ONEDNN_PRIMITIVE_CACHE_CAPACITY

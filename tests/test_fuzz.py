@@ -29,7 +29,6 @@ import struct
 import time
 import zlib
 
-import numpy as np
 import pytest
 import websockets
 from hypothesis import HealthCheck, Phase, given, settings

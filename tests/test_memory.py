@@ -18,7 +18,6 @@ from vidchat.conversation.memory import Captioner, MemoryOptions, Pointer, picks
 from vidchat.conversation.registry import SessionRegistry, Standalone
 from vidchat.conversation.runs import COMPLETED, Done
 from vidchat.devtools.synthetic import long_stream
-from vidchat.media.scene_log import SceneLog
 from vidchat.media.session import Session, SessionSettings
 
 SCENE_S = 30.0
@@ -327,8 +326,7 @@ def test_the_memory_routes_serve_a_session_to_its_own_login_only():
     from fastapi import FastAPI
     from fastapi.testclient import TestClient
 
-    from vidchat.doors import LOGIN_HEADER
-    from vidchat.doors import memory_routes
+    from vidchat.doors import LOGIN_HEADER, memory_routes
 
     registry = SessionRegistry()
     entry = registry.create("webrtc", SessionSettings(memory=True), owner="alice")
@@ -397,7 +395,6 @@ async def test_a_suite_case_holds_a_clips_memory_frames_to_a_span_of_its_seconds
     """A 10-minute clip (a scene every 30 s) replayed by a suite with memory on:
     at 10:00, "5 minutes ago" gets keyframes of minute 5, which the case's
     memory_frames_within checks; a span elsewhere fails, saying where they were."""
-    import contextlib
 
     from test_replay import make_clip
 

@@ -8,7 +8,7 @@ import asyncio
 
 import pytest
 
-from vidchat.engine.local import HeapTrimWorker, keep_trimming, trim_native_heap
+from vidchat.engine.native_heap import HeapTrimWorker, keep_trimming, trim_native_heap
 
 pytestmark = pytest.mark.unit
 

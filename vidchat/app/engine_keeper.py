@@ -21,7 +21,6 @@ from typing import TYPE_CHECKING, Callable
 from vidchat.app.settings import Settings
 from vidchat.devtools import tinymodel
 from vidchat.engine.interface import ChatEngine, EngineError, EngineOptions
-from vidchat.engine.local import LocalEngine
 from vidchat.engine.weights import model_name
 
 if TYPE_CHECKING:
@@ -169,6 +168,15 @@ def engine_options(settings: Settings, model_path: str, tiny: bool, main: bool =
     )
 
 
+def start_local_engine(options: EngineOptions) -> ChatEngine:
+    """vLLM in this process (blocking: call it in a worker thread). Imported
+    here, not at the top: vLLM's engine core costs 6 s of a CPU to import, which
+    a server whose engine is at --engine-url never needs."""
+    from vidchat.engine.local import LocalEngine
+
+    return LocalEngine.start(options)
+
+
 async def open_engine(state: AppState) -> ChatEngine:
     """The engine ``state.settings`` names, started in a worker thread: vLLM
     in this process, or the model served at --engine-url (whose model path
@@ -177,7 +185,7 @@ async def open_engine(state: AppState) -> ChatEngine:
     if options is None:  # whoever opens the engine sets them first (engine_options)
         raise EngineError("the engine's options were not set")
     if not settings.engine_url:
-        return await asyncio.to_thread(LocalEngine.start, options)
+        return await asyncio.to_thread(start_local_engine, options)
     from vidchat.engine.remote import RemoteEngine
 
     engine = await asyncio.to_thread(

@@ -17,15 +17,14 @@ from fastapi.staticfiles import StaticFiles
 from vidchat.app import metrics as app_metrics
 from vidchat.app import routes
 from vidchat.app.access import default_allowed_hosts, split_list
-from vidchat.app.engine_keeper import EngineKeeper, engine_options, open_engine
+from vidchat.app.engine_keeper import EngineKeeper, engine_options, open_engine, start_local_engine
 from vidchat.app.guard import Guard
 from vidchat.app.metrics import LoopWatch
 from vidchat.app.state import AppState
 from vidchat.conversation import warmup
 from vidchat.conversation.memory import Captioner, memory_default
 from vidchat.conversation.warmup import Prewarmer
-from vidchat.engine import ChatEngine, EngineError, local, on_gpu
-from vidchat.engine.local import LocalEngine
+from vidchat.engine import ChatEngine, EngineError, native_heap, on_gpu
 
 log = logging.getLogger(__name__)
 
@@ -146,7 +145,7 @@ def _lifespan(state: AppState, loop_watch: LoopWatch) -> Callable[[FastAPI], Asy
         if state.banner:
             log.warning(state.banner)
         reaper = asyncio.create_task(_reap_idle_sessions(state))
-        trimming = asyncio.create_task(local.keep_trimming(lambda: (state.engine, state.compare_engine)))
+        trimming = asyncio.create_task(native_heap.keep_trimming(lambda: (state.engine, state.compare_engine)))
         state.prewarmer = Prewarmer(state, state.settings.prewarm)
         state.prewarmer.start()
         state.captioner = Captioner(state, state.memory)
@@ -214,7 +213,7 @@ async def _load_engine(state: AppState) -> None:
         # would only compete for the same cores and memory.
         options = engine_options(state.settings, state.compare_model_path, state.compare_tiny, main=False)
         try:
-            state.compare_engine = await asyncio.to_thread(LocalEngine.start, options)
+            state.compare_engine = await asyncio.to_thread(start_local_engine, options)
         except Exception as exc:
             log.error("the comparison model failed to load: %s", exc, exc_info=not isinstance(exc, EngineError))
             state.compare_error = str(exc)
@@ -245,7 +244,7 @@ def _keeper(state: AppState, main: bool) -> EngineKeeper:
     """The watch over an in-process engine: started again when it dies."""
     if main:
         return EngineKeeper(state, state.engine_life, lambda: state.engine, state.put_engine,
-                            lambda: state.engine_options, LocalEngine.start, state.settings.engine_restarts,
+                            lambda: state.engine_options, start_local_engine, state.settings.engine_restarts,
                             stays_down=state.engine_stays_down)
 
     def put_compare(engine: ChatEngine | None) -> None:
@@ -253,7 +252,7 @@ def _keeper(state: AppState, main: bool) -> EngineKeeper:
 
     options = engine_options(state.settings, state.compare_model_path, state.compare_tiny, main=False)
     return EngineKeeper(state, state.compare_life, lambda: state.compare_engine, put_compare, lambda: options,
-                        LocalEngine.start, state.settings.engine_restarts)
+                        start_local_engine, state.settings.engine_restarts)
 
 
 async def _reap_idle_sessions(state: AppState) -> None:
