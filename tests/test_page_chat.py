@@ -133,15 +133,19 @@ async def test_questions_in_a_row_each_say_their_fate_and_the_chat_follows_past_
             users = [text for who, text in said if who == "user"]
             assert users == typed, said  # every question, as typed: no italics, no image
             assert await page.locator("#vc-chat img:not(.vc-frames img):not(figure img)").count() == 0
-            fates = {}
+            fates: dict[str, list[str]] = {}
             for who, text in said:
                 if who == "user":
                     current = text
-                elif text in (REPLACED_NOTE, REPLACED_MID, STOPPED):
-                    fates[current] = text
-            # The first three were replaced (before or while answering); the last was answered.
-            assert set(fates) == {"one", "*two*", "three <img src=x>"} and STOPPED not in fates.values(), said
-            assert "four" not in fates
+                    fates[current] = []
+                else:
+                    fates[current].append(text)
+            # Each question has one reply: replaced by the next (before or while answering) or, on a
+            # machine so starved that an answer ended before the next was typed, answered; none stopped.
+            # The last was answered.
+            assert all(len(replies) == 1 and replies[0] != STOPPED for replies in fates.values()), said
+            replaced = [q for q, (reply,) in fates.items() if reply in (REPLACED_NOTE, REPLACED_MID)]
+            assert replaced and set(replaced) <= set(typed[:3]), said
 
             # A fold opened, then another question: the chat follows its answer to the end.
             await set_setting(page, "vc-max-tokens", "60")

@@ -11,6 +11,7 @@ import asyncio
 import pytest
 from playwright.async_api import async_playwright
 
+from vidchat.devtools.harness import eventually_async
 from vidchat.devtools.page import ask, launch, open_and_start, session_id, set_setting, wait_for_answer
 
 pytestmark = pytest.mark.browser
@@ -34,8 +35,10 @@ async def test_the_memory_strip_shows_keyframes_and_captions_and_a_pick_goes_wit
             assert "Off: tick it" in await page.inner_text("#vc-memory-note")
 
             await page.check("#vc-memory-on")
-            memory = await asyncio.to_thread(server.get_json, f"/sessions/{sid}/memory")
-            assert memory["memory"] is True and len(memory["keyframes"]) >= 1  # the scene on screen, at once
+            # The tick reaches the server as its own request: the log starts with the scene on screen.
+            await eventually_async(lambda: asyncio.to_thread(
+                lambda: (m := server.get_json(f"/sessions/{sid}/memory"))["memory"] is True and len(m["keyframes"]) >= 1),
+                30, "the session remembers, from the scene on screen")
             await page.wait_for_function(f"{KEYFRAMES} >= 1", timeout=30_000)
             # The captioner writes its caption while the engine is idle; the strip shows it when written.
             await page.wait_for_function(f"{CAPTIONED} >= 1", timeout=60_000)

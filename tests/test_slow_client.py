@@ -234,12 +234,20 @@ async def test_frames_over_max_fps_are_acked_rate_and_the_rest_taken(slow_server
 @pytest.fixture(scope="module")
 def limit_server(tiny_omni_path, artifacts_dir):
     """A send timeout far past the time limit: the limit is what must end a client that reads nothing.
-    The model need not load: a socket session is a session while it loads."""
-    args = [*TINY_SERVER_ARGS, *SERVER_ARGS, "--ws-idle-timeout", "300", "--ws-send-timeout", "300",
+    No model runs: a socket session is a session while the model loads, and this one never
+    finishes loading (its --engine-url takes the connection and never answers)."""
+    held = socket.socket()
+    held.bind(("127.0.0.1", 0))
+    held.listen(8)
+    args = ["--model", str(tiny_omni_path), "--engine-url", f"http://127.0.0.1:{held.getsockname()[1]}",
+            "--engine-connect-timeout", "600", *SERVER_ARGS, "--ws-idle-timeout", "300", "--ws-send-timeout", "300",
             "--session-time-limit", str(SHORT_LIMIT_S)]
     srv = start_server(args, artifacts_dir / "server-time-limit.log", loaded=False)
-    yield srv
-    stop_server(srv)
+    try:
+        yield srv
+    finally:
+        held.close()  # the held request fails, so the load ends and the server stops at once
+        stop_server(srv)
 
 
 SHORT_LIMIT_S = 6

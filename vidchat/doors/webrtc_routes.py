@@ -205,9 +205,12 @@ _background: set[asyncio.Task] = set()
 
 
 # How long a session waits for its tab to come back after the tab went away
-# (pagehide): a reload takes a second or two to offer again; a tab closed for
-# good frees its place this long after, not at the idle timeout.
-RELOAD_GRACE_S = 6.0
+# (pagehide): a reload takes a second or two to offer again here, but 6 s on a
+# loaded 2-core machine (the page's scripts and Gradio's config come first),
+# and longer on a phone's network; past the grace the session, its chat and a
+# running answer are gone. A tab closed for good frees its place this long
+# after, not at the idle timeout.
+RELOAD_GRACE_S = 15.0
 
 
 def _resumable(state: Server, body: dict[str, Any], login: str | None) -> Conversation | None:
