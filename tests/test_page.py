@@ -419,10 +419,26 @@ async def test_a_reload_comes_back_to_the_same_session_and_shows_the_servers_cha
             assert questions == ["What colour is it?", "And now?"] and len(answers) == 2 and panels == 2
             kept_before = (await _stats(server, sid))["frames_kept"]
 
+            # A slow reload (a loaded machine, a phone's network): Gradio's script, which draws
+            # the page before it can offer, arrives after the reload grace. vidchat's own script
+            # says at once that the tab is back, and the session waits for it.
+            slowed = []
+
+            async def slow_gradio(route) -> None:
+                slowed.append(route.request.url)
+                await asyncio.sleep(RELOAD_GRACE_S + 2)  # the slowness simulated, not a wait for a result
+                await route.continue_()
+
+            gradio_entry = re.compile(r".*/assets/index-[^/]*\.js$")  # Gradio's app, which draws the page
+            await page.route(gradio_entry, slow_gradio)
             await page.reload()
             await page.wait_for_function("document.querySelector('#vc-conn')?.dataset.tone === 'live'",
-                                         timeout=30_000)
+                                         timeout=60_000)
+            assert slowed, "no Gradio script was slowed"
             assert await session_id(page) == sid  # the same session: not a new one
+            await eventually_async(lambda: f"session {sid[:6]}… kept: its tab came back within" in server.log(), 10,
+                                   "the server says the session waited for its tab")
+            await page.unroute(gradio_entry)
             await page.wait_for_function(f"{BOT_MESSAGES}.length === 2", timeout=30_000)
             assert await user_texts(page) == questions
             # Python's str.strip (the server's stored turn) also takes control characters

@@ -140,11 +140,12 @@ async def test_questions_in_a_row_each_say_their_fate_and_the_chat_follows_past_
                     fates[current] = []
                 else:
                     fates[current].append(text)
-            # Each question has one reply: replaced by the next (before or while answering) or, on a
-            # machine so starved that an answer ended before the next was typed, answered; none stopped.
-            # The last was answered.
-            assert all(len(replies) == 1 and replies[0] != STOPPED for replies in fates.values()), said
-            replaced = [q for q, (reply,) in fates.items() if reply in (REPLACED_NOTE, REPLACED_MID)]
+            # Each question says its fate: replaced by the next (before answering, or while answering:
+            # its words so far, then the note) or, on a machine so starved that an answer ended
+            # before the next was typed, answered; none stopped. The last was answered.
+            notes = (REPLACED_NOTE, REPLACED_MID)
+            assert all(replies and STOPPED not in replies for replies in fates.values()), said
+            replaced = [q for q, replies in fates.items() if replies[-1] in notes]
             assert replaced and set(replaced) <= set(typed[:3]), said
 
             # A fold opened, then another question: the chat follows its answer to the end.

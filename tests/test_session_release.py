@@ -67,3 +67,35 @@ async def test_a_paused_session_is_never_idle_and_a_running_one_is():
     for entry in (paused, idle):
         entry.session.last_activity = time.monotonic() - 3600
     assert await registry.expire(60) == [idle.session.id]
+
+
+async def test_a_request_for_the_page_naming_its_sessions_keeps_them_waiting_for_their_tab():
+    """A reload's request for the page carries the browser's session ids
+    (the vidchat_returning cookie): those sessions wait for their tab past the
+    reload grace, and the idle reaper leaves one whose tab is loading again."""
+    import time
+
+    from vidchat.doors.webrtc_routes import RETURNING_COOKIE, RETURNING_GRACE_S, ReturningTabs
+
+    registry = SessionRegistry()
+    reloading, other, unnamed = (registry.create("webrtc") for _ in range(3))
+    passed: list[str] = []
+
+    async def app(scope, receive, send) -> None:
+        passed.append(scope["path"])
+
+    middleware = ReturningTabs(app, registry)
+    cookie = f"theme=dark; {RETURNING_COOKIE}={reloading.session.id}.{other.session.id}.nope".encode()
+    before = time.monotonic()
+    for path in ("/", "/gradio_api/queue/join"):
+        await middleware({"type": "http", "method": "GET", "path": path, "headers": [(b"cookie", cookie)]},
+                         None, None)
+    assert passed == ["/", "/gradio_api/queue/join"]  # every request goes on, untouched
+    for entry in (reloading, other):
+        assert before + RETURNING_GRACE_S <= entry.returning_until <= time.monotonic() + RETURNING_GRACE_S
+    assert unnamed.returning_until == 0.0
+
+    for entry in (reloading, other, unnamed):
+        entry.session.last_activity = time.monotonic() - 3600
+    reloading.away = unnamed.away = True  # their tabs went away; only one is loading again
+    assert set(await registry.expire(60)) == {other.session.id, unnamed.session.id}

@@ -65,9 +65,26 @@ export function keepResume(paused = false) {
   try {
     sessionStorage.setItem(RESUME_KEY, JSON.stringify({ id: state.sessionId, token: state.resumeToken, paused }));
   } catch (_) { /* storage off: a reload starts a new session */ }
+  returningIds(state.sessionId, true);
 }
 export function forgetResume() {
   try { sessionStorage.removeItem(RESUME_KEY); } catch (_) {}
+  returningIds(state.sessionId, false);
+}
+
+// The ids of this browser's live sessions, in a cookie that a reload's
+// request for the page carries: the server then waits for the reloaded tab
+// past the reload grace (vidchat/doors/webrtc_routes.py ReturningTabs),
+// which its scripts, run after Gradio's, can outlast on a slow machine or
+// network. Ids only: they grant nothing. At most the newest 8.
+const RETURNING_COOKIE = "vidchat_returning";
+function returningIds(id, keep) {
+  if (!id) return;
+  const found = document.cookie.split("; ").find((c) => c.startsWith(`${RETURNING_COOKIE}=`));
+  const ids = (found ? decodeURIComponent(found.slice(RETURNING_COOKIE.length + 1)) : "")
+    .split(".").filter((x) => x && x !== id);
+  if (keep) ids.push(id);
+  document.cookie = `${RETURNING_COOKIE}=${encodeURIComponent(ids.slice(-8).join("."))}; path=/; SameSite=Strict`;
 }
 // The session this tab had before it was reloaded (null otherwise).
 export function resumeAfterReload() {

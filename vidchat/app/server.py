@@ -24,6 +24,7 @@ from vidchat.app.state import AppState
 from vidchat.conversation import warmup
 from vidchat.conversation.memory import Captioner, memory_default
 from vidchat.conversation.warmup import Prewarmer
+from vidchat.doors.webrtc_routes import ReturningTabs
 from vidchat.engine import ChatEngine, EngineError, native_heap, on_gpu
 
 log = logging.getLogger(__name__)
@@ -180,8 +181,10 @@ def _lifespan(state: AppState, loop_watch: LoopWatch) -> Callable[[FastAPI], Asy
 
 
 def _guard(app: FastAPI, state: AppState) -> None:
-    """Access in front of every route, Gradio's included (vidchat.app.access)."""
+    """Access in front of every route, Gradio's included (vidchat.app.access);
+    behind it, a reloading tab's session told that its tab is loading again."""
     settings = state.settings
+    app.add_middleware(ReturningTabs, registry=state.registry)
     app.add_middleware(
         Guard,
         access=state.access,

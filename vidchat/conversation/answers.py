@@ -272,6 +272,9 @@ class SessionRecord:
         # paused tab's claim after a reload): a tab that went away is gone for
         # good if none came back within the reload grace.
         self.attachments = 0
+        # Until when (time.monotonic()) that tab said it is loading again: the
+        # reload grace waits for it this long (vidchat.doors.webrtc_routes).
+        self.returning_until = 0.0
 
     @property
     def turn(self) -> int:

@@ -213,13 +213,14 @@ class SessionRegistry:
         is being read, even while it reconnects: its frames come back by
         themselves; nor is a paused one (a person who paused the camera comes
         back to the same chat): it ends when its tab goes, after the reload
-        grace (vidchat.doors.webrtc_routes), or at the time limit."""
+        grace (vidchat.doors.webrtc_routes), or at the time limit; nor one
+        whose tab went away and is loading again (the grace waits for it)."""
         now = time.monotonic()
         stale = [
             sid
             for sid, e in self._entries.items()
             if (kind is None or e.kind == kind) and now - e.session.last_activity > max_idle_s
-            and e.stream is None and not e.paused
+            and e.stream is None and not e.paused and not (e.away and now < e.returning_until)
         ]
         for sid in stale:
             self.close_soon(sid, f"expired after {max_idle_s:.0f} s without input")

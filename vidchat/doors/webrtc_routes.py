@@ -21,6 +21,8 @@ from typing import Any, AsyncIterator, Callable
 
 from fastapi import APIRouter, HTTPException, Request
 from fastapi.responses import FileResponse, StreamingResponse
+from starlette.requests import cookie_parser
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from vidchat.conversation.conversation import Conversation, UnknownStream, attach_stream, detach_stream
 from vidchat.conversation.events import (
@@ -40,7 +42,7 @@ from vidchat.conversation.events import (
     Subscription,
     Utterance,
 )
-from vidchat.conversation.registry import TooManySessions
+from vidchat.conversation.registry import SessionRegistry, TooManySessions
 from vidchat.conversation.runs import Delta, Done, Queued, Started
 from vidchat.doors import IceUnavailable, Server, login_of
 from vidchat.doors.page.chat import chat_draws
@@ -205,12 +207,42 @@ _background: set[asyncio.Task] = set()
 
 
 # How long a session waits for its tab to come back after the tab went away
-# (pagehide): a reload takes a second or two to offer again here, but 6 s on a
-# loaded 2-core machine (the page's scripts and Gradio's config come first),
-# and longer on a phone's network; past the grace the session, its chat and a
-# running answer are gone. A tab closed for good frees its place this long
+# (pagehide): a reloaded page asks for the page again at once, well within
+# this (ReturningTabs); a tab closed for good frees its place this long
 # after, not at the idle timeout.
-RELOAD_GRACE_S = 15.0
+RELOAD_GRACE_S = 6.0
+# How long the session then waits for that page's offer or claim, which
+# comes once Gradio has drawn the page: a second or two here, 6 s on a loaded
+# 2-core machine, longer on a phone's network. Past it the session, its chat
+# and a running answer are gone.
+RETURNING_GRACE_S = 60.0
+# The cookie the page keeps of its browser's live sessions (static/js/state.js):
+# their ids, dot-separated, which a reload's request for the page carries,
+# before the reloading tab goes away. Ids only: they grant nothing, they only
+# keep a session that goes into its grace a while longer.
+RETURNING_COOKIE = "vidchat_returning"
+
+
+class ReturningTabs:
+    """ASGI middleware: a request for the page carrying RETURNING_COOKIE may
+    be one of those tabs reloading, so those sessions, if their tab goes
+    away now, wait RETURNING_GRACE_S for its offer or claim instead of the
+    reload grace. The page's own scripts cannot say so: Gradio runs them
+    only after its own, which on a slow machine or network arrive after the
+    grace. (A new tab's request names the browser's other sessions too: one
+    of them closed soon after waits longer to end, nothing more.)"""
+
+    def __init__(self, app: ASGIApp, registry: SessionRegistry) -> None:
+        self.app, self.registry = app, registry
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and scope["method"] == "GET" and scope["path"] == "/":
+            cookie = next((v.decode("latin-1") for k, v in scope["headers"] if k == b"cookie"), "")
+            for sid in cookie_parser(cookie).get(RETURNING_COOKIE, "").split(".")[:8]:
+                entry = self.registry.get(sid) if sid else None
+                if entry is not None:
+                    entry.returning_until = time.monotonic() + RETURNING_GRACE_S
+        await self.app(scope, receive, send)
 
 
 def _resumable(state: Server, body: dict[str, Any], login: str | None) -> Conversation | None:
@@ -313,7 +345,7 @@ def _peer_routes(api: APIRouter, state: Server, peers: dict[str, Peer],
             except TooManySessions as exc:
                 raise HTTPException(503, str(exc))
         sid = entry.session.id
-        entry.attachments += 1
+        _attached(entry)
         peer = Peer(state, entry, peers, ice_servers)
         try:
             local = await peer.answer(body["sdp"])
@@ -350,7 +382,7 @@ def _peer_routes(api: APIRouter, state: Server, peers: dict[str, Peer],
                 await peer.close()
             detach_stream(entry, state.streams)
             entry.paused = True
-            entry.attachments += 1
+            _attached(entry)
             return {"closed": False, "paused": True}
         if body.get("reload_grace") is True and entry is not None:
             peer = peers.get(sid)
@@ -381,15 +413,31 @@ def _watch_stream(state: Server, entry: Conversation, name: str | None) -> None:
         detach_stream(entry, state.streams)
 
 
+def _attached(entry: Conversation) -> None:
+    """A tab attached itself to the session: one that went away later is
+    gone unless it comes back, whatever an earlier page load said."""
+    entry.attachments += 1
+    entry.returning_until = 0.0
+
+
 async def _close_unless_resumed(state: Server, peers: dict[str, Peer], sid: str, attachments: int) -> None:
+    started, waiting = time.monotonic(), False
     await asyncio.sleep(RELOAD_GRACE_S)  # a timer: the reloaded tab's resume or claim, if it comes, attaches it
-    entry = state.registry.get(sid)
-    if entry is None:
-        return
-    if peers.get(sid) is None and entry.attachments == attachments:
-        await state.registry.close(sid, "the tab went away")
-    else:
-        log.info("session %s… kept: its tab came back within %g s", sid[:6], RELOAD_GRACE_S)
+    while True:
+        entry = state.registry.get(sid)
+        if entry is None:
+            return
+        if peers.get(sid) is not None or entry.attachments != attachments:
+            log.info("session %s… kept: its tab came back within %.1f s", sid[:6], time.monotonic() - started)
+            return
+        left = entry.returning_until - time.monotonic()
+        if left <= 0:
+            break
+        if not waiting:
+            log.info("session %s… its tab is loading again: it waits up to %.0f s more for it", sid[:6], left)
+            waiting = True
+        await asyncio.sleep(min(left, 0.5))  # its page is loading again: its offer or claim is on the way
+    await state.registry.close(sid, "the tab went away")
 
 
 def _page_report_routes(api: APIRouter, state: Server, mine: Callable[[Request, Any], Conversation]) -> None:
@@ -512,7 +560,7 @@ def _event_routes(api: APIRouter, state, peers: dict[str, Peer],
 
     async def _chat_sent(entry: Conversation, request: Request) -> AsyncIterator[bytes]:
         if entry.paused:
-            entry.attachments += 1  # a stopped tab reading its chat again (after a blip) is still there
+            _attached(entry)  # a stopped tab reading its chat again (after a blip) is still there
         yield b": vidchat chat\n\n"  # at once: the page knows it is subscribed
         draws = chat_draws(state, entry)
         pending: asyncio.Future[tuple[str, dict[str, Any]]] | None = None
