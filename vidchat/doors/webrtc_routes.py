@@ -413,6 +413,13 @@ def _watch_stream(state: Server, entry: Conversation, name: str | None) -> None:
         detach_stream(entry, state.streams)
 
 
+async def _disconnected(request: Request) -> None:
+    """Returns once the client of a streamed response has closed its
+    connection (its request, a GET, has no body left to read)."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+
+
 def _attached(entry: Conversation) -> None:
     """A tab attached itself to the session: one that went away later is
     gone unless it comes back, whatever an earlier page load said."""
@@ -564,16 +571,20 @@ def _event_routes(api: APIRouter, state, peers: dict[str, Peer],
         yield b": vidchat chat\n\n"  # at once: the page knows it is subscribed
         draws = chat_draws(state, entry)
         pending: asyncio.Future[tuple[str, dict[str, Any]]] | None = None
+        # The tab's connection closing, noticed as it happens (a write to a
+        # closed connection is dropped without a word, so the next draw or
+        # keepalive would not tell): a stopped tab closed for good frees its
+        # session after the reload grace, not a keepalive later.
+        gone = asyncio.ensure_future(_disconnected(request))
         try:
             while True:
                 # A draw, or a comment line every KEEPALIVE_S while nothing changes.
                 pending = pending or asyncio.ensure_future(draws.__anext__())
-                done, _ = await asyncio.wait({pending}, timeout=KEEPALIVE_S)
-                # A tab that went is noticed here, at its next draw or keepalive
-                # (a write to its closed connection is dropped without a word).
-                if await request.is_disconnected():
+                done, _ = await asyncio.wait({pending, gone}, timeout=KEEPALIVE_S,
+                                             return_when=asyncio.FIRST_COMPLETED)
+                if gone.done():
                     return
-                if not done:
+                if pending not in done:
                     yield b": keepalive\n\n"
                     continue
                 try:
@@ -587,6 +598,7 @@ def _event_routes(api: APIRouter, state, peers: dict[str, Peer],
             # First, before any await: a stream ended by the tab's going is
             # cancelled, and the awaits below may be cut short.
             _paused_tab_left(entry)
+            gone.cancel()
             if pending is not None:  # the tab went: the draw under way ends before the draws close
                 pending.cancel()
                 await asyncio.gather(pending, return_exceptions=True)
