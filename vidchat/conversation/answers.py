@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any, Awaitable, Callable, Literal, Protocol
 
 from vidchat.conversation.events import TYPED, EventHub
+from vidchat.conversation.memory import MemoryUse
 from vidchat.engine.interface import Reply, Turn
 from vidchat.engine.weights import model_name
 from vidchat.media.session import Sample, Session
@@ -363,8 +364,8 @@ class Answer:
     source_state: str | None = None
     # Why it was asked (vidchat.conversation.events: typed, scene, spoken).
     cause: str = TYPED
-    # What it got of its session's memory (vidchat.conversation.memory.MemoryUse; None: memory off).
-    memory: Any = None
+    # What it got of its session's memory (vidchat.conversation.memory; None: memory off).
+    memory: MemoryUse | None = None
     # Exchanges of its history folded into a summary (vidchat.conversation.memory; 0: none).
     history_folded: int = 0
     _slot: Slot | None = field(default=None, repr=False)

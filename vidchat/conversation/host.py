@@ -133,3 +133,13 @@ class Host(Protocol):
     def answer_defaults(self) -> AnswerOptions:
         """The options a question gets when its door names none."""
         ...
+
+
+def answering(host: Host, engine: ChatEngine) -> bool:
+    """Whether a person's answer has the engine now: one of any session's is
+    generating, waiting for its place in the fair queue, or being prepared.
+    What runs only while the engine is idle (warm-ups in idle mode, memory's
+    captions) waits while this holds."""
+    gate = host.answer_gate
+    return (engine.running_requests > 0 or (gate is not None and gate.snapshot().get("waiting", 0) > 0)
+            or any(slot.answer is not None for entry in host.registry.entries() for slot in entry.slots()))

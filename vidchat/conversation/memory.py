@@ -49,6 +49,7 @@ from typing import TYPE_CHECKING, Any, Callable, Sequence
 import numpy as np
 
 from vidchat.conversation.events import MemoryCaption
+from vidchat.conversation.host import answering
 from vidchat.engine.interface import CAPTION_PRIORITY, ChatEngine, EngineError, Prepared
 from vidchat.media.scene_log import Keyframe
 
@@ -366,10 +367,7 @@ class Captioner:
         self.stats.abort_ms.append((time.perf_counter() - started) * 1000)
 
     def _busy(self, engine: ChatEngine) -> bool:
-        """An answer of any session is generating, waiting for its place or being prepared."""
-        gate = self.host.answer_gate
-        return (engine.running_requests > 0 or (gate is not None and gate.snapshot().get("waiting", 0) > 0)
-                or any(slot.answer is not None for e in self.host.registry.entries() for slot in e.slots()))
+        return answering(self.host, engine)
 
     async def _run(self) -> None:
         while True:

@@ -49,6 +49,7 @@ from typing import TYPE_CHECKING, Any, Sequence
 
 import numpy as np
 
+from vidchat.conversation.host import answering
 from vidchat.engine.interface import ChatEngine, Prepared, ReplyStats
 from vidchat.media.session import Sample, Session, SessionSettings
 
@@ -851,12 +852,8 @@ class Prewarmer:
                 await asyncio.sleep(1.0)
 
     def _engine_busy(self, engine: ChatEngine) -> bool:
-        """In idle mode: an answer is generating, waiting for its turn, or being prepared."""
-        if self.mode != "idle":
-            return False
-        gate = self.host.answer_gate
-        return (engine.running_requests > 0 or (gate is not None and gate.snapshot().get("waiting", 0) > 0)
-                or any(e.chat.answer is not None for e in self.host.registry.entries()))
+        """In idle mode: a person's answer has the engine (vidchat.conversation.host.answering)."""
+        return self.mode == "idle" and answering(self.host, engine)
 
     async def _step(self) -> None:
         engine = self.host.engine_now("main")  # each step: a restarted engine is another one
