@@ -14,10 +14,11 @@ import pytest
 from conftest import eventually_async
 
 from vidchat.conversation.answers import AnswerOptions, AnswerQueue
-from vidchat.conversation.memory import Captioner, MemoryOptions, Pointer, picks, pointed, recall
+from vidchat.conversation.memory import Captioner, MemoryOptions, picks, pointed, recall
 from vidchat.conversation.registry import SessionRegistry, Standalone
 from vidchat.conversation.runs import COMPLETED, Done
 from vidchat.devtools.synthetic import long_stream
+from vidchat.media.scene_log import Pointer
 from vidchat.media.session import Session, SessionSettings
 
 SCENE_S = 30.0

@@ -23,9 +23,9 @@ from pathlib import Path
 from typing import Any, Awaitable, Callable, Literal, Protocol
 
 from vidchat.conversation.events import TYPED, EventHub
-from vidchat.conversation.memory import MemoryUse
 from vidchat.engine.interface import Reply, Turn
 from vidchat.engine.weights import model_name
+from vidchat.media.scene_log import MemoryUse
 from vidchat.media.session import Sample, Session
 from vidchat.media.streams import StreamReader
 from vidchat.media.vad import Utterance

@@ -19,10 +19,11 @@ from typing import Any, Callable, Sequence
 
 from vidchat.conversation.answers import Answer, AnswerOptions, AnswerQueue, AnswerSlot
 from vidchat.conversation.events import EventHub, SettingsChanged
-from vidchat.conversation.memory import MemoryUse, with_memory
+from vidchat.conversation.memory import with_memory
 from vidchat.engine.interface import SEED_RANGE, ChatEngine, EngineError, Prepared, Turn
 from vidchat.media import FRAMES_AS
 from vidchat.media.sampling import uniform_indices
+from vidchat.media.scene_log import MemoryUse
 from vidchat.media.session import (
     SESSION_SETTINGS,
     Sample,

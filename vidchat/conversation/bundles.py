@@ -43,8 +43,8 @@ from vidchat.media.vad import Utterance
 
 if TYPE_CHECKING:
     from vidchat.conversation.answers import Answer
-    from vidchat.conversation.memory import MemoryUse
     from vidchat.media.sampling import Sample
+    from vidchat.media.scene_log import MemoryUse
 
 log = logging.getLogger(__name__)
 
@@ -420,7 +420,7 @@ MAX_MEMORY_TEXT = 256 * 1024
 
 def _read_memory(src: _Folder | _Zip, where: str, entry: Any) -> MemoryUse | None:
     """A bundle's memory (vidchat.conversation.memory.MemoryUse), checked field by field; None without one."""
-    from vidchat.conversation.memory import MemoryFrame, MemoryUse, Pointer
+    from vidchat.media.scene_log import MemoryFrame, MemoryUse, Pointer
 
     if entry is None:
         return None

@@ -57,7 +57,7 @@ from vidchat.conversation.events import (
     SessionEvent,
 )
 from vidchat.conversation.host import Host
-from vidchat.conversation.memory import MemoryUse, session_recall
+from vidchat.conversation.memory import session_recall
 from vidchat.conversation.modes import Modes
 from vidchat.conversation.runs import (  # noqa: F401 (the conversation's events, for every door)
     CANCEL_GRACE_S,
@@ -74,6 +74,7 @@ from vidchat.conversation.runs import (  # noqa: F401 (the conversation's events
     Words,
 )
 from vidchat.engine.interface import ChatEngine, EngineError, Turn
+from vidchat.media.scene_log import MemoryUse
 from vidchat.media.session import Sample, Session
 from vidchat.media.streams import StreamReader, Streams, UnknownStream  # noqa: F401 (the doors' name for a refused one)
 from vidchat.media.vad import Utterance

@@ -46,12 +46,10 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Sequence
 
-import numpy as np
-
 from vidchat.conversation.events import MemoryCaption
 from vidchat.conversation.host import answering
 from vidchat.engine.interface import CAPTION_PRIORITY, ChatEngine, EngineError, Prepared
-from vidchat.media.scene_log import Keyframe
+from vidchat.media.scene_log import Keyframe, MemoryFrame, MemoryUse, Pointer
 
 if TYPE_CHECKING:
     from vidchat.conversation.answers import Answer, SessionRecord
@@ -83,15 +81,6 @@ class MemoryOptions:
 
 
 # ---- questions that point at a time ------------------------------------
-
-@dataclass(frozen=True)
-class Pointer:
-    """The moment a question points at: ``t`` on the session's clock, or
-    None for "earlier"/"before" (the scenes before the current one)."""
-
-    phrase: str
-    t: float | None
-
 
 _NUMBERS = {"a": 1, "an": 1, "one": 1, "two": 2, "three": 3, "four": 4, "five": 5, "six": 6, "seven": 7,
             "eight": 8, "nine": 9, "ten": 10, "eleven": 11, "twelve": 12, "fifteen": 15, "twenty": 20,
@@ -168,49 +157,6 @@ def picks(keyframes: Sequence[Keyframe], pointer: Pointer | None, n: int) -> lis
 
 
 # ---- what a question gets ----------------------------------------------
-
-@dataclass(frozen=True)
-class MemoryFrame:
-    """A keyframe as one question got it (its pixels are the model's input)."""
-
-    seq: int
-    t: float  # capture time on the session's clock
-    ago_s: float  # before the question's newest media
-    source_t: float | None
-    caption: str | None
-    pixels: np.ndarray = field(repr=False, compare=False)
-
-
-@dataclass(frozen=True)
-class MemoryUse:
-    """What of the memory one question got: the block before its question,
-    its tokens, the captions it listed and the frames that joined its sample."""
-
-    text: str
-    tokens: int
-    frames: tuple[MemoryFrame, ...] = ()
-    captions: tuple[tuple[int, float, str], ...] = ()  # (seq, ago_s, caption), newest first
-    pointer: Pointer | None = None
-    keyframes: int = 0  # the log's size when asked
-
-    def record(self, origin: float) -> dict[str, Any]:
-        """The answer record's memory: times from the session's start (``origin``)."""
-        return {
-            "memory_tokens": self.tokens,
-            "memory_frames": [{"seq": f.seq, "time_s": round(f.t - origin, 3), "ago_s": round(f.ago_s, 3),
-                               "source_s": None if f.source_t is None else round(f.source_t, 3),
-                               "caption": f.caption} for f in self.frames],
-            "memory": {"text": self.text, "keyframes": self.keyframes,
-                       "pointed": None if self.pointer is None else self.pointer.phrase,
-                       "pointed_time_s": None if self.pointer is None or self.pointer.t is None
-                       else round(self.pointer.t - origin, 3),
-                       "captions": [{"seq": s, "ago_s": round(a, 3), "caption": c} for s, a, c in self.captions]},
-        }
-
-    def frame_ids(self) -> list[str]:
-        # Not the kept frames' numbers: a keyframe is a JPEG of that frame, other pixels.
-        return [f"m{f.seq}" for f in self.frames]
-
 
 def ago(seconds: float) -> str:
     """0:05, 2:30, 1:02:03 ago."""

@@ -597,24 +597,25 @@ def _event_routes(api: APIRouter, state, peers: dict[str, Peer],
         finally:
             # First, before any await: a stream ended by the tab's going is
             # cancelled, and the awaits below may be cut short.
-            _paused_tab_left(entry)
+            _paused_tab_left(state, peers, entry)
             gone.cancel()
             if pending is not None:  # the tab went: the draw under way ends before the draws close
                 pending.cancel()
                 await asyncio.gather(pending, return_exceptions=True)
             await draws.aclose()
 
-    def _paused_tab_left(entry: Conversation) -> None:
-        """A stopped tab's chat stream ended (the tab closed, crashed or
-        reloads; a tab closed by its browser may send no pagehide beacon): its
-        session waits RELOAD_GRACE_S for the tab to claim it again, as a
-        running tab's does, then ends instead of waiting for the idle timeout."""
-        if entry.paused and not entry.closed:  # a tab that comes back for it reads its chat again
-            log.info("session %s… stopped, and its tab stopped reading: it ends in %g s unless the tab comes back",
-                     entry.session.id[:6], RELOAD_GRACE_S)
-            task = asyncio.create_task(_close_unless_resumed(state, peers, entry.session.id, entry.attachments))
-            _background.add(task)
-            task.add_done_callback(_background.discard)
+
+def _paused_tab_left(state: Server, peers: dict[str, Peer], entry: Conversation) -> None:
+    """A stopped tab's chat stream ended (the tab closed, crashed or
+    reloads; a tab closed by its browser may send no pagehide beacon): its
+    session waits RELOAD_GRACE_S for the tab to claim it again, as a
+    running tab's does, then ends instead of waiting for the idle timeout."""
+    if entry.paused and not entry.closed:  # a tab that comes back for it reads its chat again
+        log.info("session %s… stopped, and its tab stopped reading: it ends in %g s unless the tab comes back",
+                 entry.session.id[:6], RELOAD_GRACE_S)
+        task = asyncio.create_task(_close_unless_resumed(state, peers, entry.session.id, entry.attachments))
+        _background.add(task)
+        task.add_done_callback(_background.discard)
 
 
 def _ask_route(api: APIRouter, state: Server, mine: Callable[[Request, Any], Conversation]) -> None:

@@ -26,6 +26,12 @@ Captions (vidchat.conversation.memory writes them while the engine is idle)
 are set on the keyframe they describe; a keyframe thinned away takes its
 caption with it.
 
+What one question got of it (vidchat.conversation.memory chooses): a
+:class:`MemoryUse`, its captions as text and the :class:`MemoryFrame` s
+that joined its sample, with the :class:`Pointer` of the moment it named;
+the answer keeps it and its bundle writes it. Here, below the conversation,
+so an answer and the memory that builds it both name it.
+
 Threads. Keyframes are added by the ingest thread (under the session's
 lock) and read by the event loop; the log's own short lock guards its list.
 """
@@ -183,3 +189,58 @@ def keyframe_json(k: Keyframe, origin: float, now: float) -> dict[str, Any]:
             "time_ms": int(round((k.t - origin) * 1000)), "wall": round(k.wall, 3),
             "source_s": None if k.source_t is None else round(k.source_t, 3),
             "size": f"{k.size[0]}x{k.size[1]}", "caption": k.caption}
+
+
+# What one question got of a scene log (vidchat.conversation.memory builds it,
+# vidchat.conversation.answers keeps it on the answer, bundles write it).
+
+@dataclass(frozen=True)
+class Pointer:
+    """The moment a question points at: ``t`` on the session's clock, or
+    None for "earlier"/"before" (the scenes before the current one)."""
+
+    phrase: str
+    t: float | None
+
+
+@dataclass(frozen=True)
+class MemoryFrame:
+    """A keyframe as one question got it (its pixels are the model's input)."""
+
+    seq: int
+    t: float  # capture time on the session's clock
+    ago_s: float  # before the question's newest media
+    source_t: float | None
+    caption: str | None
+    pixels: np.ndarray = field(repr=False, compare=False)
+
+
+@dataclass(frozen=True)
+class MemoryUse:
+    """What of the memory one question got: the block before its question,
+    its tokens, the captions it listed and the frames that joined its sample."""
+
+    text: str
+    tokens: int
+    frames: tuple[MemoryFrame, ...] = ()
+    captions: tuple[tuple[int, float, str], ...] = ()  # (seq, ago_s, caption), newest first
+    pointer: Pointer | None = None
+    keyframes: int = 0  # the log's size when asked
+
+    def record(self, origin: float) -> dict[str, Any]:
+        """The answer record's memory: times from the session's start (``origin``)."""
+        return {
+            "memory_tokens": self.tokens,
+            "memory_frames": [{"seq": f.seq, "time_s": round(f.t - origin, 3), "ago_s": round(f.ago_s, 3),
+                               "source_s": None if f.source_t is None else round(f.source_t, 3),
+                               "caption": f.caption} for f in self.frames],
+            "memory": {"text": self.text, "keyframes": self.keyframes,
+                       "pointed": None if self.pointer is None else self.pointer.phrase,
+                       "pointed_time_s": None if self.pointer is None or self.pointer.t is None
+                       else round(self.pointer.t - origin, 3),
+                       "captions": [{"seq": s, "ago_s": round(a, 3), "caption": c} for s, a, c in self.captions]},
+        }
+
+    def frame_ids(self) -> list[str]:
+        # Not the kept frames' numbers: a keyframe is a JPEG of that frame, other pixels.
+        return [f"m{f.seq}" for f in self.frames]
