@@ -99,3 +99,38 @@ async def test_a_request_for_the_page_naming_its_sessions_keeps_them_waiting_for
         entry.session.last_activity = time.monotonic() - 3600
     reloading.away = unnamed.away = True  # their tabs went away; only one is loading again
     assert set(await registry.expire(60)) == {other.session.id, unnamed.session.id}
+
+
+async def test_only_a_tab_leaving_right_after_a_request_for_the_page_is_waited_for(monkeypatch, caplog):
+    """The reload grace waits for a tab whose browser asked for the page just
+    before (or after) it left: a reload. A request longer before was another
+    tab's: that session ends at the grace."""
+    import asyncio
+    import logging
+    import time
+    import types
+
+    from vidchat.doors import webrtc_routes
+
+    monkeypatch.setattr(webrtc_routes, "RELOAD_GRACE_S", 0.0)
+    registry = SessionRegistry()
+    state = types.SimpleNamespace(registry=registry)
+    stale, reloading = registry.create("webrtc"), registry.create("webrtc")
+    now = time.monotonic()
+    stale.returning_until = now - webrtc_routes.PAGE_BEFORE_LEAVING_S - 5 + webrtc_routes.RETURNING_GRACE_S
+    reloading.returning_until = now - 1 + webrtc_routes.RETURNING_GRACE_S
+
+    await webrtc_routes._close_unless_resumed(state, {}, stale.session.id, stale.attachments)
+    assert registry.get(stale.session.id) is None  # another tab's page load changed nothing
+
+    caplog.set_level(logging.INFO, logger=webrtc_routes.__name__)
+    waiting = asyncio.create_task(
+        webrtc_routes._close_unless_resumed(state, {}, reloading.session.id, reloading.attachments))
+    async def told() -> None:
+        while "its tab is loading again" not in caplog.text:
+            await asyncio.sleep(0.01)
+
+    await asyncio.wait_for(told(), 10)
+    webrtc_routes._attached(reloading)  # the reloaded tab's offer
+    await waiting
+    assert registry.get(reloading.session.id) is reloading and "kept: its tab came back" in caplog.text

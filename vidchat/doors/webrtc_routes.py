@@ -216,6 +216,10 @@ RELOAD_GRACE_S = 6.0
 # 2-core machine, longer on a phone's network. Past it the session, its chat
 # and a running answer are gone.
 RETURNING_GRACE_S = 60.0
+# A reload asks for the page just before its old page goes away (the old one
+# unloads once the new one's answer arrives): a request for the page longer
+# than this before the tab went away was another tab's, and changes nothing.
+PAGE_BEFORE_LEAVING_S = 10.0
 # The cookie the page keeps of its browser's live sessions (static/js/state.js):
 # their ids, dot-separated, which a reload's request for the page carries,
 # before the reloading tab goes away. Ids only: they grant nothing, they only
@@ -229,8 +233,10 @@ class ReturningTabs:
     away now, wait RETURNING_GRACE_S for its offer or claim instead of the
     reload grace. The page's own scripts cannot say so: Gradio runs them
     only after its own, which on a slow machine or network arrive after the
-    grace. (A new tab's request names the browser's other sessions too: one
-    of them closed soon after waits longer to end, nothing more.)"""
+    grace. Only a tab that goes away within PAGE_BEFORE_LEAVING_S of the
+    request (or after it) waits: a new tab's request names the browser's
+    other sessions too, and one of them closed within those seconds waits
+    longer to end, nothing more."""
 
     def __init__(self, app: ASGIApp, registry: SessionRegistry) -> None:
         self.app, self.registry = app, registry
@@ -437,8 +443,9 @@ async def _close_unless_resumed(state: Server, peers: dict[str, Peer], sid: str,
         if peers.get(sid) is not None or entry.attachments != attachments:
             log.info("session %s… kept: its tab came back within %.1f s", sid[:6], time.monotonic() - started)
             return
+        requested_at = entry.returning_until - RETURNING_GRACE_S  # its browser's last request for the page
         left = entry.returning_until - time.monotonic()
-        if left <= 0:
+        if left <= 0 or requested_at < started - PAGE_BEFORE_LEAVING_S:
             break
         if not waiting:
             log.info("session %s… its tab is loading again: it waits up to %.0f s more for it", sid[:6], left)
