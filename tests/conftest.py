@@ -62,19 +62,21 @@ SHARED_FIXTURE_GROUPS = {
     # the suite's `vllm serve` (tiny_vllm_serve)
     "test_hosting": "vllm-serve", "test_hosting_page": "vllm-serve", "test_space": "vllm-serve",
     "test_remote_engine": "vllm-serve", "test_realtime": "vllm-serve", "test_router": "vllm-serve",
-    "test_suite_add": "vllm-serve",
+    "test_suite_add": "vllm-serve", "test_slow_client": "vllm-serve",
     # the in-process tiny engines (omni_engine, vl_engine)
     "test_engine": "tiny-engines", "test_answer_path": "tiny-engines", "test_video_timing": "tiny-engines",
     "test_conversation": "tiny-engines", "test_prewarm": "tiny-engines", "test_talk": "tiny-engines",
     "test_bench_talk": "tiny-engines", "test_bench_gpu": "tiny-engines", "test_memory": "tiny-engines",
+    # the server whose engine is killed and comes back (restarting_server)
+    "test_operations": "restarting-server", "test_suite_server": "restarting-server",
 }
 # Units of work, longest first (seconds of a serial run, measured; the
 # rest are shorter): workers take them in this order as they free up, so no
 # long unit is left for the end while the other worker idles.
 LONGEST_FIRST = ["vllm-serve", "test_page", "test_compare", "test_page_polish", "test_preset_qwen", "test_webrtc",
-                 "test_slow_client", "test_access", "test_page_watch", "test_suite", "test_replay", "tiny-engines",
-                 "test_app", "test_page_layout", "test_operations", "test_types", "test_bench_soak",
-                 "test_preset_smolvlm", "test_page_chat", "test_suite_server", "test_page_suite",
+                 "test_access", "test_page_watch", "test_suite", "test_replay", "tiny-engines",
+                 "test_app", "restarting-server", "test_page_layout", "test_types", "test_bench_soak",
+                 "test_preset_smolvlm", "test_page_chat", "test_page_suite",
                  "test_page_cpu_default", "test_page_talk", "test_bench_page", "test_page_pause", "test_protocol",
                  "test_streams", "test_realtime_clients", "test_encoder_cache", "test_bundle_limits",
                  "test_protocol_talk", "test_stream_outage", "test_fuzz"]
@@ -243,6 +245,21 @@ def server(tiny_omni_path, artifacts_dir, tmp_path_factory) -> Server:
                        artifacts_dir / "server.log")
     srv.suite_dir = suite_dir
     srv.stream_ports = ports
+    yield srv
+    stop_server(srv)
+
+
+@pytest.fixture(scope="session")
+def restarting_server(tiny_omni_path, artifacts_dir, tmp_path_factory) -> Server:
+    """A server whose engine the tests kill: test_operations kills it mid-answer,
+    then test_suite_server mid-run (--engine-restarts 3 an hour allows both),
+    whose last test stops the server at shutdown. One engine start and one
+    restart fewer than a server each; its tests count restarts from what they
+    find, not from zero. Default idle timeouts: a socket waits out a restart."""
+    suite_dir = tmp_path_factory.mktemp("suite-edges")
+    srv = start_server([*TINY_SERVER_ARGS, "--suite-dir", str(suite_dir), "--engine-restarts", "3",
+                        "--suite-keep-runs", "2"], artifacts_dir / "server-restarting.log")
+    srv.suite_dir = suite_dir
     yield srv
     stop_server(srv)
 

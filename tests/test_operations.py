@@ -15,7 +15,7 @@ import urllib.request
 import psutil
 import pytest
 import websockets
-from conftest import TINY_SERVER_ARGS, eventually_async, start_server, stop_server
+from conftest import eventually_async
 from prometheus_client.parser import text_string_to_metric_families
 
 from vidchat.devtools import synthetic
@@ -208,39 +208,40 @@ def _vllm_labels(samples: dict) -> dict[str, str]:
 # ---- the engine comes back ---------------------------------------------------------------
 
 @pytest.mark.engine
-async def test_a_killed_engine_comes_back_and_the_same_session_is_answered(artifacts_dir):
-    srv = start_server([*TINY_SERVER_ARGS, "--engine-restarts", "3"], artifacts_dir / "server-engine-restart.log")
-    try:
-        async with websockets.connect(srv.ws_url, max_size=None) as ws:
-            await ws.send(json.dumps({"type": "session.config", "max_tokens": 3000, "temperature": 0.0}))
-            for data in MOVING[:4]:
-                await ws.send(json.dumps({"type": "video.frame", "data": data}))
-            await ws.send(json.dumps({"type": "video.query", "text": "Tell me everything."}))
-            first = [await recv(ws), await recv(ws)]
-            assert [m["type"] for m in first] == ["response.start", "response.text.delta"], first
-            cores = engine_cores(srv)
-            assert cores, "no EngineCore process found"
-            for core in cores:
-                core.send_signal(signal.SIGKILL)  # mid-answer
-            rest = await until_done(ws)
-            errors = [m["message"] for m in rest if m["type"] == "error"]
-            assert len(errors) == 1 and "The model engine has stopped" in errors[0], rest[-3:]
-            assert "killed" in errors[0]  # the cause is named
-            status, body = await eventually_async(lambda: (r := readyz(srv))[0] == 503 and r, 10,
-                                                  "/readyz says the engine is down")
-            assert "engine" in body["reason"] and ("Restarting" in body["reason"] or "stopped" in body["reason"]), body
-            # Asked while it restarts: the question waits, then is answered from the frames kept.
-            await ws.send(json.dumps({"type": "video.query", "text": "And now?", "max_tokens": 4}))
-            again = await until_done(ws)
-            assert not [m for m in again if m["type"] == "error"], again
-            assert again[-1]["stats"]["frames"] == 4
-        assert readyz(srv)[0] == 200
-        samples = scrape(srv)
-        assert value(samples, "vidchat_engine_restarts_total", engine="main") == 1
-        assert value(samples, "vidchat_engine_up", engine="main") == 1
-        assert value(samples, "vidchat_answers_total", door="socket", status="failed", engine="main", kind="chat") == 1
-        await eventually_async(lambda: srv.get_json("/api/health")["running_requests"] == 0, 10,
-                               "nothing left running")
-        assert "the main model engine stopped" in srv.log() and "is back (restart 1)" in srv.log()
-    finally:
-        stop_server(srv)
+async def test_a_killed_engine_comes_back_and_the_same_session_is_answered(restarting_server):
+    srv = restarting_server  # shared with tests/test_suite_server.py, which kills it again
+    before = scrape(srv)
+    restarts = value(before, "vidchat_engine_restarts_total", engine="main")
+    failed = value(before, "vidchat_answers_total", door="socket", status="failed", engine="main", kind="chat")
+    async with websockets.connect(srv.ws_url, max_size=None) as ws:
+        await ws.send(json.dumps({"type": "session.config", "max_tokens": 3000, "temperature": 0.0}))
+        for data in MOVING[:4]:
+            await ws.send(json.dumps({"type": "video.frame", "data": data}))
+        await ws.send(json.dumps({"type": "video.query", "text": "Tell me everything."}))
+        first = [await recv(ws), await recv(ws)]
+        assert [m["type"] for m in first] == ["response.start", "response.text.delta"], first
+        cores = engine_cores(srv)
+        assert cores, "no EngineCore process found"
+        for core in cores:
+            core.send_signal(signal.SIGKILL)  # mid-answer
+        rest = await until_done(ws)
+        errors = [m["message"] for m in rest if m["type"] == "error"]
+        assert len(errors) == 1 and "The model engine has stopped" in errors[0], rest[-3:]
+        assert "killed" in errors[0]  # the cause is named
+        status, body = await eventually_async(lambda: (r := readyz(srv))[0] == 503 and r, 10,
+                                              "/readyz says the engine is down")
+        assert "engine" in body["reason"] and ("Restarting" in body["reason"] or "stopped" in body["reason"]), body
+        # Asked while it restarts: the question waits, then is answered from the frames kept.
+        await ws.send(json.dumps({"type": "video.query", "text": "And now?", "max_tokens": 4}))
+        again = await until_done(ws)
+        assert not [m for m in again if m["type"] == "error"], again
+        assert again[-1]["stats"]["frames"] == 4
+    assert readyz(srv)[0] == 200
+    samples = scrape(srv)
+    assert value(samples, "vidchat_engine_restarts_total", engine="main") == restarts + 1
+    assert value(samples, "vidchat_engine_up", engine="main") == 1
+    assert value(samples, "vidchat_answers_total", door="socket", status="failed", engine="main",
+                  kind="chat") == failed + 1
+    await eventually_async(lambda: srv.get_json("/api/health")["running_requests"] == 0, 10,
+                           "nothing left running")
+    assert "the main model engine stopped" in srv.log() and f"is back (restart {int(restarts) + 1})" in srv.log()

@@ -38,9 +38,10 @@ FRAME = base64.b64encode(synthetic.encode_jpeg(synthetic.static_clip(48, 64, n=1
 
 
 @pytest.fixture(scope="module")
-def slow_server(tiny_omni_path, artifacts_dir):
+def slow_server(tiny_vllm_serve, artifacts_dir):
     # A long idle timeout: only the send timeout may end the client that reads nothing.
-    args = [*TINY_SERVER_ARGS, *SERVER_ARGS, "--ws-idle-timeout", "120", "--ws-send-timeout", str(SEND_TIMEOUT_S),
+    # The model is the suite's shared `vllm serve`: what is tested is the socket, not the engine.
+    args = [*TINY_SERVER_ARGS, "--engine-url", tiny_vllm_serve, *SERVER_ARGS, "--ws-idle-timeout", "120", "--ws-send-timeout", str(SEND_TIMEOUT_S),
             "--session-time-limit", str(TIME_LIMIT_S)]
     srv = start_server(args, artifacts_dir / "server-slow-client.log")
     yield srv

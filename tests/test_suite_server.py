@@ -17,7 +17,7 @@ import urllib.error
 import urllib.request
 
 import pytest
-from conftest import SERVER_ARGS, TINY_SERVER_ARGS, eventually, start_server, stop_server
+from conftest import eventually, stop_server
 from test_operations import engine_cores
 from test_replay import make_clip
 
@@ -55,16 +55,13 @@ def good_cases(n: int) -> str:
 
 
 @pytest.fixture(scope="module")
-def suite_server(artifacts_dir, tmp_path_factory):
-    suite_dir = tmp_path_factory.mktemp("suite-edges")
-    (suite_dir / "clips").mkdir()
+def suite_server(restarting_server):
+    """The suite's clips, in the shared restarting server's --suite-dir (tests/conftest.py)."""
+    suite_dir = restarting_server.suite_dir
+    (suite_dir / "clips").mkdir(exist_ok=True)
     clip = make_clip(suite_dir / "clips" / "clip.mp4")
     (suite_dir / "clips" / "cut.mp4").write_bytes(clip.read_bytes()[: clip.stat().st_size * 2 // 5])
-    srv = start_server([*TINY_SERVER_ARGS, *SERVER_ARGS, "--suite-dir", str(suite_dir), "--engine-restarts", "3",
-                        "--suite-keep-runs", "2"], artifacts_dir / "server-suite-edges.log")
-    srv.suite_dir = suite_dir
-    yield srv
-    stop_server(srv)
+    return restarting_server
 
 
 def post_run(srv) -> tuple[int, dict]:
@@ -118,6 +115,7 @@ def test_a_run_goes_on_with_the_restarted_engine_and_is_cancelled_at_shutdown(su
     status, run = post_run(suite_server)
     assert status == 200, run
     eventually(lambda: suite_server.get_json(f"/suites/runs/{run['run']}")["done"] >= 1, 120, "a first ask is done")
+    restarts = suite_server.log().count("is back (restart")  # test_operations may have killed it before
     cores = engine_cores(suite_server)
     assert cores, "no EngineCore process found"
     for core in cores:
@@ -127,7 +125,7 @@ def test_a_run_goes_on_with_the_restarted_engine_and_is_cancelled_at_shutdown(su
     # What was being asked as it died fails (at most the two cases at a time); the rest is asked on the new engine.
     assert ended["summary"]["errors"] <= 2 and ended["summary"]["passed"] >= 5, ended["summary"]
     assert ended["asks"][-1]["status"] == "passed", ended["asks"][-1]
-    assert "is back (restart 1)" in suite_server.log()
+    assert f"is back (restart {restarts + 1})" in suite_server.log()
 
     # Shutdown while a run goes on: it is cancelled and awaited, and writes no report of asks it never made.
     status, run = post_run(suite_server)
