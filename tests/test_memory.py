@@ -292,7 +292,9 @@ async def test_an_opted_in_socket_client_gets_memory_caption_and_its_log_over_ht
         assert updated["settings"]["memory"] is True
         memory = await asyncio.to_thread(server.get_json, f"/sessions/{updated['session_id']}/memory")
         assert [k["seq"] for k in memory["keyframes"]] == sorted(c["seq"] for c in captions)
-        assert [k["caption"] for k in reversed(memory["keyframes"])] == [c["caption"] for c in captions]
+        # Each keyframe's caption is the one the socket was sent. By seq, not by order of arrival: the
+        # newest keyframe goes first, but one captioned before the next arrived is sent before it.
+        assert {k["seq"]: k["caption"] for k in memory["keyframes"]} == {c["seq"]: c["caption"] for c in captions}
         assert memory["keyframes"][0]["time_s"] == 0.0 and memory["keyframes"][0]["thumbnail"].endswith(".jpg")
         # /metrics: the captions by outcome, and this session's log.
         from test_operations import scrape
