@@ -8,7 +8,6 @@ import { esc } from "./state.js";
 const POLL_MS = 1000; // while a run goes on: one small request a second
 const MARKS = { passed: "✓ passed", failed: "✗ failed", error: "! error" };
 
-
 function panel() {
   return document.getElementById("vc-suites");
 }

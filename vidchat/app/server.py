@@ -20,12 +20,12 @@ from vidchat.app.access import default_allowed_hosts, split_list
 from vidchat.app.engine_keeper import EngineKeeper, engine_options, open_engine, start_local_engine
 from vidchat.app.guard import Guard
 from vidchat.app.metrics import LoopWatch
-from vidchat.app.state import AppState
+from vidchat.app.state import AppState, memory_choice
 from vidchat.conversation import warmup
-from vidchat.conversation.memory import Captioner, memory_default
+from vidchat.conversation.memory import Captioner
 from vidchat.conversation.warmup import Prewarmer
 from vidchat.doors.webrtc_routes import ReturningTabs
-from vidchat.engine import ChatEngine, EngineError, native_heap, on_gpu
+from vidchat.engine import ChatEngine, EngineError, native_heap
 
 log = logging.getLogger(__name__)
 
@@ -205,8 +205,7 @@ async def _load_engine(state: AppState) -> None:
         state.engine_settled(None, str(exc))
         return
     await warmup.settle(state, engine)  # --prewarm auto times a frame here, before the server is ready
-    log.info("memory: %s", memory_default(state.settings.memory, gpu=not state.settings.engine_url and on_gpu(),
-                                        remote=bool(state.settings.engine_url))[1])
+    log.info("memory: %s", memory_choice(state.settings)[1])
     _freeze_startup_objects()
     state.engine_settled(engine)
     log.info("vidchat ready on http://%s:%d", state.settings.host, state.settings.port)

@@ -305,10 +305,15 @@ def memory_options(settings: Settings) -> MemoryOptions:
                          settings.memory_frames)
 
 
+def memory_choice(settings: Settings) -> tuple[bool, str]:
+    """Whether new sessions remember (--memory; auto: on where the engine is on a GPU, or at --engine-url) and why."""
+    return memory_default(settings.memory, gpu=not settings.engine_url and _gpu_here(),
+                          remote=bool(settings.engine_url))
+
+
 def default_session_settings(settings: Settings) -> SessionSettings:
-    """A new session's settings from the server's options (--memory auto: on where the engine is on a GPU)."""
-    remembers = memory_default(settings.memory, gpu=not settings.engine_url and _gpu_here(),
-                               remote=bool(settings.engine_url))[0]
+    """A new session's settings from the server's options."""
+    remembers = memory_choice(settings)[0]
     return SessionSettings(audio_seconds=settings.ws_max_audio_seconds, num_sample_frames=settings.frames_per_question,
                            sampling=settings.sampling, memory=remembers)
 

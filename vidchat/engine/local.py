@@ -449,7 +449,6 @@ class LocalEngine(ModelEngine):
         from vllm.engine.arg_utils import AsyncEngineArgs
         from vllm.v1.engine.async_llm import AsyncLLM
 
-
         install()
         t0 = time.perf_counter()
         gpu = on_gpu()
