@@ -87,10 +87,16 @@ def work_unit(nodeid: str) -> str:
     return SHARED_FIXTURE_GROUPS.get(module, module)
 
 
+def pytest_configure(config) -> None:
+    config.addinivalue_line("markers", "stops_shared_server: runs last in its work unit (it stops a server that "
+                                       "the unit's other modules share)")
+
+
 def pytest_collection_modifyitems(config, items) -> None:
     rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
     order = {id(item): i for i, item in enumerate(items)}
-    items.sort(key=lambda item: (rank.get(work_unit(item.nodeid), len(rank)), order[id(item)]))
+    items.sort(key=lambda item: (rank.get(work_unit(item.nodeid), len(rank)),
+                                 item.get_closest_marker("stops_shared_server") is not None, order[id(item)]))
 
 
 def pytest_xdist_make_scheduler(config, log):

@@ -110,6 +110,7 @@ def test_two_runs_asked_at_once_start_one_and_the_other_names_it(suite_server):
     assert until_ended(suite_server, started["run"])["state"] == "finished"
 
 
+@pytest.mark.stops_shared_server  # restarting_server: test_operations' kill comes first
 def test_a_run_goes_on_with_the_restarted_engine_and_is_cancelled_at_shutdown(suite_server):
     (suite_server.suite_dir / "suite.toml").write_text(HEAD + good_cases(8))
     status, run = post_run(suite_server)
