@@ -176,6 +176,28 @@ async def test_dropped_connection_is_noticed_and_session_freed(server):
     await wait_for(gone, SESSION_IDLE_TIMEOUT + 10, "the server ended the vanished client's session")
 
 
+async def test_a_stop_heard_after_its_tab_stopped_reading_still_ends_the_session(server):
+    """The page's Stop pauses the session, which then ends when its tab's chat
+    stream goes. A browser shut as Stop was clicked closes that stream before
+    the server hears the Stop: the session must still end after the reload
+    grace, not wait paused for ever (a clean run found one left until the
+    server stopped). Here no chat stream was ever open when the Stop comes."""
+    from vidchat.doors.webrtc_routes import RELOAD_GRACE_S
+
+    client = RtcClient(server.url, SyntheticVideo())
+    sid = await client.connect()
+    await wait_for(lambda: _enough(client, frames=3), timeout=20)
+    paused = await asyncio.to_thread(server.post_json, "/webrtc/close", {"session_id": sid, "pause": True})
+    assert paused == {"closed": False, "paused": True}
+    await client.close(tell_server=False)
+
+    async def gone():
+        return "detail" in await asyncio.to_thread(server.get_json, f"/webrtc/stats?session_id={sid}")
+
+    await wait_for(gone, RELOAD_GRACE_S + 10, "the stopped session whose tab reads nothing ends")
+    assert f"session {sid[:6]}… the tab went away" in server.log()
+
+
 async def test_bad_offer_is_refused_with_a_message(server):
     import json
     import urllib.request

@@ -276,6 +276,10 @@ class SessionRecord:
         # Until when (time.monotonic()) that tab said it is loading again: the
         # reload grace waits for it this long (vidchat.doors.webrtc_routes).
         self.returning_until = 0.0
+        # How many of its tabs' chat streams are open now: a Stop heard after
+        # its tab's stream closed (the browser shut as Stop was clicked) has
+        # no stream whose end would start the reload grace.
+        self.chat_readers = 0
 
     @property
     def turn(self) -> int:

@@ -389,6 +389,8 @@ def _peer_routes(api: APIRouter, state: Server, peers: dict[str, Peer],
             detach_stream(entry, state.streams)
             entry.paused = True
             _attached(entry)
+            if entry.chat_readers == 0:  # its tab is not reading its chat: gone, or reloading
+                _paused_tab_left(state, peers, entry)
             return {"closed": False, "paused": True}
         if body.get("reload_grace") is True and entry is not None:
             peer = peers.get(sid)
@@ -575,7 +577,6 @@ def _event_routes(api: APIRouter, state, peers: dict[str, Peer],
     async def _chat_sent(entry: Conversation, request: Request) -> AsyncIterator[bytes]:
         if entry.paused:
             _attached(entry)  # a stopped tab reading its chat again (after a blip) is still there
-        yield b": vidchat chat\n\n"  # at once: the page knows it is subscribed
         draws = chat_draws(state, entry)
         pending: asyncio.Future[tuple[str, dict[str, Any]]] | None = None
         # The tab's connection closing, noticed as it happens (a write to a
@@ -583,7 +584,9 @@ def _event_routes(api: APIRouter, state, peers: dict[str, Peer],
         # keepalive would not tell): a stopped tab closed for good frees its
         # session after the reload grace, not a keepalive later.
         gone = asyncio.ensure_future(_disconnected(request))
+        entry.chat_readers += 1
         try:
+            yield b": vidchat chat\n\n"  # at once: the page knows it is subscribed
             while True:
                 # A draw, or a comment line every KEEPALIVE_S while nothing changes.
                 pending = pending or asyncio.ensure_future(draws.__anext__())
@@ -604,6 +607,7 @@ def _event_routes(api: APIRouter, state, peers: dict[str, Peer],
         finally:
             # First, before any await: a stream ended by the tab's going is
             # cancelled, and the awaits below may be cut short.
+            entry.chat_readers -= 1
             _paused_tab_left(state, peers, entry)
             gone.cancel()
             if pending is not None:  # the tab went: the draw under way ends before the draws close
