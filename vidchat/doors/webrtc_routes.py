@@ -17,7 +17,7 @@ import logging
 import posixpath
 import time
 from pathlib import Path
-from typing import Any, AsyncIterator, Callable
+from typing import Any, AsyncIterator, Callable, Coroutine
 
 from fastapi import APIRouter, HTTPException, Request
 from fastapi.responses import FileResponse, StreamingResponse
@@ -206,6 +206,13 @@ async def server_sent(events: Subscription) -> AsyncIterator[bytes]:
 _background: set[asyncio.Task] = set()
 
 
+def _in_background(work: Coroutine[Any, Any, object]) -> None:
+    """Run ``work`` beyond the request that started it."""
+    task = asyncio.ensure_future(work)
+    _background.add(task)
+    task.add_done_callback(_background.discard)
+
+
 # How long a session waits for its tab to come back after the tab went away
 # (pagehide): a reloaded page asks for the page again at once, well within
 # this (ReturningTabs); a tab closed for good frees its place this long
@@ -365,7 +372,6 @@ def _peer_routes(api: APIRouter, state: Server, peers: dict[str, Peer],
         return {"sdp": local.sdp, "type": local.type, "session_id": sid,
                 "resume_token": entry.resume_token, "resumed": resumed}
 
-    lingering: set[asyncio.Task] = set()
 
     @api.post("/webrtc/close")
     async def close(request: Request) -> dict[str, Any]:
@@ -396,9 +402,7 @@ def _peer_routes(api: APIRouter, state: Server, peers: dict[str, Peer],
             peer = peers.get(sid)
             if peer is not None:
                 await peer.close()
-            task = asyncio.create_task(_close_unless_resumed(state, peers, sid, entry.attachments))
-            lingering.add(task)
-            task.add_done_callback(lingering.discard)
+            _in_background(_close_unless_resumed(state, peers, sid, entry.attachments))
             return {"closed": False, "closes_in_s": RELOAD_GRACE_S}
         closed = await state.registry.close(sid, "closed by its client")
         return {"closed": closed}
@@ -487,9 +491,7 @@ def _page_report_routes(api: APIRouter, state: Server, mine: Callable[[Request, 
             state.prewarmer.question_coming(entry.session.id)
             if body.get("enter") is True:
                 # Answered at once: the page's few connections are for its question.
-                task = asyncio.ensure_future(state.prewarmer.question_now(entry.session.id))
-                _background.add(task)
-                task.add_done_callback(_background.discard)
+                _in_background(state.prewarmer.question_now(entry.session.id))
         return {"ok": True, "prewarm": state.prewarmer.mode if state.prewarmer else "off"}
 
 
@@ -624,9 +626,7 @@ def _paused_tab_left(state: Server, peers: dict[str, Peer], entry: Conversation)
     if entry.paused and not entry.closed:  # a tab that comes back for it reads its chat again
         log.info("session %s… stopped, and its tab stopped reading: it ends in %g s unless the tab comes back",
                  entry.session.id[:6], RELOAD_GRACE_S)
-        task = asyncio.create_task(_close_unless_resumed(state, peers, entry.session.id, entry.attachments))
-        _background.add(task)
-        task.add_done_callback(_background.discard)
+        _in_background(_close_unless_resumed(state, peers, entry.session.id, entry.attachments))
 
 
 def _ask_route(api: APIRouter, state: Server, mine: Callable[[Request, Any], Conversation]) -> None:
